@@ -1,0 +1,91 @@
+// Attaching to a store: a read-only view of one model version's tensors.
+//
+// An Attachment owns two things: the connection to the store (the lease: the
+// store counts this process as a client while it is open) and the read-only
+// mapping of the arena. Destroying it unmaps and closes both. Tensor pointers
+// are valid while the Attachment lives. Attachment is thread-safe for reads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "hearth/arena.h"
+#include "hearth/device.h"
+#include "hearth/dtype.h"
+#include "hearth/manifest.h"
+#include "hearth/status.h"
+#include "hearth/unique_fd.h"
+
+namespace hearth {
+
+struct TensorView {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;  // host pointer, or device address on CUDA
+  uint64_t offset = 0;  // inside the arena
+  uint64_t nbytes = 0;
+  Device device;
+};
+
+class Attachment {
+ public:
+  ~Attachment();
+  Attachment(const Attachment&) = delete;
+  Attachment& operator=(const Attachment&) = delete;
+
+  const Manifest& manifest() const { return manifest_; }
+  const std::string& model() const { return manifest_.model; }
+  uint64_t version() const { return manifest_.version; }
+  Device device() const { return manifest_.device; }
+  uint64_t checksum() const { return manifest_.checksum; }
+  // Sorted by name.
+  const std::vector<TensorView>& tensors() const { return tensors_; }
+  const TensorView* Find(std::string_view name) const;
+
+  // Copies a tensor's bytes [offset, offset + out.size()) to host memory.
+  Status CopyToHost(const TensorView& tensor, uint64_t offset, std::span<std::byte> out) const;
+  // Recomputes the checksum (hearth/checksum.h) over the mapped bytes.
+  Result<uint64_t> ComputeChecksum() const;
+
+ private:
+  friend class AttachClient;
+  Attachment(UniqueFd connection, std::unique_ptr<ArenaMapping> mapping, Manifest manifest);
+
+  UniqueFd connection_;
+  std::unique_ptr<ArenaMapping> mapping_;
+  Manifest manifest_;
+  std::vector<TensorView> tensors_;
+};
+
+// Talks to a store at one socket path. Each call opens its own connection;
+// Attach keeps its connection as the lease. Thread-safe.
+class AttachClient {
+ public:
+  explicit AttachClient(std::string socket_path);
+
+  // $HEARTH_SOCKET if set, else $XDG_RUNTIME_DIR/hearth/store.sock if
+  // XDG_RUNTIME_DIR is set, else /tmp/hearth-<uid>/store.sock.
+  static std::string DefaultSocketPath();
+
+  const std::string& socket_path() const { return socket_path_; }
+
+  // Version 0 attaches the latest version.
+  Result<std::unique_ptr<Attachment>> Attach(std::string_view model, uint64_t version = 0) const;
+  Result<std::vector<ModelSummary>> ListModels() const;
+  Result<StoreStatus> GetStatus() const;
+  // Only a client with the store's own uid may load and unload.
+  Result<ModelSummary> Load(std::string_view name, std::string_view path) const;
+  // Version 0 unloads every version; returns how many were removed.
+  Result<uint32_t> Unload(std::string_view model, uint64_t version = 0) const;
+
+ private:
+  Result<UniqueFd> Connect() const;
+  std::string socket_path_;
+};
+
+}  // namespace hearth

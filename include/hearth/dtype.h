@@ -1,0 +1,34 @@
+// Element types of tensors, named as safetensors names them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace hearth {
+
+enum class DType : uint8_t {
+  kF64 = 0,
+  kF32,
+  kF16,
+  kBF16,
+  kI64,
+  kI32,
+  kI16,
+  kI8,
+  kU8,
+  kBool,
+  kF8E4M3,
+  kF8E5M2,
+};
+inline constexpr int kDTypeCount = 12;
+
+// Bytes per element.
+size_t DTypeSize(DType dtype);
+// The safetensors name: "F32", "BF16", "F8_E4M3", ...
+std::string_view DTypeName(DType dtype);
+// Parses a safetensors dtype name (exact, case-sensitive); nullopt if unknown.
+std::optional<DType> ParseDType(std::string_view name);
+
+}  // namespace hearth

@@ -1,0 +1,387 @@
+// `hearth`: the command-line entry point (store, inspect, make-model, and
+// the store administration commands list, status, load, unload).
+#include <CLI/CLI.hpp>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <ctime>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "checkpoint/synthetic.h"
+#include "hearth/attach.h"
+#include "hearth/checkpoint.h"
+#include "hearth/checksum.h"
+#include "hearth/store.h"
+
+namespace hearth {
+namespace {
+
+Store* g_store = nullptr;
+volatile sig_atomic_t g_hold_done = 0;
+
+void OnStopSignal(int) {
+  if (g_store != nullptr) g_store->Stop();
+  g_hold_done = 1;
+}
+
+void InstallStopHandlers() {
+  struct sigaction sa {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "hearth: error: %s\n", s.message().c_str());
+  return 1;
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string TimeText(int64_t unix_ms) {
+  const time_t t = static_cast<time_t>(unix_ms / 1000);
+  tm local{};
+  localtime_r(&t, &local);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M:%S", &local);
+  return text;
+}
+
+template <typename T>
+void PrintTensorTable(const std::vector<T>& tensors) {
+  size_t width = 6;
+  for (const auto& t : tensors) width = std::max(width, t.name.size());
+  std::printf("%-*s  %-7s  %-22s  %14s  %14s\n", static_cast<int>(width), "tensor", "dtype",
+              "shape", "offset", "bytes");
+  for (const auto& t : tensors) {
+    std::printf("%-*s  %-7s  %-22s  %14llu  %14llu\n", static_cast<int>(width), t.name.c_str(),
+                std::string(DTypeName(t.dtype)).c_str(), ShapeText(t.shape).c_str(),
+                static_cast<unsigned long long>(t.offset), static_cast<unsigned long long>(t.nbytes));
+  }
+}
+
+// ---- hearth store ----------------------------------------------------------
+
+int RunStore(const std::string& socket, const std::vector<std::string>& model_args,
+             const std::string& device_text, const std::string& mode_text,
+             const std::vector<uint32_t>& allow_uids, const std::vector<uint32_t>& allow_gids,
+             int load_threads) {
+  StoreOptions options;
+  options.socket_path = socket;
+  options.load_threads = load_threads;
+  options.allow_uids.assign(allow_uids.begin(), allow_uids.end());
+  options.allow_gids.assign(allow_gids.begin(), allow_gids.end());
+  unsigned mode = 0;
+  auto [ptr, ec] = std::from_chars(mode_text.data(), mode_text.data() + mode_text.size(), mode, 8);
+  if (ec != std::errc() || ptr != mode_text.data() + mode_text.size() || mode > 0777)
+    return Fail(InvalidArgument("--socket-mode '" + mode_text + "' is not an octal mode like 0660"));
+  options.socket_mode = mode;
+  if (device_text.empty()) {
+    std::string why;
+    if (!CudaAvailable(&why)) spdlog::info("no usable GPU ({}); using host memory", why);
+    options.device = DefaultDevice();
+  } else {
+    Result<Device> device = Device::Parse(device_text);
+    if (!device.ok()) return Fail(device.status());
+    options.device = *device;
+  }
+  for (const std::string& arg : model_args) {
+    const size_t eq = arg.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == arg.size())
+      return Fail(InvalidArgument("--model '" + arg + "' is not NAME=FILE"));
+    options.models.emplace_back(arg.substr(0, eq), arg.substr(eq + 1));
+  }
+  InstallStopHandlers();
+  Result<std::unique_ptr<Store>> store = Store::Create(std::move(options));
+  if (!store.ok()) return Fail(store.status());
+  g_store = store->get();
+  spdlog::info("store ready on {} ({} models)", socket, model_args.size());
+  std::printf("hearth store ready: socket %s\n", socket.c_str());
+  std::fflush(stdout);
+  Status s = (*store)->Run();
+  g_store = nullptr;
+  if (!s.ok()) return Fail(s);
+  return 0;
+}
+
+// ---- hearth inspect --------------------------------------------------------
+
+int InspectFile(const std::string& path) {
+  Result<Checkpoint> ckpt = Checkpoint::Open(path);
+  if (!ckpt.ok()) return Fail(ckpt.status());
+  std::vector<uint64_t> digests;
+  std::vector<std::byte> block;
+  for (const TensorInfo& t : ckpt->tensors()) {
+    for (uint64_t off = 0; off < t.nbytes; off += kChecksumBlockBytes) {
+      block.resize(std::min(kChecksumBlockBytes, t.nbytes - off));
+      if (Status s = ckpt->Read(t, off, block); !s.ok()) return Fail(s);
+      digests.push_back(BlockDigest(block));
+    }
+  }
+  std::printf("file: %s\n", path.c_str());
+  for (const auto& [k, v] : ckpt->metadata()) std::printf("metadata: %s = %s\n", k.c_str(), v.c_str());
+  std::printf("tensors: %zu, %llu bytes\n", ckpt->tensors().size(),
+              static_cast<unsigned long long>(ckpt->tensor_bytes()));
+  PrintTensorTable(ckpt->tensors());
+  std::printf("checksum: %s\n", ChecksumHex(CombineBlockDigests(digests)).c_str());
+  return 0;
+}
+
+// Sums the Rss and Pss of this process's mappings of the arena, in KiB.
+void PrintMappingMemory(const Attachment& a) {
+  if (a.device().is_cuda() || a.tensors().empty()) return;
+  const auto base = reinterpret_cast<uintptr_t>(a.tensors().front().data) - a.tensors().front().offset;
+  FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (f == nullptr) return;
+  char line[512];
+  bool in_arena = false;
+  unsigned long long rss = 0, pss = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long long lo, hi;
+    if (std::sscanf(line, "%llx-%llx ", &lo, &hi) == 2 && std::strchr(line, '-') < std::strchr(line, ' ')) {
+      in_arena = lo == base;
+      continue;
+    }
+    unsigned long long kb;
+    if (in_arena && std::sscanf(line, "Rss: %llu kB", &kb) == 1) rss += kb;
+    if (in_arena && std::sscanf(line, "Pss: %llu kB", &kb) == 1) pss += kb;
+  }
+  std::fclose(f);
+  std::printf("mapping: rss %llu KiB, pss %llu KiB\n", rss, pss);
+}
+
+int InspectStore(const std::string& socket, const std::string& model_text, bool verify,
+                 bool hold) {
+  Result<ModelRef> ref = ModelRef::Parse(model_text);
+  if (!ref.ok()) return Fail(ref.status());
+  AttachClient client(socket);
+  auto attached = client.Attach(ref->name, ref->version);
+  if (!attached.ok()) return Fail(attached.status());
+  const Attachment& a = **attached;
+  std::printf("model: %s@%llu on %s (pid %d)\n", a.model().c_str(),
+              static_cast<unsigned long long>(a.version()), a.device().ToString().c_str(), ::getpid());
+  std::printf("tensors: %zu, arena %llu bytes\n", a.tensors().size(),
+              static_cast<unsigned long long>(a.manifest().arena_size));
+  PrintTensorTable(a.tensors());
+  Result<uint64_t> mapped = a.ComputeChecksum();
+  if (!mapped.ok()) return Fail(mapped.status());
+  std::printf("checksum: %s\n", ChecksumHex(*mapped).c_str());
+  if (verify) {
+    const bool ok = *mapped == a.checksum();
+    std::printf("checksum %s: mapped bytes %s, store's manifest %s\n", ok ? "ok" : "MISMATCH",
+                ChecksumHex(*mapped).c_str(), ChecksumHex(a.checksum()).c_str());
+    if (!ok) return 2;
+  }
+  PrintMappingMemory(a);
+  std::fflush(stdout);
+  if (hold) {
+    InstallStopHandlers();
+    while (!g_hold_done) ::pause();
+  }
+  return 0;
+}
+
+// ---- administration --------------------------------------------------------
+
+int ListModels(const std::string& socket) {
+  auto models = AttachClient(socket).ListModels();
+  if (!models.ok()) return Fail(models.status());
+  std::printf("%-20s %8s %-8s %8s %14s %8s  %-16s  %s\n", "model", "version", "device", "tensors",
+              "bytes", "attached", "checksum", "path");
+  for (const ModelSummary& m : *models) {
+    std::printf("%-20s %8llu %-8s %8u %14llu %8u  %s  %s\n", m.name.c_str(),
+                static_cast<unsigned long long>(m.version), m.device.ToString().c_str(),
+                m.tensor_count, static_cast<unsigned long long>(m.tensor_bytes), m.attached,
+                ChecksumHex(m.checksum).c_str(), m.path.c_str());
+  }
+  return 0;
+}
+
+int ShowStatus(const std::string& socket) {
+  auto status = AttachClient(socket).GetStatus();
+  if (!status.ok()) return Fail(status.status());
+  std::printf("store pid %d on %s, %u connections\n", status->pid,
+              status->device.ToString().c_str(), status->connections);
+  std::printf("arenas:\n");
+  for (const ArenaInfo& a : status->arenas) {
+    std::printf("  %s@%llu  %llu bytes  %s  attached %u\n", a.model.c_str(),
+                static_cast<unsigned long long>(a.version), static_cast<unsigned long long>(a.bytes),
+                a.registered ? "registered" : "unloaded", a.attached);
+  }
+  std::printf("attached clients:\n");
+  for (const LeaseInfo& l : status->leases) {
+    std::printf("  pid %d uid %u  %s@%llu  since %s\n", l.pid, l.uid, l.model.c_str(),
+                static_cast<unsigned long long>(l.version), TimeText(l.since_ms).c_str());
+  }
+  return 0;
+}
+
+int LoadModel(const std::string& socket, const std::string& arg) {
+  const size_t eq = arg.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == arg.size())
+    return Fail(InvalidArgument("'" + arg + "' is not NAME=FILE"));
+  std::string path = arg.substr(eq + 1);
+  char resolved[PATH_MAX];
+  if (::realpath(path.c_str(), resolved) != nullptr) path = resolved;
+  auto loaded = AttachClient(socket).Load(arg.substr(0, eq), path);
+  if (!loaded.ok()) return Fail(loaded.status());
+  std::printf("loaded %s@%llu (%u tensors, %llu bytes, checksum %s)\n", loaded->name.c_str(),
+              static_cast<unsigned long long>(loaded->version), loaded->tensor_count,
+              static_cast<unsigned long long>(loaded->tensor_bytes),
+              ChecksumHex(loaded->checksum).c_str());
+  return 0;
+}
+
+int UnloadModel(const std::string& socket, const std::string& model_text) {
+  Result<ModelRef> ref = ModelRef::Parse(model_text);
+  if (!ref.ok()) return Fail(ref.status());
+  auto removed = AttachClient(socket).Unload(ref->name, ref->version);
+  if (!removed.ok()) return Fail(removed.status());
+  std::printf("unloaded %u version(s) of %s\n", *removed, ref->name.c_str());
+  return 0;
+}
+
+// ---- hearth make-model -----------------------------------------------------
+
+Result<std::vector<int64_t>> ParseDims(const std::string& text) {
+  std::vector<int64_t> dims;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    int64_t v = 0;
+    auto [ptr, ec] = std::from_chars(text.data() + start, text.data() + comma, v);
+    if (ec != std::errc() || ptr != text.data() + comma || v <= 0)
+      return InvalidArgument("--dims '" + text + "' must be positive integers separated by commas");
+    dims.push_back(v);
+    start = comma + 1;
+  }
+  return dims;
+}
+
+int MakeModel(const std::string& kind, const std::string& dims_text, const std::string& dtype_text,
+              uint64_t seed, const std::string& out, int threads) {
+  Result<std::vector<int64_t>> dims = ParseDims(dims_text);
+  if (!dims.ok()) return Fail(dims.status());
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  Status s;
+  if (kind == "mlp") {
+    if (dims->size() != 3) return Fail(InvalidArgument("mlp needs --dims IN,HIDDEN,OUT"));
+    std::string upper = dtype_text;
+    std::transform(upper.begin(), upper.end(), upper.begin(), ::toupper);
+    std::optional<DType> dtype = ParseDType(upper);
+    if (!dtype || (*dtype != DType::kF32 && *dtype != DType::kF16 && *dtype != DType::kBF16))
+      return Fail(InvalidArgument("--dtype '" + dtype_text + "' is not one of f32, f16, bf16"));
+    s = WriteSyntheticMlp((*dims)[0], (*dims)[1], (*dims)[2], *dtype, seed, out, threads);
+  } else {
+    if (dims->size() != 1) return Fail(InvalidArgument("scale needs --dims N"));
+    if (dtype_text != "f32") return Fail(InvalidArgument("scale models are f32 only"));
+    s = WriteSyntheticScale((*dims)[0], seed, out, threads);
+  }
+  if (!s.ok()) return Fail(s);
+  std::printf("wrote %s\n", out.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace hearth
+
+int main(int argc, char** argv) {
+  using namespace hearth;
+  CLI::App app{
+      "hearth: one copy of a model's weights, shared read-only by many worker processes"};
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+
+  const std::string default_socket = AttachClient::DefaultSocketPath();
+  std::string socket = default_socket;
+  auto add_socket = [&](CLI::App* cmd) {
+    cmd->add_option("--socket", socket, "the store's Unix socket ($HEARTH_SOCKET)")
+        ->capture_default_str();
+  };
+
+  auto* store = app.add_subcommand("store", "load models once and share them with attaching processes");
+  std::vector<std::string> models;
+  std::string device, socket_mode = "0660";
+  std::vector<uint32_t> allow_uids, allow_gids;
+  int load_threads = 0;
+  add_socket(store);
+  store->add_option("--model", models, "NAME=FILE (a safetensors checkpoint); repeatable");
+  store->add_option("--device", device, "cpu or cuda:N (default: cuda:0 if a GPU is usable, else cpu)");
+  store->add_option("--socket-mode", socket_mode, "permissions of the socket file (octal)")
+      ->capture_default_str();
+  store->add_option("--allow-uid", allow_uids, "also accept peers with this uid; repeatable");
+  store->add_option("--allow-gid", allow_gids, "also accept peers with this gid; repeatable");
+  store->add_option("--load-threads", load_threads, "reader threads per load (0 = automatic)")
+      ->capture_default_str();
+
+  auto* inspect = app.add_subcommand(
+      "inspect", "print a checkpoint's (or a store's model's) tensors and checksum");
+  std::string file, model;
+  bool verify = false, hold = false;
+  inspect->add_option("file", file, "a safetensors file");
+  add_socket(inspect);
+  inspect->add_option("--model", model, "NAME[@VERSION] to attach from the store");
+  inspect->add_flag("--verify", verify, "with --model: check the mapped bytes against the store's checksum");
+  inspect->add_flag("--hold", hold, "with --model: stay attached until SIGTERM or SIGINT");
+
+  auto* make = app.add_subcommand("make-model", "write a deterministic synthetic checkpoint");
+  std::string kind, dims, dtype = "f32", out;
+  uint64_t seed = 0;
+  int threads = 0;
+  make->add_option("kind", kind, "mlp or scale")->required()->check(CLI::IsMember({"mlp", "scale"}));
+  make->add_option("--dims", dims, "mlp: IN,HIDDEN,OUT; scale: N")->required();
+  make->add_option("--dtype", dtype, "f32, f16 or bf16 (mlp only)")->capture_default_str();
+  make->add_option("--seed", seed, "random seed")->capture_default_str();
+  make->add_option("--out", out, "output file")->required();
+  make->add_option("--threads", threads, "generator threads (0 = all cores)");
+
+  auto* list = app.add_subcommand("list", "list the models a store holds");
+  add_socket(list);
+  auto* status = app.add_subcommand("status", "show a store's attached clients and arenas");
+  add_socket(status);
+  auto* load = app.add_subcommand("load", "load a checkpoint into a running store as a new version");
+  std::string load_arg;
+  add_socket(load);
+  load->add_option("model", load_arg, "NAME=FILE")->required();
+  auto* unload = app.add_subcommand("unload", "remove a model (all versions, or NAME@VERSION)");
+  std::string unload_arg;
+  add_socket(unload);
+  unload->add_option("model", unload_arg, "NAME[@VERSION]")->required();
+
+  CLI11_PARSE(app, argc, argv);
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%n %P] [%l] %v");
+
+  if (store->parsed()) {
+    if (models.empty()) std::fprintf(stderr, "hearth store: no --model given; load models later with `hearth load`\n");
+    return RunStore(socket, models, device, socket_mode, allow_uids, allow_gids, load_threads);
+  }
+  if (inspect->parsed()) {
+    if (!file.empty() && !model.empty())
+      return Fail(InvalidArgument("give either FILE or --model, not both"));
+    if (!file.empty()) return InspectFile(file);
+    if (!model.empty()) return InspectStore(socket, model, verify, hold);
+    return Fail(InvalidArgument("inspect needs FILE or --model NAME"));
+  }
+  if (make->parsed()) return MakeModel(kind, dims, dtype, seed, out, threads);
+  if (list->parsed()) return ListModels(socket);
+  if (status->parsed()) return ShowStatus(socket);
+  if (load->parsed()) return LoadModel(socket, load_arg);
+  if (unload->parsed()) return UnloadModel(socket, unload_arg);
+  return 0;
+}

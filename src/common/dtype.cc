@@ -1,0 +1,41 @@
+#include "hearth/dtype.h"
+
+#include <array>
+
+namespace hearth {
+namespace {
+
+struct DTypeEntry {
+  std::string_view name;
+  size_t size;
+};
+
+constexpr std::array<DTypeEntry, kDTypeCount> kDTypes = {{
+    {"F64", 8},
+    {"F32", 4},
+    {"F16", 2},
+    {"BF16", 2},
+    {"I64", 8},
+    {"I32", 4},
+    {"I16", 2},
+    {"I8", 1},
+    {"U8", 1},
+    {"BOOL", 1},
+    {"F8_E4M3", 1},
+    {"F8_E5M2", 1},
+}};
+
+}  // namespace
+
+size_t DTypeSize(DType dtype) { return kDTypes[static_cast<size_t>(dtype)].size; }
+
+std::string_view DTypeName(DType dtype) { return kDTypes[static_cast<size_t>(dtype)].name; }
+
+std::optional<DType> ParseDType(std::string_view name) {
+  for (size_t i = 0; i < kDTypes.size(); ++i) {
+    if (kDTypes[i].name == name) return static_cast<DType>(i);
+  }
+  return std::nullopt;
+}
+
+}  // namespace hearth

@@ -1,0 +1,99 @@
+// PackOffsets, CudaAvailable / DefaultDevice, and the dispatch of
+// Arena::Create and ArenaMapping::Map on the device kind.
+#include "hearth/arena.h"
+
+#include <string>
+
+#include "memory/arena_kinds.h"
+
+#if HEARTH_HAVE_CUDA
+#include "memory/cuda_driver.h"
+#endif
+
+namespace hearth {
+namespace {
+
+#if HEARTH_HAVE_CUDA
+// Empty when CUDA devices can be used, else why not.
+std::string ProbeCuda() {
+  Result<const CudaDriver*> cu = CudaDriver::Get();
+  if (!cu.ok()) return cu.status().message();
+  int count = 0;
+  Status status = CuCheck(**cu, (*cu)->DeviceGetCount(&count), "cuDeviceGetCount");
+  if (!status.ok()) return status.message();
+  if (count <= 0) return "the NVIDIA driver reports no CUDA device (check CUDA_VISIBLE_DEVICES)";
+  return {};
+}
+#endif
+
+}  // namespace
+
+Result<std::vector<uint64_t>> PackOffsets(const std::vector<uint64_t>& sizes, uint64_t alignment,
+                                          uint64_t* total) {
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0) {
+    return InvalidArgument("alignment " + std::to_string(alignment) + " is not a power of two");
+  }
+  std::vector<uint64_t> offsets;
+  offsets.reserve(sizes.size());
+  uint64_t end = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    uint64_t offset = 0;
+    if (!AlignUp(end, alignment, &offset) || sizes[i] > UINT64_MAX - offset) {
+      return InvalidArgument("packing " + std::to_string(sizes.size()) +
+                             " regions overflows 64 bits at region " + std::to_string(i) +
+                             " (size " + std::to_string(sizes[i]) + ")");
+    }
+    offsets.push_back(offset);
+    end = offset + sizes[i];
+  }
+  if (total != nullptr) *total = end;
+  return offsets;
+}
+
+bool CudaAvailable(std::string* why) {
+#if HEARTH_HAVE_CUDA
+  static const std::string reason = ProbeCuda();
+#else
+  static const std::string reason = "built without CUDA support";
+#endif
+  if (reason.empty()) return true;
+  if (why != nullptr) *why = reason;
+  return false;
+}
+
+Device DefaultDevice() { return CudaAvailable() ? Device::Cuda(0) : Device::Host(); }
+
+Result<std::unique_ptr<Arena>> Arena::Create(Device device, uint64_t size) {
+  switch (device.kind) {
+    case DeviceKind::kHost:
+      return CreateHostArena(size);
+    case DeviceKind::kCuda:
+      return CreateCudaArena(device.index, size);
+  }
+  return InvalidArgument("unknown device kind " + std::to_string(static_cast<int>(device.kind)));
+}
+
+Result<std::unique_ptr<ArenaMapping>> ArenaMapping::Map(UniqueFd fd, Device device, uint64_t size) {
+  if (!fd.valid()) return InvalidArgument("cannot map an arena from an invalid descriptor");
+  switch (device.kind) {
+    case DeviceKind::kHost:
+      return MapHostArena(std::move(fd), size);
+    case DeviceKind::kCuda:
+      return MapCudaArena(std::move(fd), device.index, size);
+  }
+  return InvalidArgument("unknown device kind " + std::to_string(static_cast<int>(device.kind)));
+}
+
+#if !HEARTH_HAVE_CUDA
+Result<std::unique_ptr<Arena>> CreateCudaArena(int device, uint64_t) {
+  return Unavailable("cannot create an arena on cuda:" + std::to_string(device) +
+                     ": built without CUDA support");
+}
+
+Result<std::unique_ptr<ArenaMapping>> MapCudaArena(UniqueFd, int device, uint64_t) {
+  return Unavailable("cannot map an arena on cuda:" + std::to_string(device) +
+                     ": built without CUDA support");
+}
+#endif
+
+}  // namespace hearth

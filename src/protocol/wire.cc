@@ -1,0 +1,309 @@
+#include "protocol/wire.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace hearth::protocol {
+
+const char* MessageTypeName(MessageType type) {
+  switch (type) {
+    case MessageType::kError: return "error";
+    case MessageType::kListModels: return "list-models";
+    case MessageType::kModelList: return "model-list";
+    case MessageType::kAttach: return "attach";
+    case MessageType::kManifest: return "manifest";
+    case MessageType::kStatus: return "status";
+    case MessageType::kStatusReply: return "status-reply";
+    case MessageType::kLoad: return "load";
+    case MessageType::kLoaded: return "loaded";
+    case MessageType::kUnload: return "unload";
+    case MessageType::kUnloaded: return "unloaded";
+  }
+  return "unknown";
+}
+
+bool IsKnownMessageType(uint16_t type) {
+  return type >= static_cast<uint16_t>(MessageType::kError) &&
+         type <= static_cast<uint16_t>(MessageType::kUnloaded);
+}
+
+void PayloadWriter::Raw(const void* p, size_t n) {
+  const auto* b = static_cast<const std::byte*>(p);
+  bytes_.insert(bytes_.end(), b, b + n);
+}
+void PayloadWriter::U16(uint16_t v) {
+  unsigned char b[2] = {static_cast<unsigned char>(v), static_cast<unsigned char>(v >> 8)};
+  Raw(b, 2);
+}
+void PayloadWriter::U32(uint32_t v) {
+  unsigned char b[4];
+  for (int i = 0; i < 4; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));
+  Raw(b, 4);
+}
+void PayloadWriter::U64(uint64_t v) {
+  unsigned char b[8];
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));
+  Raw(b, 8);
+}
+void PayloadWriter::Str(std::string_view s) {
+  U32(static_cast<uint32_t>(s.size()));
+  Raw(s.data(), s.size());
+}
+
+bool PayloadReader::Take(void* out, size_t n, const char* field) {
+  if (!status_.ok()) {
+    std::memset(out, 0, n);
+    return false;
+  }
+  if (bytes_.size() - pos_ < n) {
+    status_ = InvalidArgument(std::string("field '") + field + "' runs past the end of the message");
+    std::memset(out, 0, n);
+    return false;
+  }
+  std::memcpy(out, bytes_.data() + pos_, n);
+  pos_ += n;
+  return true;
+}
+
+uint8_t PayloadReader::U8(const char* field) {
+  uint8_t v;
+  Take(&v, 1, field);
+  return v;
+}
+uint16_t PayloadReader::U16(const char* field) {
+  unsigned char b[2];
+  Take(b, 2, field);
+  return static_cast<uint16_t>(b[0] | (b[1] << 8));
+}
+uint32_t PayloadReader::U32(const char* field) {
+  unsigned char b[4];
+  Take(b, 4, field);
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | b[i];
+  return v;
+}
+uint64_t PayloadReader::U64(const char* field) {
+  unsigned char b[8];
+  Take(b, 8, field);
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | b[i];
+  return v;
+}
+std::string PayloadReader::Str(const char* field) {
+  const uint32_t n = U32(field);
+  if (!status_.ok()) return {};
+  if (n > kMaxStringBytes || bytes_.size() - pos_ < n) {
+    status_ = InvalidArgument(std::string("string '") + field + "' of " + std::to_string(n) +
+                              " bytes does not fit the message");
+    return {};
+  }
+  std::string s(reinterpret_cast<const char*>(bytes_.data() + pos_), n);
+  pos_ += n;
+  return s;
+}
+uint32_t PayloadReader::Count(const char* field, size_t min_item_bytes) {
+  const uint32_t n = U32(field);
+  if (status_.ok() && min_item_bytes > 0 && n > (bytes_.size() - pos_) / min_item_bytes) {
+    status_ = InvalidArgument(std::string("count '") + field + "' = " + std::to_string(n) +
+                              " is more than the message can hold");
+    return 0;
+  }
+  return n;
+}
+Status PayloadReader::Finish(std::string_view message_name) const {
+  if (!status_.ok()) return status_.WithContext(std::string(message_name) + " message");
+  if (pos_ != bytes_.size())
+    return InvalidArgument(std::string(message_name) + " message has " +
+                           std::to_string(bytes_.size() - pos_) + " trailing bytes");
+  return Status::Ok();
+}
+
+namespace {
+
+void PutU16(std::byte* p, uint16_t v) {
+  p[0] = std::byte(v & 0xff);
+  p[1] = std::byte(v >> 8);
+}
+void PutU32(std::byte* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = std::byte((v >> (8 * i)) & 0xff);
+}
+uint16_t GetU16(const std::byte* p) {
+  return static_cast<uint16_t>(std::to_integer<unsigned>(p[0]) | (std::to_integer<unsigned>(p[1]) << 8));
+}
+uint32_t GetU32(const std::byte* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | std::to_integer<uint32_t>(p[i]);
+  return v;
+}
+
+}  // namespace
+
+std::vector<std::vector<std::byte>> EncodeFrames(MessageType type,
+                                                 std::span<const std::byte> payload) {
+  std::vector<std::vector<std::byte>> frames;
+  size_t offset = 0;
+  do {
+    const size_t n = std::min(kMaxFramePayload, payload.size() - offset);
+    std::vector<std::byte> frame(kFrameHeaderBytes + n);
+    PutU32(frame.data(), kMagic);
+    PutU16(frame.data() + 4, kVersion);
+    PutU16(frame.data() + 6, static_cast<uint16_t>(type));
+    PutU32(frame.data() + 8, static_cast<uint32_t>(payload.size()));
+    PutU32(frame.data() + 12, static_cast<uint32_t>(offset));
+    if (n > 0) std::memcpy(frame.data() + kFrameHeaderBytes, payload.data() + offset, n);
+    frames.push_back(std::move(frame));
+    offset += n;
+  } while (offset < payload.size());
+  return frames;
+}
+
+namespace {
+
+Status SendFrame(int socket, std::span<const std::byte> frame, int pass_fd) {
+  iovec iov{const_cast<std::byte*>(frame.data()), frame.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  if (pass_fd >= 0) {
+    std::memset(control, 0, sizeof control);
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+  }
+  for (;;) {
+    const ssize_t n = ::sendmsg(socket, &msg, MSG_NOSIGNAL);
+    if (n >= 0) return Status::Ok();
+    if (errno == EINTR) continue;
+    return ErrnoError("send", errno);
+  }
+}
+
+}  // namespace
+
+Status SendMessage(int socket, MessageType type, std::span<const std::byte> payload, int pass_fd) {
+  if (payload.size() > kMaxMessageBytes)
+    return ResourceExhausted("message of " + std::to_string(payload.size()) +
+                             " bytes exceeds the protocol limit");
+  const auto frames = EncodeFrames(type, payload);
+  for (size_t i = 0; i < frames.size(); ++i) {
+    RETURN_IF_ERROR(SendFrame(socket, frames[i], i == 0 ? pass_fd : -1));
+  }
+  return Status::Ok();
+}
+
+Result<bool> FrameAssembler::Add(std::span<const std::byte> frame, UniqueFd fd) {
+  if (frame.size() < kFrameHeaderBytes)
+    return InvalidArgument("truncated frame: " + std::to_string(frame.size()) +
+                           " bytes, shorter than the 16-byte header");
+  const uint32_t magic = GetU32(frame.data());
+  const uint16_t version = GetU16(frame.data() + 4);
+  const uint16_t type = GetU16(frame.data() + 6);
+  const uint32_t total = GetU32(frame.data() + 8);
+  const uint32_t offset = GetU32(frame.data() + 12);
+  const size_t n = frame.size() - kFrameHeaderBytes;
+  if (magic != kMagic) return InvalidArgument("bad magic: not a hearth protocol frame");
+  if (version != kVersion)
+    return InvalidArgument("protocol version " + std::to_string(version) +
+                           " is not supported (this side speaks version " +
+                           std::to_string(kVersion) + ")");
+  if (!IsKnownMessageType(type)) return InvalidArgument("unknown message type " + std::to_string(type));
+  if (total > kMaxMessageBytes)
+    return InvalidArgument("message of " + std::to_string(total) + " bytes exceeds the limit of " +
+                           std::to_string(kMaxMessageBytes));
+  if (n > kMaxFramePayload) return InvalidArgument("frame payload exceeds the frame limit");
+  if (!started_) {
+    if (offset != 0) return InvalidArgument("first frame of a message must start at offset 0");
+    message_ = Message{};
+    message_.type = static_cast<MessageType>(type);
+    message_.fd = std::move(fd);
+    message_.payload.reserve(total);
+    total_ = total;
+    started_ = true;
+  } else {
+    if (fd.valid()) return InvalidArgument("descriptor sent with a continuation frame");
+    if (static_cast<MessageType>(type) != message_.type || total != total_ ||
+        offset != message_.payload.size())
+      return InvalidArgument("continuation frame does not continue the message in progress");
+  }
+  if (n > total_ - message_.payload.size())
+    return InvalidArgument("frame carries more bytes than its message's declared length");
+  message_.payload.insert(message_.payload.end(), frame.begin() + kFrameHeaderBytes, frame.end());
+  if (n == 0 && message_.payload.size() < total_)
+    return InvalidArgument("empty continuation frame");
+  return message_.payload.size() == total_;
+}
+
+Message FrameAssembler::TakeMessage() {
+  started_ = false;
+  total_ = 0;
+  return std::move(message_);
+}
+
+Result<size_t> ReceiveFrame(int socket, std::span<std::byte> buffer, UniqueFd* fd,
+                            bool* would_block) {
+  *would_block = false;
+  iovec iov{buffer.data(), buffer.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  // Room for a few descriptors: a peer that sends more than one gets them all closed.
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t n;
+  for (;;) {
+    n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n >= 0) break;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      *would_block = true;
+      return size_t{0};
+    }
+    return ErrnoError("receive", errno);
+  }
+  std::vector<UniqueFd> fds;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int f;
+        std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds.emplace_back(f);
+      }
+    }
+  }
+  if (msg.msg_flags & MSG_CTRUNC) return InvalidArgument("too many descriptors in one frame");
+  if (msg.msg_flags & MSG_TRUNC)
+    return InvalidArgument("frame larger than " + std::to_string(buffer.size()) + " bytes");
+  if (n == 0 && fds.empty()) return Unavailable("connection closed");
+  if (fds.size() > 1) return InvalidArgument("more than one descriptor in one frame");
+  if (fds.size() == 1) *fd = std::move(fds[0]);
+  return static_cast<size_t>(n);
+}
+
+Result<Message> ReceiveMessage(int socket) {
+  std::vector<std::byte> buffer(kFrameHeaderBytes + kMaxFramePayload + 1);
+  FrameAssembler assembler;
+  for (;;) {
+    UniqueFd fd;
+    bool would_block = false;
+    ASSIGN_OR_RETURN(size_t n, ReceiveFrame(socket, buffer, &fd, &would_block));
+    if (would_block) {
+      pollfd p{socket, POLLIN, 0};
+      if (::poll(&p, 1, -1) < 0 && errno != EINTR) return ErrnoError("poll", errno);
+      continue;
+    }
+    ASSIGN_OR_RETURN(bool done, assembler.Add(std::span(buffer.data(), n), std::move(fd)));
+    if (done) return assembler.TakeMessage();
+  }
+}
+
+}  // namespace hearth::protocol

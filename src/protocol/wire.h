@@ -1,0 +1,135 @@
+// The store <-> client wire format (documented in docs/protocol.md).
+//
+// Transport: an AF_UNIX SOCK_SEQPACKET connection. A message is one or more
+// frames; each frame is a 16-byte header followed by up to kMaxFramePayload
+// bytes of payload:
+//
+//   u32 magic ("HRTH" = 0x48545248 little-endian)  u16 version  u16 type
+//   u32 total payload bytes of the message          u32 offset of this frame's payload
+//
+// A descriptor (SCM_RIGHTS) may travel with a message's first frame only.
+// Integers are little-endian; strings are u32 length + bytes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "hearth/status.h"
+#include "hearth/unique_fd.h"
+
+namespace hearth::protocol {
+
+inline constexpr uint32_t kMagic = 0x48545248;
+inline constexpr uint16_t kVersion = 1;
+inline constexpr size_t kFrameHeaderBytes = 16;
+inline constexpr size_t kMaxFramePayload = 32 * 1024;
+inline constexpr size_t kMaxMessageBytes = 16u << 20;
+inline constexpr size_t kMaxStringBytes = 1u << 20;
+
+enum class MessageType : uint16_t {
+  kError = 1,
+  kListModels = 2,
+  kModelList = 3,
+  kAttach = 4,
+  kManifest = 5,
+  kStatus = 6,
+  kStatusReply = 7,
+  kLoad = 8,
+  kLoaded = 9,
+  kUnload = 10,
+  kUnloaded = 11,
+};
+const char* MessageTypeName(MessageType type);
+bool IsKnownMessageType(uint16_t type);
+
+struct Message {
+  MessageType type = MessageType::kError;
+  std::vector<std::byte> payload;
+  UniqueFd fd;  // received with SCM_RIGHTS, if any
+};
+
+// Appends little-endian fields to a payload.
+class PayloadWriter {
+ public:
+  void U8(uint8_t v) { Raw(&v, 1); }
+  void U16(uint16_t v);
+  void U32(uint32_t v);
+  void U64(uint64_t v);
+  void I32(int32_t v) { U32(static_cast<uint32_t>(v)); }
+  void I64(int64_t v) { U64(static_cast<uint64_t>(v)); }
+  void Str(std::string_view s);
+  std::vector<std::byte> Take() { return std::move(bytes_); }
+
+ private:
+  void Raw(const void* p, size_t n);
+  std::vector<std::byte> bytes_;
+};
+
+// Reads fields back, bounds-checked: after the first overrun every read
+// returns zero and status() names the field that did not fit.
+class PayloadReader {
+ public:
+  explicit PayloadReader(std::span<const std::byte> bytes) : bytes_(bytes) {}
+  uint8_t U8(const char* field);
+  uint16_t U16(const char* field);
+  uint32_t U32(const char* field);
+  uint64_t U64(const char* field);
+  int32_t I32(const char* field) { return static_cast<int32_t>(U32(field)); }
+  int64_t I64(const char* field) { return static_cast<int64_t>(U64(field)); }
+  std::string Str(const char* field);
+  // A count of items each at least `min_item_bytes` long; fails if they cannot fit.
+  uint32_t Count(const char* field, size_t min_item_bytes);
+  // OK if nothing overran and every byte was consumed.
+  Status Finish(std::string_view message_name) const;
+  const Status& status() const { return status_; }
+  // Marks the message malformed (keeps the first error).
+  void Fail(std::string what) {
+    if (status_.ok()) status_ = InvalidArgument(std::move(what));
+  }
+
+ private:
+  bool Take(void* out, size_t n, const char* field);
+  std::span<const std::byte> bytes_;
+  size_t pos_ = 0;
+  Status status_;
+};
+
+// Sends one message (as many frames as it needs). `pass_fd` >= 0 travels with
+// the first frame. Blocking; EINTR is retried; MSG_NOSIGNAL.
+Status SendMessage(int socket, MessageType type, std::span<const std::byte> payload,
+                   int pass_fd = -1);
+
+// Splits a message into frames, for senders that queue them (the store).
+std::vector<std::vector<std::byte>> EncodeFrames(MessageType type,
+                                                 std::span<const std::byte> payload);
+
+// Reassembles frames into messages and checks every header.
+class FrameAssembler {
+ public:
+  // Feeds one received frame. Returns true when a message is complete (then
+  // TakeMessage()), false if more frames are needed, or an error that names
+  // what is wrong with the frame.
+  Result<bool> Add(std::span<const std::byte> frame, UniqueFd fd);
+  Message TakeMessage();
+
+ private:
+  Message message_;
+  bool started_ = false;
+  uint32_t total_ = 0;
+};
+
+// Receives one frame (non-blocking sockets return Unavailable("would block")
+// via *would_block). A peer that closed gives Unavailable "connection closed".
+// The frame buffer must be kFrameHeaderBytes + kMaxFramePayload long; a larger
+// frame is an error.
+Result<size_t> ReceiveFrame(int socket, std::span<std::byte> buffer, UniqueFd* fd,
+                            bool* would_block);
+
+// Blocking: receives frames until a whole message has arrived.
+Result<Message> ReceiveMessage(int socket);
+
+}  // namespace hearth::protocol
