@@ -17,6 +17,10 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr size_t kMaxJsonErrorChars = 240;
+// A valid header nests three levels deep (header, tensor, shape). The limit
+// leaves room for useful messages about wrong values while bounding the
+// memory a header of nothing but '[' can take.
+constexpr size_t kMaxJsonDepth = 64;
 
 Status HeaderError(std::string_view origin, std::string_view what) {
   return InvalidArgument(std::string(origin) + ": header: " + std::string(what));
@@ -35,17 +39,22 @@ Status MetadataKeyError(std::string_view origin, std::string_view key, std::stri
   return MetadataError(origin, "key " + QuoteForMessage(key) + ": " + std::string(what));
 }
 
+// Thrown by the parser callback to stop parsing.
+struct NestingTooDeep {};
+
 // nlohmann::json keeps the last of duplicate keys, while other readers keep the
 // first: a header with duplicates means different things to different readers,
-// so it is rejected. The parser callback sees every key as it is read.
-class DuplicateKeyDetector {
+// so it is rejected. The parser callback sees every key as it is read, and
+// also stops headers that nest too deep.
+class HeaderKeyChecker {
  public:
-  explicit DuplicateKeyDetector(std::string_view origin) : origin_(origin) {}
+  explicit HeaderKeyChecker(std::string_view origin) : origin_(origin) {}
 
   bool operator()(int /*depth*/, Json::parse_event_t event, Json& parsed) {
     switch (event) {
       case Json::parse_event_t::object_start:
       case Json::parse_event_t::array_start:
+        if (frames_.size() == kMaxJsonDepth) throw NestingTooDeep();
         frames_.emplace_back();
         break;
       case Json::parse_event_t::object_end:
@@ -95,16 +104,19 @@ Result<Json> ParseJson(std::string_view text, std::string_view origin) {
   if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
     return HeaderError(origin, "invalid JSON: NUL byte at offset " + std::to_string(nul));
   }
-  DuplicateKeyDetector detector(origin);
+  HeaderKeyChecker checker(origin);
   Json json;
   try {
-    json = Json::parse(text.begin(), text.end(), std::ref(detector));
+    json = Json::parse(text.begin(), text.end(), std::ref(checker));
   } catch (const Json::exception& e) {
     std::string what = e.what();
     if (what.size() > kMaxJsonErrorChars) what = what.substr(0, kMaxJsonErrorChars) + "...";
     return HeaderError(origin, "invalid JSON: " + what);
+  } catch (const NestingTooDeep&) {
+    return HeaderError(origin,
+                       "JSON nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   }
-  RETURN_IF_ERROR(detector.first_duplicate());
+  RETURN_IF_ERROR(checker.first_duplicate());
   return json;
 }
 
@@ -121,8 +133,9 @@ Result<int64_t> ParseDim(const Json& value, size_t index, std::string_view origi
   }
   if (value.is_number_integer()) {
     const auto dim = value.get<int64_t>();
-    if (dim < 0)
+    if (dim < 0) {
       return TensorError(origin, name, where + " = " + std::to_string(dim) + " is negative");
+    }
     return dim;  // "-0"
   }
   return TensorError(origin, name, where + " is not an integer");

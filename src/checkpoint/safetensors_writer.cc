@@ -41,8 +41,9 @@ Result<uint64_t> CheckNewTensor(std::string_view name, DType dtype,
     return TensorArgumentError(name, "invalid dtype " + std::to_string(static_cast<int>(dtype)));
   }
   for (int64_t dim : shape) {
-    if (dim < 0)
+    if (dim < 0) {
       return TensorArgumentError(name, "shape " + FormatShape(shape) + " has a negative dimension");
+    }
   }
   std::optional<uint64_t> nbytes = CheckedTensorBytes(dtype, shape);
   if (!nbytes) {

@@ -55,7 +55,7 @@ CheckpointWriter::FillFn MakeFill(DType dtype, uint64_t seed, uint64_t tensor_in
       return UniformFill(seed, tensor_index, bound, 2, [](float v, std::byte* out) {
         StoreLittleEndian(FloatToBFloat16(v), out);
       });
-    default:
+    default:  // kF32: the callers allow nothing else
       return UniformFill(seed, tensor_index, bound, 4, [](float v, std::byte* out) {
         StoreLittleEndian(std::bit_cast<uint32_t>(v), out);
       });

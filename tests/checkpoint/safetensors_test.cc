@@ -211,8 +211,9 @@ TEST(CheckpointOpen, AcceptsHandWrittenFileWithPaddingHolesAndSharedEmptyOffsets
 TEST(CheckpointRead, PartialRangesAndBounds) {
   TempDir dir;
   const std::vector<std::byte> bytes = Pattern(1000, 5);
+  const std::vector<std::byte> first = Pattern(3, 9);
   CheckpointWriter writer;
-  ASSERT_TRUE(writer.AddTensor("first", DType::kU8, {3}, Pattern(3, 9)).ok());
+  ASSERT_TRUE(writer.AddTensor("first", DType::kU8, {3}, first).ok());
   ASSERT_TRUE(writer.AddTensor("w", DType::kU8, {1000}, bytes).ok());
   const std::string path = dir.File("m.safetensors");
   ASSERT_TRUE(writer.Write(path).ok());
@@ -243,8 +244,9 @@ TEST(CheckpointRead, PartialRangesAndBounds) {
 
 TEST(CheckpointRead, FileThatShrankIsReportedAsTruncated) {
   TempDir dir;
+  const std::vector<std::byte> bytes = Pattern(1024, 0);
   CheckpointWriter writer;
-  ASSERT_TRUE(writer.AddTensor("w", DType::kF32, {256}, Pattern(1024, 0)).ok());
+  ASSERT_TRUE(writer.AddTensor("w", DType::kF32, {256}, bytes).ok());
   const std::string path = dir.File("m.safetensors");
   ASSERT_TRUE(writer.Write(path).ok());
   Result<Checkpoint> checkpoint = Checkpoint::Open(path);
@@ -292,6 +294,20 @@ TEST(ParseSafetensorsHeader, NamesDuplicateKeysWhereverTheyAre) {
   EXPECT_EQ(header.status().message(), "t: tensor 'w': duplicate key 'shape'");
 }
 
+TEST(ParseSafetensorsHeader, LimitsNestingDepth) {
+  auto header_with_shape_depth = [](int arrays) {
+    return R"({"t":{"dtype":"F32","data_offsets":[0,4],"shape":)" + std::string(arrays, '[') +
+           std::string(arrays, ']') + "}}";
+  };
+  // The header object and the tensor entry are two levels; 62 arrays make 64.
+  Result<SafetensorsHeader> header = ParseSafetensorsHeader(header_with_shape_depth(62), 4, "t");
+  ASSERT_FALSE(header.ok());
+  EXPECT_EQ(header.status().message(), "t: tensor 't': shape[0] is not an integer");
+  header = ParseSafetensorsHeader(header_with_shape_depth(63), 4, "t");
+  ASSERT_FALSE(header.ok());
+  EXPECT_EQ(header.status().message(), "t: header: JSON nests deeper than 64 levels");
+}
+
 TEST(CheckpointWriter, RejectsBadTensors) {
   CheckpointWriter writer;
   const std::vector<std::byte> bytes = Pattern(8, 0);
@@ -325,8 +341,9 @@ TEST(CheckpointWriter, FailedFillLeavesTheOldFileAndNoTemporary) {
   TempDir dir;
   const std::string path = dir.File("m.safetensors");
   WriteFile(path, "old contents");
+  const std::vector<std::byte> bytes = Pattern(4, 0);
   CheckpointWriter writer;
-  ASSERT_TRUE(writer.AddTensor("ok", DType::kU8, {4}, Pattern(4, 0)).ok());
+  ASSERT_TRUE(writer.AddTensor("ok", DType::kU8, {4}, bytes).ok());
   ASSERT_TRUE(
       writer
           .AddTensor("bad", DType::kF32, {4},

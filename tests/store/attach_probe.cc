@@ -4,6 +4,7 @@
 //   hold SOCKET MODEL         attach, print "attached", wait to be killed
 //   half-attach SOCKET MODEL  send an attach request, then SIGKILL itself before the reply
 //   fds                       print this process's open descriptors, one per line
+//   context DEVICE            create a CUDA context only, print "ready", wait to be killed
 #include <dirent.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -19,6 +21,9 @@
 #include "hearth/checkpoint.h"
 #include "protocol/messages.h"
 #include "protocol/wire.h"
+#if HEARTH_HAVE_CUDA
+#include "memory/cuda_driver.h"
+#endif
 
 using namespace hearth;
 
@@ -100,6 +105,19 @@ int ListFds() {
   return 0;
 }
 
+int Context(int device) {
+#if HEARTH_HAVE_CUDA
+  if (Status s = MakeContextCurrent(device); !s.ok())
+    return std::fprintf(stderr, "%s\n", s.ToString().c_str()), 11;
+  std::printf("ready\n");
+  std::fflush(stdout);
+  for (;;) ::pause();
+#else
+  (void)device;
+  return 12;
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -109,6 +127,7 @@ int main(int argc, char** argv) {
   if (a.size() == 3 && a[0] == "hold") return Hold(a[1], a[2]);
   if (a.size() == 3 && a[0] == "half-attach") return HalfAttach(a[1], a[2]);
   if (a.size() == 1 && a[0] == "fds") return ListFds();
+  if (a.size() == 2 && a[0] == "context") return Context(std::atoi(a[1].c_str()));
   std::fprintf(stderr, "usage: attach_probe check|write|hold|half-attach|fds ...\n");
   return 2;
 }

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The GPU check: run on the H200 machine from the repository root.
+#   bash bench/gpu-check.sh
+# Builds for sm_90 (+PTX), runs every test (the CUDA ones run for real there),
+# runs the benchmarks beside their baselines in the same run, and prints a
+# short table last. Logs go to $OUT (or ./gpu-out).
+#
+# Needs, carried into the tree: .deps/root/usr/include/xxhash.h (Debian's
+# libxxhash-dev, unpacked) and .gpu/baselines/*.py (copies of
+# ../shared/baselines).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+BUILD=${BUILD:-build-gpu}
+JOBS=$(nproc)
+DATE=$(date -u +%Y-%m-%dT%H:%MZ)
+
+{
+  echo "date: $DATE"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  nvcc --version | tail -2
+  g++ --version | head -1
+} > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+
+echo "== build"
+if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHEARTH_CUDA=ON \
+        -DHEARTH_CUDA_ARCHITECTURES="90-real;90-virtual" \
+        -DHEARTH_XXHASH_INCLUDE_DIR="$PWD/.deps/root/usr/include" &&
+      cmake --build "$BUILD" -j "$JOBS"; } > "$OUT/build.log" 2>&1; then
+  tail -60 "$OUT/build.log"
+  exit 1
+fi
+
+echo "== tests (host tests in parallel, then CUDA tests one at a time: they measure device memory)"
+(cd "$BUILD" && ctest -E 'Cuda' -j 8 --timeout 600 --output-on-failure) > "$OUT/ctest-host.log" 2>&1
+host_rc=$?
+(cd "$BUILD" && ctest -R 'Cuda' -j 1 --timeout 600 --output-on-failure -V) > "$OUT/ctest-cuda.log" 2>&1
+cuda_rc=$?
+grep -E "tests passed|Failed|SKIPPED|Skipped" "$OUT/ctest-host.log" | tail -5
+grep -E "tests passed|\*\*\*Failed|Skipped|context .* MiB" "$OUT/ctest-cuda.log" | tail -12
+
+echo "== benchmarks"
+B=$BUILD/bench
+BIN=$BUILD/bin/hearth
+# Baseline first: it writes /tmp/w.safetensors (2 GiB, 8 x 8192 x 8192 F32), which hearth then loads too.
+python3 .gpu/baselines/st_load.py > "$OUT/st_load.log" 2>&1
+cat "$OUT/st_load.log"
+base_gbps=$(grep -o '= [0-9.]* GB/s' "$OUT/st_load.log" | awk '{print $2}' | sort -g | tail -1)
+"$B/load/load_bench" --file /tmp/w.safetensors --device cuda:0 --repeat 5 > "$OUT/load-cuda.log" 2>&1
+cat "$OUT/load-cuda.log"
+for t in 4 8 16; do "$B/load/load_bench" --file /tmp/w.safetensors --device cuda:0 --threads $t --repeat 3 | tail -1; done >> "$OUT/load-cuda-threads.log" 2>&1
+cat "$OUT/load-cuda-threads.log"
+"$B/load/load_bench" --file /tmp/w.safetensors --device cpu --repeat 3 > "$OUT/load-cpu.log" 2>&1
+cat "$OUT/load-cpu.log"
+cuda_gbps=$(awk -F= '/best_gbps/ {print $NF}' "$OUT/load-cuda.log")
+cpu_gbps=$(awk -F= '/best_gbps/ {print $NF}' "$OUT/load-cpu.log")
+
+SOCK=/tmp/hearth-bench/store.sock
+"$BIN" store --socket $SOCK --device cuda:0 --model w=/tmp/w.safetensors > "$OUT/store-cuda.log" 2>&1 &
+store_pid=$!
+for _ in $(seq 300); do grep -q ready "$OUT/store-cuda.log" && break; sleep 0.1; done
+"$B/attach/attach_bench" --socket $SOCK --model w --iterations 200 > "$OUT/attach-cuda.log" 2>&1
+"$B/attach/attach_bench" --socket $SOCK --model w --context-memory >> "$OUT/attach-cuda.log" 2>&1
+cat "$OUT/attach-cuda.log"
+kill $store_pid; wait $store_pid
+HSOCK=/tmp/hearth-bench/host.sock
+"$BIN" store --socket $HSOCK --device cpu --model w=/tmp/w.safetensors > "$OUT/store-cpu.log" 2>&1 &
+hstore_pid=$!
+for _ in $(seq 300); do grep -q ready "$OUT/store-cpu.log" && break; sleep 0.1; done
+"$B/attach/attach_bench" --socket $HSOCK --model w --iterations 1000 > "$OUT/attach-cpu.log" 2>&1
+cat "$OUT/attach-cpu.log"
+kill $hstore_pid; wait $hstore_pid
+
+echo
+echo "== summary ($DATE, $(head -2 "$OUT/machine.txt" | tail -1))"
+printf '%-44s %s\n' "tests, host (ctest exit)" "$host_rc" "tests, CUDA (ctest exit)" "$cuda_rc"
+printf '%-44s %s\n' "load 2 GiB -> cuda:0, hearth (GB/s)" "$cuda_gbps"
+printf '%-44s %s\n' "load 2 GiB -> cuda:0, safetensors (GB/s)" "$base_gbps"
+printf '%-44s %s\n' "ratio hearth / safetensors" "$(awk -v a="$cuda_gbps" -v b="$base_gbps" 'BEGIN{if(b>0) printf "%.2f", a/b}')"
+printf '%-44s %s\n' "load 2 GiB -> host memfd, hearth (GB/s)" "$cpu_gbps"
+printf '%-44s %s\n' "attach+map, cuda (p50/p99 us)" "$(awk '/^attach/ {print $4"/"$6}' "$OUT/attach-cuda.log")"
+printf '%-44s %s\n' "attach+map, host (p50/p99 us)" "$(awk '/^attach/ {print $4"/"$6}' "$OUT/attach-cpu.log")"
+printf '%-44s %s\n' "client context MiB (bare/trimmed/+attach)" "$(awk '/^context_mib/ {print $2" "$3" "$4}' "$OUT/attach-cuda.log")"
+exit $(( host_rc || cuda_rc ))
