@@ -22,6 +22,7 @@ DATE=$(date -u +%Y-%m-%dT%H:%MZ)
   nvcc --version | tail -2
   g++ --version | head -1
 } > "$OUT/machine.txt" 2>&1
+# Keep the number of files under $OUT small: the device tool brings back at most 8.
 cat "$OUT/machine.txt"
 
 echo "== build"
@@ -52,6 +53,8 @@ base_gbps=$(grep -o '= [0-9.]* GB/s' "$OUT/st_load.log" | awk '{print $2}' | sor
 cat "$OUT/load-cuda.log"
 for t in 4 8 16; do "$B/load/load_bench" --file /tmp/w.safetensors --device cuda:0 --threads $t --repeat 3 | tail -1; done >> "$OUT/load-cuda-threads.log" 2>&1
 cat "$OUT/load-cuda-threads.log"
+for t in 4 8 16; do "$B/load/load_bench" --file /tmp/w.safetensors --read-only --threads $t; done > "$OUT/read-only.log" 2>&1
+cat "$OUT/read-only.log"
 "$B/load/load_bench" --file /tmp/w.safetensors --device cpu --repeat 3 > "$OUT/load-cpu.log" 2>&1
 cat "$OUT/load-cpu.log"
 cuda_gbps=$(awk -F= '/best_gbps/ {print $NF}' "$OUT/load-cuda.log")

@@ -94,6 +94,9 @@ class CheckpointWriter {
   Status AddTensor(std::string name, DType dtype, std::vector<int64_t> shape,
                    std::span<const std::byte> bytes);
   Status AddTensor(std::string name, DType dtype, std::vector<int64_t> shape, FillFn fill);
+  // A temporary buffer would be gone before Write reads it.
+  Status AddTensor(std::string name, DType dtype, std::vector<int64_t> shape,
+                   std::vector<std::byte>&& bytes) = delete;
 
   // `threads` > 1 fills and writes chunks in parallel.
   Status Write(const std::string& path, int threads = 1) const;

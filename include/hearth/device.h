@@ -1,6 +1,7 @@
 // Where memory lives: host memory (a sealed memfd) or one CUDA device.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 

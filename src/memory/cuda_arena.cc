@@ -13,7 +13,9 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <mutex>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -33,6 +35,48 @@ constexpr uint64_t kMaxStagingChunk = uint64_t{1} << 30;
 std::string DeviceName(int device) { return "cuda:" + std::to_string(device); }
 
 class CudaArenaWriter;
+
+// Pinned staging buffers outlive the writers that use them: pinning host
+// memory costs about as much time as the copies it speeds up, and a store
+// loads many checkpoints over its life. Up to HEARTH_PINNED_CACHE_MIB
+// (default 512) MiB are kept for the next writer; the rest is freed.
+class PinnedCache {
+ public:
+  static PinnedCache& Get() {
+    static PinnedCache* cache = new PinnedCache();  // never destroyed: outlives static writers
+    return *cache;
+  }
+  void* Take(uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < buffers_.size(); ++i) {
+      if (buffers_[i].second == bytes) {
+        void* p = buffers_[i].first;
+        buffers_.erase(buffers_.begin() + static_cast<long>(i));
+        cached_ -= bytes;
+        return p;
+      }
+    }
+    return nullptr;
+  }
+  // False when the cache is full: the caller frees the buffer.
+  bool Give(void* p, uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cached_ + bytes > limit_) return false;
+    buffers_.emplace_back(p, bytes);
+    cached_ += bytes;
+    return true;
+  }
+
+ private:
+  PinnedCache() {
+    const char* env = std::getenv("HEARTH_PINNED_CACHE_MIB");
+    limit_ = (env != nullptr ? std::strtoull(env, nullptr, 10) : 512ull) << 20;
+  }
+  std::mutex mu_;
+  std::vector<std::pair<void*, uint64_t>> buffers_;
+  uint64_t cached_ = 0;
+  uint64_t limit_ = 0;
+};
 
 // What writers share with their arena. `base` is mapped read-write while
 // `closed` is false; the arena sets `closed` and waits for every registered
@@ -81,7 +125,7 @@ class CudaArenaWriter final : public ArenaWriter {
         if (buffer.done != nullptr) {
           CuLogIfError(*cu_, cu_->EventDestroy(buffer.done), "cuEventDestroy");
         }
-        if (buffer.host != nullptr) {
+        if (buffer.host != nullptr && !PinnedCache::Get().Give(buffer.host, max_chunk_)) {
           CuLogIfError(*cu_, cu_->MemFreeHost(buffer.host), "cuMemFreeHost");
         }
       }
@@ -234,11 +278,13 @@ class CudaArenaWriter final : public ArenaWriter {
             *cu_, cu_->EventCreate(&buffer.done, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC),
             "cuEventCreate"));
       }
+      if (buffer.host == nullptr) buffer.host = PinnedCache::Get().Take(max_chunk_);
       if (buffer.host == nullptr) {
+        // Portable: cached buffers may serve a writer on another device's context.
         // Not write-combined: the loader may read staged bytes back (to
         // checksum them), and CPU reads of write-combined memory are uncached.
         RETURN_IF_ERROR(
-            CuCheck(*cu_, cu_->MemHostAlloc(&buffer.host, max_chunk_, 0),
+            CuCheck(*cu_, cu_->MemHostAlloc(&buffer.host, max_chunk_, CU_MEMHOSTALLOC_PORTABLE),
                     "cuMemHostAlloc of a " + std::to_string(max_chunk_) + "-byte staging buffer"));
       }
     }
