@@ -76,6 +76,7 @@ for _ in $(seq 300); do grep -q ready "$OUT/store-cpu.log" && break; sleep 0.1; 
 cat "$OUT/attach-cpu.log"
 kill $hstore_pid; wait $hstore_pid
 
+{
 echo
 echo "== summary ($DATE, $(head -2 "$OUT/machine.txt" | tail -1))"
 printf '%-44s %s\n' "tests, host (ctest exit)" "$host_rc" "tests, CUDA (ctest exit)" "$cuda_rc"
@@ -86,4 +87,6 @@ printf '%-44s %s\n' "load 2 GiB -> host memfd, hearth (GB/s)" "$cpu_gbps"
 printf '%-44s %s\n' "attach+map, cuda (p50/p99 us)" "$(awk '/^attach/ {print $4"/"$6}' "$OUT/attach-cuda.log")"
 printf '%-44s %s\n' "attach+map, host (p50/p99 us)" "$(awk '/^attach/ {print $4"/"$6}' "$OUT/attach-cpu.log")"
 printf '%-44s %s\n' "client context MiB (bare/trimmed/+attach)" "$(awk '/^context_mib/ {print $2" "$3" "$4}' "$OUT/attach-cuda.log")"
+} | tee "$OUT/summary.md"
+(cd "$OUT" && tar czf logs.tar.gz --remove-files ./*.log ./*.txt 2>/dev/null)
 exit $(( host_rc || cuda_rc ))
