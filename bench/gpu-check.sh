@@ -51,7 +51,7 @@ cat "$OUT/st_load.log"
 base_gbps=$(grep -o '= [0-9.]* GB/s' "$OUT/st_load.log" | awk '{print $2}' | sort -g | tail -1)
 "$B/load/load_bench" --file /tmp/w.safetensors --device cuda:0 --repeat 5 > "$OUT/load-cuda.log" 2>&1
 cat "$OUT/load-cuda.log"
-for t in 4 8 16; do "$B/load/load_bench" --file /tmp/w.safetensors --device cuda:0 --threads $t --repeat 3 | tail -1; done >> "$OUT/load-cuda-threads.log" 2>&1
+for t in 4 6 10 12; do "$B/load/load_bench" --file /tmp/w.safetensors --device cuda:0 --threads $t --repeat 3 | tail -1; done >> "$OUT/load-cuda-threads.log" 2>&1
 cat "$OUT/load-cuda-threads.log"
 for t in 4 8 16; do "$B/load/load_bench" --file /tmp/w.safetensors --read-only --threads $t; done > "$OUT/read-only.log" 2>&1
 cat "$OUT/read-only.log"

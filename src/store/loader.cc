@@ -56,7 +56,7 @@ Result<LoadedModel> LoadCheckpoint(const std::string& path, Device device,
   ASSIGN_OR_RETURN(loaded.arena, Arena::Create(device, arena_size));
   int threads = options.threads > 0
                     ? options.threads
-                    : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 16u));
+                    : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
   threads = std::max(1, std::min<int>(threads, static_cast<int>(blocks.size())));
   ASSIGN_OR_RETURN(std::unique_ptr<ArenaWriter> writer,
                    loaded.arena->OpenWriter(threads, kChecksumBlockBytes));

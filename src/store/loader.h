@@ -20,7 +20,8 @@
 namespace hearth {
 
 struct LoadOptions {
-  // Reader threads; 0 picks min(hardware threads, 16).
+  // Reader threads; 0 picks min(hardware threads, 8): on the H200 host more
+  // threads contend (16 loaded at half the rate of 8).
   int threads = 0;
   // Called from one thread, about every 100 ms and once at the end.
   std::function<void(uint64_t done_bytes, uint64_t total_bytes)> progress;
