@@ -6,10 +6,21 @@
 #include <cstring>
 
 namespace hearth {
+#if defined(__x86_64__) && !defined(__AVX2__)
+namespace internal {
+uint64_t BlockDigestAvx2(const void* data, size_t len);
+}  // namespace internal
 
+uint64_t BlockDigest(std::span<const std::byte> block) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  return avx2 ? internal::BlockDigestAvx2(block.data(), block.size())
+              : XXH3_64bits(block.data(), block.size());
+}
+#else
 uint64_t BlockDigest(std::span<const std::byte> block) {
   return XXH3_64bits(block.data(), block.size());
 }
+#endif
 
 uint64_t CombineBlockDigests(std::span<const uint64_t> digests) {
   std::vector<unsigned char> bytes(digests.size() * 8);
