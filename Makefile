@@ -1,9 +1,9 @@
-# The README's two commands: `make demo` and `make test`.
+# The README's two commands: `make serve` and `make test` (and `make demo`).
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DHEARTH_WERROR=ON
 
-.PHONY: all setup build demo test clean
+.PHONY: all setup build serve demo test clean
 
 all: build
 
@@ -15,6 +15,9 @@ $(BUILD)/build.ninja:
 
 build: setup $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
+
+serve: build
+	@bash scripts/serve $(BUILD)
 
 demo: build
 	@bash scripts/demo $(BUILD)

@@ -1,0 +1,558 @@
+#include "server/server.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "backends/backend.h"
+#include "hearth/arena.h"
+#include "hearth/attach.h"
+#include "hearth/checkpoint.h"
+#include "hearth/store.h"
+#include "server/model_config.h"
+#include "worker/control.h"
+
+extern char** environ;
+
+namespace hearth {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Job {
+  InferRequest request;
+  std::function<void(Result<InferResponse>)> done;
+  int64_t batch = 1;
+  int crashes = 0;  // workers this batch has taken down
+};
+
+// A bounded FIFO of jobs; retried jobs go to the front.
+class JobQueue {
+ public:
+  explicit JobQueue(size_t capacity) : capacity_(capacity) {}
+  Status Push(std::shared_ptr<Job> job) {
+    std::lock_guard lock(mu_);
+    if (closed_) return Unavailable("the server is shutting down");
+    if (jobs_.size() >= capacity_)
+      return ResourceExhausted("queue full: " + std::to_string(capacity_) + " requests waiting");
+    jobs_.push_back(std::move(job));
+    cv_.notify_one();
+    return Status::Ok();
+  }
+  void PushFront(std::shared_ptr<Job> job) {
+    std::lock_guard lock(mu_);
+    jobs_.push_front(std::move(job));
+    cv_.notify_one();
+  }
+  // Blocks; nullptr once closed and empty.
+  std::shared_ptr<Job> Pop() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return closed_ || !jobs_.empty(); });
+    if (jobs_.empty()) return nullptr;
+    auto job = std::move(jobs_.front());
+    jobs_.pop_front();
+    return job;
+  }
+  void Close() {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+    cv_.notify_all();
+  }
+  // Fails everything still queued (no worker left to run it).
+  void FailAll(const Status& why) {
+    std::deque<std::shared_ptr<Job>> left;
+    {
+      std::lock_guard lock(mu_);
+      left.swap(jobs_);
+    }
+    for (auto& job : left) job->done(why);
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> jobs_;
+  size_t capacity_;
+  bool closed_ = false;
+};
+
+struct ModelRuntime;
+
+// One worker process and the thread that supervises it.
+class WorkerSupervisor {
+ public:
+  WorkerSupervisor(ModelRuntime& model, int index, const ServerOptions& options)
+      : model_(model), index_(index), options_(options) {}
+  ~WorkerSupervisor() { Join(); }
+  Status Init();
+  void Start() { thread_ = std::thread([this] { Loop(); }); }
+  void Join() {
+    if (thread_.joinable()) thread_.join();
+  }
+  pid_t pid() const { return pid_.load(); }
+
+ private:
+  void Loop();
+  Result<pid_t> Spawn(UniqueFd* control);
+  void Reap(pid_t pid, bool kill_first);
+  // Runs one job on the live worker; false if the worker is gone.
+  bool RunJob(int control, const std::shared_ptr<Job>& job);
+
+  ModelRuntime& model_;
+  int index_;
+  const ServerOptions& options_;
+  std::thread thread_;
+  std::atomic<pid_t> pid_{-1};
+  UniqueFd slot_fd_;
+  std::byte* slot_ = nullptr;
+  uint64_t seq_ = 0;
+};
+
+struct ModelRuntime {
+  RepositoryModel repo;
+  Status status;  // not OK: not served, and why
+  Device device;
+  std::string store_socket;
+  uint64_t store_version = 0;
+  std::vector<IoSpec> inputs, outputs;
+  control::SlotLayout layout;
+  std::unique_ptr<JobQueue> queue;
+  std::vector<std::unique_ptr<WorkerSupervisor>> workers;
+  std::atomic<int> ready_workers{0};
+  std::atomic<bool> stopping{false};
+  int worker_count = 1;
+
+  const ModelConfig& config() const { return repo.config; }
+  int max_batch() const { return std::max(1, config().max_batch_size); }
+};
+
+Status WorkerSupervisor::Init() {
+  const int fd = ::memfd_create(("hearth-slot-" + model_.repo.name).c_str(), MFD_CLOEXEC);
+  if (fd < 0) return ErrnoError("memfd_create for a request slot", errno);
+  slot_fd_.Reset(fd);
+  if (::ftruncate(fd, static_cast<off_t>(model_.layout.total)) != 0)
+    return ErrnoError("sizing a request slot", errno);
+  void* p = ::mmap(nullptr, model_.layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return ErrnoError("mapping a request slot", errno);
+  slot_ = static_cast<std::byte*>(p);
+  return Status::Ok();
+}
+
+// The worker gets exactly two descriptors: 3 (control) and 4 (slot).
+Result<pid_t> WorkerSupervisor::Spawn(UniqueFd* control) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+    return ErrnoError("socketpair", errno);
+  UniqueFd mine(sv[0]), theirs(sv[1]);
+  // dup2 onto itself would keep close-on-exec: move anything at 3 or 4 out of the way.
+  auto high = [](UniqueFd& fd) {
+    if (fd.get() <= 4) fd.Reset(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 10));
+  };
+  high(theirs);
+  high(slot_fd_);
+  const ModelConfig& c = model_.config();
+  std::vector<std::string> args = {options_.worker_path,
+                                   "--store-socket", model_.store_socket,
+                                   "--model", c.name,
+                                   "--version", std::to_string(model_.store_version),
+                                   "--backend", c.backend,
+                                   "--max-batch", std::to_string(model_.max_batch()),
+                                   "--control-fd", "3",
+                                   "--slot-fd", "4",
+                                   "--slot-bytes", std::to_string(model_.layout.total)};
+  if (c.allow_tf32) args.push_back("--allow-tf32");
+  for (const auto& [k, v] : c.parameters) {
+    args.push_back("--param");
+    args.push_back(k + "=" + v);
+  }
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, theirs.get(), 3);
+  posix_spawn_file_actions_adddup2(&actions, slot_fd_.get(), 4);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) return ErrnoError("starting " + options_.worker_path, rc);
+  *control = std::move(mine);
+  return pid;
+}
+
+void WorkerSupervisor::Reap(pid_t pid, bool kill_first) {
+  if (pid <= 0) return;
+  if (kill_first) ::kill(pid, SIGKILL);
+  int status = 0;
+  for (int i = 0; i < 200; ++i) {  // up to 2 s for a clean exit, then SIGKILL
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid || (r < 0 && errno == ECHILD)) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, &status, 0);
+}
+
+bool WorkerSupervisor::RunJob(int control, const std::shared_ptr<Job>& job) {
+  const control::SlotLayout& layout = model_.layout;
+  for (size_t i = 0; i < model_.inputs.size(); ++i) {
+    for (const InferTensor& t : job->request.inputs) {
+      if (t.name == model_.inputs[i].name) std::memcpy(slot_ + layout.input_offsets[i], t.data.data(), t.data.size());
+    }
+  }
+  control::Message run;
+  run.kind = control::Kind::kRun;
+  run.seq = ++seq_;
+  run.batch = job->batch;
+  const auto start = Clock::now();
+  Status sent = control::Send(control, run);
+  Result<control::Message> done = sent.ok() ? control::Receive(control, options_.exec_timeout_ms)
+                                            : Result<control::Message>(sent);
+  if (!done.ok() || done->kind != control::Kind::kDone || done->seq != run.seq) {
+    const bool timeout = !done.ok() && done.status().message() == "timeout";
+    spdlog::warn("{} worker {} (pid {}) {} while running a batch of {}", model_.repo.name, index_,
+                 pid_.load(), timeout ? "ran past --exec-timeout" : "died", job->batch);
+    if (++job->crashes >= 3) {
+      job->done(Internal("poison batch: this request took down " + std::to_string(job->crashes) +
+                         " workers of '" + model_.repo.name + "'; it is not retried"));
+    } else {
+      model_.queue->PushFront(job);
+    }
+    return false;
+  }
+  (void)start;
+  if (done->status_code != 0) {
+    job->done(Status(static_cast<StatusCode>(done->status_code), done->text));
+    return true;
+  }
+  InferResponse response;
+  response.model = model_.repo.name;
+  response.version = std::to_string(model_.config().version);
+  response.id = job->request.id;
+  for (size_t i = 0; i < model_.outputs.size(); ++i) {
+    const IoSpec& spec = model_.outputs[i];
+    const auto& wanted = job->request.outputs;
+    if (!wanted.empty() && std::none_of(wanted.begin(), wanted.end(),
+                                        [&](const RequestedOutput& o) { return o.name == spec.name; }))
+      continue;
+    InferTensor t;
+    t.name = spec.name;
+    t.dtype = spec.dtype;
+    if (model_.config().max_batch_size > 0) t.shape.push_back(job->batch);
+    t.shape.insert(t.shape.end(), spec.dims.begin(), spec.dims.end());
+    const uint64_t bytes = spec.bytes_per_sample() * static_cast<uint64_t>(job->batch);
+    const std::byte* src = slot_ + layout.output_offsets[i];
+    t.data.assign(src, src + bytes);
+    response.outputs.push_back(std::move(t));
+  }
+  job->done(std::move(response));
+  return true;
+}
+
+void WorkerSupervisor::Loop() {
+  auto backoff = std::chrono::milliseconds(0);
+  while (!model_.stopping) {
+    if (backoff.count() > 0) std::this_thread::sleep_for(backoff);
+    UniqueFd control;
+    auto pid = Spawn(&control);
+    if (!pid.ok()) {
+      spdlog::error("{} worker {}: {}", model_.repo.name, index_, pid.status().ToString());
+      backoff = std::min(std::max(backoff * 2, std::chrono::milliseconds(100)), std::chrono::milliseconds(5000));
+      continue;
+    }
+    pid_ = *pid;
+    const auto started = Clock::now();
+    auto ready = control::Receive(control.get(), options_.ready_timeout_ms);
+    if (!ready.ok() || ready->kind != control::Kind::kReady) {
+      const std::string why = ready.ok() ? ready->text : ready.status().message();
+      spdlog::error("{} worker {} (pid {}) failed to start: {}", model_.repo.name, index_, *pid, why);
+      Reap(*pid, true);
+      pid_ = -1;
+      backoff = std::min(std::max(backoff * 2, std::chrono::milliseconds(100)), std::chrono::milliseconds(5000));
+      continue;
+    }
+    spdlog::info("{} worker {} ready: pid {} on {} in {:.0f} ms ({} MiB of its own device buffers)",
+                 model_.repo.name, index_, *pid, ready->text,
+                 std::chrono::duration<double, std::milli>(Clock::now() - started).count(),
+                 ready->device_memory_bytes >> 20);
+    ++model_.ready_workers;
+    bool alive = true;
+    while (alive) {
+      std::shared_ptr<Job> job = model_.queue->Pop();
+      if (!job) break;
+      alive = RunJob(control.get(), job);
+    }
+    --model_.ready_workers;
+    control.Reset();  // end-of-file: a live worker exits by itself
+    Reap(*pid, !alive);
+    pid_ = -1;
+    if (alive) break;  // queue closed: shutting down
+    // A worker that dies soon after starting is restarted ever more slowly.
+    backoff = Clock::now() - started < std::chrono::seconds(10)
+                  ? std::min(std::max(backoff * 2, std::chrono::milliseconds(50)), std::chrono::milliseconds(5000))
+                  : std::chrono::milliseconds(0);
+  }
+}
+
+}  // namespace
+
+class Server::Impl {
+ public:
+  explicit Impl(ServerOptions options) : options_(std::move(options)) {}
+  ~Impl() { Shutdown(); }
+
+  Status Start() {
+    std::error_code ec;
+    std::filesystem::create_directories(options_.run_dir, ec);
+    ::chmod(options_.run_dir.c_str(), 0750);
+    ASSIGN_OR_RETURN(std::vector<RepositoryModel> repo, ScanRepository(options_.repository));
+    if (repo.empty()) spdlog::warn("model repository {} holds no model directories", options_.repository);
+    for (RepositoryModel& r : repo) {
+      auto m = std::make_unique<ModelRuntime>();
+      m->repo = std::move(r);
+      m->status = m->repo.status;
+      if (m->status.ok()) m->status = Prepare(*m);
+      if (!m->status.ok()) spdlog::error("model {} is not served: {}", m->repo.name, m->status.message());
+      models_[m->repo.name] = std::move(m);
+    }
+    for (auto& [name, m] : models_) {
+      if (!m->status.ok()) continue;
+      for (int i = 0; i < m->worker_count; ++i) {
+        auto w = std::make_unique<WorkerSupervisor>(*m, i, options_);
+        if (Status s = w->Init(); !s.ok()) {
+          m->status = s;
+          break;
+        }
+        m->workers.push_back(std::move(w));
+      }
+      for (auto& w : m->workers) w->Start();
+    }
+    const auto deadline = Clock::now() + std::chrono::milliseconds(options_.ready_timeout_ms);
+    for (auto& [name, m] : models_) {
+      while (m->status.ok() && m->ready_workers.load() < m->worker_count && Clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      if (m->status.ok() && m->ready_workers.load() < m->worker_count)
+        spdlog::warn("model {}: only {} of {} workers ready", name, m->ready_workers.load(), m->worker_count);
+    }
+    started_ = true;
+    return Status::Ok();
+  }
+
+  void Shutdown() {
+    if (shut_down_.exchange(true)) return;
+    for (auto& [name, m] : models_) {
+      m->stopping = true;
+      if (m->queue) m->queue->Close();
+    }
+    for (auto& [name, m] : models_) {
+      for (auto& w : m->workers) w->Join();
+      if (m->queue) m->queue->FailAll(Unavailable("the server is shutting down"));
+    }
+    for (auto& [device, s] : stores_) {
+      s.store->Stop();
+      if (s.thread.joinable()) s.thread.join();
+    }
+    stores_.clear();
+    std::error_code ec;
+    std::filesystem::remove_all(options_.run_dir, ec);
+  }
+
+  bool Ready() const {
+    if (!started_ || shut_down_) return false;
+    for (const auto& [name, m] : models_)
+      if (m->status.ok() && m->ready_workers.load() == 0) return false;
+    return true;
+  }
+  bool Live() const { return !shut_down_; }
+
+  Result<const ModelRuntime*> Find(const std::string& model, const std::string& version) const {
+    auto it = models_.find(model);
+    if (it == models_.end()) return NotFound("unknown model '" + model + "'");
+    const ModelRuntime& m = *it->second;
+    if (!version.empty() && (!m.status.ok() || version != std::to_string(m.config().version)))
+      return NotFound("model '" + model + "' has no served version '" + version + "'");
+    return &m;
+  }
+
+  Result<ModelMetadata> Metadata(const std::string& model, const std::string& version) const {
+    ASSIGN_OR_RETURN(const ModelRuntime* m, Find(model, version));
+    if (!m->status.ok()) return Unavailable("model '" + model + "' is not served: " + m->status.message());
+    ModelMetadata md;
+    md.name = model;
+    md.versions = {std::to_string(m->config().version)};
+    md.platform = "hearth_" + m->config().backend;
+    md.max_batch_size = m->config().max_batch_size;
+    auto convert = [&](const std::vector<IoSpec>& specs, std::vector<TensorMetadata>* out) {
+      for (const IoSpec& s : specs) {
+        TensorMetadata t{s.name, s.dtype, {}};
+        if (md.max_batch_size > 0) t.shape.push_back(-1);
+        t.shape.insert(t.shape.end(), s.dims.begin(), s.dims.end());
+        out->push_back(std::move(t));
+      }
+    };
+    convert(m->inputs, &md.inputs);
+    convert(m->outputs, &md.outputs);
+    return md;
+  }
+
+  Result<bool> ModelReady(const std::string& model, const std::string& version) const {
+    ASSIGN_OR_RETURN(const ModelRuntime* m, Find(model, version));
+    return m->status.ok() && m->ready_workers.load() > 0 && !shut_down_;
+  }
+
+  void Infer(InferRequest request, std::function<void(Result<InferResponse>)> done) {
+    auto found = Find(request.model, request.version);
+    if (!found.ok()) return done(found.status());
+    ModelRuntime& m = const_cast<ModelRuntime&>(**found);
+    if (!m.status.ok()) return done(Unavailable("model '" + m.repo.name + "' is not served: " + m.status.message()));
+    auto job = std::make_shared<Job>();
+    // Never trust sizes: the slot is only as large as max_batch allows.
+    int64_t batch = 1;
+    for (size_t i = 0; i < m.inputs.size(); ++i) {
+      const IoSpec& spec = m.inputs[i];
+      auto it = std::find_if(request.inputs.begin(), request.inputs.end(),
+                             [&](const InferTensor& t) { return t.name == spec.name; });
+      if (it == request.inputs.end()) return done(InvalidArgument("missing input '" + spec.name + "'"));
+      if (it->dtype != spec.dtype) return done(InvalidArgument("input '" + spec.name + "' has the wrong datatype"));
+      const int64_t b = m.config().max_batch_size > 0 && !it->shape.empty() ? it->shape[0] : 1;
+      if (i == 0) batch = b;
+      if (b != batch || b < 1 || b > m.max_batch())
+        return done(InvalidArgument("input '" + spec.name + "': batch " + std::to_string(b) + " is not valid"));
+      if (it->data.size() != spec.bytes_per_sample() * static_cast<uint64_t>(b))
+        return done(InvalidArgument("input '" + spec.name + "' has " + std::to_string(it->data.size()) +
+                                    " bytes, expected " + std::to_string(spec.bytes_per_sample() * b)));
+    }
+    if (request.inputs.size() != m.inputs.size())
+      return done(InvalidArgument("model '" + m.repo.name + "' takes " + std::to_string(m.inputs.size()) + " inputs"));
+    job->batch = batch;
+    job->done = std::move(done);
+    job->request = std::move(request);
+    if (Status s = m.queue->Push(job); !s.ok()) job->done(s);
+  }
+
+  std::vector<int> WorkerPids(const std::string& model) const {
+    std::vector<int> pids;
+    auto it = models_.find(model);
+    if (it == models_.end()) return pids;
+    for (const auto& w : it->second->workers)
+      if (w->pid() > 0) pids.push_back(w->pid());
+    return pids;
+  }
+
+ private:
+  struct RunningStore {
+    std::unique_ptr<Store> store;
+    std::thread thread;
+    std::string socket;
+  };
+
+  Result<std::string> StoreFor(Device device) {
+    const std::string key = device.ToString();
+    auto it = stores_.find(key);
+    if (it != stores_.end()) return it->second.socket;
+    StoreOptions so;
+    so.socket_path = options_.run_dir + "/store-" + (device.is_cuda() ? "cuda" + std::to_string(device.index) : "cpu") + ".sock";
+    so.device = device;
+    so.show_progress = true;
+    ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Create(std::move(so)));
+    RunningStore& rs = stores_[key];
+    rs.socket = options_.run_dir + "/store-" + (device.is_cuda() ? "cuda" + std::to_string(device.index) : "cpu") + ".sock";
+    rs.store = std::move(store);
+    Store* raw = rs.store.get();
+    rs.thread = std::thread([raw] {
+      if (Status s = raw->Run(); !s.ok()) spdlog::error("store: {}", s.ToString());
+    });
+    return rs.socket;
+  }
+
+  // Checks the config against the checkpoint, loads it into the store.
+  Status Prepare(ModelRuntime& m) {
+    const ModelConfig& c = m.config();
+    ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(c.checkpoint_path));
+    std::vector<TensorView> views;
+    for (const TensorInfo& t : ckpt.tensors()) views.push_back({t.name, t.dtype, t.shape, nullptr, 0, t.nbytes, Device::Host()});
+    auto sig = BackendSignature(c.backend, views);
+    if (!sig.ok()) return sig.status().WithContext(c.checkpoint_path);
+    m.inputs = sig->first;
+    m.outputs = sig->second;
+    auto check = [&](const std::vector<IoConfig>& want, const std::vector<IoSpec>& have, const char* what) -> Status {
+      for (const IoConfig& io : want) {
+        auto it = std::find_if(have.begin(), have.end(), [&](const IoSpec& s) { return s.name == io.name; });
+        if (it == have.end())
+          return InvalidArgument(c.config_path + ": " + what + " '" + io.name + "': the " + c.backend + " backend has no such " + what);
+        if (it->dtype != io.dtype || it->dims != io.dims) {
+          std::string dims;
+          for (int64_t d : it->dims) dims += (dims.empty() ? "" : ",") + std::to_string(d);
+          return InvalidArgument(c.config_path + ": " + what + " '" + io.name + "': dims or data_type do not agree with " +
+                                 c.checkpoint_path + ", whose tensors give " + std::string(DTypeName(it->dtype)) + " [" + dims + "]");
+        }
+      }
+      if (want.size() != have.size())
+        return InvalidArgument(c.config_path + ": " + what + ": the " + c.backend + " backend has " +
+                               std::to_string(have.size()) + ", the config lists " + std::to_string(want.size()));
+      return Status::Ok();
+    };
+    RETURN_IF_ERROR(check(c.inputs, m.inputs, "input"));
+    RETURN_IF_ERROR(check(c.outputs, m.outputs, "output"));
+
+    m.device = options_.device.is_cuda() && c.kind_gpu
+                   ? Device::Cuda(c.gpus.empty() ? options_.device.index : c.gpus[0])
+                   : Device::Host();
+    ASSIGN_OR_RETURN(m.store_socket, StoreFor(m.device));
+    auto loaded = AttachClient(m.store_socket).Load(c.name, std::filesystem::absolute(c.checkpoint_path).string());
+    if (!loaded.ok()) return loaded.status();
+    m.store_version = loaded->version;
+    std::vector<uint64_t> in, out;
+    for (const IoSpec& s : m.inputs) in.push_back(s.bytes_per_sample());
+    for (const IoSpec& s : m.outputs) out.push_back(s.bytes_per_sample());
+    m.layout = control::SlotLayout::Make(in, out, m.max_batch());
+    m.worker_count = options_.workers > 0 ? options_.workers : c.instance_count;
+    m.queue = std::make_unique<JobQueue>(std::max<uint64_t>(1, c.max_queue_size));
+    spdlog::info("model {} version {}: {} on {}, {} workers", c.name, c.version, c.backend,
+                 m.device.ToString(), m.worker_count);
+    return Status::Ok();
+  }
+
+  ServerOptions options_;
+  std::map<std::string, std::unique_ptr<ModelRuntime>> models_;
+  std::map<std::string, RunningStore> stores_;
+  std::atomic<bool> started_{false}, shut_down_{false};
+};
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Server::~Server() = default;
+
+Result<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
+  if (options.worker_path.empty() || ::access(options.worker_path.c_str(), X_OK) != 0)
+    return NotFound("worker executable '" + options.worker_path + "' not found");
+  return std::unique_ptr<Server>(new Server(std::make_unique<Impl>(std::move(options))));
+}
+
+Status Server::Start() { return impl_->Start(); }
+void Server::Shutdown() { impl_->Shutdown(); }
+bool Server::Live() const { return impl_->Live(); }
+bool Server::Ready() const { return impl_->Ready(); }
+std::string Server::ServerVersion() const { return "0.1.0"; }
+std::vector<std::string> Server::Extensions() const { return {"binary_tensor_data"}; }
+Result<ModelMetadata> Server::Metadata(const std::string& m, const std::string& v) const { return impl_->Metadata(m, v); }
+Result<bool> Server::ModelReady(const std::string& m, const std::string& v) const { return impl_->ModelReady(m, v); }
+void Server::Infer(InferRequest r, std::function<void(Result<InferResponse>)> done) { impl_->Infer(std::move(r), std::move(done)); }
+std::vector<int> Server::WorkerPids(const std::string& model) const { return impl_->WorkerPids(model); }
+
+}  // namespace hearth

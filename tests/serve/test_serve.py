@@ -1,0 +1,312 @@
+"""`hearth serve` over real HTTP on host memory: every endpoint, answers
+against a NumPy reference computed from the checkpoints, JSON and binary
+agreeing, every error case (after which the server still answers right),
+workers killed under load, and workers sharing the store's one memfd.
+
+Paths: $HEARTH_CLI (default build/bin/hearth).
+"""
+
+import concurrent.futures
+import json
+import os
+import pathlib
+import re
+import signal
+import struct
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+import pytest
+import requests
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CLI = os.environ.get("HEARTH_CLI") or str(ROOT / "build" / "bin" / "hearth")
+MLP = (32, 64, 10)  # in, hidden, out
+SCALE_N = 500
+
+
+def read_safetensors(path):
+    blob = pathlib.Path(path).read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    data = blob[8 + n:]
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        out[name] = np.frombuffer(data[b:end], dtype="<f4").reshape(e["shape"])
+    return out
+
+
+def write_repository(root):
+    (root / "mlp" / "1").mkdir(parents=True)
+    (root / "scale" / "1").mkdir(parents=True)
+    (root / "broken" / "1").mkdir(parents=True)
+    subprocess.run([CLI, "make-model", "mlp", "--dims", ",".join(map(str, MLP)), "--seed", "5",
+                    "--out", str(root / "mlp" / "1" / "model.safetensors")], check=True, capture_output=True)
+    subprocess.run([CLI, "make-model", "scale", "--dims", str(SCALE_N), "--seed", "6",
+                    "--out", str(root / "scale" / "1" / "model.safetensors")], check=True, capture_output=True)
+    subprocess.run([CLI, "make-model", "scale", "--dims", "8", "--seed", "6",
+                    "--out", str(root / "broken" / "1" / "model.safetensors")], check=True, capture_output=True)
+    (root / "mlp" / "config.yaml").write_text(f"""backend: mlp
+max_batch_size: 8
+input:
+  - {{name: input, data_type: TYPE_FP32, dims: [{MLP[0]}]}}
+output:
+  - {{name: logits, data_type: TYPE_FP32, dims: [{MLP[2]}]}}
+  - {{name: argmax, data_type: TYPE_INT64, dims: [1]}}
+instance_group:
+  - {{count: 4, kind: KIND_CPU}}
+""")
+    (root / "scale" / "config.yaml").write_text(f"""backend: scale
+max_batch_size: 4
+input:
+  - {{name: x, data_type: TYPE_FP32, dims: [{SCALE_N}]}}
+output:
+  - {{name: y, data_type: TYPE_FP32, dims: [1]}}
+instance_group:
+  - {{count: 2, kind: KIND_CPU}}
+""")
+    # dims disagree with the checkpoint (8): not served, the rest is.
+    (root / "broken" / "config.yaml").write_text("""backend: scale
+max_batch_size: 4
+input:
+  - {name: x, data_type: TYPE_FP32, dims: [9]}
+output:
+  - {name: y, data_type: TYPE_FP32, dims: [1]}
+""")
+
+
+@pytest.fixture(scope="module")
+def server():
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="hearth-serve-test-"))
+    write_repository(tmp / "repo")
+    log = open(tmp / "serve.log", "w+")
+    proc = subprocess.Popen([CLI, "serve", "--model-repository", str(tmp / "repo"), "--http-port", "0",
+                             "--device", "cpu", "--max-body-bytes", str(1 << 20)],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    port = None
+    deadline = time.time() + 60
+    while time.time() < deadline and port is None:
+        text = (tmp / "serve.log").read_text()
+        m = re.search(r"ready on http://127\.0\.0\.1:(\d+)", text)
+        if m:
+            port = int(m.group(1))
+        elif proc.poll() is not None:
+            break
+        else:
+            time.sleep(0.05)
+    if port is None:
+        proc.kill()
+        pytest.fail("hearth serve did not become ready:\n" + (tmp / "serve.log").read_text())
+    weights = {
+        "mlp": read_safetensors(tmp / "repo" / "mlp" / "1" / "model.safetensors"),
+        "scale": read_safetensors(tmp / "repo" / "scale" / "1" / "model.safetensors"),
+    }
+    yield {"url": f"http://127.0.0.1:{port}", "proc": proc, "weights": weights, "log": tmp / "serve.log"}
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+def mlp_reference(w, x):
+    h = np.maximum(x.astype(np.float64) @ w["encoder.weight"].T.astype(np.float64) + w["encoder.bias"], 0)
+    logits = h @ w["head.weight"].T.astype(np.float64) + w["head.bias"]
+    return logits, np.argmax(logits, axis=1)
+
+
+def infer_json(url, model, inputs, **extra):
+    body = {"inputs": inputs, **extra}
+    return requests.post(f"{url}/v2/models/{model}/infer", json=body, timeout=30)
+
+
+def infer_binary(url, model, name, x, outputs=None):
+    header = {"inputs": [{"name": name, "datatype": "FP32", "shape": list(x.shape),
+                          "parameters": {"binary_data_size": x.nbytes}}]}
+    if outputs:
+        header["outputs"] = [{"name": o, "parameters": {"binary_data": True}} for o in outputs]
+    hj = json.dumps(header).encode()
+    r = requests.post(f"{url}/v2/models/{model}/infer", data=hj + x.astype("<f4").tobytes(),
+                      headers={"Inference-Header-Content-Length": str(len(hj)),
+                               "Content-Type": "application/octet-stream"}, timeout=30)
+    return r
+
+
+def split_binary(r):
+    n = int(r.headers.get("Inference-Header-Content-Length", len(r.content)))
+    header = json.loads(r.content[:n])
+    rest = r.content[n:]
+    parts = {}
+    for o in header["outputs"]:
+        size = o.get("parameters", {}).get("binary_data_size")
+        if size is not None:
+            parts[o["name"]] = rest[:size]
+            rest = rest[size:]
+    return header, parts
+
+
+def test_health_and_metadata(server):
+    url = server["url"]
+    assert requests.get(f"{url}/v2/health/live").status_code == 200
+    assert requests.get(f"{url}/v2/health/ready").status_code == 200
+    meta = requests.get(f"{url}/v2").json()
+    assert meta["name"] == "hearth" and "binary_tensor_data" in meta["extensions"]
+    m = requests.get(f"{url}/v2/models/mlp").json()
+    assert m["name"] == "mlp" and m["versions"] == ["1"]
+    assert m["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, MLP[0]]}]
+    assert {o["name"] for o in m["outputs"]} == {"logits", "argmax"}
+    assert requests.get(f"{url}/v2/models/mlp/versions/1").status_code == 200
+    assert requests.get(f"{url}/v2/models/mlp/ready").status_code == 200
+    assert requests.get(f"{url}/v2/models/mlp/versions/1/ready").status_code == 200
+    assert requests.get(f"{url}/v2/models/nope/ready").status_code == 404
+    assert requests.get(f"{url}/v2/models/mlp/versions/7").status_code == 404
+
+
+def test_broken_model_is_not_served_and_the_log_says_why(server):
+    r = requests.get(f"{server['url']}/v2/models/broken/ready")
+    assert r.status_code == 503
+    log = server["log"].read_text()
+    assert "broken" in log and "config.yaml" in log and "dims" in log
+
+
+def test_mlp_json_matches_numpy_and_echoes_id(server):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, MLP[0])).astype(np.float32)
+    r = infer_json(server["url"], "mlp", [{"name": "input", "datatype": "FP32", "shape": [5, MLP[0]],
+                                           "data": x.tolist()}], id="req-42")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["id"] == "req-42" and body["model_name"] == "mlp"
+    out = {o["name"]: o for o in body["outputs"]}
+    ref_logits, ref_argmax = mlp_reference(server["weights"]["mlp"], x)
+    logits = np.array(out["logits"]["data"], dtype=np.float64).reshape(out["logits"]["shape"])
+    np.testing.assert_allclose(logits, ref_logits, rtol=1e-4, atol=1e-4)
+    assert out["argmax"]["datatype"] == "INT64"
+    assert out["argmax"]["shape"] == [5, 1]
+    assert np.array(out["argmax"]["data"]).ravel().tolist() == ref_argmax.tolist()
+
+
+def test_json_and_binary_agree(server):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, MLP[0])).astype(np.float32)
+    j = infer_json(server["url"], "mlp", [{"name": "input", "datatype": "FP32", "shape": [3, MLP[0]],
+                                           "data": x.ravel().tolist()}]).json()
+    r = infer_binary(server["url"], "mlp", "input", x, outputs=["logits", "argmax"])
+    assert r.status_code == 200, r.text
+    header, parts = split_binary(r)
+    jl = np.array([o for o in j["outputs"] if o["name"] == "logits"][0]["data"], dtype=np.float32)
+    bl = np.frombuffer(parts["logits"], dtype="<f4")
+    np.testing.assert_array_equal(jl, bl)
+    ba = np.frombuffer(parts["argmax"], dtype="<i8")
+    ja = np.array([o for o in j["outputs"] if o["name"] == "argmax"][0]["data"]).ravel()
+    assert ba.tolist() == ja.tolist()
+
+
+def test_scale_matches_numpy(server):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, SCALE_N)).astype(np.float32)
+    r = infer_binary(server["url"], "scale", "x", x, outputs=["y"])
+    assert r.status_code == 200, r.text
+    _, parts = split_binary(r)
+    y = np.frombuffer(parts["y"], dtype="<f4")
+    ref = x.astype(np.float64) @ server["weights"]["scale"]["weight"].astype(np.float64)
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("case", [
+    ("malformed json", lambda u: requests.post(f"{u}/v2/models/mlp/infer", data=b"{not json", timeout=10), 400),
+    ("unknown input", lambda u: infer_json(u, "mlp", [{"name": "nope", "datatype": "FP32", "shape": [1, MLP[0]], "data": [0.0] * MLP[0]}]), 400),
+    ("wrong datatype", lambda u: infer_json(u, "mlp", [{"name": "input", "datatype": "INT32", "shape": [1, MLP[0]], "data": [0] * MLP[0]}]), 400),
+    ("shape vs config", lambda u: infer_json(u, "mlp", [{"name": "input", "datatype": "FP32", "shape": [1, MLP[0] + 1], "data": [0.0] * (MLP[0] + 1)}]), 400),
+    ("shape vs data", lambda u: infer_json(u, "mlp", [{"name": "input", "datatype": "FP32", "shape": [2, MLP[0]], "data": [0.0] * MLP[0]}]), 400),
+    ("batch over max", lambda u: infer_json(u, "mlp", [{"name": "input", "datatype": "FP32", "shape": [9, MLP[0]], "data": [0.0] * (9 * MLP[0])}]), 400),
+    ("binary sizes", lambda u: requests.post(f"{u}/v2/models/mlp/infer",
+                                             data=json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, MLP[0]], "parameters": {"binary_data_size": 4 * MLP[0]}}]}).encode() + b"\0" * 7,
+                                             headers={"Inference-Header-Content-Length": str(len(json.dumps({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, MLP[0]], "parameters": {"binary_data_size": 4 * MLP[0]}}]})))}, timeout=10), 400),
+    ("unknown model", lambda u: infer_json(u, "nope", [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}]), 404),
+    ("unknown version", lambda u: requests.post(f"{u}/v2/models/mlp/versions/9/infer", json={"inputs": []}, timeout=10), 404),
+    ("body too large", lambda u: requests.post(f"{u}/v2/models/mlp/infer", data=b" " * (2 << 20), timeout=10), 413),
+], ids=lambda c: c[0])
+def test_errors_name_the_problem_and_change_nothing(server, case):
+    name, send, code = case
+    r = send(server["url"])
+    assert r.status_code == code, f"{name}: {r.status_code} {r.text[:200]}"
+    assert "error" in r.json() and r.json()["error"]
+    test_mlp_json_matches_numpy_and_echoes_id(server)
+
+
+def worker_pids(serve_pid):
+    """Children of the server that run hearth-worker."""
+    pids = []
+    for task in pathlib.Path(f"/proc/{serve_pid}/task").iterdir():
+        children = (task / "children").read_text().split()
+        for c in children:
+            try:
+                cmd = pathlib.Path(f"/proc/{c}/cmdline").read_bytes()
+            except FileNotFoundError:
+                continue
+            if b"hearth-worker" in cmd:
+                pids.append(int(c))
+    return pids
+
+
+def model_workers(serve_pid, model):
+    out = []
+    for p in worker_pids(serve_pid):
+        try:
+            argv = pathlib.Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+        except FileNotFoundError:
+            continue
+        if model.encode() in argv[argv.index(b"--model") + 1:argv.index(b"--model") + 2]:
+            out.append(p)
+    return out
+
+
+def test_four_workers_share_the_stores_single_memfd(server):
+    pids = model_workers(server["proc"].pid, "mlp")
+    assert len(pids) == 4
+    inodes = set()
+    for p in pids:
+        lines = [l for l in pathlib.Path(f"/proc/{p}/maps").read_text().splitlines() if "memfd:hearth-arena" in l]
+        assert len(lines) == 1, f"worker {p} maps {len(lines)} arenas"
+        fields = lines[0].split()
+        assert fields[1].startswith("r") and "w" not in fields[1], "the weights must be mapped read-only"
+        inodes.add(fields[4])
+    assert len(inodes) == 1, "all workers must map the same memfd"
+
+
+def test_killing_workers_under_load_fails_no_request(server):
+    url = server["url"]
+    w = server["weights"]["mlp"]
+    rng = np.random.default_rng(4)
+    xs = [rng.standard_normal((1 + i % 8, MLP[0])).astype(np.float32) for i in range(200)]
+    before = set(model_workers(server["proc"].pid, "mlp"))
+
+    def one(x):
+        r = infer_binary(url, "mlp", "input", x, outputs=["logits"])
+        assert r.status_code == 200, r.text
+        _, parts = split_binary(r)
+        got = np.frombuffer(parts["logits"], dtype="<f4").reshape(x.shape[0], MLP[2])
+        np.testing.assert_allclose(got, mlp_reference(w, x)[0], rtol=1e-4, atol=1e-4)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(one, x) for x in xs]
+        for victim in list(before)[:3]:
+            time.sleep(0.05)
+            os.kill(victim, signal.SIGKILL)
+        for f in futures:
+            f.result()
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        now = set(model_workers(server["proc"].pid, "mlp"))
+        if len(now) == 4 and len(now - before) >= 3:
+            break
+        time.sleep(0.1)
+    assert len(now) == 4 and len(now - before) >= 3, f"replacements did not appear: {before} -> {now}"
+    assert requests.get(f"{url}/v2/models/mlp/ready").status_code == 200
