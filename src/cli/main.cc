@@ -19,6 +19,8 @@
 #include "hearth/checkpoint.h"
 #include "hearth/checksum.h"
 #include "hearth/store.h"
+#include "http/http_server.h"
+#include "server/server.h"
 
 namespace hearth {
 namespace {
@@ -114,6 +116,59 @@ int RunStore(const std::string& socket, const std::vector<std::string>& model_ar
   Status s = (*store)->Run();
   g_store = nullptr;
   if (!s.ok()) return Fail(s);
+  return 0;
+}
+
+// ---- hearth serve ---------------------------------------------------------
+
+std::string ExecutableDir() {
+  char path[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n <= 0) return ".";
+  path[n] = '\0';
+  std::string s(path);
+  return s.substr(0, s.rfind('/'));
+}
+
+int RunServe(const std::string& repository, const std::string& host, int port,
+             const std::string& device_text, int workers, int exec_timeout_ms,
+             uint64_t max_body_bytes) {
+  ServerOptions options;
+  options.repository = repository;
+  options.workers = workers;
+  options.exec_timeout_ms = exec_timeout_ms;
+  options.worker_path = ExecutableDir() + "/hearth-worker";
+  options.run_dir = "/tmp/hearth-serve-" + std::to_string(::getpid());
+  if (device_text.empty()) {
+    std::string why;
+    if (!CudaAvailable(&why)) spdlog::info("no usable GPU ({}); serving from host memory", why);
+    options.device = DefaultDevice();
+  } else {
+    Result<Device> device = Device::Parse(device_text);
+    if (!device.ok()) return Fail(device.status());
+    options.device = *device;
+  }
+  if (port < 0 || port > 65535) return Fail(InvalidArgument("--http-port must be in [0, 65535]"));
+  InstallStopHandlers();
+  auto server = Server::Create(options);
+  if (!server.ok()) return Fail(server.status());
+  HttpOptions http_options;
+  http_options.host = host;
+  http_options.port = static_cast<uint16_t>(port);
+  http_options.max_body_bytes = max_body_bytes;
+  auto http = HttpServer::Create(server->get(), http_options);
+  if (!http.ok()) return Fail(http.status());
+  if (Status s = (*server)->Start(); !s.ok()) return Fail(s);
+  if (Status s = (*http)->Start(); !s.ok()) {
+    (*server)->Shutdown();
+    return Fail(s);
+  }
+  spdlog::info("hearth serve ready on http://{}:{} ({})", host, (*http)->port(),
+               (*server)->Ready() ? "all models ready" : "some models are not ready: see above");
+  while (!g_hold_done) ::pause();
+  spdlog::info("shutting down: finishing requests in flight");
+  (*server)->Shutdown();
+  (*http)->Stop();
   return 0;
 }
 
@@ -329,6 +384,21 @@ int main(int argc, char** argv) {
   store->add_option("--load-threads", load_threads, "reader threads per load (0 = automatic)")
       ->capture_default_str();
 
+  auto* serve = app.add_subcommand("serve", "serve a model repository over KServe v2 REST");
+  std::string repository, host = "127.0.0.1", serve_device;
+  int http_port = 8000, serve_workers = 0, exec_timeout_ms = 60000;
+  serve->add_option("--model-repository", repository, "DIR/<model>/config.yaml and DIR/<model>/<version>/model.safetensors")
+      ->required();
+  serve->add_option("--host", host, "address to listen on")->capture_default_str();
+  serve->add_option("--http-port", http_port, "port (0 = any free port)")->capture_default_str();
+  serve->add_option("--device", serve_device, "cpu or cuda (default: cuda if a GPU is usable, else cpu)");
+  serve->add_option("--workers", serve_workers, "workers per model, overriding instance_group.count");
+  serve->add_option("--exec-timeout-ms", exec_timeout_ms, "a batch running longer kills its worker")
+      ->capture_default_str();
+  uint64_t max_body_bytes = 64ull << 20;
+  serve->add_option("--max-body-bytes", max_body_bytes, "larger request bodies get 413")
+      ->capture_default_str();
+
   auto* inspect = app.add_subcommand(
       "inspect", "print a checkpoint's (or a store's model's) tensors and checksum");
   std::string file, model;
@@ -371,6 +441,9 @@ int main(int argc, char** argv) {
     if (models.empty()) std::fprintf(stderr, "hearth store: no --model given; load models later with `hearth load`\n");
     return RunStore(socket, models, device, socket_mode, allow_uids, allow_gids, load_threads);
   }
+  if (serve->parsed())
+    return RunServe(repository, host, http_port, serve_device, serve_workers, exec_timeout_ms,
+                    max_body_bytes);
   if (inspect->parsed()) {
     if (!file.empty() && !model.empty())
       return Fail(InvalidArgument("give either FILE or --model, not both"));

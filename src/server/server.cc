@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <spdlog/spdlog.h>
@@ -331,6 +332,7 @@ class Server::Impl {
       if (!m->status.ok()) spdlog::error("model {} is not served: {}", m->repo.name, m->status.message());
       models_[m->repo.name] = std::move(m);
     }
+    const auto workers_started = Clock::now();
     for (auto& [name, m] : models_) {
       if (!m->status.ok()) continue;
       for (int i = 0; i < m->worker_count; ++i) {
@@ -349,6 +351,10 @@ class Server::Impl {
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
       if (m->status.ok() && m->ready_workers.load() < m->worker_count)
         spdlog::warn("model {}: only {} of {} workers ready", name, m->ready_workers.load(), m->worker_count);
+      else if (m->status.ok())
+        spdlog::info("model {}: {} workers ready {:.3f} s after the first was started", name,
+                     m->worker_count,
+                     std::chrono::duration<double>(Clock::now() - workers_started).count());
     }
     started_ = true;
     return Status::Ok();

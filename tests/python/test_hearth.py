@@ -1,7 +1,11 @@
 """Tests of the Python package python/hearth against a real `hearth store`.
 
-The store runs on host memory (--device cpu) on a private socket. Paths come
-from $HEARTH_CLI and $HEARTH_LIBRARY (set by ctest), defaulting to build/.
+The store runs on a private socket on the device $HEARTH_TEST_DEVICE (passed
+as `hearth store --device`; default "cpu", host memory; "cuda:0" runs the same
+suite against a store on a GPU). Tests that only make sense on host memory
+(memfd mappings, numpy() views, __array_interface__, fork with host
+attachments) skip on a GPU store; the CUDA tests skip on host memory. Paths
+come from $HEARTH_CLI and $HEARTH_LIBRARY (set by ctest), defaulting to build/.
 """
 
 import gc
@@ -32,6 +36,12 @@ from hearth import _dlpack  # noqa: E402
 
 ARENA = "memfd:hearth-arena"
 MLP_DIMS = (8, 16, 4)  # in, hidden, out
+
+DEVICE = os.environ.get("HEARTH_TEST_DEVICE") or "cpu"  # the store's --device
+ON_CUDA = DEVICE.startswith("cuda")
+host_only = pytest.mark.skipif(ON_CUDA, reason=f"host-memory test; store on {DEVICE}")
+cuda_only = pytest.mark.skipif(
+    not ON_CUDA, reason="CUDA test; store on host memory (set HEARTH_TEST_DEVICE=cuda:0)")
 
 
 # ---- helpers --------------------------------------------------------------
@@ -115,10 +125,11 @@ def forked(fn, *args):
 
 
 class Store:
-    def __init__(self, directory, socket, files):
+    def __init__(self, directory, socket, files, proc=None):
         self.directory = directory
         self.socket = socket
         self.files = files
+        self.proc = proc
 
 
 @pytest.fixture(scope="session")
@@ -142,7 +153,7 @@ def store():
     out_path = os.path.join(directory, "store.out")
     with open(out_path, "w") as out, open(os.path.join(directory, "store.err"), "w") as err:
         proc = subprocess.Popen(
-            [CLI, "store", "--socket", socket, "--device", "cpu"]
+            [CLI, "store", "--socket", socket, "--device", DEVICE]
             + [f"--model={name}={path}" for name, path in files.items()],
             stdout=out, stderr=err)
     try:
@@ -152,7 +163,7 @@ def store():
                 err_text = pathlib.Path(directory, "store.err").read_text()
                 pytest.fail(f"hearth store did not become ready (rc {proc.poll()}):\n{err_text}")
             time.sleep(0.02)
-        yield Store(directory, socket, files)
+        yield Store(directory, socket, files, proc)
     finally:
         proc.terminate()
         try:
@@ -197,7 +208,9 @@ def test_attach_is_lazy(store):
     lines = out.splitlines()
     assert lines[0] == "before 0"
     assert lines[1] == "after attach() 0 False"
-    assert lines[2].startswith("after len() ") and lines[2].split()[2] != "0"
+    assert lines[2].startswith("after len() ")
+    if not ON_CUDA:  # a GPU arena is no memfd mapping
+        assert lines[2].split()[2] != "0"
     assert lines[2].endswith("True 4")
 
 
@@ -236,11 +249,15 @@ def test_values_equal_the_checkpoint(store, model):
         assert t.name == name
         assert t.dtype == dtype
         assert t.shape == shape
-        assert t.device == "cpu"
+        assert t.device == DEVICE
         assert t.nbytes == values.nbytes
         assert t.data_ptr != 0
         assert t.numpy_dtype == values.dtype
-        np.testing.assert_array_equal(t.numpy(), values)
+        if ON_CUDA:
+            with pytest.raises(TypeError, match="host memory"):
+                t.numpy()
+        else:
+            np.testing.assert_array_equal(t.numpy(), values)
         assert t.tobytes() == values.tobytes()
 
 
@@ -250,7 +267,7 @@ def test_metadata_matches_inspect(store):
     checksum = int(next(line for line in out.splitlines()
                         if line.startswith("checksum:")).split()[1], 16)
     w = hearth.attach("mlp", socket=store.socket)
-    assert (w.model, w.version, w.device, w.checksum) == ("mlp", 1, "cpu", checksum)
+    assert (w.model, w.version, w.device, w.checksum) == ("mlp", 1, DEVICE, checksum)
     assert w["encoder.weight"].shape == (MLP_DIMS[1], MLP_DIMS[0])
     assert w["head.weight"].shape == (MLP_DIMS[2], MLP_DIMS[1])
 
@@ -264,6 +281,7 @@ def test_mapping_is_read_only(store):
     assert w.get("nope") is None
 
 
+@host_only
 def test_arrays_are_read_only(store):
     t = hearth.attach("mlp", socket=store.socket)["encoder.weight"]
     for array in (t.numpy(), np.asarray(t), np.array(t, copy=False)):
@@ -277,6 +295,7 @@ def test_arrays_are_read_only(store):
     assert t.__array_interface__["data"][1] is True
 
 
+@host_only
 def test_arrays_keep_the_mapping_alive(store):
     expected = read_safetensors(store.files["mlp"])["head.weight"][2]
     w = hearth.attach("mlp", socket=store.socket)
@@ -292,6 +311,7 @@ def test_arrays_keep_the_mapping_alive(store):
 # ---- DLPack ---------------------------------------------------------------
 
 
+@host_only
 def test_dlpack_round_trip(store):
     expected = read_safetensors(store.files["mlp"])
     baseline = _dlpack.live_exports()
@@ -317,15 +337,16 @@ def test_unconsumed_capsule_is_released(store):
     assert _dlpack.live_exports() == baseline
     with pytest.raises(BufferError):
         t.__dlpack__(copy=True)
+    other_device = (1, 0) if ON_CUDA else (2, 0)
     with pytest.raises(BufferError):
-        t.__dlpack__(dl_device=(2, 0))
+        t.__dlpack__(dl_device=other_device)
 
 
 def test_bf16_has_no_numpy_dtype_but_exports_dlpack(store):
     w = hearth.attach("mlpbf", socket=store.socket)
     t = w["encoder.weight"]
     assert t.dtype == "BF16" and t.shape == (6, 4) and t.nbytes == 48
-    with pytest.raises(TypeError, match="BF16"):
+    with pytest.raises(TypeError, match="host memory" if ON_CUDA else "BF16"):
         t.numpy()
     with pytest.raises(TypeError, match="BF16"):
         t.numpy_dtype
@@ -373,6 +394,7 @@ def _child_reads(w):
     }
 
 
+@host_only
 def test_lazy_attach_in_parent_each_forked_child_maps_its_own(store):
     expected = read_safetensors(store.files["mlp"])
     w = hearth.attach("mlp", socket=store.socket)
@@ -390,6 +412,7 @@ def test_lazy_attach_in_parent_each_forked_child_maps_its_own(store):
     np.testing.assert_array_equal(w["head.bias"].numpy(), expected["head.bias"][2])
 
 
+@host_only
 def test_child_of_an_attached_parent_attaches_again(store):
     w = hearth.attach("scale", socket=store.socket)
     parent_values = w["weight"].numpy().tolist()
@@ -399,6 +422,7 @@ def test_child_of_an_attached_parent_attaches_again(store):
     assert w._attachment.pid == os.getpid()
 
 
+@host_only
 def test_fork_after_cuda_is_flagged_and_host_attachments_still_work(store):
     # A stand-in for torch whose CUDA is initialised: the check runs in the
     # parent just before fork, because in the child torch reports "not initialised".
@@ -430,6 +454,7 @@ def _cycle(socket):
     return float(a[0, 0]) + float(b[0]) + (c is not None)
 
 
+@host_only
 def test_thousand_attach_detach_cycles_leak_nothing(store):
     for _ in range(5):
         _cycle(store.socket)
@@ -445,6 +470,7 @@ def test_thousand_attach_detach_cycles_leak_nothing(store):
     assert _dlpack.live_exports() == exports
 
 
+@host_only
 def test_detach_happens_when_the_last_reference_goes(store):
     gc.collect()
     arenas = arena_mappings()
@@ -485,8 +511,8 @@ def test_torch_state_dict_is_zero_copy(store):
     assert sorted(sd) == sorted(expected)
     for name, tensor in sd.items():
         assert tensor.data_ptr() == w[name].data_ptr
-        assert tensor.device.type == "cpu"
-        np.testing.assert_array_equal(tensor.numpy(), expected[name][2])
+        assert tensor.device == torch.device(DEVICE)
+        np.testing.assert_array_equal(tensor.cpu().numpy(), expected[name][2])
     assert sorted(ht.state_dict("scale", socket=store.socket)) == ["weight"]
 
 
@@ -498,12 +524,16 @@ def test_torch_load_into_binds_the_shared_weights(store):
     module = _mlp_module(torch, MLP_DIMS)
     assert ht.load_into(module, w) is module
     assert module.encoder.weight.data_ptr() == w["encoder.weight"].data_ptr
-    x = torch.ones(2, MLP_DIMS[0])
-    enc_w, enc_b = w["encoder.weight"].numpy(), w["encoder.bias"].numpy()
-    head_w, head_b = w["head.weight"].numpy(), w["head.bias"].numpy()
+    assert module.encoder.weight.device == torch.device(DEVICE)
+    x = torch.ones(2, MLP_DIMS[0], device=DEVICE)
+    expected = read_safetensors(store.files["mlp"])
+    enc_w, enc_b = expected["encoder.weight"][2], expected["encoder.bias"][2]
+    head_w, head_b = expected["head.weight"][2], expected["head.bias"][2]
     want = np.maximum(np.ones((2, MLP_DIMS[0]), np.float32) @ enc_w.T + enc_b, 0) @ head_w.T + head_b
     with torch.no_grad():
-        np.testing.assert_allclose(module(x).numpy(), want, rtol=1e-5, atol=1e-6)
+        got = module(x).cpu().numpy()
+    tolerance = dict(rtol=1e-4, atol=1e-5) if ON_CUDA else dict(rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, want, **tolerance)
 
 
 def test_torch_load_into_lists_every_mismatch(store):
@@ -536,4 +566,320 @@ def test_torch_bf16_via_dlpack(store):
     t = sd["encoder.weight"]
     assert t.dtype == torch.bfloat16 and tuple(t.shape) == (6, 4)
     expected = read_safetensors(store.files["mlpbf"])["encoder.weight"][2]
-    assert t.view(torch.int16).numpy().tobytes() == expected
+    assert t.device == torch.device(DEVICE)
+    assert t.view(torch.int16).cpu().numpy().tobytes() == expected
+
+
+# ---- CUDA: the store on a GPU (HEARTH_TEST_DEVICE=cuda:N) --------------------
+
+MIB = 1 << 20
+
+
+def _device_index():
+    return int(DEVICE.partition(":")[2] or 0)
+
+
+def _cuda_torch():
+    torch = pytest.importorskip("torch", reason="torch is not installed for this interpreter")
+    if not torch.cuda.is_available():
+        pytest.fail(f"the store is on {DEVICE} but torch sees no CUDA device")
+    return torch
+
+
+def run_script(code, *args, timeout=180):
+    """Runs `code` as a script in a fresh interpreter; returns the CompletedProcess (any rc)."""
+    paths = [str(ROOT / "python")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                      if p]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths), HEARTH_LIBRARY=LIBRARY)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def store_attached_count(socket, model):
+    """The store's count of live leases on `model` (from `hearth status`)."""
+    out = subprocess.run([CLI, "status", "--socket", socket], check=True, capture_output=True,
+                         text=True, timeout=30).stdout
+    for line in out.splitlines():
+        fields = line.split()
+        if fields and fields[0].startswith(model + "@") and "attached" in fields:
+            return int(fields[fields.index("attached") + 1])
+    raise AssertionError(f"no arena of {model} in `hearth status`:\n{out}")
+
+
+@cuda_only
+def test_cuda_tensors_report_the_device(store):
+    w = hearth.attach("mlp", socket=store.socket)
+    assert w.device == DEVICE
+    assert repr(w).endswith(f"device={DEVICE!r})")
+    for name, t in w.items():
+        assert t.device == DEVICE, name
+        assert t.__dlpack_device__() == (_dlpack.KDL_CUDA, _device_index())
+        assert t.data_ptr != 0
+        with pytest.raises(AttributeError, match="__cuda_array_interface__"):
+            t.__array_interface__
+        assert not hasattr(t, "__array_interface__")  # numpy's probing sees no host array
+        with pytest.raises(TypeError, match="host memory"):
+            t.numpy()
+    assert hearth.attach("scale", socket=store.socket)["weight"].device == DEVICE
+
+
+@cuda_only
+@pytest.mark.parametrize("model", ["mlp", "scale"])
+def test_cuda_array_interface_is_read_only_v3(store, model):
+    expected = read_safetensors(store.files[model])
+    w = hearth.attach(model, socket=store.socket)
+    for name, (dtype, shape, values) in expected.items():
+        t = w[name]
+        cai = t.__cuda_array_interface__
+        assert cai["version"] == 3
+        assert cai["data"] == (t.data_ptr, True), "must be marked read-only"
+        assert tuple(cai["shape"]) == shape
+        assert np.dtype(cai["typestr"]) == values.dtype
+        assert cai["strides"] is None  # C-contiguous
+        assert cai["stream"] is None   # no synchronisation needed: the bytes never change
+        assert t.tobytes() == values.tobytes()
+
+
+class _InterfaceWithoutReadOnlyFlag:
+    """The tensor's __cuda_array_interface__ with the read-only flag cleared.
+
+    torch.as_tensor refuses any producer that marks its memory read-only
+    ("the read only flag is not supported"); this wrapper lets the test read
+    through the interface anyway. The memory stays read-only: only read it.
+    """
+
+    def __init__(self, tensor):
+        cai = dict(tensor.__cuda_array_interface__)
+        cai["data"] = (cai["data"][0], False)
+        self.__cuda_array_interface__ = cai
+        self.tensor = tensor  # keeps the mapping alive
+
+
+@cuda_only
+def test_cuda_torch_as_tensor_via_the_interface(store):
+    torch = _cuda_torch()
+    expected = read_safetensors(store.files["mlp"])
+    w = hearth.attach("mlp", socket=store.socket)
+    t = w["encoder.weight"]
+    # The honest interface (read-only flag set) is refused by torch, as documented there.
+    try:
+        torch.as_tensor(t, device=DEVICE)
+    except TypeError as e:
+        assert "read only" in str(e), e
+    for name, (_, shape, values) in expected.items():
+        t = w[name]
+        view = _InterfaceWithoutReadOnlyFlag(t)
+        x = torch.as_tensor(view, device=DEVICE)
+        assert x.device == torch.device(DEVICE)
+        assert x.data_ptr() == t.data_ptr, "as_tensor copied"
+        assert tuple(x.shape) == shape
+        np.testing.assert_array_equal(x.cpu().numpy(), values)
+
+
+@cuda_only
+def test_cuda_cupy_via_the_interface(store):
+    cupy = pytest.importorskip("cupy", reason="cupy is not installed for this interpreter")
+    expected = read_safetensors(store.files["mlp"])
+    w = hearth.attach("mlp", socket=store.socket)
+    with cupy.cuda.Device(_device_index()):
+        for name, (_, shape, values) in expected.items():
+            t = w[name]
+            a = cupy.asarray(t)  # through __cuda_array_interface__, no copy
+            assert a.data.ptr == t.data_ptr
+            assert a.shape == shape
+            np.testing.assert_array_equal(cupy.asnumpy(a), values)
+
+
+@cuda_only
+@pytest.mark.parametrize("model", ["mlp", "scale"])
+def test_cuda_torch_from_dlpack_equals_the_checkpoint(store, model):
+    torch = _cuda_torch()
+    expected = read_safetensors(store.files[model])
+    gc.collect()
+    baseline = _dlpack.live_exports()
+    w = hearth.attach(model, socket=store.socket)
+    for name, (_, shape, values) in expected.items():
+        t = w[name]
+        x = torch.from_dlpack(t)
+        assert x.device == torch.device(DEVICE)
+        assert x.data_ptr() == t.data_ptr, "from_dlpack copied"
+        assert tuple(x.shape) == shape
+        np.testing.assert_array_equal(x.cpu().numpy(), values)
+        assert t.tobytes() == values.tobytes()
+        del x
+    gc.collect()
+    assert _dlpack.live_exports() == baseline
+
+
+@cuda_only
+def test_cuda_torch_state_dict_zero_copy_and_forward(store):
+    torch = _cuda_torch()
+    import hearth.torch as ht
+
+    expected = read_safetensors(store.files["mlp"])
+    w = hearth.attach("mlp", socket=store.socket)
+    sd = ht.state_dict(w)
+    assert sorted(sd) == sorted(expected)
+    for name, tensor in sd.items():
+        assert tensor.device == torch.device(DEVICE)
+        assert tensor.data_ptr() == w[name].data_ptr
+
+    module = ht.load_into(_mlp_module(torch, MLP_DIMS), w)
+    for name, tensor in module.state_dict().items():
+        assert tensor.device == torch.device(DEVICE)
+        assert tensor.data_ptr() == w[name].data_ptr, f"{name} is not the shared view"
+
+    reference = _mlp_module(torch, MLP_DIMS)  # on the host, from the file
+    reference.load_state_dict({k: torch.from_numpy(v[2].copy()) for k, v in expected.items()})
+    x = torch.randn(5, MLP_DIMS[0], generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got = module(x.to(DEVICE)).cpu()
+        want = reference(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+_FORK_SCRIPT = r"""
+import json, os, sys
+import torch
+import hearth
+
+socket = sys.argv[1]
+
+
+def in_child(case):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            case()
+            result = "no error"
+        except hearth.HearthError as e:
+            result = "HearthError: " + str(e)
+        except BaseException as e:
+            result = f"{type(e).__name__}: {e}"
+        with os.fdopen(w, "w") as f:
+            f.write(result)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        result = f.read()
+    _, status = os.waitpid(pid, 0)
+    return {"status": os.waitstatus_to_exitcode(status), "result": result}
+
+
+torch.cuda.init()
+assert torch.cuda.is_initialized()
+report = {}
+# 1. attach() recorded in a parent that initialised CUDA (libhearth not even loaded): the
+#    child's first use.
+lazy = hearth.attach("scale", socket=socket)
+report["first_use"] = in_child(lambda: len(lazy))
+# 2. The parent attached and used the model on the GPU too.
+held = hearth.attach("mlp", socket=socket)
+tensor = held["head.bias"]
+parent_bytes = tensor.tobytes()
+report["reattach"] = in_child(lambda: held["head.bias"])
+report["inherited_tobytes"] = in_child(tensor.tobytes)
+report["inherited_dlpack"] = in_child(tensor.__dlpack__)
+report["inherited_interface"] = in_child(lambda: tensor.__cuda_array_interface__)
+# The parent is unaffected.
+report["parent_ok"] = (held["head.bias"].tobytes() == parent_bytes and len(lazy) == 1
+                       and lazy.device.startswith("cuda"))
+print(json.dumps(report))
+"""
+
+
+@cuda_only
+def test_cuda_child_forked_after_cuda_init_gets_the_explanation(store):
+    _cuda_torch()
+    # A fresh interpreter does the forking: the test process's own CUDA state is not forked.
+    proc = run_script(_FORK_SCRIPT, store.socket)
+    assert proc.returncode == 0, f"script failed:\n{proc.stdout}\n{proc.stderr}"
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report.pop("parent_ok") is True, report
+    for case, child in report.items():
+        assert child["status"] == 0, f"{case}: the child died: {child}"
+        message = child["result"]
+        assert message.startswith("HearthError: "), f"{case}: {message}"
+        assert "forked from a parent that had initialised CUDA" in message, f"{case}: {message}"
+        assert "'spawn'" in message and "forkserver" in message, f"{case}: {message}"
+    for case in ("inherited_tobytes", "inherited_dlpack", "inherited_interface"):
+        assert "cannot be used in forked process" in report[case]["result"], report[case]
+
+
+@cuda_only
+def test_cuda_write_through_the_mapping_fails_in_that_process_only(store):
+    _cuda_torch()
+    expected = read_safetensors(store.files["scale"])["weight"][2]
+    proc = run_script("""
+        import sys, torch, hearth
+        t = torch.from_dlpack(hearth.attach("scale", socket=sys.argv[1])["weight"])
+        print("read", float(t[0]), flush=True)
+        t.add_(1)  # the mapping is read-only: the GPU faults
+        torch.cuda.synchronize()
+        print("write succeeded", float(t[0]), flush=True)
+        """, store.socket)
+    assert "read " in proc.stdout, f"the child could not even read:\n{proc.stdout}\n{proc.stderr}"
+    assert "write succeeded" not in proc.stdout, proc.stdout
+    assert proc.returncode != 0, f"the write did not fail:\n{proc.stdout}\n{proc.stderr}"
+    # The store and everybody else still see the checkpoint's bytes.
+    assert store.proc.poll() is None, "the store died"
+    w = hearth.attach("scale", socket=store.socket)
+    assert w["weight"].tobytes() == expected.tobytes()
+    torch = _cuda_torch()
+    np.testing.assert_array_equal(torch.from_dlpack(w["weight"]).cpu().numpy(), expected)
+    out = run_python(f"""
+        import hearth
+        print(hearth.attach("scale", socket={store.socket!r})["weight"].tobytes().hex())
+        """)
+    assert out.strip() == expected.tobytes().hex()
+
+
+def _device_used(torch):
+    free, total = torch.cuda.mem_get_info(_device_index())
+    return total - free
+
+
+def _settled_device_used(torch):
+    last = _device_used(torch)
+    for _ in range(100):
+        time.sleep(0.05)
+        now = _device_used(torch)
+        if abs(now - last) < MIB:
+            return now
+        last = now
+    return last
+
+
+def _cuda_cycle(torch, socket):
+    w = hearth.attach("mlp", socket=socket)
+    x = torch.from_dlpack(w["encoder.weight"])  # first use: attach and map in this process
+    total = float(x.sum())
+    return total + len(w["head.bias"].tobytes())
+
+
+@cuda_only
+def test_cuda_attach_cycles_leak_no_device_memory(store):
+    torch = _cuda_torch()
+    for _ in range(5):
+        _cuda_cycle(torch, store.socket)
+    gc.collect()
+    torch.cuda.synchronize()
+    fds, exports = fd_count(), _dlpack.live_exports()
+    leases = store_attached_count(store.socket, "mlp")
+    before = _settled_device_used(torch)
+    for _ in range(200):
+        _cuda_cycle(torch, store.socket)
+    gc.collect()
+    torch.cuda.synchronize()
+    after = _settled_device_used(torch)
+    assert abs(after - before) <= 4 * MIB, (
+        f"device memory in use went from {before / MIB:.1f} to {after / MIB:.1f} MiB "
+        "over 200 attach/use/detach cycles")
+    assert fd_count() == fds
+    assert _dlpack.live_exports() == exports
+    deadline = time.monotonic() + 10  # the store sees each detach as its socket closes
+    while store_attached_count(store.socket, "mlp") != leases and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert store_attached_count(store.socket, "mlp") == leases

@@ -1,0 +1,86 @@
+// Backends: the math a worker runs on attached, read-only weights.
+//
+// Each backend has a CPU reference and a CUDA implementation of the same math;
+// tests run both on the same inputs and compare them with a per-dtype
+// tolerance. Backends know nothing of HTTP, sockets or the store: they get
+// tensor views (hearth/attach.h) and host buffers.
+//
+// Built-in kinds:
+//  - "mlp": weights encoder.weight [H,IN], encoder.bias [H], head.weight
+//    [OUT,H], head.bias [OUT] (F32, F16 or BF16, all the same dtype).
+//    Input "input" F32 [B,IN]; outputs "logits" F32 [B,OUT] =
+//    head(relu(encoder(x))) and "argmax" I64 [B,1] (first index of the max).
+//  - "scale": weight "weight" [N] F32. Input "x" F32 [B,N]; output "y" F32
+//    [B,1], y[b] = sum_j x[b,j] * w[j].
+//
+// Thread-safety: one Backend is used by one thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "hearth/attach.h"
+#include "hearth/device.h"
+#include "hearth/dtype.h"
+#include "hearth/status.h"
+
+namespace hearth {
+
+// One input or output of a model, per sample (without the batch dimension).
+struct IoSpec {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> dims;
+  uint64_t bytes_per_sample() const;
+};
+
+struct BackendOptions {
+  int max_batch_size = 1;
+  // Let fp32 GEMMs use TF32 tensor cores (config parameter allow_tf32: true).
+  bool allow_tf32 = false;
+  // Backend-specific parameters from the model config (strings as written).
+  std::map<std::string, std::string> parameters;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // Names in the order Run takes them.
+  virtual const std::vector<IoSpec>& inputs() const = 0;
+  virtual const std::vector<IoSpec>& outputs() const = 0;
+
+  // Runs one batch, synchronously. inputs[i] points to batch x inputs()[i]
+  // elements in host memory, outputs[i] to room for batch x outputs()[i].
+  // 1 <= batch <= max_batch_size. On CUDA the host buffers should be pinned
+  // or registered (see RegisterHostMemory) for full copy speed.
+  virtual Status Run(int64_t batch, std::span<const void* const> inputs,
+                     std::span<void* const> outputs) = 0;
+
+  // Device memory this backend allocated itself (workspaces, activations).
+  virtual uint64_t device_memory_bytes() const = 0;
+};
+
+// Checks the weights (names, dtypes, shapes) and builds the backend on the
+// weights' device. The weights must outlive the backend.
+Result<std::unique_ptr<Backend>> CreateBackend(std::string_view kind,
+                                               const std::vector<TensorView>& weights,
+                                               Device device, const BackendOptions& options);
+
+// The inputs and outputs a backend of `kind` would have for these weights,
+// without creating it (the server uses this to check configs against
+// checkpoints). Works for any device; touches no GPU.
+Result<std::pair<std::vector<IoSpec>, std::vector<IoSpec>>> BackendSignature(
+    std::string_view kind, const std::vector<TensorView>& weights);
+
+// Page-locks a host range for fast copies (cudaHostRegister) on CUDA builds
+// with a GPU; a no-op returning OK on host-memory workers.
+Status RegisterHostMemory(Device device, void* data, uint64_t bytes);
+Status UnregisterHostMemory(Device device, void* data);
+
+}  // namespace hearth

@@ -1,0 +1,79 @@
+// The KServe v2 REST encoding of hearth's request API: parsing infer requests
+// (JSON and the binary tensor data extension), checking them against a
+// model's metadata, and encoding responses, metadata and errors.
+//
+// Pure functions: no sockets, no service, no global state; they never throw
+// (every failure is a Status whose message names the input, output or field).
+// Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "hearth/status.h"
+#include "server/inference_api.h"
+
+namespace hearth {
+
+// Tensors may have at most this many dimensions (nested `data` is walked
+// recursively, one level per dimension).
+inline constexpr size_t kMaxTensorRank = 32;
+
+// Parses the body of POST /v2/models/{model}[/versions/{version}]/infer.
+// `json_length` is the Inference-Header-Content-Length header: when present,
+// the first json_length bytes of `body` are the JSON and the rest is the
+// binary data of the inputs that carry parameters.binary_data_size, in input
+// order. Inputs come back with their bytes in their declared datatype;
+// requested outputs come back with `binary` resolved (their own binary_data
+// parameter, else the request's binary_data_output). InvalidArgument on any
+// malformed request.
+Result<InferRequest> ParseInferRequest(std::string_view body, std::optional<uint64_t> json_length,
+                                       std::string_view model, std::string_view version);
+
+// Checks a parsed request against the model it names: every input known,
+// present once, of the model's datatype and shape (the batch dimension first
+// when max_batch_size > 0, 1..max_batch_size and the same for every input),
+// and every requested output known and named once. InvalidArgument otherwise.
+Status ValidateInferRequest(const InferRequest& request, const ModelMetadata& metadata);
+
+// What a response must contain, kept from the request (whose inputs are gone
+// by the time the response arrives).
+struct OutputSelection {
+  std::string id;
+  std::vector<RequestedOutput> outputs;  // empty: all, each binary iff binary_data_output
+  bool binary_data_output = false;
+};
+OutputSelection SelectionOf(const InferRequest& request);
+
+struct EncodedInferResponse {
+  std::string body;  // the JSON, then the binary outputs in output order
+  // Set (to the JSON's length) when binary outputs follow the JSON; the
+  // value of Inference-Header-Content-Length.
+  std::optional<size_t> json_length;
+};
+
+// Encodes the service's response with the outputs `selection` asks for.
+// Internal when the service left out a requested output or returned one whose
+// byte size does not match its shape and datatype.
+Result<EncodedInferResponse> EncodeInferResponse(const InferResponse& response,
+                                                 const OutputSelection& selection);
+
+// {"name", "versions", "platform", "inputs": [{"name", "datatype", "shape"}], "outputs": [...]}
+std::string ModelMetadataJson(const ModelMetadata& metadata);
+// {"name", "version", "extensions": [...]}
+std::string ServerMetadataJson(std::string_view name, std::string_view version,
+                               const std::vector<std::string>& extensions);
+// {"error": message}; bytes that are not UTF-8 are replaced.
+std::string ErrorJson(std::string_view message);
+
+// InvalidArgument and FailedPrecondition 400, NotFound 404, ResourceExhausted
+// and Unavailable 503, everything else 500.
+int HttpStatusFor(StatusCode code);
+
+// Parses Inference-Header-Content-Length: decimal digits only.
+Result<uint64_t> ParseJsonLength(std::string_view value);
+
+}  // namespace hearth

@@ -1,0 +1,641 @@
+// HttpServer over real TCP: a fake InferenceService behind it, requests sent
+// with Beast's client or as raw bytes on a plain socket.
+#include "http/http_server.h"
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include <atomic>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace hearth {
+namespace {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+// Models: "scale" (x FP32 [-1,4] -> y FP32 [-1,1] = row sums, max batch 8),
+// "slow" (the same after 300 ms), "busy" (queue full), "gone" (NotFound from
+// Infer), "unready" (known, not ready), "fixed" (no batching, a INT32 [2,3]
+// -> b = a + 1). Only version "1" exists. Infer completes on a worker thread.
+class FakeService : public InferenceService {
+ public:
+  FakeService() : worker_([this] { Work(); }) {}
+  ~FakeService() override {
+    {
+      std::lock_guard lock(mutex_);
+      quit_ = true;
+    }
+    wake_.notify_all();
+    worker_.join();
+  }
+
+  bool Live() const override { return true; }
+  bool Ready() const override { return ready_.load(); }
+  std::string ServerName() const override { return "hearth"; }
+  std::string ServerVersion() const override { return "0.1.0"; }
+  std::vector<std::string> Extensions() const override { return {"binary_tensor_data"}; }
+
+  Result<ModelMetadata> Metadata(const std::string& model,
+                                 const std::string& version) const override {
+    if (!version.empty() && version != "1") {
+      return NotFound("model '" + model + "' has no version '" + version + "'");
+    }
+    ModelMetadata m;
+    m.name = model;
+    m.versions = {"1"};
+    if (model == "fixed") {
+      m.platform = "hearth_mlp";
+      m.inputs = {{"a", DType::kI32, {2, 3}}};
+      m.outputs = {{"b", DType::kI32, {2, 3}}};
+      return m;
+    }
+    if (model != "scale" && model != "slow" && model != "busy" && model != "gone" &&
+        model != "unready") {
+      return NotFound("no model '" + model + "'");
+    }
+    m.platform = "hearth_scale";
+    m.max_batch_size = 8;
+    m.inputs = {{"x", DType::kF32, {-1, 4}}};
+    m.outputs = {{"y", DType::kF32, {-1, 1}}};
+    return m;
+  }
+
+  Result<bool> ModelReady(const std::string& model, const std::string& version) const override {
+    Result<ModelMetadata> m = Metadata(model, version);
+    if (!m.ok()) return m.status();
+    return model != "unready";
+  }
+
+  void Infer(InferRequest request, std::function<void(Result<InferResponse>)> done) override {
+    {
+      std::lock_guard lock(mutex_);
+      last_timeout_us_ = request.timeout_us;
+      queue_.push_back({std::move(request), std::move(done)});
+    }
+    wake_.notify_all();
+  }
+
+  uint64_t last_timeout_us() {
+    std::lock_guard lock(mutex_);
+    return last_timeout_us_;
+  }
+
+  std::atomic<bool> ready_{true};
+
+ private:
+  struct Job {
+    InferRequest request;
+    std::function<void(Result<InferResponse>)> done;
+  };
+
+  static Result<InferResponse> Run(const InferRequest& request) {
+    if (request.model == "busy") return ResourceExhausted("queue of model 'busy' is full");
+    if (request.model == "gone") return NotFound("model 'gone' was unloaded");
+    if (request.model == "slow") std::this_thread::sleep_for(300ms);
+    InferResponse response;
+    response.model = request.model;
+    response.version = "1";
+    response.id = request.id;
+    const InferTensor& in = request.inputs.at(0);
+    InferTensor out;
+    out.dtype = in.dtype;
+    out.shape = in.shape;
+    if (request.model == "fixed") {
+      out.name = "b";
+      std::vector<int32_t> a(in.data.size() / 4);
+      std::memcpy(a.data(), in.data.data(), in.data.size());
+      for (int32_t& v : a) ++v;
+      out.data.resize(in.data.size());
+      std::memcpy(out.data.data(), a.data(), in.data.size());
+    } else {
+      out.name = "y";
+      const int64_t rows = in.shape[0];
+      const int64_t cols = in.shape[1];
+      std::vector<float> x(static_cast<size_t>(rows * cols));
+      std::memcpy(x.data(), in.data.data(), in.data.size());
+      std::vector<float> y(static_cast<size_t>(rows));
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) y[r] += x[r * cols + c];
+      }
+      out.shape = {rows, 1};
+      out.data.resize(y.size() * 4);
+      std::memcpy(out.data.data(), y.data(), out.data.size());
+    }
+    response.outputs.push_back(std::move(out));
+    return response;
+  }
+
+  void Work() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock lock(mutex_);
+        wake_.wait(lock, [this] { return quit_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      job.done(Run(job.request));
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Job> queue_;
+  bool quit_ = false;
+  uint64_t last_timeout_us_ = 0;
+  std::thread worker_;
+};
+
+void SetReceiveTimeout(int fd, std::chrono::seconds timeout) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(timeout.count());
+  ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
+}
+
+using Response = http::response<http::string_body>;
+
+// A blocking HTTP/1.1 client on one connection.
+class Client {
+ public:
+  explicit Client(uint16_t port) : socket_(io_) {
+    socket_.connect(tcp::endpoint(net::ip::address_v4::loopback(), port));
+    SetReceiveTimeout(socket_.native_handle(), 20s);
+  }
+
+  Response Send(http::verb method, const std::string& target, const std::string& body = "",
+                const std::vector<std::pair<std::string, std::string>>& headers = {}) {
+    Write(method, target, body, headers);
+    return Read();
+  }
+  void Write(http::verb method, const std::string& target, const std::string& body = "",
+             const std::vector<std::pair<std::string, std::string>>& headers = {}) {
+    http::request<http::string_body> request(method, target, 11);
+    request.set(http::field::host, "localhost");
+    for (const auto& [name, value] : headers) request.set(name, value);
+    request.body() = body;
+    request.prepare_payload();
+    http::write(socket_, request);
+  }
+  Response Read() {
+    Response response;
+    http::read(socket_, buffer_, response);
+    return response;
+  }
+  Response Get(const std::string& target) { return Send(http::verb::get, target); }
+  Response Post(const std::string& target, const std::string& body,
+                const std::vector<std::pair<std::string, std::string>>& headers = {}) {
+    return Send(http::verb::post, target, body, headers);
+  }
+
+  tcp::socket& socket() { return socket_; }
+
+ private:
+  net::io_context io_;
+  tcp::socket socket_;
+  beast::flat_buffer buffer_;
+};
+
+// Connects, sends `bytes`, and returns all that comes back until the server
+// closes (or 20 s pass).
+std::string RawExchange(uint16_t port, const std::string& bytes, bool half_close = false) {
+  net::io_context io;
+  tcp::socket socket(io);
+  socket.connect(tcp::endpoint(net::ip::address_v4::loopback(), port));
+  SetReceiveTimeout(socket.native_handle(), 20s);
+  net::write(socket, net::buffer(bytes));
+  if (half_close) socket.shutdown(tcp::socket::shutdown_send);
+  std::string received;
+  char chunk[4096];
+  for (;;) {
+    beast::error_code ec;
+    const size_t n = socket.read_some(net::buffer(chunk), ec);
+    received.append(chunk, n);
+    if (ec) break;
+  }
+  return received;
+}
+
+std::string ErrorOf(const Response& response) {
+  const json body = json::parse(response.body(), nullptr, false);
+  if (!body.is_object() || !body.contains("error") || !body["error"].is_string()) return "<none>";
+  return body["error"].get<std::string>();
+}
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  void StartServer(HttpOptions options = {}) {
+    options.port = 0;
+    Result<std::unique_ptr<HttpServer>> created = HttpServer::Create(&service_, options);
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+    server_ = std::move(created).value();
+    ASSERT_TRUE(server_->Start().ok());
+    ASSERT_NE(server_->port(), 0);
+  }
+  void SetUp() override { StartServer(); }
+  void TearDown() override {
+    if (server_) server_->Stop();
+  }
+
+  uint16_t port() const { return server_->port(); }
+
+  FakeService service_;
+  std::unique_ptr<HttpServer> server_;
+};
+
+const char* kTwoRows =
+    R"({"id":"r7","inputs":[{"name":"x","datatype":"FP32","shape":[2,4],"data":[[1,2,3,4],[5,6,7,8.5]]}]})";
+
+TEST_F(HttpServerTest, Health) {
+  Client client(port());
+  EXPECT_EQ(client.Get("/v2/health/live").result_int(), 200);
+  EXPECT_EQ(client.Get("/v2/health/ready").result_int(), 200);
+  service_.ready_ = false;
+  EXPECT_EQ(client.Get("/v2/health/ready").result_int(), 503);
+  EXPECT_EQ(client.Get("/v2/health/live?verbose=1").result_int(), 200);
+}
+
+TEST_F(HttpServerTest, ServerAndModelMetadata) {
+  Client client(port());
+  Response server = client.Get("/v2");
+  ASSERT_EQ(server.result_int(), 200);
+  EXPECT_EQ(server[http::field::content_type], "application/json");
+  EXPECT_EQ(json::parse(server.body()),
+            json::parse(R"({"name":"hearth","version":"0.1.0","extensions":["binary_tensor_data"]})"));
+
+  for (const char* target : {"/v2/models/scale", "/v2/models/scale/versions/1"}) {
+    Response model = client.Get(target);
+    ASSERT_EQ(model.result_int(), 200) << target;
+    const json m = json::parse(model.body());
+    EXPECT_EQ(m["name"], "scale");
+    EXPECT_EQ(m["versions"], json::parse(R"(["1"])"));
+    EXPECT_EQ(m["platform"], "hearth_scale");
+    EXPECT_EQ(m["inputs"], json::parse(R"([{"name":"x","datatype":"FP32","shape":[-1,4]}])"));
+    EXPECT_EQ(m["outputs"], json::parse(R"([{"name":"y","datatype":"FP32","shape":[-1,1]}])"));
+  }
+  Response unknown = client.Get("/v2/models/nope");
+  EXPECT_EQ(unknown.result_int(), 404);
+  EXPECT_EQ(ErrorOf(unknown), "no model 'nope'");
+  Response version = client.Get("/v2/models/scale/versions/7");
+  EXPECT_EQ(version.result_int(), 404);
+  EXPECT_EQ(ErrorOf(version), "model 'scale' has no version '7'");
+  // Percent-encoded names are decoded.
+  EXPECT_EQ(client.Get("/v2/models/sc%61le").result_int(), 200);
+  EXPECT_EQ(client.Get("/v2/models/sc%6").result_int(), 400);
+}
+
+TEST_F(HttpServerTest, ModelReady) {
+  Client client(port());
+  EXPECT_EQ(client.Get("/v2/models/scale/ready").result_int(), 200);
+  EXPECT_EQ(client.Get("/v2/models/scale/versions/1/ready").result_int(), 200);
+  EXPECT_EQ(client.Get("/v2/models/unready/ready").result_int(), 503);
+  Response unknown = client.Get("/v2/models/nope/ready");
+  EXPECT_EQ(unknown.result_int(), 404);
+  EXPECT_EQ(ErrorOf(unknown), "no model 'nope'");
+  EXPECT_EQ(client.Get("/v2/models/scale/versions/2/ready").result_int(), 404);
+}
+
+TEST_F(HttpServerTest, UnknownPathsAndWrongMethods) {
+  Client client(port());
+  for (const char* target : {"/", "/v1/models/scale", "/v2/models", "/v2/health",
+                             "/v2/models/scale/infer/more", "/v2/models/scale/versions"}) {
+    Response response = client.Get(target);
+    EXPECT_EQ(response.result_int(), 404) << target;
+    EXPECT_NE(ErrorOf(response).find("no such endpoint"), std::string::npos) << target;
+  }
+  Response get_infer = client.Get("/v2/models/scale/infer");
+  EXPECT_EQ(get_infer.result_int(), 405);
+  EXPECT_EQ(get_infer[http::field::allow], "POST");
+  EXPECT_NE(ErrorOf(get_infer).find("GET"), std::string::npos);
+  Response post_live = client.Post("/v2/health/live", "");
+  EXPECT_EQ(post_live.result_int(), 405);
+  EXPECT_EQ(post_live[http::field::allow], "GET");
+  EXPECT_EQ(client.Send(http::verb::delete_, "/v2/models/scale").result_int(), 405);
+}
+
+TEST_F(HttpServerTest, InferJson) {
+  Client client(port());
+  for (const char* target : {"/v2/models/scale/infer", "/v2/models/scale/versions/1/infer"}) {
+    Response response = client.Post(target, kTwoRows);
+    ASSERT_EQ(response.result_int(), 200) << response.body();
+    EXPECT_EQ(response[http::field::content_type], "application/json");
+    const json j = json::parse(response.body());
+    EXPECT_EQ(j["model_name"], "scale");
+    EXPECT_EQ(j["model_version"], "1");
+    EXPECT_EQ(j["id"], "r7");
+    ASSERT_EQ(j["outputs"].size(), 1u);
+    EXPECT_EQ(j["outputs"][0]["name"], "y");
+    EXPECT_EQ(j["outputs"][0]["datatype"], "FP32");
+    EXPECT_EQ(j["outputs"][0]["shape"], json::parse("[2,1]"));
+    EXPECT_EQ(j["outputs"][0]["data"], json::parse("[10,26.5]"));
+  }
+  Response fixed = client.Post(
+      "/v2/models/fixed/infer",
+      R"({"parameters":{"timeout":2500},"inputs":[{"name":"a","datatype":"INT32","shape":[2,3],"data":[1,2,3,4,5,-6]}]})");
+  ASSERT_EQ(fixed.result_int(), 200) << fixed.body();
+  EXPECT_EQ(json::parse(fixed.body())["outputs"][0]["data"], json::parse("[2,3,4,5,6,-5]"));
+  EXPECT_EQ(service_.last_timeout_us(), 2500u);
+}
+
+TEST_F(HttpServerTest, InferBinaryInAndOut) {
+  const std::vector<float> x = {1, 2, 3, 4, 0.5f, 0.25f, 0, 0, -1, -1, -1, -1};
+  const std::string header =
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[3,4],"parameters":{"binary_data_size":48}}],)"
+      R"("outputs":[{"name":"y","parameters":{"binary_data":true}}]})";
+  std::string body = header;
+  body.append(reinterpret_cast<const char*>(x.data()), x.size() * sizeof(float));
+  Client client(port());
+  Response response =
+      client.Post("/v2/models/scale/infer", body,
+                  {{"Inference-Header-Content-Length", std::to_string(header.size())},
+                   {"Content-Type", "application/octet-stream"}});
+  ASSERT_EQ(response.result_int(), 200) << response.body();
+  EXPECT_EQ(response[http::field::content_type], "application/octet-stream");
+  const size_t json_length = std::stoul(std::string(response["Inference-Header-Content-Length"]));
+  ASSERT_EQ(response.body().size(), json_length + 12);
+  const json j = json::parse(response.body().substr(0, json_length));
+  EXPECT_EQ(j["outputs"][0]["parameters"]["binary_data_size"], 12);
+  std::vector<float> y(3);
+  std::memcpy(y.data(), response.body().data() + json_length, 12);
+  EXPECT_EQ(y, (std::vector<float>{10, 0.75f, -4}));
+
+  // binary_data_output with a JSON input.
+  Response all_binary = client.Post(
+      "/v2/models/scale/infer",
+      R"({"parameters":{"binary_data_output":true},"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"data":[1,1,1,1]}]})");
+  ASSERT_EQ(all_binary.result_int(), 200);
+  EXPECT_EQ(all_binary.body().size(),
+            std::stoul(std::string(all_binary["Inference-Header-Content-Length"])) + 4);
+
+  Response bad = client.Post("/v2/models/scale/infer", body + "extra",
+                             {{"Inference-Header-Content-Length", std::to_string(header.size())}});
+  EXPECT_EQ(bad.result_int(), 400);
+  EXPECT_NE(ErrorOf(bad).find("binary sizes do not add up"), std::string::npos) << ErrorOf(bad);
+  Response bad_header = client.Post("/v2/models/scale/infer", body,
+                                    {{"Inference-Header-Content-Length", "x12"}});
+  EXPECT_EQ(bad_header.result_int(), 400);
+  EXPECT_NE(ErrorOf(bad_header).find("Inference-Header-Content-Length"), std::string::npos);
+}
+
+TEST_F(HttpServerTest, InferErrors) {
+  Client client(port());
+  std::string nine_rows =
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[9,4],"data":[)";
+  for (int i = 0; i < 36; ++i) nine_rows += i == 0 ? "1" : ",1";
+  nine_rows += "]}]}";
+  Response too_big = client.Post("/v2/models/scale/infer", nine_rows);
+  EXPECT_EQ(too_big.result_int(), 400);
+  EXPECT_EQ(ErrorOf(too_big), "input \"x\": batch of 9 exceeds max_batch_size 8");
+
+  Response unknown = client.Post("/v2/models/nope/infer", kTwoRows);
+  EXPECT_EQ(unknown.result_int(), 404);
+  EXPECT_EQ(ErrorOf(unknown), "no model 'nope'");
+  EXPECT_EQ(client.Post("/v2/models/scale/versions/3/infer", kTwoRows).result_int(), 404);
+
+  Response busy = client.Post("/v2/models/busy/infer", kTwoRows);
+  EXPECT_EQ(busy.result_int(), 503);
+  EXPECT_EQ(busy[http::field::retry_after], "1");
+  EXPECT_EQ(ErrorOf(busy), "queue of model 'busy' is full");
+
+  Response gone = client.Post("/v2/models/gone/infer", kTwoRows);
+  EXPECT_EQ(gone.result_int(), 404);
+  EXPECT_EQ(ErrorOf(gone), "model 'gone' was unloaded");
+
+  Response bad_json = client.Post("/v2/models/scale/infer", "{\"inputs\": [");
+  EXPECT_EQ(bad_json.result_int(), 400);
+  EXPECT_NE(ErrorOf(bad_json).find("invalid JSON"), std::string::npos);
+
+  Response dtype = client.Post(
+      "/v2/models/scale/infer",
+      R"({"inputs":[{"name":"x","datatype":"FP64","shape":[1,4],"data":[1,2,3,4]}]})");
+  EXPECT_EQ(dtype.result_int(), 400);
+  EXPECT_EQ(ErrorOf(dtype), "input \"x\": datatype FP64 does not match the model's FP32");
+
+  Response output = client.Post(
+      "/v2/models/scale/infer",
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"data":[1,2,3,4]}],"outputs":[{"name":"z"}]})");
+  EXPECT_EQ(output.result_int(), 400);
+  EXPECT_NE(ErrorOf(output).find("unknown output \"z\""), std::string::npos);
+
+  // The connection survives every one of these errors.
+  EXPECT_EQ(client.Post("/v2/models/scale/infer", kTwoRows).result_int(), 200);
+}
+
+TEST_F(HttpServerTest, KeepAliveServesSeveralRequestsOnOneConnection) {
+  Client client(port());
+  const auto local = client.socket().local_endpoint();
+  EXPECT_EQ(client.Get("/v2/health/live").result_int(), 200);
+  EXPECT_EQ(client.Post("/v2/models/scale/infer", kTwoRows).result_int(), 200);
+  EXPECT_EQ(client.Get("/v2/models/scale").result_int(), 200);
+  EXPECT_EQ(client.socket().local_endpoint(), local);
+
+  // Two pipelined requests in one write come back in order.
+  const std::string two =
+      "GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+      "GET /v2/nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  const std::string received = RawExchange(port(), two);
+  const size_t first = received.find("HTTP/1.1 200");
+  const size_t second = received.find("HTTP/1.1 404");
+  EXPECT_NE(first, std::string::npos) << received;
+  EXPECT_NE(second, std::string::npos) << received;
+  EXPECT_LT(first, second);
+}
+
+TEST_F(HttpServerTest, ExpectContinue) {
+  const std::string body = kTwoRows;
+  net::io_context io;
+  tcp::socket socket(io);
+  socket.connect(tcp::endpoint(net::ip::address_v4::loopback(), port()));
+  SetReceiveTimeout(socket.native_handle(), 20s);
+  const std::string head = "POST /v2/models/scale/infer HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                           std::to_string(body.size()) + "\r\nExpect: 100-continue\r\n\r\n";
+  net::write(socket, net::buffer(head));
+  beast::flat_buffer buffer;
+  http::response<http::empty_body> interim;
+  http::read(socket, buffer, interim);
+  EXPECT_EQ(interim.result_int(), 100);
+  net::write(socket, net::buffer(body));
+  Response response;
+  http::read(socket, buffer, response);
+  EXPECT_EQ(response.result_int(), 200) << response.body();
+}
+
+TEST_F(HttpServerTest, GarbageGets400AndTheServerKeepsServing) {
+  for (const std::string& garbage :
+       {std::string("\x00\x01\x02 garbage\r\n\r\n", 16), std::string("GET / HTTP/9.9\r\n\r\n"),
+        std::string("GET /v2 HTTP/1.1\r\nContent-Length: -5\r\n\r\n"),
+        std::string("GET /v2 HTTP/1.1\r\nBad Header\r\n\r\n"),
+        std::string("POST /v2/models/scale/infer HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")}) {
+    const std::string received = RawExchange(port(), garbage);
+    EXPECT_EQ(received.rfind("HTTP/1.1 400", 0), 0u) << received;
+    EXPECT_NE(received.find("{\"error\":\"malformed HTTP request"), std::string::npos)
+        << received;
+  }
+  // A header past the limit.
+  const std::string huge =
+      "GET /v2 HTTP/1.1\r\nX-Big: " + std::string(64 * 1024, 'a') + "\r\n\r\n";
+  EXPECT_EQ(RawExchange(port(), huge).rfind("HTTP/1.1 400", 0), 0u);
+  Client client(port());
+  EXPECT_EQ(client.Get("/v2/health/live").result_int(), 200);
+}
+
+TEST_F(HttpServerTest, ClientsThatDisconnectMidRequest) {
+  // Mid-header, mid-body, and while the service runs the request.
+  RawExchange(port(), "GET /v2/health/li", true);
+  RawExchange(port(), "POST /v2/models/scale/infer HTTP/1.1\r\nContent-Length: 1000\r\n\r\n{\"in",
+              true);
+  {
+    net::io_context io;
+    tcp::socket socket(io);
+    socket.connect(tcp::endpoint(net::ip::address_v4::loopback(), port()));
+    const std::string body =
+        R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"data":[1,2,3,4]}]})";
+    const std::string request = "POST /v2/models/slow/infer HTTP/1.1\r\nContent-Length: " +
+                                std::to_string(body.size()) + "\r\n\r\n" + body;
+    net::write(socket, net::buffer(request));
+    std::this_thread::sleep_for(50ms);
+    socket.close();
+  }
+  std::this_thread::sleep_for(400ms);  // the slow infer completes onto a closed socket
+  Client client(port());
+  EXPECT_EQ(client.Post("/v2/models/scale/infer", kTwoRows).result_int(), 200);
+}
+
+TEST_F(HttpServerTest, HundredConcurrentRequests) {
+  // Ten threads each open ten connections and send on all of them before
+  // reading any answer: a hundred requests in flight at once.
+  constexpr int kThreads = 10;
+  constexpr int kPerThread = 10;
+  std::atomic<int> answered{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<std::unique_ptr<Client>> clients;
+      for (int i = 0; i < kPerThread; ++i) {
+        const float v = static_cast<float>(t * 100 + i);
+        clients.push_back(std::make_unique<Client>(port()));
+        clients.back()->Write(
+            http::verb::post, "/v2/models/scale/infer",
+            R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"data":[)" +
+                std::to_string(v) + ",1,1,1]}]}");
+      }
+      for (int i = 0; i < kPerThread; ++i) {
+        const float v = static_cast<float>(t * 100 + i);
+        Response response = clients[i]->Read();
+        if (response.result_int() != 200) continue;
+        const json j = json::parse(response.body());
+        if (j["outputs"][0]["data"][0].get<double>() == v + 3) ++answered;
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(answered.load(), kThreads * kPerThread);
+}
+
+class SmallServerTest : public HttpServerTest {
+ protected:
+  void SetUp() override {
+    HttpOptions options;
+    options.max_body_bytes = 1024;
+    options.idle_timeout = 300ms;
+    options.threads = 1;
+    StartServer(options);
+  }
+};
+
+TEST_F(SmallServerTest, BodyOverTheLimitGets413) {
+  const std::string body(2000, ' ');
+  const std::string request = "POST /v2/models/scale/infer HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                              std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string received = RawExchange(port(), request);
+  EXPECT_EQ(received.rfind("HTTP/1.1 413", 0), 0u) << received;
+  EXPECT_NE(received.find("{\"error\":\"request body exceeds the limit of 1024 bytes\"}"),
+            std::string::npos)
+      << received;
+  // Chunked bodies are held to the same limit.
+  std::string chunked = "POST /v2/models/scale/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  for (int i = 0; i < 4; ++i) chunked += "200\r\n" + std::string(512, ' ') + "\r\n";
+  chunked += "0\r\n\r\n";
+  EXPECT_EQ(RawExchange(port(), chunked).rfind("HTTP/1.1 413", 0), 0u);
+
+  Client client(port());
+  EXPECT_EQ(client.Post("/v2/models/scale/infer", kTwoRows).result_int(), 200);
+}
+
+TEST_F(SmallServerTest, IdleConnectionsAreClosed) {
+  // Nothing sent: the server closes the connection after idle_timeout (the
+  // read below would otherwise wait for its 20 s receive timeout).
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(RawExchange(port(), ""), "");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 15s);
+  Client client(port());
+  EXPECT_EQ(client.Get("/v2/health/live").result_int(), 200);
+}
+
+TEST_F(HttpServerTest, StopWaitsForInFlightInfersAndClosesConnections) {
+  Client idle(port());
+  EXPECT_EQ(idle.Get("/v2/health/live").result_int(), 200);
+  Response response;
+  std::thread caller([&] {
+    Client client(port());
+    response = client.Post(
+        "/v2/models/slow/infer",
+        R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"data":[1,2,3,4]}]})");
+  });
+  std::this_thread::sleep_for(100ms);
+  server_->Stop();
+  caller.join();
+  EXPECT_EQ(response.result_int(), 200);
+  // The kept-alive connection is closed: reading gets end of file.
+  char byte = 0;
+  beast::error_code ec;
+  EXPECT_EQ(idle.socket().read_some(net::buffer(&byte, 1), ec), 0u);
+  EXPECT_EQ(ec, net::error::eof);
+  server_->Stop();  // idempotent
+  EXPECT_NE(server_->port(), 0);
+}
+
+TEST(HttpServerCreate, RejectsBadOptionsAndTakenPorts) {
+  FakeService service;
+  EXPECT_EQ(HttpServer::Create(nullptr, {}).status().code(), StatusCode::kInvalidArgument);
+  HttpOptions zero_threads;
+  zero_threads.threads = 0;
+  EXPECT_EQ(HttpServer::Create(&service, zero_threads).status().code(),
+            StatusCode::kInvalidArgument);
+
+  HttpOptions options;
+  options.port = 0;
+  auto first = HttpServer::Create(&service, options);
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE((*first)->Start().ok());
+  EXPECT_EQ((*first)->Start().code(), StatusCode::kFailedPrecondition);
+
+  HttpOptions same_port;
+  same_port.port = (*first)->port();
+  auto second = HttpServer::Create(&service, same_port);
+  ASSERT_TRUE(second.ok());
+  const Status bound = (*second)->Start();
+  EXPECT_EQ(bound.code(), StatusCode::kUnavailable) << bound.ToString();
+}
+
+}  // namespace
+}  // namespace hearth

@@ -1,0 +1,460 @@
+// The KServe codec without sockets: parsing (JSON, nested, binary extension),
+// validation against metadata, response encoding, and every error message.
+#include "http/kserve_codec.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "checkpoint/float16.h"
+
+namespace hearth {
+namespace {
+
+using json = nlohmann::json;
+
+template <typename T>
+std::vector<T> Values(const InferTensor& tensor) {
+  std::vector<T> out(tensor.data.size() / sizeof(T));
+  std::memcpy(out.data(), tensor.data.data(), tensor.data.size());
+  return out;
+}
+
+template <typename T>
+std::vector<std::byte> Bytes(const std::vector<T>& values) {
+  std::vector<std::byte> out(values.size() * sizeof(T));
+  std::memcpy(out.data(), values.data(), out.size());
+  return out;
+}
+
+template <typename T>
+std::string RawString(const std::vector<T>& values) {
+  return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
+}
+
+Result<InferRequest> Parse(const std::string& body) {
+  return ParseInferRequest(body, std::nullopt, "scale", "");
+}
+
+// Expects an InvalidArgument whose message contains every `needle`.
+void ExpectError(const Status& status, std::initializer_list<std::string> needles) {
+  ASSERT_FALSE(status.ok());
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status.ToString();
+  for (const std::string& needle : needles) {
+    EXPECT_NE(status.message().find(needle), std::string::npos)
+        << "'" << status.message() << "' lacks '" << needle << "'";
+  }
+}
+
+void ExpectParseError(const std::string& body, std::initializer_list<std::string> needles) {
+  SCOPED_TRACE(body);
+  ExpectError(Parse(body).status(), needles);
+}
+
+ModelMetadata ScaleModel() {
+  ModelMetadata m;
+  m.name = "scale";
+  m.versions = {"1"};
+  m.platform = "hearth_scale";
+  m.max_batch_size = 8;
+  m.inputs = {{"x", DType::kF32, {-1, 4}}, {"mask", DType::kBool, {-1, 2}}};
+  m.outputs = {{"y", DType::kF32, {-1, 1}}, {"argmax", DType::kI64, {-1, 1}}};
+  return m;
+}
+
+ModelMetadata FixedModel() {
+  ModelMetadata m;
+  m.name = "fixed";
+  m.versions = {"3"};
+  m.platform = "hearth_mlp";
+  m.max_batch_size = 0;
+  m.inputs = {{"a", DType::kI32, {2, 3}}};
+  m.outputs = {{"b", DType::kI32, {2, 3}}};
+  return m;
+}
+
+TEST(KserveDatatype, NamesRoundTrip) {
+  const std::vector<std::pair<DType, std::string>> names = {
+      {DType::kBool, "BOOL"}, {DType::kU8, "UINT8"},  {DType::kI8, "INT8"},
+      {DType::kI16, "INT16"}, {DType::kI32, "INT32"}, {DType::kI64, "INT64"},
+      {DType::kF16, "FP16"},  {DType::kBF16, "BF16"}, {DType::kF32, "FP32"},
+      {DType::kF64, "FP64"}};
+  for (const auto& [dtype, name] : names) {
+    EXPECT_EQ(KserveDatatypeName(dtype), name);
+    EXPECT_EQ(ParseKserveDatatype(name), dtype);
+  }
+  EXPECT_EQ(KserveDatatypeName(DType::kF8E4M3), "");
+  EXPECT_EQ(KserveDatatypeName(DType::kF8E5M2), "");
+  EXPECT_EQ(ParseKserveDatatype("F32"), std::nullopt);
+  EXPECT_EQ(ParseKserveDatatype("BYTES"), std::nullopt);
+  EXPECT_EQ(ParseKserveDatatype("fp32"), std::nullopt);
+}
+
+TEST(KserveCodec, ParsesFlatJson) {
+  Result<InferRequest> r = ParseInferRequest(
+      R"({"id":"req-1","parameters":{"timeout":1500,"binary_data_output":true},
+          "inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[1,2.5,-3,4e3]},
+                    {"name":"m","datatype":"BOOL","shape":[2],"data":[true,false]},
+                    {"name":"i","datatype":"INT64","shape":[1],"data":[-9007199254740993]},
+                    {"name":"u","datatype":"UINT8","shape":[2],"data":[0,255]}],
+          "outputs":[{"name":"y"},{"name":"z","parameters":{"binary_data":false}}]})",
+      std::nullopt, "scale", "2");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->model, "scale");
+  EXPECT_EQ(r->version, "2");
+  EXPECT_EQ(r->id, "req-1");
+  EXPECT_EQ(r->timeout_us, 1500u);
+  EXPECT_TRUE(r->binary_data_output);
+  ASSERT_EQ(r->inputs.size(), 4u);
+  EXPECT_EQ(r->inputs[0].dtype, DType::kF32);
+  EXPECT_EQ(r->inputs[0].shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(Values<float>(r->inputs[0]), (std::vector<float>{1, 2.5f, -3, 4000}));
+  EXPECT_EQ(Values<uint8_t>(r->inputs[1]), (std::vector<uint8_t>{1, 0}));
+  EXPECT_EQ(Values<int64_t>(r->inputs[2]), (std::vector<int64_t>{-9007199254740993}));
+  EXPECT_EQ(Values<uint8_t>(r->inputs[3]), (std::vector<uint8_t>{0, 255}));
+  ASSERT_EQ(r->outputs.size(), 2u);
+  EXPECT_EQ(r->outputs[0].name, "y");
+  EXPECT_TRUE(r->outputs[0].binary);  // inherits binary_data_output
+  EXPECT_FALSE(r->outputs[1].binary);
+}
+
+TEST(KserveCodec, ParsesNestedJsonAndHalfTypes) {
+  Result<InferRequest> r = Parse(
+      R"({"inputs":[{"name":"x","datatype":"FP16","shape":[2,3],"data":[[1,2,3],[4,5,0.5]]},
+                    {"name":"b","datatype":"BF16","shape":[1,1,2],"data":[[[1.5,-2]]]},
+                    {"name":"d","datatype":"FP64","shape":[2],"data":[0.1,1e300]},
+                    {"name":"s","datatype":"INT16","shape":[3],"data":[-32768,0,32767]},
+                    {"name":"e","datatype":"INT8","shape":[0],"data":[]}]})");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  std::vector<float> halves;
+  for (uint16_t h : Values<uint16_t>(r->inputs[0])) halves.push_back(HalfToFloat(h));
+  EXPECT_EQ(halves, (std::vector<float>{1, 2, 3, 4, 5, 0.5f}));
+  std::vector<float> bf;
+  for (uint16_t h : Values<uint16_t>(r->inputs[1])) bf.push_back(BFloat16ToFloat(h));
+  EXPECT_EQ(bf, (std::vector<float>{1.5f, -2}));
+  EXPECT_EQ(Values<double>(r->inputs[2]), (std::vector<double>{0.1, 1e300}));
+  EXPECT_EQ(Values<int16_t>(r->inputs[3]), (std::vector<int16_t>{-32768, 0, 32767}));
+  EXPECT_TRUE(r->inputs[4].data.empty());
+  EXPECT_TRUE(r->outputs.empty());
+  EXPECT_FALSE(r->binary_data_output);
+}
+
+TEST(KserveCodec, DataErrorsNameTheInput) {
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"UINT8","shape":[1],"data":[256]}]})",
+                   {"input \"x\"", "256", "out of range for UINT8"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"UINT8","shape":[1],"data":[-1]}]})",
+                   {"input \"x\"", "out of range for UINT8"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"INT8","shape":[2],"data":[1,-129]}]})",
+                   {"input \"x\"", "element 1", "out of range for INT8"});
+  ExpectParseError(
+      R"({"inputs":[{"name":"x","datatype":"INT64","shape":[1],"data":[9223372036854775808]}]})",
+      {"input \"x\"", "out of range for INT64"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"INT32","shape":[1],"data":[1.5]}]})",
+                   {"input \"x\"", "not an integer", "INT32"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"INT32","shape":[1],"data":[true]}]})",
+                   {"input \"x\"", "not an integer"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[true]}]})",
+                   {"input \"x\"", "not a number", "FP32"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":["1"]}]})",
+                   {"input \"x\"", "not a number"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1e39]}]})",
+                   {"input \"x\"", "out of range for FP32"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"FP16","shape":[1],"data":[70000]}]})",
+                   {"input \"x\"", "out of range for FP16"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"BOOL","shape":[1],"data":[1]}]})",
+                   {"input \"x\"", "not a boolean"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[1,2,3]}]})",
+                   {"input \"x\"", "3 elements", "[2,2]", "needs 4"});
+  ExpectParseError(
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[[1,2],[3]]}]})",
+      {"input \"x\"", "nested data does not match shape [2,2]", "rectangular"});
+  ExpectParseError(
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[[1,2,3],[4,5,6]]}]})",
+      {"input \"x\"", "does not match shape [2,2]"});
+  ExpectParseError(
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,2],"data":[[[1],[2]]]}]})",
+      {"input \"x\"", "deeper than the shape"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[[1],2]}]})",
+                   {"input \"x\""});
+}
+
+TEST(KserveCodec, StructureErrors) {
+  ExpectParseError("{", {"invalid JSON"});
+  ExpectParseError("", {"invalid JSON"});
+  ExpectParseError("[1,2]", {"must be a JSON object"});
+  ExpectParseError("{}", {"'inputs' array"});
+  ExpectParseError(R"({"inputs":{}})", {"'inputs' array"});
+  ExpectParseError(R"({"id":5,"inputs":[]})", {"'id' must be a string"});
+  ExpectParseError(R"({"inputs":[5]})", {"input #0 must be an object"});
+  ExpectParseError(R"({"inputs":[{"datatype":"FP32","shape":[1],"data":[1]}]})",
+                   {"input #0", "'name'"});
+  ExpectParseError(R"({"inputs":[{"name":"x","shape":[1],"data":[1]}]})",
+                   {"input \"x\"", "'datatype'"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"BYTES","shape":[1],"data":["a"]}]})",
+                   {"input \"x\"", "unsupported datatype \"BYTES\""});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[-1],"data":[1]}]})",
+                   {"input \"x\"", "non-negative"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"FP32","shape":"2","data":[1]}]})",
+                   {"input \"x\"", "'shape'"});
+  ExpectParseError(
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[4294967296,4294967296],"data":[]}]})",
+      {"input \"x\"", "too large"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1]}]})",
+                   {"input \"x\"", "no 'data'"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":1}]})",
+                   {"input \"x\"", "'data' must be an array"});
+  ExpectParseError(R"({"parameters":{"timeout":-5},"inputs":[]})", {"'timeout'"});
+  ExpectParseError(R"({"parameters":{"binary_data_output":1},"inputs":[]})",
+                   {"'binary_data_output' must be a boolean"});
+  ExpectParseError(R"({"parameters":[],"inputs":[]})", {"'parameters' must be an object"});
+  ExpectParseError(R"({"inputs":[],"outputs":[{"parameters":{}}]})", {"output #0", "'name'"});
+  ExpectParseError(R"({"inputs":[],"outputs":[{"name":"y","parameters":{"binary_data":"yes"}}]})",
+                   {"output \"y\"", "'binary_data' must be a boolean"});
+  std::string deep(100000, '[');
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":)" + deep,
+                   {"invalid JSON"});
+  std::string many_dims = "[";
+  for (int i = 0; i < 40; ++i) many_dims += i == 0 ? "1" : ",1";
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"FP32","shape":)" + many_dims +
+                       R"(],"data":[1]}]})",
+                   {"input \"x\"", "40 dimensions"});
+}
+
+TEST(KserveCodec, BinaryExtensionWithMixedInputs) {
+  const std::vector<float> x = {1.5f, -2, 3, 4};
+  const std::vector<int32_t> k = {7, -8};
+  const std::string header =
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"parameters":{"binary_data_size":16}},
+                    {"name":"j","datatype":"INT64","shape":[2],"data":[5,6]},
+                    {"name":"k","datatype":"INT32","shape":[2],"parameters":{"binary_data_size":8}}],
+          "outputs":[{"name":"y","parameters":{"binary_data":true}}]})";
+  const std::string body = header + RawString(x) + RawString(k);
+  Result<InferRequest> r = ParseInferRequest(body, header.size(), "scale", "");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->inputs.size(), 3u);
+  EXPECT_EQ(Values<float>(r->inputs[0]), x);
+  EXPECT_EQ(Values<int64_t>(r->inputs[1]), (std::vector<int64_t>{5, 6}));
+  EXPECT_EQ(Values<int32_t>(r->inputs[2]), k);
+  ASSERT_EQ(r->outputs.size(), 1u);
+  EXPECT_TRUE(r->outputs[0].binary);
+
+  // One byte too many, one too few, a part whose size does not fit its shape,
+  // binary sizes without the header, a header past the body.
+  ExpectError(ParseInferRequest(body + "x", header.size(), "scale", "").status(),
+              {"binary sizes do not add up", "inputs declare 24", "25"});
+  ExpectError(ParseInferRequest(body.substr(0, body.size() - 1), header.size(), "scale", "")
+                  .status(),
+              {"binary sizes do not add up", "23"});
+  std::string wrong = header;
+  wrong.replace(wrong.find("\"binary_data_size\":16"), 21, "\"binary_data_size\":12");
+  ExpectError(ParseInferRequest(wrong + RawString(x).substr(0, 12) + RawString(k), wrong.size(),
+                                "scale", "")
+                  .status(),
+              {"binary sizes do not add up", "input \"x\" declares 12 bytes", "needs 16"});
+  ExpectError(ParseInferRequest(header, std::nullopt, "scale", "").status(),
+              {"binary sizes do not add up", "no Inference-Header-Content-Length"});
+  ExpectError(ParseInferRequest(body, body.size() + 1, "scale", "").status(),
+              {"Inference-Header-Content-Length", "exceeds"});
+  ExpectParseError(
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1],"parameters":{"binary_data_size":4}}]})",
+      {"input \"x\"", "both 'data'"});
+  ExpectParseError(
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"parameters":{"binary_data_size":-4}}]})",
+      {"input \"x\"", "'binary_data_size'"});
+}
+
+TEST(KserveCodec, ParsesJsonLengthHeader) {
+  EXPECT_EQ(*ParseJsonLength("123"), 123u);
+  EXPECT_FALSE(ParseJsonLength("").ok());
+  EXPECT_FALSE(ParseJsonLength("-1").ok());
+  EXPECT_FALSE(ParseJsonLength("+1").ok());
+  EXPECT_FALSE(ParseJsonLength("12a").ok());
+  EXPECT_FALSE(ParseJsonLength("99999999999999999999999").ok());
+}
+
+InferRequest Request(std::vector<InferTensor> inputs, std::vector<RequestedOutput> outputs = {}) {
+  InferRequest r;
+  r.model = "scale";
+  r.inputs = std::move(inputs);
+  r.outputs = std::move(outputs);
+  return r;
+}
+
+InferTensor Tensor(std::string name, DType dtype, std::vector<int64_t> shape) {
+  InferTensor t;
+  t.name = std::move(name);
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  return t;
+}
+
+TEST(KserveCodec, ValidatesAgainstMetadata) {
+  const ModelMetadata scale = ScaleModel();
+  const InferTensor x2 = Tensor("x", DType::kF32, {2, 4});
+  const InferTensor mask2 = Tensor("mask", DType::kBool, {2, 2});
+  EXPECT_TRUE(ValidateInferRequest(Request({x2, mask2}), scale).ok());
+  EXPECT_TRUE(ValidateInferRequest(Request({mask2, x2}, {{"y", true}, {"argmax", false}}), scale)
+                  .ok());
+  EXPECT_TRUE(ValidateInferRequest(
+                  Request({Tensor("x", DType::kF32, {8, 4}), Tensor("mask", DType::kBool, {8, 2})}),
+                  scale)
+                  .ok());
+
+  ExpectError(ValidateInferRequest(Request({x2, mask2, Tensor("z", DType::kF32, {2})}), scale),
+              {"unknown input \"z\"", "model \"scale\""});
+  ExpectError(ValidateInferRequest(Request({x2}), scale), {"missing input \"mask\""});
+  ExpectError(ValidateInferRequest(Request({x2, mask2, x2}), scale), {"duplicate input \"x\""});
+  ExpectError(ValidateInferRequest(Request({Tensor("x", DType::kF64, {2, 4}), mask2}), scale),
+              {"input \"x\"", "datatype FP64", "model's FP32"});
+  ExpectError(ValidateInferRequest(Request({Tensor("x", DType::kF32, {2, 5}), mask2}), scale),
+              {"input \"x\"", "shape [2,5]", "[-1,4]"});
+  ExpectError(ValidateInferRequest(Request({Tensor("x", DType::kF32, {4}), mask2}), scale),
+              {"input \"x\"", "shape [4]"});
+  ExpectError(ValidateInferRequest(Request({Tensor("x", DType::kF32, {9, 4}),
+                                            Tensor("mask", DType::kBool, {9, 2})}),
+                                   scale),
+              {"input \"x\"", "batch of 9 exceeds max_batch_size 8"});
+  ExpectError(ValidateInferRequest(Request({Tensor("x", DType::kF32, {0, 4}), mask2}), scale),
+              {"input \"x\"", "batch of 0"});
+  ExpectError(ValidateInferRequest(Request({x2, Tensor("mask", DType::kBool, {3, 2})}), scale),
+              {"disagree on the batch size", "\"x\" has 2", "\"mask\" has 3"});
+  ExpectError(ValidateInferRequest(Request({x2, mask2}, {{"q", false}}), scale),
+              {"unknown output \"q\""});
+  ExpectError(ValidateInferRequest(Request({x2, mask2}, {{"y", false}, {"y", true}}), scale),
+              {"output \"y\"", "twice"});
+
+  const ModelMetadata fixed = FixedModel();
+  EXPECT_TRUE(ValidateInferRequest(Request({Tensor("a", DType::kI32, {2, 3})}), fixed).ok());
+  ExpectError(ValidateInferRequest(Request({Tensor("a", DType::kI32, {1, 2, 3})}), fixed),
+              {"input \"a\"", "shape [1,2,3]", "[2,3]"});
+  ExpectError(ValidateInferRequest(Request({Tensor("a", DType::kI32, {3, 2})}), fixed),
+              {"shape [3,2]"});
+}
+
+InferResponse SampleResponse() {
+  InferResponse r;
+  r.model = "scale";
+  r.version = "1";
+  InferTensor y = Tensor("y", DType::kF32, {2, 1});
+  y.data = Bytes(std::vector<float>{0.1f, -3e38f});
+  InferTensor argmax = Tensor("argmax", DType::kI64, {2, 1});
+  argmax.data = Bytes(std::vector<int64_t>{std::numeric_limits<int64_t>::max(), -1});
+  InferTensor flags = Tensor("flags", DType::kBool, {3});
+  flags.data = Bytes(std::vector<uint8_t>{1, 0, 1});
+  InferTensor half = Tensor("half", DType::kF16, {2});
+  half.data = Bytes(std::vector<uint16_t>{FloatToHalf(0.333f), FloatToHalf(-2)});
+  InferTensor small = Tensor("small", DType::kU8, {1});
+  small.data = Bytes(std::vector<uint8_t>{200});
+  r.outputs = {y, argmax, flags, half, small};
+  return r;
+}
+
+TEST(KserveCodec, EncodesJsonOutputs) {
+  OutputSelection selection;
+  selection.id = "abc";
+  Result<EncodedInferResponse> encoded = EncodeInferResponse(SampleResponse(), selection);
+  ASSERT_TRUE(encoded.ok()) << encoded.status().ToString();
+  EXPECT_FALSE(encoded->json_length.has_value());
+  const json j = json::parse(encoded->body);
+  EXPECT_EQ(j["model_name"], "scale");
+  EXPECT_EQ(j["model_version"], "1");
+  EXPECT_EQ(j["id"], "abc");
+  ASSERT_EQ(j["outputs"].size(), 5u);
+  const json& y = j["outputs"][0];
+  EXPECT_EQ(y["name"], "y");
+  EXPECT_EQ(y["datatype"], "FP32");
+  EXPECT_EQ(y["shape"], json::parse("[2,1]"));
+  // Floats round-trip to the same FP32 value.
+  EXPECT_EQ(static_cast<float>(y["data"][0].get<double>()), 0.1f);
+  EXPECT_EQ(static_cast<float>(y["data"][1].get<double>()), -3e38f);
+  EXPECT_NE(encoded->body.find("[0.1,"), std::string::npos) << encoded->body;
+  const json& argmax = j["outputs"][1];
+  EXPECT_EQ(argmax["datatype"], "INT64");
+  EXPECT_TRUE(argmax["data"][0].is_number_integer());
+  EXPECT_EQ(argmax["data"][0].get<int64_t>(), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(j["outputs"][2]["data"], json::parse("[true,false,true]"));
+  EXPECT_EQ(j["outputs"][3]["datatype"], "FP16");
+  EXPECT_EQ(static_cast<float>(j["outputs"][3]["data"][0].get<double>()),
+            HalfToFloat(FloatToHalf(0.333f)));
+  EXPECT_EQ(j["outputs"][3]["data"][1], -2.0);
+  EXPECT_EQ(j["outputs"][4]["data"], json::parse("[200]"));
+  EXPECT_FALSE(j["outputs"][0].contains("parameters"));
+}
+
+TEST(KserveCodec, EncodesBinaryOutputsAfterTheJson) {
+  OutputSelection selection;
+  selection.outputs = {{"argmax", false}, {"y", true}, {"flags", true}};
+  Result<EncodedInferResponse> encoded = EncodeInferResponse(SampleResponse(), selection);
+  ASSERT_TRUE(encoded.ok()) << encoded.status().ToString();
+  ASSERT_TRUE(encoded->json_length.has_value());
+  const size_t n = *encoded->json_length;
+  const json j = json::parse(encoded->body.substr(0, n));
+  EXPECT_FALSE(j.contains("id"));
+  ASSERT_EQ(j["outputs"].size(), 3u);
+  EXPECT_EQ(j["outputs"][0]["name"], "argmax");
+  EXPECT_TRUE(j["outputs"][0].contains("data"));
+  EXPECT_EQ(j["outputs"][1]["name"], "y");
+  EXPECT_EQ(j["outputs"][1]["parameters"]["binary_data_size"], 8);
+  EXPECT_FALSE(j["outputs"][1].contains("data"));
+  EXPECT_EQ(j["outputs"][2]["parameters"]["binary_data_size"], 3);
+  const std::string binary = encoded->body.substr(n);
+  EXPECT_EQ(binary, RawString(std::vector<float>{0.1f, -3e38f}) +
+                        RawString(std::vector<uint8_t>{1, 0, 1}));
+
+  // binary_data_output with no outputs named: every output binary.
+  OutputSelection all;
+  all.binary_data_output = true;
+  Result<EncodedInferResponse> everything = EncodeInferResponse(SampleResponse(), all);
+  ASSERT_TRUE(everything.ok());
+  ASSERT_TRUE(everything->json_length.has_value());
+  EXPECT_EQ(everything->body.size() - *everything->json_length, 8u + 16 + 3 + 4 + 1);
+}
+
+TEST(KserveCodec, EncodeRefusesBrokenResponses) {
+  OutputSelection missing;
+  missing.outputs = {{"nope", false}};
+  Result<EncodedInferResponse> r = EncodeInferResponse(SampleResponse(), missing);
+  EXPECT_EQ(r.status().code(), StatusCode::kInternal);
+  EXPECT_NE(r.status().message().find("\"nope\""), std::string::npos);
+
+  InferResponse bad = SampleResponse();
+  bad.outputs[0].data.pop_back();
+  r = EncodeInferResponse(bad, {});
+  EXPECT_EQ(r.status().code(), StatusCode::kInternal);
+  EXPECT_NE(r.status().message().find("does not match shape [2,1]"), std::string::npos);
+
+  InferResponse f8 = SampleResponse();
+  f8.outputs[4].dtype = DType::kF8E4M3;
+  r = EncodeInferResponse(f8, {});
+  EXPECT_EQ(r.status().code(), StatusCode::kInternal);
+}
+
+TEST(KserveCodec, MetadataAndErrors) {
+  const json m = json::parse(ModelMetadataJson(ScaleModel()));
+  EXPECT_EQ(m["name"], "scale");
+  EXPECT_EQ(m["versions"], json::parse(R"(["1"])"));
+  EXPECT_EQ(m["platform"], "hearth_scale");
+  EXPECT_EQ(m["inputs"][0], json::parse(R"({"name":"x","datatype":"FP32","shape":[-1,4]})"));
+  EXPECT_EQ(m["outputs"][1], json::parse(R"({"name":"argmax","datatype":"INT64","shape":[-1,1]})"));
+
+  const json s = json::parse(ServerMetadataJson("hearth", "0.1.0", {"binary_tensor_data"}));
+  EXPECT_EQ(s, json::parse(R"({"name":"hearth","version":"0.1.0","extensions":["binary_tensor_data"]})"));
+
+  EXPECT_EQ(json::parse(ErrorJson("bad \"x\"\n"))["error"], "bad \"x\"\n");
+  EXPECT_NO_THROW(json::parse(ErrorJson(std::string("\xff\xfe not utf-8"))));
+
+  EXPECT_EQ(HttpStatusFor(StatusCode::kInvalidArgument), 400);
+  EXPECT_EQ(HttpStatusFor(StatusCode::kFailedPrecondition), 400);
+  EXPECT_EQ(HttpStatusFor(StatusCode::kNotFound), 404);
+  EXPECT_EQ(HttpStatusFor(StatusCode::kResourceExhausted), 503);
+  EXPECT_EQ(HttpStatusFor(StatusCode::kUnavailable), 503);
+  EXPECT_EQ(HttpStatusFor(StatusCode::kInternal), 500);
+  EXPECT_EQ(HttpStatusFor(StatusCode::kPermissionDenied), 500);
+}
+
+}  // namespace
+}  // namespace hearth
