@@ -8,8 +8,13 @@
 # Needs, carried into the tree: .deps/root/usr/include/xxhash.h (Debian's
 # libxxhash-dev, unpacked) and .gpu/baselines/*.py (copies of
 # ../shared/baselines).
+#
+# SECTIONS picks what runs after the build (default: all of them):
+#   host-tests cuda-tests foundation serve python
 set -uo pipefail
 cd "$(dirname "$0")/.."
+SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve python"}
+want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 BUILD=${BUILD:-build-gpu}
@@ -34,13 +39,44 @@ if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHEARTH_CUDA=
   exit 1
 fi
 
-echo "== tests (host tests in parallel, then CUDA tests one at a time: they measure device memory)"
-(cd "$BUILD" && ctest -E 'Cuda' -j 8 --timeout 600 --output-on-failure) > "$OUT/ctest-host.log" 2>&1
-host_rc=$?
-(cd "$BUILD" && ctest -R 'Cuda' -j 1 --timeout 600 --output-on-failure -V) > "$OUT/ctest-cuda.log" 2>&1
-cuda_rc=$?
-grep -E "tests passed|Failed|SKIPPED|Skipped" "$OUT/ctest-host.log" | tail -5
-grep -E "tests passed|\*\*\*Failed|Skipped|context .* MiB" "$OUT/ctest-cuda.log" | tail -12
+host_rc=-; cuda_rc=-; serve_rc=-; py_rc=-; gunicorn_rc=-
+if want host-tests; then
+  echo "== host tests"
+  (cd "$BUILD" && ctest -E 'Cuda' -j 8 --timeout 600 --output-on-failure) > "$OUT/ctest-host.log" 2>&1
+  host_rc=$?
+  grep -E "tests passed|Failed|SKIPPED|Skipped" "$OUT/ctest-host.log" | tail -5
+fi
+if want cuda-tests; then
+  echo "== CUDA tests, one at a time (they measure device memory)"
+  (cd "$BUILD" && ctest -R 'Cuda' -j 1 --timeout 600 --output-on-failure -V) > "$OUT/ctest-cuda.log" 2>&1
+  cuda_rc=$?
+  grep -E "tests passed|\*\*\*Failed|context .* MiB" "$OUT/ctest-cuda.log" | tail -12
+fi
+if want serve; then
+  echo "== hearth serve on the GPU beside the torch.multiprocessing baseline"
+  timeout 200 python3 bench/serve/serve_bench.py --build "$BUILD" --baseline .gpu/baselines/torch_ipc_workers.py \
+    --out "$OUT" --seconds 5 > "$OUT/serve-bench.log" 2>&1
+  serve_rc=$?
+  tail -8 "$OUT/serve-bench.log"
+fi
+if want python; then
+  echo "== Python package against a CUDA store"
+  PYROOT=$PWD/.gpu/pyroot/usr/lib/python3/dist-packages
+  HEARTH_TEST_DEVICE=cuda:0 HEARTH_CLI=$PWD/$BUILD/bin/hearth HEARTH_LIBRARY=$PWD/$BUILD/src/capi/libhearth.so \
+    PYTHONPATH=$PWD/python:$PYROOT timeout 110 python3 -m pytest -q -rs tests/python -p no:cacheprovider \
+    > "$OUT/pytest-cuda.log" 2>&1
+  py_rc=$?
+  tail -15 "$OUT/pytest-cuda.log"
+  PYTHONPATH=$PYROOT timeout 130 python3 bench/python/gunicorn_gpu.py --cli "$BUILD/bin/hearth" --workers 8 \
+    > "$OUT/gunicorn-gpu.log" 2>&1
+  gunicorn_rc=$?
+  tail -20 "$OUT/gunicorn-gpu.log"
+fi
+if ! want foundation; then
+  echo "== summary: host tests $host_rc, CUDA tests $cuda_rc, serve bench $serve_rc, python CUDA $py_rc, gunicorn $gunicorn_rc"
+  (cd "$OUT" && tar czf logs.tar.gz --remove-files ./*.log ./*.txt 2>/dev/null)
+  exit 0
+fi
 
 echo "== benchmarks"
 B=$BUILD/bench
@@ -89,4 +125,4 @@ printf '%-44s %s\n' "attach+map, host (p50/p99 us)" "$(awk '/^attach/ {print $4"
 printf '%-44s %s\n' "client context MiB (bare/trimmed/+attach)" "$(awk '/^context_mib/ {print $2" "$3" "$4}' "$OUT/attach-cuda.log")"
 } | tee "$OUT/summary.md"
 (cd "$OUT" && tar czf logs.tar.gz --remove-files ./*.log ./*.txt 2>/dev/null)
-exit $(( host_rc || cuda_rc ))
+[ "$host_rc" = 0 ] && [ "$cuda_rc" = 0 ]
