@@ -67,6 +67,7 @@ int main(int argc, char** argv) {
       tcp::resolver resolver(io);
       beast::tcp_stream stream(io);
       stream.connect(resolver.resolve(host, std::to_string(port)));
+      stream.socket().set_option(tcp::no_delay(true));
       http::request<http::string_body> req{http::verb::post, target, 11};
       req.set(http::field::host, host);
       req.set(http::field::content_type, "application/octet-stream");

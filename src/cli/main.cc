@@ -167,8 +167,8 @@ int RunServe(const std::string& repository, const std::string& host, int port,
                (*server)->Ready() ? "all models ready" : "some models are not ready: see above");
   while (!g_hold_done) ::pause();
   spdlog::info("shutting down: finishing requests in flight");
+  (*http)->Stop();  // stops accepting, waits for every request in flight
   (*server)->Shutdown();
-  (*http)->Stop();
   return 0;
 }
 

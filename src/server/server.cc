@@ -37,6 +37,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Job {
+  Clock::time_point received = Clock::now();
   InferRequest request;
   std::function<void(Result<InferResponse>)> done;
   int64_t batch = 1;
@@ -138,6 +139,8 @@ struct ModelRuntime {
   std::atomic<int> ready_workers{0};
   std::atomic<bool> stopping{false};
   int worker_count = 1;
+  // Totals for the summary logged at shutdown.
+  std::atomic<uint64_t> batches{0}, run_us{0}, request_us{0};
 
   const ModelConfig& config() const { return repo.config; }
   int max_batch() const { return std::max(1, config().max_batch_size); }
@@ -237,6 +240,10 @@ bool WorkerSupervisor::RunJob(int control, const std::shared_ptr<Job>& job) {
     }
     return false;
   }
+  model_.batches += 1;
+  model_.run_us += done->run_us;
+  model_.request_us += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - job->received).count());
   (void)start;
   if (done->status_code != 0) {
     job->done(Status(static_cast<StatusCode>(done->status_code), done->text));
@@ -369,6 +376,10 @@ class Server::Impl {
     for (auto& [name, m] : models_) {
       for (auto& w : m->workers) w->Join();
       if (m->queue) m->queue->FailAll(Unavailable("the server is shutting down"));
+      if (const uint64_t n = m->batches.load(); n > 0) {
+        spdlog::info("model {}: {} batches; mean {:.3f} ms in the backend, {:.3f} ms from request to answer in the server",
+                     name, n, m->run_us.load() / 1e3 / n, m->request_us.load() / 1e3 / n);
+      }
     }
     for (auto& [device, s] : stores_) {
       s.store->Stop();

@@ -9,7 +9,7 @@
 namespace hearth::control {
 namespace {
 
-constexpr size_t kHeader = 4 + 4 + 8 + 8 + 8 + 4 + 4;
+constexpr size_t kHeader = 4 + 4 + 8 + 8 + 8 + 8 + 4 + 4;
 constexpr size_t kMaxText = 4096;
 
 template <typename T>
@@ -35,6 +35,7 @@ Status Send(int fd, const Message& m) {
   Put(b, m.seq);
   Put(b, m.batch);
   Put(b, m.device_memory_bytes);
+  Put(b, m.run_us);
   Put(b, m.status_code);
   Put(b, text_len);
   b.insert(b.end(), m.text.data(), m.text.data() + text_len);
@@ -69,6 +70,7 @@ Result<Message> Receive(int fd, int timeout_ms) {
   m.seq = Get<uint64_t>(q);
   m.batch = Get<int64_t>(q);
   m.device_memory_bytes = Get<uint64_t>(q);
+  m.run_us = Get<uint64_t>(q);
   m.status_code = Get<uint32_t>(q);
   const uint32_t len = Get<uint32_t>(q);
   if (len != static_cast<size_t>(n) - kHeader) return InvalidArgument("control message length mismatch");

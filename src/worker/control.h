@@ -27,6 +27,7 @@ struct Message {
   int64_t batch = 0;
   uint64_t device_memory_bytes = 0;  // kReady: what the worker's own CUDA state costs
   uint32_t status_code = 0;          // kDone: 0 = OK, else a hearth StatusCode
+  uint64_t run_us = 0;               // kDone: time the backend took, in microseconds
   std::string text;                  // kDone error message, kReady device name
 };
 

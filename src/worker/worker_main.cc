@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -96,10 +97,14 @@ int Serve(const WorkerArgs& a) {
     done.kind = control::Kind::kDone;
     done.seq = m->seq;
     done.batch = m->batch;
+    const auto started = std::chrono::steady_clock::now();
     Status s = m->batch < 1 || m->batch > a.max_batch
                    ? InvalidArgument("batch " + std::to_string(m->batch) + " outside [1, " +
                                      std::to_string(a.max_batch) + "]")
                    : (*backend)->Run(m->batch, inputs, outputs);
+    done.run_us = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                            std::chrono::steady_clock::now() - started)
+                                            .count());
     if (!s.ok()) {
       done.status_code = static_cast<uint32_t>(s.code());
       done.text = s.message();

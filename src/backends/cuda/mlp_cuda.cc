@@ -36,7 +36,9 @@ namespace {
 using cuda::CudaCheck;
 using cuda::LtCheck;
 
-constexpr uint64_t kWorkspaceBytes = uint64_t{32} << 20;
+// 16 MiB: enough for split-K on the skinny batch GEMMs; every MiB here is paid
+// once per worker process.
+constexpr uint64_t kWorkspaceBytes = uint64_t{16} << 20;
 
 template <typename T>
 Status SetAttr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
