@@ -10,10 +10,10 @@
 # ../shared/baselines).
 #
 # SECTIONS picks what runs after the build (default: all of them):
-#   host-tests cuda-tests foundation serve python
+#   host-tests cuda-tests foundation serve-tests serve python
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve python"}
+SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python"}
 want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -51,6 +51,13 @@ if want cuda-tests; then
   (cd "$BUILD" && ctest -R 'Cuda' -j 1 --timeout 600 --output-on-failure -V) > "$OUT/ctest-cuda.log" 2>&1
   cuda_rc=$?
   grep -E "tests passed|\*\*\*Failed|context .* MiB" "$OUT/ctest-cuda.log" | tail -12
+fi
+if want serve-tests; then
+  echo "== hearth serve test suite with the models on the GPU"
+  HEARTH_TEST_DEVICE=cuda HEARTH_CLI=$PWD/$BUILD/bin/hearth timeout 150 python3 -m pytest -q -rs tests/serve \
+    -p no:cacheprovider > "$OUT/pytest-serve-cuda.log" 2>&1
+  serve_rc=$?
+  tail -12 "$OUT/pytest-serve-cuda.log"
 fi
 if want serve; then
   echo "== hearth serve on the GPU beside the torch.multiprocessing baseline"

@@ -3,7 +3,8 @@ against a NumPy reference computed from the checkpoints, JSON and binary
 agreeing, every error case (after which the server still answers right),
 workers killed under load, and workers sharing the store's one memfd.
 
-Paths: $HEARTH_CLI (default build/bin/hearth).
+Paths: $HEARTH_CLI (default build/bin/hearth). With HEARTH_TEST_DEVICE=cuda
+the models are KIND_GPU and the server runs with --device cuda (the GPU run).
 """
 
 import concurrent.futures
@@ -25,6 +26,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 CLI = os.environ.get("HEARTH_CLI") or str(ROOT / "build" / "bin" / "hearth")
 MLP = (32, 64, 10)  # in, hidden, out
 SCALE_N = 500
+DEVICE = os.environ.get("HEARTH_TEST_DEVICE", "cpu")
+ON_GPU = DEVICE.startswith("cuda")
+KIND = "KIND_GPU" if ON_GPU else "KIND_CPU"
 
 
 def read_safetensors(path):
@@ -59,7 +63,7 @@ output:
   - {{name: logits, data_type: TYPE_FP32, dims: [{MLP[2]}]}}
   - {{name: argmax, data_type: TYPE_INT64, dims: [1]}}
 instance_group:
-  - {{count: 4, kind: KIND_CPU}}
+  - {{count: 4, kind: {KIND}}}
 """)
     (root / "scale" / "config.yaml").write_text(f"""backend: scale
 max_batch_size: 4
@@ -68,7 +72,7 @@ input:
 output:
   - {{name: y, data_type: TYPE_FP32, dims: [1]}}
 instance_group:
-  - {{count: 2, kind: KIND_CPU}}
+  - {{count: 2, kind: {KIND}}}
 """)
     # dims disagree with the checkpoint (8): not served, the rest is.
     (root / "broken" / "config.yaml").write_text("""backend: scale
@@ -86,7 +90,7 @@ def server():
     write_repository(tmp / "repo")
     log = open(tmp / "serve.log", "w+")
     proc = subprocess.Popen([CLI, "serve", "--model-repository", str(tmp / "repo"), "--http-port", "0",
-                             "--device", "cpu", "--max-body-bytes", str(1 << 20)],
+                             "--device", "cuda" if ON_GPU else "cpu", "--max-body-bytes", str(1 << 20)],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     port = None
     deadline = time.time() + 60
@@ -269,6 +273,8 @@ def model_workers(serve_pid, model):
 
 
 def test_four_workers_share_the_stores_single_memfd(server):
+    if ON_GPU:
+        pytest.skip("host-memory test: on a GPU the workers map a CUDA allocation (device memory is measured by bench/serve/serve_bench.py)")
     pids = model_workers(server["proc"].pid, "mlp")
     assert len(pids) == 4
     inodes = set()
