@@ -113,10 +113,28 @@ def server():
     yield {"url": f"http://127.0.0.1:{port}", "proc": proc, "weights": weights, "log": tmp / "serve.log"}
     proc.send_signal(signal.SIGTERM)
     try:
-        proc.wait(timeout=30)
+        code = proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         proc.kill()
+        code = "killed after 30 s"
     log.close()
+    # SIGTERM: requests finished, workers stopped, sockets removed, exit 0.
+    assert code == 0, (tmp / "serve.log").read_text()[-2000:]
+    assert not pathlib.Path(f"/tmp/hearth-serve-{proc.pid}").exists(), "run directory left behind"
+    assert not model_workers_alive(proc.pid), "workers outlived the server"
+
+
+def model_workers_alive(serve_pid):
+    for p in pathlib.Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if b"hearth-worker" in cmd and f"hearth-serve-{serve_pid}".encode() in cmd:
+            return True
+    return False
 
 
 def mlp_reference(w, x):
