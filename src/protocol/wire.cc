@@ -160,9 +160,7 @@ std::vector<std::vector<std::byte>> EncodeFrames(MessageType type,
   return frames;
 }
 
-namespace {
-
-Status SendFrame(int socket, std::span<const std::byte> frame, int pass_fd) {
+ssize_t SendFrameOnce(int socket, std::span<const std::byte> frame, int pass_fd, int flags) {
   iovec iov{const_cast<std::byte*>(frame.data()), frame.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
@@ -178,9 +176,14 @@ Status SendFrame(int socket, std::span<const std::byte> frame, int pass_fd) {
     c->cmsg_len = CMSG_LEN(sizeof(int));
     std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
   }
+  return ::sendmsg(socket, &msg, flags | MSG_NOSIGNAL);
+}
+
+namespace {
+
+Status SendFrame(int socket, std::span<const std::byte> frame, int pass_fd) {
   for (;;) {
-    const ssize_t n = ::sendmsg(socket, &msg, MSG_NOSIGNAL);
-    if (n >= 0) return Status::Ok();
+    if (SendFrameOnce(socket, frame, pass_fd, 0) >= 0) return Status::Ok();
     if (errno == EINTR) continue;
     return ErrnoError("send", errno);
   }

@@ -12,6 +12,8 @@
 #pragma once
 
 #include <cstddef>
+#include <sys/types.h>
+
 #include <cstdint>
 #include <span>
 #include <string>
@@ -102,6 +104,10 @@ class PayloadReader {
 // the first frame. Blocking; EINTR is retried; MSG_NOSIGNAL.
 Status SendMessage(int socket, MessageType type, std::span<const std::byte> payload,
                    int pass_fd = -1);
+
+// One sendmsg(2) of one frame, with `pass_fd` (>= 0) attached by SCM_RIGHTS;
+// MSG_NOSIGNAL is added to `flags`. Returns what sendmsg returns (errno set).
+ssize_t SendFrameOnce(int socket, std::span<const std::byte> frame, int pass_fd, int flags);
 
 // Splits a message into frames, for senders that queue them (the store).
 std::vector<std::vector<std::byte>> EncodeFrames(MessageType type,

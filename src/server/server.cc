@@ -224,7 +224,6 @@ bool WorkerSupervisor::RunJob(int control, const std::shared_ptr<Job>& job) {
   run.kind = control::Kind::kRun;
   run.seq = ++seq_;
   run.batch = job->batch;
-  const auto start = Clock::now();
   Status sent = control::Send(control, run);
   Result<control::Message> done = sent.ok() ? control::Receive(control, options_.exec_timeout_ms)
                                             : Result<control::Message>(sent);
@@ -244,7 +243,6 @@ bool WorkerSupervisor::RunJob(int control, const std::shared_ptr<Job>& job) {
   model_.run_us += done->run_us;
   model_.request_us += static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - job->received).count());
-  (void)start;
   if (done->status_code != 0) {
     job->done(Status(static_cast<StatusCode>(done->status_code), done->text));
     return true;
@@ -398,17 +396,17 @@ class Server::Impl {
   }
   bool Live() const { return !shut_down_; }
 
-  Result<const ModelRuntime*> Find(const std::string& model, const std::string& version) const {
+  Result<ModelRuntime*> Find(const std::string& model, const std::string& version) const {
     auto it = models_.find(model);
     if (it == models_.end()) return NotFound("unknown model '" + model + "'");
-    const ModelRuntime& m = *it->second;
+    ModelRuntime& m = *it->second;
     if (!version.empty() && (!m.status.ok() || version != std::to_string(m.config().version)))
       return NotFound("model '" + model + "' has no served version '" + version + "'");
     return &m;
   }
 
   Result<ModelMetadata> Metadata(const std::string& model, const std::string& version) const {
-    ASSIGN_OR_RETURN(const ModelRuntime* m, Find(model, version));
+    ASSIGN_OR_RETURN(ModelRuntime * m, Find(model, version));
     if (!m->status.ok()) return Unavailable("model '" + model + "' is not served: " + m->status.message());
     ModelMetadata md;
     md.name = model;
@@ -429,14 +427,14 @@ class Server::Impl {
   }
 
   Result<bool> ModelReady(const std::string& model, const std::string& version) const {
-    ASSIGN_OR_RETURN(const ModelRuntime* m, Find(model, version));
+    ASSIGN_OR_RETURN(ModelRuntime * m, Find(model, version));
     return m->status.ok() && m->ready_workers.load() > 0 && !shut_down_;
   }
 
   void Infer(InferRequest request, std::function<void(Result<InferResponse>)> done) {
     auto found = Find(request.model, request.version);
     if (!found.ok()) return done(found.status());
-    ModelRuntime& m = const_cast<ModelRuntime&>(**found);
+    ModelRuntime& m = **found;
     if (!m.status.ok()) return done(Unavailable("model '" + m.repo.name + "' is not served: " + m.status.message()));
     auto job = std::make_shared<Job>();
     // Never trust sizes: the slot is only as large as max_batch allows.

@@ -128,7 +128,9 @@ Result<LoadedModel> LoadCheckpoint(const std::string& path, Device device,
 std::function<void(uint64_t, uint64_t)> TerminalProgress(std::string label) {
   if (!::isatty(STDERR_FILENO)) return {};
   const auto start = std::chrono::steady_clock::now();
-  return [label = std::move(label), start](uint64_t done, uint64_t total) {
+  return [label = std::move(label), start, finished = false](uint64_t done, uint64_t total) mutable {
+    if (finished) return;
+    finished = done == total;
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const double rate = s > 0 ? static_cast<double>(done) / s : 0;
     const double left = rate > 0 ? static_cast<double>(total - done) / rate : 0;

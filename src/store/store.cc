@@ -392,23 +392,7 @@ class Store::Impl {
   bool Flush(Connection& c) {
     while (!c.out.empty()) {
       OutgoingFrame& f = c.out.front();
-      iovec iov{f.bytes.data(), f.bytes.size()};
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-      if (f.fd.valid()) {
-        std::memset(control, 0, sizeof control);
-        msg.msg_control = control;
-        msg.msg_controllen = sizeof control;
-        cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        const int raw = f.fd.get();
-        std::memcpy(CMSG_DATA(cm), &raw, sizeof raw);
-      }
-      const ssize_t n = ::sendmsg(c.fd.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+      const ssize_t n = protocol::SendFrameOnce(c.fd.get(), f.bytes, f.fd.get(), MSG_DONTWAIT);
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) break;
