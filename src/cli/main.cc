@@ -1,6 +1,7 @@
 // `hearth`: the command-line entry point (store, inspect, make-model, and
 // the store administration commands list, status, load, unload).
 #include <CLI/CLI.hpp>
+#include <pthread.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <string>
 #include <thread>
@@ -149,7 +151,15 @@ int RunServe(const std::string& repository, const std::string& host, int port,
     options.device = *device;
   }
   if (port < 0 || port > 65535) return Fail(InvalidArgument("--http-port must be in [0, 65535]"));
-  InstallStopHandlers();
+  // SIGTERM and SIGINT stay blocked in every thread (threads inherit the mask)
+  // and are taken by sigwait below, whichever thread the kernel would have
+  // picked; workers get an empty mask at spawn.
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   auto server = Server::Create(options);
   if (!server.ok()) return Fail(server.status());
   HttpOptions http_options;
@@ -165,8 +175,9 @@ int RunServe(const std::string& repository, const std::string& host, int port,
   }
   spdlog::info("hearth serve ready on http://{}:{} ({})", host, (*http)->port(),
                (*server)->Ready() ? "all models ready" : "some models are not ready: see above");
-  while (!g_hold_done) ::pause();
-  spdlog::info("shutting down: finishing requests in flight");
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  spdlog::info("{}: shutting down, finishing requests in flight", strsignal(signal_number));
   (*http)->Stop();  // stops accepting, waits for every request in flight
   (*server)->Shutdown();
   return 0;

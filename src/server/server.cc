@@ -192,8 +192,16 @@ Result<pid_t> WorkerSupervisor::Spawn(UniqueFd* control) {
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, theirs.get(), 3);
   posix_spawn_file_actions_adddup2(&actions, slot_fd_.get(), 4);
+  // The server keeps SIGTERM/SIGINT blocked for sigwait; a worker starts with none blocked.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
   pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  const int rc = posix_spawn(&pid, argv[0], &actions, &attr, argv.data(), environ);
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) return ErrnoError("starting " + options_.worker_path, rc);
   *control = std::move(mine);
