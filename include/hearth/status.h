@@ -24,6 +24,7 @@ enum class StatusCode {
   kFailedPrecondition,
   kInternal,          // a system call or driver call failed unexpectedly
   kUnimplemented,
+  kDeadlineExceeded,  // a request's time ran out before it ran
 };
 
 const char* StatusCodeName(StatusCode code);
@@ -58,6 +59,7 @@ Status ResourceExhausted(std::string message);
 Status FailedPrecondition(std::string message);
 Status Internal(std::string message);
 Status Unimplemented(std::string message);
+Status DeadlineExceeded(std::string message);
 // Internal error with strerror(errnum) appended: "what: No such file or directory".
 Status ErrnoError(std::string_view what, int errnum);
 

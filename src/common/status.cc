@@ -16,6 +16,7 @@ const char* StatusCodeName(StatusCode code) {
     case StatusCode::kFailedPrecondition: return "FAILED_PRECONDITION";
     case StatusCode::kInternal: return "INTERNAL";
     case StatusCode::kUnimplemented: return "UNIMPLEMENTED";
+    case StatusCode::kDeadlineExceeded: return "DEADLINE_EXCEEDED";
   }
   return "UNKNOWN";
 }
@@ -39,6 +40,7 @@ Status ResourceExhausted(std::string m) { return {StatusCode::kResourceExhausted
 Status FailedPrecondition(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
 Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 Status Unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
+Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
 
 Status ErrnoError(std::string_view what, int errnum) {
   StatusCode code = StatusCode::kInternal;

@@ -665,6 +665,8 @@ int HttpStatusFor(StatusCode code) {
     case StatusCode::kResourceExhausted:
     case StatusCode::kUnavailable:
       return 503;
+    case StatusCode::kDeadlineExceeded:
+      return 504;
     default:
       return 500;
   }

@@ -70,6 +70,7 @@ struct InferResponse {
 
 // Status codes map to HTTP: InvalidArgument 400, NotFound 404,
 // ResourceExhausted 503 (queue full), Unavailable 503, FailedPrecondition 400,
+// DeadlineExceeded 504 (the request timed out before it ran),
 // anything else 500.
 class InferenceService {
  public:

@@ -150,6 +150,11 @@ Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {
     if (d["max_queue_size"]) {
       ASSIGN_OR_RETURN(m.max_queue_size, Scalar<uint64_t>(c, d["max_queue_size"], "dynamic_batching.max_queue_size"));
     }
+    if (const YAML::Node q = d["default_queue_policy"]) {
+      if (!q.IsMap() || !q["default_timeout_microseconds"])
+        return c.Error(q, "dynamic_batching.default_queue_policy", "must be {default_timeout_microseconds: N}");
+      ASSIGN_OR_RETURN(m.default_timeout_us, Scalar<uint64_t>(c, q["default_timeout_microseconds"], "dynamic_batching.default_queue_policy.default_timeout_microseconds"));
+    }
     if (const YAML::Node p = d["preferred_batch_size"]) {
       if (!p.IsSequence()) return c.Error(p, "dynamic_batching.preferred_batch_size", "must be a list");
       for (const auto& b : p) {

@@ -32,6 +32,8 @@ struct ModelConfig {
   uint64_t max_queue_delay_us = 0;
   std::vector<int> preferred_batch_sizes;
   uint64_t max_queue_size = 1024;
+  // dynamic_batching.default_queue_policy.default_timeout_microseconds; 0 = none.
+  uint64_t default_timeout_us = 0;
   std::map<std::string, std::string> parameters;
   bool allow_tf32 = false;
   uint64_t version = 0;  // the repository version served

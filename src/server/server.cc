@@ -38,10 +38,18 @@ using Clock = std::chrono::steady_clock;
 
 struct Job {
   Clock::time_point received = Clock::now();
+  Clock::time_point deadline = Clock::time_point::max();
   InferRequest request;
   std::function<void(Result<InferResponse>)> done;
   int64_t batch = 1;
-  int crashes = 0;  // workers this batch has taken down
+  int crashes = 0;  // workers taken down by batches this request was in
+};
+
+// How a model's queue forms batches (the config's dynamic_batching).
+struct BatchPolicy {
+  int64_t max_batch = 1;
+  std::chrono::microseconds max_delay{0};
+  std::vector<int64_t> preferred;  // sorted
 };
 
 // A bounded FIFO of jobs; retried jobs go to the front.
@@ -62,14 +70,65 @@ class JobQueue {
     jobs_.push_front(std::move(job));
     cv_.notify_one();
   }
-  // Blocks; nullptr once closed and empty.
-  std::shared_ptr<Job> Pop() {
+  // Blocks for the next batch: the oldest request, then later ones while
+  // their rows fit in max_batch. It returns as soon as the rows reach the
+  // largest preferred size (or max_batch), else once the oldest request has
+  // waited max_delay. A request that was in a batch that crashed a worker runs
+  // alone, so that only the request at fault can become a poison batch.
+  // Requests whose deadline passed are answered DEADLINE_EXCEEDED here and
+  // never run. Empty once closed and drained.
+  std::vector<std::shared_ptr<Job>> PopBatch(const BatchPolicy& policy) {
+    std::vector<std::shared_ptr<Job>> batch;
+    std::vector<std::shared_ptr<Job>> expired;
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return closed_ || !jobs_.empty(); });
-    if (jobs_.empty()) return nullptr;
-    auto job = std::move(jobs_.front());
-    jobs_.pop_front();
-    return job;
+    const int64_t target = policy.preferred.empty() ? policy.max_batch : policy.preferred.back();
+    int64_t rows = 0;
+    for (;;) {
+      cv_.wait(lock, [&] { return closed_ || !jobs_.empty() || !batch.empty(); });
+      const auto now = Clock::now();
+      while (!jobs_.empty()) {
+        std::shared_ptr<Job>& front = jobs_.front();
+        if (front->deadline <= now) {
+          expired.push_back(std::move(front));
+          jobs_.pop_front();
+          continue;
+        }
+        const bool alone = front->crashes > 0;
+        if (!batch.empty() && (alone || batch[0]->crashes > 0 || rows + front->batch > policy.max_batch)) break;
+        rows += front->batch;
+        batch.push_back(std::move(front));
+        jobs_.pop_front();
+        if (alone) break;
+      }
+      if (batch.empty()) {
+        if (closed_ && jobs_.empty()) break;
+        if (!expired.empty()) break;
+        continue;
+      }
+      const bool full = rows >= target || batch[0]->crashes > 0 || !jobs_.empty() || closed_ ||
+                        policy.max_delay.count() == 0;
+      if (full) break;
+      const auto until = batch[0]->received + policy.max_delay;
+      if (now >= until) break;
+      cv_.wait_until(lock, until, [&] { return closed_ || !jobs_.empty(); });
+      if (jobs_.empty()) break;
+    }
+    lock.unlock();
+    // A request may have run out of time while its batch was forming.
+    const auto now = Clock::now();
+    std::erase_if(batch, [&](std::shared_ptr<Job>& job) {
+      if (job->deadline > now) return false;
+      expired.push_back(std::move(job));
+      return true;
+    });
+    for (auto& job : expired) {
+      job->done(DeadlineExceeded("request '" + job->request.id + "' timed out after waiting " +
+                                 std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(
+                                                    Clock::now() - job->received)
+                                                    .count()) +
+                                 " us in the queue"));
+    }
+    return batch;
   }
   void Close() {
     std::lock_guard lock(mu_);
@@ -113,8 +172,8 @@ class WorkerSupervisor {
   void Loop();
   Result<pid_t> Spawn(UniqueFd* control);
   void Reap(pid_t pid, bool kill_first);
-  // Runs one job on the live worker; false if the worker is gone.
-  bool RunJob(int control, const std::shared_ptr<Job>& job);
+  // Runs one batch of requests on the live worker; false if the worker is gone.
+  bool RunBatch(int control, const std::vector<std::shared_ptr<Job>>& jobs);
 
   ModelRuntime& model_;
   int index_;
@@ -140,7 +199,8 @@ struct ModelRuntime {
   std::atomic<bool> stopping{false};
   int worker_count = 1;
   // Totals for the summary logged at shutdown.
-  std::atomic<uint64_t> batches{0}, run_us{0}, request_us{0};
+  std::atomic<uint64_t> batches{0}, requests{0}, run_us{0}, request_us{0};
+  BatchPolicy policy;
 
   const ModelConfig& config() const { return repo.config; }
   int max_batch() const { return std::max(1, config().max_batch_size); }
@@ -221,61 +281,79 @@ void WorkerSupervisor::Reap(pid_t pid, bool kill_first) {
   ::waitpid(pid, &status, 0);
 }
 
-bool WorkerSupervisor::RunJob(int control, const std::shared_ptr<Job>& job) {
+bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<Job>>& jobs) {
   const control::SlotLayout& layout = model_.layout;
-  for (size_t i = 0; i < model_.inputs.size(); ++i) {
-    for (const InferTensor& t : job->request.inputs) {
-      if (t.name == model_.inputs[i].name) std::memcpy(slot_ + layout.input_offsets[i], t.data.data(), t.data.size());
+  int64_t rows = 0;
+  for (const auto& job : jobs) {
+    for (size_t i = 0; i < model_.inputs.size(); ++i) {
+      const uint64_t row_bytes = model_.inputs[i].bytes_per_sample();
+      for (const InferTensor& t : job->request.inputs) {
+        if (t.name == model_.inputs[i].name)
+          std::memcpy(slot_ + layout.input_offsets[i] + static_cast<uint64_t>(rows) * row_bytes,
+                      t.data.data(), t.data.size());
+      }
     }
+    rows += job->batch;
   }
   control::Message run;
   run.kind = control::Kind::kRun;
   run.seq = ++seq_;
-  run.batch = job->batch;
+  run.batch = rows;
   Status sent = control::Send(control, run);
   Result<control::Message> done = sent.ok() ? control::Receive(control, options_.exec_timeout_ms)
                                             : Result<control::Message>(sent);
   if (!done.ok() || done->kind != control::Kind::kDone || done->seq != run.seq) {
     const bool timeout = !done.ok() && done.status().message() == "timeout";
-    spdlog::warn("{} worker {} (pid {}) {} while running a batch of {}", model_.repo.name, index_,
-                 pid_.load(), timeout ? "ran past --exec-timeout" : "died", job->batch);
-    if (++job->crashes >= 3) {
-      job->done(Internal("poison batch: this request took down " + std::to_string(job->crashes) +
-                         " workers of '" + model_.repo.name + "'; it is not retried"));
-    } else {
-      model_.queue->PushFront(job);
+    spdlog::warn("{} worker {} (pid {}) {} while running a batch of {} rows from {} requests",
+                 model_.repo.name, index_, pid_.load(),
+                 timeout ? "ran past --exec-timeout" : "died", rows, jobs.size());
+    // Back to the front in their order; each now runs alone (PopBatch).
+    for (auto it = jobs.rbegin(); it != jobs.rend(); ++it) {
+      const auto& job = *it;
+      if (++job->crashes >= 3) {
+        job->done(Internal("poison batch: this request took down " + std::to_string(job->crashes) +
+                           " workers of '" + model_.repo.name + "'; it is not retried"));
+      } else {
+        model_.queue->PushFront(job);
+      }
     }
     return false;
   }
   model_.batches += 1;
   model_.run_us += done->run_us;
-  model_.request_us += static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - job->received).count());
   if (done->status_code != 0) {
-    job->done(Status(static_cast<StatusCode>(done->status_code), done->text));
+    for (const auto& job : jobs) job->done(Status(static_cast<StatusCode>(done->status_code), done->text));
     return true;
   }
-  InferResponse response;
-  response.model = model_.repo.name;
-  response.version = std::to_string(model_.config().version);
-  response.id = job->request.id;
-  for (size_t i = 0; i < model_.outputs.size(); ++i) {
-    const IoSpec& spec = model_.outputs[i];
-    const auto& wanted = job->request.outputs;
-    if (!wanted.empty() && std::none_of(wanted.begin(), wanted.end(),
-                                        [&](const RequestedOutput& o) { return o.name == spec.name; }))
-      continue;
-    InferTensor t;
-    t.name = spec.name;
-    t.dtype = spec.dtype;
-    if (model_.config().max_batch_size > 0) t.shape.push_back(job->batch);
-    t.shape.insert(t.shape.end(), spec.dims.begin(), spec.dims.end());
-    const uint64_t bytes = spec.bytes_per_sample() * static_cast<uint64_t>(job->batch);
-    const std::byte* src = slot_ + layout.output_offsets[i];
-    t.data.assign(src, src + bytes);
-    response.outputs.push_back(std::move(t));
+  rows = 0;
+  for (const auto& job : jobs) {
+    InferResponse response;
+    response.model = model_.repo.name;
+    response.version = std::to_string(model_.config().version);
+    response.id = job->request.id;
+    for (size_t i = 0; i < model_.outputs.size(); ++i) {
+      const IoSpec& spec = model_.outputs[i];
+      const auto& wanted = job->request.outputs;
+      if (!wanted.empty() && std::none_of(wanted.begin(), wanted.end(), [&](const RequestedOutput& o) {
+            return o.name == spec.name;
+          }))
+        continue;
+      InferTensor t;
+      t.name = spec.name;
+      t.dtype = spec.dtype;
+      if (model_.config().max_batch_size > 0) t.shape.push_back(job->batch);
+      t.shape.insert(t.shape.end(), spec.dims.begin(), spec.dims.end());
+      const uint64_t row_bytes = spec.bytes_per_sample();
+      const std::byte* src = slot_ + layout.output_offsets[i] + static_cast<uint64_t>(rows) * row_bytes;
+      t.data.assign(src, src + row_bytes * static_cast<uint64_t>(job->batch));
+      response.outputs.push_back(std::move(t));
+    }
+    rows += job->batch;
+    model_.requests += 1;
+    model_.request_us += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - job->received).count());
+    job->done(std::move(response));
   }
-  job->done(std::move(response));
   return true;
 }
 
@@ -308,9 +386,12 @@ void WorkerSupervisor::Loop() {
     ++model_.ready_workers;
     bool alive = true;
     while (alive) {
-      std::shared_ptr<Job> job = model_.queue->Pop();
-      if (!job) break;
-      alive = RunJob(control.get(), job);
+      std::vector<std::shared_ptr<Job>> jobs = model_.queue->PopBatch(model_.policy);
+      if (jobs.empty()) {
+        if (model_.stopping) break;
+        continue;  // only expired requests this time
+      }
+      alive = RunBatch(control.get(), jobs);
     }
     --model_.ready_workers;
     control.Reset();  // end-of-file: a live worker exits by itself
@@ -382,9 +463,10 @@ class Server::Impl {
     for (auto& [name, m] : models_) {
       for (auto& w : m->workers) w->Join();
       if (m->queue) m->queue->FailAll(Unavailable("the server is shutting down"));
-      if (const uint64_t n = m->batches.load(); n > 0) {
-        spdlog::info("model {}: {} batches; mean {:.3f} ms in the backend, {:.3f} ms from request to answer in the server",
-                     name, n, m->run_us.load() / 1e3 / n, m->request_us.load() / 1e3 / n);
+      if (const uint64_t n = m->batches.load(), r = m->requests.load(); n > 0 && r > 0) {
+        spdlog::info("model {}: {} requests in {} batches; mean {:.3f} ms per batch in the backend, "
+                     "{:.3f} ms from request to answer in the server",
+                     name, r, n, m->run_us.load() / 1e3 / n, m->request_us.load() / 1e3 / r);
       }
     }
     for (auto& [device, s] : stores_) {
@@ -464,6 +546,8 @@ class Server::Impl {
     if (request.inputs.size() != m.inputs.size())
       return done(InvalidArgument("model '" + m.repo.name + "' takes " + std::to_string(m.inputs.size()) + " inputs"));
     job->batch = batch;
+    const uint64_t timeout_us = request.timeout_us > 0 ? request.timeout_us : m.config().default_timeout_us;
+    if (timeout_us > 0) job->deadline = job->received + std::chrono::microseconds(timeout_us);
     job->done = std::move(done);
     job->request = std::move(request);
     if (Status s = m.queue->Push(job); !s.ok()) job->done(s);
@@ -547,6 +631,10 @@ class Server::Impl {
     m.layout = control::SlotLayout::Make(in, out, m.max_batch());
     m.worker_count = options_.workers > 0 ? options_.workers : c.instance_count;
     m.queue = std::make_unique<JobQueue>(std::max<uint64_t>(1, c.max_queue_size));
+    m.policy.max_batch = m.max_batch();
+    m.policy.max_delay = std::chrono::microseconds(c.max_queue_delay_us);
+    m.policy.preferred.assign(c.preferred_batch_sizes.begin(), c.preferred_batch_sizes.end());
+    std::sort(m.policy.preferred.begin(), m.policy.preferred.end());
     spdlog::info("model {} version {}: {} on {}, {} workers", c.name, c.version, c.backend,
                  m.device.ToString(), m.worker_count);
     return Status::Ok();

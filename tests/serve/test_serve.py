@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import struct
 import subprocess
@@ -74,6 +75,22 @@ output:
 instance_group:
   - {{count: 2, kind: {KIND}}}
 """)
+    # One worker that waits up to 300 ms to fill batches of 8.
+    (root / "batched" / "1").mkdir(parents=True)
+    (root / "batched" / "1" / "model.safetensors").write_bytes((root / "mlp" / "1" / "model.safetensors").read_bytes())
+    (root / "batched" / "config.yaml").write_text(f"""backend: mlp
+max_batch_size: 8
+input:
+  - {{name: input, data_type: TYPE_FP32, dims: [{MLP[0]}]}}
+output:
+  - {{name: logits, data_type: TYPE_FP32, dims: [{MLP[2]}]}}
+  - {{name: argmax, data_type: TYPE_INT64, dims: [1]}}
+instance_group:
+  - {{count: 1, kind: {KIND}}}
+dynamic_batching:
+  max_queue_delay_microseconds: 300000
+  preferred_batch_size: [8]
+""")
     # dims disagree with the checkpoint (8): not served, the rest is.
     (root / "broken" / "config.yaml").write_text("""backend: scale
 max_batch_size: 4
@@ -118,10 +135,16 @@ def server():
         proc.kill()
         code = "killed after 30 s"
     log.close()
+    text = (tmp / "serve.log").read_text()
+    shutil.rmtree(tmp, ignore_errors=True)
     # SIGTERM: requests finished, workers stopped, sockets removed, exit 0.
-    assert code == 0, (tmp / "serve.log").read_text()[-2000:]
+    assert code == 0, text[-2000:]
     assert not pathlib.Path(f"/tmp/hearth-serve-{proc.pid}").exists(), "run directory left behind"
     assert not model_workers_alive(proc.pid), "workers outlived the server"
+    # The batching test's 16 one-row requests ran in a few batches, not 16.
+    m = re.search(r"model batched: (\d+) requests in (\d+) batches", text)
+    assert m, "no batch summary for the batched model"
+    assert int(m.group(1)) == 16 and int(m.group(2)) <= 4, m.group(0)
 
 
 def model_workers_alive(serve_pid):
@@ -303,6 +326,40 @@ def test_four_workers_share_the_stores_single_memfd(server):
         assert fields[1].startswith("r") and "w" not in fields[1], "the weights must be mapped read-only"
         inodes.add(fields[4])
     assert len(inodes) == 1, "all workers must map the same memfd"
+
+
+def test_single_requests_are_batched_and_split_back(server):
+    """16 concurrent one-row requests to a model with one worker that waits up
+    to 300 ms for batches of 8: answered in 2 batches, each answer its own."""
+    url = server["url"]
+    w = server["weights"]["mlp"]
+    rng = np.random.default_rng(9)
+    xs = [rng.standard_normal((1, MLP[0])).astype(np.float32) for _ in range(16)]
+
+    def one(x):
+        r = infer_binary(url, "batched", "input", x, outputs=["logits"])
+        assert r.status_code == 200, r.text
+        _, parts = split_binary(r)
+        return np.frombuffer(parts["logits"], dtype="<f4").reshape(1, MLP[2])
+
+    start = time.time()
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, xs))
+    elapsed = time.time() - start
+    for x, got in zip(xs, results):
+        np.testing.assert_allclose(got, mlp_reference(w, x)[0], rtol=1e-4, atol=1e-4)
+    # Full batches of 8 go at once; the server's summary (checked when the
+    # fixture stops it) must show 16 requests in a few batches.
+    assert elapsed < 0.3 * 16, elapsed
+
+
+def test_request_timeout_answers_504_without_running(server):
+    x = np.zeros((1, MLP[0]), dtype=np.float32)
+    r = infer_json(server["url"], "batched", [{"name": "input", "datatype": "FP32", "shape": [1, MLP[0]],
+                                               "data": x.ravel().tolist()}], parameters={"timeout": 50000})
+    assert r.status_code == 504, r.text
+    assert "timed out" in r.json()["error"]
+    test_mlp_json_matches_numpy_and_echoes_id(server)
 
 
 def test_killing_workers_under_load_fails_no_request(server):
