@@ -127,7 +127,7 @@ std::optional<std::string> PercentDecode(std::string_view text) {
 }
 
 struct Route {
-  enum class Kind { kNone, kLive, kReady, kServer, kModel, kModelReady, kInfer };
+  enum class Kind { kNone, kLive, kReady, kServer, kModel, kModelReady, kInfer, kMetrics };
   Kind kind = Kind::kNone;
   std::string model;
   std::string version;
@@ -151,6 +151,10 @@ std::optional<Route> ParseRoute(std::string_view target) {
   }
   Route route;
   const size_t n = segments.size();
+  if (n == 1 && segments[0] == "metrics") {
+    route.kind = Route::Kind::kMetrics;
+    return route;
+  }
   if (n == 0 || segments[0] != "v2") return route;
   if (n == 1) {
     route.kind = Route::Kind::kServer;
@@ -337,6 +341,9 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       case Route::Kind::kInfer:
         return StartInfer(std::move(request), *route);
+      case Route::Kind::kMetrics:
+        return Send(MakeResponse(http::status::ok, version, keep_alive, service.MetricsText(),
+                                 "text/plain; version=0.0.4"));
       case Route::Kind::kNone:
         break;
     }

@@ -91,6 +91,8 @@ class InferenceService {
   // exactly once, from any thread.
   virtual void Infer(InferRequest request,
                      std::function<void(Result<InferResponse>)> done) = 0;
+  // Prometheus text exposition format (version 0.0.4) for GET /metrics.
+  virtual std::string MetricsText() const = 0;
 };
 
 }  // namespace hearth

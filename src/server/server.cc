@@ -167,6 +167,10 @@ class WorkerSupervisor {
     if (thread_.joinable()) thread_.join();
   }
   pid_t pid() const { return pid_.load(); }
+  int index() const { return index_; }
+  bool ready() const { return ready_.load(); }
+  uint64_t restarts() const { return restarts_.load(); }
+  uint64_t device_memory_bytes() const { return device_memory_bytes_.load(); }
 
  private:
   void Loop();
@@ -180,6 +184,8 @@ class WorkerSupervisor {
   const ServerOptions& options_;
   std::thread thread_;
   std::atomic<pid_t> pid_{-1};
+  std::atomic<bool> ready_{false};
+  std::atomic<uint64_t> restarts_{0}, device_memory_bytes_{0};
   UniqueFd slot_fd_;
   std::byte* slot_ = nullptr;
   uint64_t seq_ = 0;
@@ -198,8 +204,13 @@ struct ModelRuntime {
   std::atomic<int> ready_workers{0};
   std::atomic<bool> stopping{false};
   int worker_count = 1;
-  // Totals for the summary logged at shutdown.
+  // Totals for /metrics and the summary logged at shutdown.
   std::atomic<uint64_t> batches{0}, requests{0}, run_us{0}, request_us{0};
+  std::atomic<uint64_t> success{0}, failure{0}, rows{0}, queue_us{0}, input_us{0}, output_us{0};
+  std::atomic<int64_t> pending{0};
+  static constexpr int64_t kBatchBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+  std::atomic<uint64_t> batch_bucket[std::size(kBatchBuckets)] = {};
+  uint64_t arena_bytes = 0;
   BatchPolicy policy;
 
   const ModelConfig& config() const { return repo.config; }
@@ -283,6 +294,11 @@ void WorkerSupervisor::Reap(pid_t pid, bool kill_first) {
 
 bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<Job>>& jobs) {
   const control::SlotLayout& layout = model_.layout;
+  const auto dispatched = Clock::now();
+  for (const auto& job : jobs) {
+    model_.queue_us += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(dispatched - job->received).count());
+  }
   int64_t rows = 0;
   for (const auto& job : jobs) {
     for (size_t i = 0; i < model_.inputs.size(); ++i) {
@@ -295,6 +311,8 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
     }
     rows += job->batch;
   }
+  model_.input_us += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - dispatched).count());
   control::Message run;
   run.kind = control::Kind::kRun;
   run.seq = ++seq_;
@@ -320,7 +338,15 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
     return false;
   }
   model_.batches += 1;
+  model_.rows += static_cast<uint64_t>(rows);
   model_.run_us += done->run_us;
+  for (size_t b = 0; b < std::size(ModelRuntime::kBatchBuckets); ++b) {
+    if (rows <= ModelRuntime::kBatchBuckets[b]) {
+      model_.batch_bucket[b] += 1;
+      break;
+    }
+  }
+  const auto outputs_start = Clock::now();
   if (done->status_code != 0) {
     for (const auto& job : jobs) job->done(Status(static_cast<StatusCode>(done->status_code), done->text));
     return true;
@@ -354,6 +380,8 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
         std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - job->received).count());
     job->done(std::move(response));
   }
+  model_.output_us += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - outputs_start).count());
   return true;
 }
 
@@ -384,6 +412,8 @@ void WorkerSupervisor::Loop() {
                  std::chrono::duration<double, std::milli>(Clock::now() - started).count(),
                  ready->device_memory_bytes >> 20);
     ++model_.ready_workers;
+    ready_ = true;
+    device_memory_bytes_ = ready->device_memory_bytes;
     bool alive = true;
     while (alive) {
       std::vector<std::shared_ptr<Job>> jobs = model_.queue->PopBatch(model_.policy);
@@ -394,10 +424,12 @@ void WorkerSupervisor::Loop() {
       alive = RunBatch(control.get(), jobs);
     }
     --model_.ready_workers;
+    ready_ = false;
     control.Reset();  // end-of-file: a live worker exits by itself
     Reap(*pid, !alive);
     pid_ = -1;
     if (alive) break;  // queue closed: shutting down
+    ++restarts_;
     // A worker that dies soon after starting is restarted ever more slowly.
     backoff = Clock::now() - started < std::chrono::seconds(10)
                   ? std::min(std::max(backoff * 2, std::chrono::milliseconds(50)), std::chrono::milliseconds(5000))
@@ -525,6 +557,12 @@ class Server::Impl {
     auto found = Find(request.model, request.version);
     if (!found.ok()) return done(found.status());
     ModelRuntime& m = **found;
+    ++m.pending;
+    done = [&m, done = std::move(done)](Result<InferResponse> r) {
+      (r.ok() ? m.success : m.failure) += 1;
+      --m.pending;
+      done(std::move(r));
+    };
     if (!m.status.ok()) return done(Unavailable("model '" + m.repo.name + "' is not served: " + m.status.message()));
     auto job = std::make_shared<Job>();
     // Never trust sizes: the slot is only as large as max_batch allows.
@@ -551,6 +589,92 @@ class Server::Impl {
     job->done = std::move(done);
     job->request = std::move(request);
     if (Status s = m.queue->Push(job); !s.ok()) job->done(s);
+  }
+
+  std::string MetricsText() const {
+    std::string out;
+    auto family = [&](const char* name, const char* type, const char* help) {
+      out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+    };
+    auto sample = [&](const std::string& name, const std::string& labels, double value) {
+      char text[64];
+      std::snprintf(text, sizeof text, "%.17g", value);
+      out += name + "{" + labels + "} " + text + "\n";
+    };
+    auto per_model = [&](const char* name, const char* type, const char* help, auto value) {
+      family(name, type, help);
+      for (const auto& [model, m] : models_)
+        if (m->status.ok()) sample(name, "model=\"" + model + "\"", static_cast<double>(value(*m)));
+    };
+    per_model("hearth_inference_request_success", "counter", "Requests answered successfully.",
+              [](const ModelRuntime& m) { return m.success.load(); });
+    per_model("hearth_inference_request_failure", "counter", "Requests answered with an error.",
+              [](const ModelRuntime& m) { return m.failure.load(); });
+    per_model("hearth_inference_count", "counter", "Inferences (rows, counting every batch member).",
+              [](const ModelRuntime& m) { return m.rows.load(); });
+    per_model("hearth_inference_exec_count", "counter", "Batches executed by workers.",
+              [](const ModelRuntime& m) { return m.batches.load(); });
+    per_model("hearth_inference_request_duration_us", "counter",
+              "Total time from request to answer of successful requests, microseconds.",
+              [](const ModelRuntime& m) { return m.request_us.load(); });
+    per_model("hearth_inference_queue_duration_us", "counter", "Total time requests waited in the queue, microseconds.",
+              [](const ModelRuntime& m) { return m.queue_us.load(); });
+    per_model("hearth_inference_compute_input_duration_us", "counter",
+              "Total time copying inputs into worker slots, microseconds.",
+              [](const ModelRuntime& m) { return m.input_us.load(); });
+    per_model("hearth_inference_compute_infer_duration_us", "counter",
+              "Total time the backends ran, as measured in the workers, microseconds.",
+              [](const ModelRuntime& m) { return m.run_us.load(); });
+    per_model("hearth_inference_compute_output_duration_us", "counter",
+              "Total time splitting outputs back into responses, microseconds.",
+              [](const ModelRuntime& m) { return m.output_us.load(); });
+    per_model("hearth_inference_pending_request_count", "gauge", "Requests accepted and not yet answered.",
+              [](const ModelRuntime& m) { return m.pending.load(); });
+    family("hearth_inference_batch_size", "histogram", "Rows per executed batch.");
+    for (const auto& [model, m] : models_) {
+      if (!m->status.ok()) continue;
+      uint64_t cumulative = 0;
+      for (size_t b = 0; b < std::size(ModelRuntime::kBatchBuckets); ++b) {
+        cumulative += m->batch_bucket[b].load();
+        sample("hearth_inference_batch_size_bucket",
+               "model=\"" + model + "\",le=\"" + std::to_string(ModelRuntime::kBatchBuckets[b]) + "\"",
+               static_cast<double>(cumulative));
+      }
+      sample("hearth_inference_batch_size_bucket", "model=\"" + model + "\",le=\"+Inf\"",
+             static_cast<double>(m->batches.load()));
+      sample("hearth_inference_batch_size_sum", "model=\"" + model + "\"", static_cast<double>(m->rows.load()));
+      sample("hearth_inference_batch_size_count", "model=\"" + model + "\"", static_cast<double>(m->batches.load()));
+    }
+    auto per_worker = [&](const char* name, const char* type, const char* help, auto value) {
+      family(name, type, help);
+      for (const auto& [model, m] : models_)
+        for (const auto& w : m->workers)
+          sample(name, "model=\"" + model + "\",worker=\"" + std::to_string(w->index()) + "\"",
+                 static_cast<double>(value(*w)));
+    };
+    per_worker("hearth_worker_restarts", "counter", "Times the worker process was replaced.",
+               [](const WorkerSupervisor& w) { return w.restarts(); });
+    per_worker("hearth_worker_ready", "gauge", "1 while the worker process is serving.",
+               [](const WorkerSupervisor& w) { return w.ready() ? 1 : 0; });
+    per_worker("hearth_worker_device_memory_bytes", "gauge",
+               "Device memory the worker's backend allocated itself (its CUDA context not included).",
+               [](const WorkerSupervisor& w) { return w.device_memory_bytes(); });
+    family("hearth_shared_weights_bytes", "gauge", "Bytes of each model's weights, held once in the store.");
+    for (const auto& [model, m] : models_)
+      if (m->status.ok())
+        sample("hearth_shared_weights_bytes", "model=\"" + model + "\",device=\"" + m->device.ToString() + "\"",
+               static_cast<double>(m->arena_bytes));
+    family("hearth_device_memory_accounted_bytes", "gauge",
+           "Shared weights counted once plus the workers' own allocations, per device (contexts not included).");
+    std::map<std::string, uint64_t> per_device;
+    for (const auto& [model, m] : models_) {
+      if (!m->status.ok()) continue;
+      per_device[m->device.ToString()] += m->arena_bytes;
+      for (const auto& w : m->workers) per_device[m->device.ToString()] += w->device_memory_bytes();
+    }
+    for (const auto& [device, bytes] : per_device)
+      sample("hearth_device_memory_accounted_bytes", "device=\"" + device + "\"", static_cast<double>(bytes));
+    return out;
   }
 
   std::vector<int> WorkerPids(const std::string& model) const {
@@ -625,6 +749,7 @@ class Server::Impl {
     auto loaded = AttachClient(m.store_socket).Load(c.name, std::filesystem::absolute(c.checkpoint_path).string());
     if (!loaded.ok()) return loaded.status();
     m.store_version = loaded->version;
+    m.arena_bytes = loaded->arena_size;
     std::vector<uint64_t> in, out;
     for (const IoSpec& s : m.inputs) in.push_back(s.bytes_per_sample());
     for (const IoSpec& s : m.outputs) out.push_back(s.bytes_per_sample());
@@ -665,5 +790,6 @@ Result<ModelMetadata> Server::Metadata(const std::string& m, const std::string& 
 Result<bool> Server::ModelReady(const std::string& m, const std::string& v) const { return impl_->ModelReady(m, v); }
 void Server::Infer(InferRequest r, std::function<void(Result<InferResponse>)> done) { impl_->Infer(std::move(r), std::move(done)); }
 std::vector<int> Server::WorkerPids(const std::string& model) const { return impl_->WorkerPids(model); }
+std::string Server::MetricsText() const { return impl_->MetricsText(); }
 
 }  // namespace hearth

@@ -44,6 +44,7 @@ class Server : public InferenceService {
   Result<ModelMetadata> Metadata(const std::string& model, const std::string& version) const override;
   Result<bool> ModelReady(const std::string& model, const std::string& version) const override;
   void Infer(InferRequest request, std::function<void(Result<InferResponse>)> done) override;
+  std::string MetricsText() const override;
 
   // Pids of a model's live worker processes (tests, metrics).
   std::vector<int> WorkerPids(const std::string& model) const;

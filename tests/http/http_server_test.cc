@@ -53,6 +53,7 @@ class FakeService : public InferenceService {
   std::string ServerName() const override { return "hearth"; }
   std::string ServerVersion() const override { return "0.1.0"; }
   std::vector<std::string> Extensions() const override { return {"binary_tensor_data"}; }
+  std::string MetricsText() const override { return "# TYPE fake_total counter\nfake_total 3\n"; }
 
   Result<ModelMetadata> Metadata(const std::string& model,
                                  const std::string& version) const override {
@@ -272,6 +273,15 @@ TEST_F(HttpServerTest, Health) {
   service_.ready_ = false;
   EXPECT_EQ(client.Get("/v2/health/ready").result_int(), 503);
   EXPECT_EQ(client.Get("/v2/health/live?verbose=1").result_int(), 200);
+}
+
+TEST_F(HttpServerTest, MetricsAreServedAsPrometheusText) {
+  Client client(port());
+  Response r = client.Get("/metrics");
+  EXPECT_EQ(r.result_int(), 200);
+  EXPECT_EQ(r[http::field::content_type], "text/plain; version=0.0.4");
+  EXPECT_EQ(r.body(), "# TYPE fake_total counter\nfake_total 3\n");
+  EXPECT_EQ(client.Post("/metrics", "").result_int(), 405);
 }
 
 TEST_F(HttpServerTest, ServerAndModelMetadata) {

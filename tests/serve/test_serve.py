@@ -391,3 +391,45 @@ def test_killing_workers_under_load_fails_no_request(server):
         time.sleep(0.1)
     assert len(now) == 4 and len(now - before) >= 3, f"replacements did not appear: {before} -> {now}"
     assert requests.get(f"{url}/v2/models/mlp/ready").status_code == 200
+
+
+def parse_metrics(text):
+    values = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name, value = line.rsplit(" ", 1)
+        values[name] = float(value)
+    return values
+
+
+def test_metrics_after_everything_above(server):
+    """Runs last: the counters must add up to what the tests above did."""
+    r = requests.get(f"{server['url']}/metrics")
+    assert r.status_code == 200
+    assert r.headers["Content-Type"].startswith("text/plain")
+    v = parse_metrics(r.text)
+    for family in ["hearth_inference_request_success", "hearth_inference_request_failure", "hearth_inference_count",
+                   "hearth_inference_exec_count", "hearth_inference_request_duration_us",
+                   "hearth_inference_queue_duration_us", "hearth_inference_compute_input_duration_us",
+                   "hearth_inference_compute_infer_duration_us", "hearth_inference_compute_output_duration_us",
+                   "hearth_inference_pending_request_count", "hearth_worker_restarts", "hearth_worker_ready",
+                   "hearth_shared_weights_bytes", "hearth_device_memory_accounted_bytes"]:
+        assert f"# TYPE {family} " in r.text, family
+    b = 'model="batched"'
+    assert v[f"hearth_inference_request_success{{{b}}}"] == 16
+    assert v[f"hearth_inference_request_failure{{{b}}}"] == 1  # the request that timed out
+    assert v[f"hearth_inference_count{{{b}}}"] == 16
+    assert v[f"hearth_inference_exec_count{{{b}}}"] <= 4
+    assert v[f'hearth_inference_batch_size_bucket{{{b},le="+Inf"}}'] == v[f"hearth_inference_exec_count{{{b}}}"]
+    assert v[f'hearth_inference_batch_size_bucket{{{b},le="8"}}'] == v[f"hearth_inference_exec_count{{{b}}}"]
+    assert v[f"hearth_inference_pending_request_count{{{b}}}"] == 0
+    m = 'model="mlp"'
+    assert v[f"hearth_inference_request_success{{{m}}}"] >= 200
+    assert v[f"hearth_inference_compute_infer_duration_us{{{m}}}"] > 0
+    restarts = sum(val for k, val in v.items() if k.startswith("hearth_worker_restarts{" + m))
+    assert restarts >= 3, "the kill test replaced 3 workers"
+    ready = sum(val for k, val in v.items() if k.startswith("hearth_worker_ready{" + m))
+    assert ready == 4
+    weights = [val for k, val in v.items() if k.startswith("hearth_shared_weights_bytes{" + m)]
+    assert weights and weights[0] >= 4 * (MLP[0] * MLP[1] + MLP[1] + MLP[1] * MLP[2] + MLP[2])
