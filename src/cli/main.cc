@@ -22,6 +22,7 @@
 #include "hearth/checksum.h"
 #include "hearth/store.h"
 #include "http/http_server.h"
+#include "loadgen/load_generator.h"
 #include "server/server.h"
 
 namespace hearth {
@@ -361,6 +362,25 @@ int MakeModel(const std::string& kind, const std::string& dims_text, const std::
   return 0;
 }
 
+// ---- hearth bench ----------------------------------------------------------
+
+int RunBenchCommand(const BenchOptions& options, bool as_json) {
+  signal(SIGPIPE, SIG_IGN);
+  Result<BenchReport> report = RunBench(options, stderr);
+  if (!report.ok()) return Fail(report.status());
+  const std::string text = as_json ? ReportJson(*report) + "\n" : ReportTable(*report);
+  std::fputs(text.c_str(), stdout);
+  if (report->errors > 0) {
+    std::fprintf(stderr, "hearth bench: %llu requests failed\n", static_cast<unsigned long long>(report->errors));
+    return 1;
+  }
+  if (report->requests == 0) {
+    std::fprintf(stderr, "hearth bench: no request completed in the measured window\n");
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace hearth
 
@@ -444,6 +464,35 @@ int main(int argc, char** argv) {
   add_socket(unload);
   unload->add_option("model", unload_arg, "NAME[@VERSION]")->required();
 
+  auto* bench = app.add_subcommand(
+      "bench", "drive a KServe v2 REST server with random requests and report throughput and latency");
+  BenchOptions bench_options;
+  std::string bench_protocol = "binary", bench_arrival = "poisson";
+  bool bench_json = false;
+  bench->add_option("--url", bench_options.url, "http://HOST:PORT of the server")->required();
+  bench->add_option("--model", bench_options.model, "model name")->required();
+  bench->add_option("--version", bench_options.version, "model version (default: the server's choice)");
+  auto* concurrency_option =
+      bench->add_option("--concurrency", bench_options.concurrency, "closed loop: N connections sending back to back")
+          ->capture_default_str();
+  bench->add_option("--request-rate", bench_options.request_rate,
+                    "open loop: R requests/s; latency counts from each request's scheduled time")
+      ->excludes(concurrency_option);
+  bench->add_option("--arrival", bench_arrival, "open loop arrivals: poisson or constant (evenly spaced)")
+      ->check(CLI::IsMember({"poisson", "constant"}))
+      ->capture_default_str();
+  bench->add_option("--max-connections", bench_options.max_connections, "open loop: the connection pool's limit")
+      ->capture_default_str();
+  bench->add_option("--batch", bench_options.batch, "batch size of every request")->capture_default_str();
+  bench->add_option("--seconds", bench_options.seconds, "measured duration")->capture_default_str();
+  bench->add_option("--warmup", bench_options.warmup, "unmeasured seconds before it")->capture_default_str();
+  bench->add_option("--protocol", bench_protocol, "binary (tensor data after a JSON header) or json")
+      ->check(CLI::IsMember({"binary", "json"}))
+      ->capture_default_str();
+  bench->add_option("--output", bench_options.outputs, "request only these outputs (default: all)");
+  bench->add_option("--seed", bench_options.seed, "random seed for inputs and arrivals")->capture_default_str();
+  bench->add_flag("--json", bench_json, "print one JSON object instead of a table");
+
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%n %P] [%l] %v");
@@ -461,6 +510,11 @@ int main(int argc, char** argv) {
     if (!file.empty()) return InspectFile(file);
     if (!model.empty()) return InspectStore(socket, model, verify, hold);
     return Fail(InvalidArgument("inspect needs FILE or --model NAME"));
+  }
+  if (bench->parsed()) {
+    bench_options.protocol = bench_protocol == "json" ? BenchProtocol::kJson : BenchProtocol::kBinary;
+    bench_options.arrival = bench_arrival == "constant" ? BenchArrival::kConstant : BenchArrival::kPoisson;
+    return RunBenchCommand(bench_options, bench_json);
   }
   if (make->parsed()) return MakeModel(kind, dims, dtype, seed, out, threads);
   if (list->parsed()) return ListModels(socket);

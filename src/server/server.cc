@@ -252,6 +252,11 @@ Result<pid_t> WorkerSupervisor::Spawn(UniqueFd* control) {
                                    "--slot-fd", "4",
                                    "--slot-bytes", std::to_string(model_.layout.total)};
   if (c.allow_tf32) args.push_back("--allow-tf32");
+  if (!c.fault_kind.empty()) {
+    char value[64];
+    std::snprintf(value, sizeof value, "%.17g", c.fault_on_value);
+    args.insert(args.end(), {"--fault-kind", c.fault_kind, "--fault-on-value", value});
+  }
   for (const auto& [k, v] : c.parameters) {
     args.push_back("--param");
     args.push_back(k + "=" + v);

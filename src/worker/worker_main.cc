@@ -29,8 +29,32 @@ struct WorkerArgs {
   bool allow_tf32 = false;
   std::vector<std::string> params;
   int control_fd = -1, slot_fd = -1;
+  std::string fault_kind;
+  double fault_on_value = 0;
   uint64_t slot_bytes = 0;
 };
+
+// Fault injection (tests only; off unless the model config asks): fail the
+// way a buggy model would when any F32 input element equals the trigger.
+void MaybeInjectFault(const WorkerArgs& a, const std::vector<IoSpec>& specs,
+                      const std::vector<const void*>& inputs, int64_t batch) {
+  if (a.fault_kind.empty()) return;
+  const float trigger = static_cast<float>(a.fault_on_value);
+  bool hit = false;
+  for (size_t i = 0; i < specs.size() && !hit; ++i) {
+    if (specs[i].dtype != DType::kF32) continue;
+    const auto* x = static_cast<const float*>(inputs[i]);
+    const uint64_t n = specs[i].bytes_per_sample() / 4 * static_cast<uint64_t>(batch);
+    for (uint64_t k = 0; k < n && !hit; ++k) hit = x[k] == trigger;
+  }
+  if (!hit) return;
+  std::fprintf(stderr, "hearth-worker %d: fault injection: %s\n", ::getpid(), a.fault_kind.c_str());
+  if (a.fault_kind == "abort") std::abort();
+  if (a.fault_kind == "segv") ::raise(SIGSEGV);
+  if (a.fault_kind == "hang") {
+    for (;;) ::pause();
+  }
+}
 
 int Die(int control_fd, const Status& s) {
   std::fprintf(stderr, "hearth-worker %d: %s\n", ::getpid(), s.ToString().c_str());
@@ -111,6 +135,7 @@ int Serve(const WorkerArgs& a) {
     done.seq = m->seq;
     done.batch = m->batch;
     const auto started = std::chrono::steady_clock::now();
+    if (m->batch >= 1 && m->batch <= a.max_batch) MaybeInjectFault(a, (*backend)->inputs(), inputs, m->batch);
     Status s = m->batch < 1 || m->batch > a.max_batch
                    ? InvalidArgument("batch " + std::to_string(m->batch) + " outside [1, " +
                                      std::to_string(a.max_batch) + "]")
@@ -142,6 +167,8 @@ int main(int argc, char** argv) {
   app.add_option("--control-fd", a.control_fd)->required();
   app.add_option("--slot-fd", a.slot_fd)->required();
   app.add_option("--slot-bytes", a.slot_bytes)->required();
+  app.add_option("--fault-kind", a.fault_kind);
+  app.add_option("--fault-on-value", a.fault_on_value);
   CLI11_PARSE(app, argc, argv);
   return hearth::Serve(a);
 }

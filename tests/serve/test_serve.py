@@ -91,6 +91,21 @@ dynamic_batching:
   max_queue_delay_microseconds: 300000
   preferred_batch_size: [8]
 """)
+    # Fault injection: workers that crash (segv, abort) or hang on an input of 12345.
+    for name, kind, count in (("faulty", "segv", 2), ("aborting", "abort", 1), ("hanging", "hang", 1)):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.safetensors").write_bytes((root / "scale" / "1" / "model.safetensors").read_bytes())
+        (root / name / "config.yaml").write_text(f"""backend: scale
+max_batch_size: 4
+input:
+  - {{name: x, data_type: TYPE_FP32, dims: [{SCALE_N}]}}
+output:
+  - {{name: y, data_type: TYPE_FP32, dims: [1]}}
+instance_group:
+  - {{count: {count}, kind: {KIND}}}
+parameters:
+  fault_injection: {{on_value: 12345.0, kind: {kind}}}
+""")
     # dims disagree with the checkpoint (8): not served, the rest is.
     (root / "broken" / "config.yaml").write_text("""backend: scale
 max_batch_size: 4
@@ -107,7 +122,7 @@ def server():
     write_repository(tmp / "repo")
     log = open(tmp / "serve.log", "w+")
     proc = subprocess.Popen([CLI, "serve", "--model-repository", str(tmp / "repo"), "--http-port", "0",
-                             "--device", "cuda" if ON_GPU else "cpu", "--max-body-bytes", str(1 << 20)],
+                             "--device", "cuda" if ON_GPU else "cpu", "--exec-timeout-ms", "1500", "--max-body-bytes", str(1 << 20)],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     port = None
     deadline = time.time() + 60
@@ -391,6 +406,34 @@ def test_killing_workers_under_load_fails_no_request(server):
         time.sleep(0.1)
     assert len(now) == 4 and len(now - before) >= 3, f"replacements did not appear: {before} -> {now}"
     assert requests.get(f"{url}/v2/models/mlp/ready").status_code == 200
+
+
+def scale_request(url, model, x):
+    return infer_json(url, model, [{"name": "x", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}])
+
+
+@pytest.mark.parametrize("model", ["faulty", "aborting", "hanging"])
+def test_poison_request_fails_alone_and_the_workers_stop_dying(server, model):
+    url = server["url"]
+    w = server["weights"]["scale"]["weight"].astype(np.float64)
+    rng = np.random.default_rng(12)
+    good = [rng.standard_normal((1, SCALE_N)).astype(np.float32) for _ in range(12)]
+    bad = rng.standard_normal((1, SCALE_N)).astype(np.float32)
+    bad[0, 7] = 12345.0
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        poison = pool.submit(scale_request, url, model, bad)
+        answers = list(pool.map(lambda x: scale_request(url, model, x), good))
+        r = poison.result()
+    assert r.status_code == 500, r.text
+    assert "poison" in r.json()["error"] and "3 workers" in r.json()["error"]
+    for x, a in zip(good, answers):
+        assert a.status_code == 200, f"an innocent request failed: {a.text}"
+        np.testing.assert_allclose(a.json()["outputs"][0]["data"], x.astype(np.float64) @ w, rtol=1e-4, atol=1e-3)
+    deadline = time.time() + 20
+    while requests.get(f"{url}/v2/models/{model}/ready").status_code != 200 and time.time() < deadline:
+        time.sleep(0.1)
+    after = scale_request(url, model, good[0])
+    assert after.status_code == 200, after.text
 
 
 def parse_metrics(text):
