@@ -38,8 +38,10 @@ struct Endpoint {
 
 Result<Endpoint> ParseUrl(const std::string& url) {
   constexpr std::string_view kScheme = "http://";
-  if (url.rfind("https://", 0) == 0) return InvalidArgument("bad URL '" + url + "': https is not supported");
-  if (url.rfind(kScheme, 0) != 0) return InvalidArgument("bad URL '" + url + "': expected http://HOST:PORT");
+  if (url.rfind("https://", 0) == 0)
+    return InvalidArgument("bad URL '" + url + "': https is not supported");
+  if (url.rfind(kScheme, 0) != 0)
+    return InvalidArgument("bad URL '" + url + "': expected http://HOST:PORT");
   std::string rest = url.substr(kScheme.size());
   if (!rest.empty() && rest.back() == '/') rest.pop_back();
   if (rest.find('/') != std::string::npos) {
@@ -62,9 +64,10 @@ Result<Endpoint> ParseUrl(const std::string& url) {
   int port = -1;
   const auto [end, ec] =
       std::from_chars(endpoint.port.data(), endpoint.port.data() + endpoint.port.size(), port);
-  if (endpoint.host.empty() || ec != std::errc() || end != endpoint.port.data() + endpoint.port.size() ||
-      port <= 0 || port > 65535) {
-    return InvalidArgument("bad URL '" + url + "': expected http://HOST:PORT with a port in [1, 65535]");
+  if (endpoint.host.empty() || ec != std::errc() ||
+      end != endpoint.port.data() + endpoint.port.size() || port <= 0 || port > 65535) {
+    return InvalidArgument("bad URL '" + url +
+                           "': expected http://HOST:PORT with a port in [1, 65535]");
   }
   return endpoint;
 }
@@ -78,7 +81,8 @@ class Connection {
 
   // Sends `request`; on a transport failure returns the error and leaves the
   // connection closed, so the next call reconnects.
-  Result<http::response<http::string_body>> RoundTrip(const http::request<http::string_body>& request) {
+  Result<http::response<http::string_body>> RoundTrip(
+      const http::request<http::string_body>& request) {
     try {
       if (!open_) Connect();
       http::write(stream_, request);
@@ -86,9 +90,12 @@ class Connection {
       http::read(stream_, buffer_, response);
       if (!response.keep_alive()) Close();
       return response;
+    } catch (const boost::system::system_error& e) {
+      Close();
+      return Unavailable(e.code().message());  // what() would add Boost's source location
     } catch (const std::exception& e) {
       Close();
-      return Unavailable("http://" + endpoint_.host + ":" + endpoint_.port + ": " + e.what());
+      return Unavailable(e.what());
     }
   }
 
@@ -148,7 +155,8 @@ uint16_t ToHalf(float value) {
   const int exponent = static_cast<int>((bits >> 23) & 0xff) - 127 + 15;
   if (exponent <= 0) return static_cast<uint16_t>(sign);
   if (exponent >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
-  return static_cast<uint16_t>(sign | (static_cast<uint32_t>(exponent) << 10) | ((bits >> 13) & 0x3ff));
+  return static_cast<uint16_t>(sign | (static_cast<uint32_t>(exponent) << 10) |
+                               ((bits >> 13) & 0x3ff));
 }
 
 struct PreparedBody {
@@ -161,7 +169,8 @@ void AppendRaw(std::string& out, T value) {
   out.append(reinterpret_cast<const char*>(&value), sizeof(T));
 }
 
-PreparedBody MakeBody(const std::vector<InputSpec>& inputs, const BenchOptions& options, std::mt19937_64& rng) {
+PreparedBody MakeBody(const std::vector<InputSpec>& inputs, const BenchOptions& options,
+                      std::mt19937_64& rng) {
   std::normal_distribution<float> normal;
   std::uniform_int_distribution<int> small(0, 9);
   std::bernoulli_distribution coin;
@@ -191,16 +200,24 @@ PreparedBody MakeBody(const std::vector<InputSpec>& inputs, const BenchOptions& 
         }
       } else if (t == "BOOL") {
         const bool v = coin(rng);
-        if (binary) AppendRaw(bytes, static_cast<uint8_t>(v));
-        else values.push_back(v);
+        if (binary)
+          AppendRaw(bytes, static_cast<uint8_t>(v));
+        else
+          values.push_back(v);
       } else {  // integers: small non-negative values, safe as indices
         const int v = small(rng);
-        if (!binary) values.push_back(v);
-        else if (t == "INT64") AppendRaw(bytes, static_cast<int64_t>(v));
-        else if (t == "INT32") AppendRaw(bytes, static_cast<int32_t>(v));
-        else if (t == "INT16") AppendRaw(bytes, static_cast<int16_t>(v));
-        else if (t == "INT8") AppendRaw(bytes, static_cast<int8_t>(v));
-        else AppendRaw(bytes, static_cast<uint8_t>(v));
+        if (!binary)
+          values.push_back(v);
+        else if (t == "INT64")
+          AppendRaw(bytes, static_cast<int64_t>(v));
+        else if (t == "INT32")
+          AppendRaw(bytes, static_cast<int32_t>(v));
+        else if (t == "INT16")
+          AppendRaw(bytes, static_cast<int16_t>(v));
+        else if (t == "INT8")
+          AppendRaw(bytes, static_cast<int8_t>(v));
+        else
+          AppendRaw(bytes, static_cast<uint8_t>(v));
       }
     }
     if (binary) {
@@ -233,7 +250,8 @@ std::string ServerMessage(const http::response<http::string_body>& response) {
   std::string text = response.body();
   try {
     const json body = json::parse(text);
-    if (body.is_object() && body.contains("error") && body["error"].is_string()) text = body["error"];
+    if (body.is_object() && body.contains("error") && body["error"].is_string())
+      text = body["error"];
   } catch (const json::exception&) {
   }
   if (text.size() > 300) text = text.substr(0, 300) + "...";
@@ -241,13 +259,15 @@ std::string ServerMessage(const http::response<http::string_body>& response) {
 }
 
 Result<std::vector<InputSpec>> ReadInputs(Connection& connection, const Endpoint& endpoint,
-                                          const BenchOptions& options, const std::string& model_path) {
+                                          const BenchOptions& options,
+                                          const std::string& model_path) {
   http::request<http::string_body> request{http::verb::get, model_path, 11};
   request.set(http::field::host, endpoint.host);
   request.keep_alive(false);
   Result<http::response<http::string_body>> response = connection.RoundTrip(request);
   if (!response.ok()) {
-    return Unavailable("cannot reach the server at " + options.url + ": " + response.status().message());
+    return Unavailable("cannot reach the server at " + options.url + ": " +
+                       response.status().message());
   }
   const std::string label = "model '" + options.model + "'" +
                             (options.version.empty() ? "" : " version " + options.version);
@@ -255,7 +275,8 @@ Result<std::vector<InputSpec>> ReadInputs(Connection& connection, const Endpoint
     return NotFound(label + " not found on " + options.url + " (" + ServerMessage(*response) + ")");
   }
   if (response->result() != http::status::ok) {
-    return Unavailable("metadata of " + label + " on " + options.url + ": " + ServerMessage(*response));
+    return Unavailable("metadata of " + label + " on " + options.url + ": " +
+                       ServerMessage(*response));
   }
   json metadata;
   try {
@@ -264,7 +285,8 @@ Result<std::vector<InputSpec>> ReadInputs(Connection& connection, const Endpoint
     return InvalidArgument("metadata of " + label + " is not JSON: " + e.what());
   }
   const int64_t max_batch = metadata.value("max_batch_size", int64_t{0});
-  if (!metadata.contains("inputs") || !metadata["inputs"].is_array() || metadata["inputs"].empty()) {
+  if (!metadata.contains("inputs") || !metadata["inputs"].is_array() ||
+      metadata["inputs"].empty()) {
     return InvalidArgument("metadata of " + label + " lists no inputs");
   }
   if (max_batch == 0 && options.batch != 1) {
@@ -281,9 +303,10 @@ Result<std::vector<InputSpec>> ReadInputs(Connection& connection, const Endpoint
       input.name = tensor.at("name").get<std::string>();
       input.datatype = tensor.at("datatype").get<std::string>();
       if (ElementBytes(input.datatype) == 0) {
-        return Unimplemented("input '" + input.name + "' of " + label + " has datatype " + input.datatype +
-                             "; bench supports FP32, FP64, FP16, BF16, INT8, INT16, INT32, INT64, UINT8 "
-                             "and BOOL");
+        return Unimplemented(
+            "input '" + input.name + "' of " + label + " has datatype " + input.datatype +
+            "; bench supports FP32, FP64, FP16, BF16, INT8, INT16, INT32, INT64, UINT8 "
+            "and BOOL");
       }
       std::vector<int64_t> dims = tensor.at("shape").get<std::vector<int64_t>>();
       if (max_batch > 0) {
@@ -319,19 +342,25 @@ struct Sample {
 // What every sender shares: the prepared requests, the counters, the samples.
 class RunState {
  public:
-  RunState(const BenchOptions& options, Endpoint endpoint, std::vector<http::request<http::string_body>> requests,
-           std::FILE* err)
-      : options_(options), endpoint_(std::move(endpoint)), requests_(std::move(requests)), err_(err) {}
+  RunState(const BenchOptions& options, Endpoint endpoint,
+           std::vector<http::request<http::string_body>> requests, std::FILE* err)
+      : options_(options),
+        endpoint_(std::move(endpoint)),
+        requests_(std::move(requests)),
+        err_(err) {}
 
   const Endpoint& endpoint() const { return endpoint_; }
-  const http::request<http::string_body>& NextRequest() { return requests_[next_++ % requests_.size()]; }
+  const http::request<http::string_body>& NextRequest() {
+    return requests_[next_++ % requests_.size()];
+  }
 
   // Sends one request and records it, as a sample or as an error.
   void SendOne(Connection& connection, Clock::time_point start) {
     Result<http::response<http::string_body>> response = connection.RoundTrip(NextRequest());
     const Clock::time_point done = Clock::now();
     if (!response.ok()) {
-      RecordError(response.status().message());
+      RecordError("connection to " + endpoint_.host + ":" + endpoint_.port + ": " +
+                  response.status().message());
     } else if (response->result() != http::status::ok) {
       RecordError(ServerMessage(*response));
     } else {
@@ -344,7 +373,8 @@ class RunState {
     std::lock_guard lock(mu_);
     if (static_cast<int>(first_errors_.size()) < options_.errors_to_print) {
       first_errors_.push_back(message);
-      if (err_ != nullptr) std::fprintf(err_, "hearth bench: request failed: %s\n", message.c_str());
+      if (err_ != nullptr)
+        std::fprintf(err_, "hearth bench: request failed: %s\n", message.c_str());
     }
     ++errors_;
   }
@@ -389,20 +419,24 @@ void RunClosedLoop(const BenchOptions& options, RunState& state, Clock::time_poi
 // each with its own connection, take them in order. When a send time comes
 // and no sender is idle, the pool grows (up to max_connections); beyond that
 // the request waits in the queue and its latency shows the wait.
-int RunOpenLoop(const BenchOptions& options, RunState& state, Clock::time_point begin, Clock::time_point end,
-                uint64_t* unsent, Clock::time_point measure_begin) {
+int RunOpenLoop(const BenchOptions& options, RunState& state, Clock::time_point begin,
+                Clock::time_point end, uint64_t* unsent, Clock::time_point measure_begin) {
   std::mutex mu;
   std::condition_variable ready;
   std::deque<Clock::time_point> queue;
   bool stop = false;
   int idle = 0;
+  const Clock::time_point drain_deadline =
+      end + std::chrono::duration_cast<Clock::duration>(
+                std::chrono::duration<double>(std::min(options.timeout_seconds, 2.0)));
   std::vector<std::thread> senders;
   auto sender = [&] {
     Connection connection(state.endpoint(), options.timeout_seconds);
     std::unique_lock lock(mu);
     for (;;) {  // counted idle from creation, so a starting sender is not spawned for again
       ready.wait(lock, [&] { return stop || !queue.empty(); });
-      if (stop) return;
+      // After the schedule ends, what is queued is still sent, until the drain deadline.
+      if (queue.empty() || (stop && Clock::now() >= drain_deadline)) return;
       --idle;
       const Clock::time_point scheduled = queue.front();
       queue.pop_front();
@@ -428,7 +462,8 @@ int RunOpenLoop(const BenchOptions& options, RunState& state, Clock::time_point 
     {
       std::lock_guard lock(mu);
       queue.push_back(next);
-      if (idle < static_cast<int>(queue.size()) && static_cast<int>(senders.size()) < options.max_connections) {
+      if (idle < static_cast<int>(queue.size()) &&
+          static_cast<int>(senders.size()) < options.max_connections) {
         ++idle;
         senders.emplace_back(sender);
       }
@@ -440,13 +475,12 @@ int RunOpenLoop(const BenchOptions& options, RunState& state, Clock::time_point 
   {
     std::lock_guard lock(mu);
     stop = true;
-    for (const Clock::time_point t : queue) {
-      if (t >= measure_begin) ++*unsent;
-    }
-    queue.clear();
   }
   ready.notify_all();
   for (std::thread& t : senders) t.join();
+  for (const Clock::time_point t : queue) {  // left behind by the drain deadline
+    if (t >= measure_begin) ++*unsent;
+  }
   return static_cast<int>(senders.size());
 }
 
@@ -467,7 +501,8 @@ Result<BenchReport> RunBench(const BenchOptions& options, std::FILE* err) {
   if (options.request_rate < 0 || !std::isfinite(options.request_rate)) {
     return InvalidArgument("--request-rate must be positive");
   }
-  if (options.request_rate == 0 && options.concurrency < 1) return InvalidArgument("--concurrency must be at least 1");
+  if (options.request_rate == 0 && options.concurrency < 1)
+    return InvalidArgument("--concurrency must be at least 1");
   if (options.max_connections < 1) return InvalidArgument("max_connections must be at least 1");
   if (options.distinct_bodies < 1) return InvalidArgument("distinct_bodies must be at least 1");
   if (!(options.timeout_seconds > 0)) return InvalidArgument("timeout must be positive");
@@ -513,7 +548,8 @@ Result<BenchReport> RunBench(const BenchOptions& options, std::FILE* err) {
   if (options.request_rate > 0) {
     report.mode = "request_rate";
     report.arrival = options.arrival == BenchArrival::kPoisson ? "poisson" : "constant";
-    report.concurrency = RunOpenLoop(options, state, begin, measure_end, &report.unsent, measure_begin);
+    report.concurrency =
+        RunOpenLoop(options, state, begin, measure_end, &report.unsent, measure_begin);
   } else {
     report.mode = "concurrency";
     report.concurrency = options.concurrency;
@@ -535,8 +571,9 @@ Result<BenchReport> RunBench(const BenchOptions& options, std::FILE* err) {
   report.requests_per_s = static_cast<double>(report.requests) / report.seconds;
   report.inferences_per_s = report.requests_per_s * report.batch;
   if (!latencies.empty()) {
-    report.latency_ms = {Percentile(latencies, 0.50), Percentile(latencies, 0.90), Percentile(latencies, 0.99),
-                         latencies.back(), sum / static_cast<double>(latencies.size())};
+    report.latency_ms = {Percentile(latencies, 0.50), Percentile(latencies, 0.90),
+                         Percentile(latencies, 0.99), latencies.back(),
+                         sum / static_cast<double>(latencies.size())};
   }
   return report;
 }
@@ -570,8 +607,10 @@ std::string ReportJson(const BenchReport& report) {
 
 std::string ReportTable(const BenchReport& report) {
   char buffer[2048];
+  char rate[32];
+  std::snprintf(rate, sizeof(rate), "%g", report.request_rate);
   std::string load = report.mode == "request_rate"
-                         ? std::to_string(report.request_rate) + " req/s (" + report.arrival + " arrivals, " +
+                         ? std::string(rate) + " req/s (" + report.arrival + " arrivals, " +
                                std::to_string(report.concurrency) + " connections)"
                          : std::to_string(report.concurrency) + " connections (closed loop)";
   std::snprintf(buffer, sizeof(buffer),
@@ -581,11 +620,13 @@ std::string ReportTable(const BenchReport& report) {
                 "throughput   %.1f requests/s   %.1f inferences/s\n"
                 "latency ms   p50 %.3f   p90 %.3f   p99 %.3f   max %.3f   mean %.3f\n",
                 report.model.c_str(), report.version.empty() ? "" : (" v" + report.version).c_str(),
-                report.url.c_str(), load.c_str(), report.batch, report.protocol.c_str(), report.seconds,
-                static_cast<unsigned long long>(report.requests), static_cast<unsigned long long>(report.errors),
+                report.url.c_str(), load.c_str(), report.batch, report.protocol.c_str(),
+                report.seconds, static_cast<unsigned long long>(report.requests),
+                static_cast<unsigned long long>(report.errors),
                 report.unsent > 0 ? ("   unsent " + std::to_string(report.unsent)).c_str() : "",
-                report.requests_per_s, report.inferences_per_s, report.latency_ms.p50, report.latency_ms.p90,
-                report.latency_ms.p99, report.latency_ms.max, report.latency_ms.mean);
+                report.requests_per_s, report.inferences_per_s, report.latency_ms.p50,
+                report.latency_ms.p90, report.latency_ms.p99, report.latency_ms.max,
+                report.latency_ms.mean);
   return buffer;
 }
 

@@ -26,11 +26,11 @@ enum class BenchProtocol { kBinary, kJson };
 enum class BenchArrival { kPoisson, kConstant };
 
 struct BenchOptions {
-  std::string url;      // http://HOST:PORT (a trailing '/' is allowed; no path, no https)
+  std::string url;  // http://HOST:PORT (a trailing '/' is allowed; no path, no https)
   std::string model;
-  std::string version;  // empty: the server's choice
-  int concurrency = 1;        // closed loop: connections sending back to back
-  double request_rate = 0;    // > 0: open loop at this many requests/s instead
+  std::string version;      // empty: the server's choice
+  int concurrency = 1;      // closed loop: connections sending back to back
+  double request_rate = 0;  // > 0: open loop at this many requests/s instead
   BenchArrival arrival = BenchArrival::kPoisson;
   int max_connections = 256;  // open loop: the pool grows up to this
   int batch = 1;              // must be 1 for a model without a batch dimension
@@ -50,16 +50,16 @@ struct BenchLatency {
 
 struct BenchReport {
   std::string url, model, version;
-  std::string mode;       // "concurrency" or "request_rate"
-  std::string protocol;   // "binary" or "json"
-  std::string arrival;    // open loop only: "poisson" or "constant"
-  int concurrency = 0;    // closed loop: N; open loop: connections the pool grew to
+  std::string mode;      // "concurrency" or "request_rate"
+  std::string protocol;  // "binary" or "json"
+  std::string arrival;   // open loop only: "poisson" or "constant"
+  int concurrency = 0;   // closed loop: N; open loop: connections the pool grew to
   double request_rate = 0;
   int batch = 1;
   double seconds = 0;     // the measured window, as it really ran
   uint64_t requests = 0;  // successful requests whose (scheduled) start fell in the window
   uint64_t errors = 0;    // failed requests or connections, warmup included
-  uint64_t unsent = 0;    // open loop: scheduled in the window but never sent (client behind)
+  uint64_t unsent = 0;    // open loop: scheduled in the window, still queued 2 s after it ends
   double requests_per_s = 0;
   double inferences_per_s = 0;  // requests_per_s * batch
   BenchLatency latency_ms;

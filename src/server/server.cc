@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <spdlog/spdlog.h>
@@ -77,14 +78,17 @@ class JobQueue {
   // alone, so that only the request at fault can become a poison batch.
   // Requests whose deadline passed are answered DEADLINE_EXCEEDED here and
   // never run. Empty once closed and drained.
-  std::vector<std::shared_ptr<Job>> PopBatch(const BatchPolicy& policy) {
+  // Returns empty after `idle` with nothing queued, so the caller can look
+  // after its worker.
+  std::vector<std::shared_ptr<Job>> PopBatch(const BatchPolicy& policy, std::chrono::milliseconds idle) {
     std::vector<std::shared_ptr<Job>> batch;
     std::vector<std::shared_ptr<Job>> expired;
     std::unique_lock lock(mu_);
     const int64_t target = policy.preferred.empty() ? policy.max_batch : policy.preferred.back();
     int64_t rows = 0;
     for (;;) {
-      cv_.wait(lock, [&] { return closed_ || !jobs_.empty() || !batch.empty(); });
+      if (!cv_.wait_for(lock, idle, [&] { return closed_ || !jobs_.empty() || !batch.empty(); }))
+        return {};
       const auto now = Clock::now();
       while (!jobs_.empty()) {
         std::shared_ptr<Job>& front = jobs_.front();
@@ -421,10 +425,18 @@ void WorkerSupervisor::Loop() {
     device_memory_bytes_ = ready->device_memory_bytes;
     bool alive = true;
     while (alive) {
-      std::vector<std::shared_ptr<Job>> jobs = model_.queue->PopBatch(model_.policy);
+      std::vector<std::shared_ptr<Job>> jobs =
+          model_.queue->PopBatch(model_.policy, std::chrono::milliseconds(100));
       if (jobs.empty()) {
         if (model_.stopping) break;
-        continue;  // only expired requests this time
+        // Idle: a worker that died between batches (end-of-file on its
+        // control socket) is replaced now, not when the next request finds it.
+        pollfd p{control.get(), POLLIN, 0};
+        if (::poll(&p, 1, 0) > 0) {
+          spdlog::warn("{} worker {} (pid {}) died while idle", model_.repo.name, index_, pid_.load());
+          alive = false;
+        }
+        continue;
       }
       alive = RunBatch(control.get(), jobs);
     }

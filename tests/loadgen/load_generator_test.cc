@@ -53,11 +53,13 @@ int RunCommand(const std::string& command, std::string* out = nullptr) {
 class BenchTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new fs::path(fs::temp_directory_path() / ("hearth-bench-test-" + std::to_string(::getpid())));
+    dir_ = new fs::path(fs::temp_directory_path() /
+                        ("hearth-bench-test-" + std::to_string(::getpid())));
     fs::create_directories(*dir_ / "repo" / "scale" / "1");
     const std::string cli = HEARTH_CLI_PATH;
     ASSERT_EQ(RunCommand(cli + " make-model scale --dims 16 --out " +
-                         (*dir_ / "repo" / "scale" / "1" / "model.safetensors").string() + " >/dev/null 2>&1"),
+                         (*dir_ / "repo" / "scale" / "1" / "model.safetensors").string() +
+                         " >/dev/null 2>&1"),
               0);
     std::ofstream(*dir_ / "repo" / "scale" / "config.yaml") << R"(backend: scale
 max_batch_size: 4
@@ -74,7 +76,8 @@ instance_group:
     posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
     const std::string repo = (*dir_ / "repo").string();
-    std::vector<std::string> args = {cli, "serve", "--model-repository", repo, "--http-port", "0", "--device", "cpu"};
+    std::vector<std::string> args = {cli,           "serve", "--model-repository", repo,
+                                     "--http-port", "0",     "--device",           "cpu"};
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -84,8 +87,10 @@ instance_group:
     for (int i = 0; i < 600 && port_ == 0; ++i) {
       std::smatch match;
       const std::string text = ReadFile(log);
-      if (std::regex_search(text, match, ready)) port_ = std::stoi(match[1]);
-      else std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (std::regex_search(text, match, ready))
+        port_ = std::stoi(match[1]);
+      else
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
       ASSERT_EQ(::waitpid(server_pid_, nullptr, WNOHANG), 0) << "hearth serve exited:\n" << text;
     }
     ASSERT_NE(port_, 0) << "hearth serve never became ready:\n" << ReadFile(log);
@@ -120,7 +125,8 @@ instance_group:
 
   static void ExpectHealthy(const BenchReport& report) {
     EXPECT_GT(report.requests, 0u);
-    EXPECT_EQ(report.errors, 0u) << (report.first_errors.empty() ? "" : report.first_errors.front());
+    EXPECT_EQ(report.errors, 0u) << (report.first_errors.empty() ? ""
+                                                                 : report.first_errors.front());
     EXPECT_LE(report.latency_ms.p50, report.latency_ms.p90);
     EXPECT_LE(report.latency_ms.p90, report.latency_ms.p99);
     EXPECT_LE(report.latency_ms.p99, report.latency_ms.max);
@@ -168,7 +174,8 @@ TEST_F(BenchTest, RequestRateConstantBinaryAndJson) {
     ASSERT_TRUE(report.ok()) << report.status().ToString();
     ExpectHealthy(*report);
     EXPECT_EQ(report->mode, "request_rate");
-    EXPECT_NEAR(report->requests_per_s, 50, 15) << report->protocol;
+    // Loose on purpose (not a timing test): unthrottled, this server takes thousands per second.
+    EXPECT_NEAR(report->requests_per_s, 50, 25) << report->protocol;
     EXPECT_GE(report->concurrency, 1);
   }
 }
@@ -181,7 +188,22 @@ TEST_F(BenchTest, RequestRatePoisson) {
   ASSERT_TRUE(report.ok()) << report.status().ToString();
   ExpectHealthy(*report);
   EXPECT_EQ(report->arrival, "poisson");
-  EXPECT_NEAR(report->requests_per_s, 50, 15);
+  EXPECT_NEAR(report->requests_per_s, 50, 25);
+}
+
+TEST_F(BenchTest, FailedRequestsAreCountedAndKept) {
+  BenchOptions options = Options();
+  options.seconds = 0.3;
+  options.warmup = 0;
+  options.outputs = {"no_such_output"};
+  Result<BenchReport> report = RunBench(options, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->requests, 0u);
+  EXPECT_GT(report->errors, 0u);
+  ASSERT_EQ(report->first_errors.size(), 3u);
+  EXPECT_NE(report->first_errors[0].find("HTTP 400"), std::string::npos) << report->first_errors[0];
+  EXPECT_NE(report->first_errors[0].find("no_such_output"), std::string::npos)
+      << report->first_errors[0];
 }
 
 TEST_F(BenchTest, UnknownModelIsNamed) {
@@ -190,7 +212,8 @@ TEST_F(BenchTest, UnknownModelIsNamed) {
   Result<BenchReport> report = RunBench(options, nullptr);
   ASSERT_FALSE(report.ok());
   EXPECT_EQ(report.status().code(), StatusCode::kNotFound);
-  EXPECT_NE(report.status().message().find("no_such_model"), std::string::npos) << report.status().message();
+  EXPECT_NE(report.status().message().find("no_such_model"), std::string::npos)
+      << report.status().message();
 }
 
 TEST_F(BenchTest, BatchAboveMaxBatchSizeIsRefused) {
@@ -198,7 +221,8 @@ TEST_F(BenchTest, BatchAboveMaxBatchSizeIsRefused) {
   options.batch = 5;
   Result<BenchReport> report = RunBench(options, nullptr);
   ASSERT_FALSE(report.ok());
-  EXPECT_NE(report.status().message().find("max_batch_size 4"), std::string::npos) << report.status().message();
+  EXPECT_NE(report.status().message().find("max_batch_size 4"), std::string::npos)
+      << report.status().message();
 }
 
 TEST_F(BenchTest, ClosedPortIsNamed) {
@@ -223,8 +247,9 @@ TEST_F(BenchTest, ClosedPortIsNamed) {
 }
 
 TEST_F(BenchTest, BadUrlsAreRefused) {
-  for (const char* url : {"ftp://127.0.0.1:1", "https://127.0.0.1:1", "http://127.0.0.1:0", "http://127.0.0.1:x",
-                          "http://127.0.0.1:8000/v2", "127.0.0.1:8000", "http://:80"}) {
+  for (const char* url :
+       {"ftp://127.0.0.1:1", "https://127.0.0.1:1", "http://127.0.0.1:0", "http://127.0.0.1:x",
+        "http://127.0.0.1:8000/v2", "127.0.0.1:8000", "http://:80"}) {
     BenchOptions options = Options();
     options.url = url;
     Result<BenchReport> report = RunBench(options, nullptr);
@@ -236,9 +261,10 @@ TEST_F(BenchTest, BadUrlsAreRefused) {
 
 TEST_F(BenchTest, CliPrintsOneJsonObject) {
   std::string out;
-  const int rc = RunCommand(std::string(HEARTH_CLI_PATH) + " bench --url " + Url() +
-                                " --model scale --concurrency 2 --batch 2 --seconds 0.5 --warmup 0.1 --json",
-                            &out);
+  const int rc =
+      RunCommand(std::string(HEARTH_CLI_PATH) + " bench --url " + Url() +
+                     " --model scale --concurrency 2 --batch 2 --seconds 0.5 --warmup 0.1 --json",
+                 &out);
   ASSERT_EQ(rc, 0) << out;
   const nlohmann::json report = nlohmann::json::parse(out);
   EXPECT_EQ(report["model"], "scale");

@@ -142,7 +142,8 @@ def server():
         "mlp": read_safetensors(tmp / "repo" / "mlp" / "1" / "model.safetensors"),
         "scale": read_safetensors(tmp / "repo" / "scale" / "1" / "model.safetensors"),
     }
-    yield {"url": f"http://127.0.0.1:{port}", "proc": proc, "weights": weights, "log": tmp / "serve.log"}
+    state = {"url": f"http://127.0.0.1:{port}", "proc": proc, "weights": weights, "log": tmp / "serve.log"}
+    yield state
     proc.send_signal(signal.SIGTERM)
     try:
         code = proc.wait(timeout=30)
@@ -157,9 +158,10 @@ def server():
     assert not pathlib.Path(f"/tmp/hearth-serve-{proc.pid}").exists(), "run directory left behind"
     assert not model_workers_alive(proc.pid), "workers outlived the server"
     # The batching test's 16 one-row requests ran in a few batches, not 16.
-    m = re.search(r"model batched: (\d+) requests in (\d+) batches", text)
-    assert m, "no batch summary for the batched model"
-    assert int(m.group(1)) == 16 and int(m.group(2)) <= 4, m.group(0)
+    if state.get("batched_ran"):
+        m = re.search(r"model batched: (\d+) requests in (\d+) batches", text)
+        assert m, "no batch summary for the batched model"
+        assert int(m.group(1)) == 16 and int(m.group(2)) <= 4, m.group(0)
 
 
 def model_workers_alive(serve_pid):
@@ -357,15 +359,13 @@ def test_single_requests_are_batched_and_split_back(server):
         _, parts = split_binary(r)
         return np.frombuffer(parts["logits"], dtype="<f4").reshape(1, MLP[2])
 
-    start = time.time()
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         results = list(pool.map(one, xs))
-    elapsed = time.time() - start
     for x, got in zip(xs, results):
         np.testing.assert_allclose(got, mlp_reference(w, x)[0], rtol=1e-4, atol=1e-4)
-    # Full batches of 8 go at once; the server's summary (checked when the
-    # fixture stops it) must show 16 requests in a few batches.
-    assert elapsed < 0.3 * 16, elapsed
+    # The server's summary, checked when the fixture stops it, must show these
+    # 16 requests in a few batches.
+    server["batched_ran"] = True
 
 
 def test_request_timeout_answers_504_without_running(server):
@@ -408,6 +408,54 @@ def test_killing_workers_under_load_fails_no_request(server):
     assert requests.get(f"{url}/v2/models/mlp/ready").status_code == 200
 
 
+def test_two_thousand_requests_while_a_worker_is_killed_every_100ms(server):
+    """8 clients, 2,000 requests, a random mlp worker SIGKILLed every 100 ms:
+    none fails, none is lost, every answer is right."""
+    import random
+    import threading
+    url = server["url"]
+    w = server["weights"]["mlp"]
+    rng = np.random.default_rng(21)
+    xs = [rng.standard_normal((1 + i % 4, MLP[0])).astype(np.float32) for i in range(2000)]
+    refs = [mlp_reference(w, x)[0] for x in xs]
+    stop = threading.Event()
+    kills = []
+
+    def killer():
+        while not stop.wait(0.1):
+            pids = model_workers(server["proc"].pid, "mlp")
+            if pids:
+                victim = random.choice(pids)
+                try:
+                    os.kill(victim, signal.SIGKILL)
+                    kills.append(victim)
+                except ProcessLookupError:
+                    pass
+
+    def one(i):
+        r = infer_binary(url, "mlp", "input", xs[i], outputs=["logits"])
+        assert r.status_code == 200, f"request {i}: {r.status_code} {r.text}"
+        _, parts = split_binary(r)
+        got = np.frombuffer(parts["logits"], dtype="<f4").reshape(xs[i].shape[0], MLP[2])
+        np.testing.assert_allclose(got, refs[i], rtol=1e-4, atol=1e-4)
+        return i
+
+    t = threading.Thread(target=killer)
+    t.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            done = sorted(pool.map(one, range(len(xs))))
+    finally:
+        stop.set()
+        t.join()
+    assert done == list(range(2000)), "a request was lost"
+    assert len(kills) >= 5, f"only {len(kills)} workers were killed"
+    deadline = time.time() + 20
+    while len(model_workers(server["proc"].pid, "mlp")) != 4 and time.time() < deadline:
+        time.sleep(0.1)
+    assert len(model_workers(server["proc"].pid, "mlp")) == 4
+
+
 def scale_request(url, model, x):
     return infer_json(url, model, [{"name": "x", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}])
 
@@ -448,6 +496,8 @@ def parse_metrics(text):
 
 def test_metrics_after_everything_above(server):
     """Runs last: the counters must add up to what the tests above did."""
+    if not server.get("batched_ran"):
+        pytest.skip("needs the whole module run in order (the batching and kill tests first)")
     r = requests.get(f"{server['url']}/metrics")
     assert r.status_code == 200
     assert r.headers["Content-Type"].startswith("text/plain")
