@@ -46,6 +46,31 @@ def read_safetensors(path):
     return out
 
 
+def mlp_config(count, extra=""):
+    return f"""backend: mlp
+max_batch_size: 8
+input:
+  - {{name: input, data_type: TYPE_FP32, dims: [{MLP[0]}]}}
+output:
+  - {{name: logits, data_type: TYPE_FP32, dims: [{MLP[2]}]}}
+  - {{name: argmax, data_type: TYPE_INT64, dims: [1]}}
+instance_group:
+  - {{count: {count}, kind: {KIND}}}
+""" + extra
+
+
+def scale_config(count, extra=""):
+    return f"""backend: scale
+max_batch_size: 4
+input:
+  - {{name: x, data_type: TYPE_FP32, dims: [{SCALE_N}]}}
+output:
+  - {{name: y, data_type: TYPE_FP32, dims: [1]}}
+instance_group:
+  - {{count: {count}, kind: {KIND}}}
+""" + extra
+
+
 def write_repository(root):
     (root / "mlp" / "1").mkdir(parents=True)
     (root / "scale" / "1").mkdir(parents=True)
@@ -56,56 +81,22 @@ def write_repository(root):
                     "--out", str(root / "scale" / "1" / "model.safetensors")], check=True, capture_output=True)
     subprocess.run([CLI, "make-model", "scale", "--dims", "8", "--seed", "6",
                     "--out", str(root / "broken" / "1" / "model.safetensors")], check=True, capture_output=True)
-    (root / "mlp" / "config.yaml").write_text(f"""backend: mlp
-max_batch_size: 8
-input:
-  - {{name: input, data_type: TYPE_FP32, dims: [{MLP[0]}]}}
-output:
-  - {{name: logits, data_type: TYPE_FP32, dims: [{MLP[2]}]}}
-  - {{name: argmax, data_type: TYPE_INT64, dims: [1]}}
-instance_group:
-  - {{count: 4, kind: {KIND}}}
-""")
-    (root / "scale" / "config.yaml").write_text(f"""backend: scale
-max_batch_size: 4
-input:
-  - {{name: x, data_type: TYPE_FP32, dims: [{SCALE_N}]}}
-output:
-  - {{name: y, data_type: TYPE_FP32, dims: [1]}}
-instance_group:
-  - {{count: 2, kind: {KIND}}}
-""")
+    (root / "mlp" / "config.yaml").write_text(mlp_config(count=4))
+    (root / "scale" / "config.yaml").write_text(scale_config(count=2))
     # One worker that waits up to 300 ms to fill batches of 8.
     (root / "batched" / "1").mkdir(parents=True)
     (root / "batched" / "1" / "model.safetensors").write_bytes((root / "mlp" / "1" / "model.safetensors").read_bytes())
-    (root / "batched" / "config.yaml").write_text(f"""backend: mlp
-max_batch_size: 8
-input:
-  - {{name: input, data_type: TYPE_FP32, dims: [{MLP[0]}]}}
-output:
-  - {{name: logits, data_type: TYPE_FP32, dims: [{MLP[2]}]}}
-  - {{name: argmax, data_type: TYPE_INT64, dims: [1]}}
-instance_group:
-  - {{count: 1, kind: {KIND}}}
-dynamic_batching:
+    (root / "batched" / "config.yaml").write_text(mlp_config(count=1, extra="""dynamic_batching:
   max_queue_delay_microseconds: 300000
   preferred_batch_size: [8]
-""")
+"""))
     # Fault injection: workers that crash (segv, abort) or hang on an input of 12345.
     for name, kind, count in (("faulty", "segv", 2), ("aborting", "abort", 1), ("hanging", "hang", 1)):
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.safetensors").write_bytes((root / "scale" / "1" / "model.safetensors").read_bytes())
-        (root / name / "config.yaml").write_text(f"""backend: scale
-max_batch_size: 4
-input:
-  - {{name: x, data_type: TYPE_FP32, dims: [{SCALE_N}]}}
-output:
-  - {{name: y, data_type: TYPE_FP32, dims: [1]}}
-instance_group:
-  - {{count: {count}, kind: {KIND}}}
-parameters:
+        (root / name / "config.yaml").write_text(scale_config(count=count, extra=f"""parameters:
   fault_injection: {{on_value: 12345.0, kind: {kind}}}
-""")
+"""))
     # dims disagree with the checkpoint (8): not served, the rest is.
     (root / "broken" / "config.yaml").write_text("""backend: scale
 max_batch_size: 4
