@@ -26,7 +26,7 @@ void CheckAccepted(const hearth::SafetensorsHeader& header, uint64_t data_size) 
     const hearth::TensorInfo& t = tensors[i];
     Require(!t.name.empty() && t.name != "__metadata__", "tensor name");
     Require(i == 0 || tensors[i - 1].name < t.name, "tensors sorted by unique name");
-    const std::optional<uint64_t> nbytes = hearth::CheckedTensorBytes(t.dtype, t.shape);
+    const std::optional<uint64_t> nbytes = hearth::TensorBytes(t.dtype, t.shape);
     Require(nbytes && *nbytes == t.nbytes, "nbytes == numel * dtype size");
     Require(t.nbytes == t.numel() * hearth::DTypeSize(t.dtype), "numel agrees");
     Require(t.offset <= data_size && t.nbytes <= data_size - t.offset, "inside the data section");

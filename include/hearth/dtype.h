@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
+#include <string>
 #include <string_view>
 
 namespace hearth {
@@ -30,5 +32,11 @@ size_t DTypeSize(DType dtype);
 std::string_view DTypeName(DType dtype);
 // Parses a safetensors dtype name (exact, case-sensitive); nullopt if unknown.
 std::optional<DType> ParseDType(std::string_view name);
+
+// Bytes of a tensor: element size x prod(shape). nullopt for a negative
+// dimension or a product that overflows 64 bits.
+std::optional<uint64_t> TensorBytes(DType dtype, std::span<const int64_t> shape);
+// "[2,3]": how error messages write a shape.
+std::string ShapeString(std::span<const int64_t> shape);
 
 }  // namespace hearth

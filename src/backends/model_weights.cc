@@ -11,15 +11,6 @@ namespace {
 // grid sizes; bigger models are rejected rather than silently truncated.
 constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) s += ",";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
 Result<const TensorView*> Find(const std::vector<TensorView>& weights, std::string_view name) {
   const TensorView* found = nullptr;
   for (const TensorView& t : weights) {

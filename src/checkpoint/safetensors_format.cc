@@ -5,16 +5,6 @@
 
 namespace hearth {
 
-std::optional<uint64_t> CheckedTensorBytes(DType dtype, std::span<const int64_t> shape) {
-  uint64_t bytes = DTypeSize(dtype);
-  for (int64_t dim : shape) {
-    if (dim < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(dim), &bytes)) {
-      return std::nullopt;
-    }
-  }
-  return bytes;
-}
-
 std::string QuoteForMessage(std::string_view text) {
   constexpr size_t kMaxBytes = 128;
   size_t end = std::min(text.size(), kMaxBytes);

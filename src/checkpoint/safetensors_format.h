@@ -1,5 +1,5 @@
 // Pieces of the safetensors format shared by the reader and the writer: the
-// byte order of the length prefix, overflow-checked tensor sizes, and how
+// byte order of the length prefix, and how
 // names, shapes and byte ranges are spelled in error messages.
 #pragma once
 
@@ -23,11 +23,6 @@ inline void StoreLittleEndian64(uint64_t value, unsigned char* bytes) {
   for (int i = 0; i < 8; ++i) bytes[i] = static_cast<unsigned char>(value >> (8 * i));
 }
 
-// numel * DTypeSize(dtype), or nullopt when a negative dimension is present or
-// the product overflows uint64_t. Multiplies left to right, as the reference
-// implementation does, so [2^40, 2^40, 0] overflows even though it holds
-// nothing.
-std::optional<uint64_t> CheckedTensorBytes(DType dtype, std::span<const int64_t> shape);
 
 // 'text' for an error message: control bytes escaped, cut after 128 bytes.
 std::string QuoteForMessage(std::string_view text);

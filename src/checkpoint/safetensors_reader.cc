@@ -181,7 +181,7 @@ Result<TensorInfo> ParseTensor(const std::string& name, const Json& entry, uint6
     ASSIGN_OR_RETURN(int64_t dim, ParseDim((*shape_json)[i], i, origin, name));
     info.shape.push_back(dim);
   }
-  std::optional<uint64_t> nbytes = CheckedTensorBytes(info.dtype, info.shape);
+  std::optional<uint64_t> nbytes = TensorBytes(info.dtype, info.shape);
   if (!nbytes) {
     return TensorError(origin, name,
                        "shape " + FormatShape(info.shape) + " of " +

@@ -45,7 +45,7 @@ Result<uint64_t> CheckNewTensor(std::string_view name, DType dtype,
       return TensorArgumentError(name, "shape " + FormatShape(shape) + " has a negative dimension");
     }
   }
-  std::optional<uint64_t> nbytes = CheckedTensorBytes(dtype, shape);
+  std::optional<uint64_t> nbytes = TensorBytes(dtype, shape);
   if (!nbytes) {
     return TensorArgumentError(name, "shape " + FormatShape(shape) + " of " +
                                          std::string(DTypeName(dtype)) + " overflows 64-bit sizes");

@@ -50,12 +50,6 @@ int Fail(const Status& s) {
   return 1;
 }
 
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 std::string TimeText(int64_t unix_ms) {
   const time_t t = static_cast<time_t>(unix_ms / 1000);
   tm local{};
@@ -73,7 +67,7 @@ void PrintTensorTable(const std::vector<T>& tensors) {
               "shape", "offset", "bytes");
   for (const auto& t : tensors) {
     std::printf("%-*s  %-7s  %-22s  %14llu  %14llu\n", static_cast<int>(width), t.name.c_str(),
-                std::string(DTypeName(t.dtype)).c_str(), ShapeText(t.shape).c_str(),
+                std::string(DTypeName(t.dtype)).c_str(), ShapeString(t.shape).c_str(),
                 static_cast<unsigned long long>(t.offset), static_cast<unsigned long long>(t.nbytes));
   }
 }

@@ -31,6 +31,25 @@ size_t DTypeSize(DType dtype) { return kDTypes[static_cast<size_t>(dtype)].size;
 
 std::string_view DTypeName(DType dtype) { return kDTypes[static_cast<size_t>(dtype)].name; }
 
+std::optional<uint64_t> TensorBytes(DType dtype, std::span<const int64_t> shape) {
+  uint64_t bytes = DTypeSize(dtype);
+  for (int64_t dim : shape) {
+    if (dim < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(dim), &bytes)) {
+      return std::nullopt;
+    }
+  }
+  return bytes;
+}
+
+std::string ShapeString(std::span<const int64_t> shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) out += ",";
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
 std::optional<DType> ParseDType(std::string_view name) {
   for (size_t i = 0; i < kDTypes.size(); ++i) {
     if (kDTypes[i].name == name) return static_cast<DType>(i);

@@ -17,15 +17,12 @@ Status ValidateManifest(const Manifest& m) {
     if (i > 0 && !(m.tensors[i - 1].name < t.name))
       return InvalidArgument(at + ": names are not unique and sorted");
     if (static_cast<int>(t.dtype) >= kDTypeCount) return InvalidArgument(at + ": unknown dtype");
-    uint64_t numel = 1;
     for (int64_t d : t.shape) {
       if (d < 0) return InvalidArgument(at + ": negative dimension");
-      if (d != 0 && numel > std::numeric_limits<uint64_t>::max() / static_cast<uint64_t>(d))
-        return InvalidArgument(at + ": shape overflows");
-      numel *= static_cast<uint64_t>(d);
     }
-    const uint64_t elem = DTypeSize(t.dtype);
-    if (numel > std::numeric_limits<uint64_t>::max() / elem || numel * elem != t.nbytes)
+    const std::optional<uint64_t> bytes = TensorBytes(t.dtype, t.shape);
+    if (!bytes) return InvalidArgument(at + ": shape overflows");
+    if (*bytes != t.nbytes)
       return InvalidArgument(at + ": " + std::to_string(t.nbytes) + " bytes do not match its shape and dtype");
     if (t.offset % kArenaAlignment != 0)
       return InvalidArgument(at + ": offset " + std::to_string(t.offset) + " is not aligned to " +

@@ -26,15 +26,6 @@ std::string Quote(std::string_view text) {
   return json(std::string(text)).dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::string ShapeString(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) out += ",";
-    out += std::to_string(shape[i]);
-  }
-  return out + "]";
-}
-
 std::string DatatypeString(DType dtype) {
   std::string_view name = KserveDatatypeName(dtype);
   return name.empty() ? std::string(DTypeName(dtype)) : std::string(name);

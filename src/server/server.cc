@@ -745,10 +745,9 @@ class Server::Impl {
         if (it == have.end())
           return InvalidArgument(c.config_path + ": " + what + " '" + io.name + "': the " + c.backend + " backend has no such " + what);
         if (it->dtype != io.dtype || it->dims != io.dims) {
-          std::string dims;
-          for (int64_t d : it->dims) dims += (dims.empty() ? "" : ",") + std::to_string(d);
           return InvalidArgument(c.config_path + ": " + what + " '" + io.name + "': dims or data_type do not agree with " +
-                                 c.checkpoint_path + ", whose tensors give " + std::string(DTypeName(it->dtype)) + " [" + dims + "]");
+                                 c.checkpoint_path + ", whose tensors give " + std::string(DTypeName(it->dtype)) + " " +
+                                 ShapeString(it->dims));
         }
       }
       if (want.size() != have.size())
