@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "hearth/arena.h"
 
@@ -40,6 +41,20 @@ inline bool RoundUpToMultiple(uint64_t value, uint64_t multiple, uint64_t* out) 
 // Whether [offset, offset + len) lies within [0, size), without overflow.
 inline bool RangeWithin(uint64_t offset, uint64_t len, uint64_t size) {
   return offset <= size && len <= size - offset;
+}
+
+// The checks every ArenaWriter::Begin makes of the chunk it is asked for.
+inline Status CheckWriterChunk(uint64_t offset, uint64_t len, uint64_t max_chunk, uint64_t size,
+                               const char* arena_kind) {
+  if (len > max_chunk) {
+    return InvalidArgument("chunk of " + std::to_string(len) + " bytes exceeds the writer's " +
+                           std::to_string(max_chunk) + "-byte maximum");
+  }
+  if (!RangeWithin(offset, len, size)) {
+    return InvalidArgument("bytes [" + std::to_string(offset) + ", +" + std::to_string(len) +
+                           ") lie outside the " + std::to_string(size) + "-byte " + arena_kind);
+  }
+  return Status::Ok();
 }
 
 }  // namespace hearth

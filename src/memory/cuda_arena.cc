@@ -143,15 +143,7 @@ class CudaArenaWriter final : public ArenaWriter {
       return FailedPrecondition("CUDA arena writer used after the arena was sealed");
     }
     RETURN_IF_ERROR(CheckSlot(t));
-    if (len > max_chunk_) {
-      return InvalidArgument("chunk of " + std::to_string(len) + " bytes exceeds the writer's " +
-                             std::to_string(max_chunk_) + "-byte maximum");
-    }
-    if (!RangeWithin(offset, len, shared_->size)) {
-      return InvalidArgument("bytes [" + std::to_string(offset) + ", +" + std::to_string(len) +
-                             ") lie outside the " + std::to_string(shared_->size) +
-                             "-byte CUDA arena");
-    }
+    RETURN_IF_ERROR(CheckWriterChunk(offset, len, max_chunk_, shared_->size, "CUDA arena"));
     Slot& slot = slots_[static_cast<size_t>(t)];
     if (slot.active >= 0) {
       return FailedPrecondition("writer thread slot " + std::to_string(t) +

@@ -38,15 +38,7 @@ class HostArenaWriter final : public ArenaWriter {
       return FailedPrecondition("host arena writer used after the arena was sealed");
     }
     RETURN_IF_ERROR(CheckSlot(t));
-    if (len > max_chunk_) {
-      return InvalidArgument("chunk of " + std::to_string(len) + " bytes exceeds the writer's " +
-                             std::to_string(max_chunk_) + "-byte maximum");
-    }
-    if (!RangeWithin(offset, len, shared_->size)) {
-      return InvalidArgument("bytes [" + std::to_string(offset) + ", +" + std::to_string(len) +
-                             ") lie outside the " + std::to_string(shared_->size) +
-                             "-byte host arena");
-    }
+    RETURN_IF_ERROR(CheckWriterChunk(offset, len, max_chunk_, shared_->size, "host arena"));
     // base is null for an empty arena; then offset and len are 0.
     return std::span<std::byte>(shared_->base + offset, static_cast<size_t>(len));
   }
