@@ -715,12 +715,14 @@ class Server::Impl {
     auto it = stores_.find(key);
     if (it != stores_.end()) return it->second.socket;
     StoreOptions so;
-    so.socket_path = options_.run_dir + "/store-" + (device.is_cuda() ? "cuda" + std::to_string(device.index) : "cpu") + ".sock";
+    so.socket_path = options_.run_dir + "/store-" +
+                     (device.is_cuda() ? "cuda" + std::to_string(device.index) : "cpu") + ".sock";
     so.device = device;
     so.show_progress = true;
+    const std::string socket = so.socket_path;
     ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Create(std::move(so)));
     RunningStore& rs = stores_[key];
-    rs.socket = options_.run_dir + "/store-" + (device.is_cuda() ? "cuda" + std::to_string(device.index) : "cpu") + ".sock";
+    rs.socket = socket;
     rs.store = std::move(store);
     Store* raw = rs.store.get();
     rs.thread = std::thread([raw] {
