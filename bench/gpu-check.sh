@@ -10,10 +10,10 @@
 # ../shared/baselines).
 #
 # SECTIONS picks what runs after the build (default: all of them):
-#   host-tests cuda-tests foundation serve-tests serve python
+#   host-tests cuda-tests foundation serve-tests serve python gemm startup
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python"}
+SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python gemm startup"}
 want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -78,6 +78,30 @@ if want python; then
     > "$OUT/gunicorn-gpu.log" 2>&1
   gunicorn_rc=$?
   tail -20 "$OUT/gunicorn-gpu.log"
+fi
+if want gemm; then
+  echo "== the mlp forward by batch size: cuBLASLt, the skinny kernel, PyTorch (baseline)"
+  timeout 300 "$BUILD/bench/gemm/gemm_bench" --iterations 30 > "$OUT/gemm.log" 2>&1
+  timeout 200 python3 bench/gemm/torch_mlp.py --iterations 30 >> "$OUT/gemm.log" 2>&1
+  grep -E "^(forward|torch)" "$OUT/gemm.log" | grep -E "rows=(1|16|32|64) " 
+  grep -E "^kernel" "$OUT/gemm.log" | grep -E "rows=(1|16|32) "
+fi
+if want startup; then
+  echo "== start-up of N GPU processes at once"
+  R=$(mktemp -d)
+  "$BUILD/bin/hearth" make-model mlp --dims 1024,4096,1024 --seed 1 --out "$R/m.safetensors" > /dev/null
+  "$BUILD/bin/hearth" store --socket "$R/s.sock" --device cuda:0 --model m="$R/m.safetensors" > "$OUT/startup-store.log" 2>&1 &
+  spid=$!
+  for _ in $(seq 300); do grep -q ready "$OUT/startup-store.log" && break; sleep 0.1; done
+  {
+    echo "# default context"; "$BUILD/bench/attach/context_startup" --processes 1,8,24 --socket "$R/s.sock" --model m
+    echo "# HEARTH_CUDA_STACK_SIZE=256"
+    HEARTH_CUDA_STACK_SIZE=256 "$BUILD/bench/attach/context_startup" --processes 1,8,24 --socket "$R/s.sock" --model m
+  } > "$OUT/startup.log" 2>&1
+  kill $spid; wait $spid
+  bash bench/serve/startup.sh "$BUILD" 24 >> "$OUT/startup.log" 2>&1
+  cat "$OUT/startup.log"
+  rm -rf "$R"
 fi
 if ! want foundation; then
   echo "== summary: host tests $host_rc, CUDA tests $cuda_rc, serve bench $serve_rc, python CUDA $py_rc, gunicorn $gunicorn_rc"

@@ -25,6 +25,7 @@ enum class StatusCode {
   kInternal,          // a system call or driver call failed unexpectedly
   kUnimplemented,
   kDeadlineExceeded,  // a request's time ran out before it ran
+  kDeviceLost,        // a sticky device fault: the process's GPU context is unusable
 };
 
 const char* StatusCodeName(StatusCode code);
@@ -60,6 +61,7 @@ Status FailedPrecondition(std::string message);
 Status Internal(std::string message);
 Status Unimplemented(std::string message);
 Status DeadlineExceeded(std::string message);
+Status DeviceLost(std::string message);
 // Internal error with strerror(errnum) appended: "what: No such file or directory".
 Status ErrnoError(std::string_view what, int errnum);
 

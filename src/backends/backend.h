@@ -14,6 +14,10 @@
 //    [B,1], y[b] = sum_j x[b,j] * w[j].
 //
 // Thread-safety: one Backend is used by one thread.
+//
+// A Run that fails with DeviceLost has met a sticky GPU fault: the process's
+// CUDA context is unusable and the worker must exit (its supervisor starts a
+// fresh process).
 #pragma once
 
 #include <cstdint>
@@ -64,6 +68,13 @@ class Backend {
 
   // Device memory this backend allocated itself (workspaces, activations).
   virtual uint64_t device_memory_bytes() const = 0;
+
+  // Fault injection (tests of crash handling): queues a kernel that faults
+  // with an illegal address, so that the next Run fails with DeviceLost.
+  // Unimplemented where there is no GPU kernel to fault.
+  virtual Status InjectDeviceFault() {
+    return Unimplemented("fault injection cuda_illegal_address needs a GPU worker");
+  }
 };
 
 // Checks the weights (names, dtypes, shapes) and builds the backend on the

@@ -17,6 +17,7 @@ const char* StatusCodeName(StatusCode code) {
     case StatusCode::kInternal: return "INTERNAL";
     case StatusCode::kUnimplemented: return "UNIMPLEMENTED";
     case StatusCode::kDeadlineExceeded: return "DEADLINE_EXCEEDED";
+    case StatusCode::kDeviceLost: return "DEVICE_LOST";
   }
   return "UNKNOWN";
 }
@@ -41,6 +42,7 @@ Status FailedPrecondition(std::string m) { return {StatusCode::kFailedPreconditi
 Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 Status Unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
 Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
+Status DeviceLost(std::string m) { return {StatusCode::kDeviceLost, std::move(m)}; }
 
 Status ErrnoError(std::string_view what, int errnum) {
   StatusCode code = StatusCode::kInternal;

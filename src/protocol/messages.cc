@@ -61,7 +61,7 @@ Status DecodeError(std::span<const std::byte> payload) {
   uint16_t code = r.U16("code");
   std::string message = r.Str("message");
   if (Status s = r.Finish("error"); !s.ok()) return s;
-  if (code == 0 || code > static_cast<uint16_t>(StatusCode::kDeadlineExceeded))
+  if (code == 0 || code > static_cast<uint16_t>(StatusCode::kDeviceLost))
     code = static_cast<uint16_t>(StatusCode::kInternal);
   return Status(static_cast<StatusCode>(code), std::move(message));
 }

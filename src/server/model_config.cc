@@ -170,16 +170,16 @@ Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {
     for (const auto& kv : p) {
       const std::string key = kv.first.as<std::string>();
       if (key == "fault_injection") {
-        // Off by default; for testing crash handling: {on_value: X, kind: abort|segv|hang}.
+        // Off by default; for testing crash handling:
+        // {on_value: X, kind: abort|segv|hang|cuda_illegal_address}.
         const YAML::Node f = kv.second;
         if (!f.IsMap() || !f["on_value"] || !f["kind"])
-          return c.Error(f, "parameters.fault_injection", "must be {on_value: NUMBER, kind: abort|segv|hang}");
+          return c.Error(f, "parameters.fault_injection", "must be {on_value: NUMBER, kind: abort|segv|hang|cuda_illegal_address}");
         ASSIGN_OR_RETURN(double on_value, Scalar<double>(c, f["on_value"], "parameters.fault_injection.on_value"));
         ASSIGN_OR_RETURN(std::string kind, Scalar<std::string>(c, f["kind"], "parameters.fault_injection.kind"));
-        if (kind == "cuda_illegal_address")
-          return c.Error(f["kind"], "parameters.fault_injection.kind", "cuda_illegal_address is not implemented yet (abort, segv, hang are)");
-        if (kind != "abort" && kind != "segv" && kind != "hang")
-          return c.Error(f["kind"], "parameters.fault_injection.kind", "'" + kind + "' is not abort, segv or hang");
+        if (kind != "abort" && kind != "segv" && kind != "hang" && kind != "cuda_illegal_address")
+          return c.Error(f["kind"], "parameters.fault_injection.kind",
+                         "'" + kind + "' is not abort, segv, hang or cuda_illegal_address");
         m.fault_on_value = on_value;
         m.fault_kind = kind;
         continue;

@@ -36,8 +36,9 @@ struct ModelConfig {
   uint64_t default_timeout_us = 0;
   std::map<std::string, std::string> parameters;
   bool allow_tf32 = false;
-  // parameters.fault_injection: a worker fails this way (abort, segv, hang) on
-  // any batch holding an input element equal to fault_on_value. Empty: off.
+  // parameters.fault_injection: a worker fails this way (abort, segv, hang,
+  // cuda_illegal_address) on any batch holding an input element equal to
+  // fault_on_value. Empty: off.
   std::string fault_kind;
   double fault_on_value = 0;
   uint64_t version = 0;  // the repository version served

@@ -36,9 +36,13 @@ struct WorkerArgs {
 
 // Fault injection (tests only; off unless the model config asks): fail the
 // way a buggy model would when any F32 input element equals the trigger.
-void MaybeInjectFault(const WorkerArgs& a, const std::vector<IoSpec>& specs,
-                      const std::vector<const void*>& inputs, int64_t batch) {
-  if (a.fault_kind.empty()) return;
+// abort, segv and hang happen here; cuda_illegal_address queues a faulting
+// kernel, so that the batch's Run meets a sticky CUDA error (an error here
+// means the backend cannot inject it).
+Status MaybeInjectFault(const WorkerArgs& a, Backend& backend,
+                        const std::vector<const void*>& inputs, int64_t batch) {
+  if (a.fault_kind.empty()) return Status::Ok();
+  const std::vector<IoSpec>& specs = backend.inputs();
   const float trigger = static_cast<float>(a.fault_on_value);
   bool hit = false;
   for (size_t i = 0; i < specs.size() && !hit; ++i) {
@@ -47,13 +51,15 @@ void MaybeInjectFault(const WorkerArgs& a, const std::vector<IoSpec>& specs,
     const uint64_t n = specs[i].bytes_per_sample() / 4 * static_cast<uint64_t>(batch);
     for (uint64_t k = 0; k < n && !hit; ++k) hit = x[k] == trigger;
   }
-  if (!hit) return;
+  if (!hit) return Status::Ok();
   std::fprintf(stderr, "hearth-worker %d: fault injection: %s\n", ::getpid(), a.fault_kind.c_str());
   if (a.fault_kind == "abort") std::abort();
   if (a.fault_kind == "segv") ::raise(SIGSEGV);
   if (a.fault_kind == "hang") {
     for (;;) ::pause();
   }
+  if (a.fault_kind == "cuda_illegal_address") return backend.InjectDeviceFault();
+  return Status::Ok();
 }
 
 int Die(int control_fd, const Status& s) {
@@ -135,11 +141,19 @@ int Serve(const WorkerArgs& a) {
     done.seq = m->seq;
     done.batch = m->batch;
     const auto started = std::chrono::steady_clock::now();
-    if (m->batch >= 1 && m->batch <= a.max_batch) MaybeInjectFault(a, (*backend)->inputs(), inputs, m->batch);
     Status s = m->batch < 1 || m->batch > a.max_batch
                    ? InvalidArgument("batch " + std::to_string(m->batch) + " outside [1, " +
                                      std::to_string(a.max_batch) + "]")
-                   : (*backend)->Run(m->batch, inputs, outputs);
+                   : MaybeInjectFault(a, **backend, inputs, m->batch);
+    if (s.ok()) s = (*backend)->Run(m->batch, inputs, outputs);
+    if (s.code() == StatusCode::kDeviceLost) {
+      // The context is poisoned: no later batch could run here. Leaving
+      // without an answer makes the server treat the batch as a crash (rerun
+      // elsewhere, poison after repeated crashes) and start a fresh worker.
+      std::fprintf(stderr, "hearth-worker %d: %s; exiting\n", ::getpid(), s.ToString().c_str());
+      std::fflush(stderr);
+      ::_exit(3);
+    }
     done.run_us = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
                                             std::chrono::steady_clock::now() - started)
                                             .count());

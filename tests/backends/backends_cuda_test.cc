@@ -21,6 +21,7 @@
 #include <random>
 
 #include "backends/backend.h"
+#include "backends/cuda/skinny_gemm.h"
 #include "hearth/arena.h"
 #include "test_models.h"
 
@@ -70,11 +71,13 @@ struct MlpCase {
   DType dtype;
   int64_t in, hidden, out;
   bool tf32 = false;
+  const char* gemm = "auto";  // the backend's gemm parameter
+  int max_batch = kMaxBatch;
 };
 
 void PrintTo(const MlpCase& c, std::ostream* os) {
   *os << DTypeName(c.dtype) << " " << c.in << "x" << c.hidden << "x" << c.out
-      << (c.tf32 ? " tf32" : "");
+      << (c.tf32 ? " tf32" : "") << " gemm " << c.gemm << " max batch " << c.max_batch;
 }
 
 class MlpCudaTest : public CudaTest, public ::testing::WithParamInterface<MlpCase> {};
@@ -86,8 +89,9 @@ TEST_P(MlpCudaTest, MatchesCpu) {
   for (const auto& t : model.tensors) ASSERT_NO_FATAL_FAILURE(gpu.Add(t));
 
   BackendOptions options;
-  options.max_batch_size = kMaxBatch;
+  options.max_batch_size = c.max_batch;
   options.allow_tf32 = c.tf32;
+  options.parameters["gemm"] = c.gemm;
   auto cuda = CreateBackend("mlp", gpu.views(), Device::Cuda(0), options);
   ASSERT_TRUE(cuda.ok()) << cuda.status().ToString();
   auto cpu = CreateBackend("mlp", model.Views(), Device::Host(), options);
@@ -102,7 +106,9 @@ TEST_P(MlpCudaTest, MatchesCpu) {
   if (c.tf32) tolerance = 5e-3 * std::sqrt(k / 64);  // 10-bit mantissas, like f16
 
   std::mt19937_64 rng(99);
-  for (int64_t batch : {1, 7, 16, 7}) {  // 7 twice: the cached plan is reused
+  std::vector<int64_t> batches{1, 7, 16, 7};  // 7 twice: the cached plan is reused
+  if (c.max_batch > 32) batches.insert(batches.end(), {33, c.max_batch});  // several skinny passes
+  for (int64_t batch : batches) {
     const auto x = testing::RandomValues(rng, static_cast<size_t>(batch * c.in), 1.0f);
     std::vector<float> logits_gpu(static_cast<size_t>(batch * c.out)),
         logits_cpu(logits_gpu.size());
@@ -148,13 +154,143 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MlpCudaTest,
                                            MlpCase{DType::kF16, 1024, 4096, 1000},
                                            MlpCase{DType::kBF16, 1024, 4096, 1000},
                                            MlpCase{DType::kF32, 1024, 4096, 1000, true},
-                                           MlpCase{DType::kF32, 37, 61, 5}),
+                                           MlpCase{DType::kF32, 37, 61, 5},
+                                           MlpCase{DType::kF32, 1024, 4096, 1000, false, "cublaslt"},
+                                           MlpCase{DType::kF32, 1024, 4096, 1000, false, "skinny", 70},
+                                           MlpCase{DType::kF32, 4100, 36, 13, false, "skinny", 40}),
                          [](const auto& p) {
                            const MlpCase& c = p.param;
                            return std::string(DTypeName(c.dtype)) + "_" + std::to_string(c.in) +
                                   "x" + std::to_string(c.hidden) + "x" + std::to_string(c.out) +
-                                  (c.tf32 ? "_TF32" : "");
+                                  (c.tf32 ? "_TF32" : "") + "_" + c.gemm + "_" +
+                                  std::to_string(c.max_batch);
                          });
+
+TEST_F(CudaTest, SkinnyGemmRefusesWhatItCannotRun) {
+  const testing::MlpModel model(37, 61, 5, DType::kF32, 1);  // 37 is not a multiple of 4
+  DeviceWeights gpu;
+  for (const auto& t : model.tensors) ASSERT_NO_FATAL_FAILURE(gpu.Add(t));
+  BackendOptions options;
+  options.parameters["gemm"] = "skinny";
+  auto cuda = CreateBackend("mlp", gpu.views(), Device::Cuda(0), options);
+  ASSERT_FALSE(cuda.ok());
+  EXPECT_NE(cuda.status().message().find("gemm: skinny needs"), std::string::npos)
+      << cuda.status().ToString();
+  options.parameters["gemm"] = "fastest";
+  cuda = CreateBackend("mlp", gpu.views(), Device::Cuda(0), options);
+  ASSERT_FALSE(cuda.ok());
+  EXPECT_NE(cuda.status().message().find("'fastest' is not auto, cublaslt or skinny"),
+            std::string::npos)
+      << cuda.status().ToString();
+}
+
+// The kernel alone against a double-precision reference: every row count of
+// one and several passes, feature counts that are not multiples of the
+// features per warp, k not a multiple of the 256 floats one iteration takes,
+// with and without bias and ReLU, every features-per-warp variant.
+TEST_F(CudaTest, SkinnyGemmMatchesDoubleReference) {
+  std::mt19937_64 rng(17);
+  struct Shape {
+    int64_t n, k;
+  };
+  for (const Shape shape : {Shape{1, 4}, Shape{13, 260}, Shape{67, 1028}, Shape{130, 4096}}) {
+    const int64_t max_rows = 70;
+    const auto x = testing::RandomValues(rng, static_cast<size_t>(max_rows * shape.k), 1.0f);
+    const auto w = testing::RandomValues(rng, static_cast<size_t>(shape.n * shape.k), 1.0f);
+    const auto bias = testing::RandomValues(rng, static_cast<size_t>(shape.n), 1.0f);
+    DeviceWeights buffers;
+    auto copy = [&](const char* name, const std::vector<float>& v) {
+      buffers.Add(testing::MakeTensor(name, DType::kF32, {static_cast<int64_t>(v.size())}, v));
+      if (HasFatalFailure()) return static_cast<float*>(nullptr);
+      return static_cast<float*>(const_cast<void*>(buffers.views().back().data));
+    };
+    float* dx = copy("x", x);
+    float* dw = copy("w", w);
+    float* db = copy("bias", bias);
+    float* dy = copy("y", std::vector<float>(static_cast<size_t>(max_rows * shape.n)));
+    ASSERT_FALSE(HasFatalFailure());
+    for (int64_t rows : {1, 2, 3, 5, 8, 9, 16, 17, 32, 33, 70}) {
+      for (int per_warp : {0, 2, 4, 8}) {
+        for (bool with_bias_relu : {false, true}) {
+          cuda::SkinnyGemmArgs a{dx, dw, with_bias_relu ? db : nullptr, dy, rows, shape.n,
+                                 shape.k, with_bias_relu};
+          ASSERT_CUDA(cudaMemset(dy, 0xff, static_cast<size_t>(max_rows * shape.n) * 4));  // NaNs
+          ASSERT_CUDA(cuda::LaunchSkinnyGemmF32(a, per_warp, nullptr));
+          std::vector<float> y(static_cast<size_t>(max_rows * shape.n));
+          ASSERT_CUDA(cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost));
+          const double tolerance = 1e-5 * std::sqrt(static_cast<double>(shape.k));
+          for (int64_t m = 0; m < max_rows; ++m) {
+            for (int64_t n = 0; n < shape.n; ++n) {
+              const float got = y[static_cast<size_t>(m * shape.n + n)];
+              if (m >= rows) {  // rows past the batch are left alone
+                ASSERT_TRUE(std::isnan(got)) << "row " << m << " of " << rows << " written";
+                continue;
+              }
+              double want = with_bias_relu ? bias[static_cast<size_t>(n)] : 0.0;
+              for (int64_t k = 0; k < shape.k; ++k) {
+                want += double{x[static_cast<size_t>(m * shape.k + k)]} *
+                        w[static_cast<size_t>(n * shape.k + k)];
+              }
+              if (with_bias_relu) want = std::max(want, 0.0);
+              ASSERT_NEAR(got, want, tolerance * (1 + std::abs(want)))
+                  << "n " << shape.n << " k " << shape.k << " rows " << rows << " per warp "
+                  << per_warp << " bias+relu " << with_bias_relu << " at (" << m << ", " << n
+                  << ")";
+            }
+          }
+        }
+      }
+    }
+    // Unsupported shapes are refused, not run.
+    cuda::SkinnyGemmArgs odd{dx, dw, nullptr, dy, 1, shape.n, 6, false};
+    EXPECT_EQ(cuda::LaunchSkinnyGemmF32(odd, 0, nullptr), cudaErrorInvalidValue);
+    cuda::SkinnyGemmArgs unaligned{dx + 1, dw, nullptr, dy, 1, shape.n, shape.k, false};
+    EXPECT_EQ(cuda::LaunchSkinnyGemmF32(unaligned, 0, nullptr), cudaErrorInvalidValue);
+    cuda::SkinnyGemmArgs fine{dx, dw, nullptr, dy, 1, shape.n, shape.k, false};
+    EXPECT_EQ(cuda::LaunchSkinnyGemmF32(fine, 3, nullptr), cudaErrorInvalidValue);
+  }
+}
+
+// A sticky fault (fault injection's cuda_illegal_address) makes the next Run
+// fail with DeviceLost, which tells the worker to exit. It poisons the
+// process's context, so it runs in a child (a fresh exec of this test).
+void RunAfterInjectedFault(const char* kind) {
+  std::string why;
+  if (!CudaAvailable(&why)) std::_Exit(2);
+  const testing::MlpModel model(64, 256, 32, DType::kF32, 3);
+  DeviceWeights gpu;
+  for (const auto& t : model.tensors) gpu.Add(t);
+  BackendOptions options;
+  options.max_batch_size = 4;
+  std::unique_ptr<Backend> backend;
+  if (std::string_view(kind) == "mlp") {
+    backend = std::move(CreateBackend("mlp", gpu.views(), Device::Cuda(0), options)).value();
+  } else {
+    const auto w = testing::MakeTensor("weight", DType::kF32, {64}, std::vector<float>(64, 1.0f));
+    DeviceWeights scale;
+    scale.Add(w);
+    backend = std::move(CreateBackend("scale", scale.views(), Device::Cuda(0), options)).value();
+  }
+  const std::vector<float> x(4 * 64, 0.5f);
+  std::vector<float> out0(4 * 64);
+  std::vector<int64_t> out1(4);
+  const void* in[] = {x.data()};
+  void* out[] = {out0.data(), out1.data()};
+  std::span<void* const> outs(out, std::string_view(kind) == "mlp" ? 2 : 1);
+  if (!backend->Run(1, in, outs).ok()) std::_Exit(4);  // healthy before the fault
+  if (!backend->InjectDeviceFault().ok()) std::_Exit(5);
+  const Status s = backend->Run(1, in, outs);
+  std::fprintf(stderr, "after the fault: %s\n", s.ToString().c_str());
+  std::_Exit(s.code() == StatusCode::kDeviceLost ? 3 : 6);
+}
+
+TEST_F(CudaTest, InjectedIllegalAddressIsDeviceLost) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the child re-executes: no CUDA across fork
+  EXPECT_EXIT(RunAfterInjectedFault("mlp"), ::testing::ExitedWithCode(3),
+              "DEVICE_LOST.*cudaErrorIllegalAddress");
+  EXPECT_EXIT(RunAfterInjectedFault("scale"), ::testing::ExitedWithCode(3),
+              "DEVICE_LOST.*cudaErrorIllegalAddress");
+}
 
 TEST_F(CudaTest, MlpArgmaxTiesGiveTheFirstIndex) {
   testing::MlpModel model(4, 3, 5, DType::kF32, 1);

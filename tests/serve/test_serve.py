@@ -91,7 +91,10 @@ def write_repository(root):
   preferred_batch_size: [8]
 """))
     # Fault injection: workers that crash (segv, abort) or hang on an input of 12345.
-    for name, kind, count in (("faulty", "segv", 2), ("aborting", "abort", 1), ("hanging", "hang", 1)):
+    faults = [("faulty", "segv", 2), ("aborting", "abort", 1), ("hanging", "hang", 1)]
+    if ON_GPU:
+        faults.append(("gpufault", "cuda_illegal_address", 2))
+    for name, kind, count in faults:
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.safetensors").write_bytes((root / "scale" / "1" / "model.safetensors").read_bytes())
         (root / name / "config.yaml").write_text(scale_config(count=count, extra=f"""parameters:
@@ -451,8 +454,10 @@ def scale_request(url, model, x):
     return infer_json(url, model, [{"name": "x", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}])
 
 
-@pytest.mark.parametrize("model", ["faulty", "aborting", "hanging"])
+@pytest.mark.parametrize("model", ["faulty", "aborting", "hanging", "gpufault"])
 def test_poison_request_fails_alone_and_the_workers_stop_dying(server, model):
+    if model == "gpufault" and not ON_GPU:
+        pytest.skip("cuda_illegal_address needs a GPU worker (HEARTH_TEST_DEVICE=cuda)")
     url = server["url"]
     w = server["weights"]["scale"]["weight"].astype(np.float64)
     rng = np.random.default_rng(12)

@@ -26,7 +26,7 @@
 extern "C" {
 #endif
 
-#define HEARTH_CUDA_BACKEND_ABI_VERSION 1u
+#define HEARTH_CUDA_BACKEND_ABI_VERSION 2u
 
 typedef struct HearthCudaTensor {
   const char* name;

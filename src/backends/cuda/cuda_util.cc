@@ -4,6 +4,25 @@
 
 namespace hearth::cuda {
 
+bool IsSticky(cudaError_t error) {
+  switch (error) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorHardwareStackError:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorContextIsDestroyed:
+      return true;
+    default:
+      return false;
+  }
+}
+
 Status CudaCheck(cudaError_t error, std::string_view what) {
   if (error == cudaSuccess) return Status::Ok();
   // Clears the runtime's last error, so that a later launch check
@@ -16,6 +35,7 @@ Status CudaCheck(cudaError_t error, std::string_view what) {
   if (error == cudaErrorNoDevice || error == cudaErrorInsufficientDriver) {
     return Unavailable(std::move(message));
   }
+  if (IsSticky(error)) return DeviceLost(std::move(message));
   return Internal(std::move(message));
 }
 

@@ -15,7 +15,11 @@
 
 namespace hearth::cuda {
 
-// "what: cudaErrorName (text)"; out of memory -> ResourceExhausted.
+// Errors that poison the context: every later call fails the same way, and
+// only a new process gets a working GPU again.
+bool IsSticky(cudaError_t error);
+// "what: cudaErrorName (text)"; out of memory -> ResourceExhausted, a sticky
+// error -> DeviceLost.
 Status CudaCheck(cudaError_t error, std::string_view what);
 // "what: CUBLAS_STATUS_NAME (text)"; CUBLAS_STATUS_ALLOC_FAILED -> ResourceExhausted.
 Status LtCheck(cublasStatus_t status, std::string_view what);

@@ -99,7 +99,15 @@ __global__ void RowDot(const float* x, const float* w, int64_t cols, float* y) {
   if (lane == 0) y[blockIdx.x] = sum;
 }
 
+__global__ void WriteThrough(float* p) { *p = 1.0f; }
+
 }  // namespace
+
+cudaError_t LaunchIllegalAddressWrite(cudaStream_t stream) {
+  // Low canonical addresses are never mapped in a CUDA context.
+  WriteThrough<<<1, 1, 0, stream>>>(reinterpret_cast<float*>(uintptr_t{0x1000}));
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchNarrowFromF32(const float* src, void* dst, int64_t n, bool bf16,
                                 cudaStream_t stream) {

@@ -19,6 +19,10 @@ cudaError_t LaunchWidenToF32(const void* src, float* dst, int64_t n, bool bf16,
 // larger than any number (as the CPU backend and torch.argmax).
 cudaError_t LaunchArgmaxRows(const float* x, int64_t rows, int64_t cols, int64_t* out,
                              cudaStream_t stream);
+// Fault injection: a kernel that stores to an address no allocation covers,
+// so that the stream's next synchronisation fails with the sticky
+// cudaErrorIllegalAddress, as a buggy kernel would.
+cudaError_t LaunchIllegalAddressWrite(cudaStream_t stream);
 // y[r] = sum_j x[r, j] * w[j], f32 accumulation.
 cudaError_t LaunchRowDot(const float* x, const float* w, int64_t rows, int64_t cols, float* y,
                          cudaStream_t stream);

@@ -19,6 +19,12 @@
 // 16-bit head.bias is widened once into a private buffer of OUT floats.
 // (A/B 16F|16BF with C/D the same type or 32F, compute 32F, scale 32F, are
 // listed combinations of cublasLtMatmul.)
+//
+// GEMM choice (parameter "gemm": auto | cublaslt | skinny). F32 weights
+// without TF32 run small batches on the skinny kernel (skinny_gemm.h), which
+// reads each weight once for the whole batch, and larger ones on cuBLASLt;
+// "auto" switches at kSkinnyAutoMaxBatch rows, measured in bench/gemm.
+// 16-bit weights always use cuBLASLt, which streams them at full bandwidth.
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -27,6 +33,7 @@
 #include "backends/cuda/cuda_backends.h"
 #include "backends/cuda/cuda_util.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/skinny_gemm.h"
 #include "backends/model_weights.h"
 #include "memory/cuda_driver.h"
 
@@ -39,6 +46,19 @@ using cuda::LtCheck;
 // 16 MiB: enough for split-K on the skinny batch GEMMs; every MiB here is paid
 // once per worker process.
 constexpr uint64_t kWorkspaceBytes = uint64_t{16} << 20;
+
+// Under "gemm: auto", F32 batches up to this size take the skinny kernel.
+constexpr int64_t kSkinnyAutoMaxBatch = 32;
+
+enum class GemmMode { kAuto, kCublasLt, kSkinny };
+
+Result<GemmMode> ParseGemmMode(const BackendOptions& options) {
+  const auto it = options.parameters.find("gemm");
+  if (it == options.parameters.end() || it->second == "auto") return GemmMode::kAuto;
+  if (it->second == "cublaslt") return GemmMode::kCublasLt;
+  if (it->second == "skinny") return GemmMode::kSkinny;
+  return InvalidArgument("parameter gemm: '" + it->second + "' is not auto, cublaslt or skinny");
+}
 
 template <typename T>
 Status SetAttr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
@@ -85,6 +105,7 @@ class MlpCuda final : public Backend {
         plans_(static_cast<size_t>(options.max_batch_size) + 1) {}
 
   Status Init(const MlpWeights& w, const BackendOptions& options) {
+    ASSIGN_OR_RETURN(const GemmMode mode, ParseGemmMode(options));
     const cudaDataType ab = w.dtype == DType::kF32   ? CUDA_R_32F
                             : w.dtype == DType::kF16 ? CUDA_R_16F
                                                      : CUDA_R_16BF;
@@ -121,7 +142,34 @@ class MlpCuda final : public Backend {
                              CUBLASLT_EPILOGUE_RELU_BIAS, hidden_, in_));
     RETURN_IF_ERROR(InitGemm(gemm2_, compute, ab, CUDA_R_32F, w.head_weight->data, head_bias,
                              CUBLASLT_EPILOGUE_BIAS, out_, hidden_));
+
+    // rows is set per batch; 1 here for the support check.
+    skinny1_ = {static_cast<const float*>(input_f32_.get()),
+                static_cast<const float*>(w.encoder_weight->data),
+                static_cast<const float*>(w.encoder_bias->data),
+                static_cast<float*>(hidden_buffer_.get()),
+                1, static_cast<int64_t>(hidden_), static_cast<int64_t>(in_), true};
+    skinny2_ = {static_cast<const float*>(hidden_buffer_.get()),
+                static_cast<const float*>(w.head_weight->data), static_cast<const float*>(head_bias),
+                static_cast<float*>(logits_.get()),
+                1, static_cast<int64_t>(out_), static_cast<int64_t>(hidden_), false};
+    const bool skinny_fits = w.dtype == DType::kF32 && !options.allow_tf32 &&
+                             cuda::SkinnyGemmSupported(skinny1_) &&
+                             cuda::SkinnyGemmSupported(skinny2_);
+    if (mode == GemmMode::kSkinny && !skinny_fits) {
+      return InvalidArgument(
+          "parameter gemm: skinny needs F32 weights, allow_tf32 off, input and hidden sizes that "
+          "are multiples of 4 and 16-byte aligned weights");
+    }
+    skinny_max_batch_ = !skinny_fits || mode == GemmMode::kCublasLt ? 0
+                        : mode == GemmMode::kSkinny                ? max_batch_
+                                                                   : kSkinnyAutoMaxBatch;
     return CudaCheck(cudaStreamSynchronize(stream_.get()), "mlp setup");
+  }
+
+  Status InjectDeviceFault() override {
+    RETURN_IF_ERROR(MakeContextCurrent(device_));
+    return CudaCheck(cuda::LaunchIllegalAddressWrite(stream_.get()), "fault injection kernel");
   }
 
   const std::vector<IoSpec>& inputs() const override { return inputs_; }
@@ -138,7 +186,6 @@ class MlpCuda final : public Backend {
                              std::to_string(max_batch_) + "]");
     }
     RETURN_IF_ERROR(MakeContextCurrent(device_));
-    ASSIGN_OR_RETURN(const BatchPlan* plan, Plan(batch));
     const auto n = static_cast<uint64_t>(batch);
     cudaStream_t s = stream_.get();
     RETURN_IF_ERROR(CudaCheck(
@@ -152,19 +199,11 @@ class MlpCuda final : public Backend {
                     "narrow mlp input"));
       x = input_narrow_.get();
     }
-    const float one = 1.0f, zero = 0.0f;
-    RETURN_IF_ERROR(
-        LtCheck(cublasLtMatmul(lt_.get(), gemm1_.desc.get(), &one, gemm1_.weight, gemm1_.a.get(), x,
-                               plan->b1.get(), &zero, hidden_buffer_.get(), plan->d1.get(),
-                               hidden_buffer_.get(), plan->d1.get(), &plan->algo1, workspace_.get(),
-                               kWorkspaceBytes, s),
-                "cublasLtMatmul encoder"));
-    RETURN_IF_ERROR(
-        LtCheck(cublasLtMatmul(lt_.get(), gemm2_.desc.get(), &one, gemm2_.weight, gemm2_.a.get(),
-                               hidden_buffer_.get(), plan->b2.get(), &zero, logits_.get(),
-                               plan->d2.get(), logits_.get(), plan->d2.get(), &plan->algo2,
-                               workspace_.get(), kWorkspaceBytes, s),
-                "cublasLtMatmul head"));
+    if (batch <= skinny_max_batch_) {
+      RETURN_IF_ERROR(RunSkinny(batch));
+    } else {
+      RETURN_IF_ERROR(RunCublasLt(batch, x));
+    }
     RETURN_IF_ERROR(
         CudaCheck(cuda::LaunchArgmaxRows(static_cast<const float*>(logits_.get()), batch, out_,
                                          static_cast<int64_t*>(argmax_.get()), s),
@@ -179,6 +218,32 @@ class MlpCuda final : public Backend {
   }
 
  private:
+  Status RunSkinny(int64_t batch) {
+    cuda::SkinnyGemmArgs a1 = skinny1_, a2 = skinny2_;
+    a1.rows = a2.rows = batch;
+    RETURN_IF_ERROR(CudaCheck(cuda::LaunchSkinnyGemmF32(a1, 0, stream_.get()), "skinny GEMM encoder"));
+    return CudaCheck(cuda::LaunchSkinnyGemmF32(a2, 0, stream_.get()), "skinny GEMM head");
+  }
+
+  Status RunCublasLt(int64_t batch, const void* x) {
+    ASSIGN_OR_RETURN(const BatchPlan* plan, Plan(batch));
+    cudaStream_t s = stream_.get();
+    const float one = 1.0f, zero = 0.0f;
+    RETURN_IF_ERROR(
+        LtCheck(cublasLtMatmul(lt_.get(), gemm1_.desc.get(), &one, gemm1_.weight, gemm1_.a.get(), x,
+                               plan->b1.get(), &zero, hidden_buffer_.get(), plan->d1.get(),
+                               hidden_buffer_.get(), plan->d1.get(), &plan->algo1, workspace_.get(),
+                               kWorkspaceBytes, s),
+                "cublasLtMatmul encoder"));
+    RETURN_IF_ERROR(
+        LtCheck(cublasLtMatmul(lt_.get(), gemm2_.desc.get(), &one, gemm2_.weight, gemm2_.a.get(),
+                               hidden_buffer_.get(), plan->b2.get(), &zero, logits_.get(),
+                               plan->d2.get(), logits_.get(), plan->d2.get(), &plan->algo2,
+                               workspace_.get(), kWorkspaceBytes, s),
+                "cublasLtMatmul head"));
+    return Status::Ok();
+  }
+
   Status InitGemm(Gemm& g, cublasComputeType_t compute, cudaDataType ab, cudaDataType d,
                   const void* weight, const void* bias, cublasLtEpilogue_t epilogue, int64_t m,
                   int64_t k) {
@@ -268,6 +333,10 @@ class MlpCuda final : public Backend {
   cuda::DeviceBuffer input_f32_, input_narrow_, head_bias_f32_, hidden_buffer_, logits_, argmax_,
       workspace_;
   Gemm gemm1_, gemm2_;
+  // The F32 skinny path: arguments without the row count; batches up to
+  // skinny_max_batch_ take it (0: never).
+  cuda::SkinnyGemmArgs skinny1_, skinny2_;
+  int64_t skinny_max_batch_ = 0;
   std::vector<std::unique_ptr<BatchPlan>> plans_;  // by batch size
 };
 

@@ -37,6 +37,11 @@ class ScaleCuda final : public Backend {
   const std::vector<IoSpec>& outputs() const override { return outputs_; }
   uint64_t device_memory_bytes() const override { return device_bytes_; }
 
+  Status InjectDeviceFault() override {
+    RETURN_IF_ERROR(MakeContextCurrent(device_));
+    return CudaCheck(cuda::LaunchIllegalAddressWrite(stream_.get()), "fault injection kernel");
+  }
+
   Status Run(int64_t batch, std::span<const void* const> inputs,
              std::span<void* const> outputs) override {
     if (inputs.size() != 1 || outputs.size() != 1) {
