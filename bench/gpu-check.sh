@@ -10,10 +10,10 @@
 # ../shared/baselines).
 #
 # SECTIONS picks what runs after the build (default: all of them):
-#   host-tests cuda-tests foundation serve-tests serve python gemm startup
+#   host-tests cuda-tests foundation serve-tests serve python gemm startup suite
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python gemm startup"}
+SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python gemm startup suite"}
 want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -39,7 +39,7 @@ if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHEARTH_CUDA=
   exit 1
 fi
 
-host_rc=-; cuda_rc=-; serve_rc=-; py_rc=-; gunicorn_rc=-
+host_rc=-; cuda_rc=-; serve_rc=-; py_rc=-; gunicorn_rc=-; suite_rc=-
 if want host-tests; then
   echo "== host tests"
   (cd "$BUILD" && ctest -E 'Cuda' -j 8 --timeout 600 --output-on-failure) > "$OUT/ctest-host.log" 2>&1
@@ -86,6 +86,13 @@ if want gemm; then
   grep -E "^(forward|torch)" "$OUT/gemm.log" | grep -E "rows=(1|16|32|64) " 
   grep -E "^kernel" "$OUT/gemm.log" | grep -E "rows=(1|16|32) "
 fi
+if want suite; then
+  echo "== throughput and resilience suite beside the torch.multiprocessing baseline"
+  timeout 500 python3 bench/serve/suite.py --build "$BUILD" --baseline .gpu/baselines/torch_ipc_workers.py \
+    --out "$OUT" --seconds 5 > "$OUT/suite.log" 2>&1
+  suite_rc=$?
+  grep -v "^{" "$OUT/suite.log" | tail -16
+fi
 if want startup; then
   echo "== start-up of N GPU processes at once"
   R=$(mktemp -d)
@@ -104,7 +111,7 @@ if want startup; then
   rm -rf "$R"
 fi
 if ! want foundation; then
-  echo "== summary: host tests $host_rc, CUDA tests $cuda_rc, serve bench $serve_rc, python CUDA $py_rc, gunicorn $gunicorn_rc"
+  echo "== summary: host tests $host_rc, CUDA tests $cuda_rc, serve bench $serve_rc, python CUDA $py_rc, gunicorn $gunicorn_rc, suite $suite_rc"
   (cd "$OUT" && tar czf logs.tar.gz --remove-files ./*.log ./*.txt 2>/dev/null)
   exit 0
 fi

@@ -6,7 +6,7 @@
 //
 // Prints one line per measurement:
 //   forward dtype=F32 gemm=skinny rows=16 ms=0.512 weight_gbps=3650 tflops=29.8
-//   kernel rows=16 per_warp=4 ms=0.470 weight_gbps=3980 tflops=32.5
+//   kernel rows=16 kernel=sliced per_warp=16 ms=0.470 weight_gbps=3980 tflops=32.5
 // ms is the median of --iterations timed runs (after warm-up); weight_gbps
 // the weight bytes over that time (one read of every weight per forward).
 #include <cuda_runtime_api.h>
@@ -151,7 +151,11 @@ int Main(int argc, char** argv) {
       Check(cudaMalloc(reinterpret_cast<void**>(&y), static_cast<size_t>(max_rows * out) * 4), "cudaMalloc");
       Check(cudaMemset(x, 0, static_cast<size_t>(max_rows * in) * 4), "cudaMemset");
       for (int64_t rows : rows_list) {
-        for (int per_warp : {0, 2, 4, 8}) {
+        using cuda::SkinnyKernel;
+        for (const cuda::SkinnyTuning tuning :
+             {cuda::SkinnyTuning{SkinnyKernel::kAuto, 0}, {SkinnyKernel::kWarpRows, 2},
+              {SkinnyKernel::kWarpRows, 4}, {SkinnyKernel::kWarpRows, 8},
+              {SkinnyKernel::kSliced, 8}, {SkinnyKernel::kSliced, 16}}) {
           cuda::SkinnyGemmArgs a1{x, static_cast<const float*>(weights[0].data),
                                   static_cast<const float*>(weights[1].data), h, rows, hidden, in,
                                   true};
@@ -159,11 +163,15 @@ int Main(int argc, char** argv) {
                                   static_cast<const float*>(weights[3].data), y, rows, out, hidden,
                                   false};
           const double ms = MedianMs(iterations, [&] {
-            Check(cuda::LaunchSkinnyGemmF32(a1, per_warp, nullptr), "skinny encoder");
-            Check(cuda::LaunchSkinnyGemmF32(a2, per_warp, nullptr), "skinny head");
+            Check(cuda::LaunchSkinnyGemmF32(a1, tuning, nullptr), "skinny encoder");
+            Check(cuda::LaunchSkinnyGemmF32(a2, tuning, nullptr), "skinny head");
             Check(cudaDeviceSynchronize(), "skinny forward");
           });
-          Print("kernel rows=" + std::to_string(rows) + " per_warp=" + std::to_string(per_warp), ms,
+          static const char* const kNames[] = {"auto", "warp_rows", "sliced"};
+          Print("kernel rows=" + std::to_string(rows) + " kernel=" +
+                    kNames[static_cast<int>(tuning.kernel)] +
+                    " per_warp=" + std::to_string(tuning.features_per_warp),
+                ms,
                 weight_bytes, 2.0 * static_cast<double>(rows * (in * hidden + hidden * out)));
         }
       }

@@ -9,6 +9,7 @@ worker, and batches of 16 per second through HTTP with binary tensor data
 the same worker counts. Prints a table.
 """
 import argparse
+import json
 import os
 import pathlib
 import re
@@ -87,14 +88,17 @@ instance_group:
         per_worker = (after - before - arena_mib - 524) / workers
         row = {"workers": workers, "ready_s": ready_s, "device_mib": after - before, "per_worker_mib": per_worker}
         if workers in (1, 4, 8):
-            load = subprocess.run([f"{a.build}/bench/serve/serve_load", "--port", str(port), "--model", "mlp",
-                                   "--input", "input", "--output", "argmax", "--sample-elems", "16384",
-                                   "--batch", "16", "--concurrency", str(2 * workers), "--seconds", str(a.seconds)],
+            load = subprocess.run([f"{a.build}/bin/hearth", "bench", "--url", f"http://127.0.0.1:{port}",
+                                   "--model", "mlp", "--output", "argmax", "--batch", "16",
+                                   "--concurrency", str(2 * workers), "--seconds", str(a.seconds), "--json"],
                                   capture_output=True, text=True)
             print(load.stdout.strip(), load.stderr.strip()[-500:], flush=True)
-            m = re.search(r"batches_per_s=([0-9.]+).*p50_ms=([0-9.]+).*p99_ms=([0-9.]+)", load.stdout)
-            if m:
-                row.update(batches_per_s=float(m.group(1)), p50_ms=float(m.group(2)), p99_ms=float(m.group(3)))
+            try:
+                r = json.loads(load.stdout.strip().splitlines()[-1])
+                row.update(batches_per_s=r["requests_per_s"], p50_ms=r["latency_ms"]["p50"],
+                           p99_ms=r["latency_ms"]["p99"])
+            except (IndexError, ValueError, KeyError):
+                pass
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
         print("hearth", row, flush=True)

@@ -394,15 +394,25 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
   return true;
 }
 
+// The wait before starting a worker again after `failures` deaths in a row
+// with no batch answered in between: none after a worker that did useful work
+// (a replacement serves again at once), then 100 ms doubling up to 5 s for a
+// worker that keeps dying before it answers anything.
+std::chrono::milliseconds RestartBackoff(int failures) {
+  if (failures <= 1) return std::chrono::milliseconds(0);
+  return std::chrono::milliseconds(std::min(100 << std::min(failures - 2, 6), 5000));
+}
+
 void WorkerSupervisor::Loop() {
-  auto backoff = std::chrono::milliseconds(0);
+  int failures = 0;  // deaths in a row without an answered batch
   while (!model_.stopping) {
+    const auto backoff = RestartBackoff(failures);
     if (backoff.count() > 0) std::this_thread::sleep_for(backoff);
     UniqueFd control;
     auto pid = Spawn(&control);
     if (!pid.ok()) {
       spdlog::error("{} worker {}: {}", model_.repo.name, index_, pid.status().ToString());
-      backoff = std::min(std::max(backoff * 2, std::chrono::milliseconds(100)), std::chrono::milliseconds(5000));
+      failures = std::max(failures + 1, 2);  // cannot even start one: wait before trying again
       continue;
     }
     pid_ = *pid;
@@ -413,7 +423,7 @@ void WorkerSupervisor::Loop() {
       spdlog::error("{} worker {} (pid {}) failed to start: {}", model_.repo.name, index_, *pid, why);
       Reap(*pid, true);
       pid_ = -1;
-      backoff = std::min(std::max(backoff * 2, std::chrono::milliseconds(100)), std::chrono::milliseconds(5000));
+      ++failures;
       continue;
     }
     spdlog::info("{} worker {} ready: pid {} on {} in {:.0f} ms ({} MiB of its own device buffers)",
@@ -439,6 +449,7 @@ void WorkerSupervisor::Loop() {
         continue;
       }
       alive = RunBatch(control.get(), jobs);
+      if (alive) failures = 0;
     }
     --model_.ready_workers;
     ready_ = false;
@@ -447,10 +458,7 @@ void WorkerSupervisor::Loop() {
     pid_ = -1;
     if (alive) break;  // queue closed: shutting down
     ++restarts_;
-    // A worker that dies soon after starting is restarted ever more slowly.
-    backoff = Clock::now() - started < std::chrono::seconds(10)
-                  ? std::min(std::max(backoff * 2, std::chrono::milliseconds(50)), std::chrono::milliseconds(5000))
-                  : std::chrono::milliseconds(0);
+    ++failures;
   }
 }
 

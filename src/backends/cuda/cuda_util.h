@@ -39,6 +39,7 @@ template <typename Handle, auto Destroy>
 using UniqueHandle = std::unique_ptr<std::remove_pointer_t<Handle>, HandleDeleter<Handle, Destroy>>;
 
 using CudaStream = UniqueHandle<cudaStream_t, cudaStreamDestroy>;
+using CudaEvent = UniqueHandle<cudaEvent_t, cudaEventDestroy>;
 using LtHandle = UniqueHandle<cublasLtHandle_t, cublasLtDestroy>;
 using LtMatmulDesc = UniqueHandle<cublasLtMatmulDesc_t, cublasLtMatmulDescDestroy>;
 using LtLayout = UniqueHandle<cublasLtMatrixLayout_t, cublasLtMatrixLayoutDestroy>;

@@ -10,12 +10,6 @@
 // the weight-streaming rate until its FMAs (4 per weight byte at 16 rows)
 // become the limit.
 //
-// How: one warp owns R consecutive output features n. Lanes stride over k
-// with 16-byte loads: per step a lane loads R float4 of weights (streamed,
-// evict-first) and, per row m, one float4 of x (read-only cache; every warp
-// of the grid reads the same x, which stays in L1/L2), and accumulates
-// rows x R partial sums. A butterfly shuffle reduces them across the warp
-// and the lanes write the results with the bias and the optional ReLU.
 // Accumulation is F32 throughout, in a different order than cuBLAS.
 #pragma once
 
@@ -24,9 +18,6 @@
 #include <cstdint>
 
 namespace hearth::cuda {
-
-// Rows handled by one pass over the weights; more rows run in several passes.
-inline constexpr int kSkinnyMaxRows = 32;
 
 struct SkinnyGemmArgs {
   const float* x = nullptr;     // [rows, k]
@@ -37,15 +28,29 @@ struct SkinnyGemmArgs {
   bool relu = false;
 };
 
-// Whether the kernel can run these arguments: k a multiple of 4 and x, w
+// Two kernels (see skinny_gemm.cu):
+//  - warp rows: a warp owns a few features and every lane strides over k,
+//    reading x through L1 for each feature; best for 1 or 2 rows, where it
+//    streams the weights at full bandwidth. Up to 32 rows per pass.
+//  - sliced: lanes hold a slice of x in registers and the weights are
+//    broadcast to 4 groups of rows; for more rows, up to 16 per pass.
+enum class SkinnyKernel { kAuto, kWarpRows, kSliced };
+
+struct SkinnyTuning {
+  SkinnyKernel kernel = SkinnyKernel::kAuto;
+  // Output features per warp: 2, 4 or 8 for warp rows (8 runs as 4 on passes
+  // of more than 16 rows), 8 or 16 for sliced; 0 for the kernel's default.
+  int features_per_warp = 0;
+};
+
+// Whether the kernels can run these arguments: k a multiple of 4 and x, w
 // 16-byte aligned (float4 loads of every row).
 bool SkinnyGemmSupported(const SkinnyGemmArgs& a);
 
-// rows_per_warp: 2, 4 or 8 output features per warp (8 runs as 4 on passes of
-// more than 16 rows), or 0 for the default tuned on the H200 (see
-// bench/gemm). Returns cudaErrorInvalidValue for
-// arguments SkinnyGemmSupported refuses or an unknown rows_per_warp, else the
-// launch's cudaGetLastError().
-cudaError_t LaunchSkinnyGemmF32(const SkinnyGemmArgs& a, int rows_per_warp, cudaStream_t stream);
+// Runs as many passes over the weights as the rows need. Returns
+// cudaErrorInvalidValue for arguments SkinnyGemmSupported refuses or an
+// unknown features_per_warp, else the launches' cudaGetLastError().
+cudaError_t LaunchSkinnyGemmF32(const SkinnyGemmArgs& a, SkinnyTuning tuning,
+                                cudaStream_t stream);
 
 }  // namespace hearth::cuda
