@@ -54,7 +54,7 @@ if want cuda-tests; then
 fi
 if want serve-tests; then
   echo "== hearth serve test suite with the models on the GPU"
-  HEARTH_TEST_DEVICE=cuda HEARTH_CLI=$PWD/$BUILD/bin/hearth timeout 150 python3 -m pytest -q -rs tests/serve \
+  HEARTH_TEST_DEVICE=cuda HEARTH_TEST_LOG_DIR=$OUT HEARTH_CLI=$PWD/$BUILD/bin/hearth timeout 150 python3 -m pytest -q -rs tests/serve \
     -p no:cacheprovider > "$OUT/pytest-serve-cuda.log" 2>&1
   serve_rc=$?
   tail -12 "$OUT/pytest-serve-cuda.log"
@@ -104,6 +104,8 @@ if want startup; then
     echo "# default context"; "$BUILD/bench/attach/context_startup" --processes 1,8,24 --socket "$R/s.sock" --model m
     echo "# HEARTH_CUDA_STACK_SIZE=256"
     HEARTH_CUDA_STACK_SIZE=256 "$BUILD/bench/attach/context_startup" --processes 1,8,24 --socket "$R/s.sock" --model m
+    echo "# HEARTH_CUDA_STACK_SIZE=256 CUDA_DEVICE_MAX_CONNECTIONS=1"
+    HEARTH_CUDA_STACK_SIZE=256 CUDA_DEVICE_MAX_CONNECTIONS=1 "$BUILD/bench/attach/context_startup" --processes 1,24
   } > "$OUT/startup.log" 2>&1
   kill $spid; wait $spid
   bash bench/serve/startup.sh "$BUILD" 24 >> "$OUT/startup.log" 2>&1

@@ -5,14 +5,14 @@
 Serves the seed's MLP (16384 -> 16384 -> 12800) and the scale model (N=500) with hearth serve and
 drives them with `hearth bench` (binary tensor data, the argmax output as the baseline returns):
 
-  1. batches of 16 per second, 4 workers: max_batch_size 16 (each request runs alone) and
-     max_batch_size 64 (the server merges up to 4 requests into one forward); bf16 weights too;
+  1. batches of 16 per second, 4 workers: max_batch_size 16 (each request runs alone), 64 and
+     128 (the server merges up to 4 or 8 requests into one forward); bf16 weights too;
   2. single-sample requests from 64 concurrent clients, dynamically batched up to 64;
   3. device memory with 24 workers;
   4. time from a worker's SIGKILL to its replacement answering (1 worker: the request sent right
      after the kill waits for the replacement);
-  5. the scale model at concurrency 1, 16 and 64: requests/s, client p50/p99, and the mean time
-     inside the server (from /metrics: hearth_inference_request_duration_us over the run).
+  5. the scale model, on GPU workers and on CPU workers, at concurrency 1, 16 and 64: requests/s,
+     client p50/p99, and the mean time inside the server and by stage (from /metrics).
 
 Then runs the baseline with 4 and 24 workers. Prints one JSON line per measurement and a table.
 """
@@ -29,6 +29,19 @@ import time
 import urllib.request
 
 SEED_DIMS = "16384,16384,12800"
+SCALE_CONFIG = """backend: scale
+max_batch_size: 64
+input:
+  - {{name: x, data_type: TYPE_FP32, dims: [500]}}
+output:
+  - {{name: y, data_type: TYPE_FP32, dims: [1]}}
+instance_group:
+  - {{count: 1, kind: {kind}}}
+dynamic_batching:
+  max_queue_delay_microseconds: 0
+"""
+# Where a request's time inside the server goes (/metrics counters, microseconds).
+DURATIONS = ["request", "queue", "compute_input", "compute_infer", "compute_output"]
 
 
 def used_mib():
@@ -167,19 +180,14 @@ def main():
         "mlp_b64": ("mlp", SEED_DIMS, None, mlp_config(64)),
         "mlp_bf16": ("mlp", SEED_DIMS, "bf16", mlp_config(16)),
         "mlp_bf16_b64": ("mlp", SEED_DIMS, "bf16", mlp_config(64)),
-        "scale": ("scale", "500", None, """backend: scale
-max_batch_size: 64
-input:
-  - {name: x, data_type: TYPE_FP32, dims: [500]}
-output:
-  - {name: y, data_type: TYPE_FP32, dims: [1]}
-dynamic_batching:
-  max_queue_delay_microseconds: 0
-"""),
+        "mlp_b128": ("mlp", SEED_DIMS, None, mlp_config(128)),
+        "scale": ("scale", "500", None, SCALE_CONFIG.format(kind="KIND_GPU")),
+        "scale_cpu": ("scale", "500", None, SCALE_CONFIG.format(kind="KIND_CPU")),
     })
     server = Server(a.build, repo, 4, tmp / "serve-4.log")
     for model, batch, conc, label in [("mlp", 16, 8, "batch16_fp32_max16"),
                                       ("mlp_b64", 16, 32, "batch16_fp32_max64"),
+                                      ("mlp_b128", 16, 64, "batch16_fp32_max128"),
                                       ("mlp_bf16", 16, 8, "batch16_bf16_max16"),
                                       ("mlp_bf16_b64", 16, 32, "batch16_bf16_max64"),
                                       ("mlp_b64", 1, 64, "single_fp32_64clients"),
@@ -191,15 +199,18 @@ dynamic_batching:
               "requests_per_s": r["requests_per_s"], "inferences_per_s": r["inferences_per_s"],
               "p50_ms": r["latency_ms"]["p50"], "p99_ms": r["latency_ms"]["p99"], "errors": r["errors"],
               "mean_forward_rows": inferences / batches if batches else None}, results)
-    for conc in (1, 16, 64):
-        before_us = server.metric("hearth_inference_request_duration_us", "scale")
-        before_n = server.metric("hearth_inference_request_success", "scale")
-        r = bench(a.build, server.url, "scale", 1, conc, a.seconds, output=None)
-        after_us = server.metric("hearth_inference_request_duration_us", "scale")
-        after_n = server.metric("hearth_inference_request_success", "scale")
-        emit({"test": f"scale_c{conc}", "workers": 4, "requests_per_s": r["requests_per_s"],
-              "p50_ms": r["latency_ms"]["p50"], "p99_ms": r["latency_ms"]["p99"], "errors": r["errors"],
-              "server_mean_us": (after_us - before_us) / max(after_n - before_n, 1)}, results)
+    for model in ("scale", "scale_cpu"):
+        for conc in (1, 16, 64):
+            before = {d: server.metric(f"hearth_inference_{d}_duration_us", model) for d in DURATIONS}
+            before_n = server.metric("hearth_inference_request_success", model)
+            r = bench(a.build, server.url, model, 1, conc, a.seconds, output=None)
+            after = {d: server.metric(f"hearth_inference_{d}_duration_us", model) for d in DURATIONS}
+            n = max(server.metric("hearth_inference_request_success", model) - before_n, 1)
+            emit({"test": f"{model}_c{conc}", "workers": 4, "requests_per_s": r["requests_per_s"],
+                  "p50_ms": r["latency_ms"]["p50"], "p99_ms": r["latency_ms"]["p99"], "errors": r["errors"],
+                  "server_mean_us": (after["request"] - before["request"]) / n,
+                  "server_mean_us_by_stage": {d: round((after[d] - before[d]) / n, 1) for d in DURATIONS[1:]}},
+                 results)
     server.stop()
     subprocess.run(["cp", str(tmp / "serve-4.log"), a.out])
 
@@ -249,7 +260,8 @@ dynamic_batching:
     print()
     print("| measurement | hearth | baseline | ratio |")
     print("|---|---|---|---|")
-    for label in ("batch16_fp32_max16", "batch16_fp32_max64", "batch16_bf16_max16", "batch16_bf16_max64"):
+    for label in ("batch16_fp32_max16", "batch16_fp32_max64", "batch16_fp32_max128", "batch16_bf16_max16",
+                  "batch16_bf16_max64"):
         r = by.get(label, {})
         print(f"| {label}: batches of 16/s, 4 workers (mean rows per forward {r.get('mean_forward_rows', 0):.1f}) | "
               f"{r.get('requests_per_s', 0):.0f} | {b4:.0f} (fp32) | {r.get('requests_per_s', 0) / b4:.2f} |")
@@ -268,11 +280,12 @@ dynamic_batching:
     print(f"| SIGKILL to replacement answering, s (median/max of {k.get('kills')}) | "
           f"{k.get('median_s', 0):.3f}/{k.get('max_s', 0):.3f} | {b1:.2f} (a spawned torch worker ready) | "
           f"{k.get('median_s', 0) / b1:.3f} |")
-    for conc in (1, 16, 64):
-        r = by.get(f"scale_c{conc}", {})
-        print(f"| scale N=500, concurrency {conc}: req/s, p50/p99 ms, mean in-server us | "
-              f"{r.get('requests_per_s', 0):.0f}, {r.get('p50_ms', 0):.3f}/{r.get('p99_ms', 0):.3f}, "
-              f"{r.get('server_mean_us', 0):.0f} | - | - |")
+    for model in ("scale", "scale_cpu"):
+        for conc in (1, 16, 64):
+            r = by.get(f"{model}_c{conc}", {})
+            print(f"| {model} N=500, concurrency {conc}: req/s, p50/p99 ms, mean in-server us | "
+                  f"{r.get('requests_per_s', 0):.0f}, {r.get('p50_ms', 0):.3f}/{r.get('p99_ms', 0):.3f}, "
+                  f"{r.get('server_mean_us', 0):.0f} {r.get('server_mean_us_by_stage', '')} | - | - |")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <string>
@@ -130,6 +131,10 @@ std::string ExecutableDir() {
 int RunServe(const std::string& repository, const std::string& host, int port,
              const std::string& device_text, int workers, int exec_timeout_ms,
              uint64_t max_body_bytes) {
+  // This process's CUDA context (its stores' arenas) runs no kernel: a small
+  // per-thread stack shrinks it, from 524 to 326 MiB on an H200. Set before
+  // anything touches CUDA; a value in the environment wins.
+  ::setenv("HEARTH_CUDA_STACK_SIZE", "256", 0);
   ServerOptions options;
   options.repository = repository;
   options.workers = workers;

@@ -179,7 +179,9 @@ class WorkerSupervisor {
  private:
   void Loop();
   Result<pid_t> Spawn(UniqueFd* control);
-  void Reap(pid_t pid, bool kill_first);
+  // Waits for the worker's exit (SIGKILL first if asked, or after 2 s);
+  // returns its wait status.
+  int Reap(pid_t pid, bool kill_first);
   // Runs one batch of requests on the live worker; false if the worker is gone.
   bool RunBatch(int control, const std::vector<std::shared_ptr<Job>>& jobs);
 
@@ -288,17 +290,18 @@ Result<pid_t> WorkerSupervisor::Spawn(UniqueFd* control) {
   return pid;
 }
 
-void WorkerSupervisor::Reap(pid_t pid, bool kill_first) {
-  if (pid <= 0) return;
+int WorkerSupervisor::Reap(pid_t pid, bool kill_first) {
+  if (pid <= 0) return 0;
   if (kill_first) ::kill(pid, SIGKILL);
   int status = 0;
   for (int i = 0; i < 200; ++i) {  // up to 2 s for a clean exit, then SIGKILL
     const pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid || (r < 0 && errno == ECHILD)) return;
+    if (r == pid || (r < 0 && errno == ECHILD)) return status;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ::kill(pid, SIGKILL);
   ::waitpid(pid, &status, 0);
+  return status;
 }
 
 bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<Job>>& jobs) {
@@ -420,10 +423,17 @@ void WorkerSupervisor::Loop() {
     auto ready = control::Receive(control.get(), options_.ready_timeout_ms);
     if (!ready.ok() || ready->kind != control::Kind::kReady) {
       const std::string why = ready.ok() ? ready->text : ready.status().message();
-      spdlog::error("{} worker {} (pid {}) failed to start: {}", model_.repo.name, index_, *pid, why);
-      Reap(*pid, true);
+      // One that closed its socket has exited or is exiting: wait for it, to
+      // see why. One that hung or said something else is killed.
+      const bool closed = !ready.ok() && ready.status().code() == StatusCode::kUnavailable;
+      const int status = Reap(*pid, !closed);
       pid_ = -1;
-      ++failures;
+      // SIGKILL from outside (an operator, a test) says nothing about the
+      // worker: start the next one at once. Anything else may repeat.
+      const bool killed = closed && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+      spdlog::error("{} worker {} (pid {}) failed to start: {}{}", model_.repo.name, index_, *pid, why,
+                    killed ? " (killed by SIGKILL)" : "");
+      if (!killed) ++failures;
       continue;
     }
     spdlog::info("{} worker {} ready: pid {} on {} in {:.0f} ms ({} MiB of its own device buffers)",

@@ -184,11 +184,10 @@ TEST_F(CudaTest, SkinnyGemmRefusesWhatItCannotRun) {
       << cuda.status().ToString();
 }
 
-// The kernels alone against a double-precision reference: row counts of one
+// The kernel alone against a double-precision reference: row counts of one
 // and several passes, feature counts that are not multiples of the features
-// per warp, k not a multiple of the floats one step or slice takes (256,
-// 128), with and without bias and ReLU, every kernel and features-per-warp
-// variant.
+// per warp, k not a multiple of the 256 floats one step takes, with and
+// without bias and ReLU, every features-per-warp variant.
 TEST_F(CudaTest, SkinnyGemmMatchesDoubleReference) {
   std::mt19937_64 rng(17);
   struct Shape {
@@ -210,18 +209,13 @@ TEST_F(CudaTest, SkinnyGemmMatchesDoubleReference) {
     float* db = copy("bias", bias);
     float* dy = copy("y", std::vector<float>(static_cast<size_t>(max_rows * shape.n)));
     ASSERT_FALSE(HasFatalFailure());
-    using cuda::SkinnyKernel;
-    const std::vector<cuda::SkinnyTuning> tunings{
-        {SkinnyKernel::kAuto, 0},     {SkinnyKernel::kWarpRows, 2}, {SkinnyKernel::kWarpRows, 4},
-        {SkinnyKernel::kWarpRows, 8}, {SkinnyKernel::kSliced, 8},   {SkinnyKernel::kSliced, 16}};
     for (int64_t rows : {1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 70}) {
-      for (const cuda::SkinnyTuning tuning : tunings) {
-        const int per_warp = static_cast<int>(tuning.kernel) * 100 + tuning.features_per_warp;
+      for (int per_warp : {0, 2, 4, 8}) {
         for (bool with_bias_relu : {false, true}) {
           cuda::SkinnyGemmArgs a{dx, dw, with_bias_relu ? db : nullptr, dy, rows, shape.n,
                                  shape.k, with_bias_relu};
           ASSERT_CUDA(cudaMemset(dy, 0xff, static_cast<size_t>(max_rows * shape.n) * 4));  // NaNs
-          ASSERT_CUDA(cuda::LaunchSkinnyGemmF32(a, tuning, nullptr));
+          ASSERT_CUDA(cuda::LaunchSkinnyGemmF32(a, per_warp, nullptr));
           std::vector<float> y(static_cast<size_t>(max_rows * shape.n));
           ASSERT_CUDA(cudaMemcpy(y.data(), dy, y.size() * 4, cudaMemcpyDeviceToHost));
           const double tolerance = 1e-5 * std::sqrt(static_cast<double>(shape.k));
@@ -239,8 +233,8 @@ TEST_F(CudaTest, SkinnyGemmMatchesDoubleReference) {
               }
               if (with_bias_relu) want = std::max(want, 0.0);
               ASSERT_NEAR(got, want, tolerance * (1 + std::abs(want)))
-                  << "n " << shape.n << " k " << shape.k << " rows " << rows
-                  << " kernel*100+features per warp " << per_warp << " bias+relu " << with_bias_relu << " at (" << m << ", " << n
+                  << "n " << shape.n << " k " << shape.k << " rows " << rows << " per warp "
+                  << per_warp << " bias+relu " << with_bias_relu << " at (" << m << ", " << n
                   << ")";
             }
           }
@@ -249,14 +243,11 @@ TEST_F(CudaTest, SkinnyGemmMatchesDoubleReference) {
     }
     // Unsupported shapes are refused, not run.
     cuda::SkinnyGemmArgs odd{dx, dw, nullptr, dy, 1, shape.n, 6, false};
-    EXPECT_EQ(cuda::LaunchSkinnyGemmF32(odd, {}, nullptr), cudaErrorInvalidValue);
+    EXPECT_EQ(cuda::LaunchSkinnyGemmF32(odd, 0, nullptr), cudaErrorInvalidValue);
     cuda::SkinnyGemmArgs unaligned{dx + 1, dw, nullptr, dy, 1, shape.n, shape.k, false};
-    EXPECT_EQ(cuda::LaunchSkinnyGemmF32(unaligned, {}, nullptr), cudaErrorInvalidValue);
+    EXPECT_EQ(cuda::LaunchSkinnyGemmF32(unaligned, 0, nullptr), cudaErrorInvalidValue);
     cuda::SkinnyGemmArgs fine{dx, dw, nullptr, dy, 1, shape.n, shape.k, false};
-    EXPECT_EQ(cuda::LaunchSkinnyGemmF32(fine, {SkinnyKernel::kWarpRows, 3}, nullptr),
-              cudaErrorInvalidValue);
-    EXPECT_EQ(cuda::LaunchSkinnyGemmF32(fine, {SkinnyKernel::kSliced, 4}, nullptr),
-              cudaErrorInvalidValue);
+    EXPECT_EQ(cuda::LaunchSkinnyGemmF32(fine, 3, nullptr), cudaErrorInvalidValue);
   }
 }
 

@@ -146,6 +146,8 @@ def server():
         code = "killed after 30 s"
     log.close()
     text = (tmp / "serve.log").read_text()
+    if os.environ.get("HEARTH_TEST_LOG_DIR"):  # keep the server's log (the GPU check collects it)
+        shutil.copy(tmp / "serve.log", pathlib.Path(os.environ["HEARTH_TEST_LOG_DIR"]) / "serve-test-server.log")
     shutil.rmtree(tmp, ignore_errors=True)
     # SIGTERM: requests finished, workers stopped, sockets removed, exit 0.
     assert code == 0, text[-2000:]

@@ -2,13 +2,20 @@
 //   y[m, n] = act(sum_k x[m, k] * w[n, k] + bias[n]),  m < rows, n < N,
 // with w a row-major PyTorch Linear weight [N, K] and x, y row-major.
 //
-// Why: at batch 16 an F32 forward of the seed's MLP streams 1.8 GiB of
-// weights for 8 FLOP per byte. cuBLAS tiles such a product for large
-// matrices and spends ~1.24 ms on it on an H200 (about 12 TFLOP/s), where
-// reading the weights once takes ~0.45 ms. This kernel reads each weight once
-// and applies it to every row of the batch held in registers, so it runs at
-// the weight-streaming rate until its FMAs (4 per weight byte at 16 rows)
-// become the limit.
+// Why: a forward of a few rows streams every weight for little arithmetic,
+// and cuBLAS's tiles, made for large matrices, leave bandwidth unused there.
+// This kernel reads each weight once and applies it to every row of the
+// batch. On an H200, for the seed's MLP (1.8 GiB of F32 weights), it runs
+// 2 rows in 0.44 ms (4.3 TB/s) where cuBLASLt takes 0.70 ms, 4 rows in 0.54
+// against 0.79 ms and 8 rows in 0.81 against 0.90 ms; from 16 rows on
+// cuBLASLt is faster (1.28 against 1.78 ms): its x traffic through L1 grows
+// with the rows, and the load units become the limit (bench/gemm).
+//
+// How: one warp owns R consecutive output features. Lanes stride over k
+// with 16-byte loads: per step a lane loads R float4 of weights (streamed,
+// evict-first) and, per row m, one float4 of x through the read-only cache,
+// and accumulates rows x R partial sums. A butterfly shuffle reduces them
+// across the warp at the end.
 //
 // Accumulation is F32 throughout, in a different order than cuBLAS.
 #pragma once
@@ -28,29 +35,19 @@ struct SkinnyGemmArgs {
   bool relu = false;
 };
 
-// Two kernels (see skinny_gemm.cu):
-//  - warp rows: a warp owns a few features and every lane strides over k,
-//    reading x through L1 for each feature; best for 1 or 2 rows, where it
-//    streams the weights at full bandwidth. Up to 32 rows per pass.
-//  - sliced: lanes hold a slice of x in registers and the weights are
-//    broadcast to 4 groups of rows; for more rows, up to 16 per pass.
-enum class SkinnyKernel { kAuto, kWarpRows, kSliced };
+// Rows handled by one pass over the weights; more rows run in several passes.
+inline constexpr int kSkinnyMaxRows = 32;
 
-struct SkinnyTuning {
-  SkinnyKernel kernel = SkinnyKernel::kAuto;
-  // Output features per warp: 2, 4 or 8 for warp rows (8 runs as 4 on passes
-  // of more than 16 rows), 8 or 16 for sliced; 0 for the kernel's default.
-  int features_per_warp = 0;
-};
-
-// Whether the kernels can run these arguments: k a multiple of 4 and x, w
+// Whether the kernel can run these arguments: k a multiple of 4 and x, w
 // 16-byte aligned (float4 loads of every row).
 bool SkinnyGemmSupported(const SkinnyGemmArgs& a);
 
-// Runs as many passes over the weights as the rows need. Returns
-// cudaErrorInvalidValue for arguments SkinnyGemmSupported refuses or an
-// unknown features_per_warp, else the launches' cudaGetLastError().
-cudaError_t LaunchSkinnyGemmF32(const SkinnyGemmArgs& a, SkinnyTuning tuning,
+// Runs as many passes over the weights as the rows need. features_per_warp:
+// 2, 4 or 8 output features per warp (8 runs as 4 on passes of more than 16
+// rows), or 0 for the default. Returns cudaErrorInvalidValue for arguments
+// SkinnyGemmSupported refuses or another features_per_warp, else the
+// launches' cudaGetLastError().
+cudaError_t LaunchSkinnyGemmF32(const SkinnyGemmArgs& a, int features_per_warp,
                                 cudaStream_t stream);
 
 }  // namespace hearth::cuda
