@@ -44,9 +44,9 @@ namespace {
 using cuda::CudaCheck;
 using cuda::LtCheck;
 
-// 16 MiB: enough for split-K on the skinny batch GEMMs; every MiB here is paid
+// 8 MiB: room for split-K on the skinny batch GEMMs; every MiB here is paid
 // once per worker process.
-constexpr uint64_t kWorkspaceBytes = uint64_t{16} << 20;
+constexpr uint64_t kWorkspaceBytes = uint64_t{8} << 20;
 
 // cuBLASLt heuristic results timed when a batch size is first planned.
 constexpr int kAlgoCandidates = 8;
@@ -265,11 +265,23 @@ class MlpCuda final : public Backend {
     return Status::Ok();
   }
 
-  // B [k, batch] and D [m, batch] layouts and the heuristic's best algorithm.
+  // B [k, batch] and D [m, batch] layouts and an algorithm: `reuse` if
+  // given and valid for this batch size, else the heuristic's candidates,
+  // timed on large weights.
   Status PlanGemm(const Gemm& g, uint64_t batch, const void* b_ptr, const void* d_ptr,
-                  cuda::LtLayout* b, cuda::LtLayout* d, cublasLtMatmulAlgo_t* algo) {
+                  cuda::LtLayout* b, cuda::LtLayout* d, cublasLtMatmulAlgo_t* algo,
+                  const cublasLtMatmulAlgo_t* reuse) {
     ASSIGN_OR_RETURN(*b, cuda::CreateLayout(g.b_type, g.k, batch, static_cast<int64_t>(g.k)));
     ASSIGN_OR_RETURN(*d, cuda::CreateLayout(g.d_type, g.m, batch, static_cast<int64_t>(g.m)));
+    if (reuse != nullptr) {
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoCheck(lt_.get(), g.desc.get(), g.a.get(), b->get(), d->get(), d->get(),
+                                  reuse, &check) == CUBLAS_STATUS_SUCCESS &&
+          check.workspaceSize <= kWorkspaceBytes) {
+        *algo = *reuse;
+        return Status::Ok();
+      }
+    }
     cublasLtMatmulPreference_t pref = nullptr;
     RETURN_IF_ERROR(
         LtCheck(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate"));
@@ -304,7 +316,7 @@ class MlpCuda final : public Backend {
     // The heuristic's first choice can be far from the best for these skinny
     // shapes (1.9 against 1.3 ms for the seed's MLP at batch 16 on an H200):
     // on large weights, time the candidates once and keep the fastest.
-    if (found == 1 || g.m * g.k < (uint64_t{1} << 22)) return Status::Ok();
+    if (reuse != nullptr || found == 1 || g.m * g.k < (uint64_t{1} << 22)) return Status::Ok();
     cudaEvent_t start = nullptr, stop = nullptr;
     RETURN_IF_ERROR(CudaCheck(cudaEventCreate(&start), "cudaEventCreate"));
     cuda::CudaEvent owned_start(start);
@@ -316,7 +328,7 @@ class MlpCuda final : public Backend {
       // A candidate that fails to run is skipped, never chosen.
       if (!Matmul(g, candidate, b_ptr, b->get(), const_cast<void*>(d_ptr), d->get()).ok()) continue;
       RETURN_IF_ERROR(CudaCheck(cudaEventRecord(start, stream_.get()), "cudaEventRecord"));
-      for (int r = 0; r < 3; ++r) {
+      for (int r = 0; r < 2; ++r) {
         RETURN_IF_ERROR(Matmul(g, candidate, b_ptr, b->get(), const_cast<void*>(d_ptr), d->get()));
       }
       RETURN_IF_ERROR(CudaCheck(cudaEventRecord(stop, stream_.get()), "cudaEventRecord"));
@@ -341,17 +353,29 @@ class MlpCuda final : public Backend {
                    "cublasLtMatmul");
   }
 
+  // Algorithms are timed for powers of two (and max_batch_) only; the batch
+  // sizes between take their bucket's choice where it is valid for them.
+  // So a dynamic batcher that forms every size from 1 to 64 pays for 7
+  // timings, not 64 (each is ~50 ms on the seed's MLP).
   Result<const BatchPlan*> Plan(int64_t batch) {
     auto& slot = plans_[static_cast<size_t>(batch)];
     if (slot) return slot.get();
+    int64_t bucket = 1;
+    while (bucket < batch) bucket *= 2;
+    bucket = std::min(bucket, max_batch_);
+    const BatchPlan* tuned = nullptr;
+    if (bucket != batch) {
+      ASSIGN_OR_RETURN(tuned, Plan(bucket));
+    }
     auto plan = std::make_unique<BatchPlan>();
     const auto n = static_cast<uint64_t>(batch);
     const void* x = narrow_ ? input_narrow_.get() : input_f32_.get();
-    RETURN_IF_ERROR(PlanGemm(gemm1_, n, x, hidden_buffer_.get(), &plan->b1, &plan->d1, &plan->algo1)
+    RETURN_IF_ERROR(PlanGemm(gemm1_, n, x, hidden_buffer_.get(), &plan->b1, &plan->d1, &plan->algo1,
+                             tuned != nullptr ? &tuned->algo1 : nullptr)
                         .WithContext("mlp encoder, batch " + std::to_string(batch)));
-    RETURN_IF_ERROR(
-        PlanGemm(gemm2_, n, hidden_buffer_.get(), logits_.get(), &plan->b2, &plan->d2, &plan->algo2)
-            .WithContext("mlp head, batch " + std::to_string(batch)));
+    RETURN_IF_ERROR(PlanGemm(gemm2_, n, hidden_buffer_.get(), logits_.get(), &plan->b2, &plan->d2,
+                             &plan->algo2, tuned != nullptr ? &tuned->algo2 : nullptr)
+                        .WithContext("mlp head, batch " + std::to_string(batch)));
     slot = std::move(plan);
     return slot.get();
   }
