@@ -63,13 +63,15 @@ class JobQueue {
     if (jobs_.size() >= capacity_)
       return ResourceExhausted("queue full: " + std::to_string(capacity_) + " requests waiting");
     jobs_.push_back(std::move(job));
-    cv_.notify_one();
+    WakeIdle();
+    forming_.notify_all();
     return Status::Ok();
   }
   void PushFront(std::shared_ptr<Job> job) {
     std::lock_guard lock(mu_);
     jobs_.push_front(std::move(job));
-    cv_.notify_one();
+    WakeIdle();
+    forming_.notify_all();
   }
   // Blocks for the next batch: the oldest request, then later ones while
   // their rows fit in max_batch. It returns as soon as the rows reach the
@@ -85,10 +87,10 @@ class JobQueue {
     std::vector<std::shared_ptr<Job>> expired;
     std::unique_lock lock(mu_);
     const int64_t target = policy.preferred.empty() ? policy.max_batch : policy.preferred.back();
+    const auto idle_until = Clock::now() + idle;
     int64_t rows = 0;
     for (;;) {
-      if (!cv_.wait_for(lock, idle, [&] { return closed_ || !jobs_.empty() || !batch.empty(); }))
-        return {};
+      if (batch.empty() && !WaitForWork(lock, idle_until)) return {};
       const auto now = Clock::now();
       while (!jobs_.empty()) {
         std::shared_ptr<Job>& front = jobs_.front();
@@ -114,9 +116,10 @@ class JobQueue {
       if (full) break;
       const auto until = batch[0]->received + policy.max_delay;
       if (now >= until) break;
-      cv_.wait_until(lock, until, [&] { return closed_ || !jobs_.empty(); });
+      forming_.wait_until(lock, until, [&] { return closed_ || !jobs_.empty(); });
       if (jobs_.empty()) break;
     }
+    if (!jobs_.empty()) WakeIdle();  // more than this batch took: another worker's turn
     lock.unlock();
     // A request may have run out of time while its batch was forming.
     const auto now = Clock::now();
@@ -137,7 +140,8 @@ class JobQueue {
   void Close() {
     std::lock_guard lock(mu_);
     closed_ = true;
-    cv_.notify_all();
+    forming_.notify_all();
+    while (!idle_.empty()) WakeIdle();
   }
   // Fails everything still queued (no worker left to run it).
   void FailAll(const Status& why) {
@@ -150,8 +154,43 @@ class JobQueue {
   }
 
  private:
+  // A caller of PopBatch waiting for work. Idle callers are woken last in,
+  // first out: under light load the worker that just finished (whose GPU
+  // context is the one running) takes the next request, rather than the
+  // worker idle the longest, which would make the GPU switch between worker
+  // processes' contexts for every request.
+  struct IdleWaiter {
+    std::condition_variable cv;
+    bool woken = false;
+  };
+
+  // mu_ held.
+  void WakeIdle() {
+    if (idle_.empty()) return;
+    IdleWaiter* w = idle_.back();
+    idle_.pop_back();
+    w->woken = true;
+    w->cv.notify_one();
+  }
+
+  // Waits (mu_ held through `lock`) until a request is queued or the queue
+  // closes; false if `until` came first with neither.
+  bool WaitForWork(std::unique_lock<std::mutex>& lock, Clock::time_point until) {
+    IdleWaiter self;
+    while (!closed_ && jobs_.empty()) {
+      self.woken = false;
+      idle_.push_back(&self);
+      if (!self.cv.wait_until(lock, until, [&] { return self.woken; })) {
+        std::erase(idle_, &self);
+        return false;
+      }
+    }
+    return true;
+  }
+
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable forming_;  // callers holding part of a batch, waiting for more
+  std::vector<IdleWaiter*> idle_;
   std::deque<std::shared_ptr<Job>> jobs_;
   size_t capacity_;
   bool closed_ = false;
