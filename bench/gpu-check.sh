@@ -33,7 +33,7 @@ cat "$OUT/machine.txt"
 echo "== build"
 if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHEARTH_CUDA=ON \
         -DHEARTH_CUDA_ARCHITECTURES="90-real;90-virtual" \
-        -DHEARTH_XXHASH_INCLUDE_DIR="$PWD/.deps/root/usr/include" &&
+        -DHEARTH_XXHASH_INCLUDE_DIR="$PWD/.deps/root/usr/include" -DHEARTH_SIMDJSON_ROOT="$PWD/.deps/simdjson/usr" &&
       cmake --build "$BUILD" -j "$JOBS"; } > "$OUT/build.log" 2>&1; then
   tail -60 "$OUT/build.log"
   exit 1

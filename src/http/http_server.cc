@@ -228,6 +228,12 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_.expires_after(core_->options.idle_timeout);
     const auto length = parser_->content_length();
     if (length && *length >= kDirectBodyBytes && !parser_->chunked()) return ReadLargeBody(*length);
+    // Room for the JSON parser to read past the end (kRequestBodyPadding):
+    // with it, the body is parsed where it lies. Beast's own reserve of
+    // Content-Length bytes is then a no-op.
+    if (length && *length <= core_->options.max_body_bytes) {
+      parser_->get().body().reserve(*length + kRequestBodyPadding);
+    }
     http::async_read(stream_, buffer_, *parser_,
                      beast::bind_front_handler(&Session::OnRead, shared_from_this()));
   }
@@ -238,6 +244,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void ReadLargeBody(uint64_t length) {
     body_.clear();
     const size_t already = std::min<size_t>(buffer_.size(), length);
+    body_.reserve(length + kRequestBodyPadding);  // see ReadBody
     body_.resize(length);
     net::buffer_copy(net::buffer(body_.data(), already), buffer_.data());
     buffer_.consume(already);
@@ -361,9 +368,11 @@ class Session : public std::enable_shared_from_this<Session> {
       if (!parsed.ok()) return Send(StatusResponse(parsed.status(), version, keep_alive));
       json_length = *parsed;
     }
+    // The body moves into the parsed request: its binary inputs are views
+    // into it, which keep it alive until the service is done with them.
     Result<InferRequest> infer =
-        ParseInferRequest(request.body(), json_length, route.model, route.version);
-    request = {};  // the parsed request holds its own copy of the tensors
+        ParseInferRequest(std::move(request.body()), json_length, route.model, route.version);
+    request = {};
     if (!infer.ok()) return Send(StatusResponse(infer.status(), version, keep_alive));
     Result<ModelMetadata> metadata = core_->service->Metadata(route.model, route.version);
     if (!metadata.ok()) return Send(StatusResponse(metadata.status(), version, keep_alive));
@@ -372,25 +381,43 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     OutputSelection selection = SelectionOf(*infer);
     in_flight_.emplace(core_);
-    // `done` may run on any thread, even inside Infer: it only moves the
-    // result onto this connection's strand.
+    // `done` may run on any thread, even inside Infer. The outputs it gets
+    // may be borrowed from the service (the worker's slot) and valid only
+    // until it returns: it encodes them into the response body right there,
+    // one copy, and moves only the finished response onto this connection's
+    // strand.
     core_->service->Infer(
         std::move(*infer), [self = shared_from_this(), selection = std::move(selection), version,
                             keep_alive](Result<InferResponse> result) mutable {
           if (self == nullptr) return;  // a second call, against the contract
+          std::optional<Response> response;
+          try {
+            response = InferResponseMessage(result, selection, version, keep_alive);
+          } catch (const std::exception& e) {
+            // Out of memory: answered below without a body built here. Nothing
+            // may throw into the service's thread.
+            spdlog::error("http: encoding a response failed: {}", e.what());
+          }
           auto executor = self->stream_.get_executor();
-          net::post(executor, [self = std::move(self), result = std::move(result),
-                               selection = std::move(selection), version, keep_alive]() mutable {
-            self->FinishInfer(std::move(result), selection, version, keep_alive);
+          net::post(executor, [self = std::move(self), response = std::move(response), version,
+                               keep_alive]() mutable {
+            if (!response.has_value()) {
+              return self->Send(ErrorResponse(500, "internal error: cannot encode the response",
+                                              version, keep_alive));
+            }
+            self->Send(std::move(*response));
           });
         });
   }
 
-  void FinishInfer(Result<InferResponse> result, const OutputSelection& selection,
-                   unsigned version, bool keep_alive) {
-    if (!result.ok()) return Send(StatusResponse(result.status(), version, keep_alive));
+  // The HTTP response to an infer; reads the outputs' bytes, so it runs
+  // inside `done`.
+  static Response InferResponseMessage(const Result<InferResponse>& result,
+                                       const OutputSelection& selection, unsigned version,
+                                       bool keep_alive) {
+    if (!result.ok()) return StatusResponse(result.status(), version, keep_alive);
     Result<EncodedInferResponse> encoded = EncodeInferResponse(*result, selection);
-    if (!encoded.ok()) return Send(StatusResponse(encoded.status(), version, keep_alive));
+    if (!encoded.ok()) return StatusResponse(encoded.status(), version, keep_alive);
     const bool binary = encoded->json_length.has_value();
     Response response =
         MakeResponse(http::status::ok, version, keep_alive, std::move(encoded->body),
@@ -398,7 +425,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (binary) {
       response.set("Inference-Header-Content-Length", std::to_string(*encoded->json_length));
     }
-    Send(std::move(response));
+    return response;
   }
 
   void Send(Response response) {

@@ -2,9 +2,9 @@
 // (JSON and the binary tensor data extension), checking them against a
 // model's metadata, and encoding responses, metadata and errors.
 //
-// Pure functions: no sockets, no service, no global state; they never throw
-// (every failure is a Status whose message names the input, output or field).
-// Thread-safe.
+// Pure functions: no sockets, no service, no shared state (each thread keeps
+// a JSON parser of its own to reuse); they never throw (every failure is a
+// Status whose message names the input, output or field). Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -22,15 +22,29 @@ namespace hearth {
 // recursively, one level per dimension).
 inline constexpr size_t kMaxTensorRank = 32;
 
+// Spare bytes that ParseInferRequest needs after the JSON of a body to parse
+// it in place (simdjson reads up to this far past the end). Binary data after
+// the JSON serves; otherwise a body whose capacity() leaves this much room
+// after its size() is never copied. The HTTP front-end reserves it when it
+// reads a body.
+inline constexpr size_t kRequestBodyPadding = 64;
+
 // Parses the body of POST /v2/models/{model}[/versions/{version}]/infer.
 // `json_length` is the Inference-Header-Content-Length header: when present,
 // the first json_length bytes of `body` are the JSON and the rest is the
 // binary data of the inputs that carry parameters.binary_data_size, in input
-// order. Inputs come back with their bytes in their declared datatype;
-// requested outputs come back with `binary` resolved (their own binary_data
-// parameter, else the request's binary_data_output). InvalidArgument on any
-// malformed request.
-Result<InferRequest> ParseInferRequest(std::string_view body, std::optional<uint64_t> json_length,
+// order. Requested outputs come back with `binary` resolved (their own
+// binary_data parameter, else the request's binary_data_output).
+// InvalidArgument on any malformed request, with a message that names the
+// input, output or field (malformed JSON: "invalid JSON in the request at
+// byte N: ..." wherever it is); ResourceExhausted when out of memory.
+//
+// The request takes `body` over: binary inputs come back as views into it
+// (TensorData::Shared, no copy), which keep it alive for as long as any of
+// them lives. JSON inputs are decoded into owned bytes of their datatype
+// (simdjson On-Demand: each number straight into its element, no tree);
+// `data` may be flat or nested along the shape.
+Result<InferRequest> ParseInferRequest(std::string body, std::optional<uint64_t> json_length,
                                        std::string_view model, std::string_view version);
 
 // Checks a parsed request against the model it names: every input known,
@@ -55,9 +69,12 @@ struct EncodedInferResponse {
   std::optional<size_t> json_length;
 };
 
-// Encodes the service's response with the outputs `selection` asks for.
-// Internal when the service left out a requested output or returned one whose
-// byte size does not match its shape and datatype.
+// Encodes the service's response with the outputs `selection` asks for, in a
+// body sized once: each binary output is copied into it once, from wherever
+// its bytes are (outputs borrowed from the server's slot must be encoded
+// before Infer's `done` returns). Internal when the service left out a
+// requested output or returned one whose byte size does not match its shape
+// and datatype.
 Result<EncodedInferResponse> EncodeInferResponse(const InferResponse& response,
                                                  const OutputSelection& selection);
 

@@ -1,5 +1,7 @@
 // The server's request API: what the HTTP front-end calls. No CUDA, no
-// device pointers, no sockets: tensors travel as host bytes.
+// device pointers, no sockets: tensors travel as host bytes, owned or viewed
+// (TensorData), so that the front-end and the server copy them only where
+// docs/data-plane.md says.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,12 +39,62 @@ struct ModelMetadata {
   std::vector<TensorMetadata> outputs;
 };
 
-// A tensor's bytes, row-major, little-endian.
+// The bytes of one tensor, row-major, little-endian, held in one of three ways:
+//   owned     in a vector of this object: JSON inputs, decoded into their
+//             datatype; outputs that a service builds itself.
+//   shared    a read-only view into a buffer that `owner` keeps alive. The
+//             front-end hands binary inputs over this way: views into the
+//             HTTP request body, never copied before the server assembles its
+//             batch. Copies of a shared TensorData share the owner.
+//   borrowed  a read-only view with no owner, valid for as long as whoever
+//             hands it out says. Infer's `done` receives outputs borrowed from
+//             the server's memory (the worker's slot) that are valid only
+//             until `done` returns (see InferenceService::Infer).
+// Nobody writes viewed bytes while a view of them exists, so a const
+// TensorData may be read from several threads.
+class TensorData {
+ public:
+  TensorData() = default;
+  // Owned bytes. Implicit, so that `tensor.data = std::move(bytes)` reads well.
+  TensorData(std::vector<std::byte> bytes) : owned_(std::move(bytes)) {}  // NOLINT
+
+  static TensorData Shared(std::span<const std::byte> bytes, std::shared_ptr<const void> owner) {
+    TensorData data;
+    data.view_ = bytes;
+    data.is_view_ = true;
+    data.owner_ = std::move(owner);
+    return data;
+  }
+  static TensorData Borrowed(std::span<const std::byte> bytes) {
+    TensorData data;
+    data.view_ = bytes;
+    data.is_view_ = true;
+    return data;
+  }
+
+  std::span<const std::byte> bytes() const {
+    return is_view_ ? view_ : std::span<const std::byte>(owned_);
+  }
+  const std::byte* data() const { return bytes().data(); }
+  size_t size() const { return bytes().size(); }
+  bool empty() const { return size() == 0; }
+  // A view (shared or borrowed) rather than owned bytes.
+  bool is_view() const { return is_view_; }
+  // A view whose lifetime nobody here guarantees.
+  bool is_borrowed() const { return is_view_ && owner_ == nullptr; }
+
+ private:
+  std::vector<std::byte> owned_;
+  std::span<const std::byte> view_;
+  bool is_view_ = false;
+  std::shared_ptr<const void> owner_;
+};
+
 struct InferTensor {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
-  std::vector<std::byte> data;
+  TensorData data;
 };
 
 struct RequestedOutput {
@@ -89,6 +142,13 @@ class InferenceService {
   // Runs a request that the front-end has already checked against
   // Metadata() (names, datatypes, shapes, batch size). `done` is called
   // exactly once, from any thread.
+  //
+  // Lifetimes: the service may keep `request`, and with it the buffers its
+  // inputs share, until it calls `done`. The outputs `done` receives may be
+  // borrowed (TensorData::Borrowed) from the service's memory and are then
+  // valid only until `done` returns: a caller that needs them later copies
+  // them inside `done`. Meanwhile the service does not reuse that memory, so
+  // `done` should be quick.
   virtual void Infer(InferRequest request,
                      std::function<void(Result<InferResponse>)> done) = 0;
   // Prometheus text exposition format (version 0.0.4) for GET /metrics.

@@ -350,6 +350,8 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
     model_.queue_us += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::microseconds>(dispatched - job->received).count());
   }
+  // The one copy of each input on the host: from the request (a view into
+  // the HTTP body for binary inputs, decoded bytes for JSON) into the slot.
   int64_t rows = 0;
   for (const auto& job : jobs) {
     for (size_t i = 0; i < model_.inputs.size(); ++i) {
@@ -402,6 +404,9 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
     for (const auto& job : jobs) job->done(Status(static_cast<StatusCode>(done->status_code), done->text));
     return true;
   }
+  // Each response's outputs are views into the slot, borrowed for the
+  // duration of `done` (inference_api.h): the slot is written again only by
+  // the next batch, which this thread starts after every `done` returned.
   rows = 0;
   for (const auto& job : jobs) {
     InferResponse response;
@@ -422,7 +427,8 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
       t.shape.insert(t.shape.end(), spec.dims.begin(), spec.dims.end());
       const uint64_t row_bytes = spec.bytes_per_sample();
       const std::byte* src = slot_ + layout.output_offsets[i] + static_cast<uint64_t>(rows) * row_bytes;
-      t.data.assign(src, src + row_bytes * static_cast<uint64_t>(job->batch));
+      t.data = TensorData::Borrowed(
+          std::span<const std::byte>(src, row_bytes * static_cast<uint64_t>(job->batch)));
       response.outputs.push_back(std::move(t));
     }
     rows += job->batch;

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
@@ -35,7 +36,11 @@ using namespace std::chrono_literals;
 // Models: "scale" (x FP32 [-1,4] -> y FP32 [-1,1] = row sums, max batch 8),
 // "slow" (the same after 300 ms), "busy" (queue full), "gone" (NotFound from
 // Infer), "unready" (known, not ready), "fixed" (no batching, a INT32 [2,3]
-// -> b = a + 1). Only version "1" exists. Infer completes on a worker thread.
+// -> b = a + 1), "wide" (x FP32 [-1,65536] -> row sums: bodies past the
+// front-end's large-body threshold), "borrowed" (as "scale", but its outputs
+// are borrowed from a buffer that is overwritten as soon as `done` returns,
+// as the server's slot is by the next batch). Only version "1" exists. Infer
+// completes on a worker thread.
 class FakeService : public InferenceService {
  public:
   FakeService() : worker_([this] { Work(); }) {}
@@ -70,12 +75,12 @@ class FakeService : public InferenceService {
       return m;
     }
     if (model != "scale" && model != "slow" && model != "busy" && model != "gone" &&
-        model != "unready") {
+        model != "unready" && model != "wide" && model != "borrowed") {
       return NotFound("no model '" + model + "'");
     }
     m.platform = "hearth_scale";
     m.max_batch_size = 8;
-    m.inputs = {{"x", DType::kF32, {-1, 4}}};
+    m.inputs = {{"x", DType::kF32, {-1, model == "wide" ? 65536 : 4}}};
     m.outputs = {{"y", DType::kF32, {-1, 1}}};
     return m;
   }
@@ -90,6 +95,7 @@ class FakeService : public InferenceService {
     {
       std::lock_guard lock(mutex_);
       last_timeout_us_ = request.timeout_us;
+      last_input_was_view_ = !request.inputs.empty() && request.inputs[0].data.is_view();
       queue_.push_back({std::move(request), std::move(done)});
     }
     wake_.notify_all();
@@ -98,6 +104,11 @@ class FakeService : public InferenceService {
   uint64_t last_timeout_us() {
     std::lock_guard lock(mutex_);
     return last_timeout_us_;
+  }
+  // Whether the last request's first input was a view (into the HTTP body).
+  bool last_input_was_view() {
+    std::lock_guard lock(mutex_);
+    return last_input_was_view_;
   }
 
   std::atomic<bool> ready_{true};
@@ -125,8 +136,9 @@ class FakeService : public InferenceService {
       std::vector<int32_t> a(in.data.size() / 4);
       std::memcpy(a.data(), in.data.data(), in.data.size());
       for (int32_t& v : a) ++v;
-      out.data.resize(in.data.size());
-      std::memcpy(out.data.data(), a.data(), in.data.size());
+      std::vector<std::byte> bytes(in.data.size());
+      std::memcpy(bytes.data(), a.data(), in.data.size());
+      out.data = std::move(bytes);
     } else {
       out.name = "y";
       const int64_t rows = in.shape[0];
@@ -138,8 +150,9 @@ class FakeService : public InferenceService {
         for (int64_t c = 0; c < cols; ++c) y[r] += x[r * cols + c];
       }
       out.shape = {rows, 1};
-      out.data.resize(y.size() * 4);
-      std::memcpy(out.data.data(), y.data(), out.data.size());
+      std::vector<std::byte> bytes(y.size() * 4);
+      std::memcpy(bytes.data(), y.data(), bytes.size());
+      out.data = std::move(bytes);
     }
     response.outputs.push_back(std::move(out));
     return response;
@@ -155,7 +168,18 @@ class FakeService : public InferenceService {
         job = std::move(queue_.front());
         queue_.pop_front();
       }
-      job.done(Run(job.request));
+      Result<InferResponse> response = Run(job.request);
+      if (job.request.model == "borrowed" && response.ok()) {
+        // Lend the outputs from `lent_`, and spoil it once `done` returns.
+        for (InferTensor& output : response->outputs) {
+          lent_.assign(output.data.bytes().begin(), output.data.bytes().end());
+          output.data = TensorData::Borrowed(lent_);
+        }
+        job.done(std::move(response));
+        std::fill(lent_.begin(), lent_.end(), std::byte{0xff});
+        continue;
+      }
+      job.done(std::move(response));
     }
   }
 
@@ -164,6 +188,8 @@ class FakeService : public InferenceService {
   std::deque<Job> queue_;
   bool quit_ = false;
   uint64_t last_timeout_us_ = 0;
+  bool last_input_was_view_ = false;
+  std::vector<std::byte> lent_;  // outputs of "borrowed", touched by the worker thread only
   std::thread worker_;
 };
 
@@ -404,6 +430,62 @@ TEST_F(HttpServerTest, InferBinaryInAndOut) {
                                     {{"Inference-Header-Content-Length", "x12"}});
   EXPECT_EQ(bad_header.result_int(), 400);
   EXPECT_NE(ErrorOf(bad_header).find("Inference-Header-Content-Length"), std::string::npos);
+}
+
+TEST_F(HttpServerTest, BinaryInputsReachTheServiceAsViewsOfTheBody) {
+  Client client(port());
+  // A small body (read by Beast's parser) and one past the large-body
+  // threshold (read in one operation): both parsed in place.
+  for (const int64_t rows : {int64_t{1}, int64_t{3}}) {
+    const bool wide = rows == 3;
+    const int64_t cols = wide ? 65536 : 4;
+    std::vector<float> x(static_cast<size_t>(rows * cols), 0.5f);
+    x[0] = 2;
+    const std::string header = R"({"inputs":[{"name":"x","datatype":"FP32","shape":[)" +
+                               std::to_string(rows) + "," + std::to_string(cols) +
+                               R"(],"parameters":{"binary_data_size":)" +
+                               std::to_string(x.size() * 4) +
+                               R"(}}],"outputs":[{"name":"y","parameters":{"binary_data":true}}]})";
+    std::string body = header;
+    body.append(reinterpret_cast<const char*>(x.data()), x.size() * sizeof(float));
+    Response response =
+        client.Post(wide ? "/v2/models/wide/infer" : "/v2/models/scale/infer", body,
+                    {{"Inference-Header-Content-Length", std::to_string(header.size())}});
+    ASSERT_EQ(response.result_int(), 200) << response.body();
+    EXPECT_TRUE(service_.last_input_was_view()) << rows;
+    const size_t json_length = std::stoul(std::string(response["Inference-Header-Content-Length"]));
+    ASSERT_EQ(response.body().size(), json_length + rows * 4);
+    std::vector<float> y(static_cast<size_t>(rows));
+    std::memcpy(y.data(), response.body().data() + json_length, y.size() * 4);
+    EXPECT_EQ(y[0], 2 + 0.5f * static_cast<float>(cols - 1));
+    if (wide) {
+      EXPECT_EQ(y[2], 0.5f * static_cast<float>(cols));
+    }
+  }
+  // JSON inputs are decoded into bytes of their own.
+  ASSERT_EQ(client.Post("/v2/models/scale/infer", kTwoRows).result_int(), 200);
+  EXPECT_FALSE(service_.last_input_was_view());
+}
+
+TEST_F(HttpServerTest, OutputsBorrowedFromTheServiceAreEncodedBeforeDoneReturns) {
+  // The service spoils its outputs as soon as `done` returns: the answers
+  // must hold the values it lent, in JSON and in binary.
+  Client client(port());
+  for (int i = 0; i < 20; ++i) {
+    Response json_response = client.Post("/v2/models/borrowed/infer", kTwoRows);
+    ASSERT_EQ(json_response.result_int(), 200) << json_response.body();
+    EXPECT_EQ(json::parse(json_response.body())["outputs"][0]["data"], json::parse("[10,26.5]"));
+
+    Response binary = client.Post(
+        "/v2/models/borrowed/infer",
+        R"({"parameters":{"binary_data_output":true},"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"data":[1,2,3,4.5]}]})");
+    ASSERT_EQ(binary.result_int(), 200);
+    const size_t json_length = std::stoul(std::string(binary["Inference-Header-Content-Length"]));
+    ASSERT_EQ(binary.body().size(), json_length + 4);
+    float y = 0;
+    std::memcpy(&y, binary.body().data() + json_length, 4);
+    EXPECT_EQ(y, 10.5f);
+  }
 }
 
 TEST_F(HttpServerTest, InferErrors) {

@@ -4,9 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -276,6 +279,231 @@ TEST(KserveCodec, ParsesJsonLengthHeader) {
   EXPECT_FALSE(ParseJsonLength("99999999999999999999999").ok());
 }
 
+TEST(KserveCodec, BinaryInputsAreViewsIntoTheBody) {
+  const std::vector<float> x = {1.5f, -2, 3, 4};
+  const std::vector<int32_t> k = {7, -8};
+  const std::string header =
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"parameters":{"binary_data_size":16}},
+                    {"name":"j","datatype":"INT64","shape":[2],"data":[5,6]},
+                    {"name":"k","datatype":"INT32","shape":[2],"parameters":{"binary_data_size":8}}]})";
+  std::string body = header + RawString(x) + RawString(k);
+  body.reserve(body.size() + kRequestBodyPadding);
+  const char* const original = body.data();
+  Result<InferRequest> r = ParseInferRequest(std::move(body), header.size(), "scale", "");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->inputs.size(), 3u);
+  const TensorData& xd = r->inputs[0].data;
+  const TensorData& jd = r->inputs[1].data;
+  const TensorData& kd = r->inputs[2].data;
+  // The binary inputs lie where the body's bytes were: nothing was copied.
+  EXPECT_TRUE(xd.is_view());
+  EXPECT_FALSE(xd.is_borrowed());
+  EXPECT_EQ(reinterpret_cast<const char*>(xd.data()), original + header.size());
+  EXPECT_EQ(kd.data(), xd.data() + 16);
+  EXPECT_TRUE(kd.is_view());
+  // The JSON input is decoded into bytes of its own.
+  EXPECT_FALSE(jd.is_view());
+  EXPECT_EQ(Values<int64_t>(r->inputs[1]), (std::vector<int64_t>{5, 6}));
+
+  // A view keeps the body alive after the request is gone.
+  InferTensor kept = r->inputs[2];
+  r = Result<InferRequest>(Internal("gone"));
+  EXPECT_EQ(Values<int32_t>(kept), k);
+
+  // A body without spare capacity still parses (it is copied once to make room).
+  std::string tight = header + RawString(x) + RawString(k);
+  tight.shrink_to_fit();
+  Result<InferRequest> copied = ParseInferRequest(tight, header.size(), "scale", "");
+  ASSERT_TRUE(copied.ok()) << copied.status().ToString();
+  EXPECT_EQ(Values<float>(copied->inputs[0]), x);
+  EXPECT_EQ(Values<int32_t>(copied->inputs[2]), k);
+
+  // A binary input whose data is empty, and a request that is only JSON.
+  const std::string empty_header =
+      R"({"inputs":[{"name":"e","datatype":"FP32","shape":[0,4],"parameters":{"binary_data_size":0}}]})";
+  Result<InferRequest> empty = ParseInferRequest(empty_header, empty_header.size(), "scale", "");
+  ASSERT_TRUE(empty.ok()) << empty.status().ToString();
+  EXPECT_TRUE(empty->inputs[0].data.empty());
+}
+
+TEST(KserveCodec, FieldsInAnyOrder) {
+  // `data` before the fields that say how to read it; parameters before names.
+  Result<InferRequest> r = Parse(
+      R"({"outputs":[{"parameters":{"binary_data":true},"name":"y"},{"name":"z"}],
+          "inputs":[{"data":[[1,2],[3,4]],"parameters":{},"shape":[2,2],"name":"x","datatype":"INT16"},
+                    {"datatype":"FP32","data":[0.5],"name":"w","shape":[1]},
+                    {"name":"b","data":[true,false,true],"shape":[3],"datatype":"BOOL"}],
+          "extra":{"anything":[1,"two",null,{"three":3.0e1}]},
+          "parameters":{"binary_data_output":false,"other":[]},"id":"late"})");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->id, "late");
+  ASSERT_EQ(r->inputs.size(), 3u);
+  EXPECT_EQ(r->inputs[0].name, "x");
+  EXPECT_EQ(r->inputs[0].dtype, DType::kI16);
+  EXPECT_EQ(Values<int16_t>(r->inputs[0]), (std::vector<int16_t>{1, 2, 3, 4}));
+  EXPECT_EQ(Values<float>(r->inputs[1]), (std::vector<float>{0.5f}));
+  EXPECT_EQ(Values<uint8_t>(r->inputs[2]), (std::vector<uint8_t>{1, 0, 1}));
+  ASSERT_EQ(r->outputs.size(), 2u);
+  EXPECT_TRUE(r->outputs[0].binary);
+  EXPECT_FALSE(r->outputs[1].binary);
+
+  // binary_data_output applies to outputs named before it.
+  Result<InferRequest> late =
+      Parse(R"({"outputs":[{"name":"y"}],"inputs":[],"parameters":{"binary_data_output":true}})");
+  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  EXPECT_TRUE(late->outputs[0].binary);
+
+  // Escaped keys and names are unescaped; whitespace anywhere.
+  Result<InferRequest> escaped = Parse(
+      "{ \"inputs\" : [ { \"na\\u006de\" : \"\\u00e9t\\u00e9\" , \"datatype\" : \"UINT8\" ,\n"
+      "  \"shape\" : [ 2 ] , \"data\" : [ 1 ,\t2 ] } ] }\n");
+  ASSERT_TRUE(escaped.ok()) << escaped.status().ToString();
+  EXPECT_EQ(escaped->inputs[0].name, "\xc3\xa9t\xc3\xa9");
+  EXPECT_EQ(Values<uint8_t>(escaped->inputs[0]), (std::vector<uint8_t>{1, 2}));
+}
+
+TEST(KserveCodec, NestedArrays) {
+  Result<InferRequest> r = Parse(
+      R"({"inputs":[{"name":"a","datatype":"INT32","shape":[2,2,3],"data":[[[1,2,3],[4,5,6]],[[7,8,9],[10,11,12]]]},
+                    {"name":"b","datatype":"FP64","shape":[2,0],"data":[[],[]]},
+                    {"name":"c","datatype":"FP32","shape":[3,1],"data":[1,2,3]},
+                    {"name":"d","datatype":"INT8","shape":[1,1,1,1],"data":[ [ [ [ -128 ] ] ] ]}]})");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(Values<int32_t>(r->inputs[0]),
+            (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}));
+  EXPECT_TRUE(r->inputs[1].data.empty());
+  EXPECT_EQ(Values<float>(r->inputs[2]), (std::vector<float>{1, 2, 3}));  // flat for [3,1]
+  EXPECT_EQ(Values<int8_t>(r->inputs[3]), (std::vector<int8_t>{-128}));
+
+  const std::string x = R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":)";
+  ExpectParseError(x + "[[1,2],3]}]}", {"input \"x\"", "does not match shape [2,2]", "entry 1",
+                                        "3 where an array belongs"});
+  ExpectParseError(x + "[[1,2],[3,4],[5,6]]}]}",
+                   {"input \"x\"", "does not match shape [2,2]", "more than 2 entries"});
+  ExpectParseError(x + "[[1,2]]}]}", {"input \"x\"", "depth 0 has 1 entries, not 2"});
+  ExpectParseError(x + "[[1,2],[3,{}]]}]}", {"input \"x\"", "deeper than the shape"});
+  ExpectParseError(x + "[[1,2],[3,\"4\"]]}]}",
+                   {"input \"x\"", "element 3 (\"4\") is not a number; FP32 needs numbers"});
+  ExpectParseError(x + "[1,2,3,[4]]}]}", {"input \"x\"", "element 3 ([...]) is not a number"});
+}
+
+TEST(KserveCodec, NumbersOutOfRangeAndWrongTypes) {
+  auto body = [](const std::string& datatype, const std::string& data) {
+    return R"({"inputs":[{"name":"x","datatype":")" + datatype + R"(","shape":[1],"data":[)" +
+           data + "]}]}";
+  };
+  struct Case {
+    std::string datatype;
+    std::string data;
+    std::string needle;
+  };
+  const std::vector<Case> refused = {
+      {"UINT8", "256", "(256) is out of range for UINT8"},
+      {"INT8", "128", "out of range for INT8"},
+      {"INT16", "-32769", "out of range for INT16"},
+      {"INT32", "2147483648", "out of range for INT32"},
+      {"INT64", "-9223372036854775809", "out of range for INT64"},
+      {"INT64", "18446744073709551616", "out of range for INT64"},
+      {"INT64", "1e2", "(1e2) is not an integer; INT64 needs integers"},
+      {"INT32", "1.0", "not an integer"},
+      {"INT32", "null", "(null) is not an integer"},
+      {"INT32", "{\"a\":1}", "({...}) is not an integer"},
+      {"FP64", "1e400", "(1e400) is out of range for FP64"},
+      {"FP32", "-3.5e38", "out of range for FP32"},
+      {"BF16", "3.4e38", "out of range for BF16"},
+      {"FP16", "65520", "out of range for FP16"},
+      {"FP16", "false", "(false) is not a number; FP16 needs numbers"},
+      {"BOOL", "0", "(0) is not a boolean; BOOL needs true or false"},
+      {"BOOL", "\"true\"", "is not a boolean"},
+  };
+  for (const Case& c : refused)
+    ExpectParseError(body(c.datatype, c.data), {"input \"x\"", c.needle});
+
+  Result<InferRequest> edges = Parse(
+      R"({"inputs":[{"name":"a","datatype":"INT64","shape":[2],"data":[-9223372036854775808,9223372036854775807]},
+                    {"name":"b","datatype":"FP32","shape":[3],"data":[1e-50,-0,3.4028234e38]},
+                    {"name":"c","datatype":"FP16","shape":[1],"data":[65504]},
+                    {"name":"d","datatype":"FP64","shape":[1],"data":[123456789012345678901234567890]}]})");
+  ASSERT_TRUE(edges.ok()) << edges.status().ToString();
+  EXPECT_EQ(Values<int64_t>(edges->inputs[0]),
+            (std::vector<int64_t>{std::numeric_limits<int64_t>::min(),
+                                  std::numeric_limits<int64_t>::max()}));
+  EXPECT_EQ(Values<float>(edges->inputs[1]), (std::vector<float>{0, -0.0f, 3.4028234e38f}));
+  EXPECT_TRUE(std::signbit(Values<float>(edges->inputs[1])[1]));
+  EXPECT_EQ(HalfToFloat(Values<uint16_t>(edges->inputs[2])[0]), 65504.0f);
+  EXPECT_EQ(Values<double>(edges->inputs[3])[0], 123456789012345678901234567890.0);
+}
+
+TEST(KserveCodec, MalformedJsonIsRefusedWhereverItIs) {
+  const std::string good_input = R"({"name":"x","datatype":"FP32","shape":[1],"data":[1]})";
+  for (const std::string& body : {
+           std::string(R"({"inputs":[)") + good_input + "],}",
+           std::string(R"({"inputs":[)") + good_input + "]} trailing",
+           std::string(R"({"inputs":[)") + good_input + R"(],"junk":[1,2,}})",
+           std::string(R"({"inputs":[)") + good_input + R"(],"junk":tru})",
+           std::string(R"({"inputs":[)") + good_input + R"(],"junk":01})",
+           std::string(R"({"inputs":[)") + good_input + R"(],"junk":"\x"})",
+           std::string(R"({"inputs":[)") + good_input + R"(],"junk":[1 2]})",
+           std::string(R"({"inputs":[)") + good_input + R"(] "outputs":[]})",
+           std::string(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1.]}]})"),
+           std::string(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[-]}]})"),
+           std::string(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1}]})"),
+           std::string(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[nul]}]})"),
+           std::string(R"({"inputs":[{"data":[1,,2],"name":"x","datatype":"FP32","shape":[2]}]})"),
+           std::string(R"({"inputs":[{"name":"x" "datatype":"FP32","shape":[1],"data":[1]}]})"),
+           std::string("{\"inputs\":[],\"id\":\"\xff\"}"),
+           std::string(R"({"inputs":[]})") + "{}",
+           std::string(R"({"inputs":[],"deep":)") + std::string(300, '[') + std::string(300, ']') +
+               "}",
+       }) {
+    ExpectParseError(body, {"invalid JSON"});
+  }
+  // A syntax error wins over a complaint about the content, wherever it is.
+  ExpectParseError(
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[true]}],"junk":[})",
+      {"invalid JSON in the request at byte"});
+  ExpectParseError(R"({"id":5,"inputs":[],"junk":x})", {"invalid JSON"});
+  // ... and says where.
+  const std::string late = R"({"inputs":[],"id":"a","junk":[1,2,}})";
+  Result<InferRequest> r = Parse(late);
+  ASSERT_FALSE(r.ok());
+  const std::string at = "at byte " + std::to_string(late.find(",}") + 1) + ":";
+  EXPECT_NE(r.status().message().find(at), std::string::npos) << r.status().message();
+}
+
+TEST(KserveCodec, MoreStructureErrors) {
+  ExpectParseError(R"({"inputs":[],"inputs":[]})", {"'inputs' twice"});
+  ExpectParseError(
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":[1],"data":[2]}]})",
+      {"input #0 has 'data' twice"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"parameters":5}]})",
+                   {"input \"x\": 'parameters' must be an object"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":5,"shape":[1],"data":[1]}]})",
+                   {"input \"x\": 'datatype' must be a string"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1.5],"data":[1]}]})",
+                   {"input \"x\": 'shape' must be an array of non-negative integers"});
+  ExpectParseError(
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[9223372036854775808],"data":[1]}]})",
+      {"non-negative integers"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1],"data":{"a":1}}]})",
+                   {"'data' must be an array"});
+  ExpectParseError(R"({"inputs":[],"outputs":[{"name":"y","parameters":3}]})",
+                   {"output \"y\": 'parameters' must be an object"});
+  ExpectParseError(R"({"inputs":[],"outputs":{}})", {"'outputs' must be an array"});
+  ExpectParseError(R"({"inputs":[],"outputs":[1]})", {"output #0 must be an object"});
+  ExpectParseError(R"({"parameters":{"timeout":1.5},"inputs":[]})", {"'timeout'"});
+  ExpectParseError(R"({"parameters":{"timeout":18446744073709551616},"inputs":[]})", {"'timeout'"});
+  // A shape that needs more elements than the body could hold: counted, not allocated.
+  ExpectParseError(
+      R"({"inputs":[{"name":"x","datatype":"FP64","shape":[1000000000000],"data":[1,2]}]})",
+      {"'data' has 2 elements but shape [1000000000000] needs 1000000000000"});
+  ExpectParseError(
+      R"({"inputs":[{"name":"x","datatype":"FP64","shape":[1000000000000,1],"data":[[1],[2]]}]})",
+      {"input \"x\"", "depth 0 has 2 entries, not 1000000000000"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2],"data":[1,2,3,true]}]})",
+                   {"'data' has 4 elements but shape [2] needs 2"});
+}
+
 InferRequest Request(std::vector<InferTensor> inputs, std::vector<RequestedOutput> outputs = {}) {
   InferRequest r;
   r.model = "scale";
@@ -422,7 +650,7 @@ TEST(KserveCodec, EncodeRefusesBrokenResponses) {
   EXPECT_NE(r.status().message().find("\"nope\""), std::string::npos);
 
   InferResponse bad = SampleResponse();
-  bad.outputs[0].data.pop_back();
+  bad.outputs[0].data = Bytes(std::vector<uint8_t>{1, 2, 3, 4, 5, 6, 7});
   r = EncodeInferResponse(bad, {});
   EXPECT_EQ(r.status().code(), StatusCode::kInternal);
   EXPECT_NE(r.status().message().find("does not match shape [2,1]"), std::string::npos);
@@ -431,6 +659,31 @@ TEST(KserveCodec, EncodeRefusesBrokenResponses) {
   f8.outputs[4].dtype = DType::kF8E4M3;
   r = EncodeInferResponse(f8, {});
   EXPECT_EQ(r.status().code(), StatusCode::kInternal);
+}
+
+TEST(KserveCodec, EncodesOutputsBorrowedFromTheService) {
+  // What the server hands over: views into its worker's slot, valid until
+  // `done` returns. The body holds its own copy of them.
+  std::vector<float> slot = {0.5f, -1, 2, 4, 8, 16};
+  InferResponse response;
+  response.model = "scale";
+  response.version = "1";
+  InferTensor y = Tensor("y", DType::kF32, {2, 1});
+  y.data = TensorData::Borrowed(std::as_bytes(std::span(slot).subspan(0, 2)));
+  InferTensor z = Tensor("z", DType::kF32, {4});
+  z.data = TensorData::Borrowed(std::as_bytes(std::span(slot).subspan(2, 4)));
+  EXPECT_TRUE(y.data.is_borrowed());
+  response.outputs = {y, z};
+  OutputSelection selection;
+  selection.outputs = {{"y", false}, {"z", true}};
+  Result<EncodedInferResponse> encoded = EncodeInferResponse(response, selection);
+  ASSERT_TRUE(encoded.ok()) << encoded.status().ToString();
+  std::fill(slot.begin(), slot.end(), -7.0f);  // the next batch
+  ASSERT_TRUE(encoded->json_length.has_value());
+  const json j = json::parse(encoded->body.substr(0, *encoded->json_length));
+  EXPECT_EQ(j["outputs"][0]["data"], json::parse("[0.5,-1]"));
+  EXPECT_EQ(encoded->body.substr(*encoded->json_length),
+            RawString(std::vector<float>{2, 4, 8, 16}));
 }
 
 TEST(KserveCodec, MetadataAndErrors) {

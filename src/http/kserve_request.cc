@@ -1,0 +1,1010 @@
+// ParseInferRequest: the JSON of an infer request, read with simdjson's
+// On-Demand API straight into the element types of the tensors, and the
+// binary tensor data extension, whose inputs become views into the body.
+//
+// On-Demand reads a document once, front to back, and checks only what it is
+// asked to read. The decoder therefore reads every value, those it has no use
+// for through SkipChecked, so that malformed JSON anywhere is refused. When a
+// request fails, the document is walked once more (CheckJson) so that a
+// syntax error anywhere wins over a complaint about the content, as it did
+// when the whole document was parsed before it was looked at.
+#include <simdjson.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "checkpoint/float16.h"
+#include "http/kserve_codec.h"
+#include "http/kserve_codec_internal.h"
+
+namespace hearth {
+namespace {
+
+namespace ondemand = simdjson::ondemand;
+using kserve::DatatypeString;
+using kserve::ElementCount;
+using kserve::InputLabel;
+using kserve::Quote;
+using simdjson::error_code;
+
+static_assert(kRequestBodyPadding >= simdjson::SIMDJSON_PADDING,
+              "simdjson reads up to SIMDJSON_PADDING bytes past the JSON");
+
+// Deeper nesting is refused as malformed (simdjson's DOM parser refuses past
+// 1024 levels); a KServe request needs at most kMaxTensorRank + 3 levels.
+constexpr int kMaxJsonDepth = 256;
+// Each I/O thread keeps one parser for documents up to this size; its buffers
+// grow to about 6 bytes per byte of the largest one. Larger documents get a
+// parser of their own, freed afterwards.
+constexpr size_t kKeptParserBytes = size_t{4} << 20;
+
+std::string_view Trim(std::string_view text) {
+  while (!text.empty() && (text.back() == ' ' || text.back() == '\t' || text.back() == '\n' ||
+                           text.back() == '\r')) {
+    text.remove_suffix(1);
+  }
+  return text;
+}
+
+// The text of the value `value` is at (only the bracket of an array or object).
+std::string_view Token(ondemand::value& value) { return Trim(value.raw_json_token()); }
+
+bool IsDigit(char c) { return c >= '0' && c <= '9'; }
+
+// RFC 8259's number: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+bool IsJsonNumber(std::string_view s) {
+  size_t i = 0;
+  auto digits = [&] {
+    const size_t start = i;
+    while (i < s.size() && IsDigit(s[i])) ++i;
+    return i > start;
+  };
+  if (i < s.size() && s[i] == '-') ++i;
+  if (i < s.size() && s[i] == '0') {
+    ++i;
+  } else if (!digits()) {
+    return false;
+  }
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    if (!digits()) return false;
+  }
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+    if (!digits()) return false;
+  }
+  return i == s.size();
+}
+
+// How messages show a value: its text, or [...] and {...}.
+std::string Describe(ondemand::value& value) {
+  const std::string_view token = Token(value);
+  if (!token.empty() && token.front() == '[') return "[...]";
+  if (!token.empty() && token.front() == '{') return "{...}";
+  if (token.size() > 40) return std::string(token.substr(0, 37)) + "...";
+  return std::string(token);
+}
+
+// Maps the error of a typed read (get_bool, get_uint64, ...) to
+// INCORRECT_TYPE when the value is well-formed JSON that is not of that type
+// or does not fit it; other errors are malformed JSON.
+error_code TypeFault(ondemand::value& value, error_code error) {
+  if (error == simdjson::NUMBER_OUT_OF_RANGE) return simdjson::INCORRECT_TYPE;
+  // simdjson says NUMBER_ERROR for a number past a double's range (1e400) too.
+  if (error == simdjson::NUMBER_ERROR && IsJsonNumber(Token(value))) {
+    return simdjson::INCORRECT_TYPE;
+  }
+  return error;
+}
+
+// Reads a value it has no use for, checking that it is well-formed JSON.
+error_code SkipChecked(ondemand::value& value, int depth) {
+  if (depth >= kMaxJsonDepth) return simdjson::DEPTH_ERROR;
+  ondemand::json_type type;
+  if (error_code e = value.type().get(type)) return e;
+  switch (type) {
+    case ondemand::json_type::array: {
+      ondemand::array array;
+      if (error_code e = value.get_array().get(array)) return e;
+      for (auto child : array) {
+        ondemand::value element;
+        if (error_code e = std::move(child).get(element)) return e;
+        if (error_code e = SkipChecked(element, depth + 1)) return e;
+      }
+      return simdjson::SUCCESS;
+    }
+    case ondemand::json_type::object: {
+      ondemand::object object;
+      if (error_code e = value.get_object().get(object)) return e;
+      for (auto child : object) {
+        ondemand::field field;
+        std::string_view key;
+        if (error_code e = std::move(child).get(field)) return e;
+        if (error_code e = field.unescaped_key().get(key)) return e;
+        if (error_code e = SkipChecked(field.value(), depth + 1)) return e;
+      }
+      return simdjson::SUCCESS;
+    }
+    case ondemand::json_type::number:
+      // Checked, not converted: a number past a double's range is still JSON.
+      return IsJsonNumber(Token(value)) ? simdjson::SUCCESS : simdjson::NUMBER_ERROR;
+    case ondemand::json_type::string: {
+      std::string_view text;
+      return value.get_string().get(text);
+    }
+    case ondemand::json_type::boolean: {
+      bool flag = false;
+      return value.get_bool().get(flag);
+    }
+    case ondemand::json_type::null: {
+      bool null = false;
+      if (error_code e = value.is_null().get(null)) return e;
+      return null ? simdjson::SUCCESS : simdjson::N_ATOM_ERROR;
+    }
+  }
+  return simdjson::TAPE_ERROR;
+}
+
+// Reads the whole document and says where it is malformed, if it is.
+Status CheckJson(const char* json, size_t size, size_t capacity) {
+  ondemand::parser parser;
+  ondemand::document doc;
+  error_code error = parser.iterate(json, size, capacity).get(doc);
+  bool located = false;
+  if (!error) {
+    located = true;
+    ondemand::json_type type;
+    error = doc.type().get(type);
+    if (!error && (type == ondemand::json_type::array || type == ondemand::json_type::object)) {
+      ondemand::value root;
+      error = doc.get_value().get(root);
+      if (!error) error = SkipChecked(root, 0);
+      const char* trailing = nullptr;
+      if (!error && doc.current_location().get(trailing) == simdjson::SUCCESS) {
+        error = simdjson::TRAILING_CONTENT;
+      }
+    } else if (!error) {
+      // A scalar document: not a request, but JSON all the same.
+      switch (type) {
+        case ondemand::json_type::number: {
+          double number = 0;
+          error = doc.get_double().get(number);
+          std::string_view token;
+          if (error == simdjson::NUMBER_ERROR &&
+              doc.raw_json_token().get(token) == simdjson::SUCCESS && IsJsonNumber(Trim(token))) {
+            error = simdjson::SUCCESS;
+          }
+          break;
+        }
+        case ondemand::json_type::string: {
+          std::string_view text;
+          error = doc.get_string().get(text);
+          break;
+        }
+        case ondemand::json_type::boolean: {
+          bool flag = false;
+          error = doc.get_bool().get(flag);
+          break;
+        }
+        default: {
+          bool null = false;
+          error = doc.is_null().get(null);
+          if (!error && !null) error = simdjson::N_ATOM_ERROR;
+          break;
+        }
+      }
+    }
+  }
+  if (!error) return Status::Ok();
+  std::string where;
+  const char* at = nullptr;
+  if (located && doc.current_location().get(at) == simdjson::SUCCESS && at >= json &&
+      at <= json + size) {
+    where = " at byte " + std::to_string(at - json);
+  }
+  return InvalidArgument("invalid JSON in the request" + where + ": " +
+                         simdjson::error_message(error));
+}
+
+Status Malformed(error_code error) {
+  return InvalidArgument(std::string("invalid JSON in the request: ") +
+                         simdjson::error_message(error));
+}
+
+// Element readers: each reads one JSON value into its datatype and returns
+// SUCCESS, INCORRECT_TYPE (not a boolean, an integer, a number, as the
+// datatype needs), NUMBER_OUT_OF_RANGE (more than the datatype holds) or the
+// error of malformed JSON.
+struct BoolElement {
+  static constexpr size_t kSize = 1;
+  static error_code Read(ondemand::value& value, std::byte* out) {
+    bool flag = false;
+    if (error_code e = value.get_bool().get(flag)) return e;
+    *out = std::byte{static_cast<uint8_t>(flag ? 1 : 0)};
+    return simdjson::SUCCESS;
+  }
+};
+
+template <typename T>
+struct IntegerElement {
+  static constexpr size_t kSize = sizeof(T);
+  static error_code Read(ondemand::value& value, std::byte* out) {
+    int64_t raw = 0;
+    const error_code e = value.get_int64().get(raw);
+    if (e == simdjson::SUCCESS) [[likely]] {
+      if constexpr (!std::is_same_v<T, int64_t>) {
+        if (raw < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+            raw > static_cast<int64_t>(std::numeric_limits<T>::max())) {
+          return simdjson::NUMBER_OUT_OF_RANGE;
+        }
+      }
+      const T narrow = static_cast<T>(raw);
+      std::memcpy(out, &narrow, sizeof(T));
+      return simdjson::SUCCESS;
+    }
+    if (e == simdjson::INCORRECT_TYPE || e == simdjson::NUMBER_ERROR ||
+        e == simdjson::NUMBER_OUT_OF_RANGE) {
+      // simdjson says INCORRECT_TYPE for 1.5 and for 2^63 alike.
+      const std::string_view token = Token(value);
+      if (IsJsonNumber(token)) {
+        return token.find_first_of(".eE") == std::string_view::npos ? simdjson::NUMBER_OUT_OF_RANGE
+                                                                    : simdjson::INCORRECT_TYPE;
+      }
+    }
+    return e;
+  }
+};
+
+error_code ReadDouble(ondemand::value& value, double* out) {
+  const error_code e = value.get_double().get(*out);
+  if (e == simdjson::SUCCESS) [[likely]] {
+    return e;
+  }
+  // 1e400 is JSON, but past a double.
+  if (e == simdjson::NUMBER_ERROR && IsJsonNumber(Token(value))) {
+    return simdjson::NUMBER_OUT_OF_RANGE;
+  }
+  return e;
+}
+
+struct F64Element {
+  static constexpr size_t kSize = 8;
+  static error_code Read(ondemand::value& value, std::byte* out) {
+    double number = 0;
+    if (error_code e = ReadDouble(value, &number)) return e;
+    std::memcpy(out, &number, sizeof(number));
+    return simdjson::SUCCESS;
+  }
+};
+
+// FP32, FP16 and BF16: the double rounded to float, then to 16 bits; a value
+// that becomes infinite is out of range.
+template <DType kType>
+struct NarrowFloatElement {
+  static constexpr size_t kSize = kType == DType::kF32 ? 4 : 2;
+  static error_code Read(ondemand::value& value, std::byte* out) {
+    double number = 0;
+    if (error_code e = ReadDouble(value, &number)) return e;
+    const auto narrow = static_cast<float>(number);
+    if (!std::isfinite(narrow)) return simdjson::NUMBER_OUT_OF_RANGE;
+    if constexpr (kType == DType::kF32) {
+      std::memcpy(out, &narrow, sizeof(narrow));
+    } else {
+      const uint16_t bits = kType == DType::kF16 ? FloatToHalf(narrow) : FloatToBFloat16(narrow);
+      const float back = kType == DType::kF16 ? HalfToFloat(bits) : BFloat16ToFloat(bits);
+      if (!std::isfinite(back)) return simdjson::NUMBER_OUT_OF_RANGE;
+      std::memcpy(out, &bits, sizeof(bits));
+    }
+    return simdjson::SUCCESS;
+  }
+};
+
+// Where a tensor's `data` goes and what it must look like.
+struct DataTarget {
+  const std::string* label;  // `input "x"`
+  DType dtype;
+  const std::vector<int64_t>* shape;
+  uint64_t count;     // elements the shape needs
+  std::byte* out;     // room for `capacity` elements
+  uint64_t capacity;  // count, or 0 when the text cannot hold count elements
+};
+
+// Decodes `data`, flat or nested along the shape, into one element type.
+template <typename Element>
+class DataReader {
+ public:
+  explicit DataReader(const DataTarget& target) : t_(target) {}
+
+  Status Read(ondemand::array& array, bool nested) {
+    RETURN_IF_ERROR(nested ? Level(array, 0) : Flat(array));
+    if (index_ != t_.count || index_ > t_.capacity) {
+      return InvalidArgument(*t_.label + ": 'data' has " + std::to_string(index_) +
+                             " elements but shape " + ShapeString(*t_.shape) + " needs " +
+                             std::to_string(t_.count));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  Status Flat(ondemand::array& array) {
+    for (auto child : array) {
+      ondemand::value value;
+      if (error_code e = std::move(child).get(value)) return Malformed(e);
+      if (index_ < t_.capacity) [[likely]] {
+        const error_code fault = Element::Read(value, t_.out + index_ * Element::kSize);
+        if (fault != simdjson::SUCCESS) [[unlikely]] {
+          return ElementError(value, fault);
+        }
+      } else if (error_code e = SkipChecked(value, 0)) {
+        return Malformed(e);
+      }
+      ++index_;
+    }
+    return Status::Ok();
+  }
+
+  Status Level(ondemand::array& array, size_t depth) {
+    const auto want = static_cast<uint64_t>((*t_.shape)[depth]);
+    const bool last = depth + 1 == t_.shape->size();
+    uint64_t entries = 0;
+    for (auto child : array) {
+      ondemand::value value;
+      if (error_code e = std::move(child).get(value)) return Malformed(e);
+      if (entries == want) {
+        return Mismatch("an array at depth " + std::to_string(depth) + " has more than " +
+                        std::to_string(want) + " entries");
+      }
+      if (last) {
+        const error_code fault = index_ < t_.capacity
+                                     ? Element::Read(value, t_.out + index_ * Element::kSize)
+                                     : simdjson::INCORRECT_TYPE;
+        if (fault != simdjson::SUCCESS) [[unlikely]] {
+          RETURN_IF_ERROR(LeafFault(value, fault));
+        }
+        ++index_;
+      } else {
+        ondemand::array inner;
+        const error_code e = value.get_array().get(inner);
+        if (e == simdjson::INCORRECT_TYPE) {
+          return Mismatch("entry " + std::to_string(entries) + " of an array at depth " +
+                          std::to_string(depth) + " is " + Describe(value) +
+                          " where an array belongs");
+        }
+        if (e) return Malformed(e);
+        RETURN_IF_ERROR(Level(inner, depth + 1));
+      }
+      ++entries;
+    }
+    if (entries != want) {
+      return Mismatch("an array at depth " + std::to_string(depth) + " has " +
+                      std::to_string(entries) + " entries, not " + std::to_string(want));
+    }
+    return Status::Ok();
+  }
+
+  // An element that Element::Read refused (or one past a buffer too small
+  // for the shape, which is only checked): the error, if it is one.
+  Status LeafFault(ondemand::value& value, error_code fault) {
+    ondemand::json_type type;
+    if (error_code e = value.type().get(type)) return Malformed(e);
+    if (type == ondemand::json_type::array || type == ondemand::json_type::object) {
+      return InvalidArgument(*t_.label + ": nested data does not match shape " +
+                             ShapeString(*t_.shape) + ": it is deeper than the shape");
+    }
+    if (index_ < t_.capacity) return ElementError(value, fault);
+    if (error_code e = SkipChecked(value, 0)) return Malformed(e);
+    return Status::Ok();
+  }
+
+  Status Mismatch(const std::string& detail) const {
+    return InvalidArgument(*t_.label + ": nested data does not match shape " +
+                           ShapeString(*t_.shape) + ": " + detail +
+                           " (arrays must be rectangular)");
+  }
+
+  Status ElementError(ondemand::value& value, error_code fault) const {
+    const std::string element =
+        *t_.label + ": element " + std::to_string(index_) + " (" + Describe(value) + ")";
+    const std::string datatype = DatatypeString(t_.dtype);
+    if (fault == simdjson::NUMBER_OUT_OF_RANGE) {
+      return InvalidArgument(element + " is out of range for " + datatype);
+    }
+    if (fault != simdjson::INCORRECT_TYPE) return Malformed(fault);
+    switch (t_.dtype) {
+      case DType::kBool:
+        return InvalidArgument(element + " is not a boolean; BOOL needs true or false");
+      case DType::kF16:
+      case DType::kBF16:
+      case DType::kF32:
+      case DType::kF64:
+        return InvalidArgument(element + " is not a number; " + datatype + " needs numbers");
+      default:
+        return InvalidArgument(element + " is not an integer; " + datatype + " needs integers");
+    }
+  }
+
+  DataTarget t_;
+  uint64_t index_ = 0;
+};
+
+template <typename Element>
+Status ReadData(const DataTarget& target, ondemand::array& array, bool nested) {
+  return DataReader<Element>(target).Read(array, nested);
+}
+
+Status ReadDataAs(const DataTarget& target, ondemand::array& array, bool nested) {
+  switch (target.dtype) {
+    case DType::kBool:
+      return ReadData<BoolElement>(target, array, nested);
+    case DType::kU8:
+      return ReadData<IntegerElement<uint8_t>>(target, array, nested);
+    case DType::kI8:
+      return ReadData<IntegerElement<int8_t>>(target, array, nested);
+    case DType::kI16:
+      return ReadData<IntegerElement<int16_t>>(target, array, nested);
+    case DType::kI32:
+      return ReadData<IntegerElement<int32_t>>(target, array, nested);
+    case DType::kI64:
+      return ReadData<IntegerElement<int64_t>>(target, array, nested);
+    case DType::kF16:
+      return ReadData<NarrowFloatElement<DType::kF16>>(target, array, nested);
+    case DType::kBF16:
+      return ReadData<NarrowFloatElement<DType::kBF16>>(target, array, nested);
+    case DType::kF32:
+      return ReadData<NarrowFloatElement<DType::kF32>>(target, array, nested);
+    case DType::kF64:
+      return ReadData<F64Element>(target, array, nested);
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+      break;
+  }
+  return InvalidArgument(*target.label + ": datatype " + DatatypeString(target.dtype) +
+                         " is not supported");
+}
+
+enum class ShapeFault { kNone, kMissing, kBadDim, kTooManyDims };
+
+// What the first pass over an input object found. Checked in a fixed order
+// once the input is read (or when `data` comes after name, datatype and
+// shape), so that errors name the input whatever the order of its fields.
+struct InputFields {
+  std::optional<std::string> name;
+  bool datatype_seen = false;
+  std::optional<std::string> datatype;  // absent: missing or not a string
+  bool shape_seen = false;
+  std::vector<int64_t> shape;
+  ShapeFault shape_fault = ShapeFault::kMissing;
+  size_t rank = 0;
+  bool parameters_bad = false;
+  bool binary_size_bad = false;
+  std::optional<uint64_t> binary_size;
+  std::optional<size_t> data_field;  // position of `data` among the fields
+  bool data_read = false;
+  bool header_checked = false;
+  uint64_t count = 0;
+};
+
+struct PendingOutput {
+  std::string name;
+  std::optional<bool> binary;
+};
+
+// Inputs sent as binary data, in input order.
+struct BinaryInput {
+  size_t index;  // in InferRequest::inputs
+  uint64_t size;
+};
+
+// Reads the document into an InferRequest; binary inputs are left for the
+// caller, who owns the body (binary_inputs()).
+class RequestDecoder {
+ public:
+  explicit RequestDecoder(std::string_view json) : json_(json) {}
+
+  Status Decode(ondemand::document& doc, InferRequest& request) {
+    ondemand::object root;
+    if (error_code e = doc.get_object().get(root)) {
+      return e == simdjson::INCORRECT_TYPE ? InvalidArgument("the request must be a JSON object")
+                                           : Malformed(e);
+    }
+    std::vector<PendingOutput> outputs;
+    unsigned seen = 0;
+    for (auto child : root) {
+      ondemand::field field;
+      std::string_view key;
+      if (error_code e = std::move(child).get(field)) return Malformed(e);
+      if (error_code e = field.unescaped_key().get(key)) return Malformed(e);
+      ondemand::value& value = field.value();
+      const unsigned bit = key == "id"           ? 1u
+                           : key == "parameters" ? 2u
+                           : key == "inputs"     ? 4u
+                           : key == "outputs"    ? 8u
+                                                 : 0u;
+      if (bit != 0 && (seen & bit) != 0) {
+        return InvalidArgument("the request has '" + std::string(key) + "' twice");
+      }
+      seen |= bit;
+      if (bit == 1) {
+        std::string_view id;
+        if (error_code e = value.get_string().get(id)) {
+          return TypeFault(value, e) == simdjson::INCORRECT_TYPE
+                     ? InvalidArgument("'id' must be a string")
+                     : Malformed(e);
+        }
+        request.id = std::string(id);
+      } else if (bit == 2) {
+        RETURN_IF_ERROR(RequestParameters(value, request));
+      } else if (bit == 4) {
+        RETURN_IF_ERROR(Inputs(value, request));
+      } else if (bit == 8) {
+        RETURN_IF_ERROR(Outputs(value, outputs));
+      } else if (error_code e = SkipChecked(value, 1)) {
+        return Malformed(e);
+      }
+    }
+    if ((seen & 4) == 0) return InvalidArgument("the request needs an 'inputs' array");
+    const char* trailing = nullptr;
+    if (doc.current_location().get(trailing) == simdjson::SUCCESS) {
+      return Malformed(simdjson::TRAILING_CONTENT);
+    }
+    for (PendingOutput& output : outputs) {
+      request.outputs.push_back(
+          {std::move(output.name), output.binary.value_or(request.binary_data_output)});
+    }
+    return Status::Ok();
+  }
+
+  const std::vector<BinaryInput>& binary_inputs() const { return binary_inputs_; }
+
+ private:
+  Status RequestParameters(ondemand::value& value, InferRequest& request) {
+    ondemand::object parameters;
+    if (error_code e = value.get_object().get(parameters)) {
+      return e == simdjson::INCORRECT_TYPE
+                 ? InvalidArgument("request: 'parameters' must be an object")
+                 : Malformed(e);
+    }
+    for (auto child : parameters) {
+      ondemand::field field;
+      std::string_view key;
+      if (error_code e = std::move(child).get(field)) return Malformed(e);
+      if (error_code e = field.unescaped_key().get(key)) return Malformed(e);
+      ondemand::value& parameter = field.value();
+      if (key == "binary_data_output") {
+        if (error_code e = parameter.get_bool().get(request.binary_data_output)) {
+          return TypeFault(parameter, e) == simdjson::INCORRECT_TYPE
+                     ? InvalidArgument("request: parameter 'binary_data_output' must be a boolean")
+                     : Malformed(e);
+        }
+      } else if (key == "timeout") {
+        if (error_code e = parameter.get_uint64().get(request.timeout_us)) {
+          return TypeFault(parameter, e) == simdjson::INCORRECT_TYPE
+                     ? InvalidArgument(
+                           "request: parameter 'timeout' must be a non-negative integer "
+                           "(microseconds)")
+                     : Malformed(e);
+        }
+      } else if (error_code e = SkipChecked(parameter, 2)) {
+        return Malformed(e);
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status Inputs(ondemand::value& value, InferRequest& request) {
+    ondemand::array inputs;
+    if (error_code e = value.get_array().get(inputs)) {
+      return e == simdjson::INCORRECT_TYPE ? InvalidArgument("the request needs an 'inputs' array")
+                                           : Malformed(e);
+    }
+    size_t index = 0;
+    for (auto child : inputs) {
+      ondemand::value input;
+      if (error_code e = std::move(child).get(input)) return Malformed(e);
+      RETURN_IF_ERROR(Input(input, index, request));
+      ++index;
+    }
+    return Status::Ok();
+  }
+
+  Status Input(ondemand::value& value, size_t index, InferRequest& request) {
+    const std::string number = "input #" + std::to_string(index);
+    ondemand::object object;
+    if (error_code e = value.get_object().get(object)) {
+      return e == simdjson::INCORRECT_TYPE ? InvalidArgument(number + " must be an object")
+                                           : Malformed(e);
+    }
+    InferTensor tensor;
+    InputFields fields;
+    size_t position = 0;
+    unsigned seen = 0;
+    for (auto child : object) {
+      ondemand::field field;
+      std::string_view key;
+      if (error_code e = std::move(child).get(field)) return Malformed(e);
+      if (error_code e = field.unescaped_key().get(key)) return Malformed(e);
+      ondemand::value& member = field.value();
+      const unsigned bit = key == "name"         ? 1u
+                           : key == "datatype"   ? 2u
+                           : key == "shape"      ? 4u
+                           : key == "parameters" ? 8u
+                           : key == "data"       ? 16u
+                                                 : 0u;
+      if (bit != 0 && (seen & bit) != 0) {
+        return InvalidArgument(number + " has '" + std::string(key) + "' twice");
+      }
+      seen |= bit;
+      if (key == "name") {
+        std::string_view name;
+        if (error_code e = member.get_string().get(name)) {
+          return TypeFault(member, e) == simdjson::INCORRECT_TYPE
+                     ? InvalidArgument(number + ": 'name' must be a string")
+                     : Malformed(e);
+        }
+        fields.name = std::string(name);
+      } else if (key == "datatype") {
+        fields.datatype_seen = true;
+        std::string_view datatype;
+        const error_code e = member.get_string().get(datatype);
+        if (e == simdjson::SUCCESS) {
+          fields.datatype = std::string(datatype);
+        } else if (TypeFault(member, e) != simdjson::INCORRECT_TYPE) {
+          return Malformed(e);
+        } else if (error_code skipped = SkipChecked(member, 3)) {
+          return Malformed(skipped);
+        }
+      } else if (key == "shape") {
+        fields.shape_seen = true;
+        RETURN_IF_ERROR(ReadShape(member, fields));
+      } else if (key == "parameters") {
+        RETURN_IF_ERROR(InputParameters(member, fields));
+      } else if (key == "data") {
+        fields.data_field = position;
+        // Read now when the fields it needs came first (the usual order);
+        // else in a second pass once they are known.
+        if (fields.name.has_value() && fields.datatype_seen && fields.shape_seen) {
+          RETURN_IF_ERROR(CheckHeader(fields, index, tensor));
+          RETURN_IF_ERROR(ReadTensorData(member, fields, tensor));
+          fields.data_read = true;
+        }
+      } else if (error_code e = SkipChecked(member, 3)) {
+        return Malformed(e);
+      }
+      ++position;
+    }
+    RETURN_IF_ERROR(CheckHeader(fields, index, tensor));
+    const std::string label = InputLabel(tensor.name);
+    if (fields.parameters_bad) return InvalidArgument(label + ": 'parameters' must be an object");
+    if (fields.binary_size_bad) {
+      return InvalidArgument(label +
+                             ": parameter 'binary_data_size' must be a non-negative integer");
+    }
+    if (fields.binary_size.has_value()) {
+      if (fields.data_field.has_value()) {
+        return InvalidArgument(label + " has both 'data' and parameter 'binary_data_size'");
+      }
+      const uint64_t size = *fields.binary_size;
+      // count <= 2^62 and element sizes <= 8: no overflow.
+      const uint64_t needed = fields.count * DTypeSize(tensor.dtype);
+      if (size != needed) {
+        return InvalidArgument("binary sizes do not add up: " + label + " declares " +
+                               std::to_string(size) + " bytes but shape " +
+                               ShapeString(tensor.shape) + " of " + DatatypeString(tensor.dtype) +
+                               " needs " + std::to_string(needed));
+      }
+      binary_inputs_.push_back({request.inputs.size(), size});
+    } else if (!fields.data_field.has_value()) {
+      return InvalidArgument(label + " has no 'data' and no parameter 'binary_data_size'");
+    } else if (!fields.data_read) {
+      // Second pass: back to the start of the object, on to `data`.
+      bool not_empty = false;
+      if (error_code e = object.reset().get(not_empty)) return Malformed(e);
+      position = 0;
+      for (auto child : object) {
+        ondemand::field field;
+        if (error_code e = std::move(child).get(field)) return Malformed(e);
+        if (position++ != *fields.data_field) continue;
+        RETURN_IF_ERROR(ReadTensorData(field.value(), fields, tensor));
+        break;
+      }
+    }
+    request.inputs.push_back(std::move(tensor));
+    return Status::Ok();
+  }
+
+  Status ReadShape(ondemand::value& value, InputFields& fields) {
+    ondemand::array dims;
+    if (error_code e = value.get_array().get(dims)) {
+      if (e != simdjson::INCORRECT_TYPE) return Malformed(e);
+      if (error_code skipped = SkipChecked(value, 3)) return Malformed(skipped);
+      return Status::Ok();  // shape_fault stays kMissing: not an array
+    }
+    fields.shape_fault = ShapeFault::kNone;
+    for (auto child : dims) {
+      ondemand::value dim;
+      if (error_code e = std::move(child).get(dim)) return Malformed(e);
+      ++fields.rank;
+      if (fields.shape_fault == ShapeFault::kNone && fields.rank <= kMaxTensorRank) {
+        int64_t size = 0;
+        const error_code e = dim.get_int64().get(size);
+        if (e == simdjson::SUCCESS && size >= 0) {
+          fields.shape.push_back(size);
+          continue;
+        }
+        if (e != simdjson::SUCCESS && TypeFault(dim, e) != simdjson::INCORRECT_TYPE) {
+          return Malformed(e);
+        }
+        fields.shape_fault = ShapeFault::kBadDim;
+        if (e == simdjson::SUCCESS) continue;  // a negative integer, read
+      }
+      if (error_code e = SkipChecked(dim, 4)) return Malformed(e);
+    }
+    if (fields.rank > kMaxTensorRank) fields.shape_fault = ShapeFault::kTooManyDims;
+    return Status::Ok();
+  }
+
+  Status InputParameters(ondemand::value& value, InputFields& fields) {
+    ondemand::object parameters;
+    if (error_code e = value.get_object().get(parameters)) {
+      if (e != simdjson::INCORRECT_TYPE) return Malformed(e);
+      fields.parameters_bad = true;
+      if (error_code skipped = SkipChecked(value, 3)) return Malformed(skipped);
+      return Status::Ok();
+    }
+    for (auto child : parameters) {
+      ondemand::field field;
+      std::string_view key;
+      if (error_code e = std::move(child).get(field)) return Malformed(e);
+      if (error_code e = field.unescaped_key().get(key)) return Malformed(e);
+      ondemand::value& parameter = field.value();
+      if (key == "binary_data_size") {
+        uint64_t size = 0;
+        const error_code e = parameter.get_uint64().get(size);
+        if (e == simdjson::SUCCESS) {
+          fields.binary_size = size;
+          continue;
+        }
+        if (TypeFault(parameter, e) != simdjson::INCORRECT_TYPE) return Malformed(e);
+        fields.binary_size_bad = true;
+        if (error_code skipped = SkipChecked(parameter, 4)) return Malformed(skipped);
+      } else if (error_code e = SkipChecked(parameter, 4)) {
+        return Malformed(e);
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Checks name, datatype and shape and puts them into `tensor`, once.
+  Status CheckHeader(InputFields& fields, size_t index, InferTensor& tensor) {
+    if (fields.header_checked) return Status::Ok();
+    if (!fields.name.has_value()) {
+      return InvalidArgument("input #" + std::to_string(index) + ": 'name' must be a string");
+    }
+    tensor.name = *fields.name;
+    const std::string label = InputLabel(tensor.name);
+    if (!fields.datatype.has_value())
+      return InvalidArgument(label + ": 'datatype' must be a string");
+    const std::optional<DType> dtype = ParseKserveDatatype(*fields.datatype);
+    if (!dtype.has_value()) {
+      return InvalidArgument(label + ": unsupported datatype " + Quote(*fields.datatype));
+    }
+    tensor.dtype = *dtype;
+    switch (fields.shape_fault) {
+      case ShapeFault::kNone:
+        break;
+      case ShapeFault::kMissing:
+        return InvalidArgument(label + ": 'shape' must be an array of integers");
+      case ShapeFault::kBadDim:
+        return InvalidArgument(label + ": 'shape' must be an array of non-negative integers");
+      case ShapeFault::kTooManyDims:
+        return InvalidArgument(label + ": shape has " + std::to_string(fields.rank) +
+                               " dimensions; at most " + std::to_string(kMaxTensorRank) +
+                               " are supported");
+    }
+    tensor.shape = fields.shape;
+    const std::optional<uint64_t> count = ElementCount(tensor.shape);
+    if (!count.has_value()) {
+      return InvalidArgument(label + ": shape " + ShapeString(tensor.shape) + " is too large");
+    }
+    fields.count = *count;
+    fields.header_checked = true;
+    return Status::Ok();
+  }
+
+  Status ReadTensorData(ondemand::value& value, const InputFields& fields, InferTensor& tensor) {
+    const std::string label = InputLabel(tensor.name);
+    // Nested when the first entry is an array (and the shape has dimensions
+    // to nest along); told from the text, as On-Demand cannot look ahead.
+    const std::string_view token = value.raw_json_token();
+    bool nested = false;
+    if (!tensor.shape.empty() && !token.empty() && token.front() == '[') {
+      const char* end = json_.data() + json_.size();
+      const char* next = token.data() + 1;
+      while (next < end && (*next == ' ' || *next == '\t' || *next == '\n' || *next == '\r')) {
+        ++next;
+      }
+      nested = next < end && *next == '[';
+    }
+    ondemand::array array;
+    if (error_code e = value.get_array().get(array)) {
+      if (TypeFault(value, e) != simdjson::INCORRECT_TYPE) return Malformed(e);
+      return InvalidArgument(label + ": 'data' must be an array");
+    }
+    // Each element takes at least two characters ("1,"): a shape that needs
+    // more elements than the text can hold gets no buffer, and the count
+    // check reports it.
+    const uint64_t element_size = DTypeSize(tensor.dtype);
+    const uint64_t capacity = fields.count <= (json_.size() + 1) / 2 ? fields.count : 0;
+    std::vector<std::byte> bytes(capacity * element_size);
+    const DataTarget target{&label,       tensor.dtype, &tensor.shape,
+                            fields.count, bytes.data(), capacity};
+    RETURN_IF_ERROR(ReadDataAs(target, array, nested));
+    tensor.data = std::move(bytes);
+    return Status::Ok();
+  }
+
+  Status Outputs(ondemand::value& value, std::vector<PendingOutput>& outputs) {
+    ondemand::array array;
+    if (error_code e = value.get_array().get(array)) {
+      return e == simdjson::INCORRECT_TYPE ? InvalidArgument("'outputs' must be an array")
+                                           : Malformed(e);
+    }
+    size_t index = 0;
+    for (auto child : array) {
+      ondemand::value output;
+      if (error_code e = std::move(child).get(output)) return Malformed(e);
+      RETURN_IF_ERROR(Output(output, index, outputs));
+      ++index;
+    }
+    return Status::Ok();
+  }
+
+  Status Output(ondemand::value& value, size_t index, std::vector<PendingOutput>& outputs) {
+    const std::string number = "output #" + std::to_string(index);
+    ondemand::object object;
+    if (error_code e = value.get_object().get(object)) {
+      return e == simdjson::INCORRECT_TYPE ? InvalidArgument(number + " must be an object")
+                                           : Malformed(e);
+    }
+    std::optional<std::string> name;
+    std::optional<bool> binary;
+    bool parameters_bad = false;
+    bool binary_bad = false;
+    for (auto child : object) {
+      ondemand::field field;
+      std::string_view key;
+      if (error_code e = std::move(child).get(field)) return Malformed(e);
+      if (error_code e = field.unescaped_key().get(key)) return Malformed(e);
+      ondemand::value& member = field.value();
+      if (key == "name") {
+        std::string_view text;
+        if (error_code e = member.get_string().get(text)) {
+          return TypeFault(member, e) == simdjson::INCORRECT_TYPE
+                     ? InvalidArgument(number + ": 'name' must be a string")
+                     : Malformed(e);
+        }
+        name = std::string(text);
+      } else if (key == "parameters") {
+        ondemand::object parameters;
+        if (error_code e = member.get_object().get(parameters)) {
+          if (e != simdjson::INCORRECT_TYPE) return Malformed(e);
+          parameters_bad = true;
+          if (error_code skipped = SkipChecked(member, 3)) return Malformed(skipped);
+          continue;
+        }
+        for (auto parameter_child : parameters) {
+          ondemand::field parameter;
+          std::string_view parameter_key;
+          if (error_code e = std::move(parameter_child).get(parameter)) return Malformed(e);
+          if (error_code e = parameter.unescaped_key().get(parameter_key)) return Malformed(e);
+          if (parameter_key == "binary_data") {
+            bool flag = false;
+            const error_code e = parameter.value().get_bool().get(flag);
+            if (e == simdjson::SUCCESS) {
+              binary = flag;
+              continue;
+            }
+            if (TypeFault(parameter.value(), e) != simdjson::INCORRECT_TYPE) return Malformed(e);
+            binary_bad = true;
+          }
+          if (error_code e = SkipChecked(parameter.value(), 4)) return Malformed(e);
+        }
+      } else if (error_code e = SkipChecked(member, 3)) {
+        return Malformed(e);
+      }
+    }
+    if (!name.has_value()) return InvalidArgument(number + ": 'name' must be a string");
+    const std::string label = "output " + Quote(*name);
+    if (parameters_bad) return InvalidArgument(label + ": 'parameters' must be an object");
+    if (binary_bad) return InvalidArgument(label + ": parameter 'binary_data' must be a boolean");
+    outputs.push_back({std::move(*name), binary});
+    return Status::Ok();
+  }
+
+  std::string_view json_;
+  std::vector<BinaryInput> binary_inputs_;
+};
+
+ondemand::parser& KeptParser() {
+  thread_local ondemand::parser parser;
+  return parser;
+}
+
+Result<InferRequest> Parse(std::string body, std::optional<uint64_t> json_length,
+                           std::string_view model, std::string_view version) {
+  const size_t body_size = body.size();
+  size_t json_size = body_size;
+  if (json_length.has_value()) {
+    if (*json_length > body_size) {
+      return InvalidArgument("Inference-Header-Content-Length " + std::to_string(*json_length) +
+                             " exceeds the body's " + std::to_string(body_size) + " bytes");
+    }
+    json_size = static_cast<size_t>(*json_length);
+  }
+  // simdjson reads up to kRequestBodyPadding bytes past the JSON: the binary
+  // data after it, or bytes appended here, within the capacity the front-end
+  // reserved (a body without it is reallocated, i.e. copied, once).
+  if (body_size - json_size < kRequestBodyPadding) body.append(kRequestBodyPadding, ' ');
+  // Shared from here on: binary inputs become views into it.
+  const auto owner = std::make_shared<const std::string>(std::move(body));
+  const char* json = owner->data();
+
+  std::optional<ondemand::parser> own_parser;
+  ondemand::parser& parser = json_size <= kKeptParserBytes ? KeptParser() : own_parser.emplace();
+  InferRequest request;
+  request.model = std::string(model);
+  request.version = std::string(version);
+  RequestDecoder decoder(std::string_view(json, json_size));
+  ondemand::document doc;
+  Status status;
+  if (error_code e = parser.iterate(json, json_size, owner->size()).get(doc)) {
+    status = Malformed(e);
+  } else {
+    status = decoder.Decode(doc, request);
+  }
+  if (!status.ok()) {
+    RETURN_IF_ERROR(CheckJson(json, json_size, owner->size()));
+    return status;
+  }
+
+  uint64_t declared = 0;
+  for (const BinaryInput& part : decoder.binary_inputs()) declared += part.size;  // each < 2^65
+  const uint64_t available = body_size - json_size;
+  if (declared != available) {
+    return InvalidArgument(
+        "binary sizes do not add up: inputs declare " + std::to_string(declared) +
+        " bytes of binary data but the body has " + std::to_string(available) + " after the JSON" +
+        (json_length.has_value() ? "" : " (no Inference-Header-Content-Length)"));
+  }
+  size_t offset = json_size;
+  for (const BinaryInput& part : decoder.binary_inputs()) {
+    const auto* begin = reinterpret_cast<const std::byte*>(json + offset);
+    request.inputs[part.index].data =
+        TensorData::Shared(std::span<const std::byte>(begin, part.size), owner);
+    offset += part.size;
+  }
+  return request;
+}
+
+}  // namespace
+
+Result<InferRequest> ParseInferRequest(std::string body, std::optional<uint64_t> json_length,
+                                       std::string_view model, std::string_view version) {
+  try {
+    return Parse(std::move(body), json_length, model, version);
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted("out of memory parsing the request");
+  }
+}
+
+}  // namespace hearth
