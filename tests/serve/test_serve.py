@@ -91,13 +91,14 @@ def write_repository(root):
   preferred_batch_size: [8]
 """))
     # Fault injection: workers that crash (segv, abort) or hang on an input of 12345.
-    faults = [("faulty", "segv", 2), ("aborting", "abort", 1), ("hanging", "hang", 1)]
+    faults = [("faulty", "segv", 2), ("aborting", "abort", 1), ("hanging", "hang", 1), ("queued", "hang", 1)]
     if ON_GPU:
         faults.append(("gpufault", "cuda_illegal_address", 2))
     for name, kind, count in faults:
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.safetensors").write_bytes((root / "scale" / "1" / "model.safetensors").read_bytes())
-        (root / name / "config.yaml").write_text(scale_config(count=count, extra=f"""parameters:
+        queue = "dynamic_batching: {max_queue_size: 2}\n" if name == "queued" else ""
+        (root / name / "config.yaml").write_text(scale_config(count=count, extra=queue + f"""parameters:
   fault_injection: {{on_value: 12345.0, kind: {kind}}}
 """))
     # dims disagree with the checkpoint (8): not served, the rest is.
@@ -509,6 +510,32 @@ def test_poison_request_fails_alone_and_the_workers_stop_dying(server, model):
         time.sleep(0.1)
     after = scale_request(url, model, good[0])
     assert after.status_code == 200, after.text
+
+
+def test_full_queue_answers_503_with_retry_after(server):
+    """One worker, held by a request that hangs it, and room for 2 requests in
+    the queue: the third waiting request is refused at once with 503 and
+    Retry-After; the queued ones are answered once the worker is replaced."""
+    url = server["url"]
+    w = server["weights"]["scale"]["weight"].astype(np.float64)
+    rng = np.random.default_rng(13)
+    bad = rng.standard_normal((1, SCALE_N)).astype(np.float32)
+    bad[0, 3] = 12345.0
+    good = [rng.standard_normal((1, SCALE_N)).astype(np.float32) for _ in range(2)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        hung = pool.submit(scale_request, url, "queued", bad)
+        time.sleep(0.5)  # the worker has the bad request and hangs
+        queued = [pool.submit(scale_request, url, "queued", x) for x in good]
+        time.sleep(0.3)
+        refused = scale_request(url, "queued", good[0])
+        assert refused.status_code == 503, refused.text
+        assert refused.headers.get("Retry-After") == "1"
+        assert "queue" in refused.json()["error"] and "full" in refused.json()["error"], refused.text
+        for x, f in zip(good, queued):
+            r = f.result()
+            assert r.status_code == 200, r.text
+            np.testing.assert_allclose(r.json()["outputs"][0]["data"], x.astype(np.float64) @ w, rtol=1e-4, atol=1e-3)
+        assert hung.result().status_code == 500  # a poison batch after 3 hung workers
 
 
 def parse_metrics(text):
