@@ -192,13 +192,22 @@ def main():
                                       ("mlp_bf16_b64", 16, 32, "batch16_bf16_max64"),
                                       ("mlp_b64", 1, 64, "single_fp32_64clients"),
                                       ("mlp_bf16_b64", 1, 64, "single_bf16_64clients")]:
+        before = {d: server.metric(f"hearth_inference_{d}_duration_us", model) for d in DURATIONS}
+        before_n = server.metric("hearth_inference_request_success", model)
+        before_batches = server.metric("hearth_inference_exec_count", model)
+        before_rows = server.metric("hearth_inference_count", model)
         r = bench(a.build, server.url, model, batch, conc, a.seconds)
-        batches = server.metric("hearth_inference_exec_count", model)
-        inferences = server.metric("hearth_inference_count", model)
+        after = {d: server.metric(f"hearth_inference_{d}_duration_us", model) for d in DURATIONS}
+        n = max(server.metric("hearth_inference_request_success", model) - before_n, 1)
+        batches = server.metric("hearth_inference_exec_count", model) - before_batches
+        rows = server.metric("hearth_inference_count", model) - before_rows
         emit({"test": label, "workers": 4, "model": model, "batch": batch, "concurrency": conc,
               "requests_per_s": r["requests_per_s"], "inferences_per_s": r["inferences_per_s"],
               "p50_ms": r["latency_ms"]["p50"], "p99_ms": r["latency_ms"]["p99"], "errors": r["errors"],
-              "mean_forward_rows": inferences / batches if batches else None}, results)
+              "mean_forward_rows": rows / batches if batches else None,
+              "server_mean_us": (after["request"] - before["request"]) / n,
+              "server_mean_us_by_stage": {d: round((after[d] - before[d]) / n, 1) for d in DURATIONS[1:]}},
+             results)
     for model in ("scale", "scale_cpu"):
         for conc in (1, 16, 64):
             before = {d: server.metric(f"hearth_inference_{d}_duration_us", model) for d in DURATIONS}
