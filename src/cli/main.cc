@@ -166,12 +166,10 @@ int RunServe(const std::string& repository, const std::string& host, int port,
   http_options.host = host;
   http_options.port = static_cast<uint16_t>(port);
   http_options.max_body_bytes = max_body_bytes;
-  // Reading bodies, parsing JSON and writing answers for many connections:
-  // half the cores by default, at least 2 and at most 16.
-  http_options.threads =
-      http_threads > 0
-          ? http_threads
-          : std::clamp(static_cast<int>(std::thread::hardware_concurrency() / 2), 2, 16);
+  // 2 by default: on an H200 machine (16 cores) 8 threads tripled the time a
+  // one-at-a-time request spends in the server (43 -> 148 us for the scale
+  // model) and did not raise throughput (bench/results/2026-11-30-h200-*).
+  http_options.threads = http_threads;
   auto http = HttpServer::Create(server->get(), http_options);
   if (!http.ok()) return Fail(http.status());
   if (Status s = (*server)->Start(); !s.ok()) return Fail(s);
@@ -432,10 +430,10 @@ int main(int argc, char** argv) {
   serve->add_option("--exec-timeout-ms", exec_timeout_ms, "a batch running longer kills its worker")
       ->capture_default_str();
   uint64_t max_body_bytes = 64ull << 20;
-  int http_threads = 0;
-  serve->add_option("--http-threads", http_threads,
-                    "HTTP I/O threads (0 = half the cores, between 2 and 16)")
-      ->check(CLI::Range(0, 1024));
+  int http_threads = 2;
+  serve->add_option("--http-threads", http_threads, "HTTP I/O threads")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   serve->add_option("--max-body-bytes", max_body_bytes, "larger request bodies get 413")
       ->capture_default_str();
 
