@@ -28,6 +28,8 @@ import tempfile
 import time
 import urllib.request
 
+from serve_bench import settled_used_mib
+
 SEED_DIMS = "16384,16384,12800"
 SCALE_CONFIG = """backend: scale
 max_batch_size: 64
@@ -42,23 +44,6 @@ dynamic_batching:
 """
 # Where a request's time inside the server goes (/metrics counters, microseconds).
 DURATIONS = ["request", "queue", "compute_input", "compute_infer", "compute_output"]
-
-
-def used_mib():
-    out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True).stdout
-    return float(out.split()[0])
-
-
-def settled_used_mib():
-    last = used_mib()
-    for _ in range(100):
-        time.sleep(0.1)
-        now = used_mib()
-        if abs(now - last) < 2:
-            return now
-        last = now
-    return last
 
 
 def mlp_config(max_batch, dims_in=16384, dims_out=12800, queue_delay_us=0):

@@ -601,20 +601,29 @@ class RequestDecoder {
     return Status::Ok();
   }
 
-  Status Inputs(ondemand::value& value, InferRequest& request) {
-    ondemand::array inputs;
-    if (error_code e = value.get_array().get(inputs)) {
-      return e == simdjson::INCORRECT_TYPE ? InvalidArgument("the request needs an 'inputs' array")
-                                           : Malformed(e);
+  // Calls each(element, index) for every element of the array `value`;
+  // `not_array` is the error when `value` is something else.
+  template <typename Each>
+  Status ForEachElement(ondemand::value& value, const char* not_array, Each&& each) {
+    ondemand::array array;
+    if (error_code e = value.get_array().get(array)) {
+      return e == simdjson::INCORRECT_TYPE ? InvalidArgument(not_array) : Malformed(e);
     }
     size_t index = 0;
-    for (auto child : inputs) {
-      ondemand::value input;
-      if (error_code e = std::move(child).get(input)) return Malformed(e);
-      RETURN_IF_ERROR(Input(input, index, request));
+    for (auto child : array) {
+      ondemand::value element;
+      if (error_code e = std::move(child).get(element)) return Malformed(e);
+      RETURN_IF_ERROR(each(element, index));
       ++index;
     }
     return Status::Ok();
+  }
+
+  Status Inputs(ondemand::value& value, InferRequest& request) {
+    return ForEachElement(value, "the request needs an 'inputs' array",
+                          [&](ondemand::value& input, size_t index) {
+                            return Input(input, index, request);
+                          });
   }
 
   Status Input(ondemand::value& value, size_t index, InferRequest& request) {
@@ -854,19 +863,10 @@ class RequestDecoder {
   }
 
   Status Outputs(ondemand::value& value, std::vector<PendingOutput>& outputs) {
-    ondemand::array array;
-    if (error_code e = value.get_array().get(array)) {
-      return e == simdjson::INCORRECT_TYPE ? InvalidArgument("'outputs' must be an array")
-                                           : Malformed(e);
-    }
-    size_t index = 0;
-    for (auto child : array) {
-      ondemand::value output;
-      if (error_code e = std::move(child).get(output)) return Malformed(e);
-      RETURN_IF_ERROR(Output(output, index, outputs));
-      ++index;
-    }
-    return Status::Ok();
+    return ForEachElement(value, "'outputs' must be an array",
+                          [&](ondemand::value& output, size_t index) {
+                            return Output(output, index, outputs);
+                          });
   }
 
   Status Output(ondemand::value& value, size_t index, std::vector<PendingOutput>& outputs) {
