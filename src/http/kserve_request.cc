@@ -519,12 +519,8 @@ class RequestDecoder {
     }
     std::vector<PendingOutput> outputs;
     unsigned seen = 0;
-    for (auto child : root) {
-      ondemand::field field;
-      std::string_view key;
-      if (error_code e = std::move(child).get(field)) return Malformed(e);
-      if (error_code e = field.unescaped_key().get(key)) return Malformed(e);
-      ondemand::value& value = field.value();
+    const Status walked = ForEachField(root, [&](std::string_view key,
+                                       ondemand::value& value) -> Status {
       const unsigned bit = key == "id"           ? 1u
                            : key == "parameters" ? 2u
                            : key == "inputs"     ? 4u
@@ -551,7 +547,9 @@ class RequestDecoder {
       } else if (error_code e = SkipChecked(value, 1)) {
         return Malformed(e);
       }
-    }
+      return Status::Ok();
+    });
+    if (!walked.ok()) return walked;
     if ((seen & 4) == 0) return InvalidArgument("the request needs an 'inputs' array");
     const char* trailing = nullptr;
     if (doc.current_location().get(trailing) == simdjson::SUCCESS) {
@@ -574,12 +572,8 @@ class RequestDecoder {
                  ? InvalidArgument("request: 'parameters' must be an object")
                  : Malformed(e);
     }
-    for (auto child : parameters) {
-      ondemand::field field;
-      std::string_view key;
-      if (error_code e = std::move(child).get(field)) return Malformed(e);
-      if (error_code e = field.unescaped_key().get(key)) return Malformed(e);
-      ondemand::value& parameter = field.value();
+    const Status walked = ForEachField(parameters, [&](std::string_view key,
+                                             ondemand::value& parameter) -> Status {
       if (key == "binary_data_output") {
         if (error_code e = parameter.get_bool().get(request.binary_data_output)) {
           return TypeFault(parameter, e) == simdjson::INCORRECT_TYPE
@@ -597,6 +591,21 @@ class RequestDecoder {
       } else if (error_code e = SkipChecked(parameter, 2)) {
         return Malformed(e);
       }
+      return Status::Ok();
+    });
+    if (!walked.ok()) return walked;
+    return Status::Ok();
+  }
+
+  // Calls each(key, value) for every field of `object`, in document order.
+  template <typename Each>
+  Status ForEachField(ondemand::object& object, Each&& each) {
+    for (auto child : object) {
+      ondemand::field field;
+      std::string_view key;
+      if (error_code e = std::move(child).get(field)) return Malformed(e);
+      if (error_code e = field.unescaped_key().get(key)) return Malformed(e);
+      RETURN_IF_ERROR(each(key, field.value()));
     }
     return Status::Ok();
   }
@@ -637,12 +646,8 @@ class RequestDecoder {
     InputFields fields;
     size_t position = 0;
     unsigned seen = 0;
-    for (auto child : object) {
-      ondemand::field field;
-      std::string_view key;
-      if (error_code e = std::move(child).get(field)) return Malformed(e);
-      if (error_code e = field.unescaped_key().get(key)) return Malformed(e);
-      ondemand::value& member = field.value();
+    const Status walked = ForEachField(object, [&](std::string_view key,
+                                         ondemand::value& member) -> Status {
       const unsigned bit = key == "name"         ? 1u
                            : key == "datatype"   ? 2u
                            : key == "shape"      ? 4u
@@ -690,7 +695,9 @@ class RequestDecoder {
         return Malformed(e);
       }
       ++position;
-    }
+      return Status::Ok();
+    });
+    if (!walked.ok()) return walked;
     RETURN_IF_ERROR(CheckHeader(fields, index, tensor));
     const std::string label = InputLabel(tensor.name);
     if (fields.parameters_bad) return InvalidArgument(label + ": 'parameters' must be an object");
@@ -770,18 +777,14 @@ class RequestDecoder {
       if (error_code skipped = SkipChecked(value, 3)) return Malformed(skipped);
       return Status::Ok();
     }
-    for (auto child : parameters) {
-      ondemand::field field;
-      std::string_view key;
-      if (error_code e = std::move(child).get(field)) return Malformed(e);
-      if (error_code e = field.unescaped_key().get(key)) return Malformed(e);
-      ondemand::value& parameter = field.value();
+    return ForEachField(parameters, [&](std::string_view key,
+                                        ondemand::value& parameter) -> Status {
       if (key == "binary_data_size") {
         uint64_t size = 0;
         const error_code e = parameter.get_uint64().get(size);
         if (e == simdjson::SUCCESS) {
           fields.binary_size = size;
-          continue;
+          return Status::Ok();
         }
         if (TypeFault(parameter, e) != simdjson::INCORRECT_TYPE) return Malformed(e);
         fields.binary_size_bad = true;
@@ -789,8 +792,8 @@ class RequestDecoder {
       } else if (error_code e = SkipChecked(parameter, 4)) {
         return Malformed(e);
       }
-    }
-    return Status::Ok();
+      return Status::Ok();
+    });
   }
 
   // Checks name, datatype and shape and puts them into `tensor`, once.
