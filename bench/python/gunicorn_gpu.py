@@ -38,7 +38,6 @@ import json
 import os
 import pathlib
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -51,6 +50,8 @@ import urllib.request
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "python"))
+from process_group import start, stop  # noqa: E402  (shared with the Python tests)
 HERE = pathlib.Path(__file__).resolve().parent
 ARENA = "memfd:hearth-arena"
 MIB = 1 << 20
@@ -105,42 +106,6 @@ def mlp_reference(path):
 
 
 # ---- processes ----------------------------------------------------------------
-
-
-def start(cmd, cwd, env, log_path):
-    with open(log_path, "w") as f:
-        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-
-
-def group_alive(pgid):
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
-
-def stop(proc, timeout=30):
-    """SIGTERM, wait for the process and its group, SIGKILL what is left."""
-    pgid = proc.pid
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pass
-    deadline = time.monotonic() + timeout
-    while group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if group_alive(pgid):
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(timeout=10)
 
 
 def tail(path, n=4000):
@@ -404,7 +369,7 @@ def run_phase(args, label, cwd, app, env, verify, work, checks, measure):
         if pids:
             result.update(measure(master, sorted(pids)))
     finally:
-        stop(proc)
+        stop(proc, timeout=30)
     return result
 
 
@@ -646,7 +611,7 @@ def main(argv=None):
         print("RESULT_JSON " + json.dumps(summary, default=str), flush=True)
     finally:
         if store_proc is not None:
-            stop(store_proc)
+            stop(store_proc, timeout=30)
         if not args.keep and not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
         elif args.keep:

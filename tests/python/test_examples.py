@@ -27,7 +27,6 @@ import os
 import pathlib
 import re
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -38,6 +37,8 @@ import urllib.error
 import urllib.request
 
 import numpy as np
+
+from process_group import start, stop
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -87,48 +88,6 @@ def child_env(store):
     env.update(PYTHONPATH=os.pathsep.join(paths), HEARTH_SOCKET=store.socket,
                HEARTH_LIBRARY=LIBRARY, PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1")
     return env
-
-
-def start(cmd, cwd, env, log_path):
-    """Starts `cmd` in a new session (its own process group), output to log_path."""
-    with open(log_path, "w") as log:
-        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-
-
-def group_alive(pgid):
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
-
-def stop(proc, timeout=20):
-    """SIGTERM to the server, wait for it and its process group; SIGKILL what is left.
-
-    Returns the server's exit status (None if it had to be killed)."""
-    pgid = proc.pid  # start_new_session: the group id is the leader's pid
-    rc = None
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pass
-    deadline = time.monotonic() + timeout
-    while group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if group_alive(pgid):
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(timeout=10)
-        rc = None
-    return rc
 
 
 def http(url, payload=None, timeout=REQUEST_TIMEOUT):
