@@ -92,7 +92,7 @@ int Main(int argc, char** argv) {
   std::stringstream in(counts_text);
   for (std::string item; std::getline(in, item, ',');) {
     const int n = std::stoi(item);
-    std::vector<std::array<int, 2>> pipes(static_cast<size_t>(n));
+    std::vector<int> read_ends(static_cast<size_t>(n));  // one pipe per child
     std::vector<pid_t> children;
     const Clock::time_point start = Clock::now();
     for (int i = 0; i < n; ++i) {
@@ -106,15 +106,15 @@ int Main(int argc, char** argv) {
         std::_Exit(0);
       }
       ::close(fds[1]);
-      pipes[static_cast<size_t>(i)] = {fds[0], -1};
+      read_ends[static_cast<size_t>(i)] = fds[0];
       children.push_back(pid);
     }
     std::array<std::vector<double>, kStages> ends, durations;
     int failed = 0;
     for (int i = 0; i < n; ++i) {
       std::array<double, kStages> t{};
-      const ssize_t got = ::read(pipes[static_cast<size_t>(i)][0], t.data(), sizeof(t));
-      ::close(pipes[static_cast<size_t>(i)][0]);
+      const ssize_t got = ::read(read_ends[static_cast<size_t>(i)], t.data(), sizeof(t));
+      ::close(read_ends[static_cast<size_t>(i)]);
       if (got != static_cast<ssize_t>(sizeof(t))) {
         ++failed;
         continue;
