@@ -1,10 +1,11 @@
+#include "hearth/checksum.h"
+
 #include <xxhash.h>
 
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "hearth/checksum.h"
 
 namespace hearth {
 namespace {
@@ -22,7 +23,8 @@ TEST(Checksum, BlockDigestIsXxh3ForEverySize) {
 
 TEST(Checksum, CombineIsXxh3OfLittleEndianDigests) {
   const uint64_t digests[2] = {0x0102030405060708ull, 0x1112131415161718ull};
-  const unsigned char le[16] = {8, 7, 6, 5, 4, 3, 2, 1, 0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11};
+  const unsigned char le[16] = {8,    7,    6,    5,    4,    3,    2,    1,
+                                0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11};
   EXPECT_EQ(CombineBlockDigests(digests), XXH3_64bits(le, sizeof le));
   EXPECT_EQ(ChecksumHex(0xabcull), "0000000000000abc");
 }

@@ -1,0 +1,154 @@
+#include "common/trusted_path.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "hearth/unique_fd.h"
+
+namespace hearth {
+namespace {
+
+std::string ModeText(mode_t mode) {
+  char text[8];
+  std::snprintf(text, sizeof text, "%04o", static_cast<unsigned>(mode & 07777));
+  return text;
+}
+
+std::string Describe(const std::string& path, const struct stat& st) {
+  return path + " (owner uid " + std::to_string(st.st_uid) + ", mode " + ModeText(st.st_mode) + ")";
+}
+
+// The directory itself: ours, and no one else may write it.
+Status CheckOwnDirectory(const std::string& path, const struct stat& st) {
+  if (!S_ISDIR(st.st_mode)) return PermissionDenied(path + " is not a directory");
+  if (st.st_uid != ::geteuid() || (st.st_mode & 022) != 0)
+    return PermissionDenied("directory " + Describe(path, st) +
+                            " is not trusted: it must be owned by uid " +
+                            std::to_string(::geteuid()) + " and not writable by group or others");
+  return Status::Ok();
+}
+
+// A directory above it: ours or root's, and writable by others only if sticky.
+Status CheckAncestor(const std::string& path, const struct stat& st) {
+  if (!S_ISDIR(st.st_mode)) return PermissionDenied(path + " is not a directory");
+  const bool owner_ok = st.st_uid == 0 || st.st_uid == ::geteuid();
+  const bool write_ok = (st.st_mode & 022) == 0 || (st.st_mode & S_ISVTX) != 0;
+  if (!owner_ok || !write_ok)
+    return PermissionDenied(
+        "directory " + Describe(path, st) +
+        " is not trusted: a directory above a socket or run directory must be owned "
+        "by root or uid " +
+        std::to_string(::geteuid()) + " and writable only by its owner unless sticky");
+  return Status::Ok();
+}
+
+std::vector<std::string> Components(const std::string& path) {
+  std::vector<std::string> parts;
+  size_t i = 0;
+  while (i < path.size()) {
+    while (i < path.size() && path[i] == '/') ++i;
+    size_t j = i;
+    while (j < path.size() && path[j] != '/') ++j;
+    if (j > i) parts.push_back(path.substr(i, j - i));
+    i = j;
+  }
+  return parts;
+}
+
+}  // namespace
+
+Status EnsureTrustedDirectory(const std::string& dir_in, mode_t mode) {
+  if (dir_in.empty()) return InvalidArgument("empty directory path");
+  std::string dir = dir_in;
+  if (dir[0] != '/') {
+    char cwd[4096];
+    if (::getcwd(cwd, sizeof cwd) == nullptr) return ErrnoError("getcwd", errno);
+    dir = std::string(cwd) + "/" + dir;
+  }
+  const std::vector<std::string> parts = Components(dir);
+  for (const std::string& p : parts)
+    if (p == "..") return InvalidArgument("directory path " + dir_in + " contains '..'");
+  UniqueFd at(::open("/", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!at) return ErrnoError("opening /", errno);
+  std::string path;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const bool last = i + 1 == parts.size();
+    path += "/" + parts[i];
+    if (parts[i] == ".") continue;
+    // Directories above may be symlinks (their targets are checked); the
+    // directory itself may not.
+    const int flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC | (last ? O_NOFOLLOW : 0);
+    int fd = ::openat(at.get(), parts[i].c_str(), flags);
+    if (fd < 0 && errno == ENOENT) {
+      if (::mkdirat(at.get(), parts[i].c_str(), mode) != 0 && errno != EEXIST)
+        return ErrnoError("creating directory " + path, errno);
+      fd = ::openat(at.get(), parts[i].c_str(), flags);
+    }
+    if (fd < 0) {
+      const int err = errno;
+      if (last && (err == ELOOP || err == ENOTDIR)) {
+        struct stat st;
+        if (::fstatat(at.get(), parts[i].c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISLNK(st.st_mode))
+          return PermissionDenied("directory " + Describe(path, st) +
+                                  " is a symbolic link; refusing it");
+        return PermissionDenied(path + " is not a directory");
+      }
+      return ErrnoError("opening directory " + path, err);
+    }
+    UniqueFd next(fd);
+    struct stat st;
+    if (::fstat(next.get(), &st) != 0) return ErrnoError("fstat " + path, errno);
+    RETURN_IF_ERROR(last ? CheckOwnDirectory(path, st) : CheckAncestor(path, st));
+    at = std::move(next);
+  }
+  if (parts.empty()) return InvalidArgument("refusing / as a socket or run directory");
+  return Status::Ok();
+}
+
+Result<std::string> MakePrivateDirectory(std::string_view prefix) {
+  std::string base = "/tmp";
+  if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg != nullptr && xdg[0] == '/') {
+    const std::string candidate = std::string(xdg) + "/hearth";
+    if (EnsureTrustedDirectory(candidate, 0700).ok()) base = candidate;
+  }
+  std::string templ = base + "/" + std::string(prefix) + "XXXXXX";
+  if (::mkdtemp(templ.data()) == nullptr)
+    return ErrnoError("creating a private directory in " + base, errno);
+  // mkdtemp made it 0700 and ours; check the chain above it too.
+  if (Status s = EnsureTrustedDirectory(templ, 0700); !s.ok()) {
+    ::rmdir(templ.c_str());
+    return s;
+  }
+  return templ;
+}
+
+Result<PeerCredentials> GetPeerCredentials(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+    return ErrnoError("SO_PEERCRED", errno);
+  return PeerCredentials{cred.pid, cred.uid, cred.gid};
+}
+
+Status CheckPeerTrusted(int fd, std::span<const uint32_t> trusted_uids, std::string_view what) {
+  ASSIGN_OR_RETURN(PeerCredentials peer, GetPeerCredentials(fd));
+  const uid_t me = ::geteuid();
+  if (peer.uid == me || peer.uid == 0 ||
+      std::find(trusted_uids.begin(), trusted_uids.end(), peer.uid) != trusted_uids.end())
+    return Status::Ok();
+  return PermissionDenied(
+      std::string(what) + " runs as uid " + std::to_string(peer.uid) + " (pid " +
+      std::to_string(peer.pid) + "), which is not ours (" + std::to_string(me) +
+      "), root, or a trusted store uid (--store-uid / HEARTH_STORE_UID); refusing it");
+}
+
+}  // namespace hearth
