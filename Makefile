@@ -1,9 +1,10 @@
 # The README's two commands: `make serve` and `make test` (and `make demo`).
 BUILD ?= build
+FUZZ_SECONDS ?= 20
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DHEARTH_WERROR=ON
 
-.PHONY: all setup build serve demo test clean
+.PHONY: all setup build serve demo test fuzz clean
 
 all: build
 
@@ -24,6 +25,11 @@ demo: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
+	@bash scripts/fuzz $(BUILD)-fuzz
+
+# The libFuzzer targets (clang, their own build folder), each for FUZZ_SECONDS.
+fuzz: setup
+	@bash scripts/fuzz $(BUILD)-fuzz $(FUZZ_SECONDS)
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(BUILD)-fuzz

@@ -6,7 +6,7 @@ lists "<file> <substring>": opening <file> must fail with INVALID_ARGUMENT and
 a message that contains the file's path and <substring> (which runs to the end
 of the line and may contain spaces).
 
-It also writes valid inputs for the header fuzzer under fuzz/seeds/ (format:
+It also writes valid inputs for the header fuzzer under fuzz/seeds/safetensors/ (format:
 8-byte little-endian data size, then the header JSON).
 
 Run from anywhere: /usr/bin/python3 tests/checkpoint/make_corpus.py
@@ -19,7 +19,7 @@ import struct
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORPUS = os.path.join(HERE, "corpus")
-SEEDS = os.path.join(HERE, "..", "..", "fuzz", "seeds")
+SEEDS = os.path.join(HERE, "..", "..", "fuzz", "seeds", "safetensors")
 
 
 def header_bytes(text):
