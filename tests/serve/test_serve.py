@@ -112,7 +112,7 @@ output:
 """)
 
 
-def start_serve(tmp, repo, extra_args=(), env=None, cli=CLI, name="serve"):
+def start_serve(tmp, repo, extra_args=(), env=None, cli=CLI, name="serve", pass_fds=()):
     """Starts `hearth serve` on `repo` and waits (polling its log, with a
     deadline) for its ready line. Returns its url, process, log path and the
     run directory it logged."""
@@ -120,7 +120,8 @@ def start_serve(tmp, repo, extra_args=(), env=None, cli=CLI, name="serve"):
     log = open(log_path, "w+")
     proc = subprocess.Popen([cli, "serve", "--model-repository", str(repo), "--http-port", "0",
                              "--device", "cuda" if ON_GPU else "cpu", *extra_args],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                            pass_fds=pass_fds)
     port = None
     deadline = time.time() + 60
     while time.time() < deadline and port is None:
@@ -173,7 +174,15 @@ def wait_for(condition, what, timeout=30):
 def server():
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="hearth-serve-test-"))
     write_repository(tmp / "repo")
-    state = start_serve(tmp, tmp / "repo", ["--exec-timeout-ms", "1500", "--max-body-bytes", str(1 << 20)])
+    # A descriptor the server inherits without close-on-exec, as it may from
+    # whoever starts it: its workers must not get it.
+    stray = os.open("/dev/null", os.O_RDONLY)
+    try:
+        state = start_serve(tmp, tmp / "repo", ["--exec-timeout-ms", "1500", "--max-body-bytes", str(1 << 20)],
+                            pass_fds=(stray,))
+    finally:
+        os.close(stray)
+    state["stray_fd"] = stray
     state["weights"] = {
         "mlp": read_safetensors(tmp / "repo" / "mlp" / "1" / "model.safetensors"),
         "scale": read_safetensors(tmp / "repo" / "scale" / "1" / "model.safetensors"),
@@ -692,7 +701,8 @@ def test_a_worker_holds_exactly_its_descriptors(server):
     control socket at 3 and its own connection to the store, nothing else:
     the slot (4) it has closed once mapped, the arena once mapped, and the
     parameters came as a message, not as a descriptor. None of its sockets
-    is a copy of one of the server's (nothing leaked through exec), and every
+    is a copy of one of the server's and it lacks the descriptor the server
+    inherited without close-on-exec (nothing leaked through exec), and every
     descriptor the server opened itself is close-on-exec."""
     serve_pid = server["proc"].pid
     wait_for(lambda: requests.get(f"{server['url']}/v2/models/scale/ready").status_code == 200, "scale ready")
@@ -712,9 +722,11 @@ def test_a_worker_holds_exactly_its_descriptors(server):
         maps = pathlib.Path(f"/proc/{pid}/maps").read_text()
         assert "memfd:hearth-slot-scale" in maps and "memfd:hearth-arena" in maps
         assert b"--param" not in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
-    # The server's own descriptors: 0-2 come from this test; the rest it opened.
+    # The server's own descriptors: 0-2 and the stray one come from this
+    # test; the rest it opened.
+    assert server["stray_fd"] in server_fds
     for fd in server_fds:
-        if fd <= 2:
+        if fd <= 2 or fd == server["stray_fd"]:
             continue
         try:
             flags = pathlib.Path(f"/proc/{serve_pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0]
@@ -886,6 +898,7 @@ def hostile(tmp_path_factory):
     state["good_config"] = good_config
     yield state
     code, text = stop_serve(state)
+    (repo / "hugeparam" / "config.yaml").unlink()  # 100 MiB: do not leave it in pytest's kept temp dirs
     assert code == 0, text[-3000:]
     assert not pathlib.Path(state["run_dir"]).exists(), "run directory left behind"
 
