@@ -278,6 +278,7 @@ struct ModelRuntime {
   std::vector<std::unique_ptr<WorkerSupervisor>> workers;
   std::atomic<int> ready_workers{0};
   std::atomic<bool> stopping{false};
+  std::atomic<bool> abandoning{false};  // RequestStop(true): starting workers are not waited for
   // Set once requests can reach it; before that, worker start failures are
   // the builder's to report (once per reason).
   std::atomic<bool> published{false};
@@ -302,15 +303,19 @@ struct ModelRuntime {
   int max_batch() const { return std::max(1, config().max_batch_size); }
 
   // Stops taking requests and makes every supervisor wind down: queued
-  // requests are still run by workers that are up; starting ones are killed.
-  void RequestStop() {
+  // requests are still run by workers that are up. Workers still starting
+  // are killed if `abandon_starting` (they hold no request; waiting for them
+  // could take --ready-timeout), else left to start and help drain the queue.
+  void RequestStop(bool abandon_starting) {
     {
       std::lock_guard lock(state_mu);
+      if (abandon_starting) abandoning = true;
       stopping = true;
     }
     state_cv.notify_all();
     if (queue) queue->Close();
-    for (auto& w : workers) w->KillIfStarting();
+    if (abandon_starting)
+      for (auto& w : workers) w->KillIfStarting();
   }
   // Sleeps for `d` unless stopping is (or becomes) set; false if stopping.
   bool WaitUnlessStopping(std::chrono::milliseconds d) {
@@ -591,9 +596,9 @@ void WorkerSupervisor::Loop() {
       std::lock_guard lock(pid_mu_);
       pid_ = *pid;
     }
-    // Stopping may have been set after the loop's check, by a RequestStop
-    // that saw no pid to kill yet.
-    if (model_.stopping) {
+    // RequestStop(true) may have come after the loop's check, and seen no
+    // pid to kill yet.
+    if (model_.abandoning) {
       Reap(*pid, true);
       break;
     }
@@ -752,8 +757,11 @@ class Server::Impl {
     events_cv_.notify_all();
     for (auto& [name, slot] : slots_) {
       std::lock_guard lock(slot->mu);
-      if (slot->building != nullptr) slot->building->RequestStop();
-      if (slot->owned) slot->owned->RequestStop();
+      if (slot->building != nullptr) slot->building->RequestStop(true);
+      // A served model's starting workers are needed only if none is up to
+      // run what is queued.
+      if (ModelRuntime* m = slot->owned.get())
+        m->RequestStop(m->ready_workers.load() > 0 || m->queue->size() == 0);
     }
     for (auto& [name, slot] : slots_)
       if (slot->builder.joinable()) slot->builder.join();
@@ -1166,7 +1174,7 @@ class Server::Impl {
       std::lock_guard lock(slot.mu);
       if (slot.building == m.get()) slot.building = nullptr;
     }
-    m->RequestStop();
+    m->RequestStop(true);
     for (auto& w : m->workers) w->Join();
   }
 
