@@ -40,7 +40,9 @@ struct IoSpec {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> dims;
-  uint64_t bytes_per_sample() const;
+  // dtype size x the product of dims; InvalidArgument naming the tensor when
+  // a dimension is negative or the product passes 2^63 bytes.
+  Result<uint64_t> bytes_per_sample() const;
 };
 
 struct BackendOptions {

@@ -3,13 +3,12 @@
 // checkpoints without linking any backend (workers are exec'd).
 #include "backends/backend.h"
 #include "backends/model_weights.h"
+#include "common/checked_size.h"
 
 namespace hearth {
 
-uint64_t IoSpec::bytes_per_sample() const {
-  uint64_t n = DTypeSize(dtype);
-  for (int64_t d : dims) n *= static_cast<uint64_t>(d);
-  return n;
+Result<uint64_t> IoSpec::bytes_per_sample() const {
+  return ShapeBytes(dtype, dims, "'" + name + "'");
 }
 
 Result<std::pair<std::vector<IoSpec>, std::vector<IoSpec>>> BackendSignature(

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "checkpoint/safetensors_format.h"
+#include "common/regular_file.h"
 #include "hearth/checkpoint.h"
 
 namespace hearth {
@@ -305,11 +306,10 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view json, uint64_t
 }
 
 Result<Checkpoint> Checkpoint::Open(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) return ErrnoError("open " + path, errno);
+  // A FIFO, device, socket or directory is refused before it could block or
+  // do anything on open.
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return ErrnoError("stat " + path, errno);
-  if (!S_ISREG(st.st_mode)) return InvalidArgument(path + ": not a regular file");
+  ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(path, &st));
   const auto file_size = static_cast<uint64_t>(st.st_size);
   if (file_size < 8) {
     return InvalidArgument(path + ": file is " + std::to_string(file_size) +

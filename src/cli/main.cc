@@ -140,7 +140,7 @@ int RunServe(const std::string& repository, const std::string& host, int port,
   options.workers = workers;
   options.exec_timeout_ms = exec_timeout_ms;
   options.worker_path = ExecutableDir() + "/hearth-worker";
-  options.run_dir = "/tmp/hearth-serve-" + std::to_string(::getpid());
+  // options.run_dir stays empty: the server makes itself a private one (0700, mkdtemp).
   if (device_text.empty()) {
     std::string why;
     if (!CudaAvailable(&why)) spdlog::info("no usable GPU ({}); serving from host memory", why);

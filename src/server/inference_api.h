@@ -33,7 +33,7 @@ struct TensorMetadata {
 struct ModelMetadata {
   std::string name;
   std::vector<std::string> versions;  // served versions, as strings
-  std::string platform;  // "hearth_mlp", "hearth_scale"
+  std::string platform;               // "hearth_mlp", "hearth_scale"
   int max_batch_size = 0;
   std::vector<TensorMetadata> inputs;
   std::vector<TensorMetadata> outputs;
@@ -137,7 +137,11 @@ class InferenceService {
   // version empty = the served version.
   virtual Result<ModelMetadata> Metadata(const std::string& model,
                                          const std::string& version) const = 0;
-  // NotFound for unknown models or versions; OK(false) when known but not ready.
+  // OK(true) when the model can run requests. NotFound for unknown models or
+  // versions; Unavailable, whose message says why (the path and reason of a
+  // model whose directory, config or checkpoint is wrong, or that no worker
+  // is ready), when known but not ready. OK(false) is also "not ready", with
+  // no reason to give.
   virtual Result<bool> ModelReady(const std::string& model, const std::string& version) const = 0;
   // Runs a request that the front-end has already checked against
   // Metadata() (names, datatypes, shapes, batch size). `done` is called
@@ -149,8 +153,7 @@ class InferenceService {
   // valid only until `done` returns: a caller that needs them later copies
   // them inside `done`. Meanwhile the service does not reuse that memory, so
   // `done` should be quick.
-  virtual void Infer(InferRequest request,
-                     std::function<void(Result<InferResponse>)> done) = 0;
+  virtual void Infer(InferRequest request, std::function<void(Result<InferResponse>)> done) = 0;
   // Prometheus text exposition format (version 0.0.4) for GET /metrics.
   virtual std::string MetricsText() const = 0;
 };

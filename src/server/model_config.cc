@@ -1,10 +1,20 @@
 #include "server/model_config.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+#include <yaml-cpp/depthguard.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <type_traits>
+
+#include "common/regular_file.h"
 
 namespace hearth {
 namespace {
@@ -19,21 +29,47 @@ struct Ctx {
   }
 };
 
-template <typename T>
-Result<T> Scalar(const Ctx& c, const YAML::Node& n, const std::string& field) {
+// A value as it may appear in a message: quoted, at most 64 characters.
+std::string Quote(std::string_view text) {
+  if (text.size() > 64) return "'" + std::string(text.substr(0, 61)) + "...'";
+  return "'" + std::string(text) + "'";
+}
+
+Result<std::string> String(const Ctx& c, const YAML::Node& n, const std::string& field) {
   if (!n.IsScalar()) return c.Error(n, field, "must be a single value");
-  try {
-    return n.as<T>();
-  } catch (const YAML::Exception&) {
-    return c.Error(n, field, "'" + n.Scalar() + "' is not a valid value");
+  return n.Scalar();
+}
+
+// Decimal digits only, checked: no wrap-around ("-1" is not 2^64-1), no
+// exponent or hex forms, out of range is an error.
+template <typename T>
+Result<T> Number(const Ctx& c, const YAML::Node& n, const std::string& field) {
+  if (!n.IsScalar()) return c.Error(n, field, "must be a single value");
+  const std::string& text = n.Scalar();
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec == std::errc::result_out_of_range)
+    return c.Error(n, field, Quote(text) + " is out of range");
+  if (ec != std::errc() || end != text.data() + text.size())
+    return c.Error(n, field, Quote(text) + " is not a valid value");
+  if constexpr (std::is_floating_point_v<T>) {
+    if (!std::isfinite(value)) return c.Error(n, field, Quote(text) + " is not a finite number");
   }
+  return value;
+}
+
+// A map key: a single value (a list or a map as a key is an error, not an abort).
+Result<std::string> Key(const Ctx& c, const YAML::Node& key, const std::string& field) {
+  if (!key.IsScalar()) return c.Error(key, field, "keys must be single values");
+  return key.Scalar();
 }
 
 Result<std::vector<int64_t>> Dims(const Ctx& c, const YAML::Node& n, const std::string& field) {
-  if (!n.IsSequence() || n.size() == 0) return c.Error(n, field, "must be a non-empty list of positive integers");
+  if (!n.IsSequence() || n.size() == 0)
+    return c.Error(n, field, "must be a non-empty list of positive integers");
   std::vector<int64_t> dims;
   for (const auto& d : n) {
-    ASSIGN_OR_RETURN(int64_t v, Scalar<int64_t>(c, d, field));
+    ASSIGN_OR_RETURN(int64_t v, Number<int64_t>(c, d, field));
     if (v <= 0) return c.Error(d, field, "dimension " + std::to_string(v) + " must be positive");
     dims.push_back(v);
   }
@@ -48,17 +84,18 @@ Result<std::vector<IoConfig>> Ios(const Ctx& c, const YAML::Node& n, const std::
     const std::string f = field + "[" + std::to_string(i) + "]";
     if (!e.IsMap()) return c.Error(e, f, "must be a map with name, data_type, dims");
     for (const auto& kv : e) {
-      const std::string key = kv.first.as<std::string>();
+      ASSIGN_OR_RETURN(std::string key, Key(c, kv.first, f));
       if (key != "name" && key != "data_type" && key != "dims")
-        return c.Error(kv.first, f, "unknown field '" + key + "'");
+        return c.Error(kv.first, f, "unknown field " + Quote(key));
     }
     if (!e["name"] || !e["data_type"] || !e["dims"])
       return c.Error(e, f, "needs name, data_type and dims");
     IoConfig io;
-    ASSIGN_OR_RETURN(io.name, Scalar<std::string>(c, e["name"], f + ".name"));
-    ASSIGN_OR_RETURN(std::string type, Scalar<std::string>(c, e["data_type"], f + ".data_type"));
+    ASSIGN_OR_RETURN(io.name, String(c, e["name"], f + ".name"));
+    ASSIGN_OR_RETURN(std::string type, String(c, e["data_type"], f + ".data_type"));
     auto dtype = ParseTritonDataType(type);
-    if (!dtype) return c.Error(e["data_type"], f + ".data_type", "'" + type + "' is not a known TYPE_*");
+    if (!dtype)
+      return c.Error(e["data_type"], f + ".data_type", Quote(type) + " is not a known TYPE_*");
     io.dtype = *dtype;
     ASSIGN_OR_RETURN(io.dims, Dims(c, e["dims"], f + ".dims"));
     ios.push_back(std::move(io));
@@ -66,51 +103,131 @@ Result<std::vector<IoConfig>> Ios(const Ctx& c, const YAML::Node& n, const std::
   return ios;
 }
 
-}  // namespace
-
-std::optional<DType> ParseTritonDataType(std::string_view name) {
-  static const std::pair<std::string_view, DType> kTypes[] = {
-      {"TYPE_FP64", DType::kF64},  {"TYPE_FP32", DType::kF32}, {"TYPE_FP16", DType::kF16},
-      {"TYPE_BF16", DType::kBF16}, {"TYPE_INT64", DType::kI64}, {"TYPE_INT32", DType::kI32},
-      {"TYPE_INT16", DType::kI16}, {"TYPE_INT8", DType::kI8},   {"TYPE_UINT8", DType::kU8},
-      {"TYPE_BOOL", DType::kBool}};
-  for (const auto& [n, d] : kTypes)
-    if (n == name) return d;
-  return std::nullopt;
+// The whole config file, refused unless it is a regular file of at most
+// kMaxConfigBytes (never opened if it is a FIFO, a device or a directory).
+Result<std::string> ReadConfigFile(const std::string& path) {
+  struct stat st {};
+  Result<UniqueFd> fd = OpenRegularFile(path, &st);
+  if (!fd.ok()) {
+    if (fd.status().code() == StatusCode::kNotFound)
+      return NotFound(path + ": missing (every model directory needs a config.yaml)");
+    return fd.status();
+  }
+  auto too_large = [&](uint64_t bytes) {
+    return InvalidArgument(path + ": " + std::to_string(bytes) + " bytes, over the limit of " +
+                           std::to_string(kMaxConfigBytes) + " bytes for a config");
+  };
+  if (static_cast<uint64_t>(st.st_size) > kMaxConfigBytes) return too_large(st.st_size);
+  std::string text(static_cast<size_t>(st.st_size) + 1, '\0');
+  size_t got = 0;
+  // Read until end of file, one byte past the size seen: a file growing
+  // under us is still held to the limit.
+  for (;;) {
+    if (got == text.size()) {
+      if (text.size() > kMaxConfigBytes) return too_large(text.size());
+      text.resize(std::min<size_t>(text.size() * 2 + 1, kMaxConfigBytes + 1));
+    }
+    const ssize_t n = ::read(fd->get(), text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError("reading " + path, errno);
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  if (got > kMaxConfigBytes) return too_large(got);
+  text.resize(got);
+  return text;
 }
 
-Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {
-  ModelConfig m;
-  m.name = fs::path(model_dir).filename().string();
-  m.config_path = (fs::path(model_dir) / "config.yaml").string();
+struct Version {
+  uint64_t number = 0;
+  std::string dir;  // its directory's name, as written ("007" is version 7)
+};
+
+// Numeric subdirectories holding a model.safetensors. Symbolic links are
+// followed once per entry (no recursion), so a loop is an error naming it.
+Result<std::vector<Version>> FindVersions(const std::string& model_dir) {
+  std::vector<Version> versions;
+  std::error_code ec;
+  fs::directory_iterator it(model_dir, ec);
+  if (ec) return InvalidArgument(model_dir + ": cannot be read as a directory: " + ec.message());
+  size_t entries = 0;
+  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    if (++entries > kMaxDirectoryEntries)
+      return InvalidArgument(model_dir + ": more than " + std::to_string(kMaxDirectoryEntries) +
+                             " entries");
+    const fs::path path = it->path();
+    const std::string name = path.filename().string();
+    if (name.empty() ||
+        !std::all_of(name.begin(), name.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+      continue;
+    std::error_code sec;
+    const fs::file_status st = fs::status(path, sec);
+    if (sec) {
+      if (sec.value() == ELOOP)
+        return InvalidArgument(path.string() + ": a loop of symbolic links");
+      return InvalidArgument(path.string() + ": " + sec.message());
+    }
+    if (!fs::is_directory(st)) continue;
+    Version v;
+    v.dir = name;
+    const auto [end, perr] = std::from_chars(name.data(), name.data() + name.size(), v.number);
+    if (perr != std::errc() || end != name.data() + name.size())
+      return InvalidArgument(path.string() + ": version directory name " + Quote(name) +
+                             " is not a number below 2^64");
+    const fs::path checkpoint = path / "model.safetensors";
+    const fs::file_status cst = fs::status(checkpoint, sec);
+    if (cst.type() == fs::file_type::not_found) continue;
+    if (sec) {
+      if (sec.value() == ELOOP)
+        return InvalidArgument(checkpoint.string() + ": a loop of symbolic links");
+      return InvalidArgument(checkpoint.string() + ": " + sec.message());
+    }
+    for (const Version& other : versions)
+      if (other.number == v.number)
+        return InvalidArgument(model_dir + ": version directories " + Quote(other.dir) + " and " +
+                               Quote(v.dir) + " are the same version " + std::to_string(v.number));
+    versions.push_back(std::move(v));
+  }
+  if (ec) return InvalidArgument(model_dir + ": cannot be read as a directory: " + ec.message());
+  std::sort(versions.begin(), versions.end(),
+            [](const Version& a, const Version& b) { return a.number < b.number; });
+  return versions;
+}
+
+// Everything but reading the file; may throw yaml-cpp's exceptions (the caller catches them).
+Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::string& text,
+                                     ModelConfig m) {
   Ctx c{m.config_path};
   YAML::Node root;
   try {
-    root = YAML::LoadFile(m.config_path);
-  } catch (const YAML::BadFile&) {
-    return NotFound(m.config_path + ": cannot be read");
+    root = YAML::Load(text);
+  } catch (const YAML::DeepRecursion& e) {
+    return InvalidArgument(m.config_path + ":" + std::to_string(e.mark.line + 1) + ": nested " +
+                           std::to_string(e.depth()) + " levels deep, past the parser's limit");
   } catch (const YAML::ParserException& e) {
     return InvalidArgument(m.config_path + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
   }
   if (!root.IsMap()) return InvalidArgument(m.config_path + ": must be a YAML map");
-  static const char* kKnown[] = {"name", "backend", "max_batch_size", "input", "output",
-                                 "instance_group", "dynamic_batching", "parameters",
-                                 "version_policy"};
+  static const char* kKnown[] = {
+      "name",           "backend",          "max_batch_size", "input",         "output",
+      "instance_group", "dynamic_batching", "parameters",     "version_policy"};
   for (const auto& kv : root) {
-    const std::string key = kv.first.as<std::string>();
+    ASSIGN_OR_RETURN(std::string key, Key(c, kv.first, "(top level)"));
     if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown))
       return c.Error(kv.first, key, "unknown field");
   }
   if (root["name"]) {
-    ASSIGN_OR_RETURN(std::string name, Scalar<std::string>(c, root["name"], "name"));
-    if (name != m.name) return c.Error(root["name"], "name", "'" + name + "' differs from the directory name '" + m.name + "'");
+    ASSIGN_OR_RETURN(std::string name, String(c, root["name"], "name"));
+    if (name != m.name)
+      return c.Error(root["name"], "name",
+                     Quote(name) + " differs from the directory name " + Quote(m.name));
   }
   if (!root["backend"]) return InvalidArgument(m.config_path + ": backend: missing (mlp or scale)");
-  ASSIGN_OR_RETURN(m.backend, Scalar<std::string>(c, root["backend"], "backend"));
+  ASSIGN_OR_RETURN(m.backend, String(c, root["backend"], "backend"));
   if (m.backend != "mlp" && m.backend != "scale")
-    return c.Error(root["backend"], "backend", "'" + m.backend + "' is not one of mlp, scale");
+    return c.Error(root["backend"], "backend", Quote(m.backend) + " is not one of mlp, scale");
   if (root["max_batch_size"]) {
-    ASSIGN_OR_RETURN(m.max_batch_size, Scalar<int>(c, root["max_batch_size"], "max_batch_size"));
+    ASSIGN_OR_RETURN(m.max_batch_size, Number<int>(c, root["max_batch_size"], "max_batch_size"));
     if (m.max_batch_size < 0 || m.max_batch_size > 4096)
       return c.Error(root["max_batch_size"], "max_batch_size", "must be in [0, 4096]");
   }
@@ -123,20 +240,22 @@ Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {
       return c.Error(g, "instance_group", "must be a list of one {count, kind, gpus}");
     const YAML::Node e = g[0];
     if (e["count"]) {
-      ASSIGN_OR_RETURN(m.instance_count, Scalar<int>(c, e["count"], "instance_group.count"));
+      ASSIGN_OR_RETURN(m.instance_count, Number<int>(c, e["count"], "instance_group.count"));
       if (m.instance_count < 1 || m.instance_count > 256)
         return c.Error(e["count"], "instance_group.count", "must be in [1, 256]");
     }
     if (e["kind"]) {
-      ASSIGN_OR_RETURN(std::string kind, Scalar<std::string>(c, e["kind"], "instance_group.kind"));
+      ASSIGN_OR_RETURN(std::string kind, String(c, e["kind"], "instance_group.kind"));
       if (kind != "KIND_GPU" && kind != "KIND_CPU")
-        return c.Error(e["kind"], "instance_group.kind", "'" + kind + "' is not KIND_GPU or KIND_CPU");
+        return c.Error(e["kind"], "instance_group.kind",
+                       Quote(kind) + " is not KIND_GPU or KIND_CPU");
       m.kind_gpu = kind == "KIND_GPU";
     }
     if (e["gpus"]) {
-      if (!e["gpus"].IsSequence()) return c.Error(e["gpus"], "instance_group.gpus", "must be a list");
+      if (!e["gpus"].IsSequence())
+        return c.Error(e["gpus"], "instance_group.gpus", "must be a list");
       for (const auto& gpu : e["gpus"]) {
-        ASSIGN_OR_RETURN(int id, Scalar<int>(c, gpu, "instance_group.gpus"));
+        ASSIGN_OR_RETURN(int id, Number<int>(c, gpu, "instance_group.gpus"));
         if (id < 0) return c.Error(gpu, "instance_group.gpus", "must be non-negative");
         m.gpus.push_back(id);
       }
@@ -145,46 +264,68 @@ Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   if (const YAML::Node d = root["dynamic_batching"]) {
     if (!d.IsMap()) return c.Error(d, "dynamic_batching", "must be a map");
     if (d["max_queue_delay_microseconds"]) {
-      ASSIGN_OR_RETURN(m.max_queue_delay_us, Scalar<uint64_t>(c, d["max_queue_delay_microseconds"], "dynamic_batching.max_queue_delay_microseconds"));
+      ASSIGN_OR_RETURN(m.max_queue_delay_us,
+                       Number<uint64_t>(c, d["max_queue_delay_microseconds"],
+                                        "dynamic_batching.max_queue_delay_microseconds"));
     }
     if (d["max_queue_size"]) {
-      ASSIGN_OR_RETURN(m.max_queue_size, Scalar<uint64_t>(c, d["max_queue_size"], "dynamic_batching.max_queue_size"));
+      ASSIGN_OR_RETURN(m.max_queue_size,
+                       Number<uint64_t>(c, d["max_queue_size"], "dynamic_batching.max_queue_size"));
     }
     if (const YAML::Node q = d["default_queue_policy"]) {
       if (!q.IsMap() || !q["default_timeout_microseconds"])
-        return c.Error(q, "dynamic_batching.default_queue_policy", "must be {default_timeout_microseconds: N}");
-      ASSIGN_OR_RETURN(m.default_timeout_us, Scalar<uint64_t>(c, q["default_timeout_microseconds"], "dynamic_batching.default_queue_policy.default_timeout_microseconds"));
+        return c.Error(q, "dynamic_batching.default_queue_policy",
+                       "must be {default_timeout_microseconds: N}");
+      ASSIGN_OR_RETURN(
+          m.default_timeout_us,
+          Number<uint64_t>(c, q["default_timeout_microseconds"],
+                           "dynamic_batching.default_queue_policy.default_timeout_microseconds"));
     }
     if (const YAML::Node p = d["preferred_batch_size"]) {
-      if (!p.IsSequence()) return c.Error(p, "dynamic_batching.preferred_batch_size", "must be a list");
+      if (!p.IsSequence())
+        return c.Error(p, "dynamic_batching.preferred_batch_size", "must be a list");
       for (const auto& b : p) {
-        ASSIGN_OR_RETURN(int v, Scalar<int>(c, b, "dynamic_batching.preferred_batch_size"));
+        ASSIGN_OR_RETURN(int v, Number<int>(c, b, "dynamic_batching.preferred_batch_size"));
         if (v < 1 || (m.max_batch_size > 0 && v > m.max_batch_size))
-          return c.Error(b, "dynamic_batching.preferred_batch_size", "must be in [1, max_batch_size]");
+          return c.Error(b, "dynamic_batching.preferred_batch_size",
+                         "must be in [1, max_batch_size]");
         m.preferred_batch_sizes.push_back(v);
       }
     }
   }
   if (const YAML::Node p = root["parameters"]) {
     if (!p.IsMap()) return c.Error(p, "parameters", "must be a map");
+    size_t parameter_bytes = 0;
     for (const auto& kv : p) {
-      const std::string key = kv.first.as<std::string>();
+      ASSIGN_OR_RETURN(std::string key, Key(c, kv.first, "parameters"));
       if (key == "fault_injection") {
         // Off by default; for testing crash handling:
         // {on_value: X, kind: abort|segv|hang|cuda_illegal_address}.
         const YAML::Node f = kv.second;
         if (!f.IsMap() || !f["on_value"] || !f["kind"])
-          return c.Error(f, "parameters.fault_injection", "must be {on_value: NUMBER, kind: abort|segv|hang|cuda_illegal_address}");
-        ASSIGN_OR_RETURN(double on_value, Scalar<double>(c, f["on_value"], "parameters.fault_injection.on_value"));
-        ASSIGN_OR_RETURN(std::string kind, Scalar<std::string>(c, f["kind"], "parameters.fault_injection.kind"));
+          return c.Error(f, "parameters.fault_injection",
+                         "must be {on_value: NUMBER, kind: abort|segv|hang|cuda_illegal_address}");
+        ASSIGN_OR_RETURN(double on_value,
+                         Number<double>(c, f["on_value"], "parameters.fault_injection.on_value"));
+        ASSIGN_OR_RETURN(std::string kind, String(c, f["kind"], "parameters.fault_injection.kind"));
         if (kind != "abort" && kind != "segv" && kind != "hang" && kind != "cuda_illegal_address")
           return c.Error(f["kind"], "parameters.fault_injection.kind",
-                         "'" + kind + "' is not abort, segv, hang or cuda_illegal_address");
+                         Quote(kind) + " is not abort, segv, hang or cuda_illegal_address");
         m.fault_on_value = on_value;
         m.fault_kind = kind;
         continue;
       }
-      if (!kv.second.IsScalar()) return c.Error(kv.second, "parameters." + key, "must be a single value");
+      if (!kv.second.IsScalar())
+        return c.Error(kv.second, "parameters." + key, "must be a single value");
+      if (key.empty()) return c.Error(kv.first, "parameters", "empty parameter name");
+      parameter_bytes += key.size() + kv.second.Scalar().size();
+      if (m.parameters.size() == kMaxModelParameters)
+        return c.Error(kv.first, "parameters",
+                       "more than " + std::to_string(kMaxModelParameters) + " parameters");
+      if (parameter_bytes > kMaxModelParameterBytes)
+        return c.Error(kv.first, "parameters." + key,
+                       "the parameters' names and values come to more than the limit of " +
+                           std::to_string(kMaxModelParameterBytes) + " bytes");
       m.parameters[key] = kv.second.Scalar();
     }
     if (m.parameters.count("allow_tf32")) m.allow_tf32 = m.parameters["allow_tf32"] == "true";
@@ -192,49 +333,124 @@ Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {
 
   // Versions: numeric subdirectories with a model.safetensors; the highest
   // unless version_policy: {specific: {versions: [N]}}.
-  std::vector<uint64_t> versions;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(model_dir, ec)) {
-    const std::string v = e.path().filename().string();
-    if (!e.is_directory() || v.empty() || !std::all_of(v.begin(), v.end(), ::isdigit)) continue;
-    if (fs::exists(e.path() / "model.safetensors")) versions.push_back(std::stoull(v));
-  }
+  ASSIGN_OR_RETURN(std::vector<Version> versions, FindVersions(model_dir));
   if (versions.empty())
     return NotFound(model_dir + ": no version directory with a model.safetensors (expected " +
                     model_dir + "/1/model.safetensors)");
-  std::sort(versions.begin(), versions.end());
-  m.version = versions.back();
+  const Version* chosen = &versions.back();
   if (const YAML::Node vp = root["version_policy"]) {
-    const YAML::Node specific = vp["specific"];
-    if (!specific || !specific["versions"] || !specific["versions"].IsSequence() || specific["versions"].size() != 1)
+    const YAML::Node specific = vp.IsMap() ? vp["specific"] : YAML::Node();
+    if (!specific || !specific.IsMap() || !specific["versions"] ||
+        !specific["versions"].IsSequence() || specific["versions"].size() != 1)
       return c.Error(vp, "version_policy", "only {specific: {versions: [N]}} is supported");
-    ASSIGN_OR_RETURN(uint64_t want, Scalar<uint64_t>(c, specific["versions"][0], "version_policy.specific.versions"));
-    if (std::find(versions.begin(), versions.end(), want) == versions.end())
-      return c.Error(specific["versions"][0], "version_policy.specific.versions", "version " + std::to_string(want) + " has no model.safetensors");
-    m.version = want;
+    ASSIGN_OR_RETURN(uint64_t want, Number<uint64_t>(c, specific["versions"][0],
+                                                     "version_policy.specific.versions"));
+    auto it = std::find_if(versions.begin(), versions.end(),
+                           [&](const Version& v) { return v.number == want; });
+    if (it == versions.end())
+      return c.Error(specific["versions"][0], "version_policy.specific.versions",
+                     "version " + std::to_string(want) + " has no model.safetensors");
+    chosen = &*it;
   }
-  m.checkpoint_path = (fs::path(model_dir) / std::to_string(m.version) / "model.safetensors").string();
+  m.version = chosen->number;
+  m.checkpoint_path = (fs::path(model_dir) / chosen->dir / "model.safetensors").string();
   return m;
 }
 
-Result<std::vector<RepositoryModel>> ScanRepository(const std::string& dir) {
+}  // namespace
+
+std::optional<DType> ParseTritonDataType(std::string_view name) {
+  static const std::pair<std::string_view, DType> kTypes[] = {
+      {"TYPE_FP64", DType::kF64},  {"TYPE_FP32", DType::kF32},  {"TYPE_FP16", DType::kF16},
+      {"TYPE_BF16", DType::kBF16}, {"TYPE_INT64", DType::kI64}, {"TYPE_INT32", DType::kI32},
+      {"TYPE_INT16", DType::kI16}, {"TYPE_INT8", DType::kI8},   {"TYPE_UINT8", DType::kU8},
+      {"TYPE_BOOL", DType::kBool}};
+  for (const auto& [n, d] : kTypes)
+    if (n == name) return d;
+  return std::nullopt;
+}
+
+Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {
+  ModelConfig m;
+  m.name = fs::path(model_dir).filename().string();
+  m.config_path = (fs::path(model_dir) / "config.yaml").string();
+  ASSIGN_OR_RETURN(std::string text, ReadConfigFile(m.config_path));
+  try {
+    return ParseModelConfig(model_dir, text, std::move(m));
+  } catch (const YAML::Exception& e) {
+    // Conversions and lookups on a document of an unexpected shape, or one
+    // nested past yaml-cpp's depth limit.
+    const std::string where = e.mark.line >= 0 ? ":" + std::to_string(e.mark.line + 1) : "";
+    return InvalidArgument(model_dir + "/config.yaml" + where + ": " + e.msg);
+  } catch (const std::exception& e) {
+    return InvalidArgument(model_dir + "/config.yaml: " + e.what());
+  }
+}
+
+Result<std::vector<ModelDirectory>> ListModelDirectories(const std::string& dir) {
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return NotFound("model repository " + dir + " is not a directory");
-  std::vector<RepositoryModel> models;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    if (!e.is_directory()) continue;
-    RepositoryModel m;
-    m.name = e.path().filename().string();
-    Result<ModelConfig> config = LoadModelConfig(e.path().string());
-    if (config.ok()) {
-      m.config = std::move(config).value();
-    } else {
-      m.status = config.status();
-      m.config.name = m.name;
+  if (!fs::is_directory(dir, ec))
+    return NotFound("model repository " + dir + " is not a directory" +
+                    (ec ? ": " + ec.message() : ""));
+  fs::directory_iterator it(dir, ec);
+  if (ec) return NotFound("model repository " + dir + " cannot be read: " + ec.message());
+  std::vector<ModelDirectory> models;
+  size_t entries = 0;
+  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    if (++entries > kMaxDirectoryEntries)
+      return InvalidArgument("model repository " + dir + ": more than " +
+                             std::to_string(kMaxDirectoryEntries) + " entries");
+    std::error_code sec;
+    const fs::file_status st = it->symlink_status(sec);
+    // Links are models too: where they lead (or that they loop) is found
+    // out when the model's config is read, and fails that model alone.
+    if (sec || (!fs::is_directory(st) && !fs::is_symlink(st))) continue;
+    ModelDirectory m;
+    m.name = it->path().filename().string();
+    m.path = it->path().string();
+    if (std::any_of(m.name.begin(), m.name.end(),
+                    [](char ch) { return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f; })) {
+      std::string shown;
+      for (char ch : m.name) {
+        const auto u = static_cast<unsigned char>(ch);
+        if (u < 0x20 || u == 0x7f) {
+          char hex[5];
+          std::snprintf(hex, sizeof hex, "\\x%02x", u);
+          shown += hex;
+        } else {
+          shown += ch;
+        }
+      }
+      m.name = shown;
+      m.status =
+          InvalidArgument(dir + "/" + shown + ": a model name must not hold control characters");
     }
     models.push_back(std::move(m));
   }
-  std::sort(models.begin(), models.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  if (ec) return NotFound("model repository " + dir + " cannot be read: " + ec.message());
+  std::sort(models.begin(), models.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  return models;
+}
+
+Result<std::vector<RepositoryModel>> ScanRepository(const std::string& dir) {
+  ASSIGN_OR_RETURN(std::vector<ModelDirectory> dirs, ListModelDirectories(dir));
+  std::vector<RepositoryModel> models;
+  for (const ModelDirectory& d : dirs) {
+    RepositoryModel m;
+    m.name = d.name;
+    m.config.name = d.name;
+    m.status = d.status;
+    if (m.status.ok()) {
+      Result<ModelConfig> config = LoadModelConfig(d.path);
+      if (config.ok()) {
+        m.config = std::move(config).value();
+      } else {
+        m.status = config.status();
+      }
+    }
+    models.push_back(std::move(m));
+  }
   return models;
 }
 

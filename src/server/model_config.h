@@ -1,7 +1,12 @@
 // The model repository: DIR/<model>/config.yaml and
 // DIR/<model>/<version>/model.safetensors. Config field names follow
-// Triton's model configuration. A model whose config or checkpoint is wrong
-// is reported (file, line, field) and not served; the others are.
+// Triton's model configuration. A model whose directory, config or
+// checkpoint is wrong is reported (file, line, field) and not served; the
+// others are. Nothing in a repository can do more than fail its own model:
+// every yaml-cpp and std::filesystem error is caught and returned, numbers
+// are parsed with checked conversions, configs over kMaxConfigBytes and
+// files that are not regular (a FIFO, a device, a directory) are refused
+// without blocking, and symbolic link loops are errors, not hangs.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +18,14 @@
 #include "hearth/status.h"
 
 namespace hearth {
+
+inline constexpr uint64_t kMaxConfigBytes = 1ull << 20;
+// parameters: at most this many, and this many bytes of keys and values
+// together. They reach a worker in one control message (worker/control.h).
+inline constexpr size_t kMaxModelParameters = 256;
+inline constexpr size_t kMaxModelParameterBytes = 64u << 10;
+// Entries read from one directory (the repository, a model directory).
+inline constexpr size_t kMaxDirectoryEntries = 100000;
 
 struct IoConfig {
   std::string name;
@@ -45,16 +58,31 @@ struct ModelConfig {
   std::string checkpoint_path;
 };
 
+// One entry of the repository that stands for a model: a directory, or a
+// symbolic link (which may turn out to be a loop or dangling: then `status`
+// says so and the model fails alone).
+struct ModelDirectory {
+  std::string name;
+  std::string path;  // DIR/<name>
+  Status status;     // not OK: the entry cannot be a model (its name, say)
+};
+
+// The model entries under `dir`, sorted by name; plain files are skipped.
+// Fails only if `dir` itself cannot be read.
+Result<std::vector<ModelDirectory>> ListModelDirectories(const std::string& dir);
+
 struct RepositoryModel {
   std::string name;
   Status status;  // not OK: why the model is not served
   ModelConfig config;
 };
 
-// Reads every model directory under `dir`. Fails only if `dir` itself cannot be read.
+// Reads every model directory under `dir` (ListModelDirectories, then
+// LoadModelConfig for each). Fails only if `dir` itself cannot be read.
 Result<std::vector<RepositoryModel>> ScanRepository(const std::string& dir);
 
-// Parses one config.yaml (exposed for tests). `model_dir` is DIR/<model>.
+// Reads DIR/<model>/config.yaml and picks the version to serve. Never throws;
+// every error names the file (and line and field where there is one).
 Result<ModelConfig> LoadModelConfig(const std::string& model_dir);
 
 // "TYPE_FP32" <-> DType.

@@ -23,6 +23,8 @@
 #include <thread>
 
 #include "backends/backend.h"
+#include "common/checked_size.h"
+#include "common/trusted_path.h"
 #include "hearth/arena.h"
 #include "hearth/attach.h"
 #include "hearth/checkpoint.h"
@@ -31,6 +33,10 @@
 #include "worker/control.h"
 
 extern char** environ;
+
+// A model's parameters must fit in the one control message that carries them.
+static_assert(4 + 8 * hearth::kMaxModelParameters + hearth::kMaxModelParameterBytes <=
+              hearth::control::kMaxParametersPayload);
 
 namespace hearth {
 namespace {
@@ -82,7 +88,8 @@ class JobQueue {
   // never run. Empty once closed and drained.
   // Returns empty after `idle` with nothing queued, so the caller can look
   // after its worker.
-  std::vector<std::shared_ptr<Job>> PopBatch(const BatchPolicy& policy, std::chrono::milliseconds idle) {
+  std::vector<std::shared_ptr<Job>> PopBatch(const BatchPolicy& policy,
+                                             std::chrono::milliseconds idle) {
     std::vector<std::shared_ptr<Job>> batch;
     std::vector<std::shared_ptr<Job>> expired;
     std::unique_lock lock(mu_);
@@ -100,7 +107,9 @@ class JobQueue {
           continue;
         }
         const bool alone = front->crashes > 0;
-        if (!batch.empty() && (alone || batch[0]->crashes > 0 || rows + front->batch > policy.max_batch)) break;
+        if (!batch.empty() &&
+            (alone || batch[0]->crashes > 0 || rows + front->batch > policy.max_batch))
+          break;
         rows += front->batch;
         batch.push_back(std::move(front));
         jobs_.pop_front();
@@ -129,13 +138,18 @@ class JobQueue {
       return true;
     });
     for (auto& job : expired) {
-      job->done(DeadlineExceeded("request '" + job->request.id + "' timed out after waiting " +
-                                 std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(
-                                                    Clock::now() - job->received)
-                                                    .count()) +
-                                 " us in the queue"));
+      job->done(
+          DeadlineExceeded("request '" + job->request.id + "' timed out after waiting " +
+                           std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(
+                                              Clock::now() - job->received)
+                                              .count()) +
+                           " us in the queue"));
     }
     return batch;
+  }
+  size_t size() {
+    std::lock_guard lock(mu_);
+    return jobs_.size();
   }
   void Close() {
     std::lock_guard lock(mu_);
@@ -203,12 +217,18 @@ class WorkerSupervisor {
  public:
   WorkerSupervisor(ModelRuntime& model, int index, const ServerOptions& options)
       : model_(model), index_(index), options_(options) {}
-  ~WorkerSupervisor() { Join(); }
+  ~WorkerSupervisor();
   Status Init();
-  void Start() { thread_ = std::thread([this] { Loop(); }); }
+  void Start() {
+    thread_ = std::thread([this] { Loop(); });
+  }
   void Join() {
     if (thread_.joinable()) thread_.join();
   }
+  // SIGKILL for a worker process that is still starting (it holds no
+  // request): stopping must not wait out --ready-timeout for it. Call after
+  // setting the model's stopping flag.
+  void KillIfStarting();
   pid_t pid() const { return pid_.load(); }
   int index() const { return index_; }
   bool ready() const { return ready_.load(); }
@@ -223,22 +243,32 @@ class WorkerSupervisor {
   int Reap(pid_t pid, bool kill_first);
   // Runs one batch of requests on the live worker; false if the worker is gone.
   bool RunBatch(int control, const std::vector<std::shared_ptr<Job>>& jobs);
+  // Tells the model how this worker's first start ended (once).
+  void Settle();
 
   ModelRuntime& model_;
   int index_;
   const ServerOptions& options_;
   std::thread thread_;
+  // pid_ changes under pid_mu_, so that KillIfStarting never signals a pid
+  // that Reap has already collected (and the kernel may have reused).
+  std::mutex pid_mu_;
   std::atomic<pid_t> pid_{-1};
   std::atomic<bool> ready_{false};
   std::atomic<uint64_t> restarts_{0}, device_memory_bytes_{0};
+  bool settled_ = false;  // supervisor thread only
   UniqueFd slot_fd_;
   std::byte* slot_ = nullptr;
   uint64_t seq_ = 0;
 };
 
+// One served model version: its queue, its workers and their totals. Built
+// and started by the model's builder thread (Impl::Build), published to
+// requests once a worker is ready, then never replaced or freed until the
+// server is destroyed, so that requests may hold a plain pointer to it.
 struct ModelRuntime {
-  RepositoryModel repo;
-  Status status;  // not OK: not served, and why
+  std::string name;
+  ModelConfig config_;
   Device device;
   std::string store_socket;
   uint64_t store_version = 0;
@@ -248,7 +278,18 @@ struct ModelRuntime {
   std::vector<std::unique_ptr<WorkerSupervisor>> workers;
   std::atomic<int> ready_workers{0};
   std::atomic<bool> stopping{false};
+  std::atomic<bool> abandoning{false};  // RequestStop(true): starting workers are not waited for
+  // Set once requests can reach it; before that, worker start failures are
+  // the builder's to report (once per reason).
+  std::atomic<bool> published{false};
   int worker_count = 1;
+  // Start-up: how many workers' first start has ended, and the last reason a
+  // worker could not start. Guarded by state_mu; state_cv is notified on
+  // each and when stopping is set (it also ends the supervisors' backoff).
+  std::mutex state_mu;
+  std::condition_variable state_cv;
+  int settled_workers = 0;
+  std::string last_worker_error;
   // Totals for /metrics and the summary logged at shutdown.
   std::atomic<uint64_t> batches{0}, requests{0}, run_us{0}, request_us{0};
   std::atomic<uint64_t> success{0}, failure{0}, rows{0}, queue_us{0}, input_us{0}, output_us{0};
@@ -258,53 +299,110 @@ struct ModelRuntime {
   uint64_t arena_bytes = 0;
   BatchPolicy policy;
 
-  const ModelConfig& config() const { return repo.config; }
+  const ModelConfig& config() const { return config_; }
   int max_batch() const { return std::max(1, config().max_batch_size); }
+
+  // Stops taking requests and makes every supervisor wind down: queued
+  // requests are still run by workers that are up. Workers still starting
+  // are killed if `abandon_starting` (they hold no request; waiting for them
+  // could take --ready-timeout), else left to start and help drain the queue.
+  void RequestStop(bool abandon_starting) {
+    {
+      std::lock_guard lock(state_mu);
+      if (abandon_starting) abandoning = true;
+      stopping = true;
+    }
+    state_cv.notify_all();
+    if (queue) queue->Close();
+    if (abandon_starting)
+      for (auto& w : workers) w->KillIfStarting();
+  }
+  // Sleeps for `d` unless stopping is (or becomes) set; false if stopping.
+  bool WaitUnlessStopping(std::chrono::milliseconds d) {
+    std::unique_lock lock(state_mu);
+    return !state_cv.wait_for(lock, d, [&] { return stopping.load(); });
+  }
+  std::string LastWorkerError() {
+    std::lock_guard lock(state_mu);
+    return last_worker_error;
+  }
 };
 
+WorkerSupervisor::~WorkerSupervisor() {
+  Join();
+  if (slot_ != nullptr) ::munmap(slot_, model_.layout.total);
+}
+
 Status WorkerSupervisor::Init() {
-  const int fd = ::memfd_create(("hearth-slot-" + model_.repo.name).c_str(), MFD_CLOEXEC);
+  // memfd names are at most 249 bytes; the name is only for /proc listings.
+  const std::string name = "hearth-slot-" + model_.name.substr(0, 200);
+  const int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
   if (fd < 0) return ErrnoError("memfd_create for a request slot", errno);
   slot_fd_.Reset(fd);
   if (::ftruncate(fd, static_cast<off_t>(model_.layout.total)) != 0)
-    return ErrnoError("sizing a request slot", errno);
+    return ErrnoError("sizing a request slot of " + std::to_string(model_.layout.total) + " bytes",
+                      errno);
   void* p = ::mmap(nullptr, model_.layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return ErrnoError("mapping a request slot", errno);
   slot_ = static_cast<std::byte*>(p);
   return Status::Ok();
 }
 
-// The worker gets exactly two descriptors: 3 (control) and 4 (slot).
+void WorkerSupervisor::KillIfStarting() {
+  std::lock_guard lock(pid_mu_);
+  if (pid_ > 0 && !ready_) ::kill(pid_, SIGKILL);
+}
+
+void WorkerSupervisor::Settle() {
+  if (settled_) return;
+  settled_ = true;
+  {
+    std::lock_guard lock(model_.state_mu);
+    ++model_.settled_workers;
+  }
+  model_.state_cv.notify_all();
+}
+
+// The worker gets exactly five descriptors: 0-2 (the server's stdio), 3
+// (control) and 4 (slot; the worker closes it once mapped). Its parameters are queued on the
+// control socket before it starts, never put in argv (whose size is limited, and which any local
+// user can read in /proc).
 Result<pid_t> WorkerSupervisor::Spawn(UniqueFd* control) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
     return ErrnoError("socketpair", errno);
   UniqueFd mine(sv[0]), theirs(sv[1]);
+  const ModelConfig& c = model_.config();
+  RETURN_IF_ERROR(control::SendParameters(mine.get(), c.parameters).WithContext(c.config_path));
   // dup2 onto itself would keep close-on-exec: move anything at 3 or 4 out of the way.
   auto high = [](UniqueFd& fd) {
     if (fd.get() <= 4) fd.Reset(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 10));
   };
   high(theirs);
   high(slot_fd_);
-  const ModelConfig& c = model_.config();
+  if (!theirs || !slot_fd_) return ErrnoError("moving a worker's descriptors", errno);
   std::vector<std::string> args = {options_.worker_path,
-                                   "--store-socket", model_.store_socket,
-                                   "--model", c.name,
-                                   "--version", std::to_string(model_.store_version),
-                                   "--backend", c.backend,
-                                   "--max-batch", std::to_string(model_.max_batch()),
-                                   "--control-fd", "3",
-                                   "--slot-fd", "4",
-                                   "--slot-bytes", std::to_string(model_.layout.total)};
+                                   "--store-socket",
+                                   model_.store_socket,
+                                   "--model",
+                                   c.name,
+                                   "--version",
+                                   std::to_string(model_.store_version),
+                                   "--backend",
+                                   c.backend,
+                                   "--max-batch",
+                                   std::to_string(model_.max_batch()),
+                                   "--control-fd",
+                                   "3",
+                                   "--slot-fd",
+                                   "4",
+                                   "--slot-bytes",
+                                   std::to_string(model_.layout.total)};
   if (c.allow_tf32) args.push_back("--allow-tf32");
   if (!c.fault_kind.empty()) {
     char value[64];
     std::snprintf(value, sizeof value, "%.17g", c.fault_on_value);
     args.insert(args.end(), {"--fault-kind", c.fault_kind, "--fault-on-value", value});
-  }
-  for (const auto& [k, v] : c.parameters) {
-    args.push_back("--param");
-    args.push_back(k + "=" + v);
   }
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -313,6 +411,9 @@ Result<pid_t> WorkerSupervisor::Spawn(UniqueFd* control) {
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, theirs.get(), 3);
   posix_spawn_file_actions_adddup2(&actions, slot_fd_.get(), 4);
+  // Everything hearth opens is close-on-exec; this also drops descriptors
+  // the server itself inherited without it, so the worker holds exactly 0-4.
+  posix_spawn_file_actions_addclosefrom_np(&actions, 5);
   // The server keeps SIGTERM/SIGINT blocked for sigwait; a worker starts with none blocked.
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
@@ -333,14 +434,29 @@ int WorkerSupervisor::Reap(pid_t pid, bool kill_first) {
   if (pid <= 0) return 0;
   if (kill_first) ::kill(pid, SIGKILL);
   int status = 0;
+  auto reaped = [&](pid_t r) {
+    if (r != pid && !(r < 0 && errno == ECHILD)) return false;
+    pid_ = -1;
+    return true;
+  };
   for (int i = 0; i < 200; ++i) {  // up to 2 s for a clean exit, then SIGKILL
-    const pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid || (r < 0 && errno == ECHILD)) return status;
+    {
+      std::lock_guard lock(pid_mu_);
+      if (reaped(::waitpid(pid, &status, WNOHANG))) return status;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  std::lock_guard lock(pid_mu_);
   ::kill(pid, SIGKILL);
-  ::waitpid(pid, &status, 0);
+  (void)reaped(::waitpid(pid, &status, 0));
   return status;
+}
+
+// "exited with status 1", "killed by signal 9".
+std::string DescribeExit(int status) {
+  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
+  return "wait status " + std::to_string(status);
 }
 
 bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<Job>>& jobs) {
@@ -355,7 +471,7 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
   int64_t rows = 0;
   for (const auto& job : jobs) {
     for (size_t i = 0; i < model_.inputs.size(); ++i) {
-      const uint64_t row_bytes = model_.inputs[i].bytes_per_sample();
+      const uint64_t row_bytes = layout.input_bytes_per_sample[i];
       for (const InferTensor& t : job->request.inputs) {
         if (t.name == model_.inputs[i].name)
           std::memcpy(slot_ + layout.input_offsets[i] + static_cast<uint64_t>(rows) * row_bytes,
@@ -376,14 +492,14 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
   if (!done.ok() || done->kind != control::Kind::kDone || done->seq != run.seq) {
     const bool timeout = !done.ok() && done.status().message() == "timeout";
     spdlog::warn("{} worker {} (pid {}) {} while running a batch of {} rows from {} requests",
-                 model_.repo.name, index_, pid_.load(),
-                 timeout ? "ran past --exec-timeout" : "died", rows, jobs.size());
+                 model_.name, index_, pid_.load(), timeout ? "ran past --exec-timeout" : "died",
+                 rows, jobs.size());
     // Back to the front in their order; each now runs alone (PopBatch).
     for (auto it = jobs.rbegin(); it != jobs.rend(); ++it) {
       const auto& job = *it;
       if (++job->crashes >= 3) {
         job->done(Internal("poison batch: this request took down " + std::to_string(job->crashes) +
-                           " workers of '" + model_.repo.name + "'; it is not retried"));
+                           " workers of '" + model_.name + "'; it is not retried"));
       } else {
         model_.queue->PushFront(job);
       }
@@ -401,7 +517,8 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
   }
   const auto outputs_start = Clock::now();
   if (done->status_code != 0) {
-    for (const auto& job : jobs) job->done(Status(static_cast<StatusCode>(done->status_code), done->text));
+    for (const auto& job : jobs)
+      job->done(Status(static_cast<StatusCode>(done->status_code), done->text));
     return true;
   }
   // Each response's outputs are views into the slot, borrowed for the
@@ -410,23 +527,24 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
   rows = 0;
   for (const auto& job : jobs) {
     InferResponse response;
-    response.model = model_.repo.name;
+    response.model = model_.name;
     response.version = std::to_string(model_.config().version);
     response.id = job->request.id;
     for (size_t i = 0; i < model_.outputs.size(); ++i) {
       const IoSpec& spec = model_.outputs[i];
       const auto& wanted = job->request.outputs;
-      if (!wanted.empty() && std::none_of(wanted.begin(), wanted.end(), [&](const RequestedOutput& o) {
-            return o.name == spec.name;
-          }))
+      if (!wanted.empty() &&
+          std::none_of(wanted.begin(), wanted.end(),
+                       [&](const RequestedOutput& o) { return o.name == spec.name; }))
         continue;
       InferTensor t;
       t.name = spec.name;
       t.dtype = spec.dtype;
       if (model_.config().max_batch_size > 0) t.shape.push_back(job->batch);
       t.shape.insert(t.shape.end(), spec.dims.begin(), spec.dims.end());
-      const uint64_t row_bytes = spec.bytes_per_sample();
-      const std::byte* src = slot_ + layout.output_offsets[i] + static_cast<uint64_t>(rows) * row_bytes;
+      const uint64_t row_bytes = layout.output_bytes_per_sample[i];
+      const std::byte* src =
+          slot_ + layout.output_offsets[i] + static_cast<uint64_t>(rows) * row_bytes;
       t.data = TensorData::Borrowed(
           std::span<const std::byte>(src, row_bytes * static_cast<uint64_t>(job->batch)));
       response.outputs.push_back(std::move(t));
@@ -434,13 +552,18 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
     rows += job->batch;
     model_.requests += 1;
     model_.request_us += static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - job->received).count());
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - job->received)
+            .count());
     job->done(std::move(response));
   }
   model_.output_us += static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - outputs_start).count());
   return true;
 }
+
+// The wait before starting a worker again after `failures` deaths in a row
+// with no batch answered in between: none after a worker that did useful work
+// (a replacement serves again at once), then 100 ms doubling up to 5 s for a
 
 // The wait before starting a worker again after `failures` deaths in a row
 // with no batch answered in between: none after a worker that did useful work
@@ -455,39 +578,73 @@ void WorkerSupervisor::Loop() {
   int failures = 0;  // deaths in a row without an answered batch
   while (!model_.stopping) {
     const auto backoff = RestartBackoff(failures);
-    if (backoff.count() > 0) std::this_thread::sleep_for(backoff);
+    if (backoff.count() > 0 && !model_.WaitUnlessStopping(backoff)) break;
     UniqueFd control;
     auto pid = Spawn(&control);
     if (!pid.ok()) {
-      spdlog::error("{} worker {}: {}", model_.repo.name, index_, pid.status().ToString());
+      if (model_.published)
+        spdlog::error("{} worker {}: {}", model_.name, index_, pid.status().ToString());
+      {
+        std::lock_guard lock(model_.state_mu);
+        model_.last_worker_error = "a worker could not be started: " + pid.status().message();
+      }
+      Settle();
       failures = std::max(failures + 1, 2);  // cannot even start one: wait before trying again
       continue;
     }
-    pid_ = *pid;
+    {
+      std::lock_guard lock(pid_mu_);
+      pid_ = *pid;
+    }
+    // RequestStop(true) may have come after the loop's check, and seen no
+    // pid to kill yet.
+    if (model_.abandoning) {
+      Reap(*pid, true);
+      break;
+    }
     const auto started = Clock::now();
     auto ready = control::Receive(control.get(), options_.ready_timeout_ms);
     if (!ready.ok() || ready->kind != control::Kind::kReady) {
-      const std::string why = ready.ok() ? ready->text : ready.status().message();
+      std::string why = ready.ok() ? ready->text : ready.status().message();
+      if (ready.ok() && ready->kind != control::Kind::kDone) why = "an unexpected control message";
+      if (!ready.ok() && ready.status().message() == "timeout")
+        why = "no ready message within " + std::to_string(options_.ready_timeout_ms) + " ms";
       // One that closed its socket has exited or is exiting: wait for it, to
       // see why. One that hung or said something else is killed.
       const bool closed = !ready.ok() && ready.status().code() == StatusCode::kUnavailable;
       const int status = Reap(*pid, !closed);
-      pid_ = -1;
+      if (model_.stopping) break;
       // SIGKILL from outside (an operator, a test) says nothing about the
       // worker: start the next one at once. Anything else may repeat.
       const bool killed = closed && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
-      spdlog::error("{} worker {} (pid {}) failed to start: {}{}", model_.repo.name, index_, *pid, why,
-                    killed ? " (killed by SIGKILL)" : "");
-      if (!killed) ++failures;
+      // Without the worker's index or pid: the same failure of every worker
+      // and every attempt is one reason, logged once by the builder.
+      const std::string reason = why + " (" + DescribeExit(status) + ")";
+      if (model_.published) {
+        spdlog::error("{} worker {} (pid {}) failed to start: {}", model_.name, index_, *pid,
+                      reason);
+      } else {
+        spdlog::debug("{} worker {} (pid {}) failed to start: {}", model_.name, index_, *pid,
+                      reason);
+      }
+      {
+        std::lock_guard lock(model_.state_mu);
+        model_.last_worker_error = "a worker failed to start: " + reason;
+      }
+      if (!killed) {
+        Settle();
+        ++failures;
+      }
       continue;
     }
     spdlog::info("{} worker {} ready: pid {} on {} in {:.0f} ms ({} MiB of its own device buffers)",
-                 model_.repo.name, index_, *pid, ready->text,
+                 model_.name, index_, *pid, ready->text,
                  std::chrono::duration<double, std::milli>(Clock::now() - started).count(),
                  ready->device_memory_bytes >> 20);
     ++model_.ready_workers;
     ready_ = true;
     device_memory_bytes_ = ready->device_memory_bytes;
+    Settle();
     bool alive = true;
     while (alive) {
       std::vector<std::shared_ptr<Job>> jobs =
@@ -498,7 +655,7 @@ void WorkerSupervisor::Loop() {
         // control socket) is replaced now, not when the next request finds it.
         pollfd p{control.get(), POLLIN, 0};
         if (::poll(&p, 1, 0) > 0) {
-          spdlog::warn("{} worker {} (pid {}) died while idle", model_.repo.name, index_, pid_.load());
+          spdlog::warn("{} worker {} (pid {}) died while idle", model_.name, index_, pid_.load());
           alive = false;
         }
         continue;
@@ -510,11 +667,43 @@ void WorkerSupervisor::Loop() {
     ready_ = false;
     control.Reset();  // end-of-file: a live worker exits by itself
     Reap(*pid, !alive);
-    pid_ = -1;
     if (alive) break;  // queue closed: shutting down
     ++restarts_;
     ++failures;
   }
+}
+
+// A model directory and what the server has made of it. The builder thread
+// reads the directory, config and checkpoint, starts the workers, and either
+// publishes the model (once one worker is ready) or records why not and
+// tries again later, until the server stops.
+struct ModelSlot {
+  ModelDirectory dir;
+  std::thread builder;
+  // The served model, once published; never changed afterwards.
+  std::atomic<ModelRuntime*> served{nullptr};
+
+  mutable std::mutex mu;                // guards the members below
+  std::unique_ptr<ModelRuntime> owned;  // what `served` points to
+  ModelRuntime* building = nullptr;     // being started by the builder, not yet published
+  Status status = Unavailable("it is being loaded");  // while not served: why
+  // The first attempt has ended: published with every worker's first start
+  // over, or failed. Start() waits for this.
+  bool settled = false;
+
+  // What the store holds for this model (builder thread only): a retry with
+  // an unchanged checkpoint file reuses it instead of reading it again.
+  struct Loaded {
+    std::string key;  // path, device, inode, size, mtime of the file loaded
+    std::string socket;
+    uint64_t version = 0;
+    uint64_t arena_bytes = 0;
+  } loaded;
+};
+
+// Wait between attempts to bring up a model that failed: 1, 2, 4, then every 5 s.
+std::chrono::milliseconds RetryDelay(int attempt) {
+  return std::chrono::milliseconds(std::min(1000 << std::min(attempt, 3), 5000));
 }
 
 }  // namespace
@@ -525,42 +714,35 @@ class Server::Impl {
   ~Impl() { Shutdown(); }
 
   Status Start() {
-    std::error_code ec;
-    std::filesystem::create_directories(options_.run_dir, ec);
-    ::chmod(options_.run_dir.c_str(), 0750);
-    ASSIGN_OR_RETURN(std::vector<RepositoryModel> repo, ScanRepository(options_.repository));
-    if (repo.empty()) spdlog::warn("model repository {} holds no model directories", options_.repository);
-    for (RepositoryModel& r : repo) {
-      auto m = std::make_unique<ModelRuntime>();
-      m->repo = std::move(r);
-      m->status = m->repo.status;
-      if (m->status.ok()) m->status = Prepare(*m);
-      if (!m->status.ok()) spdlog::error("model {} is not served: {}", m->repo.name, m->status.message());
-      models_[m->repo.name] = std::move(m);
+    RETURN_IF_ERROR(SetUpRunDirectory());
+    ASSIGN_OR_RETURN(std::vector<ModelDirectory> dirs, ListModelDirectories(options_.repository));
+    if (dirs.empty())
+      spdlog::warn("model repository {} holds no model directories", options_.repository);
+    for (ModelDirectory& d : dirs) {
+      auto slot = std::make_unique<ModelSlot>();
+      slot->dir = std::move(d);
+      const std::string name = slot->dir.name;
+      slots_.emplace(name, std::move(slot));
     }
-    const auto workers_started = Clock::now();
-    for (auto& [name, m] : models_) {
-      if (!m->status.ok()) continue;
-      for (int i = 0; i < m->worker_count; ++i) {
-        auto w = std::make_unique<WorkerSupervisor>(*m, i, options_);
-        if (Status s = w->Init(); !s.ok()) {
-          m->status = s;
-          break;
-        }
-        m->workers.push_back(std::move(w));
-      }
-      for (auto& w : m->workers) w->Start();
+    const auto started = Clock::now();
+    for (auto& [name, slot] : slots_) {
+      ModelSlot* s = slot.get();
+      s->builder = std::thread([this, s] { Build(*s); });
     }
-    const auto deadline = Clock::now() + std::chrono::milliseconds(options_.ready_timeout_ms);
-    for (auto& [name, m] : models_) {
-      while (m->status.ok() && m->ready_workers.load() < m->worker_count && Clock::now() < deadline)
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      if (m->status.ok() && m->ready_workers.load() < m->worker_count)
-        spdlog::warn("model {}: only {} of {} workers ready", name, m->ready_workers.load(), m->worker_count);
-      else if (m->status.ok())
-        spdlog::info("model {}: {} workers ready {:.3f} s after the first was started", name,
-                     m->worker_count,
-                     std::chrono::duration<double>(Clock::now() - workers_started).count());
+    // Listen as soon as every model is either up or has failed once (and is
+    // being retried in the background); a model still starting at the
+    // deadline is served when it is ready.
+    const auto deadline = started + std::chrono::milliseconds(options_.ready_timeout_ms);
+    {
+      std::unique_lock lock(events_mu_);
+      events_cv_.wait_until(lock, deadline, [&] { return AllSettled(); });
+    }
+    for (auto& [name, slot] : slots_) {
+      ModelRuntime* m = slot->served.load();
+      if (m == nullptr) continue;
+      spdlog::info("model {}: {} of {} workers ready {:.3f} s after start-up began", name,
+                   m->ready_workers.load(), m->worker_count,
+                   std::chrono::duration<double>(Clock::now() - started).count());
     }
     started_ = true;
     return Status::Ok();
@@ -568,48 +750,76 @@ class Server::Impl {
 
   void Shutdown() {
     if (shut_down_.exchange(true)) return;
-    for (auto& [name, m] : models_) {
-      m->stopping = true;
-      if (m->queue) m->queue->Close();
+    {
+      std::lock_guard lock(events_mu_);
+      stopping_ = true;
     }
-    for (auto& [name, m] : models_) {
+    events_cv_.notify_all();
+    for (auto& [name, slot] : slots_) {
+      std::lock_guard lock(slot->mu);
+      if (slot->building != nullptr) slot->building->RequestStop(true);
+      // A served model's starting workers are needed only if none is up to
+      // run what is queued.
+      if (ModelRuntime* m = slot->owned.get())
+        m->RequestStop(m->ready_workers.load() > 0 || m->queue->size() == 0);
+    }
+    for (auto& [name, slot] : slots_)
+      if (slot->builder.joinable()) slot->builder.join();
+    for (auto& [name, slot] : slots_) {
+      ModelRuntime* m = slot->served.load();
+      if (m == nullptr) continue;
       for (auto& w : m->workers) w->Join();
-      if (m->queue) m->queue->FailAll(Unavailable("the server is shutting down"));
+      m->queue->FailAll(Unavailable("the server is shutting down"));
       if (const uint64_t n = m->batches.load(), r = m->requests.load(); n > 0 && r > 0) {
-        spdlog::info("model {}: {} requests in {} batches; mean {:.3f} ms per batch in the backend, "
-                     "{:.3f} ms from request to answer in the server",
-                     name, r, n, m->run_us.load() / 1e3 / n, m->request_us.load() / 1e3 / r);
+        spdlog::info(
+            "model {}: {} requests in {} batches; mean {:.3f} ms per batch in the backend, "
+            "{:.3f} ms from request to answer in the server",
+            name, r, n, m->run_us.load() / 1e3 / n, m->request_us.load() / 1e3 / r);
       }
     }
-    for (auto& [device, s] : stores_) {
-      s.store->Stop();
-      if (s.thread.joinable()) s.thread.join();
+    {
+      std::lock_guard lock(stores_mu_);
+      for (auto& [device, s] : stores_) {
+        s.store->Stop();
+        if (s.thread.joinable()) s.thread.join();
+      }
+      stores_.clear();  // each store removes its socket
     }
-    stores_.clear();
-    std::error_code ec;
-    std::filesystem::remove_all(options_.run_dir, ec);
+    // Only what this server made: the directory, if it created it, and only
+    // once it is empty.
+    if (made_run_dir_ && ::rmdir(run_dir_.c_str()) != 0)
+      spdlog::warn("cannot remove the run directory {}: {}", run_dir_, std::strerror(errno));
   }
 
   bool Ready() const {
     if (!started_ || shut_down_) return false;
-    for (const auto& [name, m] : models_)
-      if (m->status.ok() && m->ready_workers.load() == 0) return false;
+    for (const auto& [name, slot] : slots_) {
+      const ModelRuntime* m = slot->served.load();
+      if (m != nullptr && m->ready_workers.load() == 0) return false;
+    }
     return true;
   }
   bool Live() const { return !shut_down_; }
 
+  // The served model, or why there is none: NotFound for an unknown model or
+  // a version other than the served one, Unavailable naming the path and the
+  // reason for a model whose directory, config, checkpoint or workers fail.
   Result<ModelRuntime*> Find(const std::string& model, const std::string& version) const {
-    auto it = models_.find(model);
-    if (it == models_.end()) return NotFound("unknown model '" + model + "'");
-    ModelRuntime& m = *it->second;
-    if (!version.empty() && (!m.status.ok() || version != std::to_string(m.config().version)))
+    auto it = slots_.find(model);
+    if (it == slots_.end()) return NotFound("unknown model '" + model + "'");
+    const ModelSlot& slot = *it->second;
+    ModelRuntime* m = slot.served.load();
+    if (m == nullptr) {
+      std::lock_guard lock(slot.mu);
+      return Unavailable("model '" + model + "' is not served: " + slot.status.message());
+    }
+    if (!version.empty() && version != std::to_string(m->config().version))
       return NotFound("model '" + model + "' has no served version '" + version + "'");
-    return &m;
+    return m;
   }
 
   Result<ModelMetadata> Metadata(const std::string& model, const std::string& version) const {
     ASSIGN_OR_RETURN(ModelRuntime * m, Find(model, version));
-    if (!m->status.ok()) return Unavailable("model '" + model + "' is not served: " + m->status.message());
     ModelMetadata md;
     md.name = model;
     md.versions = {std::to_string(m->config().version)};
@@ -630,7 +840,13 @@ class Server::Impl {
 
   Result<bool> ModelReady(const std::string& model, const std::string& version) const {
     ASSIGN_OR_RETURN(ModelRuntime * m, Find(model, version));
-    return m->status.ok() && m->ready_workers.load() > 0 && !shut_down_;
+    if (shut_down_) return Unavailable("the server is shutting down");
+    if (m->ready_workers.load() == 0) {
+      const std::string last = m->LastWorkerError();
+      return Unavailable("model '" + model + "' has no worker ready" +
+                         (last.empty() ? "" : ": " + last));
+    }
+    return true;
   }
 
   void Infer(InferRequest request, std::function<void(Result<InferResponse>)> done) {
@@ -643,7 +859,6 @@ class Server::Impl {
       --m.pending;
       done(std::move(r));
     };
-    if (!m.status.ok()) return done(Unavailable("model '" + m.repo.name + "' is not served: " + m.status.message()));
     auto job = std::make_shared<Job>();
     // Never trust sizes: the slot is only as large as max_batch allows.
     int64_t batch = 1;
@@ -651,27 +866,43 @@ class Server::Impl {
       const IoSpec& spec = m.inputs[i];
       auto it = std::find_if(request.inputs.begin(), request.inputs.end(),
                              [&](const InferTensor& t) { return t.name == spec.name; });
-      if (it == request.inputs.end()) return done(InvalidArgument("missing input '" + spec.name + "'"));
-      if (it->dtype != spec.dtype) return done(InvalidArgument("input '" + spec.name + "' has the wrong datatype"));
+      if (it == request.inputs.end())
+        return done(InvalidArgument("missing input '" + spec.name + "'"));
+      if (it->dtype != spec.dtype)
+        return done(InvalidArgument("input '" + spec.name + "' has the wrong datatype"));
       const int64_t b = m.config().max_batch_size > 0 && !it->shape.empty() ? it->shape[0] : 1;
       if (i == 0) batch = b;
       if (b != batch || b < 1 || b > m.max_batch())
-        return done(InvalidArgument("input '" + spec.name + "': batch " + std::to_string(b) + " is not valid"));
-      if (it->data.size() != spec.bytes_per_sample() * static_cast<uint64_t>(b))
-        return done(InvalidArgument("input '" + spec.name + "' has " + std::to_string(it->data.size()) +
-                                    " bytes, expected " + std::to_string(spec.bytes_per_sample() * b)));
+        return done(InvalidArgument("input '" + spec.name + "': batch " + std::to_string(b) +
+                                    " is not valid"));
+      // Checked although the slot layout bounds it (row bytes x max_batch
+      // fit): the comparison must not wrap whatever the batch.
+      Result<uint64_t> expected = CountBytes(m.layout.input_bytes_per_sample[i],
+                                             static_cast<uint64_t>(b), "input '" + spec.name + "'");
+      if (!expected.ok()) return done(expected.status());
+      if (it->data.size() != *expected)
+        return done(InvalidArgument("input '" + spec.name + "' has " +
+                                    std::to_string(it->data.size()) + " bytes, expected " +
+                                    std::to_string(*expected)));
     }
     if (request.inputs.size() != m.inputs.size())
-      return done(InvalidArgument("model '" + m.repo.name + "' takes " + std::to_string(m.inputs.size()) + " inputs"));
+      return done(InvalidArgument("model '" + m.name + "' takes " +
+                                  std::to_string(m.inputs.size()) + " inputs"));
     job->batch = batch;
-    const uint64_t timeout_us = request.timeout_us > 0 ? request.timeout_us : m.config().default_timeout_us;
-    if (timeout_us > 0) job->deadline = job->received + std::chrono::microseconds(timeout_us);
+    const uint64_t timeout_us =
+        request.timeout_us > 0 ? request.timeout_us : m.config().default_timeout_us;
+    // Saturating: a timeout too large to represent is no deadline, not one in the past.
+    if (timeout_us > 0) job->deadline = SaturatingDeadline<Clock>(job->received, timeout_us);
     job->done = std::move(done);
     job->request = std::move(request);
     if (Status s = m.queue->Push(job); !s.ok()) job->done(s);
   }
 
   std::string MetricsText() const {
+    // Served models only: one that is not served has no workers or counters.
+    std::vector<std::pair<std::string, const ModelRuntime*>> served;
+    for (const auto& [name, slot] : slots_)
+      if (const ModelRuntime* m = slot->served.load()) served.emplace_back(name, m);
     std::string out;
     auto family = [&](const char* name, const char* type, const char* help) {
       out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
@@ -683,21 +914,23 @@ class Server::Impl {
     };
     auto per_model = [&](const char* name, const char* type, const char* help, auto value) {
       family(name, type, help);
-      for (const auto& [model, m] : models_)
-        if (m->status.ok()) sample(name, "model=\"" + model + "\"", static_cast<double>(value(*m)));
+      for (const auto& [model, m] : served)
+        sample(name, "model=\"" + model + "\"", static_cast<double>(value(*m)));
     };
     per_model("hearth_inference_request_success", "counter", "Requests answered successfully.",
               [](const ModelRuntime& m) { return m.success.load(); });
     per_model("hearth_inference_request_failure", "counter", "Requests answered with an error.",
               [](const ModelRuntime& m) { return m.failure.load(); });
-    per_model("hearth_inference_count", "counter", "Inferences (rows, counting every batch member).",
+    per_model("hearth_inference_count", "counter",
+              "Inferences (rows, counting every batch member).",
               [](const ModelRuntime& m) { return m.rows.load(); });
     per_model("hearth_inference_exec_count", "counter", "Batches executed by workers.",
               [](const ModelRuntime& m) { return m.batches.load(); });
     per_model("hearth_inference_request_duration_us", "counter",
               "Total time from request to answer of successful requests, microseconds.",
               [](const ModelRuntime& m) { return m.request_us.load(); });
-    per_model("hearth_inference_queue_duration_us", "counter", "Total time requests waited in the queue, microseconds.",
+    per_model("hearth_inference_queue_duration_us", "counter",
+              "Total time requests waited in the queue, microseconds.",
               [](const ModelRuntime& m) { return m.queue_us.load(); });
     per_model("hearth_inference_compute_input_duration_us", "counter",
               "Total time copying inputs into worker slots, microseconds.",
@@ -708,26 +941,32 @@ class Server::Impl {
     per_model("hearth_inference_compute_output_duration_us", "counter",
               "Total time splitting outputs back into responses, microseconds.",
               [](const ModelRuntime& m) { return m.output_us.load(); });
-    per_model("hearth_inference_pending_request_count", "gauge", "Requests accepted and not yet answered.",
+    per_model("hearth_inference_pending_request_count", "gauge",
+              "Requests accepted and not yet answered.",
               [](const ModelRuntime& m) { return m.pending.load(); });
+    per_model("hearth_inference_queued_request_count", "gauge",
+              "Requests waiting in the queue for a worker.",
+              [](const ModelRuntime& m) { return m.queue->size(); });
     family("hearth_inference_batch_size", "histogram", "Rows per executed batch.");
-    for (const auto& [model, m] : models_) {
-      if (!m->status.ok()) continue;
+    for (const auto& [model, m] : served) {
       uint64_t cumulative = 0;
       for (size_t b = 0; b < std::size(ModelRuntime::kBatchBuckets); ++b) {
         cumulative += m->batch_bucket[b].load();
-        sample("hearth_inference_batch_size_bucket",
-               "model=\"" + model + "\",le=\"" + std::to_string(ModelRuntime::kBatchBuckets[b]) + "\"",
-               static_cast<double>(cumulative));
+        sample(
+            "hearth_inference_batch_size_bucket",
+            "model=\"" + model + "\",le=\"" + std::to_string(ModelRuntime::kBatchBuckets[b]) + "\"",
+            static_cast<double>(cumulative));
       }
       sample("hearth_inference_batch_size_bucket", "model=\"" + model + "\",le=\"+Inf\"",
              static_cast<double>(m->batches.load()));
-      sample("hearth_inference_batch_size_sum", "model=\"" + model + "\"", static_cast<double>(m->rows.load()));
-      sample("hearth_inference_batch_size_count", "model=\"" + model + "\"", static_cast<double>(m->batches.load()));
+      sample("hearth_inference_batch_size_sum", "model=\"" + model + "\"",
+             static_cast<double>(m->rows.load()));
+      sample("hearth_inference_batch_size_count", "model=\"" + model + "\"",
+             static_cast<double>(m->batches.load()));
     }
     auto per_worker = [&](const char* name, const char* type, const char* help, auto value) {
       family(name, type, help);
-      for (const auto& [model, m] : models_)
+      for (const auto& [model, m] : served)
         for (const auto& w : m->workers)
           sample(name, "model=\"" + model + "\",worker=\"" + std::to_string(w->index()) + "\"",
                  static_cast<double>(value(*w)));
@@ -736,32 +975,37 @@ class Server::Impl {
                [](const WorkerSupervisor& w) { return w.restarts(); });
     per_worker("hearth_worker_ready", "gauge", "1 while the worker process is serving.",
                [](const WorkerSupervisor& w) { return w.ready() ? 1 : 0; });
-    per_worker("hearth_worker_device_memory_bytes", "gauge",
-               "Device memory the worker's backend allocated itself (its CUDA context not included).",
-               [](const WorkerSupervisor& w) { return w.device_memory_bytes(); });
-    family("hearth_shared_weights_bytes", "gauge", "Bytes of each model's weights, held once in the store.");
-    for (const auto& [model, m] : models_)
-      if (m->status.ok())
-        sample("hearth_shared_weights_bytes", "model=\"" + model + "\",device=\"" + m->device.ToString() + "\"",
-               static_cast<double>(m->arena_bytes));
+    per_worker(
+        "hearth_worker_device_memory_bytes", "gauge",
+        "Device memory the worker's backend allocated itself (its CUDA context not included).",
+        [](const WorkerSupervisor& w) { return w.device_memory_bytes(); });
+    family("hearth_shared_weights_bytes", "gauge",
+           "Bytes of each model's weights, held once in the store.");
+    for (const auto& [model, m] : served)
+      sample("hearth_shared_weights_bytes",
+             "model=\"" + model + "\",device=\"" + m->device.ToString() + "\"",
+             static_cast<double>(m->arena_bytes));
     family("hearth_device_memory_accounted_bytes", "gauge",
-           "Shared weights counted once plus the workers' own allocations, per device (contexts not included).");
+           "Shared weights counted once plus the workers' own allocations, per device (contexts "
+           "not included).");
     std::map<std::string, uint64_t> per_device;
-    for (const auto& [model, m] : models_) {
-      if (!m->status.ok()) continue;
+    for (const auto& [model, m] : served) {
       per_device[m->device.ToString()] += m->arena_bytes;
       for (const auto& w : m->workers) per_device[m->device.ToString()] += w->device_memory_bytes();
     }
     for (const auto& [device, bytes] : per_device)
-      sample("hearth_device_memory_accounted_bytes", "device=\"" + device + "\"", static_cast<double>(bytes));
+      sample("hearth_device_memory_accounted_bytes", "device=\"" + device + "\"",
+             static_cast<double>(bytes));
     return out;
   }
 
   std::vector<int> WorkerPids(const std::string& model) const {
     std::vector<int> pids;
-    auto it = models_.find(model);
-    if (it == models_.end()) return pids;
-    for (const auto& w : it->second->workers)
+    auto it = slots_.find(model);
+    if (it == slots_.end()) return pids;
+    const ModelRuntime* m = it->second->served.load();
+    if (m == nullptr) return pids;
+    for (const auto& w : m->workers)
       if (w->pid() > 0) pids.push_back(w->pid());
     return pids;
   }
@@ -773,12 +1017,53 @@ class Server::Impl {
     std::string socket;
   };
 
+  // events_mu_ held.
+  bool AllSettled() const {
+    if (stopping_) return true;
+    for (const auto& [name, slot] : slots_) {
+      std::lock_guard lock(slot->mu);
+      if (!slot->settled) return false;
+    }
+    return true;
+  }
+
+  void NotifySettled(ModelSlot& slot) {
+    {
+      std::lock_guard lock(slot.mu);
+      slot.settled = true;
+    }
+    {
+      std::lock_guard lock(events_mu_);  // AllSettled reads under it
+    }
+    events_cv_.notify_all();
+  }
+
+  // The sockets' directory: private (0700, ours, no symlink, trusted
+  // ancestors), so that no other local user can replace the store's socket
+  // and hand workers impostor weights. A new mkdtemp directory unless the
+  // options name one, which is then checked (and created if missing).
+  Status SetUpRunDirectory() {
+    if (options_.run_dir.empty()) {
+      ASSIGN_OR_RETURN(run_dir_, MakePrivateDirectory("serve-"));
+      made_run_dir_ = true;
+    } else {
+      struct stat st {};
+      const bool existed = ::lstat(options_.run_dir.c_str(), &st) == 0;
+      RETURN_IF_ERROR(EnsureTrustedDirectory(options_.run_dir, 0700));
+      run_dir_ = options_.run_dir;
+      made_run_dir_ = !existed;
+    }
+    spdlog::info("run directory {}", run_dir_);
+    return Status::Ok();
+  }
+
   Result<std::string> StoreFor(Device device) {
+    std::lock_guard lock(stores_mu_);
     const std::string key = device.ToString();
     auto it = stores_.find(key);
     if (it != stores_.end()) return it->second.socket;
     StoreOptions so;
-    so.socket_path = options_.run_dir + "/store-" +
+    so.socket_path = run_dir_ + "/store-" +
                      (device.is_cuda() ? "cuda" + std::to_string(device.index) : "cpu") + ".sock";
     so.device = device;
     so.show_progress = true;
@@ -794,61 +1079,207 @@ class Server::Impl {
     return rs.socket;
   }
 
-  // Checks the config against the checkpoint, loads it into the store.
-  Status Prepare(ModelRuntime& m) {
+  // Checks the config against the checkpoint, lays out the slot, and has the
+  // store hold the weights (reusing what it holds if the file is unchanged).
+  Status Prepare(ModelSlot& slot, ModelRuntime& m) {
     const ModelConfig& c = m.config();
     ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(c.checkpoint_path));
     std::vector<TensorView> views;
-    for (const TensorInfo& t : ckpt.tensors()) views.push_back({t.name, t.dtype, t.shape, nullptr, 0, t.nbytes, Device::Host()});
+    for (const TensorInfo& t : ckpt.tensors())
+      views.push_back({t.name, t.dtype, t.shape, nullptr, 0, t.nbytes, Device::Host()});
     auto sig = BackendSignature(c.backend, views);
     if (!sig.ok()) return sig.status().WithContext(c.checkpoint_path);
     m.inputs = sig->first;
     m.outputs = sig->second;
-    auto check = [&](const std::vector<IoConfig>& want, const std::vector<IoSpec>& have, const char* what) -> Status {
+    auto check = [&](const std::vector<IoConfig>& want, const std::vector<IoSpec>& have,
+                     const char* what) -> Status {
       for (const IoConfig& io : want) {
-        auto it = std::find_if(have.begin(), have.end(), [&](const IoSpec& s) { return s.name == io.name; });
+        auto it = std::find_if(have.begin(), have.end(),
+                               [&](const IoSpec& s) { return s.name == io.name; });
         if (it == have.end())
-          return InvalidArgument(c.config_path + ": " + what + " '" + io.name + "': the " + c.backend + " backend has no such " + what);
+          return InvalidArgument(c.config_path + ": " + what + " '" + io.name + "': the " +
+                                 c.backend + " backend has no such " + what);
         if (it->dtype != io.dtype || it->dims != io.dims) {
-          return InvalidArgument(c.config_path + ": " + what + " '" + io.name + "': dims or data_type do not agree with " +
-                                 c.checkpoint_path + ", whose tensors give " + std::string(DTypeName(it->dtype)) + " " +
+          return InvalidArgument(c.config_path + ": " + what + " '" + io.name +
+                                 "': dims or data_type do not agree with " + c.checkpoint_path +
+                                 ", whose tensors give " + std::string(DTypeName(it->dtype)) + " " +
                                  ShapeString(it->dims));
         }
       }
       if (want.size() != have.size())
-        return InvalidArgument(c.config_path + ": " + what + ": the " + c.backend + " backend has " +
-                               std::to_string(have.size()) + ", the config lists " + std::to_string(want.size()));
+        return InvalidArgument(c.config_path + ": " + what + ": the " + c.backend +
+                               " backend has " + std::to_string(have.size()) +
+                               ", the config lists " + std::to_string(want.size()));
       return Status::Ok();
     };
     RETURN_IF_ERROR(check(c.inputs, m.inputs, "input"));
     RETURN_IF_ERROR(check(c.outputs, m.outputs, "output"));
+    auto slot_tensors = [&](const std::vector<IoSpec>& specs, const char* what,
+                            std::vector<control::SlotTensor>* out) -> Status {
+      for (const IoSpec& s : specs) {
+        Result<uint64_t> bytes = s.bytes_per_sample();
+        if (!bytes.ok()) return bytes.status().WithContext(c.checkpoint_path + ": " + what);
+        out->push_back({s.name, *bytes});
+      }
+      return Status::Ok();
+    };
+    std::vector<control::SlotTensor> in, out;
+    RETURN_IF_ERROR(slot_tensors(m.inputs, "input", &in));
+    RETURN_IF_ERROR(slot_tensors(m.outputs, "output", &out));
+    Result<control::SlotLayout> layout = control::SlotLayout::Make(in, out, m.max_batch());
+    if (!layout.ok()) return layout.status().WithContext(c.checkpoint_path);
+    m.layout = std::move(layout).value();
 
     m.device = options_.device.is_cuda() && c.kind_gpu
                    ? Device::Cuda(c.gpus.empty() ? options_.device.index : c.gpus[0])
                    : Device::Host();
     ASSIGN_OR_RETURN(m.store_socket, StoreFor(m.device));
-    auto loaded = AttachClient(m.store_socket).Load(c.name, std::filesystem::absolute(c.checkpoint_path).string());
-    if (!loaded.ok()) return loaded.status();
-    m.store_version = loaded->version;
-    m.arena_bytes = loaded->arena_size;
-    std::vector<uint64_t> in, out;
-    for (const IoSpec& s : m.inputs) in.push_back(s.bytes_per_sample());
-    for (const IoSpec& s : m.outputs) out.push_back(s.bytes_per_sample());
-    m.layout = control::SlotLayout::Make(in, out, m.max_batch());
+    std::error_code ec;
+    const std::string absolute = std::filesystem::absolute(c.checkpoint_path, ec).string();
+    if (ec) return InvalidArgument(c.checkpoint_path + ": " + ec.message());
+    struct stat st {};
+    if (::fstat(ckpt.fd(), &st) != 0) return ErrnoError("fstat " + c.checkpoint_path, errno);
+    const std::string key = absolute + "|" + m.device.ToString() + "|" + std::to_string(st.st_dev) +
+                            ":" + std::to_string(st.st_ino) + ":" + std::to_string(st.st_size) +
+                            ":" + std::to_string(st.st_mtim.tv_sec) + "." +
+                            std::to_string(st.st_mtim.tv_nsec);
+    if (slot.loaded.version == 0 || slot.loaded.key != key ||
+        slot.loaded.socket != m.store_socket) {
+      if (slot.loaded.version != 0) {
+        // What an earlier attempt loaded from a file that has changed since.
+        if (auto dropped = AttachClient(slot.loaded.socket).Unload(c.name, slot.loaded.version);
+            !dropped.ok())
+          spdlog::warn("model {}: dropping version {} from the store: {}", c.name,
+                       slot.loaded.version, dropped.status().message());
+        slot.loaded = {};
+      }
+      auto loaded = AttachClient(m.store_socket).Load(c.name, absolute);
+      if (!loaded.ok()) return loaded.status().WithContext(c.checkpoint_path);
+      slot.loaded = {key, m.store_socket, loaded->version, loaded->arena_size};
+    }
+    m.store_version = slot.loaded.version;
+    m.arena_bytes = slot.loaded.arena_bytes;
     m.worker_count = options_.workers > 0 ? options_.workers : c.instance_count;
     m.queue = std::make_unique<JobQueue>(std::max<uint64_t>(1, c.max_queue_size));
     m.policy.max_batch = m.max_batch();
     m.policy.max_delay = std::chrono::microseconds(c.max_queue_delay_us);
     m.policy.preferred.assign(c.preferred_batch_sizes.begin(), c.preferred_batch_sizes.end());
     std::sort(m.policy.preferred.begin(), m.policy.preferred.end());
-    spdlog::info("model {} version {}: {} on {}, {} workers", c.name, c.version, c.backend,
-                 m.device.ToString(), m.worker_count);
     return Status::Ok();
   }
 
+  // Stops a runtime that was never published, and frees it.
+  void Discard(ModelSlot& slot, std::unique_ptr<ModelRuntime> m) {
+    {
+      std::lock_guard lock(slot.mu);
+      if (slot.building == m.get()) slot.building = nullptr;
+    }
+    m->RequestStop(true);
+    for (auto& w : m->workers) w->Join();
+  }
+
+  // One attempt: config, checkpoint, store, workers. Returns the runtime once
+  // one of its workers is ready (its other workers may still be starting);
+  // an error naming the path and the reason otherwise.
+  Result<std::unique_ptr<ModelRuntime>> TryBuild(ModelSlot& slot) {
+    RETURN_IF_ERROR(slot.dir.status);
+    ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(slot.dir.path));
+    auto m = std::make_unique<ModelRuntime>();
+    m->name = slot.dir.name;
+    m->config_ = std::move(config);
+    RETURN_IF_ERROR(Prepare(slot, *m));
+    for (int i = 0; i < m->worker_count; ++i) {
+      auto w = std::make_unique<WorkerSupervisor>(*m, i, options_);
+      RETURN_IF_ERROR(w->Init().WithContext("model '" + slot.dir.name + "'"));
+      m->workers.push_back(std::move(w));
+    }
+    {
+      // From here Shutdown() can stop it (the workers list is complete).
+      std::lock_guard lock(slot.mu);
+      if (stopping_) return Unavailable("the server is shutting down");
+      slot.building = m.get();
+    }
+    for (auto& w : m->workers) w->Start();
+    {
+      std::unique_lock lock(m->state_mu);
+      m->state_cv.wait(lock, [&] {
+        return m->stopping.load() || m->ready_workers.load() > 0 ||
+               m->settled_workers == m->worker_count;
+      });
+    }
+    if (m->ready_workers.load() > 0 && !m->stopping) return m;
+    const bool stopping = m->stopping.load();
+    const std::string why = m->LastWorkerError();
+    Discard(slot, std::move(m));
+    if (stopping) return Unavailable("the server is shutting down");
+    return Unavailable("no worker could start; " + why);
+  }
+
+  // The builder thread of one model: attempts until one publishes the model
+  // or the server stops, logging each distinct failure once.
+  void Build(ModelSlot& slot) {
+    std::string logged;
+    for (int attempt = 0; !stopping_; ++attempt) {
+      Result<std::unique_ptr<ModelRuntime>> built = TryBuild(slot);
+      if (built.ok()) {
+        std::unique_ptr<ModelRuntime> owned = std::move(built).value();
+        ModelRuntime* m = owned.get();
+        {
+          // Under the lock that Shutdown() takes to find runtimes to stop:
+          // either it finds this one published, or this sees stopping_.
+          std::lock_guard lock(slot.mu);
+          if (!stopping_) {
+            slot.building = nullptr;
+            m->published = true;
+            slot.owned = std::move(owned);
+            slot.status = Status::Ok();
+            slot.served.store(m);
+          }
+        }
+        if (owned) {
+          Discard(slot, std::move(owned));
+          break;
+        }
+        const ModelConfig& c = m->config();
+        spdlog::info(
+            "model {} version {}: {} on {}, {} workers{}", c.name, c.version, c.backend,
+            m->device.ToString(), m->worker_count,
+            attempt > 0 ? ", served after " + std::to_string(attempt + 1) + " attempts" : "");
+        // Settled once every worker's first start is over, ready or not.
+        std::unique_lock lock(m->state_mu);
+        m->state_cv.wait(
+            lock, [&] { return m->stopping.load() || m->settled_workers == m->worker_count; });
+        break;
+      }
+      if (stopping_) break;
+      {
+        std::lock_guard lock(slot.mu);
+        slot.status = built.status();
+      }
+      NotifySettled(slot);
+      if (built.status().message() != logged) {
+        logged = built.status().message();
+        spdlog::error("model {} is not served: {} (retried in the background until it can be)",
+                      slot.dir.name, logged);
+      }
+      std::unique_lock lock(events_mu_);
+      events_cv_.wait_for(lock, RetryDelay(attempt), [&] { return stopping_.load(); });
+    }
+    NotifySettled(slot);
+  }
+
   ServerOptions options_;
-  std::map<std::string, std::unique_ptr<ModelRuntime>> models_;
+  std::string run_dir_;
+  bool made_run_dir_ = false;
+  // Fixed once Start() has listed the repository.
+  std::map<std::string, std::unique_ptr<ModelSlot>> slots_;
+  std::mutex stores_mu_;
   std::map<std::string, RunningStore> stores_;
+  // Start()'s wait for the models to settle, and the builders' waits between
+  // attempts; stopping_ ends both.
+  mutable std::mutex events_mu_;
+  std::condition_variable events_cv_;
+  std::atomic<bool> stopping_{false};
   std::atomic<bool> started_{false}, shut_down_{false};
 };
 
@@ -867,10 +1298,18 @@ bool Server::Live() const { return impl_->Live(); }
 bool Server::Ready() const { return impl_->Ready(); }
 std::string Server::ServerVersion() const { return "0.1.0"; }
 std::vector<std::string> Server::Extensions() const { return {"binary_tensor_data"}; }
-Result<ModelMetadata> Server::Metadata(const std::string& m, const std::string& v) const { return impl_->Metadata(m, v); }
-Result<bool> Server::ModelReady(const std::string& m, const std::string& v) const { return impl_->ModelReady(m, v); }
-void Server::Infer(InferRequest r, std::function<void(Result<InferResponse>)> done) { impl_->Infer(std::move(r), std::move(done)); }
-std::vector<int> Server::WorkerPids(const std::string& model) const { return impl_->WorkerPids(model); }
+Result<ModelMetadata> Server::Metadata(const std::string& m, const std::string& v) const {
+  return impl_->Metadata(m, v);
+}
+Result<bool> Server::ModelReady(const std::string& m, const std::string& v) const {
+  return impl_->ModelReady(m, v);
+}
+void Server::Infer(InferRequest r, std::function<void(Result<InferResponse>)> done) {
+  impl_->Infer(std::move(r), std::move(done));
+}
+std::vector<int> Server::WorkerPids(const std::string& model) const {
+  return impl_->WorkerPids(model);
+}
 std::string Server::MetricsText() const { return impl_->MetricsText(); }
 
 }  // namespace hearth

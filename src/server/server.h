@@ -17,11 +17,17 @@ namespace hearth {
 
 struct ServerOptions {
   std::string repository;
-  Device device;  // cpu, or cuda:N for models with KIND_GPU
-  int workers = 0;  // > 0 overrides every instance_group.count
+  Device device;            // cpu, or cuda:N for models with KIND_GPU
+  int workers = 0;          // > 0 overrides every instance_group.count
   std::string worker_path;  // the hearth-worker executable
-  std::string run_dir;  // sockets live here (created 0750)
+  // The stores' sockets live here. Empty (the default): a new private
+  // directory, $XDG_RUNTIME_DIR/hearth/serve-XXXXXX or /tmp/serve-XXXXXX,
+  // removed at shutdown. Else this one, created 0700 if missing and refused
+  // unless it is ours, not a symlink, and writable by nobody else.
+  std::string run_dir;
   int exec_timeout_ms = 60000;  // a batch running longer kills its worker
+  // A worker that has not said ready by then is killed (and restarted);
+  // Start() waits at most this long for the models to come up.
   int ready_timeout_ms = 300000;
 };
 
@@ -30,10 +36,16 @@ class Server : public InferenceService {
   static Result<std::unique_ptr<Server>> Create(ServerOptions options);
   ~Server() override;
 
-  // Starts the store, loads every valid model, starts the workers and waits
-  // until each served model has all its workers ready (or gave up on them).
+  // Makes the run directory, lists the repository and starts every model in
+  // the background; returns once each model is up (every worker's first
+  // start over) or has failed once, or after ready_timeout_ms. A model that
+  // fails (its directory, config, checkpoint, or workers that cannot start)
+  // is not served, says why in the log and in ModelReady, and is tried again
+  // every few seconds, so that fixing its files brings it up. Fails only if
+  // the run directory or the repository itself is unusable.
   Status Start();
-  // Stops taking requests, finishes those in flight, stops workers and the store.
+  // Stops taking requests, answers everything queued, stops workers and the
+  // stores, removes the run directory if it made it.
   void Shutdown();
 
   bool Live() const override;
@@ -41,7 +53,8 @@ class Server : public InferenceService {
   std::string ServerName() const override { return "hearth"; }
   std::string ServerVersion() const override;
   std::vector<std::string> Extensions() const override;
-  Result<ModelMetadata> Metadata(const std::string& model, const std::string& version) const override;
+  Result<ModelMetadata> Metadata(const std::string& model,
+                                 const std::string& version) const override;
   Result<bool> ModelReady(const std::string& model, const std::string& version) const override;
   void Infer(InferRequest request, std::function<void(Result<InferResponse>)> done) override;
   std::string MetricsText() const override;

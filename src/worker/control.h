@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,14 @@ enum class Kind : uint32_t {
   kReady = 1,  // worker -> server: attached, backend built, slot mapped
   kRun = 2,    // server -> worker: run the batch now in the slot
   kDone = 3,   // worker -> server: outputs are in the slot (or an error)
+  // server -> worker, the first message, queued before the worker is even
+  // started: the model's parameters (config-sized, so never in argv).
+  kParameters = 4,
 };
+
+// The encoded parameters (count, then length-prefixed names and values) of
+// one kParameters message; larger sets are refused by SendParameters.
+inline constexpr size_t kMaxParametersPayload = 80u << 10;
 
 struct Message {
   Kind kind = Kind::kReady;
@@ -36,14 +44,28 @@ Status Send(int fd, const Message& m);
 // gone; kResourceExhausted-free: a timeout returns FailedPrecondition("timeout").
 Result<Message> Receive(int fd, int timeout_ms);
 
+// The parameters message. Send: InvalidArgument if they encode to more than
+// kMaxParametersPayload bytes. Receive: waits up to timeout_ms for it, and
+// checks every length against the packet.
+Status SendParameters(int fd, const std::map<std::string, std::string>& parameters);
+Result<std::map<std::string, std::string>> ReceiveParameters(int fd, int timeout_ms);
+
+// One input or output as the slot sees it.
+struct SlotTensor {
+  std::string name;
+  uint64_t bytes_per_sample = 0;
+};
+
 // Byte layout of a worker's slot: each input then each output, at 64-byte
 // aligned offsets, each sized for max_batch samples.
 struct SlotLayout {
   std::vector<uint64_t> input_offsets, output_offsets;
   std::vector<uint64_t> input_bytes_per_sample, output_bytes_per_sample;
   uint64_t total = 0;
-  static SlotLayout Make(const std::vector<uint64_t>& input_bytes_per_sample,
-                         const std::vector<uint64_t>& output_bytes_per_sample, int max_batch);
+  // InvalidArgument naming the input or output whose size, offset or
+  // alignment would pass 2^63 bytes.
+  static Result<SlotLayout> Make(const std::vector<SlotTensor>& inputs,
+                                 const std::vector<SlotTensor>& outputs, int max_batch);
 };
 
 }  // namespace hearth::control

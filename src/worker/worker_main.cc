@@ -27,7 +27,6 @@ struct WorkerArgs {
   uint64_t version = 0;
   int max_batch = 1;
   bool allow_tf32 = false;
-  std::vector<std::string> params;
   int control_fd = -1, slot_fd = -1;
   std::string fault_kind;
   double fault_on_value = 0;
@@ -39,7 +38,7 @@ struct WorkerArgs {
 // abort, segv and hang happen here; cuda_illegal_address queues a faulting
 // kernel, so that the batch's Run meets a sticky CUDA error (an error here
 // means the backend cannot inject it).
-Status MaybeInjectFault(const WorkerArgs& a, Backend& backend,
+Status MaybeInjectFault(const WorkerArgs& a, Backend& backend, const control::SlotLayout& layout,
                         const std::vector<const void*>& inputs, int64_t batch) {
   if (a.fault_kind.empty()) return Status::Ok();
   const std::vector<IoSpec>& specs = backend.inputs();
@@ -48,7 +47,7 @@ Status MaybeInjectFault(const WorkerArgs& a, Backend& backend,
   for (size_t i = 0; i < specs.size() && !hit; ++i) {
     if (specs[i].dtype != DType::kF32) continue;
     const auto* x = static_cast<const float*>(inputs[i]);
-    const uint64_t n = specs[i].bytes_per_sample() / 4 * static_cast<uint64_t>(batch);
+    const uint64_t n = layout.input_bytes_per_sample[i] / 4 * static_cast<uint64_t>(batch);
     for (uint64_t k = 0; k < n && !hit; ++k) hit = x[k] == trigger;
   }
   if (!hit) return Status::Ok();
@@ -82,8 +81,14 @@ int Serve(const WorkerArgs& a) {
 
   using Clock = std::chrono::steady_clock;
   auto ms_since = [](Clock::time_point t) {
-    return std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count());
+    return std::to_string(
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count());
   };
+  // The parameters were queued on the control socket before this process
+  // was started: they are config-sized, and argv is no place for them.
+  auto parameters = control::ReceiveParameters(a.control_fd, 10000);
+  if (!parameters.ok())
+    return Die(a.control_fd, parameters.status().WithContext("reading the model's parameters"));
   auto t = Clock::now();
   auto attachment = AttachClient(a.store_socket).Attach(a.model, a.version);
   const std::string attach_ms = ms_since(t);
@@ -91,20 +96,27 @@ int Serve(const WorkerArgs& a) {
   BackendOptions options;
   options.max_batch_size = a.max_batch;
   options.allow_tf32 = a.allow_tf32;
-  for (const std::string& p : a.params) {
-    const size_t eq = p.find('=');
-    if (eq == std::string::npos) return Die(a.control_fd, InvalidArgument("--param " + p + " is not KEY=VALUE"));
-    options.parameters[p.substr(0, eq)] = p.substr(eq + 1);
-  }
+  options.parameters = std::move(parameters).value();
   t = Clock::now();
-  auto backend = CreateBackend(a.backend, (*attachment)->tensors(), (*attachment)->device(), options);
+  auto backend =
+      CreateBackend(a.backend, (*attachment)->tensors(), (*attachment)->device(), options);
   const std::string backend_ms = ms_since(t);
   if (!backend.ok()) return Die(a.control_fd, backend.status());
 
-  std::vector<uint64_t> in_bytes, out_bytes;
-  for (const IoSpec& s : (*backend)->inputs()) in_bytes.push_back(s.bytes_per_sample());
-  for (const IoSpec& s : (*backend)->outputs()) out_bytes.push_back(s.bytes_per_sample());
-  const control::SlotLayout layout = control::SlotLayout::Make(in_bytes, out_bytes, a.max_batch);
+  std::vector<control::SlotTensor> in_tensors, out_tensors;
+  for (const IoSpec& s : (*backend)->inputs()) {
+    auto bytes = s.bytes_per_sample();
+    if (!bytes.ok()) return Die(a.control_fd, bytes.status().WithContext("input"));
+    in_tensors.push_back({s.name, *bytes});
+  }
+  for (const IoSpec& s : (*backend)->outputs()) {
+    auto bytes = s.bytes_per_sample();
+    if (!bytes.ok()) return Die(a.control_fd, bytes.status().WithContext("output"));
+    out_tensors.push_back({s.name, *bytes});
+  }
+  auto made = control::SlotLayout::Make(in_tensors, out_tensors, a.max_batch);
+  if (!made.ok()) return Die(a.control_fd, made.status());
+  const control::SlotLayout layout = std::move(made).value();
   if (layout.total > a.slot_bytes)
     return Die(a.control_fd, InvalidArgument("slot of " + std::to_string(a.slot_bytes) +
                                              " bytes is smaller than the " +
@@ -114,7 +126,8 @@ int Serve(const WorkerArgs& a) {
   ::close(a.slot_fd);
   const Device device = (*attachment)->device();
   t = Clock::now();
-  if (Status s = RegisterHostMemory(device, slot, a.slot_bytes); !s.ok()) return Die(a.control_fd, s);
+  if (Status s = RegisterHostMemory(device, slot, a.slot_bytes); !s.ok())
+    return Die(a.control_fd, s);
   const std::string register_ms = ms_since(t);
 
   auto* base = static_cast<std::byte*>(slot);
@@ -135,7 +148,8 @@ int Serve(const WorkerArgs& a) {
   for (;;) {
     auto m = control::Receive(a.control_fd, -1);
     if (!m.ok()) return m.status().code() == StatusCode::kUnavailable ? 0 : Die(-1, m.status());
-    if (m->kind != control::Kind::kRun) return Die(a.control_fd, InvalidArgument("unexpected control message"));
+    if (m->kind != control::Kind::kRun)
+      return Die(a.control_fd, InvalidArgument("unexpected control message"));
     control::Message done;
     done.kind = control::Kind::kDone;
     done.seq = m->seq;
@@ -144,7 +158,7 @@ int Serve(const WorkerArgs& a) {
     Status s = m->batch < 1 || m->batch > a.max_batch
                    ? InvalidArgument("batch " + std::to_string(m->batch) + " outside [1, " +
                                      std::to_string(a.max_batch) + "]")
-                   : MaybeInjectFault(a, **backend, inputs, m->batch);
+                   : MaybeInjectFault(a, **backend, layout, inputs, m->batch);
     if (s.ok()) s = (*backend)->Run(m->batch, inputs, outputs);
     if (s.code() == StatusCode::kDeviceLost) {
       // The context is poisoned: no later batch could run here. Leaving
@@ -170,14 +184,14 @@ int Serve(const WorkerArgs& a) {
 
 int main(int argc, char** argv) {
   hearth::WorkerArgs a;
-  CLI::App app{"hearth-worker: runs one model on weights attached from a store (started by hearth serve)"};
+  CLI::App app{
+      "hearth-worker: runs one model on weights attached from a store (started by hearth serve)"};
   app.add_option("--store-socket", a.store_socket)->required();
   app.add_option("--model", a.model)->required();
   app.add_option("--version", a.version);
   app.add_option("--backend", a.backend)->required();
   app.add_option("--max-batch", a.max_batch)->required();
   app.add_flag("--allow-tf32", a.allow_tf32);
-  app.add_option("--param", a.params);
   app.add_option("--control-fd", a.control_fd)->required();
   app.add_option("--slot-fd", a.slot_fd)->required();
   app.add_option("--slot-bytes", a.slot_bytes)->required();

@@ -118,7 +118,7 @@ TEST(BackendSignature, Mlp) {
   EXPECT_EQ(inputs[0].name, "input");
   EXPECT_EQ(inputs[0].dtype, DType::kF32);
   EXPECT_EQ(inputs[0].dims, (std::vector<int64_t>{6}));
-  EXPECT_EQ(inputs[0].bytes_per_sample(), 24u);
+  EXPECT_EQ(*inputs[0].bytes_per_sample(), 24u);
   ASSERT_EQ(outputs.size(), 2u);
   EXPECT_EQ(outputs[0].name, "logits");
   EXPECT_EQ(outputs[0].dtype, DType::kF32);
@@ -126,7 +126,19 @@ TEST(BackendSignature, Mlp) {
   EXPECT_EQ(outputs[1].name, "argmax");
   EXPECT_EQ(outputs[1].dtype, DType::kI64);
   EXPECT_EQ(outputs[1].dims, (std::vector<int64_t>{1}));
-  EXPECT_EQ(outputs[1].bytes_per_sample(), 8u);
+  EXPECT_EQ(*outputs[1].bytes_per_sample(), 8u);
+}
+
+TEST(IoSpec, BytesPerSampleOverflowIsAnErrorNamingTheTensor) {
+  // 2^62 elements of 8 bytes wrap to 0 in unchecked arithmetic.
+  const IoSpec huge{"x", DType::kI64, {int64_t{1} << 31, int64_t{1} << 31}};
+  auto bytes = huge.bytes_per_sample();
+  ASSERT_FALSE(bytes.ok());
+  EXPECT_NE(bytes.status().message().find("'x'"), std::string::npos) << bytes.status().message();
+  const IoSpec negative{"y", DType::kF32, {4, -1}};
+  EXPECT_FALSE(negative.bytes_per_sample().ok());
+  const IoSpec fine{"z", DType::kF16, {3, 5}};
+  EXPECT_EQ(*fine.bytes_per_sample(), 30u);
 }
 
 TEST(BackendSignature, ScaleAndUnknownKind) {

@@ -1,6 +1,9 @@
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -191,6 +194,50 @@ TEST(CheckpointOpen, DirectoryIsRejected) {
   ASSERT_FALSE(checkpoint.ok());
   EXPECT_EQ(checkpoint.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(checkpoint.status().message(), HasSubstr("not a regular file"));
+}
+
+// None of these may block or be opened at all (a FIFO with no writer would
+// hang open() for good); each error names the path and what it is.
+TEST(CheckpointOpen, FifosDevicesSocketsAndLinkLoopsAreRefusedWithoutBlocking) {
+  TempDir dir;
+  const std::string fifo = dir.File("fifo.safetensors");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string loop = dir.File("loop.safetensors");
+  std::filesystem::create_symlink("loop.safetensors", loop);
+  const std::string sock = dir.File("sock.safetensors");
+  UniqueFd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(sock.size(), sizeof addr.sun_path);
+  std::memcpy(addr.sun_path, sock.c_str(), sock.size() + 1);
+  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::pair<std::string, std::string> cases[] = {
+      {fifo, fifo + ": is a FIFO, not a regular file"},
+      {"/dev/null", "/dev/null: is a character device, not a regular file"},
+      {sock, sock + ": is a socket, not a regular file"},
+      {dir.path(), dir.path() + ": is a directory, not a regular file"},
+      {loop, loop + ": a loop of symbolic links"},
+  };
+  for (const auto& [path, message] : cases) {
+    Result<Checkpoint> checkpoint = Checkpoint::Open(path);
+    ASSERT_FALSE(checkpoint.ok()) << path;
+    EXPECT_EQ(checkpoint.status().code(), StatusCode::kInvalidArgument) << path;
+    EXPECT_THAT(checkpoint.status().message(), HasSubstr(message));
+  }
+}
+
+TEST(CheckpointOpen, FollowsSymlinksToRegularFilesAndLeavesTheDescriptorBlocking) {
+  TempDir dir;
+  CheckpointWriter writer;
+  const std::string path = dir.File("blob");
+  ASSERT_TRUE(writer.Write(path).ok());
+  const std::string link = dir.File("model.safetensors");
+  std::filesystem::create_symlink("blob", link);
+  Result<Checkpoint> checkpoint = Checkpoint::Open(link);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
+  const int flags = ::fcntl(checkpoint->fd(), F_GETFL);
+  ASSERT_GE(flags, 0);
+  EXPECT_FALSE(flags & O_NONBLOCK);
 }
 
 TEST(CheckpointOpen, AcceptsHandWrittenFileWithPaddingHolesAndSharedEmptyOffsets) {

@@ -14,6 +14,7 @@ import pathlib
 import re
 import shutil
 import signal
+import stat
 import struct
 import subprocess
 import tempfile
@@ -111,18 +112,20 @@ output:
 """)
 
 
-@pytest.fixture(scope="module")
-def server():
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix="hearth-serve-test-"))
-    write_repository(tmp / "repo")
-    log = open(tmp / "serve.log", "w+")
-    proc = subprocess.Popen([CLI, "serve", "--model-repository", str(tmp / "repo"), "--http-port", "0",
-                             "--device", "cuda" if ON_GPU else "cpu", "--exec-timeout-ms", "1500", "--max-body-bytes", str(1 << 20)],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+def start_serve(tmp, repo, extra_args=(), env=None, cli=CLI, name="serve", pass_fds=()):
+    """Starts `hearth serve` on `repo` and waits (polling its log, with a
+    deadline) for its ready line. Returns its url, process, log path and the
+    run directory it logged."""
+    log_path = tmp / f"{name}.log"
+    log = open(log_path, "w+")
+    proc = subprocess.Popen([cli, "serve", "--model-repository", str(repo), "--http-port", "0",
+                             "--device", "cuda" if ON_GPU else "cpu", *extra_args],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                            pass_fds=pass_fds)
     port = None
     deadline = time.time() + 60
     while time.time() < deadline and port is None:
-        text = (tmp / "serve.log").read_text()
+        text = log_path.read_text()
         m = re.search(r"ready on http://127\.0\.0\.1:(\d+)", text)
         if m:
             port = int(m.group(1))
@@ -132,36 +135,79 @@ def server():
             time.sleep(0.05)
     if port is None:
         proc.kill()
-        pytest.fail("hearth serve did not become ready:\n" + (tmp / "serve.log").read_text())
-    weights = {
+        proc.wait()
+        log.close()
+        pytest.fail("hearth serve did not become ready:\n" + log_path.read_text()[-4000:])
+    run_dir = re.search(r"run directory (\S+)", log_path.read_text())
+    assert run_dir, "the server did not log its run directory"
+    return {"url": f"http://127.0.0.1:{port}", "proc": proc, "log": log_path, "log_file": log,
+            "run_dir": run_dir.group(1)}
+
+
+def stop_serve(state, timeout=30):
+    """SIGTERM; returns (exit code or a note that it had to be killed, log text)."""
+    proc = state["proc"]
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        code = f"killed after {timeout} s"
+    state["log_file"].close()
+    return code, state["log"].read_text()
+
+
+def wait_for(condition, what, timeout=30):
+    """Polls `condition` until it returns something true, with a deadline."""
+    deadline = time.time() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.time() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def server():
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="hearth-serve-test-"))
+    write_repository(tmp / "repo")
+    # A descriptor the server inherits without close-on-exec, as it may from
+    # whoever starts it: its workers must not get it.
+    stray = os.open("/dev/null", os.O_RDONLY)
+    try:
+        state = start_serve(tmp, tmp / "repo", ["--exec-timeout-ms", "1500", "--max-body-bytes", str(1 << 20)],
+                            pass_fds=(stray,))
+    finally:
+        os.close(stray)
+    state["stray_fd"] = stray
+    state["weights"] = {
         "mlp": read_safetensors(tmp / "repo" / "mlp" / "1" / "model.safetensors"),
         "scale": read_safetensors(tmp / "repo" / "scale" / "1" / "model.safetensors"),
     }
-    state = {"url": f"http://127.0.0.1:{port}", "proc": proc, "weights": weights, "log": tmp / "serve.log"}
+    state["batched_requests"] = 0  # successful requests to the batched model, by the tests
     yield state
-    proc.send_signal(signal.SIGTERM)
-    try:
-        code = proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        code = "killed after 30 s"
-    log.close()
-    text = (tmp / "serve.log").read_text()
+    proc = state["proc"]
+    code, text = stop_serve(state)
     if os.environ.get("HEARTH_TEST_LOG_DIR"):  # keep the server's log (the GPU check collects it)
-        shutil.copy(tmp / "serve.log", pathlib.Path(os.environ["HEARTH_TEST_LOG_DIR"]) / "serve-test-server.log")
+        shutil.copy(state["log"], pathlib.Path(os.environ["HEARTH_TEST_LOG_DIR"]) / "serve-test-server.log")
     shutil.rmtree(tmp, ignore_errors=True)
     # SIGTERM: requests finished, workers stopped, sockets removed, exit 0.
     assert code == 0, text[-2000:]
-    assert not pathlib.Path(f"/tmp/hearth-serve-{proc.pid}").exists(), "run directory left behind"
-    assert not model_workers_alive(proc.pid), "workers outlived the server"
-    # The batching test's 16 one-row requests ran in a few batches, not 16.
-    if state.get("batched_ran"):
+    assert not pathlib.Path(state["run_dir"]).exists(), "run directory left behind"
+    assert not model_workers_alive(state["run_dir"]), f"workers of server {proc.pid} outlived it"
+    # The batching tests' one-row requests ran in batches of several, not one by one.
+    if state["batched_requests"]:
         m = re.search(r"model batched: (\d+) requests in (\d+) batches", text)
         assert m, "no batch summary for the batched model"
-        assert int(m.group(1)) == 16 and int(m.group(2)) <= 4, m.group(0)
+        assert int(m.group(1)) == state["batched_requests"], m.group(0)
+        assert int(m.group(2)) <= state["batched_requests"] // 4, m.group(0)
 
 
-def model_workers_alive(serve_pid):
+def model_workers_alive(run_dir):
+    """Any hearth-worker still attached to a store in `run_dir`."""
     for p in pathlib.Path("/proc").iterdir():
         if not p.name.isdigit():
             continue
@@ -169,7 +215,7 @@ def model_workers_alive(serve_pid):
             cmd = (p / "cmdline").read_bytes()
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
-        if b"hearth-worker" in cmd and f"hearth-serve-{serve_pid}".encode() in cmd:
+        if b"hearth-worker" in cmd and run_dir.encode() in cmd:
             return True
     return False
 
@@ -391,7 +437,7 @@ def test_single_requests_are_batched_and_split_back(server):
         np.testing.assert_allclose(got, mlp_reference(w, x)[0], rtol=1e-4, atol=1e-4)
     # The server's summary, checked when the fixture stops it, must show these
     # 16 requests in a few batches.
-    server["batched_ran"] = True
+    server["batched_requests"] += 16
 
 
 def test_request_timeout_answers_504_without_running(server):
@@ -419,8 +465,10 @@ def test_killing_workers_under_load_fails_no_request(server):
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(one, x) for x in xs]
-        for victim in list(before)[:3]:
-            time.sleep(0.05)
+        # Each kill once another 20 requests have been answered: under load
+        # by construction, however fast or slow the machine is.
+        for k, victim in enumerate(list(before)[:3]):
+            wait_for(lambda: sum(f.done() for f in futures) >= 20 * (k + 1), f"{20 * (k + 1)} answers")
             os.kill(victim, signal.SIGKILL)
         for f in futures:
             f.result()
@@ -522,11 +570,15 @@ def test_full_queue_answers_503_with_retry_after(server):
     bad = rng.standard_normal((1, SCALE_N)).astype(np.float32)
     bad[0, 3] = 12345.0
     good = [rng.standard_normal((1, SCALE_N)).astype(np.float32) for _ in range(2)]
+    hangs = lambda: server["log"].read_text().count("fault injection: hang")
+    before = hangs()
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         hung = pool.submit(scale_request, url, "queued", bad)
-        time.sleep(0.5)  # the worker has the bad request and hangs
+        # The worker prints this just before it hangs on the bad request.
+        wait_for(lambda: hangs() > before, "the worker to take the bad request")
         queued = [pool.submit(scale_request, url, "queued", x) for x in good]
-        time.sleep(0.3)
+        wait_for(lambda: metric(url, "hearth_inference_queued_request_count", "queued") >= 2,
+                 "both good requests to be queued")
         refused = scale_request(url, "queued", good[0])
         assert refused.status_code == 503, refused.text
         assert refused.headers.get("Retry-After") == "1"
@@ -548,35 +600,387 @@ def parse_metrics(text):
     return values
 
 
-def test_metrics_after_everything_above(server):
-    """Runs last: the counters must add up to what the tests above did."""
-    if not server.get("batched_ran"):
-        pytest.skip("needs the whole module run in order (the batching and kill tests first)")
-    r = requests.get(f"{server['url']}/metrics")
+def metrics(url):
+    r = requests.get(f"{url}/metrics", timeout=10)
+    assert r.status_code == 200
+    return parse_metrics(r.text)
+
+
+def metric(url, name, model):
+    return metrics(url).get(f'{name}{{model="{model}"}}', 0.0)
+
+
+def test_metrics_count_this_tests_own_traffic(server):
+    """The counters move by exactly what this test sends, whatever ran before."""
+    url = server["url"]
+    r = requests.get(f"{url}/metrics", timeout=10)
     assert r.status_code == 200
     assert r.headers["Content-Type"].startswith("text/plain")
-    v = parse_metrics(r.text)
     for family in ["hearth_inference_request_success", "hearth_inference_request_failure", "hearth_inference_count",
                    "hearth_inference_exec_count", "hearth_inference_request_duration_us",
                    "hearth_inference_queue_duration_us", "hearth_inference_compute_input_duration_us",
                    "hearth_inference_compute_infer_duration_us", "hearth_inference_compute_output_duration_us",
-                   "hearth_inference_pending_request_count", "hearth_worker_restarts", "hearth_worker_ready",
+                   "hearth_inference_pending_request_count", "hearth_inference_queued_request_count",
+                   "hearth_worker_restarts", "hearth_worker_ready",
                    "hearth_shared_weights_bytes", "hearth_device_memory_accounted_bytes"]:
         assert f"# TYPE {family} " in r.text, family
+    before = parse_metrics(r.text)
     b = 'model="batched"'
-    assert v[f"hearth_inference_request_success{{{b}}}"] == 16
-    assert v[f"hearth_inference_request_failure{{{b}}}"] == 1  # the request that timed out
-    assert v[f"hearth_inference_count{{{b}}}"] == 16
-    assert v[f"hearth_inference_exec_count{{{b}}}"] <= 4
-    assert v[f'hearth_inference_batch_size_bucket{{{b},le="+Inf"}}'] == v[f"hearth_inference_exec_count{{{b}}}"]
-    assert v[f'hearth_inference_batch_size_bucket{{{b},le="8"}}'] == v[f"hearth_inference_exec_count{{{b}}}"]
-    assert v[f"hearth_inference_pending_request_count{{{b}}}"] == 0
     m = 'model="mlp"'
-    assert v[f"hearth_inference_request_success{{{m}}}"] >= 200
-    assert v[f"hearth_inference_compute_infer_duration_us{{{m}}}"] > 0
-    restarts = sum(val for k, val in v.items() if k.startswith("hearth_worker_restarts{" + m))
-    assert restarts >= 3, "the kill test replaced 3 workers"
-    ready = sum(val for k, val in v.items() if k.startswith("hearth_worker_ready{" + m))
-    assert ready == 4
+    s = 'model="scale"'
+
+    # 16 one-row requests to the batched model, and one that times out there
+    # (it would wait 300 ms for a batch of 8, its timeout is 50 ms).
+    rng = np.random.default_rng(31)
+    xs = [rng.standard_normal((1, MLP[0])).astype(np.float32) for _ in range(16)]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        codes = list(pool.map(lambda x: infer_binary(url, "batched", "input", x).status_code, xs))
+    assert codes == [200] * 16
+    server["batched_requests"] += 16
+    late = infer_json(url, "batched", [{"name": "input", "datatype": "FP32", "shape": [1, MLP[0]],
+                                        "data": [0.0] * MLP[0]}], parameters={"timeout": 50000})
+    assert late.status_code == 504, late.text
+    # Scale: 3 requests of 1, 2 and 3 rows.
+    for rows in (1, 2, 3):
+        assert scale_request(url, "scale", np.ones((rows, SCALE_N), np.float32)).status_code == 200
+    # One mlp worker replaced.
+    mlp_before = set(model_workers(server["proc"].pid, "mlp"))
+    os.kill(sorted(mlp_before)[0], signal.SIGKILL)
+
+    def replaced():
+        now = set(model_workers(server["proc"].pid, "mlp"))
+        return (len(now) == 4 and now - mlp_before
+                and sum(val for k, val in metrics(url).items() if k.startswith("hearth_worker_ready{" + m)) == 4)
+    wait_for(replaced, "the killed mlp worker's replacement to be ready")
+
+    v = metrics(url)
+    delta = lambda key: v.get(key, 0.0) - before.get(key, 0.0)
+    assert delta(f"hearth_inference_request_success{{{b}}}") == 16
+    assert delta(f"hearth_inference_request_failure{{{b}}}") == 1
+    assert delta(f"hearth_inference_count{{{b}}}") == 16
+    executed = delta(f"hearth_inference_exec_count{{{b}}}")
+    assert 1 <= executed <= 16
+    assert delta(f'hearth_inference_batch_size_bucket{{{b},le="+Inf"}}') == executed
+    assert delta(f'hearth_inference_batch_size_bucket{{{b},le="8"}}') == executed
+    assert delta(f"hearth_inference_batch_size_sum{{{b}}}") == 16
+    assert v[f"hearth_inference_pending_request_count{{{b}}}"] == 0
+    assert v[f"hearth_inference_queued_request_count{{{b}}}"] == 0
+    assert delta(f"hearth_inference_request_success{{{s}}}") == 3
+    assert delta(f"hearth_inference_count{{{s}}}") == 6
+    assert delta(f"hearth_inference_exec_count{{{s}}}") == 3
+    assert delta(f"hearth_inference_compute_infer_duration_us{{{s}}}") > 0
+    assert delta(f"hearth_inference_request_duration_us{{{s}}}") > 0
+    restarts = sum(val - before.get(k, 0.0) for k, val in v.items() if k.startswith("hearth_worker_restarts{" + m))
+    assert restarts == 1, "one mlp worker was killed"
     weights = [val for k, val in v.items() if k.startswith("hearth_shared_weights_bytes{" + m)]
     assert weights and weights[0] >= 4 * (MLP[0] * MLP[1] + MLP[1] + MLP[1] * MLP[2] + MLP[2])
+
+
+def test_huge_timeouts_mean_no_deadline(server):
+    """2^63 us and more do not fit a signed deadline: they must saturate to
+    "no deadline", not wrap into the past (which answered 504 at once)."""
+    x = np.zeros((1, MLP[0]), dtype=np.float32)
+    for timeout in (2 ** 63, 2 ** 64 - 1):
+        r = infer_json(server["url"], "mlp", [{"name": "input", "datatype": "FP32", "shape": [1, MLP[0]],
+                                               "data": x.ravel().tolist()}], parameters={"timeout": timeout})
+        assert r.status_code == 200, f"timeout {timeout}: {r.status_code} {r.text}"
+
+
+def fd_targets(pid):
+    out = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            out[int(fd)] = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except FileNotFoundError:  # closed meanwhile
+            pass
+    return out
+
+
+def test_a_worker_holds_exactly_its_descriptors(server):
+    """A live worker exec'd by the server holds its stdio (the server's), its
+    control socket at 3 and its own connection to the store, nothing else:
+    the slot (4) it has closed once mapped, the arena once mapped, and the
+    parameters came as a message, not as a descriptor. None of its sockets
+    is a copy of one of the server's and it lacks the descriptor the server
+    inherited without close-on-exec (nothing leaked through exec), and every
+    descriptor the server opened itself is close-on-exec."""
+    serve_pid = server["proc"].pid
+    wait_for(lambda: requests.get(f"{server['url']}/v2/models/scale/ready").status_code == 200, "scale ready")
+    server_fds = fd_targets(serve_pid)
+    server_sockets = {t for t in server_fds.values() if t.startswith("socket:")}
+    workers = model_workers(serve_pid, "scale")
+    assert workers
+    for pid in workers:
+        fds = fd_targets(pid)
+        assert sorted(fds)[:4] == [0, 1, 2, 3] and len(fds) == 5, f"worker {pid} holds {fds}"
+        for std in (0, 1, 2):
+            assert fds[std] == server_fds[std], f"worker {pid} fd {std}: {fds[std]} vs the server's {server_fds[std]}"
+        extra = [fd for fd in fds if fd > 3]
+        for fd in [3] + extra:
+            assert fds[fd].startswith("socket:"), f"worker {pid} fd {fd} is {fds[fd]}"
+            assert fds[fd] not in server_sockets, f"worker {pid} fd {fd} is a socket the server also holds"
+        maps = pathlib.Path(f"/proc/{pid}/maps").read_text()
+        assert "memfd:hearth-slot-scale" in maps and "memfd:hearth-arena" in maps
+        assert b"--param" not in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
+    # The server's own descriptors: 0-2 and the stray one come from this
+    # test; the rest it opened.
+    assert server["stray_fd"] in server_fds
+    for fd in server_fds:
+        if fd <= 2 or fd == server["stray_fd"]:
+            continue
+        try:
+            flags = pathlib.Path(f"/proc/{serve_pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0]
+        except FileNotFoundError:
+            continue
+        assert int(flags, 8) & 0o2000000, f"server fd {fd} ({server_fds[fd]}) is not close-on-exec"
+
+
+# ---- a second, unprivileged user -------------------------------------------
+
+ATTACKER_UID = 54321  # setpriv needs no user entry for it
+
+
+def as_attacker(code):
+    return subprocess.run(["setpriv", f"--reuid={ATTACKER_UID}", f"--regid={ATTACKER_UID}", "--clear-groups",
+                           "/usr/bin/python3", "-c", code], capture_output=True, text=True, timeout=60)
+
+
+def scale_demo_repository(root, count=2, extra=""):
+    """The README's demo scale model: 500 weights of seed 1; ones give y = 34.695457."""
+    (root / "scale" / "1").mkdir(parents=True)
+    subprocess.run([CLI, "make-model", "scale", "--dims", "500", "--seed", "1",
+                    "--out", str(root / "scale" / "1" / "model.safetensors")], check=True, capture_output=True)
+    (root / "scale" / "config.yaml").write_text(scale_config(count=count, extra=extra))
+
+
+def assert_demo_answer(url, model="scale"):
+    r = scale_request(url, model, np.ones((1, SCALE_N), np.float32))
+    assert r.status_code == 200, r.text
+    y = r.json()["outputs"][0]["data"][0]
+    assert abs(y - 34.695457) < 1e-3, f"{model} answered y = {y}: not the demo weights"
+
+
+def test_run_directory_is_private_when_another_user_squats_the_old_paths(tmp_path):
+    """As root, with another local user who has created the server's old
+    predictable run directories /tmp/hearth-serve-<pid> (and symlinks there)
+    and an $XDG_RUNTIME_DIR of their own: the server makes its own private
+    directory, the other user cannot rename its socket away, and a worker
+    restart still maps the real weights."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to act as a second, unprivileged user with setpriv")
+    if not shutil.which("setpriv"):
+        pytest.skip("needs setpriv (util-linux)")
+    attacker = pathlib.Path(tempfile.mkdtemp(prefix="hearth-attacker-"))
+    os.chown(attacker, ATTACKER_UID, ATTACKER_UID)
+    os.chmod(attacker, 0o777)
+    last = int(pathlib.Path("/proc/sys/kernel/ns_last_pid").read_text())
+    squatted = [f"/tmp/hearth-serve-{p}" for p in range(last + 1, last + 400)]
+    probe = as_attacker("import os, sys\n"
+                        f"xdg = {str(attacker / 'xdg')!r}\n"
+                        "os.makedirs(xdg + '/hearth', 0o777, exist_ok=True)\n"
+                        "os.chmod(xdg, 0o777); os.chmod(xdg + '/hearth', 0o777)\n"
+                        f"for i, p in enumerate({squatted!r}):\n"
+                        "    try:\n"
+                        f"        os.symlink({str(attacker)!r}, p) if i % 2 else (os.mkdir(p), os.chmod(p, 0o777))\n"
+                        "    except FileExistsError:\n"
+                        "        pass\n")
+    if probe.returncode != 0 and "setresuid" in probe.stderr + probe.stdout:
+        shutil.rmtree(attacker, ignore_errors=True)
+        pytest.skip(f"setpriv cannot switch uid here: {probe.stderr.strip()}")
+    state = None
+    try:
+        assert probe.returncode == 0, probe.stderr
+        scale_demo_repository(tmp_path / "repo")
+        env = dict(os.environ, XDG_RUNTIME_DIR=str(attacker / "xdg"))
+        state = start_serve(tmp_path, tmp_path / "repo", env=env)
+        run_dir = state["run_dir"]
+        st = os.lstat(run_dir)
+        assert stat.S_ISDIR(st.st_mode), f"{run_dir} is not a directory"
+        assert st.st_uid == 0, f"{run_dir} is owned by uid {st.st_uid}"
+        assert stat.S_IMODE(st.st_mode) == 0o700, f"{run_dir} has mode {oct(st.st_mode)}"
+        assert os.path.realpath(run_dir) == run_dir
+        assert run_dir.startswith("/tmp/serve-"), f"{run_dir}: not a fresh directory in /tmp"
+        assert run_dir not in squatted
+        if f"/tmp/hearth-serve-{state['proc'].pid}" in squatted:
+            # The old code would have used this one (owned by the attacker).
+            assert os.lstat(f"/tmp/hearth-serve-{state['proc'].pid}").st_uid == ATTACKER_UID
+        sockets = list(pathlib.Path(run_dir).glob("*.sock"))
+        assert sockets, f"no store socket in {run_dir}"
+        sock = str(sockets[0])
+        for attempt in (f"os.rename({sock!r}, {sock + '.gone'!r})", f"os.listdir({run_dir!r})",
+                        f"os.mkdir({run_dir + '/x'!r})"):
+            r = as_attacker("import os\n" + attempt)
+            assert r.returncode != 0 and "PermissionError" in r.stderr, f"the other user could: {attempt}"
+        assert pathlib.Path(sock).exists()
+        # A worker restart attaches again, through the same private socket.
+        before = set(model_workers(state["proc"].pid, "scale"))
+        assert len(before) == 2
+        os.kill(sorted(before)[0], signal.SIGKILL)
+
+        def replaced():
+            now = set(model_workers(state["proc"].pid, "scale"))
+            return (len(now) == 2 and now - before
+                    and sum(v for k, v in metrics(state["url"]).items()
+                            if k.startswith('hearth_worker_ready{model="scale"')) == 2)
+        wait_for(replaced, "the killed worker's replacement to be ready")
+        for _ in range(4):  # both workers, whichever takes each request
+            assert_demo_answer(state["url"])
+    finally:
+        if state is not None:
+            code, text = stop_serve(state)
+        for p in squatted:
+            if os.path.islink(p):
+                os.unlink(p)
+            elif os.path.isdir(p):
+                shutil.rmtree(p, ignore_errors=True)
+        shutil.rmtree(attacker, ignore_errors=True)
+    assert code == 0, text[-2000:]
+    assert not os.path.exists(state["run_dir"]), "run directory left behind"
+
+
+# ---- a repository built to hurt the server ----------------------------------
+
+BAD_MODELS = {
+    # name: what its ready answer must say
+    "bigversion": "bigversion/99999999999999999999999: version directory name",
+    "badkey": "badkey/config.yaml:",
+    "dirconfig": "dirconfig/config.yaml: is a directory",
+    "modelloop": "modelloop/config.yaml: a loop of symbolic links",
+    "versionloop": "versionloop/1: a loop of symbolic links",
+    "fifo": "fifo/1/model.safetensors: is a FIFO",
+    "hugeparam": "bytes, over the limit of 1048576 bytes for a config",
+    "overparams": "the limit of 65536 bytes",
+    "negative": "'-1' is not a valid value",
+}
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hostile")
+    repo = tmp / "repo"
+    scale_demo_repository(repo)
+    checkpoint = (repo / "scale" / "1" / "model.safetensors").read_bytes()
+    good_config = (repo / "scale" / "config.yaml").read_text()
+
+    def model(name, config=good_config, version="1", with_checkpoint=True):
+        (repo / name / version).mkdir(parents=True)
+        if with_checkpoint:
+            (repo / name / version / "model.safetensors").write_bytes(checkpoint)
+        if config is not None:
+            (repo / name / "config.yaml").write_text(config)
+
+    model("bigversion", version="99999999999999999999999")
+    model("badkey", config=good_config + "? [a, b]\n: 1\n")
+    model("dirconfig", config=None)
+    (repo / "dirconfig" / "config.yaml").mkdir()
+    (repo / "modelloop").symlink_to("modelloop")
+    (repo / "versionloop").mkdir()
+    (repo / "versionloop" / "config.yaml").write_text(good_config)
+    (repo / "versionloop" / "1").symlink_to("1")
+    model("fifo", with_checkpoint=False)
+    os.mkfifo(repo / "fifo" / "1" / "model.safetensors")  # no writer: open() would block for good
+    # 100 MiB in one string parameter: too large for any argv, and for a config.
+    model("hugeparam", config=None)
+    with open(repo / "hugeparam" / "config.yaml", "w") as f:
+        f.write(good_config + "parameters:\n  blob: ")
+        chunk = "x" * (1 << 20)
+        for _ in range(100):
+            f.write(chunk)
+        f.write("\n")
+    model("overparams", config=good_config + "parameters:\n  blob: " + "y" * (100 << 10) + "\n")
+    model("negative", config=good_config + "dynamic_batching: {max_queue_size: -1}\n")
+    # 60 KiB of parameters: fits the limit, and reaches the workers through
+    # their control channel instead of argv.
+    model("bigparam", config=good_config + "parameters:\n  blob: " + "z" * (60 << 10) + "\n")
+    state = start_serve(tmp, repo, name="hostile")
+    state["repo"] = repo
+    state["checkpoint"] = checkpoint
+    state["good_config"] = good_config
+    yield state
+    code, text = stop_serve(state)
+    (repo / "hugeparam" / "config.yaml").unlink()  # 100 MiB: do not leave it in pytest's kept temp dirs
+    assert code == 0, text[-3000:]
+    assert not pathlib.Path(state["run_dir"]).exists(), "run directory left behind"
+
+
+def test_hostile_repository_still_serves_the_good_models(hostile):
+    url = hostile["url"]
+    assert requests.get(f"{url}/v2/health/live").status_code == 200
+    for name in ("scale", "bigparam"):
+        assert requests.get(f"{url}/v2/models/{name}/ready").status_code == 200, name
+        assert_demo_answer(url, name)
+
+
+@pytest.mark.parametrize("name", sorted(BAD_MODELS))
+def test_each_bad_model_answers_503_naming_its_path_and_reason(hostile, name):
+    r = requests.get(f"{hostile['url']}/v2/models/{name}/ready", timeout=10)
+    assert r.status_code == 503, f"{name}: {r.status_code} {r.text[:300]}"
+    error = r.json()["error"]
+    assert BAD_MODELS[name] in error, error
+    assert "is not served" in error
+    assert BAD_MODELS[name] in hostile["log"].read_text(), f"the log does not say why {name} is not served"
+    infer = scale_request(hostile["url"], name, np.ones((1, SCALE_N), np.float32))
+    assert infer.status_code == 503 and BAD_MODELS[name] in infer.json()["error"], infer.text[:300]
+    assert_demo_answer(hostile["url"])  # and the good model is not hurt
+
+
+def test_parameters_reach_workers_through_the_control_channel(hostile):
+    pids = []
+    for task in pathlib.Path(f"/proc/{hostile['proc'].pid}/task").iterdir():
+        pids += (task / "children").read_text().split()
+    cmdlines = [pathlib.Path(f"/proc/{p}/cmdline").read_bytes() for p in pids]
+    bigparam = [c for c in cmdlines if b"\0bigparam\0" in c]
+    assert bigparam, "no worker of bigparam"
+    for c in bigparam:
+        assert b"zzzz" not in c and b"--param" not in c, "a parameter travelled in argv"
+
+
+def test_fixing_a_broken_model_brings_it_up_without_a_restart(hostile):
+    repo, url = hostile["repo"], hostile["url"]
+    fifo = repo / "fifo" / "1" / "model.safetensors"
+    tmp = fifo.with_name("model.safetensors.tmp")
+    tmp.write_bytes(hostile["checkpoint"])
+    os.replace(tmp, fifo)
+    shutil.rmtree(repo / "dirconfig" / "config.yaml")
+    (repo / "dirconfig" / "config.yaml").write_text(hostile["good_config"])
+    for name in ("fifo", "dirconfig"):
+        wait_for(lambda: requests.get(f"{url}/v2/models/{name}/ready").status_code == 200,
+                 f"{name} to be served once fixed")
+        assert_demo_answer(url, name)
+    # Each failure was logged once, not at every retry.
+    log = hostile["log"].read_text()
+    assert log.count("model fifo is not served") == 1, log[-3000:]
+
+
+def test_workers_that_cannot_start_fail_their_model_until_fixed(tmp_path):
+    """A hearth-worker that exits at once: Start() does not wait out the
+    ready timeout, the model answers 503 with the reason, it is retried with
+    back-off (its failure logged once), and a working worker brings it up."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shutil.copy(CLI, bin_dir / "hearth")
+    starts = tmp_path / "starts"
+    broken = bin_dir / "hearth-worker.broken"
+    broken.write_text(f"#!/bin/sh\necho start >> {starts}\necho 'test worker: refusing to start' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    os.replace(broken, bin_dir / "hearth-worker")
+    scale_demo_repository(tmp_path / "repo")
+    state = start_serve(tmp_path, tmp_path / "repo", cli=str(bin_dir / "hearth"), name="noworker")
+    try:
+        url = state["url"]
+        r = requests.get(f"{url}/v2/models/scale/ready", timeout=10)
+        assert r.status_code == 503, r.text
+        assert "no worker could start" in r.json()["error"] and "exited with status 3" in r.json()["error"], r.text
+        # Two attempts of both workers, at least: it is being retried.
+        wait_for(lambda: starts.exists() and starts.read_text().count("start") >= 4, "a second attempt")
+        assert state["log"].read_text().count("model scale is not served") == 1
+        real = pathlib.Path(CLI).resolve().parent / "hearth-worker"
+        link = bin_dir / "hearth-worker.new"
+        link.symlink_to(real)
+        os.replace(link, bin_dir / "hearth-worker")
+        wait_for(lambda: requests.get(f"{url}/v2/models/scale/ready").status_code == 200,
+                 "scale to be served by working workers")
+        assert_demo_answer(url)
+    finally:
+        code, text = stop_serve(state)
+    assert code == 0, text[-3000:]

@@ -1,10 +1,15 @@
 // Model repository configs: what is accepted, and errors that name the file,
 // the line and the field.
+#include "server/model_config.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "gtest/gtest.h"
-#include "server/model_config.h"
 #include "support/test_store.h"
 
 namespace hearth {
@@ -12,7 +17,8 @@ namespace {
 
 class ModelConfigTest : public ::testing::Test {
  protected:
-  std::string Write(const std::string& model, const std::string& yaml, bool with_checkpoint = true) {
+  std::string Write(const std::string& model, const std::string& yaml,
+                    bool with_checkpoint = true) {
     const std::string dir = tmp_.File(model);
     std::filesystem::create_directories(dir + "/3");
     std::ofstream(dir + "/config.yaml") << yaml;
@@ -61,22 +67,26 @@ TEST_F(ModelConfigTest, ErrorsNameTheFileTheLineAndTheField) {
     std::string expect;
   };
   const std::vector<Case> cases = {
-      {"backend: mlp\nmax_batch_size: 16\ninput:\n  - {name: input, data_type: TYPE_FP33, dims: [64]}\n"
+      {"backend: mlp\nmax_batch_size: 16\ninput:\n  - {name: input, data_type: TYPE_FP33, dims: "
+       "[64]}\n"
        "output:\n  - {name: y, data_type: TYPE_FP32, dims: [1]}\n",
        "config.yaml:4: input[0].data_type: 'TYPE_FP33' is not a known TYPE_*"},
-      {"backend: mlp\nmax_batch_size: 16\ninput:\n  - {name: input, data_type: TYPE_FP32, dims: [0]}\n"
+      {"backend: mlp\nmax_batch_size: 16\ninput:\n  - {name: input, data_type: TYPE_FP32, dims: "
+       "[0]}\n"
        "output:\n  - {name: y, data_type: TYPE_FP32, dims: [1]}\n",
        "config.yaml:4: input[0].dims: dimension 0 must be positive"},
       {"backend: resnet\n", "config.yaml:1: backend: 'resnet' is not one of mlp, scale"},
       {"backend: mlp\nmax_batchsize: 4\n", "config.yaml:2: max_batchsize: unknown field"},
-      {"backend: mlp\nmax_batch_size: many\n", "config.yaml:2: max_batch_size: 'many' is not a valid value"},
+      {"backend: mlp\nmax_batch_size: many\n",
+       "config.yaml:2: max_batch_size: 'many' is not a valid value"},
       {"backend: mlp\ninput: [\n", "config.yaml:"},
       {"max_batch_size: 1\n", "backend: missing"},
       {"backend: mlp\nmax_batch_size: 4\ninput:\n  - {name: x, data_type: TYPE_FP32, dims: [4]}\n"
        "output:\n  - {name: y, data_type: TYPE_FP32, dims: [1]}\ninstance_group:\n  - {count: 0}\n",
        "config.yaml:8: instance_group.count: must be in [1, 256]"},
       {"backend: mlp\nmax_batch_size: 4\ninput:\n  - {name: x, data_type: TYPE_FP32, dims: [4]}\n"
-       "output:\n  - {name: y, data_type: TYPE_FP32, dims: [1]}\ndynamic_batching:\n  preferred_batch_size: [8]\n",
+       "output:\n  - {name: y, data_type: TYPE_FP32, dims: [1]}\ndynamic_batching:\n  "
+       "preferred_batch_size: [8]\n",
        "config.yaml:8: dynamic_batching.preferred_batch_size: must be in [1, max_batch_size]"},
   };
   int i = 0;
@@ -92,7 +102,8 @@ TEST_F(ModelConfigTest, VersionsAndPolicies) {
   auto missing = LoadModelConfig(Write("nov", kGood, false));
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("no version directory"), std::string::npos);
-  const std::string dir = Write("two", std::string(kGood) + "version_policy: {specific: {versions: [1]}}\n");
+  const std::string dir =
+      Write("two", std::string(kGood) + "version_policy: {specific: {versions: [1]}}\n");
   std::filesystem::create_directories(dir + "/1");
   std::ofstream(dir + "/1/model.safetensors") << "x";
   auto c = LoadModelConfig(dir);
@@ -110,6 +121,204 @@ TEST_F(ModelConfigTest, ScanKeepsBrokenModelsWithTheirReason) {
   EXPECT_FALSE((*models)[0].status.ok());
   EXPECT_TRUE((*models)[1].status.ok());
   EXPECT_FALSE(ScanRepository(tmp_.File("nonexistent")).ok());
+}
+
+// Each of these used to end the whole server (an uncaught exception, or an
+// open() that never returns); now each fails its model with a message naming
+// the path and what is wrong.
+TEST_F(ModelConfigTest, HostileDirectoriesFailTheirModelWithPathAndReason) {
+  namespace fs = std::filesystem;
+  struct Case {
+    std::string name;
+    std::function<void(const std::string& dir)> make;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {"bigversion",
+       [](const std::string& dir) {
+         fs::create_directories(dir + "/99999999999999999999999");
+         std::ofstream(dir + "/99999999999999999999999/model.safetensors") << "x";
+       },
+       "bigversion/99999999999999999999999: version directory name '99999999999999999999999' is "
+       "not a "
+       "number below 2^64"},
+      {"sameversion",
+       [](const std::string& dir) {
+         fs::create_directories(dir + "/03");
+         std::ofstream(dir + "/03/model.safetensors") << "x";
+       },
+       "version directories"},
+      {"versionloop", [](const std::string& dir) { fs::create_directory_symlink("7", dir + "/7"); },
+       "versionloop/7: a loop of symbolic links"},
+      {"checkpointloop",
+       [](const std::string& dir) {
+         fs::create_directories(dir + "/8");
+         fs::create_symlink("model.safetensors", dir + "/8/model.safetensors");
+       },
+       "checkpointloop/8/model.safetensors: a loop of symbolic links"},
+  };
+  for (const Case& c : cases) {
+    const std::string dir = Write(c.name, kGood);
+    c.make(dir);
+    auto config = LoadModelConfig(dir);
+    ASSERT_FALSE(config.ok()) << c.name;
+    EXPECT_NE(config.status().message().find(c.expect), std::string::npos)
+        << "got: " << config.status().message() << "\nwant: " << c.expect;
+  }
+}
+
+TEST_F(ModelConfigTest, ConfigThatIsNotARegularFileIsRefusedWithoutBlocking) {
+  namespace fs = std::filesystem;
+  const std::string as_dir = tmp_.File("dirconfig");
+  fs::create_directories(as_dir + "/config.yaml");
+  auto d = LoadModelConfig(as_dir);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("config.yaml: is a directory"), std::string::npos)
+      << d.status().message();
+
+  // A FIFO with no writer would block open() forever.
+  const std::string as_fifo = tmp_.File("fifoconfig");
+  fs::create_directories(as_fifo);
+  ASSERT_EQ(::mkfifo((as_fifo + "/config.yaml").c_str(), 0600), 0);
+  auto f = LoadModelConfig(as_fifo);
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("config.yaml: is a FIFO"), std::string::npos)
+      << f.status().message();
+
+  const std::string missing = tmp_.File("noconfig");
+  fs::create_directories(missing + "/1");
+  auto m = LoadModelConfig(missing);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("noconfig/config.yaml: missing"), std::string::npos)
+      << m.status().message();
+
+  const std::string loop = tmp_.File("modelloop");
+  fs::create_directory_symlink("modelloop", loop);
+  auto l = LoadModelConfig(loop);
+  ASSERT_FALSE(l.ok());
+  EXPECT_NE(l.status().message().find("modelloop/config.yaml: a loop of symbolic links"),
+            std::string::npos)
+      << l.status().message();
+}
+
+TEST_F(ModelConfigTest, ConfigsOverOneMebibyteAreRefused) {
+  // A comment that takes the file just past the limit; the same config just
+  // below it is read.
+  const std::string base = std::string(kGood) + "# ";
+  const std::string over = base + std::string(kMaxConfigBytes - base.size() + 1, 'x');
+  auto big = LoadModelConfig(Write("big", over));
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.status().message().find("over the limit of 1048576 bytes"), std::string::npos)
+      << big.status().message();
+  const std::string under = base + std::string(kMaxConfigBytes - base.size() - 1, 'x') + "\n";
+  ASSERT_EQ(under.size(), kMaxConfigBytes);
+  auto ok = LoadModelConfig(Write("justunder", under));
+  EXPECT_TRUE(ok.ok()) << ok.status().ToString();
+}
+
+TEST_F(ModelConfigTest, HostileYamlIsAnErrorNotACrash) {
+  const std::string io =
+      "input:\n  - {name: x, data_type: TYPE_FP32, dims: [4]}\n"
+      "output:\n  - {name: y, data_type: TYPE_FP32, dims: [1]}\n";
+  struct Case {
+    std::string yaml;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {"backend: mlp\n? [a, b]\n: 1\n", "config.yaml:2: (top level): keys must be single values"},
+      {"backend: mlp\n? {a: 1}\n: 1\n", "keys must be single values"},
+      {"backend: mlp\n" + io + "parameters:\n  ? [k]\n  : v\n",
+       "parameters: keys must be single values"},
+      {"backend: mlp\ninput:\n  - {? [n]: x, data_type: TYPE_FP32, dims: [4]}\n" +
+           io.substr(io.find("output")),
+       "input[0]: keys must be single values"},
+      {"backend: [mlp]\n", "backend: must be a single value"},
+      // Checked numbers: no wrap-around, no silent truncation.
+      {"backend: mlp\n" + io + "dynamic_batching: {max_queue_size: -1}\n",
+       "dynamic_batching.max_queue_size: '-1' is not a valid value"},
+      {"backend: mlp\n" + io +
+           "dynamic_batching: {max_queue_delay_microseconds: 99999999999999999999}\n",
+       "'99999999999999999999' is out of range"},
+      {"backend: mlp\nmax_batch_size: 4294967297\n",
+       "max_batch_size: '4294967297' is out of range"},
+      {"backend: mlp\nmax_batch_size: 0x10\n", "max_batch_size: '0x10' is not a valid value"},
+      {"backend: mlp\n" + io.substr(0, io.find("[4]")) + "[1e3]}\n" + io.substr(io.find("output")),
+       "input[0].dims: '1e3' is not a valid value"},
+      {"backend: mlp\n" + io + "parameters: {fault_injection: {on_value: nan, kind: abort}}\n",
+       "is not a finite number"},
+      {"backend: mlp\n" + io + "version_policy: [1]\n", "version_policy: only {specific"},
+      {"backend: mlp\n" + io + "version_policy: {specific: [1]}\n",
+       "version_policy: only {specific"},
+      // Past yaml-cpp's depth limit.
+      {"backend: mlp\nparameters: " + std::string(100000, '[') + "\n",
+       "levels deep, past the parser's limit"},
+      {std::string("backend: mlp\0\n", 14), "config.yaml:"},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    auto config = LoadModelConfig(Write("y" + std::to_string(i++), c.yaml));
+    ASSERT_FALSE(config.ok()) << c.yaml.substr(0, 200);
+    EXPECT_NE(config.status().message().find(c.expect), std::string::npos)
+        << "got: " << config.status().message() << "\nwant: " << c.expect;
+  }
+}
+
+TEST_F(ModelConfigTest, ParametersAreBounded) {
+  auto with_params = [&](const std::string& name, const std::string& params) {
+    return LoadModelConfig(
+        Write(name, std::string(kGood).substr(0, std::string(kGood).find("parameters")) +
+                        "parameters:\n" + params));
+  };
+  const std::string big_value(kMaxModelParameterBytes - 4, 'v');
+  auto fits = with_params("fits", "  k: " + big_value + "\n  ab: c\n");  // 64 KiB exactly
+  ASSERT_TRUE(fits.ok()) << fits.status().ToString();
+  EXPECT_EQ(fits->parameters.at("k"), big_value);
+  auto over = with_params("over", "  k: " + big_value + "\n  abc: d\n");
+  ASSERT_FALSE(over.ok());
+  EXPECT_NE(over.status().message().find(
+                "parameters.abc: the parameters' names and values come to more than "
+                "the limit of 65536 bytes"),
+            std::string::npos)
+      << over.status().message();
+  std::string many;
+  for (size_t i = 0; i <= kMaxModelParameters; ++i) many += "  p" + std::to_string(i) + ": 1\n";
+  auto too_many = with_params("many", many);
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_NE(too_many.status().message().find("more than 256 parameters"), std::string::npos)
+      << too_many.status().message();
+}
+
+TEST_F(ModelConfigTest, VersionDirectoryNamesAreKeptAsWritten) {
+  const std::string dir = Write("padded", kGood, false);
+  std::filesystem::create_directories(dir + "/007");
+  std::ofstream(dir + "/007/model.safetensors") << "x";
+  auto c = LoadModelConfig(dir);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->version, 7u);
+  EXPECT_EQ(c->checkpoint_path, dir + "/007/model.safetensors");
+}
+
+TEST_F(ModelConfigTest, ListingTakesLinksAndLoopsAsModelsAndSkipsFiles) {
+  namespace fs = std::filesystem;
+  Write("good", kGood);
+  fs::create_directory_symlink("loop", tmp_.File("loop"));
+  fs::create_directory_symlink("good", tmp_.File("alias"));
+  std::ofstream(tmp_.File("README")) << "not a model";
+  fs::create_directories(tmp_.File("bad\x01name"));
+  auto dirs = ListModelDirectories(tmp_.path());
+  ASSERT_TRUE(dirs.ok()) << dirs.status().ToString();
+  std::vector<std::string> names;
+  for (const ModelDirectory& d : *dirs) names.push_back(d.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"alias", "bad\\x01name", "good", "loop"}));
+  EXPECT_FALSE((*dirs)[1].status.ok());
+  EXPECT_NE((*dirs)[1].status.message().find("control characters"), std::string::npos);
+  auto models = ScanRepository(tmp_.path());
+  ASSERT_TRUE(models.ok());
+  ASSERT_EQ(models->size(), 4u);
+  EXPECT_TRUE((*models)[0].status.ok()) << (*models)[0].status.ToString();  // alias -> good
+  EXPECT_TRUE((*models)[2].status.ok());
+  EXPECT_NE((*models)[3].status.message().find("a loop of symbolic links"), std::string::npos)
+      << (*models)[3].status.message();
 }
 
 }  // namespace
