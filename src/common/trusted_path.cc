@@ -89,8 +89,9 @@ Result<UniqueFd> OpenTrustedDirectory(const std::string& dir_in, mode_t mode) {
     const bool last = i + 1 == parts.size();
     path += "/" + parts[i];
     // Directories above may be symlinks (their targets are checked); the
-    // directory itself may not.
-    const int flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC | (last ? O_NOFOLLOW : 0);
+    // directory itself may not. O_PATH for those above: they need only be
+    // searchable (as a 0711 home directory is), not readable.
+    const int flags = O_DIRECTORY | O_CLOEXEC | (last ? O_RDONLY | O_NOFOLLOW : O_PATH);
     int fd = ::openat(at.get(), parts[i].c_str(), flags);
     if (fd < 0 && errno == ENOENT) {
       if (::mkdirat(at.get(), parts[i].c_str(), mode) != 0 && errno != EEXIST)
