@@ -774,6 +774,7 @@ class Store::Impl {
     // stops counting them with the connection, which was their only trace.
     in_flight_fds_ -= c.in_flight_fds;
     const size_t unread = c.queued_fds + c.in_flight_fds;
+    if (c.deferred) std::erase(deferred_, id);
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
     connections_.erase(it);
     if (unread > 0) ReleaseUnread(unread);
