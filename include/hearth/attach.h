@@ -27,7 +27,7 @@ struct TensorView {
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   const void* data = nullptr;  // host pointer, or device address on CUDA
-  uint64_t offset = 0;  // inside the arena
+  uint64_t offset = 0;         // inside the arena
   uint64_t nbytes = 0;
   Device device;
 };
@@ -62,17 +62,40 @@ class Attachment {
   std::vector<TensorView> tensors_;
 };
 
+struct AttachOptions {
+  // The store's socket; empty: AttachClient::DefaultSocketPath().
+  std::string socket_path;
+  // Uids whose store this client trusts besides its own and root's (a store
+  // run by another account). $HEARTH_STORE_UID (comma-separated uids) adds
+  // to these for every client.
+  std::vector<uint32_t> trusted_store_uids;
+};
+
 // Talks to a store at one socket path. Each call opens its own connection;
 // Attach keeps its connection as the lease. Thread-safe.
+//
+// Before it sends a request or believes an answer, every connection checks
+// who is listening (SO_PEERCRED): a store running as another uid than ours,
+// root, or one trusted in AttachOptions / $HEARTH_STORE_UID is refused with
+// PERMISSION_DENIED naming the socket, the peer's uid and its pid. A manifest
+// checksum proves nothing on its own (an impostor computes its own); this
+// check is what keeps another local user from serving us their weights.
 class AttachClient {
  public:
   explicit AttachClient(std::string socket_path);
+  explicit AttachClient(AttachOptions options);
 
   // $HEARTH_SOCKET if set, else $XDG_RUNTIME_DIR/hearth/store.sock if
-  // XDG_RUNTIME_DIR is set, else /tmp/hearth-<uid>/store.sock.
+  // XDG_RUNTIME_DIR is set, else $TMPDIR/hearth-<uid>/store.sock ($TMPDIR
+  // if it is an absolute path, else /tmp).
   static std::string DefaultSocketPath();
+  // The uids in $HEARTH_STORE_UID (empty if unset); InvalidArgument naming
+  // the variable if it is not a comma-separated list of uids.
+  static Result<std::vector<uint32_t>> StoreUidsFromEnvironment();
 
   const std::string& socket_path() const { return socket_path_; }
+  // Ours and root are always trusted besides these.
+  const std::vector<uint32_t>& trusted_store_uids() const { return trusted_uids_; }
 
   // Version 0 attaches the latest version.
   Result<std::unique_ptr<Attachment>> Attach(std::string_view model, uint64_t version = 0) const;
@@ -86,6 +109,8 @@ class AttachClient {
  private:
   Result<UniqueFd> Connect() const;
   std::string socket_path_;
+  std::vector<uint32_t> trusted_uids_;
+  Status environment_;  // a malformed $HEARTH_STORE_UID, reported by every call
 };
 
 }  // namespace hearth

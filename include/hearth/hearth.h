@@ -23,7 +23,9 @@ extern "C" {
 #pragma GCC visibility push(default)
 #endif
 
-#define HEARTH_ABI_VERSION 1
+/* 1: the first interface. 2: adds hearth_attach_options and
+ * hearth_attach_with_options; everything of version 1 is unchanged. */
+#define HEARTH_ABI_VERSION 2
 
 enum hearth_status {
   HEARTH_OK = 0,
@@ -62,9 +64,34 @@ typedef struct hearth_tensor_info {
 int32_t hearth_abi_version(void);
 
 /* Attaches `model` (version 0 = latest) from the store at `socket_path`
- * (NULL or "" = $HEARTH_SOCKET, then the default path). */
+ * (NULL or "" = $HEARTH_SOCKET, then the default path).
+ *
+ * Before trusting anything it receives, the library checks who listens on
+ * the socket (SO_PEERCRED): the store must run as this process's uid, as
+ * root, or as a uid listed in $HEARTH_STORE_UID (comma-separated);
+ * otherwise HEARTH_ERROR_PERMISSION_DENIED, naming the socket and the
+ * peer's uid and pid. hearth_attach_with_options can trust more uids. */
 int32_t hearth_attach(const char* socket_path, const char* model, uint64_t version,
                       hearth_attachment** out);
+
+/* Since ABI version 2. Zero-initialise, set `size` to
+ * sizeof(hearth_attach_options), then the fields wanted: the library reads
+ * only the first `size` bytes, so a caller built against this header keeps
+ * working with a later library that has added fields at the end. */
+typedef struct hearth_attach_options {
+  size_t size;
+  const char* socket_path;            /* NULL or "": as for hearth_attach */
+  const uint32_t* trusted_store_uids; /* store uids trusted besides ours, root
+                                         and $HEARTH_STORE_UID */
+  size_t trusted_store_uid_count;
+} hearth_attach_options;
+
+/* hearth_attach with options; `options` NULL is the same as hearth_attach
+ * with the default socket. HEARTH_ERROR_INVALID_ARGUMENT if options->size
+ * is smaller than the fields of version 2 or the uid list is NULL with a
+ * non-zero count. */
+int32_t hearth_attach_with_options(const hearth_attach_options* options, const char* model,
+                                   uint64_t version, hearth_attachment** out);
 size_t hearth_tensor_count(const hearth_attachment* a);
 int32_t hearth_tensor_info_at(const hearth_attachment* a, size_t index, hearth_tensor_info* out);
 /* Looks a tensor up by name; HEARTH_ERROR_NOT_FOUND if absent. */

@@ -7,12 +7,22 @@
 // the registry at once; its arena lives until its last lease ends (and, for
 // memory the kernel or driver still sees mapped, until the last mapping goes).
 //
+// The socket lives in a directory the store trusts (ours, not a symlink, not
+// writable by group or others; see common/trusted_path.h); a directory that
+// fails the check is refused with an error naming it, its owner and its mode.
+//
+// Limits: every resource a client can make the store hold is bounded by the
+// options below (connections, descriptors exported but not yet read, bytes of
+// unfinished messages); see docs/protocol.md for what a client sees.
+//
 // Threading: Run() is the event loop and must be called from one thread;
 // Stop() may be called from any thread or a signal handler.
 #pragma once
 
 #include <sys/types.h>
 
+#include <atomic>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <utility>
@@ -36,13 +46,35 @@ struct StoreOptions {
   int load_threads = 0;
   // Show loading progress on stderr when it is a terminal.
   bool show_progress = true;
+
+  // Connections served at once. A connection past it is answered
+  // RESOURCE_EXHAUSTED and closed at once. 0 = automatic: half of what the
+  // descriptor limit (RLIMIT_NOFILE) leaves after a reserve of 64, at most 4096.
+  size_t max_connections = 0;
+  // Exported descriptors a peer has not read yet (queued in the store, or
+  // sent and still in its socket). At this many the store stops reading the
+  // connection's requests until the peer reads its answers (backpressure).
+  size_t max_unread_descriptors_per_connection = 4;
+  // The same across all connections: at the cap, attach requests wait (their
+  // connections are not read) until descriptors are read. 0 = automatic: what
+  // the descriptor limit leaves after the reserve and max_connections.
+  size_t max_unread_descriptors = 0;
+  // Heap bytes of unfinished messages across all connections. A peer whose
+  // frame takes the total past it gets RESOURCE_EXHAUSTED and is closed.
+  size_t max_partial_bytes = size_t{64} << 20;
+
+  // Set (a signal handler may do it) to stop Create() while it loads
+  // `models`: the load in progress stops between two blocks and Create()
+  // fails with kUnavailable saying it was interrupted; no socket is left.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 class Store {
  public:
-  // Loads every model in options.models, then binds the socket (creating its
-  // directory 0750 if missing). Fails if another store answers at the path;
-  // a stale socket file is replaced.
+  // Checks (and creates, 0750, if missing) the socket's directory, loads
+  // every model in options.models, then binds the socket. Fails if another
+  // store answers at the path or the path is something other than a socket;
+  // a stale socket file is replaced atomically.
   static Result<std::unique_ptr<Store>> Create(StoreOptions options);
   ~Store();
 

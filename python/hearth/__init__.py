@@ -34,6 +34,13 @@ Finding libhearth: $HEARTH_LIBRARY, else build/src/capi/libhearth.so of the
 repository this package lives in, else ctypes.util.find_library("hearth").
 The socket: the `socket` argument, else $HEARTH_SOCKET, else the library's
 default path.
+
+Trust: before it believes a manifest or maps a descriptor, the library checks
+who listens on the socket. A store running as another uid than this process's
+(or root) is refused with PermissionDenied naming the socket, the store's uid
+and pid, unless that uid is trusted: `attach(..., store_uid=UID)` (an int or
+a list of them) or $HEARTH_STORE_UID (comma-separated uids, read by the
+library, so by every hearth client).
 """
 
 import collections.abc
@@ -370,10 +377,11 @@ class Weights(collections.abc.Mapping):
     fork the child attaches again on first use. Thread-safe.
     """
 
-    def __init__(self, model, socket, version):
+    def __init__(self, model, socket, version, store_uids=()):
         self._model = model
         self._socket = socket  # None: the library's default, resolved on first use
         self._version = version
+        self._store_uids = tuple(store_uids)
         self._lock = threading.Lock()
         self._attachment = None
         self._tensors = None
@@ -399,8 +407,19 @@ class Weights(collections.abc.Mapping):
         socket = self._socket or lib.hearth_default_socket().decode()
         what = self._model + (f"@{self._version}" if self._version else "")
         handle = ctypes.c_void_p()
-        rc = lib.hearth_attach(socket.encode(), self._model.encode(), self._version or 0,
-                               ctypes.byref(handle))
+        if self._store_uids:
+            if not _capi.has_attach_options(lib):
+                raise HearthError(
+                    "hearth: store_uid needs libhearth of ABI version 2 or later; this one is "
+                    f"version {lib.hearth_abi_version()}", _capi.ERROR_INVALID_ARGUMENT)
+            uids = (ctypes.c_uint32 * len(self._store_uids))(*self._store_uids)
+            options = _capi.AttachOptions(ctypes.sizeof(_capi.AttachOptions), socket.encode(),
+                                          uids, len(self._store_uids))
+            rc = lib.hearth_attach_with_options(ctypes.byref(options), self._model.encode(),
+                                                self._version or 0, ctypes.byref(handle))
+        else:
+            rc = lib.hearth_attach(socket.encode(), self._model.encode(), self._version or 0,
+                                   ctypes.byref(handle))
         if rc != _capi.OK:
             err = _error(rc, f"attach {what} from {socket}", lib)
             if _forked_after_cuda:
@@ -465,17 +484,31 @@ class Weights(collections.abc.Mapping):
                 f"tensors={len(self._tensors)}, device={self.device!r})")
 
 
-def attach(model, socket=None, version=None):
+def _store_uids(store_uid):
+    if store_uid is None:
+        return ()
+    uids = (store_uid,) if isinstance(store_uid, int) else tuple(store_uid)
+    for uid in uids:
+        if isinstance(uid, bool) or not isinstance(uid, int) or not 0 <= uid < 2**32 - 1:
+            raise ValueError("hearth.attach: store_uid must be a uid (an int) or a list of them, "
+                             f"not {store_uid!r}")
+    return uids
+
+
+def attach(model, socket=None, version=None, store_uid=None):
     """Returns a lazy, read-only Mapping of `model`'s tensors held by a `hearth store`.
 
     Only records the request: the first use attaches in the calling process
-    (see the module docstring). `version` None or 0 means the latest. Errors
-    (HearthError: NotFound, Unavailable, PermissionDenied, ...) surface at
-    that first use.
+    (see the module docstring). `version` None or 0 means the latest.
+    `store_uid` (a uid or a list of uids) trusts a store run by that account
+    besides this process's own uid and root ($HEARTH_STORE_UID does the same).
+    Errors (HearthError: NotFound, Unavailable, PermissionDenied, ...) surface
+    at that first use.
     """
     if not isinstance(model, str) or not model:
         raise ValueError("hearth.attach: model must be a non-empty string")
     if version is not None and (not isinstance(version, int) or version < 0):
         raise ValueError("hearth.attach: version must be a non-negative integer or None")
+    uids = _store_uids(store_uid)
     socket = os.fspath(socket) if socket is not None else os.environ.get("HEARTH_SOCKET") or None
-    return Weights(model, socket, version)
+    return Weights(model, socket, version, uids)

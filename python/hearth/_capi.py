@@ -41,6 +41,17 @@ class TensorInfo(ctypes.Structure):
     ]
 
 
+class AttachOptions(ctypes.Structure):
+    """struct hearth_attach_options (ABI version 2)."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("socket_path", ctypes.c_char_p),
+        ("trusted_store_uids", ctypes.POINTER(ctypes.c_uint32)),
+        ("trusted_store_uid_count", ctypes.c_size_t),
+    ]
+
+
 _lock = threading.Lock()
 _lib = None
 
@@ -77,6 +88,11 @@ def _declare(lib):
     lib.hearth_abi_version.restype = c.c_int32
     lib.hearth_attach.argtypes = [c.c_char_p, c.c_char_p, c.c_uint64, c.POINTER(handle)]
     lib.hearth_attach.restype = c.c_int32
+    # ABI version 2; an older library lacks it (has_attach_options() says so).
+    if hasattr(lib, "hearth_attach_with_options"):
+        lib.hearth_attach_with_options.argtypes = [c.POINTER(AttachOptions), c.c_char_p,
+                                                   c.c_uint64, c.POINTER(handle)]
+        lib.hearth_attach_with_options.restype = c.c_int32
     lib.hearth_tensor_count.argtypes = [handle]
     lib.hearth_tensor_count.restype = c.c_size_t
     lib.hearth_tensor_info_at.argtypes = [handle, c.c_size_t, c.POINTER(TensorInfo)]
@@ -125,3 +141,8 @@ def library():
         raise OSError(
             "hearth: cannot load libhearth (" + searched + "). Build it with "
             "`cmake --build build --target hearth` or set HEARTH_LIBRARY to libhearth.so")
+
+
+def has_attach_options(lib):
+    """Whether `lib` has hearth_attach_with_options (ABI version 2 or later)."""
+    return hasattr(lib, "hearth_attach_with_options")

@@ -10,19 +10,20 @@ import inspect
 import hearth as _hearth
 
 
-def state_dict(model, socket=None, version=None):
+def state_dict(model, socket=None, version=None, store_uid=None):
     """Returns {name: torch.Tensor} viewing `model`'s shared weights (no copy).
 
-    `model` is a model name (attached now, in this process) or a Mapping
-    returned by hearth.attach().
+    `model` is a model name (attached now, in this process, with `socket`,
+    `version` and `store_uid` as for hearth.attach) or a Mapping returned by
+    hearth.attach().
     """
     import torch
 
-    weights = _weights(model, socket, version)
+    weights = _weights(model, socket, version, store_uid)
     return {name: torch.from_dlpack(tensor) for name, tensor in weights.items()}
 
 
-def load_into(module, model, socket=None, version=None):
+def load_into(module, model, socket=None, version=None, store_uid=None):
     """Binds `module`'s parameters and buffers to the shared weights (no copy).
 
     Checks strictly first: every missing, unexpected and mis-shaped tensor is
@@ -30,7 +31,7 @@ def load_into(module, model, socket=None, version=None):
     untouched. Then calls module.load_state_dict(..., assign=True), so the
     module's tensors become the shared read-only views. Returns the module.
     """
-    sd = state_dict(model, socket, version)
+    sd = state_dict(model, socket, version, store_uid)
     expected = module.state_dict()
     missing = sorted(set(expected) - set(sd))
     unexpected = sorted(set(sd) - set(expected))
@@ -69,9 +70,9 @@ def _assign(module, sd):
             owner._buffers[leaf] = tensor
 
 
-def _weights(model, socket, version):
+def _weights(model, socket, version, store_uid):
     if isinstance(model, str):
-        return _hearth.attach(model, socket=socket, version=version)
-    if socket is not None or version is not None:
-        raise ValueError("hearth.torch: socket/version apply only when model is a name")
+        return _hearth.attach(model, socket=socket, version=version, store_uid=store_uid)
+    if socket is not None or version is not None or store_uid is not None:
+        raise ValueError("hearth.torch: socket/version/store_uid apply only when model is a name")
     return model

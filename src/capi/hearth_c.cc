@@ -1,11 +1,11 @@
 // The C ABI (include/hearth/hearth.h) over hearth::AttachClient.
-#include "hearth/hearth.h"
-
+#include <cstddef>
 #include <exception>
 #include <memory>
 #include <string>
 
 #include "hearth/attach.h"
+#include "hearth/hearth.h"
 
 namespace {
 
@@ -18,11 +18,16 @@ int32_t Fail(const hearth::Status& s) {
     case hearth::StatusCode::kInvalidArgument:
     case hearth::StatusCode::kFailedPrecondition:
       return HEARTH_ERROR_INVALID_ARGUMENT;
-    case hearth::StatusCode::kNotFound: return HEARTH_ERROR_NOT_FOUND;
-    case hearth::StatusCode::kPermissionDenied: return HEARTH_ERROR_PERMISSION_DENIED;
-    case hearth::StatusCode::kUnavailable: return HEARTH_ERROR_UNAVAILABLE;
-    case hearth::StatusCode::kResourceExhausted: return HEARTH_ERROR_RESOURCE_EXHAUSTED;
-    default: return HEARTH_ERROR_INTERNAL;
+    case hearth::StatusCode::kNotFound:
+      return HEARTH_ERROR_NOT_FOUND;
+    case hearth::StatusCode::kPermissionDenied:
+      return HEARTH_ERROR_PERMISSION_DENIED;
+    case hearth::StatusCode::kUnavailable:
+      return HEARTH_ERROR_UNAVAILABLE;
+    case hearth::StatusCode::kResourceExhausted:
+      return HEARTH_ERROR_RESOURCE_EXHAUSTED;
+    default:
+      return HEARTH_ERROR_INTERNAL;
   }
 }
 
@@ -71,14 +76,37 @@ int32_t hearth_abi_version(void) { return HEARTH_ABI_VERSION; }
 
 int32_t hearth_attach(const char* socket_path, const char* model, uint64_t version,
                       hearth_attachment** out) {
+  hearth_attach_options options{};
+  options.size = sizeof options;
+  options.socket_path = socket_path;
+  return hearth_attach_with_options(&options, model, version, out);
+}
+
+int32_t hearth_attach_with_options(const hearth_attach_options* options, const char* model,
+                                   uint64_t version, hearth_attachment** out) {
   try {
     if (out == nullptr) return Invalid("hearth_attach: out is NULL");
     *out = nullptr;
     if (model == nullptr || *model == '\0') return Invalid("hearth_attach: no model name");
-    std::string path = socket_path != nullptr && *socket_path != '\0'
-                           ? socket_path
-                           : hearth::AttachClient::DefaultSocketPath();
-    hearth::AttachClient client(std::move(path));
+    hearth::AttachOptions attach;
+    if (options != nullptr) {
+      // The fields of version 2; a later, larger struct is read only this far.
+      constexpr size_t kVersion2 =
+          offsetof(hearth_attach_options, trusted_store_uid_count) + sizeof(size_t);
+      if (options->size < kVersion2)
+        return Invalid(
+            "hearth_attach_with_options: options->size is smaller than the options "
+            "of ABI version 2 (set it to sizeof(hearth_attach_options))");
+      if (options->socket_path != nullptr) attach.socket_path = options->socket_path;
+      if (options->trusted_store_uid_count > 0) {
+        if (options->trusted_store_uids == nullptr)
+          return Invalid("hearth_attach_with_options: trusted_store_uids is NULL");
+        attach.trusted_store_uids.assign(
+            options->trusted_store_uids,
+            options->trusted_store_uids + options->trusted_store_uid_count);
+      }
+    }
+    hearth::AttachClient client(std::move(attach));
     auto attached = client.Attach(model, version);
     if (!attached.ok()) return Fail(attached.status());
     *out = new hearth_attachment{std::move(attached).value()};
@@ -137,8 +165,8 @@ int32_t hearth_copy_to_host(const hearth_attachment* a, size_t index, uint64_t o
       return Invalid("hearth_copy_to_host: NULL argument");
     const auto& tensors = a->attachment->tensors();
     if (index >= tensors.size()) return Invalid("hearth_copy_to_host: index out of range");
-    hearth::Status s = a->attachment->CopyToHost(
-        tensors[index], offset, std::span(static_cast<std::byte*>(dst), nbytes));
+    hearth::Status s = a->attachment->CopyToHost(tensors[index], offset,
+                                                 std::span(static_cast<std::byte*>(dst), nbytes));
     return s.ok() ? HEARTH_OK : Fail(s);
   } catch (...) {
     return FailUnexpected();

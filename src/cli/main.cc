@@ -1,13 +1,14 @@
 // `hearth`: the command-line entry point (store, inspect, make-model, and
 // the store administration commands list, status, load, unload).
-#include <CLI/CLI.hpp>
 #include <pthread.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -29,11 +30,21 @@
 namespace hearth {
 namespace {
 
-Store* g_store = nullptr;
+// What a SIGTERM or SIGINT reaches: the load in Store::Create (g_stop),
+// then the running store (g_store). The handler sets g_stop before it looks
+// at g_store and RunStore sets g_store before it looks at g_stop, so a signal
+// at any moment is seen by one of them (both atomics are lock-free, as a
+// signal handler needs).
+std::atomic<bool> g_stop{false};
+std::atomic<Store*> g_store{nullptr};
+volatile sig_atomic_t g_stop_signal = 0;
 volatile sig_atomic_t g_hold_done = 0;
+static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<Store*>::is_always_lock_free);
 
-void OnStopSignal(int) {
-  if (g_store != nullptr) g_store->Stop();
+void OnStopSignal(int signal_number) {
+  g_stop_signal = signal_number;
+  g_stop.store(true);
+  if (Store* store = g_store.load(); store != nullptr) store->Stop();
   g_hold_done = 1;
 }
 
@@ -75,13 +86,18 @@ void PrintTensorTable(const std::vector<T>& tensors) {
 
 // ---- hearth store ----------------------------------------------------------
 
+// Exits 0 after SIGTERM or SIGINT once serving; a signal during the initial
+// load stops it and exits 128 + the signal's number (143, 130), like a shell.
 int RunStore(const std::string& socket, const std::vector<std::string>& model_args,
              const std::string& device_text, const std::string& mode_text,
              const std::vector<uint32_t>& allow_uids, const std::vector<uint32_t>& allow_gids,
-             int load_threads) {
+             int load_threads, size_t max_connections, size_t max_partial_bytes) {
   StoreOptions options;
   options.socket_path = socket;
   options.load_threads = load_threads;
+  options.max_connections = max_connections;
+  options.max_partial_bytes = max_partial_bytes;
+  options.cancel = &g_stop;
   options.allow_uids.assign(allow_uids.begin(), allow_uids.end());
   options.allow_gids.assign(allow_gids.begin(), allow_gids.end());
   unsigned mode = 0;
@@ -106,13 +122,22 @@ int RunStore(const std::string& socket, const std::vector<std::string>& model_ar
   }
   InstallStopHandlers();
   Result<std::unique_ptr<Store>> store = Store::Create(std::move(options));
-  if (!store.ok()) return Fail(store.status());
-  g_store = store->get();
+  if (!store.ok()) {
+    if (g_stop.load()) {
+      const int sig = g_stop_signal;
+      std::fprintf(stderr, "hearth store: %s before the store was ready: %s\n", strsignal(sig),
+                   store.status().message().c_str());
+      return 128 + sig;
+    }
+    return Fail(store.status());
+  }
+  g_store.store(store->get());
+  if (g_stop.load()) (*store)->Stop();  // a signal that came before g_store was set
   spdlog::info("store ready on {} ({} models)", socket, model_args.size());
   std::printf("hearth store ready: socket %s\n", socket.c_str());
   std::fflush(stdout);
   Status s = (*store)->Run();
-  g_store = nullptr;
+  g_store.store(nullptr);
   if (!s.ok()) return Fail(s);
   return 0;
 }
@@ -233,11 +258,11 @@ void PrintMappingMemory(const Attachment& a) {
   std::printf("mapping: rss %llu KiB, pss %llu KiB\n", rss, pss);
 }
 
-int InspectStore(const std::string& socket, const std::string& model_text, bool verify,
+int InspectStore(const AttachOptions& store, const std::string& model_text, bool verify,
                  bool hold) {
   Result<ModelRef> ref = ModelRef::Parse(model_text);
   if (!ref.ok()) return Fail(ref.status());
-  AttachClient client(socket);
+  AttachClient client(store);
   auto attached = client.Attach(ref->name, ref->version);
   if (!attached.ok()) return Fail(attached.status());
   const Attachment& a = **attached;
@@ -266,8 +291,8 @@ int InspectStore(const std::string& socket, const std::string& model_text, bool 
 
 // ---- administration --------------------------------------------------------
 
-int ListModels(const std::string& socket) {
-  auto models = AttachClient(socket).ListModels();
+int ListModels(const AttachOptions& store) {
+  auto models = AttachClient(store).ListModels();
   if (!models.ok()) return Fail(models.status());
   std::printf("%-20s %8s %-8s %8s %14s %8s  %-16s  %s\n", "model", "version", "device", "tensors",
               "bytes", "attached", "checksum", "path");
@@ -280,8 +305,8 @@ int ListModels(const std::string& socket) {
   return 0;
 }
 
-int ShowStatus(const std::string& socket) {
-  auto status = AttachClient(socket).GetStatus();
+int ShowStatus(const AttachOptions& store) {
+  auto status = AttachClient(store).GetStatus();
   if (!status.ok()) return Fail(status.status());
   std::printf("store pid %d on %s, %u connections\n", status->pid,
               status->device.ToString().c_str(), status->connections);
@@ -299,14 +324,14 @@ int ShowStatus(const std::string& socket) {
   return 0;
 }
 
-int LoadModel(const std::string& socket, const std::string& arg) {
+int LoadModel(const AttachOptions& store, const std::string& arg) {
   const size_t eq = arg.find('=');
   if (eq == std::string::npos || eq == 0 || eq + 1 == arg.size())
     return Fail(InvalidArgument("'" + arg + "' is not NAME=FILE"));
   std::string path = arg.substr(eq + 1);
   char resolved[PATH_MAX];
   if (::realpath(path.c_str(), resolved) != nullptr) path = resolved;
-  auto loaded = AttachClient(socket).Load(arg.substr(0, eq), path);
+  auto loaded = AttachClient(store).Load(arg.substr(0, eq), path);
   if (!loaded.ok()) return Fail(loaded.status());
   std::printf("loaded %s@%llu (%u tensors, %llu bytes, checksum %s)\n", loaded->name.c_str(),
               static_cast<unsigned long long>(loaded->version), loaded->tensor_count,
@@ -315,10 +340,10 @@ int LoadModel(const std::string& socket, const std::string& arg) {
   return 0;
 }
 
-int UnloadModel(const std::string& socket, const std::string& model_text) {
+int UnloadModel(const AttachOptions& store, const std::string& model_text) {
   Result<ModelRef> ref = ModelRef::Parse(model_text);
   if (!ref.ok()) return Fail(ref.status());
-  auto removed = AttachClient(socket).Unload(ref->name, ref->version);
+  auto removed = AttachClient(store).Unload(ref->name, ref->version);
   if (!removed.ok()) return Fail(removed.status());
   std::printf("unloaded %u version(s) of %s\n", *removed, ref->name.c_str());
   return 0;
@@ -402,6 +427,15 @@ int main(int argc, char** argv) {
     cmd->add_option("--socket", socket, "the store's Unix socket ($HEARTH_SOCKET)")
         ->capture_default_str();
   };
+  // Clients of a store check who listens on its socket before they send or
+  // believe anything: its uid must be ours, root, or one of these.
+  std::vector<uint32_t> store_uids;
+  auto add_client_options = [&](CLI::App* cmd) {
+    add_socket(cmd);
+    cmd->add_option("--store-uid", store_uids,
+                    "also trust a store running as this uid (default: only ours and root; "
+                    "$HEARTH_STORE_UID adds a comma-separated list); repeatable");
+  };
 
   auto* store = app.add_subcommand("store", "load models once and share them with attaching processes");
   std::vector<std::string> models;
@@ -416,6 +450,17 @@ int main(int argc, char** argv) {
   store->add_option("--allow-uid", allow_uids, "also accept peers with this uid; repeatable");
   store->add_option("--allow-gid", allow_gids, "also accept peers with this gid; repeatable");
   store->add_option("--load-threads", load_threads, "reader threads per load (0 = automatic)")
+      ->capture_default_str();
+  size_t max_connections = 0, max_partial_bytes = StoreOptions{}.max_partial_bytes;
+  store
+      ->add_option("--max-connections", max_connections,
+                   "connections served at once; more are refused (0 = from the descriptor "
+                   "limit: half of it less a reserve of 64, at most 4096)")
+      ->capture_default_str();
+  store
+      ->add_option("--max-partial-bytes", max_partial_bytes,
+                   "bytes of unfinished messages buffered across all connections; a peer "
+                   "taking it past this is closed")
       ->capture_default_str();
 
   auto* serve = app.add_subcommand("serve", "serve a model repository over KServe v2 REST");
@@ -442,9 +487,14 @@ int main(int argc, char** argv) {
   std::string file, model;
   bool verify = false, hold = false;
   inspect->add_option("file", file, "a safetensors file");
-  add_socket(inspect);
+  add_client_options(inspect);
   inspect->add_option("--model", model, "NAME[@VERSION] to attach from the store");
-  inspect->add_flag("--verify", verify, "with --model: check the mapped bytes against the store's checksum");
+  inspect->add_flag("--verify", verify,
+                    "with --model: check the mapped bytes against the checksum in the store's "
+                    "manifest. This proves only that the bytes are what the store claims: that "
+                    "the store is the real one is the peer check's job (a store of another uid "
+                    "is refused unless trusted with --store-uid); compare with `hearth inspect "
+                    "FILE` to check against a checkpoint");
   inspect->add_flag("--hold", hold, "with --model: stay attached until SIGTERM or SIGINT");
 
   auto* make = app.add_subcommand("make-model", "write a deterministic synthetic checkpoint");
@@ -459,16 +509,16 @@ int main(int argc, char** argv) {
   make->add_option("--threads", threads, "generator threads (0 = all cores)");
 
   auto* list = app.add_subcommand("list", "list the models a store holds");
-  add_socket(list);
+  add_client_options(list);
   auto* status = app.add_subcommand("status", "show a store's attached clients and arenas");
-  add_socket(status);
+  add_client_options(status);
   auto* load = app.add_subcommand("load", "load a checkpoint into a running store as a new version");
   std::string load_arg;
-  add_socket(load);
+  add_client_options(load);
   load->add_option("model", load_arg, "NAME=FILE")->required();
   auto* unload = app.add_subcommand("unload", "remove a model (all versions, or NAME@VERSION)");
   std::string unload_arg;
-  add_socket(unload);
+  add_client_options(unload);
   unload->add_option("model", unload_arg, "NAME[@VERSION]")->required();
 
   auto* bench = app.add_subcommand(
@@ -506,16 +556,18 @@ int main(int argc, char** argv) {
 
   if (store->parsed()) {
     if (models.empty()) std::fprintf(stderr, "hearth store: no --model given; load models later with `hearth load`\n");
-    return RunStore(socket, models, device, socket_mode, allow_uids, allow_gids, load_threads);
+    return RunStore(socket, models, device, socket_mode, allow_uids, allow_gids, load_threads,
+                    max_connections, max_partial_bytes);
   }
   if (serve->parsed())
     return RunServe(repository, host, http_port, serve_device, serve_workers, exec_timeout_ms,
                     max_body_bytes, http_threads);
+  const AttachOptions client_options{socket, store_uids};
   if (inspect->parsed()) {
     if (!file.empty() && !model.empty())
       return Fail(InvalidArgument("give either FILE or --model, not both"));
     if (!file.empty()) return InspectFile(file);
-    if (!model.empty()) return InspectStore(socket, model, verify, hold);
+    if (!model.empty()) return InspectStore(client_options, model, verify, hold);
     return Fail(InvalidArgument("inspect needs FILE or --model NAME"));
   }
   if (bench->parsed()) {
@@ -524,9 +576,9 @@ int main(int argc, char** argv) {
     return RunBenchCommand(bench_options, bench_json);
   }
   if (make->parsed()) return MakeModel(kind, dims, dtype, seed, out, threads);
-  if (list->parsed()) return ListModels(socket);
-  if (status->parsed()) return ShowStatus(socket);
-  if (load->parsed()) return LoadModel(socket, load_arg);
-  if (unload->parsed()) return UnloadModel(socket, unload_arg);
+  if (list->parsed()) return ListModels(client_options);
+  if (status->parsed()) return ShowStatus(client_options);
+  if (load->parsed()) return LoadModel(client_options, load_arg);
+  if (unload->parsed()) return UnloadModel(client_options, unload_arg);
   return 0;
 }

@@ -57,7 +57,9 @@ std::vector<std::string> Components(const std::string& path) {
     while (i < path.size() && path[i] == '/') ++i;
     size_t j = i;
     while (j < path.size() && path[j] != '/') ++j;
-    if (j > i) parts.push_back(path.substr(i, j - i));
+    // "." adds nothing to a path; dropped so that "dir/." is checked as the
+    // directory itself rather than as an ancestor.
+    if (j > i && path.compare(i, j - i, ".") != 0) parts.push_back(path.substr(i, j - i));
     i = j;
   }
   return parts;
@@ -65,7 +67,11 @@ std::vector<std::string> Components(const std::string& path) {
 
 }  // namespace
 
-Status EnsureTrustedDirectory(const std::string& dir_in, mode_t mode) {
+Status EnsureTrustedDirectory(const std::string& dir, mode_t mode) {
+  return OpenTrustedDirectory(dir, mode).status();
+}
+
+Result<UniqueFd> OpenTrustedDirectory(const std::string& dir_in, mode_t mode) {
   if (dir_in.empty()) return InvalidArgument("empty directory path");
   std::string dir = dir_in;
   if (dir[0] != '/') {
@@ -82,10 +88,10 @@ Status EnsureTrustedDirectory(const std::string& dir_in, mode_t mode) {
   for (size_t i = 0; i < parts.size(); ++i) {
     const bool last = i + 1 == parts.size();
     path += "/" + parts[i];
-    if (parts[i] == ".") continue;
     // Directories above may be symlinks (their targets are checked); the
-    // directory itself may not.
-    const int flags = O_RDONLY | O_DIRECTORY | O_CLOEXEC | (last ? O_NOFOLLOW : 0);
+    // directory itself may not. O_PATH for those above: they need only be
+    // searchable (as a 0711 home directory is), not readable.
+    const int flags = O_DIRECTORY | O_CLOEXEC | (last ? O_RDONLY | O_NOFOLLOW : O_PATH);
     int fd = ::openat(at.get(), parts[i].c_str(), flags);
     if (fd < 0 && errno == ENOENT) {
       if (::mkdirat(at.get(), parts[i].c_str(), mode) != 0 && errno != EEXIST)
@@ -111,7 +117,7 @@ Status EnsureTrustedDirectory(const std::string& dir_in, mode_t mode) {
     at = std::move(next);
   }
   if (parts.empty()) return InvalidArgument("refusing / as a socket or run directory");
-  return Status::Ok();
+  return at;
 }
 
 Result<std::string> MakePrivateDirectory(std::string_view prefix) {

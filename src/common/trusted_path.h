@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "hearth/status.h"
+#include "hearth/unique_fd.h"
 
 namespace hearth {
 
@@ -24,6 +25,12 @@ namespace hearth {
 // described above. PermissionDenied naming the path, its owner and its mode
 // when a directory in it is not trusted.
 Status EnsureTrustedDirectory(const std::string& dir, mode_t mode);
+
+// The same, returning the directory opened (O_DIRECTORY|O_NOFOLLOW) by the
+// walk that checked it, so that the caller can work inside it through the
+// descriptor (openat, renameat, "/proc/self/fd/N/NAME") and never resolve the
+// path again.
+Result<UniqueFd> OpenTrustedDirectory(const std::string& dir, mode_t mode);
 
 // A new directory of our own, mode 0700, made with mkdtemp (an unpredictable
 // name that did not exist before): `$XDG_RUNTIME_DIR/hearth/<prefix>XXXXXX`

@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -10,17 +11,28 @@ namespace hearth::protocol {
 
 const char* MessageTypeName(MessageType type) {
   switch (type) {
-    case MessageType::kError: return "error";
-    case MessageType::kListModels: return "list-models";
-    case MessageType::kModelList: return "model-list";
-    case MessageType::kAttach: return "attach";
-    case MessageType::kManifest: return "manifest";
-    case MessageType::kStatus: return "status";
-    case MessageType::kStatusReply: return "status-reply";
-    case MessageType::kLoad: return "load";
-    case MessageType::kLoaded: return "loaded";
-    case MessageType::kUnload: return "unload";
-    case MessageType::kUnloaded: return "unloaded";
+    case MessageType::kError:
+      return "error";
+    case MessageType::kListModels:
+      return "list-models";
+    case MessageType::kModelList:
+      return "model-list";
+    case MessageType::kAttach:
+      return "attach";
+    case MessageType::kManifest:
+      return "manifest";
+    case MessageType::kStatus:
+      return "status";
+    case MessageType::kStatusReply:
+      return "status-reply";
+    case MessageType::kLoad:
+      return "load";
+    case MessageType::kLoaded:
+      return "loaded";
+    case MessageType::kUnload:
+      return "unload";
+    case MessageType::kUnloaded:
+      return "unloaded";
   }
   return "unknown";
 }
@@ -59,7 +71,8 @@ bool PayloadReader::Take(void* out, size_t n, const char* field) {
     return false;
   }
   if (bytes_.size() - pos_ < n) {
-    status_ = InvalidArgument(std::string("field '") + field + "' runs past the end of the message");
+    status_ =
+        InvalidArgument(std::string("field '") + field + "' runs past the end of the message");
     std::memset(out, 0, n);
     return false;
   }
@@ -131,7 +144,8 @@ void PutU32(std::byte* p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = std::byte((v >> (8 * i)) & 0xff);
 }
 uint16_t GetU16(const std::byte* p) {
-  return static_cast<uint16_t>(std::to_integer<unsigned>(p[0]) | (std::to_integer<unsigned>(p[1]) << 8));
+  return static_cast<uint16_t>(std::to_integer<unsigned>(p[0]) |
+                               (std::to_integer<unsigned>(p[1]) << 8));
 }
 uint32_t GetU32(const std::byte* p) {
   uint32_t v = 0;
@@ -185,6 +199,9 @@ Status SendFrame(int socket, std::span<const std::byte> frame, int pass_fd) {
   for (;;) {
     if (SendFrameOnce(socket, frame, pass_fd, 0) >= 0) return Status::Ok();
     if (errno == EINTR) continue;
+    if (errno == EPIPE || errno == ECONNRESET)
+      return Unavailable(std::string("send: the peer closed the connection (") +
+                         std::strerror(errno) + ")");
     return ErrnoError("send", errno);
   }
 }
@@ -203,6 +220,17 @@ Status SendMessage(int socket, MessageType type, std::span<const std::byte> payl
 }
 
 Result<bool> FrameAssembler::Add(std::span<const std::byte> frame, UniqueFd fd) {
+  Result<bool> r = AddChecked(frame, std::move(fd));
+  if (!r.ok()) {
+    // Nothing of a broken message is kept: the caller's budget sees it freed.
+    message_ = Message{};
+    started_ = false;
+    total_ = 0;
+  }
+  return r;
+}
+
+Result<bool> FrameAssembler::AddChecked(std::span<const std::byte> frame, UniqueFd fd) {
   if (frame.size() < kFrameHeaderBytes)
     return InvalidArgument("truncated frame: " + std::to_string(frame.size()) +
                            " bytes, shorter than the 16-byte header");
@@ -217,7 +245,8 @@ Result<bool> FrameAssembler::Add(std::span<const std::byte> frame, UniqueFd fd) 
     return InvalidArgument("protocol version " + std::to_string(version) +
                            " is not supported (this side speaks version " +
                            std::to_string(kVersion) + ")");
-  if (!IsKnownMessageType(type)) return InvalidArgument("unknown message type " + std::to_string(type));
+  if (!IsKnownMessageType(type))
+    return InvalidArgument("unknown message type " + std::to_string(type));
   if (total > kMaxMessageBytes)
     return InvalidArgument("message of " + std::to_string(total) + " bytes exceeds the limit of " +
                            std::to_string(kMaxMessageBytes));
@@ -227,7 +256,6 @@ Result<bool> FrameAssembler::Add(std::span<const std::byte> frame, UniqueFd fd) 
     message_ = Message{};
     message_.type = static_cast<MessageType>(type);
     message_.fd = std::move(fd);
-    message_.payload.reserve(total);
     total_ = total;
     started_ = true;
   } else {
@@ -238,16 +266,25 @@ Result<bool> FrameAssembler::Add(std::span<const std::byte> frame, UniqueFd fd) 
   }
   if (n > total_ - message_.payload.size())
     return InvalidArgument("frame carries more bytes than its message's declared length");
-  message_.payload.insert(message_.payload.end(), frame.begin() + kFrameHeaderBytes, frame.end());
   if (n == 0 && message_.payload.size() < total_)
     return InvalidArgument("empty continuation frame");
+  std::vector<std::byte>& payload = message_.payload;
+  if (payload.capacity() - payload.size() < n) {
+    // Doubling keeps appends amortised O(1); the declared total caps it, so a
+    // complete message costs no more than its size.
+    const size_t want = std::max(payload.size() + n, 2 * payload.capacity());
+    payload.reserve(std::min<size_t>(want, total_));
+  }
+  payload.insert(payload.end(), frame.begin() + kFrameHeaderBytes, frame.end());
   return message_.payload.size() == total_;
 }
 
 Message FrameAssembler::TakeMessage() {
   started_ = false;
   total_ = 0;
-  return std::move(message_);
+  Message m = std::move(message_);
+  message_ = Message{};
+  return m;
 }
 
 Result<size_t> ReceiveFrame(int socket, std::span<std::byte> buffer, UniqueFd* fd,
@@ -270,6 +307,7 @@ Result<size_t> ReceiveFrame(int socket, std::span<std::byte> buffer, UniqueFd* f
       *would_block = true;
       return size_t{0};
     }
+    if (errno == ECONNRESET) return Unavailable("connection reset by the peer");
     return ErrnoError("receive", errno);
   }
   std::vector<UniqueFd> fds;

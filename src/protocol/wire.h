@@ -11,9 +11,9 @@
 // Integers are little-endian; strings are u32 length + bytes.
 #pragma once
 
-#include <cstddef>
 #include <sys/types.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -101,7 +101,8 @@ class PayloadReader {
 };
 
 // Sends one message (as many frames as it needs). `pass_fd` >= 0 travels with
-// the first frame. Blocking; EINTR is retried; MSG_NOSIGNAL.
+// the first frame. Blocking; EINTR is retried; MSG_NOSIGNAL. A peer that has
+// closed gives Unavailable (its last words may still be there to receive).
 Status SendMessage(int socket, MessageType type, std::span<const std::byte> payload,
                    int pass_fd = -1);
 
@@ -114,22 +115,38 @@ std::vector<std::vector<std::byte>> EncodeFrames(MessageType type,
                                                  std::span<const std::byte> payload);
 
 // Reassembles frames into messages and checks every header.
+//
+// Memory grows with the bytes that really arrived, never with the total a
+// first frame declares: a peer that announces 16 MiB and sends 32 KiB costs
+// about 32 KiB. allocated_bytes() lets a caller charge an unfinished message
+// against a budget shared by many peers.
 class FrameAssembler {
  public:
   // Feeds one received frame. Returns true when a message is complete (then
   // TakeMessage()), false if more frames are needed, or an error that names
-  // what is wrong with the frame.
+  // what is wrong with the frame (the message in progress is then dropped).
   Result<bool> Add(std::span<const std::byte> frame, UniqueFd fd);
   Message TakeMessage();
 
+  // Whether a message has started and not yet completed.
+  bool in_progress() const { return started_; }
+  // Heap bytes held for the message in progress (or the completed one not
+  // yet taken): at most twice the payload bytes received, and never more
+  // than the declared total.
+  size_t allocated_bytes() const { return message_.payload.capacity(); }
+
  private:
+  Result<bool> AddChecked(std::span<const std::byte> frame, UniqueFd fd);
+
   Message message_;
   bool started_ = false;
   uint32_t total_ = 0;
 };
 
 // Receives one frame (non-blocking sockets return Unavailable("would block")
-// via *would_block). A peer that closed gives Unavailable "connection closed".
+// via *would_block). A peer that closed gives Unavailable "connection closed",
+// or "connection reset" if it closed with input of ours unread (what it sent
+// before closing can then still be received).
 // The frame buffer must be kFrameHeaderBytes + kMaxFramePayload long; a larger
 // frame is an error.
 Result<size_t> ReceiveFrame(int socket, std::span<std::byte> buffer, UniqueFd* fd,

@@ -18,8 +18,8 @@ namespace hearth {
 namespace {
 
 struct Block {
-  size_t tensor;       // index into the checkpoint's (name-sorted) tensors
-  uint64_t offset;     // inside the tensor
+  size_t tensor;    // index into the checkpoint's (name-sorted) tensors
+  uint64_t offset;  // inside the tensor
   uint64_t len;
 };
 
@@ -28,6 +28,9 @@ struct Block {
 Result<LoadedModel> LoadCheckpoint(const std::string& path, Device device,
                                    const LoadOptions& options) {
   const auto start = std::chrono::steady_clock::now();
+  auto cancelled = [&] {
+    return options.cancel != nullptr && options.cancel->load(std::memory_order_relaxed);
+  };
   ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(path));
   const std::vector<TensorInfo>& tensors = checkpoint.tensors();
 
@@ -53,6 +56,7 @@ Result<LoadedModel> LoadCheckpoint(const std::string& path, Device device,
   }
   std::vector<uint64_t> digests(blocks.size());
 
+  if (cancelled()) return Unavailable("loading " + path + ": interrupted: the store is stopping");
   ASSIGN_OR_RETURN(loaded.arena, Arena::Create(device, arena_size));
   int threads = options.threads > 0
                     ? options.threads
@@ -74,6 +78,7 @@ Result<LoadedModel> LoadCheckpoint(const std::string& path, Device device,
 
   auto work = [&](int t) {
     for (size_t b = next++; b < blocks.size() && !failed; b = next++) {
+      if (cancelled()) return fail(Unavailable("interrupted: the store is stopping"));
       const Block& block = blocks[b];
       const TensorInfo& tensor = tensors[block.tensor];
       auto buffer = writer->Begin(t, offsets[block.tensor] + block.offset, block.len);
@@ -120,25 +125,26 @@ Result<LoadedModel> LoadCheckpoint(const std::string& path, Device device,
   RETURN_IF_ERROR(finish.WithContext("loading " + path));
   RETURN_IF_ERROR(loaded.arena->Seal());
   loaded.manifest.checksum = CombineBlockDigests(digests);
-  loaded.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  loaded.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return loaded;
 }
 
 std::function<void(uint64_t, uint64_t)> TerminalProgress(std::string label) {
   if (!::isatty(STDERR_FILENO)) return {};
   const auto start = std::chrono::steady_clock::now();
-  return [label = std::move(label), start, finished = false](uint64_t done, uint64_t total) mutable {
-    if (finished) return;
-    finished = done == total;
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double rate = s > 0 ? static_cast<double>(done) / s : 0;
-    const double left = rate > 0 ? static_cast<double>(total - done) / rate : 0;
-    std::fprintf(stderr, "\r%s: %.2f/%.2f GiB  %.1f GB/s  %.1f s left   %s", label.c_str(),
-                 static_cast<double>(done) / (1 << 30), static_cast<double>(total) / (1 << 30),
-                 rate / 1e9, left, done == total ? "\n" : "");
-    std::fflush(stderr);
-  };
+  return
+      [label = std::move(label), start, finished = false](uint64_t done, uint64_t total) mutable {
+        if (finished) return;
+        finished = done == total;
+        const double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        const double rate = s > 0 ? static_cast<double>(done) / s : 0;
+        const double left = rate > 0 ? static_cast<double>(total - done) / rate : 0;
+        std::fprintf(stderr, "\r%s: %.2f/%.2f GiB  %.1f GB/s  %.1f s left   %s", label.c_str(),
+                     static_cast<double>(done) / (1 << 30), static_cast<double>(total) / (1 << 30),
+                     rate / 1e9, left, done == total ? "\n" : "");
+        std::fflush(stderr);
+      };
 }
 
 }  // namespace hearth

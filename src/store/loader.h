@@ -8,6 +8,7 @@
 // hot in cache, and hand it back. The checksum falls out of the block hashes.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -25,12 +26,16 @@ struct LoadOptions {
   int threads = 0;
   // Called from one thread, about every 100 ms and once at the end.
   std::function<void(uint64_t done_bytes, uint64_t total_bytes)> progress;
+  // When set, read between blocks (16 MiB at most): once it holds true the
+  // load stops within one block per thread and fails with kUnavailable
+  // ("interrupted"), freeing the partial arena. A signal handler may set it.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 struct LoadedModel {
   std::unique_ptr<Arena> arena;  // sealed
-  Manifest manifest;  // model name and version left empty for the caller
-  double seconds = 0;  // from open to sealed
+  Manifest manifest;             // model name and version left empty for the caller
+  double seconds = 0;            // from open to sealed
 };
 
 Result<LoadedModel> LoadCheckpoint(const std::string& path, Device device,

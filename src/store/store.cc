@@ -1,8 +1,13 @@
 #include "hearth/store.h"
 
+#include <fcntl.h>
+#include <linux/sockios.h>
 #include <spdlog/spdlog.h>
+#include <stdio.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -16,9 +21,11 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
+#include "common/trusted_path.h"
 #include "hearth/arena.h"
 #include "hearth/manifest.h"
 #include "protocol/messages.h"
@@ -29,15 +36,60 @@ namespace hearth {
 namespace {
 
 using protocol::MessageType;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
 
-constexpr size_t kMaxConnections = 4096;
-constexpr size_t kMaxQueuedBytesPerConnection = 64u << 20;
 constexpr int kMaxFramesPerWakeup = 64;
+constexpr int kMaxAcceptsPerWakeup = 64;
+// Replies queued in the store for one connection past which its requests are
+// not read: with one reply in hand at most, a connection holds this plus one
+// message.
+constexpr size_t kPauseQueuedBytes = size_t{1} << 20;
+// Descriptors kept out of the automatic limits for the store itself (stdio,
+// epoll, eventfds, the listener and its directory, arenas, checkpoint files).
+constexpr size_t kDescriptorReserve = 64;
+constexpr size_t kMaxAutomaticConnections = 4096;
+// `hearth load` requests running at once; more are answered RESOURCE_EXHAUSTED.
+constexpr size_t kMaxConcurrentLoads = 4;
+constexpr milliseconds kMinAcceptBackoff(100);
+constexpr milliseconds kMaxAcceptBackoff(1000);
+constexpr milliseconds kLogInterval(1000);
+// How often descriptors sent but not seen read are looked at again (see
+// RefreshInFlight for why a wakeup alone is not enough).
+constexpr milliseconds kInFlightSweep(1000);
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+// At most one log line per interval for one kind of event; the next line
+// written says how many were left out. A flood of refused peers or failing
+// accepts then costs a line a second, not a line per event.
+class LogLimiter {
+ public:
+  // True if a line may be written now; *dropped receives the number left out since the last one.
+  bool Allow(uint64_t* dropped) {
+    const Clock::time_point now = Clock::now();
+    if (any_ && now - last_ < kLogInterval) {
+      ++dropped_;
+      return false;
+    }
+    any_ = true;
+    last_ = now;
+    *dropped = std::exchange(dropped_, 0);
+    return true;
+  }
+
+ private:
+  bool any_ = false;
+  Clock::time_point last_;
+  uint64_t dropped_ = 0;
+};
+
+std::string Dropped(uint64_t n) {
+  return n == 0 ? std::string() : " (" + std::to_string(n) + " similar lines left out)";
 }
 
 // One loaded version of a model. Shared by the registry (while registered)
@@ -78,6 +130,10 @@ struct OutgoingFrame {
   UniqueFd fd;
 };
 
+// One client. Registered edge-triggered for input and output: `readable`
+// remembers input the loop has not drained yet (it may stop reading a
+// connection on purpose), and an output edge, which comes each time the peer
+// reads a reply, is how the store learns that sent descriptors were taken.
 struct Connection {
   uint64_t id = 0;
   UniqueFd fd;
@@ -85,67 +141,173 @@ struct Connection {
   uid_t uid = 0;
   gid_t gid = 0;
   protocol::FrameAssembler assembler;
+  size_t partial_charged = 0;  // assembler bytes counted in Impl::partial_bytes_
   std::deque<OutgoingFrame> out;
   size_t queued_bytes = 0;
-  bool want_write = false;
+  size_t queued_fds = 0;     // descriptors in `out`
+  size_t in_flight_fds = 0;  // sent, not yet known to be read by the peer
+  // An attach that waits for the store-wide descriptor cap; while it is set
+  // nothing more is read from the connection.
+  std::optional<protocol::AttachRequest> deferred;
+  bool readable = true;
+  bool hung_up = false;
+  bool in_ready = false;
   std::vector<Lease> leases;
-  Status refusal;  // not OK: answer the first request with this, then close
 };
 
 struct LoadDone {
+  uint64_t load_id;
   uint64_t connection_id;
   std::string name;
   std::string path;
   Result<LoadedModel> result;
 };
 
-Status CreateSocketDirectory(const std::filesystem::path& dir) {
-  if (dir.empty()) return Status::Ok();
-  std::error_code ec;
-  if (std::filesystem::is_directory(dir, ec)) return Status::Ok();
-  RETURN_IF_ERROR(CreateSocketDirectory(dir.parent_path()));
-  if (::mkdir(dir.c_str(), 0750) != 0 && errno != EEXIST)
-    return ErrnoError("creating socket directory " + dir.string(), errno);
+// The socket's directory, opened once by the walk that checked it. Every
+// later operation on the socket file goes through this descriptor, so that
+// what was checked is what is used, whatever happens to the path.
+struct SocketFile {
+  std::string path;  // as given, for messages and for clients
+  std::string dir_path;
+  std::string name;
+  UniqueFd dir;
+  bool bound = false;
+  dev_t dev = 0;
+  ino_t ino = 0;
+
+  // A path for bind/connect that names `entry` inside the opened directory
+  // without resolving dir_path again: /proc/self/fd/N/entry where /proc is
+  // there and the result fits sun_path, else dir_path/entry (the directory
+  // and every one above it passed the trust check, so only our uid or root
+  // could change what it resolves to).
+  std::string Within(const std::string& entry) const {
+    const std::string proc = "/proc/self/fd/" + std::to_string(dir.get());
+    struct stat st;
+    if (proc.size() + 1 + entry.size() < sizeof(sockaddr_un::sun_path) &&
+        ::stat(proc.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+      return proc + "/" + entry;
+    return dir_path + "/" + entry;
+  }
+};
+
+Status FillAddress(const std::string& path, sockaddr_un* addr) {
+  *addr = sockaddr_un{};
+  addr->sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof addr->sun_path)
+    return InvalidArgument("socket path '" + path + "' is empty or longer than " +
+                           std::to_string(sizeof addr->sun_path - 1) + " bytes");
+  std::memcpy(addr->sun_path, path.c_str(), path.size() + 1);
   return Status::Ok();
 }
 
-// Binds a listening SOCK_SEQPACKET socket at `path`, replacing a stale socket
-// file but refusing to take over from a store that still answers.
-Result<UniqueFd> Listen(const std::string& path, mode_t mode) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.empty() || path.size() >= sizeof addr.sun_path)
-    return InvalidArgument("socket path '" + path + "' is empty or longer than " +
-                           std::to_string(sizeof addr.sun_path - 1) + " bytes");
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  RETURN_IF_ERROR(CreateSocketDirectory(std::filesystem::path(path).parent_path()));
+const char* FileKind(mode_t mode) {
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  return "not a socket";
+}
 
+// Checks and opens (creating it 0750 if missing) the directory of `path`.
+Result<SocketFile> OpenSocketFile(const std::string& path) {
+  sockaddr_un addr;
+  RETURN_IF_ERROR(FillAddress(path, &addr));
+  const std::filesystem::path absolute = std::filesystem::absolute(path);
+  SocketFile f;
+  f.path = path;
+  f.name = absolute.filename().string();
+  f.dir_path = absolute.parent_path().string();
+  if (f.name.empty() || f.name == "." || f.name == "..")
+    return InvalidArgument("socket path '" + path + "' does not end in a file name");
+  ASSIGN_OR_RETURN(f.dir, OpenTrustedDirectory(f.dir_path, 0750));
+  return f;
+}
+
+// Whether something is at the socket's name: nothing (false), a stale socket
+// nobody answers on (true), or an error for anything else: another store that
+// answers, or a file that is not a socket (never replaced: it is not ours to
+// remove).
+Result<bool> CheckSocketName(const SocketFile& f) {
   struct stat st;
-  if (::lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode))
-      return AlreadyExists("socket path " + path + " exists and is not a socket");
-    UniqueFd probe(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-    if (probe && ::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0)
-      return AlreadyExists("another store is serving at " + path);
-    spdlog::info("removing stale socket {}", path);
-    ::unlink(path.c_str());
+  if (::fstatat(f.dir.get(), f.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (errno == ENOENT) return false;
+    return ErrnoError("checking " + f.path, errno);
   }
+  if (!S_ISSOCK(st.st_mode))
+    return AlreadyExists("socket path " + f.path + " exists and is " + FileKind(st.st_mode) +
+                         ", not a socket; refusing to replace it");
+  sockaddr_un addr;
+  RETURN_IF_ERROR(FillAddress(f.Within(f.name), &addr));
+  // Non-blocking: a live store whose backlog is full answers EAGAIN instead
+  // of making this wait.
+  UniqueFd probe(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!probe) return ErrnoError("socket", errno);
+  if (::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 ||
+      errno == EAGAIN || errno == EINPROGRESS)
+    return AlreadyExists("another store is serving at " + f.path);
+  return true;
+}
 
+// Binds the listening socket at f.name, race-free: bind(2) cannot take a
+// directory descriptor and fchmod(2) of an AF_UNIX socket does not reach the
+// file bind creates, so the socket is bound under a temporary name inside the
+// checked directory, given its mode there, made to listen, and only then
+// renamed to its name. Nobody but our uid (or root) can touch entries of that
+// directory, so the chmod reaches the file bind made; the rename replaces a
+// stale socket atomically and never follows or removes anything outside the
+// directory; and the name never shows a socket with the wrong mode or one
+// that does not listen yet.
+Result<UniqueFd> BindSocket(SocketFile& f, mode_t mode) {
+  const std::string temp = "." + f.name + "." + std::to_string(::getpid()) + ".new";
+  ::unlinkat(f.dir.get(), temp.c_str(), 0);  // a leftover of a crashed store with our pid
+  sockaddr_un addr;
+  RETURN_IF_ERROR(FillAddress(f.Within(temp), &addr));
   UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd) return ErrnoError("socket", errno);
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
-    return ErrnoError("bind " + path, errno);
-  if (::chmod(path.c_str(), mode) != 0) {
-    const int err = errno;
-    ::unlink(path.c_str());
-    return ErrnoError("chmod " + path, err);
+    return ErrnoError("bind " + f.dir_path + "/" + temp, errno);
+  auto fail = [&](const std::string& what, int err) {
+    ::unlinkat(f.dir.get(), temp.c_str(), 0);
+    return ErrnoError(what, err);
+  };
+  if (::fchmodat(f.dir.get(), temp.c_str(), mode & 0777, 0) != 0)
+    return fail("chmod " + f.dir_path + "/" + temp, errno);
+  if (::listen(fd.get(), 128) != 0) return fail("listen " + f.path, errno);
+  for (int attempt = 0;; ++attempt) {
+    Result<bool> stale = CheckSocketName(f);
+    if (!stale.ok()) {
+      ::unlinkat(f.dir.get(), temp.c_str(), 0);
+      return stale.status();
+    }
+    if (*stale) spdlog::info("replacing the stale socket {}", f.path);
+    const unsigned flags = *stale ? 0 : RENAME_NOREPLACE;
+    if (::renameat2(f.dir.get(), temp.c_str(), f.dir.get(), f.name.c_str(), flags) == 0) break;
+    // EEXIST: another store took the name since the check; look again once.
+    if (errno != EEXIST || attempt > 0) return fail("renaming the socket into " + f.path, errno);
   }
-  if (::listen(fd.get(), 128) != 0) {
-    const int err = errno;
-    ::unlink(path.c_str());
-    return ErrnoError("listen " + path, err);
+  struct stat st;
+  if (::fstatat(f.dir.get(), f.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    f.dev = st.st_dev;
+    f.ino = st.st_ino;
   }
+  f.bound = true;
   return fd;
+}
+
+// Removes the socket file if it is still the one this store bound.
+void RemoveSocketFile(SocketFile& f) {
+  if (!f.bound) return;
+  f.bound = false;
+  struct stat st;
+  if (::fstatat(f.dir.get(), f.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+      S_ISSOCK(st.st_mode) && st.st_dev == f.dev && st.st_ino == f.ino)
+    ::unlinkat(f.dir.get(), f.name.c_str(), 0);
+}
+
+size_t DescriptorLimit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return size_t{1} << 20;
+  return static_cast<size_t>(rl.rlim_cur);
 }
 
 }  // namespace
@@ -155,7 +317,8 @@ class Store::Impl {
   explicit Impl(StoreOptions options) : options_(std::move(options)) {}
 
   ~Impl() {
-    for (std::thread& t : load_threads_) t.join();
+    cancel_loads_ = true;
+    for (auto& [id, t] : load_threads_) t.join();
   }
 
   Status Init() {
@@ -163,12 +326,20 @@ class Store::Impl {
     load_fd_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     epoll_.Reset(::epoll_create1(EPOLL_CLOEXEC));
     if (!stop_fd_ || !load_fd_ || !epoll_) return ErrnoError("creating the event loop", errno);
+    SetLimits();
+    // The directory and the name are checked before loading, so that a bad
+    // directory or a store already serving there fails at once rather than
+    // after minutes of loading; the socket is bound after loading.
+    ASSIGN_OR_RETURN(socket_, OpenSocketFile(options_.socket_path));
+    RETURN_IF_ERROR(CheckSocketName(socket_).status());
     for (const auto& [name, path] : options_.models) {
       if (name.empty() || name.find('@') != std::string::npos)
         return InvalidArgument("model name '" + name + "' is empty or contains '@'");
       LoadOptions load;
       load.threads = options_.load_threads;
+      load.cancel = options_.cancel;
       if (options_.show_progress) load.progress = TerminalProgress(name);
+      spdlog::info("loading {} from {}", name, path);
       Result<LoadedModel> loaded = LoadCheckpoint(path, options_.device, load);
       if (!loaded.ok()) return loaded.status();
       const auto& v = Register(name, path, std::move(loaded).value());
@@ -180,8 +351,9 @@ class Store::Impl {
                        ? static_cast<double>(v.manifest.arena_size) / seconds_of_last_load_ / 1e9
                        : 0.0);
     }
-    ASSIGN_OR_RETURN(listen_, Listen(options_.socket_path, options_.socket_mode));
-    socket_bound_ = true;
+    if (options_.cancel != nullptr && options_.cancel->load())
+      return Unavailable("interrupted before the socket was bound: the store is stopping");
+    ASSIGN_OR_RETURN(listen_, BindSocket(socket_, options_.socket_mode));
     RETURN_IF_ERROR(Watch(listen_.get(), EPOLLIN, kListenTag));
     RETURN_IF_ERROR(Watch(stop_fd_.get(), EPOLLIN, kStopTag));
     RETURN_IF_ERROR(Watch(load_fd_.get(), EPOLLIN, kLoadTag));
@@ -191,7 +363,8 @@ class Store::Impl {
   Status Run() {
     std::vector<epoll_event> events(64);
     while (!stopping_) {
-      const int n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()), -1);
+      const int n =
+          ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()), TimeoutMs());
       if (n < 0) {
         if (errno == EINTR) continue;
         return ErrnoError("epoll_wait", errno);
@@ -201,13 +374,15 @@ class Store::Impl {
         if (tag == kStopTag) {
           stopping_ = true;
         } else if (tag == kListenTag) {
-          AcceptAll();
+          AcceptSome();
         } else if (tag == kLoadTag) {
           FinishLoads();
         } else {
-          OnConnection(tag, events[i].events);
+          OnConnectionEvent(tag, events[i].events);
         }
       }
+      RunTimers();
+      ServiceReady();
     }
     Shutdown();
     return Status::Ok();
@@ -219,14 +394,43 @@ class Store::Impl {
     [[maybe_unused]] ssize_t n = ::write(stop_fd_.get(), &one, sizeof one);
   }
 
+  void RemoveSocket() { RemoveSocketFile(socket_); }
+
  private:
   static constexpr uint64_t kStopTag = 1, kListenTag = 2, kLoadTag = 3, kFirstConnection = 16;
+
+  void SetLimits() {
+    const size_t limit = DescriptorLimit();
+    const size_t reserve = std::min(kDescriptorReserve, limit / 4);
+    const size_t available = limit > reserve ? limit - reserve : 1;
+    per_connection_fds_ = std::max<size_t>(1, options_.max_unread_descriptors_per_connection);
+    max_connections_ = options_.max_connections > 0
+                           ? options_.max_connections
+                           : std::clamp<size_t>(available / 2, 1, kMaxAutomaticConnections);
+    max_unread_fds_ =
+        options_.max_unread_descriptors > 0
+            ? options_.max_unread_descriptors
+            : std::max<size_t>(
+                  1, std::min(available > max_connections_ ? available - max_connections_ : 1,
+                              max_connections_ * per_connection_fds_));
+    max_partial_bytes_ = options_.max_partial_bytes;
+    spdlog::info(
+        "limits: {} connections, {} unread descriptors ({} per connection), {} bytes of "
+        "unfinished messages; descriptor limit {}",
+        max_connections_, max_unread_fds_, per_connection_fds_, max_partial_bytes_, limit);
+    if (max_connections_ + max_unread_fds_ + reserve > limit)
+      spdlog::warn(
+          "{} connections and {} unread descriptors may need more than the descriptor limit of "
+          "{}; accepts will back off when it is reached",
+          max_connections_, max_unread_fds_, limit);
+  }
 
   Status Watch(int fd, uint32_t events, uint64_t tag) {
     epoll_event ev{};
     ev.events = events;
     ev.data.u64 = tag;
-    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) return ErrnoError("epoll_ctl", errno);
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0)
+      return ErrnoError("epoll_ctl", errno);
     return Status::Ok();
   }
 
@@ -255,6 +459,11 @@ class Store::Impl {
     return v == it->second.end() ? nullptr : v->second;
   }
 
+  Connection* FindConnection(uint64_t id) {
+    auto it = connections_.find(id);
+    return it == connections_.end() ? nullptr : it->second.get();
+  }
+
   bool Authorized(uid_t uid, gid_t gid) const {
     if (uid == ::geteuid() || uid == 0) return true;
     if (std::find(options_.allow_uids.begin(), options_.allow_uids.end(), uid) !=
@@ -264,47 +473,120 @@ class Store::Impl {
            options_.allow_gids.end();
   }
 
-  void AcceptAll() {
-    for (;;) {
+  // ---- timers --------------------------------------------------------------
+
+  int TimeoutMs() const {
+    if (!ready_.empty()) return 0;
+    std::optional<Clock::time_point> next;
+    if (accept_paused_) next = accept_resume_at_;
+    if (in_flight_fds_ > 0) next = next ? std::min(*next, next_sweep_) : next_sweep_;
+    if (!next) return -1;
+    const auto left = std::chrono::ceil<milliseconds>(*next - Clock::now()).count();
+    return static_cast<int>(std::clamp<int64_t>(left, 0, 60000));
+  }
+
+  void RunTimers() {
+    const Clock::time_point now = Clock::now();
+    if (accept_paused_ && now >= accept_resume_at_) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = kListenTag;
+      ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, listen_.get(), &ev);
+      accept_paused_ = false;
+    }
+    if (in_flight_fds_ > 0 && now >= next_sweep_) {
+      next_sweep_ = now + kInFlightSweep;
+      for (auto& [id, c] : connections_) {
+        if (c->in_flight_fds > 0 && RefreshInFlight(*c)) MarkReady(*c);
+      }
+    }
+  }
+
+  // ---- accepting -----------------------------------------------------------
+
+  void AcceptSome() {
+    for (int i = 0; i < kMaxAcceptsPerWakeup; ++i) {
       UniqueFd fd(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
       if (!fd) {
-        if (errno == EINTR || errno == ECONNABORTED) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) spdlog::warn("accept: {}", std::strerror(errno));
-        return;
+        const int err = errno;
+        if (err == EINTR || err == ECONNABORTED) continue;
+        if (err == EAGAIN || err == EWOULDBLOCK) return;
+        // EMFILE, ENFILE, ENOBUFS, ENOMEM, or something unexpected: the
+        // listener stays readable, so polling it again at once would spin.
+        return PauseAccepting(err);
       }
-      ucred cred{};
-      socklen_t len = sizeof cred;
-      if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
-        spdlog::warn("SO_PEERCRED: {}", std::strerror(errno));
-        continue;
-      }
-      // A refused peer is answered when its first request arrives: closing at
-      // once would reset the connection and lose the error before it is read.
-      Status refusal;
-      if (!Authorized(cred.uid, cred.gid)) {
-        spdlog::warn("refused connection from pid {} uid {} gid {}: not allowed by --allow-uid/--allow-gid",
-                     cred.pid, cred.uid, cred.gid);
-        refusal = PermissionDenied("uid " + std::to_string(cred.uid) + " gid " +
-                                   std::to_string(cred.gid) + " may not use this store");
-      } else if (connections_.size() >= kMaxConnections) {
-        spdlog::warn("refused connection from pid {}: {} connections open", cred.pid,
-                     connections_.size());
-        refusal = ResourceExhausted("the store has too many open connections");
-      }
-      auto conn = std::make_unique<Connection>();
-      conn->id = next_connection_id_++;
-      conn->pid = cred.pid;
-      conn->uid = cred.uid;
-      conn->gid = cred.gid;
-      conn->fd = std::move(fd);
-      conn->refusal = std::move(refusal);
-      if (Status s = Watch(conn->fd.get(), EPOLLIN, conn->id); !s.ok()) {
-        spdlog::warn("{}", s.ToString());
-        continue;
-      }
-      spdlog::debug("connection {} from pid {} uid {}", conn->id, conn->pid, conn->uid);
-      connections_.emplace(conn->id, std::move(conn));
+      accept_backoff_ = milliseconds(0);
+      Admit(std::move(fd));
     }
+  }
+
+  void PauseAccepting(int err) {
+    accept_backoff_ = accept_backoff_.count() == 0
+                          ? kMinAcceptBackoff
+                          : std::min(2 * accept_backoff_, kMaxAcceptBackoff);
+    epoll_event ev{};
+    ev.data.u64 = kListenTag;
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, listen_.get(), &ev);
+    accept_paused_ = true;
+    accept_resume_at_ = Clock::now() + accept_backoff_;
+    if (uint64_t dropped; accept_log_.Allow(&dropped))
+      spdlog::warn("accept: {} ({} connections open, limit {}); not accepting for {} ms{}",
+                   std::strerror(err), connections_.size(), max_connections_,
+                   accept_backoff_.count(), Dropped(dropped));
+  }
+
+  void Admit(UniqueFd fd) {
+    Result<PeerCredentials> cred = GetPeerCredentials(fd.get());
+    if (!cred.ok()) {
+      if (uint64_t dropped; refuse_log_.Allow(&dropped))
+        spdlog::warn("dropping a connection: {}{}", cred.status().message(), Dropped(dropped));
+      return;
+    }
+    if (!Authorized(cred->uid, cred->gid)) {
+      if (uint64_t dropped; refuse_log_.Allow(&dropped))
+        spdlog::warn(
+            "refused connection from pid {} uid {} gid {}: not allowed by "
+            "--allow-uid/--allow-gid{}",
+            cred->pid, cred->uid, cred->gid, Dropped(dropped));
+      return Refuse(fd.get(),
+                    PermissionDenied("uid " + std::to_string(cred->uid) + " gid " +
+                                     std::to_string(cred->gid) + " may not use this store"));
+    }
+    if (connections_.size() >= max_connections_) {
+      if (uint64_t dropped; refuse_log_.Allow(&dropped))
+        spdlog::warn("refused connection from pid {}: {} connections open, the limit{}", cred->pid,
+                     connections_.size(), Dropped(dropped));
+      return Refuse(fd.get(), ResourceExhausted("the store is serving " +
+                                                std::to_string(connections_.size()) +
+                                                " connections, its limit (--max-connections); "
+                                                "try again later"));
+    }
+    auto conn = std::make_unique<Connection>();
+    conn->id = next_connection_id_++;
+    conn->pid = cred->pid;
+    conn->uid = cred->uid;
+    conn->gid = cred->gid;
+    conn->fd = std::move(fd);
+    if (Status s = Watch(conn->fd.get(), EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, conn->id);
+        !s.ok()) {
+      spdlog::warn("{}", s.ToString());
+      return;
+    }
+    spdlog::debug("connection {} from pid {} uid {}", conn->id, conn->pid, conn->uid);
+    Connection& c = *conn;
+    connections_.emplace(conn->id, std::move(conn));
+    MarkReady(c);  // a request may have arrived before the accept
+  }
+
+  // Answers a connection that is not admitted and closes it at once. What the
+  // peer already sent is read first: closing a Unix socket with unread input
+  // makes the peer's next read fail with ECONNRESET instead of the answer.
+  static void Refuse(int fd, const Status& why) {
+    char discard[16];
+    for (int i = 0; i < 16; ++i) {
+      if (::recv(fd, discard, sizeof discard, MSG_DONTWAIT | MSG_TRUNC) <= 0) break;
+    }
+    SendAndForget(fd, why);
   }
 
   // Best effort: one error message on a socket about to be closed.
@@ -315,45 +597,166 @@ class Store::Impl {
     }
   }
 
-  void OnConnection(uint64_t id, uint32_t events) {
-    auto it = connections_.find(id);
-    if (it == connections_.end()) return;
-    Connection& c = *it->second;
-    if (events & EPOLLOUT) {
-      if (!Flush(c)) return Close(id);
-    }
-    if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
-      for (int i = 0; i < kMaxFramesPerWakeup; ++i) {
-        UniqueFd fd;
-        bool would_block = false;
-        Result<size_t> n = protocol::ReceiveFrame(c.fd.get(), frame_buffer_, &fd, &would_block);
-        if (!n.ok()) {
-          if (n.status().code() == StatusCode::kUnavailable) return Close(id);
-          return Reject(id, n.status());
-        }
-        if (would_block) break;
-        if (!c.refusal.ok()) return Reject(id, c.refusal);
-        Result<bool> complete = c.assembler.Add(std::span(frame_buffer_.data(), *n), std::move(fd));
-        if (!complete.ok()) return Reject(id, complete.status());
-        if (*complete) {
-          protocol::Message message = c.assembler.TakeMessage();
-          if (message.fd.valid()) return Reject(id, InvalidArgument("clients may not send descriptors"));
-          if (Status s = Handle(c, message); !s.ok()) return Reject(id, s);
-          if (connections_.find(id) == connections_.end()) return;
-        }
+  // ---- serving connections -------------------------------------------------
+
+  void MarkReady(Connection& c) {
+    if (c.in_ready) return;
+    c.in_ready = true;
+    ready_.push_back(c.id);
+  }
+
+  void ServiceReady() {
+    std::vector<uint64_t> ready;
+    ready.swap(ready_);
+    for (uint64_t id : ready) {
+      if (Connection* c = FindConnection(id)) {
+        c->in_ready = false;
+        Service(id);
       }
-      if (!Flush(c)) return Close(id);
     }
   }
 
-  // A protocol violation or a refused peer: tell it why, log it, drop the connection.
-  void Reject(uint64_t id, Status why) {
-    auto it = connections_.find(id);
-    if (it == connections_.end()) return;
-    if (it->second->refusal.ok())
-      spdlog::warn("closing connection from pid {}: {}", it->second->pid, why.message());
-    Flush(*it->second);
-    SendAndForget(it->second->fd.get(), why);
+  void OnConnectionEvent(uint64_t id, uint32_t events) {
+    Connection* c = FindConnection(id);
+    if (c == nullptr) return;
+    if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) c->readable = true;
+    if (events & (EPOLLHUP | EPOLLERR)) c->hung_up = true;
+    Service(id);
+  }
+
+  // Whether the store may read the connection's next request: not while an
+  // attach of it waits, nor while its peer leaves replies or descriptors unread.
+  bool MayRead(const Connection& c) const {
+    return !c.deferred && c.queued_bytes < kPauseQueuedBytes &&
+           c.queued_fds + c.in_flight_fds < per_connection_fds_;
+  }
+
+  // Everything a connection can do now: send what is queued, notice what its
+  // peer has read, run a waiting attach, read requests while it may.
+  void Service(uint64_t id) {
+    Connection* c = FindConnection(id);
+    if (c == nullptr) return;
+    if (!Flush(*c)) return Close(id);
+    RefreshInFlight(*c);
+    if (c->deferred && !c->hung_up) {
+      if (unread_fds_ >= max_unread_fds_) {
+        if (std::find(deferred_.begin(), deferred_.end(), id) == deferred_.end())
+          deferred_.push_front(id);
+        return;
+      }
+      protocol::AttachRequest req = std::move(*c->deferred);
+      c->deferred.reset();
+      HandleAttach(*c, req);
+      if (!Flush(*c)) return Close(id);
+    }
+    for (int i = 0; i < kMaxFramesPerWakeup && c->readable && MayRead(*c); ++i) {
+      if (!ReadOne(*c)) return;  // closed
+    }
+    if (c->readable && MayRead(*c)) {
+      MarkReady(*c);  // more to read: after the others had their turn
+    } else if (c->hung_up && !MayRead(*c)) {
+      Close(id);  // gone without reading its answers: nothing left to do for it
+    }
+  }
+
+  // Reads and handles one frame; false if the connection was closed.
+  bool ReadOne(Connection& c) {
+    const uint64_t id = c.id;
+    UniqueFd fd;
+    bool would_block = false;
+    Result<size_t> n = protocol::ReceiveFrame(c.fd.get(), frame_buffer_, &fd, &would_block);
+    if (!n.ok()) {
+      if (n.status().code() == StatusCode::kUnavailable) {
+        Close(id);
+      } else {
+        Reject(id, n.status());
+      }
+      return false;
+    }
+    if (would_block) {
+      c.readable = false;
+      return true;
+    }
+    Result<bool> complete = c.assembler.Add(std::span(frame_buffer_.data(), *n), std::move(fd));
+    ChargePartial(c);
+    if (!complete.ok()) {
+      Reject(id, complete.status());
+      return false;
+    }
+    if (!*complete) {
+      if (partial_bytes_ > max_partial_bytes_) {
+        Reject(id,
+               ResourceExhausted(
+                   "unfinished messages of all connections hold " + std::to_string(partial_bytes_) +
+                   " bytes, more than the store's budget of " + std::to_string(max_partial_bytes_) +
+                   " (--max-partial-bytes); dropping this " + std::to_string(c.partial_charged) +
+                   "-byte message in progress"));
+        return false;
+      }
+      return true;
+    }
+    protocol::Message message = c.assembler.TakeMessage();
+    ChargePartial(c);
+    if (message.fd.valid()) {
+      Reject(id, InvalidArgument("clients may not send descriptors"));
+      return false;
+    }
+    if (Status s = Handle(c, message); !s.ok()) {
+      Reject(id, s);
+      return false;
+    }
+    if (!Flush(c)) {
+      Close(id);
+      return false;
+    }
+    return true;
+  }
+
+  void ChargePartial(Connection& c) {
+    const size_t now = c.assembler.allocated_bytes();
+    partial_bytes_ = partial_bytes_ - c.partial_charged + now;
+    c.partial_charged = now;
+  }
+
+  // Notices descriptors the peer has taken: SIOCOUTQ of a Unix socket is what
+  // the peer has not read yet of what was sent on it, so 0 means every reply
+  // and its descriptor was read. Returns true if the count went down. The
+  // output edge that wakes the loop when the peer reads comes an instant
+  // before the kernel's count drops, hence the periodic sweep as well.
+  bool RefreshInFlight(Connection& c) {
+    if (c.in_flight_fds == 0) return false;
+    int unread = 0;
+    if (::ioctl(c.fd.get(), SIOCOUTQ, &unread) != 0 || unread != 0) return false;
+    ReleaseUnread(c.in_flight_fds);
+    in_flight_fds_ -= c.in_flight_fds;
+    c.in_flight_fds = 0;
+    return true;
+  }
+
+  // Descriptors no longer counted against the store-wide cap: attaches that
+  // waited for it may run, the oldest first, as many as there is room for. A
+  // woken attach that finds the room taken again goes back to the front.
+  void ReleaseUnread(size_t n) {
+    unread_fds_ -= n;
+    size_t room = unread_fds_ < max_unread_fds_ ? max_unread_fds_ - unread_fds_ : 0;
+    while (room > 0 && !deferred_.empty()) {
+      const uint64_t id = deferred_.front();
+      deferred_.pop_front();
+      if (Connection* c = FindConnection(id); c != nullptr && c->deferred) {
+        MarkReady(*c);
+        --room;
+      }
+    }
+  }
+
+  // A protocol violation or a peer over a limit: tell it why, log it, drop the connection.
+  void Reject(uint64_t id, const Status& why) {
+    Connection* c = FindConnection(id);
+    if (c == nullptr) return;
+    if (uint64_t dropped; reject_log_.Allow(&dropped))
+      spdlog::warn("closing connection from pid {}: {}{}", c->pid, why.message(), Dropped(dropped));
+    Flush(*c);
+    SendAndForget(c->fd.get(), why);
     Close(id);
   }
 
@@ -363,10 +766,18 @@ class Store::Impl {
     Connection& c = *it->second;
     for (Lease& lease : c.leases) {
       --lease.model->leases;
-      spdlog::debug("lease on {}@{} by pid {} ended", lease.model->name, lease.model->version, c.pid);
+      spdlog::debug("lease on {}@{} by pid {} ended", lease.model->name, lease.model->version,
+                    c.pid);
     }
+    partial_bytes_ -= c.partial_charged;
+    // Descriptors already in the peer's socket stay with the peer; the store
+    // stops counting them with the connection, which was their only trace.
+    in_flight_fds_ -= c.in_flight_fds;
+    const size_t unread = c.queued_fds + c.in_flight_fds;
+    if (c.deferred) std::erase(deferred_, id);
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
     connections_.erase(it);
+    if (unread > 0) ReleaseUnread(unread);
     PruneRetired();
   }
 
@@ -376,6 +787,10 @@ class Store::Impl {
 
   void Queue(Connection& c, MessageType type, const std::vector<std::byte>& payload,
              UniqueFd fd = UniqueFd()) {
+    if (fd.valid()) {
+      ++c.queued_fds;
+      ++unread_fds_;
+    }
     auto frames = protocol::EncodeFrames(type, payload);
     for (size_t i = 0; i < frames.size(); ++i) {
       c.queued_bytes += frames[i].size();
@@ -387,8 +802,8 @@ class Store::Impl {
     Queue(c, MessageType::kError, protocol::EncodeError(status));
   }
 
-  // Sends what the socket takes now; false if the connection is broken or
-  // its reader has fallen too far behind.
+  // Sends what the socket takes now; false if the connection is broken. What
+  // does not fit waits for the next output edge.
   bool Flush(Connection& c) {
     while (!c.out.empty()) {
       OutgoingFrame& f = c.out.front();
@@ -398,20 +813,13 @@ class Store::Impl {
         if (errno == EAGAIN || errno == EWOULDBLOCK) break;
         return false;
       }
+      if (f.fd.valid()) {
+        --c.queued_fds;
+        ++c.in_flight_fds;
+        if (in_flight_fds_++ == 0) next_sweep_ = Clock::now() + kInFlightSweep;
+      }
       c.queued_bytes -= f.bytes.size();
       c.out.pop_front();
-    }
-    if (c.queued_bytes > kMaxQueuedBytesPerConnection) {
-      spdlog::warn("pid {} is not reading its replies; closing its connection", c.pid);
-      return false;
-    }
-    const bool want = !c.out.empty();
-    if (want != c.want_write) {
-      epoll_event ev{};
-      ev.events = EPOLLIN | (want ? EPOLLOUT : 0u);
-      ev.data.u64 = c.id;
-      ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, c.fd.get(), &ev);
-      c.want_write = want;
     }
     return true;
   }
@@ -431,21 +839,7 @@ class Store::Impl {
       }
       case MessageType::kAttach: {
         ASSIGN_OR_RETURN(protocol::AttachRequest req, protocol::DecodeAttach(m.payload));
-        std::shared_ptr<ModelVersion> v = Find(req.model);
-        if (!v) {
-          QueueError(c, NotFound("no model '" + req.model.ToString() + "' in this store"));
-          return Status::Ok();
-        }
-        Result<UniqueFd> fd = v->arena->Export();
-        if (!fd.ok()) {
-          spdlog::error("exporting {}@{}: {}", v->name, v->version, fd.status().ToString());
-          QueueError(c, fd.status());
-          return Status::Ok();
-        }
-        Queue(c, MessageType::kManifest, protocol::EncodeManifest(v->manifest), std::move(*fd));
-        ++v->leases;
-        c.leases.push_back({v, NowMs()});
-        spdlog::debug("pid {} attached {}@{}", c.pid, v->name, v->version);
+        HandleAttach(c, req);
         return Status::Ok();
       }
       case MessageType::kStatus: {
@@ -456,9 +850,14 @@ class Store::Impl {
       case MessageType::kLoad: {
         ASSIGN_OR_RETURN(protocol::LoadRequest req, protocol::DecodeLoad(m.payload));
         if (c.uid != ::geteuid()) {
-          spdlog::warn("refused load of {} by pid {} uid {}: only uid {} may load", req.name,
-                       c.pid, c.uid, ::geteuid());
+          spdlog::warn("refused load of {} by pid {} uid {}: only uid {} may load", req.name, c.pid,
+                       c.uid, ::geteuid());
           QueueError(c, PermissionDenied("only the store's own uid may load models"));
+          return Status::Ok();
+        }
+        if (load_threads_.size() >= kMaxConcurrentLoads) {
+          QueueError(c, ResourceExhausted(std::to_string(load_threads_.size()) +
+                                          " loads are running; try again when one has finished"));
           return Status::Ok();
         }
         StartLoad(c.id, std::move(req));
@@ -484,6 +883,35 @@ class Store::Impl {
         return InvalidArgument(std::string("a client may not send a '") +
                                protocol::MessageTypeName(m.type) + "' message");
     }
+  }
+
+  void HandleAttach(Connection& c, const protocol::AttachRequest& req) {
+    std::shared_ptr<ModelVersion> v = Find(req.model);
+    if (!v) {
+      QueueError(c, NotFound("no model '" + req.model.ToString() + "' in this store"));
+      return;
+    }
+    if (unread_fds_ >= max_unread_fds_) {
+      // Not an error: the answer waits, and the connection is not read
+      // meanwhile, until peers have read enough of the descriptors sent.
+      if (uint64_t dropped; cap_log_.Allow(&dropped))
+        spdlog::warn(
+            "{} descriptors sent are not read yet, the limit; attach of {} by pid {} waits{}",
+            unread_fds_, req.model.ToString(), c.pid, Dropped(dropped));
+      c.deferred = req;
+      deferred_.push_back(c.id);
+      return;
+    }
+    Result<UniqueFd> fd = v->arena->Export();
+    if (!fd.ok()) {
+      spdlog::error("exporting {}@{}: {}", v->name, v->version, fd.status().ToString());
+      QueueError(c, fd.status());
+      return;
+    }
+    Queue(c, MessageType::kManifest, protocol::EncodeManifest(v->manifest), std::move(*fd));
+    ++v->leases;
+    c.leases.push_back({v, NowMs()});
+    spdlog::debug("pid {} attached {}@{}", c.pid, v->name, v->version);
   }
 
   Result<uint32_t> Unload(const ModelRef& ref) {
@@ -530,17 +958,20 @@ class Store::Impl {
     spdlog::info("loading {} from {}", req.name, req.path);
     const Device device = options_.device;
     const int threads = options_.load_threads;
-    load_threads_.emplace_back([this, connection_id, req = std::move(req), device, threads] {
-      LoadOptions load;
-      load.threads = threads;
-      Result<LoadedModel> result = LoadCheckpoint(req.path, device, load);
-      {
-        std::lock_guard lock(loads_mu_);
-        loads_done_.push_back({connection_id, req.name, req.path, std::move(result)});
-      }
-      const uint64_t one = 1;
-      [[maybe_unused]] ssize_t n = ::write(load_fd_.get(), &one, sizeof one);
-    });
+    const uint64_t load_id = next_load_id_++;
+    load_threads_.emplace(
+        load_id, std::thread([this, load_id, connection_id, req = std::move(req), device, threads] {
+          LoadOptions load;
+          load.threads = threads;
+          load.cancel = &cancel_loads_;
+          Result<LoadedModel> result = LoadCheckpoint(req.path, device, load);
+          {
+            std::lock_guard lock(loads_mu_);
+            loads_done_.push_back({load_id, connection_id, req.name, req.path, std::move(result)});
+          }
+          const uint64_t one = 1;
+          [[maybe_unused]] ssize_t n = ::write(load_fd_.get(), &one, sizeof one);
+        }));
   }
 
   void FinishLoads() {
@@ -552,43 +983,41 @@ class Store::Impl {
       done.swap(loads_done_);
     }
     for (LoadDone& d : done) {
-      auto conn = connections_.find(d.connection_id);
+      if (auto t = load_threads_.find(d.load_id); t != load_threads_.end()) {
+        t->second.join();
+        load_threads_.erase(t);
+      }
+      Connection* conn = FindConnection(d.connection_id);
       if (!d.result.ok()) {
         spdlog::error("load of {} failed: {}", d.name, d.result.status().ToString());
-        if (conn != connections_.end()) QueueError(*conn->second, d.result.status());
+        if (conn != nullptr) QueueError(*conn, d.result.status());
       } else {
         const ModelVersion& v = Register(d.name, d.path, std::move(d.result).value());
         spdlog::info("loaded {}@{} from {} in {:.2f} s", v.name, v.version, v.path,
                      seconds_of_last_load_);
-        if (conn != connections_.end())
-          Queue(*conn->second, MessageType::kLoaded, protocol::EncodeLoaded(v.Summary()));
+        if (conn != nullptr)
+          Queue(*conn, MessageType::kLoaded, protocol::EncodeLoaded(v.Summary()));
       }
-      if (conn != connections_.end() && !Flush(*conn->second)) Close(d.connection_id);
+      if (conn != nullptr) MarkReady(*conn);
     }
   }
 
   void Shutdown() {
     spdlog::info("store shutting down");
-    if (socket_bound_) ::unlink(options_.socket_path.c_str());
-    socket_bound_ = false;
+    cancel_loads_ = true;
+    RemoveSocketFile(socket_);
     listen_.Reset();
     connections_.clear();
     registry_.clear();
   }
 
- public:
-  void UnlinkSocket() {
-    if (socket_bound_) ::unlink(options_.socket_path.c_str());
-    socket_bound_ = false;
-  }
-
- private:
   StoreOptions options_;
   UniqueFd epoll_, stop_fd_, load_fd_, listen_;
-  bool socket_bound_ = false;
+  SocketFile socket_;
   bool stopping_ = false;
   uint64_t next_connection_id_ = kFirstConnection;
   std::unordered_map<uint64_t, std::unique_ptr<Connection>> connections_;
+  std::vector<uint64_t> ready_;  // connections to service after this round of events
   std::map<std::string, std::map<uint64_t, std::shared_ptr<ModelVersion>>> registry_;
   std::map<std::string, uint64_t> last_version_;
   std::vector<std::weak_ptr<ModelVersion>> all_versions_;
@@ -596,15 +1025,32 @@ class Store::Impl {
   std::vector<std::byte> frame_buffer_ =
       std::vector<std::byte>(protocol::kFrameHeaderBytes + protocol::kMaxFramePayload + 1);
 
+  // Limits (SetLimits) and what is held against them.
+  size_t max_connections_ = 0;
+  size_t max_unread_fds_ = 0;
+  size_t per_connection_fds_ = 0;
+  size_t max_partial_bytes_ = 0;
+  size_t unread_fds_ = 0;          // queued or in flight, all connections
+  size_t in_flight_fds_ = 0;       // in flight, all connections
+  size_t partial_bytes_ = 0;       // assemblers' allocations, all connections
+  std::deque<uint64_t> deferred_;  // connections whose attach waits for unread_fds_ to drop
+  Clock::time_point next_sweep_;
+  bool accept_paused_ = false;
+  Clock::time_point accept_resume_at_;
+  milliseconds accept_backoff_{0};
+  LogLimiter accept_log_, refuse_log_, reject_log_, cap_log_;
+
+  std::atomic<bool> cancel_loads_{false};
   std::mutex loads_mu_;
   std::vector<LoadDone> loads_done_;
-  std::vector<std::thread> load_threads_;
+  uint64_t next_load_id_ = 1;
+  std::map<uint64_t, std::thread> load_threads_;
 };
 
 Store::Store(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Store::~Store() {
-  if (impl_) impl_->UnlinkSocket();
+  if (impl_) impl_->RemoveSocket();
 }
 
 Result<std::unique_ptr<Store>> Store::Create(StoreOptions options) {

@@ -1,7 +1,11 @@
 // The C ABI against a real store process.
 #include <dlfcn.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -68,12 +72,82 @@ TEST(CApi, ErrorsAreCodesAndMessagesNeverExceptions) {
   EXPECT_EQ(hearth_attach(nullptr, "m", 0, nullptr), HEARTH_ERROR_INVALID_ARGUMENT);
 }
 
+TEST(CApi, OptionsAreCheckedAndAttachWithOptionsWorksAsAttach) {
+  EXPECT_EQ(hearth_abi_version(), 2);
+  testing::TempDir dir;
+  const std::string model = dir.File("m.safetensors");
+  testing::WriteTestCheckpoint(model, 2, 100, 3);
+  const std::string socket = dir.File("s.sock");
+  testing::StoreProcess store(socket, {"--device", "cpu", "--model", "w=" + model});
+  ASSERT_EQ(store.startup_error(), "");
+
+  hearth_attachment* a = nullptr;
+  hearth_attach_options options{};
+  options.size = sizeof options;
+  options.socket_path = socket.c_str();
+  ASSERT_EQ(hearth_attach_with_options(&options, "w", 0, &a), HEARTH_OK) << hearth_last_error();
+  EXPECT_EQ(hearth_tensor_count(a), 4u);
+  hearth_detach(a);
+
+  options.size = sizeof(size_t);  // a caller that filled in less than version 2 has
+  EXPECT_EQ(hearth_attach_with_options(&options, "w", 0, &a), HEARTH_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(hearth_last_error(), "size"), nullptr) << hearth_last_error();
+  options.size = sizeof options;
+  options.trusted_store_uid_count = 1;
+  EXPECT_EQ(hearth_attach_with_options(&options, "w", 0, &a), HEARTH_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(a, nullptr);
+}
+
+// A store run by another uid (setpriv, as root) is refused unless trusted.
+TEST(CApi, AStoreOfAnotherUidIsRefusedUnlessTrusted) {
+  if (std::string why = testing::WhyNoOtherUid(); !why.empty()) GTEST_SKIP() << why;
+  constexpr uid_t kOther = 54330;
+  ::unsetenv("HEARTH_STORE_UID");
+  testing::TempDir dir;
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0711), 0);
+  const std::string model = dir.File("m.safetensors");
+  testing::WriteTestCheckpoint(model, 2, 100, 3);
+  ASSERT_EQ(::chmod(model.c_str(), 0644), 0);
+  testing::MakeDirectoryOwnedBy(dir.File("other"), kOther);
+  const std::string socket = dir.File("other/s.sock");
+  testing::StoreProcessOptions as_other;
+  as_other.prefix = testing::AsUid(kOther);
+  testing::StoreProcess store(
+      socket, {"--device", "cpu", "--socket-mode", "0666", "--model", "w=" + model}, as_other);
+  ASSERT_EQ(store.startup_error(), "");
+
+  hearth_attachment* a = nullptr;
+  ASSERT_EQ(hearth_attach(socket.c_str(), "w", 0, &a), HEARTH_ERROR_PERMISSION_DENIED);
+  EXPECT_EQ(a, nullptr);
+  const std::string error = hearth_last_error();
+  EXPECT_NE(error.find(socket), std::string::npos) << error;
+  EXPECT_NE(error.find("uid " + std::to_string(kOther)), std::string::npos) << error;
+  EXPECT_NE(error.find("pid " + std::to_string(store.pid())), std::string::npos) << error;
+
+  const uint32_t trusted[] = {kOther};
+  hearth_attach_options options{};
+  options.size = sizeof options;
+  options.socket_path = socket.c_str();
+  options.trusted_store_uids = trusted;
+  options.trusted_store_uid_count = 1;
+  ASSERT_EQ(hearth_attach_with_options(&options, "w", 0, &a), HEARTH_OK) << hearth_last_error();
+  hearth_detach(a);
+
+  ASSERT_EQ(::setenv("HEARTH_STORE_UID", std::to_string(kOther).c_str(), 1), 0);
+  a = nullptr;
+  EXPECT_EQ(hearth_attach(socket.c_str(), "w", 0, &a), HEARTH_OK) << hearth_last_error();
+  hearth_detach(a);
+  ::unsetenv("HEARTH_STORE_UID");
+}
+
 TEST(CApi, LibraryExportsOnlyTheCInterface) {
   void* lib = dlopen(HEARTH_LIBRARY_PATH, RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(lib, nullptr) << dlerror();
   EXPECT_NE(dlsym(lib, "hearth_attach"), nullptr);
   EXPECT_NE(dlsym(lib, "hearth_last_error"), nullptr);
-  EXPECT_EQ(dlsym(lib, "_ZN6hearth12AttachClient6AttachESt17basic_string_viewIcSt11char_traitsIcEEm"), nullptr);
+  EXPECT_EQ(
+      dlsym(lib, "_ZN6hearth12AttachClient6AttachESt17basic_string_viewIcSt11char_traitsIcEEm"),
+      nullptr);
   dlclose(lib);
 }
 

@@ -38,6 +38,18 @@ echo "$err" | grep -q "missing" || fail "missing checkpoint error: $err"
 err=$("$BIN" store --socket "$DIR/t.sock" --device tpu 2>&1) && fail "bad device accepted"
 echo "$err" | grep -q "tpu" || fail "bad device error: $err"
 "$BIN" --help | grep -q "make-model" || fail "--help"
+err=$("$BIN" store --socket "$DIR/s.sock" --device cpu 2>&1) && fail "second store on a live socket"
+echo "$err" | grep -q "another store is serving at $DIR/s.sock" || fail "second store error: $err"
+err=$(HEARTH_STORE_UID=12,x "$BIN" list --socket "$DIR/s.sock" 2>&1) && fail "bad HEARTH_STORE_UID accepted"
+echo "$err" | grep -q "HEARTH_STORE_UID='12,x'" || fail "bad HEARTH_STORE_UID error: $err"
+HEARTH_STORE_UID=12 "$BIN" list --socket "$DIR/s.sock" --store-uid 13 | grep -q "^m " \
+  || fail "trusting more uids must not stop a store of our own"
+for cmd in inspect list status load unload; do
+  "$BIN" "$cmd" --help | grep -q -- "--store-uid" || fail "$cmd --help lacks --store-uid"
+done
+"$BIN" inspect --help | tr -s ' \n' ' ' | grep -q "peer check" || fail "inspect --help: what --verify proves"
+"$BIN" store --help | grep -q -- "--max-connections" || fail "store --help lacks --max-connections"
+"$BIN" store --help | grep -q -- "--max-partial-bytes" || fail "store --help lacks --max-partial-bytes"
 kill -TERM $store; wait $store || fail "store exit status"
 [ ! -e "$DIR/s.sock" ] || fail "socket left behind"
 echo "cli ok"

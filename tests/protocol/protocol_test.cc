@@ -161,6 +161,47 @@ TEST(Protocol, AssemblerRejectsInterleavedFrames) {
   EXPECT_NE(bad.status().message().find("continuation"), std::string::npos);
 }
 
+// A peer that announces a large message and sends little of it costs what it
+// sent, not what it announced; a complete message costs its size.
+TEST(Protocol, AssemblerAllocatesWhatArrivesNotWhatIsAnnounced) {
+  std::vector<std::byte> payload(kMaxMessageBytes, std::byte{7});
+  const auto frames = EncodeFrames(MessageType::kLoad, payload);
+  FrameAssembler a;
+  size_t received = 0;
+  for (size_t i = 0; i + 1 < frames.size(); ++i) {
+    auto r = a.Add(frames[i], UniqueFd());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_FALSE(*r);
+    received += frames[i].size() - kFrameHeaderBytes;
+    ASSERT_TRUE(a.in_progress());
+    ASSERT_GE(a.allocated_bytes(), received);
+    ASSERT_LE(a.allocated_bytes(), 2 * received) << "after frame " << i;
+  }
+  auto done = a.Add(frames.back(), UniqueFd());
+  ASSERT_TRUE(done.ok() && *done);
+  EXPECT_EQ(a.allocated_bytes(), payload.size());
+  Message m = a.TakeMessage();
+  EXPECT_EQ(m.payload, payload);
+  EXPECT_EQ(a.allocated_bytes(), 0u);
+  EXPECT_FALSE(a.in_progress());
+}
+
+TEST(Protocol, AssemblerDropsABrokenMessageWhole) {
+  std::vector<std::byte> payload(3 * kMaxFramePayload, std::byte{1});
+  auto frames = EncodeFrames(MessageType::kLoad, payload);
+  FrameAssembler a;
+  ASSERT_TRUE(a.Add(frames[0], UniqueFd()).ok());
+  ASSERT_GT(a.allocated_bytes(), 0u);
+  ASSERT_FALSE(a.Add(frames[2], UniqueFd()).ok());  // skips a frame
+  EXPECT_EQ(a.allocated_bytes(), 0u);
+  EXPECT_FALSE(a.in_progress());
+  // And it starts afresh with the next message.
+  auto status = EncodeFrames(MessageType::kStatus, {});
+  auto r = a.Add(status[0], UniqueFd());
+  ASSERT_TRUE(r.ok() && *r);
+  EXPECT_EQ(a.TakeMessage().type, MessageType::kStatus);
+}
+
 TEST(Protocol, ModelRefParsing) {
   EXPECT_EQ(ModelRef::Parse("mlp")->version, 0u);
   EXPECT_EQ(ModelRef::Parse("mlp@12")->version, 12u);

@@ -77,9 +77,23 @@ def fd_count():
     return len(os.listdir("/proc/self/fd"))
 
 
-def maps_lines():
+def arena_permissions():
+    """The permissions ("r--s") of each mapping of an arena in this process."""
     with open("/proc/self/maps") as f:
-        return sum(1 for _ in f)
+        return [line.split()[1] for line in f if ARENA in line]
+
+
+def hearth_fds():
+    """Descriptors of the kinds libhearth opens: sockets and arena memfds."""
+    kinds = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the directory's own descriptor, gone by now
+            continue
+        if target.startswith("socket:") or ARENA in target:
+            kinds.append(target)
+    return len(kinds)
 
 
 def run_python(code, **env):
@@ -379,6 +393,76 @@ def test_bad_arguments():
         hearth.attach("")
     with pytest.raises(ValueError):
         hearth.attach("mlp", version=-1)
+    with pytest.raises(ValueError, match="store_uid"):
+        hearth.attach("mlp", store_uid="1000")
+    with pytest.raises(ValueError, match="store_uid"):
+        hearth.attach("mlp", store_uid=[1000, -1])
+
+
+# ---- whose store ----------------------------------------------------------
+
+OTHER_UID = 54331  # an unprivileged uid with no user entry
+SETPRIV = "/usr/bin/setpriv"
+
+
+@pytest.fixture
+def foreign_store(tmp_path):
+    """A `hearth store` run by OTHER_UID on a socket of its own; yields (socket, pid)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a store as another uid")
+    if not os.access(SETPRIV, os.X_OK):
+        pytest.skip(f"needs {SETPRIV} (util-linux)")
+    # A short path of our own (socket paths are limited to 107 bytes),
+    # searchable by the other uid.
+    top = tempfile.mkdtemp(prefix="hearth-py-uid-")
+    try:
+        os.chmod(top, 0o711)
+        model = os.path.join(top, "scale.safetensors")
+        subprocess.run([CLI, "make-model", "scale", "--dims", "10", "--seed", "3", "--out", model],
+                       check=True, capture_output=True, timeout=60)
+        os.chmod(model, 0o644)
+        own = os.path.join(top, "other")
+        os.mkdir(own, 0o755)
+        os.chown(own, OTHER_UID, OTHER_UID)
+        socket = os.path.join(own, "store.sock")
+        out_path = os.path.join(top, "store.out")
+        with open(out_path, "w") as out:
+            proc = subprocess.Popen(
+                [SETPRIV, f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups", "--",
+                 CLI, "store", "--socket", socket, "--device", "cpu", "--socket-mode", "0666",
+                 f"--model=scale={model}"],
+                stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 30
+            while "hearth store ready" not in pathlib.Path(out_path).read_text():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail("the other uid's store did not start:\n"
+                                + pathlib.Path(out_path).read_text())
+                time.sleep(0.02)
+            yield socket, proc.pid
+        finally:
+            proc.kill()
+            proc.wait()
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_store_of_another_uid_is_refused(foreign_store, monkeypatch):
+    socket, pid = foreign_store
+    monkeypatch.delenv("HEARTH_STORE_UID", raising=False)
+    with pytest.raises(hearth.PermissionDenied) as info:
+        len(hearth.attach("scale", socket=socket))
+    message = str(info.value)
+    assert socket in message and f"uid {OTHER_UID}" in message and f"pid {pid}" in message, message
+
+
+def test_a_store_of_a_trusted_uid_is_used(foreign_store, monkeypatch):
+    socket, _ = foreign_store
+    monkeypatch.delenv("HEARTH_STORE_UID", raising=False)
+    assert list(hearth.attach("scale", socket=socket, store_uid=OTHER_UID)) == ["weight"]
+    assert len(hearth.attach("scale", socket=socket, store_uid=[1, OTHER_UID])) == 1
+    monkeypatch.setenv("HEARTH_STORE_UID", f"7,{OTHER_UID}")
+    assert list(hearth.attach("scale", socket=socket)) == ["weight"]
 
 
 # ---- fork -----------------------------------------------------------------
@@ -456,17 +540,24 @@ def _cycle(socket):
 
 @host_only
 def test_thousand_attach_detach_cycles_leak_nothing(store):
+    # What hearth owns is counted (arena mappings, its sockets and memfds,
+    # DLPack exports), not the interpreter's own mappings or descriptors.
     for _ in range(5):
         _cycle(store.socket)
     gc.collect()
-    fds, lines, arenas = fd_count(), maps_lines(), arena_mappings()
+    fds, arenas = hearth_fds(), arena_permissions()
     exports = _dlpack.live_exports()
+    w = hearth.attach("mlp", socket=store.socket)
+    w["head.bias"]
+    assert arena_permissions() == arenas + ["r--s"], "one read-only shared mapping while attached"
+    del w
+    gc.collect()
+    assert arena_permissions() == arenas
     for _ in range(1000):
         _cycle(store.socket)
     gc.collect()
-    assert fd_count() == fds
-    assert maps_lines() == lines
-    assert arena_mappings() == arenas
+    assert hearth_fds() == fds
+    assert arena_permissions() == arenas
     assert _dlpack.live_exports() == exports
 
 
