@@ -51,6 +51,8 @@ constexpr size_t kDescriptorReserve = 64;
 constexpr size_t kMaxAutomaticConnections = 4096;
 // `hearth load` requests running at once; more are answered RESOURCE_EXHAUSTED.
 constexpr size_t kMaxConcurrentLoads = 4;
+// Loads asked for while kMaxConcurrentLoads run wait their turn, up to this many.
+constexpr size_t kMaxWaitingLoads = 256;
 constexpr milliseconds kMinAcceptBackoff(100);
 constexpr milliseconds kMaxAcceptBackoff(1000);
 constexpr milliseconds kLogInterval(1000);
@@ -856,8 +858,14 @@ class Store::Impl {
           return Status::Ok();
         }
         if (load_threads_.size() >= kMaxConcurrentLoads) {
-          QueueError(c, ResourceExhausted(std::to_string(load_threads_.size()) +
-                                          " loads are running; try again when one has finished"));
+          if (waiting_loads_.size() >= kMaxWaitingLoads) {
+            QueueError(c, ResourceExhausted(std::to_string(load_threads_.size()) +
+                                            " loads are running and " +
+                                            std::to_string(waiting_loads_.size()) +
+                                            " waiting; try again when one has finished"));
+            return Status::Ok();
+          }
+          waiting_loads_.push_back({c.id, std::move(req)});
           return Status::Ok();
         }
         StartLoad(c.id, std::move(req));
@@ -1000,6 +1008,13 @@ class Store::Impl {
       }
       if (conn != nullptr) MarkReady(*conn);
     }
+    // Start what waited, skipping loads whose client has gone.
+    while (load_threads_.size() < kMaxConcurrentLoads && !waiting_loads_.empty()) {
+      WaitingLoad w = std::move(waiting_loads_.front());
+      waiting_loads_.pop_front();
+      if (FindConnection(w.connection_id) != nullptr)
+        StartLoad(w.connection_id, std::move(w.request));
+    }
   }
 
   void Shutdown() {
@@ -1045,6 +1060,11 @@ class Store::Impl {
   std::vector<LoadDone> loads_done_;
   uint64_t next_load_id_ = 1;
   std::map<uint64_t, std::thread> load_threads_;
+  struct WaitingLoad {
+    uint64_t connection_id;
+    protocol::LoadRequest request;
+  };
+  std::deque<WaitingLoad> waiting_loads_;  // in the order asked
 };
 
 Store::Store(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
