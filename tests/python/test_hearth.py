@@ -73,10 +73,6 @@ def arena_mappings():
         return sum(1 for line in f if ARENA in line)
 
 
-def fd_count():
-    return len(os.listdir("/proc/self/fd"))
-
-
 def arena_permissions():
     """The permissions ("r--s") of each mapping of an arena in this process."""
     with open("/proc/self/maps") as f:
@@ -957,7 +953,7 @@ def test_cuda_attach_cycles_leak_no_device_memory(store):
         _cuda_cycle(torch, store.socket)
     gc.collect()
     torch.cuda.synchronize()
-    fds, exports = fd_count(), _dlpack.live_exports()
+    fds, exports = hearth_fds(), _dlpack.live_exports()
     leases = store_attached_count(store.socket, "mlp")
     before = _settled_device_used(torch)
     for _ in range(200):
@@ -968,7 +964,7 @@ def test_cuda_attach_cycles_leak_no_device_memory(store):
     assert abs(after - before) <= 4 * MIB, (
         f"device memory in use went from {before / MIB:.1f} to {after / MIB:.1f} MiB "
         "over 200 attach/use/detach cycles")
-    assert fd_count() == fds
+    assert hearth_fds() == fds  # the CUDA runtime's own descriptors are not ours to count
     assert _dlpack.live_exports() == exports
     deadline = time.monotonic() + 10  # the store sees each detach as its socket closes
     while store_attached_count(store.socket, "mlp") != leases and time.monotonic() < deadline:
