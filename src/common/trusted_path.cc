@@ -50,6 +50,32 @@ Status CheckAncestor(const std::string& path, const struct stat& st) {
   return Status::Ok();
 }
 
+// The entry `name` in `parent` that was just opened (following a symlink, if
+// it is one) as the directory `opened`. A symlink above the target may be
+// followed only if root or we own it: whoever owns a symlink can re-point it
+// later (a sticky /tmp keeps others from removing ours, not their own), so a
+// path through another user's link is theirs to redirect. Looked at after the
+// open and compared with what was opened, so that an entry swapped between
+// the two is caught: a non-link entry must be the very directory opened.
+Status CheckAncestorEntry(int parent, const std::string& name, const std::string& path,
+                          const struct stat& opened) {
+  struct stat entry;
+  if (::fstatat(parent, name.c_str(), &entry, AT_SYMLINK_NOFOLLOW) != 0)
+    return ErrnoError("lstat " + path, errno);
+  if (S_ISLNK(entry.st_mode)) {
+    if (entry.st_uid != 0 && entry.st_uid != ::geteuid())
+      return PermissionDenied(
+          "directory " + path + " is a symbolic link owned by uid " + std::to_string(entry.st_uid) +
+          ", who could re-point it; a symbolic link above a socket or run directory must be "
+          "owned by root or uid " +
+          std::to_string(::geteuid()));
+    return Status::Ok();
+  }
+  if (entry.st_dev != opened.st_dev || entry.st_ino != opened.st_ino)
+    return Unavailable("directory " + path + " changed while it was being checked");
+  return Status::Ok();
+}
+
 std::vector<std::string> Components(const std::string& path) {
   std::vector<std::string> parts;
   size_t i = 0;
@@ -88,9 +114,9 @@ Result<UniqueFd> OpenTrustedDirectory(const std::string& dir_in, mode_t mode) {
   for (size_t i = 0; i < parts.size(); ++i) {
     const bool last = i + 1 == parts.size();
     path += "/" + parts[i];
-    // Directories above may be symlinks (their targets are checked); the
-    // directory itself may not. O_PATH for those above: they need only be
-    // searchable (as a 0711 home directory is), not readable.
+    // Directories above may be symlinks owned by root or us (their targets
+    // are checked too); the directory itself may not be one. O_PATH for those above: they need only
+    // be searchable (as a 0711 home directory is), not readable.
     const int flags = O_DIRECTORY | O_CLOEXEC | (last ? O_RDONLY | O_NOFOLLOW : O_PATH);
     int fd = ::openat(at.get(), parts[i].c_str(), flags);
     if (fd < 0 && errno == ENOENT) {
@@ -114,6 +140,7 @@ Result<UniqueFd> OpenTrustedDirectory(const std::string& dir_in, mode_t mode) {
     struct stat st;
     if (::fstat(next.get(), &st) != 0) return ErrnoError("fstat " + path, errno);
     RETURN_IF_ERROR(last ? CheckOwnDirectory(path, st) : CheckAncestor(path, st));
+    if (!last) RETURN_IF_ERROR(CheckAncestorEntry(at.get(), parts[i], path, st));
     at = std::move(next);
   }
   if (parts.empty()) return InvalidArgument("refusing / as a socket or run directory");

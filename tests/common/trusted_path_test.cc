@@ -176,5 +176,31 @@ TEST(PeerCredentials, AnotherUidIsRefusedUnlessNamed) {
   std::filesystem::remove_all(templ);
 }
 
+// Another uid's symlink above the target (the scenario: it pre-creates
+// /tmp/hearth as a link to /tmp, root runs --socket /tmp/hearth/run/s.sock,
+// and later re-points the link) is refused; the same link owned by root, or
+// by us, is followed and its target checked as before.
+TEST_F(TrustedPathTest, ASymlinkAboveOwnedByAnotherUidIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to lchown a symlink to another uid";
+  const std::string shared = root_ + "/shared";
+  ASSERT_EQ(::mkdir(shared.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(shared.c_str(), 01777), 0);  // a stand-in for /tmp
+  const std::string link = shared + "/hearth";
+  ASSERT_EQ(::symlink(shared.c_str(), link.c_str()), 0);
+  ASSERT_EQ(::lchown(link.c_str(), kOtherUid, kOtherUid), 0);
+  Status s = EnsureTrustedDirectory(link + "/run", 0700);
+  EXPECT_EQ(s.code(), StatusCode::kPermissionDenied) << s.ToString();
+  EXPECT_NE(
+      s.message().find(link + " is a symbolic link owned by uid " + std::to_string(kOtherUid)),
+      std::string::npos)
+      << s.message();
+  EXPECT_FALSE(std::filesystem::exists(shared + "/run")) << "created a directory through the link";
+
+  ASSERT_EQ(::lchown(link.c_str(), ::geteuid(), ::geteuid()), 0);
+  s = EnsureTrustedDirectory(link + "/run", 0700);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(std::filesystem::is_directory(shared + "/run"));
+}
+
 }  // namespace
 }  // namespace hearth
