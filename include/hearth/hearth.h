@@ -77,7 +77,8 @@ int32_t hearth_attach(const char* socket_path, const char* model, uint64_t versi
 /* Since ABI version 2. Zero-initialise, set `size` to
  * sizeof(hearth_attach_options), then the fields wanted: the library reads
  * only the first `size` bytes, so a caller built against this header keeps
- * working with a later library that has added fields at the end. */
+ * working with a later library that has added fields at the end; a later
+ * caller's fields that this library does not know must be left zero. */
 typedef struct hearth_attach_options {
   size_t size;
   const char* socket_path;            /* NULL or "": as for hearth_attach */
@@ -88,8 +89,10 @@ typedef struct hearth_attach_options {
 
 /* hearth_attach with options; `options` NULL is the same as hearth_attach
  * with the default socket. HEARTH_ERROR_INVALID_ARGUMENT if options->size
- * is smaller than the fields of version 2 or the uid list is NULL with a
- * non-zero count. */
+ * is smaller than the fields of version 2 or larger than 4096, if any byte
+ * past version 2's fields (up to options->size) is not zero (a field of a
+ * later version that this library would otherwise ignore; the error names
+ * its offset), or if the uid list is NULL with a non-zero count. */
 int32_t hearth_attach_with_options(const hearth_attach_options* options, const char* model,
                                    uint64_t version, hearth_attachment** out);
 size_t hearth_tensor_count(const hearth_attachment* a);

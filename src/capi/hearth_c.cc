@@ -42,8 +42,8 @@ int32_t FailUnexpected() {
   return HEARTH_ERROR_INTERNAL;
 }
 
-int32_t Invalid(const char* what) {
-  g_last_error = what;
+int32_t Invalid(std::string what) {
+  g_last_error = std::move(what);
   return HEARTH_ERROR_INVALID_ARGUMENT;
 }
 
@@ -82,6 +82,9 @@ int32_t hearth_attach(const char* socket_path, const char* model, uint64_t versi
   return hearth_attach_with_options(&options, model, version, out);
 }
 
+// Past this, options->size is taken for garbage rather than a later version.
+constexpr size_t kMaxOptionsBytes = 4096;
+
 int32_t hearth_attach_with_options(const hearth_attach_options* options, const char* model,
                                    uint64_t version, hearth_attachment** out) {
   try {
@@ -97,6 +100,21 @@ int32_t hearth_attach_with_options(const hearth_attach_options* options, const c
         return Invalid(
             "hearth_attach_with_options: options->size is smaller than the options "
             "of ABI version 2 (set it to sizeof(hearth_attach_options))");
+      // Fields of a later version that this library does not know: honoured
+      // only if unset, so that a stricter option a newer caller asks for is
+      // refused here rather than silently ignored.
+      if (options->size > kMaxOptionsBytes)
+        return Invalid("hearth_attach_with_options: options->size " +
+                       std::to_string(options->size) + " is larger than any version's options (" +
+                       std::to_string(kMaxOptionsBytes) + " bytes at most)");
+      const auto* bytes = reinterpret_cast<const unsigned char*>(options);
+      for (size_t at = kVersion2; at < options->size; ++at) {
+        if (bytes[at] != 0)
+          return Invalid("hearth_attach_with_options: options byte at offset " +
+                         std::to_string(at) + " is not zero: a field this library (ABI version " +
+                         std::to_string(HEARTH_ABI_VERSION) +
+                         ") does not know is set; use a newer libhearth or leave it zero");
+      }
       if (options->socket_path != nullptr) attach.socket_path = options->socket_path;
       if (options->trusted_store_uid_count > 0) {
         if (options->trusted_store_uids == nullptr)

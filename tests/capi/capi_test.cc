@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -96,6 +97,41 @@ TEST(CApi, OptionsAreCheckedAndAttachWithOptionsWorksAsAttach) {
   options.trusted_store_uid_count = 1;
   EXPECT_EQ(hearth_attach_with_options(&options, "w", 0, &a), HEARTH_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(a, nullptr);
+}
+
+// A caller built against a later header passes a larger struct: bytes past
+// version 2's fields must be zero (a field this library does not know is
+// unset), else the call fails naming the offset instead of ignoring it.
+TEST(CApi, SetBytesPastTheVersion2OptionsAreRefused) {
+  testing::TempDir dir;
+  const std::string model = dir.File("m.safetensors");
+  testing::WriteTestCheckpoint(model, 2, 100, 3);
+  const std::string socket = dir.File("s.sock");
+  testing::StoreProcess store(socket, {"--device", "cpu", "--model", "w=" + model});
+  ASSERT_EQ(store.startup_error(), "");
+
+  struct Later {
+    hearth_attach_options v2;
+    uint32_t stricter_option;
+    uint32_t reserved;
+  } later{};
+  later.v2.size = sizeof later;
+  later.v2.socket_path = socket.c_str();
+  hearth_attachment* a = nullptr;
+  ASSERT_EQ(hearth_attach_with_options(&later.v2, "w", 0, &a), HEARTH_OK) << hearth_last_error();
+  hearth_detach(a);
+  a = nullptr;
+
+  later.stricter_option = 1;
+  EXPECT_EQ(hearth_attach_with_options(&later.v2, "w", 0, &a), HEARTH_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(a, nullptr);
+  const std::string offset = "offset " + std::to_string(offsetof(Later, stricter_option));
+  EXPECT_NE(std::strstr(hearth_last_error(), offset.c_str()), nullptr) << hearth_last_error();
+
+  later.stricter_option = 0;
+  later.v2.size = size_t{1} << 20;  // garbage, not a later version
+  EXPECT_EQ(hearth_attach_with_options(&later.v2, "w", 0, &a), HEARTH_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(hearth_last_error(), "larger than"), nullptr) << hearth_last_error();
 }
 
 // A store run by another uid (setpriv, as root) is refused unless trusted.
