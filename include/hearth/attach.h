@@ -6,6 +6,7 @@
 // are valid while the Attachment lives. Attachment is thread-safe for reads.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -68,7 +69,16 @@ struct AttachOptions {
   // Uids whose store this client trusts besides its own and root's (a store
   // run by another account). $HEARTH_STORE_UID (comma-separated uids) adds
   // to these for every client.
+  // The uid a peer outside our user namespace reads as (the kernel's
+  // overflow uid, usually 65534) is trusted only when listed here or there,
+  // never because it is ours or root's: see AttachClient.
   std::vector<uint32_t> trusted_store_uids;
+  // How long a request waits for the store's answer before failing with
+  // DEADLINE_EXCEEDED (negative: for ever). Generous: a store answers at
+  // once, except an attach that waits for the store's descriptor cap
+  // (the store bounds that wait itself, 30 s by default) and a `load`,
+  // which answers when the checkpoint is loaded.
+  std::chrono::milliseconds receive_timeout = std::chrono::minutes(10);
 };
 
 // Talks to a store at one socket path. Each call opens its own connection;
@@ -79,19 +89,25 @@ struct AttachOptions {
 // root, or one trusted in AttachOptions / $HEARTH_STORE_UID is refused with
 // PERMISSION_DENIED naming the socket, the peer's uid and its pid. A manifest
 // checksum proves nothing on its own (an impostor computes its own); this
-// check is what keeps another local user from serving us their weights.
+// check is what keeps another local user from serving us their weights. A
+// store that reads as the overflow uid (/proc/sys/kernel/overflowuid: its
+// real uid has no mapping in our user namespace, so it may be anyone) is
+// refused unless that uid is listed explicitly, even if we run as that uid
+// ourselves.
 class AttachClient {
  public:
   explicit AttachClient(std::string socket_path);
   explicit AttachClient(AttachOptions options);
 
   // $HEARTH_SOCKET if set, else $XDG_RUNTIME_DIR/hearth/store.sock if
-  // XDG_RUNTIME_DIR is set, else $TMPDIR/hearth-<uid>/store.sock ($TMPDIR
-  // if it is an absolute path, else /tmp).
+  // XDG_RUNTIME_DIR is set, else /tmp/hearth-<uid>/store.sock ($TMPDIR is
+  // never used: a store under systemd and a shell must agree).
   static std::string DefaultSocketPath();
-  // The uids in $HEARTH_STORE_UID (empty if unset); InvalidArgument naming
-  // the variable if it is not a comma-separated list of uids.
+  // The uids in $HEARTH_STORE_UID (empty if unset or set to ""); InvalidArgument
+  // naming the variable if it is not a comma-separated list of uids.
   static Result<std::vector<uint32_t>> StoreUidsFromEnvironment();
+  // /proc/sys/kernel/overflowuid (65534 if it cannot be read).
+  static uint32_t OverflowUid();
 
   const std::string& socket_path() const { return socket_path_; }
   // Ours and root are always trusted besides these.
@@ -108,8 +124,10 @@ class AttachClient {
 
  private:
   Result<UniqueFd> Connect() const;
+  Status CheckStoreCredentials(int fd) const;
   std::string socket_path_;
   std::vector<uint32_t> trusted_uids_;
+  std::chrono::milliseconds receive_timeout_;
   Status environment_;  // a malformed $HEARTH_STORE_UID, reported by every call
 };
 

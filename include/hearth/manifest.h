@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,7 +29,7 @@ struct Manifest {
   uint64_t version = 0;
   Device device;
   uint64_t arena_size = 0;
-  uint64_t checksum = 0;  // see hearth/checksum.h
+  uint64_t checksum = 0;                // see hearth/checksum.h
   std::vector<ManifestTensor> tensors;  // sorted by name
 };
 
@@ -54,7 +55,7 @@ struct ModelSummary {
   uint32_t tensor_count = 0;
   uint64_t tensor_bytes = 0;
   uint64_t checksum = 0;
-  uint32_t attached = 0;  // open leases
+  uint32_t attached = 0;     // open leases
   int64_t loaded_at_ms = 0;  // Unix time
 };
 
@@ -82,8 +83,14 @@ struct StoreStatus {
   int32_t pid = 0;
   Device device;
   uint32_t connections = 0;
+  // At most the store's max_status_leases of them; lease_total counts all.
   std::vector<LeaseInfo> leases;
   std::vector<ArenaInfo> arenas;
+  // From a store of protocol 1.1 (status-v2); from an older one, leases.size().
+  uint64_t lease_total = 0;
+  // The store's counters by name (docs/protocol.md lists them); empty from a
+  // store of protocol 1.0.
+  std::map<std::string, uint64_t> counters;
 };
 
 }  // namespace hearth

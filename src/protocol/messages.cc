@@ -13,7 +13,9 @@ Device GetDevice(PayloadReader& r) {
   Device d;
   const uint8_t kind = r.U8("device.kind");
   d.index = r.I32("device.index");
-  if (kind > 1 || d.index < 0) r.Fail("device kind " + std::to_string(kind) + " index " + std::to_string(d.index) + " is not a device");
+  if (kind > 1 || d.index < 0)
+    r.Fail("device kind " + std::to_string(kind) + " index " + std::to_string(d.index) +
+           " is not a device");
   d.kind = kind == 1 ? DeviceKind::kCuda : DeviceKind::kHost;
   return d;
 }
@@ -117,8 +119,12 @@ Result<Manifest> DecodeManifest(std::span<const std::byte> payload) {
     t.name = r.Str("tensor.name");
     const uint8_t dtype = r.U8("tensor.dtype");
     const uint8_t ndim = r.U8("tensor.ndim");
-    if (dtype >= kDTypeCount) return InvalidArgument("manifest message: tensor '" + t.name + "' has unknown dtype " + std::to_string(dtype));
-    if (ndim > kMaxDims) return InvalidArgument("manifest message: tensor '" + t.name + "' has " + std::to_string(ndim) + " dimensions (at most 32)");
+    if (dtype >= kDTypeCount)
+      return InvalidArgument("manifest message: tensor '" + t.name + "' has unknown dtype " +
+                             std::to_string(dtype));
+    if (ndim > kMaxDims)
+      return InvalidArgument("manifest message: tensor '" + t.name + "' has " +
+                             std::to_string(ndim) + " dimensions (at most 32)");
     t.dtype = static_cast<DType>(dtype);
     for (uint8_t d = 0; d < ndim; ++d) t.shape.push_back(r.I64("tensor.dim"));
     t.offset = r.U64("tensor.offset");
@@ -146,8 +152,9 @@ Result<std::vector<ModelSummary>> DecodeModelList(std::span<const std::byte> pay
   return models;
 }
 
-std::vector<std::byte> EncodeStatus(const StoreStatus& s) {
-  PayloadWriter w;
+namespace {
+
+void PutStatus(PayloadWriter& w, const StoreStatus& s) {
   w.I32(s.pid);
   PutDevice(w, s.device);
   w.U32(s.connections);
@@ -169,11 +176,9 @@ std::vector<std::byte> EncodeStatus(const StoreStatus& s) {
     w.U8(a.registered ? 1 : 0);
     w.U32(a.attached);
   }
-  return w.Take();
 }
 
-Result<StoreStatus> DecodeStatus(std::span<const std::byte> payload) {
-  PayloadReader r(payload);
+StoreStatus GetStatus(PayloadReader& r) {
   StoreStatus s;
   s.pid = r.I32("pid");
   s.device = GetDevice(r);
@@ -200,7 +205,53 @@ Result<StoreStatus> DecodeStatus(std::span<const std::byte> payload) {
     a.attached = r.U32("arena.attached");
     s.arenas.push_back(std::move(a));
   }
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::byte> EncodeStatus(const StoreStatus& s) {
+  PayloadWriter w;
+  PutStatus(w, s);
+  return w.Take();
+}
+
+Result<StoreStatus> DecodeStatus(std::span<const std::byte> payload) {
+  PayloadReader r(payload);
+  StoreStatus s = GetStatus(r);
   RETURN_IF_ERROR(r.Finish("status-reply"));
+  s.lease_total = s.leases.size();
+  return s;
+}
+
+std::vector<std::byte> EncodeStatusV2(const StoreStatus& s) {
+  PayloadWriter w;
+  PutStatus(w, s);
+  w.U64(s.lease_total);
+  w.U32(static_cast<uint32_t>(s.counters.size()));
+  for (const auto& [name, value] : s.counters) {
+    w.Str(name);
+    w.U64(value);
+  }
+  return w.Take();
+}
+
+Result<StoreStatus> DecodeStatusV2(std::span<const std::byte> payload) {
+  PayloadReader r(payload);
+  StoreStatus s = GetStatus(r);
+  s.lease_total = r.U64("lease_total");
+  const uint32_t n = r.Count("counter_count", 4 + 8);
+  for (uint32_t i = 0; i < n && r.status().ok(); ++i) {
+    std::string name = r.Str("counter.name");
+    const uint64_t value = r.U64("counter.value");
+    if (r.status().ok() && !s.counters.emplace(std::move(name), value).second)
+      return InvalidArgument("status-reply-v2 message: a counter is named twice");
+  }
+  RETURN_IF_ERROR(r.Finish("status-reply-v2"));
+  if (s.lease_total < s.leases.size())
+    return InvalidArgument("status-reply-v2 message: lease_total " + std::to_string(s.lease_total) +
+                           " is less than the " + std::to_string(s.leases.size()) +
+                           " leases listed");
   return s;
 }
 

@@ -38,8 +38,12 @@ Result<Manifest> DecodeManifest(std::span<const std::byte> payload);
 std::vector<std::byte> EncodeModelList(const std::vector<ModelSummary>& models);
 Result<std::vector<ModelSummary>> DecodeModelList(std::span<const std::byte> payload);
 
+// status-reply (protocol 1.0: no lease_total, no counters) and
+// status-reply-v2 (the same, then `u64 lease_total` and the counters).
 std::vector<std::byte> EncodeStatus(const StoreStatus& s);
 Result<StoreStatus> DecodeStatus(std::span<const std::byte> payload);
+std::vector<std::byte> EncodeStatusV2(const StoreStatus& s);
+Result<StoreStatus> DecodeStatusV2(std::span<const std::byte> payload);
 
 std::vector<std::byte> EncodeLoad(const LoadRequest& r);
 Result<LoadRequest> DecodeLoad(std::span<const std::byte> payload);

@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+
+#include "common/checked_size.h"
 
 namespace hearth::protocol {
 
@@ -33,13 +36,17 @@ const char* MessageTypeName(MessageType type) {
       return "unload";
     case MessageType::kUnloaded:
       return "unloaded";
+    case MessageType::kStatusV2:
+      return "status-v2";
+    case MessageType::kStatusReplyV2:
+      return "status-reply-v2";
   }
   return "unknown";
 }
 
 bool IsKnownMessageType(uint16_t type) {
   return type >= static_cast<uint16_t>(MessageType::kError) &&
-         type <= static_cast<uint16_t>(MessageType::kUnloaded);
+         type <= static_cast<uint16_t>(MessageType::kStatusReplyV2);
 }
 
 void PayloadWriter::Raw(const void* p, size_t n) {
@@ -330,16 +337,32 @@ Result<size_t> ReceiveFrame(int socket, std::span<std::byte> buffer, UniqueFd* f
   return static_cast<size_t>(n);
 }
 
-Result<Message> ReceiveMessage(int socket) {
+Result<Message> ReceiveMessage(int socket, std::chrono::milliseconds timeout) {
   std::vector<std::byte> buffer(kFrameHeaderBytes + kMaxFramePayload + 1);
   FrameAssembler assembler;
+  using Clock = std::chrono::steady_clock;
+  const bool bounded = timeout.count() >= 0;
+  const Clock::time_point deadline =
+      bounded
+          ? SaturatingDeadline<Clock>(
+                Clock::now(),
+                static_cast<uint64_t>(std::min<int64_t>(timeout.count(), int64_t{1} << 40)) * 1000)
+          : Clock::time_point::max();
   for (;;) {
     UniqueFd fd;
     bool would_block = false;
     ASSIGN_OR_RETURN(size_t n, ReceiveFrame(socket, buffer, &fd, &would_block));
     if (would_block) {
+      int wait_ms = -1;
+      if (bounded) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+        if (left.count() <= 0)
+          return DeadlineExceeded("no complete message within " + std::to_string(timeout.count()) +
+                                  " ms");
+        wait_ms = static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
+      }
       pollfd p{socket, POLLIN, 0};
-      if (::poll(&p, 1, -1) < 0 && errno != EINTR) return ErrnoError("poll", errno);
+      if (::poll(&p, 1, wait_ms) < 0 && errno != EINTR) return ErrnoError("poll", errno);
       continue;
     }
     ASSIGN_OR_RETURN(bool done, assembler.Add(std::span(buffer.data(), n), std::move(fd)));

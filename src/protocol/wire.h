@@ -13,6 +13,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -44,6 +45,10 @@ enum class MessageType : uint16_t {
   kLoaded = 9,
   kUnload = 10,
   kUnloaded = 11,
+  // Since store protocol 1.1: status with the total lease count and the
+  // store's counters. A store of 1.0 refuses the type; clients then ask `status`.
+  kStatusV2 = 12,
+  kStatusReplyV2 = 13,
 };
 const char* MessageTypeName(MessageType type);
 bool IsKnownMessageType(uint16_t type);
@@ -152,7 +157,10 @@ class FrameAssembler {
 Result<size_t> ReceiveFrame(int socket, std::span<std::byte> buffer, UniqueFd* fd,
                             bool* would_block);
 
-// Blocking: receives frames until a whole message has arrived.
-Result<Message> ReceiveMessage(int socket);
+// Blocking: receives frames until a whole message has arrived. With a
+// non-negative timeout, DEADLINE_EXCEEDED if the whole message has not
+// arrived within it.
+Result<Message> ReceiveMessage(int socket,
+                               std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
 
 }  // namespace hearth::protocol

@@ -7,12 +7,14 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "hearth/checkpoint.h"
 #include "hearth/checksum.h"
+#include "spdlog/spdlog.h"
 
 namespace hearth {
 namespace {
@@ -22,6 +24,17 @@ struct Block {
   uint64_t offset;  // inside the tensor
   uint64_t len;
 };
+
+// A test seam: with $HEARTH_TEST_HOLD_LOAD set to exactly this checkpoint's
+// path, a cancellable load waits here, before it reads anything, until it is
+// cancelled. A test of stopping a store during its load then needs no
+// checkpoint big enough to outlast the signal: the load cannot finish first.
+void HoldForTests(const std::string& path, const std::atomic<bool>* cancel) {
+  const char* held = std::getenv("HEARTH_TEST_HOLD_LOAD");
+  if (cancel == nullptr || held == nullptr || path != held) return;
+  spdlog::warn("loading {} is held by HEARTH_TEST_HOLD_LOAD until the store stops", path);
+  while (!cancel->load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+}
 
 }  // namespace
 
@@ -56,6 +69,7 @@ Result<LoadedModel> LoadCheckpoint(const std::string& path, Device device,
   }
   std::vector<uint64_t> digests(blocks.size());
 
+  HoldForTests(path, options.cancel);
   if (cancelled()) return Unavailable("loading " + path + ": interrupted: the store is stopping");
   ASSIGN_OR_RETURN(loaded.arena, Arena::Create(device, arena_size));
   int threads = options.threads > 0

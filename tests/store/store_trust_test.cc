@@ -31,9 +31,10 @@ bool Contains(const std::string& text, const std::string& part) {
 }
 
 // The environment of a client or store whose default socket path must come
-// from TMPDIR alone.
-std::vector<std::string> DefaultPathEnv(const std::string& tmpdir) {
-  return {"HEARTH_SOCKET", "XDG_RUNTIME_DIR", "HEARTH_STORE_UID", "TMPDIR=" + tmpdir};
+// from XDG_RUNTIME_DIR (TMPDIR set too: it must not matter).
+std::vector<std::string> DefaultPathEnv(const std::string& runtime_dir) {
+  return {"HEARTH_SOCKET", "HEARTH_STORE_UID", "TMPDIR=/nonexistent-tmpdir",
+          "XDG_RUNTIME_DIR=" + runtime_dir};
 }
 
 class StoreTrustTest : public ::testing::Test {
@@ -47,15 +48,29 @@ class StoreTrustTest : public ::testing::Test {
   std::string model_;
 };
 
+// Without $HEARTH_SOCKET and $XDG_RUNTIME_DIR the default is in /tmp, whatever
+// $TMPDIR says: a store under systemd (no TMPDIR) and a shell must agree.
+TEST_F(StoreTrustTest, TheDefaultSocketPathIgnoresTmpdir) {
+  const std::vector<std::string> env = {"HEARTH_SOCKET", "XDG_RUNTIME_DIR",
+                                        "TMPDIR=" + dir_.path()};
+  std::string out;
+  const int status = testing::RunWithEnv({testing::CliPath(), "list", "--help"}, env, &out);
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  const std::string expected = "/tmp/hearth-" + std::to_string(::geteuid()) + "/store.sock";
+  EXPECT_TRUE(Contains(out, expected)) << out;
+  EXPECT_FALSE(Contains(out, dir_.path())) << out;
+}
+
 TEST_F(StoreTrustTest, ADefaultSocketDirectoryPreCreatedByAnotherUserIsRefused) {
   if (std::string why = testing::WhyNoOtherUid(); !why.empty()) GTEST_SKIP() << why;
-  // A private stand-in for /tmp (sticky, world-writable), so that the real
-  // /tmp/hearth-0 of whoever runs this is never touched.
-  const std::string tmp = dir_.File("tmp");
+  // A private stand-in for $XDG_RUNTIME_DIR, sticky and world-writable so that
+  // another uid can create hearth/ in it before the store does (the real
+  // runtime directory of whoever runs this is never touched).
+  const std::string tmp = dir_.File("xdg");
   ASSERT_EQ(::mkdir(tmp.c_str(), 0700), 0);
   ASSERT_EQ(::chmod(tmp.c_str(), 01777), 0);
   ASSERT_EQ(::chmod(dir_.path().c_str(), 0711), 0);
-  const std::string squatted = tmp + "/hearth-" + std::to_string(::geteuid());
+  const std::string squatted = tmp + "/hearth";
   std::vector<std::string> mkdir = testing::AsUid(kOtherUid);
   for (const char* a : {"/bin/mkdir", "-m", "0777"}) mkdir.push_back(a);
   mkdir.push_back(squatted);
@@ -139,6 +154,48 @@ TEST_F(ForeignStoreTest, AttachClientRefusesItUnlessItsUidIsTrusted) {
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(bad.status().message(), "HEARTH_STORE_UID='12,abc'"))
       << bad.status().message();
+
+  // Set but empty is unset (what `hearth serve`'s workers may inherit): no
+  // error, and no uid trusted by it.
+  ASSERT_EQ(::setenv("HEARTH_STORE_UID", "", 1), 0);
+  auto uids = AttachClient::StoreUidsFromEnvironment();
+  ASSERT_TRUE(uids.ok()) << uids.status().ToString();
+  EXPECT_TRUE(uids->empty());
+  auto empty = AttachClient(socket_).Attach("m");
+  ASSERT_FALSE(empty.ok());
+  ExpectRefusal(empty.status());
+}
+
+// A store that reads as the kernel's overflow uid is refused even by a client
+// running as that uid, unless the uid is named: it could be any account
+// outside our user namespace.
+TEST_F(StoreTrustTest, TheOverflowUidIsTrustedOnlyWhenNamed) {
+  if (std::string why = testing::WhyNoOtherUid(); !why.empty()) GTEST_SKIP() << why;
+  const uid_t overflow = AttachClient::OverflowUid();
+  ASSERT_EQ(::chmod(dir_.path().c_str(), 0711), 0);
+  ASSERT_EQ(::chmod(model_.c_str(), 0644), 0);
+  const std::string own = dir_.File("nobody");
+  testing::MakeDirectoryOwnedBy(own, overflow);
+  const std::string socket = own + "/store.sock";
+  StoreProcessOptions options;
+  options.prefix = testing::AsUid(overflow);
+  StoreProcess store(socket, {"--device", "cpu", "--model", "m=" + model_}, options);
+  ASSERT_EQ(store.startup_error(), "");
+
+  std::vector<std::string> list = testing::AsUid(overflow);
+  for (const std::string& a :
+       {testing::CliPath(), std::string("list"), std::string("--socket"), socket})
+    list.push_back(a);
+  std::string out;
+  int status = testing::RunWithEnv(list, {"HEARTH_STORE_UID"}, &out);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out;
+  EXPECT_TRUE(Contains(out, "overflow uid") && Contains(out, "uid " + std::to_string(overflow)))
+      << out;
+  list.push_back("--store-uid");
+  list.push_back(std::to_string(overflow));
+  status = testing::RunWithEnv(list, {"HEARTH_STORE_UID"}, &out);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_TRUE(Contains(out, "m ")) << out;
 }
 
 TEST_F(ForeignStoreTest, TheCliRefusesItAndVerifyCannotBeFooledByIt) {
@@ -229,29 +286,20 @@ TEST_F(StoreTrustTest, ANameThatIsNotASocketIsLeftAlone) {
 }
 
 // SIGTERM and SIGINT while `hearth store` loads its --model checkpoints stop
-// it: it exits 128 + the signal's number, with no socket left behind.
+// it: it exits 128 + the signal's number, with no socket left behind. The
+// load is held (HEARTH_TEST_HOLD_LOAD: it waits before reading anything until
+// the store is stopping), so it cannot finish before the signal arrives; a
+// signal the store ignored would leave it waiting and fail the test.
 TEST_F(StoreTrustTest, ASignalDuringTheInitialLoadStopsIt) {
-  // 1 GiB, loaded four times: seconds of loading on any machine, far longer
-  // than a signal takes to arrive after the first "loading" line.
-  const std::string big = dir_.File("big.safetensors");
-  std::string out;
-  ASSERT_EQ(testing::Run({testing::CliPath(), "make-model", "mlp", "--dims", "8192,16384,8192",
-                          "--seed", "1", "--out", big},
-                         &out),
-            0)
-      << out;
   for (int sig : {SIGTERM, SIGINT}) {
     const std::string socket = dir_.File("load/store.sock");
     StoreProcessOptions options;
     options.log_level = "info";
     options.wait_ready = false;
-    std::vector<std::string> args = {"--device", "cpu"};
-    for (const char* name : {"a", "b", "c", "d"}) {
-      args.push_back("--model");
-      args.push_back(std::string(name) + "=" + big);
-    }
-    StoreProcess store(socket, args, options);
-    ASSERT_TRUE(store.WaitForOutput("loading a from", std::chrono::seconds(60))) << store.output();
+    options.env = {"HEARTH_TEST_HOLD_LOAD=" + model_};
+    StoreProcess store(socket, {"--device", "cpu", "--model", "a=" + model_}, options);
+    ASSERT_TRUE(store.WaitForOutput("is held by HEARTH_TEST_HOLD_LOAD", std::chrono::seconds(60)))
+        << store.output();
     ASSERT_EQ(::kill(store.pid(), sig), 0);
     int status = 0;
     ASSERT_TRUE(store.WaitForExit(std::chrono::seconds(20), &status))
