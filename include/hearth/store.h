@@ -12,8 +12,11 @@
 // fails the check is refused with an error naming it, its owner and its mode.
 //
 // Limits: every resource a client can make the store hold is bounded by the
-// options below (connections, descriptors exported but not yet read, bytes of
-// unfinished messages); see docs/protocol.md for what a client sees.
+// options below (connections, leases, descriptors exported but not yet read,
+// bytes of unfinished messages and of queued replies, how long a client may
+// leave them unread while others wait); see docs/protocol.md for what a
+// client sees. The status reply (status-v2) reports the store's counters of
+// what it held and refused.
 //
 // Threading: Run() is the event loop and must be called from one thread;
 // Stop() may be called from any thread or a signal handler.
@@ -22,6 +25,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -62,6 +66,23 @@ struct StoreOptions {
   // Heap bytes of unfinished messages across all connections. A peer whose
   // frame takes the total past it gets RESOURCE_EXHAUSTED and is closed.
   size_t max_partial_bytes = size_t{64} << 20;
+  // Leases (successful attaches) one connection may hold; an attach past it
+  // is answered RESOURCE_EXHAUSTED. AttachClient uses one per connection.
+  size_t max_leases_per_connection = 1024;
+  // Bytes of replies queued in the store across all connections (besides the
+  // 1 MiB per connection). At it, no connection's requests are read until
+  // peers have read enough.
+  size_t max_queued_bytes = size_t{64} << 20;
+  // While attaches wait for max_unread_descriptors, or reads wait for
+  // max_queued_bytes, a connection whose peer has read nothing of what it
+  // holds (descriptors, queued replies) for this long is closed, with a log
+  // line saying why: a client that never reads cannot starve the others.
+  std::chrono::milliseconds unread_timeout = std::chrono::seconds(10);
+  // An attach that has waited this long for max_unread_descriptors is
+  // answered RESOURCE_EXHAUSTED.
+  std::chrono::milliseconds attach_wait_timeout = std::chrono::seconds(30);
+  // Leases listed in a status reply; the reply counts all of them.
+  size_t max_status_leases = 1024;
 
   // Set (a signal handler may do it) to stop Create() while it loads
   // `models`: the load in progress stops between two blocks and Create()

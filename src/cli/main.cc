@@ -91,12 +91,10 @@ void PrintTensorTable(const std::vector<T>& tensors) {
 int RunStore(const std::string& socket, const std::vector<std::string>& model_args,
              const std::string& device_text, const std::string& mode_text,
              const std::vector<uint32_t>& allow_uids, const std::vector<uint32_t>& allow_gids,
-             int load_threads, size_t max_connections, size_t max_partial_bytes) {
-  StoreOptions options;
+             int load_threads, const StoreOptions& limits) {
+  StoreOptions options = limits;
   options.socket_path = socket;
   options.load_threads = load_threads;
-  options.max_connections = max_connections;
-  options.max_partial_bytes = max_partial_bytes;
   options.cancel = &g_stop;
   options.allow_uids.assign(allow_uids.begin(), allow_uids.end());
   options.allow_gids.assign(allow_gids.begin(), allow_gids.end());
@@ -321,6 +319,14 @@ int ShowStatus(const AttachOptions& store) {
     std::printf("  pid %d uid %u  %s@%llu  since %s\n", l.pid, l.uid, l.model.c_str(),
                 static_cast<unsigned long long>(l.version), TimeText(l.since_ms).c_str());
   }
+  if (status->lease_total > status->leases.size())
+    std::printf("  ... %llu leases in all, %zu listed\n",
+                static_cast<unsigned long long>(status->lease_total), status->leases.size());
+  if (!status->counters.empty()) {
+    std::printf("counters:\n");
+    for (const auto& [name, value] : status->counters)
+      std::printf("  %s %llu\n", name.c_str(), static_cast<unsigned long long>(value));
+  }
   return 0;
 }
 
@@ -451,7 +457,36 @@ int main(int argc, char** argv) {
   store->add_option("--allow-gid", allow_gids, "also accept peers with this gid; repeatable");
   store->add_option("--load-threads", load_threads, "reader threads per load (0 = automatic)")
       ->capture_default_str();
-  size_t max_connections = 0, max_partial_bytes = StoreOptions{}.max_partial_bytes;
+  StoreOptions store_limits;
+  size_t& max_connections = store_limits.max_connections;
+  size_t& max_partial_bytes = store_limits.max_partial_bytes;
+  int64_t unread_timeout_ms = store_limits.unread_timeout.count();
+  int64_t attach_wait_timeout_ms = store_limits.attach_wait_timeout.count();
+  store
+      ->add_option("--max-leases-per-connection", store_limits.max_leases_per_connection,
+                   "attaches one connection may hold; more are refused")
+      ->capture_default_str();
+  store
+      ->add_option("--max-queued-bytes", store_limits.max_queued_bytes,
+                   "bytes of replies queued across all connections; at it no requests are read")
+      ->capture_default_str();
+  store
+      ->add_option("--max-unread-descriptors", store_limits.max_unread_descriptors,
+                   "descriptors sent and not yet read, all connections (0 = from the "
+                   "descriptor limit)")
+      ->capture_default_str();
+  store
+      ->add_option("--unread-timeout-ms", unread_timeout_ms,
+                   "while others wait, close a connection that read nothing for this long")
+      ->capture_default_str();
+  store
+      ->add_option("--attach-wait-timeout-ms", attach_wait_timeout_ms,
+                   "answer an attach waiting for the descriptor cap RESOURCE_EXHAUSTED after this")
+      ->capture_default_str();
+  store
+      ->add_option("--max-status-leases", store_limits.max_status_leases,
+                   "leases listed in a status reply (all are counted)")
+      ->capture_default_str();
   store
       ->add_option("--max-connections", max_connections,
                    "connections served at once; more are refused (0 = from the descriptor "
@@ -556,8 +591,10 @@ int main(int argc, char** argv) {
 
   if (store->parsed()) {
     if (models.empty()) std::fprintf(stderr, "hearth store: no --model given; load models later with `hearth load`\n");
+    store_limits.unread_timeout = std::chrono::milliseconds(unread_timeout_ms);
+    store_limits.attach_wait_timeout = std::chrono::milliseconds(attach_wait_timeout_ms);
     return RunStore(socket, models, device, socket_mode, allow_uids, allow_gids, load_threads,
-                    max_connections, max_partial_bytes);
+                    store_limits);
   }
   if (serve->parsed())
     return RunServe(repository, host, http_port, serve_device, serve_workers, exec_timeout_ms,

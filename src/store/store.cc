@@ -49,9 +49,11 @@ constexpr size_t kPauseQueuedBytes = size_t{1} << 20;
 // epoll, eventfds, the listener and its directory, arenas, checkpoint files).
 constexpr size_t kDescriptorReserve = 64;
 constexpr size_t kMaxAutomaticConnections = 4096;
-// `hearth load` requests running at once; more are answered RESOURCE_EXHAUSTED.
+// `hearth load` requests running at once (each holds a thread and its
+// staging buffers); more wait their turn in kMaxWaitingLoads.
 constexpr size_t kMaxConcurrentLoads = 4;
-// Loads asked for while kMaxConcurrentLoads run wait their turn, up to this many.
+// Loads asked for while kMaxConcurrentLoads run, kept in the order asked;
+// past this many a load is answered RESOURCE_EXHAUSTED.
 constexpr size_t kMaxWaitingLoads = 256;
 constexpr milliseconds kMinAcceptBackoff(100);
 constexpr milliseconds kMaxAcceptBackoff(1000);
@@ -151,6 +153,18 @@ struct Connection {
   // An attach that waits for the store-wide descriptor cap; while it is set
   // nothing more is read from the connection.
   std::optional<protocol::AttachRequest> deferred;
+  Clock::time_point deferred_since;
+  // When the peer last took something the store holds for it (a reply sent
+  // or a descriptor seen read), or when it began to hold something.
+  Clock::time_point last_progress;
+  // Why the store stopped reading this connection, counted once per pause.
+  enum class Pause {
+    kNone,
+    kAttachWaits,
+    kDescriptors,
+    kQueuedBytes,
+    kStoreQueuedBytes
+  } paused = Pause::kNone;
   bool readable = true;
   bool hung_up = false;
   bool in_ready = false;
@@ -416,10 +430,21 @@ class Store::Impl {
                   1, std::min(available > max_connections_ ? available - max_connections_ : 1,
                               max_connections_ * per_connection_fds_));
     max_partial_bytes_ = options_.max_partial_bytes;
+    max_queued_bytes_ = std::max<size_t>(1, options_.max_queued_bytes);
+    options_.max_leases_per_connection = std::max<size_t>(1, options_.max_leases_per_connection);
+    options_.unread_timeout = std::max(options_.unread_timeout, milliseconds(1));
+    options_.attach_wait_timeout = std::max(options_.attach_wait_timeout, milliseconds(1));
+    wait_check_interval_ =
+        std::clamp(std::min(options_.unread_timeout, options_.attach_wait_timeout) / 4,
+                   milliseconds(5), milliseconds(1000));
     spdlog::info(
         "limits: {} connections, {} unread descriptors ({} per connection), {} bytes of "
-        "unfinished messages; descriptor limit {}",
-        max_connections_, max_unread_fds_, per_connection_fds_, max_partial_bytes_, limit);
+        "unfinished messages, {} bytes of queued replies, {} leases per connection; unread for "
+        "{} ms closes a connection while others wait, an attach waits {} ms at most; descriptor "
+        "limit {}",
+        max_connections_, max_unread_fds_, per_connection_fds_, max_partial_bytes_,
+        max_queued_bytes_, options_.max_leases_per_connection, options_.unread_timeout.count(),
+        options_.attach_wait_timeout.count(), limit);
     if (max_connections_ + max_unread_fds_ + reserve > limit)
       spdlog::warn(
           "{} connections and {} unread descriptors may need more than the descriptor limit of "
@@ -482,6 +507,7 @@ class Store::Impl {
     std::optional<Clock::time_point> next;
     if (accept_paused_) next = accept_resume_at_;
     if (in_flight_fds_ > 0) next = next ? std::min(*next, next_sweep_) : next_sweep_;
+    if (SomethingWaits()) next = next ? std::min(*next, next_wait_check_) : next_wait_check_;
     if (!next) return -1;
     const auto left = std::chrono::ceil<milliseconds>(*next - Clock::now()).count();
     return static_cast<int>(std::clamp<int64_t>(left, 0, 60000));
@@ -502,6 +528,76 @@ class Store::Impl {
         if (c->in_flight_fds > 0 && RefreshInFlight(*c)) MarkReady(*c);
       }
     }
+    if (SomethingWaits() && now >= next_wait_check_) {
+      next_wait_check_ = now + wait_check_interval_;
+      ExpireWaitingAttaches(now);
+      CloseStalledConnections(now);
+    }
+  }
+
+  // Attaches wait for the store-wide descriptor cap, or connections are not
+  // read for the store-wide reply budget.
+  bool SomethingWaits() const { return !deferred_.empty() || !output_waiters_.empty(); }
+
+  void ExpireWaitingAttaches(Clock::time_point now) {
+    std::vector<uint64_t> expired;
+    for (uint64_t id : deferred_) {
+      Connection* c = FindConnection(id);
+      if (c != nullptr && c->deferred && now - c->deferred_since >= options_.attach_wait_timeout)
+        expired.push_back(id);
+    }
+    for (uint64_t id : expired) {
+      Connection& c = *FindConnection(id);
+      std::erase(deferred_, id);
+      ++counters_["attach_wait_timeouts"];
+      spdlog::warn(
+          "attach of {} by pid {} waited {} ms for the cap of {} unread descriptors; "
+          "answered RESOURCE_EXHAUSTED",
+          c.deferred->model.ToString(), c.pid, options_.attach_wait_timeout.count(),
+          max_unread_fds_);
+      QueueError(c, ResourceExhausted(
+                        "the store's " + std::to_string(max_unread_fds_) +
+                        " descriptors for clients are all sent and not read yet; attach of " +
+                        c.deferred->model.ToString() + " waited " +
+                        std::to_string(options_.attach_wait_timeout.count()) +
+                        " ms (attach_wait_timeout); try again later"));
+      c.deferred.reset();
+      MarkReady(c);
+    }
+  }
+
+  // While others wait, a connection whose peer has taken nothing of what it
+  // holds for unread_timeout is closed: for the descriptor cap, those with
+  // descriptors unread; for the reply budget, those with replies queued.
+  void CloseStalledConnections(Clock::time_point now) {
+    const bool for_fds = !deferred_.empty();
+    const bool for_bytes = !output_waiters_.empty();
+    std::vector<uint64_t> stalled;
+    for (auto& [id, c] : connections_) {
+      const bool holds =
+          (for_fds && c->queued_fds + c->in_flight_fds > 0) || (for_bytes && c->queued_bytes > 0);
+      if (!holds || now - c->last_progress < options_.unread_timeout) continue;
+      // What the kernel shows now, not what the last sweep saw.
+      if (!Flush(*c)) {
+        stalled.push_back(id);
+        continue;
+      }
+      RefreshInFlight(*c);
+      const bool still =
+          (for_fds && c->queued_fds + c->in_flight_fds > 0) || (for_bytes && c->queued_bytes > 0);
+      if (still && now - c->last_progress >= options_.unread_timeout) stalled.push_back(id);
+    }
+    for (uint64_t id : stalled) {
+      Connection& c = *FindConnection(id);
+      ++counters_["stalled_connections_closed"];
+      spdlog::warn(
+          "closing connection from pid {} uid {}: its peer read nothing of {} descriptors and {} "
+          "bytes of replies for {} ms (unread_timeout) while {} attaches wait for the descriptor "
+          "cap and {} connections for the reply budget",
+          c.pid, c.uid, c.queued_fds + c.in_flight_fds, c.queued_bytes,
+          options_.unread_timeout.count(), deferred_.size(), output_waiters_.size());
+      Close(id);
+    }
   }
 
   // ---- accepting -----------------------------------------------------------
@@ -515,6 +611,7 @@ class Store::Impl {
         if (err == EAGAIN || err == EWOULDBLOCK) return;
         // EMFILE, ENFILE, ENOBUFS, ENOMEM, or something unexpected: the
         // listener stays readable, so polling it again at once would spin.
+        ++counters_["accept_failures"];
         return PauseAccepting(err);
       }
       accept_backoff_ = milliseconds(0);
@@ -523,6 +620,7 @@ class Store::Impl {
   }
 
   void PauseAccepting(int err) {
+    ++counters_["accept_pauses"];
     accept_backoff_ = accept_backoff_.count() == 0
                           ? kMinAcceptBackoff
                           : std::min(2 * accept_backoff_, kMaxAcceptBackoff);
@@ -555,6 +653,7 @@ class Store::Impl {
                                      std::to_string(cred->gid) + " may not use this store"));
     }
     if (connections_.size() >= max_connections_) {
+      ++counters_["connections_refused"];
       if (uint64_t dropped; refuse_log_.Allow(&dropped))
         spdlog::warn("refused connection from pid {}: {} connections open, the limit{}", cred->pid,
                      connections_.size(), Dropped(dropped));
@@ -628,9 +727,42 @@ class Store::Impl {
 
   // Whether the store may read the connection's next request: not while an
   // attach of it waits, nor while its peer leaves replies or descriptors unread.
-  bool MayRead(const Connection& c) const {
-    return !c.deferred && c.queued_bytes < kPauseQueuedBytes &&
-           c.queued_fds + c.in_flight_fds < per_connection_fds_;
+  bool MayRead(const Connection& c) const { return WhyNotRead(c) == Connection::Pause::kNone; }
+
+  Connection::Pause WhyNotRead(const Connection& c) const {
+    using Pause = Connection::Pause;
+    if (c.deferred) return Pause::kAttachWaits;
+    if (c.queued_fds + c.in_flight_fds >= per_connection_fds_) return Pause::kDescriptors;
+    if (c.queued_bytes >= kPauseQueuedBytes) return Pause::kQueuedBytes;
+    if (queued_bytes_ >= max_queued_bytes_) return Pause::kStoreQueuedBytes;
+    return Pause::kNone;
+  }
+
+  // Counts a connection the store stops reading while requests of it may be
+  // waiting, once per pause and by reason; one paused for the store-wide
+  // budget is woken when the budget has room.
+  void NotePause(Connection& c) {
+    using Pause = Connection::Pause;
+    const Pause why = c.readable ? WhyNotRead(c) : Pause::kNone;
+    if (why == Pause::kStoreQueuedBytes &&
+        std::find(output_waiters_.begin(), output_waiters_.end(), c.id) == output_waiters_.end())
+      output_waiters_.push_back(c.id);
+    if (why == c.paused) return;
+    c.paused = why;
+    switch (why) {
+      case Pause::kNone:
+      case Pause::kAttachWaits:  // counted as attaches_deferred
+        break;
+      case Pause::kDescriptors:
+        ++counters_["reads_paused_for_descriptors"];
+        break;
+      case Pause::kQueuedBytes:
+        ++counters_["reads_paused_for_queued_bytes"];
+        break;
+      case Pause::kStoreQueuedBytes:
+        ++counters_["reads_paused_for_store_queued_bytes"];
+        break;
+    }
   }
 
   // Everything a connection can do now: send what is queued, notice what its
@@ -654,6 +786,7 @@ class Store::Impl {
     for (int i = 0; i < kMaxFramesPerWakeup && c->readable && MayRead(*c); ++i) {
       if (!ReadOne(*c)) return;  // closed
     }
+    NotePause(*c);
     if (c->readable && MayRead(*c)) {
       MarkReady(*c);  // more to read: after the others had their turn
     } else if (c->hung_up && !MayRead(*c)) {
@@ -687,6 +820,7 @@ class Store::Impl {
     }
     if (!*complete) {
       if (partial_bytes_ > max_partial_bytes_) {
+        ++counters_["partial_rejections"];
         Reject(id,
                ResourceExhausted(
                    "unfinished messages of all connections hold " + std::to_string(partial_bytes_) +
@@ -718,6 +852,8 @@ class Store::Impl {
     const size_t now = c.assembler.allocated_bytes();
     partial_bytes_ = partial_bytes_ - c.partial_charged + now;
     c.partial_charged = now;
+    if (partial_bytes_ > counters_["partial_bytes_peak"])
+      counters_["partial_bytes_peak"] = partial_bytes_;
   }
 
   // Notices descriptors the peer has taken: SIOCOUTQ of a Unix socket is what
@@ -732,6 +868,7 @@ class Store::Impl {
     ReleaseUnread(c.in_flight_fds);
     in_flight_fds_ -= c.in_flight_fds;
     c.in_flight_fds = 0;
+    c.last_progress = Clock::now();
     return true;
   }
 
@@ -776,10 +913,13 @@ class Store::Impl {
     // stops counting them with the connection, which was their only trace.
     in_flight_fds_ -= c.in_flight_fds;
     const size_t unread = c.queued_fds + c.in_flight_fds;
+    const size_t queued = c.queued_bytes;
     if (c.deferred) std::erase(deferred_, id);
+    std::erase(output_waiters_, id);
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
     connections_.erase(it);
     if (unread > 0) ReleaseUnread(unread);
+    if (queued > 0) ReleaseQueued(queued);
     PruneRetired();
   }
 
@@ -793,11 +933,24 @@ class Store::Impl {
       ++c.queued_fds;
       ++unread_fds_;
     }
+    if (c.out.empty() && c.in_flight_fds == 0) c.last_progress = Clock::now();
     auto frames = protocol::EncodeFrames(type, payload);
     for (size_t i = 0; i < frames.size(); ++i) {
       c.queued_bytes += frames[i].size();
+      queued_bytes_ += frames[i].size();
       c.out.push_back({std::move(frames[i]), i == 0 ? std::move(fd) : UniqueFd()});
     }
+    if (queued_bytes_ > counters_["queued_bytes_peak"])
+      counters_["queued_bytes_peak"] = queued_bytes_;
+  }
+
+  // Bytes of replies no longer queued in the store: connections that were
+  // not read for the store-wide budget are looked at again once it has room.
+  void ReleaseQueued(size_t n) {
+    queued_bytes_ -= n;
+    if (queued_bytes_ >= max_queued_bytes_) return;
+    for (uint64_t id : std::exchange(output_waiters_, {}))
+      if (Connection* c = FindConnection(id)) MarkReady(*c);
   }
 
   void QueueError(Connection& c, const Status& status) {
@@ -821,7 +974,10 @@ class Store::Impl {
         if (in_flight_fds_++ == 0) next_sweep_ = Clock::now() + kInFlightSweep;
       }
       c.queued_bytes -= f.bytes.size();
+      c.last_progress = Clock::now();
+      const size_t sent = f.bytes.size();
       c.out.pop_front();
+      ReleaseQueued(sent);
     }
     return true;
   }
@@ -847,6 +1003,11 @@ class Store::Impl {
       case MessageType::kStatus: {
         RETURN_IF_ERROR(protocol::CheckEmpty(m.payload, "status"));
         Queue(c, MessageType::kStatusReply, protocol::EncodeStatus(CollectStatus()));
+        return Status::Ok();
+      }
+      case MessageType::kStatusV2: {
+        RETURN_IF_ERROR(protocol::CheckEmpty(m.payload, "status-v2"));
+        Queue(c, MessageType::kStatusReplyV2, protocol::EncodeStatusV2(CollectStatus()));
         return Status::Ok();
       }
       case MessageType::kLoad: {
@@ -899,14 +1060,24 @@ class Store::Impl {
       QueueError(c, NotFound("no model '" + req.model.ToString() + "' in this store"));
       return;
     }
+    if (c.leases.size() >= options_.max_leases_per_connection) {
+      ++counters_["lease_refusals"];
+      QueueError(c, ResourceExhausted("this connection holds " + std::to_string(c.leases.size()) +
+                                      " leases, the store's limit per connection "
+                                      "(max_leases_per_connection); attach on a new connection"));
+      return;
+    }
     if (unread_fds_ >= max_unread_fds_) {
       // Not an error: the answer waits, and the connection is not read
-      // meanwhile, until peers have read enough of the descriptors sent.
+      // meanwhile, until peers have read enough of the descriptors sent or
+      // the wait runs past attach_wait_timeout.
       if (uint64_t dropped; cap_log_.Allow(&dropped))
         spdlog::warn(
             "{} descriptors sent are not read yet, the limit; attach of {} by pid {} waits{}",
             unread_fds_, req.model.ToString(), c.pid, Dropped(dropped));
+      ++counters_["attaches_deferred"];
       c.deferred = req;
+      c.deferred_since = Clock::now();
       deferred_.push_back(c.id);
       return;
     }
@@ -943,15 +1114,25 @@ class Store::Impl {
     return removed;
   }
 
+  // At most max_status_leases leases listed (the oldest connections' first
+  // is not promised: connections are in no order); lease_total counts all.
   StoreStatus CollectStatus() {
     StoreStatus s;
     s.pid = ::getpid();
     s.device = options_.device;
     s.connections = static_cast<uint32_t>(connections_.size());
     for (const auto& [id, c] : connections_) {
-      for (const Lease& l : c->leases)
+      s.lease_total += c->leases.size();
+      for (const Lease& l : c->leases) {
+        if (s.leases.size() >= options_.max_status_leases) break;
         s.leases.push_back({c->pid, c->uid, c->gid, l.model->name, l.model->version, l.since_ms});
+      }
     }
+    s.counters = counters_;
+    s.counters["unread_descriptors"] = unread_fds_;
+    s.counters["queued_bytes"] = queued_bytes_;
+    s.counters["partial_bytes"] = partial_bytes_;
+    s.counters["attaches_waiting"] = deferred_.size();
     PruneRetired();
     for (const auto& w : all_versions_) {
       if (auto v = w.lock()) {
@@ -1045,10 +1226,17 @@ class Store::Impl {
   size_t max_unread_fds_ = 0;
   size_t per_connection_fds_ = 0;
   size_t max_partial_bytes_ = 0;
-  size_t unread_fds_ = 0;          // queued or in flight, all connections
-  size_t in_flight_fds_ = 0;       // in flight, all connections
-  size_t partial_bytes_ = 0;       // assemblers' allocations, all connections
-  std::deque<uint64_t> deferred_;  // connections whose attach waits for unread_fds_ to drop
+  size_t unread_fds_ = 0;     // queued or in flight, all connections
+  size_t in_flight_fds_ = 0;  // in flight, all connections
+  size_t partial_bytes_ = 0;  // assemblers' allocations, all connections
+  size_t max_queued_bytes_ = 0;
+  size_t queued_bytes_ = 0;               // replies queued in the store, all connections
+  std::deque<uint64_t> deferred_;         // connections whose attach waits for unread_fds_ to drop
+  std::vector<uint64_t> output_waiters_;  // connections not read while queued_bytes_ is at its max
+  milliseconds wait_check_interval_{1000};
+  Clock::time_point next_wait_check_;
+  // What the status reply reports besides the current totals (docs/protocol.md).
+  std::map<std::string, uint64_t> counters_;
   Clock::time_point next_sweep_;
   bool accept_paused_ = false;
   Clock::time_point accept_resume_at_;
