@@ -55,8 +55,8 @@ struct Job {
 // How a model's queue forms batches (the config's dynamic_batching).
 struct BatchPolicy {
   int64_t max_batch = 1;
-  std::chrono::microseconds max_delay{0};
-  std::vector<int64_t> preferred;  // sorted
+  std::chrono::microseconds max_delay{0};  // at most kMaxQueueDelayUs (the config checks it)
+  std::vector<int64_t> preferred;          // sorted
 };
 
 // A bounded FIFO of jobs; retried jobs go to the front.
@@ -123,7 +123,11 @@ class JobQueue {
       const bool full = rows >= target || batch[0]->crashes > 0 || !jobs_.empty() || closed_ ||
                         policy.max_delay.count() == 0;
       if (full) break;
-      const auto until = batch[0]->received + policy.max_delay;
+      // The batch waits for more rows until its oldest request has waited
+      // max_delay, but never past the deadline of any request in it.
+      auto until = SaturatingDeadline<Clock>(batch[0]->received,
+                                             static_cast<uint64_t>(policy.max_delay.count()));
+      for (const auto& job : batch) until = std::min(until, job->deadline);
       if (now >= until) break;
       forming_.wait_until(lock, until, [&] { return closed_ || !jobs_.empty(); });
       if (jobs_.empty()) break;

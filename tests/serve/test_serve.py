@@ -984,3 +984,31 @@ def test_workers_that_cannot_start_fail_their_model_until_fixed(tmp_path):
     finally:
         code, text = stop_serve(state)
     assert code == 0, text[-3000:]
+
+
+def test_a_lone_request_waits_for_a_batch_no_longer_than_its_timeout(tmp_path):
+    """With a batch delay of 60 s (the most a config may ask), a request with
+    a 100 ms timeout that no other joins is answered 504 at its deadline,
+    not after the delay; a config asking for more than 60 s is refused."""
+    scale_demo_repository(tmp_path / "repo", count=1, extra="""dynamic_batching:
+  max_queue_delay_microseconds: 60000000
+  preferred_batch_size: [4]
+""")
+    (tmp_path / "repo" / "toolong" / "1").mkdir(parents=True)
+    shutil.copy(tmp_path / "repo" / "scale" / "1" / "model.safetensors", tmp_path / "repo" / "toolong" / "1")
+    (tmp_path / "repo" / "toolong" / "config.yaml").write_text(scale_config(count=1, extra="""dynamic_batching:
+  max_queue_delay_microseconds: 9223372036854775807
+"""))
+    state = start_serve(tmp_path, tmp_path / "repo", name="delay")
+    try:
+        url = state["url"]
+        x = np.ones((1, SCALE_N), np.float32)
+        r = infer_json(url, "scale", [{"name": "x", "datatype": "FP32", "shape": [1, SCALE_N],
+                                       "data": x.ravel().tolist()}], parameters={"timeout": 100000})
+        assert r.status_code == 504, f"{r.status_code} {r.text}"
+        r = requests.get(f"{url}/v2/models/toolong/ready", timeout=10)
+        assert r.status_code == 503
+        assert "dynamic_batching.max_queue_delay_microseconds: must be at most 60000000" in r.json()["error"], r.text
+    finally:
+        code, text = stop_serve(state)
+    assert code == 0, text[-3000:]
