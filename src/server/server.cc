@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1048,9 +1049,14 @@ class Server::Impl {
   // options name one, which is then checked (and created if missing).
   Status SetUpRunDirectory() {
     if (options_.run_dir.empty()) {
-      ASSIGN_OR_RETURN(run_dir_, MakePrivateDirectory("serve-"));
+      ASSIGN_OR_RETURN(run_dir_, MakePrivateDirectory("serve-", kMaxRunDirLength));
       made_run_dir_ = true;
     } else {
+      if (options_.run_dir.size() > kMaxRunDirLength)
+        return InvalidArgument("run directory " + options_.run_dir + ": " +
+                               std::to_string(options_.run_dir.size()) +
+                               " bytes, too long for its sockets' paths (at most " +
+                               std::to_string(kMaxRunDirLength) + ")");
       struct stat st {};
       const bool existed = ::lstat(options_.run_dir.c_str(), &st) == 0;
       RETURN_IF_ERROR(EnsureTrustedDirectory(options_.run_dir, 0700));
@@ -1060,6 +1066,12 @@ class Server::Impl {
     spdlog::info("run directory {}", run_dir_);
     return Status::Ok();
   }
+
+  // A store's socket path, "<run dir>/store-cuda<N>.sock", must fit
+  // sockaddr_un's sun_path with its NUL: the run directory may take what the
+  // longest name leaves.
+  static constexpr size_t kLongestSocketName = sizeof("/store-cuda4294967295.sock") - 1;
+  static constexpr size_t kMaxRunDirLength = sizeof(sockaddr_un::sun_path) - 1 - kLongestSocketName;
 
   Result<std::string> StoreFor(Device device) {
     std::lock_guard lock(stores_mu_);

@@ -1012,3 +1012,19 @@ def test_a_lone_request_waits_for_a_batch_no_longer_than_its_timeout(tmp_path):
     finally:
         code, text = stop_serve(state)
     assert code == 0, text[-3000:]
+
+
+def test_a_long_xdg_runtime_dir_does_not_make_socket_paths_too_long(tmp_path):
+    """$XDG_RUNTIME_DIR so long that <it>/hearth/serve-XXXXXX/store-cpu.sock
+    would not fit sun_path: the run directory goes to /tmp and models serve."""
+    xdg = tmp_path / ("x" * 50) / ("y" * 50)
+    xdg.mkdir(parents=True, mode=0o700)
+    scale_demo_repository(tmp_path / "repo", count=1)
+    state = start_serve(tmp_path, tmp_path / "repo", env=dict(os.environ, XDG_RUNTIME_DIR=str(xdg)), name="xdg")
+    try:
+        assert state["run_dir"].startswith("/tmp/serve-"), state["run_dir"]
+        assert requests.get(f"{state['url']}/v2/models/scale/ready", timeout=10).status_code == 200
+        assert_demo_answer(state["url"])
+    finally:
+        code, text = stop_serve(state)
+    assert code == 0, text[-3000:]
