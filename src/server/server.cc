@@ -569,10 +569,6 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
 // The wait before starting a worker again after `failures` deaths in a row
 // with no batch answered in between: none after a worker that did useful work
 // (a replacement serves again at once), then 100 ms doubling up to 5 s for a
-
-// The wait before starting a worker again after `failures` deaths in a row
-// with no batch answered in between: none after a worker that did useful work
-// (a replacement serves again at once), then 100 ms doubling up to 5 s for a
 // worker that keeps dying before it answers anything.
 std::chrono::milliseconds RestartBackoff(int failures) {
   if (failures <= 1) return std::chrono::milliseconds(0);
@@ -581,6 +577,8 @@ std::chrono::milliseconds RestartBackoff(int failures) {
 
 void WorkerSupervisor::Loop() {
   int failures = 0;  // deaths in a row without an answered batch
+  // The last attempt died before it said ready (for any reason).
+  bool last_died_starting = false;
   while (!model_.stopping) {
     const auto backoff = RestartBackoff(failures);
     if (backoff.count() > 0 && !model_.WaitUnlessStopping(backoff)) break;
@@ -619,12 +617,20 @@ void WorkerSupervisor::Loop() {
       const bool closed = !ready.ok() && ready.status().code() == StatusCode::kUnavailable;
       const int status = Reap(*pid, !closed);
       if (model_.stopping) break;
-      // SIGKILL from outside (an operator, a test) says nothing about the
-      // worker: start the next one at once. Anything else may repeat.
-      const bool killed = closed && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+      // A SIGKILL while starting is either from outside (an operator, a
+      // test), which says nothing about the worker, or the kernel's OOM
+      // killer (a max_batch_size whose buffers do not fit), which will
+      // happen again. One is restarted at once, unless the attempt before
+      // died starting too: then it counts as a failure like any other (back-off,
+      // and the model settles as failed), so that an OOM never respawns in
+      // a tight loop.
+      const bool sigkilled = closed && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+      const bool free_retry = sigkilled && !last_died_starting;
+      last_died_starting = true;
       // Without the worker's index or pid: the same failure of every worker
       // and every attempt is one reason, logged once by the builder.
-      const std::string reason = why + " (" + DescribeExit(status) + ")";
+      const std::string reason = sigkilled ? "killed by SIGKILL while starting (out of memory?)"
+                                           : why + " (" + DescribeExit(status) + ")";
       if (model_.published) {
         spdlog::error("{} worker {} (pid {}) failed to start: {}", model_.name, index_, *pid,
                       reason);
@@ -636,12 +642,13 @@ void WorkerSupervisor::Loop() {
         std::lock_guard lock(model_.state_mu);
         model_.last_worker_error = "a worker failed to start: " + reason;
       }
-      if (!killed) {
+      if (!free_retry) {
         Settle();
         ++failures;
       }
       continue;
     }
+    last_died_starting = false;
     spdlog::info("{} worker {} ready: pid {} on {} in {:.0f} ms ({} MiB of its own device buffers)",
                  model_.name, index_, *pid, ready->text,
                  std::chrono::duration<double, std::milli>(Clock::now() - started).count(),

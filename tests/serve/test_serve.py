@@ -986,6 +986,50 @@ def test_workers_that_cannot_start_fail_their_model_until_fixed(tmp_path):
     assert code == 0, text[-3000:]
 
 
+def cli_with_worker(tmp_path, script):
+    """A copy of the CLI whose hearth-worker is the shell `script`; returns
+    (the CLI's path, a function that puts the real worker in its place)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shutil.copy(CLI, bin_dir / "hearth")
+    fake = bin_dir / "hearth-worker.fake"
+    fake.write_text("#!/bin/sh\n" + script)
+    fake.chmod(0o755)
+    os.replace(fake, bin_dir / "hearth-worker")
+
+    def use_real_worker():
+        link = bin_dir / "hearth-worker.new"
+        link.symlink_to(pathlib.Path(CLI).resolve().parent / "hearth-worker")
+        os.replace(link, bin_dir / "hearth-worker")
+    return str(bin_dir / "hearth"), use_real_worker
+
+
+def test_workers_sigkilled_while_starting_fail_their_model_instead_of_respawning(tmp_path):
+    """A worker SIGKILLed at every start (as the OOM killer does to one whose
+    max_batch_size does not fit): one kill is retried at once, a second in a
+    row is a failure, so Start() does not wait out the ready timeout, the
+    model answers 503 saying why, it is retried with back-off, and a working
+    worker brings it up."""
+    starts = tmp_path / "starts"
+    cli, use_real_worker = cli_with_worker(tmp_path, f"echo start >> {starts}\nkill -KILL $$\n")
+    scale_demo_repository(tmp_path / "repo", count=1)
+    state = start_serve(tmp_path, tmp_path / "repo", cli=cli, name="oom")
+    try:
+        url = state["url"]
+        r = requests.get(f"{url}/v2/models/scale/ready", timeout=10)
+        assert r.status_code == 503, r.text
+        assert "killed by SIGKILL while starting (out of memory?)" in r.json()["error"], r.text
+        wait_for(lambda: starts.read_text().count("start") >= 4, "a later attempt")
+        assert state["log"].read_text().count("model scale is not served") == 1
+        use_real_worker()
+        wait_for(lambda: requests.get(f"{url}/v2/models/scale/ready").status_code == 200,
+                 "scale to be served by a working worker")
+        assert_demo_answer(url)
+    finally:
+        code, text = stop_serve(state)
+    assert code == 0, text[-3000:]
+
+
 def test_a_lone_request_waits_for_a_batch_no_longer_than_its_timeout(tmp_path):
     """With a batch delay of 60 s (the most a config may ask), a request with
     a 100 ms timeout that no other joins is answered 504 at its deadline,
