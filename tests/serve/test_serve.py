@@ -60,7 +60,7 @@ instance_group:
 """ + extra
 
 
-def scale_config(count, extra=""):
+def scale_config(count, extra="", kind=KIND):
     return f"""backend: scale
 max_batch_size: 4
 input:
@@ -68,7 +68,7 @@ input:
 output:
   - {{name: y, data_type: TYPE_FP32, dims: [1]}}
 instance_group:
-  - {{count: {count}, kind: {KIND}}}
+  - {{count: {count}, kind: {kind}}}
 """ + extra
 
 
@@ -112,14 +112,14 @@ output:
 """)
 
 
-def start_serve(tmp, repo, extra_args=(), env=None, cli=CLI, name="serve", pass_fds=()):
+def start_serve(tmp, repo, extra_args=(), env=None, cli=CLI, name="serve", pass_fds=(), device=None):
     """Starts `hearth serve` on `repo` and waits (polling its log, with a
     deadline) for its ready line. Returns its url, process, log path and the
     run directory it logged."""
     log_path = tmp / f"{name}.log"
     log = open(log_path, "w+")
     proc = subprocess.Popen([cli, "serve", "--model-repository", str(repo), "--http-port", "0",
-                             "--device", "cuda" if ON_GPU else "cpu", *extra_args],
+                             "--device", device or ("cuda" if ON_GPU else "cpu"), *extra_args],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
                             pass_fds=pass_fds)
     port = None
@@ -696,20 +696,40 @@ def fd_targets(pid):
     return out
 
 
-def test_a_worker_holds_exactly_its_descriptors(server):
+def test_a_worker_holds_exactly_its_descriptors(tmp_path):
     """A live worker exec'd by the server holds its stdio (the server's), its
     control socket at 3 and its own connection to the store, nothing else:
     the slot (4) it has closed once mapped, the arena once mapped, and the
     parameters came as a message, not as a descriptor. None of its sockets
     is a copy of one of the server's and it lacks the descriptor the server
     inherited without close-on-exec (nothing leaked through exec), and every
-    descriptor the server opened itself is close-on-exec."""
-    serve_pid = server["proc"].pid
-    wait_for(lambda: requests.get(f"{server['url']}/v2/models/scale/ready").status_code == 200, "scale ready")
+    descriptor the server opened itself is close-on-exec.
+
+    Its own server, on the CPU with a KIND_CPU model, on every machine: a
+    GPU worker holds the driver's descriptors and maps no memfd arena, and a
+    server that has touched CUDA holds the driver's descriptors too."""
+    scale_demo_repository(tmp_path / "repo", kind="KIND_CPU")
+    # A descriptor the server inherits without close-on-exec, as it may from
+    # whoever starts it: its workers must not get it.
+    stray = os.open("/dev/null", os.O_RDONLY)
+    try:
+        state = start_serve(tmp_path, tmp_path / "repo", device="cpu", name="descriptors", pass_fds=(stray,))
+    finally:
+        os.close(stray)
+    try:
+        check_worker_descriptors(state, stray)
+    finally:
+        code, text = stop_serve(state)
+    assert code == 0, text[-2000:]
+
+
+def check_worker_descriptors(state, stray_fd):
+    serve_pid = state["proc"].pid
+    wait_for(lambda: requests.get(f"{state['url']}/v2/models/scale/ready").status_code == 200, "scale ready")
     server_fds = fd_targets(serve_pid)
     server_sockets = {t for t in server_fds.values() if t.startswith("socket:")}
     workers = model_workers(serve_pid, "scale")
-    assert workers
+    assert len(workers) == 2
     for pid in workers:
         fds = fd_targets(pid)
         assert sorted(fds)[:4] == [0, 1, 2, 3] and len(fds) == 5, f"worker {pid} holds {fds}"
@@ -724,9 +744,9 @@ def test_a_worker_holds_exactly_its_descriptors(server):
         assert b"--param" not in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
     # The server's own descriptors: 0-2 and the stray one come from this
     # test; the rest it opened.
-    assert server["stray_fd"] in server_fds
+    assert stray_fd in server_fds
     for fd in server_fds:
-        if fd <= 2 or fd == server["stray_fd"]:
+        if fd <= 2 or fd == stray_fd:
             continue
         try:
             flags = pathlib.Path(f"/proc/{serve_pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0]
@@ -745,12 +765,12 @@ def as_attacker(code):
                            "/usr/bin/python3", "-c", code], capture_output=True, text=True, timeout=60)
 
 
-def scale_demo_repository(root, count=2, extra=""):
+def scale_demo_repository(root, count=2, extra="", kind=KIND):
     """The README's demo scale model: 500 weights of seed 1; ones give y = 34.695457."""
     (root / "scale" / "1").mkdir(parents=True)
     subprocess.run([CLI, "make-model", "scale", "--dims", "500", "--seed", "1",
                     "--out", str(root / "scale" / "1" / "model.safetensors")], check=True, capture_output=True)
-    (root / "scale" / "config.yaml").write_text(scale_config(count=count, extra=extra))
+    (root / "scale" / "config.yaml").write_text(scale_config(count=count, extra=extra, kind=kind))
 
 
 def assert_demo_answer(url, model="scale"):
