@@ -863,7 +863,7 @@ def test_run_directory_is_private_when_another_user_squats_the_old_paths(tmp_pat
 BAD_MODELS = {
     # name: what its ready answer must say
     "bigversion": "bigversion/99999999999999999999999: version directory name",
-    "badkey": "badkey/config.yaml:",
+    "badkey": "badkey/config.yaml:9: (top level): keys must be single values",
     "dirconfig": "dirconfig/config.yaml: is a directory",
     "modelloop": "modelloop/config.yaml: a loop of symbolic links",
     "versionloop": "versionloop/1: a loop of symbolic links",
