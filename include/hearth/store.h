@@ -103,6 +103,11 @@ class Store {
   Status Run();
   // Async-signal-safe.
   void Stop();
+  // Makes every load asked for over the socket fail with kUnavailable: one
+  // running stops between two blocks, one waiting its turn (and any asked
+  // for later) is answered so without reading the file. For an owner that
+  // is shutting down and must not wait out a large checkpoint. Any thread.
+  void CancelLoads();
 
  private:
   class Impl;

@@ -30,29 +30,30 @@ inline const char* FileTypeName(mode_t mode) {
 }
 
 // Opens `path` read-only and close-on-exec if it is a regular file; else
-// InvalidArgument naming the path and what it is, without having opened it
-// (stat first, so a device never sees an open). The open itself is
-// O_NONBLOCK, so that a FIFO swapped in after the stat cannot block it, and
-// is checked again with fstat; O_NONBLOCK is cleared before returning.
-// `st` receives the file's metadata.
+// InvalidArgument naming the path and what it is, without having opened it.
+// The path is resolved once, by an O_PATH open (which runs no driver's open
+// and never blocks on a FIFO); that descriptor's inode is checked with fstat
+// and then opened for reading through /proc/self/fd, which reopens that very
+// inode rather than resolving the path again. So a file swapped in at `path`
+// after the check (a device behind a symlink, by someone who can write the
+// directory) is never opened. `st` receives the file's metadata.
 inline Result<UniqueFd> OpenRegularFile(const std::string& path, struct stat* st) {
-  struct stat before {};
-  if (::stat(path.c_str(), &before) != 0) {
+  UniqueFd handle(::open(path.c_str(), O_PATH | O_CLOEXEC));
+  if (!handle) {
     const int err = errno;
     if (err == ELOOP) return InvalidArgument(path + ": a loop of symbolic links");
     return ErrnoError(path, err);
   }
-  if (!S_ISREG(before.st_mode))
-    return InvalidArgument(path + ": is " + FileTypeName(before.st_mode) + ", not a regular file");
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
-  if (!fd) return ErrnoError("open " + path, errno);
+  struct stat checked {};
+  if (::fstat(handle.get(), &checked) != 0) return ErrnoError("fstat " + path, errno);
+  if (!S_ISREG(checked.st_mode))
+    return InvalidArgument(path + ": is " + FileTypeName(checked.st_mode) + ", not a regular file");
+  const std::string reopen = "/proc/self/fd/" + std::to_string(handle.get());
+  UniqueFd fd(::open(reopen.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
+  if (!fd) return ErrnoError("open " + path + " (through " + reopen + ")", errno);
   if (::fstat(fd.get(), st) != 0) return ErrnoError("fstat " + path, errno);
-  if (!S_ISREG(st->st_mode) || st->st_dev != before.st_dev || st->st_ino != before.st_ino)
-    return InvalidArgument(path + ": changed while it was opened (now " +
-                           FileTypeName(st->st_mode) + ")");
-  const int flags = ::fcntl(fd.get(), F_GETFL);
-  if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0)
-    return ErrnoError("fcntl " + path, errno);
+  if (st->st_dev != checked.st_dev || st->st_ino != checked.st_ino)
+    return InvalidArgument(path + ": changed while it was opened");
   return fd;
 }
 

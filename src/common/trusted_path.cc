@@ -147,12 +147,17 @@ Result<UniqueFd> OpenTrustedDirectory(const std::string& dir_in, mode_t mode) {
   return at;
 }
 
-Result<std::string> MakePrivateDirectory(std::string_view prefix) {
+Result<std::string> MakePrivateDirectory(std::string_view prefix, size_t max_length) {
+  const size_t name_length = 1 + prefix.size() + 6;  // "/<prefix>XXXXXX"
   std::string base = "/tmp";
   if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg != nullptr && xdg[0] == '/') {
     const std::string candidate = std::string(xdg) + "/hearth";
-    if (EnsureTrustedDirectory(candidate, 0700).ok()) base = candidate;
+    const bool fits = max_length == 0 || candidate.size() + name_length <= max_length;
+    if (fits && EnsureTrustedDirectory(candidate, 0700).ok()) base = candidate;
   }
+  if (max_length != 0 && base.size() + name_length > max_length)
+    return InvalidArgument("a private directory " + base + "/" + std::string(prefix) +
+                           "XXXXXX would be longer than " + std::to_string(max_length) + " bytes");
   std::string templ = base + "/" + std::string(prefix) + "XXXXXX";
   if (::mkdtemp(templ.data()) == nullptr)
     return ErrnoError("creating a private directory in " + base, errno);

@@ -10,6 +10,7 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -34,8 +35,10 @@ Result<UniqueFd> OpenTrustedDirectory(const std::string& dir, mode_t mode);
 
 // A new directory of our own, mode 0700, made with mkdtemp (an unpredictable
 // name that did not exist before): `$XDG_RUNTIME_DIR/hearth/<prefix>XXXXXX`
-// when $XDG_RUNTIME_DIR is set and trusted, else `/tmp/<prefix>XXXXXX`.
-Result<std::string> MakePrivateDirectory(std::string_view prefix);
+// when $XDG_RUNTIME_DIR is set and trusted and that path is at most
+// `max_length` bytes (0: no limit), else `/tmp/<prefix>XXXXXX`. A caller that
+// binds sockets inside passes what sun_path leaves after its longest name.
+Result<std::string> MakePrivateDirectory(std::string_view prefix, size_t max_length = 0);
 
 struct PeerCredentials {
   pid_t pid = 0;

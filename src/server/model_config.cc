@@ -267,6 +267,10 @@ Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::st
       ASSIGN_OR_RETURN(m.max_queue_delay_us,
                        Number<uint64_t>(c, d["max_queue_delay_microseconds"],
                                         "dynamic_batching.max_queue_delay_microseconds"));
+      if (m.max_queue_delay_us > kMaxQueueDelayUs)
+        return c.Error(d["max_queue_delay_microseconds"],
+                       "dynamic_batching.max_queue_delay_microseconds",
+                       "must be at most " + std::to_string(kMaxQueueDelayUs) + " (60 s)");
     }
     if (d["max_queue_size"]) {
       ASSIGN_OR_RETURN(m.max_queue_size,

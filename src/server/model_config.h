@@ -33,6 +33,10 @@ struct IoConfig {
   std::vector<int64_t> dims;  // per sample
 };
 
+// The longest a batch may wait to fill: a request waits at most this long for
+// others to join it (and never past its own deadline).
+inline constexpr uint64_t kMaxQueueDelayUs = 60'000'000;
+
 struct ModelConfig {
   std::string name;
   std::string config_path;
@@ -42,6 +46,7 @@ struct ModelConfig {
   int instance_count = 1;
   bool kind_gpu = true;  // instance_group.kind: KIND_GPU (default) or KIND_CPU
   std::vector<int> gpus;
+  // dynamic_batching.max_queue_delay_microseconds, at most kMaxQueueDelayUs.
   uint64_t max_queue_delay_us = 0;
   std::vector<int> preferred_batch_sizes;
   uint64_t max_queue_size = 1024;

@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "backends/backend.h"
@@ -55,8 +57,8 @@ struct Job {
 // How a model's queue forms batches (the config's dynamic_batching).
 struct BatchPolicy {
   int64_t max_batch = 1;
-  std::chrono::microseconds max_delay{0};
-  std::vector<int64_t> preferred;  // sorted
+  std::chrono::microseconds max_delay{0};  // at most kMaxQueueDelayUs (the config checks it)
+  std::vector<int64_t> preferred;          // sorted
 };
 
 // A bounded FIFO of jobs; retried jobs go to the front.
@@ -123,7 +125,11 @@ class JobQueue {
       const bool full = rows >= target || batch[0]->crashes > 0 || !jobs_.empty() || closed_ ||
                         policy.max_delay.count() == 0;
       if (full) break;
-      const auto until = batch[0]->received + policy.max_delay;
+      // The batch waits for more rows until its oldest request has waited
+      // max_delay, but never past the deadline of any request in it.
+      auto until = SaturatingDeadline<Clock>(batch[0]->received,
+                                             static_cast<uint64_t>(policy.max_delay.count()));
+      for (const auto& job : batch) until = std::min(until, job->deadline);
       if (now >= until) break;
       forming_.wait_until(lock, until, [&] { return closed_ || !jobs_.empty(); });
       if (jobs_.empty()) break;
@@ -219,8 +225,15 @@ class WorkerSupervisor {
       : model_(model), index_(index), options_(options) {}
   ~WorkerSupervisor();
   Status Init();
-  void Start() {
-    thread_ = std::thread([this] { Loop(); });
+  // Starts the supervisor thread; ResourceExhausted if the system has no
+  // thread to give (RLIMIT_NPROC, pids.max), and then nothing was started.
+  Status Start() {
+    try {
+      thread_ = std::thread([this] { Loop(); });
+    } catch (const std::system_error& e) {
+      return ResourceExhausted("starting a worker's supervisor thread: " + std::string(e.what()));
+    }
+    return Status::Ok();
   }
   void Join() {
     if (thread_.joinable()) thread_.join();
@@ -290,6 +303,9 @@ struct ModelRuntime {
   std::condition_variable state_cv;
   int settled_workers = 0;
   std::string last_worker_error;
+  // Called (from a supervisor thread, no lock held) when the last worker's
+  // first start is over; set before the workers start.
+  std::function<void()> on_all_settled;
   // Totals for /metrics and the summary logged at shutdown.
   std::atomic<uint64_t> batches{0}, requests{0}, run_us{0}, request_us{0};
   std::atomic<uint64_t> success{0}, failure{0}, rows{0}, queue_us{0}, input_us{0}, output_us{0};
@@ -326,6 +342,10 @@ struct ModelRuntime {
     std::lock_guard lock(state_mu);
     return last_worker_error;
   }
+  bool AllSettled() {
+    std::lock_guard lock(state_mu);
+    return settled_workers == worker_count;
+  }
 };
 
 WorkerSupervisor::~WorkerSupervisor() {
@@ -356,11 +376,13 @@ void WorkerSupervisor::KillIfStarting() {
 void WorkerSupervisor::Settle() {
   if (settled_) return;
   settled_ = true;
+  bool all = false;
   {
     std::lock_guard lock(model_.state_mu);
-    ++model_.settled_workers;
+    all = ++model_.settled_workers == model_.worker_count;
   }
   model_.state_cv.notify_all();
+  if (all && model_.on_all_settled) model_.on_all_settled();
 }
 
 // The worker gets exactly five descriptors: 0-2 (the server's stdio), 3
@@ -564,10 +586,6 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
 // The wait before starting a worker again after `failures` deaths in a row
 // with no batch answered in between: none after a worker that did useful work
 // (a replacement serves again at once), then 100 ms doubling up to 5 s for a
-
-// The wait before starting a worker again after `failures` deaths in a row
-// with no batch answered in between: none after a worker that did useful work
-// (a replacement serves again at once), then 100 ms doubling up to 5 s for a
 // worker that keeps dying before it answers anything.
 std::chrono::milliseconds RestartBackoff(int failures) {
   if (failures <= 1) return std::chrono::milliseconds(0);
@@ -576,6 +594,8 @@ std::chrono::milliseconds RestartBackoff(int failures) {
 
 void WorkerSupervisor::Loop() {
   int failures = 0;  // deaths in a row without an answered batch
+  // The last attempt died before it said ready (for any reason).
+  bool last_died_starting = false;
   while (!model_.stopping) {
     const auto backoff = RestartBackoff(failures);
     if (backoff.count() > 0 && !model_.WaitUnlessStopping(backoff)) break;
@@ -614,12 +634,20 @@ void WorkerSupervisor::Loop() {
       const bool closed = !ready.ok() && ready.status().code() == StatusCode::kUnavailable;
       const int status = Reap(*pid, !closed);
       if (model_.stopping) break;
-      // SIGKILL from outside (an operator, a test) says nothing about the
-      // worker: start the next one at once. Anything else may repeat.
-      const bool killed = closed && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+      // A SIGKILL while starting is either from outside (an operator, a
+      // test), which says nothing about the worker, or the kernel's OOM
+      // killer (a max_batch_size whose buffers do not fit), which will
+      // happen again. One is restarted at once, unless the attempt before
+      // died starting too: then it counts as a failure like any other (back-off,
+      // and the model settles as failed), so that an OOM never respawns in
+      // a tight loop.
+      const bool sigkilled = closed && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+      const bool free_retry = sigkilled && !last_died_starting;
+      last_died_starting = true;
       // Without the worker's index or pid: the same failure of every worker
       // and every attempt is one reason, logged once by the builder.
-      const std::string reason = why + " (" + DescribeExit(status) + ")";
+      const std::string reason = sigkilled ? "killed by SIGKILL while starting (out of memory?)"
+                                           : why + " (" + DescribeExit(status) + ")";
       if (model_.published) {
         spdlog::error("{} worker {} (pid {}) failed to start: {}", model_.name, index_, *pid,
                       reason);
@@ -631,12 +659,13 @@ void WorkerSupervisor::Loop() {
         std::lock_guard lock(model_.state_mu);
         model_.last_worker_error = "a worker failed to start: " + reason;
       }
-      if (!killed) {
+      if (!free_retry) {
         Settle();
         ++failures;
       }
       continue;
     }
+    last_died_starting = false;
     spdlog::info("{} worker {} ready: pid {} on {} in {:.0f} ms ({} MiB of its own device buffers)",
                  model_.name, index_, *pid, ready->text,
                  std::chrono::duration<double, std::milli>(Clock::now() - started).count(),
@@ -673,13 +702,17 @@ void WorkerSupervisor::Loop() {
   }
 }
 
-// A model directory and what the server has made of it. The builder thread
-// reads the directory, config and checkpoint, starts the workers, and either
-// publishes the model (once one worker is ready) or records why not and
-// tries again later, until the server stops.
+// A model directory and what the server has made of it. A builder (one of
+// the server's pool) reads the directory, config and checkpoint, starts the
+// workers, and either publishes the model (once one worker is ready) or
+// records why not and queues it to be tried again later, until the server
+// stops.
 struct ModelSlot {
   ModelDirectory dir;
-  std::thread builder;
+  // Builder only (one builder works on a slot at a time): failed attempts so
+  // far, and the last failure logged (each distinct one is logged once).
+  int failed_attempts = 0;
+  std::string logged;
   // The served model, once published; never changed afterwards.
   std::atomic<ModelRuntime*> served{nullptr};
 
@@ -714,20 +747,41 @@ class Server::Impl {
   ~Impl() { Shutdown(); }
 
   Status Start() {
-    RETURN_IF_ERROR(SetUpRunDirectory());
-    ASSIGN_OR_RETURN(std::vector<ModelDirectory> dirs, ListModelDirectories(options_.repository));
-    if (dirs.empty())
-      spdlog::warn("model repository {} holds no model directories", options_.repository);
-    for (ModelDirectory& d : dirs) {
-      auto slot = std::make_unique<ModelSlot>();
-      slot->dir = std::move(d);
-      const std::string name = slot->dir.name;
-      slots_.emplace(name, std::move(slot));
-    }
     const auto started = Clock::now();
-    for (auto& [name, slot] : slots_) {
-      ModelSlot* s = slot.get();
-      s->builder = std::thread([this, s] { Build(*s); });
+    {
+      // Shutdown() waits for this block, so that it never sees the slots or
+      // the builders half made.
+      std::lock_guard lifecycle(lifecycle_mu_);
+      if (stopping_) return Unavailable("the server was shut down before it started");
+      RETURN_IF_ERROR(SetUpRunDirectory());
+      ASSIGN_OR_RETURN(std::vector<ModelDirectory> dirs, ListModelDirectories(options_.repository));
+      if (dirs.empty())
+        spdlog::warn("model repository {} holds no model directories", options_.repository);
+      for (ModelDirectory& d : dirs) {
+        auto slot = std::make_unique<ModelSlot>();
+        slot->dir = std::move(d);
+        const std::string name = slot->dir.name;
+        slots_.emplace(name, std::move(slot));
+      }
+      {
+        std::lock_guard lock(events_mu_);
+        for (auto& [name, slot] : slots_) build_queue_.emplace(started, slot.get());
+      }
+      // A bounded pool, however many models: a thread per model would meet
+      // the pids or RLIMIT_NPROC limit with a large repository.
+      const size_t want = std::min(kMaxBuilders, slots_.size());
+      for (size_t i = 0; i < want; ++i) {
+        try {
+          builders_.emplace_back([this] { BuilderLoop(); });
+        } catch (const std::system_error& e) {
+          if (builders_.empty())
+            return ResourceExhausted("starting the threads that load models: " +
+                                     std::string(e.what()));
+          spdlog::warn("loading models with {} threads instead of {}: {}", builders_.size(), want,
+                       e.what());
+          break;
+        }
+      }
     }
     // Listen as soon as every model is either up or has failed once (and is
     // being retried in the background); a model still starting at the
@@ -737,6 +791,7 @@ class Server::Impl {
       std::unique_lock lock(events_mu_);
       events_cv_.wait_until(lock, deadline, [&] { return AllSettled(); });
     }
+    if (stopping_) return Unavailable("the server was shut down while it was starting");
     for (auto& [name, slot] : slots_) {
       ModelRuntime* m = slot->served.load();
       if (m == nullptr) continue;
@@ -755,6 +810,13 @@ class Server::Impl {
       stopping_ = true;
     }
     events_cv_.notify_all();
+    // First, so that a builder reading a large checkpoint into a store
+    // returns now instead of at the end of the load.
+    {
+      std::lock_guard lock(stores_mu_);
+      for (auto& [device, s] : stores_) s.store->CancelLoads();
+    }
+    std::lock_guard lifecycle(lifecycle_mu_);
     for (auto& [name, slot] : slots_) {
       std::lock_guard lock(slot->mu);
       if (slot->building != nullptr) slot->building->RequestStop(true);
@@ -763,8 +825,8 @@ class Server::Impl {
       if (ModelRuntime* m = slot->owned.get())
         m->RequestStop(m->ready_workers.load() > 0 || m->queue->size() == 0);
     }
-    for (auto& [name, slot] : slots_)
-      if (slot->builder.joinable()) slot->builder.join();
+    for (std::thread& b : builders_) b.join();
+    builders_.clear();
     for (auto& [name, slot] : slots_) {
       ModelRuntime* m = slot->served.load();
       if (m == nullptr) continue;
@@ -1044,9 +1106,14 @@ class Server::Impl {
   // options name one, which is then checked (and created if missing).
   Status SetUpRunDirectory() {
     if (options_.run_dir.empty()) {
-      ASSIGN_OR_RETURN(run_dir_, MakePrivateDirectory("serve-"));
+      ASSIGN_OR_RETURN(run_dir_, MakePrivateDirectory("serve-", kMaxRunDirLength));
       made_run_dir_ = true;
     } else {
+      if (options_.run_dir.size() > kMaxRunDirLength)
+        return InvalidArgument("run directory " + options_.run_dir + ": " +
+                               std::to_string(options_.run_dir.size()) +
+                               " bytes, too long for its sockets' paths (at most " +
+                               std::to_string(kMaxRunDirLength) + ")");
       struct stat st {};
       const bool existed = ::lstat(options_.run_dir.c_str(), &st) == 0;
       RETURN_IF_ERROR(EnsureTrustedDirectory(options_.run_dir, 0700));
@@ -1057,11 +1124,18 @@ class Server::Impl {
     return Status::Ok();
   }
 
+  // A store's socket path, "<run dir>/store-cuda<N>.sock", must fit
+  // sockaddr_un's sun_path with its NUL: the run directory may take what the
+  // longest name leaves.
+  static constexpr size_t kLongestSocketName = sizeof("/store-cuda4294967295.sock") - 1;
+  static constexpr size_t kMaxRunDirLength = sizeof(sockaddr_un::sun_path) - 1 - kLongestSocketName;
+
   Result<std::string> StoreFor(Device device) {
     std::lock_guard lock(stores_mu_);
     const std::string key = device.ToString();
     auto it = stores_.find(key);
     if (it != stores_.end()) return it->second.socket;
+    if (stopping_) return Unavailable("the server is shutting down");
     StoreOptions so;
     so.socket_path = run_dir_ + "/store-" +
                      (device.is_cuda() ? "cuda" + std::to_string(device.index) : "cpu") + ".sock";
@@ -1069,13 +1143,19 @@ class Server::Impl {
     so.show_progress = true;
     const std::string socket = so.socket_path;
     ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Create(std::move(so)));
+    Store* raw = store.get();
+    std::thread thread;
+    try {
+      thread = std::thread([raw] {
+        if (Status s = raw->Run(); !s.ok()) spdlog::error("store: {}", s.ToString());
+      });
+    } catch (const std::system_error& e) {
+      return ResourceExhausted("starting the store's thread: " + std::string(e.what()));
+    }
     RunningStore& rs = stores_[key];
     rs.socket = socket;
     rs.store = std::move(store);
-    Store* raw = rs.store.get();
-    rs.thread = std::thread([raw] {
-      if (Status s = raw->Run(); !s.ok()) spdlog::error("store: {}", s.ToString());
-    });
+    rs.thread = std::move(thread);
     return rs.socket;
   }
 
@@ -1193,13 +1273,23 @@ class Server::Impl {
       RETURN_IF_ERROR(w->Init().WithContext("model '" + slot.dir.name + "'"));
       m->workers.push_back(std::move(w));
     }
+    // Once published, the slot is settled when every worker's first start
+    // is over (Publish covers the workers that settled before it).
+    m->on_all_settled = [this, &slot, runtime = m.get()] {
+      if (runtime->published) NotifySettled(slot);
+    };
     {
       // From here Shutdown() can stop it (the workers list is complete).
       std::lock_guard lock(slot.mu);
       if (stopping_) return Unavailable("the server is shutting down");
       slot.building = m.get();
     }
-    for (auto& w : m->workers) w->Start();
+    for (auto& w : m->workers) {
+      if (Status started = w->Start(); !started.ok()) {
+        Discard(slot, std::move(m));  // stops the workers already started
+        return started.WithContext("model '" + slot.dir.name + "'");
+      }
+    }
     {
       std::unique_lock lock(m->state_mu);
       m->state_cv.wait(lock, [&] {
@@ -1215,68 +1305,114 @@ class Server::Impl {
     return Unavailable("no worker could start; " + why);
   }
 
-  // The builder thread of one model: attempts until one publishes the model
-  // or the server stops, logging each distinct failure once.
-  void Build(ModelSlot& slot) {
-    std::string logged;
-    for (int attempt = 0; !stopping_; ++attempt) {
-      Result<std::unique_ptr<ModelRuntime>> built = TryBuild(slot);
-      if (built.ok()) {
-        std::unique_ptr<ModelRuntime> owned = std::move(built).value();
-        ModelRuntime* m = owned.get();
-        {
-          // Under the lock that Shutdown() takes to find runtimes to stop:
-          // either it finds this one published, or this sees stopping_.
-          std::lock_guard lock(slot.mu);
-          if (!stopping_) {
-            slot.building = nullptr;
-            m->published = true;
-            slot.owned = std::move(owned);
-            slot.status = Status::Ok();
-            slot.served.store(m);
-          }
-        }
-        if (owned) {
-          Discard(slot, std::move(owned));
-          break;
-        }
-        const ModelConfig& c = m->config();
-        spdlog::info(
-            "model {} version {}: {} on {}, {} workers{}", c.name, c.version, c.backend,
-            m->device.ToString(), m->worker_count,
-            attempt > 0 ? ", served after " + std::to_string(attempt + 1) + " attempts" : "");
-        // Settled once every worker's first start is over, ready or not.
-        std::unique_lock lock(m->state_mu);
-        m->state_cv.wait(
-            lock, [&] { return m->stopping.load() || m->settled_workers == m->worker_count; });
-        break;
+  // One builder of the pool: takes the model due first, makes one attempt
+  // at it, and queues it again for later if that failed, until the server
+  // stops.
+  void BuilderLoop() {
+    std::unique_lock lock(events_mu_);
+    while (!stopping_) {
+      if (build_queue_.empty()) {
+        events_cv_.wait(lock, [&] { return stopping_ || !build_queue_.empty(); });
+        continue;
       }
-      if (stopping_) break;
-      {
-        std::lock_guard lock(slot.mu);
-        slot.status = built.status();
+      auto first = build_queue_.begin();
+      if (first->first > Clock::now()) {
+        events_cv_.wait_until(lock, first->first);
+        continue;
       }
+      ModelSlot* slot = first->second;
+      build_queue_.erase(first);
+      lock.unlock();
+      const bool again = BuildOnce(*slot);
+      lock.lock();
+      if (again && !stopping_) {
+        build_queue_.emplace(Clock::now() + RetryDelay(slot->failed_attempts - 1), slot);
+        events_cv_.notify_all();  // it may be due before what the others wait for
+      }
+    }
+  }
+
+  // One attempt at a model: publishes it, or records and logs (once per
+  // distinct reason) why not. True if it is to be tried again. Nothing it
+  // throws (no thread to be had, no memory) escapes to the builder: that is
+  // this model's failure, retried like any other.
+  bool BuildOnce(ModelSlot& slot) {
+    Result<std::unique_ptr<ModelRuntime>> built = [&]() -> Result<std::unique_ptr<ModelRuntime>> {
+      try {
+        return TryBuild(slot);
+      } catch (const std::exception& e) {
+        return Internal("model '" + slot.dir.name + "': " + e.what());
+      }
+    }();
+    if (built.ok()) {
+      Publish(slot, std::move(built).value());
+      return false;
+    }
+    if (stopping_) {
       NotifySettled(slot);
-      if (built.status().message() != logged) {
-        logged = built.status().message();
-        spdlog::error("model {} is not served: {} (retried in the background until it can be)",
-                      slot.dir.name, logged);
-      }
-      std::unique_lock lock(events_mu_);
-      events_cv_.wait_for(lock, RetryDelay(attempt), [&] { return stopping_.load(); });
+      return false;
+    }
+    ++slot.failed_attempts;
+    {
+      std::lock_guard lock(slot.mu);
+      slot.status = built.status();
     }
     NotifySettled(slot);
+    if (built.status().message() != slot.logged) {
+      slot.logged = built.status().message();
+      spdlog::error("model {} is not served: {} (retried in the background until it can be)",
+                    slot.dir.name, slot.logged);
+    }
+    return true;
+  }
+
+  // Makes a runtime with a ready worker reachable by requests, unless the
+  // server is stopping (then it is discarded).
+  void Publish(ModelSlot& slot, std::unique_ptr<ModelRuntime> owned) {
+    ModelRuntime* m = owned.get();
+    {
+      // Under the lock that Shutdown() takes to find runtimes to stop:
+      // either it finds this one published, or this sees stopping_.
+      std::lock_guard lock(slot.mu);
+      if (!stopping_) {
+        slot.building = nullptr;
+        m->published = true;
+        slot.owned = std::move(owned);
+        slot.status = Status::Ok();
+        slot.served.store(m);
+      }
+    }
+    if (owned) {
+      Discard(slot, std::move(owned));
+      NotifySettled(slot);
+      return;
+    }
+    const ModelConfig& c = m->config();
+    spdlog::info("model {} version {}: {} on {}, {} workers{}", c.name, c.version, c.backend,
+                 m->device.ToString(), m->worker_count,
+                 slot.failed_attempts > 0
+                     ? ", served after " + std::to_string(slot.failed_attempts + 1) + " attempts"
+                     : "");
+    // The workers that settled before `published` was set did not notify.
+    if (m->AllSettled()) NotifySettled(slot);
   }
 
   ServerOptions options_;
   std::string run_dir_;
   bool made_run_dir_ = false;
+  // Held by Start() while it makes the run directory, the slots and the
+  // builders, and by Shutdown() from the moment it has set stopping_.
+  std::mutex lifecycle_mu_;
   // Fixed once Start() has listed the repository.
   std::map<std::string, std::unique_ptr<ModelSlot>> slots_;
+  static constexpr size_t kMaxBuilders = 8;
+  std::vector<std::thread> builders_;
+  // Models due for an attempt, by when (guarded by events_mu_).
+  std::multimap<Clock::time_point, ModelSlot*> build_queue_;
   std::mutex stores_mu_;
   std::map<std::string, RunningStore> stores_;
-  // Start()'s wait for the models to settle, and the builders' waits between
-  // attempts; stopping_ ends both.
+  // Start()'s wait for the models to settle, and the builders' waits for
+  // work; stopping_ ends both.
   mutable std::mutex events_mu_;
   std::condition_variable events_cv_;
   std::atomic<bool> stopping_{false};

@@ -1,9 +1,10 @@
 // hearth serve: a model repository served by exec'd worker processes that
 // all map one read-only copy of each model's weights from the store.
 //
-// Threading: one supervisor thread per worker process; it restarts its
-// process when it dies (with backoff) and feeds it requests from the model's
-// queue. Infer() may be called from any thread.
+// Threading: a pool of at most 8 builder threads brings models up (and
+// retries those that fail); one supervisor thread per worker process
+// restarts its process when it dies (with backoff) and feeds it requests
+// from the model's queue. Infer() may be called from any thread.
 #pragma once
 
 #include <memory>
@@ -41,11 +42,15 @@ class Server : public InferenceService {
   // start over) or has failed once, or after ready_timeout_ms. A model that
   // fails (its directory, config, checkpoint, or workers that cannot start)
   // is not served, says why in the log and in ModelReady, and is tried again
-  // every few seconds, so that fixing its files brings it up. Fails only if
-  // the run directory or the repository itself is unusable.
+  // every few seconds, so that fixing its files brings it up. Fails if the
+  // run directory or the repository itself is unusable, or (kUnavailable)
+  // if Shutdown() was called before or while it ran.
   Status Start();
   // Stops taking requests, answers everything queued, stops workers and the
-  // stores, removes the run directory if it made it.
+  // stores, removes the run directory if it made it. Safe to call from
+  // another thread while Start() runs (a signal's thread, say): loads into
+  // the stores are cancelled, the models being built stop, Start() returns
+  // kUnavailable, and this returns once all of it is over. Idempotent.
   void Shutdown();
 
   bool Live() const override;

@@ -412,6 +412,10 @@ class Store::Impl {
 
   void RemoveSocket() { RemoveSocketFile(socket_); }
 
+  // The loaders check the flag between blocks; a load started after it fails
+  // before reading, so waiting loads are answered as their turn comes.
+  void CancelLoads() { cancel_loads_ = true; }
+
  private:
   static constexpr uint64_t kStopTag = 1, kListenTag = 2, kLoadTag = 3, kFirstConnection = 16;
 
@@ -1270,5 +1274,7 @@ Result<std::unique_ptr<Store>> Store::Create(StoreOptions options) {
 Status Store::Run() { return impl_->Run(); }
 
 void Store::Stop() { impl_->Stop(); }
+
+void Store::CancelLoads() { impl_->CancelLoads(); }
 
 }  // namespace hearth

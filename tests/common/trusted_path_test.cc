@@ -123,6 +123,32 @@ TEST_F(TrustedPathTest, PrivateDirectoriesAreNewAndClosed) {
   EXPECT_EQ(st.st_uid, ::geteuid());
 }
 
+// A long $XDG_RUNTIME_DIR would make the sockets bound inside too long for
+// sun_path: with a limit, the directory is made in /tmp instead.
+TEST_F(TrustedPathTest, PrivateDirectoriesFitTheLengthAsked) {
+  std::string xdg = root_ + "/" + std::string(60, 'x') + "/" + std::string(60, 'y');
+  std::filesystem::create_directories(xdg);
+  ::chmod((root_ + "/" + std::string(60, 'x')).c_str(), 0700);
+  ::chmod(xdg.c_str(), 0700);
+  ::setenv("XDG_RUNTIME_DIR", xdg.c_str(), 1);
+  const size_t limit = sizeof(sockaddr_un::sun_path) - 1 - 26;
+  auto bounded = MakePrivateDirectory("serve-", limit);
+  auto unbounded = MakePrivateDirectory("serve-");
+  ::unsetenv("XDG_RUNTIME_DIR");
+  ASSERT_TRUE(bounded.ok()) << bounded.status().ToString();
+  ASSERT_TRUE(unbounded.ok()) << unbounded.status().ToString();
+  EXPECT_EQ(bounded->rfind("/tmp/serve-", 0), 0u) << *bounded;
+  EXPECT_LE(bounded->size(), limit);
+  EXPECT_EQ(unbounded->rfind(xdg + "/hearth/serve-", 0), 0u) << *unbounded;
+  ::rmdir(bounded->c_str());
+  // A short one is still used.
+  ::setenv("XDG_RUNTIME_DIR", root_.c_str(), 1);
+  auto short_one = MakePrivateDirectory("serve-", limit);
+  ::unsetenv("XDG_RUNTIME_DIR");
+  ASSERT_TRUE(short_one.ok()) << short_one.status().ToString();
+  EXPECT_EQ(short_one->rfind(root_ + "/hearth/serve-", 0), 0u) << *short_one;
+}
+
 TEST(PeerCredentials, OurOwnPeerIsTrusted) {
   int sv[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);

@@ -60,7 +60,7 @@ instance_group:
 """ + extra
 
 
-def scale_config(count, extra=""):
+def scale_config(count, extra="", kind=KIND):
     return f"""backend: scale
 max_batch_size: 4
 input:
@@ -68,7 +68,7 @@ input:
 output:
   - {{name: y, data_type: TYPE_FP32, dims: [1]}}
 instance_group:
-  - {{count: {count}, kind: {KIND}}}
+  - {{count: {count}, kind: {kind}}}
 """ + extra
 
 
@@ -112,14 +112,14 @@ output:
 """)
 
 
-def start_serve(tmp, repo, extra_args=(), env=None, cli=CLI, name="serve", pass_fds=()):
+def start_serve(tmp, repo, extra_args=(), env=None, cli=CLI, name="serve", pass_fds=(), device=None):
     """Starts `hearth serve` on `repo` and waits (polling its log, with a
     deadline) for its ready line. Returns its url, process, log path and the
     run directory it logged."""
     log_path = tmp / f"{name}.log"
     log = open(log_path, "w+")
     proc = subprocess.Popen([cli, "serve", "--model-repository", str(repo), "--http-port", "0",
-                             "--device", "cuda" if ON_GPU else "cpu", *extra_args],
+                             "--device", device or ("cuda" if ON_GPU else "cpu"), *extra_args],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
                             pass_fds=pass_fds)
     port = None
@@ -696,20 +696,40 @@ def fd_targets(pid):
     return out
 
 
-def test_a_worker_holds_exactly_its_descriptors(server):
+def test_a_worker_holds_exactly_its_descriptors(tmp_path):
     """A live worker exec'd by the server holds its stdio (the server's), its
     control socket at 3 and its own connection to the store, nothing else:
     the slot (4) it has closed once mapped, the arena once mapped, and the
     parameters came as a message, not as a descriptor. None of its sockets
     is a copy of one of the server's and it lacks the descriptor the server
     inherited without close-on-exec (nothing leaked through exec), and every
-    descriptor the server opened itself is close-on-exec."""
-    serve_pid = server["proc"].pid
-    wait_for(lambda: requests.get(f"{server['url']}/v2/models/scale/ready").status_code == 200, "scale ready")
+    descriptor the server opened itself is close-on-exec.
+
+    Its own server, on the CPU with a KIND_CPU model, on every machine: a
+    GPU worker holds the driver's descriptors and maps no memfd arena, and a
+    server that has touched CUDA holds the driver's descriptors too."""
+    scale_demo_repository(tmp_path / "repo", kind="KIND_CPU")
+    # A descriptor the server inherits without close-on-exec, as it may from
+    # whoever starts it: its workers must not get it.
+    stray = os.open("/dev/null", os.O_RDONLY)
+    try:
+        state = start_serve(tmp_path, tmp_path / "repo", device="cpu", name="descriptors", pass_fds=(stray,))
+    finally:
+        os.close(stray)
+    try:
+        check_worker_descriptors(state, stray)
+    finally:
+        code, text = stop_serve(state)
+    assert code == 0, text[-2000:]
+
+
+def check_worker_descriptors(state, stray_fd):
+    serve_pid = state["proc"].pid
+    wait_for(lambda: requests.get(f"{state['url']}/v2/models/scale/ready").status_code == 200, "scale ready")
     server_fds = fd_targets(serve_pid)
     server_sockets = {t for t in server_fds.values() if t.startswith("socket:")}
     workers = model_workers(serve_pid, "scale")
-    assert workers
+    assert len(workers) == 2
     for pid in workers:
         fds = fd_targets(pid)
         assert sorted(fds)[:4] == [0, 1, 2, 3] and len(fds) == 5, f"worker {pid} holds {fds}"
@@ -724,9 +744,9 @@ def test_a_worker_holds_exactly_its_descriptors(server):
         assert b"--param" not in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
     # The server's own descriptors: 0-2 and the stray one come from this
     # test; the rest it opened.
-    assert server["stray_fd"] in server_fds
+    assert stray_fd in server_fds
     for fd in server_fds:
-        if fd <= 2 or fd == server["stray_fd"]:
+        if fd <= 2 or fd == stray_fd:
             continue
         try:
             flags = pathlib.Path(f"/proc/{serve_pid}/fdinfo/{fd}").read_text().split("flags:")[1].split()[0]
@@ -745,12 +765,12 @@ def as_attacker(code):
                            "/usr/bin/python3", "-c", code], capture_output=True, text=True, timeout=60)
 
 
-def scale_demo_repository(root, count=2, extra=""):
+def scale_demo_repository(root, count=2, extra="", kind=KIND):
     """The README's demo scale model: 500 weights of seed 1; ones give y = 34.695457."""
     (root / "scale" / "1").mkdir(parents=True)
     subprocess.run([CLI, "make-model", "scale", "--dims", "500", "--seed", "1",
                     "--out", str(root / "scale" / "1" / "model.safetensors")], check=True, capture_output=True)
-    (root / "scale" / "config.yaml").write_text(scale_config(count=count, extra=extra))
+    (root / "scale" / "config.yaml").write_text(scale_config(count=count, extra=extra, kind=kind))
 
 
 def assert_demo_answer(url, model="scale"):
@@ -843,7 +863,7 @@ def test_run_directory_is_private_when_another_user_squats_the_old_paths(tmp_pat
 BAD_MODELS = {
     # name: what its ready answer must say
     "bigversion": "bigversion/99999999999999999999999: version directory name",
-    "badkey": "badkey/config.yaml:",
+    "badkey": "badkey/config.yaml:9: (top level): keys must be single values",
     "dirconfig": "dirconfig/config.yaml: is a directory",
     "modelloop": "modelloop/config.yaml: a loop of symbolic links",
     "versionloop": "versionloop/1: a loop of symbolic links",
@@ -981,6 +1001,94 @@ def test_workers_that_cannot_start_fail_their_model_until_fixed(tmp_path):
         wait_for(lambda: requests.get(f"{url}/v2/models/scale/ready").status_code == 200,
                  "scale to be served by working workers")
         assert_demo_answer(url)
+    finally:
+        code, text = stop_serve(state)
+    assert code == 0, text[-3000:]
+
+
+def cli_with_worker(tmp_path, script):
+    """A copy of the CLI whose hearth-worker is the shell `script`; returns
+    (the CLI's path, a function that puts the real worker in its place)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shutil.copy(CLI, bin_dir / "hearth")
+    fake = bin_dir / "hearth-worker.fake"
+    fake.write_text("#!/bin/sh\n" + script)
+    fake.chmod(0o755)
+    os.replace(fake, bin_dir / "hearth-worker")
+
+    def use_real_worker():
+        link = bin_dir / "hearth-worker.new"
+        link.symlink_to(pathlib.Path(CLI).resolve().parent / "hearth-worker")
+        os.replace(link, bin_dir / "hearth-worker")
+    return str(bin_dir / "hearth"), use_real_worker
+
+
+def test_workers_sigkilled_while_starting_fail_their_model_instead_of_respawning(tmp_path):
+    """A worker SIGKILLed at every start (as the OOM killer does to one whose
+    max_batch_size does not fit): one kill is retried at once, a second in a
+    row is a failure, so Start() does not wait out the ready timeout, the
+    model answers 503 saying why, it is retried with back-off, and a working
+    worker brings it up."""
+    starts = tmp_path / "starts"
+    cli, use_real_worker = cli_with_worker(tmp_path, f"echo start >> {starts}\nkill -KILL $$\n")
+    scale_demo_repository(tmp_path / "repo", count=1)
+    state = start_serve(tmp_path, tmp_path / "repo", cli=cli, name="oom")
+    try:
+        url = state["url"]
+        r = requests.get(f"{url}/v2/models/scale/ready", timeout=10)
+        assert r.status_code == 503, r.text
+        assert "killed by SIGKILL while starting (out of memory?)" in r.json()["error"], r.text
+        wait_for(lambda: starts.read_text().count("start") >= 4, "a later attempt")
+        assert state["log"].read_text().count("model scale is not served") == 1
+        use_real_worker()
+        wait_for(lambda: requests.get(f"{url}/v2/models/scale/ready").status_code == 200,
+                 "scale to be served by a working worker")
+        assert_demo_answer(url)
+    finally:
+        code, text = stop_serve(state)
+    assert code == 0, text[-3000:]
+
+
+def test_a_lone_request_waits_for_a_batch_no_longer_than_its_timeout(tmp_path):
+    """With a batch delay of 60 s (the most a config may ask), a request with
+    a 100 ms timeout that no other joins is answered 504 at its deadline,
+    not after the delay; a config asking for more than 60 s is refused."""
+    scale_demo_repository(tmp_path / "repo", count=1, extra="""dynamic_batching:
+  max_queue_delay_microseconds: 60000000
+  preferred_batch_size: [4]
+""")
+    (tmp_path / "repo" / "toolong" / "1").mkdir(parents=True)
+    shutil.copy(tmp_path / "repo" / "scale" / "1" / "model.safetensors", tmp_path / "repo" / "toolong" / "1")
+    (tmp_path / "repo" / "toolong" / "config.yaml").write_text(scale_config(count=1, extra="""dynamic_batching:
+  max_queue_delay_microseconds: 9223372036854775807
+"""))
+    state = start_serve(tmp_path, tmp_path / "repo", name="delay")
+    try:
+        url = state["url"]
+        x = np.ones((1, SCALE_N), np.float32)
+        r = infer_json(url, "scale", [{"name": "x", "datatype": "FP32", "shape": [1, SCALE_N],
+                                       "data": x.ravel().tolist()}], parameters={"timeout": 100000})
+        assert r.status_code == 504, f"{r.status_code} {r.text}"
+        r = requests.get(f"{url}/v2/models/toolong/ready", timeout=10)
+        assert r.status_code == 503
+        assert "dynamic_batching.max_queue_delay_microseconds: must be at most 60000000" in r.json()["error"], r.text
+    finally:
+        code, text = stop_serve(state)
+    assert code == 0, text[-3000:]
+
+
+def test_a_long_xdg_runtime_dir_does_not_make_socket_paths_too_long(tmp_path):
+    """$XDG_RUNTIME_DIR so long that <it>/hearth/serve-XXXXXX/store-cpu.sock
+    would not fit sun_path: the run directory goes to /tmp and models serve."""
+    xdg = tmp_path / ("x" * 50) / ("y" * 50)
+    xdg.mkdir(parents=True, mode=0o700)
+    scale_demo_repository(tmp_path / "repo", count=1)
+    state = start_serve(tmp_path, tmp_path / "repo", env=dict(os.environ, XDG_RUNTIME_DIR=str(xdg)), name="xdg")
+    try:
+        assert state["run_dir"].startswith("/tmp/serve-"), state["run_dir"]
+        assert requests.get(f"{state['url']}/v2/models/scale/ready", timeout=10).status_code == 200
+        assert_demo_answer(state["url"])
     finally:
         code, text = stop_serve(state)
     assert code == 0, text[-3000:]

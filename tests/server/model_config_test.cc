@@ -263,6 +263,28 @@ TEST_F(ModelConfigTest, HostileYamlIsAnErrorNotACrash) {
   }
 }
 
+// A delay past 60 s would make a lone request wait (nearly) forever, and one
+// past 2^63 ns would overflow the time arithmetic: refused, naming the field.
+TEST_F(ModelConfigTest, QueueDelayIsBoundedToSixtySeconds) {
+  const std::string head =
+      "backend: mlp\nmax_batch_size: 4\n"
+      "input:\n  - {name: x, data_type: TYPE_FP32, dims: [4]}\n"
+      "output:\n  - {name: y, data_type: TYPE_FP32, dims: [1]}\n"
+      "dynamic_batching:\n  max_queue_delay_microseconds: ";
+  for (const char* value : {"60000001", "9223372036854775808", "18446744073709551615"}) {
+    auto config = LoadModelConfig(Write(std::string("d") + value, head + value + "\n"));
+    ASSERT_FALSE(config.ok()) << value;
+    EXPECT_NE(config.status().message().find(
+                  "config.yaml:8: dynamic_batching.max_queue_delay_microseconds: must be at most "
+                  "60000000"),
+              std::string::npos)
+        << config.status().message();
+  }
+  auto longest = LoadModelConfig(Write("d60s", head + "60000000\n"));
+  ASSERT_TRUE(longest.ok()) << longest.status().ToString();
+  EXPECT_EQ(longest->max_queue_delay_us, 60000000u);
+}
+
 TEST_F(ModelConfigTest, ParametersAreBounded) {
   auto with_params = [&](const std::string& name, const std::string& params) {
     return LoadModelConfig(
