@@ -61,6 +61,9 @@ constexpr std::chrono::seconds kLingerTime{2};
 // Measured with one sample of 16384 floats (a 64 KiB body, one connection):
 // 1.32 ms per request through Beast's parser, 0.62 ms read directly.
 constexpr uint64_t kDirectBodyBytes = 16 * 1024;
+// Draining: an idle connection is closed once idle this long (see
+// Session::CloseIfIdle).
+constexpr std::chrono::seconds kDrainIdleGrace{1};
 // Accepting pauses this long after an accept error, doubling while errors
 // continue; a connection that closes resumes it at once.
 constexpr std::chrono::milliseconds kAcceptBackoffFirst{10};
@@ -367,13 +370,18 @@ class Session : public std::enable_shared_from_this<Session> {
   net::any_io_executor executor() { return socket_.get_executor(); }
 
   // Stop(), once the requests in progress are answered: closes the
-  // connection if no request has begun on it. Its pending head read stays
-  // as the lingering read, so that a request that crosses our FIN is read
-  // (never reset) and the close completes on the client's EOF.
+  // connection if no request has begun on it and it has been idle for
+  // kDrainIdleGrace (else it looks again then). A client between two requests
+  // thus sends its next one and is answered 503 rather than meeting our FIN:
+  // a request that crosses the FIN can only be read and discarded. The
+  // pending head read stays as the lingering read, so that such a request is
+  // never reset and the close completes on the client's EOF.
   void CloseIfIdle() {
     if (closed_ || phase_ != Phase::kIdle || fin_sent_) return;
     beast::error_code ec;
     if (buffer_.size() > 0 || socket_.available(ec) > 0) return;  // a request is arriving
+    const Clock::duration idle_for = Clock::now() - idle_since_;
+    if (idle_for < kDrainIdleGrace) return Arm(kDrainIdleGrace - idle_for, Deadline::kDrainIdle);
     fin_sent_ = true;
     socket_.shutdown(tcp::socket::shutdown_send, ec);
     Arm(kLingerTime, Deadline::kLinger);
@@ -384,7 +392,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
  private:
   enum class Phase { kIdle, kHead, kBody, kBudget, kHandling, kWriting, kLingering, kClosed };
-  enum class Deadline { kHead, kBody, kIdle, kWrite, kLinger };
+  enum class Deadline { kHead, kBody, kIdle, kWrite, kLinger, kDrainIdle };
   // What a wait for the budget resumes.
   enum class Then { kReadParsed, kReadChunk, kContinue };
 
@@ -407,6 +415,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnDeadline(Deadline what) {
     if (closed_) return;
     switch (what) {
+      case Deadline::kDrainIdle:
+        return CloseIfIdle();
       case Deadline::kHead:
         core_->head_timeouts.fetch_add(1);
         break;
@@ -504,6 +514,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void ReadHead() {
     phase_ = Phase::kIdle;
+    idle_since_ = Clock::now();
     parser_.emplace();
     parser_->header_limit(kHeaderLimit);
     parser_->body_limit(core_->body_limit);
@@ -531,8 +542,10 @@ class Session : public std::enable_shared_from_this<Session> {
     if (phase_ == Phase::kIdle) {
       phase_ = Phase::kHead;
       BeginRequest();
-      if (!first_request_ && !parser_->is_header_done()) {
-        Arm(core_->options.head_timeout, Deadline::kHead);  // from its first byte
+      // From its first byte; a connection's first head has had its deadline
+      // since the accept, unless the drain replaced it (kDrainIdle).
+      if ((!first_request_ || core_->stopping.load()) && !parser_->is_header_done()) {
+        Arm(core_->options.head_timeout, Deadline::kHead);
       }
     }
     if (!parser_->is_header_done()) return ReadHeadSome();
@@ -916,6 +929,7 @@ class Session : public std::enable_shared_from_this<Session> {
   uint64_t progress_mark_ = 0;  // body bytes when the body deadline was last armed
   uint64_t held_ = 0;           // budget bytes taken for this request
   uint64_t timer_generation_ = 0;
+  Clock::time_point idle_since_{};  // when it last began waiting for a head
   Phase phase_ = Phase::kIdle;
   Then then_ = Then::kReadParsed;
   bool first_request_ = true;
