@@ -10,6 +10,7 @@
 // when the whole document was parsed before it was looked at.
 #include <simdjson.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -506,7 +507,7 @@ struct BinaryInput {
 };
 
 // Reads the document into an InferRequest; binary inputs are left for the
-// caller, who owns the body (binary_inputs()).
+// caller, who owns the body (TakeBinaryInputs()).
 class RequestDecoder {
  public:
   explicit RequestDecoder(std::string_view json) : json_(json) {}
@@ -562,7 +563,7 @@ class RequestDecoder {
     return Status::Ok();
   }
 
-  const std::vector<BinaryInput>& binary_inputs() const { return binary_inputs_; }
+  std::vector<BinaryInput> TakeBinaryInputs() { return std::move(binary_inputs_); }
 
  private:
   Status RequestParameters(ondemand::value& value, InferRequest& request) {
@@ -963,32 +964,54 @@ Result<InferRequest> Parse(std::string body, std::optional<uint64_t> json_length
   // data after it, or bytes appended here, within the capacity the front-end
   // reserved (a body without it is reallocated, i.e. copied, once).
   if (body_size - json_size < kRequestBodyPadding) body.append(kRequestBodyPadding, ' ');
-  // Shared from here on: binary inputs become views into it.
-  const auto owner = std::make_shared<const std::string>(std::move(body));
-  const char* json = owner->data();
-
-  std::optional<ondemand::parser> own_parser;
-  ondemand::parser& parser = json_size <= kKeptParserBytes ? KeptParser() : own_parser.emplace();
   InferRequest request;
   request.model = std::string(model);
   request.version = std::string(version);
-  RequestDecoder decoder(std::string_view(json, json_size));
-  ondemand::document doc;
-  Status status;
-  if (error_code e = parser.iterate(json, json_size, owner->size()).get(doc)) {
-    status = Malformed(e);
-  } else {
-    status = decoder.Decode(doc, request);
+  std::vector<BinaryInput> binary_inputs;
+  {
+    // The padding must be whitespace while the JSON is parsed: simdjson
+    // 3.0.1's On-Demand parser takes the byte just past a document that ends
+    // early (`"shape":`) for one more token, and a '[' or '{' there sent it
+    // past its index into uninitialised memory (found by
+    // fuzz/kserve_request_fuzzer). Binary data serving as padding is put
+    // back afterwards: 64 bytes copied twice, the body itself never.
+    char* const padding = body.data() + json_size;
+    std::array<char, kRequestBodyPadding> binary_start;
+    std::memcpy(binary_start.data(), padding, kRequestBodyPadding);
+    std::memset(padding, ' ', kRequestBodyPadding);
+    struct Restore {
+      char* at;
+      const char* from;
+      ~Restore() { std::memcpy(at, from, kRequestBodyPadding); }
+    } restore{padding, binary_start.data()};
+
+    const char* json = body.data();
+    const size_t capacity = json_size + kRequestBodyPadding;  // the whitespace only
+    std::optional<ondemand::parser> own_parser;
+    ondemand::parser& parser = json_size <= kKeptParserBytes ? KeptParser() : own_parser.emplace();
+    RequestDecoder decoder(std::string_view(json, json_size));
+    ondemand::document doc;
+    Status status;
+    if (error_code e = parser.iterate(json, json_size, capacity).get(doc)) {
+      status = Malformed(e);
+    } else {
+      status = decoder.Decode(doc, request);
+    }
+    if (!status.ok()) {
+      RETURN_IF_ERROR(CheckJson(json, json_size, capacity));
+      return status;
+    }
+    binary_inputs = decoder.TakeBinaryInputs();
   }
-  if (!status.ok()) {
-    RETURN_IF_ERROR(CheckJson(json, json_size, owner->size()));
-    return status;
-  }
+  // Shared from here on: binary inputs become views into it (a move: the
+  // bytes stay where they are).
+  const auto owner = std::make_shared<const std::string>(std::move(body));
+  const char* json = owner->data();
 
   // Each part matched its shape (below 2^63 bytes), but many of them can
   // still add up past 2^64.
   uint64_t declared = 0;
-  for (const BinaryInput& part : decoder.binary_inputs()) {
+  for (const BinaryInput& part : binary_inputs) {
     const std::optional<uint64_t> sum = CheckedAdd(declared, part.size);
     if (!sum.has_value()) {
       return InvalidArgument(
@@ -1006,7 +1029,7 @@ Result<InferRequest> Parse(std::string body, std::optional<uint64_t> json_length
         (json_length.has_value() ? "" : " (no Inference-Header-Content-Length)"));
   }
   size_t offset = json_size;
-  for (const BinaryInput& part : decoder.binary_inputs()) {
+  for (const BinaryInput& part : binary_inputs) {
     const auto* begin = reinterpret_cast<const std::byte*>(json + offset);
     request.inputs[part.index].data =
         TensorData::Shared(std::span<const std::byte>(begin, part.size), owner);

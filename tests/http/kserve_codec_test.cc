@@ -337,6 +337,46 @@ TEST(KserveCodec, TimeoutParameterIsACountOfMicroseconds) {
   ExpectError(timeout("18446744073709551616").status(), {"below 2^64", "got 18446744073709551616"});
 }
 
+TEST(KserveCodec, BinaryDataAfterTheJsonIsNeverReadAsJson) {
+  // The binary part serves as the JSON parser's padding. Whatever its bytes
+  // (here: the rest of a request, brackets, digits), a JSON part cut short is
+  // malformed, and nothing past it is parsed. (Before the padding was made
+  // whitespace, simdjson read uninitialised memory on these: a crash under
+  // HEARTH_SANITIZE, and whatever that memory held otherwise.)
+  const std::string tails[] = {
+      R"([1,4],"parameters":{"binary_data_size":0}}]})" + std::string(64, ' '),
+      std::string(100, '['),
+      std::string(100, '{'),
+      "345678901234567890}]}" + std::string(64, '0'),
+      "\"}]}" + std::string(64, '"'),
+      "}" + std::string(70, ' '),  // would close `{"inputs":[]`
+      "]}" + std::string(70, '}'),
+      "[1,4]",  // shorter than the padding: spaces are appended after it
+      std::string("[1,4],\"pa\0@@\0\0\x80@", 16),  // what the fuzzer found
+  };
+  const std::string heads[] = {
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":)",
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"data":[1,2)",
+      R"({"inputs":[],"id":"a)",
+      R"({"inputs":[],"x":12)",
+      R"({"inputs":[])",
+  };
+  for (const std::string& head : heads) {
+    for (const std::string& tail : tails) {
+      SCOPED_TRACE(head + " | " + tail.substr(0, 20));
+      ExpectError(ParseInferRequest(head + tail, head.size(), "scale", "").status(),
+                  {"invalid JSON"});
+    }
+  }
+  // And the binary bytes reach the input as they were sent.
+  std::string header =
+      R"({"inputs":[{"name":"x","datatype":"UINT8","shape":[70],"parameters":{"binary_data_size":70}}]})";
+  std::string binary = "]}" + std::string(68, '[');
+  Result<InferRequest> r = ParseInferRequest(header + binary, header.size(), "scale", "");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(r->inputs[0].data.data()), 70), binary);
+}
+
 TEST(KserveCodec, ParsesJsonLengthHeader) {
   EXPECT_EQ(*ParseJsonLength("123"), 123u);
   EXPECT_FALSE(ParseJsonLength("").ok());
