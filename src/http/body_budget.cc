@@ -28,6 +28,12 @@ BodyBudget::Outcome BodyBudget::Acquire(Holder holder, uint64_t bytes, uint64_t 
   return outcome;
 }
 
+void BodyBudget::AcquireNow(uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  held_ += bytes;
+  peak_ = std::max(peak_, held_);
+}
+
 void BodyBudget::Release(Holder holder, uint64_t bytes) {
   std::vector<Granted> ready;
   {

@@ -11,7 +11,8 @@
 // oldest waiter becomes the *finisher*: it is granted past the limit until it
 // gives its bytes back (its request answered), so that it can finish. There is
 // at most one finisher at a time, so the bytes held never exceed the limit plus
-// one body (a body is never larger than the limit: the front-end answers 413).
+// one body (a body is never larger than the limit: the front-end answers 413),
+// plus what AcquireNow took.
 //
 // Thread-safe. `granted` callbacks run outside the lock, on the thread that
 // freed the bytes (Release, Close) or that asked (Acquire never calls it).
@@ -42,6 +43,11 @@ class BodyBudget {
   // are taken (or with false on Close); the holder must not ask again or
   // release until then. kClosed: Close() was called; nothing taken.
   Outcome Acquire(Holder holder, uint64_t bytes, uint64_t holding, Granted granted);
+
+  // Takes `bytes` at once, past the limit if need be. For small bodies,
+  // which the front-end bounds by their number (one per connection), so that
+  // connections sending large bodies cannot hold up small requests.
+  void AcquireNow(uint64_t bytes);
 
   // Gives back `bytes` that `holder` was granted (all it holds: a holder
   // releases once per request). Ends its time as the finisher, if it was.

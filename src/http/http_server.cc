@@ -576,10 +576,16 @@ class Session : public std::enable_shared_from_this<Session> {
       if (expect_continue_) return Take(FirstChunk(), Then::kContinue);
       return AwaitChunk();
     }
-    // A small body takes all its bytes now; a chunked one, room for one more
-    // read at a time (ReadParsed).
-    return Take(length ? *length : std::min<uint64_t>(kReadBufferBytes, core_->body_limit),
-                Then::kReadParsed);
+    if (length) {
+      // A small body takes all its bytes at once, and never waits: at most
+      // one per connection, so large bodies cannot hold up small requests
+      // (they add at most max_connections x kDirectBodyBytes).
+      core_->budget.AcquireNow(*length);
+      held_ += *length;
+      return ReadParsed();
+    }
+    // A chunked body takes room for one more read at a time (ReadParsed).
+    return Take(std::min<uint64_t>(kReadBufferBytes, core_->body_limit), Then::kReadParsed);
   }
 
   Response TooLarge() const {
@@ -624,10 +630,13 @@ class Session : public std::enable_shared_from_this<Session> {
       progress_mark_ = size;
       Arm(core_->options.body_timeout, Deadline::kBody);
     }
-    // One read adds at most kReadBufferBytes to a chunked body; the parser
-    // stops it at body_limit.
-    const uint64_t needed = std::min(size + kReadBufferBytes, core_->body_limit);
-    if (held_ < needed) return Take(needed - held_, Then::kReadParsed);
+    if (parser_->chunked()) {
+      // One read adds at most kReadBufferBytes to a chunked body; the parser
+      // stops it at body_limit. (A body with a Content-Length took all its
+      // bytes before its first read.)
+      const uint64_t needed = std::min(size + kReadBufferBytes, core_->body_limit);
+      if (held_ < needed) return Take(needed - held_, Then::kReadParsed);
+    }
     ReadParsedSome();
   }
 

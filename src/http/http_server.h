@@ -26,7 +26,9 @@
 //   together hold at most max_inflight_bytes of them (see body_budget.h); a
 //   connection whose next chunk does not fit stops reading until bytes are
 //   given back. `Expect: 100-continue` is answered only when the body can
-//   proceed.
+//   proceed. Bodies under 16 KiB with a Content-Length count in the budget
+//   but never wait (one per connection: at most max_connections x 16 KiB
+//   more), so that large bodies cannot hold up small requests.
 // - time: a request head must arrive within head_timeout (from its first
 //   byte, or from the accept for a connection's first request), a body must
 //   deliver each kBodyChunkBytes within body_timeout (waiting for the budget

@@ -93,6 +93,21 @@ TEST(BodyBudget, ASoleWaiterWithNothingHeldByOthersIsNotAFinisherWhileOthersRead
   EXPECT_EQ(waiter.results, std::vector<bool>{true});
 }
 
+TEST(BodyBudget, AcquireNowNeverWaitsAndCounts) {
+  BodyBudget budget(10);
+  Calls a;
+  ASSERT_EQ(budget.Acquire(1, 10, 0, a.Callback()), BodyBudget::Outcome::kGranted);
+  budget.AcquireNow(4);  // past the limit
+  EXPECT_EQ(budget.snapshot().held, 14u);
+  EXPECT_EQ(budget.snapshot().peak, 14u);
+  Calls b;
+  EXPECT_EQ(budget.Acquire(2, 1, 0, b.Callback()), BodyBudget::Outcome::kWaiting);
+  budget.Release(3, 4);
+  EXPECT_TRUE(b.results.empty());  // 10 still held
+  budget.Release(1, 10);
+  EXPECT_EQ(b.results, std::vector<bool>{true});
+}
+
 TEST(BodyBudget, CloseFailsWaitersAndLaterAcquires) {
   BodyBudget budget(10);
   Calls a, b;

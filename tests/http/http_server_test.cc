@@ -988,24 +988,50 @@ TEST_F(LimitsTest, ContinueIsNotAnsweredWhileTheBudgetIsExhausted) {
   Peer hog(port());
   hog.Send(Head("/v2/health/live", full.size()) + full.substr(0, full.size() - 1));
   ASSERT_TRUE(Eventually([&] { return server_->stats().inflight_body_bytes == (2u << 20); }));
-  // A large and a small body ask to continue: both wait, unanswered.
+  // A large body asks to continue: it waits, unanswered.
   Peer large(port());
   large.Send(Head("/v2/models/wide/infer", 100000, "Expect: 100-continue\r\n"));
+  ASSERT_TRUE(Eventually([&] { return server_->stats().budget_waiting == 1; }));
+  EXPECT_EQ(large.Available(), 0u);
+  // A small body never waits (large ones cannot hold up small requests).
   Peer small(port());
   small.Send(Head("/v2/models/scale/infer", std::strlen(kTwoRows), "Expect: 100-continue\r\n"));
-  ASSERT_TRUE(Eventually([&] { return server_->stats().budget_waiting == 2; }));
-  EXPECT_EQ(large.Available(), 0u);
-  EXPECT_EQ(small.Available(), 0u);
-  // The hog's request completes (405: a body on GET's path) and gives its
-  // bytes back; then both are told to continue.
-  hog.Send("x");
-  EXPECT_EQ(hog.ReadResponse().result_int(), 405);
-  EXPECT_EQ(large.ReadInterim(), 100);
   EXPECT_EQ(small.ReadInterim(), 100);
   small.Send(kTwoRows);
   EXPECT_EQ(small.ReadResponse().result_int(), 200);
+  EXPECT_EQ(large.Available(), 0u);
+  // The hog's request completes (405: a body on GET's path) and gives its
+  // bytes back; then the large body is told to continue.
+  hog.Send("x");
+  EXPECT_EQ(hog.ReadResponse().result_int(), 405);
+  EXPECT_EQ(large.ReadInterim(), 100);
   large.Send(std::string(100000, ' '));
   EXPECT_EQ(large.ReadResponse().result_int(), 400);  // not a request, but read and answered
+}
+
+TEST_F(LimitsTest, SmallBodiesNeverWaitForTheBudgetEvenInPieces) {
+  HttpOptions options;
+  options.max_body_bytes = 1 << 20;
+  options.max_inflight_bytes = 1 << 20;
+  options.body_timeout = 120s;
+  StartServer(options);
+  const std::string full(1 << 20, 'x');
+  Peer hog(port());
+  hog.Send(Head("/v2/health/live", full.size()) + full.substr(0, full.size() - 1));
+  ASSERT_TRUE(Eventually([&] { return server_->stats().inflight_body_bytes == (1u << 20); }));
+  // The budget is exhausted. A small request's head and half its body: the
+  // server takes the body's bytes (past the limit) and reads the half...
+  const size_t half = std::strlen(kTwoRows) / 2;
+  Peer small(port());
+  small.Send(Head("/v2/models/scale/infer", std::strlen(kTwoRows)) + std::string(kTwoRows, half));
+  ASSERT_TRUE(Eventually(
+      [&] { return server_->stats().inflight_body_bytes == (1u << 20) + std::strlen(kTwoRows); }));
+  // ...and the rest, without waiting for the hog.
+  small.Send(kTwoRows + half);
+  EXPECT_EQ(small.ReadResponse().result_int(), 200);
+  EXPECT_EQ(server_->stats().budget_waiting, 0u);
+  hog.Send("x");
+  EXPECT_EQ(hog.ReadResponse().result_int(), 405);
 }
 
 TEST_F(LimitsTest, ABodyLargerThanTheBudgetGets413) {
