@@ -839,15 +839,19 @@ class Session : public std::enable_shared_from_this<Session> {
             // may throw into the service's thread.
             spdlog::error("http: encoding a response failed: {}", e.what());
           }
-          auto executor = self->executor();
-          net::post(executor, [self = std::move(self), response = std::move(response), version,
-                               keep_alive]() mutable {
-            if (!response.has_value()) {
-              return self->Send(ErrorResponse(500, "internal error: cannot encode the response",
-                                              version, keep_alive));
-            }
-            self->Send(std::move(*response));
-          });
+          {
+            // Scoped: the executor's copy must be gone, like everything of
+            // the I/O context's, before in_flight lets Stop() destroy it.
+            auto executor = self->executor();
+            net::post(executor, [self = std::move(self), response = std::move(response), version,
+                                 keep_alive]() mutable {
+              if (!response.has_value()) {
+                return self->Send(ErrorResponse(500, "internal error: cannot encode the response",
+                                                version, keep_alive));
+              }
+              self->Send(std::move(*response));
+            });
+          }
           in_flight.reset();  // after the post: the I/O context may go now
         });
   }

@@ -1057,7 +1057,8 @@ TEST_F(LimitsTest, AtTheConnectionLimitNewConnectionsWaitInTheBacklog) {
     held.push_back(std::make_unique<Client>(port()));
     EXPECT_EQ(held.back()->Get("/v2/health/live").result_int(), 200);
   }
-  EXPECT_TRUE(server_->stats().accept_paused);
+  // Paused once the acceptor sees the third (it may answer first).
+  ASSERT_TRUE(Eventually([&] { return server_->stats().accept_paused; }));
   // The kernel completes the handshake, the server does not accept: the
   // request stays unread and unanswered.
   Peer waiting(port());
