@@ -85,10 +85,11 @@ struct ServerCore {
   // Wakes Stop() when what it waits for may have changed. Only while
   // stopping, so that the request path takes no lock for it: the flag and
   // the counters are sequentially consistent, so either the session sees
-  // `stopping` or Stop() sees the session's change.
+  // `stopping` or Stop() sees the session's change. (Called on I/O threads,
+  // which Stop() joins before anything is destroyed.)
   void Changed() {
     if (!stopping.load()) return;
-    { std::lock_guard lock(mutex); }
+    std::lock_guard lock(mutex);
     changed.notify_all();
   }
 
@@ -156,11 +157,11 @@ class InFlightInfer {
     std::lock_guard lock(core_->mutex);
     ++core_->in_flight;
   }
+  // Notifies under the lock: once in_flight is 0, Stop() may return and
+  // destroy the condition variable, and this may run on the service's thread.
   ~InFlightInfer() {
-    {
-      std::lock_guard lock(core_->mutex);
-      --core_->in_flight;
-    }
+    std::lock_guard lock(core_->mutex);
+    --core_->in_flight;
     core_->changed.notify_all();
   }
   InFlightInfer(const InFlightInfer&) = delete;
