@@ -1,8 +1,10 @@
 // `hearth`: the command-line entry point (store, inspect, make-model, and
 // the store administration commands list, status, load, unload).
+#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -151,9 +154,35 @@ std::string ExecutableDir() {
   return s.substr(0, s.rfind('/'));
 }
 
-int RunServe(const std::string& repository, const std::string& host, int port,
-             const std::string& device_text, int workers, int exec_timeout_ms,
-             uint64_t max_body_bytes, int http_threads) {
+// Raises the soft descriptor limit (toward the hard one) to what the HTTP
+// front-end's connections and reserve need on top of the descriptors open now
+// (the store, the workers). Where the hard limit is lower, HttpServer::Start
+// serves fewer connections and says why.
+void RaiseDescriptorLimitFor(const HttpOptions& options) {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return;
+  rlim_t open = 0;
+  if (DIR* dir = ::opendir("/proc/self/fd")) {
+    while (const dirent* entry = ::readdir(dir)) open += entry->d_name[0] != '.' ? 1 : 0;
+    ::closedir(dir);
+  }
+  const rlim_t wanted = open + static_cast<rlim_t>(options.max_connections) +
+                        static_cast<rlim_t>(options.reserved_descriptors);
+  if (rl.rlim_cur >= wanted) return;
+  const rlim_t raised = rl.rlim_max == RLIM_INFINITY ? wanted : std::min(rl.rlim_max, wanted);
+  if (raised <= rl.rlim_cur) return;
+  const rlim_t before = rl.rlim_cur;
+  rl.rlim_cur = raised;
+  if (::setrlimit(RLIMIT_NOFILE, &rl) == 0) {
+    spdlog::info(
+        "raised the soft descriptor limit (RLIMIT_NOFILE) from {} to {} for {} HTTP "
+        "connections",
+        before, raised, options.max_connections);
+  }
+}
+
+int RunServe(const std::string& repository, const std::string& device_text, int workers,
+             int exec_timeout_ms, HttpOptions http_options) {
   // This process's CUDA context (its stores' arenas) runs no kernel: a small
   // per-thread stack shrinks it, from 524 to 326 MiB on an H200. Set before
   // anything touches CUDA; a value in the environment wins.
@@ -173,7 +202,6 @@ int RunServe(const std::string& repository, const std::string& host, int port,
     if (!device.ok()) return Fail(device.status());
     options.device = *device;
   }
-  if (port < 0 || port > 65535) return Fail(InvalidArgument("--http-port must be in [0, 65535]"));
   // SIGTERM and SIGINT stay blocked in every thread (threads inherit the mask)
   // and are taken by sigwait below, whichever thread the kernel would have
   // picked; workers get an empty mask at spawn.
@@ -185,27 +213,23 @@ int RunServe(const std::string& repository, const std::string& host, int port,
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   auto server = Server::Create(options);
   if (!server.ok()) return Fail(server.status());
-  HttpOptions http_options;
-  http_options.host = host;
-  http_options.port = static_cast<uint16_t>(port);
-  http_options.max_body_bytes = max_body_bytes;
-  // 2 by default: on an H200 machine (16 cores) 8 threads tripled the time a
-  // one-at-a-time request spends in the server (43 -> 148 us for the scale
-  // model) and did not raise throughput (bench/results/2026-11-30-h200-*).
-  http_options.threads = http_threads;
   auto http = HttpServer::Create(server->get(), http_options);
   if (!http.ok()) return Fail(http.status());
   if (Status s = (*server)->Start(); !s.ok()) return Fail(s);
+  RaiseDescriptorLimitFor(http_options);
   if (Status s = (*http)->Start(); !s.ok()) {
     (*server)->Shutdown();
     return Fail(s);
   }
-  spdlog::info("hearth serve ready on http://{}:{} ({})", host, (*http)->port(),
+  spdlog::info("hearth serve ready on http://{}:{} ({})", http_options.host, (*http)->port(),
                (*server)->Ready() ? "all models ready" : "some models are not ready: see above");
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
-  spdlog::info("{}: shutting down, finishing requests in flight", strsignal(signal_number));
-  (*http)->Stop();  // stops accepting, waits for every request in flight
+  spdlog::info("{}: shutting down: finishing the requests that have arrived, refusing new ones",
+               strsignal(signal_number));
+  // Drains (no new connections, 503 for requests that arrive now, every
+  // connection closed without a reset) before the server stops its workers.
+  (*http)->Stop();
   (*server)->Shutdown();
   return 0;
 }
@@ -509,13 +533,56 @@ int main(int argc, char** argv) {
   serve->add_option("--workers", serve_workers, "workers per model, overriding instance_group.count");
   serve->add_option("--exec-timeout-ms", exec_timeout_ms, "a batch running longer kills its worker")
       ->capture_default_str();
-  uint64_t max_body_bytes = 64ull << 20;
-  int http_threads = 2;
-  serve->add_option("--http-threads", http_threads, "HTTP I/O threads")
+  HttpOptions http_options;
+  // 2 I/O threads by default: on an H200 machine (16 cores) 8 threads tripled
+  // the time a one-at-a-time request spends in the server (43 -> 148 us for
+  // the scale model) and did not raise throughput (bench/results/2026-11-30-h200-*).
+  serve->add_option("--http-threads", http_options.threads, "HTTP I/O threads")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
-  serve->add_option("--max-body-bytes", max_body_bytes, "larger request bodies get 413")
+  serve
+      ->add_option("--max-body-bytes", http_options.max_body_bytes, "larger request bodies get 413")
       ->capture_default_str();
+  serve
+      ->add_option("--max-inflight-bytes", http_options.max_inflight_bytes,
+                   "request body bytes held across all connections; a body that would pass it "
+                   "waits (one larger than it gets 413)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  serve
+      ->add_option("--max-connections", http_options.max_connections,
+                   "open HTTP connections; more wait in the kernel's backlog (lowered to fit the "
+                   "descriptor limit)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 24));
+  serve
+      ->add_option("--reserved-descriptors", http_options.reserved_descriptors,
+                   "descriptors never used for connections (worker restarts, the store)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
+  int head_timeout_ms = 10000, body_timeout_ms = 10000, idle_timeout_ms = 60000,
+      drain_timeout_ms = 20000;
+  serve
+      ->add_option("--head-timeout-ms", head_timeout_ms,
+                   "a request head must arrive within this, from its first byte")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  serve
+      ->add_option("--body-timeout-ms", body_timeout_ms,
+                   "each MiB of a request body must arrive within this")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  serve
+      ->add_option("--idle-timeout-ms", idle_timeout_ms,
+                   "a kept-alive connection idle this long is closed; also the limit on writing "
+                   "one response")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  serve
+      ->add_option("--drain-timeout-ms", drain_timeout_ms,
+                   "on SIGTERM, how long requests in progress get before connections are closed")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
 
   auto* inspect = app.add_subcommand(
       "inspect", "print a checkpoint's (or a store's model's) tensors and checksum");
@@ -596,9 +663,19 @@ int main(int argc, char** argv) {
     return RunStore(socket, models, device, socket_mode, allow_uids, allow_gids, load_threads,
                     store_limits);
   }
-  if (serve->parsed())
-    return RunServe(repository, host, http_port, serve_device, serve_workers, exec_timeout_ms,
-                    max_body_bytes, http_threads);
+  if (serve->parsed()) {
+    if (http_port < 0 || http_port > 65535) {
+      return Fail(InvalidArgument("--http-port must be in [0, 65535]"));
+    }
+    http_options.host = host;
+    http_options.port = static_cast<uint16_t>(http_port);
+    http_options.head_timeout = std::chrono::milliseconds(head_timeout_ms);
+    http_options.body_timeout = std::chrono::milliseconds(body_timeout_ms);
+    http_options.idle_timeout = std::chrono::milliseconds(idle_timeout_ms);
+    http_options.drain_timeout = std::chrono::milliseconds(drain_timeout_ms);
+    return RunServe(repository, serve_device, serve_workers, exec_timeout_ms,
+                    std::move(http_options));
+  }
   const AttachOptions client_options{socket, store_uids};
   if (inspect->parsed()) {
     if (!file.empty() && !model.empty())

@@ -1,35 +1,39 @@
 #include "http/http_server.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
 #include <cerrno>
-#include <cstring>
 #include <condition_variable>
+#include <cstring>
 #include <exception>
 #include <future>
 #include <mutex>
 #include <optional>
 #include <string_view>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
-#include <boost/asio/dispatch.hpp>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/post.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/read.hpp>
-#include <boost/asio/strand.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
-#include <spdlog/spdlog.h>
-
+#include "http/body_budget.h"
 #include "http/kserve_codec.h"
 
 namespace hearth {
@@ -39,39 +43,126 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 namespace net = boost::asio;
 using tcp = net::ip::tcp;
+using Clock = std::chrono::steady_clock;
 
 using Request = http::request<http::string_body>;
 using Response = http::response<http::string_body>;
 
 constexpr uint32_t kHeaderLimit = 16 * 1024;
-// After an error response that closes the connection, unread request bytes are
+// Unparsed bytes one connection buffers: a head and what came with it. Beast
+// reads at most 64 KiB at a time, and a head is at most kHeaderLimit.
+constexpr size_t kReadBufferBytes = 64 * 1024;
+// After a response that closes the connection, unread request bytes are
 // drained for this long so that closing does not reset the connection (which
 // can destroy the response before the client reads it).
 constexpr std::chrono::seconds kLingerTime{2};
-constexpr std::chrono::milliseconds kAcceptRetry{100};
+// Bodies at least this large (with a Content-Length) are read by the session
+// itself, straight into their final string, rather than by Beast's parser.
+// Measured with one sample of 16384 floats (a 64 KiB body, one connection):
+// 1.32 ms per request through Beast's parser, 0.62 ms read directly.
+constexpr uint64_t kDirectBodyBytes = 16 * 1024;
+// Draining: an idle connection is closed once idle this long (see
+// Session::CloseIfIdle).
+constexpr std::chrono::seconds kDrainIdleGrace{1};
+// Accepting pauses this long after an accept error, doubling while errors
+// continue; a connection that closes resumes it at once.
+constexpr std::chrono::milliseconds kAcceptBackoffFirst{10};
+constexpr std::chrono::milliseconds kAcceptBackoffMax{1000};
+// At most one log line per this interval about failing accepts.
+constexpr std::chrono::seconds kAcceptLogInterval{10};
+
+class Session;
 
 // State the sessions share with the server. Owned by HttpServer::Impl, which
 // outlives every handler that runs (Stop() joins the I/O threads first).
 struct ServerCore {
-  InferenceService* service = nullptr;
-  HttpOptions options;
+  ServerCore(InferenceService* service_in, HttpOptions options_in)
+      : service(service_in),
+        options(std::move(options_in)),
+        body_limit(std::min(options.max_body_bytes, options.max_inflight_bytes)),
+        budget(options.max_inflight_bytes) {}
+
+  // Wakes Stop() when what it waits for may have changed. Only while
+  // stopping, so that the request path takes no lock for it: the flag and
+  // the counters are sequentially consistent, so either the session sees
+  // `stopping` or Stop() sees the session's change. (Called on I/O threads,
+  // which Stop() joins before anything is destroyed.)
+  void Changed() {
+    if (!stopping.load()) return;
+    std::lock_guard lock(mutex);
+    changed.notify_all();
+  }
+
+  HttpStats Stats() const {
+    HttpStats s;
+    s.draining = stopping.load();
+    s.listening = listening.load();
+    s.connections = connections.load();
+    s.requests = busy.load();
+    s.connection_limit = connection_limit.load();
+    s.accept_paused = accept_paused.load();
+    s.accept_errors = accept_errors.load();
+    const BodyBudget::Snapshot b = budget.snapshot();
+    s.inflight_body_bytes = b.held;
+    s.inflight_body_bytes_peak = b.peak;
+    s.inflight_body_bytes_limit = b.limit;
+    s.budget_waiting = b.waiting;
+    s.budget_waits = b.waits;
+    s.head_timeouts = head_timeouts.load();
+    s.body_timeouts = body_timeouts.load();
+    s.idle_timeouts = idle_timeouts.load();
+    s.write_timeouts = write_timeouts.load();
+    return s;
+  }
+
+  InferenceService* const service;
+  const HttpOptions options;
+  const uint64_t body_limit;  // the largest body answered with anything but 413
+  BodyBudget budget;
+
   std::atomic<bool> stopping{false};
+  // False once the acceptor is closed: closing sessions stop waking it.
+  std::atomic<bool> accepting{true};
+  std::atomic<bool> accept_paused{false};
+  std::atomic<bool> listening{false};
+  std::atomic<uint64_t> connection_limit{0};
+  std::atomic<uint64_t> connections{0};
+  // Sessions between the first byte of a request and its response written.
+  std::atomic<uint64_t> busy{0};
+  std::atomic<uint64_t> accept_errors{0};
+  std::atomic<uint64_t> head_timeouts{0};
+  std::atomic<uint64_t> body_timeouts{0};
+  std::atomic<uint64_t> idle_timeouts{0};
+  std::atomic<uint64_t> write_timeouts{0};
+  // Posts Impl::ResumeAccepting onto the acceptor's strand; set before Start
+  // runs any handler.
+  std::function<void()> wake_acceptor;
+
   std::mutex mutex;
-  std::condition_variable idle;
-  uint64_t in_flight = 0;  // infers given to the service whose response is not yet written
+  std::condition_variable changed;
+  uint64_t in_flight = 0;  // infers given to the service whose `done` has not returned
+
+  // Every open session, for Stop() to reach them.
+  std::mutex sessions_mutex;
+  std::unordered_map<uint64_t, std::weak_ptr<Session>> sessions;
+  std::atomic<uint64_t> next_session{1};
 };
 
-// Counts one infer as in flight for as long as it lives.
+// Counts one infer as in flight from the moment it is given to the service
+// until its `done` has handed the response to the connection's strand: Stop()
+// keeps the I/O context alive until then.
 class InFlightInfer {
  public:
   explicit InFlightInfer(ServerCore* core) : core_(core) {
     std::lock_guard lock(core_->mutex);
     ++core_->in_flight;
   }
+  // Notifies under the lock: once in_flight is 0, Stop() may return and
+  // destroy the condition variable, and this may run on the service's thread.
   ~InFlightInfer() {
     std::lock_guard lock(core_->mutex);
     --core_->in_flight;
-    core_->idle.notify_all();
+    core_->changed.notify_all();
   }
   InFlightInfer(const InFlightInfer&) = delete;
   InFlightInfer& operator=(const InFlightInfer&) = delete;
@@ -79,6 +170,51 @@ class InFlightInfer {
  private:
   ServerCore* core_;
 };
+
+std::string HttpMetricsText(const HttpStats& s) {
+  std::string out;
+  auto metric = [&out](const char* name, const char* type, const char* help, uint64_t value) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" +
+           name + " " + std::to_string(value) + "\n";
+  };
+  metric("hearth_http_connections", "gauge", "Open HTTP connections.", s.connections);
+  metric("hearth_http_requests", "gauge",
+         "Requests being received, run or answered (from a head's first byte to the response "
+         "written).",
+         s.requests);
+  metric("hearth_http_connection_limit", "gauge",
+         "Connections served at once (--max-connections, lowered to fit the descriptor limit).",
+         s.connection_limit);
+  metric("hearth_http_accept_paused", "gauge",
+         "1 while accepting is paused: at the connection limit or after an accept error.",
+         s.accept_paused ? 1 : 0);
+  metric("hearth_http_accept_errors_total", "counter",
+         "Accepts that failed for want of descriptors or memory.", s.accept_errors);
+  metric("hearth_http_inflight_body_bytes", "gauge",
+         "Request body bytes held across all connections.", s.inflight_body_bytes);
+  metric("hearth_http_inflight_body_bytes_peak", "gauge",
+         "The most request body bytes held at once since the start.", s.inflight_body_bytes_peak);
+  metric("hearth_http_inflight_body_bytes_limit", "gauge",
+         "The request body bytes held across all connections may not exceed this "
+         "(--max-inflight-bytes).",
+         s.inflight_body_bytes_limit);
+  metric("hearth_http_body_budget_waiting", "gauge",
+         "Connections waiting for request body bytes to be freed.", s.budget_waiting);
+  metric("hearth_http_body_budget_waits_total", "counter",
+         "Times a connection waited for request body bytes to be freed.", s.budget_waits);
+  out +=
+      "# HELP hearth_http_timeouts_total Connections closed for being too slow.\n"
+      "# TYPE hearth_http_timeouts_total counter\n";
+  const std::pair<const char*, uint64_t> phases[] = {{"head", s.head_timeouts},
+                                                     {"body", s.body_timeouts},
+                                                     {"idle", s.idle_timeouts},
+                                                     {"write", s.write_timeouts}};
+  for (const auto& [phase, value] : phases) {
+    out += std::string("hearth_http_timeouts_total{phase=\"") + phase + "\"} " +
+           std::to_string(value) + "\n";
+  }
+  return out;
+}
 
 Response MakeResponse(http::status status, unsigned version, bool keep_alive, std::string body,
                       std::string_view content_type) {
@@ -183,93 +319,404 @@ bool IsHttpParseError(const beast::error_code& ec) {
   return ec.category() == http::make_error_code(http::error::bad_method).category();
 }
 
-// One connection. Owned by the handlers pending on it (and, while the service
-// runs an infer for it, by the infer's `done`); all its handlers run on the
-// connection's strand.
-// Bodies at least this large are read by ReadLargeBody. Measured with one
-// sample of 16384 floats (a 64 KiB body, one connection): 1.32 ms per
-// request through Beast's parser, 0.62 ms read directly.
-constexpr uint64_t kDirectBodyBytes = 16 * 1024;
-
+// One connection, its requests one after another. Owned by the handlers
+// pending on it (its reads, writes and deadline timer), by the body budget
+// while it waits there, and by the infer's `done` while the service runs one;
+// all its handlers run on the connection's strand.
+//
+// A request goes: head (ReadHead), body (parsed by Beast for small or
+// chunked bodies, read chunk by chunk into the final string for large ones),
+// Handle, Send, then the next head or a lingering close. Body bytes are taken
+// from the server's budget before they are read and given back once the
+// response is written or the connection closes.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, ServerCore* core) : stream_(std::move(socket)), core_(core) {}
+  Session(tcp::socket socket, ServerCore* core)
+      : socket_(std::move(socket)),
+        timer_(socket_.get_executor()),
+        core_(core),
+        id_(core->next_session.fetch_add(1)),
+        buffer_(kReadBufferBytes) {
+    core_->connections.fetch_add(1);
+  }
+
+  ~Session() {
+    ReleaseBody();
+    EndRequest();
+    {
+      std::lock_guard lock(core_->sessions_mutex);
+      core_->sessions.erase(id_);
+    }
+    beast::error_code ignored;
+    socket_.close(ignored);  // before the slot is given back
+    const uint64_t before = core_->connections.fetch_sub(1);
+    if (core_->accepting.load() &&
+        (before >= core_->connection_limit.load() || core_->accept_paused.load())) {
+      core_->wake_acceptor();
+    }
+    core_->Changed();
+  }
+
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
 
   void Start() {
-    net::dispatch(stream_.get_executor(),
-                  beast::bind_front_handler(&Session::ReadHeader, shared_from_this()));
+    {
+      std::lock_guard lock(core_->sessions_mutex);
+      core_->sessions.emplace(id_, weak_from_this());
+    }
+    net::dispatch(socket_.get_executor(), [self = shared_from_this()] { self->ReadHead(); });
   }
+
+  net::any_io_executor executor() { return socket_.get_executor(); }
+
+  // Stop(), once the requests in progress are answered: closes the
+  // connection if no request has begun on it and it has been idle for
+  // kDrainIdleGrace (else it looks again then). A client between two requests
+  // thus sends its next one and is answered 503 rather than meeting our FIN:
+  // a request that crosses the FIN can only be read and discarded. The
+  // pending head read stays as the lingering read, so that such a request is
+  // never reset and the close completes on the client's EOF.
+  void CloseIfIdle() {
+    if (closed_ || phase_ != Phase::kIdle || fin_sent_) return;
+    beast::error_code ec;
+    if (buffer_.size() > 0 || socket_.available(ec) > 0) return;  // a request is arriving
+    const Clock::duration idle_for = Clock::now() - idle_since_;
+    if (idle_for < kDrainIdleGrace) return Arm(kDrainIdleGrace - idle_for, Deadline::kDrainIdle);
+    fin_sent_ = true;
+    socket_.shutdown(tcp::socket::shutdown_send, ec);
+    Arm(kLingerTime, Deadline::kLinger);
+  }
+
+  // Stop(), at its deadline.
+  void ForceClose() { Close(); }
 
  private:
-  void ReadHeader() {
+  enum class Phase { kIdle, kHead, kBody, kBudget, kHandling, kWriting, kLingering, kClosed };
+  enum class Deadline { kHead, kBody, kIdle, kWrite, kLinger, kDrainIdle };
+  // What a wait for the budget resumes.
+  enum class Then { kReadParsed, kReadChunk, kContinue };
+
+  // ---- deadlines: one timer, re-armed per phase --------------------------
+
+  void Arm(Clock::duration after, Deadline what) {
+    const uint64_t generation = ++timer_generation_;
+    timer_.expires_after(after);
+    timer_.async_wait([self = shared_from_this(), generation, what](beast::error_code ec) {
+      if (ec || generation != self->timer_generation_) return;
+      self->OnDeadline(what);
+    });
+  }
+
+  void Disarm() {
+    ++timer_generation_;
+    timer_.cancel();
+  }
+
+  void OnDeadline(Deadline what) {
+    if (closed_) return;
+    switch (what) {
+      case Deadline::kDrainIdle:
+        return CloseIfIdle();
+      case Deadline::kHead:
+        core_->head_timeouts.fetch_add(1);
+        break;
+      case Deadline::kBody:
+        core_->body_timeouts.fetch_add(1);
+        break;
+      case Deadline::kIdle:
+        core_->idle_timeouts.fetch_add(1);
+        break;
+      case Deadline::kWrite:
+        core_->write_timeouts.fetch_add(1);
+        break;
+      case Deadline::kLinger:
+        break;
+    }
+    // Slow clients are closed, not answered: writing to them could stall too.
+    Close();
+  }
+
+  // ---- bookkeeping ---------------------------------------------------------
+
+  void BeginRequest() {
+    if (busy_) return;
+    busy_ = true;
+    core_->busy.fetch_add(1);
+  }
+
+  void EndRequest() {
+    if (!busy_) return;
+    busy_ = false;
+    core_->busy.fetch_sub(1);
+    core_->Changed();
+  }
+
+  // Gives back every body byte this connection holds. Not while it waits for
+  // the budget: OnGranted gives them back if the connection closed meanwhile.
+  void ReleaseBody() {
+    if (waiting_ || held_ == 0) return;
+    core_->budget.Release(id_, held_);
+    held_ = 0;
+  }
+
+  // Takes `bytes` of the budget for this request's body, then continues with
+  // `then`, now or once they are free.
+  void Take(uint64_t bytes, Then then) {
+    const auto outcome =
+        core_->budget.Acquire(id_, bytes, held_, [self = shared_from_this(), bytes](bool granted) {
+          // On the thread that freed the bytes.
+          auto executor = self->executor();
+          net::post(executor,
+                    [self = std::move(self), bytes, granted] { self->OnGranted(granted, bytes); });
+        });
+    switch (outcome) {
+      case BodyBudget::Outcome::kGranted:
+        held_ += bytes;
+        return Continue(then);
+      case BodyBudget::Outcome::kWaiting:
+        // Not reading now, so not the client's delay: no deadline.
+        waiting_ = true;
+        then_ = then;
+        phase_ = Phase::kBudget;
+        Disarm();
+        return;
+      case BodyBudget::Outcome::kClosed:
+        return Close();
+    }
+  }
+
+  void OnGranted(bool granted, uint64_t bytes) {
+    waiting_ = false;
+    if (granted) held_ += bytes;
+    if (!granted || closed_) {
+      ReleaseBody();
+      return Close();
+    }
+    phase_ = Phase::kBody;
+    Continue(then_);
+  }
+
+  void Continue(Then then) {
+    switch (then) {
+      case Then::kReadParsed:
+        return ReadParsed();
+      case Then::kReadChunk:
+        return ReadChunk();
+      case Then::kContinue:
+        // The budget had room for the first chunk: the body may proceed. The
+        // chunk is taken again once its bytes arrive.
+        ReleaseBody();
+        return SendContinue(Then::kReadChunk);
+    }
+  }
+
+  // ---- the head ------------------------------------------------------------
+
+  void ReadHead() {
+    phase_ = Phase::kIdle;
+    idle_since_ = Clock::now();
     parser_.emplace();
     parser_->header_limit(kHeaderLimit);
-    parser_->body_limit(core_->options.max_body_bytes);
-    stream_.expires_after(core_->options.idle_timeout);
-    http::async_read_header(stream_, buffer_, *parser_,
-                            beast::bind_front_handler(&Session::OnHeader, shared_from_this()));
-  }
-
-  void OnHeader(beast::error_code ec, size_t /*bytes*/) {
-    if (ec) return OnReadError(ec);
-    const auto& request = parser_->get();
-    const auto expect = request[http::field::expect];
-    if (beast::iequals(expect, "100-continue")) {
-      continue_.emplace(http::status::continue_, request.version());
-      http::async_write(stream_, *continue_,
-                        [self = shared_from_this()](beast::error_code write_ec, size_t) {
-                          if (write_ec) return self->Close();
-                          self->ReadBody();
-                        });
-      return;
+    parser_->body_limit(core_->body_limit);
+    continue_sent_ = false;
+    if (buffer_.size() > 0) {  // pipelined
+      phase_ = Phase::kHead;
+      BeginRequest();
+      Arm(core_->options.head_timeout, Deadline::kHead);
+    } else if (first_request_) {
+      Arm(core_->options.head_timeout, Deadline::kHead);  // from the accept
+    } else {
+      Arm(core_->options.idle_timeout, Deadline::kIdle);
     }
-    ReadBody();
+    ReadHeadSome();
   }
 
-  void ReadBody() {
-    stream_.expires_after(core_->options.idle_timeout);
+  void ReadHeadSome() {
+    http::async_read_some(socket_, buffer_, *parser_,
+                          beast::bind_front_handler(&Session::OnHeadSome, shared_from_this()));
+  }
+
+  void OnHeadSome(beast::error_code ec, size_t /*bytes*/) {
+    if (ec) return OnReadError(ec);
+    if (fin_sent_) return Drain();  // closing: what arrives now is discarded
+    if (phase_ == Phase::kIdle) {
+      phase_ = Phase::kHead;
+      BeginRequest();
+      // From its first byte; a connection's first head has had its deadline
+      // since the accept, unless the drain replaced it (kDrainIdle).
+      if ((!first_request_ || core_->stopping.load()) && !parser_->is_header_done()) {
+        Arm(core_->options.head_timeout, Deadline::kHead);
+      }
+    }
+    if (!parser_->is_header_done()) return ReadHeadSome();
+    first_request_ = false;
+    OnHeader();
+  }
+
+  void OnHeader() {
+    phase_ = Phase::kBody;
+    const auto& request = parser_->get();
+    const unsigned version = request.version();
+    if (core_->stopping.load()) {
+      // Arrived during the drain. The body, if any, is read and discarded by
+      // the lingering close.
+      return Send(ErrorResponse(503, "the server is shutting down", version, false));
+    }
     const auto length = parser_->content_length();
-    if (length && *length >= kDirectBodyBytes && !parser_->chunked()) return ReadLargeBody(*length);
-    // Room for the JSON parser to read past the end (kRequestBodyPadding):
-    // with it, the body is parsed where it lies. Beast's own reserve of
-    // Content-Length bytes is then a no-op.
-    if (length && *length <= core_->options.max_body_bytes) {
+    if (length && *length > core_->body_limit) return Send(TooLarge());
+    expect_continue_ = beast::iequals(request[http::field::expect], "100-continue");
+    if (parser_->is_done()) {  // no body
+      Disarm();
+      return FinishParsed();
+    }
+    if (length && !parser_->chunked() && *length >= kDirectBodyBytes) {
+      body_length_ = *length;
+      body_.clear();
+      // 100-continue: answered once the budget has room for the first chunk.
+      if (expect_continue_) return Take(FirstChunk(), Then::kContinue);
+      return AwaitChunk();
+    }
+    if (length) {
+      // A small body takes all its bytes at once, and never waits: at most
+      // one per connection, so large bodies cannot hold up small requests
+      // (they add at most max_connections x kDirectBodyBytes).
+      core_->budget.AcquireNow(*length);
+      held_ += *length;
+      return ReadParsed();
+    }
+    // A chunked body takes room for one more read at a time (ReadParsed).
+    return Take(std::min<uint64_t>(kReadBufferBytes, core_->body_limit), Then::kReadParsed);
+  }
+
+  Response TooLarge() const {
+    std::string message =
+        "request body exceeds the limit of " + std::to_string(core_->body_limit) + " bytes";
+    if (core_->body_limit < core_->options.max_body_bytes) {
+      message += " (the most the server holds for all requests at once)";
+    }
+    return ErrorResponse(413, message, 11, false);
+  }
+
+  // ---- bodies read by Beast's parser: small or chunked ---------------------
+
+  void ReadParsed() {
+    if (expect_continue_ && !continue_sent_) return SendContinue(Then::kReadParsed);
+    phase_ = Phase::kBody;
+    const auto length = parser_->content_length();
+    if (length) {
+      // Room for the JSON parser to read past the end (kRequestBodyPadding):
+      // with it, the body is parsed where it lies. Beast's own reserve of
+      // Content-Length bytes is then a no-op.
       parser_->get().body().reserve(*length + kRequestBodyPadding);
     }
-    http::async_read(stream_, buffer_, *parser_,
-                     beast::bind_front_handler(&Session::OnRead, shared_from_this()));
+    progress_mark_ = parser_->get().body().size();
+    if (!(length && buffer_.size() >= *length)) Arm(core_->options.body_timeout, Deadline::kBody);
+    ReadParsedSome();
   }
 
-  // A large body (binary tensors) is read in one operation straight into its
-  // final string: Beast's parser would read it 64 KiB at a time, re-arming
-  // the stream's timer for each read, which costs more than the copy itself.
-  void ReadLargeBody(uint64_t length) {
-    body_.clear();
-    const size_t already = std::min<size_t>(buffer_.size(), length);
-    body_.reserve(length + kRequestBodyPadding);  // see ReadBody
-    body_.resize(length);
-    net::buffer_copy(net::buffer(body_.data(), already), buffer_.data());
-    buffer_.consume(already);
-    net::async_read(stream_, net::buffer(body_.data() + already, length - already),
-                    [self = shared_from_this()](beast::error_code ec, size_t) {
-                      if (ec) return self->OnReadError(ec);
-                      self->stream_.expires_never();
-                      Request request = self->parser_->release();
-                      self->parser_.reset();
-                      request.body() = std::move(self->body_);
-                      self->Handle(std::move(request));
-                    });
+  void ReadParsedSome() {
+    http::async_read_some(socket_, buffer_, *parser_,
+                          beast::bind_front_handler(&Session::OnParsedSome, shared_from_this()));
   }
 
-  void OnRead(beast::error_code ec, size_t /*bytes*/) {
+  void OnParsedSome(beast::error_code ec, size_t /*bytes*/) {
     if (ec) return OnReadError(ec);
-    stream_.expires_never();
+    if (parser_->is_done()) {
+      Disarm();
+      return FinishParsed();
+    }
+    const uint64_t size = parser_->get().body().size();
+    if (size - progress_mark_ >= kBodyChunkBytes) {  // progress: a new deadline
+      progress_mark_ = size;
+      Arm(core_->options.body_timeout, Deadline::kBody);
+    }
+    if (parser_->chunked()) {
+      // One read adds at most kReadBufferBytes to a chunked body; the parser
+      // stops it at body_limit. (A body with a Content-Length took all its
+      // bytes before its first read.)
+      const uint64_t needed = std::min(size + kReadBufferBytes, core_->body_limit);
+      if (held_ < needed) return Take(needed - held_, Then::kReadParsed);
+    }
+    ReadParsedSome();
+  }
+
+  void FinishParsed() {
     Request request = parser_->release();
     parser_.reset();
     Handle(std::move(request));
   }
 
+  // ---- large bodies: read chunk by chunk into their final string -----------
+
+  uint64_t FirstChunk() const { return std::min(kBodyChunkBytes, body_length_); }
+
+  // Waits for the body's first byte before taking any budget for it, so that
+  // a client that sends a head and stalls holds nothing.
+  void AwaitChunk() {
+    if (buffer_.size() > 0) return Take(FirstChunk(), Then::kReadChunk);
+    phase_ = Phase::kBody;
+    Arm(core_->options.body_timeout, Deadline::kBody);
+    socket_.async_receive(net::buffer(&peek_, 1), tcp::socket::message_peek,
+                          [self = shared_from_this()](beast::error_code ec, size_t) {
+                            if (ec) return self->OnReadError(ec);
+                            self->Take(self->FirstChunk(), Then::kReadChunk);
+                          });
+  }
+
+  // With the chunk's bytes taken from the budget. The string's capacity is
+  // reserved once, for the whole body, so that it never moves: a large
+  // allocation is mapped, not touched, and costs memory only as resize()
+  // reaches it, one chunk at a time, just before the chunk is read into it.
+  void ReadChunk() {
+    phase_ = Phase::kBody;
+    const size_t start = body_.size();
+    const auto chunk = static_cast<size_t>(std::min(kBodyChunkBytes, body_length_ - start));
+    if (body_.capacity() < body_length_ + kRequestBodyPadding) {
+      body_.reserve(body_length_ + kRequestBodyPadding);  // see ReadParsed
+    }
+    body_.resize(start + chunk);
+    const size_t buffered = std::min(buffer_.size(), chunk);
+    net::buffer_copy(net::buffer(body_.data() + start, buffered), buffer_.data());
+    buffer_.consume(buffered);
+    if (buffered == chunk) return OnChunk();
+    Arm(core_->options.body_timeout, Deadline::kBody);
+    net::async_read(socket_, net::buffer(body_.data() + start + buffered, chunk - buffered),
+                    [self = shared_from_this()](beast::error_code ec, size_t) {
+                      if (ec) return self->OnReadError(ec);
+                      self->OnChunk();
+                    });
+  }
+
+  void OnChunk() {
+    if (body_.size() < body_length_) {
+      return Take(std::min(kBodyChunkBytes, body_length_ - body_.size()), Then::kReadChunk);
+    }
+    Disarm();
+    Request request = parser_->release();
+    parser_.reset();
+    request.body() = std::move(body_);
+    body_ = std::string();
+    Handle(std::move(request));
+  }
+
+  void SendContinue(Then then) {
+    continue_.emplace(http::status::continue_, parser_->get().version());
+    Arm(core_->options.idle_timeout, Deadline::kWrite);
+    http::async_write(socket_, *continue_,
+                      [self = shared_from_this(), then](beast::error_code ec, size_t) {
+                        self->continue_.reset();
+                        if (ec) return self->Close();
+                        self->continue_sent_ = true;
+                        if (then == Then::kReadChunk) return self->AwaitChunk();
+                        self->ReadParsed();
+                      });
+  }
+
+  // ---- requests ------------------------------------------------------------
+
   void Handle(Request request) {
+    phase_ = Phase::kHandling;
     const unsigned version = request.version();
     try {
       Dispatch(std::move(request));
@@ -282,26 +729,21 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void OnReadError(beast::error_code ec) {
-    if (ec == http::error::body_limit) {
-      return Send(ErrorResponse(413,
-                                "request body exceeds the limit of " +
-                                    std::to_string(core_->options.max_body_bytes) + " bytes",
-                                11, false));
-    }
+    if (closed_) return;  // closed by a deadline or by Stop()
+    if (ec == http::error::body_limit) return Send(TooLarge());
     if (ec == http::error::header_limit) {
       return Send(ErrorResponse(
-          400, "request header exceeds the limit of " + std::to_string(kHeaderLimit) + " bytes",
-          11, false));
+          400, "request header exceeds the limit of " + std::to_string(kHeaderLimit) + " bytes", 11,
+          false));
     }
-    // A client that closed between or in the middle of requests, a timeout, a
-    // reset: nothing to answer.
+    // A client that closed between or in the middle of requests, a reset:
+    // nothing to answer.
     if (ec == http::error::end_of_stream || ec == http::error::partial_message ||
         !IsHttpParseError(ec)) {
       return Close();
     }
     Send(ErrorResponse(400, "malformed HTTP request: " + ec.message(), 11, false));
   }
-
   void Dispatch(Request request) {
     const unsigned version = request.version();
     const bool keep_alive = request.keep_alive();
@@ -314,11 +756,10 @@ class Session : public std::enable_shared_from_this<Session> {
                                 keep_alive));
     }
     if (request.method() != route->method()) {
-      Response response =
-          ErrorResponse(405,
-                        "method " + std::string(request.method_string()) + " is not allowed on " +
-                            std::string(request.target()),
-                        version, keep_alive);
+      Response response = ErrorResponse(405,
+                                        "method " + std::string(request.method_string()) +
+                                            " is not allowed on " + std::string(request.target()),
+                                        version, keep_alive);
       response.set(http::field::allow, route->method() == http::verb::post ? "POST" : "GET");
       return Send(std::move(response));
     }
@@ -351,7 +792,8 @@ class Session : public std::enable_shared_from_this<Session> {
       case Route::Kind::kInfer:
         return StartInfer(std::move(request), *route);
       case Route::Kind::kMetrics:
-        return Send(MakeResponse(http::status::ok, version, keep_alive, service.MetricsText(),
+        return Send(MakeResponse(http::status::ok, version, keep_alive,
+                                 service.MetricsText() + HttpMetricsText(core_->Stats()),
                                  "text/plain; version=0.0.4"));
       case Route::Kind::kNone:
         break;
@@ -361,9 +803,6 @@ class Session : public std::enable_shared_from_this<Session> {
   void StartInfer(Request request, const Route& route) {
     const unsigned version = request.version();
     const bool keep_alive = request.keep_alive();
-    if (core_->stopping.load()) {
-      return Send(ErrorResponse(503, "the server is stopping", version, keep_alive));
-    }
     std::optional<uint64_t> json_length;
     if (const auto it = request.find("Inference-Header-Content-Length"); it != request.end()) {
       Result<uint64_t> parsed = ParseJsonLength(it->value());
@@ -382,15 +821,16 @@ class Session : public std::enable_shared_from_this<Session> {
       return Send(StatusResponse(valid, version, keep_alive));
     }
     OutputSelection selection = SelectionOf(*infer);
-    in_flight_.emplace(core_);
+    auto in_flight = std::make_shared<InFlightInfer>(core_);
     // `done` may run on any thread, even inside Infer. The outputs it gets
     // may be borrowed from the service (the worker's slot) and valid only
     // until it returns: it encodes them into the response body right there,
     // one copy, and moves only the finished response onto this connection's
     // strand.
     core_->service->Infer(
-        std::move(*infer), [self = shared_from_this(), selection = std::move(selection), version,
-                            keep_alive](Result<InferResponse> result) mutable {
+        std::move(*infer),
+        [self = shared_from_this(), selection = std::move(selection), version, keep_alive,
+         in_flight = std::move(in_flight)](Result<InferResponse> result) mutable {
           if (self == nullptr) return;  // a second call, against the contract
           std::optional<Response> response;
           try {
@@ -400,15 +840,20 @@ class Session : public std::enable_shared_from_this<Session> {
             // may throw into the service's thread.
             spdlog::error("http: encoding a response failed: {}", e.what());
           }
-          auto executor = self->stream_.get_executor();
-          net::post(executor, [self = std::move(self), response = std::move(response), version,
-                               keep_alive]() mutable {
-            if (!response.has_value()) {
-              return self->Send(ErrorResponse(500, "internal error: cannot encode the response",
-                                              version, keep_alive));
-            }
-            self->Send(std::move(*response));
-          });
+          {
+            // Scoped: the executor's copy must be gone, like everything of
+            // the I/O context's, before in_flight lets Stop() destroy it.
+            auto executor = self->executor();
+            net::post(executor, [self = std::move(self), response = std::move(response), version,
+                                 keep_alive]() mutable {
+              if (!response.has_value()) {
+                return self->Send(ErrorResponse(500, "internal error: cannot encode the response",
+                                                version, keep_alive));
+              }
+              self->Send(std::move(*response));
+            });
+          }
+          in_flight.reset();  // after the post: the I/O context may go now
         });
   }
 
@@ -430,31 +875,45 @@ class Session : public std::enable_shared_from_this<Session> {
     return response;
   }
 
+  // ---- responses and closing -----------------------------------------------
+
   void Send(Response response) {
+    if (closed_) return;
+    // Draining: this answer is the connection's last.
+    if (core_->stopping.load() && response.keep_alive()) response.keep_alive(false);
+    phase_ = Phase::kWriting;
     response_ = std::make_unique<Response>(std::move(response));
-    stream_.expires_after(core_->options.idle_timeout);
-    http::async_write(stream_, *response_,
+    Arm(core_->options.idle_timeout, Deadline::kWrite);
+    http::async_write(socket_, *response_,
                       beast::bind_front_handler(&Session::OnWrite, shared_from_this()));
   }
 
   void OnWrite(beast::error_code ec, size_t /*bytes*/) {
     const bool close = response_->need_eof();
     response_.reset();
-    in_flight_.reset();
+    ReleaseBody();
+    EndRequest();
     if (ec) return Close();
     if (close) return LingeringClose();
-    ReadHeader();
+    ReadHead();
   }
 
+  // Half-closes, then reads and discards what the client still sends until it
+  // closes too (or kLingerTime passes): closing with unread bytes would reset
+  // the connection.
   void LingeringClose() {
+    phase_ = Phase::kLingering;
+    ReleaseBody();
+    EndRequest();
+    fin_sent_ = true;
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-    stream_.expires_after(kLingerTime);
+    socket_.shutdown(tcp::socket::shutdown_send, ignored);
+    Arm(kLingerTime, Deadline::kLinger);
     Drain();
   }
 
   void Drain() {
-    stream_.async_read_some(net::buffer(drain_),
+    socket_.async_read_some(net::buffer(drain_),
                             [self = shared_from_this()](beast::error_code ec, size_t) {
                               if (ec) return self->Close();
                               self->Drain();
@@ -462,31 +921,66 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void Close() {
-    in_flight_.reset();
+    if (closed_) return;
+    closed_ = true;
+    phase_ = Phase::kClosed;
+    Disarm();
+    ReleaseBody();
+    EndRequest();
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream_.close();
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
   }
 
-  beast::tcp_stream stream_;
-  ServerCore* core_;
+  tcp::socket socket_;
+  net::steady_timer timer_;
+  ServerCore* const core_;
+  const uint64_t id_;  // in core_->sessions and as the budget's holder
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   std::string body_;  // a large body being read directly
+  uint64_t body_length_ = 0;
+  uint64_t progress_mark_ = 0;  // body bytes when the body deadline was last armed
+  uint64_t held_ = 0;           // budget bytes taken for this request
+  uint64_t timer_generation_ = 0;
+  Clock::time_point idle_since_{};  // when it last began waiting for a head
+  Phase phase_ = Phase::kIdle;
+  Then then_ = Then::kReadParsed;
+  bool first_request_ = true;
+  bool busy_ = false;
+  bool waiting_ = false;  // in the budget's queue
+  bool expect_continue_ = false;
+  bool continue_sent_ = false;
+  bool fin_sent_ = false;
+  bool closed_ = false;
+  char peek_ = 0;
   std::optional<http::response<http::empty_body>> continue_;
   std::unique_ptr<Response> response_;
-  std::optional<InFlightInfer> in_flight_;
   std::array<char, 4096> drain_{};
 };
+
+// Descriptors open in this process now; 0 when /proc is not there.
+uint64_t OpenDescriptors() {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return 0;
+  uint64_t count = 0;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] != '.') ++count;
+  }
+  ::closedir(dir);
+  return count > 0 ? count - 1 : 0;  // not the directory's own
+}
 
 }  // namespace
 
 class HttpServer::Impl {
  public:
   Impl(InferenceService* service, HttpOptions options)
-      : runtime_(std::make_unique<Runtime>(options.threads)) {
-    core_.service = service;
-    core_.options = std::move(options);
+      : core_(service, std::move(options)),
+        runtime_(std::make_unique<Runtime>(core_.options.threads)) {
+    core_.wake_acceptor = [this] {
+      net::post(runtime_->acceptor.get_executor(), [this] { ResumeAccepting(); });
+    };
   }
 
   ~Impl() { Stop(); }
@@ -497,18 +991,19 @@ class HttpServer::Impl {
     const HttpOptions& options = core_.options;
     beast::error_code ec;
     tcp::resolver resolver(runtime_->io);
-    const auto endpoints = resolver.resolve(options.host, std::to_string(options.port),
-                                            tcp::resolver::passive | tcp::resolver::numeric_service,
-                                            ec);
+    const auto endpoints =
+        resolver.resolve(options.host, std::to_string(options.port),
+                         tcp::resolver::passive | tcp::resolver::numeric_service, ec);
     if (ec || endpoints.empty()) {
       return InvalidArgument("cannot resolve host '" + options.host + "': " + ec.message());
     }
     const tcp::endpoint endpoint = endpoints.begin()->endpoint();
+    protocol_ = endpoint.protocol();
     // Opened here rather than by Asio, which does not set close-on-exec.
-    const int fd = ::socket(endpoint.protocol().family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                            IPPROTO_TCP);
+    const int fd =
+        ::socket(protocol_.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, IPPROTO_TCP);
     if (fd < 0) return ErrnoError("socket", errno);
-    runtime_->acceptor.assign(endpoint.protocol(), fd, ec);
+    runtime_->acceptor.assign(protocol_, fd, ec);
     if (ec) {
       ::close(fd);
       return Internal("cannot adopt the listening socket: " + ec.message());
@@ -516,13 +1011,17 @@ class HttpServer::Impl {
     runtime_->acceptor.set_option(net::socket_base::reuse_address(true), ec);
     runtime_->acceptor.bind(endpoint, ec);
     if (ec) {
-      return Unavailable("cannot bind " + options.host + ":" + std::to_string(options.port) +
-                         ": " + ec.message());
+      return Unavailable("cannot bind " + options.host + ":" + std::to_string(options.port) + ": " +
+                         ec.message());
     }
     runtime_->acceptor.listen(net::socket_base::max_listen_connections, ec);
     if (ec) return Unavailable("cannot listen on " + options.host + ": " + ec.message());
     port_ = runtime_->acceptor.local_endpoint(ec).port();
-    WaitForConnection();
+    Result<uint64_t> limit = ConnectionLimit();
+    if (!limit.ok()) return limit.status();
+    core_.connection_limit.store(*limit);
+    core_.listening.store(true);
+    AcceptReady();
     for (int i = 0; i < options.threads; ++i) {
       threads_.emplace_back([this] { RunIo(); });
     }
@@ -532,19 +1031,10 @@ class HttpServer::Impl {
   void Stop() {
     if (!started_ || stopped_) return;
     stopped_ = true;
+    const Clock::time_point deadline = Clock::now() + core_.options.drain_timeout;
     core_.stopping.store(true);
-    if (!threads_.empty()) {
-      std::promise<void> closed;
-      net::post(runtime_->acceptor.get_executor(), [this, &closed] {
-        beast::error_code ignored;
-        runtime_->acceptor.close(ignored);
-        runtime_->accept_retry.cancel();
-        closed.set_value();
-      });
-      closed.get_future().wait();
-      std::unique_lock lock(core_.mutex);
-      core_.idle.wait(lock, [this] { return core_.in_flight == 0; });
-    }
+    if (!threads_.empty()) Drain(deadline);
+    core_.accepting.store(false);
     runtime_->work.reset();
     runtime_->io.stop();
     for (std::thread& thread : threads_) thread.join();
@@ -553,8 +1043,40 @@ class HttpServer::Impl {
   }
 
   uint16_t port() const { return port_; }
+  HttpStats stats() const { return core_.Stats(); }
 
  private:
+  // The connections the descriptor limit leaves room for: the soft
+  // RLIMIT_NOFILE, less the descriptors open now (the store, the workers'
+  // sockets and memfds, the listening socket, the I/O context's own) and
+  // the reserve for the rest of the server.
+  Result<uint64_t> ConnectionLimit() const {
+    const HttpOptions& options = core_.options;
+    const auto wanted = static_cast<uint64_t>(options.max_connections);
+    rlimit rl{};
+    if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return wanted;
+    const auto soft = static_cast<uint64_t>(rl.rlim_cur);
+    const uint64_t open = OpenDescriptors();
+    const auto reserved = static_cast<uint64_t>(options.reserved_descriptors);
+    const uint64_t room = soft > open + reserved ? soft - open - reserved : 0;
+    const std::string why = "the descriptor limit (RLIMIT_NOFILE) is " + std::to_string(soft) +
+                            ", " + std::to_string(open) + " descriptors are open and " +
+                            std::to_string(reserved) +
+                            " are kept for the server's own use (worker restarts, the store)";
+    if (room == 0) {
+      return ResourceExhausted("no descriptors are left for HTTP connections: " + why +
+                               "; raise the limit (ulimit -n)");
+    }
+    if (room < wanted) {
+      spdlog::warn(
+          "http: serving at most {} connections at once, not the {} asked for: {}; raise "
+          "the limit (ulimit -n) for more",
+          room, wanted, why);
+      return room;
+    }
+    return wanted;
+  }
+
   void RunIo() {
     for (;;) {
       try {
@@ -566,9 +1088,17 @@ class HttpServer::Impl {
     }
   }
 
-  // Accepts with accept4(SOCK_CLOEXEC) once the listening socket is readable.
+  // ---- accepting: all on the acceptor's strand -----------------------------
+  //
+  // Asio's reactor is edge-triggered: once accept4 has not drained the
+  // backlog (a pause), only another accept4 finds the connections waiting
+  // there, not a wait. So every resumption calls AcceptReady.
+
   void WaitForConnection() {
+    if (waiting_ || !runtime_->acceptor.is_open()) return;
+    waiting_ = true;
     runtime_->acceptor.async_wait(tcp::acceptor::wait_read, [this](beast::error_code ec) {
+      waiting_ = false;
       if (ec || !runtime_->acceptor.is_open()) return;
       AcceptReady();
     });
@@ -576,31 +1106,166 @@ class HttpServer::Impl {
 
   void AcceptReady() {
     for (;;) {
+      if (!runtime_->acceptor.is_open() || backing_off_) return;
+      const uint64_t limit = draining_ ? drain_connection_limit_ : core_.connection_limit.load();
+      if (core_.connections.load() >= limit) {
+        // Left in the kernel's backlog until a connection closes.
+        paused_for_limit_ = true;
+        UpdatePaused();
+        return;
+      }
       const int fd = ::accept4(runtime_->acceptor.native_handle(), nullptr, nullptr,
                                SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) {
         const int error = errno;
-        if (error == EINTR || error == ECONNABORTED) continue;
         if (error == EAGAIN || error == EWOULDBLOCK) break;
-        // Out of descriptors or memory: try again shortly rather than spin.
-        spdlog::warn("http: accept failed: {}", std::strerror(error));
-        runtime_->accept_retry.expires_after(kAcceptRetry);
-        runtime_->accept_retry.async_wait([this](beast::error_code ec) {
-          if (!ec && runtime_->acceptor.is_open()) WaitForConnection();
-        });
-        return;
+        // The connection, not the listener, failed (accept(2) lists the
+        // network errors that Linux passes on).
+        if (error == EINTR || error == ECONNABORTED || error == EPROTO || error == ENETDOWN ||
+            error == ENOPROTOOPT || error == EHOSTDOWN || error == ENONET ||
+            error == EHOSTUNREACH || error == EOPNOTSUPP || error == ENETUNREACH ||
+            error == EPERM) {
+          continue;
+        }
+        return AcceptFailed(error);
       }
-      tcp::socket socket(net::make_strand(runtime_->io));
-      beast::error_code ec;
-      socket.assign(runtime_->acceptor.local_endpoint(ec).protocol(), fd, ec);
-      if (ec) {
-        ::close(fd);
-        continue;
-      }
-      socket.set_option(tcp::no_delay(true), ec);
-      std::make_shared<Session>(std::move(socket), &core_)->Start();
+      backoff_ = kAcceptBackoffFirst;
+      OpenSession(fd);
     }
+    paused_for_limit_ = false;
+    UpdatePaused();
     WaitForConnection();
+  }
+
+  void OpenSession(int fd) {
+    tcp::socket socket(net::make_strand(runtime_->io));
+    beast::error_code ec;
+    socket.assign(protocol_, fd, ec);
+    if (ec) {
+      ::close(fd);
+      return;
+    }
+    socket.set_option(tcp::no_delay(true), ec);
+    try {
+      std::make_shared<Session>(std::move(socket), &core_)->Start();
+    } catch (const std::bad_alloc&) {
+      spdlog::error("http: out of memory for a new connection");  // the socket closes
+    }
+  }
+
+  // Out of descriptors (EMFILE, ENFILE) or memory (ENOBUFS, ENOMEM): pauses
+  // with a back-off (a connection that closes resumes at once) and logs at
+  // most once per kAcceptLogInterval, instead of retrying in a loop.
+  void AcceptFailed(int error) {
+    core_.accept_errors.fetch_add(1);
+    const Clock::time_point now = Clock::now();
+    if (now - last_accept_log_ >= kAcceptLogInterval) {
+      spdlog::warn(
+          "http: cannot accept a connection: {} ({} connections open, limit {}); pausing "
+          "accepts for {} ms{}",
+          std::strerror(error), core_.connections.load(), core_.connection_limit.load(),
+          backoff_.count(),
+          suppressed_accept_errors_ > 0
+              ? fmt::format(" ({} more failed accepts since the last message)",
+                            suppressed_accept_errors_)
+              : std::string());
+      last_accept_log_ = now;
+      suppressed_accept_errors_ = 0;
+    } else {
+      ++suppressed_accept_errors_;
+    }
+    backing_off_ = true;
+    UpdatePaused();
+    runtime_->accept_retry.expires_after(backoff_);
+    runtime_->accept_retry.async_wait([this](beast::error_code ec) {
+      if (ec || !backing_off_) return;  // cancelled: ResumeAccepting took over
+      backing_off_ = false;
+      AcceptReady();
+    });
+    backoff_ = std::min(backoff_ * 2, kAcceptBackoffMax);
+  }
+
+  // A connection closed: below the limit again, and a descriptor is free.
+  void ResumeAccepting() {
+    if (!runtime_->acceptor.is_open()) return;
+    if (backing_off_) {
+      backing_off_ = false;
+      runtime_->accept_retry.cancel();
+    } else if (!paused_for_limit_) {
+      return;
+    }
+    paused_for_limit_ = false;
+    AcceptReady();
+  }
+
+  void UpdatePaused() { core_.accept_paused.store(paused_for_limit_ || backing_off_); }
+
+  // ---- draining ------------------------------------------------------------
+
+  // Takes the connections that completed their handshake before the drain
+  // began (closing the listener would reset them), then closes it. listen()
+  // with a backlog of 0 first, so that hardly any complete meanwhile: their
+  // SYNs are dropped, and the clients' retries find the port closed, before
+  // they have sent anything.
+  void CloseListener() {
+    if (runtime_->acceptor.is_open()) {
+      ::listen(runtime_->acceptor.native_handle(), 0);
+      draining_ = true;
+      // Past the limit, into the reserve: these only get a 503.
+      drain_connection_limit_ = core_.connection_limit.load() +
+                                static_cast<uint64_t>(core_.options.reserved_descriptors) / 2;
+      backing_off_ = false;
+      paused_for_limit_ = false;
+      AcceptReady();
+      beast::error_code ignored;
+      runtime_->acceptor.close(ignored);
+      runtime_->accept_retry.cancel();
+    }
+    core_.listening.store(false);
+    core_.accepting.store(false);
+  }
+
+  template <typename Predicate>
+  bool WaitUntil(Clock::time_point deadline, Predicate done) {
+    std::unique_lock lock(core_.mutex);
+    return core_.changed.wait_until(lock, deadline, done);
+  }
+
+  void ForEachSession(void (Session::*what)()) {
+    std::vector<std::shared_ptr<Session>> live;
+    {
+      std::lock_guard lock(core_.sessions_mutex);
+      for (const auto& [id, weak] : core_.sessions) {
+        if (std::shared_ptr<Session> session = weak.lock()) live.push_back(std::move(session));
+      }
+    }
+    for (std::shared_ptr<Session>& session : live) {
+      auto executor = session->executor();
+      net::post(executor, [session = std::move(session), what] { ((*session).*what)(); });
+    }
+  }
+
+  void Drain(Clock::time_point deadline) {
+    std::promise<void> closed;
+    net::post(runtime_->acceptor.get_executor(), [this, &closed] {
+      CloseListener();
+      closed.set_value();
+    });
+    closed.get_future().wait();
+    // Every request that has begun is answered (and closes its connection).
+    WaitUntil(deadline, [this] { return core_.busy.load() == 0 && core_.in_flight == 0; });
+    // The connections left are idle, or lingering after their last answer.
+    ForEachSession(&Session::CloseIfIdle);
+    if (!WaitUntil(deadline, [this] { return core_.connections.load() == 0; })) {
+      spdlog::warn("http: drain deadline ({} ms) passed: closing {} connections",
+                   core_.options.drain_timeout.count(), core_.connections.load());
+      core_.budget.Close();
+      ForEachSession(&Session::ForceClose);
+    }
+    // The service's `done` must have posted its last response before the
+    // I/O context goes: no deadline here, the service bounds its infers.
+    std::unique_lock lock(core_.mutex);
+    core_.changed.wait(lock, [this] { return core_.in_flight == 0; });
   }
 
   // The I/O context and what runs on it. Stop() destroys it after joining the
@@ -612,7 +1277,7 @@ class HttpServer::Impl {
           acceptor(net::make_strand(io)),
           accept_retry(acceptor.get_executor()),
           work(net::make_work_guard(io)) {}
-    net::io_context io;  // first: outlives the objects that use it
+    net::io_context io;      // first: outlives the objects that use it
     tcp::acceptor acceptor;  // its handlers run on its own strand
     net::steady_timer accept_retry;
     net::executor_work_guard<net::io_context::executor_type> work;
@@ -621,9 +1286,20 @@ class HttpServer::Impl {
   ServerCore core_;  // outlives runtime_: handlers destroyed with it may refer to it
   std::unique_ptr<Runtime> runtime_;
   std::vector<std::thread> threads_;
+  tcp protocol_ = tcp::v4();
   uint16_t port_ = 0;
   bool started_ = false;
   bool stopped_ = false;
+  // The acceptor's state, touched on its strand only (and by Start before
+  // the threads run).
+  bool waiting_ = false;  // an async_wait is pending
+  bool paused_for_limit_ = false;
+  bool backing_off_ = false;
+  bool draining_ = false;
+  uint64_t drain_connection_limit_ = 0;
+  std::chrono::milliseconds backoff_ = kAcceptBackoffFirst;
+  Clock::time_point last_accept_log_{};
+  uint64_t suppressed_accept_errors_ = 0;
 };
 
 HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -638,8 +1314,25 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Create(InferenceService* service
                            std::to_string(options.threads));
   }
   if (options.max_body_bytes == 0) return InvalidArgument("HttpOptions.max_body_bytes is 0");
-  if (options.idle_timeout.count() <= 0) {
-    return InvalidArgument("HttpOptions.idle_timeout must be positive");
+  if (options.max_inflight_bytes == 0) {
+    return InvalidArgument("HttpOptions.max_inflight_bytes is 0");
+  }
+  if (options.max_connections < 1) {
+    return InvalidArgument("HttpOptions.max_connections must be at least 1, got " +
+                           std::to_string(options.max_connections));
+  }
+  if (options.reserved_descriptors < 0) {
+    return InvalidArgument("HttpOptions.reserved_descriptors must not be negative");
+  }
+  for (const auto& [name, value] : {std::pair{"idle_timeout", options.idle_timeout},
+                                    std::pair{"head_timeout", options.head_timeout},
+                                    std::pair{"body_timeout", options.body_timeout}}) {
+    if (value.count() <= 0) {
+      return InvalidArgument(std::string("HttpOptions.") + name + " must be positive");
+    }
+  }
+  if (options.drain_timeout.count() < 0) {
+    return InvalidArgument("HttpOptions.drain_timeout must not be negative");
   }
   return std::unique_ptr<HttpServer>(
       new HttpServer(std::make_unique<Impl>(service, std::move(options))));
@@ -650,5 +1343,7 @@ Status HttpServer::Start() { return impl_->Start(); }
 void HttpServer::Stop() { impl_->Stop(); }
 
 uint16_t HttpServer::port() const { return impl_->port(); }
+
+HttpStats HttpServer::stats() const { return impl_->stats(); }
 
 }  // namespace hearth

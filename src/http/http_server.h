@@ -10,14 +10,37 @@
 // has the body {"error": "..."}.
 //
 // One session per connection, HTTP/1.1 keep-alive, requests on a connection
-// answered in order. A connection idle for idle_timeout is closed; a body over
-// max_body_bytes is answered 413 and malformed HTTP 400, and the connection is
-// then closed.
+// answered in order. Malformed HTTP is answered 400 and a body over
+// max_body_bytes (or over max_inflight_bytes) 413, and the connection is then
+// closed.
+//
+// Limits (every resource a client can make the server hold):
+// - connections: at most max_connections, and never more than the descriptor
+//   limit (RLIMIT_NOFILE) leaves after the descriptors open at Start() and
+//   reserved_descriptors kept for the server itself (worker restarts need a
+//   socketpair, a memfd and pipes). At the limit the server stops accepting
+//   and leaves new connections in the kernel's backlog until one closes.
+//   Accept errors (out of descriptors or memory) pause accepting with a
+//   back-off and a rate-limited log line.
+// - body bytes: bodies grow as their bytes arrive, and all connections
+//   together hold at most max_inflight_bytes of them (see body_budget.h); a
+//   connection whose next chunk does not fit stops reading until bytes are
+//   given back. `Expect: 100-continue` is answered only when the body can
+//   proceed. Bodies under 16 KiB with a Content-Length count in the budget
+//   but never wait (one per connection: at most max_connections x 16 KiB
+//   more), so that large bodies cannot hold up small requests.
+// - time: a request head must arrive within head_timeout (from its first
+//   byte, or from the accept for a connection's first request), a body must
+//   deliver each kBodyChunkBytes within body_timeout (waiting for the budget
+//   does not count), a kept-alive connection may idle for idle_timeout, and
+//   writing one response may take idle_timeout. Connections past a deadline
+//   are closed.
 //
 // Ownership and threads: the server does not own `service`, which must outlive
 // it. Handlers run on `threads` I/O threads; the service's methods are called
 // from them concurrently, and Infer's `done` may be called from any thread.
-// Start() and Stop() are not thread-safe with each other.
+// Start() and Stop() are not thread-safe with each other; stats() is
+// thread-safe.
 #pragma once
 
 #include <chrono>
@@ -35,16 +58,52 @@ struct HttpOptions {
   uint16_t port = 8000;            // 0: pick a free port (port() tells which)
   int threads = 2;                 // I/O threads
   uint64_t max_body_bytes = uint64_t{64} << 20;
-  // A connection with no complete request for this long is closed; also the
-  // limit on writing one response.
+  // Body bytes held across all connections (see the header comment).
+  uint64_t max_inflight_bytes = uint64_t{1} << 30;
+  // Open connections; lowered at Start() to what the descriptor limit allows.
+  int max_connections = 1024;
+  // Descriptors kept free for the rest of the server: never used for
+  // connections.
+  int reserved_descriptors = 64;
+  // A kept-alive connection with no request for this long is closed; also
+  // the limit on writing one response.
   std::chrono::milliseconds idle_timeout{60'000};
+  // The whole request head, from its first byte.
+  std::chrono::milliseconds head_timeout{10'000};
+  // Each kBodyChunkBytes of a body (or its last bytes).
+  std::chrono::milliseconds body_timeout{10'000};
+  // Stop(): how long requests in progress and open connections get before
+  // the connections are closed.
+  std::chrono::milliseconds drain_timeout{20'000};
+};
+
+// A body is read, budgeted and timed in chunks of this size.
+inline constexpr uint64_t kBodyChunkBytes = uint64_t{1} << 20;
+
+// What the front-end holds now; thread-safe snapshots for tests and /metrics.
+struct HttpStats {
+  bool draining = false;          // Stop() has begun
+  bool listening = false;         // the listening socket is open
+  uint64_t connections = 0;       // open, lingering ones included
+  uint64_t requests = 0;          // from a head's first byte until its response is written
+  uint64_t connection_limit = 0;  // in force (after Start)
+  bool accept_paused = false;     // at the limit or backing off after an accept error
+  uint64_t accept_errors = 0;     // accepts that failed for want of descriptors or memory
+  uint64_t inflight_body_bytes = 0;
+  uint64_t inflight_body_bytes_peak = 0;
+  uint64_t inflight_body_bytes_limit = 0;
+  uint64_t budget_waiting = 0;  // connections waiting for body bytes now
+  uint64_t budget_waits = 0;    // times a connection had to wait
+  uint64_t head_timeouts = 0;   // connections closed for a slow head
+  uint64_t body_timeouts = 0;   // ... for a slow body
+  uint64_t idle_timeouts = 0;   // ... for idling
+  uint64_t write_timeouts = 0;  // ... for not reading their response
 };
 
 class HttpServer {
  public:
   // InvalidArgument for a null service or bad options. Binds nothing yet.
-  static Result<std::unique_ptr<HttpServer>> Create(InferenceService* service,
-                                                    HttpOptions options);
+  static Result<std::unique_ptr<HttpServer>> Create(InferenceService* service, HttpOptions options);
   ~HttpServer();  // Stop()s
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
@@ -52,12 +111,20 @@ class HttpServer {
   // Binds, listens and starts the I/O threads. Unavailable when the address
   // cannot be bound; FailedPrecondition when called twice.
   Status Start();
-  // Stops accepting, answers new infer requests 503, waits until the service
-  // has called `done` for every infer it was given, then stops the I/O threads
-  // and closes every connection. Idempotent.
+  // Drains, then stops: stops accepting (connections already in the backlog
+  // are taken and answered), lets every request whose head has arrived run
+  // and be answered (with `Connection: close`), answers later requests on
+  // open connections 503 with `Connection: close`, closes idle connections,
+  // and closes each connection with shutdown(SHUT_WR) and a lingering read,
+  // so that no client that finished sending a request sees a reset. After
+  // drain_timeout the remaining connections are closed outright. Returns once
+  // the service has called `done` for every infer it was given (that wait has
+  // no deadline: the service bounds its infers) and the I/O threads have
+  // stopped. Idempotent.
   void Stop();
   // The bound port once Start() succeeded (the chosen one for port 0), else 0.
   uint16_t port() const;
+  HttpStats stats() const;
 
  private:
   class Impl;

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "checkpoint/float16.h"
+#include "common/checked_size.h"
 #include "http/kserve_codec_internal.h"
 
 namespace hearth {
@@ -30,20 +31,6 @@ std::string DatatypeString(DType dtype) {
   return name.empty() ? std::string(DTypeName(dtype)) : std::string(name);
 }
 
-std::optional<uint64_t> ElementCount(const std::vector<int64_t>& shape) {
-  uint64_t count = 1;
-  for (int64_t dim : shape) {
-    if (dim < 0) return std::nullopt;
-    uint64_t product = 0;
-    if (__builtin_mul_overflow(count, static_cast<uint64_t>(dim), &product) ||
-        product > (uint64_t{1} << 62)) {
-      return std::nullopt;
-    }
-    count = product;
-  }
-  return count;
-}
-
 std::string InputLabel(std::string_view name) { return "input " + Quote(name); }
 
 }  // namespace kserve
@@ -52,7 +39,6 @@ namespace {
 
 using json = nlohmann::json;
 using kserve::DatatypeString;
-using kserve::ElementCount;
 using kserve::InputLabel;
 using kserve::Quote;
 
@@ -135,9 +121,7 @@ void AppendData(std::string& out, const InferTensor& tensor, size_t count) {
   out += ']';
 }
 
-void AppendShape(std::string& out, const std::vector<int64_t>& shape) {
-  out += ShapeString(shape);
-}
+void AppendShape(std::string& out, const std::vector<int64_t>& shape) { out += ShapeString(shape); }
 
 }  // namespace
 
@@ -158,7 +142,8 @@ Status ValidateInferRequest(const InferRequest& request, const ModelMetadata& me
     const bool batched = metadata.max_batch_size > 0;
     // With batching the model's shape starts with -1 for the batch.
     const size_t skip = batched ? 1 : 0;
-    const bool rank_ok = expected->shape.size() >= skip && input.shape.size() == expected->shape.size();
+    const bool rank_ok =
+        expected->shape.size() >= skip && input.shape.size() == expected->shape.size();
     bool dims_ok = rank_ok;
     for (size_t d = skip; dims_ok && d < input.shape.size(); ++d) {
       dims_ok = expected->shape[d] < 0 || expected->shape[d] == input.shape[d];
@@ -243,18 +228,23 @@ Result<EncodedInferResponse> EncodeInferResponse(const InferResponse& response,
       return Internal("output " + Quote(tensor.name) + " has datatype " +
                       std::string(DTypeName(tensor.dtype)) + ", which KServe cannot name");
     }
-    const std::optional<uint64_t> count = ElementCount(tensor.shape);
-    if (!count.has_value() || tensor.data.size() != *count * DTypeSize(tensor.dtype)) {
-      return Internal("output " + Quote(tensor.name) + " has " +
-                      std::to_string(tensor.data.size()) + " bytes, which does not match shape " +
-                      ShapeString(tensor.shape) + " of " + std::string(datatype));
+    const std::string label = "output " + Quote(tensor.name);
+    const Result<uint64_t> bytes = ShapeBytes(tensor.dtype, tensor.shape, label);
+    // Internal: the service, not the client, made this output.
+    if (!bytes.ok()) return Internal(bytes.status().message());
+    if (tensor.data.size() != *bytes) {
+      return Internal(label + " has " + std::to_string(tensor.data.size()) +
+                      " bytes, which does not match shape " + ShapeString(tensor.shape) + " of " +
+                      std::string(datatype));
     }
+    // Sizes of tensors that exist in memory: these sums cannot wrap, but
+    // a wrong estimate would only cost a reallocation, never a bad write.
     json_estimate += 128 + tensor.name.size() + 21 * tensor.shape.size();
     if (c.binary) {
       binary_bytes += tensor.data.size();
     } else {
       // The longest shortest-round-trip double, "-2.2250738585072014e-308", and a comma.
-      json_estimate += 25 * static_cast<size_t>(*count);
+      json_estimate += 25 * (tensor.data.size() / DTypeSize(tensor.dtype));
     }
   }
   try {

@@ -1,6 +1,5 @@
 // Internal to the KServe codec (kserve_codec.cc, kserve_request.cc): how it
-// writes names and datatypes into JSON and messages, and how it counts
-// elements.
+// writes names and datatypes into JSON and messages (sizes: common/checked_size.h).
 #pragma once
 
 #include <cstdint>
@@ -17,8 +16,6 @@ namespace hearth::kserve {
 std::string Quote(std::string_view text);
 // The KServe name ("FP32"), or hearth's for types KServe cannot name.
 std::string DatatypeString(DType dtype);
-// prod(shape); nullopt on a negative dimension or a product past 2^62.
-std::optional<uint64_t> ElementCount(const std::vector<int64_t>& shape);
 // `input "x"`: how messages name an input.
 std::string InputLabel(std::string_view name);
 

@@ -10,6 +10,7 @@
 // when the whole document was parsed before it was looked at.
 #include <simdjson.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "checkpoint/float16.h"
+#include "common/checked_size.h"
 #include "http/kserve_codec.h"
 #include "http/kserve_codec_internal.h"
 
@@ -31,7 +33,6 @@ namespace {
 
 namespace ondemand = simdjson::ondemand;
 using kserve::DatatypeString;
-using kserve::ElementCount;
 using kserve::InputLabel;
 using kserve::Quote;
 using simdjson::error_code;
@@ -506,7 +507,7 @@ struct BinaryInput {
 };
 
 // Reads the document into an InferRequest; binary inputs are left for the
-// caller, who owns the body (binary_inputs()).
+// caller, who owns the body (TakeBinaryInputs()).
 class RequestDecoder {
  public:
   explicit RequestDecoder(std::string_view json) : json_(json) {}
@@ -519,36 +520,36 @@ class RequestDecoder {
     }
     std::vector<PendingOutput> outputs;
     unsigned seen = 0;
-    const Status walked = ForEachField(root, [&](std::string_view key,
-                                       ondemand::value& value) -> Status {
-      const unsigned bit = key == "id"           ? 1u
-                           : key == "parameters" ? 2u
-                           : key == "inputs"     ? 4u
-                           : key == "outputs"    ? 8u
-                                                 : 0u;
-      if (bit != 0 && (seen & bit) != 0) {
-        return InvalidArgument("the request has '" + std::string(key) + "' twice");
-      }
-      seen |= bit;
-      if (bit == 1) {
-        std::string_view id;
-        if (error_code e = value.get_string().get(id)) {
-          return TypeFault(value, e) == simdjson::INCORRECT_TYPE
-                     ? InvalidArgument("'id' must be a string")
-                     : Malformed(e);
-        }
-        request.id = std::string(id);
-      } else if (bit == 2) {
-        RETURN_IF_ERROR(RequestParameters(value, request));
-      } else if (bit == 4) {
-        RETURN_IF_ERROR(Inputs(value, request));
-      } else if (bit == 8) {
-        RETURN_IF_ERROR(Outputs(value, outputs));
-      } else if (error_code e = SkipChecked(value, 1)) {
-        return Malformed(e);
-      }
-      return Status::Ok();
-    });
+    const Status walked =
+        ForEachField(root, [&](std::string_view key, ondemand::value& value) -> Status {
+          const unsigned bit = key == "id"           ? 1u
+                               : key == "parameters" ? 2u
+                               : key == "inputs"     ? 4u
+                               : key == "outputs"    ? 8u
+                                                     : 0u;
+          if (bit != 0 && (seen & bit) != 0) {
+            return InvalidArgument("the request has '" + std::string(key) + "' twice");
+          }
+          seen |= bit;
+          if (bit == 1) {
+            std::string_view id;
+            if (error_code e = value.get_string().get(id)) {
+              return TypeFault(value, e) == simdjson::INCORRECT_TYPE
+                         ? InvalidArgument("'id' must be a string")
+                         : Malformed(e);
+            }
+            request.id = std::string(id);
+          } else if (bit == 2) {
+            RETURN_IF_ERROR(RequestParameters(value, request));
+          } else if (bit == 4) {
+            RETURN_IF_ERROR(Inputs(value, request));
+          } else if (bit == 8) {
+            RETURN_IF_ERROR(Outputs(value, outputs));
+          } else if (error_code e = SkipChecked(value, 1)) {
+            return Malformed(e);
+          }
+          return Status::Ok();
+        });
     if (!walked.ok()) return walked;
     if ((seen & 4) == 0) return InvalidArgument("the request needs an 'inputs' array");
     const char* trailing = nullptr;
@@ -562,7 +563,7 @@ class RequestDecoder {
     return Status::Ok();
   }
 
-  const std::vector<BinaryInput>& binary_inputs() const { return binary_inputs_; }
+  std::vector<BinaryInput> TakeBinaryInputs() { return std::move(binary_inputs_); }
 
  private:
   Status RequestParameters(ondemand::value& value, InferRequest& request) {
@@ -572,27 +573,33 @@ class RequestDecoder {
                  ? InvalidArgument("request: 'parameters' must be an object")
                  : Malformed(e);
     }
-    const Status walked = ForEachField(parameters, [&](std::string_view key,
-                                             ondemand::value& parameter) -> Status {
-      if (key == "binary_data_output") {
-        if (error_code e = parameter.get_bool().get(request.binary_data_output)) {
-          return TypeFault(parameter, e) == simdjson::INCORRECT_TYPE
-                     ? InvalidArgument("request: parameter 'binary_data_output' must be a boolean")
-                     : Malformed(e);
-        }
-      } else if (key == "timeout") {
-        if (error_code e = parameter.get_uint64().get(request.timeout_us)) {
-          return TypeFault(parameter, e) == simdjson::INCORRECT_TYPE
-                     ? InvalidArgument(
-                           "request: parameter 'timeout' must be a non-negative integer "
-                           "(microseconds)")
-                     : Malformed(e);
-        }
-      } else if (error_code e = SkipChecked(parameter, 2)) {
-        return Malformed(e);
-      }
-      return Status::Ok();
-    });
+    const Status walked =
+        ForEachField(parameters, [&](std::string_view key, ondemand::value& parameter) -> Status {
+          if (key == "binary_data_output") {
+            if (error_code e = parameter.get_bool().get(request.binary_data_output)) {
+              return TypeFault(parameter, e) == simdjson::INCORRECT_TYPE
+                         ? InvalidArgument(
+                               "request: parameter 'binary_data_output' must be a boolean")
+                         : Malformed(e);
+            }
+          } else if (key == "timeout") {
+            // Kept as given: the server saturates a deadline too far away to
+            // represent, so only what is not a count of microseconds is refused.
+            if (error_code e = parameter.get_uint64().get(request.timeout_us)) {
+              if (TypeFault(parameter, e) != simdjson::INCORRECT_TYPE) return Malformed(e);
+              const std::string token(Token(parameter));
+              const bool integer =
+                  IsJsonNumber(token) && token.find_first_of(".eE") == std::string::npos;
+              return InvalidArgument(
+                  "request: parameter 'timeout' must be a non-negative integer of microseconds" +
+                  std::string(integer && token.front() != '-' ? " below 2^64" : "") + ", got " +
+                  Describe(parameter));
+            }
+          } else if (error_code e = SkipChecked(parameter, 2)) {
+            return Malformed(e);
+          }
+          return Status::Ok();
+        });
     if (!walked.ok()) return walked;
     return Status::Ok();
   }
@@ -629,10 +636,9 @@ class RequestDecoder {
   }
 
   Status Inputs(ondemand::value& value, InferRequest& request) {
-    return ForEachElement(value, "the request needs an 'inputs' array",
-                          [&](ondemand::value& input, size_t index) {
-                            return Input(input, index, request);
-                          });
+    return ForEachElement(
+        value, "the request needs an 'inputs' array",
+        [&](ondemand::value& input, size_t index) { return Input(input, index, request); });
   }
 
   Status Input(ondemand::value& value, size_t index, InferRequest& request) {
@@ -646,57 +652,57 @@ class RequestDecoder {
     InputFields fields;
     size_t position = 0;
     unsigned seen = 0;
-    const Status walked = ForEachField(object, [&](std::string_view key,
-                                         ondemand::value& member) -> Status {
-      const unsigned bit = key == "name"         ? 1u
-                           : key == "datatype"   ? 2u
-                           : key == "shape"      ? 4u
-                           : key == "parameters" ? 8u
-                           : key == "data"       ? 16u
-                                                 : 0u;
-      if (bit != 0 && (seen & bit) != 0) {
-        return InvalidArgument(number + " has '" + std::string(key) + "' twice");
-      }
-      seen |= bit;
-      if (key == "name") {
-        std::string_view name;
-        if (error_code e = member.get_string().get(name)) {
-          return TypeFault(member, e) == simdjson::INCORRECT_TYPE
-                     ? InvalidArgument(number + ": 'name' must be a string")
-                     : Malformed(e);
-        }
-        fields.name = std::string(name);
-      } else if (key == "datatype") {
-        fields.datatype_seen = true;
-        std::string_view datatype;
-        const error_code e = member.get_string().get(datatype);
-        if (e == simdjson::SUCCESS) {
-          fields.datatype = std::string(datatype);
-        } else if (TypeFault(member, e) != simdjson::INCORRECT_TYPE) {
-          return Malformed(e);
-        } else if (error_code skipped = SkipChecked(member, 3)) {
-          return Malformed(skipped);
-        }
-      } else if (key == "shape") {
-        fields.shape_seen = true;
-        RETURN_IF_ERROR(ReadShape(member, fields));
-      } else if (key == "parameters") {
-        RETURN_IF_ERROR(InputParameters(member, fields));
-      } else if (key == "data") {
-        fields.data_field = position;
-        // Read now when the fields it needs came first (the usual order);
-        // else in a second pass once they are known.
-        if (fields.name.has_value() && fields.datatype_seen && fields.shape_seen) {
-          RETURN_IF_ERROR(CheckHeader(fields, index, tensor));
-          RETURN_IF_ERROR(ReadTensorData(member, fields, tensor));
-          fields.data_read = true;
-        }
-      } else if (error_code e = SkipChecked(member, 3)) {
-        return Malformed(e);
-      }
-      ++position;
-      return Status::Ok();
-    });
+    const Status walked =
+        ForEachField(object, [&](std::string_view key, ondemand::value& member) -> Status {
+          const unsigned bit = key == "name"         ? 1u
+                               : key == "datatype"   ? 2u
+                               : key == "shape"      ? 4u
+                               : key == "parameters" ? 8u
+                               : key == "data"       ? 16u
+                                                     : 0u;
+          if (bit != 0 && (seen & bit) != 0) {
+            return InvalidArgument(number + " has '" + std::string(key) + "' twice");
+          }
+          seen |= bit;
+          if (key == "name") {
+            std::string_view name;
+            if (error_code e = member.get_string().get(name)) {
+              return TypeFault(member, e) == simdjson::INCORRECT_TYPE
+                         ? InvalidArgument(number + ": 'name' must be a string")
+                         : Malformed(e);
+            }
+            fields.name = std::string(name);
+          } else if (key == "datatype") {
+            fields.datatype_seen = true;
+            std::string_view datatype;
+            const error_code e = member.get_string().get(datatype);
+            if (e == simdjson::SUCCESS) {
+              fields.datatype = std::string(datatype);
+            } else if (TypeFault(member, e) != simdjson::INCORRECT_TYPE) {
+              return Malformed(e);
+            } else if (error_code skipped = SkipChecked(member, 3)) {
+              return Malformed(skipped);
+            }
+          } else if (key == "shape") {
+            fields.shape_seen = true;
+            RETURN_IF_ERROR(ReadShape(member, fields));
+          } else if (key == "parameters") {
+            RETURN_IF_ERROR(InputParameters(member, fields));
+          } else if (key == "data") {
+            fields.data_field = position;
+            // Read now when the fields it needs came first (the usual order);
+            // else in a second pass once they are known.
+            if (fields.name.has_value() && fields.datatype_seen && fields.shape_seen) {
+              RETURN_IF_ERROR(CheckHeader(fields, index, tensor));
+              RETURN_IF_ERROR(ReadTensorData(member, fields, tensor));
+              fields.data_read = true;
+            }
+          } else if (error_code e = SkipChecked(member, 3)) {
+            return Malformed(e);
+          }
+          ++position;
+          return Status::Ok();
+        });
     if (!walked.ok()) return walked;
     RETURN_IF_ERROR(CheckHeader(fields, index, tensor));
     const std::string label = InputLabel(tensor.name);
@@ -710,8 +716,10 @@ class RequestDecoder {
         return InvalidArgument(label + " has both 'data' and parameter 'binary_data_size'");
       }
       const uint64_t size = *fields.binary_size;
-      // count <= 2^62 and element sizes <= 8: no overflow.
-      const uint64_t needed = fields.count * DTypeSize(tensor.dtype);
+      ASSIGN_OR_RETURN(const uint64_t needed,
+                       CountBytes(fields.count, DTypeSize(tensor.dtype),
+                                  label + ": shape " + ShapeString(tensor.shape) + " of " +
+                                      DatatypeString(tensor.dtype)));
       if (size != needed) {
         return InvalidArgument("binary sizes do not add up: " + label + " declares " +
                                std::to_string(size) + " bytes but shape " +
@@ -777,23 +785,25 @@ class RequestDecoder {
       if (error_code skipped = SkipChecked(value, 3)) return Malformed(skipped);
       return Status::Ok();
     }
-    return ForEachField(parameters, [&](std::string_view key,
-                                        ondemand::value& parameter) -> Status {
-      if (key == "binary_data_size") {
-        uint64_t size = 0;
-        const error_code e = parameter.get_uint64().get(size);
-        if (e == simdjson::SUCCESS) {
-          fields.binary_size = size;
-          return Status::Ok();
-        }
-        if (TypeFault(parameter, e) != simdjson::INCORRECT_TYPE) return Malformed(e);
-        fields.binary_size_bad = true;
-        if (error_code skipped = SkipChecked(parameter, 4)) return Malformed(skipped);
-      } else if (error_code e = SkipChecked(parameter, 4)) {
-        return Malformed(e);
-      }
-      return Status::Ok();
-    });
+    return ForEachField(parameters,
+                        [&](std::string_view key, ondemand::value& parameter) -> Status {
+                          if (key == "binary_data_size") {
+                            uint64_t size = 0;
+                            const error_code e = parameter.get_uint64().get(size);
+                            if (e == simdjson::SUCCESS) {
+                              fields.binary_size = size;
+                              return Status::Ok();
+                            }
+                            if (TypeFault(parameter, e) != simdjson::INCORRECT_TYPE)
+                              return Malformed(e);
+                            fields.binary_size_bad = true;
+                            if (error_code skipped = SkipChecked(parameter, 4))
+                              return Malformed(skipped);
+                          } else if (error_code e = SkipChecked(parameter, 4)) {
+                            return Malformed(e);
+                          }
+                          return Status::Ok();
+                        });
   }
 
   // Checks name, datatype and shape and puts them into `tensor`, once.
@@ -824,11 +834,7 @@ class RequestDecoder {
                                " are supported");
     }
     tensor.shape = fields.shape;
-    const std::optional<uint64_t> count = ElementCount(tensor.shape);
-    if (!count.has_value()) {
-      return InvalidArgument(label + ": shape " + ShapeString(tensor.shape) + " is too large");
-    }
-    fields.count = *count;
+    ASSIGN_OR_RETURN(fields.count, ShapeElements(tensor.shape, label));
     fields.header_checked = true;
     return Status::Ok();
   }
@@ -855,9 +861,10 @@ class RequestDecoder {
     // Each element takes at least two characters ("1,"): a shape that needs
     // more elements than the text can hold gets no buffer, and the count
     // check reports it.
-    const uint64_t element_size = DTypeSize(tensor.dtype);
     const uint64_t capacity = fields.count <= (json_.size() + 1) / 2 ? fields.count : 0;
-    std::vector<std::byte> bytes(capacity * element_size);
+    ASSIGN_OR_RETURN(const uint64_t buffer_bytes,
+                     CountBytes(capacity, DTypeSize(tensor.dtype), label + ": 'data'"));
+    std::vector<std::byte> bytes(buffer_bytes);
     const DataTarget target{&label,       tensor.dtype, &tensor.shape,
                             fields.count, bytes.data(), capacity};
     RETURN_IF_ERROR(ReadDataAs(target, array, nested));
@@ -866,10 +873,9 @@ class RequestDecoder {
   }
 
   Status Outputs(ondemand::value& value, std::vector<PendingOutput>& outputs) {
-    return ForEachElement(value, "'outputs' must be an array",
-                          [&](ondemand::value& output, size_t index) {
-                            return Output(output, index, outputs);
-                          });
+    return ForEachElement(
+        value, "'outputs' must be an array",
+        [&](ondemand::value& output, size_t index) { return Output(output, index, outputs); });
   }
 
   Status Output(ondemand::value& value, size_t index, std::vector<PendingOutput>& outputs) {
@@ -958,30 +964,63 @@ Result<InferRequest> Parse(std::string body, std::optional<uint64_t> json_length
   // data after it, or bytes appended here, within the capacity the front-end
   // reserved (a body without it is reallocated, i.e. copied, once).
   if (body_size - json_size < kRequestBodyPadding) body.append(kRequestBodyPadding, ' ');
-  // Shared from here on: binary inputs become views into it.
-  const auto owner = std::make_shared<const std::string>(std::move(body));
-  const char* json = owner->data();
-
-  std::optional<ondemand::parser> own_parser;
-  ondemand::parser& parser = json_size <= kKeptParserBytes ? KeptParser() : own_parser.emplace();
   InferRequest request;
   request.model = std::string(model);
   request.version = std::string(version);
-  RequestDecoder decoder(std::string_view(json, json_size));
-  ondemand::document doc;
-  Status status;
-  if (error_code e = parser.iterate(json, json_size, owner->size()).get(doc)) {
-    status = Malformed(e);
-  } else {
-    status = decoder.Decode(doc, request);
-  }
-  if (!status.ok()) {
-    RETURN_IF_ERROR(CheckJson(json, json_size, owner->size()));
-    return status;
-  }
+  std::vector<BinaryInput> binary_inputs;
+  {
+    // The padding must be whitespace while the JSON is parsed: simdjson
+    // 3.0.1's On-Demand parser takes the byte just past a document that ends
+    // early (`"shape":`) for one more token, and a '[' or '{' there sent it
+    // past its index into uninitialised memory (found by
+    // fuzz/kserve_request_fuzzer). Binary data serving as padding is put
+    // back afterwards: 64 bytes copied twice, the body itself never.
+    char* const padding = body.data() + json_size;
+    std::array<char, kRequestBodyPadding> binary_start;
+    std::memcpy(binary_start.data(), padding, kRequestBodyPadding);
+    std::memset(padding, ' ', kRequestBodyPadding);
+    struct Restore {
+      char* at;
+      const char* from;
+      ~Restore() { std::memcpy(at, from, kRequestBodyPadding); }
+    } restore{padding, binary_start.data()};
 
+    const char* json = body.data();
+    const size_t capacity = json_size + kRequestBodyPadding;  // the whitespace only
+    std::optional<ondemand::parser> own_parser;
+    ondemand::parser& parser = json_size <= kKeptParserBytes ? KeptParser() : own_parser.emplace();
+    RequestDecoder decoder(std::string_view(json, json_size));
+    ondemand::document doc;
+    Status status;
+    if (error_code e = parser.iterate(json, json_size, capacity).get(doc)) {
+      status = Malformed(e);
+    } else {
+      status = decoder.Decode(doc, request);
+    }
+    if (!status.ok()) {
+      RETURN_IF_ERROR(CheckJson(json, json_size, capacity));
+      return status;
+    }
+    binary_inputs = decoder.TakeBinaryInputs();
+  }
+  // Shared from here on: binary inputs become views into it (a move: the
+  // bytes stay where they are).
+  const auto owner = std::make_shared<const std::string>(std::move(body));
+  const char* json = owner->data();
+
+  // Each part matched its shape (below 2^63 bytes), but many of them can
+  // still add up past 2^64.
   uint64_t declared = 0;
-  for (const BinaryInput& part : decoder.binary_inputs()) declared += part.size;  // each < 2^65
+  for (const BinaryInput& part : binary_inputs) {
+    const std::optional<uint64_t> sum = CheckedAdd(declared, part.size);
+    if (!sum.has_value()) {
+      return InvalidArgument(
+          "binary sizes do not add up: inputs declare more than 2^64 bytes of binary data; the "
+          "body has " +
+          std::to_string(body_size - json_size) + " after the JSON");
+    }
+    declared = *sum;
+  }
   const uint64_t available = body_size - json_size;
   if (declared != available) {
     return InvalidArgument(
@@ -990,7 +1029,7 @@ Result<InferRequest> Parse(std::string body, std::optional<uint64_t> json_length
         (json_length.has_value() ? "" : " (no Inference-Header-Content-Length)"));
   }
   size_t offset = json_size;
-  for (const BinaryInput& part : decoder.binary_inputs()) {
+  for (const BinaryInput& part : binary_inputs) {
     const auto* begin = reinterpret_cast<const std::byte*>(json + offset);
     request.inputs[part.index].data =
         TensorData::Shared(std::span<const std::byte>(begin, part.size), owner);

@@ -184,8 +184,11 @@ def main():
                 f.write(contents)
             expected.write(f"{name} {substring}\n")
 
-    shutil.rmtree(SEEDS, ignore_errors=True)
-    os.makedirs(SEEDS)
+    # Only this script's files: fuzz/seeds/<target>/ hold other fuzzers' seeds.
+    os.makedirs(SEEDS, exist_ok=True)
+    for name in os.listdir(SEEDS):
+        if os.path.isfile(os.path.join(SEEDS, name)):
+            os.remove(os.path.join(SEEDS, name))
     for name, data_size, header in SEEDS_VALID:
         with open(os.path.join(SEEDS, name), "wb") as f:
             f.write(struct.pack("<Q", data_size) + json.dumps(header).encode())
