@@ -13,10 +13,12 @@
 #include <atomic>
 #include <charconv>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -83,7 +85,8 @@ void PrintTensorTable(const std::vector<T>& tensors) {
   for (const auto& t : tensors) {
     std::printf("%-*s  %-7s  %-22s  %14llu  %14llu\n", static_cast<int>(width), t.name.c_str(),
                 std::string(DTypeName(t.dtype)).c_str(), ShapeString(t.shape).c_str(),
-                static_cast<unsigned long long>(t.offset), static_cast<unsigned long long>(t.nbytes));
+                static_cast<unsigned long long>(t.offset),
+                static_cast<unsigned long long>(t.nbytes));
   }
 }
 
@@ -104,7 +107,8 @@ int RunStore(const std::string& socket, const std::vector<std::string>& model_ar
   unsigned mode = 0;
   auto [ptr, ec] = std::from_chars(mode_text.data(), mode_text.data() + mode_text.size(), mode, 8);
   if (ec != std::errc() || ptr != mode_text.data() + mode_text.size() || mode > 0777)
-    return Fail(InvalidArgument("--socket-mode '" + mode_text + "' is not an octal mode like 0660"));
+    return Fail(
+        InvalidArgument("--socket-mode '" + mode_text + "' is not an octal mode like 0660"));
   options.socket_mode = mode;
   if (device_text.empty()) {
     std::string why;
@@ -215,16 +219,67 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
   if (!server.ok()) return Fail(server.status());
   auto http = HttpServer::Create(server->get(), http_options);
   if (!http.ok()) return Fail(http.status());
-  if (Status s = (*server)->Start(); !s.ok()) return Fail(s);
+
+  // A signal may come at any time, start-up included (loads, workers that
+  // take long to be ready): one thread takes it. Before HTTP serves, that
+  // thread shuts the server down itself, which makes a Start() in progress
+  // return; afterwards it wakes this thread, which drains HTTP first.
+  std::mutex stop_mu;
+  std::condition_variable stop_cv;
+  int stop_signal = 0;   // guarded by stop_mu
+  bool serving = false;  // guarded by stop_mu: this thread owns the shutdown
+  Server* raw_server = server->get();
+  std::thread signal_waiter([&] {
+    int number = 0;
+    sigwait(&stop_signals, &number);
+    bool shut_down_here = false;
+    {
+      std::lock_guard lock(stop_mu);
+      stop_signal = number;
+      shut_down_here = !serving;
+    }
+    stop_cv.notify_all();
+    if (shut_down_here) {
+      spdlog::info("{} during start-up: stopping", strsignal(number));
+      raw_server->Shutdown();
+    }
+  });
+  // Ends the waiter when no signal came (it takes this one and does nothing).
+  auto join_waiter = [&] {
+    {
+      std::lock_guard lock(stop_mu);
+      serving = true;
+    }
+    pthread_kill(signal_waiter.native_handle(), SIGTERM);
+    signal_waiter.join();
+  };
+  auto stopped_by_signal = [&] {
+    std::lock_guard lock(stop_mu);
+    return stop_signal != 0;
+  };
+
+  if (Status s = (*server)->Start(); !s.ok()) {
+    const bool signalled = stopped_by_signal();
+    join_waiter();
+    (*server)->Shutdown();
+    return signalled ? 0 : Fail(s);
+  }
   RaiseDescriptorLimitFor(http_options);
   if (Status s = (*http)->Start(); !s.ok()) {
+    join_waiter();
     (*server)->Shutdown();
     return Fail(s);
   }
   spdlog::info("hearth serve ready on http://{}:{} ({})", http_options.host, (*http)->port(),
                (*server)->Ready() ? "all models ready" : "some models are not ready: see above");
   int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  {
+    std::unique_lock lock(stop_mu);
+    serving = true;
+    stop_cv.wait(lock, [&] { return stop_signal != 0; });
+    signal_number = stop_signal;
+  }
+  signal_waiter.join();
   spdlog::info("{}: shutting down: finishing the requests that have arrived, refusing new ones",
                strsignal(signal_number));
   // Drains (no new connections, 503 for requests that arrive now, every
@@ -249,7 +304,8 @@ int InspectFile(const std::string& path) {
     }
   }
   std::printf("file: %s\n", path.c_str());
-  for (const auto& [k, v] : ckpt->metadata()) std::printf("metadata: %s = %s\n", k.c_str(), v.c_str());
+  for (const auto& [k, v] : ckpt->metadata())
+    std::printf("metadata: %s = %s\n", k.c_str(), v.c_str());
   std::printf("tensors: %zu, %llu bytes\n", ckpt->tensors().size(),
               static_cast<unsigned long long>(ckpt->tensor_bytes()));
   PrintTensorTable(ckpt->tensors());
@@ -260,7 +316,8 @@ int InspectFile(const std::string& path) {
 // Sums the Rss and Pss of this process's mappings of the arena, in KiB.
 void PrintMappingMemory(const Attachment& a) {
   if (a.device().is_cuda() || a.tensors().empty()) return;
-  const auto base = reinterpret_cast<uintptr_t>(a.tensors().front().data) - a.tensors().front().offset;
+  const auto base =
+      reinterpret_cast<uintptr_t>(a.tensors().front().data) - a.tensors().front().offset;
   FILE* f = std::fopen("/proc/self/smaps", "r");
   if (f == nullptr) return;
   char line[512];
@@ -268,7 +325,8 @@ void PrintMappingMemory(const Attachment& a) {
   unsigned long long rss = 0, pss = 0;
   while (std::fgets(line, sizeof line, f) != nullptr) {
     unsigned long long lo, hi;
-    if (std::sscanf(line, "%llx-%llx ", &lo, &hi) == 2 && std::strchr(line, '-') < std::strchr(line, ' ')) {
+    if (std::sscanf(line, "%llx-%llx ", &lo, &hi) == 2 &&
+        std::strchr(line, '-') < std::strchr(line, ' ')) {
       in_arena = lo == base;
       continue;
     }
@@ -289,7 +347,8 @@ int InspectStore(const AttachOptions& store, const std::string& model_text, bool
   if (!attached.ok()) return Fail(attached.status());
   const Attachment& a = **attached;
   std::printf("model: %s@%llu on %s (pid %d)\n", a.model().c_str(),
-              static_cast<unsigned long long>(a.version()), a.device().ToString().c_str(), ::getpid());
+              static_cast<unsigned long long>(a.version()), a.device().ToString().c_str(),
+              ::getpid());
   std::printf("tensors: %zu, arena %llu bytes\n", a.tensors().size(),
               static_cast<unsigned long long>(a.manifest().arena_size));
   PrintTensorTable(a.tensors());
@@ -335,8 +394,9 @@ int ShowStatus(const AttachOptions& store) {
   std::printf("arenas:\n");
   for (const ArenaInfo& a : status->arenas) {
     std::printf("  %s@%llu  %llu bytes  %s  attached %u\n", a.model.c_str(),
-                static_cast<unsigned long long>(a.version), static_cast<unsigned long long>(a.bytes),
-                a.registered ? "registered" : "unloaded", a.attached);
+                static_cast<unsigned long long>(a.version),
+                static_cast<unsigned long long>(a.bytes), a.registered ? "registered" : "unloaded",
+                a.attached);
   }
   std::printf("attached clients:\n");
   for (const LeaseInfo& l : status->leases) {
@@ -429,7 +489,8 @@ int RunBenchCommand(const BenchOptions& options, bool as_json) {
   const std::string text = as_json ? ReportJson(*report) + "\n" : ReportTable(*report);
   std::fputs(text.c_str(), stdout);
   if (report->errors > 0) {
-    std::fprintf(stderr, "hearth bench: %llu requests failed\n", static_cast<unsigned long long>(report->errors));
+    std::fprintf(stderr, "hearth bench: %llu requests failed\n",
+                 static_cast<unsigned long long>(report->errors));
     return 1;
   }
   if (report->requests == 0) {
@@ -444,8 +505,7 @@ int RunBenchCommand(const BenchOptions& options, bool as_json) {
 
 int main(int argc, char** argv) {
   using namespace hearth;
-  CLI::App app{
-      "hearth: one copy of a model's weights, shared read-only by many worker processes"};
+  CLI::App app{"hearth: one copy of a model's weights, shared read-only by many worker processes"};
   app.require_subcommand(1);
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
@@ -467,14 +527,16 @@ int main(int argc, char** argv) {
                     "$HEARTH_STORE_UID adds a comma-separated list); repeatable");
   };
 
-  auto* store = app.add_subcommand("store", "load models once and share them with attaching processes");
+  auto* store =
+      app.add_subcommand("store", "load models once and share them with attaching processes");
   std::vector<std::string> models;
   std::string device, socket_mode = "0660";
   std::vector<uint32_t> allow_uids, allow_gids;
   int load_threads = 0;
   add_socket(store);
   store->add_option("--model", models, "NAME=FILE (a safetensors checkpoint); repeatable");
-  store->add_option("--device", device, "cpu or cuda:N (default: cuda:0 if a GPU is usable, else cpu)");
+  store->add_option("--device", device,
+                    "cpu or cuda:N (default: cuda:0 if a GPU is usable, else cpu)");
   store->add_option("--socket-mode", socket_mode, "permissions of the socket file (octal)")
       ->capture_default_str();
   store->add_option("--allow-uid", allow_uids, "also accept peers with this uid; repeatable");
@@ -525,12 +587,16 @@ int main(int argc, char** argv) {
   auto* serve = app.add_subcommand("serve", "serve a model repository over KServe v2 REST");
   std::string repository, host = "127.0.0.1", serve_device;
   int http_port = 8000, serve_workers = 0, exec_timeout_ms = 60000;
-  serve->add_option("--model-repository", repository, "DIR/<model>/config.yaml and DIR/<model>/<version>/model.safetensors")
+  serve
+      ->add_option("--model-repository", repository,
+                   "DIR/<model>/config.yaml and DIR/<model>/<version>/model.safetensors")
       ->required();
   serve->add_option("--host", host, "address to listen on")->capture_default_str();
   serve->add_option("--http-port", http_port, "port (0 = any free port)")->capture_default_str();
-  serve->add_option("--device", serve_device, "cpu or cuda (default: cuda if a GPU is usable, else cpu)");
-  serve->add_option("--workers", serve_workers, "workers per model, overriding instance_group.count");
+  serve->add_option("--device", serve_device,
+                    "cpu or cuda (default: cuda if a GPU is usable, else cpu)");
+  serve->add_option("--workers", serve_workers,
+                    "workers per model, overriding instance_group.count");
   serve->add_option("--exec-timeout-ms", exec_timeout_ms, "a batch running longer kills its worker")
       ->capture_default_str();
   HttpOptions http_options;
@@ -603,7 +669,9 @@ int main(int argc, char** argv) {
   std::string kind, dims, dtype = "f32", out;
   uint64_t seed = 0;
   int threads = 0;
-  make->add_option("kind", kind, "mlp or scale")->required()->check(CLI::IsMember({"mlp", "scale"}));
+  make->add_option("kind", kind, "mlp or scale")
+      ->required()
+      ->check(CLI::IsMember({"mlp", "scale"}));
   make->add_option("--dims", dims, "mlp: IN,HIDDEN,OUT; scale: N")->required();
   make->add_option("--dtype", dtype, "f32, f16 or bf16 (mlp only)")->capture_default_str();
   make->add_option("--seed", seed, "random seed")->capture_default_str();
@@ -614,7 +682,8 @@ int main(int argc, char** argv) {
   add_client_options(list);
   auto* status = app.add_subcommand("status", "show a store's attached clients and arenas");
   add_client_options(status);
-  auto* load = app.add_subcommand("load", "load a checkpoint into a running store as a new version");
+  auto* load =
+      app.add_subcommand("load", "load a checkpoint into a running store as a new version");
   std::string load_arg;
   add_client_options(load);
   load->add_option("model", load_arg, "NAME=FILE")->required();
@@ -624,32 +693,44 @@ int main(int argc, char** argv) {
   unload->add_option("model", unload_arg, "NAME[@VERSION]")->required();
 
   auto* bench = app.add_subcommand(
-      "bench", "drive a KServe v2 REST server with random requests and report throughput and latency");
+      "bench",
+      "drive a KServe v2 REST server with random requests and report throughput and latency");
   BenchOptions bench_options;
   std::string bench_protocol = "binary", bench_arrival = "poisson";
   bool bench_json = false;
   bench->add_option("--url", bench_options.url, "http://HOST:PORT of the server")->required();
   bench->add_option("--model", bench_options.model, "model name")->required();
-  bench->add_option("--version", bench_options.version, "model version (default: the server's choice)");
-  auto* concurrency_option =
-      bench->add_option("--concurrency", bench_options.concurrency, "closed loop: N connections sending back to back")
-          ->capture_default_str();
-  bench->add_option("--request-rate", bench_options.request_rate,
-                    "open loop: R requests/s; latency counts from each request's scheduled time")
+  bench->add_option("--version", bench_options.version,
+                    "model version (default: the server's choice)");
+  auto* concurrency_option = bench
+                                 ->add_option("--concurrency", bench_options.concurrency,
+                                              "closed loop: N connections sending back to back")
+                                 ->capture_default_str();
+  bench
+      ->add_option("--request-rate", bench_options.request_rate,
+                   "open loop: R requests/s; latency counts from each request's scheduled time")
       ->excludes(concurrency_option);
-  bench->add_option("--arrival", bench_arrival, "open loop arrivals: poisson or constant (evenly spaced)")
+  bench
+      ->add_option("--arrival", bench_arrival,
+                   "open loop arrivals: poisson or constant (evenly spaced)")
       ->check(CLI::IsMember({"poisson", "constant"}))
       ->capture_default_str();
-  bench->add_option("--max-connections", bench_options.max_connections, "open loop: the connection pool's limit")
+  bench
+      ->add_option("--max-connections", bench_options.max_connections,
+                   "open loop: the connection pool's limit")
       ->capture_default_str();
-  bench->add_option("--batch", bench_options.batch, "batch size of every request")->capture_default_str();
+  bench->add_option("--batch", bench_options.batch, "batch size of every request")
+      ->capture_default_str();
   bench->add_option("--seconds", bench_options.seconds, "measured duration")->capture_default_str();
-  bench->add_option("--warmup", bench_options.warmup, "unmeasured seconds before it")->capture_default_str();
-  bench->add_option("--protocol", bench_protocol, "binary (tensor data after a JSON header) or json")
+  bench->add_option("--warmup", bench_options.warmup, "unmeasured seconds before it")
+      ->capture_default_str();
+  bench
+      ->add_option("--protocol", bench_protocol, "binary (tensor data after a JSON header) or json")
       ->check(CLI::IsMember({"binary", "json"}))
       ->capture_default_str();
   bench->add_option("--output", bench_options.outputs, "request only these outputs (default: all)");
-  bench->add_option("--seed", bench_options.seed, "random seed for inputs and arrivals")->capture_default_str();
+  bench->add_option("--seed", bench_options.seed, "random seed for inputs and arrivals")
+      ->capture_default_str();
   bench->add_flag("--json", bench_json, "print one JSON object instead of a table");
 
   CLI11_PARSE(app, argc, argv);
@@ -657,7 +738,9 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%n %P] [%l] %v");
 
   if (store->parsed()) {
-    if (models.empty()) std::fprintf(stderr, "hearth store: no --model given; load models later with `hearth load`\n");
+    if (models.empty())
+      std::fprintf(stderr,
+                   "hearth store: no --model given; load models later with `hearth load`\n");
     store_limits.unread_timeout = std::chrono::milliseconds(unread_timeout_ms);
     store_limits.attach_wait_timeout = std::chrono::milliseconds(attach_wait_timeout_ms);
     return RunStore(socket, models, device, socket_mode, allow_uids, allow_gids, load_threads,
@@ -685,8 +768,10 @@ int main(int argc, char** argv) {
     return Fail(InvalidArgument("inspect needs FILE or --model NAME"));
   }
   if (bench->parsed()) {
-    bench_options.protocol = bench_protocol == "json" ? BenchProtocol::kJson : BenchProtocol::kBinary;
-    bench_options.arrival = bench_arrival == "constant" ? BenchArrival::kConstant : BenchArrival::kPoisson;
+    bench_options.protocol =
+        bench_protocol == "json" ? BenchProtocol::kJson : BenchProtocol::kBinary;
+    bench_options.arrival =
+        bench_arrival == "constant" ? BenchArrival::kConstant : BenchArrival::kPoisson;
     return RunBenchCommand(bench_options, bench_json);
   }
   if (make->parsed()) return MakeModel(kind, dims, dtype, seed, out, threads);

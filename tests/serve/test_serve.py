@@ -1092,3 +1092,34 @@ def test_a_long_xdg_runtime_dir_does_not_make_socket_paths_too_long(tmp_path):
     finally:
         code, text = stop_serve(state)
     assert code == 0, text[-3000:]
+
+
+def test_sigterm_during_start_up_stops_the_server(tmp_path):
+    """A worker that never says ready holds Start() (up to the ready
+    timeout); SIGTERM then still stops the server, cleanly: exit 0, its
+    workers gone, its run directory removed."""
+    started = tmp_path / "started"
+    cli, _ = cli_with_worker(tmp_path, f"echo $$ >> {started}\nexec sleep 600\n")
+    scale_demo_repository(tmp_path / "repo", count=1)
+    log_path = tmp_path / "start-up.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([cli, "serve", "--model-repository", str(tmp_path / "repo"), "--http-port", "0",
+                                 "--device", "cpu"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_for(lambda: started.exists() and started.read_text().strip(), "the worker to start")
+            assert "ready on http" not in log_path.read_text()
+            run_dir = re.search(r"run directory (\S+)", log_path.read_text())
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = log_path.read_text()
+    assert code == 0, text[-3000:]
+    assert "during start-up: stopping" in text, text[-3000:]
+    worker = int(started.read_text().split()[0])
+    wait_for(lambda: not os.path.exists(f"/proc/{worker}") or
+             open(f"/proc/{worker}/stat").read().split()[2] == "Z", "the worker to be gone")
+    if run_dir:
+        assert not os.path.exists(run_dir.group(1)), f"{run_dir.group(1)} was left behind"
