@@ -175,10 +175,13 @@ def server():
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="hearth-serve-test-"))
     write_repository(tmp / "repo")
     # A descriptor the server inherits without close-on-exec, as it may from
-    # whoever starts it: its workers must not get it.
+    # whoever starts it: its workers must not get it. The exec timeout is what
+    # the hang tests wait for; long enough that a batch on a loaded 2-core
+    # machine is never taken for a hang (a request retried after 3 of those
+    # would be failed as poison).
     stray = os.open("/dev/null", os.O_RDONLY)
     try:
-        state = start_serve(tmp, tmp / "repo", ["--exec-timeout-ms", "1500", "--max-body-bytes", str(1 << 20)],
+        state = start_serve(tmp, tmp / "repo", ["--exec-timeout-ms", "4000", "--max-body-bytes", str(1 << 20)],
                             pass_fds=(stray,))
     finally:
         os.close(stray)
@@ -710,7 +713,10 @@ def test_a_worker_holds_exactly_its_descriptors(tmp_path):
     server that has touched CUDA holds the driver's descriptors too."""
     scale_demo_repository(tmp_path / "repo", kind="KIND_CPU")
     # A descriptor the server inherits without close-on-exec, as it may from
-    # whoever starts it: its workers must not get it.
+    # whoever starts it: its workers must not get it. The exec timeout is what
+    # the hang tests wait for; long enough that a batch on a loaded 2-core
+    # machine is never taken for a hang (a request retried after 3 of those
+    # would be failed as poison).
     stray = os.open("/dev/null", os.O_RDONLY)
     try:
         state = start_serve(tmp_path, tmp_path / "repo", device="cpu", name="descriptors", pass_fds=(stray,))
