@@ -47,8 +47,10 @@ def serve(build, repo, workers, log_path):
         text = pathlib.Path(log_path).read_text()
         m = re.search(r"ready on http://127\.0\.0\.1:(\d+)", text)
         if m:
-            ready = re.search(r"model mlp: \d+ workers ready ([0-9.]+) s", text)
-            return proc, int(m.group(1)), float(ready.group(1)) if ready else float("nan")
+            # "model mlp: R of N workers ready T s after start-up began": T counts when all N are.
+            ready = re.search(r"model mlp: (\d+) of (\d+) workers ready ([0-9.]+) s", text)
+            ok = ready and ready.group(1) == ready.group(2)
+            return proc, int(m.group(1)), float(ready.group(3)) if ok else float("nan")
         if proc.poll() is not None:
             break
         time.sleep(0.05)

@@ -98,8 +98,8 @@ class Server:
         raise SystemExit("serve did not start:\n" + pathlib.Path(log_path).read_text()[-3000:])
 
     def ready_seconds(self, model):
-        m = re.search(rf"model {model}: \d+ workers ready ([0-9.]+) s", pathlib.Path(self.log_path).read_text())
-        return float(m.group(1)) if m else float("nan")
+        m = re.search(rf"model {model}: (\d+) of (\d+) workers ready ([0-9.]+) s", pathlib.Path(self.log_path).read_text())
+        return float(m.group(3)) if m and m.group(1) == m.group(2) else float("nan")
 
     def workers(self):
         """Worker pids: the serve process's hearth-worker children."""
