@@ -222,9 +222,10 @@ class NormalClient:
         after = [s + l for s, l in self.latencies if s > t]
         return min(after) if after else None
 
-    def summary(self, since=0.0):
-        lat = [l for t, l in self.latencies if t >= since]
-        fails = [f for t, f in self.failures if t >= since]
+    def summary(self, since=0.0, until=float("inf")):
+        """Requests sent in [since, until), however long they took."""
+        lat = [l for t, l in self.latencies if since <= t < until]
+        fails = [f for t, f in self.failures if since <= t < until]
         if not lat:
             return {"n": 0, "p50_ms": None, "max_ms": None, "failures": len(fails), "fail_kinds": sorted(set(fails))[:3]}
         return {"n": len(lat), "p50_ms": statistics.median(lat) * 1e3, "max_ms": max(lat) * 1e3,
@@ -288,6 +289,7 @@ def stall(args, budget, variant):
                 break
             time.sleep(0.05 if not unsent else 0.001)
         hwm = server.status("VmHWM")
+        window_end = time.monotonic()
         for c in clients:
             c.stop()
         for s in stalled:
@@ -295,7 +297,8 @@ def stall(args, budget, variant):
         return {"budget": None if args.old else budget, "variant": variant,
                 "stalled": len(stalled), "capped": capped, "base_rss": base_rss, "peak_rss": hwm,
                 "goal": None if args.old else 1.2 * budget + 100 * MIB,
-                "keep_alive": clients[0].summary(start), "new_connections": clients[1].summary(start)}
+                "keep_alive": clients[0].summary(start, window_end),
+                "new_connections": clients[1].summary(start, window_end)}
     finally:
         server.close()
 
@@ -378,6 +381,7 @@ def fds(args):
                     replaced_at = time.monotonic()
             time.sleep(0.002 if victim is not None and replaced_at is None else 0.05)
         cpu = server.cpu_seconds() - cpu_before
+        window_end = time.monotonic()
         counts = {"established": 0, "refused": 0, "pending": 0}
         for proc, conn in floods:
             if conn.poll(60):
@@ -407,7 +411,8 @@ def fds(args):
                 "worker_replaced_s": None if replaced_at is None else replaced_at - killed_at,
                 "replaced_after_the_flood_ended_s": replaced_later,
                 "answered_after_kill_s": None if answered_at is None else answered_at - killed_at,
-                "keep_alive": keep_alive.summary(start), "new_connections": fresh.summary(start),
+                "keep_alive": keep_alive.summary(start, window_end),
+                "new_connections": fresh.summary(start, window_end),
                 "log_tail": log[-600:]}
     finally:
         server.close()
@@ -468,7 +473,9 @@ def main():
         results["fds"] = r
         ka, nc = r["keep_alive"], r["new_connections"]
         print(f"\nfds: {r['attempts']:,} connection attempts in {r['flood_seconds']:.1f} s, held for "
-              f"{r['window_seconds']:g} s, against a server limited to {r['nofile']:,} descriptors\n")
+              f"{r['window_seconds']:g} s, against a server limited to {r['nofile']:,} descriptors; the "
+              f"worker SIGKILLed {args.kill_after:g} s in; normal clients: requests sent while the flood "
+              f"was held\n")
         print("| connects completed | refused | still pending | server CPU in the window | accept log lines "
               "| 'Too many open files' lines | worker SIGKILLed: replaced after | a request sent after the kill answered after "
               "| keep-alive p50 / max (ms), failures | new connection p50 / max (ms), failures |")
