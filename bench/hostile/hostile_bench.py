@@ -344,7 +344,7 @@ def _flood(conn, port, attempts, first, hold):
 
 
 def fds(args):
-    server = Server(args.hearth, [], workers=1, nofile=args.nofile)
+    server = Server(args.hearth, args.serve_args.split(), workers=1, nofile=args.nofile)
     try:
         keep_alive = NormalClient(server.port, True, pause=0.05)
         fresh = NormalClient(server.port, False, pause=0.05)
@@ -401,7 +401,9 @@ def fds(args):
         keep_alive.stop()
         fresh.stop()
         answered_at = keep_alive.first_answer_after(killed_at) if killed_at is not None else None
+        limit = re.search(r"serving at most (\d+) connections", server.log())
         return {"attempts": args.attempts, "nofile": args.nofile, "flood_seconds": flood_done,
+                "connection_limit_logged": int(limit.group(1)) if limit else None,
                 "established": counts["established"], "refused": counts["refused"],
                 "pending_at_end": counts["pending"],
                 "server_cpu_seconds": cpu, "window_seconds": args.seconds,
@@ -443,6 +445,8 @@ def main():
     p.add_argument("--attempts", type=int, default=20000)
     p.add_argument("--nofile", type=int, default=4096)
     p.add_argument("--flood-procs", type=int, default=4, help="fds: processes making the attempts")
+    p.add_argument("--serve-args", default="", help="fds: more `hearth serve` flags, e.g. "
+                   "'--max-connections 100000' (lowered to what the descriptor limit allows)")
     p.add_argument("--kill-after", type=float, default=5, help="fds: SIGKILL the worker this far in")
     p.add_argument("--json", action="store_true", help="print the raw results as JSON too")
     args = p.parse_args()
@@ -472,6 +476,8 @@ def main():
         r = fds(args)
         results["fds"] = r
         ka, nc = r["keep_alive"], r["new_connections"]
+        if r["connection_limit_logged"] is not None:
+            print(f"\n(the server logged: serving at most {r['connection_limit_logged']:,} connections)")
         print(f"\nfds: {r['attempts']:,} connection attempts in {r['flood_seconds']:.1f} s, held for "
               f"{r['window_seconds']:g} s, against a server limited to {r['nofile']:,} descriptors; the "
               f"worker SIGKILLed {args.kill_after:g} s in; normal clients: requests sent while the flood "
