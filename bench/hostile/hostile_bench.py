@@ -222,9 +222,10 @@ class NormalClient:
         after = [s + l for s, l in self.latencies if s > t]
         return min(after) if after else None
 
-    def summary(self, since=0.0):
-        lat = [l for t, l in self.latencies if t >= since]
-        fails = [f for t, f in self.failures if t >= since]
+    def summary(self, since=0.0, until=float("inf")):
+        """Requests sent in [since, until), however long they took."""
+        lat = [l for t, l in self.latencies if since <= t < until]
+        fails = [f for t, f in self.failures if since <= t < until]
         if not lat:
             return {"n": 0, "p50_ms": None, "max_ms": None, "failures": len(fails), "fail_kinds": sorted(set(fails))[:3]}
         return {"n": len(lat), "p50_ms": statistics.median(lat) * 1e3, "max_ms": max(lat) * 1e3,
@@ -288,6 +289,7 @@ def stall(args, budget, variant):
                 break
             time.sleep(0.05 if not unsent else 0.001)
         hwm = server.status("VmHWM")
+        window_end = time.monotonic()
         for c in clients:
             c.stop()
         for s in stalled:
@@ -295,7 +297,8 @@ def stall(args, budget, variant):
         return {"budget": None if args.old else budget, "variant": variant,
                 "stalled": len(stalled), "capped": capped, "base_rss": base_rss, "peak_rss": hwm,
                 "goal": None if args.old else 1.2 * budget + 100 * MIB,
-                "keep_alive": clients[0].summary(start), "new_connections": clients[1].summary(start)}
+                "keep_alive": clients[0].summary(start, window_end),
+                "new_connections": clients[1].summary(start, window_end)}
     finally:
         server.close()
 
@@ -341,7 +344,7 @@ def _flood(conn, port, attempts, first, hold):
 
 
 def fds(args):
-    server = Server(args.hearth, [], workers=1, nofile=args.nofile)
+    server = Server(args.hearth, args.serve_args.split(), workers=1, nofile=args.nofile)
     try:
         keep_alive = NormalClient(server.port, True, pause=0.05)
         fresh = NormalClient(server.port, False, pause=0.05)
@@ -378,6 +381,7 @@ def fds(args):
                     replaced_at = time.monotonic()
             time.sleep(0.002 if victim is not None and replaced_at is None else 0.05)
         cpu = server.cpu_seconds() - cpu_before
+        window_end = time.monotonic()
         counts = {"established": 0, "refused": 0, "pending": 0}
         for proc, conn in floods:
             if conn.poll(60):
@@ -397,7 +401,9 @@ def fds(args):
         keep_alive.stop()
         fresh.stop()
         answered_at = keep_alive.first_answer_after(killed_at) if killed_at is not None else None
+        limit = re.search(r"serving at most (\d+) connections", server.log())
         return {"attempts": args.attempts, "nofile": args.nofile, "flood_seconds": flood_done,
+                "connection_limit_logged": int(limit.group(1)) if limit else None,
                 "established": counts["established"], "refused": counts["refused"],
                 "pending_at_end": counts["pending"],
                 "server_cpu_seconds": cpu, "window_seconds": args.seconds,
@@ -407,7 +413,8 @@ def fds(args):
                 "worker_replaced_s": None if replaced_at is None else replaced_at - killed_at,
                 "replaced_after_the_flood_ended_s": replaced_later,
                 "answered_after_kill_s": None if answered_at is None else answered_at - killed_at,
-                "keep_alive": keep_alive.summary(start), "new_connections": fresh.summary(start),
+                "keep_alive": keep_alive.summary(start, window_end),
+                "new_connections": fresh.summary(start, window_end),
                 "log_tail": log[-600:]}
     finally:
         server.close()
@@ -438,6 +445,8 @@ def main():
     p.add_argument("--attempts", type=int, default=20000)
     p.add_argument("--nofile", type=int, default=4096)
     p.add_argument("--flood-procs", type=int, default=4, help="fds: processes making the attempts")
+    p.add_argument("--serve-args", default="", help="fds: more `hearth serve` flags, e.g. "
+                   "'--max-connections 100000' (lowered to what the descriptor limit allows)")
     p.add_argument("--kill-after", type=float, default=5, help="fds: SIGKILL the worker this far in")
     p.add_argument("--json", action="store_true", help="print the raw results as JSON too")
     args = p.parse_args()
@@ -467,8 +476,12 @@ def main():
         r = fds(args)
         results["fds"] = r
         ka, nc = r["keep_alive"], r["new_connections"]
+        if r["connection_limit_logged"] is not None:
+            print(f"\n(the server logged: serving at most {r['connection_limit_logged']:,} connections)")
         print(f"\nfds: {r['attempts']:,} connection attempts in {r['flood_seconds']:.1f} s, held for "
-              f"{r['window_seconds']:g} s, against a server limited to {r['nofile']:,} descriptors\n")
+              f"{r['window_seconds']:g} s, against a server limited to {r['nofile']:,} descriptors; the "
+              f"worker SIGKILLed {args.kill_after:g} s in; normal clients: requests sent while the flood "
+              f"was held\n")
         print("| connects completed | refused | still pending | server CPU in the window | accept log lines "
               "| 'Too many open files' lines | worker SIGKILLed: replaced after | a request sent after the kill answered after "
               "| keep-alive p50 / max (ms), failures | new connection p50 / max (ms), failures |")
