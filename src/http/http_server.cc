@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -25,6 +26,7 @@
 #include <cstring>
 #include <exception>
 #include <future>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <string_view>
@@ -68,8 +70,17 @@ constexpr std::chrono::seconds kDrainIdleGrace{1};
 // continue; a connection that closes resumes it at once.
 constexpr std::chrono::milliseconds kAcceptBackoffFirst{10};
 constexpr std::chrono::milliseconds kAcceptBackoffMax{1000};
-// At most one log line per this interval about failing accepts.
+// At most one log line per this interval about failing accepts (and one
+// about evictions).
 constexpr std::chrono::seconds kAcceptLogInterval{10};
+// At the connection limit, with connections waiting in the backlog, the
+// connection silent longest is closed to make room (Impl::MakeRoom): one that
+// has not sent a byte for at least kEvictGrace since its accept (so that a
+// client whose first bytes are in flight keeps its connection), else one
+// idle between requests for at least kEvictIdleGrace (longer: a kept-alive
+// client's next request may cross our close, and is then lost).
+constexpr std::chrono::milliseconds kEvictGrace{100};
+constexpr std::chrono::milliseconds kEvictIdleGrace{1000};
 
 class Session;
 
@@ -112,6 +123,7 @@ struct ServerCore {
     s.body_timeouts = body_timeouts.load();
     s.idle_timeouts = idle_timeouts.load();
     s.write_timeouts = write_timeouts.load();
+    s.connections_evicted = connections_evicted.load();
     return s;
   }
 
@@ -134,6 +146,7 @@ struct ServerCore {
   std::atomic<uint64_t> body_timeouts{0};
   std::atomic<uint64_t> idle_timeouts{0};
   std::atomic<uint64_t> write_timeouts{0};
+  std::atomic<uint64_t> connections_evicted{0};
   // Posts Impl::ResumeAccepting onto the acceptor's strand; set before Start
   // runs any handler.
   std::function<void()> wake_acceptor;
@@ -190,6 +203,9 @@ std::string HttpMetricsText(const HttpStats& s) {
          s.accept_paused ? 1 : 0);
   metric("hearth_http_accept_errors_total", "counter",
          "Accepts that failed for want of descriptors or memory.", s.accept_errors);
+  metric("hearth_http_connections_evicted_total", "counter",
+         "Silent or idle connections closed at the connection limit to accept waiting ones.",
+         s.connections_evicted);
   metric("hearth_http_inflight_body_bytes", "gauge",
          "Request body bytes held across all connections.", s.inflight_body_bytes);
   metric("hearth_http_inflight_body_bytes_peak", "gauge",
@@ -391,6 +407,37 @@ class Session : public std::enable_shared_from_this<Session> {
   // Stop(), at its deadline.
   void ForceClose() { Close(); }
 
+  // For the acceptor's choice of a connection to evict, from any thread:
+  // since when the connection has waited for a head without a byte of it
+  // (nanoseconds of Clock; 0 while a request is in progress or once it
+  // closes), and whether it has answered a request before. A hint only:
+  // Evict() checks again on the strand.
+  struct Silence {
+    int64_t since = 0;
+    bool kept_alive = false;
+  };
+  Silence silence() const {
+    return {silent_since_.load(std::memory_order_relaxed),
+            kept_alive_.load(std::memory_order_relaxed)};
+  }
+
+  // The acceptor, at the limit with connections waiting: closes this one if
+  // no byte of a request has arrived (its destructor then wakes the
+  // acceptor), else wakes the acceptor to choose another.
+  void Evict() {
+    if (closed_) return;  // the destructor wakes the acceptor
+    beast::error_code ec;
+    if (phase_ == Phase::kIdle && !fin_sent_ && !core_->stopping.load() && buffer_.size() == 0 &&
+        socket_.available(ec) == 0 && !ec) {
+      core_->connections_evicted.fetch_add(1);
+      return Close();
+    }
+    // Its first bytes are here: the head read completes, and it is no longer
+    // a candidate.
+    silent_since_.store(0, std::memory_order_relaxed);
+    if (core_->accepting.load()) core_->wake_acceptor();
+  }
+
  private:
   enum class Phase { kIdle, kHead, kBody, kBudget, kHandling, kWriting, kLingering, kClosed };
   enum class Deadline { kHead, kBody, kIdle, kWrite, kLinger, kDrainIdle };
@@ -516,6 +563,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void ReadHead() {
     phase_ = Phase::kIdle;
     idle_since_ = Clock::now();
+    kept_alive_.store(!first_request_, std::memory_order_relaxed);
+    silent_since_.store(buffer_.size() > 0 ? 0 : idle_since_.time_since_epoch().count(),
+                        std::memory_order_relaxed);
     parser_.emplace();
     parser_->header_limit(kHeaderLimit);
     parser_->body_limit(core_->body_limit);
@@ -542,6 +592,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (fin_sent_) return Drain();  // closing: what arrives now is discarded
     if (phase_ == Phase::kIdle) {
       phase_ = Phase::kHead;
+      silent_since_.store(0, std::memory_order_relaxed);
       BeginRequest();
       // From its first byte; a connection's first head has had its deadline
       // since the accept, unless the drain replaced it (kDrainIdle).
@@ -903,6 +954,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // the connection.
   void LingeringClose() {
     phase_ = Phase::kLingering;
+    silent_since_.store(0, std::memory_order_relaxed);
     ReleaseBody();
     EndRequest();
     fin_sent_ = true;
@@ -924,6 +976,7 @@ class Session : public std::enable_shared_from_this<Session> {
     if (closed_) return;
     closed_ = true;
     phase_ = Phase::kClosed;
+    silent_since_.store(0, std::memory_order_relaxed);
     Disarm();
     ReleaseBody();
     EndRequest();
@@ -953,6 +1006,9 @@ class Session : public std::enable_shared_from_this<Session> {
   bool continue_sent_ = false;
   bool fin_sent_ = false;
   bool closed_ = false;
+  // Written on the strand, read by the acceptor (silence()).
+  std::atomic<int64_t> silent_since_{0};
+  std::atomic<bool> kept_alive_{false};
   char peek_ = 0;
   std::optional<http::response<http::empty_body>> continue_;
   std::unique_ptr<Response> response_;
@@ -1109,9 +1165,15 @@ class HttpServer::Impl {
       if (!runtime_->acceptor.is_open() || backing_off_) return;
       const uint64_t limit = draining_ ? drain_connection_limit_ : core_.connection_limit.load();
       if (core_.connections.load() >= limit) {
-        // Left in the kernel's backlog until a connection closes.
+        // Left in the kernel's backlog until a connection closes, or one is
+        // closed to make room. The wait comes first: a connection that
+        // arrives after MakeRoom looked at the backlog completes it.
         paused_for_limit_ = true;
         UpdatePaused();
+        if (!draining_) {
+          WaitForConnection();
+          MakeRoom();
+        }
         return;
       }
       const int fd = ::accept4(runtime_->acceptor.native_handle(), nullptr, nullptr,
@@ -1185,8 +1247,86 @@ class HttpServer::Impl {
     backoff_ = std::min(backoff_ * 2, kAcceptBackoffMax);
   }
 
+  // A connection that waits in the backlog, ready for accept4.
+  bool BacklogWaiting() const {
+    pollfd fd{runtime_->acceptor.native_handle(), POLLIN, 0};
+    return ::poll(&fd, 1, 0) > 0 && (fd.revents & POLLIN) != 0;
+  }
+
+  // At the limit, with a connection waiting in the backlog: asks the
+  // connection silent longest to close (see kEvictGrace), one at a time; its
+  // close (or its refusal, once bytes arrived) resumes accepting. With none
+  // silent long enough yet, looks again when the first will be; with none at
+  // all, accepting resumes when a connection closes. O(connections), and only
+  // at the limit.
+  void MakeRoom() {
+    if (evicting_ || core_.stopping.load() || !BacklogWaiting()) return;
+    std::vector<std::shared_ptr<Session>> live;
+    {
+      std::lock_guard lock(core_.sessions_mutex);
+      live.reserve(core_.sessions.size());
+      for (const auto& [id, weak] : core_.sessions) {
+        if (std::shared_ptr<Session> session = weak.lock()) live.push_back(std::move(session));
+      }
+    }  // released after the lock: the last owner's destructor takes it
+    const int64_t now = Clock::now().time_since_epoch().count();
+    Session* victim = nullptr;
+    Session::Silence chosen;
+    int64_t next = std::numeric_limits<int64_t>::max();  // when one will be old enough
+    for (const std::shared_ptr<Session>& session : live) {
+      const Session::Silence silence = session->silence();
+      if (silence.since == 0) continue;
+      const auto grace = std::chrono::duration_cast<Clock::duration>(
+                             silence.kept_alive ? kEvictIdleGrace : kEvictGrace)
+                             .count();
+      if (now - silence.since < grace) {
+        next = std::min(next, silence.since + grace);
+        continue;
+      }
+      // Never spoke before kept alive; then silent longest.
+      if (victim == nullptr || (chosen.kept_alive && !silence.kept_alive) ||
+          (chosen.kept_alive == silence.kept_alive && silence.since < chosen.since)) {
+        victim = session.get();
+        chosen = silence;
+      }
+    }
+    if (victim == nullptr) {
+      if (next == std::numeric_limits<int64_t>::max()) return;
+      runtime_->evict_retry.expires_after(Clock::duration(next - now));
+      runtime_->evict_retry.async_wait([this](beast::error_code ec) {
+        if (ec || !runtime_->acceptor.is_open() || !paused_for_limit_ || backing_off_) return;
+        AcceptReady();
+      });
+      return;
+    }
+    evicting_ = true;
+    LogEviction(chosen.kept_alive);
+    for (std::shared_ptr<Session>& session : live) {
+      if (session.get() != victim) continue;
+      auto executor = session->executor();
+      net::post(executor, [session = std::move(session)] { session->Evict(); });
+      break;
+    }
+  }
+
+  void LogEviction(bool kept_alive) {
+    ++evictions_since_log_;
+    const Clock::time_point now = Clock::now();
+    if (now - last_evict_log_ < kAcceptLogInterval) return;
+    spdlog::warn(
+        "http: at the connection limit ({}) with connections waiting: closing a connection {} "
+        "to accept one ({} so far, {} since the last message)",
+        core_.connection_limit.load(),
+        kept_alive ? "idle between requests" : "that has sent nothing",
+        core_.connections_evicted.load() + 1, evictions_since_log_);
+    last_evict_log_ = now;
+    evictions_since_log_ = 0;
+  }
+
   // A connection closed: below the limit again, and a descriptor is free.
+  // Also an evicted connection that refused (see Session::Evict).
   void ResumeAccepting() {
+    evicting_ = false;
     if (!runtime_->acceptor.is_open()) return;
     if (backing_off_) {
       backing_off_ = false;
@@ -1220,6 +1360,8 @@ class HttpServer::Impl {
       beast::error_code ignored;
       runtime_->acceptor.close(ignored);
       runtime_->accept_retry.cancel();
+      runtime_->evict_retry.cancel();
+      evicting_ = false;
     }
     core_.listening.store(false);
     core_.accepting.store(false);
@@ -1276,10 +1418,12 @@ class HttpServer::Impl {
         : io(threads),
           acceptor(net::make_strand(io)),
           accept_retry(acceptor.get_executor()),
+          evict_retry(acceptor.get_executor()),
           work(net::make_work_guard(io)) {}
     net::io_context io;      // first: outlives the objects that use it
     tcp::acceptor acceptor;  // its handlers run on its own strand
     net::steady_timer accept_retry;
+    net::steady_timer evict_retry;  // MakeRoom's next look
     net::executor_work_guard<net::io_context::executor_type> work;
   };
 
@@ -1296,6 +1440,9 @@ class HttpServer::Impl {
   bool paused_for_limit_ = false;
   bool backing_off_ = false;
   bool draining_ = false;
+  bool evicting_ = false;  // an eviction was asked for and has not closed or refused
+  uint64_t evictions_since_log_ = 0;
+  Clock::time_point last_evict_log_{};
   uint64_t drain_connection_limit_ = 0;
   std::chrono::milliseconds backoff_ = kAcceptBackoffFirst;
   Clock::time_point last_accept_log_{};

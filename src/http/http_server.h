@@ -18,8 +18,12 @@
 // - connections: at most max_connections, and never more than the descriptor
 //   limit (RLIMIT_NOFILE) leaves after the descriptors open at Start() and
 //   reserved_descriptors kept for the server itself (worker restarts need a
-//   socketpair, a memfd and pipes). At the limit the server stops accepting
-//   and leaves new connections in the kernel's backlog until one closes.
+//   socketpair, a memfd and pipes). At the limit, with a connection waiting
+//   in the kernel's backlog, the server closes the connection silent longest
+//   to accept it: one that has sent no byte for 100 ms since its accept, else
+//   one idle between requests for 1 s (never one with a request in
+//   progress); with none, it stops accepting and leaves new connections in
+//   the backlog until one closes.
 //   Accept errors (out of descriptors or memory) pause accepting with a
 //   back-off and a rate-limited log line.
 // - body bytes: bodies grow as their bytes arrive, and all connections
@@ -92,12 +96,13 @@ struct HttpStats {
   uint64_t inflight_body_bytes = 0;
   uint64_t inflight_body_bytes_peak = 0;
   uint64_t inflight_body_bytes_limit = 0;
-  uint64_t budget_waiting = 0;  // connections waiting for body bytes now
-  uint64_t budget_waits = 0;    // times a connection had to wait
-  uint64_t head_timeouts = 0;   // connections closed for a slow head
-  uint64_t body_timeouts = 0;   // ... for a slow body
-  uint64_t idle_timeouts = 0;   // ... for idling
-  uint64_t write_timeouts = 0;  // ... for not reading their response
+  uint64_t budget_waiting = 0;       // connections waiting for body bytes now
+  uint64_t budget_waits = 0;         // times a connection had to wait
+  uint64_t head_timeouts = 0;        // connections closed for a slow head
+  uint64_t body_timeouts = 0;        // ... for a slow body
+  uint64_t idle_timeouts = 0;        // ... for idling
+  uint64_t write_timeouts = 0;       // ... for not reading their response
+  uint64_t connections_evicted = 0;  // silent or idle ones closed at the limit to accept others
 };
 
 class HttpServer {

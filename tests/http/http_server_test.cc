@@ -25,6 +25,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -1051,13 +1052,18 @@ TEST_F(LimitsTest, ABodyLargerThanTheBudgetGets413) {
 TEST_F(LimitsTest, AtTheConnectionLimitNewConnectionsWaitInTheBacklog) {
   HttpOptions options;
   options.max_connections = 3;
+  options.body_timeout = 120s;
   StartServer(options);
-  std::vector<std::unique_ptr<Client>> held;
+  // Three connections with a request in progress (its body half sent): none
+  // of them may be closed to make room.
+  const size_t half = std::strlen(kTwoRows) / 2;
+  std::vector<std::unique_ptr<Peer>> held;
   for (int i = 0; i < 3; ++i) {
-    held.push_back(std::make_unique<Client>(port()));
-    EXPECT_EQ(held.back()->Get("/v2/health/live").result_int(), 200);
+    held.push_back(std::make_unique<Peer>(port()));
+    held.back()->Send(Head("/v2/models/scale/infer", std::strlen(kTwoRows)) +
+                      std::string(kTwoRows, half));
   }
-  // Paused once the acceptor sees the third (it may answer first).
+  ASSERT_TRUE(Eventually([&] { return server_->stats().requests == 3; }));
   ASSERT_TRUE(Eventually([&] { return server_->stats().accept_paused; }));
   // The kernel completes the handshake, the server does not accept: the
   // request stays unread and unanswered.
@@ -1069,7 +1075,66 @@ TEST_F(LimitsTest, AtTheConnectionLimitNewConnectionsWaitInTheBacklog) {
   held.erase(held.begin());
   EXPECT_EQ(waiting.ReadResponse().result_int(), 200);
   EXPECT_LE(server_->stats().connections, 3u);
-  EXPECT_EQ(held[0]->Get("/v2/health/live").result_int(), 200);
+  held[0]->Send(kTwoRows + half);
+  EXPECT_EQ(held[0]->ReadResponse().result_int(), 200);
+  EXPECT_EQ(server_->stats().connections_evicted, 0u);
+}
+
+TEST_F(LimitsTest, AtTheConnectionLimitSilentConnectionsMakeRoomForNewOnes) {
+  HttpOptions options;
+  options.max_connections = 8;
+  // Much longer than the waits below: only an eviction lets a client in.
+  options.head_timeout = 600s;
+  options.body_timeout = 600s;
+  StartServer(options);
+  // One request in progress, its body half sent...
+  const size_t half = std::strlen(kTwoRows) / 2;
+  Peer busy(port());
+  busy.Send(Head("/v2/models/scale/infer", std::strlen(kTwoRows)) + std::string(kTwoRows, half));
+  ASSERT_TRUE(Eventually([&] { return server_->stats().requests == 1; }));
+  // ...one with part of a head (the oldest silent-looking one)...
+  Peer partial(port());
+  partial.Send("GET /v2/health/live HTTP/1.1\r\nHost: x\r\n");
+  // ...and six connections that send nothing, all accepted.
+  constexpr int kSilent = 6;
+  std::vector<std::unique_ptr<Peer>> silent;
+  for (int i = 0; i < kSilent; ++i) silent.push_back(std::make_unique<Peer>(port()));
+  ASSERT_TRUE(Eventually([&] { return server_->stats().connections == 8; }));
+  ASSERT_TRUE(Eventually([&] { return server_->stats().accept_paused; }));
+  // Each new client, kept open after its answer, takes a silent one's slot.
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < kSilent; ++i) {
+    clients.push_back(std::make_unique<Client>(port()));
+    Client& client = *clients.back();
+    auto answer = std::async(std::launch::async, [&client] {
+      beast::error_code ec;
+      client.Write(http::verb::get, "/v2/health/live");
+      Response response;
+      beast::flat_buffer buffer;
+      http::read(client.socket(), buffer, response, ec);
+      return response.result_int();
+    });
+    // A deadline for a failure only; the head timeout is far longer.
+    if (answer.wait_for(30s) != std::future_status::ready) {
+      beast::error_code ignored;
+      client.socket().shutdown(tcp::socket::shutdown_both, ignored);
+      ADD_FAILURE() << "client " << i << " not answered: no connection was evicted";
+    }
+    ASSERT_EQ(answer.get(), 200) << i;
+  }
+  EXPECT_GE(server_->stats().connections_evicted, static_cast<uint64_t>(kSilent));
+  EXPECT_LE(server_->stats().connections, 8u);
+  for (int i = 0; i < kSilent; ++i) EXPECT_TRUE(Closed(silent[i]->ReadToEnd())) << i;
+  // The requests in progress were not touched: they complete now.
+  partial.Send("\r\n");
+  EXPECT_EQ(partial.ReadResponse().result_int(), 200);
+  busy.Send(kTwoRows + half);
+  EXPECT_EQ(busy.ReadResponse().result_int(), 200);
+  const std::string metrics = clients.back()->Get("/metrics").body();
+  EXPECT_NE(metrics.find("hearth_http_connections_evicted_total " +
+                         std::to_string(server_->stats().connections_evicted)),
+            std::string::npos)
+      << metrics;
 }
 
 // Sets the soft descriptor limit for as long as it lives.
