@@ -44,21 +44,7 @@ class RawConnection {
 
   // 0, or the errno of a failed sendmsg.
   int TrySend(const std::vector<std::byte>& bytes, int flags = 0, int pass_fd = -1) {
-    iovec iov{const_cast<std::byte*>(bytes.data()), bytes.size()};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    if (pass_fd >= 0) {
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof control;
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
-    }
-    return ::sendmsg(fd_, &msg, flags | MSG_NOSIGNAL) >= 0 ? 0 : errno;
+    return protocol::SendFrameOnce(fd_, bytes, pass_fd, flags) >= 0 ? 0 : errno;
   }
   void SendRaw(const std::vector<std::byte>& bytes, int pass_fd = -1) {
     ASSERT_EQ(TrySend(bytes, 0, pass_fd), 0) << std::strerror(errno);
