@@ -17,7 +17,7 @@
 #include <string>
 #include <string_view>
 
-#include "checkpoint/float16.h"
+#include "common/float16.h"
 #include "common/checked_size.h"
 #include "http/kserve_codec.h"
 

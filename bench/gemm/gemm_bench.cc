@@ -24,7 +24,7 @@
 
 #include "backends/backend.h"
 #include "backends/cuda/skinny_gemm.h"
-#include "checkpoint/float16.h"
+#include "common/float16.h"
 #include "hearth/arena.h"
 
 namespace hearth {

@@ -23,7 +23,12 @@ enum class DType : uint8_t {
   kBool,
   kF8E4M3,
   kF8E5M2,
+  // Variable-length byte strings (KServe BYTES): in requests, responses and
+  // model signatures only, never in a checkpoint or an arena. Size 0, and
+  // past kDTypeCount, so that every check of a stored tensor's dtype refuses it.
+  kBytes,
 };
+// The dtypes a stored tensor may have.
 inline constexpr int kDTypeCount = 12;
 
 // Bytes per element.

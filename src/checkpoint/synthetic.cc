@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "checkpoint/float16.h"
+#include "common/float16.h"
 #include "hearth/checkpoint.h"
 
 namespace hearth {

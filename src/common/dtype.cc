@@ -27,11 +27,19 @@ constexpr std::array<DTypeEntry, kDTypeCount> kDTypes = {{
 
 }  // namespace
 
-size_t DTypeSize(DType dtype) { return kDTypes[static_cast<size_t>(dtype)].size; }
+size_t DTypeSize(DType dtype) {
+  const auto i = static_cast<size_t>(dtype);
+  return i < kDTypes.size() ? kDTypes[i].size : 0;
+}
 
-std::string_view DTypeName(DType dtype) { return kDTypes[static_cast<size_t>(dtype)].name; }
+std::string_view DTypeName(DType dtype) {
+  const auto i = static_cast<size_t>(dtype);
+  if (i < kDTypes.size()) return kDTypes[i].name;
+  return dtype == DType::kBytes ? "BYTES" : "?";
+}
 
 std::optional<uint64_t> TensorBytes(DType dtype, std::span<const int64_t> shape) {
+  if (static_cast<int>(dtype) >= kDTypeCount) return std::nullopt;  // BYTES: no fixed size
   uint64_t bytes = DTypeSize(dtype);
   for (int64_t dim : shape) {
     if (dim < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(dim), &bytes)) {

@@ -13,8 +13,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "checkpoint/float16.h"
 #include "common/checked_size.h"
+#include "common/float16.h"
 #include "http/kserve_codec_internal.h"
 
 namespace hearth {
@@ -116,6 +116,7 @@ void AppendData(std::string& out, const InferTensor& tensor, size_t count) {
       break;
     case DType::kF8E4M3:
     case DType::kF8E5M2:
+    case DType::kBytes:
       break;  // refused before encoding; see EncodeInferResponse
   }
   out += ']';

@@ -23,8 +23,8 @@
 #include <utility>
 #include <vector>
 
-#include "checkpoint/float16.h"
 #include "common/checked_size.h"
+#include "common/float16.h"
 #include "http/kserve_codec.h"
 #include "http/kserve_codec_internal.h"
 
@@ -467,6 +467,7 @@ Status ReadDataAs(const DataTarget& target, ondemand::array& array, bool nested)
       return ReadData<F64Element>(target, array, nested);
     case DType::kF8E4M3:
     case DType::kF8E5M2:
+    case DType::kBytes:
       break;
   }
   return InvalidArgument(*target.label + ": datatype " + DatatypeString(target.dtype) +
@@ -817,7 +818,7 @@ class RequestDecoder {
     if (!fields.datatype.has_value())
       return InvalidArgument(label + ": 'datatype' must be a string");
     const std::optional<DType> dtype = ParseKserveDatatype(*fields.datatype);
-    if (!dtype.has_value()) {
+    if (!dtype.has_value() || *dtype == DType::kBytes) {
       return InvalidArgument(label + ": unsupported datatype " + Quote(*fields.datatype));
     }
     tensor.dtype = *dtype;

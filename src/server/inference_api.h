@@ -13,14 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "common/datatype.h"
 #include "hearth/dtype.h"
 #include "hearth/status.h"
 
 namespace hearth {
-
-// KServe v2 datatype names ("FP32", "INT64", "BOOL", "BYTES" is not supported).
-std::string_view KserveDatatypeName(DType dtype);
-std::optional<DType> ParseKserveDatatype(std::string_view name);
 
 struct TensorMetadata {
   std::string name;

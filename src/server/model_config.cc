@@ -1,5 +1,7 @@
 #include "server/model_config.h"
 
+#include "common/datatype.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 #include <yaml-cpp/depthguard.h>
@@ -362,17 +364,6 @@ Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::st
 }
 
 }  // namespace
-
-std::optional<DType> ParseTritonDataType(std::string_view name) {
-  static const std::pair<std::string_view, DType> kTypes[] = {
-      {"TYPE_FP64", DType::kF64},  {"TYPE_FP32", DType::kF32},  {"TYPE_FP16", DType::kF16},
-      {"TYPE_BF16", DType::kBF16}, {"TYPE_INT64", DType::kI64}, {"TYPE_INT32", DType::kI32},
-      {"TYPE_INT16", DType::kI16}, {"TYPE_INT8", DType::kI8},   {"TYPE_UINT8", DType::kU8},
-      {"TYPE_BOOL", DType::kBool}};
-  for (const auto& [n, d] : kTypes)
-    if (n == name) return d;
-  return std::nullopt;
-}
 
 Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   ModelConfig m;

@@ -90,7 +90,4 @@ Result<std::vector<RepositoryModel>> ScanRepository(const std::string& dir);
 // every error names the file (and line and field where there is one).
 Result<ModelConfig> LoadModelConfig(const std::string& model_dir);
 
-// "TYPE_FP32" <-> DType.
-std::optional<DType> ParseTritonDataType(std::string_view name);
-
 }  // namespace hearth

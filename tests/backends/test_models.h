@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint/float16.h"
+#include "common/float16.h"
 #include "hearth/attach.h"
 
 namespace hearth::testing {

@@ -1,4 +1,4 @@
-#include "checkpoint/float16.h"
+#include "common/float16.h"
 
 #include <gtest/gtest.h>
 

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <iterator>
 
-#include "checkpoint/float16.h"
+#include "common/float16.h"
 #include "hearth/checkpoint.h"
 #include "hearth/checksum.h"
 #include "temp_dir.h"

@@ -5,7 +5,7 @@
 
 #include "backends/cpu/blas.h"
 #include "backends/cpu/cpu_backends.h"
-#include "checkpoint/float16.h"
+#include "common/float16.h"
 
 namespace hearth {
 namespace {
