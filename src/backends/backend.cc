@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -11,10 +13,9 @@
 #include "backends/cpu/cpu_backends.h"
 #include "backends/cuda/cuda_backend_abi.h"
 #include "backends/model_weights.h"
+#include "backends/registry.h"
 
 namespace hearth {
-
-
 namespace {
 
 // libhearth_backends_cuda.so, loaded once per process and never unloaded
@@ -107,13 +108,9 @@ Result<std::unique_ptr<Backend>> CreateCudaBackend(std::string_view kind,
   return std::unique_ptr<Backend>(static_cast<Backend*>(backend));
 }
 
-}  // namespace
-
-Result<std::unique_ptr<Backend>> CreateBackend(std::string_view kind,
+Result<std::unique_ptr<Backend>> CreateBuiltin(std::string_view kind,
                                                const std::vector<TensorView>& weights,
                                                Device device, const BackendOptions& options) {
-  // Validates the weights and the kind for both devices, before any GPU work.
-  RETURN_IF_ERROR(BackendSignature(kind, weights).status());
   RETURN_IF_ERROR(CheckWeightsDevice(weights, device));
   if (options.max_batch_size < 1) {
     return InvalidArgument("max_batch_size must be at least 1, got " +
@@ -126,6 +123,114 @@ Result<std::unique_ptr<Backend>> CreateBackend(std::string_view kind,
   if (device.is_cuda()) return CreateCudaBackend(kind, weights, device, options);
   if (kind == "mlp") return CreateMlpCpu(*ValidateMlpWeights(weights), options);
   return CreateScaleCpu(*ValidateScaleWeights(weights), options);
+}
+
+// The first of `candidates` that exists, else the last.
+std::string FirstExisting(const std::vector<std::string>& candidates) {
+  std::error_code ec;
+  for (const std::string& c : candidates)
+    if (std::filesystem::exists(c, ec)) return c;
+  return candidates.back();
+}
+
+std::string ExecutableDir() {
+  std::error_code ec;
+  return std::filesystem::read_symlink("/proc/self/exe", ec).parent_path().string();
+}
+
+// backend: python runs the model's model.py in `<interpreter> -m
+// hearth.backend_worker`, which speaks the worker protocol through
+// libhearth's C ABI. The interpreter: parameters.python, else
+// $HEARTH_PYTHON, else python3 from PATH.
+Result<ProgramLaunch> PythonLaunch(const BackendOptions& options) {
+  ProgramLaunch launch;
+  std::string python = "python3";
+  if (const char* env = std::getenv("HEARTH_PYTHON"); env != nullptr && *env != '\0') python = env;
+  if (auto it = options.parameters.find("python"); it != options.parameters.end())
+    python = it->second;
+  if (python.empty()) return InvalidArgument("parameters.python is empty");
+  if (python.find('/') != std::string::npos && ::access(python.c_str(), X_OK) != 0)
+    return InvalidArgument("parameters.python: " + python + " is not an executable file (" +
+                           std::strerror(errno) + ")");
+  launch.argv = {python, "-m", "hearth.backend_worker"};
+  // The package and the library of this installation, unless the
+  // environment already names them.
+  const std::string exe_dir = ExecutableDir();
+  std::vector<std::string> packages = {exe_dir + "/../lib/hearth/python"};
+#ifdef HEARTH_PYTHON_PACKAGE_DIR
+  packages.emplace_back(HEARTH_PYTHON_PACKAGE_DIR);
+#endif
+  std::string path = FirstExisting(packages);
+  if (const char* old = std::getenv("PYTHONPATH"); old != nullptr && *old != '\0')
+    path += ":" + std::string(old);
+  launch.env.push_back("PYTHONPATH=" + path);
+  if (const char* lib = std::getenv("HEARTH_LIBRARY"); lib == nullptr || *lib == '\0') {
+    std::vector<std::string> libs = {exe_dir + "/../lib/libhearth.so", exe_dir + "/libhearth.so"};
+#ifdef HEARTH_CAPI_BUILD_PATH
+    libs.emplace_back(HEARTH_CAPI_BUILD_PATH);
+#endif
+    launch.env.push_back("HEARTH_LIBRARY=" + FirstExisting(libs));
+  }
+  return launch;
+}
+
+Result<std::pair<std::vector<IoSpec>, std::vector<IoSpec>>> MlpSignature(
+    const std::vector<TensorView>& weights) {
+  ASSIGN_OR_RETURN(MlpWeights w, ValidateMlpWeights(weights));
+  return std::pair{MlpInputs(w), MlpOutputs(w)};
+}
+
+Result<std::pair<std::vector<IoSpec>, std::vector<IoSpec>>> ScaleSignature(
+    const std::vector<TensorView>& weights) {
+  ASSIGN_OR_RETURN(ScaleWeights w, ValidateScaleWeights(weights));
+  return std::pair{ScaleInputs(w), ScaleOutputs()};
+}
+
+}  // namespace
+
+std::vector<BackendKind> BuiltinBackendKinds() {
+  std::vector<BackendKind> kinds;
+  for (const char* name : {"mlp", "scale"}) {
+    BackendKind k;
+    k.name = name;
+    k.summary = std::string(name) == "mlp" ? "two-layer perceptron (CPU: OpenBLAS, GPU: CUDA)"
+                                           : "weighted sum (CPU and GPU)";
+    k.signature = std::string(name) == "mlp" ? MlpSignature : ScaleSignature;
+    k.create = [kind = std::string(name)](const std::vector<TensorView>& weights, Device device,
+                                          const BackendOptions& options) {
+      return CreateBuiltin(kind, weights, device, options);
+    };
+    kinds.push_back(std::move(k));
+  }
+  BackendKind python;
+  python.name = "python";
+  python.summary = "the model's model.py in a Python interpreter";
+  python.program = PythonLaunch;
+  kinds.push_back(std::move(python));
+  return kinds;
+}
+
+Result<std::unique_ptr<Backend>> CreateBackend(std::string_view kind,
+                                               const std::vector<TensorView>& weights,
+                                               Device device, const BackendOptions& options) {
+  const BackendKind* k = FindBackendKind(kind);
+  if (k == nullptr) return UnknownBackendKind(kind);
+  if (!k->create)
+    return InvalidArgument("backend kind '" + std::string(kind) +
+                           "' runs as its own program, not inside hearth-worker");
+  // Validates the weights for both devices, before any GPU work.
+  if (k->signature) RETURN_IF_ERROR(k->signature(weights).status());
+  return k->create(weights, device, options);
+}
+
+Result<std::pair<std::vector<IoSpec>, std::vector<IoSpec>>> BackendSignature(
+    std::string_view kind, const std::vector<TensorView>& weights) {
+  const BackendKind* k = FindBackendKind(kind);
+  if (k == nullptr) return UnknownBackendKind(kind);
+  if (!k->signature)
+    return InvalidArgument("backend kind '" + std::string(kind) +
+                           "' has no signature without its config's inputs and outputs");
+  return k->signature(weights);
 }
 
 Status RegisterHostMemory(Device device, void* data, uint64_t bytes) {

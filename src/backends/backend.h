@@ -28,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/tensor_spec.h"
 #include "hearth/attach.h"
 #include "hearth/device.h"
 #include "hearth/dtype.h"
@@ -35,15 +36,7 @@
 
 namespace hearth {
 
-// One input or output of a model, per sample (without the batch dimension).
-struct IoSpec {
-  std::string name;
-  DType dtype = DType::kF32;
-  std::vector<int64_t> dims;
-  // dtype size x the product of dims; InvalidArgument naming the tensor when
-  // a dimension is negative or the product passes 2^63 bytes.
-  Result<uint64_t> bytes_per_sample() const;
-};
+using IoSpec = TensorSpec;
 
 struct BackendOptions {
   int max_batch_size = 1;

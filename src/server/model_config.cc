@@ -1,7 +1,5 @@
 #include "server/model_config.h"
 
-#include "common/datatype.h"
-
 #include <sys/stat.h>
 #include <unistd.h>
 #include <yaml-cpp/depthguard.h>
@@ -16,6 +14,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "common/datatype.h"
 #include "common/regular_file.h"
 
 namespace hearth {
@@ -68,11 +67,13 @@ Result<std::string> Key(const Ctx& c, const YAML::Node& key, const std::string& 
 
 Result<std::vector<int64_t>> Dims(const Ctx& c, const YAML::Node& n, const std::string& field) {
   if (!n.IsSequence() || n.size() == 0)
-    return c.Error(n, field, "must be a non-empty list of positive integers");
+    return c.Error(n, field, "must be a non-empty list of positive integers (-1: any size)");
   std::vector<int64_t> dims;
   for (const auto& d : n) {
     ASSIGN_OR_RETURN(int64_t v, Number<int64_t>(c, d, field));
-    if (v <= 0) return c.Error(d, field, "dimension " + std::to_string(v) + " must be positive");
+    if (v <= 0 && v != -1)
+      return c.Error(d, field,
+                     "dimension " + std::to_string(v) + " must be positive, or -1 for any size");
     dims.push_back(v);
   }
   return dims;
@@ -80,6 +81,8 @@ Result<std::vector<int64_t>> Dims(const Ctx& c, const YAML::Node& n, const std::
 
 Result<std::vector<IoConfig>> Ios(const Ctx& c, const YAML::Node& n, const std::string& field) {
   if (!n.IsSequence() || n.size() == 0) return c.Error(n, field, "must be a non-empty list");
+  if (n.size() > kMaxModelTensors)
+    return c.Error(n, field, "more than " + std::to_string(kMaxModelTensors) + " entries");
   std::vector<IoConfig> ios;
   for (size_t i = 0; i < n.size(); ++i) {
     const YAML::Node& e = n[i];
@@ -100,6 +103,15 @@ Result<std::vector<IoConfig>> Ios(const Ctx& c, const YAML::Node& n, const std::
       return c.Error(e["data_type"], f + ".data_type", Quote(type) + " is not a known TYPE_*");
     io.dtype = *dtype;
     ASSIGN_OR_RETURN(io.dims, Dims(c, e["dims"], f + ".dims"));
+    if (io.name.empty() || io.name.size() > kMaxTensorNameBytes)
+      return c.Error(e["name"], f + ".name",
+                     "must have 1 to " + std::to_string(kMaxTensorNameBytes) + " bytes");
+    if (io.dims.size() > kMaxModelTensorRank)
+      return c.Error(e["dims"], f + ".dims",
+                     "more than " + std::to_string(kMaxModelTensorRank) + " dimensions");
+    for (const IoConfig& other : ios)
+      if (other.name == io.name)
+        return c.Error(e["name"], f + ".name", Quote(io.name) + " is listed twice");
     ios.push_back(std::move(io));
   }
   return ios;
@@ -224,19 +236,29 @@ Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::st
       return c.Error(root["name"], "name",
                      Quote(name) + " differs from the directory name " + Quote(m.name));
   }
-  if (!root["backend"]) return InvalidArgument(m.config_path + ": backend: missing (mlp or scale)");
+  if (!root["backend"])
+    return InvalidArgument(m.config_path + ": backend: missing (mlp, scale, python, ...)");
   ASSIGN_OR_RETURN(m.backend, String(c, root["backend"], "backend"));
-  if (m.backend != "mlp" && m.backend != "scale")
-    return c.Error(root["backend"], "backend", Quote(m.backend) + " is not one of mlp, scale");
+  // The kinds are the workers' (the backend registry): an unknown one fails
+  // the model when its first worker says so. Here only its form is checked.
+  if (m.backend.empty() || m.backend.size() > 64 ||
+      m.backend.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos)
+    return c.Error(root["backend"], "backend",
+                   Quote(m.backend) + " is not a backend name (lower-case letters, digits, _)");
   if (root["max_batch_size"]) {
     ASSIGN_OR_RETURN(m.max_batch_size, Number<int>(c, root["max_batch_size"], "max_batch_size"));
     if (m.max_batch_size < 0 || m.max_batch_size > 4096)
       return c.Error(root["max_batch_size"], "max_batch_size", "must be in [0, 4096]");
   }
-  if (!root["input"]) return InvalidArgument(m.config_path + ": input: missing");
-  if (!root["output"]) return InvalidArgument(m.config_path + ": output: missing");
-  ASSIGN_OR_RETURN(m.inputs, Ios(c, root["input"], "input"));
-  ASSIGN_OR_RETURN(m.outputs, Ios(c, root["output"], "output"));
+  // Both or neither: a config without them takes what the backend reports.
+  if (root["input"].IsDefined() != root["output"].IsDefined())
+    return InvalidArgument(m.config_path + ": " + (root["input"] ? "output" : "input") +
+                           ": missing (list both input and output, or neither to take the "
+                           "backend's)");
+  if (root["input"]) {
+    ASSIGN_OR_RETURN(m.inputs, Ios(c, root["input"], "input"));
+    ASSIGN_OR_RETURN(m.outputs, Ios(c, root["output"], "output"));
+  }
   if (const YAML::Node g = root["instance_group"]) {
     if (!g.IsSequence() || g.size() != 1 || !g[0].IsMap())
       return c.Error(g, "instance_group", "must be a list of one {count, kind, gpus}");

@@ -27,10 +27,17 @@ inline constexpr size_t kMaxModelParameterBytes = 64u << 10;
 // Entries read from one directory (the repository, a model directory).
 inline constexpr size_t kMaxDirectoryEntries = 100000;
 
+// Inputs or outputs a config may list, the bytes of a name, and the
+// dimensions of one (without the batch dimension); what the worker
+// protocol carries (protocol/worker_protocol.h).
+inline constexpr size_t kMaxModelTensors = 256;
+inline constexpr size_t kMaxTensorNameBytes = 1024;
+inline constexpr size_t kMaxModelTensorRank = 15;
+
 struct IoConfig {
   std::string name;
   DType dtype = DType::kF32;
-  std::vector<int64_t> dims;  // per sample
+  std::vector<int64_t> dims;  // per sample; -1: any size
 };
 
 // The longest a batch may wait to fill: a request waits at most this long for
@@ -40,9 +47,9 @@ inline constexpr uint64_t kMaxQueueDelayUs = 60'000'000;
 struct ModelConfig {
   std::string name;
   std::string config_path;
-  std::string backend;  // mlp | scale
+  std::string backend;  // a kind of the workers' backend registry: mlp, scale, python, ...
   int max_batch_size = 0;
-  std::vector<IoConfig> inputs, outputs;
+  std::vector<IoConfig> inputs, outputs;  // both empty: the backend's
   int instance_count = 1;
   bool kind_gpu = true;  // instance_group.kind: KIND_GPU (default) or KIND_CPU
   std::vector<int> gpus;

@@ -24,683 +24,23 @@
 #include <system_error>
 #include <thread>
 
-#include "backends/backend.h"
 #include "common/checked_size.h"
 #include "common/trusted_path.h"
 #include "hearth/arena.h"
 #include "hearth/attach.h"
 #include "hearth/checkpoint.h"
 #include "hearth/store.h"
+#include "protocol/worker_protocol.h"
 #include "server/model_config.h"
-#include "worker/control.h"
-
-extern char** environ;
+#include "server/model_config_json.h"
+#include "server/supervisor.h"
 
 // A model's parameters must fit in the one control message that carries them.
-static_assert(4 + 8 * hearth::kMaxModelParameters + hearth::kMaxModelParameterBytes <=
-              hearth::control::kMaxParametersPayload);
+static_assert(4 + 8 * hearth::kMaxModelParameters + hearth::kMaxModelParameterBytes <
+              hearth::control::kMaxSetupBytes / 2);
 
 namespace hearth {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-struct Job {
-  Clock::time_point received = Clock::now();
-  Clock::time_point deadline = Clock::time_point::max();
-  InferRequest request;
-  std::function<void(Result<InferResponse>)> done;
-  int64_t batch = 1;
-  int crashes = 0;  // workers taken down by batches this request was in
-};
-
-// How a model's queue forms batches (the config's dynamic_batching).
-struct BatchPolicy {
-  int64_t max_batch = 1;
-  std::chrono::microseconds max_delay{0};  // at most kMaxQueueDelayUs (the config checks it)
-  std::vector<int64_t> preferred;          // sorted
-};
-
-// A bounded FIFO of jobs; retried jobs go to the front.
-class JobQueue {
- public:
-  explicit JobQueue(size_t capacity) : capacity_(capacity) {}
-  Status Push(std::shared_ptr<Job> job) {
-    std::lock_guard lock(mu_);
-    if (closed_) return Unavailable("the server is shutting down");
-    if (jobs_.size() >= capacity_)
-      return ResourceExhausted("queue full: " + std::to_string(capacity_) + " requests waiting");
-    jobs_.push_back(std::move(job));
-    WakeIdle();
-    forming_.notify_all();
-    return Status::Ok();
-  }
-  void PushFront(std::shared_ptr<Job> job) {
-    std::lock_guard lock(mu_);
-    jobs_.push_front(std::move(job));
-    WakeIdle();
-    forming_.notify_all();
-  }
-  // Blocks for the next batch: the oldest request, then later ones while
-  // their rows fit in max_batch. It returns as soon as the rows reach the
-  // largest preferred size (or max_batch), else once the oldest request has
-  // waited max_delay. A request that was in a batch that crashed a worker runs
-  // alone, so that only the request at fault can become a poison batch.
-  // Requests whose deadline passed are answered DEADLINE_EXCEEDED here and
-  // never run. Empty once closed and drained.
-  // Returns empty after `idle` with nothing queued, so the caller can look
-  // after its worker.
-  std::vector<std::shared_ptr<Job>> PopBatch(const BatchPolicy& policy,
-                                             std::chrono::milliseconds idle) {
-    std::vector<std::shared_ptr<Job>> batch;
-    std::vector<std::shared_ptr<Job>> expired;
-    std::unique_lock lock(mu_);
-    const int64_t target = policy.preferred.empty() ? policy.max_batch : policy.preferred.back();
-    const auto idle_until = Clock::now() + idle;
-    int64_t rows = 0;
-    for (;;) {
-      if (batch.empty() && !WaitForWork(lock, idle_until)) return {};
-      const auto now = Clock::now();
-      while (!jobs_.empty()) {
-        std::shared_ptr<Job>& front = jobs_.front();
-        if (front->deadline <= now) {
-          expired.push_back(std::move(front));
-          jobs_.pop_front();
-          continue;
-        }
-        const bool alone = front->crashes > 0;
-        if (!batch.empty() &&
-            (alone || batch[0]->crashes > 0 || rows + front->batch > policy.max_batch))
-          break;
-        rows += front->batch;
-        batch.push_back(std::move(front));
-        jobs_.pop_front();
-        if (alone) break;
-      }
-      if (batch.empty()) {
-        if (closed_ && jobs_.empty()) break;
-        if (!expired.empty()) break;
-        continue;
-      }
-      const bool full = rows >= target || batch[0]->crashes > 0 || !jobs_.empty() || closed_ ||
-                        policy.max_delay.count() == 0;
-      if (full) break;
-      // The batch waits for more rows until its oldest request has waited
-      // max_delay, but never past the deadline of any request in it.
-      auto until = SaturatingDeadline<Clock>(batch[0]->received,
-                                             static_cast<uint64_t>(policy.max_delay.count()));
-      for (const auto& job : batch) until = std::min(until, job->deadline);
-      if (now >= until) break;
-      forming_.wait_until(lock, until, [&] { return closed_ || !jobs_.empty(); });
-      if (jobs_.empty()) break;
-    }
-    if (!jobs_.empty()) WakeIdle();  // more than this batch took: another worker's turn
-    lock.unlock();
-    // A request may have run out of time while its batch was forming.
-    const auto now = Clock::now();
-    std::erase_if(batch, [&](std::shared_ptr<Job>& job) {
-      if (job->deadline > now) return false;
-      expired.push_back(std::move(job));
-      return true;
-    });
-    for (auto& job : expired) {
-      job->done(
-          DeadlineExceeded("request '" + job->request.id + "' timed out after waiting " +
-                           std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(
-                                              Clock::now() - job->received)
-                                              .count()) +
-                           " us in the queue"));
-    }
-    return batch;
-  }
-  size_t size() {
-    std::lock_guard lock(mu_);
-    return jobs_.size();
-  }
-  void Close() {
-    std::lock_guard lock(mu_);
-    closed_ = true;
-    forming_.notify_all();
-    while (!idle_.empty()) WakeIdle();
-  }
-  // Fails everything still queued (no worker left to run it).
-  void FailAll(const Status& why) {
-    std::deque<std::shared_ptr<Job>> left;
-    {
-      std::lock_guard lock(mu_);
-      left.swap(jobs_);
-    }
-    for (auto& job : left) job->done(why);
-  }
-
- private:
-  // A caller of PopBatch waiting for work. Idle callers are woken last in,
-  // first out: under light load the worker that just finished (whose GPU
-  // context is the one running) takes the next request, rather than the
-  // worker idle the longest, which would make the GPU switch between worker
-  // processes' contexts for every request.
-  struct IdleWaiter {
-    std::condition_variable cv;
-    bool woken = false;
-  };
-
-  // mu_ held.
-  void WakeIdle() {
-    if (idle_.empty()) return;
-    IdleWaiter* w = idle_.back();
-    idle_.pop_back();
-    w->woken = true;
-    w->cv.notify_one();
-  }
-
-  // Waits (mu_ held through `lock`) until a request is queued or the queue
-  // closes; false if `until` came first with neither.
-  bool WaitForWork(std::unique_lock<std::mutex>& lock, Clock::time_point until) {
-    IdleWaiter self;
-    while (!closed_ && jobs_.empty()) {
-      self.woken = false;
-      idle_.push_back(&self);
-      if (!self.cv.wait_until(lock, until, [&] { return self.woken; })) {
-        std::erase(idle_, &self);
-        return false;
-      }
-    }
-    return true;
-  }
-
-  std::mutex mu_;
-  std::condition_variable forming_;  // callers holding part of a batch, waiting for more
-  std::vector<IdleWaiter*> idle_;
-  std::deque<std::shared_ptr<Job>> jobs_;
-  size_t capacity_;
-  bool closed_ = false;
-};
-
-struct ModelRuntime;
-
-// One worker process and the thread that supervises it.
-class WorkerSupervisor {
- public:
-  WorkerSupervisor(ModelRuntime& model, int index, const ServerOptions& options)
-      : model_(model), index_(index), options_(options) {}
-  ~WorkerSupervisor();
-  Status Init();
-  // Starts the supervisor thread; ResourceExhausted if the system has no
-  // thread to give (RLIMIT_NPROC, pids.max), and then nothing was started.
-  Status Start() {
-    try {
-      thread_ = std::thread([this] { Loop(); });
-    } catch (const std::system_error& e) {
-      return ResourceExhausted("starting a worker's supervisor thread: " + std::string(e.what()));
-    }
-    return Status::Ok();
-  }
-  void Join() {
-    if (thread_.joinable()) thread_.join();
-  }
-  // SIGKILL for a worker process that is still starting (it holds no
-  // request): stopping must not wait out --ready-timeout for it. Call after
-  // setting the model's stopping flag.
-  void KillIfStarting();
-  pid_t pid() const { return pid_.load(); }
-  int index() const { return index_; }
-  bool ready() const { return ready_.load(); }
-  uint64_t restarts() const { return restarts_.load(); }
-  uint64_t device_memory_bytes() const { return device_memory_bytes_.load(); }
-
- private:
-  void Loop();
-  Result<pid_t> Spawn(UniqueFd* control);
-  // Waits for the worker's exit (SIGKILL first if asked, or after 2 s);
-  // returns its wait status.
-  int Reap(pid_t pid, bool kill_first);
-  // Runs one batch of requests on the live worker; false if the worker is gone.
-  bool RunBatch(int control, const std::vector<std::shared_ptr<Job>>& jobs);
-  // Tells the model how this worker's first start ended (once).
-  void Settle();
-
-  ModelRuntime& model_;
-  int index_;
-  const ServerOptions& options_;
-  std::thread thread_;
-  // pid_ changes under pid_mu_, so that KillIfStarting never signals a pid
-  // that Reap has already collected (and the kernel may have reused).
-  std::mutex pid_mu_;
-  std::atomic<pid_t> pid_{-1};
-  std::atomic<bool> ready_{false};
-  std::atomic<uint64_t> restarts_{0}, device_memory_bytes_{0};
-  bool settled_ = false;  // supervisor thread only
-  UniqueFd slot_fd_;
-  std::byte* slot_ = nullptr;
-  uint64_t seq_ = 0;
-};
-
-// One served model version: its queue, its workers and their totals. Built
-// and started by the model's builder thread (Impl::Build), published to
-// requests once a worker is ready, then never replaced or freed until the
-// server is destroyed, so that requests may hold a plain pointer to it.
-struct ModelRuntime {
-  std::string name;
-  ModelConfig config_;
-  Device device;
-  std::string store_socket;
-  uint64_t store_version = 0;
-  std::vector<IoSpec> inputs, outputs;
-  control::SlotLayout layout;
-  std::unique_ptr<JobQueue> queue;
-  std::vector<std::unique_ptr<WorkerSupervisor>> workers;
-  std::atomic<int> ready_workers{0};
-  std::atomic<bool> stopping{false};
-  std::atomic<bool> abandoning{false};  // RequestStop(true): starting workers are not waited for
-  // Set once requests can reach it; before that, worker start failures are
-  // the builder's to report (once per reason).
-  std::atomic<bool> published{false};
-  int worker_count = 1;
-  // Start-up: how many workers' first start has ended, and the last reason a
-  // worker could not start. Guarded by state_mu; state_cv is notified on
-  // each and when stopping is set (it also ends the supervisors' backoff).
-  std::mutex state_mu;
-  std::condition_variable state_cv;
-  int settled_workers = 0;
-  std::string last_worker_error;
-  // Called (from a supervisor thread, no lock held) when the last worker's
-  // first start is over; set before the workers start.
-  std::function<void()> on_all_settled;
-  // Totals for /metrics and the summary logged at shutdown.
-  std::atomic<uint64_t> batches{0}, requests{0}, run_us{0}, request_us{0};
-  std::atomic<uint64_t> success{0}, failure{0}, rows{0}, queue_us{0}, input_us{0}, output_us{0};
-  std::atomic<int64_t> pending{0};
-  static constexpr int64_t kBatchBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
-  std::atomic<uint64_t> batch_bucket[std::size(kBatchBuckets)] = {};
-  uint64_t arena_bytes = 0;
-  BatchPolicy policy;
-
-  const ModelConfig& config() const { return config_; }
-  int max_batch() const { return std::max(1, config().max_batch_size); }
-
-  // Stops taking requests and makes every supervisor wind down: queued
-  // requests are still run by workers that are up. Workers still starting
-  // are killed if `abandon_starting` (they hold no request; waiting for them
-  // could take --ready-timeout), else left to start and help drain the queue.
-  void RequestStop(bool abandon_starting) {
-    {
-      std::lock_guard lock(state_mu);
-      if (abandon_starting) abandoning = true;
-      stopping = true;
-    }
-    state_cv.notify_all();
-    if (queue) queue->Close();
-    if (abandon_starting)
-      for (auto& w : workers) w->KillIfStarting();
-  }
-  // Sleeps for `d` unless stopping is (or becomes) set; false if stopping.
-  bool WaitUnlessStopping(std::chrono::milliseconds d) {
-    std::unique_lock lock(state_mu);
-    return !state_cv.wait_for(lock, d, [&] { return stopping.load(); });
-  }
-  std::string LastWorkerError() {
-    std::lock_guard lock(state_mu);
-    return last_worker_error;
-  }
-  bool AllSettled() {
-    std::lock_guard lock(state_mu);
-    return settled_workers == worker_count;
-  }
-};
-
-WorkerSupervisor::~WorkerSupervisor() {
-  Join();
-  if (slot_ != nullptr) ::munmap(slot_, model_.layout.total);
-}
-
-Status WorkerSupervisor::Init() {
-  // memfd names are at most 249 bytes; the name is only for /proc listings.
-  const std::string name = "hearth-slot-" + model_.name.substr(0, 200);
-  const int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
-  if (fd < 0) return ErrnoError("memfd_create for a request slot", errno);
-  slot_fd_.Reset(fd);
-  if (::ftruncate(fd, static_cast<off_t>(model_.layout.total)) != 0)
-    return ErrnoError("sizing a request slot of " + std::to_string(model_.layout.total) + " bytes",
-                      errno);
-  void* p = ::mmap(nullptr, model_.layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) return ErrnoError("mapping a request slot", errno);
-  slot_ = static_cast<std::byte*>(p);
-  return Status::Ok();
-}
-
-void WorkerSupervisor::KillIfStarting() {
-  std::lock_guard lock(pid_mu_);
-  if (pid_ > 0 && !ready_) ::kill(pid_, SIGKILL);
-}
-
-void WorkerSupervisor::Settle() {
-  if (settled_) return;
-  settled_ = true;
-  bool all = false;
-  {
-    std::lock_guard lock(model_.state_mu);
-    all = ++model_.settled_workers == model_.worker_count;
-  }
-  model_.state_cv.notify_all();
-  if (all && model_.on_all_settled) model_.on_all_settled();
-}
-
-// The worker gets exactly five descriptors: 0-2 (the server's stdio), 3
-// (control) and 4 (slot; the worker closes it once mapped). Its parameters are queued on the
-// control socket before it starts, never put in argv (whose size is limited, and which any local
-// user can read in /proc).
-Result<pid_t> WorkerSupervisor::Spawn(UniqueFd* control) {
-  int sv[2];
-  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
-    return ErrnoError("socketpair", errno);
-  UniqueFd mine(sv[0]), theirs(sv[1]);
-  const ModelConfig& c = model_.config();
-  RETURN_IF_ERROR(control::SendParameters(mine.get(), c.parameters).WithContext(c.config_path));
-  // dup2 onto itself would keep close-on-exec: move anything at 3 or 4 out of the way.
-  auto high = [](UniqueFd& fd) {
-    if (fd.get() <= 4) fd.Reset(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 10));
-  };
-  high(theirs);
-  high(slot_fd_);
-  if (!theirs || !slot_fd_) return ErrnoError("moving a worker's descriptors", errno);
-  std::vector<std::string> args = {options_.worker_path,
-                                   "--store-socket",
-                                   model_.store_socket,
-                                   "--model",
-                                   c.name,
-                                   "--version",
-                                   std::to_string(model_.store_version),
-                                   "--backend",
-                                   c.backend,
-                                   "--max-batch",
-                                   std::to_string(model_.max_batch()),
-                                   "--control-fd",
-                                   "3",
-                                   "--slot-fd",
-                                   "4",
-                                   "--slot-bytes",
-                                   std::to_string(model_.layout.total)};
-  if (c.allow_tf32) args.push_back("--allow-tf32");
-  if (!c.fault_kind.empty()) {
-    char value[64];
-    std::snprintf(value, sizeof value, "%.17g", c.fault_on_value);
-    args.insert(args.end(), {"--fault-kind", c.fault_kind, "--fault-on-value", value});
-  }
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, theirs.get(), 3);
-  posix_spawn_file_actions_adddup2(&actions, slot_fd_.get(), 4);
-  // Everything hearth opens is close-on-exec; this also drops descriptors
-  // the server itself inherited without it, so the worker holds exactly 0-4.
-  posix_spawn_file_actions_addclosefrom_np(&actions, 5);
-  // The server keeps SIGTERM/SIGINT blocked for sigwait; a worker starts with none blocked.
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0], &actions, &attr, argv.data(), environ);
-  posix_spawnattr_destroy(&attr);
-  posix_spawn_file_actions_destroy(&actions);
-  if (rc != 0) return ErrnoError("starting " + options_.worker_path, rc);
-  *control = std::move(mine);
-  return pid;
-}
-
-int WorkerSupervisor::Reap(pid_t pid, bool kill_first) {
-  if (pid <= 0) return 0;
-  if (kill_first) ::kill(pid, SIGKILL);
-  int status = 0;
-  auto reaped = [&](pid_t r) {
-    if (r != pid && !(r < 0 && errno == ECHILD)) return false;
-    pid_ = -1;
-    return true;
-  };
-  for (int i = 0; i < 200; ++i) {  // up to 2 s for a clean exit, then SIGKILL
-    {
-      std::lock_guard lock(pid_mu_);
-      if (reaped(::waitpid(pid, &status, WNOHANG))) return status;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  std::lock_guard lock(pid_mu_);
-  ::kill(pid, SIGKILL);
-  (void)reaped(::waitpid(pid, &status, 0));
-  return status;
-}
-
-// "exited with status 1", "killed by signal 9".
-std::string DescribeExit(int status) {
-  if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
-  return "wait status " + std::to_string(status);
-}
-
-bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<Job>>& jobs) {
-  const control::SlotLayout& layout = model_.layout;
-  const auto dispatched = Clock::now();
-  for (const auto& job : jobs) {
-    model_.queue_us += static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::microseconds>(dispatched - job->received).count());
-  }
-  // The one copy of each input on the host: from the request (a view into
-  // the HTTP body for binary inputs, decoded bytes for JSON) into the slot.
-  int64_t rows = 0;
-  for (const auto& job : jobs) {
-    for (size_t i = 0; i < model_.inputs.size(); ++i) {
-      const uint64_t row_bytes = layout.input_bytes_per_sample[i];
-      for (const InferTensor& t : job->request.inputs) {
-        if (t.name == model_.inputs[i].name)
-          std::memcpy(slot_ + layout.input_offsets[i] + static_cast<uint64_t>(rows) * row_bytes,
-                      t.data.data(), t.data.size());
-      }
-    }
-    rows += job->batch;
-  }
-  model_.input_us += static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - dispatched).count());
-  control::Message run;
-  run.kind = control::Kind::kRun;
-  run.seq = ++seq_;
-  run.batch = rows;
-  Status sent = control::Send(control, run);
-  Result<control::Message> done = sent.ok() ? control::Receive(control, options_.exec_timeout_ms)
-                                            : Result<control::Message>(sent);
-  if (!done.ok() || done->kind != control::Kind::kDone || done->seq != run.seq) {
-    const bool timeout = !done.ok() && done.status().message() == "timeout";
-    spdlog::warn("{} worker {} (pid {}) {} while running a batch of {} rows from {} requests",
-                 model_.name, index_, pid_.load(), timeout ? "ran past --exec-timeout" : "died",
-                 rows, jobs.size());
-    // Back to the front in their order; each now runs alone (PopBatch).
-    for (auto it = jobs.rbegin(); it != jobs.rend(); ++it) {
-      const auto& job = *it;
-      if (++job->crashes >= 3) {
-        job->done(Internal("poison batch: this request took down " + std::to_string(job->crashes) +
-                           " workers of '" + model_.name + "'; it is not retried"));
-      } else {
-        model_.queue->PushFront(job);
-      }
-    }
-    return false;
-  }
-  model_.batches += 1;
-  model_.rows += static_cast<uint64_t>(rows);
-  model_.run_us += done->run_us;
-  for (size_t b = 0; b < std::size(ModelRuntime::kBatchBuckets); ++b) {
-    if (rows <= ModelRuntime::kBatchBuckets[b]) {
-      model_.batch_bucket[b] += 1;
-      break;
-    }
-  }
-  const auto outputs_start = Clock::now();
-  if (done->status_code != 0) {
-    for (const auto& job : jobs)
-      job->done(Status(static_cast<StatusCode>(done->status_code), done->text));
-    return true;
-  }
-  // Each response's outputs are views into the slot, borrowed for the
-  // duration of `done` (inference_api.h): the slot is written again only by
-  // the next batch, which this thread starts after every `done` returned.
-  rows = 0;
-  for (const auto& job : jobs) {
-    InferResponse response;
-    response.model = model_.name;
-    response.version = std::to_string(model_.config().version);
-    response.id = job->request.id;
-    for (size_t i = 0; i < model_.outputs.size(); ++i) {
-      const IoSpec& spec = model_.outputs[i];
-      const auto& wanted = job->request.outputs;
-      if (!wanted.empty() &&
-          std::none_of(wanted.begin(), wanted.end(),
-                       [&](const RequestedOutput& o) { return o.name == spec.name; }))
-        continue;
-      InferTensor t;
-      t.name = spec.name;
-      t.dtype = spec.dtype;
-      if (model_.config().max_batch_size > 0) t.shape.push_back(job->batch);
-      t.shape.insert(t.shape.end(), spec.dims.begin(), spec.dims.end());
-      const uint64_t row_bytes = layout.output_bytes_per_sample[i];
-      const std::byte* src =
-          slot_ + layout.output_offsets[i] + static_cast<uint64_t>(rows) * row_bytes;
-      t.data = TensorData::Borrowed(
-          std::span<const std::byte>(src, row_bytes * static_cast<uint64_t>(job->batch)));
-      response.outputs.push_back(std::move(t));
-    }
-    rows += job->batch;
-    model_.requests += 1;
-    model_.request_us += static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - job->received)
-            .count());
-    job->done(std::move(response));
-  }
-  model_.output_us += static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - outputs_start).count());
-  return true;
-}
-
-// The wait before starting a worker again after `failures` deaths in a row
-// with no batch answered in between: none after a worker that did useful work
-// (a replacement serves again at once), then 100 ms doubling up to 5 s for a
-// worker that keeps dying before it answers anything.
-std::chrono::milliseconds RestartBackoff(int failures) {
-  if (failures <= 1) return std::chrono::milliseconds(0);
-  return std::chrono::milliseconds(std::min(100 << std::min(failures - 2, 6), 5000));
-}
-
-void WorkerSupervisor::Loop() {
-  int failures = 0;  // deaths in a row without an answered batch
-  // The last attempt died before it said ready (for any reason).
-  bool last_died_starting = false;
-  while (!model_.stopping) {
-    const auto backoff = RestartBackoff(failures);
-    if (backoff.count() > 0 && !model_.WaitUnlessStopping(backoff)) break;
-    UniqueFd control;
-    auto pid = Spawn(&control);
-    if (!pid.ok()) {
-      if (model_.published)
-        spdlog::error("{} worker {}: {}", model_.name, index_, pid.status().ToString());
-      {
-        std::lock_guard lock(model_.state_mu);
-        model_.last_worker_error = "a worker could not be started: " + pid.status().message();
-      }
-      Settle();
-      failures = std::max(failures + 1, 2);  // cannot even start one: wait before trying again
-      continue;
-    }
-    {
-      std::lock_guard lock(pid_mu_);
-      pid_ = *pid;
-    }
-    // RequestStop(true) may have come after the loop's check, and seen no
-    // pid to kill yet.
-    if (model_.abandoning) {
-      Reap(*pid, true);
-      break;
-    }
-    const auto started = Clock::now();
-    auto ready = control::Receive(control.get(), options_.ready_timeout_ms);
-    if (!ready.ok() || ready->kind != control::Kind::kReady) {
-      std::string why = ready.ok() ? ready->text : ready.status().message();
-      if (ready.ok() && ready->kind != control::Kind::kDone) why = "an unexpected control message";
-      if (!ready.ok() && ready.status().message() == "timeout")
-        why = "no ready message within " + std::to_string(options_.ready_timeout_ms) + " ms";
-      // One that closed its socket has exited or is exiting: wait for it, to
-      // see why. One that hung or said something else is killed.
-      const bool closed = !ready.ok() && ready.status().code() == StatusCode::kUnavailable;
-      const int status = Reap(*pid, !closed);
-      if (model_.stopping) break;
-      // A SIGKILL while starting is either from outside (an operator, a
-      // test), which says nothing about the worker, or the kernel's OOM
-      // killer (a max_batch_size whose buffers do not fit), which will
-      // happen again. One is restarted at once, unless the attempt before
-      // died starting too: then it counts as a failure like any other (back-off,
-      // and the model settles as failed), so that an OOM never respawns in
-      // a tight loop.
-      const bool sigkilled = closed && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
-      const bool free_retry = sigkilled && !last_died_starting;
-      last_died_starting = true;
-      // Without the worker's index or pid: the same failure of every worker
-      // and every attempt is one reason, logged once by the builder.
-      const std::string reason = sigkilled ? "killed by SIGKILL while starting (out of memory?)"
-                                           : why + " (" + DescribeExit(status) + ")";
-      if (model_.published) {
-        spdlog::error("{} worker {} (pid {}) failed to start: {}", model_.name, index_, *pid,
-                      reason);
-      } else {
-        spdlog::debug("{} worker {} (pid {}) failed to start: {}", model_.name, index_, *pid,
-                      reason);
-      }
-      {
-        std::lock_guard lock(model_.state_mu);
-        model_.last_worker_error = "a worker failed to start: " + reason;
-      }
-      if (!free_retry) {
-        Settle();
-        ++failures;
-      }
-      continue;
-    }
-    last_died_starting = false;
-    spdlog::info("{} worker {} ready: pid {} on {} in {:.0f} ms ({} MiB of its own device buffers)",
-                 model_.name, index_, *pid, ready->text,
-                 std::chrono::duration<double, std::milli>(Clock::now() - started).count(),
-                 ready->device_memory_bytes >> 20);
-    ++model_.ready_workers;
-    ready_ = true;
-    device_memory_bytes_ = ready->device_memory_bytes;
-    Settle();
-    bool alive = true;
-    while (alive) {
-      std::vector<std::shared_ptr<Job>> jobs =
-          model_.queue->PopBatch(model_.policy, std::chrono::milliseconds(100));
-      if (jobs.empty()) {
-        if (model_.stopping) break;
-        // Idle: a worker that died between batches (end-of-file on its
-        // control socket) is replaced now, not when the next request finds it.
-        pollfd p{control.get(), POLLIN, 0};
-        if (::poll(&p, 1, 0) > 0) {
-          spdlog::warn("{} worker {} (pid {}) died while idle", model_.name, index_, pid_.load());
-          alive = false;
-        }
-        continue;
-      }
-      alive = RunBatch(control.get(), jobs);
-      if (alive) failures = 0;
-    }
-    --model_.ready_workers;
-    ready_ = false;
-    control.Reset();  // end-of-file: a live worker exits by itself
-    Reap(*pid, !alive);
-    if (alive) break;  // queue closed: shutting down
-    ++restarts_;
-    ++failures;
-  }
-}
 
 // A model directory and what the server has made of it. A builder (one of
 // the server's pool) reads the directory, config and checkpoint, starts the
@@ -887,8 +227,8 @@ class Server::Impl {
     md.versions = {std::to_string(m->config().version)};
     md.platform = "hearth_" + m->config().backend;
     md.max_batch_size = m->config().max_batch_size;
-    auto convert = [&](const std::vector<IoSpec>& specs, std::vector<TensorMetadata>* out) {
-      for (const IoSpec& s : specs) {
+    auto convert = [&](const std::vector<TensorSpec>& specs, std::vector<TensorMetadata>* out) {
+      for (const TensorSpec& s : specs) {
         TensorMetadata t{s.name, s.dtype, {}};
         if (md.max_batch_size > 0) t.shape.push_back(-1);
         t.shape.insert(t.shape.end(), s.dims.begin(), s.dims.end());
@@ -922,30 +262,38 @@ class Server::Impl {
       done(std::move(r));
     };
     auto job = std::make_shared<Job>();
-    // Never trust sizes: the slot is only as large as max_batch allows.
+    // Never trust sizes: every input's bytes must be what its shape says
+    // (BYTES: exactly that many well-formed elements).
     int64_t batch = 1;
+    const bool batching = m.batching();
     for (size_t i = 0; i < m.inputs.size(); ++i) {
-      const IoSpec& spec = m.inputs[i];
+      const TensorSpec& spec = m.inputs[i];
       auto it = std::find_if(request.inputs.begin(), request.inputs.end(),
                              [&](const InferTensor& t) { return t.name == spec.name; });
       if (it == request.inputs.end())
         return done(InvalidArgument("missing input '" + spec.name + "'"));
-      if (it->dtype != spec.dtype)
-        return done(InvalidArgument("input '" + spec.name + "' has the wrong datatype"));
-      const int64_t b = m.config().max_batch_size > 0 && !it->shape.empty() ? it->shape[0] : 1;
+      const std::string what = "input '" + spec.name + "'";
+      if (it->dtype != spec.dtype) return done(InvalidArgument(what + " has the wrong datatype"));
+      const int64_t b = batching && !it->shape.empty() ? it->shape[0] : 1;
       if (i == 0) batch = b;
       if (b != batch || b < 1 || b > m.max_batch())
-        return done(InvalidArgument("input '" + spec.name + "': batch " + std::to_string(b) +
-                                    " is not valid"));
-      // Checked although the slot layout bounds it (row bytes x max_batch
-      // fit): the comparison must not wrap whatever the batch.
-      Result<uint64_t> expected = CountBytes(m.layout.input_bytes_per_sample[i],
-                                             static_cast<uint64_t>(b), "input '" + spec.name + "'");
-      if (!expected.ok()) return done(expected.status());
-      if (it->data.size() != *expected)
-        return done(InvalidArgument("input '" + spec.name + "' has " +
-                                    std::to_string(it->data.size()) + " bytes, expected " +
-                                    std::to_string(*expected)));
+        return done(InvalidArgument(what + ": batch " + std::to_string(b) + " is not valid"));
+      if (Status s = control::CheckShape(spec, batching, b, it->shape, what); !s.ok())
+        return done(s);
+      control::SlotTensor t{0, it->data.size(), it->shape};
+      if (Status s =
+              control::CheckSlotTensor(t, spec.dtype, 0, control::kMaxSlotBytes, nullptr, what);
+          !s.ok())
+        return done(s);
+      if (spec.dtype == DType::kBytes) {
+        Result<uint64_t> count = ShapeElements(it->shape, what);
+        if (!count.ok()) return done(count.status());
+        if (Status s = control::CheckBytesElements(it->data.bytes(), *count, what); !s.ok())
+          return done(s);
+      }
+      job->shape_key.insert(job->shape_key.end(), it->shape.begin() + (batching ? 1 : 0),
+                            it->shape.end());
+      job->shape_key.push_back(-1);  // separates the inputs' dims
     }
     if (request.inputs.size() != m.inputs.size())
       return done(InvalidArgument("model '" + m.name + "' takes " +
@@ -1159,57 +507,23 @@ class Server::Impl {
     return rs.socket;
   }
 
-  // Checks the config against the checkpoint, lays out the slot, and has the
+  // Prepares what each worker is told (the setup message), and has the
   // store hold the weights (reusing what it holds if the file is unchanged).
+  // The signature comes from the workers, checked against the config's.
   Status Prepare(ModelSlot& slot, ModelRuntime& m) {
     const ModelConfig& c = m.config();
     ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(c.checkpoint_path));
-    std::vector<TensorView> views;
-    for (const TensorInfo& t : ckpt.tensors())
-      views.push_back({t.name, t.dtype, t.shape, nullptr, 0, t.nbytes, Device::Host()});
-    auto sig = BackendSignature(c.backend, views);
-    if (!sig.ok()) return sig.status().WithContext(c.checkpoint_path);
-    m.inputs = sig->first;
-    m.outputs = sig->second;
-    auto check = [&](const std::vector<IoConfig>& want, const std::vector<IoSpec>& have,
-                     const char* what) -> Status {
-      for (const IoConfig& io : want) {
-        auto it = std::find_if(have.begin(), have.end(),
-                               [&](const IoSpec& s) { return s.name == io.name; });
-        if (it == have.end())
-          return InvalidArgument(c.config_path + ": " + what + " '" + io.name + "': the " +
-                                 c.backend + " backend has no such " + what);
-        if (it->dtype != io.dtype || it->dims != io.dims) {
-          return InvalidArgument(c.config_path + ": " + what + " '" + io.name +
-                                 "': dims or data_type do not agree with " + c.checkpoint_path +
-                                 ", whose tensors give " + std::string(DTypeName(it->dtype)) + " " +
-                                 ShapeString(it->dims));
-        }
-      }
-      if (want.size() != have.size())
-        return InvalidArgument(c.config_path + ": " + what + ": the " + c.backend +
-                               " backend has " + std::to_string(have.size()) +
-                               ", the config lists " + std::to_string(want.size()));
-      return Status::Ok();
+    auto specs = [](const std::vector<IoConfig>& ios) {
+      std::vector<TensorSpec> out;
+      for (const IoConfig& io : ios) out.push_back({io.name, io.dtype, io.dims});
+      return out;
     };
-    RETURN_IF_ERROR(check(c.inputs, m.inputs, "input"));
-    RETURN_IF_ERROR(check(c.outputs, m.outputs, "output"));
-    auto slot_tensors = [&](const std::vector<IoSpec>& specs, const char* what,
-                            std::vector<control::SlotTensor>* out) -> Status {
-      for (const IoSpec& s : specs) {
-        Result<uint64_t> bytes = s.bytes_per_sample();
-        if (!bytes.ok()) return bytes.status().WithContext(c.checkpoint_path + ": " + what);
-        out->push_back({s.name, *bytes});
-      }
-      return Status::Ok();
-    };
-    std::vector<control::SlotTensor> in, out;
-    RETURN_IF_ERROR(slot_tensors(m.inputs, "input", &in));
-    RETURN_IF_ERROR(slot_tensors(m.outputs, "output", &out));
-    Result<control::SlotLayout> layout = control::SlotLayout::Make(in, out, m.max_batch());
-    if (!layout.ok()) return layout.status().WithContext(c.checkpoint_path);
-    m.layout = std::move(layout).value();
-
+    m.setup.max_batch_size = c.max_batch_size;
+    m.setup.parameters = c.parameters;
+    m.setup.inputs = specs(c.inputs);
+    m.setup.outputs = specs(c.outputs);
+    m.setup.config_json = ModelConfigJson(c);
+    m.setup.version_dir = std::filesystem::path(c.checkpoint_path).parent_path().string();
     m.device = options_.device.is_cuda() && c.kind_gpu
                    ? Device::Cuda(c.gpus.empty() ? options_.device.index : c.gpus[0])
                    : Device::Host();

@@ -1,9 +1,11 @@
-// hearth-worker: exec'd by `hearth serve`, never forked from it. Attaches one
-// model version read-only, builds its backend, maps its request slot, says
-// ready, then runs whatever batch the server puts in the slot, until the
-// server goes away (end-of-file on the control socket, or PR_SET_PDEATHSIG).
+// hearth-worker: exec'd by `hearth serve`, never forked from it. Looks the
+// model's backend kind up in the registry; a kind that is its own program
+// (backend: python) is exec'd in this process's place with the same
+// descriptors and arguments. Otherwise attaches the model version read-only,
+// builds its backend, says ready with the backend's inputs and outputs, then
+// runs whatever batch the server puts in the slot, until the server goes
+// away (end-of-file on the control socket, or PR_SET_PDEATHSIG).
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -11,13 +13,16 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/registry.h"
 #include "hearth/attach.h"
-#include "worker/control.h"
+#include "protocol/worker_protocol.h"
+#include "worker/session.h"
 
 namespace hearth {
 namespace {
@@ -30,7 +35,7 @@ struct WorkerArgs {
   int control_fd = -1, slot_fd = -1;
   std::string fault_kind;
   double fault_on_value = 0;
-  uint64_t slot_bytes = 0;
+  std::vector<std::string> argv;  // as given, for a program-backed kind
 };
 
 // Fault injection (tests only; off unless the model config asks): fail the
@@ -38,17 +43,15 @@ struct WorkerArgs {
 // abort, segv and hang happen here; cuda_illegal_address queues a faulting
 // kernel, so that the batch's Run meets a sticky CUDA error (an error here
 // means the backend cannot inject it).
-Status MaybeInjectFault(const WorkerArgs& a, Backend& backend, const control::SlotLayout& layout,
-                        const std::vector<const void*>& inputs, int64_t batch) {
+Status MaybeInjectFault(const WorkerArgs& a, Backend& backend, const WorkerSession& session) {
   if (a.fault_kind.empty()) return Status::Ok();
-  const std::vector<IoSpec>& specs = backend.inputs();
   const float trigger = static_cast<float>(a.fault_on_value);
   bool hit = false;
-  for (size_t i = 0; i < specs.size() && !hit; ++i) {
-    if (specs[i].dtype != DType::kF32) continue;
-    const auto* x = static_cast<const float*>(inputs[i]);
-    const uint64_t n = layout.input_bytes_per_sample[i] / 4 * static_cast<uint64_t>(batch);
-    for (uint64_t k = 0; k < n && !hit; ++k) hit = x[k] == trigger;
+  for (size_t i = 0; i < session.input_count() && !hit; ++i) {
+    if (session.inputs()[i].dtype != DType::kF32) continue;
+    const std::span<const std::byte> bytes = session.input(i);
+    const auto* x = reinterpret_cast<const float*>(bytes.data());
+    for (size_t k = 0; k < bytes.size() / 4 && !hit; ++k) hit = x[k] == trigger;
   }
   if (!hit) return Status::Ok();
   std::fprintf(stderr, "hearth-worker %d: fault injection: %s\n", ::getpid(), a.fault_kind.c_str());
@@ -61,20 +64,51 @@ Status MaybeInjectFault(const WorkerArgs& a, Backend& backend, const control::Sl
   return Status::Ok();
 }
 
+// The reason this worker cannot start, to the log and (as kDone) to the server.
 int Die(int control_fd, const Status& s) {
   std::fprintf(stderr, "hearth-worker %d: %s\n", ::getpid(), s.ToString().c_str());
   if (control_fd >= 0) {
-    control::Message m;
-    m.kind = control::Kind::kDone;
-    m.status_code = static_cast<uint32_t>(s.code());
-    m.text = s.message();
-    (void)control::Send(control_fd, m);
+    control::Done d;
+    d.status_code = static_cast<uint32_t>(s.code());
+    d.text = s.message();
+    (void)control::SendDone(control_fd, d);
   }
   return 1;
 }
 
+// Replaces this process with the kind's program; returns only on failure.
+int ExecProgram(const WorkerArgs& a, const BackendKind& kind) {
+  // The program reads the setup message itself; its parameters are in it,
+  // but the interpreter is needed now: read them without consuming the
+  // message (MSG_PEEK), so that the program still finds it first.
+  BackendOptions options;
+  {
+    auto peeked = control::PeekSetup(a.control_fd, 10000);
+    if (!peeked.ok())
+      return Die(a.control_fd, peeked.status().WithContext("reading the model's setup"));
+    options.parameters = peeked->parameters;
+    options.max_batch_size = a.max_batch;
+  }
+  auto launch = kind.program(options);
+  if (!launch.ok()) return Die(a.control_fd, launch.status());
+  for (const std::string& e : launch->env) {
+    const size_t eq = e.find('=');
+    ::setenv(e.substr(0, eq).c_str(), e.substr(eq + 1).c_str(), 1);
+  }
+  std::vector<std::string> args = launch->argv;
+  args.insert(args.end(), a.argv.begin() + 1, a.argv.end());
+  std::vector<char*> argv;
+  for (std::string& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  ::execvp(argv[0], argv.data());
+  return Die(a.control_fd, ErrnoError("backend '" + kind.name + "': cannot run " + args[0], errno));
+}
+
 int Serve(const WorkerArgs& a) {
   if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() == 1) return 1;
+  const BackendKind* kind = FindBackendKind(a.backend);
+  if (kind == nullptr) return Die(a.control_fd, UnknownBackendKind(a.backend));
+  if (!kind->create) return ExecProgram(a, *kind);
   // A trimmed CUDA context: 326 instead of 524 MiB on an H200. The driver
   // still grows the stack for a kernel that needs more.
   ::setenv("HEARTH_CUDA_STACK_SIZE", "256", 0);
@@ -84,82 +118,66 @@ int Serve(const WorkerArgs& a) {
     return std::to_string(
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count());
   };
-  // The parameters were queued on the control socket before this process
-  // was started: they are config-sized, and argv is no place for them.
-  auto parameters = control::ReceiveParameters(a.control_fd, 10000);
-  if (!parameters.ok())
-    return Die(a.control_fd, parameters.status().WithContext("reading the model's parameters"));
+  Device device = Device::Host();
+  SlotHooks hooks;
+  hooks.mapped = [&device](void* data, uint64_t bytes) {
+    return RegisterHostMemory(device, data, bytes);
+  };
+  hooks.unmapping = [&device](void* data) { (void)UnregisterHostMemory(device, data); };
+  auto opened = WorkerSession::Open(a.control_fd, a.slot_fd, 10000, hooks);
+  if (!opened.ok()) return Die(a.control_fd, opened.status());
+  WorkerSession& session = **opened;
+
   auto t = Clock::now();
   auto attachment = AttachClient(a.store_socket).Attach(a.model, a.version);
   const std::string attach_ms = ms_since(t);
   if (!attachment.ok()) return Die(a.control_fd, attachment.status());
+  device = (*attachment)->device();
   BackendOptions options;
-  options.max_batch_size = a.max_batch;
+  options.max_batch_size = session.max_rows();
   options.allow_tf32 = a.allow_tf32;
-  options.parameters = std::move(parameters).value();
+  options.parameters = session.setup().parameters;
   t = Clock::now();
-  auto backend =
-      CreateBackend(a.backend, (*attachment)->tensors(), (*attachment)->device(), options);
+  auto backend = kind->create((*attachment)->tensors(), device, options);
   const std::string backend_ms = ms_since(t);
   if (!backend.ok()) return Die(a.control_fd, backend.status());
 
-  std::vector<control::SlotTensor> in_tensors, out_tensors;
-  for (const IoSpec& s : (*backend)->inputs()) {
-    auto bytes = s.bytes_per_sample();
-    if (!bytes.ok()) return Die(a.control_fd, bytes.status().WithContext("input"));
-    in_tensors.push_back({s.name, *bytes});
-  }
-  for (const IoSpec& s : (*backend)->outputs()) {
-    auto bytes = s.bytes_per_sample();
-    if (!bytes.ok()) return Die(a.control_fd, bytes.status().WithContext("output"));
-    out_tensors.push_back({s.name, *bytes});
-  }
-  auto made = control::SlotLayout::Make(in_tensors, out_tensors, a.max_batch);
-  if (!made.ok()) return Die(a.control_fd, made.status());
-  const control::SlotLayout layout = std::move(made).value();
-  if (layout.total > a.slot_bytes)
-    return Die(a.control_fd, InvalidArgument("slot of " + std::to_string(a.slot_bytes) +
-                                             " bytes is smaller than the " +
-                                             std::to_string(layout.total) + " this model needs"));
-  void* slot = ::mmap(nullptr, a.slot_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, a.slot_fd, 0);
-  if (slot == MAP_FAILED) return Die(a.control_fd, ErrnoError("mapping the request slot", errno));
-  ::close(a.slot_fd);
-  const Device device = (*attachment)->device();
-  t = Clock::now();
-  if (Status s = RegisterHostMemory(device, slot, a.slot_bytes); !s.ok())
+  // Where start-up time went: attach (on a GPU, includes creating the
+  // context) and the backend (streams, cuBLASLt, buffers).
+  const std::string text =
+      device.ToString() + " (attach " + attach_ms + " ms, backend " + backend_ms + " ms)";
+  Backend& b = **backend;
+  if (Status s = session.Ready(b.inputs(), b.outputs(), b.device_memory_bytes(), text); !s.ok())
     return Die(a.control_fd, s);
-  const std::string register_ms = ms_since(t);
 
-  auto* base = static_cast<std::byte*>(slot);
-  std::vector<const void*> inputs;
-  std::vector<void*> outputs;
-  for (uint64_t off : layout.input_offsets) inputs.push_back(base + off);
-  for (uint64_t off : layout.output_offsets) outputs.push_back(base + off);
-
-  control::Message ready;
-  ready.kind = control::Kind::kReady;
-  ready.device_memory_bytes = (*backend)->device_memory_bytes();
-  // Where start-up time went: attach (on a GPU, includes creating the context),
-  // backend (streams, cuBLASLt, buffers), registering the slot.
-  ready.text = device.ToString() + " (attach " + attach_ms + " ms, backend " + backend_ms +
-               " ms, slot " + register_ms + " ms)";
-  if (!control::Send(a.control_fd, ready).ok()) return 1;
-
+  std::vector<const void*> inputs(b.inputs().size());
+  std::vector<void*> outputs(b.outputs().size());
+  std::vector<int64_t> shape;
   for (;;) {
-    auto m = control::Receive(a.control_fd, -1);
-    if (!m.ok()) return m.status().code() == StatusCode::kUnavailable ? 0 : Die(-1, m.status());
-    if (m->kind != control::Kind::kRun)
-      return Die(a.control_fd, InvalidArgument("unexpected control message"));
-    control::Message done;
-    done.kind = control::Kind::kDone;
-    done.seq = m->seq;
-    done.batch = m->batch;
-    const auto started = std::chrono::steady_clock::now();
-    Status s = m->batch < 1 || m->batch > a.max_batch
-                   ? InvalidArgument("batch " + std::to_string(m->batch) + " outside [1, " +
-                                     std::to_string(a.max_batch) + "]")
-                   : MaybeInjectFault(a, **backend, layout, inputs, m->batch);
-    if (s.ok()) s = (*backend)->Run(m->batch, inputs, outputs);
+    auto next = session.Next();
+    if (!next.ok()) return Die(a.control_fd, next.status());
+    if (!*next) return 0;
+    const int64_t rows = session.rows();
+    Status s = MaybeInjectFault(a, b, session);
+    for (size_t i = 0; s.ok() && i < inputs.size(); ++i) inputs[i] = session.input(i).data();
+    for (size_t i = 0; s.ok() && i < outputs.size(); ++i) {
+      const IoSpec& spec = b.outputs()[i];
+      shape.clear();
+      if (session.batching()) shape.push_back(rows);
+      shape.insert(shape.end(), spec.dims.begin(), spec.dims.end());
+      auto bytes = control::FixedBytes(spec.dtype, shape, spec.name);
+      if (!bytes.ok()) {
+        s = bytes.status();
+        break;
+      }
+      auto room = session.Output(i, shape, bytes->value_or(0));
+      if (!room.ok()) {
+        s = room.status();
+        break;
+      }
+      outputs[i] = *room;
+    }
+    if (s.ok()) s = b.Run(rows, inputs, outputs);
     if (s.code() == StatusCode::kDeviceLost) {
       // The context is poisoned: no later batch could run here. Leaving
       // without an answer makes the server treat the batch as a crash (rerun
@@ -168,14 +186,7 @@ int Serve(const WorkerArgs& a) {
       std::fflush(stderr);
       ::_exit(3);
     }
-    done.run_us = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                            std::chrono::steady_clock::now() - started)
-                                            .count());
-    if (!s.ok()) {
-      done.status_code = static_cast<uint32_t>(s.code());
-      done.text = s.message();
-    }
-    if (!control::Send(a.control_fd, done).ok()) return 0;
+    if (!session.Done(s).ok()) return 0;
   }
 }
 
@@ -184,6 +195,7 @@ int Serve(const WorkerArgs& a) {
 
 int main(int argc, char** argv) {
   hearth::WorkerArgs a;
+  a.argv.assign(argv, argv + argc);
   CLI::App app{
       "hearth-worker: runs one model on weights attached from a store (started by hearth serve)"};
   app.add_option("--store-socket", a.store_socket)->required();
@@ -194,7 +206,6 @@ int main(int argc, char** argv) {
   app.add_flag("--allow-tf32", a.allow_tf32);
   app.add_option("--control-fd", a.control_fd)->required();
   app.add_option("--slot-fd", a.slot_fd)->required();
-  app.add_option("--slot-bytes", a.slot_bytes)->required();
   app.add_option("--fault-kind", a.fault_kind);
   app.add_option("--fault-on-value", a.fault_on_value);
   CLI11_PARSE(app, argc, argv);

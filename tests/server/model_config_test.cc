@@ -75,7 +75,16 @@ TEST_F(ModelConfigTest, ErrorsNameTheFileTheLineAndTheField) {
        "[0]}\n"
        "output:\n  - {name: y, data_type: TYPE_FP32, dims: [1]}\n",
        "config.yaml:4: input[0].dims: dimension 0 must be positive"},
-      {"backend: resnet\n", "config.yaml:1: backend: 'resnet' is not one of mlp, scale"},
+      {"backend: Res/Net\n", "config.yaml:1: backend: 'Res/Net' is not a backend name"},
+      {"backend: mlp\ninput:\n  - {name: x, data_type: TYPE_FP32, dims: [4]}\n",
+       "output: missing (list both input and output, or neither"},
+      {"backend: mlp\ninput:\n  - {name: x, data_type: TYPE_FP32, dims: [-2]}\noutput:\n"
+       "  - {name: y, data_type: TYPE_FP32, dims: [1]}\n",
+       "config.yaml:3: input[0].dims: dimension -2 must be positive, or -1 for any size"},
+      {"backend: mlp\ninput:\n  - {name: x, data_type: TYPE_FP32, dims: [4]}\n"
+       "  - {name: x, data_type: TYPE_FP32, dims: [4]}\noutput:\n"
+       "  - {name: y, data_type: TYPE_FP32, dims: [1]}\n",
+       "input[1].name: 'x' is listed twice"},
       {"backend: mlp\nmax_batchsize: 4\n", "config.yaml:2: max_batchsize: unknown field"},
       {"backend: mlp\nmax_batch_size: many\n",
        "config.yaml:2: max_batch_size: 'many' is not a valid value"},
@@ -98,6 +107,28 @@ TEST_F(ModelConfigTest, ErrorsNameTheFileTheLineAndTheField) {
   }
 }
 
+TEST_F(ModelConfigTest, AnyBackendNameVariableDimsStringsAndNoSignature) {
+  auto c = LoadModelConfig(Write("py", R"(backend: python
+max_batch_size: 4
+input:
+  - {name: text, data_type: TYPE_STRING, dims: [1]}
+  - {name: x, data_type: TYPE_FP32, dims: [-1, 3]}
+output:
+  - {name: y, data_type: TYPE_STRING, dims: [-1]}
+)"));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->backend, "python");
+  ASSERT_EQ(c->inputs.size(), 2u);
+  EXPECT_EQ(c->inputs[0].dtype, DType::kBytes);
+  EXPECT_EQ(c->inputs[1].dims, (std::vector<int64_t>{-1, 3}));
+  EXPECT_EQ(c->outputs[0].dtype, DType::kBytes);
+  // Neither input nor output: the backend's signature is taken.
+  auto bare = LoadModelConfig(Write("bare", "backend: mlp\nmax_batch_size: 2\n"));
+  ASSERT_TRUE(bare.ok()) << bare.status().ToString();
+  EXPECT_TRUE(bare->inputs.empty());
+  EXPECT_TRUE(bare->outputs.empty());
+}
+
 TEST_F(ModelConfigTest, VersionsAndPolicies) {
   auto missing = LoadModelConfig(Write("nov", kGood, false));
   ASSERT_FALSE(missing.ok());
@@ -113,7 +144,7 @@ TEST_F(ModelConfigTest, VersionsAndPolicies) {
 
 TEST_F(ModelConfigTest, ScanKeepsBrokenModelsWithTheirReason) {
   Write("good", kGood);
-  Write("bad", "backend: nope\n");
+  Write("bad", "backend: No Pe\n");
   auto models = ScanRepository(tmp_.path());
   ASSERT_TRUE(models.ok());
   ASSERT_EQ(models->size(), 2u);

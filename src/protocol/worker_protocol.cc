@@ -1,0 +1,415 @@
+#include "protocol/worker_protocol.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string_view>
+
+#include "common/checked_size.h"
+#include "common/datatype.h"
+
+namespace hearth::control {
+namespace {
+
+constexpr size_t kHeaderBytes = 8;  // magic, kind
+
+class Writer {
+ public:
+  explicit Writer(Kind kind) {
+    U32(kMagic);
+    U32(static_cast<uint32_t>(kind));
+  }
+  void U8(uint8_t v) { Raw(&v, 1); }
+  void U32(uint32_t v) { Raw(&v, sizeof v); }
+  void U64(uint64_t v) { Raw(&v, sizeof v); }
+  void I64(int64_t v) { Raw(&v, sizeof v); }
+  void Str(std::string_view s) {
+    U32(static_cast<uint32_t>(s.size()));
+    Raw(s.data(), s.size());
+  }
+  void Dims(const std::vector<int64_t>& dims) {
+    U32(static_cast<uint32_t>(dims.size()));
+    for (int64_t d : dims) I64(d);
+  }
+  void Specs(const std::vector<TensorSpec>& specs) {
+    U32(static_cast<uint32_t>(specs.size()));
+    for (const TensorSpec& s : specs) {
+      Str(s.name);
+      U8(static_cast<uint8_t>(s.dtype));
+      Dims(s.dims);
+    }
+  }
+  void Tensors(const std::vector<SlotTensor>& tensors) {
+    U32(static_cast<uint32_t>(tensors.size()));
+    for (const SlotTensor& t : tensors) {
+      U64(t.offset);
+      U64(t.bytes);
+      Dims(t.shape);
+    }
+  }
+  const std::string& bytes() const { return b_; }
+
+ private:
+  void Raw(const void* p, size_t n) { b_.append(static_cast<const char*>(p), n); }
+  std::string b_;
+};
+
+// Reads a packet front to back; the first fault sticks (ok() turns false)
+// and every later read returns zeros, so decoders check once at the end.
+class Reader {
+ public:
+  explicit Reader(std::string_view b) : rest_(b) {}
+  uint8_t U8() { return Fixed<uint8_t>(); }
+  uint32_t U32() { return Fixed<uint32_t>(); }
+  uint64_t U64() { return Fixed<uint64_t>(); }
+  int64_t I64() { return Fixed<int64_t>(); }
+  std::string Str(size_t limit, const char* what) {
+    const uint32_t n = U32();
+    if (n > limit) return Fail(std::string(what) + " of " + std::to_string(n) + " bytes");
+    if (n > rest_.size()) return Fail(std::string(what) + " runs past the end");
+    std::string s(rest_.substr(0, n));
+    rest_.remove_prefix(n);
+    return s;
+  }
+  std::vector<int64_t> Dims() {
+    const uint32_t n = U32();
+    if (n > kMaxRank) {
+      Fail("a shape of " + std::to_string(n) + " dimensions");
+      return {};
+    }
+    std::vector<int64_t> dims;
+    for (uint32_t i = 0; i < n && ok(); ++i) dims.push_back(I64());
+    return dims;
+  }
+  std::vector<TensorSpec> Specs() {
+    const uint32_t n = Count("tensor specs");
+    std::vector<TensorSpec> specs;
+    for (uint32_t i = 0; i < n && ok(); ++i) {
+      TensorSpec s;
+      s.name = Str(kMaxNameBytes, "a tensor name");
+      const uint8_t dtype = U8();
+      if (dtype >= kDTypeCount && dtype != static_cast<uint8_t>(DType::kBytes))
+        Fail("unknown dtype " + std::to_string(dtype));
+      s.dtype = static_cast<DType>(dtype);
+      s.dims = Dims();
+      specs.push_back(std::move(s));
+    }
+    return specs;
+  }
+  std::vector<SlotTensor> Tensors() {
+    const uint32_t n = Count("slot tensors");
+    std::vector<SlotTensor> tensors;
+    for (uint32_t i = 0; i < n && ok(); ++i) {
+      SlotTensor t;
+      t.offset = U64();
+      t.bytes = U64();
+      t.shape = Dims();
+      tensors.push_back(std::move(t));
+    }
+    return tensors;
+  }
+  uint32_t Count(const char* what) {
+    const uint32_t n = U32();
+    if (n > kMaxTensors) {
+      Fail(std::to_string(n) + " " + what + ", over the limit of " + std::to_string(kMaxTensors));
+      return 0;
+    }
+    return n;
+  }
+  bool ok() const { return error_.empty(); }
+  Status Finish(const char* message) {
+    if (ok() && !rest_.empty()) error_ = std::to_string(rest_.size()) + " bytes after the end";
+    if (ok()) return Status::Ok();
+    return InvalidArgument(std::string(message) + " message: " + error_);
+  }
+
+ private:
+  template <typename T>
+  T Fixed() {
+    T v{};
+    if (!ok()) return v;
+    if (rest_.size() < sizeof v) {
+      Fail("truncated");
+      return v;
+    }
+    std::memcpy(&v, rest_.data(), sizeof v);
+    rest_.remove_prefix(sizeof v);
+    return v;
+  }
+  std::string Fail(std::string why) {
+    if (ok()) error_ = std::move(why);
+    rest_ = {};
+    return {};
+  }
+  std::string_view rest_;
+  std::string error_;
+};
+
+Status SendPacket(int fd, const std::string& b, size_t limit, const char* what) {
+  if (b.size() > limit)
+    return InvalidArgument(std::string(what) + " message of " + std::to_string(b.size()) +
+                           " bytes is over the limit of " + std::to_string(limit));
+  for (;;) {
+    if (::send(fd, b.data(), b.size(), MSG_NOSIGNAL) >= 0) return Status::Ok();
+    if (errno == EINTR) continue;
+    if (errno == EPIPE || errno == ECONNRESET) return Unavailable("control channel closed");
+    return ErrnoError("control send", errno);
+  }
+}
+
+Status WaitReadable(int fd, int timeout_ms) {
+  pollfd p{fd, POLLIN, 0};
+  for (;;) {
+    const int n = ::poll(&p, 1, timeout_ms);
+    if (n > 0) return Status::Ok();
+    if (n == 0) return DeadlineExceeded("timeout");
+    if (errno != EINTR) return ErrnoError("control poll", errno);
+  }
+}
+
+// Sizes are checked before they are summed: every offset and size the
+// protocol carries is below kMaxSlotBytes, so a sum of two cannot wrap.
+Status CheckRange(uint64_t offset, uint64_t bytes, uint64_t lo, uint64_t hi,
+                  const std::string& what) {
+  if (offset >= kMaxSlotBytes || bytes >= kMaxSlotBytes || offset < lo || offset + bytes > hi)
+    return InvalidArgument(what + ": bytes [" + std::to_string(offset) + ", +" +
+                           std::to_string(bytes) + ") lie outside the slot's [" +
+                           std::to_string(lo) + ", " + std::to_string(hi) + ")");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<Message> ReceiveWith(int fd, int timeout_ms, int flags);
+
+Status SendSetup(int fd, const Setup& m) {
+  Writer w(Kind::kSetup);
+  w.U32(static_cast<uint32_t>(m.max_batch_size));
+  w.U32(static_cast<uint32_t>(m.parameters.size()));
+  for (const auto& [k, v] : m.parameters) {
+    w.Str(k);
+    w.Str(v);
+  }
+  w.Specs(m.inputs);
+  w.Specs(m.outputs);
+  w.Str(m.config_json);
+  w.Str(m.version_dir);
+  return SendPacket(fd, w.bytes(), kMaxSetupBytes, "setup");
+}
+
+Status SendReady(int fd, const Ready& m) {
+  Writer w(Kind::kReady);
+  w.Specs(m.inputs);
+  w.Specs(m.outputs);
+  w.U64(m.device_memory_bytes);
+  w.Str(m.text.substr(0, kMaxTextBytes));
+  return SendPacket(fd, w.bytes(), kMaxMessageBytes, "ready");
+}
+
+Status SendRun(int fd, const Run& m) {
+  Writer w(Kind::kRun);
+  w.U64(m.seq);
+  w.I64(m.rows);
+  w.U64(m.slot_bytes);
+  w.Tensors(m.inputs);
+  w.Tensors(m.outputs);
+  w.U32(static_cast<uint32_t>(m.output_placed.size()));
+  for (uint8_t p : m.output_placed) w.U8(p);
+  w.U64(m.free_offset);
+  return SendPacket(fd, w.bytes(), kMaxMessageBytes, "run");
+}
+
+Status SendDone(int fd, const Done& m) {
+  Writer w(Kind::kDone);
+  w.U64(m.seq);
+  w.U32(m.status_code);
+  // The end of an error (a Python traceback's last line) says the most.
+  w.Str(m.text.size() > kMaxTextBytes ? m.text.substr(m.text.size() - kMaxTextBytes) : m.text);
+  w.U8(m.retry_alone ? 1 : 0);
+  w.U64(m.run_us);
+  w.U64(m.room_needed);
+  w.Tensors(m.outputs);
+  return SendPacket(fd, w.bytes(), kMaxMessageBytes, "done");
+}
+
+Status SendRoom(int fd, const Room& m) {
+  Writer w(Kind::kRoom);
+  w.U64(m.seq);
+  w.U64(m.slot_bytes);
+  return SendPacket(fd, w.bytes(), kMaxMessageBytes, "room");
+}
+
+Result<Message> Receive(int fd, int timeout_ms) { return ReceiveWith(fd, timeout_ms, 0); }
+
+Result<Setup> PeekSetup(int fd, int timeout_ms) {
+  ASSIGN_OR_RETURN(Message m, ReceiveWith(fd, timeout_ms, MSG_PEEK));
+  if (m.kind != Kind::kSetup) return InvalidArgument("the first control message is not the setup");
+  return std::move(m.setup);
+}
+
+Result<Message> ReceiveWith(int fd, int timeout_ms, int flags) {
+  RETURN_IF_ERROR(WaitReadable(fd, timeout_ms));
+  // One buffer per thread for the largest packet: a batch's messages are
+  // received without an allocation.
+  thread_local const std::unique_ptr<char[]> storage(new char[kMaxSetupBytes]);
+  ssize_t n;
+  do {
+    n = ::recv(fd, storage.get(), kMaxSetupBytes, MSG_TRUNC | flags);
+  } while (n < 0 && errno == EINTR);
+  if (n == 0 || (n < 0 && errno == ECONNRESET)) return Unavailable("control channel closed");
+  if (n < 0) return ErrnoError("control receive", errno);
+  if (static_cast<size_t>(n) > kMaxSetupBytes)
+    return InvalidArgument("control message of " + std::to_string(n) +
+                           " bytes is over the limit of " + std::to_string(kMaxSetupBytes));
+  const std::string_view buf(storage.get(), static_cast<size_t>(n));
+  Reader r(buf);
+  if (buf.size() < kHeaderBytes || r.U32() != kMagic)
+    return InvalidArgument("control message without the magic number");
+  Message m;
+  m.kind = static_cast<Kind>(r.U32());
+  if (m.kind != Kind::kSetup && buf.size() > kMaxMessageBytes)
+    return InvalidArgument("control message of " + std::to_string(buf.size()) +
+                           " bytes is over the limit of " + std::to_string(kMaxMessageBytes));
+  switch (m.kind) {
+    case Kind::kSetup: {
+      m.setup.max_batch_size = static_cast<int32_t>(r.U32());
+      if (m.setup.max_batch_size < 0)
+        return InvalidArgument("setup message: negative max_batch_size");
+      const uint32_t count = r.U32();
+      for (uint32_t i = 0; i < count && r.ok(); ++i) {
+        std::string k = r.Str(kMaxSetupBytes, "a parameter name");
+        std::string v = r.Str(kMaxSetupBytes, "a parameter value");
+        m.setup.parameters[std::move(k)] = std::move(v);
+      }
+      m.setup.inputs = r.Specs();
+      m.setup.outputs = r.Specs();
+      m.setup.config_json = r.Str(kMaxSetupBytes, "the config");
+      m.setup.version_dir = r.Str(4096, "the version directory");
+      RETURN_IF_ERROR(r.Finish("setup"));
+      break;
+    }
+    case Kind::kReady:
+      m.ready.inputs = r.Specs();
+      m.ready.outputs = r.Specs();
+      m.ready.device_memory_bytes = r.U64();
+      m.ready.text = r.Str(kMaxTextBytes, "the text");
+      RETURN_IF_ERROR(r.Finish("ready"));
+      break;
+    case Kind::kRun: {
+      m.run.seq = r.U64();
+      m.run.rows = r.I64();
+      m.run.slot_bytes = r.U64();
+      m.run.inputs = r.Tensors();
+      m.run.outputs = r.Tensors();
+      const uint32_t placed = r.Count("placement flags");
+      for (uint32_t i = 0; i < placed && r.ok(); ++i) m.run.output_placed.push_back(r.U8());
+      m.run.free_offset = r.U64();
+      RETURN_IF_ERROR(r.Finish("run"));
+      if (m.run.output_placed.size() != m.run.outputs.size())
+        return InvalidArgument("run message: placement flags for " +
+                               std::to_string(m.run.output_placed.size()) + " of " +
+                               std::to_string(m.run.outputs.size()) + " outputs");
+      break;
+    }
+    case Kind::kDone:
+      m.done.seq = r.U64();
+      m.done.status_code = r.U32();
+      m.done.text = r.Str(kMaxTextBytes, "the error text");
+      m.done.retry_alone = r.U8() != 0;
+      m.done.run_us = r.U64();
+      m.done.room_needed = r.U64();
+      m.done.outputs = r.Tensors();
+      RETURN_IF_ERROR(r.Finish("done"));
+      break;
+    case Kind::kRoom:
+      m.room.seq = r.U64();
+      m.room.slot_bytes = r.U64();
+      RETURN_IF_ERROR(r.Finish("room"));
+      break;
+    default:
+      return InvalidArgument("unknown control message kind " +
+                             std::to_string(static_cast<uint32_t>(m.kind)));
+  }
+  return m;
+}
+
+Result<Message> ReceiveKind(int fd, int timeout_ms, std::initializer_list<Kind> kinds) {
+  ASSIGN_OR_RETURN(Message m, Receive(fd, timeout_ms));
+  for (Kind k : kinds)
+    if (m.kind == k) return m;
+  return InvalidArgument("unexpected control message of kind " +
+                         std::to_string(static_cast<uint32_t>(m.kind)));
+}
+
+Result<std::optional<uint64_t>> FixedBytes(DType dtype, std::span<const int64_t> shape,
+                                           const std::string& what) {
+  if (dtype == DType::kBytes) return std::optional<uint64_t>();
+  for (int64_t d : shape)
+    if (d < 0) return std::optional<uint64_t>();
+  ASSIGN_OR_RETURN(uint64_t bytes, ShapeBytes(dtype, shape, what));
+  if (bytes >= kMaxSlotBytes)
+    return InvalidArgument(what + ": " + std::to_string(bytes) + " bytes is past the slot's limit");
+  return std::optional<uint64_t>(bytes);
+}
+
+Status CheckShape(const TensorSpec& spec, bool batching, int64_t rows,
+                  std::span<const int64_t> shape, const std::string& what) {
+  const size_t lead = batching ? 1 : 0;
+  bool ok = shape.size() == spec.dims.size() + lead && (!batching || shape[0] == rows);
+  for (size_t i = 0; ok && i < spec.dims.size(); ++i) {
+    const int64_t got = shape[i + lead];
+    ok = got >= 0 && (spec.dims[i] < 0 || spec.dims[i] == got);
+  }
+  if (ok) return Status::Ok();
+  std::vector<int64_t> want;
+  if (batching) want.push_back(rows);
+  want.insert(want.end(), spec.dims.begin(), spec.dims.end());
+  return InvalidArgument(what + " has shape " + ShapeString(shape) + " where " + Describe(spec) +
+                         " takes " + ShapeString(want) + " (-1: any size)");
+}
+
+Status CheckBytesElements(std::span<const std::byte> serialized, uint64_t count,
+                          const std::string& what) {
+  uint64_t at = 0;
+  for (uint64_t i = 0; i < count; ++i) {
+    if (serialized.size() - at < 4)
+      return InvalidArgument(what + ": BYTES element " + std::to_string(i) + " of " +
+                             std::to_string(count) + " has no complete length prefix");
+    uint32_t len;
+    std::memcpy(&len, serialized.data() + at, 4);  // little-endian hosts only (x86-64, aarch64)
+    at += 4;
+    if (len > serialized.size() - at)
+      return InvalidArgument(what + ": BYTES element " + std::to_string(i) + " of " +
+                             std::to_string(len) + " bytes runs past the tensor's end");
+    at += len;
+  }
+  if (at != serialized.size())
+    return InvalidArgument(what + ": " + std::to_string(serialized.size() - at) +
+                           " bytes after its " + std::to_string(count) + " BYTES elements");
+  return Status::Ok();
+}
+
+Status CheckSlotTensor(const SlotTensor& t, DType dtype, uint64_t lo, uint64_t hi,
+                       const std::byte* data, const std::string& what) {
+  RETURN_IF_ERROR(CheckRange(t.offset, t.bytes, lo, hi, what));
+  for (int64_t d : t.shape)
+    if (d < 0) return InvalidArgument(what + ": negative dimension in " + ShapeString(t.shape));
+  if (dtype == DType::kBytes) {
+    ASSIGN_OR_RETURN(uint64_t count, ShapeElements(t.shape, what));
+    if (data != nullptr)
+      return CheckBytesElements(std::span(data + t.offset, t.bytes), count, what);
+    return Status::Ok();
+  }
+  ASSIGN_OR_RETURN(std::optional<uint64_t> want, FixedBytes(dtype, t.shape, what));
+  if (*want != t.bytes)
+    return InvalidArgument(what + ": " + std::to_string(t.bytes) + " bytes where shape " +
+                           ShapeString(t.shape) + " of " + std::string(DTypeName(dtype)) +
+                           " needs " + std::to_string(*want));
+  return Status::Ok();
+}
+
+}  // namespace hearth::control

@@ -1,0 +1,172 @@
+// The control channel between `hearth serve` and one worker process: a
+// SOCK_SEQPACKET socketpair, one message per packet, and a shared-memory
+// slot (a memfd the server owns and only grows) that holds each batch's
+// input and output bytes. Blocking reads on the socket are how both sides
+// wait: no busy-waiting.
+//
+// A worker's life:
+//   server -> worker  kSetup   queued before the worker is started: the
+//                              model's parameters, the inputs and outputs its
+//                              config declares (empty: the backend says),
+//                              the config as JSON and the version directory.
+//   worker -> server  kReady   the backend is built: its inputs and outputs
+//                              (the signature; -1 for a variable dimension),
+//                              the device and the memory it allocated. The
+//                              server checks them against the config.
+//   server -> worker  kRun     a batch is in the slot: where each input lies
+//                              and its shape, where each output whose shape
+//                              is known goes, and the free room after them.
+//   worker -> server  kDone    the outputs' places and shapes, or an error;
+//                              or `room_needed` > 0: the outputs need more
+//                              room than the slot has, answered by
+//   server -> worker  kRoom    the slot has grown to `slot_bytes`; the worker
+//                              maps it again and sends kDone once more.
+// A worker that fails before it is ready sends kDone with the error.
+//
+// The server lays the slot out; the worker checks every offset, size and
+// shape against the slot and the signature, and the server checks the
+// worker's answer the same way, so that neither side reads or writes past
+// the slot whatever the other sends. Variable-size outputs (BYTES, or -1
+// dimensions) are placed by the worker in the free room; BYTES tensors are
+// KServe's binary form: per element a 4-byte little-endian length, then
+// the bytes.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/tensor_spec.h"
+#include "hearth/dtype.h"
+#include "hearth/status.h"
+
+namespace hearth::control {
+
+inline constexpr uint32_t kMagic = 0x4b524f57;  // "WORK"
+
+enum class Kind : uint32_t {
+  kReady = 1,
+  kRun = 2,
+  kDone = 3,
+  kSetup = 4,
+  kRoom = 5,
+};
+
+// Limits every message is checked against before anything is allocated.
+inline constexpr size_t kMaxSetupBytes = 192u << 10;   // one packet
+inline constexpr size_t kMaxMessageBytes = 64u << 10;  // every other packet
+inline constexpr size_t kMaxTensors = 256;             // inputs, and outputs
+inline constexpr size_t kMaxRank = 16;
+inline constexpr size_t kMaxNameBytes = 1024;
+inline constexpr size_t kMaxTextBytes = 8192;
+// Slot offsets and sizes stay below 2^62, so that any sum of two is exact.
+inline constexpr uint64_t kMaxSlotBytes = 1ull << 62;
+
+using hearth::TensorSpec;
+
+struct Setup {
+  // The config's max_batch_size: 0 for a model that does not batch (its
+  // tensors have no batch dimension; every run has one row).
+  int32_t max_batch_size = 0;
+  std::map<std::string, std::string> parameters;
+  std::vector<TensorSpec> inputs, outputs;  // as the config declares them; empty: unsaid
+  std::string config_json;                  // the model's config (Triton's JSON form)
+  std::string version_dir;                  // DIR/<model>/<version>
+};
+
+struct Ready {
+  std::vector<TensorSpec> inputs, outputs;
+  uint64_t device_memory_bytes = 0;  // what the worker's own device buffers cost
+  std::string text;                  // device and start-up timings, for the log
+};
+
+// A tensor in the slot: its bytes at [offset, offset + bytes) and its full
+// shape (with the batch dimension when the model batches).
+struct SlotTensor {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  std::vector<int64_t> shape;
+  bool operator==(const SlotTensor&) const = default;
+};
+
+struct Run {
+  uint64_t seq = 0;
+  int64_t rows = 0;         // the batch size (1 for a model that does not batch)
+  uint64_t slot_bytes = 0;  // the slot's size now: map again if it grew
+  std::vector<SlotTensor> inputs;
+  // Per output: where it goes when the server knows its shape (bytes > 0 or
+  // a shape with no element), else all zero: the worker places it.
+  std::vector<SlotTensor> outputs;
+  std::vector<uint8_t> output_placed;  // 1 where the server placed the output
+  uint64_t free_offset = 0;            // the worker's room: [free_offset, slot_bytes)
+};
+
+struct Done {
+  uint64_t seq = 0;
+  uint32_t status_code = 0;  // 0 = OK, else a hearth StatusCode
+  std::string text;          // the error
+  // The error is the input's fault, not the worker's: run each request of
+  // the batch alone, so that only the ones that cause it fail.
+  bool retry_alone = false;
+  uint64_t run_us = 0;       // time the backend took
+  uint64_t room_needed = 0;  // > 0: grow the slot to at least this, then kRoom
+  std::vector<SlotTensor> outputs;
+};
+
+struct Room {
+  uint64_t seq = 0;
+  uint64_t slot_bytes = 0;
+};
+
+Status SendSetup(int fd, const Setup& m);
+Status SendReady(int fd, const Ready& m);
+Status SendRun(int fd, const Run& m);
+Status SendDone(int fd, const Done& m);
+Status SendRoom(int fd, const Room& m);
+
+// What came: exactly one of the members is set, by `kind`.
+struct Message {
+  Kind kind = Kind::kDone;
+  Setup setup;
+  Ready ready;
+  Run run;
+  Done done;
+  Room room;
+};
+
+// Waits up to timeout_ms (-1: forever) for the next message and decodes it,
+// checking every count and length against the packet and the limits above.
+// Unavailable("control channel closed") when the peer is gone;
+// DeadlineExceeded("timeout") when nothing came in time; InvalidArgument
+// naming what is malformed otherwise.
+Result<Message> Receive(int fd, int timeout_ms);
+// The setup message, left queued (MSG_PEEK) for whoever reads next.
+Result<Setup> PeekSetup(int fd, int timeout_ms);
+// Receive, then InvalidArgument unless the message is of one of `kinds`.
+Result<Message> ReceiveKind(int fd, int timeout_ms, std::initializer_list<Kind> kinds);
+
+// Bytes of a tensor of `spec.dtype` with `shape`; BYTES tensors have no
+// fixed size (nullopt), nor do shapes with a negative dimension. Errors for
+// a product past 2^62 name `what`.
+Result<std::optional<uint64_t>> FixedBytes(DType dtype, std::span<const int64_t> shape,
+                                           const std::string& what);
+
+// Checks `shape` (a full shape) against `spec` for a batch of `rows`
+// (batching: a leading dimension equal to rows; -1 matches any size >= 0).
+Status CheckShape(const TensorSpec& spec, bool batching, int64_t rows,
+                  std::span<const int64_t> shape, const std::string& what);
+
+// Checks that [t.offset, t.offset + t.bytes) lies inside [lo, hi) and that
+// t.bytes is what t.shape needs (fixed types) or that the bytes are
+// `count` well-formed BYTES elements (when `data` is the slot's base; the
+// BYTES check is skipped when `data` is null).
+Status CheckSlotTensor(const SlotTensor& t, DType dtype, uint64_t lo, uint64_t hi,
+                       const std::byte* data, const std::string& what);
+
+// Checks that `serialized` is exactly `count` BYTES elements.
+Status CheckBytesElements(std::span<const std::byte> serialized, uint64_t count,
+                          const std::string& what);
+
+}  // namespace hearth::control

@@ -1,0 +1,216 @@
+// A model's request queue and how it forms batches (the config's
+// dynamic_batching): bounded, retried requests first, requests past their
+// deadline answered without running, batches only of requests whose shapes
+// agree. Time comes from a QueueClock, so that tests can drive it.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/checked_size.h"
+#include "hearth/status.h"
+#include "server/inference_api.h"
+
+namespace hearth {
+
+using Clock = std::chrono::steady_clock;
+
+// Now, and waits on a condition variable until a time point of that clock.
+class QueueClock {
+ public:
+  virtual ~QueueClock() = default;
+  virtual Clock::time_point Now() const = 0;
+  // As std::condition_variable::wait_until with a predicate: true if
+  // `ready` holds on return, false if `until` came first.
+  virtual bool WaitUntil(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+                         Clock::time_point until, const std::function<bool()>& ready) const = 0;
+  // steady_clock itself.
+  static const QueueClock& Real();
+};
+
+struct Job {
+  Clock::time_point received = Clock::now();
+  Clock::time_point deadline = Clock::time_point::max();
+  InferRequest request;
+  std::function<void(Result<InferResponse>)> done;
+  int64_t batch = 1;
+  // Requests batch together only when their inputs' shapes beyond the batch
+  // dimension are the same: the inputs' dims, concatenated.
+  std::vector<int64_t> shape_key;
+  int crashes = 0;     // workers taken down by batches this request was in
+  bool alone = false;  // its batch failed on its inputs: it runs alone now
+};
+
+// How a model's queue forms batches (the config's dynamic_batching).
+struct BatchPolicy {
+  int64_t max_batch = 1;
+  std::chrono::microseconds max_delay{0};  // at most kMaxQueueDelayUs (the config checks it)
+  std::vector<int64_t> preferred;          // sorted
+};
+
+// A bounded FIFO of jobs; retried jobs go to the front.
+class JobQueue {
+ public:
+  explicit JobQueue(size_t capacity, const QueueClock* clock = nullptr)
+      : capacity_(capacity), clock_(clock != nullptr ? clock : &QueueClock::Real()) {}
+  Status Push(std::shared_ptr<Job> job) {
+    std::lock_guard lock(mu_);
+    if (closed_) return Unavailable("the server is shutting down");
+    if (jobs_.size() >= capacity_)
+      return ResourceExhausted("queue full: " + std::to_string(capacity_) + " requests waiting");
+    jobs_.push_back(std::move(job));
+    WakeIdle();
+    forming_.notify_all();
+    return Status::Ok();
+  }
+  void PushFront(std::shared_ptr<Job> job) {
+    std::lock_guard lock(mu_);
+    jobs_.push_front(std::move(job));
+    WakeIdle();
+    forming_.notify_all();
+  }
+  // Blocks for the next batch: the oldest request, then later ones while
+  // their rows fit in max_batch. It returns as soon as the rows reach the
+  // largest preferred size (or max_batch), else once the oldest request has
+  // waited max_delay. A request that was in a batch that crashed a worker runs
+  // alone, so that only the request at fault can become a poison batch.
+  // Requests whose deadline passed are answered DEADLINE_EXCEEDED here and
+  // never run. Empty once closed and drained.
+  // Returns empty after `idle` with nothing queued, so the caller can look
+  // after its worker.
+  std::vector<std::shared_ptr<Job>> PopBatch(const BatchPolicy& policy,
+                                             std::chrono::milliseconds idle) {
+    std::vector<std::shared_ptr<Job>> batch;
+    std::vector<std::shared_ptr<Job>> expired;
+    std::unique_lock lock(mu_);
+    const int64_t target = policy.preferred.empty() ? policy.max_batch : policy.preferred.back();
+    const auto idle_until = clock_->Now() + idle;
+    int64_t rows = 0;
+    for (;;) {
+      if (batch.empty() && !WaitForWork(lock, idle_until)) return {};
+      const auto now = clock_->Now();
+      while (!jobs_.empty()) {
+        std::shared_ptr<Job>& front = jobs_.front();
+        if (front->deadline <= now) {
+          expired.push_back(std::move(front));
+          jobs_.pop_front();
+          continue;
+        }
+        const bool alone = front->crashes > 0 || front->alone;
+        if (!batch.empty() &&
+            (alone || batch[0]->crashes > 0 || batch[0]->alone ||
+             rows + front->batch > policy.max_batch || front->shape_key != batch[0]->shape_key))
+          break;
+        rows += front->batch;
+        batch.push_back(std::move(front));
+        jobs_.pop_front();
+        if (alone) break;
+      }
+      if (batch.empty()) {
+        if (closed_ && jobs_.empty()) break;
+        if (!expired.empty()) break;
+        continue;
+      }
+      const bool full = rows >= target || batch[0]->crashes > 0 || batch[0]->alone ||
+                        !jobs_.empty() || closed_ || policy.max_delay.count() == 0;
+      if (full) break;
+      // The batch waits for more rows until its oldest request has waited
+      // max_delay, but never past the deadline of any request in it.
+      auto until = SaturatingDeadline<Clock>(batch[0]->received,
+                                             static_cast<uint64_t>(policy.max_delay.count()));
+      for (const auto& job : batch) until = std::min(until, job->deadline);
+      if (now >= until) break;
+      clock_->WaitUntil(forming_, lock, until, [&] { return closed_ || !jobs_.empty(); });
+      if (jobs_.empty()) break;
+    }
+    if (!jobs_.empty()) WakeIdle();  // more than this batch took: another worker's turn
+    lock.unlock();
+    // A request may have run out of time while its batch was forming.
+    const auto now = clock_->Now();
+    std::erase_if(batch, [&](std::shared_ptr<Job>& job) {
+      if (job->deadline > now) return false;
+      expired.push_back(std::move(job));
+      return true;
+    });
+    for (auto& job : expired) {
+      job->done(
+          DeadlineExceeded("request '" + job->request.id + "' timed out after waiting " +
+                           std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(
+                                              clock_->Now() - job->received)
+                                              .count()) +
+                           " us in the queue"));
+    }
+    return batch;
+  }
+  size_t size() {
+    std::lock_guard lock(mu_);
+    return jobs_.size();
+  }
+  void Close() {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+    forming_.notify_all();
+    while (!idle_.empty()) WakeIdle();
+  }
+  // Fails everything still queued (no worker left to run it).
+  void FailAll(const Status& why) {
+    std::deque<std::shared_ptr<Job>> left;
+    {
+      std::lock_guard lock(mu_);
+      left.swap(jobs_);
+    }
+    for (auto& job : left) job->done(why);
+  }
+
+ private:
+  // A caller of PopBatch waiting for work. Idle callers are woken last in,
+  // first out: under light load the worker that just finished (whose GPU
+  // context is the one running) takes the next request, rather than the
+  // worker idle the longest, which would make the GPU switch between worker
+  // processes' contexts for every request.
+  struct IdleWaiter {
+    std::condition_variable cv;
+    bool woken = false;
+  };
+
+  // mu_ held.
+  void WakeIdle() {
+    if (idle_.empty()) return;
+    IdleWaiter* w = idle_.back();
+    idle_.pop_back();
+    w->woken = true;
+    w->cv.notify_one();
+  }
+
+  // Waits (mu_ held through `lock`) until a request is queued or the queue
+  // closes; false if `until` came first with neither.
+  bool WaitForWork(std::unique_lock<std::mutex>& lock, Clock::time_point until) {
+    IdleWaiter self;
+    while (!closed_ && jobs_.empty()) {
+      self.woken = false;
+      idle_.push_back(&self);
+      if (!clock_->WaitUntil(self.cv, lock, until, [&] { return self.woken; })) {
+        std::erase(idle_, &self);
+        return false;
+      }
+    }
+    return true;
+  }
+
+  std::mutex mu_;
+  std::condition_variable forming_;  // callers holding part of a batch, waiting for more
+  std::vector<IdleWaiter*> idle_;
+  std::deque<std::shared_ptr<Job>> jobs_;
+  size_t capacity_;
+  const QueueClock* clock_;
+  bool closed_ = false;
+};
+
+}  // namespace hearth

@@ -1,0 +1,506 @@
+#include "server/supervisor.h"
+
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstring>
+#include <system_error>
+
+#include "common/checked_size.h"
+
+namespace hearth {
+
+Status WorkerSupervisor::Init() {
+  ASSIGN_OR_RETURN(slot_, RequestSlot::Create("hearth-slot-" + model_.name));
+  return Status::Ok();
+}
+
+Status WorkerSupervisor::Start() {
+  try {
+    thread_ = std::thread([this] { Loop(); });
+  } catch (const std::system_error& e) {
+    return ResourceExhausted("starting a worker's supervisor thread: " + std::string(e.what()));
+  }
+  return Status::Ok();
+}
+
+void WorkerSupervisor::Settle() {
+  if (settled_) return;
+  settled_ = true;
+  bool all = false;
+  {
+    std::lock_guard lock(model_.state_mu);
+    all = ++model_.settled_workers == model_.worker_count;
+  }
+  model_.state_cv.notify_all();
+  if (all && model_.on_all_settled) model_.on_all_settled();
+}
+
+// The worker gets exactly five descriptors: 0-2 (the server's stdio), 3
+// (control) and 4 (slot). Its setup is queued on the control socket before
+// it starts, never put in argv (whose size is limited, and which any local
+// user can read in /proc).
+Status WorkerSupervisor::Spawn(UniqueFd* control) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+    return ErrnoError("socketpair", errno);
+  UniqueFd mine(sv[0]), theirs(sv[1]);
+  const ModelConfig& c = model_.config();
+  RETURN_IF_ERROR(control::SendSetup(mine.get(), model_.setup).WithContext(c.config_path));
+  std::vector<std::string> args = {options_.worker_path,
+                                   "--store-socket",
+                                   model_.store_socket,
+                                   "--model",
+                                   c.name,
+                                   "--version",
+                                   std::to_string(model_.store_version),
+                                   "--backend",
+                                   c.backend,
+                                   "--max-batch",
+                                   std::to_string(model_.max_batch()),
+                                   "--control-fd",
+                                   "3",
+                                   "--slot-fd",
+                                   "4"};
+  if (c.allow_tf32) args.push_back("--allow-tf32");
+  if (!c.fault_kind.empty()) {
+    char value[64];
+    std::snprintf(value, sizeof value, "%.17g", c.fault_on_value);
+    args.insert(args.end(), {"--fault-kind", c.fault_kind, "--fault-on-value", value});
+  }
+  RETURN_IF_ERROR(process_.Spawn(args, theirs.get(), slot_.fd()));
+  *control = std::move(mine);
+  return Status::Ok();
+}
+
+Status ModelRuntime::AcceptSignature(const std::vector<TensorSpec>& in,
+                                     const std::vector<TensorSpec>& out) {
+  auto describe = [](const std::vector<TensorSpec>& specs) {
+    std::string s;
+    for (const TensorSpec& t : specs) s += (s.empty() ? "" : ", ") + Describe(t);
+    return s.empty() ? std::string("none") : s;
+  };
+  auto compare = [&](const std::vector<TensorSpec>& want, const std::vector<TensorSpec>& have,
+                     const char* what, const std::string& whose) -> Status {
+    if (want == have) return Status::Ok();
+    return InvalidArgument(std::string(what) + ": " + whose + " " + describe(want) + "; the " +
+                           config().backend + " backend reports " + describe(have) +
+                           " (names, data_type and dims must agree)");
+  };
+  std::lock_guard lock(state_mu);
+  if (signature_known) {
+    RETURN_IF_ERROR(compare(inputs, in, "inputs", "the other workers take"));
+    return compare(outputs, out, "outputs", "the other workers give");
+  }
+  if (!setup.inputs.empty() || !setup.outputs.empty()) {
+    RETURN_IF_ERROR(compare(setup.inputs, in, "inputs", config().config_path + " lists"));
+    RETURN_IF_ERROR(compare(setup.outputs, out, "outputs", config().config_path + " lists"));
+  }
+  for (const auto* specs : {&in, &out}) {
+    for (const TensorSpec& t : *specs) {
+      if (t.dims.size() + (batching() ? 1 : 0) > control::kMaxRank)
+        return InvalidArgument("tensor " + Describe(t) + " has more dimensions than " +
+                               std::to_string(control::kMaxRank));
+    }
+  }
+  inputs = in;
+  outputs = out;
+  signature_known = true;
+  return Status::Ok();
+}
+
+void ModelRuntime::RequestStop(bool abandon_starting) {
+  {
+    std::lock_guard lock(state_mu);
+    if (abandon_starting) abandoning = true;
+    stopping = true;
+  }
+  state_cv.notify_all();
+  if (queue) queue->Close();
+  if (abandon_starting)
+    for (auto& w : workers) w->KillIfStarting();
+}
+
+namespace {
+
+uint64_t Since(Clock::time_point t) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count());
+}
+
+uint64_t Align64(uint64_t v) { return (v + 63) / 64 * 64; }
+
+// Byte ranges of `rows` consecutive rows of a slot tensor, split per
+// request: fixed-size types by bytes per row, BYTES by walking its
+// (already checked) elements.
+std::vector<std::span<const std::byte>> SplitRows(const std::byte* base,
+                                                  const control::SlotTensor& t, DType dtype,
+                                                  const std::vector<int64_t>& rows_per_job) {
+  std::vector<std::span<const std::byte>> parts;
+  const std::byte* p = base + t.offset;
+  const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+  if (dtype != DType::kBytes) {
+    const uint64_t row_bytes = rows > 0 ? t.bytes / static_cast<uint64_t>(rows) : 0;
+    for (int64_t r : rows_per_job) {
+      const uint64_t n = row_bytes * static_cast<uint64_t>(r);
+      parts.emplace_back(p, n);
+      p += n;
+    }
+    return parts;
+  }
+  uint64_t per_row = 1;
+  for (size_t i = 1; i < t.shape.size(); ++i) per_row *= static_cast<uint64_t>(t.shape[i]);
+  for (int64_t r : rows_per_job) {
+    const std::byte* start = p;
+    for (uint64_t e = 0; e < per_row * static_cast<uint64_t>(r); ++e) {
+      uint32_t len;
+      std::memcpy(&len, p, 4);
+      p += 4 + len;
+    }
+    parts.emplace_back(start, static_cast<size_t>(p - start));
+  }
+  return parts;
+}
+
+}  // namespace
+
+bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<Job>>& jobs) {
+  const auto dispatched = Clock::now();
+  for (const auto& job : jobs)
+    model_.queue_us += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(dispatched - job->received).count());
+  const bool batching = model_.batching();
+  int64_t rows = 0;
+  for (const auto& job : jobs) rows += job->batch;
+  auto fail_all = [&](const Status& why) {
+    for (const auto& job : jobs) job->done(why);
+  };
+
+  // The layout: each input's rows from every request, one after the other,
+  // then each output whose size is known now; the worker places the others
+  // in the room after them.
+  control::Run run;
+  run.seq = ++seq_;
+  run.rows = rows;
+  uint64_t at = 0;
+  for (size_t i = 0; i < model_.inputs.size(); ++i) {
+    const TensorSpec& spec = model_.inputs[i];
+    control::SlotTensor t;
+    t.offset = Align64(at);
+    for (const auto& job : jobs) {
+      for (const InferTensor& in : job->request.inputs)
+        if (in.name == spec.name) t.bytes += in.data.size();
+    }
+    const InferTensor* first = nullptr;
+    for (const InferTensor& in : jobs[0]->request.inputs)
+      if (in.name == spec.name) first = &in;
+    if (batching) t.shape.push_back(rows);
+    t.shape.insert(t.shape.end(), first->shape.begin() + (batching ? 1 : 0), first->shape.end());
+    at = t.offset + t.bytes;
+    run.inputs.push_back(std::move(t));
+  }
+  for (const TensorSpec& spec : model_.outputs) {
+    control::SlotTensor t;
+    std::vector<int64_t> shape;
+    if (batching) shape.push_back(rows);
+    shape.insert(shape.end(), spec.dims.begin(), spec.dims.end());
+    auto fixed = control::FixedBytes(spec.dtype, shape, "output '" + spec.name + "'");
+    if (!fixed.ok()) {
+      fail_all(fixed.status());
+      return true;
+    }
+    const bool placed = fixed->has_value();
+    if (placed) {
+      t.offset = Align64(at);
+      t.bytes = **fixed;
+      t.shape = std::move(shape);
+      at = t.offset + t.bytes;
+    }
+    run.outputs.push_back(std::move(t));
+    run.output_placed.push_back(placed ? 1 : 0);
+  }
+  run.free_offset = Align64(at);
+  // Room for the outputs the worker places, if any: half as much again as
+  // the rest to begin with (it grows on demand when that is not enough).
+  const bool worker_places =
+      std::find(run.output_placed.begin(), run.output_placed.end(), 0) != run.output_placed.end();
+  const uint64_t room = worker_places ? std::max<uint64_t>(run.free_offset / 2, 64u << 10) : 0;
+  if (Status s = slot_.Reserve(std::max<uint64_t>(run.free_offset + room, 1), kMaxSlotBytes);
+      !s.ok()) {
+    fail_all(s.WithContext("model '" + model_.name + "'"));
+    return true;
+  }
+  run.slot_bytes = slot_.size();
+
+  // The one copy of each input on the host: from the request (a view into
+  // the HTTP body for binary inputs, decoded bytes for JSON) into the slot.
+  for (size_t i = 0; i < model_.inputs.size(); ++i) {
+    std::byte* dst = slot_.data() + run.inputs[i].offset;
+    for (const auto& job : jobs) {
+      for (const InferTensor& in : job->request.inputs) {
+        if (in.name != model_.inputs[i].name) continue;
+        std::memcpy(dst, in.data.data(), in.data.size());
+        dst += in.data.size();
+      }
+    }
+  }
+  model_.input_us += Since(dispatched);
+
+  Status sent = control::SendRun(control, run);
+  Result<control::Message> done =
+      sent.ok() ? control::ReceiveKind(control, options_.exec_timeout_ms, {control::Kind::kDone})
+                : Result<control::Message>(sent);
+  // The worker asks for more room for the outputs it places.
+  while (done.ok() && done->done.seq == run.seq && done->done.room_needed > 0) {
+    Status grown = slot_.Reserve(done->done.room_needed, kMaxSlotBytes);
+    if (!grown.ok()) {
+      spdlog::warn("{} worker {}: {}", model_.name, index_, grown.message());
+      fail_all(grown.WithContext("model '" + model_.name + "': the outputs"));
+      return false;  // it waits for room that will not come: replace it
+    }
+    sent = control::SendRoom(control, control::Room{run.seq, slot_.size()});
+    done = sent.ok()
+               ? control::ReceiveKind(control, options_.exec_timeout_ms, {control::Kind::kDone})
+               : Result<control::Message>(sent);
+  }
+  if (!done.ok() || done->done.seq != run.seq) {
+    const bool timeout = !done.ok() && done.status().code() == StatusCode::kDeadlineExceeded;
+    const bool malformed = done.ok() || done.status().code() == StatusCode::kInvalidArgument;
+    spdlog::warn(
+        "{} worker {} (pid {}) {} while running a batch of {} rows from {} requests", model_.name,
+        index_, process_.pid(),
+        timeout ? "ran past --exec-timeout"
+        : malformed
+            ? "sent a malformed answer (" +
+                  (done.ok() ? std::string("wrong sequence number") : done.status().message()) + ")"
+            : "died",
+        rows, jobs.size());
+    // Back to the front in their order; each now runs alone (PopBatch).
+    for (auto it = jobs.rbegin(); it != jobs.rend(); ++it) {
+      const auto& job = *it;
+      if (++job->crashes >= 3) {
+        job->done(Internal("poison batch: this request took down " + std::to_string(job->crashes) +
+                           " workers of '" + model_.name + "'; it is not retried"));
+      } else {
+        model_.queue->PushFront(job);
+      }
+    }
+    return false;
+  }
+  const control::Done& d = done->done;
+  model_.batches += 1;
+  model_.rows += static_cast<uint64_t>(rows);
+  model_.run_us += d.run_us;
+  for (size_t b = 0; b < std::size(ModelRuntime::kBatchBuckets); ++b) {
+    if (rows <= ModelRuntime::kBatchBuckets[b]) {
+      model_.batch_bucket[b] += 1;
+      break;
+    }
+  }
+  const auto outputs_start = Clock::now();
+  if (d.status_code != 0) {
+    const Status why(static_cast<StatusCode>(d.status_code), d.text);
+    if (d.retry_alone && jobs.size() > 1) {
+      // The inputs caused it: each request runs alone, so that only the
+      // ones at fault fail. Not a crash: no poison count.
+      for (auto it = jobs.rbegin(); it != jobs.rend(); ++it) {
+        (*it)->alone = true;
+        model_.queue->PushFront(*it);
+      }
+      return true;
+    }
+    fail_all(why);
+    return true;
+  }
+  // The worker's answer is checked like any peer's before a byte is read.
+  Status checked = d.outputs.size() == model_.outputs.size()
+                       ? Status::Ok()
+                       : InvalidArgument("answer for " + std::to_string(d.outputs.size()) +
+                                         " outputs of " + std::to_string(model_.outputs.size()));
+  for (size_t i = 0; checked.ok() && i < d.outputs.size(); ++i) {
+    const TensorSpec& spec = model_.outputs[i];
+    const std::string what = "output " + Describe(spec);
+    if (run.output_placed[i] && d.outputs[i] != run.outputs[i]) {
+      checked = InvalidArgument(what + " is not where the server placed it");
+      break;
+    }
+    checked = control::CheckShape(spec, batching, rows, d.outputs[i].shape, what);
+    if (checked.ok())
+      checked =
+          control::CheckSlotTensor(d.outputs[i], spec.dtype, 0, slot_.size(), slot_.data(), what);
+  }
+  if (!checked.ok()) {
+    spdlog::warn("{} worker {} (pid {}): {}; replacing it", model_.name, index_, process_.pid(),
+                 checked.message());
+    fail_all(Internal("model '" + model_.name +
+                      "': the worker's answer is malformed: " + checked.message()));
+    return false;
+  }
+  // Each response's outputs are views into the slot, borrowed for the
+  // duration of `done` (inference_api.h): the slot is written again only by
+  // the next batch, which this thread starts after every `done` returned.
+  std::vector<int64_t> rows_per_job;
+  for (const auto& job : jobs) rows_per_job.push_back(batching ? job->batch : 1);
+  std::vector<std::vector<std::span<const std::byte>>> parts;
+  for (size_t i = 0; i < model_.outputs.size(); ++i)
+    parts.push_back(
+        batching ? SplitRows(slot_.data(), d.outputs[i], model_.outputs[i].dtype, rows_per_job)
+                 : std::vector<std::span<const std::byte>>{std::span<const std::byte>(
+                       slot_.data() + d.outputs[i].offset, d.outputs[i].bytes)});
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const auto& job = jobs[j];
+    InferResponse response;
+    response.model = model_.name;
+    response.version = std::to_string(model_.config().version);
+    response.id = job->request.id;
+    for (size_t i = 0; i < model_.outputs.size(); ++i) {
+      const TensorSpec& spec = model_.outputs[i];
+      const auto& wanted = job->request.outputs;
+      if (!wanted.empty() &&
+          std::none_of(wanted.begin(), wanted.end(),
+                       [&](const RequestedOutput& o) { return o.name == spec.name; }))
+        continue;
+      InferTensor t;
+      t.name = spec.name;
+      t.dtype = spec.dtype;
+      t.shape = d.outputs[i].shape;
+      if (batching) t.shape[0] = job->batch;
+      t.data = TensorData::Borrowed(parts[i][j]);
+      response.outputs.push_back(std::move(t));
+    }
+    model_.requests += 1;
+    model_.request_us += Since(job->received);
+    job->done(std::move(response));
+  }
+  model_.output_us += Since(outputs_start);
+  return true;
+}
+
+// The wait before starting a worker again after `failures` deaths in a row
+// with no batch answered in between: none after a worker that did useful work
+// (a replacement serves again at once), then 100 ms doubling up to 5 s for a
+// worker that keeps dying before it answers anything.
+std::chrono::milliseconds RestartBackoff(int failures) {
+  if (failures <= 1) return std::chrono::milliseconds(0);
+  return std::chrono::milliseconds(std::min(100 << std::min(failures - 2, 6), 5000));
+}
+
+void WorkerSupervisor::Loop() {
+  int failures = 0;  // deaths in a row without an answered batch
+  // The last attempt died before it said ready (for any reason).
+  bool last_died_starting = false;
+  while (!model_.stopping) {
+    const auto backoff = RestartBackoff(failures);
+    if (backoff.count() > 0 && !model_.WaitUnlessStopping(backoff)) break;
+    UniqueFd control;
+    if (Status spawned = Spawn(&control); !spawned.ok()) {
+      if (model_.published)
+        spdlog::error("{} worker {}: {}", model_.name, index_, spawned.ToString());
+      {
+        std::lock_guard lock(model_.state_mu);
+        model_.last_worker_error = "a worker could not be started: " + spawned.message();
+      }
+      Settle();
+      failures = std::max(failures + 1, 2);  // cannot even start one: wait before trying again
+      continue;
+    }
+    const pid_t pid = process_.pid();
+    // RequestStop(true) may have come after the loop's check, and seen no
+    // pid to kill yet.
+    if (model_.abandoning) {
+      process_.Reap(true);
+      break;
+    }
+    const auto started = Clock::now();
+    auto ready = control::ReceiveKind(control.get(), options_.ready_timeout_ms,
+                                      {control::Kind::kReady, control::Kind::kDone});
+    // What the worker reports is checked against the config and the other
+    // workers before it gets any request.
+    Status accepted = Status::Ok();
+    if (ready.ok() && ready->kind == control::Kind::kReady)
+      accepted = model_.AcceptSignature(ready->ready.inputs, ready->ready.outputs);
+    if (!ready.ok() || ready->kind != control::Kind::kReady || !accepted.ok()) {
+      std::string why = !ready.ok()                           ? ready.status().message()
+                        : ready->kind == control::Kind::kDone ? ready->done.text
+                                                              : accepted.message();
+      if (!ready.ok() && ready.status().code() == StatusCode::kDeadlineExceeded)
+        why = "no ready message within " + std::to_string(options_.ready_timeout_ms) + " ms";
+      // One that closed its socket, or said why it cannot start, has exited
+      // or is exiting: wait for it, to see how. One that hung, said something
+      // else, or reported the wrong signature is killed.
+      const bool closed = (!ready.ok() && ready.status().code() == StatusCode::kUnavailable) ||
+                          (ready.ok() && ready->kind == control::Kind::kDone);
+      const int status = process_.Reap(!closed);
+      if (model_.stopping) break;
+      // A SIGKILL while starting is either from outside (an operator, a
+      // test), which says nothing about the worker, or the kernel's OOM
+      // killer (a max_batch_size whose buffers do not fit), which will
+      // happen again. One is restarted at once, unless the attempt before
+      // died starting too: then it counts as a failure like any other (back-off,
+      // and the model settles as failed), so that an OOM never respawns in
+      // a tight loop.
+      const bool sigkilled = closed && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+      const bool free_retry = sigkilled && !last_died_starting;
+      last_died_starting = true;
+      // Without the worker's index or pid: the same failure of every worker
+      // and every attempt is one reason, logged once by the builder.
+      const std::string reason = sigkilled ? "killed by SIGKILL while starting (out of memory?)"
+                                           : why + " (" + DescribeExit(status) + ")";
+      if (model_.published) {
+        spdlog::error("{} worker {} (pid {}) failed to start: {}", model_.name, index_, pid,
+                      reason);
+      } else {
+        spdlog::debug("{} worker {} (pid {}) failed to start: {}", model_.name, index_, pid,
+                      reason);
+      }
+      {
+        std::lock_guard lock(model_.state_mu);
+        model_.last_worker_error = "a worker failed to start: " + reason;
+      }
+      if (!free_retry) {
+        Settle();
+        ++failures;
+      }
+      continue;
+    }
+    last_died_starting = false;
+    spdlog::info("{} worker {} ready: pid {} on {} in {:.0f} ms ({} MiB of its own device buffers)",
+                 model_.name, index_, pid, ready->ready.text,
+                 std::chrono::duration<double, std::milli>(Clock::now() - started).count(),
+                 ready->ready.device_memory_bytes >> 20);
+    ++model_.ready_workers;
+    ready_ = true;
+    device_memory_bytes_ = ready->ready.device_memory_bytes;
+    Settle();
+    bool alive = true;
+    while (alive) {
+      std::vector<std::shared_ptr<Job>> jobs =
+          model_.queue->PopBatch(model_.policy, std::chrono::milliseconds(100));
+      if (jobs.empty()) {
+        if (model_.stopping) break;
+        // Idle: a worker that died between batches (end-of-file on its
+        // control socket) is replaced now, not when the next request finds it.
+        pollfd p{control.get(), POLLIN, 0};
+        if (::poll(&p, 1, 0) > 0) {
+          spdlog::warn("{} worker {} (pid {}) died while idle", model_.name, index_, pid);
+          alive = false;
+        }
+        continue;
+      }
+      alive = RunBatch(control.get(), jobs);
+      if (alive) failures = 0;
+    }
+    --model_.ready_workers;
+    ready_ = false;
+    control.Reset();  // end-of-file: a live worker exits by itself
+    process_.Reap(!alive);
+    if (alive) break;  // queue closed: shutting down
+    ++restarts_;
+    ++failures;
+  }
+}
+
+}  // namespace hearth

@@ -1,0 +1,154 @@
+// A served model version at run time (ModelRuntime: its queue, its workers,
+// its signature and totals) and the supervisors of its worker processes.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/tensor_spec.h"
+#include "hearth/device.h"
+#include "hearth/status.h"
+#include "protocol/worker_protocol.h"
+#include "server/job_queue.h"
+#include "server/model_config.h"
+#include "server/request_slot.h"
+#include "server/server.h"
+#include "server/worker_process.h"
+
+namespace hearth {
+
+struct ModelRuntime;
+
+// One worker process and the thread that supervises it: starts it, checks
+// what it says it takes and gives, feeds it batches from the model's queue,
+// and replaces it when it dies (with back-off).
+class WorkerSupervisor {
+ public:
+  WorkerSupervisor(ModelRuntime& model, int index, const ServerOptions& options)
+      : model_(model), index_(index), options_(options) {}
+  ~WorkerSupervisor() { Join(); }
+  Status Init();
+  // Starts the supervisor thread; ResourceExhausted if the system has no
+  // thread to give (RLIMIT_NPROC, pids.max), and then nothing was started.
+  Status Start();
+  void Join() {
+    if (thread_.joinable()) thread_.join();
+  }
+  // SIGKILL for a worker process that is still starting (it holds no
+  // request): stopping must not wait out --ready-timeout for it. Call after
+  // setting the model's stopping flag.
+  void KillIfStarting() {
+    if (!ready_) process_.Kill();
+  }
+  pid_t pid() const { return process_.pid(); }
+  int index() const { return index_; }
+  bool ready() const { return ready_.load(); }
+  uint64_t restarts() const { return restarts_.load(); }
+  uint64_t device_memory_bytes() const { return device_memory_bytes_.load(); }
+
+ private:
+  void Loop();
+  Status Spawn(UniqueFd* control);
+  // Runs one batch of requests on the live worker; false if the worker is
+  // gone (or was killed for a malformed answer).
+  bool RunBatch(int control, const std::vector<std::shared_ptr<Job>>& jobs);
+  // Tells the model how this worker's first start ended (once).
+  void Settle();
+
+  ModelRuntime& model_;
+  int index_;
+  const ServerOptions& options_;
+  std::thread thread_;
+  WorkerProcess process_;
+  std::atomic<bool> ready_{false};
+  std::atomic<uint64_t> restarts_{0}, device_memory_bytes_{0};
+  bool settled_ = false;  // supervisor thread only
+  RequestSlot slot_;
+  uint64_t seq_ = 0;
+};
+
+// One served model version: its queue, its workers and their totals. Built
+// and started by the model's builder thread, published to requests once a
+// worker is ready, then never replaced or freed until the server is
+// destroyed, so that requests may hold a plain pointer to it.
+struct ModelRuntime {
+  std::string name;
+  ModelConfig config_;
+  Device device;
+  std::string store_socket;
+  uint64_t store_version = 0;
+  control::Setup setup;  // what each worker is told first
+  // The signature: the config's, checked against what the first ready
+  // worker reports, or that worker's where the config lists none. Fixed
+  // (under state_mu) before the model is published; read freely after.
+  std::vector<TensorSpec> inputs, outputs;
+  bool signature_known = false;
+  std::unique_ptr<JobQueue> queue;
+  std::vector<std::unique_ptr<WorkerSupervisor>> workers;
+  std::atomic<int> ready_workers{0};
+  std::atomic<bool> stopping{false};
+  std::atomic<bool> abandoning{false};  // RequestStop(true): starting workers are not waited for
+  // Set once requests can reach it; before that, worker start failures are
+  // the builder's to report (once per reason).
+  std::atomic<bool> published{false};
+  int worker_count = 1;
+  // Start-up: how many workers' first start has ended, and the last reason a
+  // worker could not start. Guarded by state_mu; state_cv is notified on
+  // each and when stopping is set (it also ends the supervisors' backoff).
+  std::mutex state_mu;
+  std::condition_variable state_cv;
+  int settled_workers = 0;
+  std::string last_worker_error;
+  // Called (from a supervisor thread, no lock held) when the last worker's
+  // first start is over; set before the workers start.
+  std::function<void()> on_all_settled;
+  // Totals for /metrics and the summary logged at shutdown.
+  std::atomic<uint64_t> batches{0}, requests{0}, run_us{0}, request_us{0};
+  std::atomic<uint64_t> success{0}, failure{0}, rows{0}, queue_us{0}, input_us{0}, output_us{0};
+  std::atomic<int64_t> pending{0};
+  static constexpr int64_t kBatchBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+  std::atomic<uint64_t> batch_bucket[std::size(kBatchBuckets)] = {};
+  uint64_t arena_bytes = 0;
+  BatchPolicy policy;
+
+  const ModelConfig& config() const { return config_; }
+  int max_batch() const { return std::max(1, config().max_batch_size); }
+  bool batching() const { return config().max_batch_size > 0; }
+
+  // Checks a worker's reported signature against the config's (when it
+  // lists inputs and outputs) and against the one fixed by the first worker;
+  // the first OK report fixes it. The error names both sides.
+  Status AcceptSignature(const std::vector<TensorSpec>& inputs,
+                         const std::vector<TensorSpec>& outputs);
+
+  // Stops taking requests and makes every supervisor wind down: queued
+  // requests are still run by workers that are up. Workers still starting
+  // are killed if `abandon_starting` (they hold no request; waiting for them
+  // could take --ready-timeout), else left to start and help drain the queue.
+  void RequestStop(bool abandon_starting);
+  // Sleeps for `d` unless stopping is (or becomes) set; false if stopping.
+  bool WaitUnlessStopping(std::chrono::milliseconds d) {
+    std::unique_lock lock(state_mu);
+    return !state_cv.wait_for(lock, d, [&] { return stopping.load(); });
+  }
+  std::string LastWorkerError() {
+    std::lock_guard lock(state_mu);
+    return last_worker_error;
+  }
+  bool AllSettled() {
+    std::lock_guard lock(state_mu);
+    return settled_workers == worker_count;
+  }
+};
+
+// The most a slot may grow to for one batch's inputs and outputs.
+inline constexpr uint64_t kMaxSlotBytes = 16ull << 30;
+
+}  // namespace hearth

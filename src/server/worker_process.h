@@ -1,0 +1,44 @@
+// One exec'd worker process, owned: the destructor kills and reaps it if it
+// is still there, so that no path leaves a worker behind or a zombie.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "hearth/status.h"
+#include "hearth/unique_fd.h"
+
+namespace hearth {
+
+class WorkerProcess {
+ public:
+  WorkerProcess() = default;
+  ~WorkerProcess() { Reap(true); }
+  WorkerProcess(const WorkerProcess&) = delete;
+  WorkerProcess& operator=(const WorkerProcess&) = delete;
+
+  // Starts argv[0] with exactly five descriptors: 0-2 (ours), 3 = control
+  // and 4 = slot; nothing else is inherited, and no signal is blocked.
+  // FailedPrecondition if a process is still owned.
+  Status Spawn(const std::vector<std::string>& argv, int control, int slot);
+  // Waits for the process to exit (SIGKILL first if asked, or after 2 s
+  // without an exit) and returns its wait status; 0 if there is none.
+  int Reap(bool kill_first);
+  // SIGKILL, if the process is still ours (never a pid already reaped,
+  // which the kernel may have given to another process). Any thread.
+  void Kill();
+  pid_t pid() const { return pid_.load(); }
+
+ private:
+  std::mutex mu_;  // pid_ changes under it
+  std::atomic<pid_t> pid_{-1};
+};
+
+// "exited with status 1", "killed by signal 9".
+std::string DescribeExit(int status);
+
+}  // namespace hearth

@@ -1,0 +1,214 @@
+#include "worker/session.h"
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+
+#include "common/checked_size.h"
+
+namespace hearth {
+
+using control::SlotTensor;
+using control::TensorSpec;
+
+Result<std::unique_ptr<WorkerSession>> WorkerSession::Open(int control_fd, int slot_fd,
+                                                           int timeout_ms, SlotHooks hooks) {
+  std::unique_ptr<WorkerSession> s(
+      new WorkerSession(UniqueFd(control_fd), UniqueFd(slot_fd), std::move(hooks)));
+  auto m = control::ReceiveKind(control_fd, timeout_ms, {control::Kind::kSetup});
+  if (!m.ok()) return m.status().WithContext("reading the model's setup");
+  s->setup_ = std::move(m->setup);
+  return s;
+}
+
+WorkerSession::~WorkerSession() {
+  if (slot_ != nullptr) {
+    if (hooks_.unmapping) hooks_.unmapping(slot_);
+    ::munmap(slot_, mapped_bytes_);
+  }
+}
+
+Status WorkerSession::Ready(std::vector<TensorSpec> inputs, std::vector<TensorSpec> outputs,
+                            uint64_t device_memory_bytes, std::string text) {
+  if (ready_) return FailedPrecondition("the worker has already said it is ready");
+  if (inputs.size() > control::kMaxTensors || outputs.size() > control::kMaxTensors)
+    return InvalidArgument("more than " + std::to_string(control::kMaxTensors) +
+                           " inputs or outputs");
+  control::Ready r{inputs, outputs, device_memory_bytes, std::move(text)};
+  RETURN_IF_ERROR(control::SendReady(control_.get(), r));
+  inputs_ = std::move(inputs);
+  outputs_ = std::move(outputs);
+  ready_ = true;
+  return Status::Ok();
+}
+
+void WorkerSession::Fail(const Status& why) {
+  control::Done d;
+  d.status_code =
+      static_cast<uint32_t>(why.code() == StatusCode::kOk ? StatusCode::kInternal : why.code());
+  d.text = why.message();
+  d.seq = in_batch_ ? run_.seq : 0;
+  (void)control::SendDone(control_.get(), d);
+}
+
+// The slot only grows (the server seals it against shrinking), so a larger
+// size is mapped afresh; the old mapping goes.
+Status WorkerSession::MapSlot(uint64_t bytes) {
+  if (bytes <= mapped_bytes_) return Status::Ok();
+  struct stat st {};
+  if (::fstat(slot_fd_.get(), &st) != 0) return ErrnoError("fstat of the request slot", errno);
+  if (static_cast<uint64_t>(st.st_size) < bytes)
+    return InvalidArgument("the server says the slot has " + std::to_string(bytes) +
+                           " bytes; it has " + std::to_string(st.st_size));
+  if (slot_ != nullptr) {
+    if (hooks_.unmapping) hooks_.unmapping(slot_);
+    ::munmap(slot_, mapped_bytes_);
+    slot_ = nullptr;
+    mapped_bytes_ = 0;
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, slot_fd_.get(), 0);
+  if (p == MAP_FAILED) return ErrnoError("mapping the request slot", errno);
+  slot_ = static_cast<std::byte*>(p);
+  mapped_bytes_ = bytes;
+  if (hooks_.mapped) RETURN_IF_ERROR(hooks_.mapped(slot_, bytes));
+  return Status::Ok();
+}
+
+// Everything the server said about this batch, checked before any byte of
+// the slot is touched.
+Status CheckRunAgainst(const control::Run& run, const std::vector<TensorSpec>& inputs,
+                       const std::vector<TensorSpec>& outputs, bool batching, int max_rows) {
+  if (run.rows < 1 || run.rows > max_rows)
+    return InvalidArgument("batch of " + std::to_string(run.rows) + " rows outside [1, " +
+                           std::to_string(max_rows) + "]");
+  if (run.inputs.size() != inputs.size() || run.outputs.size() != outputs.size())
+    return InvalidArgument("run message for " + std::to_string(run.inputs.size()) + " inputs and " +
+                           std::to_string(run.outputs.size()) + " outputs; the model has " +
+                           std::to_string(inputs.size()) + " and " +
+                           std::to_string(outputs.size()));
+  if (run.slot_bytes >= control::kMaxSlotBytes || run.free_offset > run.slot_bytes)
+    return InvalidArgument("run message: free room at " + std::to_string(run.free_offset) +
+                           " in a slot of " + std::to_string(run.slot_bytes) + " bytes");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string what = "input " + Describe(inputs[i]);
+    RETURN_IF_ERROR(control::CheckShape(inputs[i], batching, run.rows, run.inputs[i].shape, what));
+    RETURN_IF_ERROR(control::CheckSlotTensor(run.inputs[i], inputs[i].dtype, 0, run.free_offset,
+                                             nullptr, what));
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!run.output_placed[i]) continue;
+    const std::string what = "output " + Describe(outputs[i]);
+    RETURN_IF_ERROR(
+        control::CheckShape(outputs[i], batching, run.rows, run.outputs[i].shape, what));
+    RETURN_IF_ERROR(control::CheckSlotTensor(run.outputs[i], outputs[i].dtype, 0, run.free_offset,
+                                             nullptr, what));
+  }
+  return Status::Ok();
+}
+
+Result<bool> WorkerSession::Next() {
+  if (!ready_) return FailedPrecondition("Next() before Ready()");
+  if (in_batch_) return FailedPrecondition("Next() before the last batch's Done()");
+  auto m = control::ReceiveKind(control_.get(), -1, {control::Kind::kRun});
+  if (!m.ok()) {
+    if (m.status().code() == StatusCode::kUnavailable) return false;
+    return m.status();
+  }
+  run_ = std::move(m->run);
+  RETURN_IF_ERROR(CheckRunAgainst(run_, inputs_, outputs_, batching(), max_rows()));
+  RETURN_IF_ERROR(MapSlot(run_.slot_bytes));
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    if (inputs_[i].dtype == DType::kBytes) {
+      const SlotTensor& t = run_.inputs[i];
+      ASSIGN_OR_RETURN(uint64_t count, ShapeElements(t.shape, inputs_[i].name));
+      RETURN_IF_ERROR(control::CheckBytesElements(std::span(slot_ + t.offset, t.bytes), count,
+                                                  "input '" + inputs_[i].name + "'"));
+    }
+  }
+  answer_.assign(outputs_.size(), SlotTensor{});
+  given_.assign(outputs_.size(), false);
+  cursor_ = run_.free_offset;
+  in_batch_ = true;
+  started_ = std::chrono::steady_clock::now();
+  return true;
+}
+
+std::span<const std::byte> WorkerSession::input(size_t i) const {
+  const SlotTensor& t = run_.inputs[i];
+  return {slot_ + t.offset, t.bytes};
+}
+
+Result<std::byte*> WorkerSession::Output(size_t i, std::span<const int64_t> shape, uint64_t bytes) {
+  if (!in_batch_) return FailedPrecondition("Output() outside a batch");
+  if (i >= outputs_.size())
+    return InvalidArgument("output #" + std::to_string(i) + ": the model has " +
+                           std::to_string(outputs_.size()) + " outputs");
+  const TensorSpec& spec = outputs_[i];
+  const std::string what = "output " + Describe(spec);
+  RETURN_IF_ERROR(control::CheckShape(spec, batching(), run_.rows, shape, what));
+  ASSIGN_OR_RETURN(std::optional<uint64_t> fixed, control::FixedBytes(spec.dtype, shape, what));
+  if (fixed.has_value() && *fixed != bytes)
+    return InvalidArgument(what + ": " + std::to_string(bytes) + " bytes for shape " +
+                           ShapeString(shape) + ", which needs " + std::to_string(*fixed));
+  if (bytes >= control::kMaxSlotBytes)
+    return InvalidArgument(what + ": " + std::to_string(bytes) + " bytes is past the limit");
+  SlotTensor t;
+  t.shape.assign(shape.begin(), shape.end());
+  t.bytes = bytes;
+  if (run_.output_placed[i]) {
+    if (run_.outputs[i].shape != t.shape)
+      return InvalidArgument(what + ": shape " + ShapeString(shape) + " where the server expects " +
+                             ShapeString(run_.outputs[i].shape));
+    t.offset = run_.outputs[i].offset;
+  } else {
+    // Placed by the worker in the free room, 64-byte aligned; the slot
+    // grows (kDone with room_needed, answered by kRoom) when it is short.
+    const uint64_t at = (cursor_ + 63) / 64 * 64;
+    const uint64_t end = at + bytes;  // both below 2^62: exact
+    if (end > run_.slot_bytes) {
+      control::Done ask;
+      ask.seq = run_.seq;
+      ask.room_needed = end;
+      RETURN_IF_ERROR(control::SendDone(control_.get(), ask));
+      ASSIGN_OR_RETURN(control::Message room,
+                       control::ReceiveKind(control_.get(), -1, {control::Kind::kRoom}));
+      if (room.room.seq != run_.seq || room.room.slot_bytes < end ||
+          room.room.slot_bytes >= control::kMaxSlotBytes)
+        return InvalidArgument("the slot did not grow to the " + std::to_string(end) +
+                               " bytes asked for (" + std::to_string(room.room.slot_bytes) + ")");
+      RETURN_IF_ERROR(MapSlot(room.room.slot_bytes));
+      run_.slot_bytes = room.room.slot_bytes;
+    }
+    t.offset = at;
+    cursor_ = end;
+  }
+  answer_[i] = t;
+  given_[i] = true;
+  return slot_ + t.offset;
+}
+
+Status WorkerSession::Done(const Status& status, bool retry_alone) {
+  if (!in_batch_) return FailedPrecondition("Done() outside a batch");
+  control::Done d;
+  d.seq = run_.seq;
+  d.run_us = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                       std::chrono::steady_clock::now() - started_)
+                                       .count());
+  Status s = status;
+  for (size_t i = 0; s.ok() && i < outputs_.size(); ++i) {
+    if (!given_[i]) s = Internal("output " + Describe(outputs_[i]) + " was not given room");
+  }
+  if (s.ok()) {
+    d.outputs = std::move(answer_);
+  } else {
+    d.status_code = static_cast<uint32_t>(s.code());
+    d.text = s.message();
+    d.retry_alone = retry_alone;
+  }
+  in_batch_ = false;
+  answer_.clear();
+  return control::SendDone(control_.get(), d);
+}
+
+}  // namespace hearth

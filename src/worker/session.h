@@ -1,0 +1,101 @@
+// The worker's side of the control channel (protocol/worker_protocol.h):
+// what every worker process runs, whatever its backend. hearth-worker uses
+// it for the built-in and plug-in C++ backends; libhearth's C ABI exposes it
+// (hearth_worker_*) to workers written in other languages, such as the
+// Python backend's.
+//
+// Thread-safety: one thread drives a session.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "hearth/status.h"
+#include "hearth/unique_fd.h"
+#include "protocol/worker_protocol.h"
+
+namespace hearth {
+
+// Called when the slot is mapped (again: it only grows) and before it is
+// unmapped, e.g. to page-lock it for GPU copies.
+struct SlotHooks {
+  std::function<Status(void* data, uint64_t bytes)> mapped;
+  std::function<void(void* data)> unmapping;
+};
+
+class WorkerSession {
+ public:
+  // Takes both descriptors, and reads the setup message that the server
+  // queued before it started this process (waiting up to timeout_ms).
+  static Result<std::unique_ptr<WorkerSession>> Open(int control_fd, int slot_fd, int timeout_ms,
+                                                     SlotHooks hooks = {});
+  ~WorkerSession();
+  WorkerSession(const WorkerSession&) = delete;
+  WorkerSession& operator=(const WorkerSession&) = delete;
+
+  const control::Setup& setup() const { return setup_; }
+  bool batching() const { return setup_.max_batch_size > 0; }
+  int max_rows() const { return setup_.max_batch_size > 0 ? setup_.max_batch_size : 1; }
+
+  // The backend is built and takes these inputs and gives these outputs (per
+  // sample; -1 where a dimension varies). After this, Next() serves batches.
+  Status Ready(std::vector<control::TensorSpec> inputs, std::vector<control::TensorSpec> outputs,
+               uint64_t device_memory_bytes, std::string text);
+  // Tells the server why this worker cannot start (or must stop): the
+  // reason that the model's status and log show.
+  void Fail(const Status& why);
+
+  // Blocks for the next batch. True: a batch is current (its inputs checked
+  // against the slot and the signature); false: the server has closed the
+  // channel, and the worker should exit. An error is a malformed message:
+  // the worker should report it (Fail) and exit.
+  Result<bool> Next();
+
+  int64_t rows() const { return run_.rows; }
+  size_t input_count() const { return inputs_.size(); }
+  // Input i's bytes (KServe's BYTES form for BYTES tensors) and full shape;
+  // valid until Done().
+  std::span<const std::byte> input(size_t i) const;
+  const std::vector<int64_t>& input_shape(size_t i) const { return run_.inputs[i].shape; }
+  const std::vector<control::TensorSpec>& inputs() const { return inputs_; }
+  const std::vector<control::TensorSpec>& outputs() const { return outputs_; }
+
+  // Room in the slot for output i of `shape` (its full shape) and `bytes`
+  // (for BYTES the serialised size; for other types it must be what the
+  // shape needs). The room is valid until the next Output() or Done(): a
+  // later output may make the slot grow and move. Fixed-shape outputs are
+  // where the server placed them, so backends whose outputs all have fixed
+  // shapes may take every output's room before writing any.
+  Result<std::byte*> Output(size_t i, std::span<const int64_t> shape, uint64_t bytes);
+  // Ends the batch: OK once every output has been given room and written,
+  // else the error for all of its requests (`retry_alone`: the inputs caused
+  // it; the server runs each request of the batch alone).
+  Status Done(const Status& status, bool retry_alone = false);
+
+ private:
+  WorkerSession(UniqueFd control, UniqueFd slot, SlotHooks hooks)
+      : control_(std::move(control)), slot_fd_(std::move(slot)), hooks_(std::move(hooks)) {}
+  Status MapSlot(uint64_t bytes);
+  Status CheckRun();
+
+  UniqueFd control_, slot_fd_;
+  SlotHooks hooks_;
+  control::Setup setup_;
+  std::vector<control::TensorSpec> inputs_, outputs_;
+  bool ready_ = false;
+  std::byte* slot_ = nullptr;
+  uint64_t mapped_bytes_ = 0;
+  control::Run run_;
+  bool in_batch_ = false;
+  std::vector<control::SlotTensor> answer_;
+  std::vector<bool> given_;
+  uint64_t cursor_ = 0;  // next free byte for outputs the worker places
+  std::chrono::steady_clock::time_point started_;
+};
+
+}  // namespace hearth

@@ -1,0 +1,225 @@
+// The server <-> worker control channel: every message round trips, and
+// every malformed or oversized one is refused with a message saying what is
+// wrong, before anything is allocated for it.
+#include "protocol/worker_protocol.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <limits>
+
+#include "gtest/gtest.h"
+#include "hearth/unique_fd.h"
+
+namespace hearth::control {
+namespace {
+
+struct Pair {
+  UniqueFd a, b;
+  Pair() {
+    int sv[2];
+    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+    a.Reset(sv[0]);
+    b.Reset(sv[1]);
+  }
+  void Raw(const std::string& packet) {
+    ASSERT_EQ(::send(a.get(), packet.data(), packet.size(), 0),
+              static_cast<ssize_t>(packet.size()));
+  }
+};
+
+bool Contains(const Status& s, const std::string& what) {
+  return s.message().find(what) != std::string::npos;
+}
+
+TEST(WorkerProtocol, SetupRoundTripsAndCanBePeekedFirst) {
+  Pair p;
+  control::Setup sent;
+  sent.max_batch_size = 8;
+  sent.parameters = {{"gemm", "auto"},
+                     {"empty", ""},
+                     {"big", std::string(64 << 10, 'x')},
+                     {"binary", std::string("a\0b", 3)}};
+  sent.inputs = {{"text", DType::kBytes, {-1}}, {"x", DType::kF32, {4, -1}}};
+  sent.outputs = {{"y", DType::kI64, {1}}};
+  sent.config_json = R"({"name":"m"})";
+  sent.version_dir = "/repo/m/1";
+  ASSERT_TRUE(SendSetup(p.a.get(), sent).ok());
+  auto peeked = PeekSetup(p.b.get(), 1000);
+  ASSERT_TRUE(peeked.ok()) << peeked.status().ToString();
+  EXPECT_EQ(peeked->parameters, sent.parameters);
+  auto got = ReceiveKind(p.b.get(), 1000, {Kind::kSetup});
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->setup.max_batch_size, 8);
+  EXPECT_EQ(got->setup.parameters, sent.parameters);
+  EXPECT_EQ(got->setup.inputs, sent.inputs);
+  EXPECT_EQ(got->setup.outputs, sent.outputs);
+  EXPECT_EQ(got->setup.config_json, sent.config_json);
+  EXPECT_EQ(got->setup.version_dir, sent.version_dir);
+}
+
+TEST(WorkerProtocol, ReadyRunDoneAndRoomRoundTrip) {
+  Pair p;
+  Ready ready{{{"x", DType::kF32, {3}}}, {{"y", DType::kBytes, {}}}, 123, "cpu (attach 1 ms)"};
+  ASSERT_TRUE(SendReady(p.a.get(), ready).ok());
+  auto r = ReceiveKind(p.b.get(), 1000, {Kind::kReady});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->ready.inputs, ready.inputs);
+  EXPECT_EQ(r->ready.outputs, ready.outputs);
+  EXPECT_EQ(r->ready.device_memory_bytes, 123u);
+  EXPECT_EQ(r->ready.text, ready.text);
+
+  control::Run run;
+  run.seq = 7;
+  run.rows = 2;
+  run.slot_bytes = 65536;
+  run.inputs = {{0, 24, {2, 3}}};
+  run.outputs = {{64, 16, {2, 2}}, {}};
+  run.output_placed = {1, 0};
+  run.free_offset = 128;
+  ASSERT_TRUE(SendRun(p.a.get(), run).ok());
+  auto rr = Receive(p.b.get(), 1000);
+  ASSERT_TRUE(rr.ok()) << rr.status().ToString();
+  ASSERT_EQ(rr->kind, Kind::kRun);
+  EXPECT_EQ(rr->run.seq, 7u);
+  EXPECT_EQ(rr->run.rows, 2);
+  EXPECT_EQ(rr->run.inputs, run.inputs);
+  EXPECT_EQ(rr->run.outputs, run.outputs);
+  EXPECT_EQ(rr->run.output_placed, run.output_placed);
+  EXPECT_EQ(rr->run.free_offset, 128u);
+
+  Done done;
+  done.seq = 7;
+  done.status_code = 3;
+  done.text = std::string(20000, 'a') + "ValueError: the last line";
+  done.retry_alone = true;
+  done.run_us = 42;
+  done.outputs = {{128, 9, {2}}};
+  ASSERT_TRUE(SendDone(p.a.get(), done).ok());
+  auto d = ReceiveKind(p.b.get(), 1000, {Kind::kDone});
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->done.status_code, 3u);
+  EXPECT_TRUE(d->done.retry_alone);
+  EXPECT_EQ(d->done.run_us, 42u);
+  EXPECT_EQ(d->done.outputs, done.outputs);
+  // A long error keeps its end, where a traceback says what went wrong.
+  EXPECT_EQ(d->done.text.size(), kMaxTextBytes);
+  EXPECT_TRUE(d->done.text.ends_with("ValueError: the last line"));
+
+  ASSERT_TRUE(SendRoom(p.a.get(), Room{7, 1 << 20}).ok());
+  auto room = ReceiveKind(p.b.get(), 1000, {Kind::kRoom});
+  ASSERT_TRUE(room.ok());
+  EXPECT_EQ(room->room.slot_bytes, 1u << 20);
+}
+
+TEST(WorkerProtocol, OverTheLimitIsAClearErrorAndSendsNothing) {
+  Pair p;
+  control::Setup huge;
+  huge.parameters = {{"huge", std::string(kMaxSetupBytes, 'x')}};
+  Status s = SendSetup(p.a.get(), huge);
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(Contains(s, "over the limit of " + std::to_string(kMaxSetupBytes))) << s.message();
+  EXPECT_EQ(Receive(p.b.get(), 0).status().code(), StatusCode::kDeadlineExceeded);
+}
+
+TEST(WorkerProtocol, MalformedMessagesAreRefusedNamingTheFault) {
+  Pair p;
+  auto u32 = [](uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); };
+  auto u64 = [](uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); };
+  const std::string ready = u32(kMagic) + u32(static_cast<uint32_t>(Kind::kReady));
+
+  p.Raw("junk");
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "magic"));
+
+  p.Raw(u32(kMagic) + u32(99));
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "unknown control message kind 99"));
+
+  // 100000 input specs: refused by count, nothing allocated for them.
+  p.Raw(ready + u32(100000));
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "over the limit of 256"));
+
+  // A name whose length runs past the packet.
+  p.Raw(ready + u32(1) + u32(1000) + "abc");
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "runs past the end"));
+
+  // A shape of 1000 dimensions.
+  p.Raw(ready + u32(1) + u32(1) + "x" + std::string(1, '\1') + u32(1000));
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "1000 dimensions"));
+
+  // An unknown dtype.
+  p.Raw(ready + u32(1) + u32(1) + "x" + std::string(1, '\x63') + u32(0));
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "unknown dtype 99"));
+
+  // A whole message with bytes after its end.
+  p.Raw(ready + u32(0) + u32(0) + u64(0) + u32(0) + "extra");
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "5 bytes after the end"));
+
+  // A packet longer than any message but the setup is refused, not truncated.
+  p.Raw(ready + std::string(kMaxMessageBytes + 1, 'z'));
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "over the limit"));
+
+  // An expected kind only.
+  ASSERT_TRUE(SendRoom(p.a.get(), Room{1, 1}).ok());
+  EXPECT_TRUE(Contains(ReceiveKind(p.b.get(), 1000, {Kind::kDone}).status(), "unexpected"));
+
+  // The peer gone.
+  p.a.Reset();
+  EXPECT_EQ(Receive(p.b.get(), 1000).status().code(), StatusCode::kUnavailable);
+}
+
+TEST(WorkerProtocol, ShapesMatchTheSpecWithVariableDimensions) {
+  const TensorSpec spec{"x", DType::kF32, {-1, 4}};
+  const std::vector<int64_t> ok = {3, 7, 4}, zero = {3, 0, 4}, wrong_rows = {2, 7, 4},
+                             wrong_dim = {3, 7, 5}, short_rank = {3, 4};
+  EXPECT_TRUE(CheckShape(spec, true, 3, ok, "input").ok());
+  EXPECT_TRUE(CheckShape(spec, true, 3, zero, "input").ok());
+  EXPECT_FALSE(CheckShape(spec, true, 3, wrong_rows, "input").ok());
+  Status s = CheckShape(spec, true, 3, wrong_dim, "input 'x'");
+  EXPECT_TRUE(Contains(s, "[3,7,5]")) << s.message();
+  EXPECT_TRUE(Contains(s, "[3,-1,4]")) << s.message();
+  EXPECT_FALSE(CheckShape(spec, true, 3, short_rank, "input").ok());
+  // Without batching there is no leading dimension.
+  const std::vector<int64_t> unbatched = {9, 4};
+  EXPECT_TRUE(CheckShape(spec, false, 1, unbatched, "input").ok());
+}
+
+TEST(WorkerProtocol, SlotTensorsAreCheckedAgainstTheSlotAndTheirShape) {
+  const std::vector<std::byte> slot(256);
+  EXPECT_TRUE(CheckSlotTensor({64, 48, {3, 4}}, DType::kF32, 0, 256, slot.data(), "t").ok());
+  // Wrong byte count for the shape.
+  EXPECT_TRUE(
+      Contains(CheckSlotTensor({64, 40, {3, 4}}, DType::kF32, 0, 256, nullptr, "t"), "needs 48"));
+  // Past the slot, including sums that would wrap.
+  EXPECT_TRUE(Contains(CheckSlotTensor({240, 48, {3, 4}}, DType::kF32, 0, 256, nullptr, "t"),
+                       "outside the slot"));
+  const uint64_t wrap = std::numeric_limits<uint64_t>::max() - 8;
+  EXPECT_FALSE(CheckSlotTensor({wrap, 48, {3, 4}}, DType::kF32, 0, 256, nullptr, "t").ok());
+  EXPECT_FALSE(CheckSlotTensor({0, wrap, {3, 4}}, DType::kF32, 0, 256, nullptr, "t").ok());
+  // Below the region it must be in.
+  EXPECT_FALSE(CheckSlotTensor({0, 48, {3, 4}}, DType::kF32, 64, 256, nullptr, "t").ok());
+}
+
+std::string Element(const std::string& s) {
+  const uint32_t n = static_cast<uint32_t>(s.size());
+  return std::string(reinterpret_cast<const char*>(&n), 4) + s;
+}
+
+TEST(WorkerProtocol, BytesElementsAreCheckedExactly) {
+  auto check = [](const std::string& bytes, uint64_t count) {
+    return CheckBytesElements(
+        std::span(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()), count, "t");
+  };
+  const std::string two = Element("ab") + Element(std::string("\0c", 2));
+  EXPECT_TRUE(check(two, 2).ok());
+  EXPECT_TRUE(check("", 0).ok());
+  EXPECT_TRUE(check(Element(""), 1).ok());
+  EXPECT_TRUE(Contains(check(two, 3), "no complete length prefix"));
+  EXPECT_TRUE(Contains(check(two, 1), "bytes after its 1 BYTES elements"));
+  EXPECT_TRUE(Contains(check(two.substr(0, two.size() - 1), 2), "runs past"));
+  // A length prefix near 2^32 must not wrap the running offset.
+  EXPECT_TRUE(Contains(check(std::string("\xff\xff\xff\xff", 4), 1), "runs past"));
+}
+
+}  // namespace
+}  // namespace hearth::control
