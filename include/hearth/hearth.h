@@ -24,8 +24,9 @@ extern "C" {
 #endif
 
 /* 1: the first interface. 2: adds hearth_attach_options and
- * hearth_attach_with_options; everything of version 1 is unchanged. */
-#define HEARTH_ABI_VERSION 2
+ * hearth_attach_with_options. 3: adds HEARTH_BYTES and the worker
+ * interface (hearth_worker_*). Everything of earlier versions is unchanged. */
+#define HEARTH_ABI_VERSION 3
 
 enum hearth_status {
   HEARTH_OK = 0,
@@ -41,6 +42,10 @@ enum hearth_status {
 enum hearth_dtype {
   HEARTH_F64 = 0, HEARTH_F32, HEARTH_F16, HEARTH_BF16, HEARTH_I64, HEARTH_I32, HEARTH_I16,
   HEARTH_I8, HEARTH_U8, HEARTH_BOOL, HEARTH_F8_E4M3, HEARTH_F8_E5M2,
+  /* Since version 3: variable-length byte strings (KServe BYTES), in model
+   * inputs and outputs only. Their bytes are KServe's binary form: per
+   * element a 4-byte little-endian length, then that many bytes. */
+  HEARTH_BYTES,
 };
 
 enum hearth_device_type { HEARTH_DEVICE_CPU = 0, HEARTH_DEVICE_CUDA = 1 };
@@ -114,6 +119,70 @@ void hearth_detach(hearth_attachment* a);
 const char* hearth_default_socket(void);
 /* The last error on this thread, or "" if none. */
 const char* hearth_last_error(void);
+
+/* ---- Serving batches as a worker of `hearth serve` (since version 3) ----
+ *
+ * A model whose backend is its own program (backend: python) is served by a
+ * process that `hearth serve` starts with the control socket and the
+ * request slot as descriptors (--control-fd, --slot-fd). It opens a
+ * worker on them, reads its setup (config, parameters), attaches its
+ * weights (hearth_attach), says what it takes and gives (hearth_worker_ready),
+ * then serves batches: hearth_worker_next waits for one, its inputs are
+ * read in place, hearth_worker_output gives room for each output, and
+ * hearth_worker_done answers. Every offset and size is checked against the
+ * slot and the signature on both sides.
+ *
+ * One thread drives a worker. Pointers it returns are valid until the
+ * batch's hearth_worker_done, and output room only until the next
+ * hearth_worker_output (the slot may grow and move). */
+typedef struct hearth_worker hearth_worker;
+
+typedef struct hearth_tensor_spec {
+  const char* name;
+  int32_t dtype;       /* enum hearth_dtype, HEARTH_BYTES included */
+  int32_t ndim;
+  const int64_t* dims; /* per sample, without the batch dimension; -1: any size */
+} hearth_tensor_spec;
+
+/* Takes both descriptors (closed by hearth_worker_close) and reads the setup
+ * message, waiting up to timeout_ms for it. */
+int32_t hearth_worker_open(int control_fd, int slot_fd, int32_t timeout_ms, hearth_worker** out);
+/* The model's config in Triton's JSON form; its version directory; its
+ * max_batch_size (0: it does not batch, and tensors have no batch dimension). */
+const char* hearth_worker_config_json(const hearth_worker* w);
+const char* hearth_worker_version_dir(const hearth_worker* w);
+int32_t hearth_worker_max_batch_size(const hearth_worker* w);
+/* The config's parameters; keys and values may hold NUL bytes. */
+size_t hearth_worker_parameter_count(const hearth_worker* w);
+int32_t hearth_worker_parameter(const hearth_worker* w, size_t index, const char** key,
+                                size_t* key_size, const char** value, size_t* value_size);
+/* The model is ready: its inputs and outputs, the device memory it holds
+ * itself, and a line for the server's log. */
+int32_t hearth_worker_ready(hearth_worker* w, const hearth_tensor_spec* inputs, size_t num_inputs,
+                            const hearth_tensor_spec* outputs, size_t num_outputs,
+                            uint64_t device_memory_bytes, const char* text);
+/* Why this worker cannot start (before ready): the model's status and log
+ * show `message`. `status` is a negative hearth_status. */
+int32_t hearth_worker_fail(hearth_worker* w, int32_t status, const char* message);
+/* Waits for the next batch: 1 when one is current, 0 when the server has
+ * gone (exit), negative on a malformed message (hearth_last_error). */
+int32_t hearth_worker_next(hearth_worker* w);
+int64_t hearth_worker_rows(const hearth_worker* w);
+/* Input `index` of the current batch: its bytes (read-only) and full shape. */
+int32_t hearth_worker_input(const hearth_worker* w, size_t index, const void** data,
+                            uint64_t* nbytes, const int64_t** shape, int32_t* ndim);
+/* Room for output `index` of full shape `shape` and `nbytes` bytes (for
+ * BYTES the serialised size; else what the shape needs). */
+int32_t hearth_worker_output(hearth_worker* w, size_t index, const int64_t* shape, int32_t ndim,
+                             uint64_t nbytes, void** data);
+/* Ends the batch: status 0 once every output was written, else a negative
+ * hearth_status and a message for every request of the batch. retry_alone
+ * != 0: the inputs caused it; the server runs each request alone, so that
+ * only those at fault fail. */
+int32_t hearth_worker_done(hearth_worker* w, int32_t status, const char* message,
+                           int32_t retry_alone);
+/* Closes the descriptors and unmaps the slot. NULL is ignored. */
+void hearth_worker_close(hearth_worker* w);
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

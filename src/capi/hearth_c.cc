@@ -2,10 +2,14 @@
 #include <cstddef>
 #include <exception>
 #include <memory>
+#include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "hearth/attach.h"
 #include "hearth/hearth.h"
+#include "worker/session.h"
 
 namespace {
 
@@ -48,6 +52,32 @@ int32_t Invalid(std::string what) {
 }
 
 }  // namespace
+
+// A negative hearth_status from a caller, as a Status for the server.
+hearth::Status FromC(int32_t status, const char* message) {
+  using hearth::StatusCode;
+  StatusCode code = StatusCode::kInternal;
+  switch (status) {
+    case HEARTH_ERROR_INVALID_ARGUMENT:
+      code = StatusCode::kInvalidArgument;
+      break;
+    case HEARTH_ERROR_NOT_FOUND:
+      code = StatusCode::kNotFound;
+      break;
+    case HEARTH_ERROR_PERMISSION_DENIED:
+      code = StatusCode::kPermissionDenied;
+      break;
+    case HEARTH_ERROR_UNAVAILABLE:
+      code = StatusCode::kUnavailable;
+      break;
+    case HEARTH_ERROR_RESOURCE_EXHAUSTED:
+      code = StatusCode::kResourceExhausted;
+      break;
+    default:
+      break;
+  }
+  return hearth::Status(code, message != nullptr && *message != '\0' ? message : "failed");
+}
 
 struct hearth_attachment {
   std::unique_ptr<hearth::Attachment> attachment;
@@ -203,5 +233,152 @@ const char* hearth_default_socket(void) {
 }
 
 const char* hearth_last_error(void) { return g_last_error.c_str(); }
+
+}  // extern "C"
+
+struct hearth_worker {
+  std::unique_ptr<hearth::WorkerSession> session;
+  std::vector<std::pair<std::string, std::string>> parameters;
+};
+
+namespace {
+
+hearth::Result<std::vector<hearth::TensorSpec>> Specs(const hearth_tensor_spec* specs, size_t n,
+                                                      const char* what) {
+  if (n > 0 && specs == nullptr) return hearth::InvalidArgument(std::string(what) + ": NULL");
+  std::vector<hearth::TensorSpec> out;
+  for (size_t i = 0; i < n; ++i) {
+    const hearth_tensor_spec& s = specs[i];
+    const std::string at = std::string(what) + " #" + std::to_string(i);
+    if (s.name == nullptr) return hearth::InvalidArgument(at + ": no name");
+    if (s.ndim < 0 || s.ndim > 15 || (s.ndim > 0 && s.dims == nullptr))
+      return hearth::InvalidArgument(at + ": ndim " + std::to_string(s.ndim) + " not in [0, 15]");
+    if ((s.dtype < 0 || s.dtype >= hearth::kDTypeCount) && s.dtype != HEARTH_BYTES)
+      return hearth::InvalidArgument(at + ": unknown dtype " + std::to_string(s.dtype));
+    out.push_back({s.name, static_cast<hearth::DType>(s.dtype), {s.dims, s.dims + s.ndim}});
+  }
+  return out;
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t hearth_worker_open(int control_fd, int slot_fd, int32_t timeout_ms, hearth_worker** out) {
+  try {
+    if (out == nullptr) return Invalid("out is NULL");
+    *out = nullptr;
+    auto session = hearth::WorkerSession::Open(control_fd, slot_fd, timeout_ms);
+    if (!session.ok()) return Fail(session.status());
+    auto w = std::make_unique<hearth_worker>();
+    w->session = std::move(session).value();
+    for (const auto& kv : w->session->setup().parameters) w->parameters.push_back(kv);
+    *out = w.release();
+    return HEARTH_OK;
+  } catch (...) {
+    return FailUnexpected();
+  }
+}
+
+const char* hearth_worker_config_json(const hearth_worker* w) {
+  return w->session->setup().config_json.c_str();
+}
+
+const char* hearth_worker_version_dir(const hearth_worker* w) {
+  return w->session->setup().version_dir.c_str();
+}
+
+int32_t hearth_worker_max_batch_size(const hearth_worker* w) {
+  return w->session->setup().max_batch_size;
+}
+
+size_t hearth_worker_parameter_count(const hearth_worker* w) { return w->parameters.size(); }
+
+int32_t hearth_worker_parameter(const hearth_worker* w, size_t index, const char** key,
+                                size_t* key_size, const char** value, size_t* value_size) {
+  if (index >= w->parameters.size()) return Invalid("parameter index out of range");
+  const auto& [k, v] = w->parameters[index];
+  *key = k.data();
+  *key_size = k.size();
+  *value = v.data();
+  *value_size = v.size();
+  return HEARTH_OK;
+}
+
+int32_t hearth_worker_ready(hearth_worker* w, const hearth_tensor_spec* inputs, size_t num_inputs,
+                            const hearth_tensor_spec* outputs, size_t num_outputs,
+                            uint64_t device_memory_bytes, const char* text) {
+  try {
+    auto in = Specs(inputs, num_inputs, "input");
+    if (!in.ok()) return Fail(in.status());
+    auto out = Specs(outputs, num_outputs, "output");
+    if (!out.ok()) return Fail(out.status());
+    hearth::Status s = w->session->Ready(std::move(in).value(), std::move(out).value(),
+                                         device_memory_bytes, text != nullptr ? text : "");
+    return s.ok() ? HEARTH_OK : Fail(s);
+  } catch (...) {
+    return FailUnexpected();
+  }
+}
+
+int32_t hearth_worker_fail(hearth_worker* w, int32_t status, const char* message) {
+  try {
+    w->session->Fail(FromC(status, message));
+    return HEARTH_OK;
+  } catch (...) {
+    return FailUnexpected();
+  }
+}
+
+int32_t hearth_worker_next(hearth_worker* w) {
+  try {
+    auto next = w->session->Next();
+    if (!next.ok()) return Fail(next.status());
+    return *next ? 1 : 0;
+  } catch (...) {
+    return FailUnexpected();
+  }
+}
+
+int64_t hearth_worker_rows(const hearth_worker* w) { return w->session->rows(); }
+
+int32_t hearth_worker_input(const hearth_worker* w, size_t index, const void** data,
+                            uint64_t* nbytes, const int64_t** shape, int32_t* ndim) {
+  if (index >= w->session->input_count()) return Invalid("input index out of range");
+  const auto bytes = w->session->input(index);
+  *data = bytes.data();
+  *nbytes = bytes.size();
+  const std::vector<int64_t>& s = w->session->input_shape(index);
+  *shape = s.data();
+  *ndim = static_cast<int32_t>(s.size());
+  return HEARTH_OK;
+}
+
+int32_t hearth_worker_output(hearth_worker* w, size_t index, const int64_t* shape, int32_t ndim,
+                             uint64_t nbytes, void** data) {
+  try {
+    if (ndim < 0 || ndim > 16 || (ndim > 0 && shape == nullptr)) return Invalid("bad shape");
+    auto room = w->session->Output(
+        index, std::span<const int64_t>(shape, static_cast<size_t>(ndim)), nbytes);
+    if (!room.ok()) return Fail(room.status());
+    *data = *room;
+    return HEARTH_OK;
+  } catch (...) {
+    return FailUnexpected();
+  }
+}
+
+int32_t hearth_worker_done(hearth_worker* w, int32_t status, const char* message,
+                           int32_t retry_alone) {
+  try {
+    const hearth::Status s = status == HEARTH_OK ? hearth::Status::Ok() : FromC(status, message);
+    hearth::Status sent = w->session->Done(s, retry_alone != 0);
+    return sent.ok() ? HEARTH_OK : Fail(sent);
+  } catch (...) {
+    return FailUnexpected();
+  }
+}
+
+void hearth_worker_close(hearth_worker* w) { delete w; }
 
 }  // extern "C"

@@ -442,13 +442,18 @@ void WorkerSupervisor::Loop() {
       // died starting too: then it counts as a failure like any other (back-off,
       // and the model settles as failed), so that an OOM never respawns in
       // a tight loop.
-      const bool sigkilled = closed && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+      // A worker that said why it cannot start is taken at its word, however
+      // it then ended (a slow exit is killed after 2 s).
+      const bool said_why = ready.ok() && ready->kind == control::Kind::kDone;
+      const bool sigkilled =
+          closed && !said_why && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
       const bool free_retry = sigkilled && !last_died_starting;
       last_died_starting = true;
       // Without the worker's index or pid: the same failure of every worker
       // and every attempt is one reason, logged once by the builder.
-      const std::string reason = sigkilled ? "killed by SIGKILL while starting (out of memory?)"
-                                           : why + " (" + DescribeExit(status) + ")";
+      const std::string reason = sigkilled  ? "killed by SIGKILL while starting (out of memory?)"
+                                 : said_why ? why
+                                            : why + " (" + DescribeExit(status) + ")";
       if (model_.published) {
         spdlog::error("{} worker {} (pid {}) failed to start: {}", model_.name, index_, pid,
                       reason);

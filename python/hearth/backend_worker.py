@@ -1,0 +1,365 @@
+"""The Python backend's worker process: `backend: python` in a model's config.
+
+`hearth serve` starts hearth-worker, which execs `<python> -m
+hearth.backend_worker` in its place with the control socket and the request
+slot as descriptors 3 and 4. This module speaks the worker protocol through
+libhearth's C ABI (hearth_worker_*): it reads the setup, attaches the model's
+weights from the store (one copy, mapped read-only), imports
+`<version dir>/model.py`, and serves batches with its `Model` class:
+
+    class Model:
+        def initialize(self, args): ...  # once per worker
+        def execute(self, inputs): ...   # {name: array} batched along dim 0 -> {name: array-like}
+        def finalize(self): ...          # optional, on orderly shutdown
+
+`args`: model_config (the config as a dict, Triton's JSON form), model_name,
+model_version, model_repository (the version directory), device ("cpu" or
+"cuda:N"), and weights: the store's tensors as a read-only Mapping from name
+to torch.Tensor (zero-copy, on the store's device), or hearth.Tensor where
+torch cannot be imported.
+
+`inputs` are read-only NumPy arrays viewing the request slot (torch tensors
+with `parameters: {tensor_type: torch}`), valid only during execute(): copy
+what must outlive it. BYTES (TYPE_STRING) inputs are NumPy arrays of dtype
+object holding `bytes`. Outputs may be NumPy arrays, torch tensors on any
+device, or anything numpy.asarray takes (for BYTES, bytes or str elements);
+arrays and tensors must have the config's dtype, and every output its shape
+(the batch's rows first): a mismatch fails that batch naming the output.
+
+An exception in initialize() fails the model (the traceback is in the log and
+in /v2/models/{m}/ready's 503 body); one in execute() fails only the requests
+that cause it: the server reruns the batch one request at a time, and each
+failing request gets the traceback's last line.
+"""
+
+import argparse
+import ctypes
+import importlib.util
+import json
+import os
+import sys
+import traceback
+
+from hearth import _capi
+
+# enum hearth_dtype -> NumPy dtype string; BF16 has no NumPy type.
+_NUMPY = {0: "<f8", 1: "<f4", 2: "<f2", 4: "<i8", 5: "<i4", 6: "<i2", 7: "i1", 8: "u1", 9: "?"}
+_BYTES = 12
+_TRITON = {"TYPE_FP64": 0, "TYPE_FP32": 1, "TYPE_FP16": 2, "TYPE_BF16": 3, "TYPE_INT64": 4,
+           "TYPE_INT32": 5, "TYPE_INT16": 6, "TYPE_INT8": 7, "TYPE_UINT8": 8, "TYPE_BOOL": 9,
+           "TYPE_STRING": _BYTES}
+
+
+class TensorSpec(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("dims", ctypes.POINTER(ctypes.c_int64))]
+
+
+def _declare(lib):
+    c = ctypes
+    h = c.c_void_p
+    for name, args, res in [
+        ("hearth_worker_open", [c.c_int, c.c_int, c.c_int32, c.POINTER(h)], c.c_int32),
+        ("hearth_worker_config_json", [h], c.c_char_p),
+        ("hearth_worker_version_dir", [h], c.c_char_p),
+        ("hearth_worker_max_batch_size", [h], c.c_int32),
+        ("hearth_worker_parameter_count", [h], c.c_size_t),
+        ("hearth_worker_parameter", [h, c.c_size_t, c.POINTER(c.c_void_p), c.POINTER(c.c_size_t),
+                                     c.POINTER(c.c_void_p), c.POINTER(c.c_size_t)], c.c_int32),
+        ("hearth_worker_ready", [h, c.POINTER(TensorSpec), c.c_size_t, c.POINTER(TensorSpec),
+                                 c.c_size_t, c.c_uint64, c.c_char_p], c.c_int32),
+        ("hearth_worker_fail", [h, c.c_int32, c.c_char_p], c.c_int32),
+        ("hearth_worker_next", [h], c.c_int32),
+        ("hearth_worker_rows", [h], c.c_int64),
+        ("hearth_worker_input", [h, c.c_size_t, c.POINTER(c.c_void_p), c.POINTER(c.c_uint64),
+                                 c.POINTER(c.POINTER(c.c_int64)), c.POINTER(c.c_int32)], c.c_int32),
+        ("hearth_worker_output", [h, c.c_size_t, c.POINTER(c.c_int64), c.c_int32, c.c_uint64,
+                                  c.POINTER(c.c_void_p)], c.c_int32),
+        ("hearth_worker_done", [h, c.c_int32, c.c_char_p, c.c_int32], c.c_int32),
+        ("hearth_worker_close", [h], None),
+    ]:
+        if not hasattr(lib, name):
+            raise OSError(f"libhearth has no {name}: it is older than this package "
+                          "(ABI version 3 is needed)")
+        fn = getattr(lib, name)
+        fn.argtypes = args
+        fn.restype = res
+
+
+class _BatchError(Exception):
+    """A batch's outputs are wrong: fails that batch, never the worker."""
+
+
+class _Worker:
+    def __init__(self, lib, handle):
+        self.lib = lib
+        self.h = handle
+        self.config = json.loads(lib.hearth_worker_config_json(handle).decode())
+        self.version_dir = lib.hearth_worker_version_dir(handle).decode()
+        self.max_batch_size = lib.hearth_worker_max_batch_size(handle)
+        self.parameters = {}
+        for i in range(lib.hearth_worker_parameter_count(handle)):
+            k, kn, v, vn = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_void_p(), ctypes.c_size_t()
+            lib.hearth_worker_parameter(handle, i, ctypes.byref(k), ctypes.byref(kn),
+                                        ctypes.byref(v), ctypes.byref(vn))
+            self.parameters[ctypes.string_at(k, kn.value).decode(errors="replace")] = \
+                ctypes.string_at(v, vn.value).decode(errors="replace")
+        self._keep = []
+
+    def error(self):
+        return self.lib.hearth_last_error().decode(errors="replace")
+
+    def fail(self, code, message):
+        self.lib.hearth_worker_fail(self.h, code, message.encode(errors="replace"))
+
+    def specs(self, entries):
+        out = (TensorSpec * len(entries))()
+        for i, (name, dtype, dims) in enumerate(entries):
+            arr = (ctypes.c_int64 * len(dims))(*dims)
+            self._keep += [arr, name.encode()]
+            out[i] = TensorSpec(self._keep[-1], dtype, len(dims), arr)
+        return out
+
+
+def _signature(config, which):
+    entries = []
+    for io in config.get(which, []):
+        dtype = _TRITON.get(io["data_type"])
+        if dtype is None:
+            raise ValueError(f"{which} {io['name']!r}: data_type {io['data_type']} is not supported")
+        entries.append((io["name"], dtype, [int(d) for d in io["dims"]]))
+    return entries
+
+
+def _load_model_class(version_dir):
+    path = os.path.join(version_dir, "model.py")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no model.py (backend: python runs its Model class)")
+    spec = importlib.util.spec_from_file_location("hearth_user_model", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["hearth_user_model"] = module
+    # model.py may import modules that live beside it.
+    sys.path.insert(0, version_dir)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "Model"):
+        raise AttributeError(f"{path} defines no class Model")
+    return module.Model
+
+
+def _decode_bytes(np, raw, shape):
+    """KServe's BYTES form (4-byte little-endian length, then the bytes) -> object array."""
+    out = []
+    at = 0
+    for _ in range(int(np.prod(shape)) if len(shape) else 1):
+        n = int.from_bytes(raw[at:at + 4], "little")
+        out.append(raw[at + 4:at + 4 + n])
+        at += 4 + n
+    arr = np.empty(len(out), dtype=object)
+    arr[:] = out
+    return arr.reshape(shape)
+
+
+def _encode_bytes(np, name, value):
+    arr = np.asarray(value, dtype=object)
+    parts = []
+    for e in arr.reshape(-1):
+        if isinstance(e, str):
+            e = e.encode()
+        elif isinstance(e, (bytes, bytearray, memoryview)):
+            e = bytes(e)
+        elif isinstance(e, np.bytes_):
+            e = bytes(e)
+        else:
+            raise _BatchError(f"output {name!r} is BYTES: its elements must be bytes or str, "
+                              f"not {type(e).__name__}")
+        parts.append(len(e).to_bytes(4, "little") + e)
+    return arr.shape, b"".join(parts)
+
+
+def _to_numpy(np, name, value, dtype):
+    """An output as a C-contiguous NumPy array of the config's dtype."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor, on any device
+        import torch
+        want = {0: torch.float64, 1: torch.float32, 2: torch.float16, 3: torch.bfloat16,
+                4: torch.int64, 5: torch.int32, 6: torch.int16, 7: torch.int8, 8: torch.uint8,
+                9: torch.bool}[dtype]
+        if value.dtype != want:
+            raise _BatchError(f"output {name!r} is a {value.dtype} tensor; the config says {want}")
+        value = value.detach().cpu().contiguous()
+        if dtype == 3:
+            return value.view(torch.int16).numpy()
+        return value.numpy()
+    if dtype == 3:
+        raise _BatchError(f"output {name!r} is BF16: return a torch tensor (NumPy has no bfloat16)")
+    want = np.dtype(_NUMPY[dtype])
+    if isinstance(value, np.ndarray):
+        if value.dtype != want:
+            raise _BatchError(f"output {name!r} has dtype {value.dtype}; the config says {want}")
+        return np.ascontiguousarray(value)
+    try:
+        return np.ascontiguousarray(np.asarray(value, dtype=want))
+    except (TypeError, ValueError) as e:
+        raise _BatchError(f"output {name!r}: cannot be made an array of {want}: {e}") from None
+
+
+def _serve(w, model, inputs_spec, outputs_spec, tensor_type):
+    import numpy as np
+    lib, h = w.lib, w.h
+    torch = None
+    if tensor_type == "torch":
+        import torch
+    data, nbytes = ctypes.c_void_p(), ctypes.c_uint64()
+    shape_p, ndim = ctypes.POINTER(ctypes.c_int64)(), ctypes.c_int32()
+    room = ctypes.c_void_p()
+    while True:
+        r = lib.hearth_worker_next(h)
+        if r == 0:
+            return 0
+        if r < 0:
+            print(f"hearth.backend_worker: {w.error()}", file=sys.stderr)
+            return 2
+        inputs = {}
+        for i, (name, dtype, _) in enumerate(inputs_spec):
+            lib.hearth_worker_input(h, i, ctypes.byref(data), ctypes.byref(nbytes),
+                                    ctypes.byref(shape_p), ctypes.byref(ndim))
+            shape = tuple(shape_p[k] for k in range(ndim.value))
+            n = nbytes.value
+            if dtype == _BYTES:
+                inputs[name] = _decode_bytes(np, ctypes.string_at(data.value, n) if n else b"", shape)
+                continue
+            raw = (ctypes.c_char * n).from_address(data.value) if n else b""
+            if dtype == 3:
+                arr = np.frombuffer(raw, dtype="<i2").reshape(shape)
+                arr.flags.writeable = False
+                inputs[name] = torch.from_numpy(arr.copy()).view(torch.bfloat16) if torch \
+                    else arr
+                continue
+            arr = np.frombuffer(raw, dtype=_NUMPY[dtype]).reshape(shape)
+            arr.flags.writeable = False
+            if torch is not None:
+                import warnings
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # read-only: torch warns, the view is fine
+                    arr = torch.from_numpy(arr)
+            inputs[name] = arr
+        try:
+            outputs = model.execute(inputs)
+        except Exception as e:  # the model's fault: fail these requests, serve on
+            traceback.print_exc()
+            last = traceback.format_exception_only(type(e), e)[-1].strip()
+            lib.hearth_worker_done(h, _capi.ERROR_INTERNAL, last.encode(errors="replace"), 1)
+            continue
+        try:
+            if not isinstance(outputs, dict):
+                raise _BatchError(f"execute() returned {type(outputs).__name__}, not a dict of outputs")
+            for i, (name, dtype, _) in enumerate(outputs_spec):
+                if name not in outputs:
+                    raise _BatchError(f"execute() returned no output {name!r}")
+                if dtype == _BYTES:
+                    shape, payload = _encode_bytes(np, name, outputs[name])
+                else:
+                    arr = _to_numpy(np, name, outputs[name], dtype)
+                    shape, payload = arr.shape, arr
+                shape_c = (ctypes.c_int64 * len(shape))(*shape)
+                size = len(payload) if dtype == _BYTES else payload.nbytes
+                if lib.hearth_worker_output(h, i, shape_c, len(shape), size,
+                                            ctypes.byref(room)) != 0:
+                    raise _BatchError(w.error())
+                if size:
+                    src = payload if dtype == _BYTES else payload.ctypes.data
+                    ctypes.memmove(room.value, src, size)
+        except _BatchError as e:
+            lib.hearth_worker_done(h, _capi.ERROR_INVALID_ARGUMENT, str(e).encode(errors="replace"), 0)
+            continue
+        except Exception as e:
+            traceback.print_exc()
+            last = traceback.format_exception_only(type(e), e)[-1].strip()
+            lib.hearth_worker_done(h, _capi.ERROR_INTERNAL, last.encode(errors="replace"), 1)
+            continue
+        if lib.hearth_worker_done(h, 0, None, 0) != 0:
+            return 0  # the server has gone
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m hearth.backend_worker",
+                                description="The Python backend's worker (started by hearth serve).")
+    p.add_argument("--store-socket", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--version", type=int, default=0)
+    p.add_argument("--backend", default="python")
+    p.add_argument("--max-batch", type=int, default=1)
+    p.add_argument("--control-fd", type=int, required=True)
+    p.add_argument("--slot-fd", type=int, required=True)
+    p.add_argument("--allow-tf32", action="store_true")
+    p.add_argument("--fault-kind", default="")
+    p.add_argument("--fault-on-value", type=float, default=0.0)
+    a = p.parse_args(argv)
+
+    lib = _capi.library()
+    _declare(lib)
+    handle = ctypes.c_void_p()
+    if lib.hearth_worker_open(a.control_fd, a.slot_fd, 10000, ctypes.byref(handle)) != 0:
+        print(f"hearth.backend_worker: {lib.hearth_last_error().decode()}", file=sys.stderr)
+        return 1
+    w = _Worker(lib, handle)
+    model = None
+    try:
+        try:
+            inputs_spec = _signature(w.config, "input")
+            outputs_spec = _signature(w.config, "output")
+            if not inputs_spec or not outputs_spec:
+                raise ValueError("backend: python needs the config to list its input and output")
+            import hearth
+            weights = hearth.attach(a.model, socket=a.store_socket, version=a.version or None)
+            device = weights.device
+            try:
+                import hearth.torch
+                tensors = hearth.torch.state_dict(weights)
+            except ImportError:
+                tensors = weights
+            Model = _load_model_class(w.version_dir)
+            model = Model()
+            args = {"model_config": w.config, "model_name": a.model,
+                    "model_version": str(w.config.get("version_policy", {})
+                                         .get("specific", {}).get("versions", [a.version])[0]),
+                    "model_repository": w.version_dir, "device": device,
+                    "weights": _ReadOnly(tensors)}
+            model.initialize(args)
+        except BaseException:
+            text = traceback.format_exc()
+            print(text, file=sys.stderr, end="")
+            w.fail(_capi.ERROR_INVALID_ARGUMENT, text.strip())
+            return 1
+        tensor_type = w.parameters.get("tensor_type", "numpy")
+        if tensor_type not in ("numpy", "torch"):
+            w.fail(_capi.ERROR_INVALID_ARGUMENT,
+                   f"parameters.tensor_type: {tensor_type!r} is not numpy or torch")
+            return 1
+        text = f"{device} (python {sys.version.split()[0]}, pid {os.getpid()})"
+        ins, outs = w.specs(inputs_spec), w.specs(outputs_spec)
+        if lib.hearth_worker_ready(handle, ins, len(inputs_spec), outs, len(outputs_spec), 0,
+                                   text.encode()) != 0:
+            print(f"hearth.backend_worker: {w.error()}", file=sys.stderr)
+            return 1
+        code = _serve(w, model, inputs_spec, outputs_spec, tensor_type)
+        if hasattr(model, "finalize"):
+            try:
+                model.finalize()
+            except Exception:
+                traceback.print_exc()
+        return code
+    finally:
+        lib.hearth_worker_close(handle)
+
+
+class _ReadOnly(dict):
+    """The weights Mapping handed to initialize(): no item can be replaced."""
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("the weights are the store's, read-only: copy a tensor to change it")
+
+    __setitem__ = __delitem__ = pop = popitem = clear = update = setdefault = _refuse
+
+
+if __name__ == "__main__":
+    sys.exit(main())
