@@ -31,6 +31,7 @@
 #include "hearth/checkpoint.h"
 #include "hearth/store.h"
 #include "protocol/worker_protocol.h"
+#include "server/metrics.h"
 #include "server/model_config.h"
 #include "server/model_config_json.h"
 #include "server/supervisor.h"
@@ -313,100 +314,7 @@ class Server::Impl {
     std::vector<std::pair<std::string, const ModelRuntime*>> served;
     for (const auto& [name, slot] : slots_)
       if (const ModelRuntime* m = slot->served.load()) served.emplace_back(name, m);
-    std::string out;
-    auto family = [&](const char* name, const char* type, const char* help) {
-      out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
-    };
-    auto sample = [&](const std::string& name, const std::string& labels, double value) {
-      char text[64];
-      std::snprintf(text, sizeof text, "%.17g", value);
-      out += name + "{" + labels + "} " + text + "\n";
-    };
-    auto per_model = [&](const char* name, const char* type, const char* help, auto value) {
-      family(name, type, help);
-      for (const auto& [model, m] : served)
-        sample(name, "model=\"" + model + "\"", static_cast<double>(value(*m)));
-    };
-    per_model("hearth_inference_request_success", "counter", "Requests answered successfully.",
-              [](const ModelRuntime& m) { return m.success.load(); });
-    per_model("hearth_inference_request_failure", "counter", "Requests answered with an error.",
-              [](const ModelRuntime& m) { return m.failure.load(); });
-    per_model("hearth_inference_count", "counter",
-              "Inferences (rows, counting every batch member).",
-              [](const ModelRuntime& m) { return m.rows.load(); });
-    per_model("hearth_inference_exec_count", "counter", "Batches executed by workers.",
-              [](const ModelRuntime& m) { return m.batches.load(); });
-    per_model("hearth_inference_request_duration_us", "counter",
-              "Total time from request to answer of successful requests, microseconds.",
-              [](const ModelRuntime& m) { return m.request_us.load(); });
-    per_model("hearth_inference_queue_duration_us", "counter",
-              "Total time requests waited in the queue, microseconds.",
-              [](const ModelRuntime& m) { return m.queue_us.load(); });
-    per_model("hearth_inference_compute_input_duration_us", "counter",
-              "Total time copying inputs into worker slots, microseconds.",
-              [](const ModelRuntime& m) { return m.input_us.load(); });
-    per_model("hearth_inference_compute_infer_duration_us", "counter",
-              "Total time the backends ran, as measured in the workers, microseconds.",
-              [](const ModelRuntime& m) { return m.run_us.load(); });
-    per_model("hearth_inference_compute_output_duration_us", "counter",
-              "Total time splitting outputs back into responses, microseconds.",
-              [](const ModelRuntime& m) { return m.output_us.load(); });
-    per_model("hearth_inference_pending_request_count", "gauge",
-              "Requests accepted and not yet answered.",
-              [](const ModelRuntime& m) { return m.pending.load(); });
-    per_model("hearth_inference_queued_request_count", "gauge",
-              "Requests waiting in the queue for a worker.",
-              [](const ModelRuntime& m) { return m.queue->size(); });
-    family("hearth_inference_batch_size", "histogram", "Rows per executed batch.");
-    for (const auto& [model, m] : served) {
-      uint64_t cumulative = 0;
-      for (size_t b = 0; b < std::size(ModelRuntime::kBatchBuckets); ++b) {
-        cumulative += m->batch_bucket[b].load();
-        sample(
-            "hearth_inference_batch_size_bucket",
-            "model=\"" + model + "\",le=\"" + std::to_string(ModelRuntime::kBatchBuckets[b]) + "\"",
-            static_cast<double>(cumulative));
-      }
-      sample("hearth_inference_batch_size_bucket", "model=\"" + model + "\",le=\"+Inf\"",
-             static_cast<double>(m->batches.load()));
-      sample("hearth_inference_batch_size_sum", "model=\"" + model + "\"",
-             static_cast<double>(m->rows.load()));
-      sample("hearth_inference_batch_size_count", "model=\"" + model + "\"",
-             static_cast<double>(m->batches.load()));
-    }
-    auto per_worker = [&](const char* name, const char* type, const char* help, auto value) {
-      family(name, type, help);
-      for (const auto& [model, m] : served)
-        for (const auto& w : m->workers)
-          sample(name, "model=\"" + model + "\",worker=\"" + std::to_string(w->index()) + "\"",
-                 static_cast<double>(value(*w)));
-    };
-    per_worker("hearth_worker_restarts", "counter", "Times the worker process was replaced.",
-               [](const WorkerSupervisor& w) { return w.restarts(); });
-    per_worker("hearth_worker_ready", "gauge", "1 while the worker process is serving.",
-               [](const WorkerSupervisor& w) { return w.ready() ? 1 : 0; });
-    per_worker(
-        "hearth_worker_device_memory_bytes", "gauge",
-        "Device memory the worker's backend allocated itself (its CUDA context not included).",
-        [](const WorkerSupervisor& w) { return w.device_memory_bytes(); });
-    family("hearth_shared_weights_bytes", "gauge",
-           "Bytes of each model's weights, held once in the store.");
-    for (const auto& [model, m] : served)
-      sample("hearth_shared_weights_bytes",
-             "model=\"" + model + "\",device=\"" + m->device.ToString() + "\"",
-             static_cast<double>(m->arena_bytes));
-    family("hearth_device_memory_accounted_bytes", "gauge",
-           "Shared weights counted once plus the workers' own allocations, per device (contexts "
-           "not included).");
-    std::map<std::string, uint64_t> per_device;
-    for (const auto& [model, m] : served) {
-      per_device[m->device.ToString()] += m->arena_bytes;
-      for (const auto& w : m->workers) per_device[m->device.ToString()] += w->device_memory_bytes();
-    }
-    for (const auto& [device, bytes] : per_device)
-      sample("hearth_device_memory_accounted_bytes", "device=\"" + device + "\"",
-             static_cast<double>(bytes));
-    return out;
+    return PrometheusText(served);
   }
 
   std::vector<int> WorkerPids(const std::string& model) const {
