@@ -259,3 +259,39 @@ def test_broken_models_fail_alone_with_their_reason(served):
         text = wait_for(lambda m=model: failed(m), f"{model} to fail", timeout=60)
         assert why in text, f"{model}: {text}"
     assert one(url, np.ones((1, N), dtype=np.float32)).status_code == 200
+
+
+def test_the_examples_repository_serves_the_seeds_models(tmp_path):
+    """examples/python_backend: seed 000's model and seed 004's MLP (small
+    dims here) as model.py files in plain PyTorch, answering as NumPy does."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pytest.skip("the examples' model.py files use torch, which this python3 lacks")
+    from test_serve import mlp_reference, read_safetensors
+    root = pathlib.Path(__file__).resolve().parents[2]
+    repo = tmp_path / "repo"
+    env = dict(os.environ, MLP_DIMS="32,64,10", WORKERS="2", HEARTH=CLI, PYTHON=sys.executable)
+    subprocess.run(["sh", str(root / "examples" / "python_backend" / "make_repository.sh"), str(repo),
+                    "KIND_CPU"], check=True, capture_output=True, env=env)
+    state = start_serve(tmp_path, repo)
+    try:
+        x = np.random.default_rng(3).standard_normal((3, 32)).astype(np.float32)
+        r = infer_json(state["url"], "mlp", [{"name": "input", "datatype": "FP32", "shape": [3, 32],
+                                              "data": x.ravel().tolist()}])
+        assert r.status_code == 200, r.text
+        outs = {o["name"]: o for o in r.json()["outputs"]}
+        w = read_safetensors(repo / "mlp" / "1" / "model.safetensors")
+        logits, argmax = mlp_reference(w, x)
+        np.testing.assert_allclose(np.array(outs["logits"]["data"]).reshape(3, 10), logits,
+                                   rtol=1e-4, atol=1e-4)
+        assert outs["argmax"]["data"] == argmax.ravel().tolist()
+        v = np.ones((2, 500), dtype=np.float32)
+        r = infer_json(state["url"], "scale", [{"name": "x", "datatype": "FP32", "shape": [2, 500],
+                                                "data": v.ravel().tolist()}])
+        assert r.status_code == 200, r.text
+        ws = read_safetensors(repo / "scale" / "1" / "model.safetensors")["weight"]
+        np.testing.assert_allclose(r.json()["outputs"][0]["data"], [ws.sum()] * 2, rtol=1e-4)
+    finally:
+        code, text = stop_serve(state)
+    assert code == 0, text[-3000:]
