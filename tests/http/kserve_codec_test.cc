@@ -195,8 +195,8 @@ TEST(KserveCodec, StructureErrors) {
                    {"input #0", "'name'"});
   ExpectParseError(R"({"inputs":[{"name":"x","shape":[1],"data":[1]}]})",
                    {"input \"x\"", "'datatype'"});
-  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"BYTES","shape":[1],"data":["a"]}]})",
-                   {"input \"x\"", "unsupported datatype \"BYTES\""});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"STRING","shape":[1],"data":["a"]}]})",
+                   {"input \"x\"", "unsupported datatype \"STRING\""});
   ExpectParseError(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[-1],"data":[1]}]})",
                    {"input \"x\"", "non-negative"});
   ExpectParseError(R"({"inputs":[{"name":"x","datatype":"FP32","shape":"2","data":[1]}]})",
