@@ -110,7 +110,8 @@ void AppendEscaped(std::string& out, unsigned char c) {
 // One BYTES element as a JSON string: UTF-8 as it is (with '"', '\\' and
 // the control characters escaped), and each byte that is not part of a
 // valid UTF-8 sequence as \u00XX, the character of the same value in
-// Latin-1, so that the JSON is always valid (docs/data-plane.md, "BYTES").
+// Latin-1, so that the JSON is always valid (docs/data-plane.md, "BYTES
+// tensors").
 void AppendBytesString(std::string& out, std::string_view text) {
   out += '"';
   size_t plain = 0;  // start of the run of bytes not yet appended
@@ -121,10 +122,8 @@ void AppendBytesString(std::string& out, std::string_view text) {
       ++i;
       continue;
     }
-    size_t length = 0;
     if (c >= 0x80) {
-      length = Utf8SequenceAt(text, i);
-      if (length > 0) {
+      if (const size_t length = Utf8SequenceAt(text, i); length > 0) {
         i += length;
         continue;
       }
