@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "common/bytes_tensor.h"
 #include "common/checked_size.h"
 #include "common/float16.h"
 #include "http/kserve_codec_internal.h"
@@ -76,6 +77,84 @@ void AppendElements(std::string& out, const std::byte* data, size_t count, Conve
   }
 }
 
+// The length of the UTF-8 sequence (RFC 3629: no overlong forms, no
+// surrogates, nothing past U+10FFFF) that starts at text[i], a byte of 0x80
+// or more; 0 if none does.
+size_t Utf8SequenceAt(std::string_view text, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[i + k]); };
+  const auto continuation = [&](size_t k) { return (byte(k) & 0xc0) == 0x80; };
+  const unsigned char lead = byte(0);
+  const size_t left = text.size() - i;
+  if (lead >= 0xc2 && lead <= 0xdf) return left >= 2 && continuation(1) ? 2 : 0;
+  if (lead >= 0xe0 && lead <= 0xef) {
+    if (left < 3 || !continuation(1) || !continuation(2)) return 0;
+    if (lead == 0xe0 && byte(1) < 0xa0) return 0;  // overlong
+    if (lead == 0xed && byte(1) > 0x9f) return 0;  // a surrogate
+    return 3;
+  }
+  if (lead >= 0xf0 && lead <= 0xf4) {
+    if (left < 4 || !continuation(1) || !continuation(2) || !continuation(3)) return 0;
+    if (lead == 0xf0 && byte(1) < 0x90) return 0;  // overlong
+    if (lead == 0xf4 && byte(1) > 0x8f) return 0;  // past U+10FFFF
+    return 4;
+  }
+  return 0;
+}
+
+void AppendEscaped(std::string& out, unsigned char c) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  const char escaped[] = {'\\', 'u', '0', '0', kHex[c >> 4], kHex[c & 0xf]};
+  out.append(escaped, sizeof(escaped));
+}
+
+// One BYTES element as a JSON string: UTF-8 as it is (with '"', '\\' and
+// the control characters escaped), and each byte that is not part of a
+// valid UTF-8 sequence as \u00XX, the character of the same value in
+// Latin-1, so that the JSON is always valid (docs/data-plane.md, "BYTES
+// tensors").
+void AppendBytesString(std::string& out, std::string_view text) {
+  out += '"';
+  size_t plain = 0;  // start of the run of bytes not yet appended
+  size_t i = 0;
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c != '"' && c != '\\' && c < 0x80) {
+      ++i;
+      continue;
+    }
+    if (c >= 0x80) {
+      if (const size_t length = Utf8SequenceAt(text, i); length > 0) {
+        i += length;
+        continue;
+      }
+    }
+    out.append(text.data() + plain, i - plain);
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        AppendEscaped(out, c);
+        break;
+    }
+    plain = ++i;
+  }
+  out.append(text.data() + plain, text.size() - plain);
+  out += '"';
+}
+
 void AppendData(std::string& out, const InferTensor& tensor, size_t count) {
   const std::byte* data = tensor.data.data();
   const auto same = [](auto value) { return value; };
@@ -114,9 +193,17 @@ void AppendData(std::string& out, const InferTensor& tensor, size_t count) {
     case DType::kF64:
       AppendElements<double>(out, data, count, same);
       break;
+    case DType::kBytes: {
+      bool first = true;
+      for (std::string_view element : BytesElements(tensor.data.bytes())) {
+        if (!first) out += ',';
+        first = false;
+        AppendBytesString(out, element);
+      }
+      break;
+    }
     case DType::kF8E4M3:
     case DType::kF8E5M2:
-    case DType::kBytes:
       break;  // refused before encoding; see EncodeInferResponse
   }
   out += ']';
@@ -198,6 +285,7 @@ Result<EncodedInferResponse> EncodeInferResponse(const InferResponse& response,
   struct Chosen {
     const InferTensor* tensor;
     bool binary;
+    uint64_t count = 0;  // elements, once checked
   };
   std::vector<Chosen> chosen;
   if (selection.outputs.empty()) {
@@ -222,7 +310,7 @@ Result<EncodedInferResponse> EncodeInferResponse(const InferResponse& response,
   size_t binary_bytes = 0;
   size_t json_estimate = 256 + response.model.size() + response.version.size() +
                          selection.id.size() + response.id.size();
-  for (const Chosen& c : chosen) {
+  for (Chosen& c : chosen) {
     const InferTensor& tensor = *c.tensor;
     const std::string_view datatype = KserveDatatypeName(tensor.dtype);
     if (datatype.empty()) {
@@ -230,22 +318,36 @@ Result<EncodedInferResponse> EncodeInferResponse(const InferResponse& response,
                       std::string(DTypeName(tensor.dtype)) + ", which KServe cannot name");
     }
     const std::string label = "output " + Quote(tensor.name);
-    const Result<uint64_t> bytes = ShapeBytes(tensor.dtype, tensor.shape, label);
-    // Internal: the service, not the client, made this output.
-    if (!bytes.ok()) return Internal(bytes.status().message());
-    if (tensor.data.size() != *bytes) {
-      return Internal(label + " has " + std::to_string(tensor.data.size()) +
-                      " bytes, which does not match shape " + ShapeString(tensor.shape) + " of " +
-                      std::string(datatype));
+    // Internal: the service, not the client, made this output. Its shape is
+    // the one the service reports, whatever dims the model declares.
+    const Result<uint64_t> count = ShapeElements(tensor.shape, label);
+    if (!count.ok()) return Internal(count.status().message());
+    c.count = *count;
+    if (tensor.dtype == DType::kBytes) {
+      if (Status valid = ValidateBytesTensor(tensor.data.bytes(), *count, label); !valid.ok()) {
+        return Internal(valid.message());
+      }
+    } else {
+      const Result<uint64_t> bytes = ShapeBytes(tensor.dtype, tensor.shape, label);
+      if (!bytes.ok()) return Internal(bytes.status().message());
+      if (tensor.data.size() != *bytes) {
+        return Internal(label + " has " + std::to_string(tensor.data.size()) +
+                        " bytes, which does not match shape " + ShapeString(tensor.shape) + " of " +
+                        std::string(datatype));
+      }
     }
     // Sizes of tensors that exist in memory: these sums cannot wrap, but
     // a wrong estimate would only cost a reallocation, never a bad write.
     json_estimate += 128 + tensor.name.size() + 21 * tensor.shape.size();
     if (c.binary) {
       binary_bytes += tensor.data.size();
+    } else if (tensor.dtype == DType::kBytes) {
+      // Quotes and a comma for each element; its bytes as they are, unless
+      // they need escapes.
+      json_estimate += tensor.data.size() + 3 * *count;
     } else {
       // The longest shortest-round-trip double, "-2.2250738585072014e-308", and a comma.
-      json_estimate += 25 * (tensor.data.size() / DTypeSize(tensor.dtype));
+      json_estimate += 25 * *count;
     }
   }
   try {
@@ -266,7 +368,7 @@ Result<EncodedInferResponse> EncodeInferResponse(const InferResponse& response,
         out += ",\"parameters\":{\"binary_data_size\":" + std::to_string(tensor.data.size()) + "}}";
       } else {
         out += ",\"data\":";
-        AppendData(out, tensor, tensor.data.size() / DTypeSize(tensor.dtype));
+        AppendData(out, tensor, chosen[i].count);
         out += '}';
       }
     }

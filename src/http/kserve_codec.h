@@ -44,13 +44,22 @@ inline constexpr size_t kRequestBodyPadding = 64;
 // them lives. JSON inputs are decoded into owned bytes of their datatype
 // (simdjson On-Demand: each number straight into its element, no tree);
 // `data` may be flat or nested along the shape.
+//
+// BYTES inputs come back in the serialised form of common/bytes_tensor.h
+// (a 4-byte little-endian length, then the bytes, per element), which is
+// also the binary extension's: binary BYTES data is a view of the body,
+// checked to be exactly the shape's number of elements; JSON BYTES data must
+// be strings, each encoded unescaped (UTF-8). Any other value in BYTES data,
+// or malformed binary BYTES data, is InvalidArgument naming the input.
 Result<InferRequest> ParseInferRequest(std::string body, std::optional<uint64_t> json_length,
                                        std::string_view model, std::string_view version);
 
 // Checks a parsed request against the model it names: every input known,
 // present once, of the model's datatype and shape (the batch dimension first
-// when max_batch_size > 0, 1..max_batch_size and the same for every input),
+// when max_batch_size > 0, 1..max_batch_size and the same for every input;
+// a -1 among the model's dims takes any size, the others must match exactly),
 // and every requested output known and named once. InvalidArgument otherwise.
+// The data itself was checked by ParseInferRequest, BYTES included.
 Status ValidateInferRequest(const InferRequest& request, const ModelMetadata& metadata);
 
 // What a response must contain, kept from the request (whose inputs are gone
@@ -72,9 +81,14 @@ struct EncodedInferResponse {
 // Encodes the service's response with the outputs `selection` asks for, in a
 // body sized once: each binary output is copied into it once, from wherever
 // its bytes are (outputs borrowed from the server's slot must be encoded
-// before Infer's `done` returns). Internal when the service left out a
-// requested output or returned one whose byte size does not match its shape
-// and datatype.
+// before Infer's `done` returns). Each output is written with the shape the
+// service gives it, whatever the model's dims. BYTES outputs (serialised as
+// above) go into JSON as strings, where each byte that is not part of valid
+// UTF-8 is written \u00XX, the Latin-1 character of that value, so that the
+// JSON is always valid; binary BYTES outputs are their serialised bytes.
+// Internal when the service left out a requested output or returned one
+// whose bytes do not match its shape and datatype (for BYTES: are not
+// exactly its shape's number of elements).
 Result<EncodedInferResponse> EncodeInferResponse(const InferResponse& response,
                                                  const OutputSelection& selection);
 

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/bytes_tensor.h"
 #include "common/checked_size.h"
 #include "common/float16.h"
 #include "http/kserve_codec.h"
@@ -310,21 +311,46 @@ struct NarrowFloatElement {
   }
 };
 
+// Where the elements of a fixed-size type go: element i at out + i x kSize,
+// in a buffer with room for DataTarget::capacity of them.
+template <typename Element>
+struct FixedSink {
+  std::byte* out;
+  error_code Read(ondemand::value& value, uint64_t index) {
+    return Element::Read(value, out + index * Element::kSize);
+  }
+};
+
+// BYTES: each element a JSON string, appended unescaped (UTF-8, as simdjson
+// checked the whole document) in the serialised form of common/bytes_tensor.h.
+// INCORRECT_TYPE for anything but a string; NUMBER_OUT_OF_RANGE for a string
+// longer than a length prefix holds (which simdjson's 4 GiB document limit
+// rules out).
+struct BytesSink {
+  std::vector<std::byte>* out;
+  error_code Read(ondemand::value& value, uint64_t /*index*/) {
+    std::string_view text;
+    if (error_code e = value.get_string().get(text)) return e;
+    if (!AppendBytesElement(*out, text, "").ok()) return simdjson::NUMBER_OUT_OF_RANGE;
+    return simdjson::SUCCESS;
+  }
+};
+
 // Where a tensor's `data` goes and what it must look like.
 struct DataTarget {
   const std::string* label;  // `input "x"`
   DType dtype;
   const std::vector<int64_t>* shape;
   uint64_t count;     // elements the shape needs
-  std::byte* out;     // room for `capacity` elements
   uint64_t capacity;  // count, or 0 when the text cannot hold count elements
 };
 
-// Decodes `data`, flat or nested along the shape, into one element type.
-template <typename Element>
+// Decodes `data`, flat or nested along the shape, into one element type
+// through `Sink` (FixedSink or BytesSink), which takes elements 0..capacity-1.
+template <typename Sink>
 class DataReader {
  public:
-  explicit DataReader(const DataTarget& target) : t_(target) {}
+  DataReader(const DataTarget& target, Sink sink) : t_(target), sink_(sink) {}
 
   Status Read(ondemand::array& array, bool nested) {
     RETURN_IF_ERROR(nested ? Level(array, 0) : Flat(array));
@@ -342,7 +368,7 @@ class DataReader {
       ondemand::value value;
       if (error_code e = std::move(child).get(value)) return Malformed(e);
       if (index_ < t_.capacity) [[likely]] {
-        const error_code fault = Element::Read(value, t_.out + index_ * Element::kSize);
+        const error_code fault = sink_.Read(value, index_);
         if (fault != simdjson::SUCCESS) [[unlikely]] {
           return ElementError(value, fault);
         }
@@ -366,9 +392,8 @@ class DataReader {
                         std::to_string(want) + " entries");
       }
       if (last) {
-        const error_code fault = index_ < t_.capacity
-                                     ? Element::Read(value, t_.out + index_ * Element::kSize)
-                                     : simdjson::INCORRECT_TYPE;
+        const error_code fault =
+            index_ < t_.capacity ? sink_.Read(value, index_) : simdjson::INCORRECT_TYPE;
         if (fault != simdjson::SUCCESS) [[unlikely]] {
           RETURN_IF_ERROR(LeafFault(value, fault));
         }
@@ -393,7 +418,7 @@ class DataReader {
     return Status::Ok();
   }
 
-  // An element that Element::Read refused (or one past a buffer too small
+  // An element that the sink refused (or one past a buffer too small
   // for the shape, which is only checked): the error, if it is one.
   Status LeafFault(ondemand::value& value, error_code fault) {
     ondemand::json_type type;
@@ -418,10 +443,16 @@ class DataReader {
         *t_.label + ": element " + std::to_string(index_) + " (" + Describe(value) + ")";
     const std::string datatype = DatatypeString(t_.dtype);
     if (fault == simdjson::NUMBER_OUT_OF_RANGE) {
+      if (t_.dtype == DType::kBytes) {
+        return InvalidArgument(element + " is longer than the " + std::to_string(kMaxBytesElement) +
+                               " bytes of a BYTES element");
+      }
       return InvalidArgument(element + " is out of range for " + datatype);
     }
     if (fault != simdjson::INCORRECT_TYPE) return Malformed(fault);
     switch (t_.dtype) {
+      case DType::kBytes:
+        return InvalidArgument(element + " is not a string; BYTES needs strings");
       case DType::kBool:
         return InvalidArgument(element + " is not a boolean; BOOL needs true or false");
       case DType::kF16:
@@ -435,36 +466,38 @@ class DataReader {
   }
 
   DataTarget t_;
+  Sink sink_;
   uint64_t index_ = 0;
 };
 
 template <typename Element>
-Status ReadData(const DataTarget& target, ondemand::array& array, bool nested) {
-  return DataReader<Element>(target).Read(array, nested);
+Status ReadData(const DataTarget& target, std::byte* out, ondemand::array& array, bool nested) {
+  return DataReader<FixedSink<Element>>(target, FixedSink<Element>{out}).Read(array, nested);
 }
 
-Status ReadDataAs(const DataTarget& target, ondemand::array& array, bool nested) {
+// Fixed-size datatypes, into `out`, which has room for target.capacity elements.
+Status ReadDataAs(const DataTarget& target, std::byte* out, ondemand::array& array, bool nested) {
   switch (target.dtype) {
     case DType::kBool:
-      return ReadData<BoolElement>(target, array, nested);
+      return ReadData<BoolElement>(target, out, array, nested);
     case DType::kU8:
-      return ReadData<IntegerElement<uint8_t>>(target, array, nested);
+      return ReadData<IntegerElement<uint8_t>>(target, out, array, nested);
     case DType::kI8:
-      return ReadData<IntegerElement<int8_t>>(target, array, nested);
+      return ReadData<IntegerElement<int8_t>>(target, out, array, nested);
     case DType::kI16:
-      return ReadData<IntegerElement<int16_t>>(target, array, nested);
+      return ReadData<IntegerElement<int16_t>>(target, out, array, nested);
     case DType::kI32:
-      return ReadData<IntegerElement<int32_t>>(target, array, nested);
+      return ReadData<IntegerElement<int32_t>>(target, out, array, nested);
     case DType::kI64:
-      return ReadData<IntegerElement<int64_t>>(target, array, nested);
+      return ReadData<IntegerElement<int64_t>>(target, out, array, nested);
     case DType::kF16:
-      return ReadData<NarrowFloatElement<DType::kF16>>(target, array, nested);
+      return ReadData<NarrowFloatElement<DType::kF16>>(target, out, array, nested);
     case DType::kBF16:
-      return ReadData<NarrowFloatElement<DType::kBF16>>(target, array, nested);
+      return ReadData<NarrowFloatElement<DType::kBF16>>(target, out, array, nested);
     case DType::kF32:
-      return ReadData<NarrowFloatElement<DType::kF32>>(target, array, nested);
+      return ReadData<NarrowFloatElement<DType::kF32>>(target, out, array, nested);
     case DType::kF64:
-      return ReadData<F64Element>(target, array, nested);
+      return ReadData<F64Element>(target, out, array, nested);
     case DType::kF8E4M3:
     case DType::kF8E5M2:
     case DType::kBytes:
@@ -505,6 +538,7 @@ struct PendingOutput {
 struct BinaryInput {
   size_t index;  // in InferRequest::inputs
   uint64_t size;
+  uint64_t count;  // elements of its shape
 };
 
 // Reads the document into an InferRequest; binary inputs are left for the
@@ -717,17 +751,30 @@ class RequestDecoder {
         return InvalidArgument(label + " has both 'data' and parameter 'binary_data_size'");
       }
       const uint64_t size = *fields.binary_size;
-      ASSIGN_OR_RETURN(const uint64_t needed,
-                       CountBytes(fields.count, DTypeSize(tensor.dtype),
-                                  label + ": shape " + ShapeString(tensor.shape) + " of " +
-                                      DatatypeString(tensor.dtype)));
-      if (size != needed) {
-        return InvalidArgument("binary sizes do not add up: " + label + " declares " +
-                               std::to_string(size) + " bytes but shape " +
-                               ShapeString(tensor.shape) + " of " + DatatypeString(tensor.dtype) +
-                               " needs " + std::to_string(needed));
+      if (tensor.dtype == DType::kBytes) {
+        // Any size may be right; the bytes are checked once they are found
+        // in the body (Parse). Only too few for the prefixes is known now.
+        const std::optional<uint64_t> prefixes = CheckedMul(fields.count, kBytesLengthPrefix);
+        if (!prefixes.has_value() || *prefixes > size) {
+          return InvalidArgument(label + " declares " + std::to_string(size) +
+                                 " bytes of binary data, too few for shape " +
+                                 ShapeString(tensor.shape) + " of BYTES: each of its " +
+                                 std::to_string(fields.count) +
+                                 " elements takes at least a 4-byte length");
+        }
+      } else {
+        ASSIGN_OR_RETURN(const uint64_t needed,
+                         CountBytes(fields.count, DTypeSize(tensor.dtype),
+                                    label + ": shape " + ShapeString(tensor.shape) + " of " +
+                                        DatatypeString(tensor.dtype)));
+        if (size != needed) {
+          return InvalidArgument("binary sizes do not add up: " + label + " declares " +
+                                 std::to_string(size) + " bytes but shape " +
+                                 ShapeString(tensor.shape) + " of " + DatatypeString(tensor.dtype) +
+                                 " needs " + std::to_string(needed));
+        }
       }
-      binary_inputs_.push_back({request.inputs.size(), size});
+      binary_inputs_.push_back({request.inputs.size(), size, fields.count});
     } else if (!fields.data_field.has_value()) {
       return InvalidArgument(label + " has no 'data' and no parameter 'binary_data_size'");
     } else if (!fields.data_read) {
@@ -818,7 +865,7 @@ class RequestDecoder {
     if (!fields.datatype.has_value())
       return InvalidArgument(label + ": 'datatype' must be a string");
     const std::optional<DType> dtype = ParseKserveDatatype(*fields.datatype);
-    if (!dtype.has_value() || *dtype == DType::kBytes) {
+    if (!dtype.has_value()) {
       return InvalidArgument(label + ": unsupported datatype " + Quote(*fields.datatype));
     }
     tensor.dtype = *dtype;
@@ -859,6 +906,18 @@ class RequestDecoder {
       if (TypeFault(value, e) != simdjson::INCORRECT_TYPE) return Malformed(e);
       return InvalidArgument(label + ": 'data' must be an array");
     }
+    if (tensor.dtype == DType::kBytes) {
+      // Each string takes at least three characters (`"",`); its encoded
+      // form grows as the strings are read (at most 4/3 of the text for the
+      // prefixes, and no more bytes than the text for the strings).
+      const uint64_t capacity = fields.count <= (json_.size() + 1) / 3 ? fields.count : 0;
+      std::vector<std::byte> bytes;
+      bytes.reserve(capacity * kBytesLengthPrefix);
+      const DataTarget target{&label, tensor.dtype, &tensor.shape, fields.count, capacity};
+      RETURN_IF_ERROR(DataReader<BytesSink>(target, BytesSink{&bytes}).Read(array, nested));
+      tensor.data = std::move(bytes);
+      return Status::Ok();
+    }
     // Each element takes at least two characters ("1,"): a shape that needs
     // more elements than the text can hold gets no buffer, and the count
     // check reports it.
@@ -866,9 +925,8 @@ class RequestDecoder {
     ASSIGN_OR_RETURN(const uint64_t buffer_bytes,
                      CountBytes(capacity, DTypeSize(tensor.dtype), label + ": 'data'"));
     std::vector<std::byte> bytes(buffer_bytes);
-    const DataTarget target{&label,       tensor.dtype, &tensor.shape,
-                            fields.count, bytes.data(), capacity};
-    RETURN_IF_ERROR(ReadDataAs(target, array, nested));
+    const DataTarget target{&label, tensor.dtype, &tensor.shape, fields.count, capacity};
+    RETURN_IF_ERROR(ReadDataAs(target, bytes.data(), array, nested));
     tensor.data = std::move(bytes);
     return Status::Ok();
   }
@@ -1032,9 +1090,12 @@ Result<InferRequest> Parse(std::string body, std::optional<uint64_t> json_length
   size_t offset = json_size;
   for (const BinaryInput& part : binary_inputs) {
     const auto* begin = reinterpret_cast<const std::byte*>(json + offset);
-    request.inputs[part.index].data =
-        TensorData::Shared(std::span<const std::byte>(begin, part.size), owner);
+    InferTensor& input = request.inputs[part.index];
+    input.data = TensorData::Shared(std::span<const std::byte>(begin, part.size), owner);
     offset += part.size;
+    if (input.dtype == DType::kBytes) {
+      RETURN_IF_ERROR(ValidateBytesTensor(input.data.bytes(), part.count, InputLabel(input.name)));
+    }
   }
   return request;
 }

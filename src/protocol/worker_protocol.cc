@@ -9,6 +9,7 @@
 #include <optional>
 #include <string_view>
 
+#include "common/bytes_tensor.h"
 #include "common/checked_size.h"
 #include "common/datatype.h"
 
@@ -372,27 +373,6 @@ Status CheckShape(const TensorSpec& spec, bool batching, int64_t rows,
                          " takes " + ShapeString(want) + " (-1: any size)");
 }
 
-Status CheckBytesElements(std::span<const std::byte> serialized, uint64_t count,
-                          const std::string& what) {
-  uint64_t at = 0;
-  for (uint64_t i = 0; i < count; ++i) {
-    if (serialized.size() - at < 4)
-      return InvalidArgument(what + ": BYTES element " + std::to_string(i) + " of " +
-                             std::to_string(count) + " has no complete length prefix");
-    uint32_t len;
-    std::memcpy(&len, serialized.data() + at, 4);  // little-endian hosts only (x86-64, aarch64)
-    at += 4;
-    if (len > serialized.size() - at)
-      return InvalidArgument(what + ": BYTES element " + std::to_string(i) + " of " +
-                             std::to_string(len) + " bytes runs past the tensor's end");
-    at += len;
-  }
-  if (at != serialized.size())
-    return InvalidArgument(what + ": " + std::to_string(serialized.size() - at) +
-                           " bytes after its " + std::to_string(count) + " BYTES elements");
-  return Status::Ok();
-}
-
 Status CheckSlotTensor(const SlotTensor& t, DType dtype, uint64_t lo, uint64_t hi,
                        const std::byte* data, const std::string& what) {
   RETURN_IF_ERROR(CheckRange(t.offset, t.bytes, lo, hi, what));
@@ -401,7 +381,7 @@ Status CheckSlotTensor(const SlotTensor& t, DType dtype, uint64_t lo, uint64_t h
   if (dtype == DType::kBytes) {
     ASSIGN_OR_RETURN(uint64_t count, ShapeElements(t.shape, what));
     if (data != nullptr)
-      return CheckBytesElements(std::span(data + t.offset, t.bytes), count, what);
+      return ValidateBytesTensor(std::span(data + t.offset, t.bytes), count, what);
     return Status::Ok();
   }
   ASSIGN_OR_RETURN(std::optional<uint64_t> want, FixedBytes(dtype, t.shape, what));

@@ -165,8 +165,4 @@ Status CheckShape(const TensorSpec& spec, bool batching, int64_t rows,
 Status CheckSlotTensor(const SlotTensor& t, DType dtype, uint64_t lo, uint64_t hi,
                        const std::byte* data, const std::string& what);
 
-// Checks that `serialized` is exactly `count` BYTES elements.
-Status CheckBytesElements(std::span<const std::byte> serialized, uint64_t count,
-                          const std::string& what);
-
 }  // namespace hearth::control

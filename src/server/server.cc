@@ -24,6 +24,7 @@
 #include <system_error>
 #include <thread>
 
+#include "common/bytes_tensor.h"
 #include "common/checked_size.h"
 #include "common/trusted_path.h"
 #include "hearth/arena.h"
@@ -289,7 +290,7 @@ class Server::Impl {
       if (spec.dtype == DType::kBytes) {
         Result<uint64_t> count = ShapeElements(it->shape, what);
         if (!count.ok()) return done(count.status());
-        if (Status s = control::CheckBytesElements(it->data.bytes(), *count, what); !s.ok())
+        if (Status s = ValidateBytesTensor(it->data.bytes(), *count, what); !s.ok())
           return done(s);
       }
       job->shape_key.insert(job->shape_key.end(), it->shape.begin() + (batching ? 1 : 0),

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 
+#include "common/bytes_tensor.h"
 #include "common/checked_size.h"
 
 namespace hearth {
@@ -122,7 +123,7 @@ Result<bool> WorkerSession::Next() {
     if (inputs_[i].dtype == DType::kBytes) {
       const SlotTensor& t = run_.inputs[i];
       ASSIGN_OR_RETURN(uint64_t count, ShapeElements(t.shape, inputs_[i].name));
-      RETURN_IF_ERROR(control::CheckBytesElements(std::span(slot_ + t.offset, t.bytes), count,
+      RETURN_IF_ERROR(ValidateBytesTensor(std::span(slot_ + t.offset, t.bytes), count,
                                                   "input '" + inputs_[i].name + "'"));
     }
   }

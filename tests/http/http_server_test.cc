@@ -48,8 +48,10 @@ using namespace std::chrono_literals;
 // -> b = a + 1), "wide" (x FP32 [-1,65536] -> row sums: bodies past the
 // front-end's large-body threshold), "borrowed" (as "scale", but its outputs
 // are borrowed from a buffer that is overwritten as soon as `done` returns,
-// as the server's slot is by the next batch). Only version "1" exists. Infer
-// completes on a worker thread.
+// as the server's slot is by the next batch), "ragged" (as "scale", with x
+// FP32 [-1,-1]: any number of columns), "strings" (s BYTES [-1,-1] -> o, the
+// same elements: an echo). Only version "1" exists. Infer completes on a
+// worker thread.
 class FakeService : public InferenceService {
  public:
   FakeService() : worker_([this] { Work(); }) {}
@@ -84,13 +86,21 @@ class FakeService : public InferenceService {
       m.outputs = {{"b", DType::kI32, {2, 3}}};
       return m;
     }
+    if (model == "strings") {
+      m.platform = "hearth_python";
+      m.max_batch_size = 8;
+      m.inputs = {{"s", DType::kBytes, {-1, -1}}};
+      m.outputs = {{"o", DType::kBytes, {-1, -1}}};
+      return m;
+    }
     if (model != "scale" && model != "gated" && model != "busy" && model != "gone" &&
-        model != "unready" && model != "wide" && model != "borrowed") {
+        model != "unready" && model != "wide" && model != "borrowed" && model != "ragged") {
       return NotFound("no model '" + model + "'");
     }
     m.platform = "hearth_scale";
     m.max_batch_size = 8;
-    m.inputs = {{"x", DType::kF32, {-1, model == "wide" ? 65536 : 4}}};
+    const int64_t cols = model == "wide" ? 65536 : model == "ragged" ? -1 : 4;
+    m.inputs = {{"x", DType::kF32, {-1, cols}}};
     m.outputs = {{"y", DType::kF32, {-1, 1}}};
     return m;
   }
@@ -166,7 +176,10 @@ class FakeService : public InferenceService {
     InferTensor out;
     out.dtype = in.dtype;
     out.shape = in.shape;
-    if (request.model == "fixed") {
+    if (request.model == "strings") {
+      out.name = "o";
+      out.data = std::vector<std::byte>(in.data.bytes().begin(), in.data.bytes().end());
+    } else if (request.model == "fixed") {
       out.name = "b";
       std::vector<int32_t> a(in.data.size() / 4);
       std::memcpy(a.data(), in.data.data(), in.data.size());
@@ -539,6 +552,157 @@ TEST_F(HttpServerTest, OutputsBorrowedFromTheServiceAreEncodedBeforeDoneReturns)
     std::memcpy(&y, binary.body().data() + json_length, 4);
     EXPECT_EQ(y, 10.5f);
   }
+}
+
+// BYTES elements serialised by hand: a 4-byte little-endian length, then the bytes.
+std::string SerialisedBytes(const std::vector<std::string>& elements) {
+  std::string out;
+  for (const std::string& element : elements) {
+    const auto n = static_cast<uint32_t>(element.size());
+    for (int shift = 0; shift < 32; shift += 8) out += static_cast<char>((n >> shift) & 0xff);
+    out += element;
+  }
+  return out;
+}
+
+// A request whose one input "s" is BYTES of `shape`, sent as binary data.
+std::pair<std::string, std::string> BinaryBytesRequest(const std::string& shape,
+                                                       const std::string& binary,
+                                                       const std::string& rest = "") {
+  const std::string header = R"({"inputs":[{"name":"s","datatype":"BYTES","shape":)" + shape +
+                             R"(,"parameters":{"binary_data_size":)" +
+                             std::to_string(binary.size()) + "}}]" + rest + "}";
+  return {header + binary, std::to_string(header.size())};
+}
+
+TEST_F(HttpServerTest, BytesTravelAsJsonStrings) {
+  using namespace std::string_literals;
+  Client client(port());
+  Response r = client.Post(
+      "/v2/models/strings/infer",
+      R"({"id":"b1","inputs":[{"name":"s","datatype":"BYTES","shape":[2,2],"data":[["","a\u0000b"],["\u00e9\ud83d\ude00","tab\there \"q\""]]}]})");
+  ASSERT_EQ(r.result_int(), 200) << r.body();
+  EXPECT_EQ(r[http::field::content_type], "application/json");
+  const json j = json::parse(r.body());
+  EXPECT_EQ(j["id"], "b1");
+  const json& o = j["outputs"][0];
+  EXPECT_EQ(o["name"], "o");
+  EXPECT_EQ(o["datatype"], "BYTES");
+  EXPECT_EQ(o["shape"], json::parse("[2,2]"));
+  EXPECT_EQ(o["data"], json(std::vector<std::string>{"", "a\0b"s, "\xc3\xa9\xf0\x9f\x98\x80",
+                                                     "tab\there \"q\""}));
+}
+
+TEST_F(HttpServerTest, BytesTravelAsBinaryDataUnchanged) {
+  using namespace std::string_literals;
+  Client client(port());
+  // Past the front-end's large-body threshold, with a NUL and bytes that are not UTF-8.
+  const std::vector<std::string> elements = {"", "\0\xff\xfe"s, "plain", std::string(70000, 'x')};
+  const std::string binary = SerialisedBytes(elements);
+  const auto [body, json_length] = BinaryBytesRequest(
+      "[1,4]", binary, R"(,"outputs":[{"name":"o","parameters":{"binary_data":true}}])");
+  Response r = client.Post("/v2/models/strings/infer", body,
+                           {{"Inference-Header-Content-Length", json_length}});
+  ASSERT_EQ(r.result_int(), 200) << r.body().substr(0, 300);
+  EXPECT_TRUE(service_.last_input_was_view());
+  const size_t header = std::stoul(std::string(r["Inference-Header-Content-Length"]));
+  const json j = json::parse(r.body().substr(0, header));
+  EXPECT_EQ(j["outputs"][0]["datatype"], "BYTES");
+  EXPECT_EQ(j["outputs"][0]["shape"], json::parse("[1,4]"));
+  EXPECT_EQ(j["outputs"][0]["parameters"]["binary_data_size"], binary.size());
+  EXPECT_EQ(r.body().substr(header), binary);
+
+  // The same bytes answered in JSON: valid JSON (nlohmann checks UTF-8),
+  // the bytes that are not UTF-8 as the Latin-1 characters of their values.
+  const auto [json_body, length] = BinaryBytesRequest("[1,4]", binary);
+  Response as_json = client.Post("/v2/models/strings/infer", json_body,
+                                 {{"Inference-Header-Content-Length", length}});
+  ASSERT_EQ(as_json.result_int(), 200);
+  EXPECT_EQ(as_json[http::field::content_type], "application/json");
+  json parsed;
+  ASSERT_NO_THROW(parsed = json::parse(as_json.body()));
+  EXPECT_EQ(parsed["outputs"][0]["data"][1], "\0\xc3\xbf\xc3\xbe"s);
+  EXPECT_EQ(parsed["outputs"][0]["data"][3], elements[3]);
+}
+
+TEST_F(HttpServerTest, MalformedBytesGet400NamingTheInputAndTheServerServesOn) {
+  using namespace std::string_literals;
+  Client client(port());
+  Response number =
+      client.Post("/v2/models/strings/infer",
+                  R"({"inputs":[{"name":"s","datatype":"BYTES","shape":[1,2],"data":["a",7]}]})");
+  EXPECT_EQ(number.result_int(), 400);
+  EXPECT_NE(ErrorOf(number).find("input \"s\": element 1 (7) is not a string"), std::string::npos)
+      << ErrorOf(number);
+  const std::vector<std::pair<std::pair<std::string, std::string>, std::string>> cases = {
+      {{"[1,2]", SerialisedBytes({"abcdef"}) + "\x02\x00"s}, "truncated length prefix"},
+      {{"[1,2]", SerialisedBytes({"a"}) + "\x09\x00\x00\x00xy"s}, "past the end"},
+      {{"[1,1]", SerialisedBytes({"a"}) + "zz"}, "2 trailing bytes"},
+      {{"[1,1]", SerialisedBytes({"a", "b"})}, "too many elements"},
+      {{"[1,3]", SerialisedBytes({"abcdefgh"})}, "too few elements"},
+      {{"[1,3]", SerialisedBytes({"a"})}, "too few for shape [1,3] of BYTES"},
+  };
+  for (const auto& [request, reason] : cases) {
+    const auto [body, json_length] = BinaryBytesRequest(request.first, request.second);
+    Response r = client.Post("/v2/models/strings/infer", body,
+                             {{"Inference-Header-Content-Length", json_length}});
+    EXPECT_EQ(r.result_int(), 400) << reason;
+    EXPECT_NE(ErrorOf(r).find("input \"s\""), std::string::npos) << ErrorOf(r);
+    EXPECT_NE(ErrorOf(r).find(reason), std::string::npos) << ErrorOf(r);
+  }
+  // A BYTES input where the model wants FP32, and FP32 where it wants BYTES.
+  Response wrong = client.Post(
+      "/v2/models/scale/infer",
+      R"({"inputs":[{"name":"x","datatype":"BYTES","shape":[1,4],"data":["a","b","c","d"]}]})");
+  EXPECT_EQ(wrong.result_int(), 400);
+  EXPECT_NE(ErrorOf(wrong).find("datatype BYTES does not match the model's FP32"),
+            std::string::npos)
+      << ErrorOf(wrong);
+  Response floats =
+      client.Post("/v2/models/strings/infer",
+                  R"({"inputs":[{"name":"s","datatype":"FP32","shape":[1,1],"data":[1]}]})");
+  EXPECT_EQ(floats.result_int(), 400);
+  // The connection and the server serve on.
+  const auto [body, json_length] = BinaryBytesRequest("[1,1]", SerialisedBytes({"ok"}));
+  Response good = client.Post("/v2/models/strings/infer", body,
+                              {{"Inference-Header-Content-Length", json_length}});
+  ASSERT_EQ(good.result_int(), 200) << good.body();
+  EXPECT_EQ(json::parse(good.body())["outputs"][0]["data"], json::parse(R"(["ok"])"));
+}
+
+TEST_F(HttpServerTest, VariableDimsAcceptVaryingSizesAndFixedOnesDoNot) {
+  Client client(port());
+  const auto infer = [&](const std::string& model, int rows, int cols) {
+    std::string data = "[";
+    for (int i = 0; i < rows * cols; ++i) data += (i > 0 ? ",1" : "1");
+    data += "]";
+    return client.Post("/v2/models/" + model + "/infer",
+                       R"({"inputs":[{"name":"x","datatype":"FP32","shape":[)" +
+                           std::to_string(rows) + "," + std::to_string(cols) + R"(],"data":)" +
+                           data + "}]}");
+  };
+  for (const auto& [rows, cols] :
+       std::vector<std::pair<int, int>>{{1, 3}, {2, 7}, {1, 0}, {3, 40}}) {
+    Response r = infer("ragged", rows, cols);
+    ASSERT_EQ(r.result_int(), 200) << rows << "x" << cols << ": " << r.body();
+    const json y = json::parse(r.body())["outputs"][0];
+    EXPECT_EQ(y["shape"], json::array({rows, 1}));
+    EXPECT_EQ(y["data"][0], static_cast<double>(cols));
+  }
+  EXPECT_EQ(infer("scale", 1, 4).result_int(), 200);
+  for (const int cols : {3, 5, 0}) {
+    Response r = infer("scale", 1, cols);
+    EXPECT_EQ(r.result_int(), 400) << cols;
+    EXPECT_NE(ErrorOf(r).find("does not match the model's [-1,4]"), std::string::npos)
+        << ErrorOf(r);
+  }
+  // The metadata shows -1 beyond the batch dimension, and BYTES.
+  EXPECT_EQ(json::parse(client.Get("/v2/models/ragged").body())["inputs"],
+            json::parse(R"([{"name":"x","datatype":"FP32","shape":[-1,-1]}])"));
+  const json strings = json::parse(client.Get("/v2/models/strings").body());
+  EXPECT_EQ(strings["inputs"], json::parse(R"([{"name":"s","datatype":"BYTES","shape":[-1,-1]}])"));
+  EXPECT_EQ(strings["outputs"],
+            json::parse(R"([{"name":"o","datatype":"BYTES","shape":[-1,-1]}])"));
 }
 
 TEST_F(HttpServerTest, InferErrors) {

@@ -82,9 +82,10 @@ ModelMetadata FixedModel() {
 
 TEST(KserveDatatype, NamesRoundTrip) {
   const std::vector<std::pair<DType, std::string>> names = {
-      {DType::kBool, "BOOL"}, {DType::kU8, "UINT8"},  {DType::kI8, "INT8"},  {DType::kI16, "INT16"},
-      {DType::kI32, "INT32"}, {DType::kI64, "INT64"}, {DType::kF16, "FP16"}, {DType::kBF16, "BF16"},
-      {DType::kF32, "FP32"},  {DType::kF64, "FP64"}, {DType::kBytes, "BYTES"}};
+      {DType::kBool, "BOOL"}, {DType::kU8, "UINT8"},   {DType::kI8, "INT8"},
+      {DType::kI16, "INT16"}, {DType::kI32, "INT32"},  {DType::kI64, "INT64"},
+      {DType::kF16, "FP16"},  {DType::kBF16, "BF16"},  {DType::kF32, "FP32"},
+      {DType::kF64, "FP64"},  {DType::kBytes, "BYTES"}};
   for (const auto& [dtype, name] : names) {
     EXPECT_EQ(KserveDatatypeName(dtype), name);
     EXPECT_EQ(ParseKserveDatatype(name), dtype);
@@ -195,8 +196,8 @@ TEST(KserveCodec, StructureErrors) {
                    {"input #0", "'name'"});
   ExpectParseError(R"({"inputs":[{"name":"x","shape":[1],"data":[1]}]})",
                    {"input \"x\"", "'datatype'"});
-  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"BYTES","shape":[1],"data":["a"]}]})",
-                   {"input \"x\"", "unsupported datatype \"BYTES\""});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"STRING","shape":[1],"data":["a"]}]})",
+                   {"input \"x\"", "unsupported datatype \"STRING\""});
   ExpectParseError(R"({"inputs":[{"name":"x","datatype":"FP32","shape":[-1],"data":[1]}]})",
                    {"input \"x\"", "non-negative"});
   ExpectParseError(R"({"inputs":[{"name":"x","datatype":"FP32","shape":"2","data":[1]}]})",

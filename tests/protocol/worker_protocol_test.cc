@@ -200,26 +200,5 @@ TEST(WorkerProtocol, SlotTensorsAreCheckedAgainstTheSlotAndTheirShape) {
   EXPECT_FALSE(CheckSlotTensor({0, 48, {3, 4}}, DType::kF32, 64, 256, nullptr, "t").ok());
 }
 
-std::string Element(const std::string& s) {
-  const uint32_t n = static_cast<uint32_t>(s.size());
-  return std::string(reinterpret_cast<const char*>(&n), 4) + s;
-}
-
-TEST(WorkerProtocol, BytesElementsAreCheckedExactly) {
-  auto check = [](const std::string& bytes, uint64_t count) {
-    return CheckBytesElements(
-        std::span(reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()), count, "t");
-  };
-  const std::string two = Element("ab") + Element(std::string("\0c", 2));
-  EXPECT_TRUE(check(two, 2).ok());
-  EXPECT_TRUE(check("", 0).ok());
-  EXPECT_TRUE(check(Element(""), 1).ok());
-  EXPECT_TRUE(Contains(check(two, 3), "no complete length prefix"));
-  EXPECT_TRUE(Contains(check(two, 1), "bytes after its 1 BYTES elements"));
-  EXPECT_TRUE(Contains(check(two.substr(0, two.size() - 1), 2), "runs past"));
-  // A length prefix near 2^32 must not wrap the running offset.
-  EXPECT_TRUE(Contains(check(std::string("\xff\xff\xff\xff", 4), 1), "runs past"));
-}
-
 }  // namespace
 }  // namespace hearth::control

@@ -211,8 +211,6 @@ def test_a_crash_in_model_code_is_retried_then_refused_as_poison(served):
 def test_bytes_tensors_travel_as_strings_and_binary(served):
     r = infer_json(served["url"], "text", [{"name": "text", "datatype": "BYTES", "shape": [2, 2],
                                             "data": ["ab", "", "\u00e9t\u00e9", "x y"]}])
-    if r.status_code == 400 and "unsupported datatype" in r.text:
-        pytest.skip("the front-end does not take BYTES yet")
     assert r.status_code == 200, r.text
     outs = {o["name"]: o for o in r.json()["outputs"]}
     assert outs["upper"]["datatype"] == "BYTES" and outs["upper"]["shape"] == [2, 2]
