@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import pathlib
+import select
 import shutil
 import subprocess
 import sys
@@ -155,3 +156,51 @@ def wait_for(predicate, what, timeout=120, procs=()):
             raise AssertionError(f"{what}: not within {timeout} s")
         time.sleep(delay)
         delay = min(delay * 1.5, 0.25)
+
+
+def spawn_reporter(code, *args):
+    """Runs `code` in a fresh interpreter that prints one JSON line, then waits for a line on stdin.
+
+    Its stderr goes to a file (a pipe nobody reads could fill and stall it).
+    """
+    err = tempfile.TemporaryFile(mode="w+")
+    proc = subprocess.Popen([sys.executable, "-c", code, *map(str, args)], env=child_env(),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+    proc.err = err
+    return proc
+
+
+def report_of(proc, timeout=300):
+    """The JSON line `proc` (from spawn_reporter) prints; fails with its stderr if it exits first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if ready:
+            line = proc.stdout.readline()
+            if not line:
+                proc.wait(timeout=30)
+                proc.err.seek(0)
+                raise AssertionError(f"process {proc.pid} exited with {proc.returncode}:\n"
+                                     + proc.err.read()[-4000:])
+            return json.loads(line)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {proc.pid} said nothing within {timeout} s")
+
+
+def finish_reporters(procs):
+    """Lets every spawn_reporter process exit (killed if it does not) and closes its files."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.stdin.write("\n")
+                p.stdin.flush()
+            except BrokenPipeError:
+                pass
+    for p in procs:
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        for f in (p.stdin, p.stdout, p.err):
+            f.close()

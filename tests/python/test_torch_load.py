@@ -16,15 +16,10 @@ is $HEARTH_TEST_DEVICE (default "cpu").
 """
 
 import copy
-import json
 import math
 import os
-import select
 import signal
-import subprocess
-import sys
 import tempfile
-import time
 
 import pytest
 
@@ -449,7 +444,7 @@ from test_torch_load import build, tokens
 socket, device = sys.argv[1], sys.argv[2]
 weights = hearth.attach("tiny", socket=socket)
 module = hearth.torch.load_into(build("meta_parameters"), weights)
-total = sum(float(t.double().sum()) for t in module.state_dict().values())  # touches every page
+total = sum(float(t.sum(dtype=torch.float64)) for t in module.state_dict().values())  # every page
 with torch.no_grad():
     logits = module.eval()(tokens().to(device))
 maps = ht.arena_maps() if device == "cpu" else []
@@ -468,27 +463,11 @@ sys.stdin.readline()  # stay attached until the parent has looked
 """
 
 
-def read_line(proc, timeout):
-    deadline = time.monotonic() + timeout
-    while True:
-        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
-        if ready:
-            return proc.stdout.readline()
-        if time.monotonic() > deadline:
-            raise AssertionError(f"worker {proc.pid} said nothing within {timeout} s")
-
-
 def test_four_processes_share_one_copy(store):
     weight_bytes = sum(t.nbytes for t in hearth.attach("tiny", socket=store.socket).values())
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, store.socket, DEVICE],
-                              env=ht.child_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    procs = [ht.spawn_reporter(WORKER, store.socket, DEVICE) for _ in range(4)]
     try:
-        reports = []
-        for p in procs:
-            line = read_line(p, 120)
-            assert line, f"worker {p.pid} failed: {p.stderr.read()[-3000:]}"
-            reports.append(json.loads(line))
+        reports = [ht.report_of(p, 120) for p in procs]
         ht.wait_for(lambda: ht.store_attached_count(store.socket, "tiny") >= 4,
                     "4 leases on tiny", procs=procs)
         assert len({r["logits"] for r in reports}) == 1
@@ -506,16 +485,4 @@ def test_four_processes_share_one_copy(store):
             assert all(s["Rss"] >= weight_bytes for s in smaps), smaps
             assert all(s["Private_Dirty"] == 0 for s in smaps), smaps
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.stdin.write("\n")
-                p.stdin.flush()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            p.stdin.close()
-            p.stdout.close()
-            p.stderr.close()
+        ht.finish_reporters(procs)
