@@ -175,12 +175,28 @@ def _initialiser(root, owner):
     reset = getattr(owner, "reset_parameters", None)
     if callable(reset):
         return reset, f"{type(owner).__name__}.reset_parameters()"
+    model = _enclosing_pretrained_model(root, owner)
+    if model is not None:
+        return (lambda: model._init_weights(owner),
+                f"{type(model).__name__}._init_weights({type(owner).__name__})")
+    return None, f"{type(owner).__name__} has no reset_parameters()"
+
+
+def _enclosing_pretrained_model(root, owner):
+    """The innermost transformers PreTrainedModel in `root` that contains `owner`, or None.
+
+    transformers is looked up, never imported: a model of it exists only if it is loaded.
+    """
     transformers = sys.modules.get("transformers")
     pretrained = getattr(transformers, "PreTrainedModel", None) if transformers else None
-    if pretrained is not None and isinstance(root, pretrained) and hasattr(root, "_init_weights"):
-        return (lambda: root._init_weights(owner),
-                f"{type(root).__name__}._init_weights({type(owner).__name__})")
-    return None, f"{type(owner).__name__} has no reset_parameters()"
+    if pretrained is None:
+        return None
+    found = None
+    for candidate in root.modules():  # outer modules come before the modules they contain
+        if isinstance(candidate, pretrained) and hasattr(candidate, "_init_weights") and \
+                any(m is owner for m in candidate.modules()):
+            found = candidate
+    return found
 
 
 def _fill_placeholder(torch, buffer, device):

@@ -16,9 +16,11 @@ is $HEARTH_TEST_DEVICE (default "cpu").
 """
 
 import copy
+import importlib.util
 import math
 import os
 import signal
+import sys
 import tempfile
 
 import pytest
@@ -486,3 +488,46 @@ def test_four_processes_share_one_copy(store):
             assert all(s["Private_Dirty"] == 0 for s in smaps), smaps
     finally:
         ht.finish_reporters(procs)
+
+
+def test_a_meta_buffer_filled_by_the_enclosing_transformers_model(store, monkeypatch):
+    # transformers' own models are tested in test_transformers.py; this checks, where
+    # transformers is absent, that load_into asks the innermost PreTrainedModel around the
+    # buffer's owner to _init_weights(owner), as from_pretrained does for such buffers.
+    if importlib.util.find_spec("transformers") is not None:
+        pytest.skip("transformers is installed: test_transformers.py covers its models")
+    import types
+
+    class PreTrainedModel(torch.nn.Module):
+        pass
+
+    monkeypatch.setitem(sys.modules, "transformers",
+                        types.SimpleNamespace(PreTrainedModel=PreTrainedModel))
+    calls = []
+
+    class Model(PreTrainedModel):
+        def __init__(self):
+            super().__init__()
+            self.inner = TinyLlama(device="meta", rotary_class=RotaryWithoutInitialiser)
+
+        def _init_weights(self, module):
+            calls.append(type(module).__name__)
+            if isinstance(module, Rotary):
+                module.inv_freq.copy_(module.compute(module.inv_freq.device))
+
+    class Wrapper(torch.nn.Module):  # not a PreTrainedModel itself
+        def __init__(self):
+            super().__init__()
+            self.model = Model()
+
+    weights = {f"model.inner.{k}": v for k, v in
+               htorch.state_dict("tiny", socket=store.socket).items()}
+    wrapper = htorch.load_into(Wrapper(), weights)
+    assert calls == ["RotaryWithoutInitialiser"]
+    inner = wrapper.model.inner
+    assert inner.lm_head.weight is inner.embed_tokens.weight
+    assert torch.equal(inner.rotary.inv_freq.cpu(), store.reference["tiny"].rotary.inv_freq)
+    with torch.no_grad():
+        got = inner.eval()(tokens().to(DEVICE))
+        want = copy.deepcopy(store.reference["tiny"]).to(DEVICE)(tokens().to(DEVICE))
+    assert torch.equal(got, want)
