@@ -10,10 +10,10 @@
 # ../shared/baselines).
 #
 # SECTIONS picks what runs after the build (default: all of them):
-#   host-tests cuda-tests foundation serve-tests serve python gemm startup suite
+#   host-tests cuda-tests foundation serve-tests serve python pybackend gemm startup suite
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python gemm startup suite"}
+SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python pybackend gemm startup suite"}
 want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -39,7 +39,7 @@ if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHEARTH_CUDA=
   exit 1
 fi
 
-host_rc=-; cuda_rc=-; serve_rc=-; py_rc=-; gunicorn_rc=-; suite_rc=-
+host_rc=-; cuda_rc=-; serve_rc=-; py_rc=-; gunicorn_rc=-; suite_rc=-; pyb_rc=-
 if want host-tests; then
   echo "== host tests"
   (cd "$BUILD" && ctest -E 'Cuda' -j 8 --timeout 600 --output-on-failure) > "$OUT/ctest-host.log" 2>&1
@@ -70,7 +70,7 @@ if want python; then
   echo "== Python package against a CUDA store"
   PYROOT=$PWD/.gpu/pyroot/usr/lib/python3/dist-packages
   HEARTH_TEST_DEVICE=cuda:0 HEARTH_CLI=$PWD/$BUILD/bin/hearth HEARTH_LIBRARY=$PWD/$BUILD/src/capi/libhearth.so \
-    PYTHONPATH=$PWD/python:$PYROOT timeout 110 python3 -m pytest -q -rs tests/python -p no:cacheprovider \
+    HEARTH_TEST_LOG_DIR=$OUT PYTHONPATH=$PWD/python:$PYROOT timeout 400 python3 -m pytest -q -rs tests/python -p no:cacheprovider \
     > "$OUT/pytest-cuda.log" 2>&1
   py_rc=$?
   tail -15 "$OUT/pytest-cuda.log"
@@ -78,6 +78,13 @@ if want python; then
     > "$OUT/gunicorn-gpu.log" 2>&1
   gunicorn_rc=$?
   tail -20 "$OUT/gunicorn-gpu.log"
+fi
+if want pybackend; then
+  echo "== backend: python beside the built-in mlp backend and the torch.multiprocessing baseline"
+  timeout 400 python3 bench/serve/python_backend_bench.py --build "$BUILD" --baseline .gpu/baselines/torch_ipc_workers.py \
+    --out "$OUT" --seconds 5 > "$OUT/pybackend-bench.log" 2>&1
+  pyb_rc=$?
+  tail -12 "$OUT/pybackend-bench.log"
 fi
 if want gemm; then
   echo "== the mlp forward by batch size: cuBLASLt, the skinny kernel, PyTorch (baseline)"
@@ -113,7 +120,7 @@ if want startup; then
   rm -rf "$R"
 fi
 if ! want foundation; then
-  echo "== summary: host tests $host_rc, CUDA tests $cuda_rc, serve bench $serve_rc, python CUDA $py_rc, gunicorn $gunicorn_rc, suite $suite_rc"
+  echo "== summary: host tests $host_rc, CUDA tests $cuda_rc, serve bench $serve_rc, python CUDA $py_rc, gunicorn $gunicorn_rc, suite $suite_rc, python backend $pyb_rc"
   (cd "$OUT" && tar czf logs.tar.gz --remove-files ./*.log ./*.txt 2>/dev/null)
   exit 0
 fi

@@ -40,6 +40,10 @@ std::string PrometheusText(const std::vector<std::pair<std::string, const ModelR
   per_model("hearth_inference_compute_infer_duration_us", "counter",
             "Total time the backends ran, as measured in the workers, microseconds.",
             [](const ModelRuntime& m) { return m.run_us.load(); });
+  per_model("hearth_inference_worker_exchange_duration_us", "counter",
+            "Total time from handing batches to workers to their answers, as the server measures "
+            "it (the backends' time and the protocol's), microseconds.",
+            [](const ModelRuntime& m) { return m.exchange_us.load(); });
   per_model("hearth_inference_compute_output_duration_us", "counter",
             "Total time splitting outputs back into responses, microseconds.",
             [](const ModelRuntime& m) { return m.output_us.load(); });

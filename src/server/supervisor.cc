@@ -249,6 +249,7 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
   }
   model_.input_us += Since(dispatched);
 
+  const auto handed_over = Clock::now();
   Status sent = control::SendRun(control, run);
   Result<control::Message> done =
       sent.ok() ? control::ReceiveKind(control, options_.exec_timeout_ms, {control::Kind::kDone})
@@ -291,6 +292,7 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
     return false;
   }
   const control::Done& d = done->done;
+  model_.exchange_us += Since(handed_over);
   model_.batches += 1;
   model_.rows += static_cast<uint64_t>(rows);
   model_.run_us += d.run_us;

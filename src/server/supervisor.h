@@ -112,6 +112,9 @@ struct ModelRuntime {
   // Totals for /metrics and the summary logged at shutdown.
   std::atomic<uint64_t> batches{0}, requests{0}, run_us{0}, request_us{0};
   std::atomic<uint64_t> success{0}, failure{0}, rows{0}, queue_us{0}, input_us{0}, output_us{0};
+  // From handing a batch to a worker (the run message) to its answer, as
+  // the server measures it: the backend's time plus the protocol's.
+  std::atomic<uint64_t> exchange_us{0};
   std::atomic<int64_t> pending{0};
   static constexpr int64_t kBatchBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
   std::atomic<uint64_t> batch_bucket[std::size(kBatchBuckets)] = {};
