@@ -54,7 +54,7 @@ if want cuda-tests; then
 fi
 if want serve-tests; then
   echo "== hearth serve test suite with the models on the GPU"
-  HEARTH_TEST_DEVICE=cuda HEARTH_TEST_LOG_DIR=$OUT HEARTH_CLI=$PWD/$BUILD/bin/hearth timeout 300 python3 -m pytest -q -rs tests/serve \
+  HEARTH_TEST_DEVICE=cuda HEARTH_TEST_LOG_DIR=$OUT HEARTH_CLI=$PWD/$BUILD/bin/hearth timeout 500 python3 -m pytest -q -rs tests/serve \
     -p no:cacheprovider > "$OUT/pytest-serve-cuda.log" 2>&1
   serve_rc=$?
   tail -12 "$OUT/pytest-serve-cuda.log"

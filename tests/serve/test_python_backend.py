@@ -44,6 +44,10 @@ class Model:
         if (x == 8).any():
             return {"y": np.zeros((x.shape[0], 2), dtype=np.float32)}
         return {"y": (x * self.w).sum(axis=1, keepdims=True).astype(np.float32)}
+
+    def finalize(self):
+        import os
+        open(os.path.join(self.args["model_repository"], f"finalized-{os.getpid()}"), "w").close()
 """
 
 TEXT_PY = """
@@ -150,6 +154,8 @@ parameters:
     yield state
     code, text = stop_serve(state)
     assert code == 0, text[-3000:]
+    # An orderly shutdown runs finalize() in the workers that are up.
+    assert list((root / "pyscale" / "1").glob("finalized-*")), "no worker ran finalize()"
 
 
 def test_a_python_model_answers_from_the_stores_weights(served):
@@ -266,12 +272,12 @@ def test_the_examples_repository_serves_the_seeds_models(tmp_path):
         import torch  # noqa: F401
     except ImportError:
         pytest.skip("the examples' model.py files use torch, which this python3 lacks")
-    from test_serve import mlp_reference, read_safetensors
+    from test_serve import ON_GPU, mlp_reference, read_safetensors
     root = pathlib.Path(__file__).resolve().parents[2]
     repo = tmp_path / "repo"
     env = dict(os.environ, MLP_DIMS="32,64,10", WORKERS="2", HEARTH=CLI, PYTHON=sys.executable)
     subprocess.run(["sh", str(root / "examples" / "python_backend" / "make_repository.sh"), str(repo),
-                    "KIND_CPU"], check=True, capture_output=True, env=env)
+                    "KIND_GPU" if ON_GPU else "KIND_CPU"], check=True, capture_output=True, env=env)
     state = start_serve(tmp_path, repo)
     try:
         x = np.random.default_rng(3).standard_normal((3, 32)).astype(np.float32)
