@@ -101,8 +101,13 @@ Result<std::vector<std::string>> ListSafetensors(int dir_fd, const std::string& 
   std::vector<std::string> names;
   size_t entries = 0;
   Status status;
-  errno = 0;
-  while (const dirent* entry = ::readdir(dir)) {
+  for (;;) {
+    errno = 0;  // readdir returns nullptr both at the end and on an error
+    const dirent* entry = ::readdir(dir);
+    if (entry == nullptr) {
+      if (errno != 0) status = ErrnoError("reading the directory " + shown, errno);
+      break;
+    }
     if (++entries > kMaxCheckpointDirectoryEntries) {
       status =
           InvalidArgument(shown + ": more than " + std::to_string(kMaxCheckpointDirectoryEntries) +
@@ -112,7 +117,6 @@ Result<std::vector<std::string>> ListSafetensors(int dir_fd, const std::string& 
     const std::string_view name = entry->d_name;
     if (name.size() > kSuffix.size() && name.ends_with(kSuffix)) names.emplace_back(name);
   }
-  if (status.ok() && errno != 0) status = ErrnoError("reading the directory " + shown, errno);
   ::closedir(dir);
   RETURN_IF_ERROR(status);
   std::sort(names.begin(), names.end());
