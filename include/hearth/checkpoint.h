@@ -92,11 +92,13 @@ struct CheckpointIndex {
 // `origin` (the index's path) prefixes every error message.
 Result<CheckpointIndex> ParseCheckpointIndex(std::string_view json, std::string_view origin);
 
-// One safetensors file a Checkpoint holds open.
+// One safetensors file of a Checkpoint.
 struct CheckpointFile {
-  std::string name;         // inside the checkpoint directory; the path given for a lone file
-  std::string path;         // as messages name it: the directory's path, '/', name
-  UniqueFd fd;              // read-only, close-on-exec
+  std::string name;  // inside the checkpoint directory; the path given for a lone file
+  std::string path;  // as messages name it: the directory's path, '/', name
+  // Read-only, close-on-exec. Held for the first (or only) file; for the
+  // other shards of a sharded checkpoint not held (invalid): see Checkpoint.
+  UniqueFd fd;
   uint64_t size = 0;        // bytes, when opened
   uint64_t data_start = 0;  // 8 + header length
   uint64_t tensor_count = 0;
@@ -106,8 +108,8 @@ struct CheckpointFile {
 };
 
 // A validated checkpoint, open read-only: a safetensors file, or a checkpoint
-// directory (see the top of this file). Move-only; owns the descriptor of
-// every file it holds. Thread-safe for concurrent reads (pread).
+// directory (see the top of this file). Move-only; owns its descriptors.
+// Thread-safe for concurrent reads (pread).
 //
 // Every file is opened without trusting its path twice: resolved once to an
 // O_PATH descriptor, checked with fstat to be a regular file (so a FIFO,
@@ -117,6 +119,13 @@ struct CheckpointFile {
 // the directory while it is read cannot send a shard's open elsewhere. As for
 // a lone file, a symbolic link in the directory is followed (the Hugging Face
 // cache is a tree of links into its blobs) but must lead to a regular file.
+//
+// Descriptors: a sharded checkpoint holds two, whatever its number of shards
+// (up to kMaxCheckpointShards, past any usual descriptor limit): the
+// directory's and the first shard's. Every other shard is closed once its
+// header is checked and opened again, relative to the directory, by each
+// Read; it must then still be the very file that was checked (device, inode,
+// size, modification and change times), else the Read fails naming it.
 class Checkpoint {
  public:
   // `path`: a safetensors file, or a directory holding model.safetensors
@@ -171,6 +180,7 @@ class Checkpoint {
 
   std::string path_;
   bool is_directory_ = false;
+  UniqueFd directory_;  // held for a sharded checkpoint
   std::string index_path_;
   std::string index_identity_;
   std::optional<uint64_t> index_total_size_;

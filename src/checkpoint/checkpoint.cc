@@ -174,6 +174,7 @@ class CheckpointBuilder {
     if (has_index) {
       RETURN_IF_ERROR(OpenSharded(checkpoint, dir.get(), prefix));
       RETURN_IF_ERROR(Finish(checkpoint));
+      checkpoint.directory_ = std::move(dir);
       return checkpoint;
     }
 
@@ -262,6 +263,7 @@ class CheckpointBuilder {
         return ResourceExhausted(file->path + ": takes the shards' tensors past the limit of " +
                                  std::to_string(kMaxCheckpointTensors));
       }
+      if (i > 0) file->fd.Reset();  // opened again by each Read
       checkpoint.shards_.push_back(std::move(file).value());
     }
 
@@ -373,8 +375,20 @@ Status Checkpoint::Read(const TensorInfo& tensor, uint64_t offset_in_tensor,
     return InvalidArgument(file.path + ": tensor " + QuoteForMessage(tensor.name) +
                            " does not lie in this file's data section");
   }
+  UniqueFd reopened;
+  int fd = file.fd.get();
+  if (fd < 0) {
+    struct stat st {};
+    ASSIGN_OR_RETURN(reopened, OpenRegularFileAt(directory_.get(), file.name, file.path, &st));
+    if (Identity(st) != file.identity) {
+      return FailedPrecondition(file.path +
+                                ": changed since the checkpoint was opened (it is another file "
+                                "now, or was written, truncated or touched)");
+    }
+    fd = reopened.get();
+  }
   const uint64_t offset = file.data_start + tensor.offset + offset_in_tensor;
-  ASSIGN_OR_RETURN(size_t got, PreadFull(file.fd.get(), out.data(), out.size(), offset, file.path));
+  ASSIGN_OR_RETURN(size_t got, PreadFull(fd, out.data(), out.size(), offset, file.path));
   if (got < out.size()) {
     return TruncatedError(file.path, "tensor " + QuoteForMessage(tensor.name) + ": ", offset,
                           out.size(), got, file.size);

@@ -156,11 +156,12 @@ TEST_F(ShardedCheckpointTest, HoldsEveryTensorOfEveryShardWithItsBytesSortedByNa
     EXPECT_EQ(shard.path, File(names[i]));
     EXPECT_EQ(shard.tensor_count, 2u);
     EXPECT_EQ(shard.metadata, (std::vector<std::pair<std::string, std::string>>{{"format", "pt"}}));
-    const int flags = ::fcntl(shard.fd.get(), F_GETFD);
-    ASSERT_GE(flags, 0);
-    EXPECT_TRUE(flags & FD_CLOEXEC) << shard.name;
+    EXPECT_EQ(shard.fd.valid(), i == 0) << "only the first shard's descriptor is held";
   }
   EXPECT_EQ(checkpoint->fd(), checkpoint->shards()[0].fd.get());
+  const int flags = ::fcntl(checkpoint->fd(), F_GETFD);
+  ASSERT_GE(flags, 0);
+  EXPECT_TRUE(flags & FD_CLOEXEC);
 
   const std::vector<TensorInfo>& tensors = checkpoint->tensors();
   ASSERT_EQ(tensors.size(), tensors_.size());
@@ -502,15 +503,83 @@ TEST_F(ShardedCheckpointTest, ReadsComeFromTheFilesOpenedWhateverHappensToTheDir
 TEST_F(ShardedCheckpointTest, TruncatedShardNamesTheShardAndTheTensor) {
   Result<Checkpoint> checkpoint = Checkpoint::Open(dir_);
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
-  const TensorInfo* q = checkpoint->Find("model.layers.0.attn.q.weight");
-  ASSERT_NE(q, nullptr);
-  const CheckpointFile& shard = checkpoint->shards()[q->shard];
+  const TensorInfo* embed = checkpoint->Find("model.embed_tokens.weight");
+  ASSERT_NE(embed, nullptr);
+  const CheckpointFile& shard = checkpoint->shards()[embed->shard];
+  ASSERT_EQ(shard.name, kShard1);
   ASSERT_EQ(::truncate(shard.path.c_str(), static_cast<off_t>(shard.data_start)), 0);
-  std::vector<std::byte> bytes(q->nbytes);
-  Status status = checkpoint->Read(*q, 0, bytes);
+  std::vector<std::byte> bytes(embed->nbytes);
+  Status status = checkpoint->Read(*embed, 0, bytes);
   EXPECT_THAT(status.message(),
-              HasSubstr(File(kShard2) + ": tensor 'model.layers.0.attn.q.weight': file is "
-                                        "truncated"));
+              HasSubstr(File(kShard1) + ": tensor 'model.embed_tokens.weight': file is truncated"));
+}
+
+// The shards past the first are opened again for each read: one that is not
+// the file checked at Open any more (rewritten, replaced, touched) is an
+// error naming it, never other bytes.
+TEST_F(ShardedCheckpointTest, AShardChangedAfterOpenFailsTheReadNamingIt) {
+  Result<Checkpoint> checkpoint = Checkpoint::Open(dir_);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
+  const TensorInfo* q = checkpoint->Find("model.layers.0.attn.q.weight");
+  const TensorInfo* norm = checkpoint->Find("model.norm.weight");
+  ASSERT_TRUE(q != nullptr && norm != nullptr);
+  std::vector<std::byte> bytes(q->nbytes);
+  ASSERT_TRUE(checkpoint->Read(*q, 0, bytes).ok());
+
+  // Replaced by a file holding the same tensors.
+  WriteShard(File(kShard2) + ".new", {&tensors_[2], &tensors_[3]});
+  fs::rename(File(kShard2) + ".new", File(kShard2));
+  Status status = checkpoint->Read(*q, 0, bytes);
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(),
+              HasSubstr(File(kShard2) + ": changed since the checkpoint was opened"));
+
+  // Touched.
+  const timespec times[2] = {{1000000000, 1}, {1000000000, 1}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, File(kShard3).c_str(), times, 0), 0);
+  bytes.resize(norm->nbytes);
+  status = checkpoint->Read(*norm, 0, bytes);
+  EXPECT_THAT(status.message(),
+              HasSubstr(File(kShard3) + ": changed since the checkpoint was opened"));
+
+  // Gone.
+  ASSERT_TRUE(fs::remove(File(kShard3)));
+  status = checkpoint->Read(*norm, 0, bytes);
+  EXPECT_THAT(status.message(), HasSubstr(File(kShard3) + ": No such file or directory"));
+}
+
+int OpenDescriptors() {
+  int count = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator("/proc/self/fd")) ++count;
+  return count;
+}
+
+// A checkpoint of hundreds of shards holds two descriptors, not one per
+// shard: its shards cannot exhaust a process's descriptor limit.
+TEST(CheckpointDirectory, ManyShardsHoldTwoDescriptors) {
+  TempDir dir;
+  constexpr int kShards = 300;
+  std::vector<std::vector<std::byte>> bytes;
+  for (int i = 0; i < kShards; ++i) bytes.push_back(Pattern(8, static_cast<uint8_t>(i)));
+  CheckpointWriter writer;
+  for (int i = 0; i < kShards; ++i)
+    ASSERT_TRUE(writer.AddTensor("t" + std::to_string(i), DType::kU8, {8}, bytes[i]).ok());
+  const std::string out = dir.File("many");
+  ASSERT_TRUE(writer.WriteDirectory(out, 8).ok());
+
+  const int before = OpenDescriptors();
+  Result<Checkpoint> checkpoint = Checkpoint::Open(out);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
+  ASSERT_EQ(checkpoint->shards().size(), static_cast<size_t>(kShards));
+  EXPECT_LE(OpenDescriptors() - before, 2);
+  for (int i = 0; i < kShards; ++i) {
+    const TensorInfo* t = checkpoint->Find("t" + std::to_string(i));
+    ASSERT_NE(t, nullptr);
+    std::vector<std::byte> read(8);
+    ASSERT_TRUE(checkpoint->Read(*t, 0, read).ok()) << t->name;
+    EXPECT_EQ(read, bytes[i]) << t->name;
+  }
+  EXPECT_LE(OpenDescriptors() - before, 2) << "a read closes what it opened";
 }
 
 TEST(ParseCheckpointIndex, SortsShardsAndTensorsAndIgnoresUnknownKeys) {
