@@ -233,7 +233,7 @@ class CheckpointBuilder {
       ASSIGN_OR_RETURN(bool has_single, HasEntry(dir_fd, single_name, prefix + single_name));
       if (has_single) {
         return InvalidArgument(prefix + single_name + ": is beside " + index_path +
-                               ", which does not list it: one of them is stale (remove it)");
+                               ", which does not list it: one of the two is stale");
       }
     }
 
