@@ -23,7 +23,6 @@ inline void StoreLittleEndian64(uint64_t value, unsigned char* bytes) {
   for (int i = 0; i < 8; ++i) bytes[i] = static_cast<unsigned char>(value >> (8 * i));
 }
 
-
 // 'text' for an error message: control bytes escaped, cut after 128 bytes.
 std::string QuoteForMessage(std::string_view text);
 // "[2, 3, 4]"

@@ -1,5 +1,3 @@
-#include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,8 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "checkpoint/safetensors_file.h"
 #include "checkpoint/safetensors_format.h"
-#include "common/regular_file.h"
 #include "hearth/checkpoint.h"
 
 namespace hearth {
@@ -247,33 +245,6 @@ Status CheckNoOverlap(const std::vector<TensorInfo>& tensors, std::string_view o
   return Status::Ok();
 }
 
-// Reads up to `size` bytes at `offset`, retrying EINTR and short reads.
-// Returns fewer bytes only at end of file.
-Result<size_t> PreadFull(int fd, void* buffer, size_t size, uint64_t offset,
-                         const std::string& path) {
-  auto* out = static_cast<char*>(buffer);
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::pread(fd, out + done, size - done, static_cast<off_t>(offset + done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("read " + path + " at byte " + std::to_string(offset + done), errno);
-    }
-    if (n == 0) break;
-    done += static_cast<size_t>(n);
-  }
-  return done;
-}
-
-// `subject` is empty or "tensor 'name': ".
-Status TruncatedError(const std::string& path, std::string_view subject, uint64_t offset,
-                      uint64_t size, size_t got, uint64_t file_size) {
-  return InvalidArgument(path + ": " + std::string(subject) + "file is truncated: reading bytes " +
-                         FormatRange(offset, size) + " hit end of file at byte " +
-                         std::to_string(offset + got) + " (the file had " +
-                         std::to_string(file_size) + " bytes when opened)");
-}
-
 }  // namespace
 
 uint64_t TensorInfo::numel() const {
@@ -305,19 +276,44 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(std::string_view json, uint64_t
   return header;
 }
 
-Result<Checkpoint> Checkpoint::Open(const std::string& path) {
-  // A FIFO, device, socket or directory is refused before it could block or
-  // do anything on open.
-  struct stat st {};
-  ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(path, &st));
-  const auto file_size = static_cast<uint64_t>(st.st_size);
+// Reads up to `size` bytes at `offset`, retrying EINTR and short reads.
+// Returns fewer bytes only at end of file.
+Result<size_t> PreadFull(int fd, void* buffer, size_t size, uint64_t offset,
+                         const std::string& path) {
+  auto* out = static_cast<char*>(buffer);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pread(fd, out + done, size - done, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("read " + path + " at byte " + std::to_string(offset + done), errno);
+    }
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  return done;
+}
+
+// `subject` is empty or "tensor 'name': ".
+Status TruncatedError(const std::string& path, std::string_view subject, uint64_t offset,
+                      uint64_t size, size_t got, uint64_t file_size) {
+  return InvalidArgument(path + ": " + std::string(subject) + "file is truncated: reading bytes " +
+                         FormatRange(offset, size) + " hit end of file at byte " +
+                         std::to_string(offset + got) + " (the file had " +
+                         std::to_string(file_size) + " bytes when opened)");
+}
+
+Status ReadSafetensorsHeader(CheckpointFile& file, uint32_t shard, uint64_t* header_budget,
+                             std::vector<TensorInfo>* tensors) {
+  const std::string& path = file.path;
+  const uint64_t file_size = file.size;
   if (file_size < 8) {
     return InvalidArgument(path + ": file is " + std::to_string(file_size) +
                            " bytes, too short for the 8-byte header length");
   }
 
   unsigned char prefix[8];
-  ASSIGN_OR_RETURN(size_t got, PreadFull(fd.get(), prefix, sizeof prefix, 0, path));
+  ASSIGN_OR_RETURN(size_t got, PreadFull(file.fd.get(), prefix, sizeof prefix, 0, path));
   if (got < sizeof prefix) return TruncatedError(path, "", 0, sizeof prefix, got, file_size);
   const uint64_t header_size = LoadLittleEndian64(prefix);
   if (header_size == 0) return InvalidArgument(path + ": header length is 0");
@@ -331,52 +327,27 @@ Result<Checkpoint> Checkpoint::Open(const std::string& path) {
                            " runs past the end of the file (" + std::to_string(file_size) +
                            " bytes)");
   }
+  if (header_budget != nullptr) {
+    if (header_size > *header_budget) {
+      return ResourceExhausted(path + ": header length " + std::to_string(header_size) +
+                               " takes the shards' headers past the limit of " +
+                               std::to_string(kMaxCheckpointHeaderBytes) + " bytes in all");
+    }
+    *header_budget -= header_size;
+  }
 
   std::string text(header_size, '\0');
-  ASSIGN_OR_RETURN(got, PreadFull(fd.get(), text.data(), text.size(), 8, path));
+  ASSIGN_OR_RETURN(got, PreadFull(file.fd.get(), text.data(), text.size(), 8, path));
   if (got < text.size()) return TruncatedError(path, "", 8, text.size(), got, file_size);
 
-  Checkpoint checkpoint;
-  ASSIGN_OR_RETURN(checkpoint.header_,
+  ASSIGN_OR_RETURN(SafetensorsHeader header,
                    ParseSafetensorsHeader(text, file_size - 8 - header_size, path));
-  checkpoint.path_ = path;
-  checkpoint.fd_ = std::move(fd);
-  checkpoint.file_size_ = file_size;
-  checkpoint.data_start_ = 8 + header_size;
-  return checkpoint;
-}
-
-const TensorInfo* Checkpoint::Find(std::string_view name) const {
-  const auto& tensors = header_.tensors;
-  auto it = std::lower_bound(tensors.begin(), tensors.end(), name,
-                             [](const TensorInfo& t, std::string_view n) { return t.name < n; });
-  return it != tensors.end() && it->name == name ? &*it : nullptr;
-}
-
-uint64_t Checkpoint::tensor_bytes() const {
-  uint64_t total = 0;
-  for (const TensorInfo& t : header_.tensors) total += t.nbytes;
-  return total;
-}
-
-Status Checkpoint::Read(const TensorInfo& tensor, uint64_t offset_in_tensor,
-                        std::span<std::byte> out) const {
-  if (offset_in_tensor > tensor.nbytes || out.size() > tensor.nbytes - offset_in_tensor) {
-    return InvalidArgument(path_ + ": tensor " + QuoteForMessage(tensor.name) + ": read of " +
-                           std::to_string(out.size()) + " bytes at offset " +
-                           std::to_string(offset_in_tensor) + " is outside its " +
-                           std::to_string(tensor.nbytes) + " bytes");
-  }
-  const uint64_t data_size = file_size_ - data_start_;
-  if (tensor.offset > data_size || tensor.nbytes > data_size - tensor.offset) {
-    return InvalidArgument(path_ + ": tensor " + QuoteForMessage(tensor.name) +
-                           " does not lie in this file's data section");
-  }
-  const uint64_t offset = data_start_ + tensor.offset + offset_in_tensor;
-  ASSIGN_OR_RETURN(size_t got, PreadFull(fd_.get(), out.data(), out.size(), offset, path_));
-  if (got < out.size()) {
-    return TruncatedError(path_, "tensor " + QuoteForMessage(tensor.name) + ": ", offset,
-                          out.size(), got, file_size_);
+  file.data_start = 8 + header_size;
+  file.metadata = std::move(header.metadata);
+  file.tensor_count = header.tensors.size();
+  for (TensorInfo& t : header.tensors) {
+    t.shard = shard;
+    tensors->push_back(std::move(t));
   }
   return Status::Ok();
 }

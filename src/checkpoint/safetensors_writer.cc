@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -258,6 +259,62 @@ Status CheckpointWriter::Write(const std::string& path, int threads) const {
   RETURN_IF_ERROR(PwriteFull(fd.get(), length, sizeof length, 0, tmp_path));
   RETURN_IF_ERROR(PwriteFull(fd.get(), header.data(), header.size(), 8, tmp_path));
   RETURN_IF_ERROR(WriteChunks(fd.get(), chunks, threads, path, tmp_path));
+  if (::close(fd.Release()) != 0) return ErrnoError("close " + tmp_path, errno);
+  if (::rename(tmp_path.c_str(), path.c_str()) != 0) {
+    return ErrnoError("rename " + tmp_path + " to " + path, errno);
+  }
+  cleanup.Disarm();
+  return Status::Ok();
+}
+
+Status CheckpointWriter::WriteDirectory(const std::string& dir, uint64_t max_shard_bytes,
+                                        int threads) const {
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoError("mkdir " + dir, errno);
+  std::vector<std::vector<size_t>> shards;
+  uint64_t shard_bytes = 0, total = 0;
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    const uint64_t nbytes = tensors_[i].nbytes;
+    const bool fits = shard_bytes <= max_shard_bytes && nbytes <= max_shard_bytes - shard_bytes;
+    if (shards.empty() || !fits) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(i);
+    shard_bytes += nbytes;
+    if (__builtin_add_overflow(total, nbytes, &total)) {
+      return InvalidArgument(dir + ": tensors add up to more than 2^64 bytes");
+    }
+  }
+  if (shards.size() <= 1) return Write(dir + "/" + std::string(kSafetensorsFileName), threads);
+  if (shards.size() > 99999) {
+    return InvalidArgument(dir + ": " + std::to_string(shards.size()) +
+                           " shards; file names hold at most 99999");
+  }
+
+  Json weight_map = Json::object();
+  for (size_t s = 0; s < shards.size(); ++s) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+    CheckpointWriter shard;
+    shard.metadata_ = metadata_;
+    for (size_t i : shards[s]) {
+      shard.tensors_.push_back(tensors_[i]);
+      weight_map[tensors_[i].name] = name;
+    }
+    RETURN_IF_ERROR(shard.Write(dir + "/" + name, threads));
+  }
+  std::string text;
+  try {
+    text = Json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n";
+  } catch (const Json::exception& e) {
+    return InvalidArgument(dir + ": a tensor name is not valid UTF-8 (" + e.what() + ")");
+  }
+  const std::string path = dir + "/" + std::string(kSafetensorsIndexFileName);
+  const std::string tmp_path = path + ".tmp";
+  UniqueFd fd(::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd) return ErrnoError("create " + tmp_path, errno);
+  TempFileCleanup cleanup(tmp_path);
+  RETURN_IF_ERROR(PwriteFull(fd.get(), text.data(), text.size(), 0, tmp_path));
   if (::close(fd.Release()) != 0) return ErrnoError("close " + tmp_path, errno);
   if (::rename(tmp_path.c_str(), path.c_str()) != 0) {
     return ErrnoError("rename " + tmp_path + " to " + path, errno);

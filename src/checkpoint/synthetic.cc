@@ -80,7 +80,8 @@ struct SyntheticTensor {
 };
 
 Status WriteSynthetic(std::string_view model, const std::vector<SyntheticTensor>& tensors,
-                      DType dtype, uint64_t seed, const std::string& path, int threads) {
+                      DType dtype, uint64_t seed, const std::string& path, int threads,
+                      uint64_t max_shard_bytes) {
   const std::string context = "synthetic " + std::string(model);
   CheckpointWriter writer;
   writer.SetMetadata("hearth.model", std::string(model));
@@ -90,6 +91,9 @@ Status WriteSynthetic(std::string_view model, const std::vector<SyntheticTensor>
     RETURN_IF_ERROR(
         writer.AddTensor(t.name, dtype, t.shape, MakeFill(dtype, seed, k, SyntheticBound(t.fan_in)))
             .WithContext(context));
+  }
+  if (max_shard_bytes > 0) {
+    return writer.WriteDirectory(path, max_shard_bytes, threads).WithContext(context);
   }
   return writer.Write(path, threads).WithContext(context);
 }
@@ -103,7 +107,7 @@ float SyntheticValue(uint64_t seed, uint64_t tensor_index, uint64_t element, flo
 }
 
 Status WriteSyntheticMlp(int64_t in, int64_t hidden, int64_t out, DType dtype, uint64_t seed,
-                         const std::string& path, int threads) {
+                         const std::string& path, int threads, uint64_t max_shard_bytes) {
   if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16) {
     return InvalidArgument("synthetic mlp: dtype must be F32, F16 or BF16, got " +
                            std::string(DTypeName(dtype)));
@@ -116,12 +120,14 @@ Status WriteSyntheticMlp(int64_t in, int64_t hidden, int64_t out, DType dtype, u
                             {"head.weight", {out, hidden}, hidden},
                             {"head.bias", {out}, hidden},
                         },
-                        dtype, seed, path, threads);
+                        dtype, seed, path, threads, max_shard_bytes);
 }
 
-Status WriteSyntheticScale(int64_t n, uint64_t seed, const std::string& path, int threads) {
+Status WriteSyntheticScale(int64_t n, uint64_t seed, const std::string& path, int threads,
+                           uint64_t max_shard_bytes) {
   RETURN_IF_ERROR(CheckPositive("scale", {{"n", n}}));
-  return WriteSynthetic("scale", {{"weight", {n}, 1}}, DType::kF32, seed, path, threads);
+  return WriteSynthetic("scale", {{"weight", {n}, 1}}, DType::kF32, seed, path, threads,
+                        max_shard_bytes);
 }
 
 }  // namespace hearth

@@ -47,10 +47,13 @@ float SyntheticBound(int64_t fan_in);
 float SyntheticValue(uint64_t seed, uint64_t tensor_index, uint64_t element, float bound);
 
 // Writes the mlp model to `path` (see above). `dtype` is F32, F16 or BF16;
-// every dimension must be positive.
+// every dimension must be positive. With `max_shard_bytes` > 0, `path` is a
+// checkpoint directory with shards of at most that many bytes of tensors
+// (CheckpointWriter::WriteDirectory); the tensors are the same.
 Status WriteSyntheticMlp(int64_t in, int64_t hidden, int64_t out, DType dtype, uint64_t seed,
-                         const std::string& path, int threads);
+                         const std::string& path, int threads, uint64_t max_shard_bytes = 0);
 // Writes the scale model: one F32 tensor "weight" of `n` > 0 elements.
-Status WriteSyntheticScale(int64_t n, uint64_t seed, const std::string& path, int threads);
+Status WriteSyntheticScale(int64_t n, uint64_t seed, const std::string& path, int threads,
+                           uint64_t max_shard_bytes = 0);
 
 }  // namespace hearth

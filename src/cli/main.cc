@@ -122,7 +122,7 @@ int RunStore(const std::string& socket, const std::vector<std::string>& model_ar
   for (const std::string& arg : model_args) {
     const size_t eq = arg.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == arg.size())
-      return Fail(InvalidArgument("--model '" + arg + "' is not NAME=FILE"));
+      return Fail(InvalidArgument("--model '" + arg + "' is not NAME=PATH"));
     options.models.emplace_back(arg.substr(0, eq), arg.substr(eq + 1));
   }
   InstallStopHandlers();
@@ -291,7 +291,22 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
 
 // ---- hearth inspect --------------------------------------------------------
 
-int InspectFile(const std::string& path) {
+// A checkpoint's tensors, with the shard each lies in when there are several.
+void PrintCheckpointTable(const Checkpoint& ckpt) {
+  if (ckpt.shards().size() == 1) return PrintTensorTable(ckpt.tensors());
+  size_t width = 6;
+  for (const TensorInfo& t : ckpt.tensors()) width = std::max(width, t.name.size());
+  std::printf("%-*s  %-7s  %-22s  %14s  %14s  %s\n", static_cast<int>(width), "tensor", "dtype",
+              "shape", "offset", "bytes", "shard");
+  for (const TensorInfo& t : ckpt.tensors()) {
+    std::printf("%-*s  %-7s  %-22s  %14llu  %14llu  %s\n", static_cast<int>(width), t.name.c_str(),
+                std::string(DTypeName(t.dtype)).c_str(), ShapeString(t.shape).c_str(),
+                static_cast<unsigned long long>(t.offset),
+                static_cast<unsigned long long>(t.nbytes), ckpt.shards()[t.shard].name.c_str());
+  }
+}
+
+int InspectCheckpoint(const std::string& path) {
   Result<Checkpoint> ckpt = Checkpoint::Open(path);
   if (!ckpt.ok()) return Fail(ckpt.status());
   std::vector<uint64_t> digests;
@@ -303,12 +318,25 @@ int InspectFile(const std::string& path) {
       digests.push_back(BlockDigest(block));
     }
   }
-  std::printf("file: %s\n", path.c_str());
-  for (const auto& [k, v] : ckpt->metadata())
-    std::printf("metadata: %s = %s\n", k.c_str(), v.c_str());
+  if (ckpt->is_directory()) std::printf("checkpoint: %s (a directory)\n", path.c_str());
+  if (!ckpt->index_path().empty()) {
+    std::printf("index: %s\n", ckpt->index_path().c_str());
+    for (size_t i = 0; i < ckpt->shards().size(); ++i) {
+      const CheckpointFile& shard = ckpt->shards()[i];
+      std::printf("shard %zu: %s (%llu tensor%s, %llu bytes)\n", i + 1, shard.name.c_str(),
+                  static_cast<unsigned long long>(shard.tensor_count),
+                  shard.tensor_count == 1 ? "" : "s", static_cast<unsigned long long>(shard.size));
+      for (const auto& [k, v] : shard.metadata)
+        std::printf("shard %zu: metadata: %s = %s\n", i + 1, k.c_str(), v.c_str());
+    }
+  } else {
+    std::printf("file: %s\n", ckpt->shards().front().path.c_str());
+    for (const auto& [k, v] : ckpt->metadata())
+      std::printf("metadata: %s = %s\n", k.c_str(), v.c_str());
+  }
   std::printf("tensors: %zu, %llu bytes\n", ckpt->tensors().size(),
               static_cast<unsigned long long>(ckpt->tensor_bytes()));
-  PrintTensorTable(ckpt->tensors());
+  PrintCheckpointTable(*ckpt);
   std::printf("checksum: %s\n", ChecksumHex(CombineBlockDigests(digests)).c_str());
   return 0;
 }
@@ -417,7 +445,7 @@ int ShowStatus(const AttachOptions& store) {
 int LoadModel(const AttachOptions& store, const std::string& arg) {
   const size_t eq = arg.find('=');
   if (eq == std::string::npos || eq == 0 || eq + 1 == arg.size())
-    return Fail(InvalidArgument("'" + arg + "' is not NAME=FILE"));
+    return Fail(InvalidArgument("'" + arg + "' is not NAME=PATH"));
   std::string path = arg.substr(eq + 1);
   char resolved[PATH_MAX];
   if (::realpath(path.c_str(), resolved) != nullptr) path = resolved;
@@ -457,7 +485,7 @@ Result<std::vector<int64_t>> ParseDims(const std::string& text) {
 }
 
 int MakeModel(const std::string& kind, const std::string& dims_text, const std::string& dtype_text,
-              uint64_t seed, const std::string& out, int threads) {
+              uint64_t seed, const std::string& out, int threads, uint64_t shard_bytes) {
   Result<std::vector<int64_t>> dims = ParseDims(dims_text);
   if (!dims.ok()) return Fail(dims.status());
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -469,11 +497,12 @@ int MakeModel(const std::string& kind, const std::string& dims_text, const std::
     std::optional<DType> dtype = ParseDType(upper);
     if (!dtype || (*dtype != DType::kF32 && *dtype != DType::kF16 && *dtype != DType::kBF16))
       return Fail(InvalidArgument("--dtype '" + dtype_text + "' is not one of f32, f16, bf16"));
-    s = WriteSyntheticMlp((*dims)[0], (*dims)[1], (*dims)[2], *dtype, seed, out, threads);
+    s = WriteSyntheticMlp((*dims)[0], (*dims)[1], (*dims)[2], *dtype, seed, out, threads,
+                          shard_bytes);
   } else {
     if (dims->size() != 1) return Fail(InvalidArgument("scale needs --dims N"));
     if (dtype_text != "f32") return Fail(InvalidArgument("scale models are f32 only"));
-    s = WriteSyntheticScale((*dims)[0], seed, out, threads);
+    s = WriteSyntheticScale((*dims)[0], seed, out, threads, shard_bytes);
   }
   if (!s.ok()) return Fail(s);
   std::printf("wrote %s\n", out.c_str());
@@ -534,7 +563,10 @@ int main(int argc, char** argv) {
   std::vector<uint32_t> allow_uids, allow_gids;
   int load_threads = 0;
   add_socket(store);
-  store->add_option("--model", models, "NAME=FILE (a safetensors checkpoint); repeatable");
+  store->add_option("--model", models,
+                    "NAME=PATH: a safetensors file, or a checkpoint directory (model.safetensors, "
+                    "or shards with model.safetensors.index.json, as save_pretrained writes "
+                    "them); repeatable");
   store->add_option("--device", device,
                     "cpu or cuda:N (default: cuda:0 if a GPU is usable, else cpu)");
   store->add_option("--socket-mode", socket_mode, "permissions of the socket file (octal)")
@@ -589,7 +621,9 @@ int main(int argc, char** argv) {
   int http_port = 8000, serve_workers = 0, exec_timeout_ms = 60000;
   serve
       ->add_option("--model-repository", repository,
-                   "DIR/<model>/config.yaml and DIR/<model>/<version>/model.safetensors")
+                   "DIR/<model>/config.yaml and DIR/<model>/<version>/ holding "
+                   "model.safetensors, or a sharded checkpoint with "
+                   "model.safetensors.index.json")
       ->required();
   serve->add_option("--host", host, "address to listen on")->capture_default_str();
   serve->add_option("--http-port", http_port, "port (0 = any free port)")->capture_default_str();
@@ -651,10 +685,13 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
 
   auto* inspect = app.add_subcommand(
-      "inspect", "print a checkpoint's (or a store's model's) tensors and checksum");
+      "inspect",
+      "print a checkpoint's (file or directory) or a store's model's tensors and checksum");
   std::string file, model;
   bool verify = false, hold = false;
-  inspect->add_option("file", file, "a safetensors file");
+  inspect->add_option("checkpoint", file,
+                      "a safetensors file, or a checkpoint directory (model.safetensors, or "
+                      "shards with model.safetensors.index.json): lists every shard's tensors");
   add_client_options(inspect);
   inspect->add_option("--model", model, "NAME[@VERSION] to attach from the store");
   inspect->add_flag("--verify", verify,
@@ -662,7 +699,7 @@ int main(int argc, char** argv) {
                     "manifest. This proves only that the bytes are what the store claims: that "
                     "the store is the real one is the peer check's job (a store of another uid "
                     "is refused unless trusted with --store-uid); compare with `hearth inspect "
-                    "FILE` to check against a checkpoint");
+                    "CHECKPOINT` to check against a checkpoint");
   inspect->add_flag("--hold", hold, "with --model: stay attached until SIGTERM or SIGINT");
 
   auto* make = app.add_subcommand("make-model", "write a deterministic synthetic checkpoint");
@@ -675,7 +712,12 @@ int main(int argc, char** argv) {
   make->add_option("--dims", dims, "mlp: IN,HIDDEN,OUT; scale: N")->required();
   make->add_option("--dtype", dtype, "f32, f16 or bf16 (mlp only)")->capture_default_str();
   make->add_option("--seed", seed, "random seed")->capture_default_str();
-  make->add_option("--out", out, "output file")->required();
+  make->add_option("--out", out, "output file (with --shard-bytes: directory)")->required();
+  uint64_t shard_bytes = 0;
+  make->add_option("--shard-bytes", shard_bytes,
+                   "write a checkpoint directory as save_pretrained does: shards of at most "
+                   "this many bytes and model.safetensors.index.json (model.safetensors alone "
+                   "if one shard holds it all)");
   make->add_option("--threads", threads, "generator threads (0 = all cores)");
 
   auto* list = app.add_subcommand("list", "list the models a store holds");
@@ -686,7 +728,10 @@ int main(int argc, char** argv) {
       app.add_subcommand("load", "load a checkpoint into a running store as a new version");
   std::string load_arg;
   add_client_options(load);
-  load->add_option("model", load_arg, "NAME=FILE")->required();
+  load->add_option("model", load_arg,
+                   "NAME=PATH: a safetensors file or a checkpoint directory (model.safetensors, "
+                   "or shards with model.safetensors.index.json)")
+      ->required();
   auto* unload = app.add_subcommand("unload", "remove a model (all versions, or NAME@VERSION)");
   std::string unload_arg;
   add_client_options(unload);
@@ -762,10 +807,10 @@ int main(int argc, char** argv) {
   const AttachOptions client_options{socket, store_uids};
   if (inspect->parsed()) {
     if (!file.empty() && !model.empty())
-      return Fail(InvalidArgument("give either FILE or --model, not both"));
-    if (!file.empty()) return InspectFile(file);
+      return Fail(InvalidArgument("give either a CHECKPOINT or --model, not both"));
+    if (!file.empty()) return InspectCheckpoint(file);
     if (!model.empty()) return InspectStore(client_options, model, verify, hold);
-    return Fail(InvalidArgument("inspect needs FILE or --model NAME"));
+    return Fail(InvalidArgument("inspect needs a CHECKPOINT (file or directory) or --model NAME"));
   }
   if (bench->parsed()) {
     bench_options.protocol =
@@ -774,7 +819,7 @@ int main(int argc, char** argv) {
         bench_arrival == "constant" ? BenchArrival::kConstant : BenchArrival::kPoisson;
     return RunBenchCommand(bench_options, bench_json);
   }
-  if (make->parsed()) return MakeModel(kind, dims, dtype, seed, out, threads);
+  if (make->parsed()) return MakeModel(kind, dims, dtype, seed, out, threads, shard_bytes);
   if (list->parsed()) return ListModels(client_options);
   if (status->parsed()) return ShowStatus(client_options);
   if (load->parsed()) return LoadModel(client_options, load_arg);

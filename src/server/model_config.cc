@@ -155,10 +155,30 @@ Result<std::string> ReadConfigFile(const std::string& path) {
 struct Version {
   uint64_t number = 0;
   std::string dir;  // its directory's name, as written ("007" is version 7)
+  bool sharded = false;  // holds model.safetensors.index.json
 };
 
-// Numeric subdirectories holding a model.safetensors. Symbolic links are
-// followed once per entry (no recursion), so a loop is an error naming it.
+// What a version directory's checkpoint is named: the index, if there is
+// one (the version directory is then a sharded checkpoint directory), else
+// model.safetensors.
+constexpr std::string_view kCheckpointFiles =
+    "model.safetensors, or model.safetensors.index.json with its shards";
+
+// Whether `path` leads somewhere (a dangling link does not); a loop of links
+// or a directory that cannot be searched is an error naming it.
+Result<bool> Exists(const fs::path& path) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (st.type() == fs::file_type::not_found) return false;
+  if (ec) {
+    if (ec.value() == ELOOP) return InvalidArgument(path.string() + ": a loop of symbolic links");
+    return InvalidArgument(path.string() + ": " + ec.message());
+  }
+  return true;
+}
+
+// Numeric subdirectories holding a checkpoint (kCheckpointFiles). Symbolic
+// links are followed once per entry (no recursion), so a loop is an error naming it.
 Result<std::vector<Version>> FindVersions(const std::string& model_dir) {
   std::vector<Version> versions;
   std::error_code ec;
@@ -188,13 +208,10 @@ Result<std::vector<Version>> FindVersions(const std::string& model_dir) {
     if (perr != std::errc() || end != name.data() + name.size())
       return InvalidArgument(path.string() + ": version directory name " + Quote(name) +
                              " is not a number below 2^64");
-    const fs::path checkpoint = path / "model.safetensors";
-    const fs::file_status cst = fs::status(checkpoint, sec);
-    if (cst.type() == fs::file_type::not_found) continue;
-    if (sec) {
-      if (sec.value() == ELOOP)
-        return InvalidArgument(checkpoint.string() + ": a loop of symbolic links");
-      return InvalidArgument(checkpoint.string() + ": " + sec.message());
+    ASSIGN_OR_RETURN(v.sharded, Exists(path / "model.safetensors.index.json"));
+    if (!v.sharded) {
+      ASSIGN_OR_RETURN(bool single, Exists(path / "model.safetensors"));
+      if (!single) continue;
     }
     for (const Version& other : versions)
       if (other.number == v.number)
@@ -359,12 +376,13 @@ Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::st
     if (m.parameters.count("allow_tf32")) m.allow_tf32 = m.parameters["allow_tf32"] == "true";
   }
 
-  // Versions: numeric subdirectories with a model.safetensors; the highest
+  // Versions: numeric subdirectories with a checkpoint; the highest
   // unless version_policy: {specific: {versions: [N]}}.
   ASSIGN_OR_RETURN(std::vector<Version> versions, FindVersions(model_dir));
   if (versions.empty())
-    return NotFound(model_dir + ": no version directory with a model.safetensors (expected " +
-                    model_dir + "/1/model.safetensors)");
+    return NotFound(model_dir + ": no version directory holding " + std::string(kCheckpointFiles) +
+                    " (expected " + model_dir + "/1/model.safetensors, or " + model_dir +
+                    "/1/model.safetensors.index.json and the shards it names)");
   const Version* chosen = &versions.back();
   if (const YAML::Node vp = root["version_policy"]) {
     const YAML::Node specific = vp.IsMap() ? vp["specific"] : YAML::Node();
@@ -377,11 +395,16 @@ Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::st
                            [&](const Version& v) { return v.number == want; });
     if (it == versions.end())
       return c.Error(specific["versions"][0], "version_policy.specific.versions",
-                     "version " + std::to_string(want) + " has no model.safetensors");
+                     "version " + std::to_string(want) + " has no directory holding " +
+                         std::string(kCheckpointFiles));
     chosen = &*it;
   }
   m.version = chosen->number;
-  m.checkpoint_path = (fs::path(model_dir) / chosen->dir / "model.safetensors").string();
+  // A sharded checkpoint is its directory; one file is named as before, so
+  // that what the store reports for it does not change.
+  const fs::path version_dir = fs::path(model_dir) / chosen->dir;
+  m.checkpoint_path =
+      chosen->sharded ? version_dir.string() : (version_dir / "model.safetensors").string();
   return m;
 }
 

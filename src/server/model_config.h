@@ -1,5 +1,10 @@
-// The model repository: DIR/<model>/config.yaml and
-// DIR/<model>/<version>/model.safetensors. Config field names follow
+// The model repository: DIR/<model>/config.yaml and DIR/<model>/<version>/
+// holding the version's checkpoint, by one rule: if the version directory
+// holds model.safetensors.index.json, the version directory itself is a
+// sharded checkpoint directory (as save_pretrained writes it: the index and
+// its shards, beside config.json and tokenizer files, which are not read);
+// else its model.safetensors is the checkpoint. A numeric directory with
+// neither is not a version. Config field names follow
 // Triton's model configuration. A model whose directory, config or
 // checkpoint is wrong is reported (file, line, field) and not served; the
 // others are. Nothing in a repository can do more than fail its own model:
@@ -67,6 +72,8 @@ struct ModelConfig {
   std::string fault_kind;
   double fault_on_value = 0;
   uint64_t version = 0;  // the repository version served
+  // DIR/<model>/<version>/model.safetensors, or, for a sharded checkpoint,
+  // the version directory DIR/<model>/<version> (Checkpoint::Open takes both).
   std::string checkpoint_path;
 };
 

@@ -1,11 +1,15 @@
-// Streams a safetensors checkpoint into a new arena.
+// Streams a checkpoint (a safetensors file, or a checkpoint directory: every
+// shard into the one arena) into a new arena.
 //
-// The tensors are packed in name order at kArenaAlignment. The work is cut
+// The tensors of all shards are packed in name order at kArenaAlignment,
+// whichever shard holds them; the manifest lists them in that order, and the
+// checksum is that of one file holding the same tensors. The work is cut
 // into checksum blocks (16 MiB pieces of one tensor); `threads` workers take
 // blocks from a shared counter, pread each into the buffer the ArenaWriter
 // hands out (the arena itself on host memory; a pinned staging buffer on
 // CUDA, whose copy to the device overlaps the next read), hash it while it is
-// hot in cache, and hand it back. The checksum falls out of the block hashes.
+// hot in cache, and hand it back. Blocks are taken in file order (shard by
+// shard, each front to back). The checksum falls out of the block hashes.
 #pragma once
 
 #include <atomic>
@@ -24,7 +28,8 @@ struct LoadOptions {
   // Reader threads; 0 picks min(hardware threads, 8): on the H200 host more
   // threads contend (16 loaded at half the rate of 8).
   int threads = 0;
-  // Called from one thread, about every 100 ms and once at the end.
+  // Called from one thread, about every 100 ms and once at the end, with the
+  // bytes of all shards together.
   std::function<void(uint64_t done_bytes, uint64_t total_bytes)> progress;
   // When set, read between blocks (16 MiB at most): once it holds true the
   // load stops within one block per thread and fails with kUnavailable

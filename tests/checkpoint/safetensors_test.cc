@@ -188,12 +188,16 @@ TEST(CheckpointOpen, MissingFileIsNotFound) {
   EXPECT_THAT(checkpoint.status().message(), HasSubstr("absent.safetensors"));
 }
 
-TEST(CheckpointOpen, DirectoryIsRejected) {
+// A directory is read as a checkpoint directory (checkpoint_directory_test.cc);
+// one without a checkpoint in it is an error saying what was looked for.
+TEST(CheckpointOpen, DirectoryWithoutACheckpointIsRejected) {
   TempDir dir;
   Result<Checkpoint> checkpoint = Checkpoint::Open(dir.path());
   ASSERT_FALSE(checkpoint.ok());
   EXPECT_EQ(checkpoint.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(checkpoint.status().message(), HasSubstr("not a regular file"));
+  EXPECT_THAT(checkpoint.status().message(),
+              HasSubstr(dir.path() + ": is a directory without model.safetensors or "
+                                     "model.safetensors.index.json"));
 }
 
 // None of these may block or be opened at all (a FIFO with no writer would
@@ -215,7 +219,6 @@ TEST(CheckpointOpen, FifosDevicesSocketsAndLinkLoopsAreRefusedWithoutBlocking) {
       {fifo, fifo + ": is a FIFO, not a regular file"},
       {"/dev/null", "/dev/null: is a character device, not a regular file"},
       {sock, sock + ": is a socket, not a regular file"},
-      {dir.path(), dir.path() + ": is a directory, not a regular file"},
       {loop, loop + ": a loop of symbolic links"},
   };
   for (const auto& [path, message] : cases) {

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The hearth command end to end: make-model, inspect FILE, store, inspect
 # --socket (the two checksums must match), list, status, load, unload, and
-# clear errors for bad arguments.
+# clear errors for bad arguments; the same with checkpoint directories (one
+# sharded as save_pretrained does it must give the file's checksum).
 set -euo pipefail
 BIN=$1
 DIR=$(mktemp -d)
-trap 'kill $store 2>/dev/null || true; rm -rf "$DIR"' EXIT
+store=
+dstore=
+trap 'kill $store $dstore 2>/dev/null || true; rm -rf "$DIR"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
 "$BIN" make-model mlp --dims 16,32,8 --dtype bf16 --seed 3 --out "$DIR/m.safetensors" >/dev/null
@@ -13,6 +16,23 @@ fail() { echo "FAIL: $*"; exit 1; }
 file_sum=$("$BIN" inspect "$DIR/m.safetensors" | awk '/^checksum:/ {print $2}')
 [ ${#file_sum} -eq 16 ] || fail "no checksum from inspect FILE"
 "$BIN" inspect "$DIR/m.safetensors" | grep -q "encoder.weight *BF16 *\[32,16\]" || fail "tensor table"
+
+# The same model as a checkpoint directory, sharded as save_pretrained does it:
+# every shard's tensors listed, each with its shard, and the same checksum.
+"$BIN" make-model mlp --dims 16,32,8 --dtype bf16 --seed 3 --shard-bytes 600 --out "$DIR/sharded" >/dev/null
+[ -f "$DIR/sharded/model.safetensors.index.json" ] || fail "make-model --shard-bytes wrote no index"
+out=$("$BIN" inspect "$DIR/sharded")
+echo "$out" | grep -q "^index: $DIR/sharded/model.safetensors.index.json" || fail "inspect DIR: index: $out"
+echo "$out" | grep -q "encoder.weight *BF16 *\[32,16\].*model-00001-of-00002.safetensors" || fail "inspect DIR: shard column: $out"
+echo "$out" | grep -q "head.bias *BF16 *\[8\].*model-00002-of-00002.safetensors" || fail "inspect DIR: second shard: $out"
+[ "$(echo "$out" | grep -c 'model-0000[12]-of-00002.safetensors$')" -eq 4 ] || fail "inspect DIR: not all 4 tensors: $out"
+echo "$out" | grep -q "checksum: $file_sum" || fail "sharded checksum differs from the file's: $out"
+mkdir "$DIR/single" && cp "$DIR/m.safetensors" "$DIR/single/model.safetensors"
+"$BIN" inspect "$DIR/single" | grep -q "checksum: $file_sum" || fail "inspect of a directory with model.safetensors"
+mkdir "$DIR/broken" && cp "$DIR/sharded/"* "$DIR/broken/" && rm "$DIR/broken/model-00002-of-00002.safetensors"
+err=$("$BIN" inspect "$DIR/broken" 2>&1) && fail "a directory missing a shard was accepted"
+echo "$err" | grep -q "model.safetensors.index.json: shard 'model-00002-of-00002.safetensors', listed for tensor 'encoder.bias'" \
+  || fail "missing shard error: $err"
 
 "$BIN" store --socket "$DIR/s.sock" --device cpu --model "m=$DIR/m.safetensors" > "$DIR/store.log" 2>&1 &
 store=$!
@@ -26,6 +46,12 @@ echo "$out" | grep -q "checksum ok" || fail "verify failed"
 "$BIN" list --socket "$DIR/s.sock" | grep -cE "^m +[12] " | grep -q 2 || fail "list shows both versions"
 "$BIN" inspect --socket "$DIR/s.sock" --model m@1 --verify | grep -q "checksum ok" || fail "m@1"
 "$BIN" unload --socket "$DIR/s.sock" m@1 | grep -q "unloaded 1" || fail "unload"
+"$BIN" load --socket "$DIR/s.sock" "d=$DIR/sharded" | grep -q "loaded d@1 (4 tensors, 1616 bytes, checksum $file_sum)" \
+  || fail "load of a sharded directory"
+"$BIN" inspect --socket "$DIR/s.sock" --model d --verify | grep -q "checksum: $file_sum" || fail "attached sharded model's checksum"
+err=$("$BIN" load --socket "$DIR/s.sock" "x=$DIR/broken" 2>&1) && fail "load of a broken directory accepted"
+echo "$err" | grep -q "listed for tensor 'encoder.bias'" || fail "load of a broken directory: $err"
+"$BIN" unload --socket "$DIR/s.sock" d | grep -q "unloaded 1" || fail "unload d"
 "$BIN" status --socket "$DIR/s.sock" | grep -q "m@2" || fail "status"
 
 # Bad input: clear errors, non-zero exit, the store keeps serving.
@@ -49,6 +75,17 @@ for cmd in inspect list status load unload; do
 done
 "$BIN" inspect --help | tr -s ' \n' ' ' | grep -q "peer check" || fail "inspect --help: what --verify proves"
 "$BIN" store --help | grep -q -- "--max-connections" || fail "store --help lacks --max-connections"
+for cmd in store inspect load; do
+  "$BIN" "$cmd" --help | tr -s ' \n' ' ' | grep -q "checkpoint directory" || fail "$cmd --help does not say a directory is accepted"
+done
+
+# A store started on a sharded directory serves it.
+"$BIN" store --socket "$DIR/d.sock" --device cpu --model "d=$DIR/sharded" > "$DIR/dstore.log" 2>&1 &
+dstore=$!
+for _ in $(seq 100); do grep -q ready "$DIR/dstore.log" && break; sleep 0.1; done
+grep -q ready "$DIR/dstore.log" || fail "store of a directory not ready: $(cat "$DIR/dstore.log")"
+"$BIN" inspect --socket "$DIR/d.sock" --model d --verify | grep -q "checksum: $file_sum" || fail "store --model d=DIR checksum"
+kill -TERM $dstore; wait $dstore || fail "directory store exit status"
 "$BIN" store --help | grep -q -- "--max-partial-bytes" || fail "store --help lacks --max-partial-bytes"
 kill -TERM $store; wait $store || fail "store exit status"
 [ ! -e "$DIR/s.sock" ] || fail "socket left behind"

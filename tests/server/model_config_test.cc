@@ -9,7 +9,9 @@
 #include <fstream>
 #include <functional>
 
+#include "checkpoint/synthetic.h"
 #include "gtest/gtest.h"
+#include "hearth/checkpoint.h"
 #include "support/test_store.h"
 
 namespace hearth {
@@ -349,6 +351,69 @@ TEST_F(ModelConfigTest, VersionDirectoryNamesAreKeptAsWritten) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->version, 7u);
   EXPECT_EQ(c->checkpoint_path, dir + "/007/model.safetensors");
+}
+
+// A version directory is a sharded checkpoint when it holds the index (as
+// save_pretrained writes it, config.json and all); else its model.safetensors
+// is the checkpoint; with neither it is not a version.
+TEST_F(ModelConfigTest, AVersionDirectoryWithAnIndexIsAShardedCheckpoint) {
+  namespace fs = std::filesystem;
+  const std::string dir = Write("llama", kGood);  // 3/model.safetensors
+  const std::string v5 = dir + "/5";
+  ASSERT_TRUE(WriteSyntheticMlp(8, 16, 4, DType::kF32, 7, v5, 1, 300).ok());
+  ASSERT_TRUE(fs::exists(v5 + "/model.safetensors.index.json"));
+  std::ofstream(v5 + "/config.json") << "{\"architectures\": [\"LlamaForCausalLM\"]}";
+  auto c = LoadModelConfig(dir);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->version, 5u);
+  EXPECT_EQ(c->checkpoint_path, v5);
+  Result<Checkpoint> checkpoint = Checkpoint::Open(c->checkpoint_path);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
+  EXPECT_EQ(checkpoint->tensors().size(), 4u);
+  EXPECT_GT(checkpoint->shards().size(), 1u);
+
+  // The one-file version is still the file itself.
+  std::ofstream(dir + "/config.yaml")
+      << std::string(kGood) + "version_policy: {specific: {versions: [3]}}\n";
+  c = LoadModelConfig(dir);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->checkpoint_path, dir + "/3/model.safetensors");
+
+  // Shards without their index are no version; asking for one names what was looked for.
+  fs::create_directories(dir + "/9");
+  fs::copy(v5, dir + "/9");
+  fs::remove(dir + "/9/model.safetensors.index.json");
+  std::ofstream(dir + "/config.yaml")
+      << std::string(kGood) + "version_policy: {specific: {versions: [9]}}\n";
+  c = LoadModelConfig(dir);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("version 9 has no directory holding model.safetensors, or "
+                                      "model.safetensors.index.json with its shards"),
+            std::string::npos)
+      << c.status().message();
+}
+
+TEST_F(ModelConfigTest, WithoutACheckpointTheErrorSaysWhatWasLookedFor) {
+  const std::string dir = Write("empty", kGood, false);
+  auto c = LoadModelConfig(dir);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(c.status().message().find(dir +
+                                      ": no version directory holding model.safetensors, or "
+                                      "model.safetensors.index.json with its shards (expected " +
+                                      dir + "/1/model.safetensors, or " + dir +
+                                      "/1/model.safetensors.index.json"),
+            std::string::npos)
+      << c.status().message();
+
+  std::filesystem::create_symlink("model.safetensors.index.json",
+                                  dir + "/3/model.safetensors.index.json");
+  c = LoadModelConfig(dir);
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("empty/3/model.safetensors.index.json: a loop of symbolic "
+                                      "links"),
+            std::string::npos)
+      << c.status().message();
 }
 
 TEST_F(ModelConfigTest, ListingTakesLinksAndLoopsAsModelsAndSkipsFiles) {

@@ -1,0 +1,199 @@
+// model.safetensors.index.json, checked on its own (what the shards hold is
+// checked against it in checkpoint.cc).
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "checkpoint/safetensors_format.h"
+#include "hearth/checkpoint.h"
+
+namespace hearth {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr size_t kMaxJsonErrorChars = 240;
+// A valid index nests two levels deep; the limit bounds what an index of
+// nothing but '[' can take while leaving room for messages about wrong values.
+constexpr size_t kMaxJsonDepth = 64;
+// Integral floats up to here are exact ("total_size": 1.2e10 is seen in the wild).
+constexpr double kMaxExactDouble = 9007199254740992.0;  // 2^53
+
+Status IndexError(std::string_view origin, std::string_view what) {
+  return InvalidArgument(std::string(origin) + ": " + std::string(what));
+}
+
+Status TensorError(std::string_view origin, std::string_view tensor, std::string_view what) {
+  return IndexError(origin,
+                    "weight_map: tensor " + QuoteForMessage(tensor) + ": " + std::string(what));
+}
+
+struct NestingTooDeep {};
+
+// nlohmann::json keeps the last of duplicate keys: an index listing a tensor
+// twice (for two shards, perhaps) would silently mean one of them. The
+// parser callback sees every key as it is read and rejects duplicates, and
+// stops documents that nest too deep.
+class IndexKeyChecker {
+ public:
+  explicit IndexKeyChecker(std::string_view origin) : origin_(origin) {}
+
+  bool operator()(int /*depth*/, Json::parse_event_t event, Json& parsed) {
+    switch (event) {
+      case Json::parse_event_t::object_start:
+      case Json::parse_event_t::array_start:
+        if (frames_.size() == kMaxJsonDepth) throw NestingTooDeep();
+        frames_.emplace_back();
+        break;
+      case Json::parse_event_t::object_end:
+      case Json::parse_event_t::array_end:
+        frames_.pop_back();
+        break;
+      case Json::parse_event_t::key: {
+        const auto& key = parsed.get_ref<const std::string&>();
+        Frame& frame = frames_.back();
+        if (!frame.keys.insert(key).second && first_duplicate_.ok()) {
+          first_duplicate_ = DuplicateError(key);
+        }
+        frame.last_key = key;
+        break;
+      }
+      case Json::parse_event_t::value:
+        break;
+    }
+    return true;
+  }
+
+  const Status& first_duplicate() const { return first_duplicate_; }
+
+ private:
+  struct Frame {
+    std::set<std::string, std::less<>> keys;
+    std::string last_key;
+  };
+
+  Status DuplicateError(const std::string& key) const {
+    if (frames_.size() == 2 && frames_.front().last_key == "weight_map") {
+      return TensorError(origin_, key, "listed twice");
+    }
+    return IndexError(origin_, "duplicate key " + QuoteForMessage(key));
+  }
+
+  std::string_view origin_;
+  std::vector<Frame> frames_;
+  Status first_duplicate_;
+};
+
+Result<Json> ParseJson(std::string_view text, std::string_view origin) {
+  // nlohmann's lexer takes a NUL byte for the end of the input.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    return IndexError(origin, "invalid JSON: NUL byte at offset " + std::to_string(nul));
+  }
+  IndexKeyChecker checker(origin);
+  Json json;
+  try {
+    json = Json::parse(text.begin(), text.end(), std::ref(checker));
+  } catch (const Json::exception& e) {
+    std::string what = e.what();
+    if (what.size() > kMaxJsonErrorChars) what = what.substr(0, kMaxJsonErrorChars) + "...";
+    return IndexError(origin, "invalid JSON: " + what);
+  } catch (const NestingTooDeep&) {
+    return IndexError(origin,
+                      "JSON nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  }
+  RETURN_IF_ERROR(checker.first_duplicate());
+  return json;
+}
+
+// A shard is named relative to the checkpoint directory and is never a path:
+// no '/' (nothing below or above it), no ".." (nothing that reads as a way
+// out), no NUL (which would cut the name short at open).
+Status CheckShardName(std::string_view origin, std::string_view tensor, const std::string& shard) {
+  static constexpr std::string_view kSuffix = ".safetensors";
+  const std::string quoted = "shard " + QuoteForMessage(shard);
+  if (shard.find('\0') != std::string::npos)
+    return TensorError(origin, tensor, quoted + " holds a NUL byte");
+  if (shard.find('/') != std::string::npos)
+    return TensorError(origin, tensor,
+                       quoted +
+                           " is not a file name: it holds '/' (shards are named "
+                           "relative to the checkpoint directory, inside it)");
+  if (shard.find("..") != std::string::npos)
+    return TensorError(origin, tensor, quoted + " holds \"..\"");
+  if (shard.size() <= kSuffix.size() || !shard.ends_with(kSuffix))
+    return TensorError(origin, tensor, quoted + " does not end in .safetensors");
+  return Status::Ok();
+}
+
+Result<std::optional<uint64_t>> ParseTotalSize(const Json& metadata, std::string_view origin) {
+  if (metadata.is_null()) return std::optional<uint64_t>();
+  if (!metadata.is_object()) return IndexError(origin, "metadata is not an object");
+  auto it = metadata.find("total_size");
+  if (it == metadata.end() || it->is_null()) return std::optional<uint64_t>();
+  const Json& value = *it;
+  if (value.is_number_unsigned()) return std::optional<uint64_t>(value.get<uint64_t>());
+  if (value.is_number_integer() && value.get<int64_t>() == 0) {
+    return std::optional<uint64_t>(0);  // "-0"
+  }
+  if (value.is_number_float()) {
+    const double d = value.get<double>();
+    if (std::isfinite(d) && d >= 0 && d <= kMaxExactDouble && std::floor(d) == d) {
+      return std::optional<uint64_t>(static_cast<uint64_t>(d));
+    }
+  }
+  return IndexError(origin, "metadata.total_size is not a non-negative integer");
+}
+
+}  // namespace
+
+Result<CheckpointIndex> ParseCheckpointIndex(std::string_view json, std::string_view origin) {
+  ASSIGN_OR_RETURN(Json root, ParseJson(json, origin));
+  if (!root.is_object()) return IndexError(origin, "is not a JSON object");
+
+  CheckpointIndex index;
+  if (auto metadata = root.find("metadata"); metadata != root.end()) {
+    ASSIGN_OR_RETURN(index.total_size, ParseTotalSize(*metadata, origin));
+  }
+  auto map_it = root.find("weight_map");
+  if (map_it == root.end()) return IndexError(origin, "no \"weight_map\"");
+  const Json& map = *map_it;
+  if (!map.is_object()) return IndexError(origin, "weight_map is not an object");
+  if (map.empty()) return IndexError(origin, "weight_map lists no tensors");
+  if (map.size() > kMaxCheckpointTensors) {
+    return IndexError(origin, "weight_map lists " + std::to_string(map.size()) +
+                                  " tensors, more than the limit of " +
+                                  std::to_string(kMaxCheckpointTensors));
+  }
+
+  // Shard name -> its index, assigned once all are known (sorted order).
+  std::map<std::string, uint32_t, std::less<>> shards;
+  for (const auto& [tensor, shard] : map.items()) {
+    if (tensor.empty()) return IndexError(origin, "weight_map: empty tensor name");
+    if (tensor.find('\0') != std::string::npos)
+      return TensorError(origin, tensor, "the name holds a NUL byte");
+    if (!shard.is_string()) return TensorError(origin, tensor, "shard name is not a string");
+    const auto& name = shard.get_ref<const std::string&>();
+    if (shards.find(name) != shards.end()) continue;
+    RETURN_IF_ERROR(CheckShardName(origin, tensor, name));
+    if (shards.size() == kMaxCheckpointShards) {
+      return IndexError(origin, "weight_map names more than the limit of " +
+                                    std::to_string(kMaxCheckpointShards) + " shards");
+    }
+    shards.emplace(name, 0);
+  }
+  index.shards.reserve(shards.size());
+  for (auto& [name, number] : shards) {
+    number = static_cast<uint32_t>(index.shards.size());
+    index.shards.push_back(name);
+  }
+  index.weight_map.reserve(map.size());
+  // items() of a nlohmann::json object run in key order: sorted already.
+  for (const auto& [tensor, shard] : map.items()) {
+    index.weight_map.emplace_back(tensor, shards.find(shard.get_ref<const std::string&>())->second);
+  }
+  return index;
+}
+
+}  // namespace hearth
