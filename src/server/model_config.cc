@@ -403,6 +403,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::st
   // A sharded checkpoint is its directory; one file is named as before, so
   // that what the store reports for it does not change.
   const fs::path version_dir = fs::path(model_dir) / chosen->dir;
+  m.version_dir = version_dir.string();
   m.checkpoint_path =
       chosen->sharded ? version_dir.string() : (version_dir / "model.safetensors").string();
   return m;

@@ -74,6 +74,7 @@ struct ModelConfig {
   uint64_t version = 0;  // the repository version served
   // DIR/<model>/<version>/model.safetensors, or, for a sharded checkpoint,
   // the version directory DIR/<model>/<version> (Checkpoint::Open takes both).
+  std::string version_dir;  // DIR/<model>/<version>: model.py and the like live here
   std::string checkpoint_path;
 };
 

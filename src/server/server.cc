@@ -432,7 +432,7 @@ class Server::Impl {
     m.setup.inputs = specs(c.inputs);
     m.setup.outputs = specs(c.outputs);
     m.setup.config_json = ModelConfigJson(c);
-    m.setup.version_dir = std::filesystem::path(c.checkpoint_path).parent_path().string();
+    m.setup.version_dir = c.version_dir;
     m.device = options_.device.is_cuda() && c.kind_gpu
                    ? Device::Cuda(c.gpus.empty() ? options_.device.index : c.gpus[0])
                    : Device::Host();
@@ -440,12 +440,8 @@ class Server::Impl {
     std::error_code ec;
     const std::string absolute = std::filesystem::absolute(c.checkpoint_path, ec).string();
     if (ec) return InvalidArgument(c.checkpoint_path + ": " + ec.message());
-    struct stat st {};
-    if (::fstat(ckpt.fd(), &st) != 0) return ErrnoError("fstat " + c.checkpoint_path, errno);
-    const std::string key = absolute + "|" + m.device.ToString() + "|" + std::to_string(st.st_dev) +
-                            ":" + std::to_string(st.st_ino) + ":" + std::to_string(st.st_size) +
-                            ":" + std::to_string(st.st_mtim.tv_sec) + "." +
-                            std::to_string(st.st_mtim.tv_nsec);
+    // Every file the checkpoint is made of (one, or the index and each shard).
+    const std::string key = absolute + "|" + m.device.ToString() + "|" + ckpt.Fingerprint();
     if (slot.loaded.version == 0 || slot.loaded.key != key ||
         slot.loaded.socket != m.store_socket) {
       if (slot.loaded.version != 0) {

@@ -3,10 +3,8 @@
 The checkpoint is made here, offline, by examples/llm_uvicorn/make_checkpoint.py:
 a Llama-architecture model with random weights, bf16, tied input and output
 embeddings (the files hold model.embed_tokens.weight only) and grouped-query
-attention, plus a tokenizer. Until `hearth store` loads a checkpoint
-directory, it is written as one model.safetensors and the store is given that
-file; STORE_LOADS_CHECKPOINT_DIRECTORIES below switches to several shards
-with model.safetensors.index.json, the store given the directory.
+attention, plus a tokenizer, in several shards with
+model.safetensors.index.json; the store is given the directory.
 
 - causal_lm equals from_pretrained: same tensors, same buffers, the tie kept,
   every weight the store's (no copy), greedy generation token for token.
@@ -42,12 +40,8 @@ import pytest
 import hearth_testing as ht
 from hearth_testing import DEVICE, ON_CUDA
 
-# Flip to True once `hearth store --model NAME=DIR` loads a Hugging Face checkpoint directory
-# (sharded *.safetensors with model.safetensors.index.json, issue 10 section 3); before then
-# HEARTH_TEST_SHARDED_CHECKPOINTS=1 runs the sharded variant anyway.
-STORE_LOADS_CHECKPOINT_DIRECTORIES = False
-SHARDED = STORE_LOADS_CHECKPOINT_DIRECTORIES or \
-    os.environ.get("HEARTH_TEST_SHARDED_CHECKPOINTS") == "1"
+# Checkpoints are written in several shards (HEARTH_TEST_SHARDED_CHECKPOINTS=0: one file).
+SHARDED = os.environ.get("HEARTH_TEST_SHARDED_CHECKPOINTS", "1") != "0"
 
 MAKE_CHECKPOINT = ht.ROOT / "examples" / "llm_uvicorn" / "make_checkpoint.py"
 MIB = 1 << 20

@@ -382,7 +382,10 @@ def worker_pids(serve_pid):
     """Children of the server that run hearth-worker."""
     pids = []
     for task in pathlib.Path(f"/proc/{serve_pid}/task").iterdir():
-        children = (task / "children").read_text().split()
+        try:
+            children = (task / "children").read_text().split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended while the list was read
         for c in children:
             try:
                 cmd = pathlib.Path(f"/proc/{c}/cmdline").read_bytes()
