@@ -147,6 +147,10 @@ parameters:
                 SCALE_PY)
     write_model(root, "nokind", scale_config().replace("backend: python", "backend: tensorflow"),
                 SCALE_PY)
+    # A built-in backend with no input or output in its config: the
+    # worker's signature is taken.
+    write_model(root, "bare", "backend: scale\nmax_batch_size: 2\ninstance_group:\n"
+                "  - {count: 1, kind: KIND_CPU}\n", None)
     state = start_serve(tmp, root)
     state["weights"] = np.arange(N, dtype=np.float32)
     from test_serve import read_safetensors
@@ -168,6 +172,17 @@ def test_a_python_model_answers_from_the_stores_weights(served):
     meta = requests.get(f"{served['url']}/v2/models/pyscale").json()
     assert meta["platform"] == "hearth_python"
     assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, N]}]
+
+
+def test_a_config_without_inputs_and_outputs_takes_the_backends(served):
+    meta = requests.get(f"{served['url']}/v2/models/bare").json()
+    assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, N]}], meta
+    assert meta["outputs"] == [{"name": "y", "datatype": "FP32", "shape": [-1, 1]}], meta
+    x = np.ones((2, N), dtype=np.float32)
+    r = infer_json(served["url"], "bare", [{"name": "x", "datatype": "FP32", "shape": [2, N],
+                                            "data": x.ravel().tolist()}])
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(r.json()["outputs"][0]["data"], x @ served["w"], rtol=1e-5)
 
 
 def one(url, x):
