@@ -6,14 +6,15 @@
 # short table last. Logs go to $OUT (or ./gpu-out).
 #
 # Needs, carried into the tree: .deps/root/usr/include/xxhash.h (Debian's
-# libxxhash-dev, unpacked) and .gpu/baselines/*.py (copies of
-# ../shared/baselines).
+# libxxhash-dev, unpacked), .gpu/baselines/*.py (copies of
+# ../shared/baselines), .gpu/pyroot (flask, gunicorn, requests) and
+# .gpu/webroot (fastapi, uvicorn), Debian's packages unpacked with dpkg -x.
 #
 # SECTIONS picks what runs after the build (default: all of them):
-#   host-tests cuda-tests foundation serve-tests serve python pybackend gemm startup suite
+#   host-tests cuda-tests foundation serve-tests serve python llm pybackend gemm startup suite
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python pybackend gemm startup suite"}
+SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python llm pybackend gemm startup suite"}
 want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -39,7 +40,7 @@ if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHEARTH_CUDA=
   exit 1
 fi
 
-host_rc=-; cuda_rc=-; serve_rc=-; py_rc=-; gunicorn_rc=-; suite_rc=-; pyb_rc=-
+host_rc=-; cuda_rc=-; serve_rc=-; py_rc=-; gunicorn_rc=-; suite_rc=-; pyb_rc=-; llm_rc=-
 if want host-tests; then
   echo "== host tests"
   (cd "$BUILD" && ctest -E 'Cuda' -j 8 --timeout 600 --output-on-failure) > "$OUT/ctest-host.log" 2>&1
@@ -78,6 +79,17 @@ if want python; then
     > "$OUT/gunicorn-gpu.log" 2>&1
   gunicorn_rc=$?
   tail -20 "$OUT/gunicorn-gpu.log"
+fi
+if want llm; then
+  echo "== examples/llm_uvicorn on a Llama checkpoint in a CUDA store"
+  # fastapi and uvicorn: Debian's (pure Python) unpacked into .gpu/webroot.
+  PYROOT=$PWD/.gpu/pyroot/usr/lib/python3/dist-packages
+  WEBROOT=$PWD/.gpu/webroot/usr/lib/python3/dist-packages
+  HEARTH_TEST_DEVICE=cuda:0 HEARTH_CLI=$PWD/$BUILD/bin/hearth HEARTH_LIBRARY=$PWD/$BUILD/src/capi/libhearth.so \
+    HEARTH_TEST_LOG_DIR=$OUT PYTHONPATH=$PWD/python:$PYROOT:$WEBROOT timeout 300 python3 -m pytest -q -rs \
+    tests/python/test_llm_uvicorn.py -p no:cacheprovider > "$OUT/pytest-llm-uvicorn.log" 2>&1
+  llm_rc=$?
+  tail -8 "$OUT/pytest-llm-uvicorn.log"
 fi
 if want pybackend; then
   echo "== backend: python beside the built-in mlp backend and the torch.multiprocessing baseline"
@@ -120,7 +132,7 @@ if want startup; then
   rm -rf "$R"
 fi
 if ! want foundation; then
-  echo "== summary: host tests $host_rc, CUDA tests $cuda_rc, serve bench $serve_rc, python CUDA $py_rc, gunicorn $gunicorn_rc, suite $suite_rc, python backend $pyb_rc"
+  echo "== summary: host tests $host_rc, CUDA tests $cuda_rc, serve bench $serve_rc, python CUDA $py_rc, gunicorn $gunicorn_rc, suite $suite_rc, python backend $pyb_rc, llm example $llm_rc"
   (cd "$OUT" && tar czf logs.tar.gz --remove-files ./*.log ./*.txt 2>/dev/null)
   exit 0
 fi

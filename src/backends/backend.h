@@ -5,7 +5,8 @@
 // tolerance. Backends know nothing of HTTP, sockets or the store: they get
 // tensor views (hearth/attach.h) and host buffers.
 //
-// Built-in kinds:
+// Built-in kinds (the registry, backends/registry.h, holds these and any
+// other, such as the Python backend's program):
 //  - "mlp": weights encoder.weight [H,IN], encoder.bias [H], head.weight
 //    [OUT,H], head.bias [OUT] (F32, F16 or BF16, all the same dtype).
 //    Input "input" F32 [B,IN]; outputs "logits" F32 [B,OUT] =
@@ -79,8 +80,9 @@ Result<std::unique_ptr<Backend>> CreateBackend(std::string_view kind,
                                                Device device, const BackendOptions& options);
 
 // The inputs and outputs a backend of `kind` would have for these weights,
-// without creating it (the server uses this to check configs against
-// checkpoints). Works for any device; touches no GPU.
+// without creating it (what its worker reports in its ready message).
+// Works for any device; touches no GPU. Both look `kind` up in the registry
+// (backends/registry.h).
 Result<std::pair<std::vector<IoSpec>, std::vector<IoSpec>>> BackendSignature(
     std::string_view kind, const std::vector<TensorView>& weights);
 

@@ -26,7 +26,7 @@ namespace hearth {
 
 inline constexpr uint64_t kMaxConfigBytes = 1ull << 20;
 // parameters: at most this many, and this many bytes of keys and values
-// together. They reach a worker in one control message (worker/control.h).
+// together. They reach a worker in its setup message (protocol/worker_protocol.h).
 inline constexpr size_t kMaxModelParameters = 256;
 inline constexpr size_t kMaxModelParameterBytes = 64u << 10;
 // Entries read from one directory (the repository, a model directory).
