@@ -144,8 +144,8 @@ typedef struct hearth_tensor_spec {
   const int64_t* dims; /* per sample, without the batch dimension; -1: any size */
 } hearth_tensor_spec;
 
-/* Takes both descriptors (closed by hearth_worker_close) and reads the setup
- * message, waiting up to timeout_ms for it. */
+/* Takes both descriptors (closed by hearth_worker_close, or at once if this
+ * fails) and reads the setup message, waiting up to timeout_ms for it. */
 int32_t hearth_worker_open(int control_fd, int slot_fd, int32_t timeout_ms, hearth_worker** out);
 /* The model's config in Triton's JSON form; its version directory; its
  * max_batch_size (0: it does not batch, and tensors have no batch dimension). */
@@ -167,6 +167,7 @@ int32_t hearth_worker_fail(hearth_worker* w, int32_t status, const char* message
 /* Waits for the next batch: 1 when one is current, 0 when the server has
  * gone (exit), negative on a malformed message (hearth_last_error). */
 int32_t hearth_worker_next(hearth_worker* w);
+/* The current batch's rows; 0 when no batch is current. */
 int64_t hearth_worker_rows(const hearth_worker* w);
 /* Input `index` of the current batch: its bytes (read-only) and full shape. */
 int32_t hearth_worker_input(const hearth_worker* w, size_t index, const void** data,

@@ -197,9 +197,38 @@ def _to_numpy(np, name, value, dtype):
             raise _BatchError(f"output {name!r} has dtype {value.dtype}; the config says {want}")
         return np.ascontiguousarray(value)
     try:
-        return np.ascontiguousarray(np.asarray(value, dtype=want))
+        arr = np.asarray(value)
     except (TypeError, ValueError) as e:
-        raise _BatchError(f"output {name!r}: cannot be made an array of {want}: {e}") from None
+        raise _BatchError(f"output {name!r}: cannot be made an array: {e}") from None
+    # Python numbers become int64 / float64 / bool: taken where the kind agrees
+    # (ints for an integer output, floats for a float one), never truncated.
+    if arr.dtype != want and not (arr.dtype.kind == want.kind or
+                                  (arr.dtype.kind in "iub" and want.kind in "iuf")):
+        raise _BatchError(f"output {name!r} holds {arr.dtype} values; the config says {want}")
+    return np.ascontiguousarray(arr.astype(want, copy=False))
+
+
+def _exit_if_cuda_is_lost():
+    """After an exception: a CUDA context that a kernel fault (a device-side
+    assert, an illegal address) has made unusable fails every later batch, so
+    the process leaves without answering; the server reruns the batch
+    elsewhere, as after any crash, and starts a fresh worker."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return
+    try:
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        print(f"hearth.backend_worker: the CUDA context is lost ({e}); exiting", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(3)
+
+
+def _device_memory():
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return 0
+    return int(torch.cuda.memory_reserved())
 
 
 def _serve(w, model, inputs_spec, outputs_spec, tensor_type):
@@ -246,6 +275,7 @@ def _serve(w, model, inputs_spec, outputs_spec, tensor_type):
             outputs = model.execute(inputs)
         except Exception as e:  # the model's fault: fail these requests, serve on
             traceback.print_exc()
+            _exit_if_cuda_is_lost()
             last = traceback.format_exception_only(type(e), e)[-1].strip()
             lib.hearth_worker_done(h, _capi.ERROR_INTERNAL, last.encode(errors="replace"), 1)
             continue
@@ -271,8 +301,14 @@ def _serve(w, model, inputs_spec, outputs_spec, tensor_type):
         except _BatchError as e:
             lib.hearth_worker_done(h, _capi.ERROR_INVALID_ARGUMENT, str(e).encode(errors="replace"), 0)
             continue
+        except (TypeError, ValueError, UnicodeError, OverflowError) as e:
+            # Converting what execute() returned: the outputs' fault, not the inputs'.
+            message = f"the outputs cannot be converted: {type(e).__name__}: {e}"
+            lib.hearth_worker_done(h, _capi.ERROR_INVALID_ARGUMENT, message.encode(errors="replace"), 0)
+            continue
         except Exception as e:
             traceback.print_exc()
+            _exit_if_cuda_is_lost()
             last = traceback.format_exception_only(type(e), e)[-1].strip()
             lib.hearth_worker_done(h, _capi.ERROR_INTERNAL, last.encode(errors="replace"), 1)
             continue
@@ -304,6 +340,11 @@ def main(argv=None):
     w = _Worker(lib, handle)
     model = None
     try:
+        tensor_type = w.parameters.get("tensor_type", "numpy")
+        if tensor_type not in ("numpy", "torch"):
+            w.fail(_capi.ERROR_INVALID_ARGUMENT,
+                   f"parameters.tensor_type: {tensor_type!r} is not numpy or torch")
+            return 1
         try:
             inputs_spec = _signature(w.config, "input")
             outputs_spec = _signature(w.config, "output")
@@ -330,15 +371,10 @@ def main(argv=None):
             print(text, file=sys.stderr, end="")
             w.fail(_capi.ERROR_INVALID_ARGUMENT, text.strip())
             return 1
-        tensor_type = w.parameters.get("tensor_type", "numpy")
-        if tensor_type not in ("numpy", "torch"):
-            w.fail(_capi.ERROR_INVALID_ARGUMENT,
-                   f"parameters.tensor_type: {tensor_type!r} is not numpy or torch")
-            return 1
         text = f"{device} (python {sys.version.split()[0]}, pid {os.getpid()})"
         ins, outs = w.specs(inputs_spec), w.specs(outputs_spec)
-        if lib.hearth_worker_ready(handle, ins, len(inputs_spec), outs, len(outputs_spec), 0,
-                                   text.encode()) != 0:
+        if lib.hearth_worker_ready(handle, ins, len(inputs_spec), outs, len(outputs_spec),
+                                   _device_memory(), text.encode()) != 0:
             print(f"hearth.backend_worker: {w.error()}", file=sys.stderr)
             return 1
         code = _serve(w, model, inputs_spec, outputs_spec, tensor_type)

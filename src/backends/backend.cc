@@ -121,8 +121,12 @@ Result<std::unique_ptr<Backend>> CreateBuiltin(std::string_view kind,
       return InvalidArgument("tensor '" + t.name + "' has no data");
   }
   if (device.is_cuda()) return CreateCudaBackend(kind, weights, device, options);
-  if (kind == "mlp") return CreateMlpCpu(*ValidateMlpWeights(weights), options);
-  return CreateScaleCpu(*ValidateScaleWeights(weights), options);
+  if (kind == "mlp") {
+    ASSIGN_OR_RETURN(MlpWeights w, ValidateMlpWeights(weights));
+    return CreateMlpCpu(w, options);
+  }
+  ASSIGN_OR_RETURN(ScaleWeights w, ValidateScaleWeights(weights));
+  return CreateScaleCpu(w, options);
 }
 
 // The first of `candidates` that exists, else the last.

@@ -340,10 +340,13 @@ int32_t hearth_worker_next(hearth_worker* w) {
   }
 }
 
-int64_t hearth_worker_rows(const hearth_worker* w) { return w->session->rows(); }
+int64_t hearth_worker_rows(const hearth_worker* w) {
+  return w != nullptr && w->session->in_batch() ? w->session->rows() : 0;
+}
 
 int32_t hearth_worker_input(const hearth_worker* w, size_t index, const void** data,
                             uint64_t* nbytes, const int64_t** shape, int32_t* ndim) {
+  if (w == nullptr || !w->session->in_batch()) return Invalid("no batch is current");
   if (index >= w->session->input_count()) return Invalid("input index out of range");
   const auto bytes = w->session->input(index);
   *data = bytes.data();

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <bit>
@@ -51,7 +52,12 @@ Status RequestSlot::Reserve(uint64_t bytes, uint64_t limit) {
                              " bytes, over the limit of " + std::to_string(limit));
   uint64_t want = std::max<uint64_t>(64u << 10, std::bit_ceil(bytes));
   if (want > limit) want = limit;
-  if (::ftruncate(fd_.get(), static_cast<off_t>(want)) != 0)
+  // The worker holds the memfd too and may have grown it: never shrink it
+  // (the seal would refuse), map what is there.
+  struct stat st {};
+  if (::fstat(fd_.get(), &st) != 0) return ErrnoError("fstat of a request slot", errno);
+  if (static_cast<uint64_t>(st.st_size) < want &&
+      ::ftruncate(fd_.get(), static_cast<off_t>(want)) != 0)
     return ErrnoError("growing a request slot to " + std::to_string(want) + " bytes", errno);
   void* p = ::mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_SHARED, fd_.get(), 0);
   if (p == MAP_FAILED) return ErrnoError("mapping a request slot", errno);

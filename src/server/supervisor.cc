@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
+#include <set>
 #include <system_error>
 
 #include "common/checked_size.h"
@@ -44,6 +46,9 @@ void WorkerSupervisor::Settle() {
 // it starts, never put in argv (whose size is limited, and which any local
 // user can read in /proc).
 Status WorkerSupervisor::Spawn(UniqueFd* control) {
+  // A fresh slot for each process: whatever an earlier one did to its slot
+  // (grown it, say) goes with it.
+  ASSIGN_OR_RETURN(slot_, RequestSlot::Create("hearth-slot-" + model_.name));
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
     return ErrnoError("socketpair", errno);
@@ -99,8 +104,13 @@ Status ModelRuntime::AcceptSignature(const std::vector<TensorSpec>& in,
     RETURN_IF_ERROR(compare(setup.inputs, in, "inputs", config().config_path + " lists"));
     RETURN_IF_ERROR(compare(setup.outputs, out, "outputs", config().config_path + " lists"));
   }
+  std::set<std::string> names;
   for (const auto* specs : {&in, &out}) {
     for (const TensorSpec& t : *specs) {
+      if (t.name.empty() || !names.insert(t.name).second)
+        return InvalidArgument(
+            "the " + config().backend + " backend reports " +
+            (t.name.empty() ? std::string("a tensor without a name") : "'" + t.name + "' twice"));
       if (t.dims.size() + (batching() ? 1 : 0) > control::kMaxRank)
         return InvalidArgument("tensor " + Describe(t) + " has more dimensions than " +
                                std::to_string(control::kMaxRank));
@@ -134,13 +144,16 @@ uint64_t Since(Clock::time_point t) {
 uint64_t Align64(uint64_t v) { return (v + 63) / 64 * 64; }
 
 // Byte ranges of `rows` consecutive rows of a slot tensor, split per
-// request: fixed-size types by bytes per row, BYTES by walking its
-// (already checked) elements.
-std::vector<std::span<const std::byte>> SplitRows(const std::byte* base,
-                                                  const control::SlotTensor& t, DType dtype,
-                                                  const std::vector<int64_t>& rows_per_job) {
+// request: fixed-size types by bytes per row, BYTES by walking its elements.
+// The walk is bounded by the tensor's own bytes, which were validated, but
+// which the worker can still write: a length rewritten since then makes this
+// fail rather than read past the tensor (nullopt).
+std::optional<std::vector<std::span<const std::byte>>> SplitRows(
+    const std::byte* base, const control::SlotTensor& t, DType dtype,
+    const std::vector<int64_t>& rows_per_job) {
   std::vector<std::span<const std::byte>> parts;
   const std::byte* p = base + t.offset;
+  const std::byte* const end = p + t.bytes;
   const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
   if (dtype != DType::kBytes) {
     const uint64_t row_bytes = rows > 0 ? t.bytes / static_cast<uint64_t>(rows) : 0;
@@ -156,8 +169,10 @@ std::vector<std::span<const std::byte>> SplitRows(const std::byte* base,
   for (int64_t r : rows_per_job) {
     const std::byte* start = p;
     for (uint64_t e = 0; e < per_row * static_cast<uint64_t>(r); ++e) {
+      if (end - p < 4) return std::nullopt;
       uint32_t len;
       std::memcpy(&len, p, 4);
+      if (static_cast<uint64_t>(end - p - 4) < len) return std::nullopt;
       p += 4 + len;
     }
     parts.emplace_back(start, static_cast<size_t>(p - start));
@@ -250,12 +265,24 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
   model_.input_us += Since(dispatched);
 
   const auto handed_over = Clock::now();
+  // One deadline for the whole batch, however many times the slot grows.
+  const auto deadline = handed_over + std::chrono::milliseconds(options_.exec_timeout_ms);
+  auto left_ms = [&] {
+    return static_cast<int>(std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));
+  };
   Status sent = control::SendRun(control, run);
   Result<control::Message> done =
-      sent.ok() ? control::ReceiveKind(control, options_.exec_timeout_ms, {control::Kind::kDone})
+      sent.ok() ? control::ReceiveKind(control, left_ms(), {control::Kind::kDone})
                 : Result<control::Message>(sent);
-  // The worker asks for more room for the outputs it places.
-  while (done.ok() && done->done.seq == run.seq && done->done.room_needed > 0) {
+  // The worker asks for more room for the outputs it places: each time for
+  // more than the slot has, and a bounded number of times.
+  for (int rounds = 0; done.ok() && done->done.seq == run.seq && done->done.room_needed > 0;
+       ++rounds) {
+    if (done->done.room_needed <= slot_.size() || rounds >= 16) {
+      done = InvalidArgument("it asked for room it had, or more than 16 times");
+      break;
+    }
     Status grown = slot_.Reserve(done->done.room_needed, kMaxSlotBytes);
     if (!grown.ok()) {
       spdlog::warn("{} worker {}: {}", model_.name, index_, grown.message());
@@ -263,9 +290,8 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
       return false;  // it waits for room that will not come: replace it
     }
     sent = control::SendRoom(control, control::Room{run.seq, slot_.size()});
-    done = sent.ok()
-               ? control::ReceiveKind(control, options_.exec_timeout_ms, {control::Kind::kDone})
-               : Result<control::Message>(sent);
+    done = sent.ok() ? control::ReceiveKind(control, left_ms(), {control::Kind::kDone})
+                     : Result<control::Message>(sent);
   }
   if (!done.ok() || done->done.seq != run.seq) {
     const bool timeout = !done.ok() && done.status().code() == StatusCode::kDeadlineExceeded;
@@ -273,11 +299,13 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
     spdlog::warn(
         "{} worker {} (pid {}) {} while running a batch of {} rows from {} requests", model_.name,
         index_, process_.pid(),
-        timeout ? "ran past --exec-timeout"
-        : malformed
-            ? "sent a malformed answer (" +
-                  (done.ok() ? std::string("wrong sequence number") : done.status().message()) + ")"
-            : "died",
+        timeout     ? "ran past --exec-timeout"
+        : malformed ? "sent a malformed answer (" +
+                          (!done.ok()                ? done.status().message()
+                           : done->done.text.empty() ? std::string("wrong sequence number")
+                                                     : "it refused the batch: " + done->done.text) +
+                          ")"
+                    : "died",
         rows, jobs.size());
     // Back to the front in their order; each now runs alone (PopBatch).
     for (auto it = jobs.rbegin(); it != jobs.rend(); ++it) {
@@ -347,11 +375,22 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
   std::vector<int64_t> rows_per_job;
   for (const auto& job : jobs) rows_per_job.push_back(batching ? job->batch : 1);
   std::vector<std::vector<std::span<const std::byte>>> parts;
-  for (size_t i = 0; i < model_.outputs.size(); ++i)
-    parts.push_back(
-        batching ? SplitRows(slot_.data(), d.outputs[i], model_.outputs[i].dtype, rows_per_job)
-                 : std::vector<std::span<const std::byte>>{std::span<const std::byte>(
-                       slot_.data() + d.outputs[i].offset, d.outputs[i].bytes)});
+  for (size_t i = 0; i < model_.outputs.size(); ++i) {
+    if (!batching) {
+      parts.push_back(
+          {std::span<const std::byte>(slot_.data() + d.outputs[i].offset, d.outputs[i].bytes)});
+      continue;
+    }
+    auto split = SplitRows(slot_.data(), d.outputs[i], model_.outputs[i].dtype, rows_per_job);
+    if (!split) {
+      spdlog::warn("{} worker {} (pid {}): output '{}' changed after it was answered; replacing it",
+                   model_.name, index_, process_.pid(), model_.outputs[i].name);
+      fail_all(Internal("model '" + model_.name + "': the worker's answer is malformed: output '" +
+                        model_.outputs[i].name + "' changed after it was answered"));
+      return false;
+    }
+    parts.push_back(std::move(*split));
+  }
   for (size_t j = 0; j < jobs.size(); ++j) {
     const auto& job = jobs[j];
     InferResponse response;
@@ -410,6 +449,7 @@ void WorkerSupervisor::Loop() {
       continue;
     }
     const pid_t pid = process_.pid();
+    starting_ = true;
     // RequestStop(true) may have come after the loop's check, and seen no
     // pid to kill yet.
     if (model_.abandoning) {
@@ -436,6 +476,7 @@ void WorkerSupervisor::Loop() {
       const bool closed = (!ready.ok() && ready.status().code() == StatusCode::kUnavailable) ||
                           (ready.ok() && ready->kind == control::Kind::kDone);
       const int status = process_.Reap(!closed);
+      starting_ = false;
       if (model_.stopping) break;
       // A SIGKILL while starting is either from outside (an operator, a
       // test), which says nothing about the worker, or the kernel's OOM
@@ -480,6 +521,7 @@ void WorkerSupervisor::Loop() {
                  ready->ready.device_memory_bytes >> 20);
     ++model_.ready_workers;
     ready_ = true;
+    starting_ = false;
     device_memory_bytes_ = ready->ready.device_memory_bytes;
     Settle();
     bool alive = true;

@@ -45,7 +45,7 @@ class WorkerSupervisor {
   // request): stopping must not wait out --ready-timeout for it. Call after
   // setting the model's stopping flag.
   void KillIfStarting() {
-    if (!ready_) process_.Kill();
+    if (starting_) process_.Kill();
   }
   pid_t pid() const { return process_.pid(); }
   int index() const { return index_; }
@@ -68,6 +68,9 @@ class WorkerSupervisor {
   std::thread thread_;
   WorkerProcess process_;
   std::atomic<bool> ready_{false};
+  // Between a spawn and its ready message (not once it has served: a
+  // worker winding down after serving is left to finish, e.g. finalize()).
+  std::atomic<bool> starting_{false};
   std::atomic<uint64_t> restarts_{0}, device_memory_bytes_{0};
   bool settled_ = false;  // supervisor thread only
   RequestSlot slot_;

@@ -24,10 +24,19 @@ Result<std::unique_ptr<WorkerSession>> WorkerSession::Open(int control_fd, int s
 }
 
 WorkerSession::~WorkerSession() {
+  ReleaseRetired();
   if (slot_ != nullptr) {
     if (hooks_.unmapping) hooks_.unmapping(slot_);
     ::munmap(slot_, mapped_bytes_);
   }
+}
+
+void WorkerSession::ReleaseRetired() {
+  for (const auto& [data, bytes] : retired_) {
+    if (hooks_.unmapping) hooks_.unmapping(data);
+    ::munmap(data, bytes);
+  }
+  retired_.clear();
 }
 
 Status WorkerSession::Ready(std::vector<TensorSpec> inputs, std::vector<TensorSpec> outputs,
@@ -54,7 +63,9 @@ void WorkerSession::Fail(const Status& why) {
 }
 
 // The slot only grows (the server seals it against shrinking), so a larger
-// size is mapped afresh; the old mapping goes.
+// size is mapped afresh. The old mapping stays until the batch is over: the
+// views of its inputs handed out so far point into it (same memfd, same
+// pages, so they stay right).
 Status WorkerSession::MapSlot(uint64_t bytes) {
   if (bytes <= mapped_bytes_) return Status::Ok();
   struct stat st {};
@@ -62,14 +73,9 @@ Status WorkerSession::MapSlot(uint64_t bytes) {
   if (static_cast<uint64_t>(st.st_size) < bytes)
     return InvalidArgument("the server says the slot has " + std::to_string(bytes) +
                            " bytes; it has " + std::to_string(st.st_size));
-  if (slot_ != nullptr) {
-    if (hooks_.unmapping) hooks_.unmapping(slot_);
-    ::munmap(slot_, mapped_bytes_);
-    slot_ = nullptr;
-    mapped_bytes_ = 0;
-  }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, slot_fd_.get(), 0);
   if (p == MAP_FAILED) return ErrnoError("mapping the request slot", errno);
+  if (slot_ != nullptr) retired_.emplace_back(slot_, mapped_bytes_);
   slot_ = static_cast<std::byte*>(p);
   mapped_bytes_ = bytes;
   if (hooks_.mapped) RETURN_IF_ERROR(hooks_.mapped(slot_, bytes));
@@ -116,6 +122,7 @@ Result<bool> WorkerSession::Next() {
     if (m.status().code() == StatusCode::kUnavailable) return false;
     return m.status();
   }
+  ReleaseRetired();
   run_ = std::move(m->run);
   RETURN_IF_ERROR(CheckRunAgainst(run_, inputs_, outputs_, batching(), max_rows()));
   RETURN_IF_ERROR(MapSlot(run_.slot_bytes));
@@ -124,7 +131,7 @@ Result<bool> WorkerSession::Next() {
       const SlotTensor& t = run_.inputs[i];
       ASSIGN_OR_RETURN(uint64_t count, ShapeElements(t.shape, inputs_[i].name));
       RETURN_IF_ERROR(ValidateBytesTensor(std::span(slot_ + t.offset, t.bytes), count,
-                                                  "input '" + inputs_[i].name + "'"));
+                                          "input '" + inputs_[i].name + "'"));
     }
   }
   answer_.assign(outputs_.size(), SlotTensor{});
@@ -209,6 +216,7 @@ Status WorkerSession::Done(const Status& status, bool retry_alone) {
   }
   in_batch_ = false;
   answer_.clear();
+  ReleaseRetired();
   return control::SendDone(control_.get(), d);
 }
 

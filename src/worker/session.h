@@ -56,6 +56,7 @@ class WorkerSession {
   // the worker should report it (Fail) and exit.
   Result<bool> Next();
 
+  bool in_batch() const { return in_batch_; }
   int64_t rows() const { return run_.rows; }
   size_t input_count() const { return inputs_.size(); }
   // Input i's bytes (KServe's BYTES form for BYTES tensors) and full shape;
@@ -81,6 +82,7 @@ class WorkerSession {
   WorkerSession(UniqueFd control, UniqueFd slot, SlotHooks hooks)
       : control_(std::move(control)), slot_fd_(std::move(slot)), hooks_(std::move(hooks)) {}
   Status MapSlot(uint64_t bytes);
+  void ReleaseRetired();
   Status CheckRun();
 
   UniqueFd control_, slot_fd_;
@@ -90,6 +92,8 @@ class WorkerSession {
   bool ready_ = false;
   std::byte* slot_ = nullptr;
   uint64_t mapped_bytes_ = 0;
+  // Mappings replaced by a larger one during the current batch.
+  std::vector<std::pair<std::byte*, uint64_t>> retired_;
   control::Run run_;
   bool in_batch_ = false;
   std::vector<control::SlotTensor> answer_;

@@ -147,6 +147,22 @@ parameters:
                 SCALE_PY)
     write_model(root, "nokind", scale_config().replace("backend: python", "backend: tensorflow"),
                 SCALE_PY)
+    # Returns its input: a view of the slot, read after the slot has grown.
+    write_model(root, "echo", f"""backend: python
+max_batch_size: 2
+input:
+  - {{name: x, data_type: TYPE_FP32, dims: [-1]}}
+output:
+  - {{name: y, data_type: TYPE_FP32, dims: [-1]}}
+instance_group:
+  - {{count: 1, kind: KIND_CPU}}
+parameters:
+  python: {sys.executable}
+""", "class Model:\n    def initialize(self, args):\n        pass\n\n"
+                "    def execute(self, inputs):\n        return {'y': inputs['x']}\n")
+    # A built-in backend given another backend's weights.
+    write_model(root, "wrongweights", "backend: mlp\nmax_batch_size: 2\ninstance_group:\n"
+                "  - {count: 1, kind: KIND_CPU}\n", None)
     # A built-in backend with no input or output in its config: the
     # worker's signature is taken.
     write_model(root, "bare", "backend: scale\nmax_batch_size: 2\ninstance_group:\n"
@@ -183,6 +199,19 @@ def test_a_config_without_inputs_and_outputs_takes_the_backends(served):
                                             "data": x.ravel().tolist()}])
     assert r.status_code == 200, r.text
     np.testing.assert_allclose(r.json()["outputs"][0]["data"], x @ served["w"], rtol=1e-5)
+
+
+def test_an_input_returned_as_output_survives_the_slot_growing(served):
+    """The output (variable size, placed by the worker) does not fit the room
+    the slot has, so the slot grows while the worker holds views of the
+    inputs in the old mapping: the answer must still be the input."""
+    x = np.arange(600000, dtype=np.float32)[None, :]
+    r = requests.post(f"{served['url']}/v2/models/echo/infer", timeout=60, json={
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 600000], "data": x.ravel().tolist()}],
+        "outputs": [{"name": "y", "parameters": {"binary_data": True}}]})
+    assert r.status_code == 200, r.text[:500]
+    _, parts = split_binary(r)
+    np.testing.assert_array_equal(np.frombuffer(parts["y"], dtype="<f4"), x.ravel())
 
 
 def one(url, x):
@@ -268,6 +297,7 @@ def test_broken_models_fail_alone_with_their_reason(served):
         "nocode": "no model.py",
         "badpython": "/nonexistent/python9",
         "nokind": "unknown backend kind 'tensorflow'",
+        "wrongweights": "encoder.weight",
     }
     def failed(model):
         r = requests.get(f"{url}/v2/models/{model}/ready")
