@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <mutex>
 
+#include "backends/aoti/aoti_backend_abi.h"
 #include "backends/cpu/cpu_backends.h"
 #include "backends/cuda/cuda_backend_abi.h"
 #include "backends/model_weights.h"
@@ -26,18 +28,19 @@ struct CudaLibrary {
   HearthCudaHostUnregisterFn host_unregister = nullptr;
 };
 
-// Tries, in order: next to the running executable (an installed worker), the
-// build tree (HEARTH_BACKENDS_CUDA_BUILD_PATH, for tests and uninstalled
-// builds), then the plain name through the loader's search path.
-Result<CudaLibrary> OpenCudaLibrary() {
+// Opens a plug-in library and resolves its entry points, trying in order:
+// next to the running executable (an installed worker), the build tree
+// (`build_path`, for tests and uninstalled builds), then the plain name
+// through the loader's search path. The handle is never closed (backends it
+// made point into it). Unavailable with every loader error otherwise.
+Result<std::vector<void*>> OpenPlugin(const std::string& name, const char* build_path,
+                                      const std::vector<const char*>& symbols) {
   std::vector<std::string> candidates;
   std::error_code ec;
   std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) candidates.push_back((exe.parent_path() / HEARTH_CUDA_BACKEND_LIBRARY).string());
-#ifdef HEARTH_BACKENDS_CUDA_BUILD_PATH
-  candidates.emplace_back(HEARTH_BACKENDS_CUDA_BUILD_PATH);
-#endif
-  candidates.emplace_back(HEARTH_CUDA_BACKEND_LIBRARY);
+  if (!ec) candidates.push_back((exe.parent_path() / name).string());
+  if (build_path != nullptr) candidates.emplace_back(build_path);
+  candidates.push_back(name);
 
   std::string errors;
   for (const std::string& path : candidates) {
@@ -49,22 +52,34 @@ Result<CudaLibrary> OpenCudaLibrary() {
       errors += std::string(errors.empty() ? "" : "; ") + (e != nullptr ? e : path);
       continue;
     }
-    CudaLibrary lib;
-    lib.create =
-        reinterpret_cast<HearthCreateCudaBackendFn>(dlsym(handle, HEARTH_CREATE_CUDA_BACKEND));
-    lib.host_register =
-        reinterpret_cast<HearthCudaHostRegisterFn>(dlsym(handle, HEARTH_CUDA_HOST_REGISTER));
-    lib.host_unregister =
-        reinterpret_cast<HearthCudaHostUnregisterFn>(dlsym(handle, HEARTH_CUDA_HOST_UNREGISTER));
-    if (lib.create == nullptr || lib.host_register == nullptr || lib.host_unregister == nullptr) {
+    std::vector<void*> found;
+    for (const char* symbol : symbols) found.push_back(dlsym(handle, symbol));
+    if (std::find(found.begin(), found.end(), nullptr) != found.end()) {
       errors += (errors.empty() ? "" : "; ") + path + ": missing hearth entry points";
       dlclose(handle);
       continue;
     }
-    return lib;
+    return found;
   }
-  return Unavailable("cannot load the CUDA backends (" HEARTH_CUDA_BACKEND_LIBRARY "): " +
+  return Unavailable("cannot load " + name + ": " +
                      (errors.empty() ? std::string("not found") : errors));
+}
+
+Result<CudaLibrary> OpenCudaLibrary() {
+#ifdef HEARTH_BACKENDS_CUDA_BUILD_PATH
+  const char* build_path = HEARTH_BACKENDS_CUDA_BUILD_PATH;
+#else
+  const char* build_path = nullptr;
+#endif
+  ASSIGN_OR_RETURN(std::vector<void*> entry,
+                   OpenPlugin(HEARTH_CUDA_BACKEND_LIBRARY, build_path,
+                              {HEARTH_CREATE_CUDA_BACKEND, HEARTH_CUDA_HOST_REGISTER,
+                               HEARTH_CUDA_HOST_UNREGISTER}));
+  CudaLibrary lib;
+  lib.create = reinterpret_cast<HearthCreateCudaBackendFn>(entry[0]);
+  lib.host_register = reinterpret_cast<HearthCudaHostRegisterFn>(entry[1]);
+  lib.host_unregister = reinterpret_cast<HearthCudaHostUnregisterFn>(entry[2]);
+  return lib;
 }
 
 Result<CudaLibrary> GetCudaLibrary() {
@@ -74,7 +89,8 @@ Result<CudaLibrary> GetCudaLibrary() {
   return *library;
 }
 
-Status FromC(int code, const std::array<char, 1024>& error) {
+template <size_t N>
+Status FromC(int code, const std::array<char, N>& error) {
   if (code == 0) return Status::Ok();
   return Status(static_cast<StatusCode>(code),
                 std::string(error.data(), strnlen(error.data(), error.size())));
@@ -127,6 +143,75 @@ Result<std::unique_ptr<Backend>> CreateBuiltin(std::string_view kind,
   }
   ASSIGN_OR_RETURN(ScaleWeights w, ValidateScaleWeights(weights));
   return CreateScaleCpu(w, options);
+}
+
+// backend: aoti, from libhearth_backend_aoti.so (built only with libtorch).
+struct AotiLibrary {
+  HearthCreateAotiBackendFn create = nullptr;
+};
+
+Result<AotiLibrary> GetAotiLibrary() {
+  static std::once_flag once;
+  static Result<AotiLibrary>* library = nullptr;  // leaked: lives until exit
+  std::call_once(once, [] {
+#ifdef HEARTH_AOTI_BUILD_PATH
+    const char* build_path = HEARTH_AOTI_BUILD_PATH;
+#else
+    const char* build_path = nullptr;
+#endif
+    auto entry = OpenPlugin(HEARTH_AOTI_BACKEND_LIBRARY, build_path, {HEARTH_CREATE_AOTI_BACKEND});
+    library = entry.ok() ? new Result<AotiLibrary>(AotiLibrary{
+                               reinterpret_cast<HearthCreateAotiBackendFn>((*entry)[0])})
+                         : new Result<AotiLibrary>(
+                               Unavailable("backend: aoti needs " HEARTH_AOTI_BACKEND_LIBRARY
+                                           ", which this hearth was built without (configure "
+                                           "with -DHEARTH_TORCH=ON and a torch >= 2.6): " +
+                                           entry.status().message()));
+  });
+  return *library;
+}
+
+Result<std::unique_ptr<Backend>> CreateAoti(const std::vector<TensorView>& weights, Device device,
+                                            const BackendOptions& options) {
+  ASSIGN_OR_RETURN(AotiLibrary lib, GetAotiLibrary());
+  RETURN_IF_ERROR(CheckWeightsDevice(weights, device));
+  std::vector<HearthCudaTensor> tensors;
+  tensors.reserve(weights.size());
+  for (const TensorView& t : weights) {
+    tensors.push_back({t.name.c_str(), static_cast<int32_t>(t.dtype),
+                       static_cast<int32_t>(t.shape.size()), t.shape.data(), t.data, t.nbytes,
+                       static_cast<int32_t>(t.device.kind), t.device.index});
+  }
+  std::vector<const char*> keys, values;
+  for (const auto& [k, v] : options.parameters) {
+    keys.push_back(k.c_str());
+    values.push_back(v.c_str());
+  }
+  auto specs = [](const std::vector<IoSpec>& list) {
+    std::vector<HearthAotiSpec> out;
+    for (const IoSpec& s : list)
+      out.push_back({s.name.c_str(), static_cast<int32_t>(s.dtype),
+                     static_cast<int32_t>(s.dims.size()), s.dims.data()});
+    return out;
+  };
+  const std::vector<HearthAotiSpec> in = specs(options.inputs), out = specs(options.outputs);
+  const std::string package = options.version_dir + "/model.pt2";
+  HearthAotiOptions o{};
+  o.common = {options.max_batch_size, options.allow_tf32 ? 1 : 0, keys.size(), keys.data(),
+              values.data()};
+  o.package_path = package.c_str();
+  o.inputs = in.data();
+  o.num_inputs = in.size();
+  o.outputs = out.data();
+  o.num_outputs = out.size();
+  o.batching = options.batching ? 1 : 0;
+  void* backend = nullptr;
+  std::array<char, 4096> error{};
+  RETURN_IF_ERROR(FromC(lib.create(HEARTH_AOTI_BACKEND_ABI_VERSION, tensors.data(), tensors.size(),
+                                   static_cast<int32_t>(device.kind), device.index, &o, &backend,
+                                   error.data(), error.size()),
+                        error));
+  return std::unique_ptr<Backend>(static_cast<Backend*>(backend));
 }
 
 // The first of `candidates` that exists, else the last.
@@ -206,6 +291,11 @@ std::vector<BackendKind> BuiltinBackendKinds() {
     };
     kinds.push_back(std::move(k));
   }
+  BackendKind aoti;
+  aoti.name = "aoti";
+  aoti.summary = "an AOTInductor package (model.pt2) on libtorch, CPU or GPU";
+  aoti.create = CreateAoti;
+  kinds.push_back(std::move(aoti));
   BackendKind python;
   python.name = "python";
   python.summary = "the model's model.py in a Python interpreter";

@@ -45,6 +45,13 @@ struct BackendOptions {
   bool allow_tf32 = false;
   // Backend-specific parameters from the model config (strings as written).
   std::map<std::string, std::string> parameters;
+  // The model's version directory (where backends that run a file of the
+  // model's, such as aoti's model.pt2, find it).
+  std::string version_dir;
+  // The inputs and outputs the config lists; empty: the backend says.
+  std::vector<IoSpec> inputs, outputs;
+  // The config's max_batch_size > 0: tensors have a batch dimension.
+  bool batching = true;
 };
 
 class Backend {

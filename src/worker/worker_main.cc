@@ -137,6 +137,10 @@ int Serve(const WorkerArgs& a) {
   options.max_batch_size = session.max_rows();
   options.allow_tf32 = a.allow_tf32;
   options.parameters = session.setup().parameters;
+  options.version_dir = session.setup().version_dir;
+  options.inputs = session.setup().inputs;
+  options.outputs = session.setup().outputs;
+  options.batching = session.batching();
   t = Clock::now();
   auto backend = kind->create((*attachment)->tensors(), device, options);
   const std::string backend_ms = ms_since(t);

@@ -1,0 +1,172 @@
+"""`backend: aoti` under `hearth serve`: an AOTInductor package exported by
+`python3 -m hearth.aoti export`, run by hearth-worker through
+libhearth_backend_aoti.so on the store's one copy of its constants.
+
+Where hearth was built without libtorch (CI: Debian's torch 1.13 has no
+AOTInductor) only the first test runs: an aoti model fails alone, saying
+why. The others need the library and a torch >= 2.6 (the GPU machine), and
+skip saying so otherwise.
+"""
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import requests
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from test_serve import CLI, ON_GPU, infer_json, start_serve, stop_serve, wait_for  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+LIBRARY = pathlib.Path(CLI).resolve().parent / "libhearth_backend_aoti.so"
+
+MODEL_PY = """
+import torch
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.Linear(64, 128)
+        self.head = torch.nn.Linear(128, 10)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.encoder(x)))
+
+
+def build():
+    torch.manual_seed(7)
+    return Mlp()
+"""
+
+
+def torch_missing():
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed for this interpreter"
+    major, minor = (int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+    if (major, minor) < (2, 6) or not hasattr(torch._inductor, "aoti_compile_and_package"):
+        return f"torch {torch.__version__} has no AOTInductor packages (needs >= 2.6)"
+    if not LIBRARY.exists():
+        return f"{LIBRARY} was not built (configure with -DHEARTH_TORCH=ON)"
+    return None
+
+
+def failed(url, model):
+    r = requests.get(f"{url}/v2/models/{model}/ready")
+    return r.text if r.status_code == 503 and "no worker could start" in r.text else None
+
+
+def test_an_aoti_model_without_the_library_fails_alone_saying_why(tmp_path):
+    if LIBRARY.exists():
+        pytest.skip(f"{LIBRARY} is built here")
+    repo = tmp_path / "repo"
+    (repo / "m" / "1").mkdir(parents=True)
+    subprocess.run([CLI, "make-model", "scale", "--dims", "8", "--seed", "1",
+                    "--out", str(repo / "m" / "1" / "model.safetensors")], check=True, capture_output=True)
+    (repo / "m" / "1" / "model.pt2").write_bytes(b"not a package")
+    (repo / "m" / "config.yaml").write_text("backend: aoti\nmax_batch_size: 4\ninstance_group:\n"
+                                            "  - {count: 1, kind: KIND_CPU}\n")
+    (repo / "s" / "1").mkdir(parents=True)
+    shutil.copy(repo / "m" / "1" / "model.safetensors", repo / "s" / "1" / "model.safetensors")
+    (repo / "s" / "config.yaml").write_text("backend: scale\nmax_batch_size: 4\ninstance_group:\n"
+                                            "  - {count: 1, kind: KIND_CPU}\n")
+    state = start_serve(tmp_path, repo)
+    try:
+        text = wait_for(lambda: failed(state["url"], "m"), "the aoti model to fail", timeout=60)
+        assert "libhearth_backend_aoti.so" in text and "-DHEARTH_TORCH=ON" in text, text
+        assert requests.get(f"{state['url']}/v2/models/s/ready").status_code == 200
+    finally:
+        code, log = stop_serve(state)
+    assert code == 0, log[-3000:]
+
+
+def export(tmp_path, repo, name, device, dynamic="1..32", extra=()):
+    source = tmp_path / "mlp_model.py"
+    source.write_text(MODEL_PY)
+    out = repo / name / "1"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", "hearth.aoti", "export", f"{source}:build",
+                        "--example-input-shape", "4,64", "--dynamic-batch", dynamic, "--device", device,
+                        "--out", str(out), *extra], capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def reference(x):
+    import torch
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    namespace = {}
+    exec(MODEL_PY, namespace)
+    with torch.no_grad():
+        return namespace["build"]()(torch.from_numpy(x)).numpy()
+
+
+@pytest.fixture(scope="module")
+def aoti_served(tmp_path_factory):
+    why = torch_missing()
+    if why:
+        pytest.skip(why)
+    tmp = tmp_path_factory.mktemp("aoti")
+    repo = tmp / "repo"
+    devices = ["cpu"] + (["cuda"] if ON_GPU else [])
+    for device in devices:
+        export(tmp, repo, f"mlp_{device}", device)
+    # The same package on another model's weights: every difference listed.
+    (repo / "wrong" / "1").mkdir(parents=True)
+    shutil.copy(repo / "mlp_cpu" / "1" / "model.pt2", repo / "wrong" / "1" / "model.pt2")
+    subprocess.run([CLI, "make-model", "mlp", "--dims", "64,100,10", "--seed", "3",
+                    "--out", str(repo / "wrong" / "1" / "model.safetensors")], check=True, capture_output=True)
+    (repo / "wrong" / "config.yaml").write_text(
+        (repo / "mlp_cpu" / "config.yaml").read_text().replace("name: mlp_cpu", "name: wrong"))
+    # A max_batch_size past the package's batch range.
+    shutil.copytree(repo / "mlp_cpu" / "1", repo / "toobig" / "1")
+    (repo / "toobig" / "config.yaml").write_text(
+        (repo / "mlp_cpu" / "config.yaml").read_text().replace("max_batch_size: 32", "max_batch_size: 64")
+        .replace("name: mlp_cpu", "name: toobig"))
+    state = start_serve(tmp, repo)
+    state["devices"] = devices
+    yield state
+    code, log = stop_serve(state)
+    assert code == 0, log[-3000:]
+
+
+def test_an_exported_package_answers_as_eager_pytorch(aoti_served):
+    x = np.random.default_rng(5).standard_normal((3, 64)).astype(np.float32)
+    want = reference(x)
+    for device in aoti_served["devices"]:
+        model = f"mlp_{device}"
+        meta = requests.get(f"{aoti_served['url']}/v2/models/{model}").json()
+        assert meta["platform"] == "hearth_aoti", meta
+        assert meta["inputs"][0]["shape"] == [-1, 64], meta
+        r = infer_json(aoti_served["url"], model, [{"name": meta["inputs"][0]["name"], "datatype": "FP32",
+                                                   "shape": [3, 64], "data": x.ravel().tolist()}])
+        assert r.status_code == 200, r.text
+        got = np.array(r.json()["outputs"][0]["data"], dtype=np.float32).reshape(3, 10)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=model)
+
+
+def test_every_batch_size_in_the_range_runs(aoti_served):
+    model = f"mlp_{aoti_served['devices'][-1]}"
+    name = requests.get(f"{aoti_served['url']}/v2/models/{model}").json()["inputs"][0]["name"]
+    for rows in (1, 7, 32):
+        x = np.ones((rows, 64), dtype=np.float32)
+        r = infer_json(aoti_served["url"], model, [{"name": name, "datatype": "FP32", "shape": [rows, 64],
+                                                   "data": x.ravel().tolist()}])
+        assert r.status_code == 200, r.text
+        assert r.json()["outputs"][0]["shape"] == [rows, 10]
+
+
+def test_constants_that_are_not_the_stores_tensors_are_all_listed(aoti_served):
+    text = wait_for(lambda: failed(aoti_served["url"], "wrong"), "the mismatched model to fail", timeout=120)
+    assert "encoder.weight" in text and "[100,64]" in text and "[128,64]" in text, text
+
+
+def test_a_max_batch_size_past_the_package_range_is_refused(aoti_served):
+    text = wait_for(lambda: failed(aoti_served["url"], "toobig"), "toobig to fail", timeout=120)
+    assert "max_batch_size 64" in text and "[1, 32]" in text, text
