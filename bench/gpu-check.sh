@@ -11,10 +11,10 @@
 # .gpu/webroot (fastapi, uvicorn), Debian's packages unpacked with dpkg -x.
 #
 # SECTIONS picks what runs after the build (default: all of them):
-#   host-tests cuda-tests foundation serve-tests serve python llm pybackend gemm startup suite
+#   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti gemm startup suite
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python llm pybackend gemm startup suite"}
+SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti gemm startup suite"}
 want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -40,7 +40,7 @@ if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHEARTH_CUDA=
   exit 1
 fi
 
-host_rc=-; cuda_rc=-; serve_rc=-; py_rc=-; gunicorn_rc=-; suite_rc=-; pyb_rc=-; llm_rc=-
+host_rc=-; cuda_rc=-; serve_rc=-; py_rc=-; gunicorn_rc=-; suite_rc=-; pyb_rc=-; llm_rc=-; aoti_rc=-
 if want host-tests; then
   echo "== host tests"
   (cd "$BUILD" && ctest -E 'Cuda' -j 8 --timeout 600 --output-on-failure) > "$OUT/ctest-host.log" 2>&1
@@ -98,6 +98,13 @@ if want pybackend; then
   pyb_rc=$?
   tail -12 "$OUT/pybackend-bench.log"
 fi
+if want aoti; then
+  echo "== backend: aoti: the seed's MLP exported with a dynamic batch, beside the built-in mlp backend"
+  PYTHONUNBUFFERED=1 timeout 450 python3 bench/serve/aoti_bench.py --build "$BUILD" --out "$OUT" --seconds 5 \
+    > "$OUT/aoti-bench.log" 2>&1
+  aoti_rc=$?
+  grep -E "^(exported|aoti|builtin)" "$OUT/aoti-bench.log" | cut -c1-600
+fi
 if want gemm; then
   echo "== the mlp forward by batch size: cuBLASLt, the skinny kernel, PyTorch (baseline)"
   timeout 300 "$BUILD/bench/gemm/gemm_bench" --iterations 30 > "$OUT/gemm.log" 2>&1
@@ -132,7 +139,7 @@ if want startup; then
   rm -rf "$R"
 fi
 if ! want foundation; then
-  echo "== summary: host tests $host_rc, CUDA tests $cuda_rc, serve bench $serve_rc, python CUDA $py_rc, gunicorn $gunicorn_rc, suite $suite_rc, python backend $pyb_rc, llm example $llm_rc"
+  echo "== summary: host tests $host_rc, CUDA tests $cuda_rc, serve bench $serve_rc, python CUDA $py_rc, gunicorn $gunicorn_rc, suite $suite_rc, python backend $pyb_rc, llm example $llm_rc, aoti bench $aoti_rc"
   (cd "$OUT" && tar czf logs.tar.gz --remove-files ./*.log ./*.txt 2>/dev/null)
   exit 0
 fi

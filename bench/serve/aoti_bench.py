@@ -1,0 +1,143 @@
+"""backend: aoti on the GPU: seed 004's AOTI mode rebuilt without Python in
+the workers, beside the built-in mlp backend, in one run.
+
+    python3 bench/serve/aoti_bench.py --build build-gpu
+
+The seed's MLP (16384 -> 16384 -> 12800, fp32) exported by `python3 -m
+hearth.aoti export` with a dynamic batch of 1..64:
+- 4 aoti workers: batches of 16 per second over HTTP (binary data, the
+  argmax output), against the built-in mlp backend with 4 workers;
+- 24 aoti workers: device memory against one copy plus the server's context
+  plus 24 workers, and per worker;
+- the time from SIGKILL of an idle aoti worker to its replacement being
+  ready (the package loaded again), from the server's log.
+"""
+import argparse
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+from python_backend_bench import bench, gpu_processes, serve, stop  # noqa: E402
+from serve_bench import settled_used_mib  # noqa: E402
+
+MODEL = '''
+import torch
+
+
+class SharedWeightInferenceEngine(torch.nn.Module):
+    def __init__(self, in_features=16384, hidden_dim=16384, out_features=12800):
+        super().__init__()
+        self.encoder = torch.nn.Linear(in_features, hidden_dim)
+        self.head = torch.nn.Linear(hidden_dim, out_features)
+
+    def forward(self, x):
+        logits = self.head(torch.relu(self.encoder(x)))
+        return logits, torch.argmax(logits, dim=-1, keepdim=True)
+
+
+def build():
+    torch.manual_seed(1)
+    return SharedWeightInferenceEngine()
+'''
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build-gpu")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--seconds", type=float, default=5)
+    a = ap.parse_args()
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="hearth-aoti-bench-"))
+    (tmp / "seed_mlp.py").write_text(MODEL)
+    repo = tmp / "repo"
+    t0 = time.time()
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", "hearth.aoti", "export", f"{tmp / 'seed_mlp.py'}:build",
+                        "--example-input-shape", "16,16384", "--dynamic-batch", "1..64", "--device", "cuda",
+                        "--output-names", "logits,argmax", "--input-names", "input", "--workers", "4",
+                        "--out", str(repo / "aoti_mlp" / "1")], capture_output=True, text=True, env=env)
+    print(r.stderr[-3000:], flush=True)
+    if r.returncode != 0:
+        raise SystemExit("export failed")
+    export_s = time.time() - t0
+    pt2 = os.path.getsize(repo / "aoti_mlp" / "1" / "model.pt2") / 2**20
+    arena_mib = os.path.getsize(repo / "aoti_mlp" / "1" / "model.safetensors") / 2**20
+    print(f"exported in {export_s:.0f} s: model.pt2 {pt2:.1f} MiB, model.safetensors {arena_mib:.0f} MiB",
+          flush=True)
+    results = {"export_s": export_s, "pt2_mib": pt2, "weights_mib": arena_mib}
+
+    before = settled_used_mib()
+    proc, port, ready = serve(a.build, str(repo), tmp / "serve-aoti-4.log", ["aoti_mlp"])
+    try:
+        after = settled_used_mib()
+        load = bench(a.build, port, "aoti_mlp", 16, 8, a.seconds, "argmax")
+        results["aoti_4"] = {"ready_s": ready["aoti_mlp"], "device_mib": after - before,
+                             "per_worker_mib": (after - before - arena_mib - 524) / 4,
+                             "batches_per_s": load["requests_per_s"], "p50_ms": load["latency_ms"]["p50"],
+                             "p99_ms": load["latency_ms"]["p99"], "gpu_processes_mib": sorted(gpu_processes().values())}
+        # SIGKILL an idle worker; the log says when its replacement is ready.
+        log = tmp / "serve-aoti-4.log"
+        pids = [int(p) for p in re.findall(r"aoti_mlp worker 0 ready: pid (\d+)", log.read_text())]
+        killed_at = time.time()
+        os.kill(pids[-1], signal.SIGKILL)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            again = re.findall(r"aoti_mlp worker 0 ready: pid (\d+) on .* in (\d+) ms", log.read_text())
+            if len(again) >= 2:
+                results["aoti_4"]["replacement_ready_s"] = time.time() - killed_at
+                results["aoti_4"]["replacement_start_ms"] = int(again[-1][1])
+                break
+            time.sleep(0.01)
+        check = bench(a.build, port, "aoti_mlp", 16, 8, 1, "argmax")
+        results["aoti_4"]["errors_after_kill"] = check.get("errors")
+    finally:
+        stop(proc)
+    print("aoti 4 workers", results["aoti_4"], flush=True)
+    subprocess.run(["cp", str(tmp / "serve-aoti-4.log"), a.out])
+
+    before = settled_used_mib()
+    log24 = tmp / "serve-aoti-24.log"
+    lf = open(log24, "w")
+    p24 = subprocess.Popen([f"{a.build}/bin/hearth", "serve", "--model-repository", str(repo), "--http-port", "0",
+                            "--device", "cuda", "--workers", "24"], stdout=lf, stderr=subprocess.STDOUT,
+                           start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and "ready on http" not in log24.read_text():
+            time.sleep(0.1)
+        m = re.search(r"model aoti_mlp: (\d+) of (\d+) workers ready ([0-9.]+) s", log24.read_text())
+        after = settled_used_mib()
+        results["aoti_24"] = {"ready": m.group(0) if m else None, "device_mib": after - before,
+                              "per_worker_mib": (after - before - arena_mib - 524) / 24,
+                              "gpu_processes_mib": sorted(gpu_processes().values())}
+    finally:
+        stop(p24)
+    print("aoti 24 workers", results["aoti_24"], flush=True)
+
+    # The built-in mlp backend on the same weights, 4 workers.
+    brepo = tmp / "builtin"
+    (brepo / "mlp" / "1").mkdir(parents=True)
+    os.link(repo / "aoti_mlp" / "1" / "model.safetensors", brepo / "mlp" / "1" / "model.safetensors")
+    (brepo / "mlp" / "config.yaml").write_text("backend: mlp\nmax_batch_size: 64\ninstance_group:\n"
+                                               "  - {count: 4, kind: KIND_GPU, gpus: [0]}\n")
+    proc, port, ready = serve(a.build, str(brepo), tmp / "serve-builtin.log", ["mlp"])
+    try:
+        load = bench(a.build, port, "mlp", 16, 8, a.seconds, "argmax")
+        results["builtin_4"] = {"batches_per_s": load["requests_per_s"], "p50_ms": load["latency_ms"]["p50"]}
+    finally:
+        stop(proc)
+    print("builtin 4 workers", results["builtin_4"], flush=True)
+    (pathlib.Path(a.out) / "aoti.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
