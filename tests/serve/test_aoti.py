@@ -10,6 +10,7 @@ skip saying so otherwise.
 
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -122,13 +123,12 @@ def aoti_served(tmp_path_factory):
     shutil.copy(repo / "mlp_cpu" / "1" / "model.pt2", repo / "wrong" / "1" / "model.pt2")
     subprocess.run([CLI, "make-model", "mlp", "--dims", "64,100,10", "--seed", "3",
                     "--out", str(repo / "wrong" / "1" / "model.safetensors")], check=True, capture_output=True)
-    (repo / "wrong" / "config.yaml").write_text(
-        (repo / "mlp_cpu" / "config.yaml").read_text().replace("name: mlp_cpu", "name: wrong"))
+    config = (repo / "mlp_cpu" / "config.yaml").read_text()
+    (repo / "wrong" / "config.yaml").write_text(re.sub(r"^name: .*$", "name: wrong", config, flags=re.M))
     # A max_batch_size past the package's batch range.
     shutil.copytree(repo / "mlp_cpu" / "1", repo / "toobig" / "1")
-    (repo / "toobig" / "config.yaml").write_text(
-        (repo / "mlp_cpu" / "config.yaml").read_text().replace("max_batch_size: 32", "max_batch_size: 64")
-        .replace("name: mlp_cpu", "name: toobig"))
+    (repo / "toobig" / "config.yaml").write_text(re.sub(r"^name: .*$", "name: toobig", re.sub(
+        r"^max_batch_size: 32.*$", "max_batch_size: 64", config, flags=re.M), flags=re.M))
     state = start_serve(tmp, repo)
     state["devices"] = devices
     yield state
