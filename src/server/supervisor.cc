@@ -271,7 +271,18 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
     return static_cast<int>(std::max<int64_t>(
         0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));
   };
+  // A worker that died before it got this batch (killed while idle, say) did
+  // not die of it: its requests go back as they were, not counted as a crash.
+  auto requeue_unharmed = [&] {
+    spdlog::warn("{} worker {} (pid {}) was gone before it got a batch of {} requests", model_.name,
+                 index_, process_.pid(), jobs.size());
+    for (auto it = jobs.rbegin(); it != jobs.rend(); ++it) model_.queue->PushFront(*it);
+    return false;
+  };
+  pollfd gone{control, POLLIN, 0};
+  if (::poll(&gone, 1, 0) > 0) return requeue_unharmed();  // end-of-file, or it spoke unasked
   Status sent = control::SendRun(control, run);
+  if (!sent.ok() && sent.code() == StatusCode::kUnavailable) return requeue_unharmed();
   Result<control::Message> done =
       sent.ok() ? control::ReceiveKind(control, left_ms(), {control::Kind::kDone})
                 : Result<control::Message>(sent);
