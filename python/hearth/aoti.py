@@ -816,7 +816,10 @@ def export(module, out, example_input_shapes, *, dtypes=("float32",), weights_dt
     pool = _constant_pool(torch, module, ep)
     constants = _predicted_constants(torch, ep, pool)
 
-    created = not os.path.isdir(out)
+    created = out  # the outermost directory this call makes, removed if it fails
+    while not os.path.isdir(os.path.dirname(created)):
+        created = os.path.dirname(created)
+    created = None if os.path.isdir(created) else created
     os.makedirs(out, exist_ok=True)
     # Everything is written in a private directory inside OUT and then moved
     # into place, so that a failure leaves nothing behind; the package is
@@ -859,7 +862,7 @@ def export(module, out, example_input_shapes, *, dtypes=("float32",), weights_dt
         _place(config, paths["config"], force)
     except BaseException:
         if created:
-            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(created, ignore_errors=True)
         raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
