@@ -214,9 +214,11 @@ def test_an_input_returned_as_output_survives_the_slot_growing(served):
     np.testing.assert_array_equal(np.frombuffer(parts["y"], dtype="<f4"), x.ravel())
 
 
-def one(url, x):
-    return infer_json(url, "pyscale", [{"name": "x", "datatype": "FP32", "shape": list(x.shape),
-                                        "data": x.ravel().tolist()}])
+def one(url, x, timeout=120):
+    # Generous: a request that crashes workers waits for Python workers to
+    # start again (importing torch), which on a loaded machine takes seconds.
+    return requests.post(f"{url}/v2/models/pyscale/infer", timeout=timeout, json={
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}]})
 
 
 def test_an_exception_fails_only_the_request_that_causes_it(served):
@@ -253,7 +255,7 @@ def test_a_crash_in_model_code_is_retried_then_refused_as_poison(served):
     assert r.status_code == 500, r.text
     assert "poison batch" in r.json()["error"]
     wait_for(lambda: requests.get(f"{served['url']}/v2/models/pyscale/ready").status_code == 200,
-             "pyscale ready again")
+             "pyscale ready again", timeout=120)
     assert one(served["url"], np.ones((1, N), dtype=np.float32)).status_code == 200
     assert pids()
 
