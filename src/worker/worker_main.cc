@@ -7,6 +7,7 @@
 // away (end-of-file on the control socket, or PR_SET_PDEATHSIG).
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -68,6 +69,12 @@ Status MaybeInjectFault(const WorkerArgs& a, Backend& backend, const WorkerSessi
 int Die(int control_fd, const Status& s) {
   std::fprintf(stderr, "hearth-worker %d: %s\n", ::getpid(), s.ToString().c_str());
   if (control_fd >= 0) {
+    // A socket closed with unread messages (the setup, when this comes
+    // first) resets the connection, and the server would read that rather
+    // than the reason: read them first.
+    char drain[256];
+    while (::recv(control_fd, drain, sizeof drain, MSG_DONTWAIT | MSG_TRUNC) > 0) {
+    }
     control::Done d;
     d.status_code = static_cast<uint32_t>(s.code());
     d.text = s.message();
