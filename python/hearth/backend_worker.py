@@ -329,6 +329,7 @@ def main(argv=None):
     p.add_argument("--allow-tf32", action="store_true")
     p.add_argument("--fault-kind", default="")
     p.add_argument("--fault-on-value", type=float, default=0.0)
+    p.add_argument("--parent-pid", type=int, default=0)
     a = p.parse_args(argv)
 
     lib = _capi.library()

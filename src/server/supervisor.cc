@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -69,7 +70,9 @@ Status WorkerSupervisor::Spawn(UniqueFd* control) {
                                    "--control-fd",
                                    "3",
                                    "--slot-fd",
-                                   "4"};
+                                   "4",
+                                   "--parent-pid",
+                                   std::to_string(::getpid())};
   if (c.allow_tf32) args.push_back("--allow-tf32");
   if (!c.fault_kind.empty()) {
     char value[64];

@@ -36,6 +36,7 @@ struct WorkerArgs {
   int control_fd = -1, slot_fd = -1;
   std::string fault_kind;
   double fault_on_value = 0;
+  pid_t parent_pid = 0;           // the server, which started this process
   std::vector<std::string> argv;  // as given, for a program-backed kind
 };
 
@@ -112,7 +113,11 @@ int ExecProgram(const WorkerArgs& a, const BackendKind& kind) {
 }
 
 int Serve(const WorkerArgs& a) {
-  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() == 1) return 1;
+  // Dies with the server; and if the server died before that was armed,
+  // this process has another parent already: leave. (Not "parent is 1":
+  // the server may itself be PID 1, in a container.)
+  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) return 1;
+  if (a.parent_pid > 0 && ::getppid() != a.parent_pid) return 1;
   const BackendKind* kind = FindBackendKind(a.backend);
   if (kind == nullptr) return Die(a.control_fd, UnknownBackendKind(a.backend));
   if (!kind->create) return ExecProgram(a, *kind);
@@ -217,6 +222,7 @@ int main(int argc, char** argv) {
   app.add_flag("--allow-tf32", a.allow_tf32);
   app.add_option("--control-fd", a.control_fd)->required();
   app.add_option("--slot-fd", a.slot_fd)->required();
+  app.add_option("--parent-pid", a.parent_pid, "the server's pid: exit at once if it is gone");
   app.add_option("--fault-kind", a.fault_kind);
   app.add_option("--fault-on-value", a.fault_on_value);
   CLI11_PARSE(app, argc, argv);

@@ -1149,3 +1149,30 @@ def test_sigterm_during_start_up_stops_the_server(tmp_path):
              open(f"/proc/{worker}/stat").read().split()[2] == "Z", "the worker to be gone")
     if run_dir:
         assert not os.path.exists(run_dir.group(1)), f"{run_dir.group(1)} was left behind"
+
+
+def test_serving_as_pid_1_in_a_container(tmp_path):
+    """In a container without an init process `hearth serve` is PID 1: its
+    workers must start and serve all the same."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a PID namespace")
+    repo = tmp_path / "repo"
+    (repo / "scale" / "1").mkdir(parents=True)
+    subprocess.run([CLI, "make-model", "scale", "--dims", str(SCALE_N), "--seed", "6",
+                    "--out", str(repo / "scale" / "1" / "model.safetensors")], check=True, capture_output=True)
+    (repo / "scale" / "config.yaml").write_text(scale_config(count=1, kind="KIND_CPU"))
+    log_path = tmp_path / "pid1.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", CLI, "serve", "--model-repository",
+                                 str(repo), "--http-port", "0", "--device", "cpu"],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            port = wait_for(lambda: (re.findall(r"ready on http://127\.0\.0\.1:(\d+)", log_path.read_text())
+                                     or [None])[0], "the server in its PID namespace", timeout=60)
+            url = f"http://127.0.0.1:{port}"
+            assert requests.get(f"{url}/v2/models/scale/ready").status_code == 200, log_path.read_text()[-2000:]
+            x = np.ones((1, SCALE_N), dtype=np.float32)
+            assert scale_request(url, "scale", x).status_code == 200
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
