@@ -231,7 +231,24 @@ def _device_memory():
     return int(torch.cuda.memory_reserved())
 
 
-def _serve(w, model, inputs_spec, outputs_spec, tensor_type):
+def _inject_fault(np, kind, trigger, inputs):
+    """parameters.fault_injection (tests of crash handling): fail the way a
+    buggy model would when any FP32 input element equals the trigger."""
+    if not any(a.dtype == np.float32 and (np.asarray(a) == trigger).any()
+               for a in inputs.values() if hasattr(a, "dtype") and a.dtype != object):
+        return
+    print(f"hearth.backend_worker {os.getpid()}: fault injection: {kind}", file=sys.stderr, flush=True)
+    if kind == "abort":
+        os.abort()
+    if kind == "segv":
+        ctypes.string_at(0)
+    if kind == "hang":
+        import signal
+        while True:
+            signal.pause()
+
+
+def _serve(w, model, inputs_spec, outputs_spec, tensor_type, fault=None):
     import numpy as np
     lib, h = w.lib, w.h
     torch = None
@@ -271,6 +288,8 @@ def _serve(w, model, inputs_spec, outputs_spec, tensor_type):
                     warnings.simplefilter("ignore")  # read-only: torch warns, the view is fine
                     arr = torch.from_numpy(arr)
             inputs[name] = arr
+        if fault is not None:
+            _inject_fault(np, fault[0], fault[1], inputs)
         try:
             outputs = model.execute(inputs)
         except Exception as e:  # the model's fault: fail these requests, serve on
@@ -341,6 +360,11 @@ def main(argv=None):
     w = _Worker(lib, handle)
     model = None
     try:
+        if a.fault_kind not in ("", "abort", "segv", "hang"):
+            w.fail(_capi.ERROR_INVALID_ARGUMENT,
+                   f"fault_injection kind {a.fault_kind!r}: backend: python injects abort, segv or "
+                   "hang (cuda_illegal_address needs a kernel of hearth's GPU backends)")
+            return 1
         tensor_type = w.parameters.get("tensor_type", "numpy")
         if tensor_type not in ("numpy", "torch"):
             w.fail(_capi.ERROR_INVALID_ARGUMENT,
@@ -378,7 +402,8 @@ def main(argv=None):
                                    _device_memory(), text.encode()) != 0:
             print(f"hearth.backend_worker: {w.error()}", file=sys.stderr)
             return 1
-        code = _serve(w, model, inputs_spec, outputs_spec, tensor_type)
+        fault = (a.fault_kind, a.fault_on_value) if a.fault_kind else None
+        code = _serve(w, model, inputs_spec, outputs_spec, tensor_type, fault)
         if hasattr(model, "finalize"):
             try:
                 model.finalize()

@@ -160,6 +160,9 @@ parameters:
   python: {sys.executable}
 """, "class Model:\n    def initialize(self, args):\n        pass\n\n"
                 "    def execute(self, inputs):\n        return {'y': inputs['x']}\n")
+    # Fault injection: a worker that segfaults on an input of 12345.
+    write_model(root, "pyfaulty", scale_config("  fault_injection: {on_value: 12345.0, kind: segv}\n"),
+                SCALE_PY)
     # A built-in backend given another backend's weights.
     write_model(root, "wrongweights", "backend: mlp\nmax_batch_size: 2\ninstance_group:\n"
                 "  - {count: 1, kind: KIND_CPU}\n", None)
@@ -258,6 +261,22 @@ def test_a_crash_in_model_code_is_retried_then_refused_as_poison(served):
              "pyscale ready again", timeout=120)
     assert one(served["url"], np.ones((1, N), dtype=np.float32)).status_code == 200
     assert pids()
+
+
+def test_fault_injection_crashes_a_python_worker_and_only_that_request_fails(served):
+    url = f"{served['url']}/v2/models/pyfaulty/infer"
+
+    def ask(v):
+        x = np.full((1, N), v, dtype=np.float32)
+        return requests.post(url, timeout=120, json={"inputs": [{"name": "x", "datatype": "FP32",
+                                                                  "shape": [1, N], "data": x.ravel().tolist()}]})
+
+    r = ask(12345.0)
+    assert r.status_code == 500 and "poison batch" in r.json()["error"], r.text
+    wait_for(lambda: requests.get(f"{served['url']}/v2/models/pyfaulty/ready").status_code == 200,
+             "pyfaulty ready again", timeout=120)
+    r = ask(1.0)
+    assert r.status_code == 200, r.text
 
 
 def test_bytes_tensors_travel_as_strings_and_binary(served):
