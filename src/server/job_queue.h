@@ -96,21 +96,28 @@ class JobQueue {
     for (;;) {
       if (batch.empty() && !WaitForWork(lock, idle_until)) return {};
       const auto now = clock_->Now();
-      while (!jobs_.empty()) {
-        std::shared_ptr<Job>& front = jobs_.front();
-        if (front->deadline <= now) {
-          expired.push_back(std::move(front));
-          jobs_.pop_front();
+      // From the front: the oldest request sets the batch's shape; later
+      // ones of the same shape join it, passing over requests of other
+      // shapes (which keep their places for a batch of their own).
+      for (size_t i = 0; i < jobs_.size() && i < kScanLimit;) {
+        std::shared_ptr<Job>& job = jobs_[i];
+        if (job->deadline <= now) {
+          expired.push_back(std::move(job));
+          jobs_.erase(jobs_.begin() + static_cast<std::ptrdiff_t>(i));
           continue;
         }
-        const bool alone = front->crashes > 0 || front->alone;
-        if (!batch.empty() &&
-            (alone || batch[0]->crashes > 0 || batch[0]->alone ||
-             rows + front->batch > policy.max_batch || front->shape_key != batch[0]->shape_key))
-          break;
-        rows += front->batch;
-        batch.push_back(std::move(front));
-        jobs_.pop_front();
+        const bool alone = job->crashes > 0 || job->alone;
+        if (!batch.empty()) {
+          if (batch[0]->crashes > 0 || batch[0]->alone || rows + job->batch > policy.max_batch)
+            break;
+          if (alone || job->shape_key != batch[0]->shape_key) {
+            ++i;
+            continue;
+          }
+        }
+        rows += job->batch;
+        batch.push_back(std::move(job));
+        jobs_.erase(jobs_.begin() + static_cast<std::ptrdiff_t>(i));
         if (alone) break;
       }
       if (batch.empty()) {
@@ -204,6 +211,8 @@ class JobQueue {
     return true;
   }
 
+  // How far past the front a batch looks for requests of its shape.
+  static constexpr size_t kScanLimit = 4096;
   std::mutex mu_;
   std::condition_variable forming_;  // callers holding part of a batch, waiting for more
   std::vector<IdleWaiter*> idle_;

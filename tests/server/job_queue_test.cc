@@ -106,12 +106,21 @@ TEST(JobQueue, RequestsOfDifferentShapesAreNotBatchedTogether) {
   ASSERT_TRUE(h.queue.Push(h.Make("b", 1, {5})).ok());
   ASSERT_TRUE(h.queue.Push(h.Make("c", 1, {7})).ok());
   ASSERT_TRUE(h.queue.Push(h.Make("d", 1, {5})).ok());
+  // The oldest sets the shape; d joins a and b past c, which runs next.
   EXPECT_EQ(Harness::Ids(h.queue.PopBatch(Policy(8, 0), std::chrono::milliseconds(0))),
-            (std::vector<std::string>{"a", "b"}));
+            (std::vector<std::string>{"a", "b", "d"}));
   EXPECT_EQ(Harness::Ids(h.queue.PopBatch(Policy(8, 0), std::chrono::milliseconds(0))),
             (std::vector<std::string>{"c"}));
-  EXPECT_EQ(Harness::Ids(h.queue.PopBatch(Policy(8, 0), std::chrono::milliseconds(0))),
-            (std::vector<std::string>{"d"}));
+}
+
+TEST(JobQueue, AlternatingShapesStillFormFullBatches) {
+  Harness h;
+  for (int i = 0; i < 8; ++i)
+    ASSERT_TRUE(h.queue.Push(h.Make(std::string(1, static_cast<char>('a' + i)), 1, {i % 2})).ok());
+  EXPECT_EQ(Harness::Ids(h.queue.PopBatch(Policy(4, 0), std::chrono::milliseconds(0))),
+            (std::vector<std::string>{"a", "c", "e", "g"}));
+  EXPECT_EQ(Harness::Ids(h.queue.PopBatch(Policy(4, 0), std::chrono::milliseconds(0))),
+            (std::vector<std::string>{"b", "d", "f", "h"}));
 }
 
 TEST(JobQueue, RetriedRequestsRunAloneAndFirst) {
