@@ -100,10 +100,10 @@ if want pybackend; then
 fi
 if want aoti; then
   echo "== backend: aoti: the seed's MLP exported with a dynamic batch, beside the built-in mlp backend"
-  PYTHONUNBUFFERED=1 timeout 450 python3 bench/serve/aoti_bench.py --build "$BUILD" --out "$OUT" --seconds 5 \
+  PYTHONUNBUFFERED=1 timeout 590 python3 bench/serve/aoti_bench.py --build "$BUILD" --out "$OUT" --seconds 5 \
     > "$OUT/aoti-bench.log" 2>&1
   aoti_rc=$?
-  grep -E "^(exported|aoti|builtin)" "$OUT/aoti-bench.log" | cut -c1-600
+  grep -E "^(exported|aoti|builtin|baseline|resnet50)" "$OUT/aoti-bench.log" | cut -c1-600
 fi
 if want gemm; then
   echo "== the mlp forward by batch size: cuBLASLt, the skinny kernel, PyTorch (baseline)"

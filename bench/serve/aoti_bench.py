@@ -10,7 +10,11 @@ hearth.aoti export` with a dynamic batch of 1..64:
 - 24 aoti workers: device memory against one copy plus the server's context
   plus 24 workers, and per worker;
 - the time from SIGKILL of an idle aoti worker to its replacement being
-  ready (the package loaded again), from the server's log.
+  ready (the package loaded again), from the server's log;
+- the torch.multiprocessing baseline (seed 004's pytorch mode) with 4 workers;
+- torchvision's resnet50, fp32 and bf16, exported the same way: batches of
+  16 images per second through 1 aoti worker against PyTorch eager in one
+  process (no HTTP), and the largest difference of their logits.
 """
 import argparse
 import json
@@ -55,6 +59,8 @@ def main():
     ap.add_argument("--build", default="build-gpu")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--seconds", type=float, default=5)
+    ap.add_argument("--baseline", default=".gpu/baselines/torch_ipc_workers.py")
+    ap.add_argument("--skip-resnet", action="store_true")
     a = ap.parse_args()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="hearth-aoti-bench-"))
     (tmp / "seed_mlp.py").write_text(MODEL)
@@ -136,7 +142,92 @@ def main():
     finally:
         stop(proc)
     print("builtin 4 workers", results["builtin_4"], flush=True)
+
+    r = subprocess.run([sys.executable, a.baseline, "--workers", "4", "--batches", "512"],
+                       capture_output=True, text=True, timeout=600)
+    line = [l for l in r.stdout.splitlines() if "workers=" in l]
+    results["baseline_4"] = dict(re.findall(r"(\w+)=([0-9.]+)", line[-1])) if line else {"error": r.stderr[-500:]}
+    print("baseline 4 workers", results["baseline_4"], flush=True)
     (pathlib.Path(a.out) / "aoti.json").write_text(json.dumps(results, indent=1))
+
+    if not a.skip_resnet:
+        for dtype in ("float32", "bfloat16"):
+            results[f"resnet50_{dtype}"] = resnet(a, tmp, env, dtype)
+            print(f"resnet50 {dtype}", results[f"resnet50_{dtype}"], flush=True)
+            (pathlib.Path(a.out) / "aoti.json").write_text(json.dumps(results, indent=1))
+
+
+RESNET = '''
+import torch
+import torchvision
+
+
+def build():
+    torch.manual_seed(0)
+    return torchvision.models.resnet50(weights=None).eval()
+'''
+
+
+def resnet(a, tmp, env, dtype):
+    """resnet50 exported with a dynamic batch, 1 aoti worker, against eager."""
+    import numpy as np
+    import torch
+    (tmp / "resnet_model.py").write_text(RESNET)
+    repo = tmp / f"repo-resnet-{dtype}"
+    out = repo / "resnet50" / "1"
+    t0 = time.time()
+    r = subprocess.run([sys.executable, "-m", "hearth.aoti", "export", f"{tmp / 'resnet_model.py'}:build",
+                        "--example-input-shape", "16,3,224,224", "--dynamic-batch", "1..64", "--device", "cuda",
+                        "--dtype", dtype, "--weights-dtype", dtype, "--input-names", "image",
+                        "--output-names", "logits", "--out", str(out)], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        return {"error": r.stderr[-1500:]}
+    result = {"export_s": time.time() - t0}
+    # Eager in this process, the same module and weights.
+    namespace = {}
+    exec(RESNET, namespace)
+    model = namespace["build"]().to("cuda", getattr(torch, dtype))
+    x = torch.randn(16, 3, 224, 224, device="cuda", dtype=getattr(torch, dtype))
+    with torch.no_grad():
+        for _ in range(5):
+            model(x)
+        torch.cuda.synchronize()
+        n, t1 = 0, time.time()
+        while time.time() - t1 < a.seconds:
+            model(x)
+            n += 1
+        torch.cuda.synchronize()
+        result["eager_batches_per_s"] = n / (time.time() - t1)
+        want = model(x).float().cpu().numpy()
+    del model
+    torch.cuda.empty_cache()
+    proc, port, ready = serve(a.build, str(repo), tmp / f"serve-resnet-{dtype}.log", ["resnet50"])
+    try:
+        datatype = "FP32" if dtype == "float32" else "BF16"
+        payload = x.cpu().contiguous()
+        raw = payload.view(torch.int16).numpy().tobytes() if dtype == "bfloat16" else payload.numpy().tobytes()
+        header = json.dumps({"inputs": [{"name": "image", "datatype": datatype, "shape": [16, 3, 224, 224],
+                                         "parameters": {"binary_data_size": len(raw)}}],
+                             "outputs": [{"name": "logits", "parameters": {"binary_data": True}}]}).encode()
+        import urllib.request
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/resnet50/infer", data=header + raw,
+                                     headers={"Inference-Header-Content-Length": str(len(header)),
+                                              "Content-Type": "application/octet-stream"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            hl = int(resp.headers["Inference-Header-Content-Length"])
+            body = resp.read()
+        got = np.frombuffer(body[hl:], dtype="<f4" if dtype == "float32" else "<u2")
+        if dtype == "bfloat16":
+            got = (got.astype(np.uint32) << 16).view(np.float32)
+        result["max_abs_diff_vs_eager"] = float(np.abs(got.reshape(16, 1000) - want).max())
+        # The same batch over HTTP with binary data: hearth bench sends random images.
+        load = bench(a.build, port, "resnet50", 16, 2, a.seconds, "logits")
+        result.update(aoti_batches_per_s=load["requests_per_s"], p50_ms=load["latency_ms"]["p50"],
+                      ready_s=ready["resnet50"])
+        result["ratio_vs_eager"] = result["aoti_batches_per_s"] / result["eager_batches_per_s"]
+    finally:
+        stop(proc)
+    return result
 
 
 if __name__ == "__main__":
