@@ -96,30 +96,41 @@ Status FromC(int code, const std::array<char, N>& error) {
                 std::string(error.data(), strnlen(error.data(), error.size())));
 }
 
+// The weights and options as the plug-in libraries' C entry points take
+// them; views into `weights` and `options`, which must outlive it.
+struct CArguments {
+  std::vector<HearthCudaTensor> tensors;
+  std::vector<const char*> keys, values;
+  HearthCudaOptions options{};
+
+  CArguments(const std::vector<TensorView>& weights, const BackendOptions& o) {
+    tensors.reserve(weights.size());
+    for (const TensorView& t : weights) {
+      tensors.push_back({t.name.c_str(), static_cast<int32_t>(t.dtype),
+                         static_cast<int32_t>(t.shape.size()), t.shape.data(), t.data, t.nbytes,
+                         static_cast<int32_t>(t.device.kind), t.device.index});
+    }
+    for (const auto& [k, v] : o.parameters) {
+      keys.push_back(k.c_str());
+      values.push_back(v.c_str());
+    }
+    options = {o.max_batch_size, o.allow_tf32 ? 1 : 0, keys.size(), keys.data(), values.data()};
+  }
+  CArguments(const CArguments&) = delete;
+  CArguments& operator=(const CArguments&) = delete;
+};
+
 Result<std::unique_ptr<Backend>> CreateCudaBackend(std::string_view kind,
                                                    const std::vector<TensorView>& weights,
                                                    Device device, const BackendOptions& options) {
   ASSIGN_OR_RETURN(CudaLibrary lib, GetCudaLibrary());
-  std::vector<HearthCudaTensor> tensors;
-  tensors.reserve(weights.size());
-  for (const TensorView& t : weights) {
-    tensors.push_back({t.name.c_str(), static_cast<int32_t>(t.dtype),
-                       static_cast<int32_t>(t.shape.size()), t.shape.data(), t.data, t.nbytes,
-                       static_cast<int32_t>(t.device.kind), t.device.index});
-  }
-  std::vector<const char*> keys, values;
-  for (const auto& [k, v] : options.parameters) {
-    keys.push_back(k.c_str());
-    values.push_back(v.c_str());
-  }
-  const HearthCudaOptions c_options{options.max_batch_size, options.allow_tf32 ? 1 : 0, keys.size(),
-                                    keys.data(), values.data()};
+  const CArguments c(weights, options);
   const std::string c_kind(kind);
   void* backend = nullptr;
   std::array<char, 1024> error{};
   RETURN_IF_ERROR(FromC(
-      lib.create(HEARTH_CUDA_BACKEND_ABI_VERSION, c_kind.c_str(), tensors.data(), tensors.size(),
-                 device.index, &c_options, &backend, error.data(), error.size()),
+      lib.create(HEARTH_CUDA_BACKEND_ABI_VERSION, c_kind.c_str(), c.tensors.data(),
+                 c.tensors.size(), device.index, &c.options, &backend, error.data(), error.size()),
       error));
   return std::unique_ptr<Backend>(static_cast<Backend*>(backend));
 }
@@ -175,18 +186,7 @@ Result<std::unique_ptr<Backend>> CreateAoti(const std::vector<TensorView>& weigh
                                             const BackendOptions& options) {
   ASSIGN_OR_RETURN(AotiLibrary lib, GetAotiLibrary());
   RETURN_IF_ERROR(CheckWeightsDevice(weights, device));
-  std::vector<HearthCudaTensor> tensors;
-  tensors.reserve(weights.size());
-  for (const TensorView& t : weights) {
-    tensors.push_back({t.name.c_str(), static_cast<int32_t>(t.dtype),
-                       static_cast<int32_t>(t.shape.size()), t.shape.data(), t.data, t.nbytes,
-                       static_cast<int32_t>(t.device.kind), t.device.index});
-  }
-  std::vector<const char*> keys, values;
-  for (const auto& [k, v] : options.parameters) {
-    keys.push_back(k.c_str());
-    values.push_back(v.c_str());
-  }
+  const CArguments c(weights, options);
   auto specs = [](const std::vector<IoSpec>& list) {
     std::vector<HearthAotiSpec> out;
     for (const IoSpec& s : list)
@@ -197,8 +197,7 @@ Result<std::unique_ptr<Backend>> CreateAoti(const std::vector<TensorView>& weigh
   const std::vector<HearthAotiSpec> in = specs(options.inputs), out = specs(options.outputs);
   const std::string package = options.version_dir + "/model.pt2";
   HearthAotiOptions o{};
-  o.common = {options.max_batch_size, options.allow_tf32 ? 1 : 0, keys.size(), keys.data(),
-              values.data()};
+  o.common = c.options;
   o.package_path = package.c_str();
   o.inputs = in.data();
   o.num_inputs = in.size();
@@ -207,9 +206,9 @@ Result<std::unique_ptr<Backend>> CreateAoti(const std::vector<TensorView>& weigh
   o.batching = options.batching ? 1 : 0;
   void* backend = nullptr;
   std::array<char, 4096> error{};
-  RETURN_IF_ERROR(FromC(lib.create(HEARTH_AOTI_BACKEND_ABI_VERSION, tensors.data(), tensors.size(),
-                                   static_cast<int32_t>(device.kind), device.index, &o, &backend,
-                                   error.data(), error.size()),
+  RETURN_IF_ERROR(FromC(lib.create(HEARTH_AOTI_BACKEND_ABI_VERSION, c.tensors.data(),
+                                   c.tensors.size(), static_cast<int32_t>(device.kind),
+                                   device.index, &o, &backend, error.data(), error.size()),
                         error));
   return std::unique_ptr<Backend>(static_cast<Backend*>(backend));
 }
