@@ -7,6 +7,7 @@
 #include <set>
 
 #include "checkpoint/safetensors_format.h"
+#include "checkpoint/strict_json.h"
 #include "hearth/checkpoint.h"
 
 namespace hearth {
@@ -14,10 +15,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr size_t kMaxJsonErrorChars = 240;
-// A valid index nests two levels deep; the limit bounds what an index of
-// nothing but '[' can take while leaving room for messages about wrong values.
-constexpr size_t kMaxJsonDepth = 64;
 // Integral floats up to here are exact ("total_size": 1.2e10 is seen in the wild).
 constexpr double kMaxExactDouble = 9007199254740992.0;  // 2^53
 
@@ -30,81 +27,14 @@ Status TensorError(std::string_view origin, std::string_view tensor, std::string
                     "weight_map: tensor " + QuoteForMessage(tensor) + ": " + std::string(what));
 }
 
-struct NestingTooDeep {};
-
-// nlohmann::json keeps the last of duplicate keys: an index listing a tensor
-// twice (for two shards, perhaps) would silently mean one of them. The
-// parser callback sees every key as it is read and rejects duplicates, and
-// stops documents that nest too deep.
-class IndexKeyChecker {
- public:
-  explicit IndexKeyChecker(std::string_view origin) : origin_(origin) {}
-
-  bool operator()(int /*depth*/, Json::parse_event_t event, Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-      case Json::parse_event_t::array_start:
-        if (frames_.size() == kMaxJsonDepth) throw NestingTooDeep();
-        frames_.emplace_back();
-        break;
-      case Json::parse_event_t::object_end:
-      case Json::parse_event_t::array_end:
-        frames_.pop_back();
-        break;
-      case Json::parse_event_t::key: {
-        const auto& key = parsed.get_ref<const std::string&>();
-        Frame& frame = frames_.back();
-        if (!frame.keys.insert(key).second && first_duplicate_.ok()) {
-          first_duplicate_ = DuplicateError(key);
-        }
-        frame.last_key = key;
-        break;
-      }
-      case Json::parse_event_t::value:
-        break;
-    }
-    return true;
-  }
-
-  const Status& first_duplicate() const { return first_duplicate_; }
-
- private:
-  struct Frame {
-    std::set<std::string, std::less<>> keys;
-    std::string last_key;
-  };
-
-  Status DuplicateError(const std::string& key) const {
-    if (frames_.size() == 2 && frames_.front().last_key == "weight_map") {
-      return TensorError(origin_, key, "listed twice");
-    }
-    return IndexError(origin_, "duplicate key " + QuoteForMessage(key));
-  }
-
-  std::string_view origin_;
-  std::vector<Frame> frames_;
-  Status first_duplicate_;
-};
-
 Result<Json> ParseJson(std::string_view text, std::string_view origin) {
-  // nlohmann's lexer takes a NUL byte for the end of the input.
-  if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
-    return IndexError(origin, "invalid JSON: NUL byte at offset " + std::to_string(nul));
-  }
-  IndexKeyChecker checker(origin);
-  Json json;
-  try {
-    json = Json::parse(text.begin(), text.end(), std::ref(checker));
-  } catch (const Json::exception& e) {
-    std::string what = e.what();
-    if (what.size() > kMaxJsonErrorChars) what = what.substr(0, kMaxJsonErrorChars) + "...";
-    return IndexError(origin, "invalid JSON: " + what);
-  } catch (const NestingTooDeep&) {
-    return IndexError(origin,
-                      "JSON nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-  }
-  RETURN_IF_ERROR(checker.first_duplicate());
-  return json;
+  StrictJsonErrors errors;
+  errors.invalid = [&](std::string_view what) { return IndexError(origin, what); };
+  errors.duplicate = [&](size_t depth, const std::string& top_key, const std::string& key) {
+    if (depth == 2 && top_key == "weight_map") return TensorError(origin, key, "listed twice");
+    return IndexError(origin, "duplicate key " + QuoteForMessage(key));
+  };
+  return ParseStrictJson(text, errors);
 }
 
 // A shard is named relative to the checkpoint directory and is never a path:

@@ -8,18 +8,13 @@
 
 #include "checkpoint/safetensors_file.h"
 #include "checkpoint/safetensors_format.h"
+#include "checkpoint/strict_json.h"
 #include "hearth/checkpoint.h"
 
 namespace hearth {
 namespace {
 
 using Json = nlohmann::json;
-
-constexpr size_t kMaxJsonErrorChars = 240;
-// A valid header nests three levels deep (header, tensor, shape). The limit
-// leaves room for useful messages about wrong values while bounding the
-// memory a header of nothing but '[' can take.
-constexpr size_t kMaxJsonDepth = 64;
 
 Status HeaderError(std::string_view origin, std::string_view what) {
   return InvalidArgument(std::string(origin) + ": header: " + std::string(what));
@@ -38,85 +33,17 @@ Status MetadataKeyError(std::string_view origin, std::string_view key, std::stri
   return MetadataError(origin, "key " + QuoteForMessage(key) + ": " + std::string(what));
 }
 
-// Thrown by the parser callback to stop parsing.
-struct NestingTooDeep {};
-
-// nlohmann::json keeps the last of duplicate keys, while other readers keep the
-// first: a header with duplicates means different things to different readers,
-// so it is rejected. The parser callback sees every key as it is read, and
-// also stops headers that nest too deep.
-class HeaderKeyChecker {
- public:
-  explicit HeaderKeyChecker(std::string_view origin) : origin_(origin) {}
-
-  bool operator()(int /*depth*/, Json::parse_event_t event, Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-      case Json::parse_event_t::array_start:
-        if (frames_.size() == kMaxJsonDepth) throw NestingTooDeep();
-        frames_.emplace_back();
-        break;
-      case Json::parse_event_t::object_end:
-      case Json::parse_event_t::array_end:
-        frames_.pop_back();
-        break;
-      case Json::parse_event_t::key: {
-        const auto& key = parsed.get_ref<const std::string&>();
-        Frame& frame = frames_.back();
-        if (!frame.keys.insert(key).second && first_duplicate_.ok()) {
-          first_duplicate_ = DuplicateError(key);
-        }
-        frame.last_key = key;
-        break;
-      }
-      case Json::parse_event_t::value:
-        break;
-    }
-    return true;
-  }
-
-  const Status& first_duplicate() const { return first_duplicate_; }
-
- private:
-  struct Frame {
-    std::set<std::string, std::less<>> keys;
-    std::string last_key;
-  };
-
-  Status DuplicateError(const std::string& key) const {
-    if (frames_.size() == 1) return HeaderError(origin_, "duplicate key " + QuoteForMessage(key));
-    const std::string& parent = frames_.front().last_key;
-    if (parent == "__metadata__" && frames_.size() == 2) {
-      return MetadataKeyError(origin_, key, "duplicate key");
-    }
-    return TensorError(origin_, parent, "duplicate key " + QuoteForMessage(key));
-  }
-
-  std::string_view origin_;
-  std::vector<Frame> frames_;
-  Status first_duplicate_;
-};
-
+// A valid header nests three levels deep (header, tensor, shape).
 Result<Json> ParseJson(std::string_view text, std::string_view origin) {
-  // nlohmann's lexer takes a NUL byte for the end of the input and would
-  // ignore whatever follows it.
-  if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
-    return HeaderError(origin, "invalid JSON: NUL byte at offset " + std::to_string(nul));
-  }
-  HeaderKeyChecker checker(origin);
-  Json json;
-  try {
-    json = Json::parse(text.begin(), text.end(), std::ref(checker));
-  } catch (const Json::exception& e) {
-    std::string what = e.what();
-    if (what.size() > kMaxJsonErrorChars) what = what.substr(0, kMaxJsonErrorChars) + "...";
-    return HeaderError(origin, "invalid JSON: " + what);
-  } catch (const NestingTooDeep&) {
-    return HeaderError(origin,
-                       "JSON nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
-  }
-  RETURN_IF_ERROR(checker.first_duplicate());
-  return json;
+  StrictJsonErrors errors;
+  errors.invalid = [&](std::string_view what) { return HeaderError(origin, what); };
+  errors.duplicate = [&](size_t depth, const std::string& top_key, const std::string& key) {
+    if (depth == 1) return HeaderError(origin, "duplicate key " + QuoteForMessage(key));
+    if (top_key == "__metadata__" && depth == 2)
+      return MetadataKeyError(origin, key, "duplicate key");
+    return TensorError(origin, top_key, "duplicate key " + QuoteForMessage(key));
+  };
+  return ParseStrictJson(text, errors);
 }
 
 // Reads one non-negative integer that fits in int64_t (a dimension).
