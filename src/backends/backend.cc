@@ -28,6 +28,12 @@ struct CudaLibrary {
   HearthCudaHostUnregisterFn host_unregister = nullptr;
 };
 
+// The running executable's directory; empty if /proc cannot say.
+std::string ExecutableDir() {
+  std::error_code ec;
+  return std::filesystem::read_symlink("/proc/self/exe", ec).parent_path().string();
+}
+
 // Opens a plug-in library and resolves its entry points, trying in order:
 // next to the running executable (an installed worker), the build tree
 // (`build_path`, for tests and uninstalled builds), then the plain name
@@ -36,9 +42,8 @@ struct CudaLibrary {
 Result<std::vector<void*>> OpenPlugin(const std::string& name, const char* build_path,
                                       const std::vector<const char*>& symbols) {
   std::vector<std::string> candidates;
+  if (const std::string dir = ExecutableDir(); !dir.empty()) candidates.push_back(dir + "/" + name);
   std::error_code ec;
-  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (!ec) candidates.push_back((exe.parent_path() / name).string());
   if (build_path != nullptr) candidates.emplace_back(build_path);
   candidates.push_back(name);
 
@@ -219,11 +224,6 @@ std::string FirstExisting(const std::vector<std::string>& candidates) {
   for (const std::string& c : candidates)
     if (std::filesystem::exists(c, ec)) return c;
   return candidates.back();
-}
-
-std::string ExecutableDir() {
-  std::error_code ec;
-  return std::filesystem::read_symlink("/proc/self/exe", ec).parent_path().string();
 }
 
 // backend: python runs the model's model.py in `<interpreter> -m
