@@ -54,6 +54,29 @@ def build():
 '''
 
 
+def bare_context_mib():
+    """What one process costs the device once libtorch has made its CUDA
+    context and one small tensor: the least an aoti worker can cost."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys, torch; torch.zeros(1, device='cuda'); "
+                             "torch.cuda.synchronize(); print('ok', flush=True); sys.stdin.read()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        proc.stdout.readline()
+        time.sleep(0.5)
+        return gpu_processes().get(proc.pid, float("nan"))
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+def split_processes(arena_mib):
+    """nvidia-smi's processes: the store's (the one that holds the arena) and
+    the workers'."""
+    procs = sorted(gpu_processes().values())
+    store = procs[-1] if procs and procs[-1] >= arena_mib else float("nan")
+    return store, procs[:-1]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default="build-gpu")
@@ -79,7 +102,9 @@ def main():
     arena_mib = os.path.getsize(repo / "aoti_mlp" / "1" / "model.safetensors") / 2**20
     print(f"exported in {export_s:.0f} s: model.pt2 {pt2:.1f} MiB, model.safetensors {arena_mib:.0f} MiB",
           flush=True)
-    results = {"export_s": export_s, "pt2_mib": pt2, "weights_mib": arena_mib}
+    results = {"export_s": export_s, "pt2_mib": pt2, "weights_mib": arena_mib,
+               "bare_torch_context_mib": bare_context_mib()}
+    print("bare libtorch CUDA context", results["bare_torch_context_mib"], "MiB", flush=True)
 
     before = settled_used_mib()
     proc, port, ready = serve(a.build, str(repo), tmp / "serve-aoti-4.log", ["aoti_mlp"])
@@ -87,7 +112,7 @@ def main():
         after = settled_used_mib()
         load = bench(a.build, port, "aoti_mlp", 16, 8, a.seconds, "argmax")
         results["aoti_4"] = {"ready_s": ready["aoti_mlp"], "device_mib": after - before,
-                             "per_worker_mib": (after - before - arena_mib - 524) / 4,
+                             "per_worker_mib": sum(split_processes(arena_mib)[1]) / 4,
                              "batches_per_s": load["requests_per_s"], "p50_ms": load["latency_ms"]["p50"],
                              "p99_ms": load["latency_ms"]["p99"], "gpu_processes_mib": sorted(gpu_processes().values())}
         # SIGKILL an idle worker; the log says when its replacement is ready.
@@ -122,8 +147,16 @@ def main():
             time.sleep(0.1)
         m = re.search(r"model aoti_mlp: (\d+) of (\d+) workers ready ([0-9.]+) s", log24.read_text())
         after = settled_used_mib()
+        store, workers = split_processes(arena_mib)
+        ctx = results["bare_torch_context_mib"]
+        # The goal: one copy (the store's process: its context and the arena)
+        # plus 24 bare libtorch contexts, within 5 %.
+        one_copy_plus_contexts = store + 24 * ctx
         results["aoti_24"] = {"ready": m.group(0) if m else None, "device_mib": after - before,
-                              "per_worker_mib": (after - before - arena_mib - 524) / 24,
+                              "store_process_mib": store, "workers": len(workers),
+                              "per_worker_mib": sum(workers) / max(len(workers), 1),
+                              "one_copy_plus_24_contexts_mib": one_copy_plus_contexts,
+                              "ratio_vs_one_copy_plus_contexts": (after - before) / one_copy_plus_contexts,
                               "gpu_processes_mib": sorted(gpu_processes().values())}
     finally:
         stop(p24)
@@ -148,6 +181,11 @@ def main():
     line = [l for l in r.stdout.splitlines() if "workers=" in l]
     results["baseline_4"] = dict(re.findall(r"(\w+)=([0-9.]+)", line[-1])) if line else {"error": r.stderr[-500:]}
     print("baseline 4 workers", results["baseline_4"], flush=True)
+    r = subprocess.run([sys.executable, a.baseline, "--workers", "24", "--batches", "96"],
+                       capture_output=True, text=True, timeout=600)
+    line = [l for l in r.stdout.splitlines() if "workers=" in l]
+    results["baseline_24"] = dict(re.findall(r"(\w+)=([0-9.]+)", line[-1])) if line else {"error": r.stderr[-500:]}
+    print("baseline 24 workers", results["baseline_24"], flush=True)
     (pathlib.Path(a.out) / "aoti.json").write_text(json.dumps(results, indent=1))
 
     if not a.skip_resnet:

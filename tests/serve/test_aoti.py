@@ -45,6 +45,25 @@ def build():
 """
 
 
+GATHER_PY = """
+import torch
+
+
+class Gather(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(1024, 16))
+
+    def forward(self, index):
+        return self.table[index.squeeze(-1)]
+
+
+def build():
+    torch.manual_seed(3)
+    return Gather()
+"""
+
+
 def torch_missing():
     try:
         import torch
@@ -87,13 +106,13 @@ def test_an_aoti_model_without_the_library_fails_alone_saying_why(tmp_path):
     assert code == 0, log[-3000:]
 
 
-def export(tmp_path, repo, name, device, dynamic="1..32", extra=()):
-    source = tmp_path / "mlp_model.py"
-    source.write_text(MODEL_PY)
+def export(tmp_path, repo, name, device, dynamic="1..32", extra=(), source_text=MODEL_PY, shape="4,64"):
+    source = tmp_path / f"{name}_model.py"
+    source.write_text(source_text)
     out = repo / name / "1"
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-m", "hearth.aoti", "export", f"{source}:build",
-                        "--example-input-shape", "4,64", "--dynamic-batch", dynamic, "--device", device,
+                        "--example-input-shape", shape, "--dynamic-batch", dynamic, "--device", device,
                         "--out", str(out), *extra], capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
@@ -129,6 +148,17 @@ def aoti_served(tmp_path_factory):
     shutil.copytree(repo / "mlp_cpu" / "1", repo / "toobig" / "1")
     (repo / "toobig" / "config.yaml").write_text(re.sub(r"^name: .*$", "name: toobig", re.sub(
         r"^max_batch_size: 32.*$", "max_batch_size: 64", config, flags=re.M), flags=re.M))
+    if ON_GPU:
+        # Fault injection on a CUDA package: a sticky fault before the batch.
+        shutil.copytree(repo / "mlp_cuda" / "1", repo / "gpufault" / "1")
+        cuda_config = (repo / "mlp_cuda" / "config.yaml").read_text()
+        (repo / "gpufault" / "config.yaml").write_text(
+            re.sub(r"^name: .*$", "name: gpufault", cuda_config, flags=re.M)
+            .replace("count: 1", "count: 2")
+            + "parameters:\n  fault_injection: {on_value: 12345.0, kind: cuda_illegal_address}\n")
+        # A package whose own kernel reads far out of bounds on a bad index.
+        export(tmp, repo, "gather", "cuda", source_text=GATHER_PY, shape="4,1",
+               extra=("--dtype", "int64", "--workers", "2"))
     state = start_serve(tmp, repo)
     state["devices"] = devices
     yield state
@@ -170,3 +200,77 @@ def test_constants_that_are_not_the_stores_tensors_are_all_listed(aoti_served):
 def test_a_max_batch_size_past_the_package_range_is_refused(aoti_served):
     text = wait_for(lambda: failed(aoti_served["url"], "toobig"), "toobig to fail", timeout=120)
     assert "max_batch_size 64" in text and "[1, 32]" in text, text
+
+
+def restarts(url, model):
+    total = 0.0
+    for line in requests.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("hearth_worker_restarts{") and f'model="{model}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def wait_ready(url, model):
+    wait_for(lambda: requests.get(f"{url}/v2/models/{model}/ready").status_code == 200,
+             f"{model} to be ready", timeout=120)
+
+
+def test_fault_injection_on_a_cuda_package_fails_the_poison_alone(aoti_served):
+    if "cuda" not in aoti_served["devices"]:
+        pytest.skip("cuda_illegal_address needs a GPU worker (HEARTH_TEST_DEVICE=cuda)")
+    url = aoti_served["url"]
+    wait_ready(url, "gpufault")
+    name = requests.get(f"{url}/v2/models/gpufault").json()["inputs"][0]["name"]
+    good = np.random.default_rng(9).standard_normal((2, 64)).astype(np.float32)
+    bad = good.copy()
+    bad[1, 5] = 12345.0
+    ask = lambda x: infer_json(url, "gpufault", [{"name": name, "datatype": "FP32", "shape": list(x.shape),
+                                                  "data": x.ravel().tolist()}])
+    before = restarts(url, "gpufault")
+    r = ask(bad)
+    assert r.status_code == 500 and "poison" in r.json()["error"], r.text
+    wait_for(lambda: restarts(url, "gpufault") > before, "a gpufault worker to be replaced")
+    wait_ready(url, "gpufault")
+    after = ask(good)
+    assert after.status_code == 200, after.text
+    got = np.array(after.json()["outputs"][0]["data"], dtype=np.float32).reshape(2, 10)
+    np.testing.assert_allclose(got, reference(good), rtol=1e-4, atol=1e-4)
+
+
+def test_a_package_kernel_that_faults_replaces_the_worker(aoti_served):
+    """An index far out of range makes the package's own gather kernel read
+    unmapped device memory: a sticky CUDA error. The worker exits and is
+    replaced; the request fails; good requests are answered after it."""
+    if "cuda" not in aoti_served["devices"]:
+        pytest.skip("a faulting CUDA kernel needs a GPU worker (HEARTH_TEST_DEVICE=cuda)")
+    url = aoti_served["url"]
+    wait_ready(url, "gather")
+    meta = requests.get(f"{url}/v2/models/gather").json()
+    assert meta["inputs"][0]["datatype"] == "INT64", meta
+    name = meta["inputs"][0]["name"]
+    ask = lambda idx: infer_json(url, "gather", [{"name": name, "datatype": "INT64", "shape": [len(idx), 1],
+                                                "data": idx}])
+    namespace = {}
+    exec(GATHER_PY, namespace)
+    table = namespace["build"]().table.detach().numpy()
+    before = restarts(url, "gather")
+    r = ask([1, 1 << 40])
+    assert r.status_code == 500, r.text
+    wait_for(lambda: restarts(url, "gather") > before, "a gather worker to be replaced")
+    wait_ready(url, "gather")
+    after = ask([3, 1023])
+    assert after.status_code == 200, after.text
+    got = np.array(after.json()["outputs"][0]["data"], dtype=np.float32).reshape(2, 16)
+    np.testing.assert_allclose(got, table[[3, 1023]], rtol=1e-6)
+
+
+def test_a_cuda_package_reports_its_own_device_buffers(aoti_served):
+    """What the package's kernels allocate for themselves (libtorch's caching
+    allocator, after the first run) is the worker's device memory."""
+    if "cuda" not in aoti_served["devices"]:
+        pytest.skip("needs a GPU worker (HEARTH_TEST_DEVICE=cuda)")
+    url = aoti_served["url"]
+    wait_ready(url, "mlp_cuda")
+    values = [float(line.rsplit(" ", 1)[1]) for line in requests.get(f"{url}/metrics").text.splitlines()
+              if line.startswith("hearth_worker_device_memory_bytes{") and 'model="mlp_cuda"' in line]
+    assert values and all(v > 0 for v in values), values

@@ -11,6 +11,9 @@
 #include <c10/util/Exception.h>
 #include <sys/stat.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#ifdef HEARTH_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include <algorithm>
 #include <cstring>
@@ -159,7 +162,49 @@ class AotiBackend final : public Backend {
 
   const std::vector<IoSpec>& inputs() const override { return inputs_; }
   const std::vector<IoSpec>& outputs() const override { return outputs_; }
-  uint64_t device_memory_bytes() const override { return 0; }
+  uint64_t device_memory_bytes() const override { return device_bytes_; }
+
+  // Runs the largest batch once on zeros, so that the first request does not
+  // pay for the package's lazy set-up, and records what the package's own
+  // buffers (libtorch's caching allocator) hold on the device.
+  Status WarmUp(int64_t max_rows) {
+    try {
+      std::vector<at::Tensor> args;
+      for (const IoSpec& s : inputs_)
+        args.push_back(at::zeros(Shape(s, max_rows),
+                                 at::TensorOptions().dtype(*ToTorch(s.dtype)).device(device_)));
+      std::vector<at::Tensor> results = loader_->run(args);
+      for (at::Tensor& r : results) (void)r.cpu();
+#ifdef HEARTH_TORCH_CUDA
+      if (device_.is_cuda()) {
+        const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device_.index());
+        device_bytes_ = static_cast<uint64_t>(
+            stats.reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+                .current);
+      }
+#endif
+      return Status::Ok();
+    } catch (const std::exception& e) {
+      return FromException("a first run on zeros of " + std::to_string(max_rows) + " rows", e);
+    }
+  }
+
+  // Fault injection's cuda_illegal_address: a write far outside any
+  // allocation, queued on the package's device; the batch's Run then meets
+  // the sticky error as it would meet one from the package's own kernels.
+  Status InjectDeviceFault() override {
+    if (!device_.is_cuda()) return Backend::InjectDeviceFault();
+    try {
+      at::for_blob(reinterpret_cast<void*>(uintptr_t{1} << 46), {1024})
+          .options(at::TensorOptions().dtype(at::kFloat).device(device_))
+          .target_device(device_)
+          .make_tensor()
+          .fill_(1.0F);
+      return Status::Ok();
+    } catch (const std::exception& e) {
+      return FromException("fault injection", e);
+    }
+  }
 
   Status Run(int64_t batch, std::span<const void* const> in, std::span<void* const> out) override {
     try {
@@ -187,16 +232,30 @@ class AotiBackend final : public Backend {
       }
       return Status::Ok();
     } catch (const std::exception& e) {
-      const std::string what = e.what();
-      // A kernel that faulted leaves the context unusable: the worker must go.
-      if (device_.is_cuda() && (what.find("CUDA error") != std::string::npos ||
-                                what.find("cudaError") != std::string::npos))
-        return DeviceLost("the package's kernels: " + what.substr(0, what.find('\n')));
-      return Internal("the package failed: " + what.substr(0, 2000));
+      return FromException("the package", e);
     }
   }
 
  private:
+  // A kernel that faulted leaves the CUDA context unusable (every later call
+  // fails): then the worker must go. Whether it did is asked of the device,
+  // not read from the message.
+  Status FromException(const std::string& what, const std::exception& e) const {
+    const std::string message = e.what();
+    if (device_.is_cuda() && !DeviceUsable())
+      return DeviceLost(what + ": " + message.substr(0, message.find('\n')));
+    return Internal(what + " failed: " + message.substr(0, 2000));
+  }
+
+  bool DeviceUsable() const {
+    try {
+      (void)at::zeros({1}, at::TensorOptions().device(device_)).cpu();
+      return true;
+    } catch (const std::exception&) {
+      return false;
+    }
+  }
+
   std::vector<int64_t> Shape(const IoSpec& spec, int64_t batch) const {
     std::vector<int64_t> shape;
     if (batching_) shape.push_back(batch);
@@ -211,6 +270,7 @@ class AotiBackend final : public Backend {
   std::vector<IoSpec> inputs_, outputs_;
   at::Device device_;
   bool batching_;
+  uint64_t device_bytes_ = 0;
 };
 
 std::vector<IoSpec> FromC(const HearthAotiSpec* specs, size_t n) {
@@ -348,9 +408,11 @@ Result<std::unique_ptr<Backend>> Create(const HearthCudaTensor* weights, size_t 
     return InvalidArgument(
         path + ": binding the store's tensors: " + std::string(e.what()).substr(0, 2000));
   }
-  return std::unique_ptr<Backend>(new AotiBackend(std::move(loader), std::move(constants),
-                                                  std::move(inputs), std::move(outputs), device,
-                                                  o.batching != 0));
+  auto backend = std::make_unique<AotiBackend>(std::move(loader), std::move(constants),
+                                               std::move(inputs), std::move(outputs), device,
+                                               o.batching != 0);
+  RETURN_IF_ERROR(backend->WarmUp(o.batching != 0 ? std::max<int64_t>(max_rows, 1) : 1));
+  return std::unique_ptr<Backend>(std::move(backend));
 }
 
 int Report(const Status& s, char* error, size_t error_size) {
