@@ -84,12 +84,20 @@ def main():
     ap.add_argument("--seconds", type=float, default=5)
     ap.add_argument("--baseline", default=".gpu/baselines/torch_ipc_workers.py")
     ap.add_argument("--skip-resnet", action="store_true")
+    ap.add_argument("--only-resnet", action="store_true")
     a = ap.parse_args()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="hearth-aoti-bench-"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if a.only_resnet:
+        results = {}
+        for dtype in ("float32", "bfloat16"):
+            results[f"resnet50_{dtype}"] = resnet(a, tmp, env, dtype)
+            print(f"resnet50 {dtype}", results[f"resnet50_{dtype}"], flush=True)
+            (pathlib.Path(a.out) / "aoti-resnet.json").write_text(json.dumps(results, indent=1))
+        return
     (tmp / "seed_mlp.py").write_text(MODEL)
     repo = tmp / "repo"
     t0 = time.time()
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-m", "hearth.aoti", "export", f"{tmp / 'seed_mlp.py'}:build",
                         "--example-input-shape", "16,16384", "--dynamic-batch", "1..64", "--device", "cuda",
                         "--output-names", "logits,argmax", "--input-names", "input", "--workers", "4",
