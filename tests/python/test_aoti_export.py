@@ -619,7 +619,6 @@ def test_edges_every_constant_has_its_module_path(edges):
         assert torch.equal(tensors[name], torch.tensor([0.5, -0.5] * 512)), name
     weight_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
     assert weight_bytes > 4 << 20
-    assert edges.pt2.stat().st_size < weight_bytes // 2, (edges.pt2.stat().st_size, weight_bytes)
     check_no_weights_in_package(edges, tensors)
     report = check_with_loader(edges, [2, 16])
     for run in report["runs"]:
