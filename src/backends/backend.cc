@@ -294,6 +294,7 @@ std::vector<BackendKind> BuiltinBackendKinds() {
   aoti.name = "aoti";
   aoti.summary = "an AOTInductor package (model.pt2) on libtorch, CPU or GPU";
   aoti.create = CreateAoti;
+  aoti.preload = [] { (void)GetAotiLibrary(); };
   kinds.push_back(std::move(aoti));
   BackendKind python;
   python.name = "python";

@@ -38,6 +38,11 @@ struct BackendKind {
       const std::vector<TensorView>& weights)>
       signature;
   std::function<Result<ProgramLaunch>(const BackendOptions& options)> program;
+  // Optional, for a kind built in this process: loads ahead of `create`
+  // what it will need (a plug-in library and what that links), so that
+  // hearth-worker can do it on a thread while it attaches the weights. Its
+  // failure is create's to report.
+  std::function<void()> preload;
 };
 
 // Adds a kind; AlreadyExists-like InvalidArgument if the name is taken.

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backends/backend.h"
@@ -140,6 +141,9 @@ int Serve(const WorkerArgs& a) {
   if (!opened.ok()) return Die(a.control_fd, opened.status());
   WorkerSession& session = **opened;
 
+  // libtorch (aoti) takes about as long to load as the attach: both at once.
+  std::jthread preload;
+  if (kind->preload) preload = std::jthread(kind->preload);
   auto t = Clock::now();
   auto attachment = AttachClient(a.store_socket).Attach(a.model, a.version);
   const std::string attach_ms = ms_since(t);
@@ -154,6 +158,7 @@ int Serve(const WorkerArgs& a) {
   options.outputs = session.setup().outputs;
   options.batching = session.batching();
   t = Clock::now();
+  if (preload.joinable()) preload.join();
   auto backend = kind->create((*attachment)->tensors(), device, options);
   const std::string backend_ms = ms_since(t);
   if (!backend.ok()) return Die(a.control_fd, backend.status());
