@@ -4,6 +4,7 @@
 // docs/data-plane.md says.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -34,6 +35,9 @@ struct ModelMetadata {
   int max_batch_size = 0;
   std::vector<TensorMetadata> inputs;
   std::vector<TensorMetadata> outputs;
+  // The config's model_transaction_policy.decoupled: any number of
+  // responses per request (a stream), each request run alone.
+  bool decoupled = false;
 };
 
 // The bytes of one tensor, row-major, little-endian, held in one of three ways:
@@ -99,6 +103,8 @@ struct RequestedOutput {
   bool binary = false;
 };
 
+struct InferResponse;
+
 struct InferRequest {
   std::string model;
   std::string version;  // empty: the served version
@@ -109,6 +115,23 @@ struct InferRequest {
   bool binary_data_output = false;
   // Per-request timeout in microseconds (parameter "timeout"); 0 = none.
   uint64_t timeout_us = 0;
+  // The request's parameters for the model, as a JSON object's text
+  // ({"max_tokens": 16, "stop": ["\n"]}); empty: none. Decoupled models get
+  // them (the Python backend's `execute(inputs, parameters)`).
+  std::string parameters_json;
+
+  // Streaming, for decoupled models. Set: each response before the last is
+  // handed to on_response as it comes, in order, on the server's thread;
+  // its outputs are borrowed and valid only until it returns (as `done`'s).
+  // It returns false to stop the request (its client is gone, or cannot
+  // keep up): the model is told to stop within one step, and `done` follows.
+  // Unset: the request is answered once, by `done`, with each BYTES
+  // output's pieces joined in order (element by element) and every other
+  // output as its last response gave it.
+  std::function<bool(const InferResponse&)> on_response;
+  // Set true (from any thread) when the client goes away: the server stops
+  // the request, queued or running, within one step of the model.
+  std::shared_ptr<std::atomic<bool>> cancelled;
 };
 
 struct InferResponse {
@@ -140,9 +163,14 @@ class InferenceService {
   // is ready), when known but not ready. OK(false) is also "not ready", with
   // no reason to give.
   virtual Result<bool> ModelReady(const std::string& model, const std::string& version) const = 0;
+  // The names of the models the repository holds, sorted (ready or not).
+  virtual std::vector<std::string> ModelNames() const = 0;
   // Runs a request that the front-end has already checked against
   // Metadata() (names, datatypes, shapes, batch size). `done` is called
-  // exactly once, from any thread.
+  // exactly once, from any thread: after every on_response call, with the
+  // final response (for a stream it may have no outputs: the stream simply
+  // ended) or the error (for a stream, after some responses: the stream
+  // broke, e.g. its worker died; it is not retried).
   //
   // Lifetimes: the service may keep `request`, and with it the buffers its
   // inputs share, until it calls `done`. The outputs `done` receives may be

@@ -241,7 +241,8 @@ Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::st
   if (!root.IsMap()) return InvalidArgument(m.config_path + ": must be a YAML map");
   static const char* kKnown[] = {
       "name",           "backend",          "max_batch_size", "input",         "output",
-      "instance_group", "dynamic_batching", "parameters",     "version_policy"};
+      "instance_group", "dynamic_batching", "parameters",     "version_policy",
+      "model_transaction_policy"};
   for (const auto& kv : root) {
     ASSIGN_OR_RETURN(std::string key, Key(c, kv.first, "(top level)"));
     if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown))
@@ -275,6 +276,15 @@ Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::st
   if (root["input"]) {
     ASSIGN_OR_RETURN(m.inputs, Ios(c, root["input"], "input"));
     ASSIGN_OR_RETURN(m.outputs, Ios(c, root["output"], "output"));
+  }
+  if (const YAML::Node t = root["model_transaction_policy"]) {
+    const char* form = "must be {decoupled: true|false}";
+    if (!t.IsMap() || t.size() != 1 || !t["decoupled"] || !t["decoupled"].IsScalar())
+      return c.Error(t, "model_transaction_policy", form);
+    const std::string v = t["decoupled"].Scalar();
+    if (v != "true" && v != "false")
+      return c.Error(t["decoupled"], "model_transaction_policy.decoupled", form);
+    m.decoupled = v == "true";
   }
   if (const YAML::Node g = root["instance_group"]) {
     if (!g.IsSequence() || g.size() != 1 || !g[0].IsMap())

@@ -71,6 +71,9 @@ struct ModelConfig {
   // fault_on_value. Empty: off.
   std::string fault_kind;
   double fault_on_value = 0;
+  // model_transaction_policy.decoupled: a request may get any number of
+  // responses (a stream); each runs alone on its worker.
+  bool decoupled = false;
   uint64_t version = 0;  // the repository version served
   // DIR/<model>/<version>/model.safetensors, or, for a sharded checkpoint,
   // the version directory DIR/<model>/<version> (Checkpoint::Open takes both).

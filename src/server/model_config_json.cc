@@ -33,6 +33,7 @@ std::string ModelConfigJson(const ModelConfig& c) {
   for (const auto& [k, v] : c.parameters) parameters[k] = {{"string_value", v}};
   j["parameters"] = parameters;
   j["version_policy"] = {{"specific", {{"versions", {c.version}}}}};
+  j["model_transaction_policy"] = {{"decoupled", c.decoupled}};
   // Config values are bytes as written; a value that is not UTF-8 is
   // replaced, never an exception.
   return j.dump(-1, ' ', false, json::error_handler_t::replace);

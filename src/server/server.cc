@@ -239,7 +239,15 @@ class Server::Impl {
     };
     convert(m->inputs, &md.inputs);
     convert(m->outputs, &md.outputs);
+    md.decoupled = m->config().decoupled;
     return md;
+  }
+
+  std::vector<std::string> ModelNames() const {
+    std::vector<std::string> names;
+    for (const auto& [name, slot] : slots_) names.push_back(name);
+    std::sort(names.begin(), names.end());
+    return names;
   }
 
   Result<bool> ModelReady(const std::string& model, const std::string& version) const {
@@ -659,6 +667,7 @@ Result<ModelMetadata> Server::Metadata(const std::string& m, const std::string& 
 Result<bool> Server::ModelReady(const std::string& m, const std::string& v) const {
   return impl_->ModelReady(m, v);
 }
+std::vector<std::string> Server::ModelNames() const { return impl_->ModelNames(); }
 void Server::Infer(InferRequest r, std::function<void(Result<InferResponse>)> done) {
   impl_->Infer(std::move(r), std::move(done));
 }

@@ -61,6 +61,7 @@ class Server : public InferenceService {
   Result<ModelMetadata> Metadata(const std::string& model,
                                  const std::string& version) const override;
   Result<bool> ModelReady(const std::string& model, const std::string& version) const override;
+  std::vector<std::string> ModelNames() const override;
   void Infer(InferRequest request, std::function<void(Result<InferResponse>)> done) override;
   std::string MetricsText() const override;
 

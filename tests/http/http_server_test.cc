@@ -105,6 +105,8 @@ class FakeService : public InferenceService {
     return m;
   }
 
+  std::vector<std::string> ModelNames() const override { return {"scale"}; }
+
   Result<bool> ModelReady(const std::string& model, const std::string& version) const override {
     Result<ModelMetadata> m = Metadata(model, version);
     if (!m.ok()) return m.status();
