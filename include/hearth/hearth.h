@@ -25,8 +25,10 @@ extern "C" {
 
 /* 1: the first interface. 2: adds hearth_attach_options and
  * hearth_attach_with_options. 3: adds HEARTH_BYTES and the worker
- * interface (hearth_worker_*). Everything of earlier versions is unchanged. */
-#define HEARTH_ABI_VERSION 3
+ * interface (hearth_worker_*). 4: adds decoupled models' streams
+ * (hearth_worker_decoupled, hearth_worker_parameters_json,
+ * hearth_worker_respond). Everything of earlier versions is unchanged. */
+#define HEARTH_ABI_VERSION 4
 
 enum hearth_status {
   HEARTH_OK = 0,
@@ -182,6 +184,20 @@ int32_t hearth_worker_output(hearth_worker* w, size_t index, const int64_t* shap
  * only those at fault fail. */
 int32_t hearth_worker_done(hearth_worker* w, int32_t status, const char* message,
                            int32_t retry_alone);
+/* Decoupled models (model_transaction_policy: {decoupled: true}): 1 when
+ * every batch is one request answered with a stream of responses. */
+int32_t hearth_worker_decoupled(const hearth_worker* w);
+/* The current request's parameters, a JSON object's text ("" for none);
+ * decoupled models only. Valid until the batch ends. */
+const char* hearth_worker_parameters_json(const hearth_worker* w);
+/* Decoupled models: sends the outputs given room since the batch began or
+ * the last respond as one response of the stream (outputs given no room are
+ * absent from it) and waits until the server took them. 1: go on; 0: the
+ * request is over (client gone, deadline passed): stop and call
+ * hearth_worker_done; negative: an error (hearth_last_error). After the
+ * last response, hearth_worker_done ends the stream (the outputs given
+ * room since are its final response; none is fine). */
+int32_t hearth_worker_respond(hearth_worker* w);
 /* Closes the descriptors and unmaps the slot. NULL is ignored. */
 void hearth_worker_close(hearth_worker* w);
 

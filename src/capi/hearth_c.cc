@@ -382,6 +382,25 @@ int32_t hearth_worker_done(hearth_worker* w, int32_t status, const char* message
   }
 }
 
+int32_t hearth_worker_decoupled(const hearth_worker* w) {
+  return w != nullptr && w->session->decoupled() ? 1 : 0;
+}
+
+const char* hearth_worker_parameters_json(const hearth_worker* w) {
+  return w != nullptr && w->session->in_batch() ? w->session->parameters_json().c_str() : "";
+}
+
+int32_t hearth_worker_respond(hearth_worker* w) {
+  try {
+    if (w == nullptr) return Invalid("no worker");
+    auto go_on = w->session->Respond();
+    if (!go_on.ok()) return Fail(go_on.status());
+    return *go_on ? 1 : 0;
+  } catch (...) {
+    return FailUnexpected();
+  }
+}
+
 void hearth_worker_close(hearth_worker* w) { delete w; }
 
 }  // extern "C"

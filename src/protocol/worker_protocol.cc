@@ -199,6 +199,7 @@ Status SendSetup(int fd, const Setup& m) {
   w.Specs(m.outputs);
   w.Str(m.config_json);
   w.Str(m.version_dir);
+  w.U8(m.decoupled ? 1 : 0);
   return SendPacket(fd, w.bytes(), kMaxSetupBytes, "setup");
 }
 
@@ -221,11 +222,17 @@ Status SendRun(int fd, const Run& m) {
   w.U32(static_cast<uint32_t>(m.output_placed.size()));
   for (uint8_t p : m.output_placed) w.U8(p);
   w.U64(m.free_offset);
+  if (m.parameters_json.size() > kMaxParametersBytes)
+    return InvalidArgument("the request's parameters come to " +
+                           std::to_string(m.parameters_json.size()) +
+                           " bytes, over the limit of " + std::to_string(kMaxParametersBytes));
+  w.Str(m.parameters_json);
   return SendPacket(fd, w.bytes(), kMaxMessageBytes, "run");
 }
 
-Status SendDone(int fd, const Done& m) {
-  Writer w(Kind::kDone);
+namespace {
+Status SendAnswer(int fd, Kind kind, const Done& m) {
+  Writer w(kind);
   w.U64(m.seq);
   w.U32(m.status_code);
   // The end of an error (a Python traceback's last line) says the most.
@@ -234,7 +241,20 @@ Status SendDone(int fd, const Done& m) {
   w.U64(m.run_us);
   w.U64(m.room_needed);
   w.Tensors(m.outputs);
-  return SendPacket(fd, w.bytes(), kMaxMessageBytes, "done");
+  w.U32(static_cast<uint32_t>(m.present.size()));
+  for (uint8_t p : m.present) w.U8(p);
+  return SendPacket(fd, w.bytes(), kMaxMessageBytes, kind == Kind::kDone ? "done" : "partial");
+}
+}  // namespace
+
+Status SendDone(int fd, const Done& m) { return SendAnswer(fd, Kind::kDone, m); }
+Status SendPartial(int fd, const Done& m) { return SendAnswer(fd, Kind::kPartial, m); }
+
+Status SendAck(int fd, const Ack& m) {
+  Writer w(Kind::kAck);
+  w.U64(m.seq);
+  w.U8(m.cancel ? 1 : 0);
+  return SendPacket(fd, w.bytes(), kMaxMessageBytes, "ack");
 }
 
 Status SendRoom(int fd, const Room& m) {
@@ -290,6 +310,7 @@ Result<Message> ReceiveWith(int fd, int timeout_ms, int flags) {
       m.setup.outputs = r.Specs();
       m.setup.config_json = r.Str(kMaxSetupBytes, "the config");
       m.setup.version_dir = r.Str(4096, "the version directory");
+      m.setup.decoupled = r.U8() != 0;
       RETURN_IF_ERROR(r.Finish("setup"));
       break;
     }
@@ -309,6 +330,7 @@ Result<Message> ReceiveWith(int fd, int timeout_ms, int flags) {
       const uint32_t placed = r.Count("placement flags");
       for (uint32_t i = 0; i < placed && r.ok(); ++i) m.run.output_placed.push_back(r.U8());
       m.run.free_offset = r.U64();
+      m.run.parameters_json = r.Str(kMaxParametersBytes, "the request's parameters");
       RETURN_IF_ERROR(r.Finish("run"));
       if (m.run.output_placed.size() != m.run.outputs.size())
         return InvalidArgument("run message: placement flags for " +
@@ -317,6 +339,8 @@ Result<Message> ReceiveWith(int fd, int timeout_ms, int flags) {
       break;
     }
     case Kind::kDone:
+    case Kind::kPartial: {
+      const char* what = m.kind == Kind::kDone ? "done" : "partial";
       m.done.seq = r.U64();
       m.done.status_code = r.U32();
       m.done.text = r.Str(kMaxTextBytes, "the error text");
@@ -324,7 +348,22 @@ Result<Message> ReceiveWith(int fd, int timeout_ms, int flags) {
       m.done.run_us = r.U64();
       m.done.room_needed = r.U64();
       m.done.outputs = r.Tensors();
-      RETURN_IF_ERROR(r.Finish("done"));
+      const uint32_t present = r.Count("presence flags");
+      for (uint32_t i = 0; i < present && r.ok(); ++i) m.done.present.push_back(r.U8());
+      RETURN_IF_ERROR(r.Finish(what));
+      if (!m.done.present.empty() && m.done.present.size() != m.done.outputs.size())
+        return InvalidArgument(std::string(what) + " message: presence flags for " +
+                               std::to_string(m.done.present.size()) + " of " +
+                               std::to_string(m.done.outputs.size()) + " outputs");
+      if (m.kind == Kind::kPartial && (m.done.status_code != 0 || m.done.room_needed > 0 ||
+                                       m.done.retry_alone))
+        return InvalidArgument("partial message with an error or a request for room");
+      break;
+    }
+    case Kind::kAck:
+      m.ack.seq = r.U64();
+      m.ack.cancel = r.U8() != 0;
+      RETURN_IF_ERROR(r.Finish("ack"));
       break;
     case Kind::kRoom:
       m.room.seq = r.U64();

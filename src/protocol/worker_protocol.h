@@ -23,6 +23,18 @@
 //                              maps it again and sends kDone once more.
 // A worker that fails before it is ready sends kDone with the error.
 //
+// A decoupled model (Setup::decoupled) answers each run, which holds one
+// request, with a stream:
+//   worker -> server  kPartial one response before the last: outputs placed
+//                              in the free room as for kDone (room asked for
+//                              the same way), those absent from it marked;
+//   server -> worker  kAck     the server has taken them (the room is free
+//                              again); `cancel`: the request is over (its
+//                              client went away, or its deadline passed):
+//                              stop and send kDone;
+// as many times as the model likes, then kDone: the last response (which
+// may have no outputs) or the error.
+//
 // The server lays the slot out; the worker checks every offset, size and
 // shape against the slot and the signature, and the server checks the
 // worker's answer the same way, so that neither side reads or writes past
@@ -52,6 +64,8 @@ enum class Kind : uint32_t {
   kDone = 3,
   kSetup = 4,
   kRoom = 5,
+  kPartial = 6,
+  kAck = 7,
 };
 
 // Limits every message is checked against before anything is allocated.
@@ -61,6 +75,8 @@ inline constexpr size_t kMaxTensors = 256;             // inputs, and outputs
 inline constexpr size_t kMaxRank = 16;
 inline constexpr size_t kMaxNameBytes = 1024;
 inline constexpr size_t kMaxTextBytes = 8192;
+// A run's request parameters (decoupled models), as JSON.
+inline constexpr size_t kMaxParametersBytes = 32u << 10;
 // Slot offsets and sizes stay below 2^62, so that any sum of two is exact.
 inline constexpr uint64_t kMaxSlotBytes = 1ull << 62;
 
@@ -74,6 +90,7 @@ struct Setup {
   std::vector<TensorSpec> inputs, outputs;  // as the config declares them; empty: unsaid
   std::string config_json;                  // the model's config (Triton's JSON form)
   std::string version_dir;                  // DIR/<model>/<version>
+  bool decoupled = false;                   // runs are answered with streams (above)
 };
 
 struct Ready {
@@ -101,6 +118,9 @@ struct Run {
   std::vector<SlotTensor> outputs;
   std::vector<uint8_t> output_placed;  // 1 where the server placed the output
   uint64_t free_offset = 0;            // the worker's room: [free_offset, slot_bytes)
+  // Decoupled models: the request's parameters, a JSON object's text (or
+  // empty). The server places no output for them.
+  std::string parameters_json;
 };
 
 struct Done {
@@ -113,6 +133,15 @@ struct Done {
   uint64_t run_us = 0;       // time the backend took
   uint64_t room_needed = 0;  // > 0: grow the slot to at least this, then kRoom
   std::vector<SlotTensor> outputs;
+  // Decoupled models only: 1 for each output this response holds (the
+  // others' SlotTensors are all zero). Empty: every output.
+  std::vector<uint8_t> present;
+};
+
+// The answer to kPartial.
+struct Ack {
+  uint64_t seq = 0;
+  bool cancel = false;
 };
 
 struct Room {
@@ -125,6 +154,9 @@ Status SendReady(int fd, const Ready& m);
 Status SendRun(int fd, const Run& m);
 Status SendDone(int fd, const Done& m);
 Status SendRoom(int fd, const Room& m);
+// One response of a stream: a Done's fields (status 0), as kPartial.
+Status SendPartial(int fd, const Done& m);
+Status SendAck(int fd, const Ack& m);
 
 // What came: exactly one of the members is set, by `kind`.
 struct Message {
@@ -132,8 +164,9 @@ struct Message {
   Setup setup;
   Ready ready;
   Run run;
-  Done done;
+  Done done;  // kDone and kPartial
   Room room;
+  Ack ack;
 };
 
 // Waits up to timeout_ms (-1: forever) for the next message and decodes it,

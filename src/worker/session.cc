@@ -204,11 +204,13 @@ Status WorkerSession::Done(const Status& status, bool retry_alone) {
                                        std::chrono::steady_clock::now() - started_)
                                        .count());
   Status s = status;
-  for (size_t i = 0; s.ok() && i < outputs_.size(); ++i) {
+  for (size_t i = 0; s.ok() && !decoupled() && i < outputs_.size(); ++i) {
     if (!given_[i]) s = Internal("output " + Describe(outputs_[i]) + " was not given room");
   }
   if (s.ok()) {
     d.outputs = std::move(answer_);
+    if (decoupled())
+      for (bool g : given_) d.present.push_back(g ? 1 : 0);
   } else {
     d.status_code = static_cast<uint32_t>(s.code());
     d.text = s.message();
@@ -218,6 +220,25 @@ Status WorkerSession::Done(const Status& status, bool retry_alone) {
   answer_.clear();
   ReleaseRetired();
   return control::SendDone(control_.get(), d);
+}
+
+Result<bool> WorkerSession::Respond() {
+  if (!in_batch_) return FailedPrecondition("Respond() outside a batch");
+  if (!decoupled()) return FailedPrecondition("Respond() for a model that is not decoupled");
+  control::Done d;
+  d.seq = run_.seq;
+  d.outputs = answer_;
+  for (bool g : given_) d.present.push_back(g ? 1 : 0);
+  RETURN_IF_ERROR(control::SendPartial(control_.get(), d));
+  ASSIGN_OR_RETURN(control::Message ack,
+                   control::ReceiveKind(control_.get(), -1, {control::Kind::kAck}));
+  if (ack.ack.seq != run_.seq)
+    return InvalidArgument("an acknowledgement for another batch (" + std::to_string(ack.ack.seq) +
+                           ")");
+  answer_.assign(outputs_.size(), SlotTensor{});
+  given_.assign(outputs_.size(), false);
+  cursor_ = run_.free_offset;
+  return !ack.ack.cancel;
 }
 
 }  // namespace hearth

@@ -40,6 +40,9 @@ class WorkerSession {
 
   const control::Setup& setup() const { return setup_; }
   bool batching() const { return setup_.max_batch_size > 0; }
+  // A decoupled model answers each batch (one request) with a stream of
+  // responses: Respond() for each but the last, then Done().
+  bool decoupled() const { return setup_.decoupled; }
   int max_rows() const { return setup_.max_batch_size > 0 ? setup_.max_batch_size : 1; }
 
   // The backend is built and takes these inputs and gives these outputs (per
@@ -65,6 +68,9 @@ class WorkerSession {
   const std::vector<int64_t>& input_shape(size_t i) const { return run_.inputs[i].shape; }
   const std::vector<control::TensorSpec>& inputs() const { return inputs_; }
   const std::vector<control::TensorSpec>& outputs() const { return outputs_; }
+  // The request's parameters as a JSON object's text (decoupled models; may
+  // be empty).
+  const std::string& parameters_json() const { return run_.parameters_json; }
 
   // Room in the slot for output i of `shape` (its full shape) and `bytes`
   // (for BYTES the serialised size; for other types it must be what the
@@ -76,7 +82,16 @@ class WorkerSession {
   // Ends the batch: OK once every output has been given room and written,
   // else the error for all of its requests (`retry_alone`: the inputs caused
   // it; the server runs each request of the batch alone).
+  // For a decoupled model, the outputs given room since the last Respond()
+  // are the last response; outputs not given room are absent from it.
   Status Done(const Status& status, bool retry_alone = false);
+  // Decoupled models: sends the outputs given room since the batch began or
+  // the last Respond() as one response of the stream (outputs not given room
+  // are absent from it) and waits until the server has taken them; their
+  // room is then free for the next response. True: go on; false: the
+  // request is over (its client went away or its deadline passed): stop,
+  // and end the batch with Done().
+  Result<bool> Respond();
 
  private:
   WorkerSession(UniqueFd control, UniqueFd slot, SlotHooks hooks)

@@ -74,7 +74,7 @@ TEST(CApi, ErrorsAreCodesAndMessagesNeverExceptions) {
 }
 
 TEST(CApi, OptionsAreCheckedAndAttachWithOptionsWorksAsAttach) {
-  EXPECT_EQ(hearth_abi_version(), 3);
+  EXPECT_EQ(hearth_abi_version(), 4);
   testing::TempDir dir;
   const std::string model = dir.File("m.safetensors");
   testing::WriteTestCheckpoint(model, 2, 100, 3);

@@ -198,3 +198,93 @@ TEST(WorkerCApi, AMalformedBatchIsRefusedAndAFailureReachesTheServer) {
 
 }  // namespace
 }  // namespace hearth
+
+namespace hearth {
+namespace {
+
+// A decoupled model answers one request with a stream: each response is
+// taken (acknowledged) before the next is written into the same room, an
+// output may be absent from a response, and a cancel stops the stream.
+TEST(WorkerCApi, ADecoupledModelStreamsResponsesUntilCancelled) {
+  Server s;
+  control::Setup setup;
+  setup.max_batch_size = 0;
+  setup.decoupled = true;
+  ASSERT_TRUE(control::SendSetup(s.control.get(), setup).ok());
+
+  std::thread worker([&] {
+    hearth_worker* w = nullptr;
+    ASSERT_EQ(hearth_worker_open(s.worker_control, s.worker_slot, 1000, &w), HEARTH_OK)
+        << hearth_last_error();
+    EXPECT_EQ(hearth_worker_decoupled(w), 1);
+    const int64_t one[] = {1};
+    hearth_tensor_spec in[] = {{"text_input", HEARTH_BYTES, 1, one}};
+    hearth_tensor_spec out[] = {{"text_output", HEARTH_BYTES, 1, one},
+                                {"completion_tokens", HEARTH_I64, 1, one}};
+    ASSERT_EQ(hearth_worker_ready(w, in, 1, out, 2, 0, "test"), HEARTH_OK) << hearth_last_error();
+    ASSERT_EQ(hearth_worker_next(w), 1) << hearth_last_error();
+    EXPECT_STREQ(hearth_worker_parameters_json(w), R"({"max_tokens":3})");
+    int32_t go_on = 1;
+    int pieces = 0;
+    while (go_on == 1) {
+      const std::string piece = "tok" + std::to_string(pieces);
+      std::string element(4, '\0');
+      const auto len = static_cast<uint32_t>(piece.size());
+      std::memcpy(element.data(), &len, 4);
+      element += piece;
+      void* room = nullptr;
+      ASSERT_EQ(hearth_worker_output(w, 0, one, 1, element.size(), &room), HEARTH_OK)
+          << hearth_last_error();
+      std::memcpy(room, element.data(), element.size());
+      go_on = hearth_worker_respond(w);
+      ++pieces;
+    }
+    EXPECT_EQ(go_on, 0) << hearth_last_error();
+    // The last response: the count alone.
+    void* room = nullptr;
+    ASSERT_EQ(hearth_worker_output(w, 1, one, 1, 8, &room), HEARTH_OK) << hearth_last_error();
+    const int64_t count = pieces;
+    std::memcpy(room, &count, 8);
+    ASSERT_EQ(hearth_worker_done(w, HEARTH_OK, nullptr, 0), HEARTH_OK) << hearth_last_error();
+    hearth_worker_close(w);
+  });
+
+  auto ready = control::ReceiveKind(s.control.get(), 5000, {control::Kind::kReady});
+  ASSERT_TRUE(ready.ok()) << ready.status().ToString();
+  const std::string input = std::string("\x05\0\0\0hello", 9);
+  std::memcpy(s.data, input.data(), input.size());
+  control::Run run;
+  run.seq = 7;
+  run.rows = 1;
+  run.slot_bytes = s.size;
+  run.inputs = {{0, input.size(), {1}}};
+  run.outputs = {{}, {}};
+  run.output_placed = {0, 0};
+  run.free_offset = 64;
+  run.parameters_json = R"({"max_tokens":3})";
+  ASSERT_TRUE(control::SendRun(s.control.get(), run).ok());
+  std::vector<std::string> got;
+  for (int i = 0; i < 3; ++i) {
+    auto partial = control::ReceiveKind(s.control.get(), 5000, {control::Kind::kPartial});
+    ASSERT_TRUE(partial.ok()) << partial.status().ToString();
+    const control::Done& d = partial->done;
+    ASSERT_EQ(d.present, (std::vector<uint8_t>{1, 0}));
+    ASSERT_TRUE(
+        control::CheckSlotTensor(d.outputs[0], DType::kBytes, 64, s.size, s.data, "piece").ok());
+    got.emplace_back(reinterpret_cast<const char*>(s.data + d.outputs[0].offset + 4),
+                     d.outputs[0].bytes - 4);
+    ASSERT_TRUE(control::SendAck(s.control.get(), control::Ack{7, i == 2}).ok());
+  }
+  EXPECT_EQ(got, (std::vector<std::string>{"tok0", "tok1", "tok2"}));
+  auto done = control::ReceiveKind(s.control.get(), 5000, {control::Kind::kDone});
+  ASSERT_TRUE(done.ok()) << done.status().ToString();
+  ASSERT_EQ(done->done.status_code, 0u) << done->done.text;
+  ASSERT_EQ(done->done.present, (std::vector<uint8_t>{0, 1}));
+  int64_t count = 0;
+  std::memcpy(&count, s.data + done->done.outputs[1].offset, 8);
+  EXPECT_EQ(count, 3);
+  worker.join();
+}
+
+}  // namespace
+}  // namespace hearth

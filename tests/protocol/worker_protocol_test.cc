@@ -168,6 +168,56 @@ TEST(WorkerProtocol, MalformedMessagesAreRefusedNamingTheFault) {
   EXPECT_EQ(Receive(p.b.get(), 1000).status().code(), StatusCode::kUnavailable);
 }
 
+// A decoupled model's stream: partial responses with absent outputs, the
+// acknowledgements, the request's parameters in the run, the setup's flag;
+// and what a partial may not carry.
+TEST(WorkerProtocol, StreamMessagesRoundTripAndAreChecked) {
+  Pair p;
+  control::Setup setup;
+  setup.decoupled = true;
+  ASSERT_TRUE(SendSetup(p.a.get(), setup).ok());
+  auto got_setup = Receive(p.b.get(), 1000);
+  ASSERT_TRUE(got_setup.ok()) << got_setup.status().ToString();
+  EXPECT_TRUE(got_setup->setup.decoupled);
+
+  control::Run run;
+  run.seq = 3;
+  run.parameters_json = R"({"temperature":0.5,"stop":["\n"]})";
+  ASSERT_TRUE(SendRun(p.a.get(), run).ok());
+  auto got_run = Receive(p.b.get(), 1000);
+  ASSERT_TRUE(got_run.ok()) << got_run.status().ToString();
+  EXPECT_EQ(got_run->run.parameters_json, run.parameters_json);
+  run.parameters_json.assign(kMaxParametersBytes + 1, ' ');
+  EXPECT_TRUE(Contains(SendRun(p.a.get(), run), "over the limit"));
+
+  control::Done partial;
+  partial.seq = 3;
+  partial.outputs = {{64, 9, {1}}, {}};
+  partial.present = {1, 0};
+  ASSERT_TRUE(SendPartial(p.a.get(), partial).ok());
+  auto got = Receive(p.b.get(), 1000);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->kind, Kind::kPartial);
+  EXPECT_EQ(got->done.outputs, partial.outputs);
+  EXPECT_EQ(got->done.present, partial.present);
+
+  ASSERT_TRUE(SendAck(p.a.get(), Ack{3, true}).ok());
+  auto ack = ReceiveKind(p.b.get(), 1000, {Kind::kAck});
+  ASSERT_TRUE(ack.ok()) << ack.status().ToString();
+  EXPECT_EQ(ack->ack.seq, 3u);
+  EXPECT_TRUE(ack->ack.cancel);
+
+  // Presence flags for some outputs only.
+  partial.present = {1};
+  ASSERT_TRUE(SendPartial(p.a.get(), partial).ok());
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "presence flags for 1 of 2"));
+  // A partial cannot carry an error: only the last answer can.
+  partial.present = {};
+  partial.status_code = 13;
+  ASSERT_TRUE(SendPartial(p.a.get(), partial).ok());
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "partial message with an error"));
+}
+
 TEST(WorkerProtocol, ShapesMatchTheSpecWithVariableDimensions) {
   const TensorSpec spec{"x", DType::kF32, {-1, 4}};
   const std::vector<int64_t> ok = {3, 7, 4}, zero = {3, 0, 4}, wrong_rows = {2, 7, 4},
