@@ -298,8 +298,7 @@ class Server::Impl {
       if (spec.dtype == DType::kBytes) {
         Result<uint64_t> count = ShapeElements(it->shape, what);
         if (!count.ok()) return done(count.status());
-        if (Status s = ValidateBytesTensor(it->data.bytes(), *count, what); !s.ok())
-          return done(s);
+        if (Status s = ValidateBytesTensor(it->data.bytes(), *count, what); !s.ok()) return done(s);
       }
       job->shape_key.insert(job->shape_key.end(), it->shape.begin() + (batching ? 1 : 0),
                             it->shape.end());
@@ -308,6 +307,19 @@ class Server::Impl {
     if (request.inputs.size() != m.inputs.size())
       return done(InvalidArgument("model '" + m.name + "' takes " +
                                   std::to_string(m.inputs.size()) + " inputs"));
+    if (m.config().decoupled) {
+      if (batch != 1)
+        return done(InvalidArgument("model '" + m.name +
+                                    "' is decoupled: each request is one stream, of batch 1, not " +
+                                    std::to_string(batch)));
+      if (request.parameters_json.size() > control::kMaxParametersBytes)
+        return done(InvalidArgument(
+            "the request's parameters come to " + std::to_string(request.parameters_json.size()) +
+            " bytes, over the limit of " + std::to_string(control::kMaxParametersBytes)));
+    } else if (request.on_response) {
+      // One response, as any model's: a stream of one.
+      request.on_response = nullptr;
+    }
     job->batch = batch;
     const uint64_t timeout_us =
         request.timeout_us > 0 ? request.timeout_us : m.config().default_timeout_us;
@@ -441,6 +453,7 @@ class Server::Impl {
     m.setup.outputs = specs(c.outputs);
     m.setup.config_json = ModelConfigJson(c);
     m.setup.version_dir = c.version_dir;
+    m.setup.decoupled = c.decoupled;
     m.device = options_.device.is_cuda() && c.kind_gpu
                    ? Device::Cuda(c.gpus.empty() ? options_.device.index : c.gpus[0])
                    : Device::Host();
@@ -468,7 +481,8 @@ class Server::Impl {
     m.arena_bytes = slot.loaded.arena_bytes;
     m.worker_count = options_.workers > 0 ? options_.workers : c.instance_count;
     m.queue = std::make_unique<JobQueue>(std::max<uint64_t>(1, c.max_queue_size));
-    m.policy.max_batch = m.max_batch();
+    // A decoupled model's worker serves one request (one stream) at a time.
+    m.policy.max_batch = c.decoupled ? 1 : m.max_batch();
     m.policy.max_delay = std::chrono::microseconds(c.max_queue_delay_us);
     m.policy.preferred.assign(c.preferred_batch_sizes.begin(), c.preferred_batch_sizes.end());
     std::sort(m.policy.preferred.begin(), m.policy.preferred.end());

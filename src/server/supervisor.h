@@ -59,6 +59,11 @@ class WorkerSupervisor {
   // Runs one batch of requests on the live worker; false if the worker is
   // gone (or was killed for a malformed answer).
   bool RunBatch(int control, const std::vector<std::shared_ptr<Job>>& jobs);
+  // A decoupled model's run (one request), once its run message is sent:
+  // each response to the request's on_response (or joined for one answer),
+  // acknowledged with a cancel when the request is over. False as RunBatch.
+  bool RunStream(int control, const std::shared_ptr<Job>& job, const control::Run& run,
+                 Clock::time_point handed_over);
   // Tells the model how this worker's first start ended (once).
   void Settle();
 
