@@ -141,6 +141,35 @@ struct InferResponse {
   std::vector<InferTensor> outputs;
 };
 
+// Triton's statistics of a model version (its /stats and ModelStatistics).
+struct DurationStatistics {
+  uint64_t count = 0;
+  uint64_t ns = 0;  // summed
+};
+
+struct BatchStatistics {
+  int64_t batch_size = 0;
+  DurationStatistics compute_input, compute_infer, compute_output;
+};
+
+struct ModelStatistics {
+  std::string name;
+  std::string version;
+  uint64_t last_inference_ms = 0;  // ms since the Unix epoch; 0: none yet
+  uint64_t inference_count = 0;    // rows inferred, every batch member counted
+  uint64_t execution_count = 0;    // batches run
+  DurationStatistics success, fail, queue, compute_input, compute_infer, compute_output;
+  std::vector<BatchStatistics> batch_stats;  // batch sizes that ran, ascending
+};
+
+// One model of the repository (its index).
+struct RepositoryEntry {
+  std::string name;
+  std::string version;  // the served version; empty when none
+  std::string state;    // READY, UNAVAILABLE or LOADING, as Triton names them
+  std::string reason;   // why not READY
+};
+
 // Status codes map to HTTP: InvalidArgument 400, NotFound 404,
 // ResourceExhausted 503 (queue full), Unavailable 503, FailedPrecondition 400,
 // DeadlineExceeded 504 (the request timed out before it ran),
@@ -181,6 +210,17 @@ class InferenceService {
   virtual void Infer(InferRequest request, std::function<void(Result<InferResponse>)> done) = 0;
   // Prometheus text exposition format (version 0.0.4) for GET /metrics.
   virtual std::string MetricsText() const = 0;
+  // The model's configuration in Triton's JSON form (its /config and
+  // ModelConfig). NotFound and Unavailable as Metadata.
+  virtual Result<std::string> ModelConfigJson(const std::string& model,
+                                              const std::string& version) const = 0;
+  // Statistics of one model (version empty: its served version), or of
+  // every served model when `model` is empty.
+  virtual Result<std::vector<ModelStatistics>> Statistics(const std::string& model,
+                                                          const std::string& version) const = 0;
+  // Every model of the repository, sorted by name; only the ready ones when
+  // `ready_only`.
+  virtual std::vector<RepositoryEntry> RepositoryIndex(bool ready_only) const = 0;
 };
 
 }  // namespace hearth

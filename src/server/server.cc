@@ -243,6 +243,73 @@ class Server::Impl {
     return md;
   }
 
+  Result<std::string> ModelConfigJsonOf(const std::string& model,
+                                        const std::string& version) const {
+    ASSIGN_OR_RETURN(ModelRuntime * m, Find(model, version));
+    return hearth::ModelConfigJson(m->config());
+  }
+
+  Result<std::vector<ModelStatistics>> Statistics(const std::string& model,
+                                                  const std::string& version) const {
+    std::vector<const ModelRuntime*> runtimes;
+    if (model.empty()) {
+      if (!version.empty()) return InvalidArgument("a version without a model");
+      for (const auto& [name, slot] : slots_)
+        if (const ModelRuntime* m = slot->served.load()) runtimes.push_back(m);
+    } else {
+      ASSIGN_OR_RETURN(ModelRuntime * m, Find(model, version));
+      runtimes.push_back(m);
+    }
+    std::vector<ModelStatistics> out;
+    auto d = [](uint64_t count, uint64_t us) { return DurationStatistics{count, us * 1000}; };
+    for (const ModelRuntime* m : runtimes) {
+      ModelStatistics st;
+      st.name = m->name;
+      st.version = std::to_string(m->config().version);
+      st.last_inference_ms = m->last_inference_ms.load();
+      st.inference_count = m->rows.load();
+      st.execution_count = m->batches.load();
+      const uint64_t answered = m->requests.load();
+      st.success = d(m->success.load(), m->success_us.load());
+      st.fail = d(m->failure.load(), m->failure_us.load());
+      st.queue = d(answered, m->queue_us.load());
+      st.compute_input = d(answered, m->input_us.load());
+      st.compute_infer = d(answered, m->run_us.load());
+      st.compute_output = d(answered, m->output_us.load());
+      for (int b = 1; m->batch_totals != nullptr && b <= m->max_batch(); ++b) {
+        const ModelRuntime::BatchTotals& t = m->batch_totals[static_cast<size_t>(b)];
+        const uint64_t n = t.count.load();
+        if (n == 0) continue;
+        st.batch_stats.push_back(
+            {b, d(n, t.input_us.load()), d(n, t.infer_us.load()), d(n, t.output_us.load())});
+      }
+      out.push_back(std::move(st));
+    }
+    return out;
+  }
+
+  std::vector<RepositoryEntry> RepositoryIndex(bool ready_only) const {
+    std::vector<RepositoryEntry> out;
+    for (const auto& [name, slot] : slots_) {
+      RepositoryEntry e;
+      e.name = name;
+      ModelRuntime* m = slot->served.load();
+      if (m != nullptr && m->ready_workers.load() > 0) {
+        e.version = std::to_string(m->config().version);
+        e.state = "READY";
+      } else {
+        if (ready_only) continue;
+        if (m != nullptr) e.version = std::to_string(m->config().version);
+        std::lock_guard lock(slot->mu);
+        e.state = slot->settled || m != nullptr ? "UNAVAILABLE" : "LOADING";
+        e.reason =
+            m != nullptr ? "no worker is ready: " + m->LastWorkerError() : slot->status.message();
+      }
+      out.push_back(std::move(e));
+    }
+    return out;
+  }
+
   std::vector<std::string> ModelNames() const {
     std::vector<std::string> names;
     for (const auto& [name, slot] : slots_) names.push_back(name);
@@ -266,8 +333,14 @@ class Server::Impl {
     if (!found.ok()) return done(found.status());
     ModelRuntime& m = **found;
     ++m.pending;
-    done = [&m, done = std::move(done)](Result<InferResponse> r) {
+    done = [&m, done = std::move(done), arrived = Clock::now()](Result<InferResponse> r) {
       (r.ok() ? m.success : m.failure) += 1;
+      (r.ok() ? m.success_us : m.failure_us) += static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - arrived).count());
+      m.last_inference_ms =
+          static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    std::chrono::system_clock::now().time_since_epoch())
+                                    .count());
       --m.pending;
       done(std::move(r));
     };
@@ -451,7 +524,7 @@ class Server::Impl {
     m.setup.parameters = c.parameters;
     m.setup.inputs = specs(c.inputs);
     m.setup.outputs = specs(c.outputs);
-    m.setup.config_json = ModelConfigJson(c);
+    m.setup.config_json = hearth::ModelConfigJson(c);
     m.setup.version_dir = c.version_dir;
     m.setup.decoupled = c.decoupled;
     m.device = options_.device.is_cuda() && c.kind_gpu
@@ -483,6 +556,8 @@ class Server::Impl {
     m.queue = std::make_unique<JobQueue>(std::max<uint64_t>(1, c.max_queue_size));
     // A decoupled model's worker serves one request (one stream) at a time.
     m.policy.max_batch = c.decoupled ? 1 : m.max_batch();
+    m.batch_totals =
+        std::make_unique<ModelRuntime::BatchTotals[]>(static_cast<size_t>(m.max_batch()) + 1);
     m.policy.max_delay = std::chrono::microseconds(c.max_queue_delay_us);
     m.policy.preferred.assign(c.preferred_batch_sizes.begin(), c.preferred_batch_sizes.end());
     std::sort(m.policy.preferred.begin(), m.policy.preferred.end());
@@ -682,6 +757,16 @@ Result<bool> Server::ModelReady(const std::string& m, const std::string& v) cons
   return impl_->ModelReady(m, v);
 }
 std::vector<std::string> Server::ModelNames() const { return impl_->ModelNames(); }
+Result<std::string> Server::ModelConfigJson(const std::string& m, const std::string& v) const {
+  return impl_->ModelConfigJsonOf(m, v);
+}
+Result<std::vector<ModelStatistics>> Server::Statistics(const std::string& m,
+                                                        const std::string& v) const {
+  return impl_->Statistics(m, v);
+}
+std::vector<RepositoryEntry> Server::RepositoryIndex(bool ready_only) const {
+  return impl_->RepositoryIndex(ready_only);
+}
 void Server::Infer(InferRequest r, std::function<void(Result<InferResponse>)> done) {
   impl_->Infer(std::move(r), std::move(done));
 }

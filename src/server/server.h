@@ -64,6 +64,11 @@ class Server : public InferenceService {
   std::vector<std::string> ModelNames() const override;
   void Infer(InferRequest request, std::function<void(Result<InferResponse>)> done) override;
   std::string MetricsText() const override;
+  Result<std::string> ModelConfigJson(const std::string& model,
+                                      const std::string& version) const override;
+  Result<std::vector<ModelStatistics>> Statistics(const std::string& model,
+                                                  const std::string& version) const override;
+  std::vector<RepositoryEntry> RepositoryIndex(bool ready_only) const override;
 
   // Pids of a model's live worker processes (tests, metrics).
   std::vector<int> WorkerPids(const std::string& model) const;

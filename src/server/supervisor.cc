@@ -267,7 +267,8 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
       }
     }
   }
-  model_.input_us += Since(dispatched);
+  const uint64_t input_us = Since(dispatched);
+  model_.input_us += input_us;
 
   const auto handed_over = Clock::now();
   // One deadline for the whole batch, however many times the slot grows.
@@ -433,7 +434,9 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
     model_.request_us += Since(job->received);
     job->done(std::move(response));
   }
-  model_.output_us += Since(outputs_start);
+  const uint64_t output_us = Since(outputs_start);
+  model_.output_us += output_us;
+  model_.CountBatch(rows, input_us, d.run_us, output_us);
   return true;
 }
 
@@ -599,7 +602,7 @@ bool WorkerSupervisor::RunStream(int control, const std::shared_ptr<Job>& shared
       model_.batches += 1;
       model_.rows += 1;
       model_.run_us += d.run_us;
-      model_.batch_bucket[0] += 1;
+      model_.batch_bucket[0] += 1;  // NOLINT: a stream is a batch of 1
       if (cancelled) {
         job.done(why_cancelled);
         return true;
@@ -634,6 +637,7 @@ bool WorkerSupervisor::RunStream(int control, const std::shared_ptr<Job>& shared
       }
       model_.requests += 1;
       model_.request_us += Since(job.received);
+      model_.CountBatch(1, 0, d.run_us, 0);
       job.done(std::move(response));
       return true;
     }

@@ -106,6 +106,14 @@ class FakeService : public InferenceService {
   }
 
   std::vector<std::string> ModelNames() const override { return {"scale"}; }
+  Result<std::string> ModelConfigJson(const std::string&, const std::string&) const override {
+    return Unimplemented("the fake service has no config");
+  }
+  Result<std::vector<ModelStatistics>> Statistics(const std::string&,
+                                                  const std::string&) const override {
+    return Unimplemented("the fake service has no statistics");
+  }
+  std::vector<RepositoryEntry> RepositoryIndex(bool) const override { return {}; }
 
   Result<bool> ModelReady(const std::string& model, const std::string& version) const override {
     Result<ModelMetadata> m = Metadata(model, version);
