@@ -101,6 +101,10 @@ struct InferTensor {
 struct RequestedOutput {
   std::string name;
   bool binary = false;
+  // Triton's classification (parameter "classification"): > 0 answers this
+  // output's top class_count entries per row as BYTES "value:index",
+  // highest first, instead of the tensor.
+  uint32_t class_count = 0;
 };
 
 struct InferResponse;
@@ -115,6 +119,10 @@ struct InferRequest {
   bool binary_data_output = false;
   // Per-request timeout in microseconds (parameter "timeout"); 0 = none.
   uint64_t timeout_us = 0;
+  // Triton's priority level (parameter "priority"): 1 is the highest; 0 the
+  // model's default (dynamic_batching.default_priority_level). Requests of
+  // a higher level are run first; within a level, in order of arrival.
+  uint64_t priority = 0;
   // The request's parameters for the model, as a JSON object's text
   // ({"max_tokens": 16, "stop": ["\n"]}); empty: none. Decoupled models get
   // them (the Python backend's `execute(inputs, parameters)`).

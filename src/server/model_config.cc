@@ -342,6 +342,19 @@ Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::st
           Number<uint64_t>(c, q["default_timeout_microseconds"],
                            "dynamic_batching.default_queue_policy.default_timeout_microseconds"));
     }
+    if (d["priority_levels"]) {
+      ASSIGN_OR_RETURN(m.priority_levels, Number<uint64_t>(c, d["priority_levels"],
+                                                           "dynamic_batching.priority_levels"));
+    }
+    if (d["default_priority_level"]) {
+      ASSIGN_OR_RETURN(m.default_priority_level,
+                       Number<uint64_t>(c, d["default_priority_level"],
+                                        "dynamic_batching.default_priority_level"));
+      if (m.default_priority_level < 1 ||
+          (m.priority_levels > 0 && m.default_priority_level > m.priority_levels))
+        return c.Error(d["default_priority_level"], "dynamic_batching.default_priority_level",
+                       "must be in [1, priority_levels]");
+    }
     if (const YAML::Node p = d["preferred_batch_size"]) {
       if (!p.IsSequence())
         return c.Error(p, "dynamic_batching.preferred_batch_size", "must be a list");

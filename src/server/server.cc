@@ -393,7 +393,26 @@ class Server::Impl {
       // One response, as any model's: a stream of one.
       request.on_response = nullptr;
     }
+    for (const RequestedOutput& o : request.outputs) {
+      if (o.class_count == 0) continue;
+      auto spec = std::find_if(m.outputs.begin(), m.outputs.end(),
+                               [&](const TensorSpec& t) { return t.name == o.name; });
+      if (spec == m.outputs.end())
+        return done(InvalidArgument("model '" + m.name + "' has no output '" + o.name + "'"));
+      if (spec->dtype == DType::kBytes || m.config().decoupled)
+        return done(InvalidArgument("output '" + o.name +
+                                    "': classification needs a numeric output of a model that is "
+                                    "not decoupled"));
+    }
     job->batch = batch;
+    const ModelConfig& c = m.config();
+    if (c.priority_levels > 0 && request.priority > c.priority_levels)
+      return done(InvalidArgument("priority " + std::to_string(request.priority) +
+                                  " is outside model '" + m.name + "''s levels [1, " +
+                                  std::to_string(c.priority_levels) + "] (0: its default)"));
+    job->priority = request.priority > 0           ? request.priority
+                    : c.default_priority_level > 0 ? c.default_priority_level
+                                                   : UINT64_MAX;
     const uint64_t timeout_us =
         request.timeout_us > 0 ? request.timeout_us : m.config().default_timeout_us;
     // Saturating: a timeout too large to represent is no deadline, not one in the past.

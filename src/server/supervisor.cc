@@ -13,6 +13,7 @@
 #include <system_error>
 
 #include "common/checked_size.h"
+#include "common/float16.h"
 
 namespace hearth {
 
@@ -183,7 +184,77 @@ std::optional<std::vector<std::span<const std::byte>>> SplitRows(
   return parts;
 }
 
+// Element e of a numeric tensor's bytes, as a double.
+double ElementAt(const std::byte* p, DType dtype, size_t e) {
+  auto get = [&](auto v) {
+    std::memcpy(&v, p + e * sizeof v, sizeof v);
+    return v;
+  };
+  switch (dtype) {
+    case DType::kF64:
+      return get(double{});
+    case DType::kF32:
+      return get(float{});
+    case DType::kF16:
+      return HalfToFloat(get(uint16_t{}));
+    case DType::kBF16:
+      return BFloat16ToFloat(get(uint16_t{}));
+    case DType::kI64:
+      return static_cast<double>(get(int64_t{}));
+    case DType::kI32:
+      return get(int32_t{});
+    case DType::kI16:
+      return get(int16_t{});
+    case DType::kI8:
+      return get(int8_t{});
+    case DType::kU8:
+      return get(uint8_t{});
+    case DType::kBool:
+      return get(uint8_t{}) != 0 ? 1.0 : 0.0;
+    default:
+      return 0;
+  }
+}
+
 }  // namespace
+
+// Triton's classification: per row (the batch dimension, or the whole
+// tensor for a model that does not batch), the `count` largest elements
+// as BYTES "value:index", largest first (ties: the lower index first).
+InferTensor Classify(const InferTensor& t, uint32_t count, bool batching) {
+  const int64_t rows = batching && !t.shape.empty() ? t.shape[0] : 1;
+  const size_t width =
+      rows > 0 ? t.data.size() / DTypeSize(t.dtype) / static_cast<size_t>(rows) : 0;
+  const size_t n = std::min<size_t>(count, width);
+  InferTensor out;
+  out.name = t.name;
+  out.dtype = DType::kBytes;
+  out.shape = batching ? std::vector<int64_t>{rows, static_cast<int64_t>(n)}
+                       : std::vector<int64_t>{static_cast<int64_t>(n)};
+  std::vector<std::byte> bytes;
+  std::vector<size_t> order(width);
+  for (int64_t r = 0; r < rows; ++r) {
+    const size_t base = static_cast<size_t>(r) * width;
+    for (size_t k = 0; k < width; ++k) order[k] = k;
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), order.end(),
+                      [&](size_t a, size_t b) {
+                        const double va = ElementAt(t.data.data(), t.dtype, base + a);
+                        const double vb = ElementAt(t.data.data(), t.dtype, base + b);
+                        return va > vb || (va == vb && a < b);
+                      });
+    for (size_t k = 0; k < n; ++k) {
+      const std::string e = std::to_string(ElementAt(t.data.data(), t.dtype, base + order[k])) +
+                            ":" + std::to_string(order[k]);
+      const auto len = static_cast<uint32_t>(e.size());
+      const auto* l = reinterpret_cast<const std::byte*>(&len);
+      bytes.insert(bytes.end(), l, l + 4);
+      const auto* c = reinterpret_cast<const std::byte*>(e.data());
+      bytes.insert(bytes.end(), c, c + e.size());
+    }
+  }
+  out.data = std::move(bytes);
+  return out;
+}
 
 bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<Job>>& jobs) {
   const auto dispatched = Clock::now();
@@ -418,16 +489,17 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
     for (size_t i = 0; i < model_.outputs.size(); ++i) {
       const TensorSpec& spec = model_.outputs[i];
       const auto& wanted = job->request.outputs;
-      if (!wanted.empty() &&
-          std::none_of(wanted.begin(), wanted.end(),
-                       [&](const RequestedOutput& o) { return o.name == spec.name; }))
-        continue;
+      auto asked = std::find_if(wanted.begin(), wanted.end(),
+                                [&](const RequestedOutput& o) { return o.name == spec.name; });
+      if (!wanted.empty() && asked == wanted.end()) continue;
       InferTensor t;
       t.name = spec.name;
       t.dtype = spec.dtype;
       t.shape = d.outputs[i].shape;
       if (batching) t.shape[0] = job->batch;
       t.data = TensorData::Borrowed(parts[i][j]);
+      if (asked != wanted.end() && asked->class_count > 0)
+        t = Classify(t, asked->class_count, batching);
       response.outputs.push_back(std::move(t));
     }
     model_.requests += 1;
