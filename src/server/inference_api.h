@@ -229,6 +229,18 @@ class InferenceService {
   // Every model of the repository, sorted by name; only the ready ones when
   // `ready_only`.
   virtual std::vector<RepositoryEntry> RepositoryIndex(bool ready_only) const = 0;
+  // Serves the model's directory as it is now, while its requests go on:
+  // a model not served starts; a served one gets a new runtime (the new
+  // version's weights into the store, or the same weights with the new
+  // config), requests move to it once one of its workers is ready, and the
+  // old workers run what they had queued and exit (the old weights are
+  // freed when the last of them detaches). Returns once the new runtime
+  // serves, or with why not (the old one then goes on serving). NotFound
+  // for a name with no directory in the repository.
+  virtual Status LoadModel(const std::string& model) = 0;
+  // Stops serving the model: new requests are refused (Unavailable), the
+  // queued ones still run; its weights are freed when its workers exit.
+  virtual Status UnloadModel(const std::string& model) = 0;
 };
 
 }  // namespace hearth

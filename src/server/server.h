@@ -69,6 +69,8 @@ class Server : public InferenceService {
   Result<std::vector<ModelStatistics>> Statistics(const std::string& model,
                                                   const std::string& version) const override;
   std::vector<RepositoryEntry> RepositoryIndex(bool ready_only) const override;
+  Status LoadModel(const std::string& model) override;
+  Status UnloadModel(const std::string& model) override;
 
   // Pids of a model's live worker processes (tests, metrics).
   std::vector<int> WorkerPids(const std::string& model) const;

@@ -878,6 +878,9 @@ void WorkerSupervisor::Loop() {
     ++restarts_;
     ++failures;
   }
+  // A runtime retired by a repository load lives on (a few bytes); the
+  // slot, which may be large, goes with the last worker.
+  slot_ = RequestSlot();
 }
 
 }  // namespace hearth

@@ -114,6 +114,8 @@ class FakeService : public InferenceService {
     return Unimplemented("the fake service has no statistics");
   }
   std::vector<RepositoryEntry> RepositoryIndex(bool) const override { return {}; }
+  Status LoadModel(const std::string&) override { return Unimplemented("fake"); }
+  Status UnloadModel(const std::string&) override { return Unimplemented("fake"); }
 
   Result<bool> ModelReady(const std::string& model, const std::string& version) const override {
     Result<ModelMetadata> m = Metadata(model, version);
