@@ -91,20 +91,40 @@ class TensorData {
   std::shared_ptr<const void> owner_;
 };
 
+// Bytes in a registered system shared-memory region (Triton's
+// shared_memory_region, shared_memory_offset and shared_memory_byte_size
+// parameters), in place of a body's bytes.
+struct SharedMemoryRef {
+  std::string region;
+  uint64_t offset = 0;
+  uint64_t byte_size = 0;
+};
+
 struct InferTensor {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   TensorData data;
+  // An input whose bytes are in a region (data empty until the service
+  // reads them); in a response, an output the service wrote to the region
+  // the request named for it (data empty).
+  std::optional<SharedMemoryRef> shm;
 };
 
 struct RequestedOutput {
+  RequestedOutput() = default;
+  RequestedOutput(std::string output, bool binary_data)  // NOLINT: {name, binary} reads well
+      : name(std::move(output)), binary(binary_data) {}
+
   std::string name;
   bool binary = false;
   // Triton's classification (parameter "classification"): > 0 answers this
   // output's top class_count entries per row as BYTES "value:index",
   // highest first, instead of the tensor.
   uint32_t class_count = 0;
+  // Written to this region instead of the response body; the output's
+  // bytes must fit in byte_size.
+  std::optional<SharedMemoryRef> shm;
 };
 
 struct InferResponse;
@@ -168,6 +188,14 @@ struct ModelStatistics {
   uint64_t execution_count = 0;    // batches run
   DurationStatistics success, fail, queue, compute_input, compute_infer, compute_output;
   std::vector<BatchStatistics> batch_stats;  // batch sizes that ran, ascending
+};
+
+// A registered system shared-memory region (its status).
+struct SharedMemoryRegion {
+  std::string name;
+  std::string key;  // the POSIX shared-memory object, "/name"
+  uint64_t offset = 0;
+  uint64_t byte_size = 0;
 };
 
 // One model of the repository (its index).
@@ -241,6 +269,18 @@ class InferenceService {
   // Stops serving the model: new requests are refused (Unavailable), the
   // queued ones still run; its weights are freed when its workers exit.
   virtual Status UnloadModel(const std::string& model) = 0;
+  // System shared memory (Triton's extension): registers `byte_size` bytes
+  // at `offset` of the POSIX shared-memory object `key` under `name`, for
+  // requests to read inputs from and write outputs to. Refused unless the
+  // object is a regular file of this server's user that nobody else may
+  // write, and the range lies inside it. AlreadyExists for a taken name.
+  virtual Status RegisterSystemSharedMemory(const std::string& name, const std::string& key,
+                                            uint64_t offset, uint64_t byte_size) = 0;
+  // Unregisters `name` (empty: every region); requests using it finish first.
+  virtual Status UnregisterSystemSharedMemory(const std::string& name) = 0;
+  // The regions (empty name: all of them); NotFound for an unknown name.
+  virtual Result<std::vector<SharedMemoryRegion>> SystemSharedMemoryStatus(
+      const std::string& name) const = 0;
 };
 
 }  // namespace hearth

@@ -36,6 +36,7 @@
 #include "server/metrics.h"
 #include "server/model_config.h"
 #include "server/model_config_json.h"
+#include "server/shared_memory.h"
 #include "server/supervisor.h"
 
 // A model's parameters must fit in the one control message that carries them.
@@ -338,6 +339,9 @@ class Server::Impl {
     return out;
   }
 
+  SharedMemoryRegistry& shared_memory() { return shared_memory_; }
+  const SharedMemoryRegistry& shared_memory() const { return shared_memory_; }
+
   std::vector<std::string> ModelNames() const {
     std::vector<std::string> names;
     std::shared_lock slots_lock(slots_mu_);
@@ -368,6 +372,19 @@ class Server::Impl {
     auto found = Find(request.model, request.version);
     if (!found.ok()) return done_once(found.status());
     ModelRuntime& m = **found;
+    // Inputs in shared memory are read now: from here on they are bytes
+    // like any other, checked against their shapes.
+    for (InferTensor& in : request.inputs) {
+      if (!in.shm || !in.data.empty()) continue;
+      Result<std::vector<std::byte>> bytes = shared_memory_.Read(*in.shm);
+      if (!bytes.ok()) return done_once(bytes.status().WithContext("input '" + in.name + "'"));
+      in.data = std::move(bytes).value();
+    }
+    for (const RequestedOutput& o : request.outputs)
+      if (o.shm && o.class_count == 0 && m.config().decoupled)
+        return done_once(InvalidArgument("output '" + o.name +
+                                         "': a decoupled model's outputs cannot go to shared "
+                                         "memory (each response has its own)"));
     ++m.pending;
     auto original =
         std::make_shared<std::function<void(Result<InferResponse>)>>(std::move(done_once));
@@ -703,6 +720,7 @@ class Server::Impl {
       slot.loaded = {key, m.store_socket, loaded->version, loaded->arena_size};
     }
     m.store_version = slot.loaded.version;
+    m.shared_memory = &shared_memory_;
     m.arena_bytes = slot.loaded.arena_bytes;
     m.worker_count = options_.workers > 0 ? options_.workers : c.instance_count;
     m.queue = std::make_unique<JobQueue>(std::max<uint64_t>(1, c.max_queue_size));
@@ -902,6 +920,7 @@ class Server::Impl {
   }
 
   ServerOptions options_;
+  SharedMemoryRegistry shared_memory_;
   std::string run_dir_;
   bool made_run_dir_ = false;
   // Held by Start() while it makes the run directory, the slots and the
@@ -959,6 +978,17 @@ std::vector<RepositoryEntry> Server::RepositoryIndex(bool ready_only) const {
   return impl_->RepositoryIndex(ready_only);
 }
 Status Server::LoadModel(const std::string& m) { return impl_->LoadModel(m); }
+Status Server::RegisterSystemSharedMemory(const std::string& name, const std::string& key,
+                                          uint64_t offset, uint64_t byte_size) {
+  return impl_->shared_memory().Register(name, key, offset, byte_size);
+}
+Status Server::UnregisterSystemSharedMemory(const std::string& name) {
+  return impl_->shared_memory().Unregister(name);
+}
+Result<std::vector<SharedMemoryRegion>> Server::SystemSharedMemoryStatus(
+    const std::string& name) const {
+  return impl_->shared_memory().List(name);
+}
 Status Server::UnloadModel(const std::string& m) { return impl_->UnloadModel(m); }
 void Server::Infer(InferRequest r, std::function<void(Result<InferResponse>)> done) {
   impl_->Infer(std::move(r), std::move(done));

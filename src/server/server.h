@@ -71,6 +71,11 @@ class Server : public InferenceService {
   std::vector<RepositoryEntry> RepositoryIndex(bool ready_only) const override;
   Status LoadModel(const std::string& model) override;
   Status UnloadModel(const std::string& model) override;
+  Status RegisterSystemSharedMemory(const std::string& name, const std::string& key,
+                                    uint64_t offset, uint64_t byte_size) override;
+  Status UnregisterSystemSharedMemory(const std::string& name) override;
+  Result<std::vector<SharedMemoryRegion>> SystemSharedMemoryStatus(
+      const std::string& name) const override;
 
   // Pids of a model's live worker processes (tests, metrics).
   std::vector<int> WorkerPids(const std::string& model) const;

@@ -486,6 +486,7 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
     response.model = model_.name;
     response.version = std::to_string(model_.config().version);
     response.id = job->request.id;
+    Status failed = Status::Ok();
     for (size_t i = 0; i < model_.outputs.size(); ++i) {
       const TensorSpec& spec = model_.outputs[i];
       const auto& wanted = job->request.outputs;
@@ -500,7 +501,22 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
       t.data = TensorData::Borrowed(parts[i][j]);
       if (asked != wanted.end() && asked->class_count > 0)
         t = Classify(t, asked->class_count, batching);
+      if (asked != wanted.end() && asked->shm) {
+        Status written = model_.shared_memory != nullptr
+                             ? model_.shared_memory->Write(*asked->shm, t.data.bytes())
+                             : Unavailable("no shared memory here");
+        if (!written.ok()) {
+          failed = written.WithContext("output '" + spec.name + "'");
+          break;
+        }
+        t.shm = SharedMemoryRef{asked->shm->region, asked->shm->offset, t.data.size()};
+        t.data = TensorData();
+      }
       response.outputs.push_back(std::move(t));
+    }
+    if (!failed.ok()) {
+      job->done(failed);
+      continue;
     }
     model_.requests += 1;
     model_.request_us += Since(job->received);

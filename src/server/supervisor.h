@@ -20,6 +20,7 @@
 #include "server/model_config.h"
 #include "server/request_slot.h"
 #include "server/server.h"
+#include "server/shared_memory.h"
 #include "server/worker_process.h"
 
 namespace hearth {
@@ -144,6 +145,8 @@ struct ModelRuntime {
   std::atomic<uint64_t> batch_bucket[std::size(kBatchBuckets)] = {};
   uint64_t arena_bytes = 0;
   BatchPolicy policy;
+  // Where outputs asked for in shared memory are written (the server's).
+  const SharedMemoryRegistry* shared_memory = nullptr;
 
   const ModelConfig& config() const { return config_; }
   int max_batch() const { return std::max(1, config().max_batch_size); }

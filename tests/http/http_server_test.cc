@@ -116,6 +116,15 @@ class FakeService : public InferenceService {
   std::vector<RepositoryEntry> RepositoryIndex(bool) const override { return {}; }
   Status LoadModel(const std::string&) override { return Unimplemented("fake"); }
   Status UnloadModel(const std::string&) override { return Unimplemented("fake"); }
+  Status RegisterSystemSharedMemory(const std::string&, const std::string&, uint64_t,
+                                    uint64_t) override {
+    return Unimplemented("fake");
+  }
+  Status UnregisterSystemSharedMemory(const std::string&) override { return Unimplemented("fake"); }
+  Result<std::vector<SharedMemoryRegion>> SystemSharedMemoryStatus(
+      const std::string&) const override {
+    return Unimplemented("fake");
+  }
 
   Result<bool> ModelReady(const std::string& model, const std::string& version) const override {
     Result<ModelMetadata> m = Metadata(model, version);
