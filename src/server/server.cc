@@ -226,6 +226,10 @@ class Server::Impl {
     for (const auto& [name, slot] : slots_) {
       const ModelRuntime* m = slot->served.load();
       if (m != nullptr && m->ready_workers.load() == 0) return false;
+      if (m == nullptr && options_.strict_readiness) {
+        std::lock_guard lock(slot->mu);
+        if (!slot->unloaded) return false;  // configured, and not serving
+      }
     }
     return true;
   }

@@ -30,6 +30,10 @@ struct ServerOptions {
   // A worker that has not said ready by then is killed (and restarted);
   // Start() waits at most this long for the models to come up.
   int ready_timeout_ms = 300000;
+  // Triton's strict readiness: the server is ready only while every model of
+  // the repository (but those unloaded) is served with a worker ready. Off:
+  // ready while every served model has a worker ready, whatever failed.
+  bool strict_readiness = true;
 };
 
 class Server : public InferenceService {

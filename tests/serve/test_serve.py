@@ -262,7 +262,8 @@ def split_binary(r):
 def test_health_and_metadata(server):
     url = server["url"]
     assert requests.get(f"{url}/v2/health/live").status_code == 200
-    assert requests.get(f"{url}/v2/health/ready").status_code == 200
+    # Strict readiness (Triton's): the repository's "broken" model is not served.
+    assert requests.get(f"{url}/v2/health/ready").status_code == 503
     meta = requests.get(f"{url}/v2").json()
     assert meta["name"] == "hearth" and "binary_tensor_data" in meta["extensions"]
     m = requests.get(f"{url}/v2/models/mlp").json()
