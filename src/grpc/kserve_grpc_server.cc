@@ -279,7 +279,7 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
                                         const inference::LogSettingsRequest*,
                                         inference::LogSettingsResponse*) override {
     return Answer(context, NotYet("hearth's log settings cannot be read or changed over "
-                                  "the API yet: start hearth serve with --log-level"));
+                                  "the API yet: start hearth with --log-level"));
   }
 
  private:
