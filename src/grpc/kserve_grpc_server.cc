@@ -410,7 +410,20 @@ class GrpcServer::Impl::StreamCall final
         MaybeFinishLocked();
         return;
       }
-      if (cancelled_ || draining_ || finished_) {
+      if (cancelled_ || finished_) {
+        MaybeFinishLocked();
+        return;
+      }
+      if (draining_) {
+        // Read as the drain began: answered, not run.
+        Request unrun;
+        unrun.model = read_buffer_.model_name();
+        unrun.version = read_buffer_.model_version();
+        unrun.id = read_buffer_.id();
+        auto message = ErrorMessage(
+            unrun, Unavailable("the server is shutting down: the request was not run"));
+        const uint64_t size = message->ByteSizeLong();
+        QueueLocked(std::move(message), size);
         MaybeFinishLocked();
         return;
       }
