@@ -416,6 +416,10 @@ def test_grpc_port_off_in_use_and_sigterm_with_an_open_stream(server, tmp_path):
         assert "KServe v2 gRPC on" not in off["log"].read_text()
     finally:
         assert stop_serve(off)[0] == 0
+    # Out of range: refused before anything starts.
+    bad = subprocess.run([CLI, "serve", "--model-repository", str(server["tmp"] / "repo"), "--http-port", "0",
+                          "--grpc-port", "70000", "--device", "cpu"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--grpc-port must be -1 (no gRPC) or in [0, 65535]" in bad.stdout + bad.stderr
     # A port in use: start-up fails, naming it.
     taken = subprocess.run([CLI, "serve", "--model-repository", str(server["tmp"] / "repo"), "--http-port", "0",
                             "--grpc-port", str(server["grpc_port"]), "--device", "cpu"],
