@@ -101,6 +101,11 @@ struct SharedMemoryRef {
 };
 
 struct InferTensor {
+  InferTensor() = default;
+  InferTensor(std::string tensor, DType type, std::vector<int64_t> dims,  // NOLINT
+              TensorData bytes = {})
+      : name(std::move(tensor)), dtype(type), shape(std::move(dims)), data(std::move(bytes)) {}
+
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;

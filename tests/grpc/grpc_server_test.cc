@@ -186,6 +186,17 @@ class FakeService : public InferenceService {
     if (ready_only) all.erase(all.begin());
     return all;
   }
+  Status LoadModel(const std::string&) override { return Unimplemented("fake"); }
+  Status UnloadModel(const std::string&) override { return Unimplemented("fake"); }
+  Status RegisterSystemSharedMemory(const std::string&, const std::string&, uint64_t,
+                                    uint64_t) override {
+    return Unimplemented("fake");
+  }
+  Status UnregisterSystemSharedMemory(const std::string&) override { return Unimplemented("fake"); }
+  Result<std::vector<SharedMemoryRegion>> SystemSharedMemoryStatus(
+      const std::string&) const override {
+    return Unimplemented("fake");
+  }
 
   void Infer(InferRequest request, std::function<void(Result<InferResponse>)> done) override {
     {
