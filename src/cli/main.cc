@@ -197,7 +197,8 @@ struct GrpcSettings {
 };
 
 int RunServe(const std::string& repository, const std::string& device_text, int workers,
-             int exec_timeout_ms, HttpOptions http_options, const GrpcSettings& grpc) {
+             int exec_timeout_ms, bool strict_readiness, HttpOptions http_options,
+             const GrpcSettings& grpc) {
   // This process's CUDA context (its stores' arenas) runs no kernel: a small
   // per-thread stack shrinks it, from 524 to 326 MiB on an H200. Set before
   // anything touches CUDA; a value in the environment wins.
@@ -206,6 +207,7 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
   options.repository = repository;
   options.workers = workers;
   options.exec_timeout_ms = exec_timeout_ms;
+  options.strict_readiness = strict_readiness;
   options.worker_path = ExecutableDir() + "/hearth-worker";
   // options.run_dir stays empty: the server makes itself a private one (0700, mkdtemp).
   if (device_text.empty()) {
@@ -680,6 +682,12 @@ int main(int argc, char** argv) {
       ->required();
   serve->add_option("--host", host, "address to listen on")->capture_default_str();
   serve->add_option("--http-port", http_port, "port (0 = any free port)")->capture_default_str();
+  bool strict_readiness = true;
+  serve
+      ->add_option("--strict-readiness", strict_readiness,
+                   "ready (/v2/health/ready, ServerReady) only while every model of the repository "
+                   "is served; false: while every served model has a worker ready")
+      ->capture_default_str();
   GrpcSettings grpc_settings;
   int grpc_port = 8001;
   auto* grpc_port_option = serve->add_option(
@@ -891,7 +899,7 @@ int main(int argc, char** argv) {
     }
     grpc_settings.port = -1;
 #endif
-    return RunServe(repository, serve_device, serve_workers, exec_timeout_ms,
+    return RunServe(repository, serve_device, serve_workers, exec_timeout_ms, strict_readiness,
                     std::move(http_options), grpc_settings);
   }
   const AttachOptions client_options{socket, store_uids};

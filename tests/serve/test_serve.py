@@ -1184,3 +1184,24 @@ def test_serving_as_pid_1_in_a_container(tmp_path):
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=30)
+
+
+def test_readiness_is_strict_unless_relaxed(tmp_path):
+    """A repository with a model that cannot be served: not ready (Triton's
+    strict readiness) until --strict-readiness false; the good model serves
+    either way."""
+    repo = tmp_path / "repo"
+    for name, dims in (("good", 8), ("bad", 8)):
+        (repo / name / "1").mkdir(parents=True)
+        subprocess.run([CLI, "make-model", "scale", "--dims", str(dims), "--seed", "2",
+                        "--out", str(repo / name / "1" / "model.safetensors")], check=True, capture_output=True)
+    (repo / "good" / "config.yaml").write_text(scale_config(count=1).replace(f"[{SCALE_N}]", "[8]"))
+    (repo / "bad" / "config.yaml").write_text("backend: scale\nmax_batch_size: 4\nno_such_field: 1\n")
+    for flag, want in ((), 503), (("--strict-readiness", "false"), 200):
+        state = start_serve(tmp_path, repo, extra_args=flag, name=f"serve-{want}")
+        try:
+            assert requests.get(f"{state['url']}/v2/health/ready").status_code == want, flag
+            assert requests.get(f"{state['url']}/v2/models/good/ready").status_code == 200
+        finally:
+            code, log = stop_serve(state)
+        assert code == 0, log[-2000:]
