@@ -844,7 +844,9 @@ class Session : public std::enable_shared_from_this<Session> {
     if (core_->body_limit < core_->options.max_body_bytes) {
       message += " (the most the server holds for all requests at once)";
     }
-    if (parser_.has_value() && parser_->is_header_done()) {
+    // Beast refuses a Content-Length past body_limit before it calls the
+    // head done, but with the request line already read.
+    if (parser_.has_value()) {
       const std::optional<Route> route = ParseRoute(parser_->get().target());
       if (route.has_value() && route->openai()) {
         return OpenAiErrorResponse(OpenAiRequestError(413, message), 11, false);
