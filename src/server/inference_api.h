@@ -215,6 +215,9 @@ struct RepositoryEntry {
 // ResourceExhausted 503 (queue full), Unavailable 503, FailedPrecondition 400,
 // DeadlineExceeded 504 (the request timed out before it ran),
 // anything else 500.
+// The newer members (configuration, statistics, repository control, shared
+// memory) answer Unimplemented unless a service has them, so that a service
+// made for one purpose (a test's fake) need not.
 class InferenceService {
  public:
   virtual ~InferenceService() = default;
@@ -254,14 +257,18 @@ class InferenceService {
   // The model's configuration in Triton's JSON form (its /config and
   // ModelConfig). NotFound and Unavailable as Metadata.
   virtual Result<std::string> ModelConfigJson(const std::string& model,
-                                              const std::string& version) const = 0;
+                                              const std::string& version) const {
+    return Unimplemented("model configurations are not kept here (" + model + ", " + version + ")");
+  }
   // Statistics of one model (version empty: its served version), or of
   // every served model when `model` is empty.
   virtual Result<std::vector<ModelStatistics>> Statistics(const std::string& model,
-                                                          const std::string& version) const = 0;
+                                                          const std::string& version) const {
+    return Unimplemented("statistics are not kept here (" + model + ", " + version + ")");
+  }
   // Every model of the repository, sorted by name; only the ready ones when
   // `ready_only`.
-  virtual std::vector<RepositoryEntry> RepositoryIndex(bool ready_only) const = 0;
+  virtual std::vector<RepositoryEntry> RepositoryIndex(bool /*ready_only*/) const { return {}; }
   // Serves the model's directory as it is now, while its requests go on:
   // a model not served starts; a served one gets a new runtime (the new
   // version's weights into the store, or the same weights with the new
@@ -270,22 +277,32 @@ class InferenceService {
   // freed when the last of them detaches). Returns once the new runtime
   // serves, or with why not (the old one then goes on serving). NotFound
   // for a name with no directory in the repository.
-  virtual Status LoadModel(const std::string& model) = 0;
+  virtual Status LoadModel(const std::string& model) {
+    return Unimplemented("no repository control here (load " + model + ")");
+  }
   // Stops serving the model: new requests are refused (Unavailable), the
   // queued ones still run; its weights are freed when its workers exit.
-  virtual Status UnloadModel(const std::string& model) = 0;
+  virtual Status UnloadModel(const std::string& model) {
+    return Unimplemented("no repository control here (unload " + model + ")");
+  }
   // System shared memory (Triton's extension): registers `byte_size` bytes
   // at `offset` of the POSIX shared-memory object `key` under `name`, for
   // requests to read inputs from and write outputs to. Refused unless the
   // object is a regular file of this server's user that nobody else may
   // write, and the range lies inside it. AlreadyExists for a taken name.
-  virtual Status RegisterSystemSharedMemory(const std::string& name, const std::string& key,
-                                            uint64_t offset, uint64_t byte_size) = 0;
+  virtual Status RegisterSystemSharedMemory(const std::string& name, const std::string& /*key*/,
+                                            uint64_t /*offset*/, uint64_t /*byte_size*/) {
+    return Unimplemented("no shared memory here (" + name + ")");
+  }
   // Unregisters `name` (empty: every region); requests using it finish first.
-  virtual Status UnregisterSystemSharedMemory(const std::string& name) = 0;
+  virtual Status UnregisterSystemSharedMemory(const std::string& name) {
+    return Unimplemented("no shared memory here (" + name + ")");
+  }
   // The regions (empty name: all of them); NotFound for an unknown name.
   virtual Result<std::vector<SharedMemoryRegion>> SystemSharedMemoryStatus(
-      const std::string& name) const = 0;
+      const std::string& name) const {
+    return Unimplemented("no shared memory here (" + name + ")");
+  }
 };
 
 }  // namespace hearth
