@@ -7,6 +7,7 @@
 #include <limits>
 #include <new>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -206,15 +207,64 @@ Status ReadContents(const InferTensorContents& contents, DType dtype, uint64_t c
   return Status::Ok();
 }
 
-bool IsSharedMemoryParameter(const std::string& key) {
-  return key == "shared_memory_region" || key == "shared_memory_byte_size" ||
-         key == "shared_memory_offset";
+constexpr std::string_view kRegionParameter = "shared_memory_region";
+constexpr std::string_view kOffsetParameter = "shared_memory_offset";
+constexpr std::string_view kByteSizeParameter = "shared_memory_byte_size";
+
+// A non-negative integer parameter: tritonclient sends int64_param, others
+// may send uint64_param. Nothing else is one.
+std::optional<uint64_t> NonNegative(const InferParameter& value) {
+  if (value.parameter_choice_case() == InferParameter::kInt64Param && value.int64_param() >= 0) {
+    return static_cast<uint64_t>(value.int64_param());
+  }
+  if (value.parameter_choice_case() == InferParameter::kUint64Param) return value.uint64_param();
+  return std::nullopt;
 }
 
-Status RefuseSharedMemory(const std::string& label) {
-  return InvalidArgument(label +
-                         ": shared memory is not supported by hearth yet; send the data in the "
-                         "request (raw_input_contents) and take it from the response");
+// A tensor's shared-memory parameters (Triton's: the region's name as a
+// string, the offset into it, default 0, and the byte size, required), or
+// nullopt when it has none. Whether the region exists and the range lies
+// inside it is the service's to check.
+template <typename Parameters>
+Result<std::optional<SharedMemoryRef>> SharedMemoryOf(const Parameters& parameters,
+                                                      const std::string& label) {
+  const auto region = parameters.find(std::string(kRegionParameter));
+  const auto offset = parameters.find(std::string(kOffsetParameter));
+  const auto byte_size = parameters.find(std::string(kByteSizeParameter));
+  if (region == parameters.end()) {
+    if (offset != parameters.end() || byte_size != parameters.end()) {
+      return InvalidArgument(label + ": parameters '" + std::string(kOffsetParameter) + "' and '" +
+                             std::string(kByteSizeParameter) + "' need '" +
+                             std::string(kRegionParameter) + "', the region they lie in");
+    }
+    return std::optional<SharedMemoryRef>();
+  }
+  if (region->second.parameter_choice_case() != InferParameter::kStringParam ||
+      region->second.string_param().empty()) {
+    return InvalidArgument(label + ": parameter '" + std::string(kRegionParameter) +
+                           "' must be a string_param naming a registered region");
+  }
+  SharedMemoryRef ref;
+  ref.region = region->second.string_param();
+  if (offset != parameters.end()) {
+    const std::optional<uint64_t> value = NonNegative(offset->second);
+    if (!value.has_value()) {
+      return InvalidArgument(label + ": parameter '" + std::string(kOffsetParameter) +
+                             "' must be a non-negative integer (int64_param or uint64_param)");
+    }
+    ref.offset = *value;
+  }
+  if (byte_size == parameters.end()) {
+    return InvalidArgument(label + ": parameter '" + std::string(kByteSizeParameter) +
+                           "' must be given with '" + std::string(kRegionParameter) + "'");
+  }
+  const std::optional<uint64_t> size = NonNegative(byte_size->second);
+  if (!size.has_value()) {
+    return InvalidArgument(label + ": parameter '" + std::string(kByteSizeParameter) +
+                           "' must be a non-negative integer (int64_param or uint64_param)");
+  }
+  ref.byte_size = *size;
+  return std::optional<SharedMemoryRef>(std::move(ref));
 }
 
 // A parameter that the model gets, as JSON. InvalidArgument for one whose
@@ -292,12 +342,14 @@ Status RequestParameters(const ModelInferRequest& proto, GrpcInferRequest& out) 
                                " is not supported: hearth has no sequence batching; send "
                                "requests without sequence_id, sequence_start and sequence_end");
       }
-    } else if (key == "priority") {
-      if (IsSet(value)) {
+    } else if (key == kPriorityParameter) {
+      const std::optional<uint64_t> level = NonNegative(value);
+      if (!level.has_value()) {
         return InvalidArgument(
-            "request: parameter 'priority' is not supported by hearth yet: every request of a "
-            "model waits in one queue, first come first served");
+            "request: parameter 'priority' must be a non-negative integer (int64_param or "
+            "uint64_param): 1 is the highest level, 0 the model's default");
       }
+      out.request.priority = *level;
     } else if (key == "binary_data_output") {
       // REST's choice of binary or JSON outputs: gRPC's are always raw.
     } else {
@@ -308,14 +360,13 @@ Status RequestParameters(const ModelInferRequest& proto, GrpcInferRequest& out) 
   return Status::Ok();
 }
 
-Status ReadInput(const ModelInferRequest& proto, int index,
+// Reads one input; `raw` is its entry of raw_input_contents, or null when
+// its data is in typed contents or shared memory.
+Status ReadInput(const ModelInferRequest::InferInputTensor& input, const std::string* raw,
                  const std::shared_ptr<const void>& owner, InferTensor& tensor) {
-  const ModelInferRequest::InferInputTensor& input = proto.inputs(index);
   tensor.name = input.name();
   const std::string label = InputLabel(tensor.name);
-  for (const auto& [key, value] : input.parameters()) {
-    if (IsSharedMemoryParameter(key)) return RefuseSharedMemory(label);
-  }
+  ASSIGN_OR_RETURN(tensor.shm, SharedMemoryOf(input.parameters(), label));
   const std::optional<DType> dtype = ParseKserveDatatype(input.datatype());
   if (!dtype.has_value()) {
     return InvalidArgument(label + ": unsupported datatype " + Quote(input.datatype()));
@@ -334,28 +385,77 @@ Status ReadInput(const ModelInferRequest& proto, int index,
     }
   }
   ASSIGN_OR_RETURN(const uint64_t count, ShapeElements(tensor.shape, label));
-  if (proto.raw_input_contents_size() == 0) {
-    return ReadContents(input.contents(), tensor.dtype, count, label, tensor.data);
+  const bool has_contents = input.has_contents() && input.contents().ByteSizeLong() > 0;
+  if (tensor.shm.has_value()) {
+    // The service reads the region; its byte size is checked here as raw
+    // bytes are, so that a wrong one never costs a read. BYTES elements
+    // are checked once read.
+    if (has_contents) {
+      return InvalidArgument(label +
+                             " is in shared memory and has data in 'contents' too; give "
+                             "it once");
+    }
+    if (tensor.dtype != DType::kBytes) {
+      ASSIGN_OR_RETURN(const uint64_t expected, ShapeBytes(tensor.dtype, tensor.shape, label));
+      if (tensor.shm->byte_size != expected) {
+        return InvalidArgument(label + ": shared_memory_byte_size is " +
+                               std::to_string(tensor.shm->byte_size) + " but shape " +
+                               ShapeString(tensor.shape) + " of " + DatatypeString(tensor.dtype) +
+                               " needs " + std::to_string(expected));
+      }
+    }
+    return Status::Ok();
   }
-  if (input.has_contents() && input.contents().ByteSizeLong() > 0) {
+  if (raw == nullptr)
+    return ReadContents(input.contents(), tensor.dtype, count, label, tensor.data);
+  if (has_contents) {
     return InvalidArgument(label +
                            " has data in both 'contents' and raw_input_contents; give it once");
   }
-  const std::string& raw = proto.raw_input_contents(index);
-  const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(raw.data()),
-                                         raw.size());
+  const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(raw->data()),
+                                         raw->size());
   if (tensor.dtype == DType::kBytes) {
     RETURN_IF_ERROR(ValidateBytesTensor(bytes, count, label));
   } else {
     ASSIGN_OR_RETURN(const uint64_t expected, ShapeBytes(tensor.dtype, tensor.shape, label));
-    if (raw.size() != expected) {
-      return InvalidArgument(label + ": raw_input_contents has " + std::to_string(raw.size()) +
+    if (raw->size() != expected) {
+      return InvalidArgument(label + ": raw_input_contents has " + std::to_string(raw->size()) +
                              " bytes but shape " + ShapeString(tensor.shape) + " of " +
                              DatatypeString(tensor.dtype) + " needs " + std::to_string(expected));
     }
   }
   tensor.data = owner != nullptr ? TensorData::Shared(bytes, owner) : TensorData::Borrowed(bytes);
   return Status::Ok();
+}
+
+bool InSharedMemory(const ModelInferRequest::InferInputTensor& input) {
+  return input.parameters().count(std::string(kRegionParameter)) > 0;
+}
+
+Result<RequestedOutput> ReadRequestedOutput(
+    const ModelInferRequest::InferRequestedOutputTensor& output) {
+  const std::string label = "output " + Quote(output.name());
+  // Every output of a gRPC response is raw: binary_data means nothing here.
+  RequestedOutput requested(output.name(), true);
+  ASSIGN_OR_RETURN(requested.shm, SharedMemoryOf(output.parameters(), label));
+  for (const auto& [key, value] : output.parameters()) {
+    if (key == kClassificationParameter) {
+      const std::optional<uint64_t> count = NonNegative(value);
+      if (!count.has_value() || *count == 0 || *count > std::numeric_limits<uint32_t>::max()) {
+        return InvalidArgument(label + ": parameter '" + std::string(kClassificationParameter) +
+                               "' must be an integer in [1, " +
+                               std::to_string(std::numeric_limits<uint32_t>::max()) +
+                               "] (int64_param or uint64_param): how many classes to answer");
+      }
+      requested.class_count = static_cast<uint32_t>(*count);
+    } else if (key == "class_count") {
+      return InvalidArgument(label +
+                             ": there is no parameter 'class_count'; Triton's gRPC "
+                             "protocol names it '" +
+                             std::string(kClassificationParameter) + "'");
+    }
+  }
+  return requested;
 }
 
 Result<GrpcInferRequest> Parse(const ModelInferRequest& proto,
@@ -366,29 +466,32 @@ Result<GrpcInferRequest> Parse(const ModelInferRequest& proto,
   request.version = proto.model_version();
   request.id = proto.id();
   RETURN_IF_ERROR(RequestParameters(proto, out));
-  if (proto.raw_input_contents_size() > 0 &&
-      proto.raw_input_contents_size() != proto.inputs_size()) {
-    return InvalidArgument("the request has " + std::to_string(proto.raw_input_contents_size()) +
-                           " raw_input_contents for " + std::to_string(proto.inputs_size()) +
-                           " inputs: give every input's data there, in input order, or none");
+  // raw_input_contents holds the data of the inputs that are not in shared
+  // memory, in input order (as tritonclient sends it), or is empty.
+  int outside = 0;
+  for (const auto& input : proto.inputs()) outside += InSharedMemory(input) ? 0 : 1;
+  const int raw_count = proto.raw_input_contents_size();
+  if (raw_count > 0 && raw_count != outside) {
+    return InvalidArgument(
+        "the request has " + std::to_string(raw_count) + " raw_input_contents for " +
+        std::to_string(outside) +
+        (outside == proto.inputs_size()
+             ? " inputs: give every input's data there, in input order, or none"
+             : " inputs not in shared memory: give each of their data there, in input order, "
+               "or none"));
   }
   request.inputs.resize(static_cast<size_t>(proto.inputs_size()));
+  int next_raw = 0;
   for (int i = 0; i < proto.inputs_size(); ++i) {
-    RETURN_IF_ERROR(ReadInput(proto, i, owner, request.inputs[static_cast<size_t>(i)]));
+    const auto& input = proto.inputs(i);
+    const std::string* raw = nullptr;
+    if (raw_count > 0 && !InSharedMemory(input)) raw = &proto.raw_input_contents(next_raw++);
+    RETURN_IF_ERROR(ReadInput(input, raw, owner, request.inputs[static_cast<size_t>(i)]));
   }
   for (const ModelInferRequest::InferRequestedOutputTensor& output : proto.outputs()) {
-    const std::string label = "output " + Quote(output.name());
-    for (const auto& [key, value] : output.parameters()) {
-      if (IsSharedMemoryParameter(key)) return RefuseSharedMemory(label);
-      if (key == "class_count" && IsSet(value)) {
-        return InvalidArgument(label +
-                               ": parameter 'class_count' (classification) is not supported by "
-                               "hearth yet; request the output itself");
-      }
-    }
-    request.outputs.push_back({output.name(), true});
+    ASSIGN_OR_RETURN(RequestedOutput requested, ReadRequestedOutput(output));
+    request.outputs.push_back(std::move(requested));
   }
-  // Every output of a gRPC response is raw.
   request.binary_data_output = true;
   return out;
 }
@@ -436,15 +539,24 @@ Status EncodeModelInferResponse(const InferResponse& response,
       // Internal: the service, not the client, made this output.
       const Result<uint64_t> count = ShapeElements(tensor->shape, label);
       if (!count.ok()) return Internal(count.status().message());
+      // An output in shared memory has no bytes here: its size is what the
+      // service wrote (BYTES: not checked, the bytes are the client's now).
+      const uint64_t size = tensor->shm.has_value() ? tensor->shm->byte_size : tensor->data.size();
+      if (tensor->shm.has_value() && !tensor->data.empty()) {
+        return Internal(label + " is in shared memory and has bytes in the response too");
+      }
       if (tensor->dtype == DType::kBytes) {
-        if (Status valid = ValidateBytesTensor(tensor->data.bytes(), *count, label); !valid.ok()) {
-          return Internal(valid.message());
+        if (!tensor->shm.has_value()) {
+          if (Status valid = ValidateBytesTensor(tensor->data.bytes(), *count, label);
+              !valid.ok()) {
+            return Internal(valid.message());
+          }
         }
       } else {
         const Result<uint64_t> bytes = ShapeBytes(tensor->dtype, tensor->shape, label);
         if (!bytes.ok()) return Internal(bytes.status().message());
-        if (tensor->data.size() != *bytes) {
-          return Internal(label + " has " + std::to_string(tensor->data.size()) +
+        if (size != *bytes) {
+          return Internal(label + " has " + std::to_string(size) +
                           " bytes, which does not match shape " + ShapeString(tensor->shape) +
                           " of " + std::string(datatype));
         }
@@ -453,6 +565,19 @@ Status EncodeModelInferResponse(const InferResponse& response,
       output->set_name(tensor->name);
       output->set_datatype(std::string(datatype));
       for (int64_t dim : tensor->shape) output->add_shape(dim);
+      if (tensor->shm.has_value()) {
+        // In the region the request named: where and how much, and an
+        // empty raw_output_contents entry, which keeps the entries in step
+        // with the outputs (tritonclient finds an output's bytes by index).
+        auto& parameters = *output->mutable_parameters();
+        parameters[std::string(kRegionParameter)].set_string_param(tensor->shm->region);
+        parameters[std::string(kOffsetParameter)].set_int64_param(
+            static_cast<int64_t>(tensor->shm->offset));
+        parameters[std::string(kByteSizeParameter)].set_int64_param(
+            static_cast<int64_t>(tensor->shm->byte_size));
+        out->add_raw_output_contents();
+        continue;
+      }
       out->add_raw_output_contents()->assign(reinterpret_cast<const char*>(tensor->data.data()),
                                              tensor->data.size());
     }
@@ -536,6 +661,18 @@ void EncodeRepositoryIndex(const std::vector<RepositoryEntry>& entries,
     m->set_version(e.version);
     m->set_state(e.state);
     m->set_reason(e.reason);
+  }
+}
+
+void EncodeSystemSharedMemoryStatus(const std::vector<SharedMemoryRegion>& regions,
+                                    inference::SystemSharedMemoryStatusResponse* out) {
+  for (const SharedMemoryRegion& r : regions) {
+    inference::SystemSharedMemoryStatusResponse::RegionStatus& status =
+        (*out->mutable_regions())[r.name];
+    status.set_name(r.name);
+    status.set_key(r.key);
+    status.set_offset(r.offset);
+    status.set_byte_size(r.byte_size);
   }
 }
 

@@ -24,14 +24,22 @@ namespace hearth {
 // Request parameters that the front-end itself acts on; every other one goes
 // to the model (InferRequest::parameters_json).
 //   timeout                               int64 or uint64 >= 0: microseconds
+//   priority                              int64 or uint64 >= 0: the level
+//                                         (InferRequest::priority; the
+//                                         service checks it against the
+//                                         model's priority_levels)
 //   triton_enable_empty_final_response    bool: on a stream, answer a
 //                                         decoupled request's end even when
 //                                         its last response has no outputs
-// Refused (InvalidArgument): sequence_id, sequence_start, sequence_end
-// (hearth has no sequence batching) and priority (not honoured yet), so that
-// a client never believes they took effect.
+// Refused (InvalidArgument) when set to anything but 0/false/"":
+// sequence_id, sequence_start, sequence_end (hearth has no sequence
+// batching), so that a client never believes they took effect.
 inline constexpr std::string_view kTimeoutParameter = "timeout";
+inline constexpr std::string_view kPriorityParameter = "priority";
 inline constexpr std::string_view kEmptyFinalParameter = "triton_enable_empty_final_response";
+// A requested output's parameter: int64 or uint64 in [1, 2^32-1], its top
+// classes as BYTES "value:index" (RequestedOutput::class_count).
+inline constexpr std::string_view kClassificationParameter = "classification";
 // Set on each response of a stream: true on the last one of its request.
 inline constexpr std::string_view kFinalResponseParameter = "triton_final_response";
 
@@ -42,16 +50,25 @@ struct GrpcInferRequest {
 
 // Converts a ModelInferRequest, checking what ParseInferRequest checks for
 // REST: each input's datatype known, shape of non-negative dimensions (at
-// most kMaxTensorRank), and data of exactly the shape's size, from either
-// raw_input_contents (one entry per input, for every input or for none;
-// BYTES serialised as common/bytes_tensor.h) or the typed field of its
-// datatype in `contents` (values range-checked for INT8, INT16, UINT8; FP16
-// and BF16 only raw). Requested outputs come back as named; their
-// `binary_data` parameter is accepted and means nothing here (gRPC outputs
-// are always raw). Refused with InvalidArgument: shared-memory parameters
-// and class_count, which hearth does not implement yet, and the parameters
-// listed above. Checking the request against the model is
-// ValidateInferRequest's (http/kserve_codec.h).
+// most kMaxTensorRank), and data of exactly the shape's size, from one of
+//   - raw_input_contents: one entry per input that is not in shared memory,
+//     in input order, for all of them or for none (BYTES serialised as
+//     common/bytes_tensor.h);
+//   - the typed field of its datatype in `contents` (values range-checked
+//     for INT8, INT16, UINT8; FP16 and BF16 only raw);
+//   - a registered system shared-memory region: the input's parameters
+//     shared_memory_region (string), shared_memory_offset (default 0) and
+//     shared_memory_byte_size (int64 or uint64), which must be the shape's
+//     size (BYTES: checked once the service has read it). The input comes
+//     back with `shm` set and no data: the service reads the region.
+// Requested outputs come back as named, with `shm` from the same three
+// parameters (the service writes the output there) and `class_count` from
+// `classification`; their `binary_data` parameter is accepted and means
+// nothing here (gRPC outputs are always raw). Refused with InvalidArgument:
+// a malformed parameter of these, and the parameters listed above. Checking
+// the request against the model is ValidateInferRequest's
+// (http/kserve_codec.h); whether a region exists and holds the range is
+// the service's.
 //
 // Raw inputs become views into `proto`'s raw_input_contents, not copies:
 // shared with `owner` when it is set (it must keep `proto` alive), else
@@ -65,9 +82,13 @@ Result<GrpcInferRequest> ParseModelInferRequest(const inference::ModelInferReque
 // request asked for (`requested`, its names; empty: every output the service
 // returned) with its datatype and shape, its bytes copied into
 // raw_output_contents in the same order (BYTES serialised, as tritonclient
-// reads them). Reads the outputs' bytes, so it runs before Infer's `done`
-// returns. Internal when the service left out a requested output or returned
-// one whose bytes do not match its shape and datatype.
+// reads them). An output the service wrote to shared memory (`shm` set)
+// carries shared_memory_region, shared_memory_offset and
+// shared_memory_byte_size (what was written) as parameters, and an empty
+// raw_output_contents entry, as Triton answers. Reads the outputs' bytes, so
+// it runs before Infer's `done` returns. Internal when the service left out
+// a requested output or returned one whose bytes do not match its shape and
+// datatype.
 Status EncodeModelInferResponse(const InferResponse& response,
                                 const std::vector<RequestedOutput>& requested,
                                 inference::ModelInferResponse* out);
@@ -84,6 +105,10 @@ void EncodeModelStatistics(const std::vector<ModelStatistics>& statistics,
 
 void EncodeRepositoryIndex(const std::vector<RepositoryEntry>& entries,
                            inference::RepositoryIndexResponse* out);
+
+// Triton's status map: region name -> {name, key, offset, byte_size}.
+void EncodeSystemSharedMemoryStatus(const std::vector<SharedMemoryRegion>& regions,
+                                    inference::SystemSharedMemoryStatusResponse* out);
 
 // As the REST front-end maps codes to HTTP: InvalidArgument INVALID_ARGUMENT,
 // FailedPrecondition FAILED_PRECONDITION, NotFound NOT_FOUND, ResourceExhausted

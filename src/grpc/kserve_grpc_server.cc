@@ -14,9 +14,13 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <set>
+#include <string_view>
+#include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -31,6 +35,19 @@ namespace {
 using inference::ModelInferRequest;
 using inference::ModelInferResponse;
 using inference::ModelStreamInferResponse;
+
+// The bytes the service will read from shared memory for `request`'s
+// inputs and hold while it runs (saturating: too many is refused anyway).
+uint64_t SharedMemoryInputBytes(const InferRequest& request) {
+  uint64_t total = 0;
+  for (const InferTensor& input : request.inputs) {
+    if (!input.shm.has_value()) continue;
+    total = input.shm->byte_size > std::numeric_limits<uint64_t>::max() - total
+                ? std::numeric_limits<uint64_t>::max()
+                : total + input.shm->byte_size;
+  }
+  return total;
+}
 
 grpc::Status NotYet(const std::string& message) {
   return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, message);
@@ -68,6 +85,7 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
     s.stream_requests = stream_requests_;
     s.refused_calls = refused_calls_;
     s.stopped_requests = stopped_requests_;
+    s.control_calls = control_calls_;
     return s;
   }
 
@@ -227,31 +245,54 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
     return Answer(context, grpc::Status::OK);
   }
 
-  grpc::ServerUnaryReactor* RepositoryModelLoad(grpc::CallbackServerContext* context,
-                                                const inference::RepositoryModelLoadRequest*,
-                                                inference::RepositoryModelLoadResponse*) override {
-    return Answer(context, NotYet(kNoRepositoryControl));
+  grpc::ServerUnaryReactor* RepositoryModelLoad(
+      grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
+      inference::RepositoryModelLoadResponse*) override {
+    if (Status valid = CheckRepositoryRequest(request->repository_name(), request->model_name(),
+                                              request->parameters(), {});
+        !valid.ok()) {
+      return Answer(context, ToGrpcStatus(valid));
+    }
+    return RunControl(context,
+                      [this, name = request->model_name()] { return service_->LoadModel(name); });
   }
   grpc::ServerUnaryReactor* RepositoryModelUnload(
-      grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest*,
+      grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
       inference::RepositoryModelUnloadResponse*) override {
-    return Answer(context, NotYet(kNoRepositoryControl));
+    // Triton's unload_dependents: hearth has no ensembles, so no model
+    // depends on another and there is nothing more to unload.
+    if (Status valid = CheckRepositoryRequest(request->repository_name(), request->model_name(),
+                                              request->parameters(), "unload_dependents");
+        !valid.ok()) {
+      return Answer(context, ToGrpcStatus(valid));
+    }
+    return RunControl(context,
+                      [this, name = request->model_name()] { return service_->UnloadModel(name); });
   }
 
   grpc::ServerUnaryReactor* SystemSharedMemoryStatus(
-      grpc::CallbackServerContext* context, const inference::SystemSharedMemoryStatusRequest*,
-      inference::SystemSharedMemoryStatusResponse*) override {
-    return Answer(context, NotYet(kNoSystemSharedMemory));
+      grpc::CallbackServerContext* context,
+      const inference::SystemSharedMemoryStatusRequest* request,
+      inference::SystemSharedMemoryStatusResponse* response) override {
+    const Result<std::vector<SharedMemoryRegion>> regions =
+        service_->SystemSharedMemoryStatus(request->name());
+    if (!regions.ok()) return Answer(context, ToGrpcStatus(regions.status()));
+    EncodeSystemSharedMemoryStatus(*regions, response);
+    return Answer(context, grpc::Status::OK);
   }
   grpc::ServerUnaryReactor* SystemSharedMemoryRegister(
-      grpc::CallbackServerContext* context, const inference::SystemSharedMemoryRegisterRequest*,
+      grpc::CallbackServerContext* context,
+      const inference::SystemSharedMemoryRegisterRequest* request,
       inference::SystemSharedMemoryRegisterResponse*) override {
-    return Answer(context, NotYet(kNoSystemSharedMemory));
+    return Answer(context,
+                  ToGrpcStatus(service_->RegisterSystemSharedMemory(
+                      request->name(), request->key(), request->offset(), request->byte_size())));
   }
   grpc::ServerUnaryReactor* SystemSharedMemoryUnregister(
-      grpc::CallbackServerContext* context, const inference::SystemSharedMemoryUnregisterRequest*,
+      grpc::CallbackServerContext* context,
+      const inference::SystemSharedMemoryUnregisterRequest* request,
       inference::SystemSharedMemoryUnregisterResponse*) override {
-    return Answer(context, NotYet(kNoSystemSharedMemory));
+    return Answer(context, ToGrpcStatus(service_->UnregisterSystemSharedMemory(request->name())));
   }
   grpc::ServerUnaryReactor* CudaSharedMemoryStatus(
       grpc::CallbackServerContext* context, const inference::CudaSharedMemoryStatusRequest*,
@@ -283,15 +324,37 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
   }
 
  private:
-  static constexpr const char* kNoRepositoryControl =
-      "hearth does not load or unload models over the API yet: it serves the models its "
-      "repository held at start-up (restart hearth serve to change them)";
-  static constexpr const char* kNoSystemSharedMemory =
-      "hearth does not support system shared memory regions yet: send tensors in the request "
-      "(raw_input_contents) and take them from the response";
   static constexpr const char* kNoCudaSharedMemory =
       "hearth does not support CUDA shared memory regions yet: send tensors in the request "
-      "(raw_input_contents) and take them from the response";
+      "(raw_input_contents) or use system shared memory (SystemSharedMemoryRegister)";
+
+  // A repository request names a model of this server's one repository and
+  // no parameters but `allowed` (Triton's `config` and `file:` overrides of
+  // a load are not supported: the model's directory is what is loaded).
+  template <typename Parameters>
+  static Status CheckRepositoryRequest(const std::string& repository, const std::string& model,
+                                       const Parameters& parameters, std::string_view allowed) {
+    if (!repository.empty()) {
+      return InvalidArgument("hearth serves one model repository: leave repository_name empty");
+    }
+    if (model.empty()) return InvalidArgument("the request names no model (model_name)");
+    for (const auto& [key, value] : parameters) {
+      if (key != allowed) {
+        return InvalidArgument("parameter '" + key +
+                               "' is not supported: hearth loads the model's directory in the "
+                               "repository as it is, with no parameters");
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Runs `task` (a repository load or unload, which waits for workers to
+  // start or drain) on a control thread, never on one of gRPC's, and
+  // answers the call with its status. At most max_control_calls at once;
+  // past that, RESOURCE_EXHAUSTED.
+  grpc::ServerUnaryReactor* RunControl(grpc::CallbackServerContext* context,
+                                       std::function<Status()> task);
+  void ControlLoop();
 
   InferenceService* const service_;
   const GrpcOptions options_;
@@ -309,7 +372,72 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
   uint64_t refused_calls_ = 0;
   uint64_t stopped_requests_ = 0;
   std::set<std::shared_ptr<StreamCall>> streams_;
+  // Control calls: queued or running tasks, and the threads that run them
+  // (started as needed, at most max_control_calls, joined by Stop()).
+  std::condition_variable control_wake_;
+  std::deque<std::function<void()>> control_queue_;
+  std::vector<std::thread> control_threads_;
+  uint64_t control_calls_ = 0;
+  uint64_t idle_control_threads_ = 0;
+  bool control_quit_ = false;
 };
+
+grpc::ServerUnaryReactor* GrpcServer::Impl::RunControl(grpc::CallbackServerContext* context,
+                                                       std::function<Status()> task) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::unique_lock lock(mu_);
+  if (stopping_) {
+    lock.unlock();
+    reactor->Finish(ToGrpcStatus(Unavailable("the server is shutting down")));
+    return reactor;
+  }
+  if (control_calls_ >= static_cast<uint64_t>(options_.max_control_calls)) {
+    ++refused_calls_;
+    const uint64_t running = control_calls_;
+    lock.unlock();
+    reactor->Finish(ToGrpcStatus(
+        ResourceExhausted("the server has " + std::to_string(running) +
+                          " repository loads and unloads in progress, its limit; retry later")));
+    return reactor;
+  }
+  ++control_calls_;
+  // The reactor stays valid until Finish: gRPC calls OnDone only after it.
+  control_queue_.emplace_back(
+      [reactor, task = std::move(task)] { reactor->Finish(ToGrpcStatus(task())); });
+  if (idle_control_threads_ == 0 &&
+      control_threads_.size() < static_cast<size_t>(options_.max_control_calls)) {
+    try {
+      control_threads_.emplace_back([this] { ControlLoop(); });
+    } catch (const std::system_error&) {
+      // No thread now: one that is running takes the task when it is done.
+      if (control_threads_.empty()) {
+        control_queue_.pop_back();
+        --control_calls_;
+        lock.unlock();
+        reactor->Finish(ToGrpcStatus(ResourceExhausted("cannot start a thread for the call")));
+        return reactor;
+      }
+    }
+  }
+  control_wake_.notify_one();
+  return reactor;
+}
+
+void GrpcServer::Impl::ControlLoop() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    ++idle_control_threads_;
+    control_wake_.wait(lock, [this] { return control_quit_ || !control_queue_.empty(); });
+    --idle_control_threads_;
+    if (control_queue_.empty()) return;  // quitting
+    std::function<void()> task = std::move(control_queue_.front());
+    control_queue_.pop_front();
+    lock.unlock();
+    task();
+    lock.lock();
+    --control_calls_;
+  }
+}
 
 // ---- ModelInfer --------------------------------------------------------------
 
@@ -333,6 +461,9 @@ class GrpcServer::Impl::InferCall final : public grpc::ServerUnaryReactor {
     Result<GrpcInferRequest> parsed = ParseModelInferRequest(*request_, nullptr);
     if (!parsed.ok()) return Finish(ToGrpcStatus(parsed.status()));
     InferRequest& request = parsed->request;
+    const uint64_t shared = SharedMemoryInputBytes(request);
+    if (Status taken = server_->TakeBytes(shared); !taken.ok()) return Finish(ToGrpcStatus(taken));
+    bytes_ += shared;
     const Result<hearth::ModelMetadata> metadata =
         server_->service().Metadata(request.model, request.version);
     if (!metadata.ok()) return Finish(ToGrpcStatus(metadata.status()));
@@ -508,6 +639,11 @@ class GrpcServer::Impl::StreamCall final
     Result<GrpcInferRequest> parsed = ParseModelInferRequest(*proto, proto);
     if (!parsed.ok()) return Complete(*request, parsed.status());
     InferRequest& infer = parsed->request;
+    const uint64_t shared = SharedMemoryInputBytes(infer);
+    if (Status taken = server_->TakeBytes(shared); !taken.ok()) {
+      return Complete(*request, std::move(taken));
+    }
+    request->bytes += shared;
     const Result<hearth::ModelMetadata> metadata =
         server_->service().Metadata(infer.model, infer.version);
     if (!metadata.ok()) return Complete(*request, metadata.status());
@@ -763,6 +899,16 @@ void GrpcServer::Impl::Stop() {
     idle_.wait(lock, [this] { return inflight_calls_ == 0; });
   }
   server_->Wait();
+  // Every control call has finished (Wait() returns after their OnDone):
+  // their threads have nothing left to run.
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard lock(mu_);
+    control_quit_ = true;
+    threads.swap(control_threads_);
+  }
+  control_wake_.notify_all();
+  for (std::thread& thread : threads) thread.join();
   std::lock_guard lock(mu_);
   server_.reset();
   stopped_ = true;
@@ -785,7 +931,8 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::Create(InferenceService* service
                            std::to_string(options.max_message_bytes) + " bytes");
   }
   if (options.max_inflight_calls < 1 || options.max_concurrent_streams < 1 ||
-      options.max_stream_requests < 1 || options.max_stream_pending_bytes == 0) {
+      options.max_stream_requests < 1 || options.max_stream_pending_bytes == 0 ||
+      options.max_control_calls < 1) {
     return InvalidArgument("the gRPC call, stream and pending-byte limits must be positive");
   }
   for (const auto& [name, value] : {std::pair{"keepalive_time", options.keepalive_time},

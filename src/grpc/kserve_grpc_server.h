@@ -3,14 +3,19 @@
 // API: no thread is held per call; calls wait for the service in reactors.
 //
 // RPCs (docs/grpc.md): ServerLive, ServerReady, ModelReady, ServerMetadata,
-// ModelMetadata, ModelConfig, ModelStatistics, RepositoryIndex; ModelInfer
-// (one request, one response; a decoupled model's responses joined as the
-// service joins them); ModelStreamInfer (each request of the stream is one
-// Infer, answered in the order the answers come: a decoupled model's
-// responses each as it comes, `triton_final_response` true on the last; a
-// request's error in `error_message`, after which the stream goes on). The
-// repository load/unload, shared-memory, trace and log RPCs answer
-// UNIMPLEMENTED with a message saying so.
+// ModelMetadata, ModelConfig, ModelStatistics, RepositoryIndex,
+// RepositoryModelLoad and RepositoryModelUnload (run on a thread of the
+// front-end's, since they wait for workers: gRPC's threads never block on
+// them), SystemSharedMemoryRegister, SystemSharedMemoryUnregister and
+// SystemSharedMemoryStatus; ModelInfer (one request, one response; a
+// decoupled model's responses joined as the service joins them; inputs and
+// outputs inline or in registered system shared memory, outputs optionally
+// classified); ModelStreamInfer (each request of the stream is one Infer,
+// answered in the order the answers come: a decoupled model's responses
+// each as it comes, `triton_final_response` true on the last; a request's
+// error in `error_message`, after which the stream goes on). The CUDA
+// shared-memory, trace and log RPCs answer UNIMPLEMENTED with a message
+// saying so.
 //
 // Limits (every resource a client can make the front-end hold):
 // - message size: a received message over max_message_bytes (after
@@ -26,6 +31,11 @@
 //   not read are at most max_stream_pending_bytes, past which the request
 //   they belong to is stopped (its `on_response` returns false) and answered
 //   with an error;
+// - inputs in shared memory: their byte sizes count towards
+//   max_inflight_bytes too (the service reads them into memory it holds
+//   while the request runs);
+// - repository control: at most max_control_calls loads and unloads at
+//   once, past which one is answered RESOURCE_EXHAUSTED;
 // - gRPC's own buffers: a ResourceQuota of max_inflight_bytes;
 // - connections: keepalive pings find dead peers of open calls, a
 //   connection without calls for idle_timeout is closed (GOAWAY), a
@@ -61,6 +71,9 @@ struct GrpcOptions {
   int max_concurrent_streams = 128;  // per connection
   int max_stream_requests = 64;      // per stream
   uint64_t max_stream_pending_bytes = uint64_t{64} << 20;
+  // Repository loads and unloads in progress at once (each may wait for
+  // workers to start or drain, on a thread of the front-end's).
+  int max_control_calls = 8;
   std::chrono::milliseconds keepalive_time{60'000};  // ping a connection that has calls
   std::chrono::milliseconds keepalive_timeout{20'000};
   std::chrono::milliseconds idle_timeout{300'000};
@@ -79,6 +92,7 @@ struct GrpcStats {
   uint64_t stream_requests = 0;   // requests of streams in the service now
   uint64_t refused_calls = 0;     // calls or stream requests refused at a limit
   uint64_t stopped_requests = 0;  // stream requests stopped for an unread backlog
+  uint64_t control_calls = 0;     // repository loads and unloads in progress
 };
 
 class GrpcServer {
@@ -97,8 +111,9 @@ class GrpcServer {
   // (an open stream answers the requests it has read, then ends with
   // UNAVAILABLE "shutting down" instead of reading more), and cancels what
   // remains after drain_timeout. Returns once the service has called `done`
-  // for every infer it was given (no deadline: the service bounds its
-  // infers). Idempotent.
+  // for every infer it was given and every repository load and unload it
+  // was asked for has returned (no deadline: the service bounds them).
+  // Idempotent.
   void Stop();
   // The bound port once Start() succeeded (the chosen one for port 0), else 0.
   uint16_t port() const;

@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -71,6 +72,13 @@ std::string RawOf(const std::vector<T>& values) {
 //              and records it; or until on_response returns false
 //   flood      decoupled: 256 KiB responses until on_response returns false
 //   crumble    decoupled: two responses, then `done` with Internal
+//   pair       a FP32 [-1,2], b FP32 [-1,2] -> sum FP32 [-1,2]; max batch 8
+// Outputs requested with class_count come back as BYTES [rows, n] of
+// "value:index", highest first (as the server's Classify); with shm, written
+// to the fake's region instead (see Region()), data empty. Inputs with shm
+// are read from the fake's region. Regions live in the fake's memory; a key
+// of "/missing" does not exist. LoadModel("slow") parks until OpenGate();
+// LoadModel and UnloadModel of "nope" are NotFound.
 // Only version "1" exists.
 class FakeService : public InferenceService {
  public:
@@ -119,6 +127,12 @@ class FakeService : public InferenceService {
       m.inputs = {{"n", DType::kI32, {1}}};
       m.outputs = {{"i", DType::kI32, {1}}};
       if (model == "flood") m.outputs = {{"blob", DType::kU8, {-1}}};
+      return m;
+    }
+    if (model == "pair") {
+      m.max_batch_size = 8;
+      m.inputs = {{"a", DType::kF32, {-1, 2}}, {"b", DType::kF32, {-1, 2}}};
+      m.outputs = {{"sum", DType::kF32, {-1, 2}}};
       return m;
     }
     if (model != "scale" && model != "gated" && model != "busy" && model != "gone" &&
@@ -186,16 +200,78 @@ class FakeService : public InferenceService {
     if (ready_only) all.erase(all.begin());
     return all;
   }
-  Status LoadModel(const std::string&) override { return Unimplemented("fake"); }
-  Status UnloadModel(const std::string&) override { return Unimplemented("fake"); }
-  Status RegisterSystemSharedMemory(const std::string&, const std::string&, uint64_t,
-                                    uint64_t) override {
-    return Unimplemented("fake");
+  Status LoadModel(const std::string& model) override {
+    std::unique_lock lock(mu_);
+    control_calls_.push_back("load " + model);
+    if (model == "nope") return NotFound("no model 'nope' in the repository");
+    if (model == "slow") {
+      ++parked_loads_;
+      wake_.notify_all();
+      wake_.wait(lock, [this] { return gate_open_; });
+      --parked_loads_;
+      ++loads_done_;
+    }
+    return Status::Ok();
   }
-  Status UnregisterSystemSharedMemory(const std::string&) override { return Unimplemented("fake"); }
+  Status UnloadModel(const std::string& model) override {
+    std::lock_guard lock(mu_);
+    control_calls_.push_back("unload " + model);
+    if (model == "nope") return NotFound("unknown model 'nope'");
+    return Status::Ok();
+  }
+  Status RegisterSystemSharedMemory(const std::string& name, const std::string& key,
+                                    uint64_t offset, uint64_t byte_size) override {
+    if (key == "/missing") return NotFound("region '" + name + "': no shared-memory object " + key);
+    std::lock_guard lock(mu_);
+    if (regions_.count(name) > 0) {
+      return AlreadyExists("a shared-memory region named '" + name + "' is registered");
+    }
+    regions_[name] = {{name, key, offset, byte_size}, std::vector<std::byte>(byte_size)};
+    return Status::Ok();
+  }
+  Status UnregisterSystemSharedMemory(const std::string& name) override {
+    std::lock_guard lock(mu_);
+    if (name.empty()) {
+      regions_.clear();
+      return Status::Ok();
+    }
+    if (regions_.erase(name) == 0) {
+      return NotFound("no shared-memory region named '" + name + "' is registered");
+    }
+    return Status::Ok();
+  }
   Result<std::vector<SharedMemoryRegion>> SystemSharedMemoryStatus(
-      const std::string&) const override {
-    return Unimplemented("fake");
+      const std::string& name) const override {
+    std::lock_guard lock(mu_);
+    std::vector<SharedMemoryRegion> out;
+    for (const auto& [n, region] : regions_) {
+      if (name.empty() || n == name) out.push_back(region.info);
+    }
+    if (!name.empty() && out.empty()) {
+      return NotFound("no shared-memory region named '" + name + "' is registered");
+    }
+    return out;
+  }
+  // The bytes of a registered region (the client's view of it).
+  std::vector<std::byte> Region(const std::string& name) {
+    std::lock_guard lock(mu_);
+    return regions_.at(name).bytes;
+  }
+  void FillRegion(const std::string& name, uint64_t offset, const std::vector<std::byte>& bytes) {
+    std::lock_guard lock(mu_);
+    std::copy(bytes.begin(), bytes.end(), regions_.at(name).bytes.begin() + offset);
+  }
+  std::vector<std::string> control_calls() {
+    std::lock_guard lock(mu_);
+    return control_calls_;
+  }
+  bool WaitParkedLoads(int n) {
+    std::unique_lock lock(mu_);
+    return wake_.wait_for(lock, 60s, [&] { return parked_loads_ >= n; });
+  }
+  int loads_done() {
+    std::lock_guard lock(mu_);
+    return loads_done_;
   }
 
   void Infer(InferRequest request, std::function<void(Result<InferResponse>)> done) override {
@@ -205,6 +281,14 @@ class FakeService : public InferenceService {
       last_timeout_us_ = request.timeout_us;
       last_parameters_json_ = request.parameters_json;
       last_input_was_view_ = !request.inputs.empty() && request.inputs[0].data.is_view();
+      last_priority_ = request.priority;
+      last_outputs_ = request.outputs;
+      last_inputs_.clear();
+      for (const InferTensor& input : request.inputs) {
+        last_inputs_.push_back({input.name, input.dtype, input.shape});
+        last_inputs_.back().shm = input.shm;
+        if (input.shm.has_value() && !input.data.empty()) last_inputs_.back().data = input.data;
+      }
       if (request.model == "endless" || request.model == "flood") {
         helpers_.emplace_back(
             [this, job = Job{std::move(request), std::move(done)}]() mutable { Stream(job); });
@@ -281,6 +365,20 @@ class FakeService : public InferenceService {
   int arrived() {
     std::lock_guard lock(mu_);
     return arrived_;
+  }
+  uint64_t last_priority() {
+    std::lock_guard lock(mu_);
+    return last_priority_;
+  }
+  std::vector<RequestedOutput> last_outputs() {
+    std::lock_guard lock(mu_);
+    return last_outputs_;
+  }
+  // The last request's inputs: name, datatype, shape, shm, and data only
+  // where an input came with both shm and data (which it should not).
+  std::vector<InferTensor> last_inputs() {
+    std::lock_guard lock(mu_);
+    return last_inputs_;
   }
 
   std::atomic<bool> ready_{true};
@@ -376,12 +474,27 @@ class FakeService : public InferenceService {
     if (request.model == "broken") return Internal("the worker of model 'broken' crashed");
     if (request.model == "away") return Unavailable("no worker of model 'away' is ready");
     InferResponse response = Base(request);
-    const InferTensor& in = request.inputs.at(0);
+    std::vector<InferTensor> inputs;
+    for (const InferTensor& tensor : request.inputs) {
+      inputs.push_back(tensor);
+      if (tensor.shm.has_value()) {
+        ASSIGN_OR_RETURN(inputs.back().data, ReadRegion(*tensor.shm));
+      }
+    }
+    const InferTensor& in = inputs.at(0);
     if (request.model.rfind("echo_", 0) == 0) {
       response.outputs.push_back(
           {"out", in.dtype, in.shape,
            std::vector<std::byte>(in.data.bytes().begin(), in.data.bytes().end())});
-      return response;
+      return AsRequested(request, std::move(response));
+    }
+    if (request.model == "pair") {
+      std::vector<float> a(in.data.size() / 4), b(a.size());
+      std::memcpy(a.data(), in.data.data(), in.data.size());
+      std::memcpy(b.data(), inputs.at(1).data.data(), b.size() * 4);
+      for (size_t k = 0; k < a.size(); ++k) a[k] += b[k];
+      response.outputs.push_back({"sum", DType::kF32, in.shape, AsBytes(a)});
+      return AsRequested(request, std::move(response));
     }
     const int64_t rows = in.shape[0];
     const int64_t cols = in.shape[1];
@@ -394,7 +507,78 @@ class FakeService : public InferenceService {
     }
     response.outputs.push_back({"y", DType::kF32, {rows, 1}, AsBytes(y)});
     response.outputs.push_back({"z", DType::kF32, {rows, 1}, AsBytes(z)});
+    return AsRequested(request, std::move(response));
+  }
+
+  Result<std::vector<std::byte>> ReadRegion(const SharedMemoryRef& ref) {
+    std::lock_guard lock(mu_);
+    auto it = regions_.find(ref.region);
+    if (it == regions_.end()) {
+      return NotFound("no shared-memory region named '" + ref.region + "' is registered");
+    }
+    const std::vector<std::byte>& bytes = it->second.bytes;
+    if (ref.offset > bytes.size() || ref.byte_size > bytes.size() - ref.offset) {
+      return InvalidArgument("outside region '" + ref.region + "'");
+    }
+    const auto from = bytes.begin() + static_cast<std::ptrdiff_t>(ref.offset);
+    return std::vector<std::byte>(from, from + static_cast<std::ptrdiff_t>(ref.byte_size));
+  }
+
+  // The requested outputs as the server answers them: only those asked
+  // for, classified, or written to a region.
+  Result<InferResponse> AsRequested(const InferRequest& request, InferResponse response) {
+    if (request.outputs.empty()) return response;
+    std::vector<InferTensor> chosen;
+    for (const RequestedOutput& want : request.outputs) {
+      for (InferTensor& t : response.outputs) {
+        if (t.name != want.name) continue;
+        InferTensor out = t;
+        if (want.class_count > 0) out = Classify(out, want.class_count);
+        if (want.shm.has_value()) {
+          std::lock_guard lock(mu_);
+          auto it = regions_.find(want.shm->region);
+          if (it == regions_.end()) return NotFound("no region '" + want.shm->region + "'");
+          std::vector<std::byte>& bytes = it->second.bytes;
+          if (out.data.size() > want.shm->byte_size ||
+              want.shm->offset + want.shm->byte_size > bytes.size()) {
+            return InvalidArgument("output '" + t.name + "' does not fit in its region");
+          }
+          std::copy(out.data.bytes().begin(), out.data.bytes().end(),
+                    bytes.begin() + static_cast<std::ptrdiff_t>(want.shm->offset));
+          out.shm = SharedMemoryRef{want.shm->region, want.shm->offset, out.data.size()};
+          out.data = TensorData();
+        }
+        chosen.push_back(std::move(out));
+      }
+    }
+    response.outputs = std::move(chosen);
     return response;
+  }
+
+  // FP32 [rows, cols] -> BYTES [rows, min(n, cols)] "value:index", highest
+  // first.
+  static InferTensor Classify(const InferTensor& t, uint32_t n) {
+    const int64_t rows = t.shape.at(0);
+    const int64_t cols = t.shape.at(1);
+    const int64_t keep = std::min<int64_t>(n, cols);
+    std::vector<float> values(static_cast<size_t>(rows * cols));
+    std::memcpy(values.data(), t.data.data(), values.size() * sizeof(float));
+    std::vector<std::byte> bytes;
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<int64_t> order(static_cast<size_t>(cols));
+      for (int64_t c = 0; c < cols; ++c) order[static_cast<size_t>(c)] = c;
+      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+        return values[static_cast<size_t>(r * cols + a)] >
+               values[static_cast<size_t>(r * cols + b)];
+      });
+      for (int64_t k = 0; k < keep; ++k) {
+        const int64_t c = order[static_cast<size_t>(k)];
+        const std::string element =
+            std::to_string(values[static_cast<size_t>(r * cols + c)]) + ":" + std::to_string(c);
+        EXPECT_TRUE(AppendBytesElement(bytes, element, "").ok());
+      }
+    }
+    return {t.name, DType::kBytes, {rows, keep}, std::move(bytes)};
   }
 
   void Work() {
@@ -438,7 +622,7 @@ class FakeService : public InferenceService {
     }
   }
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable wake_;
   std::deque<Job> queue_;
   std::deque<Job> parked_;
@@ -450,6 +634,17 @@ class FakeService : public InferenceService {
   uint64_t last_timeout_us_ = 0;
   std::string last_parameters_json_;
   bool last_input_was_view_ = false;
+  uint64_t last_priority_ = 0;
+  std::vector<RequestedOutput> last_outputs_;
+  std::vector<InferTensor> last_inputs_;
+  struct FakeRegion {
+    SharedMemoryRegion info;
+    std::vector<std::byte> bytes;
+  };
+  std::map<std::string, FakeRegion> regions_;
+  std::vector<std::string> control_calls_;
+  int parked_loads_ = 0;
+  int loads_done_ = 0;
   std::vector<std::thread> helpers_;  // guarded by mu_
   std::thread worker_;
 };
@@ -709,26 +904,6 @@ TEST_F(GrpcServerTest, UnimplementedRpcsSaySo) {
   StartServer();
   std::vector<std::pair<std::string, grpc::Status>> answers;
   {
-    inference::RepositoryModelLoadResponse r;
-    answers.emplace_back("load", stub_->RepositoryModelLoad(Context().get(), {}, &r));
-  }
-  {
-    inference::RepositoryModelUnloadResponse r;
-    answers.emplace_back("unload", stub_->RepositoryModelUnload(Context().get(), {}, &r));
-  }
-  {
-    inference::SystemSharedMemoryStatusResponse r;
-    answers.emplace_back("shm", stub_->SystemSharedMemoryStatus(Context().get(), {}, &r));
-  }
-  {
-    inference::SystemSharedMemoryRegisterResponse r;
-    answers.emplace_back("shm", stub_->SystemSharedMemoryRegister(Context().get(), {}, &r));
-  }
-  {
-    inference::SystemSharedMemoryUnregisterResponse r;
-    answers.emplace_back("shm", stub_->SystemSharedMemoryUnregister(Context().get(), {}, &r));
-  }
-  {
     inference::CudaSharedMemoryStatusResponse r;
     answers.emplace_back("cuda", stub_->CudaSharedMemoryStatus(Context().get(), {}, &r));
   }
@@ -748,17 +923,177 @@ TEST_F(GrpcServerTest, UnimplementedRpcsSaySo) {
     inference::LogSettingsResponse r;
     answers.emplace_back("log", stub_->LogSettings(Context().get(), {}, &r));
   }
-  const std::map<std::string, std::string> says = {{"load", "does not load or unload models"},
-                                                   {"unload", "does not load or unload models"},
-                                                   {"shm", "system shared memory"},
-                                                   {"cuda", "CUDA shared memory"},
-                                                   {"trac", "tracing"},
-                                                   {"log", "log settings"}};
+  const std::map<std::string, std::string> says = {
+      {"cuda", "CUDA shared memory"}, {"trac", "tracing"}, {"log", "log settings"}};
   for (const auto& [what, status] : answers) {
     EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED) << what;
     EXPECT_NE(status.error_message().find(says.at(what)), std::string::npos)
         << what << ": " << status.error_message();
   }
+}
+
+// ---- repository load and unload ------------------------------------------------
+
+TEST_F(GrpcServerTest, RepositoryLoadAndUnloadCallTheService) {
+  StartServer();
+  auto load = [&](const std::string& name, inference::RepositoryModelLoadRequest request = {}) {
+    request.set_model_name(name);
+    inference::RepositoryModelLoadResponse response;
+    return stub_->RepositoryModelLoad(Context().get(), request, &response);
+  };
+  auto unload = [&](const std::string& name, inference::RepositoryModelUnloadRequest request = {}) {
+    request.set_model_name(name);
+    inference::RepositoryModelUnloadResponse response;
+    return stub_->RepositoryModelUnload(Context().get(), request, &response);
+  };
+  EXPECT_TRUE(unload("scale").ok());
+  EXPECT_TRUE(load("scale").ok());
+  grpc::Status status = load("nope");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(status.error_message(), "no model 'nope' in the repository");
+  EXPECT_EQ(unload("nope").error_code(), grpc::StatusCode::NOT_FOUND);
+  // hearth has no ensembles: unload_dependents asks for nothing more.
+  inference::RepositoryModelUnloadRequest dependents;
+  (*dependents.mutable_parameters())["unload_dependents"].set_bool_param(true);
+  EXPECT_TRUE(unload("scale", dependents).ok());
+  EXPECT_EQ(service_.control_calls(),
+            (std::vector<std::string>{"unload scale", "load scale", "load nope", "unload nope",
+                                      "unload scale"}));
+  // Refused before the service sees them.
+  status = load("");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "the request names no model (model_name)");
+  inference::RepositoryModelLoadRequest other;
+  other.set_repository_name("elsewhere");
+  status = load("scale", other);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("one model repository"), std::string::npos);
+  inference::RepositoryModelLoadRequest with_config;
+  (*with_config.mutable_parameters())["config"].set_string_param("{}");
+  status = load("scale", with_config);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("parameter 'config' is not supported"), std::string::npos)
+      << status.error_message();
+  inference::RepositoryModelUnloadRequest unload_config;
+  (*unload_config.mutable_parameters())["config"].set_string_param("{}");
+  EXPECT_EQ(unload("scale", unload_config).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(service_.control_calls().size(), 5u);
+}
+
+// A load waits for workers: it runs on the front-end's own threads, at most
+// max_control_calls at once, while everything else is answered; Stop()
+// waits for it.
+TEST_F(GrpcServerTest, LoadsInProgressAreBoundedAndHoldUpNothingElse) {
+  GrpcOptions options;
+  options.max_control_calls = 2;
+  StartServer(options);
+  std::vector<grpc::Status> statuses(2);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 2; ++i) {
+    clients.emplace_back([&, i] {
+      inference::RepositoryModelLoadRequest request;
+      request.set_model_name("slow");
+      inference::RepositoryModelLoadResponse response;
+      statuses[i] = stub_->RepositoryModelLoad(Context().get(), request, &response);
+    });
+  }
+  ASSERT_TRUE(service_.WaitParkedLoads(2));
+  EXPECT_EQ(server_->stats().control_calls, 2u);
+  inference::RepositoryModelUnloadRequest third;
+  third.set_model_name("scale");
+  inference::RepositoryModelUnloadResponse ignored;
+  grpc::Status refused = stub_->RepositoryModelUnload(Context().get(), third, &ignored);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find("2 repository loads and unloads in progress"),
+            std::string::npos)
+      << refused.error_message();
+  // Everything else is answered meanwhile.
+  inference::ServerLiveResponse live;
+  EXPECT_TRUE(stub_->ServerLive(Context().get(), {}, &live).ok());
+  ModelInferResponse response;
+  ASSERT_TRUE(Infer(ScaleRequest(), &response).ok());
+  service_.OpenGate();
+  for (std::thread& t : clients) t.join();
+  for (const grpc::Status& status : statuses) EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(Eventually([&] { return server_->stats().control_calls == 0; }));
+  EXPECT_TRUE(stub_->RepositoryModelUnload(Context().get(), third, &ignored).ok());
+}
+
+TEST_F(GrpcServerTest, StopWaitsForALoadInProgress) {
+  StartServer();
+  grpc::Status status;
+  std::thread client([&] {
+    inference::RepositoryModelLoadRequest request;
+    request.set_model_name("slow");
+    inference::RepositoryModelLoadResponse response;
+    status = stub_->RepositoryModelLoad(Context().get(), request, &response);
+  });
+  ASSERT_TRUE(service_.WaitParkedLoads(1));
+  std::thread stopper([&] { server_->Stop(); });
+  ASSERT_TRUE(Eventually([&] { return server_->stats().draining; }));
+  EXPECT_EQ(service_.loads_done(), 0);
+  service_.OpenGate();
+  stopper.join();
+  // Stop() returned only once the load had.
+  EXPECT_EQ(service_.loads_done(), 1);
+  client.join();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+// ---- system shared memory ---------------------------------------------------------
+
+TEST_F(GrpcServerTest, SharedMemoryRegisterStatusUnregister) {
+  StartServer();
+  auto reg = [&](const std::string& name, const std::string& key, uint64_t offset,
+                 uint64_t byte_size) {
+    inference::SystemSharedMemoryRegisterRequest request;
+    request.set_name(name);
+    request.set_key(key);
+    request.set_offset(offset);
+    request.set_byte_size(byte_size);
+    inference::SystemSharedMemoryRegisterResponse response;
+    return stub_->SystemSharedMemoryRegister(Context().get(), request, &response);
+  };
+  auto status_of = [&](const std::string& name, inference::SystemSharedMemoryStatusResponse* out) {
+    inference::SystemSharedMemoryStatusRequest request;
+    request.set_name(name);
+    return stub_->SystemSharedMemoryStatus(Context().get(), request, out);
+  };
+  auto unreg = [&](const std::string& name) {
+    inference::SystemSharedMemoryUnregisterRequest request;
+    request.set_name(name);
+    inference::SystemSharedMemoryUnregisterResponse response;
+    return stub_->SystemSharedMemoryUnregister(Context().get(), request, &response);
+  };
+  ASSERT_TRUE(reg("in", "/hearth-in", 16, 64).ok());
+  ASSERT_TRUE(reg("out", "/hearth-out", 0, 32).ok());
+  grpc::Status status = reg("in", "/hearth-other", 0, 8);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  EXPECT_EQ(status.error_message(), "a shared-memory region named 'in' is registered");
+  EXPECT_EQ(reg("gone", "/missing", 0, 8).error_code(), grpc::StatusCode::NOT_FOUND);
+
+  inference::SystemSharedMemoryStatusResponse all;
+  ASSERT_TRUE(status_of("", &all).ok());
+  ASSERT_EQ(all.regions_size(), 2);
+  const auto& in = all.regions().at("in");
+  EXPECT_EQ(in.name(), "in");
+  EXPECT_EQ(in.key(), "/hearth-in");
+  EXPECT_EQ(in.offset(), 16u);
+  EXPECT_EQ(in.byte_size(), 64u);
+  EXPECT_EQ(all.regions().at("out").key(), "/hearth-out");
+  inference::SystemSharedMemoryStatusResponse one;
+  ASSERT_TRUE(status_of("out", &one).ok());
+  ASSERT_EQ(one.regions_size(), 1);
+  EXPECT_EQ(one.regions().at("out").byte_size(), 32u);
+  EXPECT_EQ(status_of("nope", &one).error_code(), grpc::StatusCode::NOT_FOUND);
+
+  ASSERT_TRUE(unreg("in").ok());
+  EXPECT_EQ(unreg("in").error_code(), grpc::StatusCode::NOT_FOUND);
+  ASSERT_TRUE(reg("in", "/hearth-in", 0, 8).ok());
+  ASSERT_TRUE(unreg("").ok());  // every region
+  inference::SystemSharedMemoryStatusResponse none;
+  ASSERT_TRUE(status_of("", &none).ok());
+  EXPECT_EQ(none.regions_size(), 0);
 }
 
 // ---- ModelInfer ------------------------------------------------------------------
@@ -1008,24 +1343,114 @@ TEST_F(GrpcServerTest, MalformedRequestsAreInvalidArgument) {
          output->set_name("y");
          (*output->mutable_parameters())["class_count"].set_int64_param(3);
        },
-       "output \"y\": parameter 'class_count' (classification) is not supported by hearth yet"},
-      {"input shared memory",
-       [](auto& r) {
-         (*r.mutable_inputs(0)->mutable_parameters())["shared_memory_region"].set_string_param(
-             "region0");
-       },
-       "input \"x\": shared memory is not supported by hearth yet"},
-      {"output shared memory",
+       "output \"y\": there is no parameter 'class_count'; Triton's gRPC protocol names it "
+       "'classification'"},
+      {"classification zero",
        [](auto& r) {
          auto* output = r.add_outputs();
          output->set_name("y");
-         (*output->mutable_parameters())["shared_memory_region"].set_string_param("region0");
+         (*output->mutable_parameters())["classification"].set_int64_param(0);
        },
-       "output \"y\": shared memory is not supported by hearth yet"},
+       "output \"y\": parameter 'classification' must be an integer in [1, 4294967295]"},
+      {"classification string",
+       [](auto& r) {
+         auto* output = r.add_outputs();
+         output->set_name("y");
+         (*output->mutable_parameters())["classification"].set_string_param("3");
+       },
+       "output \"y\": parameter 'classification' must be an integer"},
+      {"classification too many",
+       [](auto& r) {
+         auto* output = r.add_outputs();
+         output->set_name("y");
+         (*output->mutable_parameters())["classification"].set_uint64_param(uint64_t{1} << 32);
+       },
+       "output \"y\": parameter 'classification' must be an integer in [1, 4294967295]"},
+      {"shm offset without region",
+       [](auto& r) {
+         (*r.mutable_inputs(0)->mutable_parameters())["shared_memory_offset"].set_int64_param(8);
+       },
+       "input \"x\": parameters 'shared_memory_offset' and 'shared_memory_byte_size' need "
+       "'shared_memory_region'"},
+      {"shm region not a string",
+       [](auto& r) {
+         auto& p = *r.mutable_inputs(0)->mutable_parameters();
+         p["shared_memory_region"].set_int64_param(1);
+         p["shared_memory_byte_size"].set_int64_param(32);
+         r.clear_raw_input_contents();
+       },
+       "input \"x\": parameter 'shared_memory_region' must be a string_param naming a "
+       "registered region"},
+      {"shm without byte size",
+       [](auto& r) {
+         (*r.mutable_inputs(0)->mutable_parameters())["shared_memory_region"].set_string_param(
+             "in");
+         r.clear_raw_input_contents();
+       },
+       "input \"x\": parameter 'shared_memory_byte_size' must be given with "
+       "'shared_memory_region'"},
+      {"shm negative byte size",
+       [](auto& r) {
+         auto& p = *r.mutable_inputs(0)->mutable_parameters();
+         p["shared_memory_region"].set_string_param("in");
+         p["shared_memory_byte_size"].set_int64_param(-32);
+         r.clear_raw_input_contents();
+       },
+       "input \"x\": parameter 'shared_memory_byte_size' must be a non-negative integer"},
+      {"shm negative offset",
+       [](auto& r) {
+         auto& p = *r.mutable_inputs(0)->mutable_parameters();
+         p["shared_memory_region"].set_string_param("in");
+         p["shared_memory_offset"].set_int64_param(-1);
+         p["shared_memory_byte_size"].set_int64_param(32);
+         r.clear_raw_input_contents();
+       },
+       "input \"x\": parameter 'shared_memory_offset' must be a non-negative integer"},
+      {"shm byte size vs shape",
+       [](auto& r) {
+         auto& p = *r.mutable_inputs(0)->mutable_parameters();
+         p["shared_memory_region"].set_string_param("in");
+         p["shared_memory_byte_size"].set_int64_param(31);
+         r.clear_raw_input_contents();
+       },
+       "input \"x\": shared_memory_byte_size is 31 but shape [2,4] of FP32 needs 32"},
+      {"shm and contents",
+       [](auto& r) {
+         auto& p = *r.mutable_inputs(0)->mutable_parameters();
+         p["shared_memory_region"].set_string_param("in");
+         p["shared_memory_byte_size"].set_int64_param(32);
+         r.clear_raw_input_contents();
+         r.mutable_inputs(0)->mutable_contents()->add_fp32_contents(1);
+       },
+       "input \"x\" is in shared memory and has data in 'contents' too; give it once"},
+      {"shm and raw",
+       [](auto& r) {
+         auto& p = *r.mutable_inputs(0)->mutable_parameters();
+         p["shared_memory_region"].set_string_param("in");
+         p["shared_memory_byte_size"].set_int64_param(32);
+       },
+       "the request has 1 raw_input_contents for 0 inputs not in shared memory: give each of "
+       "their data there, in input order, or none"},
+      {"output shm without byte size",
+       [](auto& r) {
+         auto* output = r.add_outputs();
+         output->set_name("y");
+         (*output->mutable_parameters())["shared_memory_region"].set_string_param("out");
+       },
+       "output \"y\": parameter 'shared_memory_byte_size' must be given with "
+       "'shared_memory_region'"},
       {"sequence", [](auto& r) { (*r.mutable_parameters())["sequence_id"].set_uint64_param(5); },
        "request: parameter \"sequence_id\" is not supported: hearth has no sequence batching"},
-      {"priority", [](auto& r) { (*r.mutable_parameters())["priority"].set_uint64_param(1); },
-       "request: parameter 'priority' is not supported by hearth yet"},
+      {"sequence start",
+       [](auto& r) { (*r.mutable_parameters())["sequence_start"].set_bool_param(true); },
+       "request: parameter \"sequence_start\" is not supported: hearth has no sequence batching"},
+      {"negative priority",
+       [](auto& r) { (*r.mutable_parameters())["priority"].set_int64_param(-1); },
+       "request: parameter 'priority' must be a non-negative integer (int64_param or "
+       "uint64_param)"},
+      {"string priority",
+       [](auto& r) { (*r.mutable_parameters())["priority"].set_string_param("high"); },
+       "request: parameter 'priority' must be a non-negative integer"},
       {"negative timeout",
        [](auto& r) { (*r.mutable_parameters())["timeout"].set_int64_param(-1); },
        "request: parameter 'timeout' must be a non-negative integer of microseconds"},
@@ -1107,6 +1532,214 @@ TEST_F(GrpcServerTest, ParametersReachTheModelAsJson) {
   ASSERT_TRUE(Infer(plain, &response).ok());
   EXPECT_EQ(service_.last_timeout_us(), 7u);
   EXPECT_EQ(service_.last_parameters_json(), "");
+}
+
+TEST_F(GrpcServerTest, PriorityReachesTheService) {
+  StartServer();
+  ModelInferRequest request = ScaleRequest();
+  (*request.mutable_parameters())["priority"].set_uint64_param(2);  // as tritonclient sends it
+  ModelInferResponse response;
+  ASSERT_TRUE(Infer(request, &response).ok());
+  EXPECT_EQ(service_.last_priority(), 2u);
+  (*request.mutable_parameters())["priority"].set_int64_param(1);
+  ASSERT_TRUE(Infer(request, &response).ok());
+  EXPECT_EQ(service_.last_priority(), 1u);
+  // Not a model parameter.
+  EXPECT_EQ(service_.last_parameters_json(), "");
+  ASSERT_TRUE(Infer(ScaleRequest(), &response).ok());
+  EXPECT_EQ(service_.last_priority(), 0u);
+}
+
+std::vector<std::string> BytesElements(const std::string& raw) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at + 4 <= raw.size()) {
+    uint32_t length = 0;
+    std::memcpy(&length, raw.data() + at, 4);
+    out.push_back(raw.substr(at + 4, length));
+    at += 4 + length;
+  }
+  return out;
+}
+
+TEST_F(GrpcServerTest, ClassificationComesBackAsBytes) {
+  StartServer();
+  ModelInferRequest request = ScaleRequest();
+  auto* y = request.add_outputs();
+  y->set_name("y");
+  (*y->mutable_parameters())["classification"].set_int64_param(3);
+  request.add_outputs()->set_name("z");
+  ModelInferResponse response;
+  grpc::Status status = Infer(request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  const std::vector<RequestedOutput> asked = service_.last_outputs();
+  ASSERT_EQ(asked.size(), 2u);
+  EXPECT_EQ(asked[0].class_count, 3u);
+  EXPECT_EQ(asked[1].class_count, 0u);
+  ASSERT_EQ(response.outputs_size(), 2);
+  ASSERT_EQ(response.raw_output_contents_size(), 2);
+  // y is [2,1]: one class per row, the only one there is.
+  EXPECT_EQ(response.outputs(0).datatype(), "BYTES");
+  EXPECT_EQ(
+      std::vector<int64_t>(response.outputs(0).shape().begin(), response.outputs(0).shape().end()),
+      (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(BytesElements(response.raw_output_contents(0)),
+            (std::vector<std::string>{"10.000000:0", "26.500000:0"}));
+  EXPECT_EQ(response.outputs(1).datatype(), "FP32");
+  EXPECT_EQ(FromRaw<float>(response.raw_output_contents(1)), (std::vector<float>{-10, -26.5f}));
+  // Wider rows: the top classes, highest first.
+  ModelInferRequest pair;
+  pair.set_model_name("pair");
+  for (const char* name : {"a", "b"}) {
+    auto* input = pair.add_inputs();
+    input->set_name(name);
+    input->set_datatype("FP32");
+    input->add_shape(1);
+    input->add_shape(2);
+  }
+  pair.add_raw_input_contents(RawOf(std::vector<float>{1, 5}));
+  pair.add_raw_input_contents(RawOf(std::vector<float>{1, 0}));
+  auto* sum = pair.add_outputs();
+  sum->set_name("sum");
+  (*sum->mutable_parameters())["classification"].set_uint64_param(1);
+  ASSERT_TRUE(Infer(pair, &response).ok());
+  EXPECT_EQ(BytesElements(response.raw_output_contents(0)),
+            (std::vector<std::string>{"5.000000:1"}));
+}
+
+TEST_F(GrpcServerTest, InputsAndOutputsInSharedMemory) {
+  StartServer();
+  for (const auto& [name, size] : {std::pair{"in", 64}, std::pair{"out", 32}}) {
+    inference::SystemSharedMemoryRegisterRequest reg;
+    reg.set_name(name);
+    reg.set_key(std::string("/hearth-") + name);
+    reg.set_byte_size(static_cast<uint64_t>(size));
+    inference::SystemSharedMemoryRegisterResponse ignored;
+    ASSERT_TRUE(stub_->SystemSharedMemoryRegister(Context().get(), reg, &ignored).ok());
+  }
+  const std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8.5f};
+  service_.FillRegion("in", 16, AsBytes(x));
+  ModelInferRequest request;
+  request.set_model_name("scale");
+  auto* input = request.add_inputs();
+  input->set_name("x");
+  input->set_datatype("FP32");
+  input->add_shape(2);
+  input->add_shape(4);
+  auto& in = *input->mutable_parameters();
+  in["shared_memory_region"].set_string_param("in");
+  in["shared_memory_offset"].set_int64_param(16);
+  in["shared_memory_byte_size"].set_int64_param(32);
+  auto* y = request.add_outputs();
+  y->set_name("y");
+  auto& out = *y->mutable_parameters();
+  out["shared_memory_region"].set_string_param("out");
+  out["shared_memory_offset"].set_uint64_param(8);
+  out["shared_memory_byte_size"].set_int64_param(24);
+  request.add_outputs()->set_name("z");
+  ModelInferResponse response;
+  grpc::Status status = Infer(request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  // The service got the region, not bytes.
+  const std::vector<InferTensor> inputs = service_.last_inputs();
+  ASSERT_EQ(inputs.size(), 1u);
+  ASSERT_TRUE(inputs[0].shm.has_value());
+  EXPECT_EQ(inputs[0].shm->region, "in");
+  EXPECT_EQ(inputs[0].shm->offset, 16u);
+  EXPECT_EQ(inputs[0].shm->byte_size, 32u);
+  EXPECT_TRUE(inputs[0].data.empty());
+  const std::vector<RequestedOutput> asked = service_.last_outputs();
+  ASSERT_EQ(asked.size(), 2u);
+  ASSERT_TRUE(asked[0].shm.has_value());
+  EXPECT_EQ(asked[0].shm->region, "out");
+  EXPECT_EQ(asked[0].shm->offset, 8u);
+  EXPECT_EQ(asked[0].shm->byte_size, 24u);
+  EXPECT_FALSE(asked[1].shm.has_value());
+  // y went to the region: the response says where, and has no bytes of it;
+  // z came inline. One raw entry per output, as tritonclient indexes them.
+  ASSERT_EQ(response.outputs_size(), 2);
+  ASSERT_EQ(response.raw_output_contents_size(), 2);
+  const auto& where = response.outputs(0).parameters();
+  EXPECT_EQ(where.at("shared_memory_region").string_param(), "out");
+  EXPECT_EQ(where.at("shared_memory_offset").int64_param(), 8);
+  EXPECT_EQ(where.at("shared_memory_byte_size").int64_param(), 8);
+  EXPECT_EQ(response.outputs(0).datatype(), "FP32");
+  EXPECT_EQ(
+      std::vector<int64_t>(response.outputs(0).shape().begin(), response.outputs(0).shape().end()),
+      (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(response.raw_output_contents(0), "");
+  EXPECT_EQ(response.outputs(1).parameters_size(), 0);
+  EXPECT_EQ(FromRaw<float>(response.raw_output_contents(1)), (std::vector<float>{-10, -26.5f}));
+  const std::vector<std::byte> region = service_.Region("out");
+  EXPECT_EQ(std::vector<std::byte>(region.begin() + 8, region.begin() + 16),
+            AsBytes(std::vector<float>{10, 26.5f}));
+}
+
+// raw_input_contents holds the inputs that are not in shared memory, in
+// input order, as tritonclient sends them.
+TEST_F(GrpcServerTest, RawContentsSkipInputsInSharedMemory) {
+  StartServer();
+  inference::SystemSharedMemoryRegisterRequest reg;
+  reg.set_name("b");
+  reg.set_key("/hearth-b");
+  reg.set_byte_size(8);
+  inference::SystemSharedMemoryRegisterResponse ignored;
+  ASSERT_TRUE(stub_->SystemSharedMemoryRegister(Context().get(), reg, &ignored).ok());
+  service_.FillRegion("b", 0, AsBytes(std::vector<float>{10, 20}));
+  for (bool shm_first : {true, false}) {
+    ModelInferRequest request;
+    request.set_model_name("pair");
+    for (const char* name : {"a", "b"}) {
+      auto* input = request.add_inputs();
+      input->set_name(name);
+      input->set_datatype("FP32");
+      input->add_shape(1);
+      input->add_shape(2);
+      if ((std::string(name) == "a") == shm_first) {
+        auto& p = *input->mutable_parameters();
+        p["shared_memory_region"].set_string_param("b");
+        p["shared_memory_byte_size"].set_int64_param(8);
+      }
+    }
+    request.add_raw_input_contents(RawOf(std::vector<float>{1, 2}));
+    ModelInferResponse response;
+    grpc::Status status = Infer(request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(FromRaw<float>(response.raw_output_contents(0)), (std::vector<float>{11, 22}));
+    // One entry per input is one too many now.
+    request.add_raw_input_contents(RawOf(std::vector<float>{1, 2}));
+    status = Infer(request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(status.error_message(),
+              "the request has 2 raw_input_contents for 1 inputs not in shared memory: give each "
+              "of their data there, in input order, or none");
+  }
+}
+
+// Bytes that the service will read from shared memory count towards the
+// in-flight budget, as a request's own bytes do.
+TEST_F(GrpcServerTest, SharedMemoryInputsCountTowardsTheByteBudget) {
+  GrpcOptions options;
+  options.max_message_bytes = 1 << 20;
+  options.max_inflight_bytes = 1 << 20;
+  StartServer(options);
+  ModelInferRequest request;
+  request.set_model_name("echo_UINT8");
+  auto* input = request.add_inputs();
+  input->set_name("in");
+  input->set_datatype("UINT8");
+  input->add_shape(1);
+  input->add_shape(2 << 20);
+  auto& p = *input->mutable_parameters();
+  p["shared_memory_region"].set_string_param("big");
+  p["shared_memory_byte_size"].set_int64_param(2 << 20);
+  ModelInferResponse response;
+  grpc::Status status = Infer(request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(status.error_message().find("would pass the limit of 1048576"), std::string::npos)
+      << status.error_message();
+  EXPECT_EQ(service_.arrived(), 0);
+  EXPECT_TRUE(Eventually([&] { return server_->stats().inflight_bytes == 0; }));
 }
 
 TEST_F(GrpcServerTest, OversizeMessagesAreRefusedAndTheServerGoesOn) {
@@ -1457,6 +2090,10 @@ TEST(GrpcServerOptions, BadOptionsAreRefused) {
   GrpcOptions zero_calls;
   zero_calls.max_inflight_calls = 0;
   EXPECT_EQ(GrpcServer::Create(&service, zero_calls).status().code(), StatusCode::kInvalidArgument);
+  GrpcOptions zero_control;
+  zero_control.max_control_calls = 0;
+  EXPECT_EQ(GrpcServer::Create(&service, zero_control).status().code(),
+            StatusCode::kInvalidArgument);
   GrpcOptions huge;
   huge.max_message_bytes = uint64_t{1} << 32;
   EXPECT_EQ(GrpcServer::Create(&service, huge).status().code(), StatusCode::kInvalidArgument);

@@ -3,10 +3,13 @@ generated here from proto/ (no Triton client in CI): health, metadata,
 config, statistics and the repository index agree with REST and the
 config; inference over raw and typed contents equals REST's answers and a
 NumPy reference; errors carry REST's messages with the matching gRPC code;
-streams answer every request and survive bad ones; oversize messages are
-refused (compressed too) and the server goes on; --grpc-port -1 turns it
-off, a port in use fails start-up clearly, and SIGTERM ends open streams
-with UNAVAILABLE before the server exits 0.
+streams answer every request and survive bad ones; priority levels are the
+model's; classification answers the top logits; inputs and outputs go
+through registered POSIX shared-memory regions; repository unload, load
+and a new version's load, under load; oversize messages are refused
+(compressed too) and the server goes on; --grpc-port -1 turns it off, a
+port in use fails start-up clearly, and SIGTERM ends open streams with
+UNAVAILABLE before the server exits 0.
 
 Paths: $HEARTH_CLI (default build/bin/hearth). Skips, saying why, when this
 hearth was built without gRPC or /usr/bin/python3 lacks grpcio/grpc_tools.
@@ -15,6 +18,7 @@ hearth was built without gRPC or /usr/bin/python3 lacks grpcio/grpc_tools.
 import concurrent.futures
 import gzip
 import importlib
+import mmap
 import os
 import pathlib
 import queue
@@ -24,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 
 import numpy as np
 import pytest
@@ -80,14 +85,15 @@ def connect(port):
 
 
 def write_repository(root):
-    for name in ("mlp", "scale", "batched", "broken"):
+    for name in ("mlp", "scale", "batched", "broken", "prio", "swap"):
         (root / name / "1").mkdir(parents=True)
     subprocess.run([CLI, "make-model", "mlp", "--dims", ",".join(map(str, MLP)), "--seed", "5",
                     "--out", str(root / "mlp" / "1" / "model.safetensors")], check=True, capture_output=True)
     subprocess.run([CLI, "make-model", "scale", "--dims", str(SCALE_N), "--seed", "6",
                     "--out", str(root / "scale" / "1" / "model.safetensors")], check=True, capture_output=True)
     shutil.copy(root / "mlp" / "1" / "model.safetensors", root / "batched" / "1" / "model.safetensors")
-    shutil.copy(root / "scale" / "1" / "model.safetensors", root / "broken" / "1" / "model.safetensors")
+    for name in ("broken", "prio", "swap"):
+        shutil.copy(root / "scale" / "1" / "model.safetensors", root / name / "1" / "model.safetensors")
     (root / "mlp" / "config.yaml").write_text(mlp_config(count=2))
     (root / "scale" / "config.yaml").write_text(scale_config(count=2, extra="""dynamic_batching:
   max_queue_delay_microseconds: 100
@@ -101,6 +107,12 @@ parameters:
   max_queue_delay_microseconds: 300000
   preferred_batch_size: [8]
 """))
+    (root / "prio" / "config.yaml").write_text(scale_config(count=1, extra="""dynamic_batching:
+  priority_levels: 2
+  default_priority_level: 2
+"""))
+    # Unloaded, loaded and given a new version by test_repository_control.
+    (root / "swap" / "config.yaml").write_text(scale_config(count=1))
     # dims disagree with the checkpoint: not served, the rest is.
     (root / "broken" / "config.yaml").write_text(scale_config(count=1).replace(f"dims: [{SCALE_N}]", "dims: [9]"))
 
@@ -365,28 +377,293 @@ def test_statistics_count_this_tests_requests(server):
 
 def test_repository_index(server):
     index = {m.name: m for m in server["stub"].RepositoryIndex(pb.RepositoryIndexRequest(), timeout=30).models}
-    assert set(index) == {"mlp", "scale", "batched", "broken"}
+    assert set(index) == {"mlp", "scale", "batched", "broken", "prio", "swap"}
     assert (index["mlp"].state, index["mlp"].version) == ("READY", "1")
     assert index["broken"].state == "UNAVAILABLE" and "dims" in index["broken"].reason
     ready = [m.name for m in server["stub"].RepositoryIndex(pb.RepositoryIndexRequest(ready=True), timeout=30).models]
-    assert ready == ["batched", "mlp", "scale"]
+    assert ready == ["batched", "mlp", "prio", "scale", "swap"]
 
 
 def test_what_hearth_does_not_do_yet_is_unimplemented_with_a_reason(server):
     stub = server["stub"]
     for call, request, says in (
-            (stub.SystemSharedMemoryRegister, pb.SystemSharedMemoryRegisterRequest(name="r", key="/k", byte_size=64), "shared memory"),
+            (stub.CudaSharedMemoryRegister, pb.CudaSharedMemoryRegisterRequest(name="r", byte_size=64),
+             "CUDA shared memory"),
             (stub.CudaSharedMemoryStatus, pb.CudaSharedMemoryStatusRequest(), "CUDA shared memory"),
-            (stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest(model_name="mlp"), "load or unload"),
             (stub.TraceSetting, pb.TraceSettingRequest(), "tracing"),
             (stub.LogSettings, pb.LogSettingsRequest(), "log settings")):
         e = rpc_error(call, request, timeout=30)
         assert e.code() == grpc.StatusCode.UNIMPLEMENTED and says in e.details(), e.details()
-    # A request that names a shared-memory region is refused, not served inline.
-    request = infer_request("mlp", "input", np.zeros((1, MLP[0]), np.float32))
-    request.outputs.add(name="logits").parameters["shared_memory_region"].string_param = "r"
-    e = rpc_error(stub.ModelInfer, request, timeout=30)
-    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "shared memory" in e.details()
+    # Sequences are refused, not ignored.
+    for key, set_value in (("sequence_id", lambda p: setattr(p, "int64_param", 7)),
+                           ("sequence_start", lambda p: setattr(p, "bool_param", True)),
+                           ("sequence_end", lambda p: setattr(p, "bool_param", True))):
+        request = infer_request("mlp", "input", np.zeros((1, MLP[0]), np.float32))
+        set_value(request.parameters[key])
+        e = rpc_error(stub.ModelInfer, request, timeout=30)
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "no sequence batching" in e.details(), key
+
+
+def scale_reference(server, x):
+    return x.astype(np.float64) @ server["weights"]["scale"]["weight"].astype(np.float64)
+
+
+def test_priority_levels_are_the_models(server):
+    stub = server["stub"]
+    x = np.random.default_rng(31).standard_normal((1, SCALE_N)).astype(np.float32)
+    for level in (1, 2):
+        y = outputs_of(stub.ModelInfer(infer_request("prio", "x", x, parameters={"priority": level}), timeout=30))["y"]
+        np.testing.assert_allclose(y.ravel(), scale_reference(server, x).ravel(), rtol=1e-4, atol=1e-3)
+    as_tritonclient = infer_request("prio", "x", x)  # it sends uint64_param
+    as_tritonclient.parameters["priority"].uint64_param = 1
+    stub.ModelInfer(as_tritonclient, timeout=30)
+    e = rpc_error(stub.ModelInfer, infer_request("prio", "x", x, parameters={"priority": 3}), timeout=30)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "priority 3 is outside" in e.details() and "[1, 2]" in e.details(), e.details()
+    e = rpc_error(stub.ModelInfer, infer_request("prio", "x", x, parameters={"priority": -1}), timeout=30)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "non-negative" in e.details()
+    # 0 is the model's default level; a model without levels takes any.
+    stub.ModelInfer(infer_request("prio", "x", x, parameters={"priority": 0}), timeout=30)
+    stub.ModelInfer(infer_request("scale", "x", x, parameters={"priority": 9}), timeout=30)
+
+
+def bytes_elements(raw):
+    """The elements of a serialised BYTES tensor (4-byte little-endian length, then the bytes)."""
+    out, at = [], 0
+    while at < len(raw):
+        (n,) = np.frombuffer(raw[at:at + 4], "<u4")
+        out.append(raw[at + 4:at + 4 + int(n)])
+        at += 4 + int(n)
+    return out
+
+
+def test_classification_is_the_top_n_of_the_logits(server):
+    stub = server["stub"]
+    x = np.random.default_rng(32).standard_normal((3, MLP[0])).astype(np.float32)
+    logits = outputs_of(stub.ModelInfer(infer_request("mlp", "input", x, outputs=["logits"]), timeout=30))["logits"]
+    np.testing.assert_allclose(logits, mlp_reference(server["weights"]["mlp"], x)[0], rtol=1e-4, atol=1e-4)
+    for n in (3, MLP[2] + 5):
+        request = infer_request("mlp", "input", x, outputs=["logits", "argmax"])
+        request.outputs[0].parameters["classification"].int64_param = n
+        response = stub.ModelInfer(request, timeout=30)
+        classes, argmax = response.outputs
+        width = min(n, MLP[2])
+        assert (classes.name, classes.datatype, list(classes.shape)) == ("logits", "BYTES", [3, width])
+        assert argmax.datatype == "INT64" and len(response.raw_output_contents) == 2
+        elements = bytes_elements(response.raw_output_contents[0])
+        assert len(elements) == 3 * width
+        for row in range(3):
+            pairs = [e.decode().split(":") for e in elements[row * width:(row + 1) * width]]
+            indices = [int(i) for _, i in pairs]
+            assert indices == np.argsort(-logits[row], kind="stable")[:width].tolist()
+            np.testing.assert_allclose([float(v) for v, _ in pairs], logits[row][indices], rtol=1e-4, atol=1e-4)
+        # Its top class is the model's own argmax of the same run.
+        top = [int(elements[row * width].decode().split(":")[1]) for row in range(3)]
+        assert top == np.frombuffer(response.raw_output_contents[1], "<i8").tolist()
+    for bad in (0, -2):
+        request = infer_request("mlp", "input", x, outputs=["logits"])
+        request.outputs[0].parameters["classification"].int64_param = bad
+        e = rpc_error(stub.ModelInfer, request, timeout=30)
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "'classification'" in e.details()
+
+
+class PosixShm:
+    """A POSIX shared-memory object of this user, created in /dev/shm with
+    `mode` and mapped here; unlinked by close()."""
+
+    def __init__(self, name, size, mode=0o600):
+        self.key = "/" + name
+        self.path = "/dev/shm/" + name
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+        try:
+            os.fchmod(fd, mode)  # whatever the umask
+            os.ftruncate(fd, size)
+            self.map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+
+    def close(self):
+        self.map.close()
+        os.unlink(self.path)
+
+
+def shm_input(request, index, region, offset, byte_size):
+    p = request.inputs[index].parameters
+    p["shared_memory_region"].string_param = region
+    p["shared_memory_offset"].int64_param = offset
+    p["shared_memory_byte_size"].int64_param = byte_size
+
+
+def shm_output(request, name, region, offset, byte_size):
+    output = request.outputs.add(name=name)
+    output.parameters["shared_memory_region"].string_param = region
+    output.parameters["shared_memory_offset"].int64_param = offset
+    output.parameters["shared_memory_byte_size"].int64_param = byte_size
+
+
+def test_system_shared_memory(server):
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm here for POSIX shared memory")
+    stub = server["stub"]
+    tag = f"hearth-grpc-{os.getpid()}"
+    rows = 3
+    x = np.random.default_rng(33).standard_normal((rows, SCALE_N)).astype(np.float32)
+    objects = []
+    try:
+        inputs = PosixShm(tag + "-in", 4096 + x.nbytes)
+        outputs = PosixShm(tag + "-out", 256)
+        objects += [inputs, outputs]
+        # "in" starts 4096 bytes into its object, "out" 64 into its own.
+        stub.SystemSharedMemoryRegister(pb.SystemSharedMemoryRegisterRequest(
+            name="in", key=inputs.key, offset=4096, byte_size=x.nbytes), timeout=30)
+        stub.SystemSharedMemoryRegister(pb.SystemSharedMemoryRegisterRequest(
+            name="out", key=outputs.key, offset=64, byte_size=128), timeout=30)
+        regions = stub.SystemSharedMemoryStatus(pb.SystemSharedMemoryStatusRequest(), timeout=30).regions
+        assert {k: (r.name, r.key, r.offset, r.byte_size) for k, r in regions.items()} == {
+            "in": ("in", inputs.key, 4096, x.nbytes), "out": ("out", outputs.key, 64, 128)}
+        one = stub.SystemSharedMemoryStatus(pb.SystemSharedMemoryStatusRequest(name="out"), timeout=30).regions
+        assert list(one) == ["out"]
+
+        inputs.map[4096:4096 + x.nbytes] = x.tobytes()
+        request = pb.ModelInferRequest(model_name="scale", id="shm-1", inputs=[
+            pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[rows, SCALE_N])])
+        shm_input(request, 0, "in", 0, x.nbytes)
+        shm_output(request, "y", "out", 16, 4 * rows)
+        response = stub.ModelInfer(request, timeout=30)
+        (y,) = response.outputs
+        assert (y.name, y.datatype, list(y.shape)) == ("y", "FP32", [rows, 1])
+        assert y.parameters["shared_memory_region"].string_param == "out"
+        assert y.parameters["shared_memory_offset"].int64_param == 16
+        assert y.parameters["shared_memory_byte_size"].int64_param == 4 * rows
+        assert list(response.raw_output_contents) == [b""]  # the bytes did not travel
+        in_region = np.frombuffer(outputs.map[64 + 16:64 + 16 + 4 * rows], "<f4")
+        inline = outputs_of(stub.ModelInfer(infer_request("scale", "x", x), timeout=30))["y"]
+        np.testing.assert_allclose(in_region, inline.ravel(), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(in_region, scale_reference(server, x).ravel(), rtol=1e-4, atol=1e-3)
+
+        # The same on a stream.
+        outputs.map[64:192] = bytes(128)
+        answer = next(iter(stub.ModelStreamInfer(iter([request]), timeout=60)))
+        assert answer.error_message == "" and list(answer.infer_response.raw_output_contents) == [b""]
+        np.testing.assert_allclose(np.frombuffer(outputs.map[80:80 + 4 * rows], "<f4"), in_region)
+
+        # Errors, each naming what is wrong; the server goes on.
+        def infer_error(spoil):
+            bad = pb.ModelInferRequest()
+            bad.CopyFrom(request)
+            spoil(bad)
+            return rpc_error(stub.ModelInfer, bad, timeout=30)
+
+        e = infer_error(lambda r: r.inputs[0].parameters["shared_memory_region"].__setattr__("string_param", "nope"))
+        assert e.code() == grpc.StatusCode.NOT_FOUND and "no shared-memory region named 'nope'" in e.details()
+        e = infer_error(lambda r: r.inputs[0].parameters["shared_memory_offset"].__setattr__("int64_param", 4))
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "lies outside region 'in'" in e.details(), e.details()
+        e = infer_error(lambda r: r.inputs[0].parameters["shared_memory_byte_size"].__setattr__("int64_param", 12))
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert e.details() == f'input "x": shared_memory_byte_size is 12 but shape [{rows},{SCALE_N}] of FP32 needs {x.nbytes}'
+        e = infer_error(lambda r: r.outputs[0].parameters["shared_memory_byte_size"].__setattr__("int64_param", 4))
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "do not fit" in e.details(), e.details()
+        e = infer_error(lambda r: r.outputs[0].parameters["shared_memory_offset"].__setattr__("int64_param", 126))
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "lies outside region 'out'" in e.details(), e.details()
+
+        def register_error(**fields):
+            return rpc_error(stub.SystemSharedMemoryRegister, pb.SystemSharedMemoryRegisterRequest(**fields), timeout=30)
+
+        e = register_error(name="in", key=inputs.key, byte_size=8)
+        assert e.code() == grpc.StatusCode.ALREADY_EXISTS
+        e = register_error(name="other", key="/" + tag + "-absent", byte_size=8)
+        assert e.code() == grpc.StatusCode.NOT_FOUND
+        e = register_error(name="other", key=outputs.key, offset=200, byte_size=100)
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "lies outside" in e.details()
+        e = register_error(name="other", key="not/a/key", byte_size=8)
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+        shared = PosixShm(tag + "-open", 64, mode=0o666)
+        objects.append(shared)
+        e = register_error(name="other", key=shared.key, byte_size=8)
+        assert e.code() == grpc.StatusCode.PERMISSION_DENIED, e.details()
+        assert "writable by nobody else" in e.details()
+
+        # Unregistered: gone for requests and for the status.
+        stub.SystemSharedMemoryUnregister(pb.SystemSharedMemoryUnregisterRequest(name="in"), timeout=30)
+        e = rpc_error(stub.ModelInfer, request, timeout=30)
+        assert e.code() == grpc.StatusCode.NOT_FOUND and "'in'" in e.details()
+        e = rpc_error(stub.SystemSharedMemoryStatus, pb.SystemSharedMemoryStatusRequest(name="in"), timeout=30)
+        assert e.code() == grpc.StatusCode.NOT_FOUND
+        e = rpc_error(stub.SystemSharedMemoryUnregister, pb.SystemSharedMemoryUnregisterRequest(name="in"), timeout=30)
+        assert e.code() == grpc.StatusCode.NOT_FOUND
+        stub.SystemSharedMemoryUnregister(pb.SystemSharedMemoryUnregisterRequest(), timeout=30)  # all
+        assert not stub.SystemSharedMemoryStatus(pb.SystemSharedMemoryStatusRequest(), timeout=30).regions
+        test_scale_and_requested_outputs(server)
+    finally:
+        stub.SystemSharedMemoryUnregister(pb.SystemSharedMemoryUnregisterRequest(), timeout=30)
+        for o in objects:
+            o.close()
+
+
+def test_repository_control(server):
+    """swap: unloaded (not ready, requests UNAVAILABLE), loaded again, then a
+    version 2 written here is loaded while requests keep coming: none fails,
+    and afterwards metadata and answers are version 2's."""
+    stub, repo = server["stub"], server["tmp"] / "repo"
+    x = np.random.default_rng(34).standard_normal((2, SCALE_N)).astype(np.float32)
+
+    def y_of():
+        return outputs_of(stub.ModelInfer(infer_request("swap", "x", x), timeout=60))["y"].ravel()
+
+    def ready():
+        return stub.ModelReady(pb.ModelReadyRequest(name="swap"), timeout=30).ready
+
+    v1 = scale_reference(server, x).ravel()
+    np.testing.assert_allclose(y_of(), v1, rtol=1e-4, atol=1e-3)
+    stub.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(model_name="swap"), timeout=120)
+    assert not ready()
+    e = rpc_error(stub.ModelInfer, infer_request("swap", "x", x), timeout=30)
+    assert e.code() == grpc.StatusCode.UNAVAILABLE, e.details()
+    index = {m.name: m for m in stub.RepositoryIndex(pb.RepositoryIndexRequest(), timeout=30).models}
+    assert index["swap"].state != "READY"
+    stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="swap"), timeout=120)
+    assert ready()
+    np.testing.assert_allclose(y_of(), v1, rtol=1e-4, atol=1e-3)
+
+    (repo / "swap" / "2").mkdir()
+    subprocess.run([CLI, "make-model", "scale", "--dims", str(SCALE_N), "--seed", "7",
+                    "--out", str(repo / "swap" / "2" / "model.safetensors")], check=True, capture_output=True)
+    w2 = read_safetensors(repo / "swap" / "2" / "model.safetensors")["weight"].astype(np.float64)
+    v2 = (x.astype(np.float64) @ w2).ravel()
+    assert not np.allclose(v1, v2, rtol=1e-4, atol=1e-3)
+    done, answers, failures = threading.Event(), [], []
+
+    def keep_asking():
+        while not done.is_set():
+            try:
+                answers.append(y_of())
+            except grpc.RpcError as error:
+                failures.append((error.code(), error.details()))
+
+    clients = [threading.Thread(target=keep_asking) for _ in range(4)]
+    for c in clients:
+        c.start()
+    try:
+        stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="swap"), timeout=120)
+    finally:
+        done.set()
+        for c in clients:
+            c.join()
+    assert failures == [], failures[:5]
+    assert answers
+    for y in answers:  # each is one version's answer
+        assert np.allclose(y, v1, rtol=1e-4, atol=1e-3) or np.allclose(y, v2, rtol=1e-4, atol=1e-3)
+    assert list(stub.ModelMetadata(pb.ModelMetadataRequest(name="swap"), timeout=30).versions) == ["2"]
+    np.testing.assert_allclose(y_of(), v2, rtol=1e-4, atol=1e-3)
+
+    e = rpc_error(stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest(model_name="nope"), timeout=60)
+    assert e.code() == grpc.StatusCode.NOT_FOUND and "nope" in e.details()
+    e = rpc_error(stub.RepositoryModelUnload, pb.RepositoryModelUnloadRequest(model_name="nope"), timeout=60)
+    assert e.code() == grpc.StatusCode.NOT_FOUND
+    request = pb.RepositoryModelLoadRequest(model_name="swap")
+    request.parameters["config"].string_param = "{}"
+    e = rpc_error(stub.RepositoryModelLoad, request, timeout=60)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "'config'" in e.details()
 
 
 def test_oversize_messages_are_refused_and_the_server_goes_on(server):
