@@ -33,23 +33,12 @@ def _load():
     spec = importlib.util.spec_from_file_location("llama_model", ROOT / "examples/generate/llama/model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    m = module.Model.__new__(module.Model)
-    # What Model.initialize sets, from a copy of this process's own.
-    m.model = transformers.AutoModelForCausalLM.from_pretrained(
+    m = module.Model()
+    # This process's own copy, as seed 003's workers load it.
+    model = transformers.AutoModelForCausalLM.from_pretrained(
         CHECKPOINT, torch_dtype=torch.bfloat16, local_files_only=True).to("cuda").eval()
-    m.tokenizer = transformers.AutoTokenizer.from_pretrained(CHECKPOINT, local_files_only=True)
-    m.device = m.model.device
-    eos = m.model.generation_config.eos_token_id
-    if eos is None:
-        eos = m.tokenizer.eos_token_id
-    m.eos = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
-    m.max_positions = getattr(m.model.config, "max_position_embeddings", None)
-    m.max_prompt_tokens, m.max_tokens_limit, m.token_ids, m.marker_dir = 4096, 1024, False, None
-    import inspect
-    accepted = set(inspect.signature(m.model.forward).parameters)
-    m.keep_last = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in accepted), None)
-    m.positions = "position_ids" in accepted
-    m.cache_position = "cache_position" in accepted
+    tokenizer = transformers.AutoTokenizer.from_pretrained(CHECKPOINT, local_files_only=True)
+    m.bind(model, tokenizer, {"output": [], "parameters": {}})
     state["model"] = m
 
 
