@@ -11,10 +11,10 @@
 # .gpu/webroot (fastapi, uvicorn), Debian's packages unpacked with dpkg -x.
 #
 # SECTIONS picks what runs after the build (default: all of them):
-#   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti gemm startup suite
+#   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate gemm startup suite
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti gemm startup suite"}
+SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate gemm startup suite"}
 want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -40,7 +40,7 @@ if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHEARTH_CUDA=
   exit 1
 fi
 
-host_rc=-; cuda_rc=-; serve_rc=-; py_rc=-; gunicorn_rc=-; suite_rc=-; pyb_rc=-; llm_rc=-; aoti_rc=-
+host_rc=-; cuda_rc=-; serve_rc=-; py_rc=-; gunicorn_rc=-; suite_rc=-; pyb_rc=-; llm_rc=-; aoti_rc=-; gen_rc=-
 if want host-tests; then
   echo "== host tests"
   (cd "$BUILD" && ctest -E 'Cuda' -j 8 --timeout 600 --output-on-failure) > "$OUT/ctest-host.log" 2>&1
@@ -105,6 +105,14 @@ if want aoti; then
   aoti_rc=$?
   grep -E "^(exported|aoti|builtin|baseline|resnet50)" "$OUT/aoti-bench.log" | cut -c1-600
 fi
+if want generate; then
+  echo "== text generation: a 1 B Llama, 4 workers on one copy, against 4 uvicorn workers with a copy each"
+  WEBROOT=$PWD/.gpu/webroot/usr/lib/python3/dist-packages
+  PYTHONUNBUFFERED=1 timeout 590 python3 bench/serve/generate_bench.py --build "$BUILD" --out "$OUT" \
+    --webroot "$WEBROOT" --seconds 10 > "$OUT/generate-bench.log" 2>&1
+  gen_rc=$?
+  grep -E "^(checkpoint|hearth|baseline)" "$OUT/generate-bench.log" | cut -c1-900
+fi
 if want gemm; then
   echo "== the mlp forward by batch size: cuBLASLt, the skinny kernel, PyTorch (baseline)"
   timeout 300 "$BUILD/bench/gemm/gemm_bench" --iterations 30 > "$OUT/gemm.log" 2>&1
@@ -139,7 +147,7 @@ if want startup; then
   rm -rf "$R"
 fi
 if ! want foundation; then
-  echo "== summary: host tests $host_rc, CUDA tests $cuda_rc, serve bench $serve_rc, python CUDA $py_rc, gunicorn $gunicorn_rc, suite $suite_rc, python backend $pyb_rc, llm example $llm_rc, aoti bench $aoti_rc"
+  echo "== summary: host tests $host_rc, CUDA tests $cuda_rc, serve bench $serve_rc, python CUDA $py_rc, gunicorn $gunicorn_rc, suite $suite_rc, python backend $pyb_rc, llm example $llm_rc, aoti bench $aoti_rc, generate bench $gen_rc"
   (cd "$OUT" && tar czf logs.tar.gz --remove-files ./*.log ./*.txt 2>/dev/null)
   exit 0
 fi
