@@ -95,12 +95,13 @@ def full_forward_greedy(decoder, prompt, max_tokens):
 def direct(decoder, text, **parameters):
     """The Model's own execute on `decoder`, without a worker: (pieces, final response)."""
     m = tiny.Model()
-    m.decoder, m.marker_dir = decoder, None
+    m.decoder, m.marker_dir, m.token_ids = decoder, None, True
     inputs = {"text_input": np.array([text.encode()], dtype=object),
               "messages": np.array([b""], dtype=object)}
     responses = list(m.execute(inputs, parameters))
     pieces = [r["text_output"][0] for r in responses]
-    return pieces, responses[-1]
+    last = dict(responses[-1], token_ids=np.concatenate([r["token_ids"] for r in responses]))
+    return pieces, last
 
 
 # ---- the tiny decoder, directly ------------------------------------------------------
@@ -123,6 +124,7 @@ def test_max_tokens_bounds_the_generation(decoder):
     for n in (1, 7, 40):
         pieces, last = direct(decoder, "Hello", max_tokens=n)
         assert b"".join(pieces) == bytes(greedy[:n])
+        assert last["token_ids"].tolist() == greedy[:n]
         assert last["completion_tokens"].tolist() == [n]
         assert last["prompt_tokens"].tolist() == [len(ids)]
         assert last["finish_reason"].tolist() == [b"length"]
@@ -144,6 +146,18 @@ def test_stop_strings_end_the_text_before_them(decoder):
     pieces, last = direct(decoder, "Hello", max_tokens=64, stop=["never seen \u00e9"])
     assert b"".join(pieces).decode() == text
     assert last["finish_reason"].tolist() == [b"length"]
+
+
+def test_eos_ends_the_generation_as_a_stop(decoder):
+    import copy
+    eager = copy.deepcopy(decoder)
+    with torch.no_grad():
+        eager.head.bias[tiny.EOS] = 1e4  # EOS is always the most likely token
+    pieces, last = direct(eager, "Hello", max_tokens=10)
+    assert b"".join(pieces) == b""
+    assert last["token_ids"].tolist() == [tiny.EOS]
+    assert last["completion_tokens"].tolist() == [1]
+    assert last["finish_reason"].tolist() == [b"stop"]
 
 
 def test_a_seed_makes_sampling_repeatable(decoder):
@@ -380,15 +394,18 @@ class Driver:
 
 
 def io_config(name, max_batch_size, inputs, outputs, **parameters):
+    """A config in Triton's JSON form; inputs and outputs (name, type[, dims]), dims [1] by default."""
+    ios = lambda entries: [{"name": e[0], "data_type": e[1], "dims": list(e[2]) if len(e) > 2 else [1]}  # noqa: E731
+                           for e in entries]
     return {"name": name, "backend": "python", "max_batch_size": max_batch_size,
-            "input": [{"name": n, "data_type": t, "dims": [1]} for n, t in inputs],
-            "output": [{"name": n, "data_type": t, "dims": [1]} for n, t in outputs],
+            "input": ios(inputs), "output": ios(outputs),
             "parameters": {k: {"string_value": str(v)} for k, v in parameters.items()}}
 
 
 TINY_IO = dict(inputs=[("text_input", "TYPE_STRING"), ("messages", "TYPE_STRING")],
                outputs=[("text_output", "TYPE_STRING"), ("prompt_tokens", "TYPE_INT64"),
-                        ("completion_tokens", "TYPE_INT64"), ("finish_reason", "TYPE_STRING")])
+                        ("completion_tokens", "TYPE_INT64"), ("finish_reason", "TYPE_STRING"),
+                        ("token_ids", "TYPE_INT64", [-1])])
 
 ECHO_IO = dict(inputs=[("text_input", "TYPE_STRING")],
                outputs=[("text_output", "TYPE_STRING"), ("count", "TYPE_INT64")])
@@ -464,13 +481,19 @@ def test_the_worker_streams_what_the_direct_run_generates(stores, repo, decoder,
                                    ("Hello", {"max_tokens": 20, "temperature": 0.9, "seed": 11})]:
             responses, done = d.stream({"text_input": [prompt.encode()], "messages": [b""]}, parameters)
             assert done["status"] == 0, done["text"]
-            assert done["present"] == [0, 0, 0, 0]  # the stream's last response was its last yield
+            assert done["present"] == [0] * 5  # the stream's last response was its last yield
             want_pieces, want_last = direct(decoder, prompt, **parameters)
             got = [r["text_output"][0][0] for r in responses]
             assert got == want_pieces, (prompt, parameters)
             assert all(r["text_output"][1] == [1] for r in responses)
-            # Each response before the last is one piece alone; the last adds the counts.
-            assert all(set(r) == {"text_output"} for r in responses[:-1])
+            # Token for token: the stream's token_ids are what the module generates directly.
+            ids = tiny.prompt_tokens(prompt)
+            sampled = {k: parameters[k] for k in ("temperature", "seed") if k in parameters}
+            generated = list(tiny.tokens(decoder, ids, parameters["max_tokens"], **sampled))
+            streamed = [t for r in responses for t in r["token_ids"][0]]
+            assert streamed == generated[:want_last["completion_tokens"][0]], (streamed, generated)
+            # Each response before the last is one piece and its tokens; the last adds the counts.
+            assert all(set(r) == {"text_output", "token_ids"} for r in responses[:-1])
             last = responses[-1]
             assert last["prompt_tokens"][0] == want_last["prompt_tokens"].tolist()
             assert last["completion_tokens"][0] == want_last["completion_tokens"].tolist()

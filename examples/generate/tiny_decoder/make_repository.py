@@ -33,6 +33,7 @@ output:
   - {{name: prompt_tokens, data_type: TYPE_INT64, dims: [1]}}
   - {{name: completion_tokens, data_type: TYPE_INT64, dims: [1]}}
   - {{name: finish_reason, data_type: TYPE_STRING, dims: [1]}}
+  - {{name: token_ids, data_type: TYPE_INT64, dims: [-1]}}
 instance_group:
   - {{count: {workers}, kind: {kind}}}
 parameters:

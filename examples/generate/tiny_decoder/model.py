@@ -34,7 +34,10 @@ split across responses (bytes that cannot be UTF-8 become U+FFFD), and held
 back while it may be the start of a stop string; the last response adds
 `prompt_tokens` and `completion_tokens` (INT64 [1]; the EOS or the token
 that completed a stop string counts) and `finish_reason` (BYTES [1]: "stop"
-for EOS or a stop string, "length" for max_tokens).
+for EOS or a stop string, "length" for max_tokens). Where the config declares
+`token_ids` (INT64 [-1]), each response also holds the ids of the tokens
+generated since the previous one (EOS included), so that a stream's
+token_ids are every token generated.
 """
 
 import codecs
@@ -292,6 +295,7 @@ class Model:
         self.decoder.eval()
         # Tests of cancellation: a file written when a generation is closed early.
         self.marker_dir = params.get("closed_marker_dir", {}).get("string_value")
+        self.token_ids = any(o["name"] == "token_ids" for o in args["model_config"]["output"])
 
     def execute(self, inputs, parameters):
         max_tokens, temperature, top_p, seed, stops = sampling(parameters,
@@ -306,16 +310,25 @@ class Model:
         else:
             prompt = prompt_tokens(inputs["text_input"].reshape(-1)[0])
         stream = TextStream(stops)
-        finish, count = "length", 0
+        finish, count, since = "length", 0, []
+
+        def response(text, **more):
+            out = {"text_output": _one(text.encode()), **more}
+            if self.token_ids:
+                out["token_ids"] = np.array(since, dtype=np.int64)
+            since.clear()
+            return out
+
         try:
             for token in tokens(self.decoder, prompt, max_tokens, temperature, top_p, seed):
                 count += 1
+                since.append(token)
                 if token == EOS:
                     finish = "stop"
                     break
                 piece = stream.feed(token)
                 if piece:
-                    yield {"text_output": _one(piece.encode())}
+                    yield response(piece)
                 if stream.stopped:
                     finish = "stop"
                     break
@@ -324,7 +337,7 @@ class Model:
                 with open(os.path.join(self.marker_dir, f"closed-{os.getpid()}-{count}"), "w"):
                     pass
             raise
-        yield {"text_output": _one(stream.flush().encode()),
-               "prompt_tokens": np.array([len(prompt)], dtype=np.int64),
-               "completion_tokens": np.array([count], dtype=np.int64),
-               "finish_reason": _one(finish.encode())}
+        yield response(stream.flush(),
+                       prompt_tokens=np.array([len(prompt)], dtype=np.int64),
+                       completion_tokens=np.array([count], dtype=np.int64),
+                       finish_reason=_one(finish.encode()))
