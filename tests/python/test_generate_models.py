@@ -13,6 +13,12 @@
    exception mid-stream ends the stream with its last line; yields that fail
    their checks name the output; the request's parameters arrive as sent; a
    model whose execute does not match its transaction policy fails at start.
+3. examples/generate/llama: its detokenizer and stop strings here; where
+   torch >= 2 and transformers are installed (the GPU machine:
+   HEARTH_TEST_DEVICE=cuda:0), a worker serving a Llama-architecture
+   checkpoint with random weights (save_pretrained, offline) streams token
+   for token what transformers' own generate() picks, greedy, for a prompt
+   and for a chat (the tokenizer's chat template).
 
 The end-to-end tests under `hearth serve` are in tests/serve/test_generate.py.
 """
@@ -38,6 +44,33 @@ TINY = ht.ROOT / "examples" / "generate" / "tiny_decoder"
 sys.path.insert(0, str(TINY))
 import make_repository  # noqa: E402
 import model as tiny  # noqa: E402
+
+LLAMA = ht.ROOT / "examples" / "generate" / "llama"
+
+
+def _load(name, path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+llama = _load("llama_model", LLAMA / "model.py")
+llama_repository = _load("llama_make_repository", LLAMA / "make_repository.py")
+
+
+def _transformers_missing():
+    if int(torch.__version__.split(".")[0]) < 2:
+        return f"torch {torch.__version__} < 2 (transformers needs torch 2)"
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return "transformers is not installed for this interpreter"
+    return None
+
+
+TRANSFORMERS_MISSING = _transformers_missing()
 
 # hearth::StatusCode (include/hearth/status.h), as a Done carries it.
 INVALID_ARGUMENT = 1
@@ -615,3 +648,103 @@ def test_execute_must_match_the_transaction_policy(stores, tmp_path, decoupled, 
     assert d.start_error["status"] == INVALID_ARGUMENT
     assert says in d.start_error["text"], d.start_error["text"]
     assert d.close() == 1
+
+
+# ---- examples/generate/llama ------------------------------------------------------------
+
+
+class ByteTokenizer:
+    """Decodes as a byte-level tokenizer does: ids are bytes, 256 and above are special."""
+
+    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def test_the_llama_detokenizer_never_splits_a_character():
+    text = "h\u00e9llo \u20ac\U0001F600!"
+    d = llama.Detokenizer(ByteTokenizer())
+    pieces = [d.add(b) for b in text.encode()]
+    assert all("\ufffd" not in p for p in pieces)
+    assert [p for p in pieces if p] == ["h", "\u00e9", "l", "l", "o", " ", "\u20ac", "\U0001F600", "!"]
+    assert d.flush() == ""
+    d = llama.Detokenizer(ByteTokenizer())
+    assert d.add(0xE2) == "" and d.add(0x82) == "" and d.flush() == "\ufffd"
+
+
+def test_the_llama_stop_strings():
+    s = llama.StopStrings(["</s>", "\n\n"])
+    assert s.feed("Hello <") == "Hello "
+    assert s.feed("/") == ""
+    assert s.feed("x") == "</x"
+    assert s.feed("end\n") == "end"
+    assert s.feed("\nmore") == "" and s.stopped and s.flush() == ""
+    with pytest.raises(hearth_invalid_argument()):
+        llama.sampling({"stop": ["a"] * 5}, 100)
+    assert llama.sampling({}, 100) == (16, 0.0, 1.0, None, [])
+    assert llama.sampling({"max_tokens": 100, "stop": "x"}, 100)[::4] == (100, ["x"])
+
+
+def hearth_invalid_argument():
+    import hearth
+    return hearth.InvalidArgument
+
+
+@pytest.fixture(scope="module")
+def llama_store(tmp_path_factory):
+    if TRANSFORMERS_MISSING:
+        pytest.skip(TRANSFORMERS_MISSING)
+    tmp = tmp_path_factory.mktemp("llama")
+    version = llama_repository.write(tmp / "repo", workers=1,
+                                     kind="KIND_GPU" if ht.ON_CUDA else "KIND_CPU")
+    with ht.running_store({"llama": version}) as store:
+        yield store, version
+
+
+def test_llama_streams_token_for_token_what_generate_picks(llama_store, tmp_path):
+    """Greedy: the worker's stream (token_ids, text) equals transformers'
+    generate(do_sample=False) of the same checkpoint loaded the usual way."""
+    import transformers
+    store, version = llama_store
+    outputs = TINY_IO["outputs"]
+    d = Driver(tmp_path, store, "llama", io_config("llama", 0, TINY_IO["inputs"], outputs), version)
+    assert d.ready, d.start_error
+    try:
+        device = "cuda:0" if ht.ON_CUDA else "cpu"
+        major_minor = tuple(int("".join(c for c in part if c.isdigit()) or 0)
+                            for part in transformers.__version__.split(".")[:2])
+        dtype_key = "dtype" if major_minor >= (4, 56) else "torch_dtype"  # renamed in 4.56
+        reference = transformers.AutoModelForCausalLM.from_pretrained(
+            str(version), **{dtype_key: torch.bfloat16}).to(device).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(version))
+        messages = [{"role": "user", "content": "hello hearth"}]
+        chat = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        for prompt, inputs in [
+                ("one copy of the weights", {"text_input": [b"one copy of the weights"], "messages": [b""]}),
+                (None, {"text_input": [b""], "messages": [json.dumps(messages).encode()]})]:
+            ids = (tokenizer(prompt, return_tensors="pt") if prompt is not None else
+                   tokenizer(chat, add_special_tokens=False, return_tensors="pt"))["input_ids"].to(device)
+            with torch.inference_mode():
+                want = reference.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                          max_new_tokens=24, do_sample=False,
+                                          pad_token_id=tokenizer.eos_token_id)[0, ids.shape[1]:].tolist()
+            responses, done = d.stream(inputs, {"max_tokens": 24})
+            assert done["status"] == 0, done["text"]
+            got = [t for r in responses for t in r["token_ids"][0]]
+            assert got == want, (prompt, got, want)
+            text = b"".join(r["text_output"][0][0] for r in responses).decode()
+            assert text == tokenizer.decode(want, skip_special_tokens=True,
+                                            clean_up_tokenization_spaces=False)
+            last = responses[-1]
+            assert last["prompt_tokens"][0] == [ids.shape[1]]
+            assert last["completion_tokens"][0] == [len(want)]
+            eos = reference.generation_config.eos_token_id
+            ended = want[-1] in (eos if isinstance(eos, list) else [eos])
+            assert last["finish_reason"][0] == [b"stop" if ended else b"length"]
+        # Sampling with a seed repeats itself.
+        first = d.stream({"text_input": [b"hello"], "messages": [b""]},
+                         {"max_tokens": 16, "temperature": 1.0, "seed": 5})[0]
+        again = d.stream({"text_input": [b"hello"], "messages": [b""]},
+                         {"max_tokens": 16, "temperature": 1.0, "seed": 5})[0]
+        assert [r["token_ids"] for r in first] == [r["token_ids"] for r in again]
+    finally:
+        assert d.close() == 0, d.log_text()
