@@ -550,6 +550,23 @@ def test_the_worker_streams_what_the_direct_run_generates(stores, repo, decoder,
         assert d.close() == 0, d.log_text()
 
 
+def test_a_model_with_messages_alone_is_a_chat(stores, repo, decoder, tmp_path):
+    store, _ = stores
+    io = dict(TINY_IO, inputs=[("messages", "TYPE_STRING")])
+    d = Driver(tmp_path, store, "tiny", io_config("tiny", 0, **io), repo)
+    assert d.ready, d.start_error
+    try:
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+        responses, done = d.stream({"messages": [json.dumps(messages).encode()]}, {"max_tokens": 10})
+        assert done["status"] == 0, done["text"]
+        prompt = tiny.prompt_tokens(tiny.chat_prompt(messages))
+        assert [t for r in responses for t in r["token_ids"][0]] == list(tiny.tokens(decoder, prompt, 10))
+        responses, done = d.stream({"messages": [b""]}, {"max_tokens": 10})
+        assert done["status"] == INVALID_ARGUMENT and "messages is not JSON" in done["text"]
+    finally:
+        assert d.close() == 0, d.log_text()
+
+
 def test_cancel_closes_the_generator_and_frees_the_worker(echo_worker, stores):
     _, echo = stores
     d = echo_worker

@@ -34,9 +34,7 @@ CONFIG = """backend: python
 max_batch_size: 0
 model_transaction_policy: {{decoupled: true}}
 input:
-  - {{name: text_input, data_type: TYPE_STRING, dims: [1]}}
-  - {{name: messages, data_type: TYPE_STRING, dims: [1]}}
-output:
+{inputs}output:
   - {{name: text_output, data_type: TYPE_STRING, dims: [1]}}
   - {{name: prompt_tokens, data_type: TYPE_INT64, dims: [1]}}
   - {{name: completion_tokens, data_type: TYPE_INT64, dims: [1]}}
@@ -78,7 +76,7 @@ def _link_checkpoint(version, checkpoint, copy):
 
 
 def write(repo, name="llama", workers=4, kind="KIND_GPU", python=None, checkpoint=None, copy=False,
-          make_args=(), parameters=()):
+          make_args=(), parameters=(), inputs=("text_input",)):
     """Writes REPO/<name>; returns the version directory."""
     version = pathlib.Path(repo) / name / "1"
     version.mkdir(parents=True, exist_ok=True)
@@ -89,8 +87,10 @@ def write(repo, name="llama", workers=4, kind="KIND_GPU", python=None, checkpoin
     shutil.copy(HERE / "model.py", version / "model.py")
     entries = {"python": python or sys.executable, **dict(parameters)}
     lines = "".join(f"  {k}: {json.dumps(str(v))}\n" for k, v in entries.items())
+    declared = "".join(f"  - {{name: {name}, data_type: TYPE_STRING, dims: [1]}}\n"
+                       for name in inputs)
     (version.parent / "config.yaml").write_text(CONFIG.format(workers=workers, kind=kind,
-                                                              parameters=lines))
+                                                              inputs=declared, parameters=lines))
     return version
 
 
@@ -108,6 +108,10 @@ def main(argv=None):
     p.add_argument("--python", help="the workers' interpreter (default: this one)")
     p.add_argument("--checkpoint", help="a Hugging Face checkpoint directory to serve")
     p.add_argument("--copy", action="store_true", help="copy the checkpoint's files, not link them")
+    p.add_argument("--inputs", default="text_input",
+                   help="the inputs to declare, comma-separated: text_input (a prompt: /v1/completions, "
+                        "generate), messages (a chat: /v1/chat/completions), or both (every request "
+                        "must then give both)")
     p.add_argument("--parameter", action="append", default=[], metavar="KEY=VALUE",
                    help="another entry of the config's parameters (repeatable)")
     a = p.parse_args(argv)
@@ -117,8 +121,11 @@ def main(argv=None):
         if not sep or not key:
             p.error(f"--parameter {item!r}: give KEY=VALUE")
         extra.append((key, value))
+    inputs = a.inputs.split(",")
+    if not inputs or not set(inputs) <= {"text_input", "messages"} or len(set(inputs)) != len(inputs):
+        p.error(f"--inputs {a.inputs!r}: text_input, messages, or both, comma-separated")
     version = write(a.repo, a.name, a.workers, a.kind, a.python, a.checkpoint, a.copy, make_args,
-                    extra)
+                    extra, inputs)
     print(f"wrote {version.parent}: hearth serve --model-repository {os.path.abspath(a.repo)} "
           f"--device {'cuda' if a.kind == 'KIND_GPU' else 'cpu'}")
     return 0

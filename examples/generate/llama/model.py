@@ -11,10 +11,11 @@ configuration, generation config and tokenizer come from the directory.
 Inputs, outputs and parameters are those of examples/generate/tiny_decoder:
 
 - `text_input` (BYTES [1]): the prompt, tokenized as the tokenizer does
-  (its BOS included); `messages` (BYTES [1]): an OpenAI chat's messages as
-  JSON text; when it holds a non-empty list, the prompt is the tokenizer's
-  own chat template applied to it (`apply_chat_template(...,
-  add_generation_prompt=True)`) and text_input is ignored.
+  (its BOS included); and/or `messages` (BYTES [1]): an OpenAI chat's
+  messages as JSON text; when it is declared and holds something (or is the
+  only input), the prompt is the tokenizer's own chat template applied to
+  it (`apply_chat_template(..., add_generation_prompt=True)`) and
+  text_input is ignored.
 - parameters: max_tokens (default 16), temperature (0: greedy, the
   default), top_p (1), seed, stop (a string or a list of up to 4).
 - `text_output` (BYTES [1]) per response: the new text, decoded
@@ -184,7 +185,8 @@ class Model:
 
     def prompt(self, inputs):
         messages = inputs.get("messages")
-        if messages is not None and messages.reshape(-1)[0]:
+        # A chat when messages holds something, or when it is the only input.
+        if messages is not None and (messages.reshape(-1)[0] or "text_input" not in inputs):
             try:
                 listed = json.loads(messages.reshape(-1)[0])
             except ValueError as e:

@@ -26,9 +26,7 @@ CONFIG = """backend: python
 max_batch_size: 0
 model_transaction_policy: {{decoupled: true}}
 input:
-  - {{name: text_input, data_type: TYPE_STRING, dims: [1]}}
-  - {{name: messages, data_type: TYPE_STRING, dims: [1]}}
-output:
+{inputs}output:
   - {{name: text_output, data_type: TYPE_STRING, dims: [1]}}
   - {{name: prompt_tokens, data_type: TYPE_INT64, dims: [1]}}
   - {{name: completion_tokens, data_type: TYPE_INT64, dims: [1]}}
@@ -85,7 +83,7 @@ def make_weights(config, seed):
 
 
 def write(repo, name="tiny_decoder", workers=2, kind="KIND_CPU", python=None, seed=0,
-          dim=64, layers=2, heads=4, max_positions=512, parameters=()):
+          dim=64, layers=2, heads=4, max_positions=512, parameters=(), inputs=("text_input",)):
     """Writes REPO/<name>; returns the version directory."""
     version = pathlib.Path(repo) / name / "1"
     version.mkdir(parents=True, exist_ok=True)
@@ -95,8 +93,10 @@ def write(repo, name="tiny_decoder", workers=2, kind="KIND_CPU", python=None, se
     shutil.copy(HERE / "model.py", version / "model.py")
     entries = {"python": python or sys.executable, "torch_threads": "1", **dict(parameters)}
     lines = "".join(f"  {k}: {json.dumps(str(v))}\n" for k, v in entries.items())
+    declared = "".join(f"  - {{name: {name}, data_type: TYPE_STRING, dims: [1]}}\n"
+                       for name in inputs)
     (version.parent / "config.yaml").write_text(CONFIG.format(workers=workers, kind=kind,
-                                                              parameters=lines))
+                                                              inputs=declared, parameters=lines))
     return version
 
 
@@ -112,6 +112,10 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--max-positions", type=int, default=512)
+    p.add_argument("--inputs", default="text_input",
+                   help="the inputs to declare, comma-separated: text_input (a prompt: /v1/completions, "
+                        "generate), messages (a chat: /v1/chat/completions), or both (every request "
+                        "must then give both)")
     p.add_argument("--parameter", action="append", default=[], metavar="KEY=VALUE",
                    help="another entry of the config's parameters (repeatable)")
     a = p.parse_args(argv)
@@ -121,8 +125,11 @@ def main(argv=None):
         if not sep or not key:
             p.error(f"--parameter {item!r}: give KEY=VALUE")
         extra.append((key, value))
+    inputs = a.inputs.split(",")
+    if not inputs or not set(inputs) <= {"text_input", "messages"} or len(set(inputs)) != len(inputs):
+        p.error(f"--inputs {a.inputs!r}: text_input, messages, or both, comma-separated")
     version = write(a.repo, a.name, a.workers, a.kind, a.python, a.seed, a.dim, a.layers,
-                    a.heads, a.max_positions, extra)
+                    a.heads, a.max_positions, extra, inputs)
     print(f"wrote {version.parent}: hearth serve --model-repository {os.path.abspath(a.repo)}")
     return 0
 

@@ -13,10 +13,10 @@ The version directory holds `config.json` (dim, layers, heads,
 max_positions) and `model.safetensors` (loaded by the store, handed over as
 args["weights"], bound without a copy); make_repository.py writes both.
 
-Inputs (config.yaml): `text_input` (BYTES [1]) and `messages` (BYTES [1], an
-OpenAI chat's messages as JSON text). When `messages` holds a non-empty
-list, the prompt is the chat template applied to it (text_input is then
-ignored):
+Inputs (config.yaml): `text_input` (BYTES [1]) and/or `messages` (BYTES [1],
+an OpenAI chat's messages as JSON text). When `messages` is declared and
+holds something (or is the only input), the prompt is the chat template
+applied to it, and text_input is ignored:
 
     for each message: "<role>: <content>\\n"    then    "assistant: "
 
@@ -301,7 +301,8 @@ class Model:
         max_tokens, temperature, top_p, seed, stops = sampling(parameters,
                                                                self.decoder.max_positions)
         messages = inputs.get("messages")
-        if messages is not None and messages.reshape(-1)[0]:
+        # A chat when messages holds something, or when it is the only input.
+        if messages is not None and (messages.reshape(-1)[0] or "text_input" not in inputs):
             try:
                 listed = json.loads(messages.reshape(-1)[0])
             except ValueError as e:
