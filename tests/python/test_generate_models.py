@@ -41,10 +41,6 @@ import hearth_testing as ht
 torch = pytest.importorskip("torch", reason="the tiny decoder is written in torch")
 
 TINY = ht.ROOT / "examples" / "generate" / "tiny_decoder"
-sys.path.insert(0, str(TINY))
-import make_repository  # noqa: E402
-import model as tiny  # noqa: E402
-
 LLAMA = ht.ROOT / "examples" / "generate" / "llama"
 
 
@@ -55,6 +51,9 @@ def _load(name, path):
     spec.loader.exec_module(module)
     return module
 
+
+make_repository = _load("tiny_decoder_make_repository", TINY / "make_repository.py")
+tiny = make_repository.model_module()
 
 llama = _load("llama_model", LLAMA / "model.py")
 llama_repository = _load("llama_make_repository", LLAMA / "make_repository.py")

@@ -14,6 +14,7 @@ Needs torch (Debian's 1.13 is enough).
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import pathlib
@@ -60,13 +61,24 @@ def write_safetensors(path, tensors):
             f.write(raw)
 
 
+def model_module():
+    """model.py beside this file, imported once under a name of its own."""
+    name = "hearth_tiny_decoder_model"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, HERE / "model.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
 def make_weights(config, seed):
     """The decoder's state dict: torch's default initialisation under `seed`,
     embeddings scaled up (peaked, context-dependent logits) and the output
     bias favouring printable ASCII and newline."""
     import torch
-    sys.path.insert(0, str(HERE))
-    from model import EOS, TinyDecoder
+    tiny = model_module()
+    EOS, TinyDecoder = tiny.EOS, tiny.TinyDecoder
 
     torch.manual_seed(seed)
     decoder = TinyDecoder.from_config(config)
