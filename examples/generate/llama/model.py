@@ -194,6 +194,9 @@ class Model:
             if not isinstance(listed, list) or not listed or \
                     not all(isinstance(m, dict) for m in listed):
                 raise RequestError("messages must be a non-empty JSON list of objects")
+            if len(messages.reshape(-1)[0]) > 16 * self.max_prompt_tokens:
+                raise RequestError("the messages are too long for max_prompt_tokens "
+                                   f"{self.max_prompt_tokens}")
             if not getattr(self.tokenizer, "chat_template", None):
                 raise RequestError("this model's tokenizer has no chat template: send a prompt")
             # The template writes the special tokens (BOS) itself.
@@ -208,6 +211,9 @@ class Model:
                 raise RequestError(f"text_input is not UTF-8: {e}") from None
             if not text:
                 raise RequestError("the prompt is empty")
+            if len(text) > 16 * self.max_prompt_tokens:  # bounds the tokenizer's work
+                raise RequestError(f"the prompt has {len(text)} characters; at most "
+                                   f"{16 * self.max_prompt_tokens} are accepted")
             ids = self.tokenizer(text)["input_ids"]
         if len(ids) > self.max_prompt_tokens:
             raise RequestError(f"the prompt has {len(ids)} tokens; at most "

@@ -309,7 +309,12 @@ class Model:
                 raise RequestError(f"messages is not JSON: {e}") from None
             prompt = prompt_tokens(chat_prompt(listed))
         else:
-            prompt = prompt_tokens(inputs["text_input"].reshape(-1)[0])
+            text = inputs["text_input"].reshape(-1)[0]
+            if len(text) + 1 + max_tokens > self.decoder.max_positions:  # before making a list of it
+                raise RequestError(f"the prompt's {len(text) + 1} tokens and max_tokens {max_tokens} "
+                                   f"come to more than the model's {self.decoder.max_positions} "
+                                   "positions")
+            prompt = prompt_tokens(text)
         stream = TextStream(stops)
         finish, count, since = "length", 0, []
 
