@@ -162,9 +162,17 @@ def _one(value):
 class Model:
     def initialize(self, args):
         directory = args["model_repository"]
-        config = args["model_config"]
-        self.model = hearth.transformers.causal_lm(args["weights"], directory)
-        self.tokenizer = hearth.transformers.tokenizer(directory)
+        self.bind(hearth.transformers.causal_lm(args["weights"], directory),
+                  hearth.transformers.tokenizer(directory), args["model_config"])
+
+    def bind(self, model, tokenizer, config):
+        """Serves `model` (a transformers causal LM) with `tokenizer`; `config`
+        is the model's config in Triton's JSON form (its outputs and
+        parameters are read). initialize() binds the store's weights; a
+        program that loads a model otherwise (a baseline that gives each
+        process its own copy) may bind that one and call execute() itself."""
+        self.model = model
+        self.tokenizer = tokenizer
         self.device = self.model.device
         eos = self.model.generation_config.eos_token_id
         if eos is None:
@@ -173,7 +181,7 @@ class Model:
         self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
         self.max_prompt_tokens = _config_parameter(config, "max_prompt_tokens", 4096)
         self.max_tokens_limit = _config_parameter(config, "max_tokens_limit", 1024)
-        self.token_ids = any(o["name"] == "token_ids" for o in config["output"])
+        self.token_ids = any(o["name"] == "token_ids" for o in config.get("output", []))
         # The forward arguments generate() gives, where this version's model takes them.
         accepted = set(inspect.signature(self.model.forward).parameters)
         self.keep_last = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in accepted),
