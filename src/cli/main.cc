@@ -24,6 +24,9 @@
 #include <vector>
 
 #include "checkpoint/synthetic.h"
+#ifdef HEARTH_HAVE_GRPC
+#include "grpc/kserve_grpc_server.h"
+#endif
 #include "hearth/attach.h"
 #include "hearth/checkpoint.h"
 #include "hearth/checksum.h"
@@ -185,8 +188,17 @@ void RaiseDescriptorLimitFor(const HttpOptions& options) {
   }
 }
 
+// `hearth serve`'s gRPC front-end: port -1 is off (and the only choice of a
+// hearth built without gRPC).
+struct GrpcSettings {
+  int port = -1;
+  uint64_t max_message_bytes = uint64_t{64} << 20;
+  int max_inflight_calls = 1024;
+};
+
 int RunServe(const std::string& repository, const std::string& device_text, int workers,
-             int exec_timeout_ms, HttpOptions http_options) {
+             int exec_timeout_ms, bool strict_readiness, HttpOptions http_options,
+             const GrpcSettings& grpc) {
   // This process's CUDA context (its stores' arenas) runs no kernel: a small
   // per-thread stack shrinks it, from 524 to 326 MiB on an H200. Set before
   // anything touches CUDA; a value in the environment wins.
@@ -195,6 +207,7 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
   options.repository = repository;
   options.workers = workers;
   options.exec_timeout_ms = exec_timeout_ms;
+  options.strict_readiness = strict_readiness;
   options.worker_path = ExecutableDir() + "/hearth-worker";
   // options.run_dir stays empty: the server makes itself a private one (0700, mkdtemp).
   if (device_text.empty()) {
@@ -219,6 +232,22 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
   if (!server.ok()) return Fail(server.status());
   auto http = HttpServer::Create(server->get(), http_options);
   if (!http.ok()) return Fail(http.status());
+#ifdef HEARTH_HAVE_GRPC
+  std::unique_ptr<GrpcServer> grpc_server;
+  if (grpc.port >= 0) {
+    GrpcOptions grpc_options;
+    grpc_options.host = http_options.host;
+    grpc_options.port = static_cast<uint16_t>(grpc.port);
+    grpc_options.max_message_bytes = grpc.max_message_bytes;
+    grpc_options.max_inflight_calls = grpc.max_inflight_calls;
+    grpc_options.drain_timeout = http_options.drain_timeout;
+    auto created = GrpcServer::Create(server->get(), std::move(grpc_options));
+    if (!created.ok()) return Fail(created.status());
+    grpc_server = std::move(*created);
+  }
+#else
+  if (grpc.port >= 0) return Fail(Unimplemented("this hearth was built without gRPC"));
+#endif
 
   // A signal may come at any time, start-up included (loads, workers that
   // take long to be ready): one thread takes it. Before HTTP serves, that
@@ -270,6 +299,21 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
     (*server)->Shutdown();
     return Fail(s);
   }
+#ifdef HEARTH_HAVE_GRPC
+  if (grpc_server != nullptr) {
+    if (Status s = grpc_server->Start(); !s.ok()) {
+      (*http)->Stop();
+      join_waiter();
+      (*server)->Shutdown();
+      return Fail(s);
+    }
+    spdlog::info("hearth serve: KServe v2 gRPC on {}:{}", http_options.host, grpc_server->port());
+  } else {
+    spdlog::info("hearth serve: gRPC is off (--grpc-port -1)");
+  }
+#else
+  spdlog::info("hearth serve: this hearth was built without gRPC: serving REST only");
+#endif
   spdlog::info("hearth serve ready on http://{}:{} ({})", http_options.host, (*http)->port(),
                (*server)->Ready() ? "all models ready" : "some models are not ready: see above");
   int signal_number = 0;
@@ -284,7 +328,17 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
                strsignal(signal_number));
   // Drains (no new connections, 503 for requests that arrive now, every
   // connection closed without a reset) before the server stops its workers.
+  // gRPC drains at the same time (no new calls; open streams answer what
+  // they have read, then end).
+#ifdef HEARTH_HAVE_GRPC
+  std::thread grpc_stopper([&] {
+    if (grpc_server != nullptr) grpc_server->Stop();
+  });
   (*http)->Stop();
+  grpc_stopper.join();
+#else
+  (*http)->Stop();
+#endif
   (*server)->Shutdown();
   return 0;
 }
@@ -616,7 +670,8 @@ int main(int argc, char** argv) {
                    "taking it past this is closed")
       ->capture_default_str();
 
-  auto* serve = app.add_subcommand("serve", "serve a model repository over KServe v2 REST");
+  auto* serve =
+      app.add_subcommand("serve", "serve a model repository over KServe v2 REST and gRPC");
   std::string repository, host = "127.0.0.1", serve_device;
   int http_port = 8000, serve_workers = 0, exec_timeout_ms = 60000;
   serve
@@ -627,6 +682,30 @@ int main(int argc, char** argv) {
       ->required();
   serve->add_option("--host", host, "address to listen on")->capture_default_str();
   serve->add_option("--http-port", http_port, "port (0 = any free port)")->capture_default_str();
+  bool strict_readiness = true;
+  serve
+      ->add_option("--strict-readiness", strict_readiness,
+                   "ready (/v2/health/ready, ServerReady) only while every model of the repository "
+                   "is served; false: while every served model has a worker ready")
+      ->capture_default_str();
+  GrpcSettings grpc_settings;
+  int grpc_port = 8001;
+  auto* grpc_port_option = serve->add_option(
+      "--grpc-port", grpc_port,
+      "KServe v2 gRPC port (0 = any free port, -1 = no gRPC; default 8001, or 0 when "
+      "--http-port is 0)");
+  serve
+      ->add_option("--grpc-max-message-bytes", grpc_settings.max_message_bytes,
+                   "larger gRPC messages (after decompression) are refused with "
+                   "RESOURCE_EXHAUSTED")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{1}, uint64_t{0x7fffffff}));
+  serve
+      ->add_option("--grpc-max-inflight-calls", grpc_settings.max_inflight_calls,
+                   "ModelInfer and ModelStreamInfer calls in progress; more are refused with "
+                   "RESOURCE_EXHAUSTED")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
   serve->add_option("--device", serve_device,
                     "cpu or cuda (default: cuda if a GPU is usable, else cpu)");
   serve->add_option("--workers", serve_workers,
@@ -801,8 +880,27 @@ int main(int argc, char** argv) {
     http_options.body_timeout = std::chrono::milliseconds(body_timeout_ms);
     http_options.idle_timeout = std::chrono::milliseconds(idle_timeout_ms);
     http_options.drain_timeout = std::chrono::milliseconds(drain_timeout_ms);
-    return RunServe(repository, serve_device, serve_workers, exec_timeout_ms,
-                    std::move(http_options));
+    // A server asked for any free HTTP port (tests, benchmarks, several
+    // servers on one machine) takes any free gRPC port too, unless told one.
+    const bool grpc_port_given = grpc_port_option->count() > 0;
+    if (!grpc_port_given && http_port == 0) grpc_port = 0;
+    if (grpc_port < -1 || grpc_port > 65535) {
+      return Fail(InvalidArgument("--grpc-port must be -1 (no gRPC) or in [0, 65535]"));
+    }
+#ifdef HEARTH_HAVE_GRPC
+    grpc_settings.port = grpc_port;
+#else
+    if (grpc_port_given && grpc_port != -1) {
+      return Fail(Unimplemented(
+          "--grpc-port " + std::to_string(grpc_port) +
+          ": this hearth was built without gRPC (configured with -DHEARTH_GRPC=OFF, or without "
+          "grpc++, protobuf, protoc and grpc_cpp_plugin); leave --grpc-port out or pass -1, or "
+          "rebuild with Debian's libgrpc++-dev protobuf-compiler-grpc"));
+    }
+    grpc_settings.port = -1;
+#endif
+    return RunServe(repository, serve_device, serve_workers, exec_timeout_ms, strict_readiness,
+                    std::move(http_options), grpc_settings);
   }
   const AttachOptions client_options{socket, store_uids};
   if (inspect->parsed()) {

@@ -23,7 +23,10 @@
 #include <boost/beast/http.hpp>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <ctime>
+#include <deque>
 #include <exception>
 #include <future>
 #include <limits>
@@ -36,7 +39,10 @@
 #include <vector>
 
 #include "http/body_budget.h"
+#include "http/generate.h"
 #include "http/kserve_codec.h"
+#include "http/openai.h"
+#include "http/sse.h"
 
 namespace hearth {
 namespace {
@@ -124,6 +130,8 @@ struct ServerCore {
     s.idle_timeouts = idle_timeouts.load();
     s.write_timeouts = write_timeouts.load();
     s.connections_evicted = connections_evicted.load();
+    s.streams = streams.load();
+    s.stream_overflows = stream_overflows.load();
     return s;
   }
 
@@ -147,6 +155,8 @@ struct ServerCore {
   std::atomic<uint64_t> idle_timeouts{0};
   std::atomic<uint64_t> write_timeouts{0};
   std::atomic<uint64_t> connections_evicted{0};
+  std::atomic<uint64_t> streams{0};           // event streams whose head is sent, not yet ended
+  std::atomic<uint64_t> stream_overflows{0};  // streams stopped for a client that fell behind
   // Posts Impl::ResumeAccepting onto the acceptor's strand; set before Start
   // runs any handler.
   std::function<void()> wake_acceptor;
@@ -206,6 +216,11 @@ std::string HttpMetricsText(const HttpStats& s) {
   metric("hearth_http_connections_evicted_total", "counter",
          "Silent or idle connections closed at the connection limit to accept waiting ones.",
          s.connections_evicted);
+  metric("hearth_http_streams", "gauge",
+         "Server-sent event streams being written (generate_stream, OpenAI stream: true).",
+         s.streams);
+  metric("hearth_http_stream_overflows_total", "counter",
+         "Streams stopped because their client did not read them fast enough.", s.stream_overflows);
   metric("hearth_http_inflight_body_bytes", "gauge",
          "Request body bytes held across all connections.", s.inflight_body_bytes);
   metric("hearth_http_inflight_body_bytes_peak", "gauge",
@@ -254,6 +269,111 @@ Response StatusResponse(const Status& status, unsigned version, bool keep_alive)
   return ErrorResponse(HttpStatusFor(status.code()), status.message(), version, keep_alive);
 }
 
+Response OpenAiErrorResponse(const OpenAiError& error, unsigned version, bool keep_alive) {
+  Response response = MakeResponse(static_cast<http::status>(error.status), version, keep_alive,
+                                   OpenAiErrorJson(error), "application/json");
+  if (error.status == 503) response.set(http::field::retry_after, "1");
+  return response;
+}
+
+// An invalid_request_error of the front-end's own (a wrong method, a body too large).
+OpenAiError OpenAiRequestError(int status, std::string message) {
+  OpenAiError error;
+  error.status = status;
+  error.message = std::move(message);
+  return error;
+}
+
+// ---- streams of server-sent events ------------------------------------------
+
+// What a stream writes, per protocol. Events and End run on the service's
+// thread, one call at a time (on_response, then `done`), and read outputs
+// that may be borrowed; the error methods run inside `done`.
+class StreamCodec {
+ public:
+  virtual ~StreamCodec() = default;
+  // The events for a response before the last; empty for none.
+  virtual Result<std::string> Events(const InferResponse& response) = 0;
+  // The events for the last response, and the stream's closing event if
+  // the protocol has one.
+  virtual Result<std::string> End(const InferResponse& response) = 0;
+  // The stream broke after its head was sent: the event that says why.
+  virtual std::string ErrorEvent(const Status& status) = 0;
+  // It failed before anything was sent: a plain error response instead.
+  virtual Response ErrorMessage(const Status& status, unsigned version, bool keep_alive) = 0;
+};
+
+// generate_stream: each response as the object generate answers with.
+class GenerateStreamCodec : public StreamCodec {
+ public:
+  explicit GenerateStreamCodec(std::string id) : id_(std::move(id)) {}
+  Result<std::string> Events(const InferResponse& response) override {
+    ASSIGN_OR_RETURN(const std::string json, GenerateResponseJson(response, id_));
+    return SseEvent(json);
+  }
+  // A stream's last response may have no outputs (the stream just ended);
+  // a model that is not decoupled answers with one that has them.
+  Result<std::string> End(const InferResponse& response) override {
+    if (response.outputs.empty()) return std::string();
+    return Events(response);
+  }
+  std::string ErrorEvent(const Status& status) override {
+    return SseEvent(ErrorJson(status.message()));
+  }
+  Response ErrorMessage(const Status& status, unsigned version, bool keep_alive) override {
+    return StatusResponse(status, version, keep_alive);
+  }
+
+ private:
+  std::string id_;
+};
+
+// OpenAI's chunks, then [DONE].
+class OpenAiStreamCodec : public StreamCodec {
+ public:
+  OpenAiStreamCodec(const OpenAiRequest& request, std::string id, int64_t created)
+      : completion_(request, std::move(id), created) {}
+  Result<std::string> Events(const InferResponse& response) override {
+    return completion_.StreamEvents(response);
+  }
+  Result<std::string> End(const InferResponse& response) override {
+    return completion_.StreamEnd(response);
+  }
+  std::string ErrorEvent(const Status& status) override {
+    return OpenAiCompletion::StreamError(OpenAiErrorFor(status));
+  }
+  Response ErrorMessage(const Status& status, unsigned version, bool keep_alive) override {
+    return OpenAiErrorResponse(OpenAiErrorFor(status), version, keep_alive);
+  }
+
+ private:
+  OpenAiCompletion completion_;
+};
+
+// Events as they go on the wire: an HTTP/1.1 chunk each batch, or the bytes
+// alone for HTTP/1.0 (whose body ends with the connection).
+std::string FrameEvents(std::string_view events, bool chunked) {
+  if (!chunked) return std::string(events);
+  char size[20];
+  const int n = std::snprintf(size, sizeof(size), "%zx\r\n", events.size());
+  std::string framed;
+  framed.reserve(static_cast<size_t>(n) + events.size() + 2);
+  framed.append(size, static_cast<size_t>(n));
+  framed += events;
+  framed += "\r\n";
+  return framed;
+}
+
+constexpr std::string_view kLastChunk = "0\r\n\r\n";
+
+// The end of a stream, handed from `done` to the connection's strand.
+struct StreamEnding {
+  std::string events;  // the last events (or the error event), unframed
+  // Set when the stream failed: the response to send instead when nothing
+  // of the stream has been sent yet.
+  std::optional<Response> error_response;
+};
+
 std::optional<std::string> PercentDecode(std::string_view text) {
   std::string out;
   out.reserve(text.size());
@@ -278,12 +398,43 @@ std::optional<std::string> PercentDecode(std::string_view text) {
   return out;
 }
 
+// The routing table: every endpoint, its method, and which error format it
+// answers in (OpenAI's for /v1, KServe's {"error": "..."} for the rest).
 struct Route {
-  enum class Kind { kNone, kLive, kReady, kServer, kModel, kModelReady, kInfer, kMetrics };
+  enum class Kind {
+    kNone,
+    kLive,
+    kReady,
+    kServer,
+    kModel,
+    kModelReady,
+    kInfer,
+    kGenerate,
+    kGenerateStream,
+    kMetrics,
+    kCompletions,
+    kChatCompletions,
+    kOpenAiModels,
+  };
   Kind kind = Kind::kNone;
   std::string model;
   std::string version;
-  http::verb method() const { return kind == Kind::kInfer ? http::verb::post : http::verb::get; }
+  http::verb method() const {
+    switch (kind) {
+      case Kind::kInfer:
+      case Kind::kGenerate:
+      case Kind::kGenerateStream:
+      case Kind::kCompletions:
+      case Kind::kChatCompletions:
+        return http::verb::post;
+      default:
+        return http::verb::get;
+    }
+  }
+  bool openai() const {
+    return kind == Kind::kCompletions || kind == Kind::kChatCompletions ||
+           kind == Kind::kOpenAiModels;
+  }
 };
 
 // nullopt: the path is not percent-encoded correctly.
@@ -307,6 +458,14 @@ std::optional<Route> ParseRoute(std::string_view target) {
     route.kind = Route::Kind::kMetrics;
     return route;
   }
+  if (n >= 2 && segments[0] == "v1") {
+    if (n == 2 && segments[1] == "completions") route.kind = Route::Kind::kCompletions;
+    if (n == 2 && segments[1] == "models") route.kind = Route::Kind::kOpenAiModels;
+    if (n == 3 && segments[1] == "chat" && segments[2] == "completions") {
+      route.kind = Route::Kind::kChatCompletions;
+    }
+    return route;
+  }
   if (n == 0 || segments[0] != "v2") return route;
   if (n == 1) {
     route.kind = Route::Kind::kServer;
@@ -326,10 +485,33 @@ std::optional<Route> ParseRoute(std::string_view target) {
       route.kind = Route::Kind::kModelReady;
     } else if (n == rest + 1 && segments[rest] == "infer") {
       route.kind = Route::Kind::kInfer;
+    } else if (n == rest + 1 && segments[rest] == "generate") {
+      route.kind = Route::Kind::kGenerate;
+    } else if (n == rest + 1 && segments[rest] == "generate_stream") {
+      route.kind = Route::Kind::kGenerateStream;
     }
   }
   return route;
 }
+
+// A stream's state shared by its session and its request's callbacks
+// (on_response, then `done`), which run on the service's threads. The
+// channel holds the session until `done` drops it: the request the service
+// keeps afterwards then holds nothing of the I/O context.
+struct StreamChannel {
+  ServerCore* core = nullptr;
+  std::shared_ptr<Session> session;
+  std::unique_ptr<StreamCodec> codec;  // used on the service's thread only
+  Status failure;                      // likewise: a response that could not be encoded
+  unsigned version = 11;
+  bool chunked = true;                // HTTP/1.1; an HTTP/1.0 stream ends with the connection
+  bool keep_alive = true;             // the connection serves on after the stream
+  uint64_t limit = 0;                 // HttpOptions::max_stream_buffer_bytes
+  std::atomic<bool> stop{false};      // on_response returns false from now on
+  std::atomic<bool> overflow{false};  // stopped for a client that fell behind
+  // Bytes of events handed to the strand and not yet written.
+  std::atomic<uint64_t> queued{0};
+};
 
 bool IsHttpParseError(const beast::error_code& ec) {
   return ec.category() == http::make_error_code(http::error::bad_method).category();
@@ -337,14 +519,17 @@ bool IsHttpParseError(const beast::error_code& ec) {
 
 // One connection, its requests one after another. Owned by the handlers
 // pending on it (its reads, writes and deadline timer), by the body budget
-// while it waits there, and by the infer's `done` while the service runs one;
-// all its handlers run on the connection's strand.
+// while it waits there, by the infer's `done` while the service runs one,
+// and by a stream's channel until its `done`; all its handlers run on the
+// connection's strand.
 //
 // A request goes: head (ReadHead), body (parsed by Beast for small or
 // chunked bodies, read chunk by chunk into the final string for large ones),
-// Handle, Send, then the next head or a lingering close. Body bytes are taken
-// from the server's budget before they are read and given back once the
-// response is written or the connection closes.
+// Handle, Send (or a stream's events, then its end), then the next head or a
+// lingering close. Body bytes are taken from the server's budget before they
+// are read and given back once the response is written, the body is parsed
+// (generate and OpenAI requests, whose bodies are not kept), or the
+// connection closes.
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, ServerCore* core)
@@ -359,6 +544,7 @@ class Session : public std::enable_shared_from_this<Session> {
   ~Session() {
     ReleaseBody();
     EndRequest();
+    if (stream_started_) core_->streams.fetch_sub(1);
     {
       std::lock_guard lock(core_->sessions_mutex);
       core_->sessions.erase(id_);
@@ -439,10 +625,22 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
  private:
-  enum class Phase { kIdle, kHead, kBody, kBudget, kHandling, kWriting, kLingering, kClosed };
+  enum class Phase {
+    kIdle,
+    kHead,
+    kBody,
+    kBudget,
+    kHandling,
+    kWriting,
+    kStreaming,
+    kLingering,
+    kClosed
+  };
   enum class Deadline { kHead, kBody, kIdle, kWrite, kLinger, kDrainIdle };
   // What a wait for the budget resumes.
   enum class Then { kReadParsed, kReadChunk, kContinue };
+  // What follows a request once the watch on its socket has ended.
+  enum class Next { kReadHead, kLinger };
 
   // ---- deadlines: one timer, re-armed per phase --------------------------
 
@@ -646,6 +844,14 @@ class Session : public std::enable_shared_from_this<Session> {
     if (core_->body_limit < core_->options.max_body_bytes) {
       message += " (the most the server holds for all requests at once)";
     }
+    // Beast refuses a Content-Length past body_limit before it calls the
+    // head done, but with the request line already read.
+    if (parser_.has_value()) {
+      const std::optional<Route> route = ParseRoute(parser_->get().target());
+      if (route.has_value() && route->openai()) {
+        return OpenAiErrorResponse(OpenAiRequestError(413, message), 11, false);
+      }
+    }
     return ErrorResponse(413, message, 11, false);
   }
 
@@ -807,10 +1013,11 @@ class Session : public std::enable_shared_from_this<Session> {
                                 keep_alive));
     }
     if (request.method() != route->method()) {
-      Response response = ErrorResponse(405,
-                                        "method " + std::string(request.method_string()) +
-                                            " is not allowed on " + std::string(request.target()),
-                                        version, keep_alive);
+      const std::string message = "method " + std::string(request.method_string()) +
+                                  " is not allowed on " + std::string(request.target());
+      Response response = route->openai() ? OpenAiErrorResponse(OpenAiRequestError(405, message),
+                                                                version, keep_alive)
+                                          : ErrorResponse(405, message, version, keep_alive);
       response.set(http::field::allow, route->method() == http::verb::post ? "POST" : "GET");
       return Send(std::move(response));
     }
@@ -842,6 +1049,17 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       case Route::Kind::kInfer:
         return StartInfer(std::move(request), *route);
+      case Route::Kind::kGenerate:
+        return StartGenerate(std::move(request), *route, false);
+      case Route::Kind::kGenerateStream:
+        return StartGenerate(std::move(request), *route, true);
+      case Route::Kind::kCompletions:
+        return StartOpenAi(std::move(request), OpenAiEndpoint::kCompletions);
+      case Route::Kind::kChatCompletions:
+        return StartOpenAi(std::move(request), OpenAiEndpoint::kChatCompletions);
+      case Route::Kind::kOpenAiModels:
+        return Send(MakeResponse(http::status::ok, version, keep_alive,
+                                 OpenAiModelListJson(service.ModelNames()), "application/json"));
       case Route::Kind::kMetrics:
         return Send(MakeResponse(http::status::ok, version, keep_alive,
                                  service.MetricsText() + HttpMetricsText(core_->Stats()),
@@ -872,40 +1090,393 @@ class Session : public std::enable_shared_from_this<Session> {
       return Send(StatusResponse(valid, version, keep_alive));
     }
     OutputSelection selection = SelectionOf(*infer);
+    Submit(
+        std::move(*infer),
+        [selection = std::move(selection), version,
+         keep_alive](const Result<InferResponse>& result) {
+          return InferResponseMessage(result, selection, version, keep_alive);
+        },
+        version, keep_alive);
+  }
+
+  // Makes the response of a request that ends with one answer (`encode`
+  // builds it from the service's result), and sends it. With
+  // infer.cancelled set, the socket is watched meanwhile (Watch): a client
+  // that goes away cancels the request.
+  using Encode = std::function<Response(const Result<InferResponse>&)>;
+  void Submit(InferRequest infer, Encode encode, unsigned version, bool keep_alive) {
+    if (infer.cancelled != nullptr) {
+      cancel_ = infer.cancelled;
+      Watch();
+    }
     auto in_flight = std::make_shared<InFlightInfer>(core_);
     // `done` may run on any thread, even inside Infer. The outputs it gets
     // may be borrowed from the service (the worker's slot) and valid only
-    // until it returns: it encodes them into the response body right there,
-    // one copy, and moves only the finished response onto this connection's
-    // strand.
-    core_->service->Infer(
-        std::move(*infer),
-        [self = shared_from_this(), selection = std::move(selection), version, keep_alive,
-         in_flight = std::move(in_flight)](Result<InferResponse> result) mutable {
-          if (self == nullptr) return;  // a second call, against the contract
-          std::optional<Response> response;
-          try {
-            response = InferResponseMessage(result, selection, version, keep_alive);
-          } catch (const std::exception& e) {
-            // Out of memory: answered below without a body built here. Nothing
-            // may throw into the service's thread.
-            spdlog::error("http: encoding a response failed: {}", e.what());
+    // until it returns: `encode` turns them into the response body right
+    // there, one copy, and only the finished response moves onto this
+    // connection's strand.
+    core_->service->Infer(std::move(infer), [self = shared_from_this(), encode = std::move(encode),
+                                             version, keep_alive, in_flight = std::move(in_flight)](
+                                                Result<InferResponse> result) mutable {
+      if (self == nullptr) return;  // a second call, against the contract
+      std::optional<Response> response;
+      try {
+        response = encode(result);
+      } catch (const std::exception& e) {
+        // Out of memory: answered below without a body built here. Nothing
+        // may throw into the service's thread.
+        spdlog::error("http: encoding a response failed: {}", e.what());
+      }
+      {
+        // Scoped: the executor's copy must be gone, like everything of
+        // the I/O context's, before in_flight lets Stop() destroy it.
+        auto executor = self->executor();
+        net::post(executor, [self = std::move(self), response = std::move(response), version,
+                             keep_alive]() mutable {
+          if (!response.has_value()) {
+            return self->Send(ErrorResponse(500, "internal error: cannot encode the response",
+                                            version, keep_alive));
           }
-          {
-            // Scoped: the executor's copy must be gone, like everything of
-            // the I/O context's, before in_flight lets Stop() destroy it.
-            auto executor = self->executor();
-            net::post(executor, [self = std::move(self), response = std::move(response), version,
-                                 keep_alive]() mutable {
-              if (!response.has_value()) {
-                return self->Send(ErrorResponse(500, "internal error: cannot encode the response",
-                                                version, keep_alive));
-              }
-              self->Send(std::move(*response));
-            });
-          }
-          in_flight.reset();  // after the post: the I/O context may go now
+          self->Send(std::move(*response));
         });
+      }
+      in_flight.reset();  // after the post: the I/O context may go now
+    });
+  }
+
+  // ---- the generate extension and the OpenAI-compatible endpoints ----------
+
+  void StartGenerate(Request request, const Route& route, bool stream) {
+    const unsigned version = request.version();
+    const bool keep_alive = request.keep_alive();
+    Result<ModelMetadata> metadata = core_->service->Metadata(route.model, route.version);
+    if (!metadata.ok()) return Send(StatusResponse(metadata.status(), version, keep_alive));
+    Result<InferRequest> infer = ParseGenerateRequest(request.body(), *metadata, route.version);
+    request = {};
+    ReleaseBody();  // parsed: nothing refers to the body any more
+    if (!infer.ok()) return Send(StatusResponse(infer.status(), version, keep_alive));
+    std::string id = infer->id;
+    if (stream) {
+      return StartStream(std::move(*infer), std::make_unique<GenerateStreamCodec>(std::move(id)),
+                         metadata->decoupled, version, keep_alive);
+    }
+    // A decoupled model's pieces are joined by the service: no on_response.
+    infer->cancelled = std::make_shared<std::atomic<bool>>(false);
+    Submit(
+        std::move(*infer),
+        [id = std::move(id), version, keep_alive](const Result<InferResponse>& result) {
+          if (!result.ok()) return StatusResponse(result.status(), version, keep_alive);
+          Result<std::string> body = GenerateResponseJson(*result, id);
+          if (!body.ok()) return StatusResponse(body.status(), version, keep_alive);
+          return MakeResponse(http::status::ok, version, keep_alive, std::move(*body),
+                              "application/json");
+        },
+        version, keep_alive);
+  }
+
+  void StartOpenAi(Request request, OpenAiEndpoint endpoint) {
+    const unsigned version = request.version();
+    const bool keep_alive = request.keep_alive();
+    std::string param;
+    Result<OpenAiRequest> parsed = ParseOpenAiRequest(request.body(), endpoint, &param);
+    request = {};
+    ReleaseBody();
+    if (!parsed.ok()) {
+      return Send(OpenAiErrorResponse(OpenAiErrorFor(parsed.status(), param), version, keep_alive));
+    }
+    Result<ModelMetadata> metadata = core_->service->Metadata(parsed->model, "");
+    if (!metadata.ok()) {
+      return Send(
+          OpenAiErrorResponse(OpenAiErrorFor(metadata.status(), "model"), version, keep_alive));
+    }
+    std::string id = NewCompletionId(endpoint);
+    Result<InferRequest> infer = OpenAiInferRequest(*parsed, *metadata, id);
+    if (!infer.ok()) {
+      return Send(
+          OpenAiErrorResponse(OpenAiErrorFor(infer.status(), "model"), version, keep_alive));
+    }
+    const auto created = static_cast<int64_t>(std::time(nullptr));
+    if (parsed->stream) {
+      return StartStream(std::move(*infer),
+                         std::make_unique<OpenAiStreamCodec>(*parsed, std::move(id), created),
+                         metadata->decoupled, version, keep_alive);
+    }
+    infer->cancelled = std::make_shared<std::atomic<bool>>(false);
+    auto completion = std::make_shared<OpenAiCompletion>(*parsed, std::move(id), created);
+    Submit(
+        std::move(*infer),
+        [completion = std::move(completion), version,
+         keep_alive](const Result<InferResponse>& result) {
+          if (!result.ok()) {
+            return OpenAiErrorResponse(OpenAiErrorFor(result.status()), version, keep_alive);
+          }
+          Result<std::string> body = completion->Answer(*result);
+          if (!body.ok()) {
+            return OpenAiErrorResponse(OpenAiErrorFor(body.status()), version, keep_alive);
+          }
+          return MakeResponse(http::status::ok, version, keep_alive, std::move(*body),
+                              "application/json");
+        },
+        version, keep_alive);
+  }
+
+  // ---- streams: server-sent events, in order, on this strand --------------
+  //
+  // A stream's head waits for its first event, so that a request that fails
+  // before any response (a full queue, a timeout) gets a plain error
+  // response with its status. Each response is encoded on the service's
+  // thread (its outputs may be borrowed) into events, framed as a chunk, and
+  // posted here; the bytes posted and not yet written are bounded by
+  // max_stream_buffer_bytes: past it, on_response returns false and the
+  // stream ends with an error event. Writes go out one at a time (what
+  // queued meanwhile goes in the next), each under the write deadline.
+
+  void StartStream(InferRequest infer, std::unique_ptr<StreamCodec> codec, bool decoupled,
+                   unsigned version, bool keep_alive) {
+    auto channel = std::make_shared<StreamChannel>();
+    channel->core = core_;
+    channel->session = shared_from_this();
+    channel->codec = std::move(codec);
+    channel->version = version;
+    channel->chunked = version >= 11;
+    channel->keep_alive = keep_alive && channel->chunked;
+    channel->limit = core_->options.max_stream_buffer_bytes;
+    infer.cancelled = std::make_shared<std::atomic<bool>>(false);
+    // A model that is not decoupled answers once, through `done`: one event.
+    if (decoupled) {
+      infer.on_response = [channel](const InferResponse& response) {
+        return OnStreamResponse(*channel, response);
+      };
+    }
+    stream_ = channel;
+    cancel_ = infer.cancelled;
+    phase_ = Phase::kStreaming;
+    Watch();
+    auto in_flight = std::make_shared<InFlightInfer>(core_);
+    core_->service->Infer(
+        std::move(infer), [channel = std::move(channel),
+                           in_flight = std::move(in_flight)](Result<InferResponse> result) mutable {
+          FinishChannel(*channel, result);
+          in_flight.reset();  // after FinishChannel's post: the I/O context may go now
+        });
+  }
+
+  // on_response, on the service's thread.
+  static bool OnStreamResponse(StreamChannel& channel, const InferResponse& response) {
+    if (channel.stop.load() || channel.session == nullptr) return false;
+    try {
+      Result<std::string> events = channel.codec->Events(response);
+      if (!events.ok()) {
+        channel.failure = events.status();
+        channel.stop.store(true);
+        return false;
+      }
+      if (events->empty()) return true;
+      std::string framed = FrameEvents(*events, channel.chunked);
+      const uint64_t size = framed.size();
+      // One event of any size may wait alone; more may not pass the bound.
+      const uint64_t queued = channel.queued.load();
+      if (queued > 0 && queued + size > channel.limit) {
+        channel.overflow.store(true);
+        channel.stop.store(true);
+        channel.core->stream_overflows.fetch_add(1);
+        return false;
+      }
+      channel.queued.fetch_add(size);
+      auto executor = channel.session->executor();
+      net::post(executor, [session = channel.session, framed = std::move(framed), size]() mutable {
+        session->StreamWrite(std::move(framed), size);
+      });
+      return true;
+    } catch (const std::exception& e) {
+      channel.failure = Internal(std::string("cannot encode a response: ") + e.what());
+      channel.stop.store(true);
+      return false;
+    }
+  }
+
+  // `done`, on the service's thread: hands the stream's end to the strand.
+  static void FinishChannel(StreamChannel& channel, const Result<InferResponse>& result) {
+    std::shared_ptr<Session> session = std::move(channel.session);
+    if (session == nullptr) return;  // a second call, against the contract
+    std::optional<StreamEnding> ending;
+    try {
+      StreamEnding end;
+      Status error;
+      if (channel.overflow.load()) {
+        error = ResourceExhausted("the client did not keep up with the stream: more than " +
+                                  std::to_string(channel.limit) +
+                                  " bytes of it were waiting to be sent");
+      } else if (!channel.failure.ok()) {
+        error = channel.failure;
+      } else if (!result.ok()) {
+        error = result.status();
+      } else {
+        Result<std::string> events = channel.codec->End(*result);
+        if (events.ok()) {
+          end.events = std::move(*events);
+        } else {
+          error = events.status();
+        }
+      }
+      if (!error.ok()) {
+        end.events = channel.codec->ErrorEvent(error);
+        end.error_response =
+            channel.codec->ErrorMessage(error, channel.version, channel.keep_alive);
+      }
+      ending = std::move(end);
+    } catch (const std::exception& e) {
+      spdlog::error("http: ending a stream failed: {}", e.what());  // the connection closes
+    }
+    auto executor = session->executor();
+    net::post(executor, [session = std::move(session), ending = std::move(ending)]() mutable {
+      session->StreamFinished(std::move(ending));
+    });
+  }
+
+  void StreamWrite(std::string framed, uint64_t counted) {
+    if (closed_ || stream_ == nullptr) return;
+    if (!stream_started_) BeginStream();
+    stream_out_.push_back({std::move(framed), counted});
+    PumpStream();
+  }
+
+  void BeginStream() {
+    stream_started_ = true;
+    core_->streams.fetch_add(1);
+    stream_closes_ = !stream_->keep_alive || core_->stopping.load();
+    std::string head = stream_->version >= 11 ? "HTTP/1.1 200 OK\r\n" : "HTTP/1.0 200 OK\r\n";
+    head += "Server: hearth\r\nContent-Type: ";
+    head += kEventStreamType;
+    head += "\r\nCache-Control: no-cache\r\n";
+    if (stream_->chunked) head += "Transfer-Encoding: chunked\r\n";
+    if (stream_closes_) head += "Connection: close\r\n";
+    head += "\r\n";
+    stream_out_.push_back({std::move(head), 0});
+  }
+
+  void StreamFinished(std::optional<StreamEnding> ending) {
+    if (closed_ || stream_ == nullptr) return;
+    if (!ending.has_value()) return Close();
+    if (!stream_started_ && ending->error_response.has_value()) {
+      EndStreamState();
+      return Send(std::move(*ending->error_response));
+    }
+    if (!stream_started_) BeginStream();
+    if (!ending->events.empty()) {
+      stream_out_.push_back({FrameEvents(ending->events, stream_->chunked), 0});
+    }
+    if (stream_->chunked) stream_out_.push_back({std::string(kLastChunk), 0});
+    stream_ending_ = true;
+    PumpStream();
+  }
+
+  void PumpStream() {
+    if (stream_writing_ || closed_) return;
+    if (stream_out_.empty()) {
+      if (stream_ending_) FinishStream();
+      return;
+    }
+    writing_.clear();
+    writing_counted_ = 0;
+    for (PendingBytes& pending : stream_out_) {
+      if (writing_.empty()) {
+        writing_ = std::move(pending.bytes);
+      } else {
+        writing_ += pending.bytes;
+      }
+      writing_counted_ += pending.counted;
+    }
+    stream_out_.clear();
+    stream_writing_ = true;
+    Arm(core_->options.idle_timeout, Deadline::kWrite);
+    net::async_write(
+        socket_, net::buffer(writing_),
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnStreamWritten(ec); });
+  }
+
+  void OnStreamWritten(beast::error_code ec) {
+    stream_writing_ = false;
+    if (stream_ != nullptr) stream_->queued.fetch_sub(writing_counted_);
+    writing_counted_ = 0;
+    if (ec || closed_) return Close();
+    Disarm();
+    PumpStream();
+  }
+
+  // The stream's last bytes are written: the request is over.
+  void FinishStream() {
+    const bool close = stream_closes_ || core_->stopping.load() || peer_eof_;
+    EndStreamState();
+    writing_ = std::string();
+    ReleaseBody();
+    EndRequest();
+    AfterWatch(close ? Next::kLinger : Next::kReadHead);
+  }
+
+  void EndStreamState() {
+    if (stream_started_) core_->streams.fetch_sub(1);
+    stream_started_ = false;
+    stream_ending_ = false;
+    stream_closes_ = false;
+    stream_.reset();
+    cancel_.reset();
+    stream_out_.clear();
+  }
+
+  // ---- watching for a client that goes away ------------------------------
+  //
+  // While a generate or OpenAI request runs, a read is kept pending on the
+  // socket: it ends with EOF or an error when the client closes, which
+  // cancels the request (and stops its stream). Bytes that arrive meanwhile
+  // (the next, pipelined request) are kept for the next head; once
+  // kReadBufferBytes wait there, the watch stops, and a client that goes
+  // away then shows as a failed write. A client that half-closes (EOF) is
+  // cancelled too, but whatever is then written still goes to it.
+
+  void Watch() {
+    if (watching_ || closed_ || peer_eof_) return;
+    const size_t room = buffer_.max_size() - buffer_.size();
+    if (room == 0) return;
+    watching_ = true;
+    socket_.async_read_some(buffer_.prepare(std::min<size_t>(room, 4096)),
+                            [self = shared_from_this()](beast::error_code ec, size_t bytes) {
+                              self->OnWatch(ec, bytes);
+                            });
+  }
+
+  void OnWatch(beast::error_code ec, size_t bytes) {
+    watching_ = false;
+    if (closed_) return;
+    if (!ec) buffer_.commit(bytes);
+    if (after_watch_.has_value()) {
+      // The request is over, and AfterWatch cancelled this read. An EOF or
+      // error that came instead is seen again by the next read.
+      const Next next = *after_watch_;
+      after_watch_.reset();
+      return Proceed(next);
+    }
+    if (!ec) return Watch();
+    if (cancel_ != nullptr) cancel_->store(true);
+    if (stream_ != nullptr) stream_->stop.store(true);
+    if (ec == net::error::eof) {
+      peer_eof_ = true;
+      return;
+    }
+    Close();
+  }
+
+  // Ends the watch, if one is pending, then goes on with `next`.
+  void AfterWatch(Next next) {
+    if (!watching_) return Proceed(next);
+    after_watch_ = next;
+    beast::error_code ignored;
+    socket_.cancel(ignored);  // nothing else is pending on the socket now
+  }
+
+  void Proceed(Next next) {
+    if (next == Next::kReadHead) return ReadHead();
+    LingeringClose();
   }
 
   // The HTTP response to an infer; reads the outputs' bytes, so it runs
@@ -940,13 +1511,13 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void OnWrite(beast::error_code ec, size_t /*bytes*/) {
-    const bool close = response_->need_eof();
+    const bool close = response_->need_eof() || peer_eof_;
     response_.reset();
     ReleaseBody();
     EndRequest();
+    cancel_.reset();
     if (ec) return Close();
-    if (close) return LingeringClose();
-    ReadHead();
+    AfterWatch(close ? Next::kLinger : Next::kReadHead);
   }
 
   // Half-closes, then reads and discards what the client still sends until it
@@ -976,6 +1547,13 @@ class Session : public std::enable_shared_from_this<Session> {
     if (closed_) return;
     closed_ = true;
     phase_ = Phase::kClosed;
+    // A request still running has no client now.
+    if (cancel_ != nullptr) cancel_->store(true);
+    if (stream_ != nullptr) stream_->stop.store(true);
+    if (stream_started_) {
+      stream_started_ = false;
+      core_->streams.fetch_sub(1);
+    }
     silent_since_.store(0, std::memory_order_relaxed);
     Disarm();
     ReleaseBody();
@@ -1013,6 +1591,26 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::response<http::empty_body>> continue_;
   std::unique_ptr<Response> response_;
   std::array<char, 4096> drain_{};
+
+  // The request running now, if it is a generate or OpenAI one: set true
+  // when its client goes away.
+  std::shared_ptr<std::atomic<bool>> cancel_;
+  bool watching_ = false;            // Watch's read is pending
+  std::optional<Next> after_watch_;  // the request is over: what follows the watch
+  bool peer_eof_ = false;            // the client closed its end
+  // The stream being written, if any (its channel), and its state here.
+  std::shared_ptr<StreamChannel> stream_;
+  struct PendingBytes {
+    std::string bytes;
+    uint64_t counted;  // toward the channel's bound (the head and the end do not count)
+  };
+  std::deque<PendingBytes> stream_out_;  // framed, waiting for the write in progress
+  std::string writing_;                  // the write in progress
+  uint64_t writing_counted_ = 0;
+  bool stream_started_ = false;  // the head is queued or sent
+  bool stream_writing_ = false;
+  bool stream_ending_ = false;  // the end is queued: the request is over once it is written
+  bool stream_closes_ = false;  // the head said Connection: close
 };
 
 // Descriptors open in this process now; 0 when /proc is not there.
@@ -1463,6 +2061,9 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Create(InferenceService* service
   if (options.max_body_bytes == 0) return InvalidArgument("HttpOptions.max_body_bytes is 0");
   if (options.max_inflight_bytes == 0) {
     return InvalidArgument("HttpOptions.max_inflight_bytes is 0");
+  }
+  if (options.max_stream_buffer_bytes == 0) {
+    return InvalidArgument("HttpOptions.max_stream_buffer_bytes is 0");
   }
   if (options.max_connections < 1) {
     return InvalidArgument("HttpOptions.max_connections must be at least 1, got " +

@@ -1,13 +1,34 @@
-// HttpServer: the KServe v2 REST front-end over an InferenceService.
+// HttpServer: the HTTP front-end over an InferenceService: KServe v2 REST,
+// the generate extension and OpenAI-compatible endpoints.
 //
-// Endpoints (see docs or kserve_codec.h for the bodies):
+// Endpoints (bodies: kserve_codec.h, generate.h, openai.h, docs/generate.md):
 //   GET  /v2/health/live, /v2/health/ready          200 or 503
 //   GET  /v2                                        server metadata
 //   GET  /v2/models/{m}[/versions/{v}]              model metadata
 //   GET  /v2/models/{m}[/versions/{v}]/ready        200, 503, 404 if unknown
 //   POST /v2/models/{m}[/versions/{v}]/infer        inference
-// Unknown paths are 404, a known path with the wrong method 405. Every error
-// has the body {"error": "..."}.
+//   POST /v2/models/{m}[/versions/{v}]/generate     generate: one JSON answer
+//   POST /v2/models/{m}[/versions/{v}]/generate_stream
+//                                                   generate, as server-sent events
+//   POST /v1/completions, /v1/chat/completions      OpenAI-compatible; "stream": true
+//                                                   answers with server-sent events
+//   GET  /v1/models                                 the repository's models, OpenAI's list
+//   GET  /metrics                                   Prometheus text
+// Unknown paths are 404, a known path with the wrong method 405. Errors have
+// the body {"error": "..."}, except those of the /v1 endpoints, which have
+// OpenAI's {"error": {"message", "type", "param", "code"}}.
+//
+// Streams (generate_stream, OpenAI with "stream": true): a head with
+// Content-Type: text/event-stream, Cache-Control: no-cache and chunked
+// transfer encoding (HTTP/1.0: no chunks, and the connection closes at the
+// end), sent with the first event, so that a request that fails before any
+// response gets a plain error response; then one `data: ...\n\n` event per
+// response, in order; then the end of the body, after which a kept-alive
+// connection serves its next request. A stream that breaks after its head
+// ends with an error event. While a generate or OpenAI request runs (streamed
+// or not), a read is kept pending on its connection: when it ends with EOF or
+// an error (the client went away), the request's `cancelled` is set and a
+// stream's on_response returns false, so that the model stops.
 //
 // One session per connection, HTTP/1.1 keep-alive, requests on a connection
 // answered in order. Malformed HTTP is answered 400 and a body over
@@ -33,12 +54,16 @@
 //   proceed. Bodies under 16 KiB with a Content-Length count in the budget
 //   but never wait (one per connection: at most max_connections x 16 KiB
 //   more), so that large bodies cannot hold up small requests.
+// - stream bytes: the events of one stream encoded but not yet written
+//   (a client that reads slowly) are at most max_stream_buffer_bytes (one
+//   event alone may be larger); past it the request is stopped (on_response
+//   returns false) and the stream ends with an error event saying so.
 // - time: a request head must arrive within head_timeout (from its first
 //   byte, or from the accept for a connection's first request), a body must
 //   deliver each kBodyChunkBytes within body_timeout (waiting for the budget
 //   does not count), a kept-alive connection may idle for idle_timeout, and
-//   writing one response may take idle_timeout. Connections past a deadline
-//   are closed.
+//   writing one response (or each write of a stream) may take idle_timeout.
+//   Connections past a deadline are closed (a stream's request is cancelled).
 //
 // Ownership and threads: the server does not own `service`, which must outlive
 // it. Handlers run on `threads` I/O threads; the service's methods are called
@@ -72,6 +97,9 @@ struct HttpOptions {
   // A kept-alive connection with no request for this long is closed; also
   // the limit on writing one response.
   std::chrono::milliseconds idle_timeout{60'000};
+  // The bytes of a stream's events waiting to be written (see the header
+  // comment).
+  uint64_t max_stream_buffer_bytes = uint64_t{1} << 20;
   // The whole request head, from its first byte.
   std::chrono::milliseconds head_timeout{10'000};
   // Each kBodyChunkBytes of a body (or its last bytes).
@@ -103,6 +131,8 @@ struct HttpStats {
   uint64_t idle_timeouts = 0;        // ... for idling
   uint64_t write_timeouts = 0;       // ... for not reading their response
   uint64_t connections_evicted = 0;  // silent or idle ones closed at the limit to accept others
+  uint64_t streams = 0;              // event streams being written now (their head sent)
+  uint64_t stream_overflows = 0;     // streams stopped for a client that fell behind
 };
 
 class HttpServer {
@@ -122,7 +152,8 @@ class HttpServer {
   // open connections 503 with `Connection: close`, closes idle connections,
   // and closes each connection with shutdown(SHUT_WR) and a lingering read,
   // so that no client that finished sending a request sees a reset. After
-  // drain_timeout the remaining connections are closed outright. Returns once
+  // drain_timeout the remaining connections are closed outright (and their
+  // requests, streams included, cancelled). Returns once
   // the service has called `done` for every infer it was given (that wait has
   // no deadline: the service bounds its infers) and the I/O threads have
   // stopped. Idempotent.

@@ -107,6 +107,10 @@ void AppendEscaped(std::string& out, unsigned char c) {
   out.append(escaped, sizeof(escaped));
 }
 
+}  // namespace
+
+namespace kserve {
+
 // One BYTES element as a JSON string: UTF-8 as it is (with '"', '\\' and
 // the control characters escaped), and each byte that is not part of a
 // valid UTF-8 sequence as \u00XX, the character of the same value in
@@ -155,7 +159,7 @@ void AppendBytesString(std::string& out, std::string_view text) {
   out += '"';
 }
 
-void AppendData(std::string& out, const InferTensor& tensor, size_t count) {
+void AppendData(std::string& out, const InferTensor& tensor, uint64_t count) {
   const std::byte* data = tensor.data.data();
   const auto same = [](auto value) { return value; };
   out += '[';
@@ -208,6 +212,40 @@ void AppendData(std::string& out, const InferTensor& tensor, size_t count) {
   }
   out += ']';
 }
+
+Result<uint64_t> CheckOutputTensor(const InferTensor& tensor) {
+  const std::string_view datatype = KserveDatatypeName(tensor.dtype);
+  if (datatype.empty()) {
+    return Internal("output " + Quote(tensor.name) + " has datatype " +
+                    std::string(DTypeName(tensor.dtype)) + ", which KServe cannot name");
+  }
+  const std::string label = "output " + Quote(tensor.name);
+  // Internal: the service, not the client, made this output. Its shape is
+  // the one the service reports, whatever dims the model declares.
+  const Result<uint64_t> count = ShapeElements(tensor.shape, label);
+  if (!count.ok()) return Internal(count.status().message());
+  if (tensor.dtype == DType::kBytes) {
+    if (Status valid = ValidateBytesTensor(tensor.data.bytes(), *count, label); !valid.ok()) {
+      return Internal(valid.message());
+    }
+  } else {
+    const Result<uint64_t> bytes = ShapeBytes(tensor.dtype, tensor.shape, label);
+    if (!bytes.ok()) return Internal(bytes.status().message());
+    if (tensor.data.size() != *bytes) {
+      return Internal(label + " has " + std::to_string(tensor.data.size()) +
+                      " bytes, which does not match shape " + ShapeString(tensor.shape) + " of " +
+                      std::string(datatype));
+    }
+  }
+  return *count;
+}
+
+}  // namespace kserve
+
+namespace {
+
+using kserve::AppendData;
+using kserve::CheckOutputTensor;
 
 void AppendShape(std::string& out, const std::vector<int64_t>& shape) { out += ShapeString(shape); }
 
@@ -312,30 +350,9 @@ Result<EncodedInferResponse> EncodeInferResponse(const InferResponse& response,
                          selection.id.size() + response.id.size();
   for (Chosen& c : chosen) {
     const InferTensor& tensor = *c.tensor;
-    const std::string_view datatype = KserveDatatypeName(tensor.dtype);
-    if (datatype.empty()) {
-      return Internal("output " + Quote(tensor.name) + " has datatype " +
-                      std::string(DTypeName(tensor.dtype)) + ", which KServe cannot name");
-    }
-    const std::string label = "output " + Quote(tensor.name);
-    // Internal: the service, not the client, made this output. Its shape is
-    // the one the service reports, whatever dims the model declares.
-    const Result<uint64_t> count = ShapeElements(tensor.shape, label);
-    if (!count.ok()) return Internal(count.status().message());
+    const Result<uint64_t> count = CheckOutputTensor(tensor);
+    if (!count.ok()) return count.status();
     c.count = *count;
-    if (tensor.dtype == DType::kBytes) {
-      if (Status valid = ValidateBytesTensor(tensor.data.bytes(), *count, label); !valid.ok()) {
-        return Internal(valid.message());
-      }
-    } else {
-      const Result<uint64_t> bytes = ShapeBytes(tensor.dtype, tensor.shape, label);
-      if (!bytes.ok()) return Internal(bytes.status().message());
-      if (tensor.data.size() != *bytes) {
-        return Internal(label + " has " + std::to_string(tensor.data.size()) +
-                        " bytes, which does not match shape " + ShapeString(tensor.shape) + " of " +
-                        std::string(datatype));
-      }
-    }
     // Sizes of tensors that exist in memory: these sums cannot wrap, but
     // a wrong estimate would only cost a reallocation, never a bad write.
     json_estimate += 128 + tensor.name.size() + 21 * tensor.shape.size();

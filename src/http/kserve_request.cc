@@ -592,8 +592,9 @@ class RequestDecoder {
       return Malformed(simdjson::TRAILING_CONTENT);
     }
     for (PendingOutput& output : outputs) {
-      request.outputs.push_back(
-          {std::move(output.name), output.binary.value_or(request.binary_data_output)});
+      RequestedOutput& o = request.outputs.emplace_back();
+      o.name = std::move(output.name);
+      o.binary = output.binary.value_or(request.binary_data_output);
     }
     return Status::Ok();
   }

@@ -224,8 +224,8 @@ Status SendRun(int fd, const Run& m) {
   w.U64(m.free_offset);
   if (m.parameters_json.size() > kMaxParametersBytes)
     return InvalidArgument("the request's parameters come to " +
-                           std::to_string(m.parameters_json.size()) +
-                           " bytes, over the limit of " + std::to_string(kMaxParametersBytes));
+                           std::to_string(m.parameters_json.size()) + " bytes, over the limit of " +
+                           std::to_string(kMaxParametersBytes));
   w.Str(m.parameters_json);
   return SendPacket(fd, w.bytes(), kMaxMessageBytes, "run");
 }
@@ -355,8 +355,8 @@ Result<Message> ReceiveWith(int fd, int timeout_ms, int flags) {
         return InvalidArgument(std::string(what) + " message: presence flags for " +
                                std::to_string(m.done.present.size()) + " of " +
                                std::to_string(m.done.outputs.size()) + " outputs");
-      if (m.kind == Kind::kPartial && (m.done.status_code != 0 || m.done.room_needed > 0 ||
-                                       m.done.retry_alone))
+      if (m.kind == Kind::kPartial &&
+          (m.done.status_code != 0 || m.done.room_needed > 0 || m.done.retry_alone))
         return InvalidArgument("partial message with an error or a request for room");
       break;
     }

@@ -91,16 +91,45 @@ class TensorData {
   std::shared_ptr<const void> owner_;
 };
 
+// Bytes in a registered system shared-memory region (Triton's
+// shared_memory_region, shared_memory_offset and shared_memory_byte_size
+// parameters), in place of a body's bytes.
+struct SharedMemoryRef {
+  std::string region;
+  uint64_t offset = 0;
+  uint64_t byte_size = 0;
+};
+
 struct InferTensor {
+  InferTensor() = default;
+  InferTensor(std::string tensor, DType type, std::vector<int64_t> dims,  // NOLINT
+              TensorData bytes = {})
+      : name(std::move(tensor)), dtype(type), shape(std::move(dims)), data(std::move(bytes)) {}
+
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   TensorData data;
+  // An input whose bytes are in a region (data empty until the service
+  // reads them); in a response, an output the service wrote to the region
+  // the request named for it (data empty).
+  std::optional<SharedMemoryRef> shm;
 };
 
 struct RequestedOutput {
+  RequestedOutput() = default;
+  RequestedOutput(std::string output, bool binary_data)  // NOLINT: {name, binary} reads well
+      : name(std::move(output)), binary(binary_data) {}
+
   std::string name;
   bool binary = false;
+  // Triton's classification (parameter "classification"): > 0 answers this
+  // output's top class_count entries per row as BYTES "value:index",
+  // highest first, instead of the tensor.
+  uint32_t class_count = 0;
+  // Written to this region instead of the response body; the output's
+  // bytes must fit in byte_size.
+  std::optional<SharedMemoryRef> shm;
 };
 
 struct InferResponse;
@@ -115,6 +144,10 @@ struct InferRequest {
   bool binary_data_output = false;
   // Per-request timeout in microseconds (parameter "timeout"); 0 = none.
   uint64_t timeout_us = 0;
+  // Triton's priority level (parameter "priority"): 1 is the highest; 0 the
+  // model's default (dynamic_batching.default_priority_level). Requests of
+  // a higher level are run first; within a level, in order of arrival.
+  uint64_t priority = 0;
   // The request's parameters for the model, as a JSON object's text
   // ({"max_tokens": 16, "stop": ["\n"]}); empty: none. Decoupled models get
   // them (the Python backend's `execute(inputs, parameters)`).
@@ -139,6 +172,43 @@ struct InferResponse {
   std::string version;
   std::string id;
   std::vector<InferTensor> outputs;
+};
+
+// Triton's statistics of a model version (its /stats and ModelStatistics).
+struct DurationStatistics {
+  uint64_t count = 0;
+  uint64_t ns = 0;  // summed
+};
+
+struct BatchStatistics {
+  int64_t batch_size = 0;
+  DurationStatistics compute_input, compute_infer, compute_output;
+};
+
+struct ModelStatistics {
+  std::string name;
+  std::string version;
+  uint64_t last_inference_ms = 0;  // ms since the Unix epoch; 0: none yet
+  uint64_t inference_count = 0;    // rows inferred, every batch member counted
+  uint64_t execution_count = 0;    // batches run
+  DurationStatistics success, fail, queue, compute_input, compute_infer, compute_output;
+  std::vector<BatchStatistics> batch_stats;  // batch sizes that ran, ascending
+};
+
+// A registered system shared-memory region (its status).
+struct SharedMemoryRegion {
+  std::string name;
+  std::string key;  // the POSIX shared-memory object, "/name"
+  uint64_t offset = 0;
+  uint64_t byte_size = 0;
+};
+
+// One model of the repository (its index).
+struct RepositoryEntry {
+  std::string name;
+  std::string version;  // the served version; empty when none
+  std::string state;    // READY, UNAVAILABLE or LOADING, as Triton names them
+  std::string reason;   // why not READY
 };
 
 // Status codes map to HTTP: InvalidArgument 400, NotFound 404,
@@ -181,6 +251,41 @@ class InferenceService {
   virtual void Infer(InferRequest request, std::function<void(Result<InferResponse>)> done) = 0;
   // Prometheus text exposition format (version 0.0.4) for GET /metrics.
   virtual std::string MetricsText() const = 0;
+  // The model's configuration in Triton's JSON form (its /config and
+  // ModelConfig). NotFound and Unavailable as Metadata.
+  virtual Result<std::string> ModelConfigJson(const std::string& model,
+                                              const std::string& version) const = 0;
+  // Statistics of one model (version empty: its served version), or of
+  // every served model when `model` is empty.
+  virtual Result<std::vector<ModelStatistics>> Statistics(const std::string& model,
+                                                          const std::string& version) const = 0;
+  // Every model of the repository, sorted by name; only the ready ones when
+  // `ready_only`.
+  virtual std::vector<RepositoryEntry> RepositoryIndex(bool ready_only) const = 0;
+  // Serves the model's directory as it is now, while its requests go on:
+  // a model not served starts; a served one gets a new runtime (the new
+  // version's weights into the store, or the same weights with the new
+  // config), requests move to it once one of its workers is ready, and the
+  // old workers run what they had queued and exit (the old weights are
+  // freed when the last of them detaches). Returns once the new runtime
+  // serves, or with why not (the old one then goes on serving). NotFound
+  // for a name with no directory in the repository.
+  virtual Status LoadModel(const std::string& model) = 0;
+  // Stops serving the model: new requests are refused (Unavailable), the
+  // queued ones still run; its weights are freed when its workers exit.
+  virtual Status UnloadModel(const std::string& model) = 0;
+  // System shared memory (Triton's extension): registers `byte_size` bytes
+  // at `offset` of the POSIX shared-memory object `key` under `name`, for
+  // requests to read inputs from and write outputs to. Refused unless the
+  // object is a regular file of this server's user that nobody else may
+  // write, and the range lies inside it. AlreadyExists for a taken name.
+  virtual Status RegisterSystemSharedMemory(const std::string& name, const std::string& key,
+                                            uint64_t offset, uint64_t byte_size) = 0;
+  // Unregisters `name` (empty: every region); requests using it finish first.
+  virtual Status UnregisterSystemSharedMemory(const std::string& name) = 0;
+  // The regions (empty name: all of them); NotFound for an unknown name.
+  virtual Result<std::vector<SharedMemoryRegion>> SystemSharedMemoryStatus(
+      const std::string& name) const = 0;
 };
 
 }  // namespace hearth

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -44,6 +45,8 @@ struct Job {
   // Requests batch together only when their inputs' shapes beyond the batch
   // dimension are the same: the inputs' dims, concatenated.
   std::vector<int64_t> shape_key;
+  // The priority level: lower runs first (1 is the highest).
+  uint64_t priority = 0;
   int crashes = 0;     // workers taken down by batches this request was in
   bool alone = false;  // its batch failed on its inputs: it runs alone now
 };
@@ -55,7 +58,8 @@ struct BatchPolicy {
   std::vector<int64_t> preferred;          // sorted
 };
 
-// A bounded FIFO of jobs; retried jobs go to the front.
+// A bounded queue of jobs, in order of priority level and then of arrival;
+// retried jobs go to the front.
 class JobQueue {
  public:
   explicit JobQueue(size_t capacity, const QueueClock* clock = nullptr)
@@ -65,7 +69,11 @@ class JobQueue {
     if (closed_) return Unavailable("the server is shutting down");
     if (jobs_.size() >= capacity_)
       return ResourceExhausted("queue full: " + std::to_string(capacity_) + " requests waiting");
-    jobs_.push_back(std::move(job));
+    // After every job of its level or a higher one (at once when all share
+    // one level, the usual case).
+    auto at = jobs_.end();
+    while (at != jobs_.begin() && (*std::prev(at))->priority > job->priority) --at;
+    jobs_.insert(at, std::move(job));
     WakeIdle();
     forming_.notify_all();
     return Status::Ok();

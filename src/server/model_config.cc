@@ -154,7 +154,7 @@ Result<std::string> ReadConfigFile(const std::string& path) {
 
 struct Version {
   uint64_t number = 0;
-  std::string dir;  // its directory's name, as written ("007" is version 7)
+  std::string dir;       // its directory's name, as written ("007" is version 7)
   bool sharded = false;  // holds model.safetensors.index.json
 };
 
@@ -239,10 +239,16 @@ Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::st
     return InvalidArgument(m.config_path + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
   }
   if (!root.IsMap()) return InvalidArgument(m.config_path + ": must be a YAML map");
-  static const char* kKnown[] = {
-      "name",           "backend",          "max_batch_size", "input",         "output",
-      "instance_group", "dynamic_batching", "parameters",     "version_policy",
-      "model_transaction_policy"};
+  static const char* kKnown[] = {"name",
+                                 "backend",
+                                 "max_batch_size",
+                                 "input",
+                                 "output",
+                                 "instance_group",
+                                 "dynamic_batching",
+                                 "parameters",
+                                 "version_policy",
+                                 "model_transaction_policy"};
   for (const auto& kv : root) {
     ASSIGN_OR_RETURN(std::string key, Key(c, kv.first, "(top level)"));
     if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown))
@@ -335,6 +341,19 @@ Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::st
           m.default_timeout_us,
           Number<uint64_t>(c, q["default_timeout_microseconds"],
                            "dynamic_batching.default_queue_policy.default_timeout_microseconds"));
+    }
+    if (d["priority_levels"]) {
+      ASSIGN_OR_RETURN(m.priority_levels, Number<uint64_t>(c, d["priority_levels"],
+                                                           "dynamic_batching.priority_levels"));
+    }
+    if (d["default_priority_level"]) {
+      ASSIGN_OR_RETURN(m.default_priority_level,
+                       Number<uint64_t>(c, d["default_priority_level"],
+                                        "dynamic_batching.default_priority_level"));
+      if (m.default_priority_level < 1 ||
+          (m.priority_levels > 0 && m.default_priority_level > m.priority_levels))
+        return c.Error(d["default_priority_level"], "dynamic_batching.default_priority_level",
+                       "must be in [1, priority_levels]");
     }
     if (const YAML::Node p = d["preferred_batch_size"]) {
       if (!p.IsSequence())

@@ -64,6 +64,11 @@ struct ModelConfig {
   uint64_t max_queue_size = 1024;
   // dynamic_batching.default_queue_policy.default_timeout_microseconds; 0 = none.
   uint64_t default_timeout_us = 0;
+  // dynamic_batching.priority_levels (0: requests' levels are not bounded)
+  // and default_priority_level, the level of a request that names none (0:
+  // after every level a request names).
+  uint64_t priority_levels = 0;
+  uint64_t default_priority_level = 0;
   std::map<std::string, std::string> parameters;
   bool allow_tf32 = false;
   // parameters.fault_injection: a worker fails this way (abort, segv, hang,

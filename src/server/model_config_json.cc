@@ -26,6 +26,8 @@ std::string ModelConfigJson(const ModelConfig& c) {
   j["instance_group"] = json::array({group});
   json batching = {{"max_queue_delay_microseconds", c.max_queue_delay_us},
                    {"preferred_batch_size", c.preferred_batch_sizes}};
+  if (c.priority_levels > 0) batching["priority_levels"] = c.priority_levels;
+  if (c.default_priority_level > 0) batching["default_priority_level"] = c.default_priority_level;
   if (c.default_timeout_us > 0)
     batching["default_queue_policy"] = {{"default_timeout_microseconds", c.default_timeout_us}};
   j["dynamic_batching"] = batching;

@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <shared_mutex>
 #include <system_error>
 #include <thread>
 
@@ -35,6 +36,7 @@
 #include "server/metrics.h"
 #include "server/model_config.h"
 #include "server/model_config_json.h"
+#include "server/shared_memory.h"
 #include "server/supervisor.h"
 
 // A model's parameters must fit in the one control message that carries them.
@@ -55,12 +57,23 @@ struct ModelSlot {
   // far, and the last failure logged (each distinct one is logged once).
   int failed_attempts = 0;
   std::string logged;
-  // The served model, once published; never changed afterwards.
+  // The served model, once published. A repository load replaces it (a new
+  // version, or the same files with a new config) and an unload clears it;
+  // the runtimes it pointed to stay alive until the server is destroyed
+  // (`retired`), so that a request may hold a plain pointer to one. A
+  // retired runtime takes no new requests; its workers run what it had
+  // queued, then exit, freeing their slots.
   std::atomic<ModelRuntime*> served{nullptr};
+  // Held by whoever builds, swaps or drops this model's runtime: a
+  // builder's attempt, LoadModel, UnloadModel; one at a time.
+  std::mutex build_mu;
 
   mutable std::mutex mu;                // guards the members below
   std::unique_ptr<ModelRuntime> owned;  // what `served` points to
-  ModelRuntime* building = nullptr;     // being started by the builder, not yet published
+  std::vector<std::unique_ptr<ModelRuntime>> retired;
+  // UnloadModel: not served and not retried until a LoadModel.
+  bool unloaded = false;
+  ModelRuntime* building = nullptr;  // being started by the builder, not yet published
   Status status = Unavailable("it is being loaded");  // while not served: why
   // The first attempt has ended: published with every worker's first start
   // over, or failed. Start() waits for this.
@@ -99,19 +112,26 @@ class Server::Impl {
       ASSIGN_OR_RETURN(std::vector<ModelDirectory> dirs, ListModelDirectories(options_.repository));
       if (dirs.empty())
         spdlog::warn("model repository {} holds no model directories", options_.repository);
-      for (ModelDirectory& d : dirs) {
-        auto slot = std::make_unique<ModelSlot>();
-        slot->dir = std::move(d);
-        const std::string name = slot->dir.name;
-        slots_.emplace(name, std::move(slot));
+      std::vector<ModelSlot*> made;
+      {
+        std::unique_lock slots_lock(slots_mu_);
+        for (ModelDirectory& d : dirs) {
+          auto slot = std::make_unique<ModelSlot>();
+          slot->dir = std::move(d);
+          const std::string name = slot->dir.name;
+          made.push_back(slot.get());
+          slots_.emplace(name, std::move(slot));
+        }
       }
       {
         std::lock_guard lock(events_mu_);
-        for (auto& [name, slot] : slots_) build_queue_.emplace(started, slot.get());
+        for (ModelSlot* slot : made) build_queue_.emplace(started, slot);
       }
       // A bounded pool, however many models: a thread per model would meet
       // the pids or RLIMIT_NPROC limit with a large repository.
-      const size_t want = std::min(kMaxBuilders, slots_.size());
+      // At least one: models loaded later through the repository API are
+      // retried in the background like the others.
+      const size_t want = std::min(kMaxBuilders, std::max<size_t>(1, made.size()));
       for (size_t i = 0; i < want; ++i) {
         try {
           builders_.emplace_back([this] { BuilderLoop(); });
@@ -134,6 +154,7 @@ class Server::Impl {
       events_cv_.wait_until(lock, deadline, [&] { return AllSettled(); });
     }
     if (stopping_) return Unavailable("the server was shut down while it was starting");
+    std::shared_lock slots_lock(slots_mu_);
     for (auto& [name, slot] : slots_) {
       ModelRuntime* m = slot->served.load();
       if (m == nullptr) continue;
@@ -159,6 +180,7 @@ class Server::Impl {
       for (auto& [device, s] : stores_) s.store->CancelLoads();
     }
     std::lock_guard lifecycle(lifecycle_mu_);
+    std::shared_lock slots_lock(slots_mu_);
     for (auto& [name, slot] : slots_) {
       std::lock_guard lock(slot->mu);
       if (slot->building != nullptr) slot->building->RequestStop(true);
@@ -166,10 +188,13 @@ class Server::Impl {
       // run what is queued.
       if (ModelRuntime* m = slot->owned.get())
         m->RequestStop(m->ready_workers.load() > 0 || m->queue->size() == 0);
+      for (auto& r : slot->retired) r->RequestStop(true);
     }
     for (std::thread& b : builders_) b.join();
     builders_.clear();
     for (auto& [name, slot] : slots_) {
+      for (auto& r : slot->retired)
+        for (auto& w : r->workers) w->Join();
       ModelRuntime* m = slot->served.load();
       if (m == nullptr) continue;
       for (auto& w : m->workers) w->Join();
@@ -197,9 +222,14 @@ class Server::Impl {
 
   bool Ready() const {
     if (!started_ || shut_down_) return false;
+    std::shared_lock slots_lock(slots_mu_);
     for (const auto& [name, slot] : slots_) {
       const ModelRuntime* m = slot->served.load();
       if (m != nullptr && m->ready_workers.load() == 0) return false;
+      if (m == nullptr && options_.strict_readiness) {
+        std::lock_guard lock(slot->mu);
+        if (!slot->unloaded) return false;  // configured, and not serving
+      }
     }
     return true;
   }
@@ -209,6 +239,7 @@ class Server::Impl {
   // a version other than the served one, Unavailable naming the path and the
   // reason for a model whose directory, config, checkpoint or workers fail.
   Result<ModelRuntime*> Find(const std::string& model, const std::string& version) const {
+    std::shared_lock slots_lock(slots_mu_);
     auto it = slots_.find(model);
     if (it == slots_.end()) return NotFound("unknown model '" + model + "'");
     const ModelSlot& slot = *it->second;
@@ -243,8 +274,81 @@ class Server::Impl {
     return md;
   }
 
+  Result<std::string> ModelConfigJsonOf(const std::string& model,
+                                        const std::string& version) const {
+    ASSIGN_OR_RETURN(ModelRuntime * m, Find(model, version));
+    return hearth::ModelConfigJson(m->config());
+  }
+
+  Result<std::vector<ModelStatistics>> Statistics(const std::string& model,
+                                                  const std::string& version) const {
+    std::vector<const ModelRuntime*> runtimes;
+    if (model.empty()) {
+      if (!version.empty()) return InvalidArgument("a version without a model");
+      std::shared_lock slots_lock(slots_mu_);
+      for (const auto& [name, slot] : slots_)
+        if (const ModelRuntime* m = slot->served.load()) runtimes.push_back(m);
+    } else {
+      ASSIGN_OR_RETURN(ModelRuntime * m, Find(model, version));
+      runtimes.push_back(m);
+    }
+    std::vector<ModelStatistics> out;
+    auto d = [](uint64_t count, uint64_t us) { return DurationStatistics{count, us * 1000}; };
+    for (const ModelRuntime* m : runtimes) {
+      ModelStatistics st;
+      st.name = m->name;
+      st.version = std::to_string(m->config().version);
+      st.last_inference_ms = m->last_inference_ms.load();
+      st.inference_count = m->rows.load();
+      st.execution_count = m->batches.load();
+      const uint64_t answered = m->requests.load();
+      st.success = d(m->success.load(), m->success_us.load());
+      st.fail = d(m->failure.load(), m->failure_us.load());
+      st.queue = d(answered, m->queue_us.load());
+      st.compute_input = d(answered, m->input_us.load());
+      st.compute_infer = d(answered, m->run_us.load());
+      st.compute_output = d(answered, m->output_us.load());
+      for (int b = 1; m->batch_totals != nullptr && b <= m->max_batch(); ++b) {
+        const ModelRuntime::BatchTotals& t = m->batch_totals[static_cast<size_t>(b)];
+        const uint64_t n = t.count.load();
+        if (n == 0) continue;
+        st.batch_stats.push_back(
+            {b, d(n, t.input_us.load()), d(n, t.infer_us.load()), d(n, t.output_us.load())});
+      }
+      out.push_back(std::move(st));
+    }
+    return out;
+  }
+
+  std::vector<RepositoryEntry> RepositoryIndex(bool ready_only) const {
+    std::vector<RepositoryEntry> out;
+    std::shared_lock slots_lock(slots_mu_);
+    for (const auto& [name, slot] : slots_) {
+      RepositoryEntry e;
+      e.name = name;
+      ModelRuntime* m = slot->served.load();
+      if (m != nullptr && m->ready_workers.load() > 0) {
+        e.version = std::to_string(m->config().version);
+        e.state = "READY";
+      } else {
+        if (ready_only) continue;
+        if (m != nullptr) e.version = std::to_string(m->config().version);
+        std::lock_guard lock(slot->mu);
+        e.state = slot->settled || m != nullptr ? "UNAVAILABLE" : "LOADING";
+        e.reason =
+            m != nullptr ? "no worker is ready: " + m->LastWorkerError() : slot->status.message();
+      }
+      out.push_back(std::move(e));
+    }
+    return out;
+  }
+
+  SharedMemoryRegistry& shared_memory() { return shared_memory_; }
+  const SharedMemoryRegistry& shared_memory() const { return shared_memory_; }
+
   std::vector<std::string> ModelNames() const {
     std::vector<std::string> names;
+    std::shared_lock slots_lock(slots_mu_);
     for (const auto& [name, slot] : slots_) names.push_back(name);
     std::sort(names.begin(), names.end());
     return names;
@@ -262,14 +366,43 @@ class Server::Impl {
   }
 
   void Infer(InferRequest request, std::function<void(Result<InferResponse>)> done) {
+    InferOn(std::move(request), std::move(done), 0);
+  }
+
+  // `attempt`: how many runtimes of this model turned the request away
+  // because a repository load or unload retired them after it was found.
+  void InferOn(InferRequest request, std::function<void(Result<InferResponse>)> done_once,
+               int attempt) {
     auto found = Find(request.model, request.version);
-    if (!found.ok()) return done(found.status());
+    if (!found.ok()) return done_once(found.status());
     ModelRuntime& m = **found;
+    // Inputs in shared memory are read now: from here on they are bytes
+    // like any other, checked against their shapes.
+    for (InferTensor& in : request.inputs) {
+      if (!in.shm || !in.data.empty()) continue;
+      Result<std::vector<std::byte>> bytes = shared_memory_.Read(*in.shm);
+      if (!bytes.ok()) return done_once(bytes.status().WithContext("input '" + in.name + "'"));
+      in.data = std::move(bytes).value();
+    }
+    for (const RequestedOutput& o : request.outputs)
+      if (o.shm && o.class_count == 0 && m.config().decoupled)
+        return done_once(InvalidArgument("output '" + o.name +
+                                         "': a decoupled model's outputs cannot go to shared "
+                                         "memory (each response has its own)"));
     ++m.pending;
-    done = [&m, done = std::move(done)](Result<InferResponse> r) {
+    auto original =
+        std::make_shared<std::function<void(Result<InferResponse>)>>(std::move(done_once));
+    std::function<void(Result<InferResponse>)> done = [&m, original, arrived = Clock::now()](
+                                                          Result<InferResponse> r) {
       (r.ok() ? m.success : m.failure) += 1;
+      (r.ok() ? m.success_us : m.failure_us) += static_cast<uint64_t>(
+          std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - arrived).count());
+      m.last_inference_ms =
+          static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    std::chrono::system_clock::now().time_since_epoch())
+                                    .count());
       --m.pending;
-      done(std::move(r));
+      (*original)(std::move(r));
     };
     auto job = std::make_shared<Job>();
     // Never trust sizes: every input's bytes must be what its shape says
@@ -298,8 +431,7 @@ class Server::Impl {
       if (spec.dtype == DType::kBytes) {
         Result<uint64_t> count = ShapeElements(it->shape, what);
         if (!count.ok()) return done(count.status());
-        if (Status s = ValidateBytesTensor(it->data.bytes(), *count, what); !s.ok())
-          return done(s);
+        if (Status s = ValidateBytesTensor(it->data.bytes(), *count, what); !s.ok()) return done(s);
       }
       job->shape_key.insert(job->shape_key.end(), it->shape.begin() + (batching ? 1 : 0),
                             it->shape.end());
@@ -308,19 +440,146 @@ class Server::Impl {
     if (request.inputs.size() != m.inputs.size())
       return done(InvalidArgument("model '" + m.name + "' takes " +
                                   std::to_string(m.inputs.size()) + " inputs"));
+    if (m.config().decoupled) {
+      if (batch != 1)
+        return done(InvalidArgument("model '" + m.name +
+                                    "' is decoupled: each request is one stream, of batch 1, not " +
+                                    std::to_string(batch)));
+      if (request.parameters_json.size() > control::kMaxParametersBytes)
+        return done(InvalidArgument(
+            "the request's parameters come to " + std::to_string(request.parameters_json.size()) +
+            " bytes, over the limit of " + std::to_string(control::kMaxParametersBytes)));
+    } else if (request.on_response) {
+      // One response, as any model's: a stream of one.
+      request.on_response = nullptr;
+    }
+    for (const RequestedOutput& o : request.outputs) {
+      if (o.class_count == 0) continue;
+      auto spec = std::find_if(m.outputs.begin(), m.outputs.end(),
+                               [&](const TensorSpec& t) { return t.name == o.name; });
+      if (spec == m.outputs.end())
+        return done(InvalidArgument("model '" + m.name + "' has no output '" + o.name + "'"));
+      if (spec->dtype == DType::kBytes || m.config().decoupled)
+        return done(InvalidArgument("output '" + o.name +
+                                    "': classification needs a numeric output of a model that is "
+                                    "not decoupled"));
+    }
     job->batch = batch;
+    const ModelConfig& c = m.config();
+    if (c.priority_levels > 0 && request.priority > c.priority_levels)
+      return done(InvalidArgument("priority " + std::to_string(request.priority) +
+                                  " is outside model '" + m.name + "''s levels [1, " +
+                                  std::to_string(c.priority_levels) + "] (0: its default)"));
+    job->priority = request.priority > 0           ? request.priority
+                    : c.default_priority_level > 0 ? c.default_priority_level
+                                                   : UINT64_MAX;
     const uint64_t timeout_us =
         request.timeout_us > 0 ? request.timeout_us : m.config().default_timeout_us;
     // Saturating: a timeout too large to represent is no deadline, not one in the past.
     if (timeout_us > 0) job->deadline = SaturatingDeadline<Clock>(job->received, timeout_us);
     job->done = std::move(done);
     job->request = std::move(request);
-    if (Status s = m.queue->Push(job); !s.ok()) job->done(s);
+    if (Status s = m.queue->Push(job); !s.ok()) {
+      // Retired between Find() and here: the model's new runtime takes it
+      // (a bounded number of times: loads do not come that fast).
+      if (m.stopping && !stopping_ && attempt < 3) {
+        --m.pending;
+        return InferOn(std::move(job->request), std::move(*original), attempt + 1);
+      }
+      job->done(s);
+    }
+  }
+
+  // ---- repository control ----------------------------------------------
+
+  Status LoadModel(const std::string& name) {
+    if (stopping_ || !started_) return Unavailable("the server is not serving");
+    ASSIGN_OR_RETURN(ModelSlot * slot, SlotFor(name));
+    std::lock_guard build(slot->build_mu);
+    {
+      std::lock_guard lock(slot->mu);
+      slot->unloaded = false;
+    }
+    ModelRuntime* old = slot->served.load();
+    const ModelSlot::Loaded previous = slot->loaded;
+    Result<std::unique_ptr<ModelRuntime>> built = [&]() -> Result<std::unique_ptr<ModelRuntime>> {
+      try {
+        return TryBuild(*slot, /*keep_loaded=*/old != nullptr);
+      } catch (const std::exception& e) {
+        return Internal("model '" + name + "': " + e.what());
+      }
+    }();
+    if (!built.ok()) {
+      if (old != nullptr) {
+        // The served version goes on; what this attempt loaded goes.
+        if (slot->loaded.version != 0 && slot->loaded.version != previous.version)
+          DropFromStore(name, slot->loaded);
+        slot->loaded = previous;
+      } else {
+        std::lock_guard lock(slot->mu);
+        slot->status = built.status();
+      }
+      spdlog::error("model {}: load failed: {}", name, built.status().message());
+      return built.status();
+    }
+    if (old == nullptr) {
+      Publish(*slot, std::move(built).value());
+      return slot->served.load() != nullptr ? Status::Ok()
+                                            : Unavailable("the server is shutting down");
+    }
+    // The swap: new requests go to the new runtime at once; the old one
+    // runs what it has queued and its workers exit.
+    ModelRuntime* fresh = built->get();
+    {
+      std::lock_guard lock(slot->mu);
+      fresh->published = true;
+      slot->retired.push_back(std::move(slot->owned));
+      slot->owned = std::move(built).value();
+      slot->status = Status::Ok();
+      slot->served.store(fresh);
+    }
+    old->RequestStop(false);
+    if (previous.version != 0 && previous.version != slot->loaded.version)
+      DropFromStore(name, previous);  // its arena goes with the old workers' leases
+    spdlog::info("model {}: version {} replaces version {} ({} workers); the old workers drain",
+                 name, fresh->config().version, old->config().version, fresh->worker_count);
+    if (fresh->AllSettled()) NotifySettled(*slot);
+    return Status::Ok();
+  }
+
+  Status UnloadModel(const std::string& name) {
+    if (stopping_ || !started_) return Unavailable("the server is not serving");
+    ModelSlot* slot = nullptr;
+    {
+      std::shared_lock lock(slots_mu_);
+      auto it = slots_.find(name);
+      if (it == slots_.end()) return NotFound("unknown model '" + name + "'");
+      slot = it->second.get();
+    }
+    std::lock_guard build(slot->build_mu);
+    ModelRuntime* old = nullptr;
+    {
+      std::lock_guard lock(slot->mu);
+      slot->unloaded = true;
+      slot->status = Unavailable("it was unloaded (POST /v2/repository/models/" + name +
+                                 "/load serves it again)");
+      old = slot->served.load();
+      if (old != nullptr) {
+        slot->served.store(nullptr);
+        slot->retired.push_back(std::move(slot->owned));
+      }
+    }
+    if (old != nullptr) old->RequestStop(false);
+    if (slot->loaded.version != 0) DropFromStore(name, slot->loaded);
+    slot->loaded = {};
+    spdlog::info("model {}: unloaded{}", name, old != nullptr ? "; its workers drain" : "");
+    return Status::Ok();
   }
 
   std::string MetricsText() const {
     // Served models only: one that is not served has no workers or counters.
     std::vector<std::pair<std::string, const ModelRuntime*>> served;
+    std::shared_lock slots_lock(slots_mu_);
     for (const auto& [name, slot] : slots_)
       if (const ModelRuntime* m = slot->served.load()) served.emplace_back(name, m);
     return PrometheusText(served);
@@ -328,6 +587,7 @@ class Server::Impl {
 
   std::vector<int> WorkerPids(const std::string& model) const {
     std::vector<int> pids;
+    std::shared_lock slots_lock(slots_mu_);
     auto it = slots_.find(model);
     if (it == slots_.end()) return pids;
     const ModelRuntime* m = it->second->served.load();
@@ -347,6 +607,7 @@ class Server::Impl {
   // events_mu_ held.
   bool AllSettled() const {
     if (stopping_) return true;
+    std::shared_lock slots_lock(slots_mu_);
     for (const auto& [name, slot] : slots_) {
       std::lock_guard lock(slot->mu);
       if (!slot->settled) return false;
@@ -427,7 +688,9 @@ class Server::Impl {
   // Prepares what each worker is told (the setup message), and has the
   // store hold the weights (reusing what it holds if the file is unchanged).
   // The signature comes from the workers, checked against the config's.
-  Status Prepare(ModelSlot& slot, ModelRuntime& m) {
+  // `keep_loaded`: what the store held for the slot is still served (a
+  // repository load): the caller drops it once the new runtime replaced it.
+  Status Prepare(ModelSlot& slot, ModelRuntime& m, bool keep_loaded) {
     const ModelConfig& c = m.config();
     ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(c.checkpoint_path));
     auto specs = [](const std::vector<IoConfig>& ios) {
@@ -439,8 +702,9 @@ class Server::Impl {
     m.setup.parameters = c.parameters;
     m.setup.inputs = specs(c.inputs);
     m.setup.outputs = specs(c.outputs);
-    m.setup.config_json = ModelConfigJson(c);
+    m.setup.config_json = hearth::ModelConfigJson(c);
     m.setup.version_dir = c.version_dir;
+    m.setup.decoupled = c.decoupled;
     m.device = options_.device.is_cuda() && c.kind_gpu
                    ? Device::Cuda(c.gpus.empty() ? options_.device.index : c.gpus[0])
                    : Device::Host();
@@ -452,27 +716,53 @@ class Server::Impl {
     const std::string key = absolute + "|" + m.device.ToString() + "|" + ckpt.Fingerprint();
     if (slot.loaded.version == 0 || slot.loaded.key != key ||
         slot.loaded.socket != m.store_socket) {
-      if (slot.loaded.version != 0) {
-        // What an earlier attempt loaded from a file that has changed since.
-        if (auto dropped = AttachClient(slot.loaded.socket).Unload(c.name, slot.loaded.version);
-            !dropped.ok())
-          spdlog::warn("model {}: dropping version {} from the store: {}", c.name,
-                       slot.loaded.version, dropped.status().message());
-        slot.loaded = {};
-      }
+      // What an earlier attempt loaded from a file that has changed since.
+      if (slot.loaded.version != 0 && !keep_loaded) DropFromStore(c.name, slot.loaded);
+      slot.loaded = {};
       auto loaded = AttachClient(m.store_socket).Load(c.name, absolute);
       if (!loaded.ok()) return loaded.status().WithContext(c.checkpoint_path);
       slot.loaded = {key, m.store_socket, loaded->version, loaded->arena_size};
     }
     m.store_version = slot.loaded.version;
+    m.shared_memory = &shared_memory_;
     m.arena_bytes = slot.loaded.arena_bytes;
     m.worker_count = options_.workers > 0 ? options_.workers : c.instance_count;
     m.queue = std::make_unique<JobQueue>(std::max<uint64_t>(1, c.max_queue_size));
-    m.policy.max_batch = m.max_batch();
+    // A decoupled model's worker serves one request (one stream) at a time.
+    m.policy.max_batch = c.decoupled ? 1 : m.max_batch();
+    m.batch_totals =
+        std::make_unique<ModelRuntime::BatchTotals[]>(static_cast<size_t>(m.max_batch()) + 1);
     m.policy.max_delay = std::chrono::microseconds(c.max_queue_delay_us);
     m.policy.preferred.assign(c.preferred_batch_sizes.begin(), c.preferred_batch_sizes.end());
     std::sort(m.policy.preferred.begin(), m.policy.preferred.end());
     return Status::Ok();
+  }
+
+  void DropFromStore(const std::string& name, const ModelSlot::Loaded& loaded) {
+    if (auto dropped = AttachClient(loaded.socket).Unload(name, loaded.version); !dropped.ok())
+      spdlog::warn("model {}: dropping version {} from the store: {}", name, loaded.version,
+                   dropped.status().message());
+  }
+
+  // The slot of a model directory of the repository: the one made at
+  // start-up, or a new one for a directory that appeared since.
+  Result<ModelSlot*> SlotFor(const std::string& name) {
+    {
+      std::shared_lock lock(slots_mu_);
+      if (auto it = slots_.find(name); it != slots_.end()) return it->second.get();
+    }
+    ASSIGN_OR_RETURN(std::vector<ModelDirectory> dirs, ListModelDirectories(options_.repository));
+    auto d = std::find_if(dirs.begin(), dirs.end(),
+                          [&](const ModelDirectory& e) { return e.name == name; });
+    if (d == dirs.end())
+      return NotFound("no model directory '" + name + "' in the repository " + options_.repository);
+    std::unique_lock lock(slots_mu_);
+    auto [it, added] = slots_.try_emplace(name);
+    if (added) {
+      it->second = std::make_unique<ModelSlot>();
+      it->second->dir = std::move(*d);
+    }
+    return it->second.get();
   }
 
   // Stops a runtime that was never published, and frees it.
@@ -488,13 +778,13 @@ class Server::Impl {
   // One attempt: config, checkpoint, store, workers. Returns the runtime once
   // one of its workers is ready (its other workers may still be starting);
   // an error naming the path and the reason otherwise.
-  Result<std::unique_ptr<ModelRuntime>> TryBuild(ModelSlot& slot) {
+  Result<std::unique_ptr<ModelRuntime>> TryBuild(ModelSlot& slot, bool keep_loaded = false) {
     RETURN_IF_ERROR(slot.dir.status);
     ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(slot.dir.path));
     auto m = std::make_unique<ModelRuntime>();
     m->name = slot.dir.name;
     m->config_ = std::move(config);
-    RETURN_IF_ERROR(Prepare(slot, *m));
+    RETURN_IF_ERROR(Prepare(slot, *m, keep_loaded));
     for (int i = 0; i < m->worker_count; ++i) {
       auto w = std::make_unique<WorkerSupervisor>(*m, i, options_);
       RETURN_IF_ERROR(w->Init().WithContext("model '" + slot.dir.name + "'"));
@@ -564,6 +854,15 @@ class Server::Impl {
   // throws (no thread to be had, no memory) escapes to the builder: that is
   // this model's failure, retried like any other.
   bool BuildOnce(ModelSlot& slot) {
+    std::lock_guard build(slot.build_mu);
+    {
+      // A repository load served it meanwhile, or an unload took it away.
+      std::lock_guard lock(slot.mu);
+      if (slot.unloaded || slot.served.load() != nullptr) {
+        slot.settled = true;
+        return false;
+      }
+    }
     Result<std::unique_ptr<ModelRuntime>> built = [&]() -> Result<std::unique_ptr<ModelRuntime>> {
       try {
         return TryBuild(slot);
@@ -625,12 +924,16 @@ class Server::Impl {
   }
 
   ServerOptions options_;
+  SharedMemoryRegistry shared_memory_;
   std::string run_dir_;
   bool made_run_dir_ = false;
   // Held by Start() while it makes the run directory, the slots and the
   // builders, and by Shutdown() from the moment it has set stopping_.
   std::mutex lifecycle_mu_;
-  // Fixed once Start() has listed the repository.
+  // Made when Start() lists the repository; LoadModel adds the slots of
+  // directories that appeared since (under slots_mu_, exclusive). Slots are
+  // never removed.
+  mutable std::shared_mutex slots_mu_;
   std::map<std::string, std::unique_ptr<ModelSlot>> slots_;
   static constexpr size_t kMaxBuilders = 8;
   std::vector<std::thread> builders_;
@@ -668,6 +971,29 @@ Result<bool> Server::ModelReady(const std::string& m, const std::string& v) cons
   return impl_->ModelReady(m, v);
 }
 std::vector<std::string> Server::ModelNames() const { return impl_->ModelNames(); }
+Result<std::string> Server::ModelConfigJson(const std::string& m, const std::string& v) const {
+  return impl_->ModelConfigJsonOf(m, v);
+}
+Result<std::vector<ModelStatistics>> Server::Statistics(const std::string& m,
+                                                        const std::string& v) const {
+  return impl_->Statistics(m, v);
+}
+std::vector<RepositoryEntry> Server::RepositoryIndex(bool ready_only) const {
+  return impl_->RepositoryIndex(ready_only);
+}
+Status Server::LoadModel(const std::string& m) { return impl_->LoadModel(m); }
+Status Server::RegisterSystemSharedMemory(const std::string& name, const std::string& key,
+                                          uint64_t offset, uint64_t byte_size) {
+  return impl_->shared_memory().Register(name, key, offset, byte_size);
+}
+Status Server::UnregisterSystemSharedMemory(const std::string& name) {
+  return impl_->shared_memory().Unregister(name);
+}
+Result<std::vector<SharedMemoryRegion>> Server::SystemSharedMemoryStatus(
+    const std::string& name) const {
+  return impl_->shared_memory().List(name);
+}
+Status Server::UnloadModel(const std::string& m) { return impl_->UnloadModel(m); }
 void Server::Infer(InferRequest r, std::function<void(Result<InferResponse>)> done) {
   impl_->Infer(std::move(r), std::move(done));
 }

@@ -30,6 +30,10 @@ struct ServerOptions {
   // A worker that has not said ready by then is killed (and restarted);
   // Start() waits at most this long for the models to come up.
   int ready_timeout_ms = 300000;
+  // Triton's strict readiness: the server is ready only while every model of
+  // the repository (but those unloaded) is served with a worker ready. Off:
+  // ready while every served model has a worker ready, whatever failed.
+  bool strict_readiness = true;
 };
 
 class Server : public InferenceService {
@@ -64,6 +68,18 @@ class Server : public InferenceService {
   std::vector<std::string> ModelNames() const override;
   void Infer(InferRequest request, std::function<void(Result<InferResponse>)> done) override;
   std::string MetricsText() const override;
+  Result<std::string> ModelConfigJson(const std::string& model,
+                                      const std::string& version) const override;
+  Result<std::vector<ModelStatistics>> Statistics(const std::string& model,
+                                                  const std::string& version) const override;
+  std::vector<RepositoryEntry> RepositoryIndex(bool ready_only) const override;
+  Status LoadModel(const std::string& model) override;
+  Status UnloadModel(const std::string& model) override;
+  Status RegisterSystemSharedMemory(const std::string& name, const std::string& key,
+                                    uint64_t offset, uint64_t byte_size) override;
+  Status UnregisterSystemSharedMemory(const std::string& name) override;
+  Result<std::vector<SharedMemoryRegion>> SystemSharedMemoryStatus(
+      const std::string& name) const override;
 
   // Pids of a model's live worker processes (tests, metrics).
   std::vector<int> WorkerPids(const std::string& model) const;

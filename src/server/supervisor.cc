@@ -13,6 +13,7 @@
 #include <system_error>
 
 #include "common/checked_size.h"
+#include "common/float16.h"
 
 namespace hearth {
 
@@ -183,7 +184,77 @@ std::optional<std::vector<std::span<const std::byte>>> SplitRows(
   return parts;
 }
 
+// Element e of a numeric tensor's bytes, as a double.
+double ElementAt(const std::byte* p, DType dtype, size_t e) {
+  auto get = [&](auto v) {
+    std::memcpy(&v, p + e * sizeof v, sizeof v);
+    return v;
+  };
+  switch (dtype) {
+    case DType::kF64:
+      return get(double{});
+    case DType::kF32:
+      return get(float{});
+    case DType::kF16:
+      return HalfToFloat(get(uint16_t{}));
+    case DType::kBF16:
+      return BFloat16ToFloat(get(uint16_t{}));
+    case DType::kI64:
+      return static_cast<double>(get(int64_t{}));
+    case DType::kI32:
+      return get(int32_t{});
+    case DType::kI16:
+      return get(int16_t{});
+    case DType::kI8:
+      return get(int8_t{});
+    case DType::kU8:
+      return get(uint8_t{});
+    case DType::kBool:
+      return get(uint8_t{}) != 0 ? 1.0 : 0.0;
+    default:
+      return 0;
+  }
+}
+
 }  // namespace
+
+// Triton's classification: per row (the batch dimension, or the whole
+// tensor for a model that does not batch), the `count` largest elements
+// as BYTES "value:index", largest first (ties: the lower index first).
+InferTensor Classify(const InferTensor& t, uint32_t count, bool batching) {
+  const int64_t rows = batching && !t.shape.empty() ? t.shape[0] : 1;
+  const size_t width =
+      rows > 0 ? t.data.size() / DTypeSize(t.dtype) / static_cast<size_t>(rows) : 0;
+  const size_t n = std::min<size_t>(count, width);
+  InferTensor out;
+  out.name = t.name;
+  out.dtype = DType::kBytes;
+  out.shape = batching ? std::vector<int64_t>{rows, static_cast<int64_t>(n)}
+                       : std::vector<int64_t>{static_cast<int64_t>(n)};
+  std::vector<std::byte> bytes;
+  std::vector<size_t> order(width);
+  for (int64_t r = 0; r < rows; ++r) {
+    const size_t base = static_cast<size_t>(r) * width;
+    for (size_t k = 0; k < width; ++k) order[k] = k;
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), order.end(),
+                      [&](size_t a, size_t b) {
+                        const double va = ElementAt(t.data.data(), t.dtype, base + a);
+                        const double vb = ElementAt(t.data.data(), t.dtype, base + b);
+                        return va > vb || (va == vb && a < b);
+                      });
+    for (size_t k = 0; k < n; ++k) {
+      const std::string e = std::to_string(ElementAt(t.data.data(), t.dtype, base + order[k])) +
+                            ":" + std::to_string(order[k]);
+      const auto len = static_cast<uint32_t>(e.size());
+      const auto* l = reinterpret_cast<const std::byte*>(&len);
+      bytes.insert(bytes.end(), l, l + 4);
+      const auto* c = reinterpret_cast<const std::byte*>(e.data());
+      bytes.insert(bytes.end(), c, c + e.size());
+    }
+  }
+  out.data = std::move(bytes);
+  return out;
+}
 
 bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<Job>>& jobs) {
   const auto dispatched = Clock::now();
@@ -203,6 +274,7 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
   control::Run run;
   run.seq = ++seq_;
   run.rows = rows;
+  if (model_.config().decoupled) run.parameters_json = jobs[0]->request.parameters_json;
   uint64_t at = 0;
   for (size_t i = 0; i < model_.inputs.size(); ++i) {
     const TensorSpec& spec = model_.inputs[i];
@@ -230,7 +302,8 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
       fail_all(fixed.status());
       return true;
     }
-    const bool placed = fixed->has_value();
+    // A decoupled model's responses vary: the worker places each.
+    const bool placed = fixed->has_value() && !model_.config().decoupled;
     if (placed) {
       t.offset = Align64(at);
       t.bytes = **fixed;
@@ -265,7 +338,8 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
       }
     }
   }
-  model_.input_us += Since(dispatched);
+  const uint64_t input_us = Since(dispatched);
+  model_.input_us += input_us;
 
   const auto handed_over = Clock::now();
   // One deadline for the whole batch, however many times the slot grows.
@@ -286,6 +360,7 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
   if (::poll(&gone, 1, 0) > 0) return requeue_unharmed();  // end-of-file, or it spoke unasked
   Status sent = control::SendRun(control, run);
   if (!sent.ok() && sent.code() == StatusCode::kUnavailable) return requeue_unharmed();
+  if (sent.ok() && model_.config().decoupled) return RunStream(control, jobs[0], run, handed_over);
   Result<control::Message> done =
       sent.ok() ? control::ReceiveKind(control, left_ms(), {control::Kind::kDone})
                 : Result<control::Message>(sent);
@@ -411,27 +486,274 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
     response.model = model_.name;
     response.version = std::to_string(model_.config().version);
     response.id = job->request.id;
+    Status failed = Status::Ok();
     for (size_t i = 0; i < model_.outputs.size(); ++i) {
       const TensorSpec& spec = model_.outputs[i];
       const auto& wanted = job->request.outputs;
-      if (!wanted.empty() &&
-          std::none_of(wanted.begin(), wanted.end(),
-                       [&](const RequestedOutput& o) { return o.name == spec.name; }))
-        continue;
+      auto asked = std::find_if(wanted.begin(), wanted.end(),
+                                [&](const RequestedOutput& o) { return o.name == spec.name; });
+      if (!wanted.empty() && asked == wanted.end()) continue;
       InferTensor t;
       t.name = spec.name;
       t.dtype = spec.dtype;
       t.shape = d.outputs[i].shape;
       if (batching) t.shape[0] = job->batch;
       t.data = TensorData::Borrowed(parts[i][j]);
+      if (asked != wanted.end() && asked->class_count > 0)
+        t = Classify(t, asked->class_count, batching);
+      if (asked != wanted.end() && asked->shm) {
+        Status written = model_.shared_memory != nullptr
+                             ? model_.shared_memory->Write(*asked->shm, t.data.bytes())
+                             : Unavailable("no shared memory here");
+        if (!written.ok()) {
+          failed = written.WithContext("output '" + spec.name + "'");
+          break;
+        }
+        t.shm = SharedMemoryRef{asked->shm->region, asked->shm->offset, t.data.size()};
+        t.data = TensorData();
+      }
       response.outputs.push_back(std::move(t));
+    }
+    if (!failed.ok()) {
+      job->done(failed);
+      continue;
     }
     model_.requests += 1;
     model_.request_us += Since(job->received);
     job->done(std::move(response));
   }
-  model_.output_us += Since(outputs_start);
+  const uint64_t output_us = Since(outputs_start);
+  model_.output_us += output_us;
+  model_.CountBatch(rows, input_us, d.run_us, output_us);
   return true;
+}
+
+namespace {
+
+// A non-streaming request to a decoupled model is answered once: each BYTES
+// output's pieces joined element by element, in order; every other output
+// as the last response that held it gave it.
+struct JoinedOutput {
+  bool seen = false;
+  std::vector<int64_t> shape;
+  std::vector<std::string> elements;  // BYTES
+  std::vector<std::byte> bytes;       // other types
+};
+
+Status JoinPiece(JoinedOutput& j, const TensorSpec& spec, const std::vector<int64_t>& shape,
+                 std::span<const std::byte> data) {
+  if (spec.dtype != DType::kBytes) {
+    j.shape = shape;
+    j.bytes.assign(data.begin(), data.end());
+    j.seen = true;
+    return Status::Ok();
+  }
+  std::vector<std::string> elements;
+  for (size_t at = 0; at + 4 <= data.size();) {
+    uint32_t len;
+    std::memcpy(&len, data.data() + at, 4);
+    elements.emplace_back(reinterpret_cast<const char*>(data.data() + at + 4), len);
+    at += 4 + len;
+  }
+  if (!j.seen) {
+    j.shape = shape;
+    j.elements = std::move(elements);
+    j.seen = true;
+    return Status::Ok();
+  }
+  if (shape != j.shape)
+    return InvalidArgument("output '" + spec.name + "' changed its shape mid-stream, from " +
+                           ShapeString(j.shape) + " to " + ShapeString(shape) +
+                           ": its pieces cannot be joined");
+  for (size_t e = 0; e < elements.size(); ++e) j.elements[e] += elements[e];
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool WorkerSupervisor::RunStream(int control, const std::shared_ptr<Job>& shared,
+                                 const control::Run& run, Clock::time_point handed_over) {
+  Job& job = *shared;
+  const bool batching = model_.batching();
+  const bool streaming = static_cast<bool>(job.request.on_response);
+  const auto& wanted = job.request.outputs;
+  auto is_wanted = [&](const std::string& name) {
+    return wanted.empty() || std::any_of(wanted.begin(), wanted.end(),
+                                         [&](const RequestedOutput& o) { return o.name == name; });
+  };
+  std::vector<JoinedOutput> joined(model_.outputs.size());
+  uint64_t responses = 0;
+  bool cancelled = false;
+  Status why_cancelled;
+  // The exec timeout bounds each response (a hung model), not the stream:
+  // generation takes as long as it takes, and its client or deadline ends it.
+  for (;;) {
+    Result<control::Message> m = control::ReceiveKind(
+        control, options_.exec_timeout_ms, {control::Kind::kPartial, control::Kind::kDone});
+    // Room for a response's outputs, asked as for a batch.
+    for (int rounds = 0; m.ok() && m->kind == control::Kind::kDone && m->done.seq == run.seq &&
+                         m->done.room_needed > 0;
+         ++rounds) {
+      if (m->done.room_needed <= slot_.size() || rounds >= 16) {
+        m = InvalidArgument("it asked for room it had, or more than 16 times");
+        break;
+      }
+      if (Status grown = slot_.Reserve(m->done.room_needed, kMaxSlotBytes); !grown.ok()) {
+        job.done(grown.WithContext("model '" + model_.name + "': a response's outputs"));
+        return false;
+      }
+      Status sent = control::SendRoom(control, control::Room{run.seq, slot_.size()});
+      m = sent.ok() ? control::ReceiveKind(control, options_.exec_timeout_ms,
+                                           {control::Kind::kPartial, control::Kind::kDone})
+                    : Result<control::Message>(sent);
+    }
+    if (!m.ok() || m->done.seq != run.seq) {
+      const bool timeout = !m.ok() && m.status().code() == StatusCode::kDeadlineExceeded;
+      const std::string what = timeout  ? "ran past --exec-timeout for one response"
+                               : m.ok() ? "answered another batch"
+                               : m.status().code() == StatusCode::kInvalidArgument
+                                   ? "sent a malformed answer (" + m.status().message() + ")"
+                                   : "died";
+      spdlog::warn("{} worker {} (pid {}) {} in a stream after {} responses", model_.name, index_,
+                   process_.pid(), what, responses);
+      if (responses == 0 && !cancelled) {
+        // Nothing reached the client: the request is retried, and counts
+        // towards poison like any batch that took a worker down.
+        if (++job.crashes >= 3) {
+          job.done(Internal("poison request: it took down " + std::to_string(job.crashes) +
+                            " workers of '" + model_.name + "'; it is not retried"));
+        } else {
+          model_.queue->PushFront(shared);
+        }
+      } else {
+        // Half a stream is never replayed: the client would see tokens twice.
+        job.done(Internal("model '" + model_.name + "': the worker serving this stream " + what +
+                          " after " + std::to_string(responses) +
+                          " responses; the stream is not retried"));
+      }
+      return false;
+    }
+    const control::Done& d = m->done;
+    const bool last = m->kind == control::Kind::kDone;
+    if (last && d.status_code != 0) {
+      model_.exchange_us += Since(handed_over);
+      model_.batches += 1;
+      model_.rows += 1;
+      model_.run_us += d.run_us;
+      job.done(cancelled ? why_cancelled : Status(static_cast<StatusCode>(d.status_code), d.text));
+      return true;
+    }
+    // Checked like any answer before a byte is read.
+    Status checked = d.outputs.size() == model_.outputs.size()
+                         ? Status::Ok()
+                         : InvalidArgument("a response for " + std::to_string(d.outputs.size()) +
+                                           " outputs of " + std::to_string(model_.outputs.size()));
+    for (size_t i = 0; checked.ok() && i < d.outputs.size(); ++i) {
+      if (!d.present.empty() && !d.present[i]) continue;
+      const TensorSpec& spec = model_.outputs[i];
+      const std::string what = "output " + Describe(spec);
+      checked = control::CheckShape(spec, batching, 1, d.outputs[i].shape, what);
+      if (checked.ok())
+        checked = control::CheckSlotTensor(d.outputs[i], spec.dtype, run.free_offset, slot_.size(),
+                                           slot_.data(), what);
+    }
+    if (!checked.ok()) {
+      spdlog::warn("{} worker {} (pid {}): {}; replacing it", model_.name, index_, process_.pid(),
+                   checked.message());
+      job.done(Internal("model '" + model_.name +
+                        "': the worker's response is malformed: " + checked.message()));
+      return false;
+    }
+    InferResponse response;
+    response.model = model_.name;
+    response.version = std::to_string(model_.config().version);
+    response.id = job.request.id;
+    Status joined_ok = Status::Ok();
+    for (size_t i = 0; i < model_.outputs.size(); ++i) {
+      if ((!d.present.empty() && !d.present[i]) || !is_wanted(model_.outputs[i].name)) continue;
+      const std::span<const std::byte> bytes(slot_.data() + d.outputs[i].offset,
+                                             d.outputs[i].bytes);
+      if (!streaming) {
+        if (joined_ok.ok())
+          joined_ok = JoinPiece(joined[i], model_.outputs[i], d.outputs[i].shape, bytes);
+        continue;
+      }
+      InferTensor t;
+      t.name = model_.outputs[i].name;
+      t.dtype = model_.outputs[i].dtype;
+      t.shape = d.outputs[i].shape;
+      t.data = TensorData::Borrowed(bytes);
+      response.outputs.push_back(std::move(t));
+    }
+    if (last) {
+      model_.exchange_us += Since(handed_over);
+      model_.batches += 1;
+      model_.rows += 1;
+      model_.run_us += d.run_us;
+      model_.batch_bucket[0] += 1;  // NOLINT: a stream is a batch of 1
+      if (cancelled) {
+        job.done(why_cancelled);
+        return true;
+      }
+      if (!joined_ok.ok()) {
+        job.done(joined_ok);
+        return true;
+      }
+      if (!streaming) {
+        for (size_t i = 0; i < model_.outputs.size(); ++i) {
+          JoinedOutput& j = joined[i];
+          if (!j.seen) continue;
+          InferTensor t;
+          t.name = model_.outputs[i].name;
+          t.dtype = model_.outputs[i].dtype;
+          t.shape = j.shape;
+          if (t.dtype == DType::kBytes) {
+            std::vector<std::byte> out;
+            for (const std::string& e : j.elements) {
+              const auto len = static_cast<uint32_t>(e.size());
+              const auto* l = reinterpret_cast<const std::byte*>(&len);
+              out.insert(out.end(), l, l + 4);
+              const auto* b = reinterpret_cast<const std::byte*>(e.data());
+              out.insert(out.end(), b, b + e.size());
+            }
+            t.data = std::move(out);
+          } else {
+            t.data = std::move(j.bytes);
+          }
+          response.outputs.push_back(std::move(t));
+        }
+      }
+      model_.requests += 1;
+      model_.request_us += Since(job.received);
+      model_.CountBatch(1, 0, d.run_us, 0);
+      job.done(std::move(response));
+      return true;
+    }
+    // One response before the last: to the client now (or joined), then
+    // the worker may go on, unless the request is over.
+    ++responses;
+    bool go_on = true;
+    if (streaming && !cancelled) go_on = job.request.on_response(response);
+    if (!cancelled) {
+      if (!go_on || (job.request.cancelled && job.request.cancelled->load())) {
+        cancelled = true;
+        why_cancelled =
+            Unavailable("request '" + job.request.id + "' was cancelled: its client went away");
+      } else if (Clock::now() >= job.deadline) {
+        cancelled = true;
+        why_cancelled =
+            DeadlineExceeded("request '" + job.request.id + "' ran past its timeout after " +
+                             std::to_string(responses) + " responses");
+      } else if (!joined_ok.ok()) {
+        cancelled = true;
+        why_cancelled = joined_ok;
+      }
+    }
+    if (Status s = control::SendAck(control, control::Ack{run.seq, cancelled}); !s.ok()) {
+      // Gone between its response and our answer: the loop's next receive says how.
+      continue;
+    }
+  }
 }
 
 // The wait before starting a worker again after `failures` deaths in a row
@@ -553,6 +875,14 @@ void WorkerSupervisor::Loop() {
         }
         continue;
       }
+      // Requests whose clients went away while they waited are not run.
+      std::erase_if(jobs, [](const std::shared_ptr<Job>& job) {
+        if (!job->request.cancelled || !job->request.cancelled->load()) return false;
+        job->done(Unavailable("request '" + job->request.id +
+                              "' was cancelled before it ran: its client went away"));
+        return true;
+      });
+      if (jobs.empty()) continue;
       alive = RunBatch(control.get(), jobs);
       if (alive) failures = 0;
     }
@@ -564,6 +894,9 @@ void WorkerSupervisor::Loop() {
     ++restarts_;
     ++failures;
   }
+  // A runtime retired by a repository load lives on (a few bytes); the
+  // slot, which may be large, goes with the last worker.
+  slot_ = RequestSlot();
 }
 
 }  // namespace hearth

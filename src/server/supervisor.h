@@ -20,6 +20,7 @@
 #include "server/model_config.h"
 #include "server/request_slot.h"
 #include "server/server.h"
+#include "server/shared_memory.h"
 #include "server/worker_process.h"
 
 namespace hearth {
@@ -59,6 +60,11 @@ class WorkerSupervisor {
   // Runs one batch of requests on the live worker; false if the worker is
   // gone (or was killed for a malformed answer).
   bool RunBatch(int control, const std::vector<std::shared_ptr<Job>>& jobs);
+  // A decoupled model's run (one request), once its run message is sent:
+  // each response to the request's on_response (or joined for one answer),
+  // acknowledged with a cancel when the request is over. False as RunBatch.
+  bool RunStream(int control, const std::shared_ptr<Job>& job, const control::Run& run,
+                 Clock::time_point handed_over);
   // Tells the model how this worker's first start ended (once).
   void Settle();
 
@@ -119,10 +125,28 @@ struct ModelRuntime {
   // the server measures it: the backend's time plus the protocol's.
   std::atomic<uint64_t> exchange_us{0};
   std::atomic<int64_t> pending{0};
+  // Triton's statistics: requests answered, by outcome, from arrival to
+  // answer; when the last was; and per batch size (index: rows, 1 to
+  // max_batch()) how many batches ran and their input, run and output times.
+  std::atomic<uint64_t> success_us{0}, failure_us{0}, last_inference_ms{0};
+  struct BatchTotals {
+    std::atomic<uint64_t> count{0}, input_us{0}, infer_us{0}, output_us{0};
+  };
+  std::unique_ptr<BatchTotals[]> batch_totals;  // max_batch() + 1 entries
+  void CountBatch(int64_t batch_rows, uint64_t in_us, uint64_t infer_us, uint64_t out_us) {
+    if (batch_totals == nullptr || batch_rows < 1 || batch_rows > max_batch()) return;
+    BatchTotals& t = batch_totals[static_cast<size_t>(batch_rows)];
+    t.count += 1;
+    t.input_us += in_us;
+    t.infer_us += infer_us;
+    t.output_us += out_us;
+  }
   static constexpr int64_t kBatchBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
   std::atomic<uint64_t> batch_bucket[std::size(kBatchBuckets)] = {};
   uint64_t arena_bytes = 0;
   BatchPolicy policy;
+  // Where outputs asked for in shared memory are written (the server's).
+  const SharedMemoryRegistry* shared_memory = nullptr;
 
   const ModelConfig& config() const { return config_; }
   int max_batch() const { return std::max(1, config().max_batch_size); }
@@ -153,6 +177,9 @@ struct ModelRuntime {
     return settled_workers == worker_count;
   }
 };
+
+// Triton's classification of an output tensor (RequestedOutput::class_count).
+InferTensor Classify(const InferTensor& t, uint32_t count, bool batching);
 
 // The most a slot may grow to for one batch's inputs and outputs.
 inline constexpr uint64_t kMaxSlotBytes = 16ull << 30;

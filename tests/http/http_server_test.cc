@@ -106,6 +106,25 @@ class FakeService : public InferenceService {
   }
 
   std::vector<std::string> ModelNames() const override { return {"scale"}; }
+  Result<std::string> ModelConfigJson(const std::string&, const std::string&) const override {
+    return Unimplemented("the fake service has no config");
+  }
+  Result<std::vector<ModelStatistics>> Statistics(const std::string&,
+                                                  const std::string&) const override {
+    return Unimplemented("the fake service has no statistics");
+  }
+  std::vector<RepositoryEntry> RepositoryIndex(bool) const override { return {}; }
+  Status LoadModel(const std::string&) override { return Unimplemented("fake"); }
+  Status UnloadModel(const std::string&) override { return Unimplemented("fake"); }
+  Status RegisterSystemSharedMemory(const std::string&, const std::string&, uint64_t,
+                                    uint64_t) override {
+    return Unimplemented("fake");
+  }
+  Status UnregisterSystemSharedMemory(const std::string&) override { return Unimplemented("fake"); }
+  Result<std::vector<SharedMemoryRegion>> SystemSharedMemoryStatus(
+      const std::string&) const override {
+    return Unimplemented("fake");
+  }
 
   Result<bool> ModelReady(const std::string& model, const std::string& version) const override {
     Result<ModelMetadata> m = Metadata(model, version);
@@ -194,7 +213,7 @@ class FakeService : public InferenceService {
       const int64_t rows = in.shape[0];
       const int64_t cols = in.shape[1];
       std::vector<float> x(static_cast<size_t>(rows * cols));
-      std::memcpy(x.data(), in.data.data(), in.data.size());
+      if (!x.empty()) std::memcpy(x.data(), in.data.data(), in.data.size());
       std::vector<float> y(static_cast<size_t>(rows));
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t c = 0; c < cols; ++c) y[r] += x[r * cols + c];

@@ -123,6 +123,29 @@ TEST(JobQueue, AlternatingShapesStillFormFullBatches) {
             (std::vector<std::string>{"b", "d", "f", "h"}));
 }
 
+// Higher levels (lower numbers) first; within a level, in arrival order;
+// a batch of a higher level takes lower-level requests of its shape to
+// fill its rows.
+TEST(JobQueue, HigherPriorityLevelsRunFirstAndInOrderWithinALevel) {
+  Harness h;
+  auto push = [&](const char* id, uint64_t priority, std::vector<int64_t> shape) {
+    auto job = h.Make(id, 1, std::move(shape));
+    job->priority = priority;
+    ASSERT_TRUE(h.queue.Push(std::move(job)).ok());
+  };
+  push("low1", 3, {1});
+  push("high1", 1, {2});
+  push("mid", 2, {2});
+  push("high2", 1, {2});
+  push("low2", 3, {2});
+  auto batch = h.queue.PopBatch(Policy(2, 0), std::chrono::milliseconds(0));
+  EXPECT_EQ(Harness::Ids(batch), (std::vector<std::string>{"high1", "high2"}));
+  batch = h.queue.PopBatch(Policy(2, 0), std::chrono::milliseconds(0));
+  EXPECT_EQ(Harness::Ids(batch), (std::vector<std::string>{"mid", "low2"}));
+  batch = h.queue.PopBatch(Policy(2, 0), std::chrono::milliseconds(0));
+  EXPECT_EQ(Harness::Ids(batch), (std::vector<std::string>{"low1"}));
+}
+
 TEST(JobQueue, RetriedRequestsRunAloneAndFirst) {
   Harness h;
   ASSERT_TRUE(h.queue.Push(h.Make("a", 1)).ok());

@@ -408,9 +408,9 @@ Result<std::unique_ptr<Backend>> Create(const HearthCudaTensor* weights, size_t 
     return InvalidArgument(
         path + ": binding the store's tensors: " + std::string(e.what()).substr(0, 2000));
   }
-  auto backend = std::make_unique<AotiBackend>(std::move(loader), std::move(constants),
-                                               std::move(inputs), std::move(outputs), device,
-                                               o.batching != 0);
+  auto backend =
+      std::make_unique<AotiBackend>(std::move(loader), std::move(constants), std::move(inputs),
+                                    std::move(outputs), device, o.batching != 0);
   RETURN_IF_ERROR(backend->WarmUp(o.batching != 0 ? std::max<int64_t>(max_rows, 1) : 1));
   return std::unique_ptr<Backend>(std::move(backend));
 }

@@ -1,0 +1,576 @@
+#include "grpc/kserve_grpc_codec.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <nlohmann/json.hpp>
+#include <type_traits>
+#include <utility>
+
+#include "common/bytes_tensor.h"
+#include "common/checked_size.h"
+#include "common/datatype.h"
+#include "http/kserve_codec.h"
+
+namespace hearth {
+namespace {
+
+using inference::InferParameter;
+using inference::InferTensorContents;
+using inference::ModelInferRequest;
+
+// How messages write a name: a JSON string literal, as the REST front-end's.
+std::string Quote(std::string_view text) {
+  return nlohmann::json(std::string(text))
+      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string InputLabel(std::string_view name) { return "input " + Quote(name); }
+
+std::string DatatypeString(DType dtype) {
+  const std::string_view name = KserveDatatypeName(dtype);
+  return name.empty() ? std::string(DTypeName(dtype)) : std::string(name);
+}
+
+// Which typed field of InferTensorContents holds each datatype, and how many
+// values each field has.
+enum class ContentsField { kNone, kBool, kInt, kInt64, kUint, kUint64, kFp32, kFp64, kBytes };
+
+ContentsField FieldFor(DType dtype) {
+  switch (dtype) {
+    case DType::kBool:
+      return ContentsField::kBool;
+    case DType::kI8:
+    case DType::kI16:
+    case DType::kI32:
+      return ContentsField::kInt;
+    case DType::kI64:
+      return ContentsField::kInt64;
+    case DType::kU8:
+      return ContentsField::kUint;
+    case DType::kF32:
+      return ContentsField::kFp32;
+    case DType::kF64:
+      return ContentsField::kFp64;
+    case DType::kBytes:
+      return ContentsField::kBytes;
+    default:
+      return ContentsField::kNone;  // FP16, BF16: raw only
+  }
+}
+
+const char* FieldName(ContentsField field) {
+  switch (field) {
+    case ContentsField::kBool:
+      return "bool_contents";
+    case ContentsField::kInt:
+      return "int_contents";
+    case ContentsField::kInt64:
+      return "int64_contents";
+    case ContentsField::kUint:
+      return "uint_contents";
+    case ContentsField::kUint64:
+      return "uint64_contents";
+    case ContentsField::kFp32:
+      return "fp32_contents";
+    case ContentsField::kFp64:
+      return "fp64_contents";
+    case ContentsField::kBytes:
+      return "bytes_contents";
+    case ContentsField::kNone:
+      break;
+  }
+  return "(none)";
+}
+
+int FieldSize(const InferTensorContents& c, ContentsField field) {
+  switch (field) {
+    case ContentsField::kBool:
+      return c.bool_contents_size();
+    case ContentsField::kInt:
+      return c.int_contents_size();
+    case ContentsField::kInt64:
+      return c.int64_contents_size();
+    case ContentsField::kUint:
+      return c.uint_contents_size();
+    case ContentsField::kUint64:
+      return c.uint64_contents_size();
+    case ContentsField::kFp32:
+      return c.fp32_contents_size();
+    case ContentsField::kFp64:
+      return c.fp64_contents_size();
+    case ContentsField::kBytes:
+      return c.bytes_contents_size();
+    case ContentsField::kNone:
+      break;
+  }
+  return 0;
+}
+
+constexpr ContentsField kAllFields[] = {
+    ContentsField::kBool,   ContentsField::kInt,  ContentsField::kInt64, ContentsField::kUint,
+    ContentsField::kUint64, ContentsField::kFp32, ContentsField::kFp64,  ContentsField::kBytes};
+
+// The values of one repeated field, each narrowed to the datatype's element.
+template <typename Out, typename Values>
+Status CopyNarrowed(const Values& values, const std::string& label, const char* datatype,
+                    std::vector<std::byte>& bytes) {
+  bytes.resize(static_cast<size_t>(values.size()) * sizeof(Out));
+  std::byte* out = bytes.data();
+  for (int i = 0; i < values.size(); ++i) {
+    const auto value = values.Get(i);
+    if constexpr (!std::is_same_v<Out, std::remove_cv_t<decltype(value)>>) {
+      if (value < std::numeric_limits<Out>::min() || value > std::numeric_limits<Out>::max()) {
+        return InvalidArgument(label + ": element " + std::to_string(i) + " (" +
+                               std::to_string(value) + ") is out of range for " + datatype);
+      }
+    }
+    const auto narrow = static_cast<Out>(value);
+    std::memcpy(out + static_cast<size_t>(i) * sizeof(Out), &narrow, sizeof(Out));
+  }
+  return Status::Ok();
+}
+
+// An input's data from its typed contents, into owned bytes of its datatype.
+Status ReadContents(const InferTensorContents& contents, DType dtype, uint64_t count,
+                    const std::string& label, TensorData& data) {
+  const ContentsField field = FieldFor(dtype);
+  const std::string datatype = DatatypeString(dtype);
+  if (field == ContentsField::kNone) {
+    return InvalidArgument(label + ": " + datatype +
+                           " data has no typed field in 'contents'; send it in raw_input_contents");
+  }
+  for (ContentsField other : kAllFields) {
+    if (other != field && FieldSize(contents, other) > 0) {
+      return InvalidArgument(label + ": datatype " + datatype + " takes its data in contents." +
+                             FieldName(field) + ", not contents." + FieldName(other));
+    }
+  }
+  const auto given = static_cast<uint64_t>(FieldSize(contents, field));
+  if (given != count) {
+    return InvalidArgument(label + ": contents." + FieldName(field) + " has " +
+                           std::to_string(given) + " elements but the shape needs " +
+                           std::to_string(count));
+  }
+  std::vector<std::byte> bytes;
+  const char* name = datatype.c_str();
+  switch (dtype) {
+    case DType::kBool: {
+      bytes.resize(count);
+      for (int i = 0; i < contents.bool_contents_size(); ++i) {
+        bytes[static_cast<size_t>(i)] =
+            std::byte{contents.bool_contents(i) ? uint8_t{1} : uint8_t{0}};
+      }
+      break;
+    }
+    case DType::kI8:
+      RETURN_IF_ERROR(CopyNarrowed<int8_t>(contents.int_contents(), label, name, bytes));
+      break;
+    case DType::kI16:
+      RETURN_IF_ERROR(CopyNarrowed<int16_t>(contents.int_contents(), label, name, bytes));
+      break;
+    case DType::kI32:
+      RETURN_IF_ERROR(CopyNarrowed<int32_t>(contents.int_contents(), label, name, bytes));
+      break;
+    case DType::kI64:
+      RETURN_IF_ERROR(CopyNarrowed<int64_t>(contents.int64_contents(), label, name, bytes));
+      break;
+    case DType::kU8:
+      RETURN_IF_ERROR(CopyNarrowed<uint8_t>(contents.uint_contents(), label, name, bytes));
+      break;
+    case DType::kF32:
+      RETURN_IF_ERROR(CopyNarrowed<float>(contents.fp32_contents(), label, name, bytes));
+      break;
+    case DType::kF64:
+      RETURN_IF_ERROR(CopyNarrowed<double>(contents.fp64_contents(), label, name, bytes));
+      break;
+    case DType::kBytes: {
+      uint64_t total = 0;
+      for (const std::string& element : contents.bytes_contents()) {
+        total += BytesElementSize(element.size());
+      }
+      bytes.reserve(total);
+      for (int i = 0; i < contents.bytes_contents_size(); ++i) {
+        RETURN_IF_ERROR(AppendBytesElement(bytes, contents.bytes_contents(i),
+                                           label + ": element " + std::to_string(i)));
+      }
+      break;
+    }
+    default:
+      return InvalidArgument(label + ": unsupported datatype " + datatype);
+  }
+  data = std::move(bytes);
+  return Status::Ok();
+}
+
+bool IsSharedMemoryParameter(const std::string& key) {
+  return key == "shared_memory_region" || key == "shared_memory_byte_size" ||
+         key == "shared_memory_offset";
+}
+
+Status RefuseSharedMemory(const std::string& label) {
+  return InvalidArgument(label +
+                         ": shared memory is not supported by hearth yet; send the data in the "
+                         "request (raw_input_contents) and take it from the response");
+}
+
+// A parameter that the model gets, as JSON. InvalidArgument for one whose
+// value cannot be JSON (NaN, infinity) or is not set.
+Status AddModelParameter(const std::string& key, const InferParameter& value, nlohmann::json& out) {
+  const std::string label = "request: parameter " + Quote(key);
+  switch (value.parameter_choice_case()) {
+    case InferParameter::kBoolParam:
+      out[key] = value.bool_param();
+      return Status::Ok();
+    case InferParameter::kInt64Param:
+      out[key] = value.int64_param();
+      return Status::Ok();
+    case InferParameter::kUint64Param:
+      out[key] = value.uint64_param();
+      return Status::Ok();
+    case InferParameter::kDoubleParam:
+      if (!std::isfinite(value.double_param())) {
+        return InvalidArgument(label + " must be a finite number (JSON has no NaN or infinity)");
+      }
+      out[key] = value.double_param();
+      return Status::Ok();
+    case InferParameter::kStringParam:
+      // proto3 strings arrive as checked UTF-8.
+      out[key] = value.string_param();
+      return Status::Ok();
+    case InferParameter::PARAMETER_CHOICE_NOT_SET:
+      break;
+  }
+  return InvalidArgument(label + " has no value");
+}
+
+// Whether a parameter is set to anything but its "none" value (0, false, "").
+bool IsSet(const InferParameter& value) {
+  switch (value.parameter_choice_case()) {
+    case InferParameter::kBoolParam:
+      return value.bool_param();
+    case InferParameter::kInt64Param:
+      return value.int64_param() != 0;
+    case InferParameter::kUint64Param:
+      return value.uint64_param() != 0;
+    case InferParameter::kDoubleParam:
+      return value.double_param() != 0;
+    case InferParameter::kStringParam:
+      return !value.string_param().empty();
+    case InferParameter::PARAMETER_CHOICE_NOT_SET:
+      break;
+  }
+  return false;
+}
+
+Status RequestParameters(const ModelInferRequest& proto, GrpcInferRequest& out) {
+  nlohmann::json model_parameters = nlohmann::json::object();
+  for (const auto& [key, value] : proto.parameters()) {
+    if (key == kTimeoutParameter) {
+      if (value.parameter_choice_case() == InferParameter::kInt64Param &&
+          value.int64_param() >= 0) {
+        out.request.timeout_us = static_cast<uint64_t>(value.int64_param());
+      } else if (value.parameter_choice_case() == InferParameter::kUint64Param) {
+        out.request.timeout_us = value.uint64_param();
+      } else {
+        return InvalidArgument(
+            "request: parameter 'timeout' must be a non-negative integer of microseconds "
+            "(int64_param or uint64_param)");
+      }
+    } else if (key == kEmptyFinalParameter) {
+      if (value.parameter_choice_case() != InferParameter::kBoolParam) {
+        return InvalidArgument("request: parameter '" + std::string(kEmptyFinalParameter) +
+                               "' must be a bool_param");
+      }
+      out.empty_final_response = value.bool_param();
+    } else if (key == "sequence_id" || key == "sequence_start" || key == "sequence_end") {
+      if (IsSet(value)) {
+        return InvalidArgument("request: parameter " + Quote(key) +
+                               " is not supported: hearth has no sequence batching; send "
+                               "requests without sequence_id, sequence_start and sequence_end");
+      }
+    } else if (key == "priority") {
+      if (IsSet(value)) {
+        return InvalidArgument(
+            "request: parameter 'priority' is not supported by hearth yet: every request of a "
+            "model waits in one queue, first come first served");
+      }
+    } else if (key == "binary_data_output") {
+      // REST's choice of binary or JSON outputs: gRPC's are always raw.
+    } else {
+      RETURN_IF_ERROR(AddModelParameter(key, value, model_parameters));
+    }
+  }
+  if (!model_parameters.empty()) out.request.parameters_json = model_parameters.dump();
+  return Status::Ok();
+}
+
+Status ReadInput(const ModelInferRequest& proto, int index,
+                 const std::shared_ptr<const void>& owner, InferTensor& tensor) {
+  const ModelInferRequest::InferInputTensor& input = proto.inputs(index);
+  tensor.name = input.name();
+  const std::string label = InputLabel(tensor.name);
+  for (const auto& [key, value] : input.parameters()) {
+    if (IsSharedMemoryParameter(key)) return RefuseSharedMemory(label);
+  }
+  const std::optional<DType> dtype = ParseKserveDatatype(input.datatype());
+  if (!dtype.has_value()) {
+    return InvalidArgument(label + ": unsupported datatype " + Quote(input.datatype()));
+  }
+  tensor.dtype = *dtype;
+  if (static_cast<size_t>(input.shape_size()) > kMaxTensorRank) {
+    return InvalidArgument(label + ": shape has " + std::to_string(input.shape_size()) +
+                           " dimensions; at most " + std::to_string(kMaxTensorRank) +
+                           " are supported");
+  }
+  tensor.shape.assign(input.shape().begin(), input.shape().end());
+  for (int64_t dim : tensor.shape) {
+    if (dim < 0) {
+      return InvalidArgument(label + ": 'shape' must be an array of non-negative integers, got " +
+                             ShapeString(tensor.shape));
+    }
+  }
+  ASSIGN_OR_RETURN(const uint64_t count, ShapeElements(tensor.shape, label));
+  if (proto.raw_input_contents_size() == 0) {
+    return ReadContents(input.contents(), tensor.dtype, count, label, tensor.data);
+  }
+  if (input.has_contents() && input.contents().ByteSizeLong() > 0) {
+    return InvalidArgument(label +
+                           " has data in both 'contents' and raw_input_contents; give it once");
+  }
+  const std::string& raw = proto.raw_input_contents(index);
+  const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(raw.data()),
+                                         raw.size());
+  if (tensor.dtype == DType::kBytes) {
+    RETURN_IF_ERROR(ValidateBytesTensor(bytes, count, label));
+  } else {
+    ASSIGN_OR_RETURN(const uint64_t expected, ShapeBytes(tensor.dtype, tensor.shape, label));
+    if (raw.size() != expected) {
+      return InvalidArgument(label + ": raw_input_contents has " + std::to_string(raw.size()) +
+                             " bytes but shape " + ShapeString(tensor.shape) + " of " +
+                             DatatypeString(tensor.dtype) + " needs " + std::to_string(expected));
+    }
+  }
+  tensor.data = owner != nullptr ? TensorData::Shared(bytes, owner) : TensorData::Borrowed(bytes);
+  return Status::Ok();
+}
+
+Result<GrpcInferRequest> Parse(const ModelInferRequest& proto,
+                               const std::shared_ptr<const void>& owner) {
+  GrpcInferRequest out;
+  InferRequest& request = out.request;
+  request.model = proto.model_name();
+  request.version = proto.model_version();
+  request.id = proto.id();
+  RETURN_IF_ERROR(RequestParameters(proto, out));
+  if (proto.raw_input_contents_size() > 0 &&
+      proto.raw_input_contents_size() != proto.inputs_size()) {
+    return InvalidArgument("the request has " + std::to_string(proto.raw_input_contents_size()) +
+                           " raw_input_contents for " + std::to_string(proto.inputs_size()) +
+                           " inputs: give every input's data there, in input order, or none");
+  }
+  request.inputs.resize(static_cast<size_t>(proto.inputs_size()));
+  for (int i = 0; i < proto.inputs_size(); ++i) {
+    RETURN_IF_ERROR(ReadInput(proto, i, owner, request.inputs[static_cast<size_t>(i)]));
+  }
+  for (const ModelInferRequest::InferRequestedOutputTensor& output : proto.outputs()) {
+    const std::string label = "output " + Quote(output.name());
+    for (const auto& [key, value] : output.parameters()) {
+      if (IsSharedMemoryParameter(key)) return RefuseSharedMemory(label);
+      if (key == "class_count" && IsSet(value)) {
+        return InvalidArgument(label +
+                               ": parameter 'class_count' (classification) is not supported by "
+                               "hearth yet; request the output itself");
+      }
+    }
+    request.outputs.push_back({output.name(), true});
+  }
+  // Every output of a gRPC response is raw.
+  request.binary_data_output = true;
+  return out;
+}
+
+}  // namespace
+
+Result<GrpcInferRequest> ParseModelInferRequest(const inference::ModelInferRequest& proto,
+                                                std::shared_ptr<const void> owner) {
+  try {
+    return Parse(proto, owner);
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted("out of memory parsing the request");
+  }
+}
+
+Status EncodeModelInferResponse(const InferResponse& response,
+                                const std::vector<RequestedOutput>& requested,
+                                inference::ModelInferResponse* out) {
+  std::vector<const InferTensor*> chosen;
+  if (requested.empty()) {
+    for (const InferTensor& output : response.outputs) chosen.push_back(&output);
+  } else {
+    for (const RequestedOutput& want : requested) {
+      const InferTensor* found = nullptr;
+      for (const InferTensor& output : response.outputs) {
+        if (output.name == want.name) found = &output;
+      }
+      if (found == nullptr) {
+        return Internal("the model did not return requested output " + Quote(want.name));
+      }
+      chosen.push_back(found);
+    }
+  }
+  try {
+    out->set_model_name(response.model);
+    out->set_model_version(response.version);
+    out->set_id(response.id);
+    for (const InferTensor* tensor : chosen) {
+      const std::string label = "output " + Quote(tensor->name);
+      const std::string_view datatype = KserveDatatypeName(tensor->dtype);
+      if (datatype.empty()) {
+        return Internal(label + " has datatype " + std::string(DTypeName(tensor->dtype)) +
+                        ", which KServe cannot name");
+      }
+      // Internal: the service, not the client, made this output.
+      const Result<uint64_t> count = ShapeElements(tensor->shape, label);
+      if (!count.ok()) return Internal(count.status().message());
+      if (tensor->dtype == DType::kBytes) {
+        if (Status valid = ValidateBytesTensor(tensor->data.bytes(), *count, label); !valid.ok()) {
+          return Internal(valid.message());
+        }
+      } else {
+        const Result<uint64_t> bytes = ShapeBytes(tensor->dtype, tensor->shape, label);
+        if (!bytes.ok()) return Internal(bytes.status().message());
+        if (tensor->data.size() != *bytes) {
+          return Internal(label + " has " + std::to_string(tensor->data.size()) +
+                          " bytes, which does not match shape " + ShapeString(tensor->shape) +
+                          " of " + std::string(datatype));
+        }
+      }
+      inference::ModelInferResponse::InferOutputTensor* output = out->add_outputs();
+      output->set_name(tensor->name);
+      output->set_datatype(std::string(datatype));
+      for (int64_t dim : tensor->shape) output->add_shape(dim);
+      out->add_raw_output_contents()->assign(reinterpret_cast<const char*>(tensor->data.data()),
+                                             tensor->data.size());
+    }
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted("out of memory encoding the response");
+  }
+  return Status::Ok();
+}
+
+void EncodeModelMetadata(const ModelMetadata& metadata, inference::ModelMetadataResponse* out) {
+  out->set_name(metadata.name);
+  for (const std::string& version : metadata.versions) out->add_versions(version);
+  out->set_platform(metadata.platform);
+  auto tensors = [](const std::vector<TensorMetadata>& from, auto* to) {
+    for (const TensorMetadata& t : from) {
+      inference::ModelMetadataResponse::TensorMetadata* m = to->Add();
+      m->set_name(t.name);
+      m->set_datatype(DatatypeString(t.dtype));
+      for (int64_t dim : t.shape) m->add_shape(dim);
+    }
+  };
+  tensors(metadata.inputs, out->mutable_inputs());
+  tensors(metadata.outputs, out->mutable_outputs());
+}
+
+Status ModelConfigFromJson(std::string_view json, inference::ModelConfig* out) {
+  // Triton's JSON config is protobuf's JSON mapping of its ModelConfig, so
+  // protobuf's own parser reads it; what this subset of the message leaves
+  // out is dropped rather than refused, so that a config field the server
+  // learns to report never breaks this RPC.
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = true;
+  const google::protobuf::util::Status parsed = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), out, options);
+  if (!parsed.ok()) {
+    return Internal("the model's config does not fit ModelConfig: " +
+                    std::string(parsed.message()));
+  }
+  return Status::Ok();
+}
+
+void EncodeModelStatistics(const std::vector<ModelStatistics>& statistics,
+                           inference::ModelStatisticsResponse* out) {
+  auto duration = [](const DurationStatistics& from, inference::StatisticDuration* to) {
+    to->set_count(from.count);
+    to->set_ns(from.ns);
+  };
+  for (const ModelStatistics& s : statistics) {
+    inference::ModelStatistics* m = out->add_model_stats();
+    m->set_name(s.name);
+    m->set_version(s.version);
+    m->set_last_inference(s.last_inference_ms);
+    m->set_inference_count(s.inference_count);
+    m->set_execution_count(s.execution_count);
+    inference::InferStatistics* infer = m->mutable_inference_stats();
+    duration(s.success, infer->mutable_success());
+    duration(s.fail, infer->mutable_fail());
+    duration(s.queue, infer->mutable_queue());
+    duration(s.compute_input, infer->mutable_compute_input());
+    duration(s.compute_infer, infer->mutable_compute_infer());
+    duration(s.compute_output, infer->mutable_compute_output());
+    // hearth has no response cache: cache_hit and cache_miss stay zero, as
+    // Triton reports them for a model without one.
+    infer->mutable_cache_hit();
+    infer->mutable_cache_miss();
+    for (const BatchStatistics& b : s.batch_stats) {
+      inference::InferBatchStatistics* batch = m->add_batch_stats();
+      batch->set_batch_size(static_cast<uint64_t>(b.batch_size));
+      duration(b.compute_input, batch->mutable_compute_input());
+      duration(b.compute_infer, batch->mutable_compute_infer());
+      duration(b.compute_output, batch->mutable_compute_output());
+    }
+  }
+}
+
+void EncodeRepositoryIndex(const std::vector<RepositoryEntry>& entries,
+                           inference::RepositoryIndexResponse* out) {
+  for (const RepositoryEntry& e : entries) {
+    inference::RepositoryIndexResponse::ModelIndex* m = out->add_models();
+    m->set_name(e.name);
+    m->set_version(e.version);
+    m->set_state(e.state);
+    m->set_reason(e.reason);
+  }
+}
+
+grpc::StatusCode GrpcCodeFor(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk:
+      return grpc::StatusCode::OK;
+    case StatusCode::kInvalidArgument:
+      return grpc::StatusCode::INVALID_ARGUMENT;
+    case StatusCode::kFailedPrecondition:
+      return grpc::StatusCode::FAILED_PRECONDITION;
+    case StatusCode::kNotFound:
+      return grpc::StatusCode::NOT_FOUND;
+    case StatusCode::kResourceExhausted:
+      return grpc::StatusCode::RESOURCE_EXHAUSTED;
+    case StatusCode::kUnavailable:
+      return grpc::StatusCode::UNAVAILABLE;
+    case StatusCode::kDeadlineExceeded:
+      return grpc::StatusCode::DEADLINE_EXCEEDED;
+    case StatusCode::kUnimplemented:
+      return grpc::StatusCode::UNIMPLEMENTED;
+    case StatusCode::kAlreadyExists:
+      return grpc::StatusCode::ALREADY_EXISTS;
+    case StatusCode::kPermissionDenied:
+      return grpc::StatusCode::PERMISSION_DENIED;
+    case StatusCode::kInternal:
+    case StatusCode::kDeviceLost:
+      break;
+  }
+  return grpc::StatusCode::INTERNAL;
+}
+
+grpc::Status ToGrpcStatus(const Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(GrpcCodeFor(status.code()), status.message());
+}
+
+}  // namespace hearth

@@ -1,0 +1,814 @@
+// GrpcServer on grpc++'s callback API. Three kinds of call:
+//   - the quick RPCs (health, metadata, config, statistics, index) answer
+//     inside their handler with the context's default reactor;
+//   - ModelInfer: an InferCall reactor, finished from the service's `done`;
+//   - ModelStreamInfer: a StreamCall reactor that reads requests, hands each
+//     to the service, and writes the answers one at a time from a queue.
+// Accounting (calls, request bytes) happens in Impl, under mu_; a stream
+// takes its own mutex first and Impl's inside it, never the other way round.
+#include "grpc/kserve_grpc_server.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/resource_quota.h>
+#include <spdlog/spdlog.h>
+
+#include <condition_variable>
+#include <deque>
+#include <limits>
+#include <mutex>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "grpc/kserve_grpc_codec.h"
+#include "grpc_service.grpc.pb.h"
+#include "http/kserve_codec.h"
+
+namespace hearth {
+
+namespace {
+
+using inference::ModelInferRequest;
+using inference::ModelInferResponse;
+using inference::ModelStreamInferResponse;
+
+grpc::Status NotYet(const std::string& message) {
+  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, message);
+}
+
+// Answers a quick RPC inside its handler.
+grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, grpc::Status status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(std::move(status));
+  return reactor;
+}
+
+}  // namespace
+
+class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackService {
+ public:
+  Impl(InferenceService* service, GrpcOptions options)
+      : service_(service), options_(std::move(options)) {}
+  ~Impl() override { Stop(); }
+
+  Status Start();
+  void Stop();
+  uint16_t port() const {
+    std::lock_guard lock(mu_);
+    return bound_port_;
+  }
+  GrpcStats stats() const {
+    std::lock_guard lock(mu_);
+    GrpcStats s;
+    s.listening = server_ != nullptr && !stopping_;
+    s.draining = stopping_;
+    s.inflight_calls = inflight_calls_;
+    s.inflight_bytes = inflight_bytes_;
+    s.streams = streams_.size();
+    s.stream_requests = stream_requests_;
+    s.refused_calls = refused_calls_;
+    s.stopped_requests = stopped_requests_;
+    return s;
+  }
+
+  InferenceService& service() { return *service_; }
+  const GrpcOptions& options() const { return options_; }
+
+  // A ModelInfer or ModelStreamInfer call begins: refused (an error to
+  // answer it with) past max_inflight_calls or while stopping. EndCall for
+  // each admitted call, from its OnDone.
+  Status BeginCall() {
+    std::lock_guard lock(mu_);
+    if (stopping_) return Unavailable("the server is shutting down");
+    if (inflight_calls_ >= static_cast<uint64_t>(options_.max_inflight_calls)) {
+      ++refused_calls_;
+      return ResourceExhausted("the server has " + std::to_string(inflight_calls_) +
+                               " inference calls in progress, its limit; retry later");
+    }
+    ++inflight_calls_;
+    return Status::Ok();
+  }
+  void EndCall() {
+    {
+      std::lock_guard lock(mu_);
+      --inflight_calls_;
+    }
+    idle_.notify_all();
+  }
+
+  // Takes `bytes` of a request into the budget; ResourceExhausted past it.
+  Status TakeBytes(uint64_t bytes) {
+    std::lock_guard lock(mu_);
+    if (bytes > options_.max_inflight_bytes - inflight_bytes_) {
+      ++refused_calls_;
+      return ResourceExhausted("the server holds " + std::to_string(inflight_bytes_) +
+                               " bytes of requests in progress; this one's " +
+                               std::to_string(bytes) + " would pass the limit of " +
+                               std::to_string(options_.max_inflight_bytes) + "; retry later");
+    }
+    inflight_bytes_ += bytes;
+    return Status::Ok();
+  }
+  void GiveBytes(uint64_t bytes) {
+    std::lock_guard lock(mu_);
+    inflight_bytes_ -= bytes;
+  }
+
+  void CountStreamRequest(int delta) {
+    std::lock_guard lock(mu_);
+    stream_requests_ += delta;
+  }
+  void CountStoppedRequest() {
+    std::lock_guard lock(mu_);
+    ++stopped_requests_;
+  }
+
+  class InferCall;
+  class StreamCall;
+  // A stream is registered while open, so that Stop() can drain it.
+  void AddStream(std::shared_ptr<StreamCall> stream) {
+    std::lock_guard lock(mu_);
+    streams_.insert(std::move(stream));
+  }
+  void RemoveStream(const std::shared_ptr<StreamCall>& stream) {
+    std::lock_guard lock(mu_);
+    streams_.erase(stream);
+  }
+
+  // ---- the RPCs ------------------------------------------------------------
+
+  grpc::ServerUnaryReactor* ServerLive(grpc::CallbackServerContext* context,
+                                       const inference::ServerLiveRequest*,
+                                       inference::ServerLiveResponse* response) override {
+    response->set_live(service_->Live());
+    return Answer(context, grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* ServerReady(grpc::CallbackServerContext* context,
+                                        const inference::ServerReadyRequest*,
+                                        inference::ServerReadyResponse* response) override {
+    response->set_ready(service_->Ready());
+    return Answer(context, grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* ModelReady(grpc::CallbackServerContext* context,
+                                       const inference::ModelReadyRequest* request,
+                                       inference::ModelReadyResponse* response) override {
+    const Result<bool> ready = service_->ModelReady(request->name(), request->version());
+    if (!ready.ok()) {
+      // Known but not ready (Unavailable, with its reason): not ready, as
+      // REST's 503. Unknown: NOT_FOUND, as REST's 404.
+      if (ready.status().code() != StatusCode::kUnavailable) {
+        return Answer(context, ToGrpcStatus(ready.status()));
+      }
+      response->set_ready(false);
+    } else {
+      response->set_ready(*ready);
+    }
+    return Answer(context, grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* context,
+                                           const inference::ServerMetadataRequest*,
+                                           inference::ServerMetadataResponse* response) override {
+    response->set_name(service_->ServerName());
+    response->set_version(service_->ServerVersion());
+    for (const std::string& extension : service_->Extensions()) {
+      response->add_extensions(extension);
+    }
+    return Answer(context, grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* ModelMetadata(grpc::CallbackServerContext* context,
+                                          const inference::ModelMetadataRequest* request,
+                                          inference::ModelMetadataResponse* response) override {
+    const Result<hearth::ModelMetadata> metadata =
+        service_->Metadata(request->name(), request->version());
+    if (!metadata.ok()) return Answer(context, ToGrpcStatus(metadata.status()));
+    EncodeModelMetadata(*metadata, response);
+    return Answer(context, grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
+                                       const ModelInferRequest* request,
+                                       ModelInferResponse* response) override;
+
+  grpc::ServerBidiReactor<ModelInferRequest, ModelStreamInferResponse>* ModelStreamInfer(
+      grpc::CallbackServerContext* context) override;
+
+  grpc::ServerUnaryReactor* ModelConfig(grpc::CallbackServerContext* context,
+                                        const inference::ModelConfigRequest* request,
+                                        inference::ModelConfigResponse* response) override {
+    const Result<std::string> json = service_->ModelConfigJson(request->name(), request->version());
+    if (!json.ok()) return Answer(context, ToGrpcStatus(json.status()));
+    return Answer(context, ToGrpcStatus(ModelConfigFromJson(*json, response->mutable_config())));
+  }
+
+  grpc::ServerUnaryReactor* ModelStatistics(grpc::CallbackServerContext* context,
+                                            const inference::ModelStatisticsRequest* request,
+                                            inference::ModelStatisticsResponse* response) override {
+    const Result<std::vector<hearth::ModelStatistics>> statistics =
+        service_->Statistics(request->name(), request->version());
+    if (!statistics.ok()) return Answer(context, ToGrpcStatus(statistics.status()));
+    EncodeModelStatistics(*statistics, response);
+    return Answer(context, grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* RepositoryIndex(grpc::CallbackServerContext* context,
+                                            const inference::RepositoryIndexRequest* request,
+                                            inference::RepositoryIndexResponse* response) override {
+    if (!request->repository_name().empty()) {
+      return Answer(context,
+                    grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "hearth serves one model repository: leave repository_name "
+                                 "empty"));
+    }
+    EncodeRepositoryIndex(service_->RepositoryIndex(request->ready()), response);
+    return Answer(context, grpc::Status::OK);
+  }
+
+  grpc::ServerUnaryReactor* RepositoryModelLoad(grpc::CallbackServerContext* context,
+                                                const inference::RepositoryModelLoadRequest*,
+                                                inference::RepositoryModelLoadResponse*) override {
+    return Answer(context, NotYet(kNoRepositoryControl));
+  }
+  grpc::ServerUnaryReactor* RepositoryModelUnload(
+      grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest*,
+      inference::RepositoryModelUnloadResponse*) override {
+    return Answer(context, NotYet(kNoRepositoryControl));
+  }
+
+  grpc::ServerUnaryReactor* SystemSharedMemoryStatus(
+      grpc::CallbackServerContext* context, const inference::SystemSharedMemoryStatusRequest*,
+      inference::SystemSharedMemoryStatusResponse*) override {
+    return Answer(context, NotYet(kNoSystemSharedMemory));
+  }
+  grpc::ServerUnaryReactor* SystemSharedMemoryRegister(
+      grpc::CallbackServerContext* context, const inference::SystemSharedMemoryRegisterRequest*,
+      inference::SystemSharedMemoryRegisterResponse*) override {
+    return Answer(context, NotYet(kNoSystemSharedMemory));
+  }
+  grpc::ServerUnaryReactor* SystemSharedMemoryUnregister(
+      grpc::CallbackServerContext* context, const inference::SystemSharedMemoryUnregisterRequest*,
+      inference::SystemSharedMemoryUnregisterResponse*) override {
+    return Answer(context, NotYet(kNoSystemSharedMemory));
+  }
+  grpc::ServerUnaryReactor* CudaSharedMemoryStatus(
+      grpc::CallbackServerContext* context, const inference::CudaSharedMemoryStatusRequest*,
+      inference::CudaSharedMemoryStatusResponse*) override {
+    return Answer(context, NotYet(kNoCudaSharedMemory));
+  }
+  grpc::ServerUnaryReactor* CudaSharedMemoryRegister(
+      grpc::CallbackServerContext* context, const inference::CudaSharedMemoryRegisterRequest*,
+      inference::CudaSharedMemoryRegisterResponse*) override {
+    return Answer(context, NotYet(kNoCudaSharedMemory));
+  }
+  grpc::ServerUnaryReactor* CudaSharedMemoryUnregister(
+      grpc::CallbackServerContext* context, const inference::CudaSharedMemoryUnregisterRequest*,
+      inference::CudaSharedMemoryUnregisterResponse*) override {
+    return Answer(context, NotYet(kNoCudaSharedMemory));
+  }
+
+  grpc::ServerUnaryReactor* TraceSetting(grpc::CallbackServerContext* context,
+                                         const inference::TraceSettingRequest*,
+                                         inference::TraceSettingResponse*) override {
+    return Answer(context, NotYet("hearth has no request tracing yet: there are no trace "
+                                  "settings to read or change"));
+  }
+  grpc::ServerUnaryReactor* LogSettings(grpc::CallbackServerContext* context,
+                                        const inference::LogSettingsRequest*,
+                                        inference::LogSettingsResponse*) override {
+    return Answer(context, NotYet("hearth's log settings cannot be read or changed over "
+                                  "the API yet: start hearth with --log-level"));
+  }
+
+ private:
+  static constexpr const char* kNoRepositoryControl =
+      "hearth does not load or unload models over the API yet: it serves the models its "
+      "repository held at start-up (restart hearth serve to change them)";
+  static constexpr const char* kNoSystemSharedMemory =
+      "hearth does not support system shared memory regions yet: send tensors in the request "
+      "(raw_input_contents) and take them from the response";
+  static constexpr const char* kNoCudaSharedMemory =
+      "hearth does not support CUDA shared memory regions yet: send tensors in the request "
+      "(raw_input_contents) and take them from the response";
+
+  InferenceService* const service_;
+  const GrpcOptions options_;
+
+  mutable std::mutex mu_;
+  std::condition_variable idle_;  // inflight_calls_ fell
+  std::unique_ptr<grpc::Server> server_;
+  uint16_t bound_port_ = 0;
+  bool started_ = false;
+  bool stopping_ = false;
+  bool stopped_ = false;
+  uint64_t inflight_calls_ = 0;
+  uint64_t inflight_bytes_ = 0;
+  uint64_t stream_requests_ = 0;
+  uint64_t refused_calls_ = 0;
+  uint64_t stopped_requests_ = 0;
+  std::set<std::shared_ptr<StreamCall>> streams_;
+};
+
+// ---- ModelInfer --------------------------------------------------------------
+
+// One ModelInfer call. Owns itself: deleted in OnDone, which gRPC calls after
+// Finish, and Finish comes only from the service's `done` (or before the
+// service is called). The request, whose raw inputs the service borrows, is
+// gRPC's and lives until then.
+class GrpcServer::Impl::InferCall final : public grpc::ServerUnaryReactor {
+ public:
+  InferCall(Impl* server, const ModelInferRequest* request, ModelInferResponse* response)
+      : server_(server), request_(request), response_(response) {}
+
+  void Start() {
+    if (Status admitted = server_->BeginCall(); !admitted.ok()) {
+      return Finish(ToGrpcStatus(admitted));
+    }
+    admitted_ = true;
+    const uint64_t bytes = request_->ByteSizeLong();
+    if (Status taken = server_->TakeBytes(bytes); !taken.ok()) return Finish(ToGrpcStatus(taken));
+    bytes_ = bytes;
+    Result<GrpcInferRequest> parsed = ParseModelInferRequest(*request_, nullptr);
+    if (!parsed.ok()) return Finish(ToGrpcStatus(parsed.status()));
+    InferRequest& request = parsed->request;
+    const Result<hearth::ModelMetadata> metadata =
+        server_->service().Metadata(request.model, request.version);
+    if (!metadata.ok()) return Finish(ToGrpcStatus(metadata.status()));
+    if (Status valid = ValidateInferRequest(request, *metadata); !valid.ok()) {
+      return Finish(ToGrpcStatus(valid));
+    }
+    outputs_ = request.outputs;
+    request.cancelled = cancelled_;
+    // `done` may run on any thread, even inside Infer; the outputs it gets
+    // may be borrowed, so they are copied into the response right there.
+    server_->service().Infer(std::move(request), [this](Result<InferResponse> result) {
+      if (!result.ok()) return Finish(ToGrpcStatus(result.status()));
+      Finish(ToGrpcStatus(EncodeModelInferResponse(*result, outputs_, response_)));
+    });
+  }
+
+  void OnCancel() override { cancelled_->store(true); }
+
+  void OnDone() override {
+    if (bytes_ > 0) server_->GiveBytes(bytes_);
+    if (admitted_) server_->EndCall();
+    delete this;
+  }
+
+ private:
+  Impl* const server_;
+  const ModelInferRequest* const request_;
+  ModelInferResponse* const response_;
+  std::vector<RequestedOutput> outputs_;
+  std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
+  bool admitted_ = false;
+  uint64_t bytes_ = 0;
+};
+
+grpc::ServerUnaryReactor* GrpcServer::Impl::ModelInfer(grpc::CallbackServerContext*,
+                                                       const ModelInferRequest* request,
+                                                       ModelInferResponse* response) {
+  auto* call = new InferCall(this, request, response);
+  call->Start();
+  return call;
+}
+
+// ---- ModelStreamInfer -----------------------------------------------------------
+
+// One ModelStreamInfer call. Shared ownership: gRPC's hold (self_, dropped
+// in OnDone) and each of its requests' (until the service has called their
+// `done`), so that a `done` that finishes the stream can still unlock it.
+// Every gRPC operation (StartRead, StartWrite, Finish) is started under mu_
+// and none after Finish; gRPC never calls a reaction from inside them.
+class GrpcServer::Impl::StreamCall final
+    : public grpc::ServerBidiReactor<ModelInferRequest, ModelStreamInferResponse>,
+      public std::enable_shared_from_this<StreamCall> {
+ public:
+  static StreamCall* Open(Impl* server) {
+    std::shared_ptr<StreamCall> call(new StreamCall(server));
+    call->self_ = call;
+    call->Begin();
+    return call.get();
+  }
+
+  // Stop(): answer what has been read, read nothing more, then end.
+  void Drain() {
+    std::lock_guard lock(mu_);
+    draining_ = true;
+    MaybeFinishLocked();
+  }
+
+  void OnReadDone(bool ok) override {
+    std::shared_ptr<ModelInferRequest> request;
+    {
+      std::lock_guard lock(mu_);
+      reading_ = false;
+      if (!ok) {
+        read_closed_ = true;  // the client is done writing, or gone
+        MaybeFinishLocked();
+        return;
+      }
+      if (cancelled_ || finished_) {
+        MaybeFinishLocked();
+        return;
+      }
+      if (draining_) {
+        // Read as the drain began: answered, not run.
+        Request unrun;
+        unrun.model = read_buffer_.model_name();
+        unrun.version = read_buffer_.model_version();
+        unrun.id = read_buffer_.id();
+        auto message = ErrorMessage(
+            unrun, Unavailable("the server is shutting down: the request was not run"));
+        const uint64_t size = message->ByteSizeLong();
+        QueueLocked(std::move(message), size);
+        MaybeFinishLocked();
+        return;
+      }
+      request = std::make_shared<ModelInferRequest>();
+      request->Swap(&read_buffer_);
+      ++inflight_;  // the stream cannot finish before this request's end
+      MaybeReadLocked();
+    }
+    Submit(std::move(request));
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard lock(mu_);
+    writing_ = false;
+    pending_bytes_ -= writing_bytes_;
+    writing_bytes_ = 0;
+    current_.reset();
+    if (!ok) {
+      CancelLocked();  // the client is gone: nothing more can be written
+    } else {
+      MaybeWriteLocked();
+    }
+    MaybeFinishLocked();
+  }
+
+  void OnCancel() override {
+    std::lock_guard lock(mu_);
+    CancelLocked();
+    MaybeFinishLocked();
+  }
+
+  void OnDone() override {
+    std::shared_ptr<StreamCall> self = std::move(self_);
+    server_->RemoveStream(self);
+    if (admitted_) server_->EndCall();
+    // `self` may be the last owner: this object goes with it.
+  }
+
+ private:
+  // One request of the stream, shared by its `on_response` and `done`.
+  struct Request {
+    std::shared_ptr<StreamCall> call;
+    std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
+    std::string model, version, id;
+    std::vector<RequestedOutput> outputs;
+    bool decoupled = false;
+    bool empty_final = false;
+    uint64_t bytes = 0;       // taken from the server's budget
+    bool registered = false;  // in the stream's cancellation set
+    Status failed;            // an earlier response could not be encoded
+    bool overflowed = false;  // stopped: the client did not read
+  };
+
+  explicit StreamCall(Impl* server) : server_(server) {}
+
+  void Begin() {
+    std::lock_guard lock(mu_);
+    if (Status admitted = server_->BeginCall(); !admitted.ok()) {
+      finished_ = true;
+      Finish(ToGrpcStatus(admitted));
+      return;
+    }
+    admitted_ = true;
+    server_->AddStream(shared_from_this());
+    MaybeReadLocked();
+  }
+
+  // Parses and checks one request and hands it to the service; every
+  // failure before that is the request's answer on the stream.
+  void Submit(std::shared_ptr<ModelInferRequest> proto) {
+    auto request = std::make_shared<Request>();
+    request->call = shared_from_this();
+    request->model = proto->model_name();
+    request->version = proto->model_version();
+    request->id = proto->id();
+    const uint64_t bytes = proto->ByteSizeLong();
+    if (Status taken = server_->TakeBytes(bytes); !taken.ok()) {
+      return Complete(*request, std::move(taken));
+    }
+    request->bytes = bytes;
+    // Views into `proto` share it: it lives as long as the service keeps them.
+    Result<GrpcInferRequest> parsed = ParseModelInferRequest(*proto, proto);
+    if (!parsed.ok()) return Complete(*request, parsed.status());
+    InferRequest& infer = parsed->request;
+    const Result<hearth::ModelMetadata> metadata =
+        server_->service().Metadata(infer.model, infer.version);
+    if (!metadata.ok()) return Complete(*request, metadata.status());
+    if (Status valid = ValidateInferRequest(infer, *metadata); !valid.ok()) {
+      return Complete(*request, std::move(valid));
+    }
+    request->decoupled = metadata->decoupled;
+    request->empty_final = parsed->empty_final_response;
+    request->outputs = infer.outputs;
+    infer.cancelled = request->cancelled;
+    {
+      std::lock_guard lock(mu_);
+      if (cancelled_) request->cancelled->store(true);
+      cancellations_.insert(request->cancelled);
+      request->registered = true;
+    }
+    server_->CountStreamRequest(1);
+    if (request->decoupled) {
+      infer.on_response = [request](const InferResponse& response) {
+        return request->call->OnPartial(*request, response);
+      };
+    }
+    server_->service().Infer(std::move(infer), [request](Result<InferResponse> result) {
+      request->call->OnFinal(*request, std::move(result));
+    });
+  }
+
+  // A decoupled request's response before its last: written as it comes.
+  // False stops the request: the stream is gone, the client does not read,
+  // or the response cannot be encoded.
+  bool OnPartial(Request& request, const InferResponse& response) {
+    auto message = std::make_unique<ModelStreamInferResponse>();
+    Status encoded =
+        EncodeModelInferResponse(response, request.outputs, message->mutable_infer_response());
+    if (!encoded.ok()) {
+      request.failed = std::move(encoded);
+      return false;
+    }
+    SetFinal(*message, false);
+    const uint64_t size = message->ByteSizeLong();
+    std::lock_guard lock(mu_);
+    if (cancelled_ || finished_) return false;
+    if (size > server_->options().max_stream_pending_bytes - pending_bytes_) {
+      request.overflowed = true;
+      server_->CountStoppedRequest();
+      return false;
+    }
+    QueueLocked(std::move(message), size);
+    return true;
+  }
+
+  // The request's end: its last response, or its error.
+  void OnFinal(Request& request, Result<InferResponse> result) {
+    server_->CountStreamRequest(-1);
+    std::unique_ptr<ModelStreamInferResponse> message;
+    if (!request.failed.ok()) {
+      message = ErrorMessage(request, request.failed);
+    } else if (request.overflowed) {
+      message = ErrorMessage(
+          request,
+          ResourceExhausted("the request was stopped: its responses were not read (more than " +
+                            std::to_string(server_->options().max_stream_pending_bytes) +
+                            " bytes of the stream's responses were waiting for the client)"));
+    } else if (!result.ok()) {
+      message = ErrorMessage(request, result.status());
+    } else if (!request.decoupled || !result->outputs.empty() || request.empty_final) {
+      message = std::make_unique<ModelStreamInferResponse>();
+      Status encoded =
+          EncodeModelInferResponse(*result, request.outputs, message->mutable_infer_response());
+      if (!encoded.ok()) {
+        message = ErrorMessage(request, encoded);
+      } else {
+        SetFinal(*message, true);
+      }
+    }
+    // else: a decoupled stream that ended without a last response, which
+    // Triton's clients are told of only when they asked for it.
+    Complete(request, std::move(message));
+  }
+
+  void Complete(Request& request, Status error) { Complete(request, ErrorMessage(request, error)); }
+
+  void Complete(Request& request, std::unique_ptr<ModelStreamInferResponse> message) {
+    if (request.bytes > 0) server_->GiveBytes(request.bytes);
+    request.bytes = 0;
+    std::lock_guard lock(mu_);
+    if (request.registered) cancellations_.erase(request.cancelled);
+    request.registered = false;
+    --inflight_;
+    // The last answer of a request always goes out: one per request, and
+    // the stream reads no more requests while it is behind.
+    if (message != nullptr && !cancelled_ && !finished_) {
+      const uint64_t size = message->ByteSizeLong();
+      QueueLocked(std::move(message), size);
+    }
+    MaybeReadLocked();
+    MaybeFinishLocked();
+  }
+
+  static std::unique_ptr<ModelStreamInferResponse> ErrorMessage(const Request& request,
+                                                                const Status& error) {
+    auto message = std::make_unique<ModelStreamInferResponse>();
+    message->set_error_message(error.message());
+    // Which request failed, for clients that match answers by id.
+    ModelInferResponse* response = message->mutable_infer_response();
+    response->set_model_name(request.model);
+    response->set_model_version(request.version);
+    response->set_id(request.id);
+    return message;
+  }
+
+  static void SetFinal(ModelStreamInferResponse& message, bool final) {
+    (*message.mutable_infer_response()->mutable_parameters())[std::string(kFinalResponseParameter)]
+        .set_bool_param(final);
+  }
+
+  void QueueLocked(std::unique_ptr<ModelStreamInferResponse> message, uint64_t size) {
+    pending_bytes_ += size;
+    queue_.emplace_back(std::move(message), size);
+    MaybeWriteLocked();
+  }
+
+  void MaybeWriteLocked() {
+    if (writing_ || queue_.empty() || finished_ || cancelled_) return;
+    current_ = std::move(queue_.front().first);
+    writing_bytes_ = queue_.front().second;
+    queue_.pop_front();
+    writing_ = true;
+    StartWrite(current_.get());
+  }
+
+  // Reads the next request unless the stream is at its limit of requests in
+  // the service, or ending.
+  void MaybeReadLocked() {
+    if (reading_ || read_closed_ || cancelled_ || draining_ || finished_) return;
+    if (inflight_ >= server_->options().max_stream_requests) return;
+    reading_ = true;
+    StartRead(&read_buffer_);
+  }
+
+  void CancelLocked() {
+    cancelled_ = true;
+    for (const auto& flag : cancellations_) flag->store(true);
+    for (const auto& [message, size] : queue_) pending_bytes_ -= size;
+    queue_.clear();
+  }
+
+  // Finishes once nothing is in the service or being written, and the
+  // stream has a reason to end: cancelled, draining, or read to its end.
+  void MaybeFinishLocked() {
+    if (finished_ || writing_ || inflight_ > 0) return;
+    grpc::Status status;
+    if (cancelled_) {
+      status = grpc::Status(grpc::StatusCode::CANCELLED, "the stream was cancelled");
+    } else if (!queue_.empty()) {
+      return;  // being written (cannot happen: MaybeWriteLocked starts it)
+    } else if (draining_) {
+      status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
+    } else if (read_closed_) {
+      status = grpc::Status::OK;
+    } else {
+      return;
+    }
+    finished_ = true;
+    Finish(std::move(status));
+  }
+
+  Impl* const server_;
+  std::shared_ptr<StreamCall> self_;  // gRPC's reference, until OnDone
+  bool admitted_ = false;             // counted by BeginCall (set once, in Begin)
+
+  std::mutex mu_;
+  ModelInferRequest read_buffer_;  // the read in progress writes here
+  bool reading_ = false;
+  bool read_closed_ = false;
+  bool writing_ = false;
+  bool cancelled_ = false;  // the client is gone: nothing more is written
+  bool draining_ = false;
+  bool finished_ = false;
+  int inflight_ = 0;  // requests read and not yet answered
+  std::set<std::shared_ptr<std::atomic<bool>>> cancellations_;  // of those in the service
+  std::deque<std::pair<std::unique_ptr<ModelStreamInferResponse>, uint64_t>> queue_;
+  std::unique_ptr<ModelStreamInferResponse> current_;  // being written
+  uint64_t writing_bytes_ = 0;
+  uint64_t pending_bytes_ = 0;  // queued and being written
+};
+
+grpc::ServerBidiReactor<ModelInferRequest, ModelStreamInferResponse>*
+GrpcServer::Impl::ModelStreamInfer(grpc::CallbackServerContext*) {
+  return StreamCall::Open(this);
+}
+
+// ---- start and stop ------------------------------------------------------------
+
+Status GrpcServer::Impl::Start() {
+  std::lock_guard lock(mu_);
+  if (started_) return FailedPrecondition("the gRPC server was started already");
+  started_ = true;
+  const std::string address =
+      (options_.host.find(':') != std::string::npos ? "[" + options_.host + "]" : options_.host) +
+      ":" + std::to_string(options_.port);
+  grpc::ServerBuilder builder;
+  int bound = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound);
+  builder.RegisterService(this);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
+  grpc::ResourceQuota quota("hearth-grpc");
+  quota.Resize(static_cast<size_t>(options_.max_inflight_bytes));
+  builder.SetResourceQuota(quota);
+  // A port in use is an error, as for REST, not a second server sharing it.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options_.max_concurrent_streams);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             static_cast<int>(options_.keepalive_time.count()));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             static_cast<int>(options_.keepalive_timeout.count()));
+  // Clients may keep idle connections alive with pings every 10 s or more
+  // (tritonclient's keepalive options); more often is answered with GOAWAY.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10'000);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             static_cast<int>(options_.idle_timeout.count()));
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             static_cast<int>(options_.handshake_timeout.count()));
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || bound == 0) {
+    server_.reset();
+    return Unavailable("cannot listen for gRPC on " + address +
+                       ": the port is in use or the address is not this machine's");
+  }
+  bound_port_ = static_cast<uint16_t>(bound);
+  return Status::Ok();
+}
+
+void GrpcServer::Impl::Stop() {
+  std::vector<std::shared_ptr<StreamCall>> streams;
+  {
+    std::lock_guard lock(mu_);
+    if (stopped_ || server_ == nullptr) {
+      stopped_ = true;
+      return;
+    }
+    stopping_ = true;
+    streams.assign(streams_.begin(), streams_.end());
+  }
+  for (const auto& stream : streams) stream->Drain();
+  streams.clear();
+  // New calls are refused from here on; calls in progress get until the
+  // deadline, then gRPC cancels them (their requests' `cancelled` is set).
+  server_->Shutdown(std::chrono::system_clock::now() + options_.drain_timeout);
+  {
+    std::unique_lock lock(mu_);
+    idle_.wait(lock, [this] { return inflight_calls_ == 0; });
+  }
+  server_->Wait();
+  std::lock_guard lock(mu_);
+  server_.reset();
+  stopped_ = true;
+  bound_port_ = 0;
+}
+
+// ---- GrpcServer ------------------------------------------------------------------
+
+Result<std::unique_ptr<GrpcServer>> GrpcServer::Create(InferenceService* service,
+                                                       GrpcOptions options) {
+  if (service == nullptr) return InvalidArgument("the gRPC server needs a service");
+  if (options.host.empty()) return InvalidArgument("the gRPC server needs a host");
+  constexpr uint64_t kIntMax = static_cast<uint64_t>(std::numeric_limits<int>::max());
+  if (options.max_message_bytes == 0 || options.max_message_bytes > kIntMax) {
+    return InvalidArgument("the gRPC message limit must be in [1, " + std::to_string(kIntMax) +
+                           "] bytes");
+  }
+  if (options.max_inflight_bytes < options.max_message_bytes) {
+    return InvalidArgument("the gRPC in-flight byte limit must hold at least one message of " +
+                           std::to_string(options.max_message_bytes) + " bytes");
+  }
+  if (options.max_inflight_calls < 1 || options.max_concurrent_streams < 1 ||
+      options.max_stream_requests < 1 || options.max_stream_pending_bytes == 0) {
+    return InvalidArgument("the gRPC call, stream and pending-byte limits must be positive");
+  }
+  for (const auto& [name, value] : {std::pair{"keepalive_time", options.keepalive_time},
+                                    std::pair{"keepalive_timeout", options.keepalive_timeout},
+                                    std::pair{"idle_timeout", options.idle_timeout},
+                                    std::pair{"handshake_timeout", options.handshake_timeout}}) {
+    if (value.count() < 1 || value.count() > static_cast<int64_t>(kIntMax)) {
+      return InvalidArgument(std::string("the gRPC ") + name + " must be in [1, " +
+                             std::to_string(kIntMax) + "] ms");
+    }
+  }
+  if (options.drain_timeout.count() < 0) {
+    return InvalidArgument("the gRPC drain timeout must not be negative");
+  }
+  return std::unique_ptr<GrpcServer>(
+      new GrpcServer(std::make_unique<Impl>(service, std::move(options))));
+}
+
+GrpcServer::GrpcServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+GrpcServer::~GrpcServer() { Stop(); }
+Status GrpcServer::Start() { return impl_->Start(); }
+void GrpcServer::Stop() { impl_->Stop(); }
+uint16_t GrpcServer::port() const { return impl_->port(); }
+GrpcStats GrpcServer::stats() const { return impl_->stats(); }
+
+}  // namespace hearth

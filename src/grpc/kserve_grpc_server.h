@@ -1,0 +1,113 @@
+// GrpcServer: the KServe v2 gRPC front-end (inference.GRPCInferenceService,
+// proto/grpc_service.proto) over an InferenceService, on grpc++'s callback
+// API: no thread is held per call; calls wait for the service in reactors.
+//
+// RPCs (docs/grpc.md): ServerLive, ServerReady, ModelReady, ServerMetadata,
+// ModelMetadata, ModelConfig, ModelStatistics, RepositoryIndex; ModelInfer
+// (one request, one response; a decoupled model's responses joined as the
+// service joins them); ModelStreamInfer (each request of the stream is one
+// Infer, answered in the order the answers come: a decoupled model's
+// responses each as it comes, `triton_final_response` true on the last; a
+// request's error in `error_message`, after which the stream goes on). The
+// repository load/unload, shared-memory, trace and log RPCs answer
+// UNIMPLEMENTED with a message saying so.
+//
+// Limits (every resource a client can make the front-end hold):
+// - message size: a received message over max_message_bytes (after
+//   decompression) is refused with RESOURCE_EXHAUSTED by gRPC itself;
+// - calls: at most max_inflight_calls ModelInfer and ModelStreamInfer calls
+//   at once, and at most max_inflight_bytes of their requests held; past
+//   either a ModelInfer is answered RESOURCE_EXHAUSTED (a stream's request
+//   gets the same error in its error_message), never queued;
+// - streams: HTTP/2 allows max_concurrent_streams calls per connection; one
+//   stream has at most max_stream_requests requests in the service, and
+//   reads no further request until one is answered (the client's writes then
+//   wait on HTTP/2 flow control); responses waiting for a client that does
+//   not read are at most max_stream_pending_bytes, past which the request
+//   they belong to is stopped (its `on_response` returns false) and answered
+//   with an error;
+// - gRPC's own buffers: a ResourceQuota of max_inflight_bytes;
+// - connections: keepalive pings find dead peers of open calls, a
+//   connection without calls for idle_timeout is closed (GOAWAY), a
+//   handshake must finish within handshake_timeout. grpc++ 1.51 has no limit
+//   on the number of connections: each costs a descriptor.
+// A cancelled call (the client went away, or its deadline passed) sets its
+// requests' `cancelled`, so the server stops them.
+//
+// Ownership and threads: the server does not own `service`, which must
+// outlive it. The service's methods are called from gRPC's threads
+// concurrently, and Infer's `done` and `on_response` may be called from any
+// thread. Start() and Stop() are not thread-safe with each other; stats() is
+// thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "hearth/status.h"
+#include "server/inference_api.h"
+
+namespace hearth {
+
+struct GrpcOptions {
+  std::string host = "127.0.0.1";  // an address or a name that resolves to one
+  uint16_t port = 8001;            // 0: pick a free port (port() tells which)
+  // Largest message received, after decompression; as REST's body limit.
+  uint64_t max_message_bytes = uint64_t{64} << 20;
+  uint64_t max_inflight_bytes = uint64_t{1} << 30;
+  int max_inflight_calls = 1024;
+  int max_concurrent_streams = 128;  // per connection
+  int max_stream_requests = 64;      // per stream
+  uint64_t max_stream_pending_bytes = uint64_t{64} << 20;
+  std::chrono::milliseconds keepalive_time{60'000};  // ping a connection that has calls
+  std::chrono::milliseconds keepalive_timeout{20'000};
+  std::chrono::milliseconds idle_timeout{300'000};
+  std::chrono::milliseconds handshake_timeout{10'000};
+  // Stop(): how long calls in progress get before they are cancelled.
+  std::chrono::milliseconds drain_timeout{20'000};
+};
+
+// What the front-end holds now; thread-safe snapshots for tests.
+struct GrpcStats {
+  bool listening = false;
+  bool draining = false;
+  uint64_t inflight_calls = 0;    // ModelInfer and ModelStreamInfer calls not yet done
+  uint64_t inflight_bytes = 0;    // of their requests, held
+  uint64_t streams = 0;           // open ModelStreamInfer calls
+  uint64_t stream_requests = 0;   // requests of streams in the service now
+  uint64_t refused_calls = 0;     // calls or stream requests refused at a limit
+  uint64_t stopped_requests = 0;  // stream requests stopped for an unread backlog
+};
+
+class GrpcServer {
+ public:
+  // InvalidArgument for a null service or bad options. Binds nothing yet.
+  static Result<std::unique_ptr<GrpcServer>> Create(InferenceService* service, GrpcOptions options);
+  ~GrpcServer();  // Stop()s
+  GrpcServer(const GrpcServer&) = delete;
+  GrpcServer& operator=(const GrpcServer&) = delete;
+
+  // Binds, listens and serves. Unavailable when the address cannot be
+  // bound (SO_REUSEPORT is off: a port in use is an error, as for REST);
+  // FailedPrecondition when called twice.
+  Status Start();
+  // Drains, then stops: refuses new calls, lets calls in progress finish
+  // (an open stream answers the requests it has read, then ends with
+  // UNAVAILABLE "shutting down" instead of reading more), and cancels what
+  // remains after drain_timeout. Returns once the service has called `done`
+  // for every infer it was given (no deadline: the service bounds its
+  // infers). Idempotent.
+  void Stop();
+  // The bound port once Start() succeeded (the chosen one for port 0), else 0.
+  uint16_t port() const;
+  GrpcStats stats() const;
+
+ private:
+  class Impl;
+  explicit GrpcServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hearth

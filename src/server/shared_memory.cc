@@ -1,0 +1,152 @@
+#include "server/shared_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace hearth {
+namespace {
+
+// The object's size now (it may have changed since registration).
+Result<uint64_t> ObjectSize(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return ErrnoError("fstat", errno);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+}  // namespace
+
+Status SharedMemoryRegistry::Register(const std::string& name, const std::string& key,
+                                      uint64_t offset, uint64_t byte_size) {
+  if (name.empty() || name.size() > kMaxRegionNameBytes)
+    return InvalidArgument("a shared-memory region needs a name of 1 to " +
+                           std::to_string(kMaxRegionNameBytes) + " bytes");
+  // A POSIX shared-memory object: "/name", no other slash, no NUL.
+  if (key.size() < 2 || key.size() > 255 || key[0] != '/' ||
+      key.find('/', 1) != std::string::npos || key.find('\0') != std::string::npos || key == "/." ||
+      key == "/..")
+    return InvalidArgument("region '" + name + "': key '" + key +
+                           "' is not a POSIX shared-memory name (/name, no other '/')");
+  if (byte_size == 0) return InvalidArgument("region '" + name + "': byte_size is 0");
+  if (offset > UINT64_MAX - byte_size)
+    return InvalidArgument("region '" + name + "': offset + byte_size overflows");
+  // O_NOFOLLOW: the name in /dev/shm is a file the server opens, not a link
+  // to elsewhere. Read-write: outputs are written there.
+  const int fd = ::shm_open(key.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
+  if (fd < 0)
+    return errno == ENOENT ? NotFound("region '" + name + "': no shared-memory object " + key)
+                           : ErrnoError("region '" + name + "': opening " + key, errno);
+  auto region = std::make_shared<Region>();
+  region->fd.Reset(fd);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return ErrnoError("fstat " + key, errno);
+  if (!S_ISREG(st.st_mode))
+    return InvalidArgument("region '" + name + "': " + key + " is not a regular object");
+  if (st.st_uid != ::geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
+    return PermissionDenied("region '" + name + "': " + key +
+                            " must belong to the server's user and be writable by nobody else "
+                            "(owner uid " +
+                            std::to_string(st.st_uid) + ", mode " +
+                            std::to_string(st.st_mode & 0777) + ")");
+  if (offset + byte_size > static_cast<uint64_t>(st.st_size))
+    return InvalidArgument("region '" + name + "': [" + std::to_string(offset) + ", +" +
+                           std::to_string(byte_size) + ") lies outside " + key + " (" +
+                           std::to_string(st.st_size) + " bytes)");
+  region->info = {name, key, offset, byte_size};
+  std::lock_guard lock(mu_);
+  if (regions_.count(name))
+    return AlreadyExists("a shared-memory region named '" + name + "' is registered");
+  if (regions_.size() >= kMaxSharedMemoryRegions)
+    return ResourceExhausted("already " + std::to_string(kMaxSharedMemoryRegions) +
+                             " shared-memory regions are registered");
+  regions_.emplace(name, std::move(region));
+  return Status::Ok();
+}
+
+Status SharedMemoryRegistry::Unregister(const std::string& name) {
+  std::lock_guard lock(mu_);
+  if (name.empty()) {
+    regions_.clear();
+    return Status::Ok();
+  }
+  if (regions_.erase(name) == 0)
+    return NotFound("no shared-memory region named '" + name + "' is registered");
+  return Status::Ok();
+}
+
+Result<std::vector<SharedMemoryRegion>> SharedMemoryRegistry::List(const std::string& name) const {
+  std::lock_guard lock(mu_);
+  std::vector<SharedMemoryRegion> out;
+  if (!name.empty()) {
+    auto it = regions_.find(name);
+    if (it == regions_.end())
+      return NotFound("no shared-memory region named '" + name + "' is registered");
+    out.push_back(it->second->info);
+    return out;
+  }
+  for (const auto& [n, r] : regions_) out.push_back(r->info);
+  return out;
+}
+
+Result<std::shared_ptr<const SharedMemoryRegistry::Region>> SharedMemoryRegistry::Find(
+    const SharedMemoryRef& ref, uint64_t bytes, const char* what) const {
+  std::shared_ptr<const Region> region;
+  {
+    std::lock_guard lock(mu_);
+    auto it = regions_.find(ref.region);
+    if (it == regions_.end())
+      return NotFound("no shared-memory region named '" + ref.region + "' is registered");
+    region = it->second;
+  }
+  const SharedMemoryRegion& r = region->info;
+  if (ref.offset > r.byte_size || bytes > r.byte_size - ref.offset)
+    return InvalidArgument(std::string(what) + " [" + std::to_string(ref.offset) + ", +" +
+                           std::to_string(bytes) + ") lies outside region '" + r.name + "' (" +
+                           std::to_string(r.byte_size) + " bytes)");
+  return region;
+}
+
+Result<std::vector<std::byte>> SharedMemoryRegistry::Read(const SharedMemoryRef& ref) const {
+  ASSIGN_OR_RETURN(auto region, Find(ref, ref.byte_size, "the input's bytes"));
+  std::vector<std::byte> bytes(ref.byte_size);
+  const uint64_t at = region->info.offset + ref.offset;
+  for (uint64_t done = 0; done < bytes.size();) {
+    const ssize_t n = ::pread(region->fd.get(), bytes.data() + done, bytes.size() - done,
+                              static_cast<off_t>(at + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError("reading region '" + ref.region + "'", errno);
+    if (n == 0)
+      return InvalidArgument("region '" + ref.region + "': " + region->info.key +
+                             " has shrunk below the registered range");
+    done += static_cast<uint64_t>(n);
+  }
+  return bytes;
+}
+
+Status SharedMemoryRegistry::Write(const SharedMemoryRef& ref,
+                                   std::span<const std::byte> bytes) const {
+  if (bytes.size() > ref.byte_size)
+    return InvalidArgument("the output's " + std::to_string(bytes.size()) +
+                           " bytes do not fit in the " + std::to_string(ref.byte_size) +
+                           " bytes of region '" + ref.region + "' it was given");
+  ASSIGN_OR_RETURN(auto region, Find(ref, ref.byte_size, "the output's room"));
+  const uint64_t at = region->info.offset + ref.offset;
+  // pwrite past the end would grow the object: never past what was registered.
+  ASSIGN_OR_RETURN(uint64_t size, ObjectSize(region->fd.get()));
+  if (at + bytes.size() > size)
+    return InvalidArgument("region '" + ref.region + "': " + region->info.key +
+                           " has shrunk below the registered range");
+  for (uint64_t done = 0; done < bytes.size();) {
+    const ssize_t n = ::pwrite(region->fd.get(), bytes.data() + done, bytes.size() - done,
+                               static_cast<off_t>(at + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return ErrnoError("writing region '" + ref.region + "'", n < 0 ? errno : EIO);
+    done += static_cast<uint64_t>(n);
+  }
+  return Status::Ok();
+}
+
+}  // namespace hearth

@@ -1,0 +1,124 @@
+// The generate and OpenAI codecs and the strict JSON body parser, without
+// sockets: the edges that the HTTP tests do not reach.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/bytes_tensor.h"
+#include "http/generate.h"
+#include "http/json_body.h"
+#include "http/openai.h"
+
+namespace hearth {
+namespace {
+
+using json = nlohmann::json;
+
+TEST(JsonBody, TopLevelValueTextIsTheValueAsWritten) {
+  const std::string body =
+      R"( { "a" : [1, {"messages": 2}], "m\u0065ssages" :  [ {"x":"}\"]"} ] , "z":null } )";
+  ASSERT_TRUE(ParseJsonBody(body).ok());
+  EXPECT_EQ(TopLevelValueText(body, "messages"), R"([ {"x":"}\"]"} ])");
+  EXPECT_EQ(TopLevelValueText(body, "a"), R"([1, {"messages": 2}])");
+  EXPECT_EQ(TopLevelValueText(body, "z"), "null");
+  EXPECT_EQ(TopLevelValueText(body, "nope"), std::nullopt);
+  EXPECT_EQ(TopLevelValueText(R"({"n":-1.5e3})", "n"), "-1.5e3");
+  EXPECT_EQ(TopLevelValueText("[1]", "n"), std::nullopt);
+}
+
+TEST(JsonBody, RefusesWhatReadersWouldReadDifferently) {
+  EXPECT_EQ(ParseJsonBody(std::string("{\"a\":1}\0{}", 10)).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_NE(ParseJsonBody(R"({"a":{"b":1,"b":2}})").status().message().find("\"b\" twice"),
+            std::string::npos);
+  EXPECT_TRUE(ParseJsonBody(std::string(64, '[') + std::string(64, ']')).ok());
+  EXPECT_FALSE(ParseJsonBody(std::string(65, '[') + std::string(65, ']')).ok());
+  EXPECT_FALSE(ParseJsonBody("{} x").ok());
+  EXPECT_FALSE(ParseJsonBody("").ok());
+}
+
+TEST(OpenAiCodec, NullFieldsCountAsNotGivenAndParametersKeepTheirValues) {
+  std::string param;
+  Result<OpenAiRequest> request = ParseOpenAiRequest(
+      R"({"model":"m","prompt":"p","max_tokens":null,"n":null,"stream":null,"stop":"x",)"
+      R"("temperature":0,"seed":-3,"extra":{"deep":[1]}})",
+      OpenAiEndpoint::kCompletions, &param);
+  ASSERT_TRUE(request.ok()) << request.status().ToString();
+  EXPECT_FALSE(request->stream);
+  EXPECT_FALSE(request->max_tokens.has_value());
+  EXPECT_EQ(json::parse(request->parameters_json),
+            json::parse(R"({"stop":"x","temperature":0,"seed":-3})"));
+  Result<OpenAiRequest> huge =
+      ParseOpenAiRequest(R"({"model":"m","prompt":"p","max_tokens":18446744073709551615})",
+                         OpenAiEndpoint::kCompletions, &param);
+  EXPECT_FALSE(huge.ok());
+  EXPECT_EQ(param, "max_tokens");
+}
+
+TEST(OpenAiCodec, AModelWithTheWrongKindOfTextInputOrOutputIsNamed) {
+  OpenAiRequest request;
+  request.model = "m";
+  request.input = "p";
+  ModelMetadata metadata;
+  metadata.name = "m";
+  metadata.inputs = {{"text_input", DType::kI32, {1}}};
+  metadata.outputs = {{"text_output", DType::kBytes, {1}}};
+  Result<InferRequest> wrong_input = OpenAiInferRequest(request, metadata, "id");
+  EXPECT_NE(wrong_input.status().message().find(R"(input "text_input" is INT32)"),
+            std::string::npos)
+      << wrong_input.status().ToString();
+  metadata.inputs = {{"text_input", DType::kBytes, {1}}};
+  metadata.outputs = {{"tokens", DType::kI64, {-1}}};
+  Result<InferRequest> no_output = OpenAiInferRequest(request, metadata, "id");
+  EXPECT_NE(no_output.status().message().find(R"(no BYTES output "text_output")"),
+            std::string::npos)
+      << no_output.status().ToString();
+  // Another input the endpoint cannot give.
+  metadata.inputs = {{"text_input", DType::kBytes, {1}}, {"image", DType::kF32, {3}}};
+  metadata.outputs = {{"text_output", DType::kBytes, {1}}};
+  Result<InferRequest> missing = OpenAiInferRequest(request, metadata, "id");
+  EXPECT_NE(missing.status().message().find(R"(missing input "image")"), std::string::npos)
+      << missing.status().ToString();
+}
+
+TEST(OpenAiCodec, TextThatIsNotUtf8IsReplacedAndBadCountsAreInternal) {
+  OpenAiRequest request;
+  request.model = "m";
+  OpenAiCompletion completion(request, "cmpl-1", 5);
+  InferResponse response;
+  std::vector<std::byte> bytes;
+  ASSERT_TRUE(AppendBytesElement(bytes,
+                                 "a\xff"
+                                 "b",
+                                 "t")
+                  .ok());
+  response.outputs.push_back({"text_output", DType::kBytes, {1}, bytes});
+  Result<std::string> answer = completion.Answer(response);
+  ASSERT_TRUE(answer.ok()) << answer.status().ToString();
+  EXPECT_EQ(json::parse(*answer)["choices"][0]["text"],
+            "a\xef\xbf\xbd"
+            "b");
+  response.outputs.push_back({"completion_tokens", DType::kF32, {1}, std::vector<std::byte>(4)});
+  EXPECT_EQ(completion.Answer(response).status().code(), StatusCode::kInternal);
+}
+
+TEST(GenerateCodec, OutputsThatClashWithTheResponsesOwnKeysAreLeftOut) {
+  InferResponse response;
+  response.model = "m";
+  response.version = "1";
+  std::vector<std::byte> bytes;
+  ASSERT_TRUE(AppendBytesElement(bytes, "x", "t").ok());
+  response.outputs.push_back({"id", DType::kBytes, {1}, bytes});
+  response.outputs.push_back({"two", DType::kBytes, {2}, std::vector<std::byte>()});
+  // "two" claims 2 elements but has none: the service's fault.
+  EXPECT_EQ(GenerateResponseJson(response, "r").status().code(), StatusCode::kInternal);
+  response.outputs.pop_back();
+  Result<std::string> json_text = GenerateResponseJson(response, "r");
+  ASSERT_TRUE(json_text.ok());
+  EXPECT_EQ(json::parse(*json_text),
+            json::parse(R"({"model_name":"m","model_version":"1","id":"r"})"));
+}
+
+}  // namespace
+}  // namespace hearth

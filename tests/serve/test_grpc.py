@@ -1,0 +1,454 @@
+"""`hearth serve`'s KServe v2 gRPC endpoint, driven with grpcio and stubs
+generated here from proto/ (no Triton client in CI): health, metadata,
+config, statistics and the repository index agree with REST and the
+config; inference over raw and typed contents equals REST's answers and a
+NumPy reference; errors carry REST's messages with the matching gRPC code;
+streams answer every request and survive bad ones; oversize messages are
+refused (compressed too) and the server goes on; --grpc-port -1 turns it
+off, a port in use fails start-up clearly, and SIGTERM ends open streams
+with UNAVAILABLE before the server exits 0.
+
+Paths: $HEARTH_CLI (default build/bin/hearth). Skips, saying why, when this
+hearth was built without gRPC or /usr/bin/python3 lacks grpcio/grpc_tools.
+"""
+
+import concurrent.futures
+import gzip
+import importlib
+import os
+import pathlib
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+import requests
+
+try:
+    import grpc
+    from grpc_tools import protoc
+except ImportError as e:  # pragma: no cover: CMake registers a skip instead
+    pytest.skip(f"needs grpcio and grpc_tools (Debian: python3-grpcio python3-grpc-tools): {e}",
+                allow_module_level=True)
+
+if os.environ.get("HEARTH_GRPC_BUILT", "ON").upper() in ("OFF", "0", "FALSE"):
+    pytest.skip("this hearth was built without gRPC (HEARTH_GRPC=OFF, or grpc++ was not found)",
+                allow_module_level=True)
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from test_serve import (CLI, KIND, MLP, SCALE_N, infer_binary, infer_json, mlp_config,  # noqa: E402
+                        mlp_reference, read_safetensors, scale_config, split_binary, start_serve,
+                        stop_serve)
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PROTO = ROOT / "proto"
+MAX_MESSAGE = 1 << 20  # the servers' --grpc-max-message-bytes here
+
+
+def generate_stubs():
+    """grpc_service_pb2 and grpc_service_pb2_grpc, generated from proto/ into a
+    temporary directory."""
+    out = tempfile.mkdtemp(prefix="hearth-grpc-stubs-")
+    rc = protoc.main(["grpc_tools.protoc", f"-I{PROTO}", f"--python_out={out}", f"--grpc_python_out={out}",
+                      str(PROTO / "grpc_service.proto"), str(PROTO / "model_config.proto")])
+    assert rc == 0, "grpc_tools.protoc could not compile proto/"
+    sys.path.insert(0, out)
+    return (importlib.import_module("grpc_service_pb2"), importlib.import_module("grpc_service_pb2_grpc"),
+            importlib.import_module("model_config_pb2"), out)
+
+
+pb, pb_grpc, mc, STUBS = generate_stubs()
+
+
+def grpc_port(log_text):
+    m = re.search(r"KServe v2 gRPC on 127\.0\.0\.1:(\d+)", log_text)
+    if m is None and "built without gRPC" in log_text:
+        pytest.skip("this hearth was built without gRPC")
+    assert m, "the server did not log its gRPC port:\n" + log_text[-2000:]
+    return int(m.group(1))
+
+
+def connect(port):
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", -1),
+                                                                  ("grpc.max_send_message_length", -1)])
+    return channel, pb_grpc.GRPCInferenceServiceStub(channel)
+
+
+def write_repository(root):
+    for name in ("mlp", "scale", "batched", "broken"):
+        (root / name / "1").mkdir(parents=True)
+    subprocess.run([CLI, "make-model", "mlp", "--dims", ",".join(map(str, MLP)), "--seed", "5",
+                    "--out", str(root / "mlp" / "1" / "model.safetensors")], check=True, capture_output=True)
+    subprocess.run([CLI, "make-model", "scale", "--dims", str(SCALE_N), "--seed", "6",
+                    "--out", str(root / "scale" / "1" / "model.safetensors")], check=True, capture_output=True)
+    shutil.copy(root / "mlp" / "1" / "model.safetensors", root / "batched" / "1" / "model.safetensors")
+    shutil.copy(root / "scale" / "1" / "model.safetensors", root / "broken" / "1" / "model.safetensors")
+    (root / "mlp" / "config.yaml").write_text(mlp_config(count=2))
+    (root / "scale" / "config.yaml").write_text(scale_config(count=2, extra="""dynamic_batching:
+  max_queue_delay_microseconds: 100
+  preferred_batch_size: [2, 4]
+parameters:
+  note: "seen by gRPC"
+"""))
+    # One worker that waits up to 300 ms to fill batches of 8: a short
+    # timeout expires while a lone request waits.
+    (root / "batched" / "config.yaml").write_text(mlp_config(count=1, extra="""dynamic_batching:
+  max_queue_delay_microseconds: 300000
+  preferred_batch_size: [8]
+"""))
+    # dims disagree with the checkpoint: not served, the rest is.
+    (root / "broken" / "config.yaml").write_text(scale_config(count=1).replace(f"dims: [{SCALE_N}]", "dims: [9]"))
+
+
+@pytest.fixture(scope="module")
+def server():
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="hearth-grpc-test-"))
+    write_repository(tmp / "repo")
+    state = start_serve(tmp, tmp / "repo", ["--grpc-max-message-bytes", str(MAX_MESSAGE)])
+    state["grpc_port"] = grpc_port(state["log"].read_text())
+    state["channel"], state["stub"] = connect(state["grpc_port"])
+    state["weights"] = {
+        "mlp": read_safetensors(tmp / "repo" / "mlp" / "1" / "model.safetensors"),
+        "scale": read_safetensors(tmp / "repo" / "scale" / "1" / "model.safetensors"),
+    }
+    state["tmp"] = tmp
+    yield state
+    state["channel"].close()
+    code, text = stop_serve(state)
+    shutil.rmtree(tmp, ignore_errors=True)
+    assert code == 0, text[-2000:]
+
+
+def infer_request(model, name, x, id="", outputs=(), parameters=None, typed=False):
+    inputs = [pb.ModelInferRequest.InferInputTensor(name=name, datatype="FP32", shape=list(x.shape))]
+    request = pb.ModelInferRequest(model_name=model, id=id, inputs=inputs,
+                                   outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name=o) for o in outputs])
+    if typed:
+        request.inputs[0].contents.fp32_contents.extend(x.ravel().tolist())
+    else:
+        request.raw_input_contents.append(x.astype("<f4").tobytes())
+    for key, value in (parameters or {}).items():
+        if isinstance(value, bool):
+            request.parameters[key].bool_param = value
+        elif isinstance(value, int):
+            request.parameters[key].int64_param = value
+        elif isinstance(value, float):
+            request.parameters[key].double_param = value
+        else:
+            request.parameters[key].string_param = value
+    return request
+
+
+def outputs_of(response):
+    """{name: array} from raw_output_contents, as tritonclient reads them."""
+    dtypes = {"FP32": "<f4", "INT64": "<i8"}
+    return {o.name: np.frombuffer(raw, dtype=dtypes[o.datatype]).reshape(list(o.shape))
+            for o, raw in zip(response.outputs, response.raw_output_contents)}
+
+
+def rpc_error(call, *args, **kwargs):
+    with pytest.raises(grpc.RpcError) as e:
+        call(*args, **kwargs)
+    return e.value
+
+
+def test_health_and_metadata_agree_with_rest(server):
+    stub, url = server["stub"], server["url"]
+    assert stub.ServerLive(pb.ServerLiveRequest(), timeout=30).live
+    assert stub.ServerReady(pb.ServerReadyRequest(), timeout=30).ready == (
+        requests.get(f"{url}/v2/health/ready", timeout=30).status_code == 200)
+    rest = requests.get(f"{url}/v2", timeout=30).json()
+    meta = stub.ServerMetadata(pb.ServerMetadataRequest(), timeout=30)
+    assert (meta.name, meta.version, list(meta.extensions)) == (rest["name"], rest["version"], rest["extensions"])
+    for model in ("mlp", "scale"):
+        rest = requests.get(f"{url}/v2/models/{model}", timeout=30).json()
+        m = stub.ModelMetadata(pb.ModelMetadataRequest(name=model), timeout=30)
+        assert m.name == rest["name"] and list(m.versions) == rest["versions"] and m.platform == rest["platform"]
+        for got, want in ((m.inputs, rest["inputs"]), (m.outputs, rest["outputs"])):
+            assert [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in got] == want
+    assert stub.ModelReady(pb.ModelReadyRequest(name="mlp"), timeout=30).ready
+    assert stub.ModelReady(pb.ModelReadyRequest(name="mlp", version="1"), timeout=30).ready
+    # Known but not served (REST: 503): not ready. Unknown (REST: 404): NOT_FOUND.
+    assert requests.get(f"{url}/v2/models/broken/ready", timeout=30).status_code == 503
+    assert not stub.ModelReady(pb.ModelReadyRequest(name="broken"), timeout=30).ready
+    assert rpc_error(stub.ModelReady, pb.ModelReadyRequest(name="nope"), timeout=30).code() == grpc.StatusCode.NOT_FOUND
+    e = rpc_error(stub.ModelMetadata, pb.ModelMetadataRequest(name="mlp", version="7"), timeout=30)
+    assert e.code() == grpc.StatusCode.NOT_FOUND
+    assert e.details() == requests.get(f"{url}/v2/models/mlp/versions/7", timeout=30).json()["error"]
+
+
+def test_mlp_matches_rest_and_numpy(server):
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((5, MLP[0])).astype(np.float32)
+    response = server["stub"].ModelInfer(infer_request("mlp", "input", x, id="g-1"), timeout=30)
+    assert (response.model_name, response.model_version, response.id) == ("mlp", "1", "g-1")
+    out = outputs_of(response)
+    assert [o.datatype for o in response.outputs] == ["FP32", "INT64"]
+    ref_logits, ref_argmax = mlp_reference(server["weights"]["mlp"], x)
+    np.testing.assert_allclose(out["logits"], ref_logits, rtol=1e-4, atol=1e-4)
+    assert out["argmax"].shape == (5, 1) and out["argmax"].ravel().tolist() == ref_argmax.tolist()
+    # REST's binary answer to the same input: the same bytes.
+    r = infer_binary(server["url"], "mlp", "input", x, outputs=["logits", "argmax"])
+    assert r.status_code == 200, r.text
+    _, parts = split_binary(r)
+    assert parts["logits"] == out["logits"].tobytes() and parts["argmax"] == out["argmax"].tobytes()
+    # Typed contents give the same answer as raw bytes.
+    typed = outputs_of(server["stub"].ModelInfer(infer_request("mlp", "input", x, typed=True), timeout=30))
+    assert typed["logits"].tobytes() == out["logits"].tobytes()
+
+
+def test_scale_and_requested_outputs(server):
+    rng = np.random.default_rng(22)
+    x = rng.standard_normal((3, SCALE_N)).astype(np.float32)
+    response = server["stub"].ModelInfer(infer_request("scale", "x", x, outputs=["y"]), timeout=30)
+    assert [o.name for o in response.outputs] == ["y"] and list(response.outputs[0].shape) == [3, 1]
+    ref = x.astype(np.float64) @ server["weights"]["scale"]["weight"].astype(np.float64)
+    np.testing.assert_allclose(outputs_of(response)["y"].ravel(), ref.ravel(), rtol=1e-4, atol=1e-3)
+    only_argmax = server["stub"].ModelInfer(
+        infer_request("mlp", "input", np.zeros((1, MLP[0]), np.float32), outputs=["argmax"]), timeout=30)
+    assert [o.name for o in only_argmax.outputs] == ["argmax"] and len(only_argmax.raw_output_contents) == 1
+
+
+def test_concurrent_calls_each_get_their_own_answer(server):
+    """64 concurrent calls of 1 to 3 rows on one channel: the outputs are
+    borrowed from the worker's slot while they are copied into each
+    response, so each must carry the result of its own input."""
+    rng = np.random.default_rng(23)
+    xs = [rng.standard_normal((1 + i % 3, MLP[0])).astype(np.float32) for i in range(64)]
+
+    def one(x):
+        return outputs_of(server["stub"].ModelInfer(infer_request("mlp", "input", x), timeout=60))["logits"]
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, xs))
+    for x, got in zip(xs, results):
+        np.testing.assert_allclose(got, mlp_reference(server["weights"]["mlp"], x)[0], rtol=1e-4, atol=1e-4)
+
+
+BAD = [
+    ("unknown input", lambda: ("mlp", [("nope", "FP32", [1, MLP[0]], np.zeros(MLP[0], "<f4").tobytes())])),
+    ("wrong datatype", lambda: ("mlp", [("input", "INT32", [1, MLP[0]], np.zeros(MLP[0], "<i4").tobytes())])),
+    ("shape vs config", lambda: ("mlp", [("input", "FP32", [1, MLP[0] + 1], np.zeros(MLP[0] + 1, "<f4").tobytes())])),
+    ("batch over max", lambda: ("mlp", [("input", "FP32", [9, MLP[0]], np.zeros(9 * MLP[0], "<f4").tobytes())])),
+    ("missing input", lambda: ("mlp", [])),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=lambda c: c[0])
+def test_errors_are_rests_with_the_matching_code(server, case):
+    name, make = case
+    model, inputs = make()
+    request = pb.ModelInferRequest(model_name=model)
+    rest_inputs = []
+    for input_name, datatype, shape, raw in inputs:
+        request.inputs.add(name=input_name, datatype=datatype, shape=shape)
+        request.raw_input_contents.append(raw)
+        dtype = "<f4" if datatype == "FP32" else "<i4"
+        rest_inputs.append({"name": input_name, "datatype": datatype, "shape": shape,
+                            "data": np.frombuffer(raw, dtype).tolist()})
+    e = rpc_error(server["stub"].ModelInfer, request, timeout=30)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, (name, e.details())
+    r = infer_json(server["url"], model, rest_inputs)
+    assert r.status_code == 400
+    assert e.details() == r.json()["error"], name
+    # Nothing changed: the next request is answered right.
+    test_scale_and_requested_outputs(server)
+
+
+def test_unknown_models_versions_and_wrong_data_sizes(server):
+    stub = server["stub"]
+    x = np.zeros((1, MLP[0]), np.float32)
+    e = rpc_error(stub.ModelInfer, infer_request("nope", "input", x), timeout=30)
+    assert e.code() == grpc.StatusCode.NOT_FOUND
+    assert e.details() == infer_json(server["url"], "nope", [{"name": "input", "datatype": "FP32", "shape": [1, MLP[0]],
+                                                               "data": x.ravel().tolist()}]).json()["error"]
+    versioned = infer_request("mlp", "input", x)
+    versioned.model_version = "9"
+    assert rpc_error(stub.ModelInfer, versioned, timeout=30).code() == grpc.StatusCode.NOT_FOUND
+    short = infer_request("mlp", "input", x)
+    short.raw_input_contents[0] = short.raw_input_contents[0][:-4]
+    e = rpc_error(stub.ModelInfer, short, timeout=30)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.details() == f'input "input": raw_input_contents has {4 * MLP[0] - 4} bytes but shape [1,{MLP[0]}] of FP32 needs {4 * MLP[0]}'
+    sequence = infer_request("mlp", "input", x)
+    sequence.parameters["sequence_id"].uint64_param = 3
+    e = rpc_error(stub.ModelInfer, sequence, timeout=30)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "sequence batching" in e.details()
+
+
+def test_timeout_parameter_answers_deadline_exceeded_as_rest_answers_504(server):
+    x = np.zeros((1, MLP[0]), dtype=np.float32)
+    e = rpc_error(server["stub"].ModelInfer, infer_request("batched", "input", x, parameters={"timeout": 50000}),
+                  timeout=30)
+    assert e.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    r = infer_json(server["url"], "batched", [{"name": "input", "datatype": "FP32", "shape": [1, MLP[0]],
+                                               "data": x.ravel().tolist()}], parameters={"timeout": 50000})
+    assert r.status_code == 504 and "timed out" in e.details()
+
+
+def test_stream_answers_every_request_and_survives_bad_ones(server):
+    rng = np.random.default_rng(24)
+    xs = {f"m{i}": rng.standard_normal((1 + i % 2, MLP[0])).astype(np.float32) for i in range(6)}
+    requests_ = [infer_request("mlp", "input", x, id=k) for k, x in xs.items()]
+    bad = infer_request("mlp", "input", np.zeros((1, MLP[0] + 1), np.float32), id="bad")
+    requests_.insert(3, bad)
+    requests_.append(infer_request("scale", "x", np.ones((2, SCALE_N), np.float32), id="s"))
+    answers = {}
+    for message in server["stub"].ModelStreamInfer(iter(requests_), timeout=60):
+        answers[message.infer_response.id] = message
+    assert set(answers) == set(xs) | {"bad", "s"}
+    assert answers["bad"].error_message == f'input "input": shape [1,{MLP[0] + 1}] does not match the model\'s [-1,{MLP[0]}]'
+    for k, x in xs.items():
+        response = answers[k].infer_response
+        assert answers[k].error_message == ""
+        assert response.parameters["triton_final_response"].bool_param
+        np.testing.assert_allclose(outputs_of(response)["logits"], mlp_reference(server["weights"]["mlp"], x)[0],
+                                   rtol=1e-4, atol=1e-4)
+    ref = np.ones((2, SCALE_N)) @ server["weights"]["scale"]["weight"].astype(np.float64)
+    np.testing.assert_allclose(outputs_of(answers["s"].infer_response)["y"].ravel(), ref.ravel(), rtol=1e-4, atol=1e-3)
+
+
+def test_model_config_says_what_config_yaml_says(server):
+    config = server["stub"].ModelConfig(pb.ModelConfigRequest(name="scale"), timeout=30).config
+    assert config.name == "scale" and config.backend == "scale" and config.max_batch_size == 4
+    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [("x", mc.TYPE_FP32, [SCALE_N])]
+    assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [("y", mc.TYPE_FP32, [1])]
+    kind = mc.ModelInstanceGroup.KIND_GPU if KIND == "KIND_GPU" else mc.ModelInstanceGroup.KIND_CPU
+    assert [(g.count, g.kind) for g in config.instance_group] == [(2, kind)]
+    assert config.WhichOneof("scheduling_choice") == "dynamic_batching"
+    assert config.dynamic_batching.max_queue_delay_microseconds == 100
+    assert list(config.dynamic_batching.preferred_batch_size) == [2, 4]
+    assert config.parameters["note"].string_value == "seen by gRPC"
+    assert not config.model_transaction_policy.decoupled
+    assert list(config.version_policy.specific.versions) == [1]
+    # Where REST serves the config too, both say the same.
+    r = requests.get(f"{server['url']}/v2/models/scale/config", timeout=30)
+    if r.status_code == 200:
+        rest = r.json()
+        assert rest["max_batch_size"] == config.max_batch_size and rest["name"] == config.name
+    e = rpc_error(server["stub"].ModelConfig, pb.ModelConfigRequest(name="nope"), timeout=30)
+    assert e.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_statistics_count_this_tests_requests(server):
+    stub = server["stub"]
+
+    def scale_stats():
+        stats = stub.ModelStatistics(pb.ModelStatisticsRequest(name="scale"), timeout=30).model_stats
+        assert len(stats) == 1 and stats[0].name == "scale" and stats[0].version == "1"
+        return stats[0]
+
+    before = scale_stats()
+    for rows in (1, 2, 3):
+        stub.ModelInfer(infer_request("scale", "x", np.ones((rows, SCALE_N), np.float32)), timeout=30)
+    after = scale_stats()
+    assert after.inference_count - before.inference_count == 6
+    assert after.inference_stats.success.count - before.inference_stats.success.count == 3
+    assert 1 <= after.execution_count - before.execution_count <= 3
+    assert after.inference_stats.compute_infer.ns > before.inference_stats.compute_infer.ns
+    assert after.last_inference >= before.last_inference > 0
+    assert sum(b.compute_infer.count for b in after.batch_stats) == after.execution_count
+    everything = stub.ModelStatistics(pb.ModelStatisticsRequest(), timeout=30).model_stats
+    assert {"mlp", "scale", "batched"} <= {s.name for s in everything}
+    r = requests.get(f"{server['url']}/v2/models/scale/stats", timeout=30)
+    if r.status_code == 200:  # where REST serves statistics too
+        rest = r.json()["model_stats"][0]
+        assert int(rest["inference_count"]) >= after.inference_count
+    e = rpc_error(stub.ModelStatistics, pb.ModelStatisticsRequest(name="nope"), timeout=30)
+    assert e.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_repository_index(server):
+    index = {m.name: m for m in server["stub"].RepositoryIndex(pb.RepositoryIndexRequest(), timeout=30).models}
+    assert set(index) == {"mlp", "scale", "batched", "broken"}
+    assert (index["mlp"].state, index["mlp"].version) == ("READY", "1")
+    assert index["broken"].state == "UNAVAILABLE" and "dims" in index["broken"].reason
+    ready = [m.name for m in server["stub"].RepositoryIndex(pb.RepositoryIndexRequest(ready=True), timeout=30).models]
+    assert ready == ["batched", "mlp", "scale"]
+
+
+def test_what_hearth_does_not_do_yet_is_unimplemented_with_a_reason(server):
+    stub = server["stub"]
+    for call, request, says in (
+            (stub.SystemSharedMemoryRegister, pb.SystemSharedMemoryRegisterRequest(name="r", key="/k", byte_size=64), "shared memory"),
+            (stub.CudaSharedMemoryStatus, pb.CudaSharedMemoryStatusRequest(), "CUDA shared memory"),
+            (stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest(model_name="mlp"), "load or unload"),
+            (stub.TraceSetting, pb.TraceSettingRequest(), "tracing"),
+            (stub.LogSettings, pb.LogSettingsRequest(), "log settings")):
+        e = rpc_error(call, request, timeout=30)
+        assert e.code() == grpc.StatusCode.UNIMPLEMENTED and says in e.details(), e.details()
+    # A request that names a shared-memory region is refused, not served inline.
+    request = infer_request("mlp", "input", np.zeros((1, MLP[0]), np.float32))
+    request.outputs.add(name="logits").parameters["shared_memory_region"].string_param = "r"
+    e = rpc_error(stub.ModelInfer, request, timeout=30)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "shared memory" in e.details()
+
+
+def test_oversize_messages_are_refused_and_the_server_goes_on(server):
+    stub = server["stub"]
+    rows = MAX_MESSAGE // (4 * SCALE_N) + 1
+    big = infer_request("scale", "x", np.zeros((rows, SCALE_N), np.float32))
+    assert big.ByteSize() > MAX_MESSAGE
+    e = rpc_error(stub.ModelInfer, big, timeout=30)
+    assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.details()
+    # Zeros compress to almost nothing: the limit holds for what they inflate to.
+    assert len(gzip.compress(big.SerializeToString())) < MAX_MESSAGE // 100
+    e = rpc_error(stub.ModelInfer, big, timeout=30, compression=grpc.Compression.Gzip)
+    assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.details()
+    # Compressed requests within the limit are served, and so is everything else.
+    small = infer_request("scale", "x", np.ones((1, SCALE_N), np.float32))
+    y = outputs_of(stub.ModelInfer(small, timeout=30, compression=grpc.Compression.Gzip))["y"]
+    ref = np.ones((1, SCALE_N)) @ server["weights"]["scale"]["weight"].astype(np.float64)
+    np.testing.assert_allclose(y.ravel(), ref.ravel(), rtol=1e-4, atol=1e-3)
+    test_mlp_matches_rest_and_numpy(server)
+
+
+def test_grpc_port_off_in_use_and_sigterm_with_an_open_stream(server, tmp_path):
+    # -1: no gRPC, and the log says so.
+    off = start_serve(tmp_path, server["tmp"] / "repo", ["--grpc-port", "-1"], name="off")
+    try:
+        assert "gRPC is off" in off["log"].read_text()
+        assert "KServe v2 gRPC on" not in off["log"].read_text()
+    finally:
+        assert stop_serve(off)[0] == 0
+    # Out of range: refused before anything starts.
+    bad = subprocess.run([CLI, "serve", "--model-repository", str(server["tmp"] / "repo"), "--http-port", "0",
+                          "--grpc-port", "70000", "--device", "cpu"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "--grpc-port must be -1 (no gRPC) or in [0, 65535]" in bad.stdout + bad.stderr
+    # A port in use: start-up fails, naming it.
+    taken = subprocess.run([CLI, "serve", "--model-repository", str(server["tmp"] / "repo"), "--http-port", "0",
+                            "--grpc-port", str(server["grpc_port"]), "--device", "cpu"],
+                           capture_output=True, text=True, timeout=120)
+    assert taken.returncode != 0
+    assert f"cannot listen for gRPC on 127.0.0.1:{server['grpc_port']}" in taken.stdout + taken.stderr
+    # SIGTERM: an open stream gets its answers, then UNAVAILABLE; exit 0.
+    state = start_serve(tmp_path, server["tmp"] / "repo", ["--grpc-port", "0"], name="sigterm")
+    channel, stub = connect(grpc_port(state["log"].read_text()))
+    try:
+        pending = queue.Queue()
+        pending.put(infer_request("scale", "x", np.ones((1, SCALE_N), np.float32), id="before"))
+        stream = stub.ModelStreamInfer(iter(pending.get, None), timeout=60)
+        assert next(stream).infer_response.id == "before"
+        state["proc"].send_signal(signal.SIGTERM)
+        with pytest.raises(grpc.RpcError) as e:
+            next(stream)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value.details()
+        pending.put(None)
+        assert state["proc"].wait(timeout=60) == 0
+    finally:
+        channel.close()
+        code, text = stop_serve(state)
+    assert code == 0, text[-2000:]
+    assert "shutting down" in text
+
+
+def test_stubs_are_generated_from_this_repositorys_proto():
+    # The stubs this test uses are the repository's protocol, not a copy.
+    assert pathlib.Path(pb.__file__).parent == pathlib.Path(STUBS)
+    names = {m.name for m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods}
+    assert {"ModelInfer", "ModelStreamInfer", "ModelConfig", "ModelStatistics", "RepositoryIndex"} <= names

@@ -1,0 +1,196 @@
+// Repository control while requests are served: a load swaps in a new
+// version with no request failing, the old workers drain and exit, an
+// unload stops serving, a load of a broken model leaves the served one.
+// Real processes: the server's store and exec'd hearth-worker processes.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/server.h"
+#include "support/test_store.h"
+
+namespace hearth {
+namespace {
+
+std::string WorkerPath() {
+  const std::string cli = testing::CliPath();
+  return cli.substr(0, cli.rfind('/')) + "/hearth-worker";
+}
+
+void MakeVersion(const std::string& dir, int seed) {
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0) << dir;
+  std::string out;
+  ASSERT_EQ(testing::Run({testing::CliPath(), "make-model", "scale", "--dims", "8", "--seed",
+                          std::to_string(seed), "--out", dir + "/model.safetensors"},
+                         &out),
+            0)
+      << out;
+}
+
+void WriteConfig(const std::string& model_dir, const std::string& extra = "") {
+  std::ofstream(model_dir + "/config.yaml")
+      << "backend: scale\nmax_batch_size: 4\n"
+         "input:\n  - {name: x, data_type: TYPE_FP32, dims: [8]}\n"
+         "output:\n  - {name: y, data_type: TYPE_FP32, dims: [1]}\n"
+         "instance_group:\n  - {count: 2, kind: KIND_CPU}\n"
+      << extra;
+}
+
+// One request of ones; the answer's y, or the error.
+Result<float> Ask(Server& server, const std::string& model) {
+  InferRequest r;
+  r.model = model;
+  InferTensor x;
+  x.name = "x";
+  x.dtype = DType::kF32;
+  x.shape = {1, 8};
+  std::vector<std::byte> bytes(32);
+  const float one = 1.0f;
+  for (int i = 0; i < 8; ++i) std::memcpy(bytes.data() + 4 * i, &one, 4);
+  x.data = std::move(bytes);
+  r.inputs.push_back(std::move(x));
+  std::promise<Result<float>> answer;
+  server.Infer(std::move(r), [&](Result<InferResponse> got) {
+    if (!got.ok()) return answer.set_value(got.status());
+    float y = 0;
+    std::memcpy(&y, got->outputs.at(0).data.data(), 4);
+    answer.set_value(y);
+  });
+  return answer.get_future().get();
+}
+
+bool Gone(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
+
+template <typename F>
+bool Eventually(F condition, std::chrono::seconds limit = std::chrono::seconds(60)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+class RepositoryControl : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    repo_ = tmp_.File("repo");
+    ASSERT_EQ(::mkdir(repo_.c_str(), 0700), 0);
+    ASSERT_EQ(::mkdir((repo_ + "/scale").c_str(), 0700), 0);
+    MakeVersion(repo_ + "/scale/1", 1);
+    WriteConfig(repo_ + "/scale");
+    ServerOptions options;
+    options.repository = repo_;
+    options.worker_path = WorkerPath();
+    auto made = Server::Create(options);
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    server_ = std::move(made).value();
+    ASSERT_TRUE(server_->Start().ok());
+  }
+  void TearDown() override {
+    if (server_) server_->Shutdown();
+  }
+
+  testing::TempDir tmp_;
+  std::string repo_;
+  std::unique_ptr<Server> server_;
+};
+
+TEST_F(RepositoryControl, ANewVersionReplacesTheOldOneWithNoRequestFailing) {
+  auto first = Ask(*server_, "scale");
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  const std::vector<int> old_pids = server_->WorkerPids("scale");
+  ASSERT_EQ(old_pids.size(), 2u);
+  MakeVersion(repo_ + "/scale/2", 2);
+
+  // Four clients asking all the time, each one request after another.
+  std::atomic<bool> stop{false};
+  std::vector<std::vector<Result<float>>> answers(4);
+  std::vector<std::thread> clients;
+  for (auto& mine : answers)
+    clients.emplace_back([&] {
+      while (!stop) mine.push_back(Ask(*server_, "scale"));
+    });
+  Status loaded = server_->LoadModel("scale");
+  auto after = Ask(*server_, "scale");
+  stop = true;
+  for (auto& c : clients) c.join();
+  ASSERT_TRUE(loaded.ok()) << loaded.ToString();
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_NE(*after, *first) << "version 2 has other weights";
+  // Every request was answered; each client saw version 1, then version 2.
+  size_t total = 0;
+  for (const auto& mine : answers) {
+    bool switched = false;
+    for (const auto& a : mine) {
+      ASSERT_TRUE(a.ok()) << a.status().ToString();
+      if (*a == *after) switched = true;
+      EXPECT_TRUE(*a == (switched ? *after : *first))
+          << "an answer from neither version, or from version 1 after version 2";
+    }
+    total += mine.size();
+  }
+  ASSERT_GT(total, 0u);
+  auto index = server_->RepositoryIndex(false);
+  ASSERT_EQ(index.size(), 1u);
+  EXPECT_EQ(index[0].state, "READY");
+  EXPECT_EQ(index[0].version, "2");
+  auto metadata = server_->Metadata("scale", "");
+  ASSERT_TRUE(metadata.ok());
+  EXPECT_EQ(metadata->versions, std::vector<std::string>{"2"});
+  // The old workers drain and exit; the new ones serve.
+  for (int pid : old_pids) EXPECT_TRUE(Eventually([&] { return Gone(pid); })) << pid;
+  EXPECT_EQ(server_->WorkerPids("scale").size(), 2u);
+}
+
+TEST_F(RepositoryControl, UnloadStopsServingAndALoadServesAgain) {
+  ASSERT_TRUE(Ask(*server_, "scale").ok());
+  const std::vector<int> pids = server_->WorkerPids("scale");
+  ASSERT_TRUE(server_->UnloadModel("scale").ok());
+  auto refused = Ask(*server_, "scale");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(refused.status().message().find("unloaded"), std::string::npos)
+      << refused.status().ToString();
+  auto index = server_->RepositoryIndex(false);
+  ASSERT_EQ(index.size(), 1u);
+  EXPECT_EQ(index[0].state, "UNAVAILABLE");
+  EXPECT_TRUE(server_->RepositoryIndex(true).empty());
+  for (int pid : pids) EXPECT_TRUE(Eventually([&] { return Gone(pid); })) << pid;
+  ASSERT_TRUE(server_->LoadModel("scale").ok());
+  auto again = Ask(*server_, "scale");
+  EXPECT_TRUE(again.ok()) << again.status().ToString();
+}
+
+TEST_F(RepositoryControl, ABrokenLoadLeavesTheServedVersionAndNewDirectoriesCanBeLoaded) {
+  auto before = Ask(*server_, "scale");
+  ASSERT_TRUE(before.ok());
+  WriteConfig(repo_ + "/scale", "no_such_field: 1\n");
+  Status broken = server_->LoadModel("scale");
+  ASSERT_FALSE(broken.ok());
+  EXPECT_NE(broken.message().find("no_such_field"), std::string::npos) << broken.ToString();
+  auto still = Ask(*server_, "scale");
+  ASSERT_TRUE(still.ok()) << still.status().ToString();
+  EXPECT_EQ(*still, *before);
+
+  EXPECT_EQ(server_->LoadModel("nothing").code(), StatusCode::kNotFound);
+  ASSERT_EQ(::mkdir((repo_ + "/later").c_str(), 0700), 0);
+  MakeVersion(repo_ + "/later/1", 3);
+  WriteConfig(repo_ + "/later");
+  EXPECT_EQ(Ask(*server_, "later").status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(server_->LoadModel("later").ok());
+  EXPECT_TRUE(Ask(*server_, "later").ok());
+  EXPECT_EQ(server_->ModelNames(), (std::vector<std::string>{"later", "scale"}));
+}
+
+}  // namespace
+}  // namespace hearth
