@@ -56,10 +56,12 @@ tiny = tiny_repository.model_module()
 KIND = "KIND_GPU" if ON_GPU else "KIND_CPU"
 
 # Pieces "0 ", "1 ", ... one every pace_ms (a model slower than the test
-# reacts), at most `pieces`; raise_at makes it fail there. A closed
-# generator leaves closed-<pid>-<piece> in the version directory.
+# reacts), at most `pieces`; raise_at (or the prompt "boom") makes it fail
+# there. A closed generator leaves closed-<pid>-<piece> in the version
+# directory.
 PACED_PY = '''
 import os, time
+import numpy as np
 
 class Model:
     def initialize(self, args):
@@ -67,10 +69,12 @@ class Model:
 
     def execute(self, inputs, parameters):
         pace = float(parameters.get("pace_ms", 20)) / 1000
+        # The prompt "boom" (all an OpenAI request can say) raises at piece 2.
+        raise_at = parameters.get("raise_at", 2 if inputs["text_input"][0] == b"boom" else None)
         i = 0
         try:
             for i in range(int(parameters.get("pieces", 10))):
-                if parameters.get("raise_at") == i:
+                if raise_at == i:
                     raise RuntimeError(f"the model broke at piece {i}")
                 yield {"text_output": np.array([b"%d " % i], dtype=object)}
                 time.sleep(pace)
@@ -137,6 +141,12 @@ def text_of(tokens):
     return bytes(t for t in tokens if t < 256).decode()
 
 
+def token_ids(event):
+    """An event's token_ids: a one-element output is written as its value."""
+    ids = event.get("token_ids", [])
+    return ids if isinstance(ids, list) else [ids]
+
+
 def events(response):
     """The payloads of a server-sent event stream, as they arrive."""
     data = []
@@ -185,7 +195,7 @@ def test_a_stream_arrives_in_order_and_equals_the_direct_run(served):
     got = [json.loads(e) for e in events(r)]
     assert all(e["model_name"] == "tiny" for e in got)
     # Every token as its own event, in order; the last event adds the counts.
-    assert [t for e in got for t in e.get("token_ids", [])] == want
+    assert [t for e in got for t in token_ids(e)] == want
     assert "".join(e.get("text_output", "") for e in got) == text_of(want)
     assert sum(1 for e in got if e.get("text_output")) == len(want)  # ASCII: one piece per token
     last = got[-1]
@@ -200,7 +210,7 @@ def test_concurrent_streams_are_each_their_own(served):
         r = post(served, "/v2/models/tiny/generate_stream",
                  {"text_input": prompt, "parameters": {"max_tokens": 24}}, stream=True)
         assert r.status_code == 200, r.text
-        return [t for e in events(r) for t in json.loads(e).get("token_ids", [])]
+        return [t for e in events(r) for t in token_ids(json.loads(e))]
 
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         got = list(pool.map(ask, prompts))
@@ -219,13 +229,14 @@ def test_a_request_that_is_not_streamed_gets_the_pieces_joined(served):
     assert body["text_output"] == want
     assert body["finish_reason"] == "stop"
     assert body["completion_tokens"] == len(want) + len(stop)
-    # The KServe infer endpoint answers a decoupled model once, joined, too.
+    # The KServe infer endpoint answers a decoupled model once, joined, too
+    # (it passes no parameters to the model: its default max_tokens, 16).
     r = requests.post(f"{served['url']}/v2/models/tiny/infer", timeout=120, json={
-        "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["Hello"]}],
-        "parameters": {"max_tokens": 12}})
+        "inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["Hello"]}]})
     assert r.status_code == 200, r.text
     outs = {o["name"]: o for o in r.json()["outputs"]}
-    assert outs["text_output"]["data"] == [text_of(direct_tokens(served, "Hello", 12))]
+    assert outs["text_output"]["data"] == [text_of(direct_tokens(served, "Hello", 16))]
+    assert outs["completion_tokens"]["data"] == [16]
 
 
 def test_sampling_with_a_seed_repeats_itself_over_http(served):
@@ -422,11 +433,16 @@ def test_an_exception_mid_stream_ends_the_stream_with_it(served):
     assert r.status_code == 500, r.text
     assert "RuntimeError: the model broke at piece 2" in r.json()["error"]
     # OpenAI's stream ends with an error event and no [DONE].
-    r = post(served, "/v1/completions", {"model": "paced_b", "prompt": "b", "stream": True,
-                                         "max_tokens": 10, "seed": 1}, stream=True)
+    r = post(served, "/v1/completions", {"model": "paced_b", "prompt": "boom", "stream": True},
+             stream=True)
     assert r.status_code == 200, r.text
     payloads = list(events(r))
-    assert payloads[-1] != "[DONE]"
+    assert "[DONE]" not in payloads
+    chunks = [json.loads(p) for p in payloads]
+    assert "".join(c["choices"][0]["text"] for c in chunks[:-1] if c.get("choices")) == "0 1 "
+    error = chunks[-1]["error"]
+    assert "RuntimeError: the model broke at piece 2" in error["message"], error
+    assert error["type"] == "server_error"
 
 
 # ---- examples/generate/llama: seed 003's workload on the GPU machine ------------------------
@@ -477,7 +493,7 @@ def test_llama_two_workers_on_one_copy_stream_what_generate_picks(tmp_path):
                                                  "parameters": {"max_tokens": 32}})
             assert r.status_code == 200, r.text
             got = [json.loads(e) for e in events(r)]
-            return [t for e in got for t in e.get("token_ids", [])], \
+            return [t for e in got for t in token_ids(e)], \
                 "".join(e.get("text_output", "") for e in got)
 
         # Concurrent streams: each worker takes one request at a time, so both serve.
