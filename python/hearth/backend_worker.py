@@ -30,11 +30,35 @@ An exception in initialize() fails the model (the traceback is in the log and
 in /v2/models/{m}/ready's 503 body); one in execute() fails only the requests
 that cause it: the server reruns the batch one request at a time, and each
 failing request gets the traceback's last line.
+
+Decoupled models (`model_transaction_policy: {decoupled: true}`) answer each
+request with a stream: every run holds one request, and execute is a
+generator function
+
+        def execute(self, inputs, parameters):   # parameters: the request's, a dict
+            yield {"text_output": np.array([b"Hel"], dtype=object)}
+            yield {"text_output": np.array([b"lo"], dtype=object)}
+
+`inputs` as above (batch dimension 1 where the model batches); `parameters`
+the request's parameters parsed from JSON (numbers, strings, booleans and
+lists as the client sent them; {} when none). Each yielded dict is one
+response, sent before the generator is resumed; it may hold any subset of
+the config's outputs (each checked as above; a name the config lacks is an
+error). Returning ends the stream; raising ends it with an error (its last
+line to the client, the traceback in the log), as does a yield that fails
+its checks. Raise hearth.InvalidArgument for a request the model refuses
+(bad parameters: the client's fault, HTTP 400); any other exception is the
+model's (500). When the request is over early (the client went away, its
+timeout passed) the generator is closed at its yield (GeneratorExit there:
+its `finally` blocks run) and the worker takes the next request. An
+execute that is not a generator function on a decoupled model, or one that
+is on a batched model, fails the model at start.
 """
 
 import argparse
 import ctypes
 import importlib.util
+import inspect
 import json
 import os
 import sys
@@ -84,6 +108,16 @@ def _declare(lib):
         fn = getattr(lib, name)
         fn.argtypes = args
         fn.restype = res
+    # ABI version 4 (decoupled models): looked for only by a decoupled model's worker.
+    for name, args, res in [
+        ("hearth_worker_decoupled", [h], c.c_int32),
+        ("hearth_worker_parameters_json", [h], c.c_char_p),
+        ("hearth_worker_respond", [h], c.c_int32),
+    ]:
+        if hasattr(lib, name):
+            fn = getattr(lib, name)
+            fn.argtypes = args
+            fn.restype = res
 
 
 class _BatchError(Exception):
@@ -248,15 +282,80 @@ def _inject_fault(np, kind, trigger, inputs):
             signal.pause()
 
 
+def _read_inputs(w, np, torch, inputs_spec):
+    """The current run's inputs as read-only arrays (or tensors) over the slot."""
+    lib, h = w.lib, w.h
+    data, nbytes = ctypes.c_void_p(), ctypes.c_uint64()
+    shape_p, ndim = ctypes.POINTER(ctypes.c_int64)(), ctypes.c_int32()
+    inputs = {}
+    for i, (name, dtype, _) in enumerate(inputs_spec):
+        lib.hearth_worker_input(h, i, ctypes.byref(data), ctypes.byref(nbytes),
+                                ctypes.byref(shape_p), ctypes.byref(ndim))
+        shape = tuple(shape_p[k] for k in range(ndim.value))
+        n = nbytes.value
+        if dtype == _BYTES:
+            inputs[name] = _decode_bytes(np, ctypes.string_at(data.value, n) if n else b"", shape)
+            continue
+        raw = (ctypes.c_char * n).from_address(data.value) if n else b""
+        if dtype == 3:
+            arr = np.frombuffer(raw, dtype="<i2").reshape(shape)
+            arr.flags.writeable = False
+            inputs[name] = torch.from_numpy(arr.copy()).view(torch.bfloat16) if torch \
+                else arr
+            continue
+        arr = np.frombuffer(raw, dtype=_NUMPY[dtype]).reshape(shape)
+        arr.flags.writeable = False
+        if torch is not None:
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # read-only: torch warns, the view is fine
+                arr = torch.from_numpy(arr)
+        inputs[name] = arr
+    return inputs
+
+
+def _give_outputs(w, np, outputs_spec, outputs, subset):
+    """Copies `outputs` into room the slot gives them, each checked against
+    the config (the C side checks the shape). subset: outputs may be left
+    out (a decoupled model's response), but none the config lacks may be
+    given. Raises _BatchError naming the output at fault."""
+    lib, h = w.lib, w.h
+    room = ctypes.c_void_p()
+    if subset:
+        known = {name for name, _, _ in outputs_spec}
+        unknown = sorted(str(k) for k in outputs if k not in known)
+        if unknown:
+            raise _BatchError(f"execute() yielded output {unknown[0]!r}, which the config does not "
+                              f"declare (it declares {', '.join(sorted(known))})")
+    for i, (name, dtype, _) in enumerate(outputs_spec):
+        if name not in outputs:
+            if subset:
+                continue
+            raise _BatchError(f"execute() returned no output {name!r}")
+        if dtype == _BYTES:
+            shape, payload = _encode_bytes(np, name, outputs[name])
+        else:
+            arr = _to_numpy(np, name, outputs[name], dtype)
+            shape, payload = arr.shape, arr
+        shape_c = (ctypes.c_int64 * len(shape))(*shape)
+        size = len(payload) if dtype == _BYTES else payload.nbytes
+        if lib.hearth_worker_output(h, i, shape_c, len(shape), size, ctypes.byref(room)) != 0:
+            raise _BatchError(w.error())
+        if size:
+            src = payload if dtype == _BYTES else payload.ctypes.data
+            ctypes.memmove(room.value, src, size)
+
+
+def _last_line(e):
+    return traceback.format_exception_only(type(e), e)[-1].strip()
+
+
 def _serve(w, model, inputs_spec, outputs_spec, tensor_type, fault=None):
     import numpy as np
     lib, h = w.lib, w.h
     torch = None
     if tensor_type == "torch":
         import torch
-    data, nbytes = ctypes.c_void_p(), ctypes.c_uint64()
-    shape_p, ndim = ctypes.POINTER(ctypes.c_int64)(), ctypes.c_int32()
-    room = ctypes.c_void_p()
     while True:
         r = lib.hearth_worker_next(h)
         if r == 0:
@@ -264,30 +363,7 @@ def _serve(w, model, inputs_spec, outputs_spec, tensor_type, fault=None):
         if r < 0:
             print(f"hearth.backend_worker: {w.error()}", file=sys.stderr)
             return 2
-        inputs = {}
-        for i, (name, dtype, _) in enumerate(inputs_spec):
-            lib.hearth_worker_input(h, i, ctypes.byref(data), ctypes.byref(nbytes),
-                                    ctypes.byref(shape_p), ctypes.byref(ndim))
-            shape = tuple(shape_p[k] for k in range(ndim.value))
-            n = nbytes.value
-            if dtype == _BYTES:
-                inputs[name] = _decode_bytes(np, ctypes.string_at(data.value, n) if n else b"", shape)
-                continue
-            raw = (ctypes.c_char * n).from_address(data.value) if n else b""
-            if dtype == 3:
-                arr = np.frombuffer(raw, dtype="<i2").reshape(shape)
-                arr.flags.writeable = False
-                inputs[name] = torch.from_numpy(arr.copy()).view(torch.bfloat16) if torch \
-                    else arr
-                continue
-            arr = np.frombuffer(raw, dtype=_NUMPY[dtype]).reshape(shape)
-            arr.flags.writeable = False
-            if torch is not None:
-                import warnings
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # read-only: torch warns, the view is fine
-                    arr = torch.from_numpy(arr)
-            inputs[name] = arr
+        inputs = _read_inputs(w, np, torch, inputs_spec)
         if fault is not None:
             _inject_fault(np, fault[0], fault[1], inputs)
         try:
@@ -295,28 +371,12 @@ def _serve(w, model, inputs_spec, outputs_spec, tensor_type, fault=None):
         except Exception as e:  # the model's fault: fail these requests, serve on
             traceback.print_exc()
             _exit_if_cuda_is_lost()
-            last = traceback.format_exception_only(type(e), e)[-1].strip()
-            lib.hearth_worker_done(h, _capi.ERROR_INTERNAL, last.encode(errors="replace"), 1)
+            lib.hearth_worker_done(h, _capi.ERROR_INTERNAL, _last_line(e).encode(errors="replace"), 1)
             continue
         try:
             if not isinstance(outputs, dict):
                 raise _BatchError(f"execute() returned {type(outputs).__name__}, not a dict of outputs")
-            for i, (name, dtype, _) in enumerate(outputs_spec):
-                if name not in outputs:
-                    raise _BatchError(f"execute() returned no output {name!r}")
-                if dtype == _BYTES:
-                    shape, payload = _encode_bytes(np, name, outputs[name])
-                else:
-                    arr = _to_numpy(np, name, outputs[name], dtype)
-                    shape, payload = arr.shape, arr
-                shape_c = (ctypes.c_int64 * len(shape))(*shape)
-                size = len(payload) if dtype == _BYTES else payload.nbytes
-                if lib.hearth_worker_output(h, i, shape_c, len(shape), size,
-                                            ctypes.byref(room)) != 0:
-                    raise _BatchError(w.error())
-                if size:
-                    src = payload if dtype == _BYTES else payload.ctypes.data
-                    ctypes.memmove(room.value, src, size)
+            _give_outputs(w, np, outputs_spec, outputs, subset=False)
         except _BatchError as e:
             lib.hearth_worker_done(h, _capi.ERROR_INVALID_ARGUMENT, str(e).encode(errors="replace"), 0)
             continue
@@ -328,11 +388,146 @@ def _serve(w, model, inputs_spec, outputs_spec, tensor_type, fault=None):
         except Exception as e:
             traceback.print_exc()
             _exit_if_cuda_is_lost()
-            last = traceback.format_exception_only(type(e), e)[-1].strip()
-            lib.hearth_worker_done(h, _capi.ERROR_INTERNAL, last.encode(errors="replace"), 1)
+            lib.hearth_worker_done(h, _capi.ERROR_INTERNAL, _last_line(e).encode(errors="replace"), 1)
             continue
         if lib.hearth_worker_done(h, 0, None, 0) != 0:
             return 0  # the server has gone
+
+
+def _request_parameters(text):
+    """The run's parameters JSON as a dict; ValueError saying why it is not one."""
+    if not text:
+        return {}
+    parameters = json.loads(text)
+    if not isinstance(parameters, dict):
+        raise ValueError(f"the request's parameters are a JSON {type(parameters).__name__}, "
+                         "not an object")
+    return parameters
+
+
+def _error_code(e):
+    """hearth.InvalidArgument from a model: the request is at fault (a
+    front-end's 400); anything else is the model's (500)."""
+    hearth = sys.modules.get("hearth")
+    if hearth is not None and isinstance(e, hearth.InvalidArgument):
+        return _capi.ERROR_INVALID_ARGUMENT
+    return _capi.ERROR_INTERNAL
+
+
+def _close_generator(gen):
+    """GeneratorExit at the model's yield, so that its finally blocks run.
+    What they raise is logged: the stream is over either way."""
+    try:
+        gen.close()
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        _exit_if_cuda_is_lost()
+
+
+def _stream(w, np, gen, outputs_spec):
+    """Sends each dict `gen` yields as one response, then ends the run.
+    Returns None to go on serving, or the process's exit code. Errors are
+    never retried (retry_alone 0): a run is one request, and a client may
+    already hold part of its stream."""
+    lib, h = w.lib, w.h
+
+    def fail(code, message):
+        if lib.hearth_worker_done(h, code, message.encode(errors="replace"), 0) != 0:
+            return 0  # the server has gone
+        return None
+
+    while True:
+        try:
+            outputs = next(gen)
+        except StopIteration:
+            break
+        except Exception as e:  # this stream ends with the error
+            traceback.print_exc()
+            _exit_if_cuda_is_lost()
+            return fail(_error_code(e), _last_line(e))
+        try:
+            if not isinstance(outputs, dict):
+                raise _BatchError(f"execute() yielded {type(outputs).__name__}, not a dict of outputs")
+            _give_outputs(w, np, outputs_spec, outputs, subset=True)
+        except (_BatchError, TypeError, ValueError, UnicodeError, OverflowError) as e:
+            _close_generator(gen)
+            message = str(e) if isinstance(e, _BatchError) else \
+                f"the outputs cannot be converted: {type(e).__name__}: {e}"
+            return fail(_capi.ERROR_INVALID_ARGUMENT, message)
+        except Exception as e:
+            traceback.print_exc()
+            _close_generator(gen)
+            _exit_if_cuda_is_lost()
+            return fail(_capi.ERROR_INTERNAL, _last_line(e))
+        go_on = lib.hearth_worker_respond(h)
+        if go_on == 1:
+            continue
+        _close_generator(gen)
+        if go_on < 0:
+            print(f"hearth.backend_worker: {w.error()}", file=sys.stderr)
+            return 2
+        break  # cancelled: the request is over; done frees the worker for the next
+    if lib.hearth_worker_done(h, 0, None, 0) != 0:
+        return 0
+    return None
+
+
+def _serve_decoupled(w, model, inputs_spec, outputs_spec, tensor_type, fault=None):
+    """One request per run, answered by the stream execute(inputs, parameters) yields."""
+    import numpy as np
+    lib, h = w.lib, w.h
+    torch = None
+    if tensor_type == "torch":
+        import torch
+    while True:
+        r = lib.hearth_worker_next(h)
+        if r == 0:
+            return 0
+        if r < 0:
+            print(f"hearth.backend_worker: {w.error()}", file=sys.stderr)
+            return 2
+        try:
+            parameters = _request_parameters(lib.hearth_worker_parameters_json(h).decode())
+        except (ValueError, UnicodeError) as e:
+            message = f"the request's parameters: {e}"
+            if lib.hearth_worker_done(h, _capi.ERROR_INVALID_ARGUMENT, message.encode(errors="replace"),
+                                      0) != 0:
+                return 0
+            continue
+        inputs = _read_inputs(w, np, torch, inputs_spec)
+        if fault is not None:
+            _inject_fault(np, fault[0], fault[1], inputs)
+        try:
+            gen = model.execute(inputs, parameters)
+        except Exception as e:  # a wrapper around the generator that raised at once
+            traceback.print_exc()
+            _exit_if_cuda_is_lost()
+            if lib.hearth_worker_done(h, _error_code(e), _last_line(e).encode(errors="replace"),
+                                      0) != 0:
+                return 0
+            continue
+        code = _stream(w, np, gen, outputs_spec)
+        del gen, inputs  # views of the slot, valid only until done
+        if code is not None:
+            return code
+
+
+def _check_execute(Model, decoupled, path):
+    """A decoupled model's execute must be a generator function, a batched model's must not."""
+    execute = getattr(Model, "execute", None)
+    if not callable(execute):
+        raise AttributeError(f"{path}: class Model has no execute method")
+    streams = inspect.isgeneratorfunction(execute)
+    if decoupled and not streams:
+        raise TypeError(
+            f"{path}: the config says model_transaction_policy: {{decoupled: true}}, so "
+            "Model.execute must be a generator function, def execute(self, inputs, parameters), "
+            "that yields each response's outputs as a dict; this execute does not yield")
+    if streams and not decoupled:
+        raise TypeError(
+            f"{path}: Model.execute is a generator function (it yields), but the model is not "
+            "decoupled: return one dict of outputs per batch, or set model_transaction_policy: "
+            "{decoupled: true} in config.yaml to stream each yield as a response")
 
 
 def main(argv=None):
@@ -370,6 +565,11 @@ def main(argv=None):
             w.fail(_capi.ERROR_INVALID_ARGUMENT,
                    f"parameters.tensor_type: {tensor_type!r} is not numpy or torch")
             return 1
+        decoupled = hasattr(lib, "hearth_worker_decoupled") and lib.hearth_worker_decoupled(handle) == 1
+        if decoupled and not hasattr(lib, "hearth_worker_respond"):
+            w.fail(_capi.ERROR_INVALID_ARGUMENT, "a decoupled model needs libhearth's ABI version 4 "
+                   "(hearth_worker_respond); this libhearth is older")
+            return 1
         try:
             inputs_spec = _signature(w.config, "input")
             outputs_spec = _signature(w.config, "output")
@@ -384,6 +584,7 @@ def main(argv=None):
             except ImportError:
                 tensors = weights
             Model = _load_model_class(w.version_dir)
+            _check_execute(Model, decoupled, os.path.join(w.version_dir, "model.py"))
             model = Model()
             args = {"model_config": w.config, "model_name": a.model,
                     "model_version": str(w.config.get("version_policy", {})
@@ -403,7 +604,8 @@ def main(argv=None):
             print(f"hearth.backend_worker: {w.error()}", file=sys.stderr)
             return 1
         fault = (a.fault_kind, a.fault_on_value) if a.fault_kind else None
-        code = _serve(w, model, inputs_spec, outputs_spec, tensor_type, fault)
+        serve = _serve_decoupled if decoupled else _serve
+        code = serve(w, model, inputs_spec, outputs_spec, tensor_type, fault)
         if hasattr(model, "finalize"):
             try:
                 model.finalize()

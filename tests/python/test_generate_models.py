@@ -1,0 +1,766 @@
+"""Text generation models of backend: python, and the backend's decoupled path.
+
+1. examples/generate/tiny_decoder run directly (torch 1.13 is enough): its
+   KV-cached greedy decoding equals a full forward pass per token; stop
+   strings end the text before them; max_tokens bounds it; a seed makes
+   sampling repeatable; characters are never split between pieces.
+2. A real `python3 -m hearth.backend_worker` process on a real store, driven
+   through its control socket and request slot by `Driver` below, the
+   server's side of the worker protocol written from its wire format
+   (src/protocol/worker_protocol.h): a decoupled model's stream, piece by
+   piece, equals the direct run; a cancelled request closes the model's
+   generator (its GeneratorExit runs) and the worker serves the next; an
+   exception mid-stream ends the stream with its last line; yields that fail
+   their checks name the output; the request's parameters arrive as sent; a
+   model whose execute does not match its transaction policy fails at start.
+3. examples/generate/llama: its detokenizer and stop strings here; where
+   torch >= 2 and transformers are installed (the GPU machine:
+   HEARTH_TEST_DEVICE=cuda:0), a worker serving a Llama-architecture
+   checkpoint with random weights (save_pretrained, offline) streams token
+   for token what transformers' own generate() picks, greedy, for a prompt
+   and for a chat (the tokenizer's chat template).
+
+The end-to-end tests under `hearth serve` are in tests/serve/test_generate.py.
+"""
+
+import json
+import mmap
+import os
+import pathlib
+import select
+import socket
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import hearth_testing as ht
+
+torch = pytest.importorskip("torch", reason="the tiny decoder is written in torch")
+
+TINY = ht.ROOT / "examples" / "generate" / "tiny_decoder"
+LLAMA = ht.ROOT / "examples" / "generate" / "llama"
+
+
+def _load(name, path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make_repository = _load("tiny_decoder_make_repository", TINY / "make_repository.py")
+tiny = make_repository.model_module()
+
+llama = _load("llama_model", LLAMA / "model.py")
+llama_repository = _load("llama_make_repository", LLAMA / "make_repository.py")
+
+
+def _transformers_missing():
+    if int(torch.__version__.split(".")[0]) < 2:
+        return f"torch {torch.__version__} < 2 (transformers needs torch 2)"
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return "transformers is not installed for this interpreter"
+    return None
+
+
+TRANSFORMERS_MISSING = _transformers_missing()
+
+# hearth::StatusCode (include/hearth/status.h), as a Done carries it.
+INVALID_ARGUMENT = 1
+INTERNAL = 8
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("generate")
+    version = make_repository.write(root / "repo", workers=1)
+    return version
+
+
+@pytest.fixture(scope="module")
+def decoder(repo):
+    """The tiny decoder built from the repository's own files, without hearth."""
+    config = json.loads((repo / "config.json").read_text())
+    d = tiny.TinyDecoder.from_config(config)
+    weights = read_safetensors(repo / "model.safetensors")
+    d.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+    torch.set_num_threads(1)
+    return d.eval()
+
+
+def read_safetensors(path):
+    raw = pathlib.Path(path).read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    kinds = {"F32": "<f4", "I64": "<i8", "F16": "<f2"}
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = info["data_offsets"]
+        out[name] = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=kinds[info["dtype"]]) \
+            .reshape(info["shape"]).copy()
+    return out
+
+
+def full_forward_greedy(decoder, prompt, max_tokens):
+    """Greedy decoding the plain way: the whole sequence through the module per token."""
+    ids = list(prompt)
+    out = []
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            logits, _ = decoder(torch.tensor(ids, dtype=torch.long))
+            token = int(torch.argmax(logits[-1]))
+            out.append(token)
+            if token == tiny.EOS:
+                break
+            ids.append(token)
+    return out
+
+
+def direct(decoder, text, **parameters):
+    """The Model's own execute on `decoder`, without a worker: (pieces, final response)."""
+    m = tiny.Model()
+    m.decoder, m.marker_dir, m.token_ids = decoder, None, True
+    inputs = {"text_input": np.array([text.encode()], dtype=object),
+              "messages": np.array([b""], dtype=object)}
+    responses = list(m.execute(inputs, parameters))
+    pieces = [r["text_output"][0] for r in responses]
+    last = dict(responses[-1], token_ids=np.concatenate([r["token_ids"] for r in responses]))
+    return pieces, last
+
+
+# ---- the tiny decoder, directly ------------------------------------------------------
+
+
+@pytest.mark.parametrize("prompt", ["Hello, world", "The quick brown fox", "a"])
+def test_cached_greedy_decoding_equals_a_full_forward_per_token(decoder, prompt):
+    ids = tiny.prompt_tokens(prompt)
+    cached = list(tiny.tokens(decoder, ids, 48))
+    assert cached == full_forward_greedy(decoder, ids, 48)
+    # The repository's weights write printable ASCII: one token per character,
+    # so comparing texts elsewhere compares tokens.
+    assert all(0x20 <= t < 0x7f or t in (ord("\n"), tiny.EOS) for t in cached), cached
+
+
+def test_max_tokens_bounds_the_generation(decoder):
+    ids = tiny.prompt_tokens("Hello")
+    greedy = full_forward_greedy(decoder, ids, 40)
+    assert tiny.EOS not in greedy, "pick a prompt whose greedy run does not end by itself"
+    for n in (1, 7, 40):
+        pieces, last = direct(decoder, "Hello", max_tokens=n)
+        assert b"".join(pieces) == bytes(greedy[:n])
+        assert last["token_ids"].tolist() == greedy[:n]
+        assert last["completion_tokens"].tolist() == [n]
+        assert last["prompt_tokens"].tolist() == [len(ids)]
+        assert last["finish_reason"].tolist() == [b"length"]
+
+
+def test_stop_strings_end_the_text_before_them(decoder):
+    text = bytes(full_forward_greedy(decoder, tiny.prompt_tokens("Hello"), 64)).decode()
+    stop = text[20:23]
+    at = text.find(stop)
+    pieces, last = direct(decoder, "Hello", max_tokens=64, stop=stop)
+    assert b"".join(pieces).decode() == text[:at]
+    assert last["finish_reason"].tolist() == [b"stop"]
+    # The token that completed the stop string is the last one generated.
+    assert last["completion_tokens"].tolist() == [at + len(stop)]
+    # Of a list, the first to appear ends the text; one that never appears changes nothing.
+    later = text[40:42]
+    pieces, last = direct(decoder, "Hello", max_tokens=64, stop=["never seen \u00e9", later, stop])
+    assert b"".join(pieces).decode() == text[:min(at, text.find(later))]
+    pieces, last = direct(decoder, "Hello", max_tokens=64, stop=["never seen \u00e9"])
+    assert b"".join(pieces).decode() == text
+    assert last["finish_reason"].tolist() == [b"length"]
+
+
+def test_eos_ends_the_generation_as_a_stop(decoder):
+    import copy
+    eager = copy.deepcopy(decoder)
+    with torch.no_grad():
+        eager.head.bias[tiny.EOS] = 1e4  # EOS is always the most likely token
+    pieces, last = direct(eager, "Hello", max_tokens=10)
+    assert b"".join(pieces) == b""
+    assert last["token_ids"].tolist() == [tiny.EOS]
+    assert last["completion_tokens"].tolist() == [1]
+    assert last["finish_reason"].tolist() == [b"stop"]
+
+
+def test_a_seed_makes_sampling_repeatable(decoder):
+    ids = tiny.prompt_tokens("Hello")
+    a = list(tiny.tokens(decoder, ids, 40, temperature=1.0, seed=7))
+    assert a == list(tiny.tokens(decoder, ids, 40, temperature=1.0, seed=7))
+    assert a != list(tiny.tokens(decoder, ids, 40, temperature=1.0, seed=8))
+    assert a != list(tiny.tokens(decoder, ids, 40)), "sampling at temperature 1 chose the greedy path"
+    # top_p so small that only the most likely token is left: greedy again.
+    assert list(tiny.tokens(decoder, ids, 40, temperature=1.0, top_p=1e-9, seed=7)) == \
+        list(tiny.tokens(decoder, ids, 40))
+    pieces, _ = direct(decoder, "Hello", max_tokens=40, temperature=1.0, seed=7)
+    assert b"".join(pieces) == bytes(t for t in a if t < 256)
+
+
+def test_pieces_never_split_a_character_and_hold_back_a_stop_prefix():
+    s = tiny.TextStream(stop=["<end>"])
+    pieces = [s.feed(b) for b in "h\u00e9\u20ac\U0001F600 <en".encode()]
+    assert [p for p in pieces if p] == ["h", "\u00e9", "\u20ac", "\U0001F600", " "]
+    assert s.feed(ord("x")) == "<enx"  # not the stop string after all
+    assert s.feed(0xFF) == "\ufffd"   # a byte that is never UTF-8
+    for b in b"<end>":
+        assert s.feed(b) == ""
+    assert s.stopped and s.flush() == ""
+    s = tiny.TextStream()
+    assert s.feed(0xC3) == "" and s.flush() == "\ufffd"  # a character cut off by the end
+
+
+def test_the_chat_template():
+    assert tiny.chat_prompt([{"role": "system", "content": "Be brief."},
+                             {"role": "user", "content": [{"type": "text", "text": "Hi"},
+                                                          {"type": "text", "text": "!"}]}]) == \
+        "system: Be brief.\nuser: Hi!\nassistant: "
+    for bad in ([], {"role": "user"}, [{"content": "no role"}],
+                [{"role": "user", "content": [{"type": "image_url"}]}]):
+        with pytest.raises(tiny.RequestError):
+            tiny.chat_prompt(bad)
+
+
+@pytest.mark.parametrize("parameters, named", [
+    ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 2.5}, "max_tokens"),
+    ({"max_tokens": True}, "max_tokens"), ({"temperature": 5}, "temperature"),
+    ({"temperature": "hot"}, "temperature"), ({"top_p": 0}, "top_p"), ({"seed": -1}, "seed"),
+    ({"stop": [""]}, "stop"), ({"stop": ["a"] * 5}, "stop"), ({"stop": 3}, "stop"),
+    ({"max_tokens": 510}, "positions"),
+])
+def test_bad_parameters_are_refused_naming_them(decoder, parameters, named):
+    with pytest.raises(tiny.RequestError, match=named):
+        direct(decoder, "Hello", **parameters)
+
+
+# ---- the backend's decoupled path, through a real worker process ----------------------
+
+KIND_SETUP, KIND_READY, KIND_RUN, KIND_DONE, KIND_ROOM, KIND_PARTIAL, KIND_ACK = 4, 1, 2, 3, 5, 6, 7
+MAGIC = 0x4B524F57
+BYTES, I64 = 12, 4
+TRITON = {"TYPE_STRING": BYTES, "TYPE_INT64": I64}
+
+
+def _str(b):
+    b = b.encode() if isinstance(b, str) else b
+    return struct.pack("<I", len(b)) + b
+
+
+def _tensors(ts):
+    out = struct.pack("<I", len(ts))
+    for offset, nbytes, shape in ts:
+        out += struct.pack("<QQI", offset, nbytes, len(shape)) + struct.pack(f"<{len(shape)}q", *shape)
+    return out
+
+
+class _Reader:
+    def __init__(self, b):
+        self.b, self.at = b, 0
+
+    def take(self, fmt):
+        v = struct.unpack_from(fmt, self.b, self.at)
+        self.at += struct.calcsize(fmt)
+        return v if len(v) > 1 else v[0]
+
+    def str(self):
+        n = self.take("<I")
+        s = self.b[self.at:self.at + n]
+        self.at += n
+        return s
+
+    def tensors(self):
+        out = []
+        for _ in range(self.take("<I")):
+            offset, nbytes, ndim = self.take("<QQI")
+            shape = list(struct.unpack_from(f"<{ndim}q", self.b, self.at))
+            self.at += 8 * ndim
+            out.append((offset, nbytes, shape))
+        return out
+
+
+def bytes_tensor(elements):
+    return b"".join(struct.pack("<I", len(e)) + e for e in elements)
+
+
+def unbytes(raw):
+    out, at = [], 0
+    while at < len(raw):
+        n = int.from_bytes(raw[at:at + 4], "little")
+        out.append(raw[at + 4:at + 4 + n])
+        at += 4 + n
+    return out
+
+
+class Driver:
+    """The server's side of one worker: a SOCK_SEQPACKET control socket and a
+    memfd request slot, handed to `python3 -m hearth.backend_worker`."""
+
+    SLOT = 1 << 20
+
+    def __init__(self, tmp, store, model, config, version_dir, decoupled=True):
+        self.config = config
+        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.slot = os.memfd_create("test-slot", os.MFD_CLOEXEC)
+        os.ftruncate(self.slot, self.SLOT)
+        self.size = self.SLOT
+        self.mem = mmap.mmap(self.slot, self.size)
+        self.seq = 0
+        cfg = dict(config, model_transaction_policy={"decoupled": decoupled})
+        params = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
+        setup = struct.pack("<IIII", MAGIC, KIND_SETUP, cfg["max_batch_size"], len(params))
+        for k, v in params.items():
+            setup += _str(k) + _str(v)
+        setup += struct.pack("<II", 0, 0)  # inputs, outputs: the config says
+        setup += _str(json.dumps(cfg)) + _str(str(version_dir)) + struct.pack("<B", decoupled)
+        self.control.send(setup)
+        self.log = open(tmp / f"worker-{model}.log", "w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "hearth.backend_worker", "--store-socket", store.socket,
+             "--model", model, "--control-fd", str(theirs.fileno()), "--slot-fd", str(self.slot)],
+            pass_fds=(theirs.fileno(), self.slot), env=ht.child_env(), stdout=self.log,
+            stderr=subprocess.STDOUT)
+        theirs.close()
+        kind, r = self.receive(timeout=180)
+        self.ready = kind == KIND_READY
+        if not self.ready:
+            assert kind == KIND_DONE
+            self.start_error = self._done(r)
+
+    def receive(self, timeout=60):
+        ready, _, _ = select.select([self.control], [], [], timeout)
+        assert ready, f"the worker said nothing within {timeout} s:\n{self.log_text()}"
+        b = self.control.recv(1 << 18)
+        assert b, f"the worker closed its control socket:\n{self.log_text()}"
+        r = _Reader(b)
+        magic, kind = r.take("<II")
+        assert magic == MAGIC
+        return kind, r
+
+    def log_text(self):
+        self.log.flush()
+        return pathlib.Path(self.log.name).read_text()[-4000:]
+
+    @staticmethod
+    def _done(r):
+        seq, status = r.take("<QI")
+        text = r.str().decode(errors="replace")
+        retry_alone, _run_us, room_needed = r.take("<BQQ")
+        outputs = r.tensors()
+        present = [r.take("<B") for _ in range(r.take("<I"))]
+        return {"seq": seq, "status": status, "text": text, "retry_alone": retry_alone,
+                "room_needed": room_needed, "outputs": outputs, "present": present}
+
+    def start(self, inputs, parameters=None):
+        """Sends a run of one request: inputs {name: [bytes, ...]} (BYTES)."""
+        self.seq += 1
+        lead = [1] if self.config["max_batch_size"] > 0 else []
+        at, placed = 0, []
+        for io in self.config["input"]:
+            raw = bytes_tensor(inputs[io["name"]])
+            self.mem[at:at + len(raw)] = raw
+            placed.append((at, len(raw), lead + [len(inputs[io["name"]])]))
+            at += (len(raw) + 63) // 64 * 64
+        n_out = len(self.config["output"])
+        run = struct.pack("<IIQqQ", MAGIC, KIND_RUN, self.seq, 1, self.size) + _tensors(placed)
+        run += _tensors([(0, 0, [])] * n_out) + struct.pack("<I", n_out) + bytes(n_out)
+        run += struct.pack("<Q", max(at, 64))
+        run += _str(json.dumps(parameters) if parameters is not None else "")
+        self.control.send(run)
+
+    def answer(self):
+        """The next response: ("partial" | "done", message with decoded outputs)."""
+        while True:
+            kind, r = self.receive()
+            assert kind in (KIND_PARTIAL, KIND_DONE), kind
+            m = self._done(r)
+            assert m["seq"] == self.seq
+            if m["room_needed"]:
+                self.size = max(m["room_needed"], 2 * self.size)
+                os.ftruncate(self.slot, self.size)
+                self.mem = mmap.mmap(self.slot, self.size)
+                self.control.send(struct.pack("<IIQQ", MAGIC, KIND_ROOM, self.seq, self.size))
+                continue
+            m["values"] = {}
+            for io, (offset, nbytes, shape), present in zip(self.config["output"], m["outputs"],
+                                                             m["present"] or [1] * len(m["outputs"])):
+                if not present:
+                    continue
+                raw = bytes(self.mem[offset:offset + nbytes])
+                value = unbytes(raw) if TRITON[io["data_type"]] == BYTES else \
+                    np.frombuffer(raw, dtype="<i8").tolist()
+                m["values"][io["name"]] = (value, shape)
+            return ("partial" if kind == KIND_PARTIAL else "done"), m
+
+    def ack(self, cancel=False):
+        self.control.send(struct.pack("<IIQB", MAGIC, KIND_ACK, self.seq, cancel))
+
+    def stream(self, inputs, parameters=None):
+        """Runs a request to its end, acknowledging every response: (responses, done)."""
+        self.start(inputs, parameters)
+        responses = []
+        while True:
+            kind, m = self.answer()
+            if kind == "done":
+                return responses, m
+            responses.append(m["values"])
+            self.ack()
+
+    def close(self):
+        self.control.close()  # the worker's next wait ends: it exits
+        try:
+            code = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            code = "killed"
+        self.log.close()
+        return code
+
+
+def io_config(name, max_batch_size, inputs, outputs, **parameters):
+    """A config in Triton's JSON form; inputs and outputs (name, type[, dims]), dims [1] by default."""
+    ios = lambda entries: [{"name": e[0], "data_type": e[1], "dims": list(e[2]) if len(e) > 2 else [1]}  # noqa: E731
+                           for e in entries]
+    return {"name": name, "backend": "python", "max_batch_size": max_batch_size,
+            "input": ios(inputs), "output": ios(outputs),
+            "parameters": {k: {"string_value": str(v)} for k, v in parameters.items()}}
+
+
+TINY_IO = dict(inputs=[("text_input", "TYPE_STRING"), ("messages", "TYPE_STRING")],
+               outputs=[("text_output", "TYPE_STRING"), ("prompt_tokens", "TYPE_INT64"),
+                        ("completion_tokens", "TYPE_INT64"), ("finish_reason", "TYPE_STRING"),
+                        ("token_ids", "TYPE_INT64", [-1])])
+
+ECHO_IO = dict(inputs=[("text_input", "TYPE_STRING")],
+               outputs=[("text_output", "TYPE_STRING"), ("count", "TYPE_INT64")])
+
+# A stream of the request's parameters, then `pieces` pieces, then a count;
+# parameters make it fail in the ways a model can.
+ECHO_PY = '''
+import json, os
+import numpy as np
+
+class Model:
+    def initialize(self, args):
+        self.lead = (1,) if args["model_config"]["max_batch_size"] > 0 else ()
+        self.dir = args["model_repository"]
+
+    def execute(self, inputs, parameters):
+        text = inputs["text_input"].reshape(-1)[0]
+        one = lambda v, t=object: np.array([v], dtype=t).reshape(self.lead + (1,))
+        yield {"text_output": one(json.dumps(parameters, sort_keys=True).encode())}
+        i = 0
+        try:
+            for i in range(int(parameters.get("pieces", 3))):
+                if parameters.get("raise_at") == i:
+                    raise RuntimeError(f"the model broke at piece {i}")
+                if parameters.get("bad") == "name":
+                    yield {"text_ouput": one(b"typo")}
+                if parameters.get("bad") == "dtype":
+                    yield {"count": one(1.5, np.float64)}
+                if parameters.get("bad") == "shape":
+                    yield {"count": np.array([[1, 2]], dtype=np.int64)}
+                if parameters.get("bad") == "list":
+                    yield [b"not a dict"]
+                yield {"text_output": one(text + b"-%d" % i)}
+        except GeneratorExit:
+            open(os.path.join(self.dir, f"closed-{os.getpid()}-{i}"), "w").close()
+            raise
+        yield {"count": one(i + 1, np.int64)}
+'''
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory, repo):
+    """A store holding the tiny decoder's weights and some weights for the echo model."""
+    tmp = tmp_path_factory.mktemp("echo")
+    echo = tmp / "echo" / "1"
+    echo.mkdir(parents=True)
+    subprocess.run([ht.CLI, "make-model", "scale", "--dims", "4", "--out",
+                    str(echo / "model.safetensors")], check=True, capture_output=True)
+    (echo / "model.py").write_text(ECHO_PY)
+    with ht.running_store({"tiny": repo / "model.safetensors",
+                           "echo": echo / "model.safetensors"}) as store:
+        yield store, echo
+
+
+@pytest.fixture
+def echo_worker(stores, tmp_path):
+    store, echo = stores
+    for old in echo.glob("closed-*"):
+        old.unlink()
+    d = Driver(tmp_path, store, "echo", io_config("echo", 0, **ECHO_IO), echo)
+    assert d.ready, d.start_error
+    yield d
+    assert d.close() == 0, d.log_text()
+
+
+def test_the_worker_streams_what_the_direct_run_generates(stores, repo, decoder, tmp_path):
+    store, _ = stores
+    d = Driver(tmp_path, store, "tiny", io_config("tiny", 0, **TINY_IO), repo)
+    assert d.ready, d.start_error
+    try:
+        for prompt, parameters in [("Hello", {"max_tokens": 24}),
+                                   ("The quick brown fox", {"max_tokens": 30, "stop": ["q", "zz"]}),
+                                   ("Hello", {"max_tokens": 20, "temperature": 0.9, "seed": 11})]:
+            responses, done = d.stream({"text_input": [prompt.encode()], "messages": [b""]}, parameters)
+            assert done["status"] == 0, done["text"]
+            assert done["present"] == [0] * 5  # the stream's last response was its last yield
+            want_pieces, want_last = direct(decoder, prompt, **parameters)
+            got = [r["text_output"][0][0] for r in responses]
+            assert got == want_pieces, (prompt, parameters)
+            assert all(r["text_output"][1] == [1] for r in responses)
+            # Token for token: the stream's token_ids are what the module generates directly.
+            ids = tiny.prompt_tokens(prompt)
+            sampled = {k: parameters[k] for k in ("temperature", "seed") if k in parameters}
+            generated = list(tiny.tokens(decoder, ids, parameters["max_tokens"], **sampled))
+            streamed = [t for r in responses for t in r["token_ids"][0]]
+            assert streamed == generated[:want_last["completion_tokens"][0]], (streamed, generated)
+            # Each response before the last is one piece and its tokens; the last adds the counts.
+            assert all(set(r) == {"text_output", "token_ids"} for r in responses[:-1])
+            last = responses[-1]
+            assert last["prompt_tokens"][0] == want_last["prompt_tokens"].tolist()
+            assert last["completion_tokens"][0] == want_last["completion_tokens"].tolist()
+            assert last["finish_reason"][0] == want_last["finish_reason"].tolist()
+        # A chat: messages (JSON text) through the template, text_input ignored.
+        messages = [{"role": "user", "content": "Hi"}]
+        responses, done = d.stream({"text_input": [b"ignored"],
+                                    "messages": [json.dumps(messages).encode()]}, {"max_tokens": 12})
+        assert done["status"] == 0, done["text"]
+        want = bytes(t for t in tiny.tokens(decoder, tiny.prompt_tokens(tiny.chat_prompt(messages)), 12)
+                     if t < 256)
+        assert b"".join(r["text_output"][0][0] for r in responses) == want
+        assert responses[-1]["prompt_tokens"][0] == [len(tiny.chat_prompt(messages)) + 1]
+        # A request the model refuses is the client's fault, and the worker serves on.
+        responses, done = d.stream({"text_input": [b"Hello"], "messages": [b""]}, {"temperature": 9})
+        assert responses == [] and done["status"] == INVALID_ARGUMENT, done
+        assert "temperature" in done["text"] and done["retry_alone"] == 0
+        responses, done = d.stream({"text_input": [b"Hello"], "messages": [b""]}, None)
+        assert done["status"] == 0 and responses[-1]["completion_tokens"][0] == [16]  # the default
+    finally:
+        assert d.close() == 0, d.log_text()
+
+
+def test_a_model_with_messages_alone_is_a_chat(stores, repo, decoder, tmp_path):
+    store, _ = stores
+    io = dict(TINY_IO, inputs=[("messages", "TYPE_STRING")])
+    d = Driver(tmp_path, store, "tiny", io_config("tiny", 0, **io), repo)
+    assert d.ready, d.start_error
+    try:
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+        responses, done = d.stream({"messages": [json.dumps(messages).encode()]}, {"max_tokens": 10})
+        assert done["status"] == 0, done["text"]
+        prompt = tiny.prompt_tokens(tiny.chat_prompt(messages))
+        assert [t for r in responses for t in r["token_ids"][0]] == list(tiny.tokens(decoder, prompt, 10))
+        responses, done = d.stream({"messages": [b""]}, {"max_tokens": 10})
+        assert done["status"] == INVALID_ARGUMENT and "messages is not JSON" in done["text"]
+    finally:
+        assert d.close() == 0, d.log_text()
+
+
+def test_cancel_closes_the_generator_and_frees_the_worker(echo_worker, stores):
+    _, echo = stores
+    d = echo_worker
+    d.start({"text_input": [b"x"]}, {"pieces": 100})
+    for _ in range(3):  # the parameters, then pieces 0 and 1
+        kind, m = d.answer()
+        assert kind == "partial"
+        d.ack()
+    kind, m = d.answer()
+    assert kind == "partial" and m["values"]["text_output"][0] == [b"x-2"]
+    d.ack(cancel=True)
+    kind, m = d.answer()
+    assert kind == "done" and m["status"] == 0, m
+    assert m["present"] == [0, 0]
+    # The generator was closed at its yield (GeneratorExit ran its handler)
+    # before the worker said done.
+    assert [p.name for p in echo.glob("closed-*")] == [f"closed-{d.proc.pid}-2"]
+    responses, done = d.stream({"text_input": [b"y"]}, {"pieces": 2})
+    assert done["status"] == 0
+    assert [r.get("text_output", [None])[0] for r in responses] == \
+        [[b'{"pieces": 2}'], [b"y-0"], [b"y-1"], None]
+    assert responses[-1]["count"] == ([2], [1])
+
+
+def test_an_exception_mid_stream_ends_it_with_its_last_line(echo_worker):
+    d = echo_worker
+    responses, done = d.stream({"text_input": [b"x"]}, {"pieces": 5, "raise_at": 2})
+    assert [r["text_output"][0] for r in responses[1:]] == [[b"x-0"], [b"x-1"]]
+    assert done["status"] == INTERNAL and done["retry_alone"] == 0
+    assert done["text"] == "RuntimeError: the model broke at piece 2"
+    assert "Traceback" in d.log_text()
+    responses, done = d.stream({"text_input": [b"x"]}, {"pieces": 1})
+    assert done["status"] == 0 and len(responses) == 3
+
+
+@pytest.mark.parametrize("bad, says", [
+    ("name", "execute() yielded output 'text_ouput', which the config does not declare"),
+    ("dtype", "output 'count' has dtype float64; the config says int64"),
+    ("shape", "'count'"),
+    ("list", "execute() yielded list, not a dict of outputs"),
+])
+def test_a_yield_that_fails_its_checks_ends_the_stream_naming_it(echo_worker, stores, bad, says):
+    _, echo = stores
+    d = echo_worker
+    responses, done = d.stream({"text_input": [b"x"]}, {"bad": bad})
+    assert len(responses) == 1  # the parameters
+    assert done["status"] == INVALID_ARGUMENT and says in done["text"], done["text"]
+    # The generator was closed, and the worker serves on.
+    assert [p.name for p in echo.glob("closed-*")] == [f"closed-{d.proc.pid}-0"]
+    _, done = d.stream({"text_input": [b"x"]}, {"pieces": 1})
+    assert done["status"] == 0
+
+
+def test_the_requests_parameters_arrive_as_sent(echo_worker):
+    d = echo_worker
+    sent = {"max_tokens": 3, "temperature": 0.25, "stop": ["\n", "</s>"], "stream": True,
+            "custom": {"nested": [1, None]}, "name": "caf\u00e9", "pieces": 0}
+    responses, done = d.stream({"text_input": [b"x"]}, sent)
+    assert done["status"] == 0
+    assert json.loads(responses[0]["text_output"][0][0]) == sent
+    responses, _ = d.stream({"text_input": [b"x"]}, None)  # none: {}
+    assert json.loads(responses[0]["text_output"][0][0]) == {}
+    d.start({"text_input": [b"x"]}, [1, 2])  # not an object
+    kind, m = d.answer()
+    assert kind == "done" and m["status"] == INVALID_ARGUMENT and "not an object" in m["text"]
+
+
+def test_a_batching_decoupled_model_has_a_batch_dimension_of_one(stores, tmp_path):
+    store, echo = stores
+    d = Driver(tmp_path, store, "echo", io_config("echo", 4, **ECHO_IO), echo)
+    assert d.ready, d.start_error
+    try:
+        responses, done = d.stream({"text_input": [b"x"]}, {"pieces": 1})
+        assert done["status"] == 0, done["text"]
+        assert responses[1]["text_output"] == ([b"x-0"], [1, 1])
+        assert responses[2]["count"] == ([1], [1, 1])
+    finally:
+        assert d.close() == 0
+
+
+@pytest.mark.parametrize("decoupled, code, says", [
+    (True, "class Model:\n    def initialize(self, args): pass\n"
+           "    def execute(self, inputs, parameters): return {}\n",
+     "Model.execute must be a generator function"),
+    (False, "class Model:\n    def initialize(self, args): pass\n"
+            "    def execute(self, inputs):\n        yield {}\n",
+     "Model.execute is a generator function (it yields), but the model is not decoupled"),
+])
+def test_execute_must_match_the_transaction_policy(stores, tmp_path, decoupled, code, says):
+    store, echo = stores
+    version = tmp_path / "1"
+    version.mkdir()
+    (version / "model.py").write_text(code)
+    d = Driver(tmp_path, store, "echo", io_config("echo", 0, **ECHO_IO), version, decoupled=decoupled)
+    assert not d.ready
+    assert d.start_error["status"] == INVALID_ARGUMENT
+    assert says in d.start_error["text"], d.start_error["text"]
+    assert d.close() == 1
+
+
+# ---- examples/generate/llama ------------------------------------------------------------
+
+
+class ByteTokenizer:
+    """Decodes as a byte-level tokenizer does: ids are bytes, 256 and above are special."""
+
+    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def test_the_llama_detokenizer_never_splits_a_character():
+    text = "h\u00e9llo \u20ac\U0001F600!"
+    d = llama.Detokenizer(ByteTokenizer())
+    pieces = [d.add(b) for b in text.encode()]
+    assert all("\ufffd" not in p for p in pieces)
+    assert [p for p in pieces if p] == ["h", "\u00e9", "l", "l", "o", " ", "\u20ac", "\U0001F600", "!"]
+    assert d.flush() == ""
+    d = llama.Detokenizer(ByteTokenizer())
+    assert d.add(0xE2) == "" and d.add(0x82) == "" and d.flush() == "\ufffd"
+
+
+def test_the_llama_stop_strings():
+    s = llama.StopStrings(["</s>", "\n\n"])
+    assert s.feed("Hello <") == "Hello "
+    assert s.feed("/") == ""
+    assert s.feed("x") == "</x"
+    assert s.feed("end\n") == "end"
+    assert s.feed("\nmore") == "" and s.stopped and s.flush() == ""
+    with pytest.raises(hearth_invalid_argument()):
+        llama.sampling({"stop": ["a"] * 5}, 100)
+    assert llama.sampling({}, 100) == (16, 0.0, 1.0, None, [])
+    assert llama.sampling({"max_tokens": 100, "stop": "x"}, 100)[::4] == (100, ["x"])
+
+
+def hearth_invalid_argument():
+    import hearth
+    return hearth.InvalidArgument
+
+
+@pytest.fixture(scope="module")
+def llama_store(tmp_path_factory):
+    if TRANSFORMERS_MISSING:
+        pytest.skip(TRANSFORMERS_MISSING)
+    tmp = tmp_path_factory.mktemp("llama")
+    version = llama_repository.write(tmp / "repo", workers=1,
+                                     kind="KIND_GPU" if ht.ON_CUDA else "KIND_CPU")
+    with ht.running_store({"llama": version}) as store:
+        yield store, version
+
+
+def test_llama_streams_token_for_token_what_generate_picks(llama_store, tmp_path):
+    """Greedy: the worker's stream (token_ids, text) equals transformers'
+    generate(do_sample=False) of the same checkpoint loaded the usual way."""
+    import transformers
+    store, version = llama_store
+    outputs = TINY_IO["outputs"]
+    d = Driver(tmp_path, store, "llama", io_config("llama", 0, TINY_IO["inputs"], outputs), version)
+    assert d.ready, d.start_error
+    try:
+        device = "cuda:0" if ht.ON_CUDA else "cpu"
+        major_minor = tuple(int("".join(c for c in part if c.isdigit()) or 0)
+                            for part in transformers.__version__.split(".")[:2])
+        dtype_key = "dtype" if major_minor >= (4, 56) else "torch_dtype"  # renamed in 4.56
+        reference = transformers.AutoModelForCausalLM.from_pretrained(
+            str(version), **{dtype_key: torch.bfloat16}).to(device).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(version))
+        messages = [{"role": "user", "content": "hello hearth"}]
+        chat = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        for prompt, inputs in [
+                ("one copy of the weights", {"text_input": [b"one copy of the weights"], "messages": [b""]}),
+                (None, {"text_input": [b""], "messages": [json.dumps(messages).encode()]})]:
+            ids = (tokenizer(prompt, return_tensors="pt") if prompt is not None else
+                   tokenizer(chat, add_special_tokens=False, return_tensors="pt"))["input_ids"].to(device)
+            with torch.inference_mode():
+                want = reference.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                          max_new_tokens=24, do_sample=False,
+                                          pad_token_id=tokenizer.eos_token_id)[0, ids.shape[1]:].tolist()
+            responses, done = d.stream(inputs, {"max_tokens": 24})
+            assert done["status"] == 0, done["text"]
+            got = [t for r in responses for t in r["token_ids"][0]]
+            assert got == want, (prompt, got, want)
+            text = b"".join(r["text_output"][0][0] for r in responses).decode()
+            assert text == tokenizer.decode(want, skip_special_tokens=True,
+                                            clean_up_tokenization_spaces=False)
+            last = responses[-1]
+            assert last["prompt_tokens"][0] == [ids.shape[1]]
+            assert last["completion_tokens"][0] == [len(want)]
+            eos = reference.generation_config.eos_token_id
+            ended = want[-1] in (eos if isinstance(eos, list) else [eos])
+            assert last["finish_reason"][0] == [b"stop" if ended else b"length"]
+        # Sampling with a seed repeats itself.
+        first = d.stream({"text_input": [b"hello"], "messages": [b""]},
+                         {"max_tokens": 16, "temperature": 1.0, "seed": 5})[0]
+        again = d.stream({"text_input": [b"hello"], "messages": [b""]},
+                         {"max_tokens": 16, "temperature": 1.0, "seed": 5})[0]
+        assert [r["token_ids"] for r in first] == [r["token_ids"] for r in again]
+    finally:
+        assert d.close() == 0, d.log_text()
