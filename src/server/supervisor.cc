@@ -411,6 +411,7 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
   const control::Done& d = done->done;
   model_.exchange_us += Since(handed_over);
   model_.batches += 1;
+  model_.CountBatch(rows, input_us, d.run_us, 0);  // before any answer: statistics agree
   model_.rows += static_cast<uint64_t>(rows);
   model_.run_us += d.run_us;
   for (size_t b = 0; b < std::size(ModelRuntime::kBatchBuckets); ++b) {
@@ -524,7 +525,7 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
   }
   const uint64_t output_us = Since(outputs_start);
   model_.output_us += output_us;
-  model_.CountBatch(rows, input_us, d.run_us, output_us);
+  model_.AddBatchOutput(rows, output_us);
   return true;
 }
 
@@ -638,6 +639,7 @@ bool WorkerSupervisor::RunStream(int control, const std::shared_ptr<Job>& shared
     if (last && d.status_code != 0) {
       model_.exchange_us += Since(handed_over);
       model_.batches += 1;
+      model_.CountBatch(1, 0, d.run_us, 0);
       model_.rows += 1;
       model_.run_us += d.run_us;
       job.done(cancelled ? why_cancelled : Status(static_cast<StatusCode>(d.status_code), d.text));
@@ -688,6 +690,7 @@ bool WorkerSupervisor::RunStream(int control, const std::shared_ptr<Job>& shared
     if (last) {
       model_.exchange_us += Since(handed_over);
       model_.batches += 1;
+      model_.CountBatch(1, 0, d.run_us, 0);
       model_.rows += 1;
       model_.run_us += d.run_us;
       model_.batch_bucket[0] += 1;  // NOLINT: a stream is a batch of 1
@@ -725,7 +728,7 @@ bool WorkerSupervisor::RunStream(int control, const std::shared_ptr<Job>& shared
       }
       model_.requests += 1;
       model_.request_us += Since(job.received);
-      model_.CountBatch(1, 0, d.run_us, 0);
+
       job.done(std::move(response));
       return true;
     }

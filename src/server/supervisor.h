@@ -141,6 +141,12 @@ struct ModelRuntime {
     t.infer_us += infer_us;
     t.output_us += out_us;
   }
+  // The output time of a batch counted already (it is known only once its
+  // answers are out).
+  void AddBatchOutput(int64_t batch_rows, uint64_t out_us) {
+    if (batch_totals == nullptr || batch_rows < 1 || batch_rows > max_batch()) return;
+    batch_totals[static_cast<size_t>(batch_rows)].output_us += out_us;
+  }
   static constexpr int64_t kBatchBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
   std::atomic<uint64_t> batch_bucket[std::size(kBatchBuckets)] = {};
   uint64_t arena_bytes = 0;
