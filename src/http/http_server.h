@@ -14,6 +14,22 @@
 //                                                   answers with server-sent events
 //   GET  /v1/models                                 the repository's models, OpenAI's list
 //   GET  /metrics                                   Prometheus text
+// Triton's extensions (bodies: triton_json.h):
+//   GET  /v2/models/{m}[/versions/{v}]/config       the model's config, Triton's JSON as is
+//   GET  /v2/models/stats                           every model's statistics (Triton's
+//                                                   route: not a model named "stats")
+//   GET  /v2/models/{m}[/versions/{v}]/stats        one model's statistics
+//   POST /v2/repository/index                       [{"name","version","state","reason"}];
+//                                                   body empty or {"ready": bool}
+//   POST /v2/repository/models/{m}/load, /unload    200, empty body; run on a thread of
+//                                                   their own (at most 4 at once, then 503);
+//                                                   load parameters (config, file:) are 400
+//   POST /v2/systemsharedmemory/region/{r}/register {"key","offset","byte_size"}
+//   POST /v2/systemsharedmemory[/region/{r}]/unregister
+//   GET  /v2/systemsharedmemory[/region/{r}]/status [{"name","key","offset","byte_size"}]
+//   /v2/cudasharedmemory/...                        501: not supported yet
+// HEAD on a GET endpoint is answered with GET's headers (Content-Length
+// included) and no body; HEAD elsewhere gets the 405 without a body.
 // Unknown paths are 404, a known path with the wrong method 405. Errors have
 // the body {"error": "..."}, except those of the /v1 endpoints, which have
 // OpenAI's {"error": {"message", "type", "param", "code"}}.

@@ -442,6 +442,7 @@ int HttpStatusFor(StatusCode code) {
       return 200;
     case StatusCode::kInvalidArgument:
     case StatusCode::kFailedPrecondition:
+    case StatusCode::kAlreadyExists:
       return 400;
     case StatusCode::kNotFound:
       return 404;
@@ -450,6 +451,8 @@ int HttpStatusFor(StatusCode code) {
       return 503;
     case StatusCode::kDeadlineExceeded:
       return 504;
+    case StatusCode::kUnimplemented:
+      return 501;
     default:
       return 500;
   }

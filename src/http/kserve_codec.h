@@ -100,8 +100,9 @@ std::string ServerMetadataJson(std::string_view name, std::string_view version,
 // {"error": message}; bytes that are not UTF-8 are replaced.
 std::string ErrorJson(std::string_view message);
 
-// InvalidArgument and FailedPrecondition 400, NotFound 404, ResourceExhausted
-// and Unavailable 503, everything else 500.
+// InvalidArgument, FailedPrecondition and AlreadyExists 400, NotFound 404,
+// ResourceExhausted and Unavailable 503, DeadlineExceeded 504, Unimplemented
+// 501, everything else 500.
 int HttpStatusFor(StatusCode code);
 
 // Parses Inference-Header-Content-Length: decimal digits only.

@@ -16,6 +16,7 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -532,6 +533,7 @@ struct InputFields {
 struct PendingOutput {
   std::string name;
   std::optional<bool> binary;
+  uint32_t class_count = 0;
 };
 
 // Inputs sent as binary data, in input order.
@@ -595,6 +597,7 @@ class RequestDecoder {
       RequestedOutput& o = request.outputs.emplace_back();
       o.name = std::move(output.name);
       o.binary = output.binary.value_or(request.binary_data_output);
+      o.class_count = output.class_count;
     }
     return Status::Ok();
   }
@@ -602,7 +605,35 @@ class RequestDecoder {
   std::vector<BinaryInput> TakeBinaryInputs() { return std::move(binary_inputs_); }
 
  private:
+  // The whole text of a value that starts at `start` (inside json_) and that
+  // SkipChecked has found well-formed: a scalar's token, or an array or
+  // object up to its closing bracket.
+  std::string_view ValueText(std::string_view start) const {
+    if (start.empty() || (start.front() != '[' && start.front() != '{')) return start;
+    const size_t begin = static_cast<size_t>(start.data() - json_.data());
+    int depth = 0;
+    bool in_string = false;
+    for (size_t i = begin; i < json_.size(); ++i) {
+      const char c = json_[i];
+      if (in_string) {
+        if (c == '\\') {
+          ++i;
+        } else if (c == '"') {
+          in_string = false;
+        }
+      } else if (c == '"') {
+        in_string = true;
+      } else if (c == '[' || c == '{') {
+        ++depth;
+      } else if ((c == ']' || c == '}') && --depth == 0) {
+        return json_.substr(begin, i + 1 - begin);
+      }
+    }
+    return start;  // unreachable for a well-formed value
+  }
+
   Status RequestParameters(ondemand::value& value, InferRequest& request) {
+    std::string model_parameters;
     ondemand::object parameters;
     if (error_code e = value.get_object().get(parameters)) {
       return e == simdjson::INCORRECT_TYPE
@@ -631,12 +662,40 @@ class RequestDecoder {
                   std::string(integer && token.front() != '-' ? " below 2^64" : "") + ", got " +
                   Describe(parameter));
             }
-          } else if (error_code e = SkipChecked(parameter, 2)) {
-            return Malformed(e);
+          } else if (key == "priority") {
+            if (error_code e = parameter.get_uint64().get(request.priority)) {
+              if (TypeFault(parameter, e) != simdjson::INCORRECT_TYPE) return Malformed(e);
+              return InvalidArgument(
+                  "request: parameter 'priority' must be a non-negative integer (1 is the "
+                  "highest level, 0 the model's default), got " +
+                  Describe(parameter));
+            }
+          } else if (key == "sequence_id" || key == "sequence_start" || key == "sequence_end") {
+            // Triton's sequence batching: hearth has no sequence models, so a
+            // request that is part of a sequence cannot be run as one.
+            const std::string token(Token(parameter));
+            if (error_code e = SkipChecked(parameter, 2)) return Malformed(e);
+            if (token != "0" && token != "false" && token != "\"\"" && token != "null") {
+              return InvalidArgument("request: parameter '" + std::string(key) + "' (" + token +
+                                     ") is not supported: hearth has no sequence batching; send "
+                                     "requests without sequence_id, sequence_start and "
+                                     "sequence_end");
+            }
+          } else {
+            // Kept for the model (InferRequest::parameters_json), as written.
+            const std::string_view start = Token(parameter);
+            if (error_code e = SkipChecked(parameter, 2)) return Malformed(e);
+            const std::string_view token = ValueText(start);
+            model_parameters += model_parameters.empty() ? "{" : ",";
+            model_parameters +=
+                nlohmann::json(key).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+            model_parameters += ':';
+            model_parameters += token;
           }
           return Status::Ok();
         });
     if (!walked.ok()) return walked;
+    if (!model_parameters.empty()) request.parameters_json = model_parameters + "}";
     return Status::Ok();
   }
 
@@ -949,6 +1008,8 @@ class RequestDecoder {
     std::optional<bool> binary;
     bool parameters_bad = false;
     bool binary_bad = false;
+    bool classification_bad = false;
+    uint32_t class_count = 0;
     for (auto child : object) {
       ondemand::field field;
       std::string_view key;
@@ -985,6 +1046,19 @@ class RequestDecoder {
             }
             if (TypeFault(parameter.value(), e) != simdjson::INCORRECT_TYPE) return Malformed(e);
             binary_bad = true;
+          } else if (parameter_key == "classification") {
+            uint64_t count = 0;
+            const error_code e = parameter.value().get_uint64().get(count);
+            if (e == simdjson::SUCCESS) {
+              if (count == 0 || count > std::numeric_limits<uint32_t>::max()) {
+                classification_bad = true;
+              } else {
+                class_count = static_cast<uint32_t>(count);
+              }
+              continue;
+            }
+            if (TypeFault(parameter.value(), e) != simdjson::INCORRECT_TYPE) return Malformed(e);
+            classification_bad = true;
           }
           if (error_code e = SkipChecked(parameter.value(), 4)) return Malformed(e);
         }
@@ -996,7 +1070,12 @@ class RequestDecoder {
     const std::string label = "output " + Quote(*name);
     if (parameters_bad) return InvalidArgument(label + ": 'parameters' must be an object");
     if (binary_bad) return InvalidArgument(label + ": parameter 'binary_data' must be a boolean");
-    outputs.push_back({std::move(*name), binary});
+    if (classification_bad) {
+      return InvalidArgument(label + ": parameter 'classification' must be an integer from 1 to " +
+                             std::to_string(std::numeric_limits<uint32_t>::max()) +
+                             ": how many classes to answer");
+    }
+    outputs.push_back({std::move(*name), binary, class_count});
     return Status::Ok();
   }
 
