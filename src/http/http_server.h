@@ -28,6 +28,10 @@
 //   POST /v2/systemsharedmemory[/region/{r}]/unregister
 //   GET  /v2/systemsharedmemory[/region/{r}]/status [{"name","key","offset","byte_size"}]
 //   /v2/cudasharedmemory/...                        501: not supported yet
+// In infer requests, inputs and outputs may name a region (parameters
+// shared_memory_region, shared_memory_offset, shared_memory_byte_size): an
+// input then has no data (its byte size is checked against its shape first),
+// and an output comes back with those parameters and no data, as Triton.
 // HEAD on a GET endpoint is answered with GET's headers (Content-Length
 // included) and no body; HEAD elsewhere gets the 405 without a body.
 // Unknown paths are 404, a known path with the wrong method 405. Errors have

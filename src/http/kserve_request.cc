@@ -513,6 +513,43 @@ enum class ShapeFault { kNone, kMissing, kBadDim, kTooManyDims };
 // What the first pass over an input object found. Checked in a fixed order
 // once the input is read (or when `data` comes after name, datatype and
 // shape), so that errors name the input whatever the order of its fields.
+// Triton's shared_memory_region, shared_memory_offset and
+// shared_memory_byte_size parameters of one input or output, as read.
+struct ShmFields {
+  std::optional<std::string> region;
+  std::optional<uint64_t> offset;
+  std::optional<uint64_t> byte_size;
+  std::string fault;  // the parameter of the wrong type, if any
+
+  // nullopt when none is given; InvalidArgument for a partial or wrong set.
+  Result<std::optional<SharedMemoryRef>> Resolve(const std::string& label) const {
+    if (!fault.empty()) {
+      return InvalidArgument(label + ": parameter '" + fault + "' must be " +
+                             (fault == "shared_memory_region"
+                                  ? "a string naming a registered region"
+                                  : "a non-negative integer"));
+    }
+    if (!region.has_value()) {
+      if (offset.has_value() || byte_size.has_value()) {
+        return InvalidArgument(label +
+                               ": parameters 'shared_memory_offset' and 'shared_memory_byte_size' "
+                               "need 'shared_memory_region', the region they lie in");
+      }
+      return std::optional<SharedMemoryRef>();
+    }
+    if (!byte_size.has_value()) {
+      return InvalidArgument(label +
+                             ": parameter 'shared_memory_byte_size' must be given with "
+                             "'shared_memory_region'");
+    }
+    SharedMemoryRef ref;
+    ref.region = *region;
+    ref.offset = offset.value_or(0);
+    ref.byte_size = *byte_size;
+    return std::optional<SharedMemoryRef>(std::move(ref));
+  }
+};
+
 struct InputFields {
   std::optional<std::string> name;
   bool datatype_seen = false;
@@ -524,6 +561,7 @@ struct InputFields {
   bool parameters_bad = false;
   bool binary_size_bad = false;
   std::optional<uint64_t> binary_size;
+  ShmFields shm;
   std::optional<size_t> data_field;  // position of `data` among the fields
   bool data_read = false;
   bool header_checked = false;
@@ -534,6 +572,7 @@ struct PendingOutput {
   std::string name;
   std::optional<bool> binary;
   uint32_t class_count = 0;
+  std::optional<SharedMemoryRef> shm;
 };
 
 // Inputs sent as binary data, in input order.
@@ -598,6 +637,7 @@ class RequestDecoder {
       o.name = std::move(output.name);
       o.binary = output.binary.value_or(request.binary_data_output);
       o.class_count = output.class_count;
+      o.shm = std::move(output.shm);
     }
     return Status::Ok();
   }
@@ -697,6 +737,36 @@ class RequestDecoder {
     if (!walked.ok()) return walked;
     if (!model_parameters.empty()) request.parameters_json = model_parameters + "}";
     return Status::Ok();
+  }
+
+  // Reads `parameter` into `shm` when `key` is one of the shared-memory
+  // parameters (true), consuming it; false for any other key, untouched.
+  Result<bool> ShmParameter(std::string_view key, ondemand::value& parameter, ShmFields& shm) {
+    if (key == "shared_memory_region") {
+      std::string_view region;
+      const error_code e = parameter.get_string().get(region);
+      if (e == simdjson::SUCCESS && !region.empty()) {
+        shm.region = std::string(region);
+        return true;
+      }
+      if (e != simdjson::SUCCESS) {
+        if (TypeFault(parameter, e) != simdjson::INCORRECT_TYPE) return Malformed(e);
+        if (error_code skipped = SkipChecked(parameter, 4)) return Malformed(skipped);
+      }
+      shm.fault = "shared_memory_region";
+      return true;
+    }
+    if (key != "shared_memory_offset" && key != "shared_memory_byte_size") return false;
+    uint64_t value = 0;
+    const error_code e = parameter.get_uint64().get(value);
+    if (e == simdjson::SUCCESS) {
+      (key == "shared_memory_offset" ? shm.offset : shm.byte_size) = value;
+      return true;
+    }
+    if (TypeFault(parameter, e) != simdjson::INCORRECT_TYPE) return Malformed(e);
+    if (error_code skipped = SkipChecked(parameter, 4)) return Malformed(skipped);
+    shm.fault = std::string(key);
+    return true;
   }
 
   // Calls each(key, value) for every field of `object`, in document order.
@@ -806,7 +876,29 @@ class RequestDecoder {
       return InvalidArgument(label +
                              ": parameter 'binary_data_size' must be a non-negative integer");
     }
-    if (fields.binary_size.has_value()) {
+    ASSIGN_OR_RETURN(tensor.shm, fields.shm.Resolve(label));
+    if (tensor.shm.has_value()) {
+      // The service reads the region; its byte size is checked here as a
+      // binary input's is, so that a wrong one never costs a read. BYTES
+      // elements are checked once read.
+      if (fields.data_field.has_value() || fields.binary_size.has_value()) {
+        return InvalidArgument(label + " is in shared memory and has " +
+                               (fields.data_field.has_value() ? "'data'" : "binary data") +
+                               " too; give it once");
+      }
+      if (tensor.dtype != DType::kBytes) {
+        ASSIGN_OR_RETURN(const uint64_t needed,
+                         CountBytes(fields.count, DTypeSize(tensor.dtype),
+                                    label + ": shape " + ShapeString(tensor.shape) + " of " +
+                                        DatatypeString(tensor.dtype)));
+        if (tensor.shm->byte_size != needed) {
+          return InvalidArgument(label + ": shared_memory_byte_size is " +
+                                 std::to_string(tensor.shm->byte_size) + " but shape " +
+                                 ShapeString(tensor.shape) + " of " + DatatypeString(tensor.dtype) +
+                                 " needs " + std::to_string(needed));
+        }
+      }
+    } else if (fields.binary_size.has_value()) {
       if (fields.data_field.has_value()) {
         return InvalidArgument(label + " has both 'data' and parameter 'binary_data_size'");
       }
@@ -893,25 +985,25 @@ class RequestDecoder {
       if (error_code skipped = SkipChecked(value, 3)) return Malformed(skipped);
       return Status::Ok();
     }
-    return ForEachField(parameters,
-                        [&](std::string_view key, ondemand::value& parameter) -> Status {
-                          if (key == "binary_data_size") {
-                            uint64_t size = 0;
-                            const error_code e = parameter.get_uint64().get(size);
-                            if (e == simdjson::SUCCESS) {
-                              fields.binary_size = size;
-                              return Status::Ok();
-                            }
-                            if (TypeFault(parameter, e) != simdjson::INCORRECT_TYPE)
-                              return Malformed(e);
-                            fields.binary_size_bad = true;
-                            if (error_code skipped = SkipChecked(parameter, 4))
-                              return Malformed(skipped);
-                          } else if (error_code e = SkipChecked(parameter, 4)) {
-                            return Malformed(e);
-                          }
-                          return Status::Ok();
-                        });
+    return ForEachField(
+        parameters, [&](std::string_view key, ondemand::value& parameter) -> Status {
+          ASSIGN_OR_RETURN(const bool shm, ShmParameter(key, parameter, fields.shm));
+          if (shm) return Status::Ok();
+          if (key == "binary_data_size") {
+            uint64_t size = 0;
+            const error_code e = parameter.get_uint64().get(size);
+            if (e == simdjson::SUCCESS) {
+              fields.binary_size = size;
+              return Status::Ok();
+            }
+            if (TypeFault(parameter, e) != simdjson::INCORRECT_TYPE) return Malformed(e);
+            fields.binary_size_bad = true;
+            if (error_code skipped = SkipChecked(parameter, 4)) return Malformed(skipped);
+          } else if (error_code e = SkipChecked(parameter, 4)) {
+            return Malformed(e);
+          }
+          return Status::Ok();
+        });
   }
 
   // Checks name, datatype and shape and puts them into `tensor`, once.
@@ -1010,6 +1102,7 @@ class RequestDecoder {
     bool binary_bad = false;
     bool classification_bad = false;
     uint32_t class_count = 0;
+    ShmFields shm;
     for (auto child : object) {
       ondemand::field field;
       std::string_view key;
@@ -1037,6 +1130,8 @@ class RequestDecoder {
           std::string_view parameter_key;
           if (error_code e = std::move(parameter_child).get(parameter)) return Malformed(e);
           if (error_code e = parameter.unescaped_key().get(parameter_key)) return Malformed(e);
+          ASSIGN_OR_RETURN(const bool in_shm, ShmParameter(parameter_key, parameter.value(), shm));
+          if (in_shm) continue;
           if (parameter_key == "binary_data") {
             bool flag = false;
             const error_code e = parameter.value().get_bool().get(flag);
@@ -1075,7 +1170,8 @@ class RequestDecoder {
                              std::to_string(std::numeric_limits<uint32_t>::max()) +
                              ": how many classes to answer");
     }
-    outputs.push_back({std::move(*name), binary, class_count});
+    ASSIGN_OR_RETURN(std::optional<SharedMemoryRef> ref, shm.Resolve(label));
+    outputs.push_back({std::move(*name), binary, class_count, std::move(ref)});
     return Status::Ok();
   }
 

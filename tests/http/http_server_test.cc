@@ -300,6 +300,14 @@ class FakeService : public InferenceService {
       std::memcpy(bytes.data(), y.data(), bytes.size());
       out.data = std::move(bytes);
     }
+    // An output bound to a region is written there (here: nowhere) and
+    // answered by its reference alone.
+    for (const RequestedOutput& requested : request.outputs) {
+      if (requested.name == out.name && requested.shm.has_value()) {
+        out.shm = requested.shm;
+        out.data = {};
+      }
+    }
     response.outputs.push_back(std::move(out));
     return response;
   }
@@ -1750,9 +1758,10 @@ TEST_F(HttpServerTest, InferParametersPriorityClassificationAndTheModelsOwn) {
   ASSERT_EQ(r.result_int(), 200) << r.body();
   const InferRequest last = service_.last_request();
   EXPECT_EQ(last.priority, 2u);
-  EXPECT_EQ(json::parse(last.parameters_json),
-            json::parse(
-                R"({"temperature":0.5,"tag":"a\"b","flag":true,"stop":["]","\\"],"o":{"k":[1,{"z":"}"}]}})"));
+  EXPECT_EQ(
+      json::parse(last.parameters_json),
+      json::parse(
+          R"({"temperature":0.5,"tag":"a\"b","flag":true,"stop":["]","\\"],"o":{"k":[1,{"z":"}"}]}})"));
   ASSERT_EQ(last.outputs.size(), 1u);
   EXPECT_EQ(last.outputs[0].class_count, 3u);
   // Without parameters of its own, the model gets none.
@@ -1824,6 +1833,64 @@ TEST_F(HttpServerTest, HeadIsAnsweredWithTheHeadersOfGetAndNoBody) {
   EXPECT_EQ(buffer.size(), 0u);
   Response after = client.Get("/v2/models/scale");
   EXPECT_EQ(after.result_int(), 200);
+}
+
+TEST_F(HttpServerTest, SharedMemoryInputsAndOutputsTravelAsReferences) {
+  Client client(port());
+  Response r = client.Post("/v2/models/scale/infer",
+                           R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2,4],
+                     "parameters":{"shared_memory_region":"in","shared_memory_offset":8,
+                                   "shared_memory_byte_size":32}}],
+          "outputs":[{"name":"y","parameters":{"shared_memory_region":"out",
+                                               "shared_memory_byte_size":8}}]})");
+  ASSERT_EQ(r.result_int(), 200) << r.body();
+  const InferRequest last = service_.last_request();
+  ASSERT_EQ(last.inputs.size(), 1u);
+  ASSERT_TRUE(last.inputs[0].shm.has_value());
+  EXPECT_EQ(last.inputs[0].shm->region, "in");
+  EXPECT_EQ(last.inputs[0].shm->offset, 8u);
+  EXPECT_EQ(last.inputs[0].shm->byte_size, 32u);
+  ASSERT_EQ(last.outputs.size(), 1u);
+  ASSERT_TRUE(last.outputs[0].shm.has_value());
+  EXPECT_EQ(last.outputs[0].shm->region, "out");
+  EXPECT_EQ(last.outputs[0].shm->offset, 0u);
+  const json body = json::parse(r.body());
+  const json& y = body["outputs"][0];
+  EXPECT_EQ(y["name"], "y");
+  EXPECT_EQ(y["shape"], json({2, 1}));
+  EXPECT_FALSE(y.contains("data"));
+  EXPECT_EQ(y["parameters"], json({{"shared_memory_region", "out"},
+                                   {"shared_memory_offset", 0},
+                                   {"shared_memory_byte_size", 8}}));
+}
+
+TEST_F(HttpServerTest, SharedMemoryParametersAreCheckedBeforeAnythingIsRead) {
+  Client client(port());
+  auto input = [](const std::string& rest) {
+    return R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2,4])" + rest + "}]}";
+  };
+  const std::pair<std::string, std::string> cases[] = {
+      {input(R"(,"parameters":{"shared_memory_region":"in","shared_memory_byte_size":31})"),
+       "shared_memory_byte_size is 31 but shape [2,4] of FP32 needs 32"},
+      {input(R"(,"parameters":{"shared_memory_region":"in"})"), "shared_memory_byte_size"},
+      {input(R"(,"parameters":{"shared_memory_offset":0,"shared_memory_byte_size":32})"),
+       "need 'shared_memory_region'"},
+      {input(R"(,"parameters":{"shared_memory_region":7,"shared_memory_byte_size":32})"),
+       "'shared_memory_region' must be a string"},
+      {input(R"(,"parameters":{"shared_memory_region":"in","shared_memory_byte_size":-32})"),
+       "'shared_memory_byte_size' must be a non-negative integer"},
+      {input(R"(,"data":[1,2,3,4,5,6,7,8],"parameters":{"shared_memory_region":"in",
+                "shared_memory_byte_size":32})"),
+       "give it once"},
+      {R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"data":[1,2,3,4]}],
+           "outputs":[{"name":"y","parameters":{"shared_memory_offset":4}}]})",
+       "need 'shared_memory_region'"},
+  };
+  for (const auto& [body, named] : cases) {
+    Response r = client.Post("/v2/models/scale/infer", body);
+    EXPECT_EQ(r.result_int(), 400) << body;
+    EXPECT_NE(ErrorOf(r).find(named), std::string::npos) << body << " -> " << ErrorOf(r);
+  }
 }
 
 }  // namespace
