@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "http/body_budget.h"
+#include "http/compression.h"
 #include "http/generate.h"
 #include "http/kserve_codec.h"
 #include "http/openai.h"
@@ -88,6 +89,10 @@ constexpr std::chrono::seconds kAcceptLogInterval{10};
 // client's next request may cross our close, and is then lost).
 constexpr std::chrono::milliseconds kEvictGrace{100};
 constexpr std::chrono::milliseconds kEvictIdleGrace{1000};
+// Responses are compressed (when the client accepts it) from this size to
+// this one.
+constexpr size_t kCompressMinBytes = 1024;
+constexpr size_t kCompressMaxBytes = size_t{1} << 30;
 // Repository loads and unloads at once; past it they are answered 503.
 constexpr int kMaxControlCalls = 4;
 constexpr const char* kNoCudaSharedMemory =
@@ -701,7 +706,7 @@ class Session : public std::enable_shared_from_this<Session> {
   };
   enum class Deadline { kHead, kBody, kIdle, kWrite, kLinger, kDrainIdle };
   // What a wait for the budget resumes.
-  enum class Then { kReadParsed, kReadChunk, kContinue };
+  enum class Then { kReadParsed, kReadChunk, kContinue, kInflate };
   // What follows a request once the watch on its socket has ended.
   enum class Next { kReadHead, kLinger };
 
@@ -811,6 +816,8 @@ class Session : public std::enable_shared_from_this<Session> {
         return ReadParsed();
       case Then::kReadChunk:
         return ReadChunk();
+      case Then::kInflate:
+        return FinishInflate();
       case Then::kContinue:
         // The budget had room for the first chunk: the body may proceed. The
         // chunk is taken again once its bytes arrive.
@@ -1038,6 +1045,52 @@ class Session : public std::enable_shared_from_this<Session> {
   void Handle(Request request) {
     phase_ = Phase::kHandling;
     const unsigned version = request.version();
+    if (const auto it = request.find(http::field::content_encoding); it != request.end()) {
+      const std::optional<BodyCoding> coding = ParseContentEncoding(it->value());
+      if (!coding.has_value()) {
+        return Send(ErrorResponse(415,
+                                  "Content-Encoding " + std::string(it->value()) +
+                                      " is not supported: send the body as it is, gzip or deflate",
+                                  version, false));
+      }
+      if (*coding != BodyCoding::kIdentity) {
+        // The inflated size is measured first, keeping nothing, and taken
+        // from the budget before the inflated body is held: the limits
+        // apply to it as to any body.
+        Result<uint64_t> size = InflatedSize(request.body(), *coding, core_->body_limit);
+        if (!size.ok()) {
+          if (size.status().code() == StatusCode::kResourceExhausted) {
+            return Send(ErrorResponse(413,
+                                      "request body inflates past the limit of " +
+                                          std::to_string(core_->body_limit) + " bytes",
+                                      version, false));
+          }
+          return Send(StatusResponse(size.status(), version, false));
+        }
+        inflating_ = std::move(request);
+        inflate_coding_ = *coding;
+        inflate_size_ = *size;
+        return Take(*size, Then::kInflate);
+      }
+    }
+    Run(std::move(request));
+  }
+
+  void FinishInflate() {
+    phase_ = Phase::kHandling;
+    Request request = std::move(*inflating_);
+    inflating_.reset();
+    Result<std::string> body =
+        Inflate(request.body(), inflate_coding_, inflate_size_, kRequestBodyPadding);
+    if (!body.ok()) return Send(StatusResponse(body.status(), request.version(), false));
+    request.erase(http::field::content_encoding);
+    request.body() = std::move(*body);
+    request.content_length(request.body().size());
+    Run(std::move(request));
+  }
+
+  void Run(Request request) {
+    const unsigned version = request.version();
     try {
       Dispatch(std::move(request));
     } catch (const std::exception& e) {
@@ -1077,6 +1130,10 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     // HEAD is GET without the body (Send leaves it out).
     head_ = request.method() == http::verb::head;
+    response_coding_ = BodyCoding::kIdentity;
+    if (const auto it = request.find(http::field::accept_encoding); it != request.end()) {
+      response_coding_ = ChooseResponseCoding(it->value());
+    }
     const http::verb method =
         head_ && route->method() == http::verb::get ? http::verb::get : request.method();
     if (method != route->method()) {
@@ -1167,9 +1224,14 @@ class Session : public std::enable_shared_from_this<Session> {
         Result<SystemSharedMemoryRegistration> body =
             ParseSystemSharedMemoryRegisterBody(request.body());
         if (!body.ok()) return Send(StatusResponse(body.status(), version, keep_alive));
-        return Send(EmptyOrError(service.RegisterSystemSharedMemory(route->region, body->key,
-                                                                    body->offset, body->byte_size),
-                                 version, keep_alive));
+        const Status registered = service.RegisterSystemSharedMemory(route->region, body->key,
+                                                                     body->offset, body->byte_size);
+        // PermissionDenied is 500 elsewhere (the server's own files); here it
+        // is the client's object, which others may write.
+        if (registered.code() == StatusCode::kPermissionDenied) {
+          return Send(ErrorResponse(403, registered.message(), version, keep_alive));
+        }
+        return Send(EmptyOrError(registered, version, keep_alive));
       }
       case Route::Kind::kShmUnregister:
         return Send(
@@ -1666,6 +1728,21 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Send(Response response) {
     if (closed_) return;
+    if (response_coding_ != BodyCoding::kIdentity) {
+      const BodyCoding coding = response_coding_;
+      response_coding_ = BodyCoding::kIdentity;
+      const size_t size = response.body().size();
+      // Small bodies gain nothing; zlib takes at most 4 GiB at once.
+      if (size >= kCompressMinBytes && size <= kCompressMaxBytes) {
+        Result<std::string> compressed = Deflate(response.body(), coding);
+        if (compressed.ok()) {
+          response.body() = std::move(*compressed);
+          response.set(http::field::content_encoding,
+                       coding == BodyCoding::kGzip ? "gzip" : "deflate");
+          response.prepare_payload();
+        }
+      }
+    }
     if (head_) {
       // The head GET would have, Content-Length included, and no body.
       head_ = false;
@@ -1754,6 +1831,12 @@ class Session : public std::enable_shared_from_this<Session> {
   bool waiting_ = false;  // in the budget's queue
   bool expect_continue_ = false;
   bool head_ = false;  // the request being answered is a HEAD
+  // Accept-Encoding of the request being answered: Send compresses in it.
+  BodyCoding response_coding_ = BodyCoding::kIdentity;
+  // A compressed body waiting for the budget to take its inflated size.
+  std::optional<Request> inflating_;
+  BodyCoding inflate_coding_ = BodyCoding::kIdentity;
+  uint64_t inflate_size_ = 0;
   bool continue_sent_ = false;
   bool fin_sent_ = false;
   bool closed_ = false;

@@ -32,6 +32,11 @@
 // shared_memory_region, shared_memory_offset, shared_memory_byte_size): an
 // input then has no data (its byte size is checked against its shape first),
 // and an output comes back with those parameters and no data, as Triton.
+// Bodies: a request body with Content-Encoding gzip or deflate (zlib format)
+// is inflated, its inflated size measured first and held to max_body_bytes
+// (413 past it) and to the body budget like any body; other codings are 415.
+// Responses of 1 KiB or more are compressed when Accept-Encoding accepts
+// gzip or deflate (gzip preferred; q=0 refuses one).
 // HEAD on a GET endpoint is answered with GET's headers (Content-Length
 // included) and no body; HEAD elsewhere gets the 405 without a body.
 // Unknown paths are 404, a known path with the wrong method 405. Errors have

@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -1891,6 +1892,121 @@ TEST_F(HttpServerTest, SharedMemoryParametersAreCheckedBeforeAnythingIsRead) {
     EXPECT_EQ(r.result_int(), 400) << body;
     EXPECT_NE(ErrorOf(r).find(named), std::string::npos) << body << " -> " << ErrorOf(r);
   }
+}
+
+// zlib's own compress and inflate, independent of the server's code:
+// windowBits 31 is gzip, 15 zlib ("deflate").
+std::string Zip(const std::string& data, int window_bits) {
+  z_stream s{};
+  EXPECT_EQ(deflateInit2(&s, 6, Z_DEFLATED, window_bits, 8, Z_DEFAULT_STRATEGY), Z_OK);
+  std::string out(deflateBound(&s, data.size()), '\0');
+  s.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  s.avail_in = static_cast<uInt>(data.size());
+  s.next_out = reinterpret_cast<Bytef*>(out.data());
+  s.avail_out = static_cast<uInt>(out.size());
+  EXPECT_EQ(deflate(&s, Z_FINISH), Z_STREAM_END);
+  out.resize(out.size() - s.avail_out);
+  deflateEnd(&s);
+  return out;
+}
+std::string Unzip(const std::string& data, int window_bits) {
+  z_stream s{};
+  EXPECT_EQ(inflateInit2(&s, window_bits), Z_OK);
+  std::string out;
+  char chunk[4096];
+  s.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  s.avail_in = static_cast<uInt>(data.size());
+  int rc = Z_OK;
+  while (rc == Z_OK) {
+    s.next_out = reinterpret_cast<Bytef*>(chunk);
+    s.avail_out = sizeof(chunk);
+    rc = inflate(&s, Z_NO_FLUSH);
+    out.append(chunk, sizeof(chunk) - s.avail_out);
+  }
+  EXPECT_EQ(rc, Z_STREAM_END);
+  inflateEnd(&s);
+  return out;
+}
+
+TEST_F(HttpServerTest, GzipAndDeflateRequestBodiesAreInflated) {
+  Client client(port());
+  for (const auto& [coding, bits] : {std::pair<std::string, int>{"gzip", 31}, {"deflate", 15}}) {
+    Response r =
+        client.Post("/v2/models/scale/infer", Zip(kTwoRows, bits), {{"Content-Encoding", coding}});
+    ASSERT_EQ(r.result_int(), 200) << coding << " " << r.body();
+    EXPECT_EQ(json::parse(r.body())["outputs"][0]["data"], json({10.0, 26.5})) << coding;
+  }
+  // Binary data after the JSON, compressed together.
+  const std::string header =
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"parameters":{"binary_data_size":16}}]})";
+  const float x[4] = {1, 2, 3, 4.5f};
+  std::string body = header;
+  body.append(reinterpret_cast<const char*>(x), sizeof(x));
+  Response binary =
+      client.Post("/v2/models/scale/infer", Zip(body, 31),
+                  {{"Content-Encoding", "gzip"},
+                   {"Inference-Header-Content-Length", std::to_string(header.size())}});
+  ASSERT_EQ(binary.result_int(), 200) << binary.body();
+  EXPECT_EQ(json::parse(binary.body())["outputs"][0]["data"], json({10.5}));
+}
+
+TEST_F(HttpServerTest, BadCompressedBodiesGetAClearErrorAndTheServerServesOn) {
+  std::string zipped = Zip(kTwoRows, 31);
+  const std::pair<std::string, std::pair<std::string, std::string>> cases[] = {
+      {"not gzip at all", {"gzip", "400"}},
+      {zipped.substr(0, zipped.size() / 2), {"gzip", "400"}},
+      {zipped + "trailing", {"gzip", "400"}},
+      {kTwoRows, {"br", "415"}},
+  };
+  for (const auto& [body, expect] : cases) {
+    const std::string raw = RawExchange(
+        port(),
+        "POST /v2/models/scale/infer HTTP/1.1\r\nHost: x\r\nContent-Encoding: " + expect.first +
+            "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
+    EXPECT_EQ(raw.substr(0, 12), "HTTP/1.1 " + expect.second) << raw;
+    EXPECT_NE(raw.find(expect.first), std::string::npos) << raw;
+  }
+  Client client(port());
+  EXPECT_EQ(client.Post("/v2/models/scale/infer", kTwoRows).result_int(), 200);
+}
+
+TEST_F(HttpServerTest, ResponsesAreCompressedWhenTheClientAcceptsIt) {
+  Client client(port());
+  Response plain = client.Get("/v2/models/stats");
+  ASSERT_EQ(plain.result_int(), 200);
+  ASSERT_GE(plain.body().size(), 1024u);
+  EXPECT_EQ(plain.count(http::field::content_encoding), 0u);
+  for (const auto& [accept, coding, bits] :
+       {std::tuple<std::string, std::string, int>{"gzip", "gzip", 31},
+        {"deflate, gzip;q=0", "deflate", 15},
+        {"br;q=1.0, deflate;q=0.5", "deflate", 15}}) {
+    client.Write(http::verb::get, "/v2/models/stats", "", {{"Accept-Encoding", accept}});
+    Response r = client.Read();
+    ASSERT_EQ(r.result_int(), 200);
+    EXPECT_EQ(r[http::field::content_encoding], coding) << accept;
+    EXPECT_EQ(Unzip(r.body(), bits), plain.body()) << accept;
+  }
+  // Refused by q=0, or too small to gain anything: as it is.
+  client.Write(http::verb::get, "/v2/models/stats", "", {{"Accept-Encoding", "gzip;q=0"}});
+  EXPECT_EQ(client.Read().count(http::field::content_encoding), 0u);
+  client.Write(http::verb::get, "/v2/models/scale", "", {{"Accept-Encoding", "gzip"}});
+  EXPECT_EQ(client.Read().count(http::field::content_encoding), 0u);
+}
+
+TEST_F(SmallServerTest, ABodyThatInflatesPastTheLimitGets413) {
+  const std::string zipped = Zip(std::string(4096, ' '), 31);
+  ASSERT_LT(zipped.size(), 1024u);
+  const std::string raw =
+      RawExchange(port(),
+                  "POST /v2/models/scale/infer HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+                  "Content-Length: " +
+                      std::to_string(zipped.size()) + "\r\n\r\n" + zipped);
+  EXPECT_EQ(raw.substr(0, 12), "HTTP/1.1 413") << raw;
+  EXPECT_NE(raw.find("inflates past the limit of 1024 bytes"), std::string::npos) << raw;
+  Client client(port());
+  EXPECT_EQ(client.Post("/v2/models/scale/infer", Zip(kTwoRows, 31), {{"Content-Encoding", "gzip"}})
+                .result_int(),
+            200);
 }
 
 }  // namespace
