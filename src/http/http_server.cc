@@ -438,6 +438,8 @@ struct Route {
     kShmUnregister,  // region empty: every region
     kShmStatus,      // likewise
     kCudaShm,        // any of CUDA shared memory's endpoints: not supported
+    kTraceSetting,   // Triton's trace settings (GET or POST): not supported
+    kLogging,        // Triton's log settings (GET or POST): not supported
   };
   Kind kind = Kind::kNone;
   std::string model;
@@ -504,6 +506,10 @@ std::optional<Route> ParseRoute(std::string_view target) {
   } else if (n == 3 && segments[1] == "health") {
     if (segments[2] == "live") route.kind = Route::Kind::kLive;
     if (segments[2] == "ready") route.kind = Route::Kind::kReady;
+  } else if (n == 3 && segments[1] == "trace" && segments[2] == "setting") {
+    route.kind = Route::Kind::kTraceSetting;
+  } else if (n == 2 && segments[1] == "logging") {
+    route.kind = Route::Kind::kLogging;
   } else if (n == 3 && segments[1] == "models" && segments[2] == "stats") {
     // Triton's route wins over a model named "stats".
     route.kind = Route::Kind::kModelStats;
@@ -557,6 +563,8 @@ std::optional<Route> ParseRoute(std::string_view target) {
       route.kind = Route::Kind::kModelConfig;
     } else if (n == rest + 1 && segments[rest] == "stats") {
       route.kind = Route::Kind::kModelStats;
+    } else if (n == rest + 2 && segments[rest] == "trace" && segments[rest + 1] == "setting") {
+      route.kind = Route::Kind::kTraceSetting;
     }
   }
   return route;
@@ -1136,13 +1144,26 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     const http::verb method =
         head_ && route->method() == http::verb::get ? http::verb::get : request.method();
+    const bool either = route->kind == Route::Kind::kTraceSetting ||
+                        route->kind == Route::Kind::kLogging;  // GET reads, POST changes
+    if (either && (method == http::verb::get || method == http::verb::post)) {
+      return Send(ErrorResponse(
+          501,
+          route->kind == Route::Kind::kTraceSetting
+              ? "hearth has no request tracing yet: there are no trace settings to read or change"
+              : "hearth's log settings cannot be read or changed over the API yet: start hearth "
+                "with --log-level",
+          version, keep_alive));
+    }
     if (method != route->method()) {
       const std::string message = "method " + std::string(request.method_string()) +
                                   " is not allowed on " + std::string(request.target());
       Response response = route->openai() ? OpenAiErrorResponse(OpenAiRequestError(405, message),
                                                                 version, keep_alive)
                                           : ErrorResponse(405, message, version, keep_alive);
-      response.set(http::field::allow, route->method() == http::verb::post ? "POST" : "GET");
+      response.set(http::field::allow, either                                ? "GET, POST"
+                                       : route->method() == http::verb::post ? "POST"
+                                                                             : "GET");
       return Send(std::move(response));
     }
     InferenceService& service = *core_->service;
@@ -1245,6 +1266,9 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       case Route::Kind::kCudaShm:
         return Send(ErrorResponse(501, kNoCudaSharedMemory, version, keep_alive));
+      case Route::Kind::kTraceSetting:
+      case Route::Kind::kLogging:
+        break;  // answered above
       case Route::Kind::kNone:
         break;
     }

@@ -28,6 +28,8 @@
 //   POST /v2/systemsharedmemory[/region/{r}]/unregister
 //   GET  /v2/systemsharedmemory[/region/{r}]/status [{"name","key","offset","byte_size"}]
 //   /v2/cudasharedmemory/...                        501: not supported yet
+//   GET/POST /v2/[models/{m}/]trace/setting, /v2/logging
+//                                                   501: not supported yet
 // In infer requests, inputs and outputs may name a region (parameters
 // shared_memory_region, shared_memory_offset, shared_memory_byte_size): an
 // input then has no data (its byte size is checked against its shape first),

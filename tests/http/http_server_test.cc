@@ -1748,6 +1748,24 @@ TEST_F(HttpServerTest, CudaSharedMemoryIsRefusedSayingSo) {
   }
 }
 
+TEST_F(HttpServerTest, TraceAndLogSettingsAreRefusedSayingSo) {
+  Client client(port());
+  for (const char* target :
+       {"/v2/trace/setting", "/v2/models/scale/trace/setting", "/v2/logging"}) {
+    for (http::verb method : {http::verb::get, http::verb::post}) {
+      Response r = client.Send(method, target, "{}");
+      EXPECT_EQ(r.result_int(), 501) << target;
+      EXPECT_NE(ErrorOf(r).find("hearth"), std::string::npos) << target;
+      EXPECT_NE(ErrorOf(r).find(std::string(target) == "/v2/logging" ? "log settings" : "tracing"),
+                std::string::npos)
+          << ErrorOf(r);
+    }
+  }
+  Response del = client.Send(http::verb::delete_, "/v2/logging");
+  EXPECT_EQ(del.result_int(), 405);
+  EXPECT_EQ(del[http::field::allow], "GET, POST");
+}
+
 TEST_F(HttpServerTest, InferParametersPriorityClassificationAndTheModelsOwn) {
   Client client(port());
   Response r =
