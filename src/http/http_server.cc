@@ -39,10 +39,12 @@
 #include <vector>
 
 #include "http/body_budget.h"
+#include "http/compression.h"
 #include "http/generate.h"
 #include "http/kserve_codec.h"
 #include "http/openai.h"
 #include "http/sse.h"
+#include "http/triton_json.h"
 
 namespace hearth {
 namespace {
@@ -87,6 +89,15 @@ constexpr std::chrono::seconds kAcceptLogInterval{10};
 // client's next request may cross our close, and is then lost).
 constexpr std::chrono::milliseconds kEvictGrace{100};
 constexpr std::chrono::milliseconds kEvictIdleGrace{1000};
+// Responses are compressed (when the client accepts it) from this size to
+// this one.
+constexpr size_t kCompressMinBytes = 1024;
+constexpr size_t kCompressMaxBytes = size_t{1} << 30;
+// Repository loads and unloads at once; past it they are answered 503.
+constexpr int kMaxControlCalls = 4;
+constexpr const char* kNoCudaSharedMemory =
+    "hearth does not support CUDA shared memory regions yet: send tensors in the request body "
+    "or use system shared memory (/v2/systemsharedmemory)";
 
 class Session;
 
@@ -164,6 +175,9 @@ struct ServerCore {
   std::mutex mutex;
   std::condition_variable changed;
   uint64_t in_flight = 0;  // infers given to the service whose `done` has not returned
+  // Repository loads and unloads running on their own threads (a load waits
+  // for workers to start: never on an I/O thread); at most kMaxControlCalls.
+  std::atomic<int> control_calls{0};
 
   // Every open session, for Stop() to reach them.
   std::mutex sessions_mutex;
@@ -415,12 +429,32 @@ struct Route {
     kCompletions,
     kChatCompletions,
     kOpenAiModels,
+    kModelConfig,
+    kModelStats,  // model empty: every model
+    kRepositoryIndex,
+    kRepositoryLoad,
+    kRepositoryUnload,
+    kShmRegister,
+    kShmUnregister,  // region empty: every region
+    kShmStatus,      // likewise
+    kCudaShm,        // any of CUDA shared memory's endpoints: not supported
+    kTraceSetting,   // Triton's trace settings (GET or POST): not supported
+    kLogging,        // Triton's log settings (GET or POST): not supported
   };
   Kind kind = Kind::kNone;
   std::string model;
   std::string version;
+  std::string region;                        // shared memory
+  http::verb cuda_method = http::verb::get;  // kCudaShm: what the endpoint takes
   http::verb method() const {
     switch (kind) {
+      case Kind::kCudaShm:
+        return cuda_method;
+      case Kind::kRepositoryIndex:
+      case Kind::kRepositoryLoad:
+      case Kind::kRepositoryUnload:
+      case Kind::kShmRegister:
+      case Kind::kShmUnregister:
       case Kind::kInfer:
       case Kind::kGenerate:
       case Kind::kGenerateStream:
@@ -472,6 +506,42 @@ std::optional<Route> ParseRoute(std::string_view target) {
   } else if (n == 3 && segments[1] == "health") {
     if (segments[2] == "live") route.kind = Route::Kind::kLive;
     if (segments[2] == "ready") route.kind = Route::Kind::kReady;
+  } else if (n == 3 && segments[1] == "trace" && segments[2] == "setting") {
+    route.kind = Route::Kind::kTraceSetting;
+  } else if (n == 2 && segments[1] == "logging") {
+    route.kind = Route::Kind::kLogging;
+  } else if (n == 3 && segments[1] == "models" && segments[2] == "stats") {
+    // Triton's route wins over a model named "stats".
+    route.kind = Route::Kind::kModelStats;
+  } else if (n >= 3 && segments[1] == "repository") {
+    if (n == 3 && segments[2] == "index") route.kind = Route::Kind::kRepositoryIndex;
+    if (n == 5 && segments[2] == "models" && segments[4] == "load") {
+      route.kind = Route::Kind::kRepositoryLoad;
+    }
+    if (n == 5 && segments[2] == "models" && segments[4] == "unload") {
+      route.kind = Route::Kind::kRepositoryUnload;
+    }
+    route.model = n == 5 ? segments[3] : "";
+  } else if (n >= 3 && (segments[1] == "systemsharedmemory" || segments[1] == "cudasharedmemory")) {
+    // /v2/{system,cuda}sharedmemory[/region/{r}]/{register,unregister,status}
+    size_t rest = 2;
+    if (n >= 4 && segments[2] == "region") {
+      route.region = segments[3];
+      rest = 4;
+    }
+    if (n != rest + 1) return route;
+    const std::string& action = segments[rest];
+    const bool known =
+        action == "status" || action == "unregister" || (action == "register" && rest == 4);
+    if (!known) return route;
+    if (segments[1] == "cudasharedmemory") {
+      route.kind = Route::Kind::kCudaShm;
+      route.cuda_method = action == "status" ? http::verb::get : http::verb::post;
+    } else {
+      route.kind = action == "status"       ? Route::Kind::kShmStatus
+                   : action == "unregister" ? Route::Kind::kShmUnregister
+                                            : Route::Kind::kShmRegister;
+    }
   } else if (n >= 3 && segments[1] == "models") {
     route.model = segments[2];
     size_t rest = 3;
@@ -489,6 +559,12 @@ std::optional<Route> ParseRoute(std::string_view target) {
       route.kind = Route::Kind::kGenerate;
     } else if (n == rest + 1 && segments[rest] == "generate_stream") {
       route.kind = Route::Kind::kGenerateStream;
+    } else if (n == rest + 1 && segments[rest] == "config") {
+      route.kind = Route::Kind::kModelConfig;
+    } else if (n == rest + 1 && segments[rest] == "stats") {
+      route.kind = Route::Kind::kModelStats;
+    } else if (n == rest + 2 && segments[rest] == "trace" && segments[rest + 1] == "setting") {
+      route.kind = Route::Kind::kTraceSetting;
     }
   }
   return route;
@@ -638,7 +714,7 @@ class Session : public std::enable_shared_from_this<Session> {
   };
   enum class Deadline { kHead, kBody, kIdle, kWrite, kLinger, kDrainIdle };
   // What a wait for the budget resumes.
-  enum class Then { kReadParsed, kReadChunk, kContinue };
+  enum class Then { kReadParsed, kReadChunk, kContinue, kInflate };
   // What follows a request once the watch on its socket has ended.
   enum class Next { kReadHead, kLinger };
 
@@ -748,6 +824,8 @@ class Session : public std::enable_shared_from_this<Session> {
         return ReadParsed();
       case Then::kReadChunk:
         return ReadChunk();
+      case Then::kInflate:
+        return FinishInflate();
       case Then::kContinue:
         // The budget had room for the first chunk: the body may proceed. The
         // chunk is taken again once its bytes arrive.
@@ -975,6 +1053,52 @@ class Session : public std::enable_shared_from_this<Session> {
   void Handle(Request request) {
     phase_ = Phase::kHandling;
     const unsigned version = request.version();
+    if (const auto it = request.find(http::field::content_encoding); it != request.end()) {
+      const std::optional<BodyCoding> coding = ParseContentEncoding(it->value());
+      if (!coding.has_value()) {
+        return Send(ErrorResponse(415,
+                                  "Content-Encoding " + std::string(it->value()) +
+                                      " is not supported: send the body as it is, gzip or deflate",
+                                  version, false));
+      }
+      if (*coding != BodyCoding::kIdentity) {
+        // The inflated size is measured first, keeping nothing, and taken
+        // from the budget before the inflated body is held: the limits
+        // apply to it as to any body.
+        Result<uint64_t> size = InflatedSize(request.body(), *coding, core_->body_limit);
+        if (!size.ok()) {
+          if (size.status().code() == StatusCode::kResourceExhausted) {
+            return Send(ErrorResponse(413,
+                                      "request body inflates past the limit of " +
+                                          std::to_string(core_->body_limit) + " bytes",
+                                      version, false));
+          }
+          return Send(StatusResponse(size.status(), version, false));
+        }
+        inflating_ = std::move(request);
+        inflate_coding_ = *coding;
+        inflate_size_ = *size;
+        return Take(*size, Then::kInflate);
+      }
+    }
+    Run(std::move(request));
+  }
+
+  void FinishInflate() {
+    phase_ = Phase::kHandling;
+    Request request = std::move(*inflating_);
+    inflating_.reset();
+    Result<std::string> body =
+        Inflate(request.body(), inflate_coding_, inflate_size_, kRequestBodyPadding);
+    if (!body.ok()) return Send(StatusResponse(body.status(), request.version(), false));
+    request.erase(http::field::content_encoding);
+    request.body() = std::move(*body);
+    request.content_length(request.body().size());
+    Run(std::move(request));
+  }
+
+  void Run(Request request) {
+    const unsigned version = request.version();
     try {
       Dispatch(std::move(request));
     } catch (const std::exception& e) {
@@ -1012,13 +1136,34 @@ class Session : public std::enable_shared_from_this<Session> {
       return Send(ErrorResponse(404, "no such endpoint: " + std::string(request.target()), version,
                                 keep_alive));
     }
-    if (request.method() != route->method()) {
+    // HEAD is GET without the body (Send leaves it out).
+    head_ = request.method() == http::verb::head;
+    response_coding_ = BodyCoding::kIdentity;
+    if (const auto it = request.find(http::field::accept_encoding); it != request.end()) {
+      response_coding_ = ChooseResponseCoding(it->value());
+    }
+    const http::verb method =
+        head_ && route->method() == http::verb::get ? http::verb::get : request.method();
+    const bool either = route->kind == Route::Kind::kTraceSetting ||
+                        route->kind == Route::Kind::kLogging;  // GET reads, POST changes
+    if (either && (method == http::verb::get || method == http::verb::post)) {
+      return Send(ErrorResponse(
+          501,
+          route->kind == Route::Kind::kTraceSetting
+              ? "hearth has no request tracing yet: there are no trace settings to read or change"
+              : "hearth's log settings cannot be read or changed over the API yet: start hearth "
+                "with --log-level",
+          version, keep_alive));
+    }
+    if (method != route->method()) {
       const std::string message = "method " + std::string(request.method_string()) +
                                   " is not allowed on " + std::string(request.target());
       Response response = route->openai() ? OpenAiErrorResponse(OpenAiRequestError(405, message),
                                                                 version, keep_alive)
                                           : ErrorResponse(405, message, version, keep_alive);
-      response.set(http::field::allow, route->method() == http::verb::post ? "POST" : "GET");
+      response.set(http::field::allow, either                                ? "GET, POST"
+                                       : route->method() == http::verb::post ? "POST"
+                                                                             : "GET");
       return Send(std::move(response));
     }
     InferenceService& service = *core_->service;
@@ -1064,8 +1209,114 @@ class Session : public std::enable_shared_from_this<Session> {
         return Send(MakeResponse(http::status::ok, version, keep_alive,
                                  service.MetricsText() + HttpMetricsText(core_->Stats()),
                                  "text/plain; version=0.0.4"));
+      case Route::Kind::kModelConfig: {
+        Result<std::string> config = service.ModelConfigJson(route->model, route->version);
+        if (!config.ok()) return Send(StatusResponse(config.status(), version, keep_alive));
+        return Send(MakeResponse(http::status::ok, version, keep_alive, std::move(*config),
+                                 "application/json"));
+      }
+      case Route::Kind::kModelStats: {
+        Result<std::vector<ModelStatistics>> stats =
+            service.Statistics(route->model, route->version);
+        if (!stats.ok()) return Send(StatusResponse(stats.status(), version, keep_alive));
+        return Send(MakeResponse(http::status::ok, version, keep_alive, ModelStatisticsJson(*stats),
+                                 "application/json"));
+      }
+      case Route::Kind::kRepositoryIndex: {
+        Result<bool> ready_only = ParseRepositoryIndexBody(request.body());
+        if (!ready_only.ok()) return Send(StatusResponse(ready_only.status(), version, keep_alive));
+        return Send(MakeResponse(http::status::ok, version, keep_alive,
+                                 RepositoryIndexJson(service.RepositoryIndex(*ready_only)),
+                                 "application/json"));
+      }
+      case Route::Kind::kRepositoryLoad:
+      case Route::Kind::kRepositoryUnload: {
+        const bool load = route->kind == Route::Kind::kRepositoryLoad;
+        // Triton's unload_dependents: hearth has no ensembles, nothing depends
+        // on another model.
+        if (Status valid =
+                CheckRepositoryControlBody(request.body(), load ? "" : "unload_dependents");
+            !valid.ok()) {
+          return Send(StatusResponse(valid, version, keep_alive));
+        }
+        return RunControl(load, route->model, version, keep_alive);
+      }
+      case Route::Kind::kShmRegister: {
+        Result<SystemSharedMemoryRegistration> body =
+            ParseSystemSharedMemoryRegisterBody(request.body());
+        if (!body.ok()) return Send(StatusResponse(body.status(), version, keep_alive));
+        const Status registered = service.RegisterSystemSharedMemory(route->region, body->key,
+                                                                     body->offset, body->byte_size);
+        // PermissionDenied is 500 elsewhere (the server's own files); here it
+        // is the client's object, which others may write.
+        if (registered.code() == StatusCode::kPermissionDenied) {
+          return Send(ErrorResponse(403, registered.message(), version, keep_alive));
+        }
+        return Send(EmptyOrError(registered, version, keep_alive));
+      }
+      case Route::Kind::kShmUnregister:
+        return Send(
+            EmptyOrError(service.UnregisterSystemSharedMemory(route->region), version, keep_alive));
+      case Route::Kind::kShmStatus: {
+        Result<std::vector<SharedMemoryRegion>> regions =
+            service.SystemSharedMemoryStatus(route->region);
+        if (!regions.ok()) return Send(StatusResponse(regions.status(), version, keep_alive));
+        return Send(MakeResponse(http::status::ok, version, keep_alive,
+                                 SystemSharedMemoryStatusJson(*regions), "application/json"));
+      }
+      case Route::Kind::kCudaShm:
+        return Send(ErrorResponse(501, kNoCudaSharedMemory, version, keep_alive));
+      case Route::Kind::kTraceSetting:
+      case Route::Kind::kLogging:
+        break;  // answered above
       case Route::Kind::kNone:
         break;
+    }
+  }
+
+  static Response EmptyOrError(const Status& status, unsigned version, bool keep_alive) {
+    if (!status.ok()) return StatusResponse(status, version, keep_alive);
+    return MakeResponse(http::status::ok, version, keep_alive, "", "");
+  }
+
+  // Runs a repository load or unload on a thread of its own (LoadModel waits
+  // for the new workers; the I/O thread serves on meanwhile) and answers it
+  // on this connection's strand. The thread is detached: it touches nothing
+  // of the server once its InFlightInfer is gone, and Stop() waits for that.
+  void RunControl(bool load, std::string model, unsigned version, bool keep_alive) {
+    if (core_->control_calls.fetch_add(1) >= kMaxControlCalls) {
+      core_->control_calls.fetch_sub(1);
+      return Send(ErrorResponse(503,
+                                "too many repository loads and unloads at once (at most " +
+                                    std::to_string(kMaxControlCalls) +
+                                    "): try again when one has finished",
+                                version, keep_alive));
+    }
+    auto in_flight = std::make_shared<InFlightInfer>(core_);
+    try {
+      std::thread([self = shared_from_this(), load, model = std::move(model), version, keep_alive,
+                   in_flight]() mutable {
+        Status status;
+        try {
+          status = load ? self->core_->service->LoadModel(model)
+                        : self->core_->service->UnloadModel(model);
+        } catch (const std::exception& e) {
+          status = Internal(std::string("repository control failed: ") + e.what());
+        }
+        self->core_->control_calls.fetch_sub(1);
+        {
+          auto executor = self->executor();
+          net::post(executor,
+                    [self = std::move(self), status = std::move(status), version, keep_alive]() {
+                      self->Send(EmptyOrError(status, version, keep_alive));
+                    });
+        }
+        in_flight.reset();
+      }).detach();
+    } catch (const std::system_error& e) {
+      core_->control_calls.fetch_sub(1);
+      return Send(ErrorResponse(503, std::string("cannot start a thread: ") + e.what(), version,
+                                keep_alive));
     }
   }
 
@@ -1501,6 +1752,28 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Send(Response response) {
     if (closed_) return;
+    if (response_coding_ != BodyCoding::kIdentity) {
+      const BodyCoding coding = response_coding_;
+      response_coding_ = BodyCoding::kIdentity;
+      const size_t size = response.body().size();
+      // Small bodies gain nothing; zlib takes at most 4 GiB at once.
+      if (size >= kCompressMinBytes && size <= kCompressMaxBytes) {
+        Result<std::string> compressed = Deflate(response.body(), coding);
+        if (compressed.ok()) {
+          response.body() = std::move(*compressed);
+          response.set(http::field::content_encoding,
+                       coding == BodyCoding::kGzip ? "gzip" : "deflate");
+          response.prepare_payload();
+        }
+      }
+    }
+    if (head_) {
+      // The head GET would have, Content-Length included, and no body.
+      head_ = false;
+      const size_t length = response.body().size();
+      response.body().clear();
+      response.content_length(length);
+    }
     // Draining: this answer is the connection's last.
     if (core_->stopping.load() && response.keep_alive()) response.keep_alive(false);
     phase_ = Phase::kWriting;
@@ -1581,6 +1854,13 @@ class Session : public std::enable_shared_from_this<Session> {
   bool busy_ = false;
   bool waiting_ = false;  // in the budget's queue
   bool expect_continue_ = false;
+  bool head_ = false;  // the request being answered is a HEAD
+  // Accept-Encoding of the request being answered: Send compresses in it.
+  BodyCoding response_coding_ = BodyCoding::kIdentity;
+  // A compressed body waiting for the budget to take its inflated size.
+  std::optional<Request> inflating_;
+  BodyCoding inflate_coding_ = BodyCoding::kIdentity;
+  uint64_t inflate_size_ = 0;
   bool continue_sent_ = false;
   bool fin_sent_ = false;
   bool closed_ = false;

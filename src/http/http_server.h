@@ -14,6 +14,33 @@
 //                                                   answers with server-sent events
 //   GET  /v1/models                                 the repository's models, OpenAI's list
 //   GET  /metrics                                   Prometheus text
+// Triton's extensions (bodies: triton_json.h):
+//   GET  /v2/models/{m}[/versions/{v}]/config       the model's config, Triton's JSON as is
+//   GET  /v2/models/stats                           every model's statistics (Triton's
+//                                                   route: not a model named "stats")
+//   GET  /v2/models/{m}[/versions/{v}]/stats        one model's statistics
+//   POST /v2/repository/index                       [{"name","version","state","reason"}];
+//                                                   body empty or {"ready": bool}
+//   POST /v2/repository/models/{m}/load, /unload    200, empty body; run on a thread of
+//                                                   their own (at most 4 at once, then 503);
+//                                                   load parameters (config, file:) are 400
+//   POST /v2/systemsharedmemory/region/{r}/register {"key","offset","byte_size"}
+//   POST /v2/systemsharedmemory[/region/{r}]/unregister
+//   GET  /v2/systemsharedmemory[/region/{r}]/status [{"name","key","offset","byte_size"}]
+//   /v2/cudasharedmemory/...                        501: not supported yet
+//   GET/POST /v2/[models/{m}/]trace/setting, /v2/logging
+//                                                   501: not supported yet
+// In infer requests, inputs and outputs may name a region (parameters
+// shared_memory_region, shared_memory_offset, shared_memory_byte_size): an
+// input then has no data (its byte size is checked against its shape first),
+// and an output comes back with those parameters and no data, as Triton.
+// Bodies: a request body with Content-Encoding gzip or deflate (zlib format)
+// is inflated, its inflated size measured first and held to max_body_bytes
+// (413 past it) and to the body budget like any body; other codings are 415.
+// Responses of 1 KiB or more are compressed when Accept-Encoding accepts
+// gzip or deflate (gzip preferred; q=0 refuses one).
+// HEAD on a GET endpoint is answered with GET's headers (Content-Length
+// included) and no body; HEAD elsewhere gets the 405 without a body.
 // Unknown paths are 404, a known path with the wrong method 405. Errors have
 // the body {"error": "..."}, except those of the /v1 endpoints, which have
 // OpenAI's {"error": {"message", "type", "param", "code"}}.

@@ -350,6 +350,17 @@ Result<EncodedInferResponse> EncodeInferResponse(const InferResponse& response,
                          selection.id.size() + response.id.size();
   for (Chosen& c : chosen) {
     const InferTensor& tensor = *c.tensor;
+    if (tensor.shm.has_value()) {
+      // Written to the region by the service: only its name goes back.
+      if (KserveDatatypeName(tensor.dtype).empty()) {
+        return Internal("output " + Quote(tensor.name) + " has datatype " +
+                        std::string(DTypeName(tensor.dtype)) + ", which KServe cannot name");
+      }
+      c.binary = false;
+      json_estimate +=
+          256 + tensor.name.size() + tensor.shm->region.size() + 21 * tensor.shape.size();
+      continue;
+    }
     const Result<uint64_t> count = CheckOutputTensor(tensor);
     if (!count.ok()) return count.status();
     c.count = *count;
@@ -381,7 +392,12 @@ Result<EncodedInferResponse> EncodeInferResponse(const InferResponse& response,
       out += "{\"name\":" + Quote(tensor.name) + ",\"datatype\":\"" +
              std::string(KserveDatatypeName(tensor.dtype)) + "\",\"shape\":";
       AppendShape(out, tensor.shape);
-      if (chosen[i].binary) {
+      if (tensor.shm.has_value()) {
+        // As Triton answers an output in shared memory: its parameters, no data.
+        out += ",\"parameters\":{\"shared_memory_region\":" + Quote(tensor.shm->region) +
+               ",\"shared_memory_offset\":" + std::to_string(tensor.shm->offset) +
+               ",\"shared_memory_byte_size\":" + std::to_string(tensor.shm->byte_size) + "}}";
+      } else if (chosen[i].binary) {
         out += ",\"parameters\":{\"binary_data_size\":" + std::to_string(tensor.data.size()) + "}}";
       } else {
         out += ",\"data\":";
@@ -442,6 +458,7 @@ int HttpStatusFor(StatusCode code) {
       return 200;
     case StatusCode::kInvalidArgument:
     case StatusCode::kFailedPrecondition:
+    case StatusCode::kAlreadyExists:
       return 400;
     case StatusCode::kNotFound:
       return 404;
@@ -450,6 +467,8 @@ int HttpStatusFor(StatusCode code) {
       return 503;
     case StatusCode::kDeadlineExceeded:
       return 504;
+    case StatusCode::kUnimplemented:
+      return 501;
     default:
       return 500;
   }

@@ -34,7 +34,14 @@ inline constexpr size_t kRequestBodyPadding = 64;
 // the first json_length bytes of `body` are the JSON and the rest is the
 // binary data of the inputs that carry parameters.binary_data_size, in input
 // order. Requested outputs come back with `binary` resolved (their own
-// binary_data parameter, else the request's binary_data_output).
+// binary_data parameter, else the request's binary_data_output), and with
+// class_count (parameter "classification") and shm when given. Request
+// parameters: binary_data_output, timeout, priority; sequence_id,
+// sequence_start and sequence_end that are not 0, false or "" are
+// InvalidArgument (no sequence batching); any other goes, as written, into
+// parameters_json. Inputs with parameters shared_memory_region /
+// shared_memory_offset / shared_memory_byte_size carry `shm` and no data,
+// their byte size checked against the shape for fixed-size types.
 // InvalidArgument on any malformed request, with a message that names the
 // input, output or field (malformed JSON: "invalid JSON in the request at
 // byte N: ..." wherever it is); ResourceExhausted when out of memory.
@@ -100,8 +107,9 @@ std::string ServerMetadataJson(std::string_view name, std::string_view version,
 // {"error": message}; bytes that are not UTF-8 are replaced.
 std::string ErrorJson(std::string_view message);
 
-// InvalidArgument and FailedPrecondition 400, NotFound 404, ResourceExhausted
-// and Unavailable 503, everything else 500.
+// InvalidArgument, FailedPrecondition and AlreadyExists 400, NotFound 404,
+// ResourceExhausted and Unavailable 503, DeadlineExceeded 504, Unimplemented
+// 501, everything else 500.
 int HttpStatusFor(StatusCode code);
 
 // Parses Inference-Header-Content-Length: decimal digits only.

@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -106,24 +107,99 @@ class FakeService : public InferenceService {
   }
 
   std::vector<std::string> ModelNames() const override { return {"scale"}; }
-  Result<std::string> ModelConfigJson(const std::string&, const std::string&) const override {
-    return Unimplemented("the fake service has no config");
+  // "scale"'s config is a fixed document; the others' are Unimplemented.
+  Result<std::string> ModelConfigJson(const std::string& model,
+                                      const std::string& version) const override {
+    Result<ModelMetadata> m = Metadata(model, version);
+    if (!m.ok()) return m.status();
+    if (model != "scale") return Unimplemented("the fake service has no config for " + model);
+    return std::string(R"({"name":"scale","max_batch_size":8})");
   }
-  Result<std::vector<ModelStatistics>> Statistics(const std::string&,
-                                                  const std::string&) const override {
-    return Unimplemented("the fake service has no statistics");
+  // "scale" (version 1) with fixed numbers; empty `model`: "scale" and "fixed".
+  Result<std::vector<ModelStatistics>> Statistics(const std::string& model,
+                                                  const std::string& version) const override {
+    auto of = [](const std::string& name) {
+      ModelStatistics s;
+      s.name = name;
+      s.version = "1";
+      s.last_inference_ms = 1700000000123;
+      s.inference_count = 12;
+      s.execution_count = 5;
+      s.success = {5, 5000};
+      s.fail = {1, 100};
+      s.queue = {5, 700};
+      s.compute_input = {5, 10};
+      s.compute_infer = {5, 4000};
+      s.compute_output = {5, 20};
+      s.batch_stats = {{1, {2, 2}, {2, 1000}, {2, 3}}, {4, {3, 8}, {3, 3000}, {3, 17}}};
+      return s;
+    };
+    if (model.empty()) return std::vector<ModelStatistics>{of("fixed"), of("scale")};
+    Result<ModelMetadata> m = Metadata(model, version);
+    if (!m.ok()) return m.status();
+    return std::vector<ModelStatistics>{of(model)};
   }
-  std::vector<RepositoryEntry> RepositoryIndex(bool) const override { return {}; }
-  Status LoadModel(const std::string&) override { return Unimplemented("fake"); }
-  Status UnloadModel(const std::string&) override { return Unimplemented("fake"); }
-  Status RegisterSystemSharedMemory(const std::string&, const std::string&, uint64_t,
-                                    uint64_t) override {
-    return Unimplemented("fake");
+  std::vector<RepositoryEntry> RepositoryIndex(bool ready_only) const override {
+    std::vector<RepositoryEntry> all = {{"scale", "1", "READY", ""},
+                                        {"unready", "", "UNAVAILABLE", "no worker is ready"}};
+    if (ready_only) all.pop_back();
+    return all;
   }
-  Status UnregisterSystemSharedMemory(const std::string&) override { return Unimplemented("fake"); }
+  // Loading "gated" waits for the gate; "nope" has no directory.
+  Status LoadModel(const std::string& model) override {
+    if (model == "nope") return NotFound("no model 'nope' in the repository");
+    if (model == "gated") {
+      std::unique_lock lock(mutex_);
+      ++loads_waiting_;
+      wake_.notify_all();
+      wake_.wait(lock, [this] { return gate_open_; });
+    }
+    std::lock_guard lock(mutex_);
+    control_log_.push_back("load " + model);
+    return Status::Ok();
+  }
+  Status UnloadModel(const std::string& model) override {
+    std::lock_guard lock(mutex_);
+    control_log_.push_back("unload " + model);
+    return Status::Ok();
+  }
+  Status RegisterSystemSharedMemory(const std::string& name, const std::string& key,
+                                    uint64_t offset, uint64_t byte_size) override {
+    std::lock_guard lock(mutex_);
+    for (const SharedMemoryRegion& r : regions_) {
+      if (r.name == name) return AlreadyExists("region '" + name + "' is already registered");
+    }
+    regions_.push_back({name, key, offset, byte_size});
+    return Status::Ok();
+  }
+  Status UnregisterSystemSharedMemory(const std::string& name) override {
+    std::lock_guard lock(mutex_);
+    std::erase_if(regions_,
+                  [&](const SharedMemoryRegion& r) { return name.empty() || r.name == name; });
+    return Status::Ok();
+  }
   Result<std::vector<SharedMemoryRegion>> SystemSharedMemoryStatus(
-      const std::string&) const override {
-    return Unimplemented("fake");
+      const std::string& name) const override {
+    std::lock_guard lock(mutex_);
+    if (name.empty()) return regions_;
+    for (const SharedMemoryRegion& r : regions_) {
+      if (r.name == name) return std::vector<SharedMemoryRegion>{r};
+    }
+    return NotFound("no region '" + name + "'");
+  }
+
+  bool WaitLoadsWaiting(int n) {
+    std::unique_lock lock(mutex_);
+    return wake_.wait_for(lock, 60s, [&] { return loads_waiting_ >= n; });
+  }
+  std::vector<std::string> control_log() {
+    std::lock_guard lock(mutex_);
+    return control_log_;
+  }
+  // The last request given to Infer, without its inputs' bytes.
+  InferRequest last_request() {
+    std::lock_guard lock(mutex_);
+    return last_request_;
   }
 
   Result<bool> ModelReady(const std::string& model, const std::string& version) const override {
@@ -137,6 +213,8 @@ class FakeService : public InferenceService {
       std::lock_guard lock(mutex_);
       last_timeout_us_ = request.timeout_us;
       last_input_was_view_ = !request.inputs.empty() && request.inputs[0].data.is_view();
+      last_request_ = request;
+      for (InferTensor& input : last_request_.inputs) input.data = {};
       queue_.push_back({std::move(request), std::move(done)});
     }
     wake_.notify_all();
@@ -223,6 +301,14 @@ class FakeService : public InferenceService {
       std::memcpy(bytes.data(), y.data(), bytes.size());
       out.data = std::move(bytes);
     }
+    // An output bound to a region is written there (here: nowhere) and
+    // answered by its reference alone.
+    for (const RequestedOutput& requested : request.outputs) {
+      if (requested.name == out.name && requested.shm.has_value()) {
+        out.shm = requested.shm;
+        out.data = {};
+      }
+    }
     response.outputs.push_back(std::move(out));
     return response;
   }
@@ -257,9 +343,13 @@ class FakeService : public InferenceService {
     }
   }
 
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Job> queue_;
+  int loads_waiting_ = 0;
+  std::vector<std::string> control_log_;
+  std::vector<SharedMemoryRegion> regions_;
+  InferRequest last_request_;
   bool quit_ = false;
   uint64_t last_timeout_us_ = 0;
   bool gate_open_ = false;
@@ -1494,6 +1584,447 @@ TEST(HttpServerCreate, RejectsBadOptionsAndTakenPorts) {
   ASSERT_TRUE(second.ok());
   const Status bound = (*second)->Start();
   EXPECT_EQ(bound.code(), StatusCode::kUnavailable) << bound.ToString();
+}
+
+// ---- Triton's extensions: config, statistics, repository, shared memory ----
+
+TEST_F(HttpServerTest, ModelConfigIsTheServicesJsonAsItIs) {
+  Client client(port());
+  for (const char* target : {"/v2/models/scale/config", "/v2/models/scale/versions/1/config"}) {
+    Response r = client.Get(target);
+    ASSERT_EQ(r.result_int(), 200) << target << " " << r.body();
+    EXPECT_EQ(r.body(), R"({"name":"scale","max_batch_size":8})");
+    EXPECT_EQ(r[http::field::content_type], "application/json");
+  }
+  EXPECT_EQ(client.Get("/v2/models/nope/config").result_int(), 404);
+  EXPECT_EQ(client.Get("/v2/models/scale/versions/2/config").result_int(), 404);
+  // A service without it says so: 501, not a silent success.
+  Response none = client.Get("/v2/models/fixed/config");
+  EXPECT_EQ(none.result_int(), 501);
+  EXPECT_NE(ErrorOf(none).find("no config"), std::string::npos);
+  EXPECT_EQ(client.Post("/v2/models/scale/config", "").result_int(), 405);
+}
+
+TEST_F(HttpServerTest, StatisticsInTritonsJson) {
+  Client client(port());
+  Response one = client.Get("/v2/models/scale/versions/1/stats");
+  ASSERT_EQ(one.result_int(), 200) << one.body();
+  const json body = json::parse(one.body());
+  ASSERT_EQ(body["model_stats"].size(), 1u);
+  const json& s = body["model_stats"][0];
+  EXPECT_EQ(s["name"], "scale");
+  EXPECT_EQ(s["version"], "1");
+  EXPECT_EQ(s["last_inference"], 1700000000123ull);
+  EXPECT_EQ(s["inference_count"], 12);
+  EXPECT_EQ(s["execution_count"], 5);
+  EXPECT_EQ(s["inference_stats"]["success"], json({{"count", 5}, {"ns", 5000}}));
+  EXPECT_EQ(s["inference_stats"]["fail"], json({{"count", 1}, {"ns", 100}}));
+  EXPECT_EQ(s["inference_stats"]["queue"]["ns"], 700);
+  EXPECT_EQ(s["inference_stats"]["compute_input"]["ns"], 10);
+  EXPECT_EQ(s["inference_stats"]["compute_infer"]["ns"], 4000);
+  EXPECT_EQ(s["inference_stats"]["compute_output"]["ns"], 20);
+  ASSERT_EQ(s["batch_stats"].size(), 2u);
+  EXPECT_EQ(s["batch_stats"][1]["batch_size"], 4);
+  EXPECT_EQ(s["batch_stats"][1]["compute_infer"], json({{"count", 3}, {"ns", 3000}}));
+  EXPECT_EQ(client.Get("/v2/models/scale/stats").result_int(), 200);
+  EXPECT_EQ(client.Get("/v2/models/nope/stats").result_int(), 404);
+}
+
+TEST_F(HttpServerTest, ModelsStatsIsEveryModelsStatisticsNotAModelNamedStats) {
+  Client client(port());
+  Response all = client.Get("/v2/models/stats");
+  ASSERT_EQ(all.result_int(), 200) << all.body();
+  const json body = json::parse(all.body());
+  ASSERT_EQ(body["model_stats"].size(), 2u);
+  EXPECT_EQ(body["model_stats"][0]["name"], "fixed");
+  EXPECT_EQ(body["model_stats"][1]["name"], "scale");
+}
+
+TEST_F(HttpServerTest, RepositoryIndex) {
+  Client client(port());
+  Response all = client.Post("/v2/repository/index", "");
+  ASSERT_EQ(all.result_int(), 200) << all.body();
+  EXPECT_EQ(json::parse(all.body()), json::parse(R"([{"name":"scale","version":"1","state":"READY"},
+                            {"name":"unready","state":"UNAVAILABLE","reason":"no worker is ready"}])"));
+  Response ready = client.Post("/v2/repository/index", R"({"ready": true})");
+  ASSERT_EQ(ready.result_int(), 200);
+  EXPECT_EQ(json::parse(ready.body()).size(), 1u);
+  EXPECT_EQ(json::parse(client.Post("/v2/repository/index", R"({"ready":false})").body()).size(),
+            2u);
+  Response bad = client.Post("/v2/repository/index", R"({"ready": "yes"})");
+  EXPECT_EQ(bad.result_int(), 400);
+  EXPECT_NE(ErrorOf(bad).find("'ready' must be a boolean"), std::string::npos);
+  EXPECT_EQ(client.Post("/v2/repository/index", "{").result_int(), 400);
+  EXPECT_EQ(client.Get("/v2/repository/index").result_int(), 405);
+}
+
+TEST_F(HttpServerTest, LoadAndUnloadRunOffTheIoThreads) {
+  Client loader(port());
+  loader.Write(http::verb::post, "/v2/repository/models/gated/load");
+  ASSERT_TRUE(service_.WaitLoadsWaiting(1));
+  // The load waits in the service; both I/O threads still answer.
+  for (int i = 0; i < 4; ++i) {
+    Client other(port());
+    EXPECT_EQ(other.Get("/v2/health/live").result_int(), 200);
+  }
+  service_.OpenGate();
+  Response loaded = loader.Read();
+  EXPECT_EQ(loaded.result_int(), 200) << loaded.body();
+  EXPECT_TRUE(loaded.body().empty());
+  Response unloaded = loader.Post("/v2/repository/models/scale/unload", "");
+  EXPECT_EQ(unloaded.result_int(), 200) << unloaded.body();
+  Response dependents = loader.Post("/v2/repository/models/scale/unload",
+                                    R"({"parameters":{"unload_dependents":true}})");
+  EXPECT_EQ(dependents.result_int(), 200) << dependents.body();
+  EXPECT_EQ(service_.control_log(),
+            (std::vector<std::string>{"load gated", "unload scale", "unload scale"}));
+  Response unknown = loader.Post("/v2/repository/models/nope/load", "");
+  EXPECT_EQ(unknown.result_int(), 404);
+  EXPECT_NE(ErrorOf(unknown).find("no model 'nope'"), std::string::npos);
+}
+
+TEST_F(HttpServerTest, LoadWithParametersIsRefused) {
+  Client client(port());
+  for (const char* body : {R"({"parameters":{"config":"{}"}})",
+                           R"({"parameters":{"file:1/model.safetensors":"AAAA"}})"}) {
+    Response r = client.Post("/v2/repository/models/scale/load", body);
+    EXPECT_EQ(r.result_int(), 400) << body;
+    EXPECT_NE(ErrorOf(r).find("is not supported"), std::string::npos) << ErrorOf(r);
+  }
+  EXPECT_EQ(client.Post("/v2/repository/models/scale/load", R"({"parameters": 3})").result_int(),
+            400);
+  EXPECT_TRUE(service_.control_log().empty());
+}
+
+TEST_F(HttpServerTest, SystemSharedMemoryRegisterStatusUnregister) {
+  Client client(port());
+  Response reg = client.Post("/v2/systemsharedmemory/region/r1/register",
+                             R"({"key":"/hearth_r1","offset":16,"byte_size":64})");
+  ASSERT_EQ(reg.result_int(), 200) << reg.body();
+  EXPECT_TRUE(reg.body().empty());
+  Response again = client.Post("/v2/systemsharedmemory/region/r1/register",
+                               R"({"key":"/hearth_r1","byte_size":64})");
+  EXPECT_EQ(again.result_int(), 400);
+  EXPECT_NE(ErrorOf(again).find("already registered"), std::string::npos);
+  ASSERT_EQ(client
+                .Post("/v2/systemsharedmemory/region/r2/register",
+                      R"({"key":"/hearth_r2","byte_size":8})")
+                .result_int(),
+            200);
+  for (const char* body :
+       {R"({"byte_size":8})", R"({"key":"/k"})", R"({"key":"/k","byte_size":-1})",
+        R"({"key":"/k","byte_size":8,"extra":1})", "[]"}) {
+    EXPECT_EQ(client.Post("/v2/systemsharedmemory/region/r3/register", body).result_int(), 400)
+        << body;
+  }
+  Response status = client.Get("/v2/systemsharedmemory/status");
+  ASSERT_EQ(status.result_int(), 200);
+  EXPECT_EQ(json::parse(status.body()),
+            json::parse(R"([{"name":"r1","key":"/hearth_r1","offset":16,"byte_size":64},
+                            {"name":"r2","key":"/hearth_r2","offset":0,"byte_size":8}])"));
+  Response one = client.Get("/v2/systemsharedmemory/region/r2/status");
+  ASSERT_EQ(one.result_int(), 200);
+  EXPECT_EQ(json::parse(one.body()).size(), 1u);
+  EXPECT_EQ(client.Get("/v2/systemsharedmemory/region/r9/status").result_int(), 404);
+  EXPECT_EQ(client.Post("/v2/systemsharedmemory/region/r1/unregister", "").result_int(), 200);
+  EXPECT_EQ(json::parse(client.Get("/v2/systemsharedmemory/status").body()).size(), 1u);
+  EXPECT_EQ(client.Post("/v2/systemsharedmemory/unregister", "").result_int(), 200);
+  EXPECT_EQ(json::parse(client.Get("/v2/systemsharedmemory/status").body()).size(), 0u);
+  EXPECT_EQ(client.Get("/v2/systemsharedmemory/region/r1/register").result_int(), 405);
+  EXPECT_EQ(client.Post("/v2/systemsharedmemory/register", "{}").result_int(), 404);
+}
+
+TEST_F(HttpServerTest, CudaSharedMemoryIsRefusedSayingSo) {
+  Client client(port());
+  const std::pair<http::verb, const char*> calls[] = {
+      {http::verb::get, "/v2/cudasharedmemory/status"},
+      {http::verb::get, "/v2/cudasharedmemory/region/c/status"},
+      {http::verb::post, "/v2/cudasharedmemory/region/c/register"},
+      {http::verb::post, "/v2/cudasharedmemory/unregister"}};
+  for (const auto& [method, target] : calls) {
+    Response r = client.Send(method, target, R"({"raw_handle":{"b64":"AA=="},"byte_size":4})");
+    EXPECT_EQ(r.result_int(), 501) << target;
+    EXPECT_NE(ErrorOf(r).find("does not support CUDA shared memory"), std::string::npos) << target;
+  }
+}
+
+TEST_F(HttpServerTest, TraceAndLogSettingsAreRefusedSayingSo) {
+  Client client(port());
+  for (const char* target :
+       {"/v2/trace/setting", "/v2/models/scale/trace/setting", "/v2/logging"}) {
+    for (http::verb method : {http::verb::get, http::verb::post}) {
+      Response r = client.Send(method, target, "{}");
+      EXPECT_EQ(r.result_int(), 501) << target;
+      EXPECT_NE(ErrorOf(r).find("hearth"), std::string::npos) << target;
+      EXPECT_NE(ErrorOf(r).find(std::string(target) == "/v2/logging" ? "log settings" : "tracing"),
+                std::string::npos)
+          << ErrorOf(r);
+    }
+  }
+  Response del = client.Send(http::verb::delete_, "/v2/logging");
+  EXPECT_EQ(del.result_int(), 405);
+  EXPECT_EQ(del[http::field::allow], "GET, POST");
+}
+
+TEST_F(HttpServerTest, InferParametersPriorityClassificationAndTheModelsOwn) {
+  Client client(port());
+  Response r =
+      client.Post("/v2/models/scale/infer",
+                  R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"data":[1,2,3,4]}],
+          "parameters":{"priority":2,"temperature":0.5,"tag":"a\"b","flag":true,
+                        "stop":["]","\\"],"o":{"k":[1,{"z":"}"}]}},
+          "outputs":[{"name":"y","parameters":{"classification":3}}]})");
+  ASSERT_EQ(r.result_int(), 200) << r.body();
+  const InferRequest last = service_.last_request();
+  EXPECT_EQ(last.priority, 2u);
+  EXPECT_EQ(
+      json::parse(last.parameters_json),
+      json::parse(
+          R"({"temperature":0.5,"tag":"a\"b","flag":true,"stop":["]","\\"],"o":{"k":[1,{"z":"}"}]}})"));
+  ASSERT_EQ(last.outputs.size(), 1u);
+  EXPECT_EQ(last.outputs[0].class_count, 3u);
+  // Without parameters of its own, the model gets none.
+  ASSERT_EQ(client.Post("/v2/models/scale/infer", kTwoRows).result_int(), 200);
+  EXPECT_TRUE(service_.last_request().parameters_json.empty());
+  EXPECT_EQ(service_.last_request().priority, 0u);
+}
+
+TEST_F(HttpServerTest, SequenceAndMalformedInferParametersGet400) {
+  Client client(port());
+  auto with = [](const std::string& parameters, const std::string& output_parameters = "{}") {
+    return R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"data":[1,2,3,4]}],"parameters":)" +
+           parameters + R"(,"outputs":[{"name":"y","parameters":)" + output_parameters + "}]}";
+  };
+  const std::pair<std::string, std::string> cases[] = {
+      {with(R"({"sequence_id":7})"), "sequence_id"},
+      {with(R"({"sequence_id":"s7"})"), "sequence_id"},
+      {with(R"({"sequence_start":true})"), "sequence_start"},
+      {with(R"({"sequence_end":true})"), "sequence_end"},
+      {with(R"({"priority":-1})"), "priority"},
+      {with(R"({"priority":"high"})"), "priority"},
+      {with("{}", R"({"classification":0})"), "classification"},
+      {with("{}", R"({"classification":"3"})"), "classification"},
+  };
+  for (const auto& [body, named] : cases) {
+    Response r = client.Post("/v2/models/scale/infer", body);
+    EXPECT_EQ(r.result_int(), 400) << body;
+    EXPECT_NE(ErrorOf(r).find(named), std::string::npos) << body << " -> " << ErrorOf(r);
+  }
+  // Zero and false are "not part of a sequence", as Triton reads them.
+  EXPECT_EQ(client
+                .Post("/v2/models/scale/infer",
+                      with(R"({"sequence_id":0,"sequence_start":false,"sequence_end":false})"))
+                .result_int(),
+            200);
+}
+
+TEST_F(HttpServerTest, HeadIsAnsweredWithTheHeadersOfGetAndNoBody) {
+  for (const char* target : {"/v2/health/live", "/v2/models/scale", "/v2/models/stats"}) {
+    Client client(port());
+    const Response get = client.Get(target);
+    ASSERT_EQ(get.result_int(), 200);
+    ASSERT_FALSE(get.body().empty() && std::string(target) != "/v2/health/live");
+    const std::string raw =
+        RawExchange(port(), std::string("HEAD ") + target +
+                                " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    const size_t end = raw.find("\r\n\r\n");
+    ASSERT_NE(end, std::string::npos) << raw;
+    EXPECT_EQ(raw.substr(0, 12), "HTTP/1.1 200") << raw;
+    EXPECT_EQ(end + 4, raw.size()) << "a body after the head: " << raw;
+    EXPECT_NE(raw.find("Content-Length: " + std::to_string(get.body().size()) + "\r\n"),
+              std::string::npos)
+        << raw;
+  }
+  // HEAD on a POST endpoint: 405, still without a body.
+  const std::string raw = RawExchange(
+      port(), "HEAD /v2/models/scale/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(raw.substr(0, 12), "HTTP/1.1 405") << raw;
+  EXPECT_EQ(raw.find("\r\n\r\n") + 4, raw.size()) << raw;
+  // A kept-alive connection serves on after a HEAD.
+  Client client(port());
+  client.Write(http::verb::head, "/v2/models/scale");
+  http::response_parser<http::string_body> parser;
+  parser.skip(true);
+  beast::flat_buffer buffer;
+  http::read(client.socket(), buffer, parser);
+  EXPECT_EQ(parser.get().result_int(), 200);
+  EXPECT_TRUE(parser.get().body().empty());
+  EXPECT_EQ(buffer.size(), 0u);
+  Response after = client.Get("/v2/models/scale");
+  EXPECT_EQ(after.result_int(), 200);
+}
+
+TEST_F(HttpServerTest, SharedMemoryInputsAndOutputsTravelAsReferences) {
+  Client client(port());
+  Response r = client.Post("/v2/models/scale/infer",
+                           R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2,4],
+                     "parameters":{"shared_memory_region":"in","shared_memory_offset":8,
+                                   "shared_memory_byte_size":32}}],
+          "outputs":[{"name":"y","parameters":{"shared_memory_region":"out",
+                                               "shared_memory_byte_size":8}}]})");
+  ASSERT_EQ(r.result_int(), 200) << r.body();
+  const InferRequest last = service_.last_request();
+  ASSERT_EQ(last.inputs.size(), 1u);
+  ASSERT_TRUE(last.inputs[0].shm.has_value());
+  EXPECT_EQ(last.inputs[0].shm->region, "in");
+  EXPECT_EQ(last.inputs[0].shm->offset, 8u);
+  EXPECT_EQ(last.inputs[0].shm->byte_size, 32u);
+  ASSERT_EQ(last.outputs.size(), 1u);
+  ASSERT_TRUE(last.outputs[0].shm.has_value());
+  EXPECT_EQ(last.outputs[0].shm->region, "out");
+  EXPECT_EQ(last.outputs[0].shm->offset, 0u);
+  const json body = json::parse(r.body());
+  const json& y = body["outputs"][0];
+  EXPECT_EQ(y["name"], "y");
+  EXPECT_EQ(y["shape"], json({2, 1}));
+  EXPECT_FALSE(y.contains("data"));
+  EXPECT_EQ(y["parameters"], json({{"shared_memory_region", "out"},
+                                   {"shared_memory_offset", 0},
+                                   {"shared_memory_byte_size", 8}}));
+}
+
+TEST_F(HttpServerTest, SharedMemoryParametersAreCheckedBeforeAnythingIsRead) {
+  Client client(port());
+  auto input = [](const std::string& rest) {
+    return R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2,4])" + rest + "}]}";
+  };
+  const std::pair<std::string, std::string> cases[] = {
+      {input(R"(,"parameters":{"shared_memory_region":"in","shared_memory_byte_size":31})"),
+       "shared_memory_byte_size is 31 but shape [2,4] of FP32 needs 32"},
+      {input(R"(,"parameters":{"shared_memory_region":"in"})"), "shared_memory_byte_size"},
+      {input(R"(,"parameters":{"shared_memory_offset":0,"shared_memory_byte_size":32})"),
+       "need 'shared_memory_region'"},
+      {input(R"(,"parameters":{"shared_memory_region":7,"shared_memory_byte_size":32})"),
+       "'shared_memory_region' must be a string"},
+      {input(R"(,"parameters":{"shared_memory_region":"in","shared_memory_byte_size":-32})"),
+       "'shared_memory_byte_size' must be a non-negative integer"},
+      {input(R"(,"data":[1,2,3,4,5,6,7,8],"parameters":{"shared_memory_region":"in",
+                "shared_memory_byte_size":32})"),
+       "give it once"},
+      {R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"data":[1,2,3,4]}],
+           "outputs":[{"name":"y","parameters":{"shared_memory_offset":4}}]})",
+       "need 'shared_memory_region'"},
+  };
+  for (const auto& [body, named] : cases) {
+    Response r = client.Post("/v2/models/scale/infer", body);
+    EXPECT_EQ(r.result_int(), 400) << body;
+    EXPECT_NE(ErrorOf(r).find(named), std::string::npos) << body << " -> " << ErrorOf(r);
+  }
+}
+
+// zlib's own compress and inflate, independent of the server's code:
+// windowBits 31 is gzip, 15 zlib ("deflate").
+std::string Zip(const std::string& data, int window_bits) {
+  z_stream s{};
+  EXPECT_EQ(deflateInit2(&s, 6, Z_DEFLATED, window_bits, 8, Z_DEFAULT_STRATEGY), Z_OK);
+  std::string out(deflateBound(&s, data.size()), '\0');
+  s.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  s.avail_in = static_cast<uInt>(data.size());
+  s.next_out = reinterpret_cast<Bytef*>(out.data());
+  s.avail_out = static_cast<uInt>(out.size());
+  EXPECT_EQ(deflate(&s, Z_FINISH), Z_STREAM_END);
+  out.resize(out.size() - s.avail_out);
+  deflateEnd(&s);
+  return out;
+}
+std::string Unzip(const std::string& data, int window_bits) {
+  z_stream s{};
+  EXPECT_EQ(inflateInit2(&s, window_bits), Z_OK);
+  std::string out;
+  char chunk[4096];
+  s.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  s.avail_in = static_cast<uInt>(data.size());
+  int rc = Z_OK;
+  while (rc == Z_OK) {
+    s.next_out = reinterpret_cast<Bytef*>(chunk);
+    s.avail_out = sizeof(chunk);
+    rc = inflate(&s, Z_NO_FLUSH);
+    out.append(chunk, sizeof(chunk) - s.avail_out);
+  }
+  EXPECT_EQ(rc, Z_STREAM_END);
+  inflateEnd(&s);
+  return out;
+}
+
+TEST_F(HttpServerTest, GzipAndDeflateRequestBodiesAreInflated) {
+  Client client(port());
+  for (const auto& [coding, bits] : {std::pair<std::string, int>{"gzip", 31}, {"deflate", 15}}) {
+    Response r =
+        client.Post("/v2/models/scale/infer", Zip(kTwoRows, bits), {{"Content-Encoding", coding}});
+    ASSERT_EQ(r.result_int(), 200) << coding << " " << r.body();
+    EXPECT_EQ(json::parse(r.body())["outputs"][0]["data"], json({10.0, 26.5})) << coding;
+  }
+  // Binary data after the JSON, compressed together.
+  const std::string header =
+      R"({"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"parameters":{"binary_data_size":16}}]})";
+  const float x[4] = {1, 2, 3, 4.5f};
+  std::string body = header;
+  body.append(reinterpret_cast<const char*>(x), sizeof(x));
+  Response binary =
+      client.Post("/v2/models/scale/infer", Zip(body, 31),
+                  {{"Content-Encoding", "gzip"},
+                   {"Inference-Header-Content-Length", std::to_string(header.size())}});
+  ASSERT_EQ(binary.result_int(), 200) << binary.body();
+  EXPECT_EQ(json::parse(binary.body())["outputs"][0]["data"], json({10.5}));
+}
+
+TEST_F(HttpServerTest, BadCompressedBodiesGetAClearErrorAndTheServerServesOn) {
+  std::string zipped = Zip(kTwoRows, 31);
+  const std::pair<std::string, std::pair<std::string, std::string>> cases[] = {
+      {"not gzip at all", {"gzip", "400"}},
+      {zipped.substr(0, zipped.size() / 2), {"gzip", "400"}},
+      {zipped + "trailing", {"gzip", "400"}},
+      {kTwoRows, {"br", "415"}},
+  };
+  for (const auto& [body, expect] : cases) {
+    const std::string raw = RawExchange(
+        port(),
+        "POST /v2/models/scale/infer HTTP/1.1\r\nHost: x\r\nContent-Encoding: " + expect.first +
+            "\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body);
+    EXPECT_EQ(raw.substr(0, 12), "HTTP/1.1 " + expect.second) << raw;
+    EXPECT_NE(raw.find(expect.first), std::string::npos) << raw;
+  }
+  Client client(port());
+  EXPECT_EQ(client.Post("/v2/models/scale/infer", kTwoRows).result_int(), 200);
+}
+
+TEST_F(HttpServerTest, ResponsesAreCompressedWhenTheClientAcceptsIt) {
+  Client client(port());
+  Response plain = client.Get("/v2/models/stats");
+  ASSERT_EQ(plain.result_int(), 200);
+  ASSERT_GE(plain.body().size(), 1024u);
+  EXPECT_EQ(plain.count(http::field::content_encoding), 0u);
+  for (const auto& [accept, coding, bits] :
+       {std::tuple<std::string, std::string, int>{"gzip", "gzip", 31},
+        {"deflate, gzip;q=0", "deflate", 15},
+        {"br;q=1.0, deflate;q=0.5", "deflate", 15}}) {
+    client.Write(http::verb::get, "/v2/models/stats", "", {{"Accept-Encoding", accept}});
+    Response r = client.Read();
+    ASSERT_EQ(r.result_int(), 200);
+    EXPECT_EQ(r[http::field::content_encoding], coding) << accept;
+    EXPECT_EQ(Unzip(r.body(), bits), plain.body()) << accept;
+  }
+  // Refused by q=0, or too small to gain anything: as it is.
+  client.Write(http::verb::get, "/v2/models/stats", "", {{"Accept-Encoding", "gzip;q=0"}});
+  EXPECT_EQ(client.Read().count(http::field::content_encoding), 0u);
+  client.Write(http::verb::get, "/v2/models/scale", "", {{"Accept-Encoding", "gzip"}});
+  EXPECT_EQ(client.Read().count(http::field::content_encoding), 0u);
+}
+
+TEST_F(SmallServerTest, ABodyThatInflatesPastTheLimitGets413) {
+  const std::string zipped = Zip(std::string(4096, ' '), 31);
+  ASSERT_LT(zipped.size(), 1024u);
+  const std::string raw =
+      RawExchange(port(),
+                  "POST /v2/models/scale/infer HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+                  "Content-Length: " +
+                      std::to_string(zipped.size()) + "\r\n\r\n" + zipped);
+  EXPECT_EQ(raw.substr(0, 12), "HTTP/1.1 413") << raw;
+  EXPECT_NE(raw.find("inflates past the limit of 1024 bytes"), std::string::npos) << raw;
+  Client client(port());
+  EXPECT_EQ(client.Post("/v2/models/scale/infer", Zip(kTwoRows, 31), {{"Content-Encoding", "gzip"}})
+                .result_int(),
+            200);
 }
 
 }  // namespace
