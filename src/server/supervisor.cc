@@ -897,6 +897,14 @@ void WorkerSupervisor::Loop() {
     ++restarts_;
     ++failures;
   }
+  // Once the runtime stops (shutdown, or a repository load or unload retired
+  // it) and no worker of it is left serving, what is still queued (a
+  // request put back after its worker died) would wait for ever: answered.
+  if (model_.stopping && model_.ready_workers.load() == 0)
+    model_.queue->FailAll(
+        Unavailable("model '" + model_.name +
+                    "': its workers stopped before this request could run (the "
+                    "server is stopping, or the model was reloaded or unloaded)"));
   // A runtime retired by a repository load lives on (a few bytes); the
   // slot, which may be large, goes with the last worker.
   slot_ = RequestSlot();
