@@ -963,7 +963,11 @@ void Server::Shutdown() { impl_->Shutdown(); }
 bool Server::Live() const { return impl_->Live(); }
 bool Server::Ready() const { return impl_->Ready(); }
 std::string Server::ServerVersion() const { return "0.1.0"; }
-std::vector<std::string> Server::Extensions() const { return {"binary_tensor_data", "generate"}; }
+std::vector<std::string> Server::Extensions() const {
+  // Triton's names for what this server does.
+  return {"binary_tensor_data", "classification",       "model_configuration", "model_repository",
+          "parameters",         "system_shared_memory", "statistics",          "generate"};
+}
 Result<ModelMetadata> Server::Metadata(const std::string& m, const std::string& v) const {
   return impl_->Metadata(m, v);
 }
