@@ -531,12 +531,24 @@ class Server::Impl {
     // runs what it has queued and its workers exit.
     ModelRuntime* fresh = built->get();
     {
+      // Under the lock Shutdown() takes to find runtimes to stop: either it
+      // finds this one served, or this sees stopping_ (as in Publish).
       std::lock_guard lock(slot->mu);
-      fresh->published = true;
-      slot->retired.push_back(std::move(slot->owned));
-      slot->owned = std::move(built).value();
-      slot->status = Status::Ok();
-      slot->served.store(fresh);
+      slot->building = nullptr;
+      if (!stopping_) {
+        fresh->published = true;
+        slot->retired.push_back(std::move(slot->owned));
+        slot->owned = std::move(built).value();
+        slot->status = Status::Ok();
+        slot->served.store(fresh);
+      }
+    }
+    if (*built != nullptr) {
+      Discard(*slot, std::move(built).value());
+      if (slot->loaded.version != 0 && slot->loaded.version != previous.version)
+        DropFromStore(name, slot->loaded);
+      slot->loaded = previous;
+      return Unavailable("the server is shutting down");
     }
     old->RequestStop(false);
     if (previous.version != 0 && previous.version != slot->loaded.version)
