@@ -14,7 +14,7 @@
 #include "common/bytes_tensor.h"
 #include "common/checked_size.h"
 #include "common/datatype.h"
-#include "http/kserve_codec.h"
+#include "server/request_check.h"
 
 namespace hearth {
 namespace {

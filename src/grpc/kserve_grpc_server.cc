@@ -26,7 +26,7 @@
 
 #include "grpc/kserve_grpc_codec.h"
 #include "grpc_service.grpc.pb.h"
-#include "http/kserve_codec.h"
+#include "server/request_check.h"
 
 namespace hearth {
 

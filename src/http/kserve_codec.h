@@ -15,12 +15,9 @@
 
 #include "hearth/status.h"
 #include "server/inference_api.h"
+#include "server/request_check.h"
 
 namespace hearth {
-
-// Tensors may have at most this many dimensions (nested `data` is walked
-// recursively, one level per dimension).
-inline constexpr size_t kMaxTensorRank = 32;
 
 // Spare bytes that ParseInferRequest needs after the JSON of a body to parse
 // it in place (simdjson reads up to this far past the end). Binary data after
@@ -61,13 +58,9 @@ inline constexpr size_t kRequestBodyPadding = 64;
 Result<InferRequest> ParseInferRequest(std::string body, std::optional<uint64_t> json_length,
                                        std::string_view model, std::string_view version);
 
-// Checks a parsed request against the model it names: every input known,
-// present once, of the model's datatype and shape (the batch dimension first
-// when max_batch_size > 0, 1..max_batch_size and the same for every input;
-// a -1 among the model's dims takes any size, the others must match exactly),
-// and every requested output known and named once. InvalidArgument otherwise.
-// The data itself was checked by ParseInferRequest, BYTES included.
-Status ValidateInferRequest(const InferRequest& request, const ModelMetadata& metadata);
+// ValidateInferRequest (server/request_check.h) checks a parsed request
+// against the model it names; the data itself was checked by
+// ParseInferRequest, BYTES included.
 
 // What a response must contain, kept from the request (whose inputs are gone
 // by the time the response arrives).
