@@ -67,7 +67,7 @@ struct GrpcInferRequest {
 // nothing here (gRPC outputs are always raw). Refused with InvalidArgument:
 // a malformed parameter of these, and the parameters listed above. Checking
 // the request against the model is ValidateInferRequest's
-// (http/kserve_codec.h); whether a region exists and holds the range is
+// (server/request_check.h); whether a region exists and holds the range is
 // the service's.
 //
 // Raw inputs become views into `proto`'s raw_input_contents, not copies:
