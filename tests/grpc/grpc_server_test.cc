@@ -25,6 +25,7 @@
 #include "grpc/kserve_grpc_codec.h"
 #include "grpc/kserve_grpc_server.h"
 #include "grpc_service.grpc.pb.h"
+#include "support/eventually.h"
 
 namespace hearth {
 namespace {
@@ -713,17 +714,6 @@ ModelInferRequest CountdownRequest(const std::string& model, int32_t n, std::str
   input->add_shape(1);
   request.add_raw_input_contents(RawOf(std::vector<int32_t>{n}));
   return request;
-}
-
-// Polls `condition` every millisecond until it holds (true) or 60 s pass
-// (false): for what the server does after the client has its answer.
-bool Eventually(const std::function<bool()>& condition) {
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
 }
 
 bool IsFinal(const ModelInferResponse& response) {

@@ -31,6 +31,7 @@
 
 #include "common/bytes_tensor.h"
 #include "http/http_server.h"
+#include "support/eventually.h"
 
 namespace hearth {
 namespace {
@@ -411,16 +412,6 @@ class StreamingService : public InferenceService {
   bool gate_open_ = false;
   int held_pieces_ = 0;
 };
-
-template <typename Condition>
-bool Eventually(Condition condition) {
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
-}
 
 std::string Request(const std::string& method, const std::string& target, const std::string& body,
                     const std::string& version = "HTTP/1.1") {

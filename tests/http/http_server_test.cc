@@ -33,6 +33,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/eventually.h"
+
 namespace hearth {
 namespace {
 
@@ -914,18 +916,6 @@ TEST_F(HttpServerTest, GarbageGets400AndTheServerKeepsServing) {
   EXPECT_EQ(RawExchange(port(), huge).rfind("HTTP/1.1 400", 0), 0u);
   Client client(port());
   EXPECT_EQ(client.Get("/v2/health/live").result_int(), 200);
-}
-
-// Polls `condition` until it holds or 60 s pass (a failure, never a timing
-// the test depends on).
-template <typename Condition>
-bool Eventually(Condition condition) {
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(1ms);
-  }
-  return true;
 }
 
 // This process's resident memory, in bytes.

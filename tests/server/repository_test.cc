@@ -16,6 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "server/server.h"
+#include "support/eventually.h"
 #include "support/test_store.h"
 
 namespace hearth {
@@ -69,16 +70,6 @@ Result<float> Ask(Server& server, const std::string& model) {
 }
 
 bool Gone(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
-
-template <typename F>
-bool Eventually(F condition, std::chrono::seconds limit = std::chrono::seconds(60)) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
-}
 
 class RepositoryControl : public ::testing::Test {
  protected:
