@@ -22,6 +22,7 @@ import os
 import pathlib
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -85,6 +86,10 @@ def main():
     ap.add_argument("--baseline", default=".gpu/baselines/torch_ipc_workers.py")
     ap.add_argument("--skip-resnet", action="store_true")
     ap.add_argument("--only-resnet", action="store_true")
+    ap.add_argument("--kills", type=int, default=1,
+                    help="SIGKILL an idle worker this many times, one after the other")
+    ap.add_argument("--only-restart", action="store_true",
+                    help="export, 4 workers, the SIGKILL measurement; nothing else")
     a = ap.parse_args()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="hearth-aoti-bench-"))
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -125,23 +130,34 @@ def main():
                              "p99_ms": load["latency_ms"]["p99"], "gpu_processes_mib": sorted(gpu_processes().values())}
         # SIGKILL an idle worker; the log says when its replacement is ready.
         log = tmp / "serve-aoti-4.log"
-        pids = [int(p) for p in re.findall(r"aoti_mlp worker 0 ready: pid (\d+)", log.read_text())]
-        killed_at = time.time()
-        os.kill(pids[-1], signal.SIGKILL)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            again = re.findall(r"aoti_mlp worker 0 ready: pid (\d+) on .* in (\d+) ms", log.read_text())
-            if len(again) >= 2:
-                results["aoti_4"]["replacement_ready_s"] = time.time() - killed_at
-                results["aoti_4"]["replacement_start_ms"] = int(again[-1][1])
-                break
-            time.sleep(0.01)
+        ready_s, start_ms = [], []
+        for _ in range(a.kills):
+            pids = re.findall(r"aoti_mlp worker 0 ready: pid (\d+) on .* in (\d+) ms", log.read_text())
+            killed_at = time.time()
+            os.kill(int(pids[-1][0]), signal.SIGKILL)
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                again = re.findall(r"aoti_mlp worker 0 ready: pid (\d+) on .* in (\d+) ms", log.read_text())
+                if len(again) > len(pids):
+                    ready_s.append(time.time() - killed_at)
+                    start_ms.append(int(again[-1][1]))
+                    break
+                time.sleep(0.01)
+            # An answer between kills: the replacement serves before the next one dies.
+            bench(a.build, port, "aoti_mlp", 16, 1, 1, "argmax")
+        if ready_s:
+            results["aoti_4"]["replacement_ready_s"] = statistics.median(ready_s)
+            results["aoti_4"]["replacement_ready_s_all"] = [round(x, 3) for x in ready_s]
+            results["aoti_4"]["replacement_start_ms"] = statistics.median(start_ms)
         check = bench(a.build, port, "aoti_mlp", 16, 8, 1, "argmax")
         results["aoti_4"]["errors_after_kill"] = check.get("errors")
     finally:
         stop(proc)
     print("aoti 4 workers", results["aoti_4"], flush=True)
     subprocess.run(["cp", str(tmp / "serve-aoti-4.log"), a.out])
+    if a.only_restart:
+        (pathlib.Path(a.out) / "aoti-restart.json").write_text(json.dumps(results, indent=1))
+        return
 
     before = settled_used_mib()
     log24 = tmp / "serve-aoti-24.log"

@@ -160,6 +160,7 @@ def main():
     finally:
         stop(proc)
     subprocess.run(["cp", str(log), a.out])
+    (pathlib.Path(a.out) / "generate.json").write_text(json.dumps(results, indent=1))
 
     # the baseline: 4 processes, each its own copy
     before = settled_used_mib()

@@ -870,7 +870,8 @@ TEST_F(GenerateTest, CompletionsAnswerFieldByField) {
   EXPECT_EQ(j["usage"],
             json::parse(R"({"prompt_tokens":2,"completion_tokens":3,"total_tokens":5})"));
   EXPECT_EQ(j.size(), 6u) << j;
-  std::optional<Seen> seen = service_.WaitSeen([&](const Seen& s) { return s.id == j["id"]; });
+  std::optional<Seen> seen =
+      service_.WaitSeen([&](const Seen& s) { return s.id == j["id"].get<std::string>(); });
   ASSERT_TRUE(seen.has_value());
   EXPECT_FALSE(seen->streamed);
   EXPECT_EQ(Parse(seen->parameters_json), json::parse(R"({"max_tokens":3,"temperature":0.5,

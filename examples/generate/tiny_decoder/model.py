@@ -89,7 +89,7 @@ class Block(torch.nn.Module):
         s = k.shape[1]
         scores = q @ k.transpose(1, 2) / math.sqrt(hd)  # [heads, t, s]
         # Query i sits at position s - t + i and sees keys up to there.
-        mask = torch.ones(t, s, dtype=torch.bool).tril(diagonal=s - t)
+        mask = torch.ones(t, s, dtype=torch.bool, device=scores.device).tril(diagonal=s - t)
         scores = scores.masked_fill(~mask, float("-inf"))
         a = (scores.softmax(dim=-1) @ v).transpose(0, 1).reshape(t, dim)
         x = x + self.proj(a)
@@ -118,7 +118,7 @@ class TinyDecoder(torch.nn.Module):
         """ids: [T] token ids following the `cache` of an earlier call (None:
         the sequence starts). Returns the logits [T, VOCAB] and the cache."""
         start = 0 if cache is None else cache[0][0].shape[1]
-        positions = torch.arange(start, start + ids.shape[0])
+        positions = torch.arange(start, start + ids.shape[0], device=ids.device)
         x = self.tok(ids) + self.pos(positions)
         grown = []
         for i, block in enumerate(self.blocks):
@@ -163,6 +163,8 @@ def chat_prompt(messages):
 
 
 def _pick(logits, temperature, top_p, generator):
+    # On the host: the generator is the host's, and the draw is the same whatever the weights' device.
+    logits = logits.float().cpu()
     if temperature == 0:
         return int(torch.argmax(logits))
     probs = torch.softmax(logits.double() / temperature, dim=-1)
@@ -188,13 +190,14 @@ def tokens(decoder, prompt, max_tokens, temperature=0.0, top_p=1.0, seed=None):
     if temperature > 0:
         generator = torch.Generator()
         generator.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(8), "little") >> 1)
-    logits, cache = decoder(torch.tensor(prompt, dtype=torch.long))
+    device = decoder.tok.weight.device
+    logits, cache = decoder(torch.tensor(prompt, dtype=torch.long, device=device))
     for n in range(max_tokens):
         token = _pick(logits[-1], temperature, top_p, generator)
         yield token
         if token == EOS or n + 1 == max_tokens:
             return
-        logits, cache = decoder(torch.tensor([token], dtype=torch.long), cache)
+        logits, cache = decoder(torch.tensor([token], dtype=torch.long, device=device), cache)
 
 
 class TextStream:
