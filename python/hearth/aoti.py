@@ -668,6 +668,9 @@ def _config_yaml(name, inputs, outputs, batch, kind, workers, source):
     lines += [io(s) for s in outputs]
     lines.append("instance_group:")
     lines.append(f"  - {{count: {workers}, kind: {kind}}}")
+    lines.append("# A worker started ahead of need, libtorch loaded: a replacement for one that")
+    lines.append("# dies skips that load. Host memory only.")
+    lines.append("parameters: {standby_workers: '1'}")
     return "\n".join(lines) + "\n"
 
 

@@ -336,6 +336,10 @@ Status RegisterHostMemory(Device device, void* data, uint64_t bytes) {
                error);
 }
 
+void PreloadDeviceLibrary(Device device) {
+  if (device.is_cuda()) (void)GetCudaLibrary();
+}
+
 Status UnregisterHostMemory(Device device, void* data) {
   if (!device.is_cuda()) return Status::Ok();
   ASSIGN_OR_RETURN(CudaLibrary lib, GetCudaLibrary());

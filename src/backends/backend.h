@@ -98,4 +98,9 @@ Result<std::pair<std::vector<IoSpec>, std::vector<IoSpec>>> BackendSignature(
 Status RegisterHostMemory(Device device, void* data, uint64_t bytes);
 Status UnregisterHostMemory(Device device, void* data);
 
+// Loads what a worker on `device` will need (the CUDA backend library, for a
+// GPU) without touching the device: no context, no device memory. For
+// standby workers; a failure is left for the real start to report.
+void PreloadDeviceLibrary(Device device);
+
 }  // namespace hearth

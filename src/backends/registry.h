@@ -39,9 +39,9 @@ struct BackendKind {
       signature;
   std::function<Result<ProgramLaunch>(const BackendOptions& options)> program;
   // Optional, for a kind built in this process: loads ahead of `create`
-  // what it will need (a plug-in library and what that links), so that
-  // hearth-worker can do it on a thread while it attaches the weights. Its
-  // failure is create's to report.
+  // what it will need (a plug-in library and what that links), without
+  // touching any device, so that a standby worker can do it before it knows
+  // its model version. Its failure is create's to report.
   std::function<void()> preload;
 };
 

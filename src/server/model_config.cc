@@ -403,6 +403,13 @@ Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::st
       m.parameters[key] = kv.second.Scalar();
     }
     if (m.parameters.count("allow_tf32")) m.allow_tf32 = m.parameters["allow_tf32"] == "true";
+    if (m.parameters.count("standby_workers")) {
+      ASSIGN_OR_RETURN(m.standby_workers,
+                       Number<int>(c, p["standby_workers"], "parameters.standby_workers"));
+      if (m.standby_workers < 0 || m.standby_workers > kMaxStandbyWorkers)
+        return c.Error(p["standby_workers"], "parameters.standby_workers",
+                       "must be from 0 to " + std::to_string(kMaxStandbyWorkers));
+    }
   }
 
   // Versions: numeric subdirectories with a checkpoint; the highest

@@ -29,6 +29,7 @@ inline constexpr uint64_t kMaxConfigBytes = 1ull << 20;
 // together. They reach a worker in its setup message (protocol/worker_protocol.h).
 inline constexpr size_t kMaxModelParameters = 256;
 inline constexpr size_t kMaxModelParameterBytes = 64u << 10;
+inline constexpr int kMaxStandbyWorkers = 8;
 // Entries read from one directory (the repository, a model directory).
 inline constexpr size_t kMaxDirectoryEntries = 100000;
 
@@ -71,6 +72,11 @@ struct ModelConfig {
   uint64_t default_priority_level = 0;
   std::map<std::string, std::string> parameters;
   bool allow_tf32 = false;
+  // parameters.standby_workers: worker processes kept started and waiting,
+  // their slow host-side start-up done (program and libraries loaded, e.g.
+  // libtorch for aoti), no device context and no weights yet; a worker that
+  // dies is replaced by one of them. At most kMaxStandbyWorkers.
+  int standby_workers = 0;
   // parameters.fault_injection: a worker fails this way (abort, segv, hang,
   // cuda_illegal_address) on any batch holding an input element equal to
   // fault_on_value. Empty: off.

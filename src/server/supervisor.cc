@@ -43,46 +43,102 @@ void WorkerSupervisor::Settle() {
   if (all && model_.on_all_settled) model_.on_all_settled();
 }
 
-// The worker gets exactly five descriptors: 0-2 (the server's stdio), 3
-// (control) and 4 (slot). Its setup is queued on the control socket before
-// it starts, never put in argv (whose size is limited, and which any local
-// user can read in /proc).
-Status WorkerSupervisor::Spawn(UniqueFd* control) {
-  // A fresh slot for each process: whatever an earlier one did to its slot
-  // (grown it, say) goes with it.
-  ASSIGN_OR_RETURN(slot_, RequestSlot::Create("hearth-slot-" + model_.name));
+namespace {
+
+// Starts a worker process of `model` with exactly five descriptors: 0-2 (the
+// server's stdio), 3 (control) and 4 (slot). Its setup is queued on the
+// control socket before it starts, never put in argv (whose size is limited,
+// and which any local user can read in /proc); a standby's is sent when it is
+// put to work. A fresh slot for each process: whatever an earlier one did to
+// its slot (grown it, say) goes with it.
+Status StartWorkerProcess(const ModelRuntime& model, const ServerOptions& options, bool standby,
+                          WorkerProcess& process, RequestSlot& slot, UniqueFd* control) {
+  ASSIGN_OR_RETURN(slot, RequestSlot::Create("hearth-slot-" + model.name));
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
     return ErrnoError("socketpair", errno);
   UniqueFd mine(sv[0]), theirs(sv[1]);
-  const ModelConfig& c = model_.config();
-  RETURN_IF_ERROR(control::SendSetup(mine.get(), model_.setup).WithContext(c.config_path));
-  std::vector<std::string> args = {options_.worker_path,
+  const ModelConfig& c = model.config();
+  if (!standby)
+    RETURN_IF_ERROR(control::SendSetup(mine.get(), model.setup).WithContext(c.config_path));
+  std::vector<std::string> args = {options.worker_path,
                                    "--store-socket",
-                                   model_.store_socket,
+                                   model.store_socket,
                                    "--model",
                                    c.name,
                                    "--version",
-                                   std::to_string(model_.store_version),
+                                   std::to_string(model.store_version),
                                    "--backend",
                                    c.backend,
                                    "--max-batch",
-                                   std::to_string(model_.max_batch()),
+                                   std::to_string(model.max_batch()),
                                    "--control-fd",
                                    "3",
                                    "--slot-fd",
                                    "4",
                                    "--parent-pid",
                                    std::to_string(::getpid())};
+  if (standby) args.insert(args.end(), {"--standby", "--device", model.device.ToString()});
   if (c.allow_tf32) args.push_back("--allow-tf32");
   if (!c.fault_kind.empty()) {
     char value[64];
     std::snprintf(value, sizeof value, "%.17g", c.fault_on_value);
     args.insert(args.end(), {"--fault-kind", c.fault_kind, "--fault-on-value", value});
   }
-  RETURN_IF_ERROR(process_.Spawn(args, theirs.get(), slot_.fd()));
+  RETURN_IF_ERROR(process.Spawn(args, theirs.get(), slot.fd()));
   *control = std::move(mine);
   return Status::Ok();
+}
+
+}  // namespace
+
+Status WorkerSupervisor::Spawn(UniqueFd* control) {
+  if (std::unique_ptr<StandbyWorker> standby = model_.TakeStandby()) {
+    // A standby that died while it waited fails the send (or, dying after
+    // it, is seen as a worker that died starting); either way it is reaped
+    // with `standby`, and a fresh process is started.
+    const pid_t pid = standby->process.pid();
+    Status sent = control::SendSetup(standby->control.get(), model_.setup);
+    if (sent.ok()) sent = process_.Adopt(standby->process);
+    if (sent.ok()) {
+      slot_ = std::move(standby->slot);
+      *control = std::move(standby->control);
+      spdlog::debug("{} worker {}: the standby worker (pid {}) takes over", model_.name, index_,
+                    pid);
+      return Status::Ok();
+    }
+    spdlog::warn(
+        "{} worker {}: the standby worker (pid {}) could not take over ({}); starting "
+        "a fresh one",
+        model_.name, index_, pid, sent.message());
+  }
+  return StartWorkerProcess(model_, options_, false, process_, slot_, control);
+}
+
+std::unique_ptr<StandbyWorker> ModelRuntime::TakeStandby() {
+  std::lock_guard lock(standby_mu);
+  if (standbys.empty() || stopping) return nullptr;
+  std::unique_ptr<StandbyWorker> s = std::move(standbys.back());
+  standbys.pop_back();
+  return s;
+}
+
+void WorkerSupervisor::Replenish() {
+  const int want = model_.config().standby_workers;
+  if (want <= 0 || !model_.AllSettled()) return;
+  std::lock_guard lock(model_.standby_mu);
+  while (!model_.stopping && static_cast<int>(model_.standbys.size()) < want) {
+    auto s = std::make_unique<StandbyWorker>();
+    if (Status started =
+            StartWorkerProcess(model_, options_, true, s->process, s->slot, &s->control);
+        !started.ok()) {
+      // Not fatal: a worker that dies is then started afresh, as without standbys.
+      spdlog::warn("{}: a standby worker could not be started: {}", model_.name, started.message());
+      return;
+    }
+    spdlog::debug("{}: standby worker started: pid {}", model_.name, s->process.pid());
+    model_.standbys.push_back(std::move(s));
+  }
 }
 
 Status ModelRuntime::AcceptSignature(const std::vector<TensorSpec>& in,
@@ -136,6 +192,12 @@ void ModelRuntime::RequestStop(bool abandon_starting) {
   if (queue) queue->Close();
   if (abandon_starting)
     for (auto& w : workers) w->KillIfStarting();
+  // Standbys hold nothing: released now (not when the runtime is freed).
+  std::vector<std::unique_ptr<StandbyWorker>> released;
+  {
+    std::lock_guard lock(standby_mu);
+    released.swap(standbys);
+  }
 }
 
 namespace {
@@ -863,6 +925,7 @@ void WorkerSupervisor::Loop() {
     starting_ = false;
     device_memory_bytes_ = ready->ready.device_memory_bytes;
     Settle();
+    Replenish();
     bool alive = true;
     while (alive) {
       std::vector<std::shared_ptr<Job>> jobs =

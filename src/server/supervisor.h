@@ -27,6 +27,16 @@ namespace hearth {
 
 struct ModelRuntime;
 
+// A worker process started ahead of need (parameters.standby_workers): it
+// has loaded its program and libraries and waits, with no device context and
+// no weights, for the model's setup on its control socket. Destroying it
+// closes that socket (the process exits) and kills and reaps it.
+struct StandbyWorker {
+  WorkerProcess process;
+  UniqueFd control;
+  RequestSlot slot;
+};
+
 // One worker process and the thread that supervises it: starts it, checks
 // what it says it takes and gives, feeds it batches from the model's queue,
 // and replaces it when it dies (with back-off).
@@ -60,6 +70,9 @@ class WorkerSupervisor {
   // Runs one batch of requests on the live worker; false if the worker is
   // gone (or was killed for a malformed answer).
   bool RunBatch(int control, const std::vector<std::shared_ptr<Job>>& jobs);
+  // Keeps the model's standby workers at their number, once all its
+  // workers' first starts are over (a standby's loading would slow theirs).
+  void Replenish();
   // A decoupled model's run (one request), once its run message is sent:
   // each response to the request's on_response (or joined for one answer),
   // acknowledged with a cancel when the request is over. False as RunBatch.
@@ -115,6 +128,13 @@ struct ModelRuntime {
   std::condition_variable state_cv;
   int settled_workers = 0;
   std::string last_worker_error;
+  // Standby workers (config().standby_workers of them, once started): taken
+  // by a supervisor whose worker died, made again after its replacement is
+  // ready; all released when the runtime stops. Guarded by standby_mu.
+  std::mutex standby_mu;
+  std::vector<std::unique_ptr<StandbyWorker>> standbys;
+  // One standby, if any is kept and the runtime is not stopping.
+  std::unique_ptr<StandbyWorker> TakeStandby();
   // Called (from a supervisor thread, no lock held) when the last worker's
   // first start is over; set before the workers start.
   std::function<void()> on_all_settled;

@@ -54,6 +54,13 @@ Status WorkerProcess::Spawn(const std::vector<std::string>& args, int control, i
   return Status::Ok();
 }
 
+Status WorkerProcess::Adopt(WorkerProcess& other) {
+  std::scoped_lock lock(mu_, other.mu_);
+  if (pid_ > 0) return FailedPrecondition("a worker process is still running");
+  pid_ = other.pid_.exchange(-1);
+  return Status::Ok();
+}
+
 void WorkerProcess::Kill() {
   std::lock_guard lock(mu_);
   if (pid_ > 0) ::kill(pid_, SIGKILL);

@@ -31,6 +31,10 @@ class WorkerProcess {
   // SIGKILL, if the process is still ours (never a pid already reaped,
   // which the kernel may have given to another process). Any thread.
   void Kill();
+  // Takes over `other`'s process (a standby being put to work): this one
+  // owns, kills and reaps it from now on, `other` owns nothing.
+  // FailedPrecondition if this one still owns a process.
+  Status Adopt(WorkerProcess& other);
   pid_t pid() const { return pid_.load(); }
 
  private:

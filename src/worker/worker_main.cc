@@ -17,7 +17,6 @@
 #include <cstring>
 #include <map>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "backends/backend.h"
@@ -37,7 +36,10 @@ struct WorkerArgs {
   int control_fd = -1, slot_fd = -1;
   std::string fault_kind;
   double fault_on_value = 0;
-  pid_t parent_pid = 0;           // the server, which started this process
+  pid_t parent_pid = 0;  // the server, which started this process
+  // A standby: loads what it can before the setup comes, which may be long.
+  bool standby = false;
+  std::string device;             // a standby's hint: the model's device
   std::vector<std::string> argv;  // as given, for a program-backed kind
 };
 
@@ -131,19 +133,30 @@ int Serve(const WorkerArgs& a) {
     return std::to_string(
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count());
   };
+  // A standby does the host-side loading (libtorch for aoti, the CUDA
+  // backend library) before its setup comes, and nothing that touches the
+  // device: it holds no context and no device memory while it waits.
+  std::string standby_ms;
+  if (a.standby) {
+    const auto t = Clock::now();
+    if (kind->preload) kind->preload();
+    if (auto hint = Device::Parse(a.device); hint.ok()) PreloadDeviceLibrary(*hint);
+    standby_ms = ms_since(t);
+  }
   Device device = Device::Host();
   SlotHooks hooks;
   hooks.mapped = [&device](void* data, uint64_t bytes) {
     return RegisterHostMemory(device, data, bytes);
   };
   hooks.unmapping = [&device](void* data) { (void)UnregisterHostMemory(device, data); };
-  auto opened = WorkerSession::Open(a.control_fd, a.slot_fd, 10000, hooks);
+  auto opened = WorkerSession::Open(a.control_fd, a.slot_fd, a.standby ? -1 : 10000, hooks);
+  // A standby the server let go (it stops, or the model was unloaded) leaves quietly.
+  if (!opened.ok() && a.standby && opened.status().code() == StatusCode::kUnavailable) return 0;
   if (!opened.ok()) return Die(a.control_fd, opened.status());
   WorkerSession& session = **opened;
 
-  // libtorch (aoti) takes about as long to load as the attach: both at once.
-  std::jthread preload;
-  if (kind->preload) preload = std::jthread(kind->preload);
+  // Loading libtorch beside the attach was measured slower than one after
+  // the other (both fault in pages of one address space): in order.
   auto t = Clock::now();
   auto attachment = AttachClient(a.store_socket).Attach(a.model, a.version);
   const std::string attach_ms = ms_since(t);
@@ -158,15 +171,17 @@ int Serve(const WorkerArgs& a) {
   options.outputs = session.setup().outputs;
   options.batching = session.batching();
   t = Clock::now();
-  if (preload.joinable()) preload.join();
   auto backend = kind->create((*attachment)->tensors(), device, options);
   const std::string backend_ms = ms_since(t);
   if (!backend.ok()) return Die(a.control_fd, backend.status());
 
   // Where start-up time went: attach (on a GPU, includes creating the
-  // context) and the backend (streams, cuBLASLt, buffers).
-  const std::string text =
-      device.ToString() + " (attach " + attach_ms + " ms, backend " + backend_ms + " ms)";
+  // context) and the backend (streams, cuBLASLt, buffers; libtorch and the
+  // package for aoti).
+  std::string text =
+      device.ToString() + " (attach " + attach_ms + " ms, backend " + backend_ms + " ms";
+  if (a.standby) text += "; a standby, loaded " + standby_ms + " ms before";
+  text += ")";
   Backend& b = **backend;
   if (Status s = session.Ready(b.inputs(), b.outputs(), b.device_memory_bytes(), text); !s.ok())
     return Die(a.control_fd, s);
@@ -228,6 +243,8 @@ int main(int argc, char** argv) {
   app.add_option("--control-fd", a.control_fd)->required();
   app.add_option("--slot-fd", a.slot_fd)->required();
   app.add_option("--parent-pid", a.parent_pid, "the server's pid: exit at once if it is gone");
+  app.add_flag("--standby", a.standby, "load what can be loaded, then wait for the setup");
+  app.add_option("--device", a.device, "a standby's hint: the model's device");
   app.add_option("--fault-kind", a.fault_kind);
   app.add_option("--fault-on-value", a.fault_on_value);
   CLI11_PARSE(app, argc, argv);

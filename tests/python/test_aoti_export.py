@@ -534,7 +534,8 @@ def test_mlp_files(which, request):
         "input": [{"name": "input", "data_type": "TYPE_FP32", "dims": [64]}],
         "output": [{"name": "output", "data_type": "TYPE_FP32", "dims": [10]}],
         "instance_group": [{"count": 2 if which == "cpu" else 1,
-                            "kind": "KIND_CPU" if which == "cpu" else "KIND_GPU"}]}
+                            "kind": "KIND_CPU" if which == "cpu" else "KIND_GPU"}],
+        "parameters": {"standby_workers": "1"}}
 
 
 @needs_aoti
@@ -588,7 +589,8 @@ def test_two_inputs_bf16_fixed_batch(two_inputs):
                   {"name": "y", "data_type": "TYPE_BF16", "dims": [4, 32]}],
         "output": [{"name": "z", "data_type": "TYPE_BF16", "dims": [4, 10]},
                    {"name": "best", "data_type": "TYPE_INT64", "dims": [4]}],
-        "instance_group": [{"count": 1, "kind": kind}]}
+        "instance_group": [{"count": 1, "kind": kind}],
+        "parameters": {"standby_workers": "1"}}
     report = check_with_loader(two_inputs, [4])
     (run,) = report["runs"]
     assert run["shapes"] == run["want_shapes"] == [[4, 10], [4]]

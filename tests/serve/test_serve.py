@@ -905,6 +905,7 @@ BAD_MODELS = {
     "hugeparam": "bytes, over the limit of 1048576 bytes for a config",
     "overparams": "the limit of 65536 bytes",
     "negative": "'-1' is not a valid value",
+    "manystandbys": "parameters.standby_workers: must be from 0 to 8",
 }
 
 
@@ -943,6 +944,7 @@ def hostile(tmp_path_factory):
         f.write("\n")
     model("overparams", config=good_config + "parameters:\n  blob: " + "y" * (100 << 10) + "\n")
     model("negative", config=good_config + "dynamic_batching: {max_queue_size: -1}\n")
+    model("manystandbys", config=good_config + "parameters: {standby_workers: '9'}\n")
     # 60 KiB of parameters: fits the limit, and reaches the workers through
     # their control channel instead of argv.
     model("bigparam", config=good_config + "parameters:\n  blob: " + "z" * (60 << 10) + "\n")
@@ -1157,6 +1159,51 @@ def test_sigterm_during_start_up_stops_the_server(tmp_path):
              open(f"/proc/{worker}/stat").read().split()[2] == "Z", "the worker to be gone")
     if run_dir:
         assert not os.path.exists(run_dir.group(1)), f"{run_dir.group(1)} was left behind"
+
+
+def test_a_standby_worker_takes_over_from_a_worker_that_dies(tmp_path):
+    """parameters.standby_workers: 1 keeps one started worker process that
+    holds no weights; a SIGKILLed worker's replacement is that process, and
+    another standby follows. A standby that died while it waited is not used:
+    the next replacement is started afresh. Nothing is left at shutdown."""
+    scale_demo_repository(tmp_path / "repo", count=1, extra="parameters: {standby_workers: '1'}\n")
+    state = start_serve(tmp_path, tmp_path / "repo")
+    seen = set()
+    try:
+        def ready_pids():
+            return [int(p) for p in re.findall(r"scale worker 0 ready: pid (\d+)", state["log"].read_text())]
+
+        def standby():
+            waiting = [p for p in worker_pids(state["proc"].pid)
+                       if b"--standby" in pathlib.Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+                       and p not in ready_pids() and p not in seen]
+            return waiting[0] if waiting else None
+
+        worker = ready_pids()[-1]
+        first = wait_for(standby, "a standby worker")
+        seen.update({worker, first})
+        maps = pathlib.Path(f"/proc/{first}/maps").read_text()
+        assert "hearth-arena" not in maps, "a standby maps the weights"
+        os.kill(worker, signal.SIGKILL)
+        wait_for(lambda: ready_pids()[-1] == first, "the standby to take over")
+        assert re.search(rf"ready: pid {first} on .*a standby, loaded \d+ ms before", state["log"].read_text())
+        assert_demo_answer(state["url"])
+        second = wait_for(standby, "a second standby worker")
+        seen.add(second)
+        # A standby that dies while it waits: the next replacement is fresh.
+        os.kill(second, signal.SIGKILL)
+        os.kill(first, signal.SIGKILL)
+        fresh = wait_for(lambda: ready_pids()[-1] not in seen and ready_pids()[-1], "a fresh replacement")
+        seen.add(fresh)
+        assert f"the standby worker (pid {second}) could not take over" in state["log"].read_text()
+        assert_demo_answer(state["url"])
+        seen.add(wait_for(standby, "a standby after the fresh start"))
+    finally:
+        code, text = stop_serve(state)
+    assert code == 0, text[-3000:]
+    for pid in seen:
+        wait_for(lambda: not os.path.exists(f"/proc/{pid}") or
+                 open(f"/proc/{pid}/stat").read().split()[2] == "Z", f"worker {pid} to be gone")
 
 
 def test_serving_as_pid_1_in_a_container(tmp_path):
