@@ -27,8 +27,9 @@ extern "C" {
  * hearth_attach_with_options. 3: adds HEARTH_BYTES and the worker
  * interface (hearth_worker_*). 4: adds decoupled models' streams
  * (hearth_worker_decoupled, hearth_worker_parameters_json,
- * hearth_worker_respond). Everything of earlier versions is unchanged. */
-#define HEARTH_ABI_VERSION 4
+ * hearth_worker_respond). 5: adds standby workers' hearth_worker_wait_start.
+ * Everything of earlier versions is unchanged. */
+#define HEARTH_ABI_VERSION 5
 
 enum hearth_status {
   HEARTH_OK = 0,
@@ -42,8 +43,18 @@ enum hearth_status {
 
 /* Same numbering as safetensors' dtype list. */
 enum hearth_dtype {
-  HEARTH_F64 = 0, HEARTH_F32, HEARTH_F16, HEARTH_BF16, HEARTH_I64, HEARTH_I32, HEARTH_I16,
-  HEARTH_I8, HEARTH_U8, HEARTH_BOOL, HEARTH_F8_E4M3, HEARTH_F8_E5M2,
+  HEARTH_F64 = 0,
+  HEARTH_F32,
+  HEARTH_F16,
+  HEARTH_BF16,
+  HEARTH_I64,
+  HEARTH_I32,
+  HEARTH_I16,
+  HEARTH_I8,
+  HEARTH_U8,
+  HEARTH_BOOL,
+  HEARTH_F8_E4M3,
+  HEARTH_F8_E5M2,
   /* Since version 3: variable-length byte strings (KServe BYTES), in model
    * inputs and outputs only. Their bytes are KServe's binary form: per
    * element a 4-byte little-endian length, then that many bytes. */
@@ -59,11 +70,11 @@ typedef struct hearth_tensor_info {
   int32_t dtype;          /* enum hearth_dtype */
   const char* dtype_name; /* "F32", "BF16", ... */
   int32_t ndim;
-  const int64_t* shape;   /* ndim entries, owned by the attachment */
-  void* data;             /* read-only: host pointer, or CUDA device address */
-  uint64_t offset;        /* inside the arena */
+  const int64_t* shape; /* ndim entries, owned by the attachment */
+  void* data;           /* read-only: host pointer, or CUDA device address */
+  uint64_t offset;      /* inside the arena */
   uint64_t nbytes;
-  int32_t device_type;    /* enum hearth_device_type */
+  int32_t device_type; /* enum hearth_device_type */
   int32_t device_index;
 } hearth_tensor_info;
 
@@ -141,7 +152,7 @@ typedef struct hearth_worker hearth_worker;
 
 typedef struct hearth_tensor_spec {
   const char* name;
-  int32_t dtype;       /* enum hearth_dtype, HEARTH_BYTES included */
+  int32_t dtype; /* enum hearth_dtype, HEARTH_BYTES included */
   int32_t ndim;
   const int64_t* dims; /* per sample, without the batch dimension; -1: any size */
 } hearth_tensor_spec;
@@ -198,6 +209,12 @@ const char* hearth_worker_parameters_json(const hearth_worker* w);
  * last response, hearth_worker_done ends the stream (the outputs given
  * room since are its final response; none is fine). */
 int32_t hearth_worker_respond(hearth_worker* w);
+/* A standby worker (started with --standby), its loading done, waits here
+ * until the server puts it to work: 1 then (attach the weights, build the
+ * model, hearth_worker_ready); 0 when the server closed the channel instead
+ * (it is not needed: exit quietly); negative on an error. Never a device
+ * call before this returns 1: a standby holds no device context. */
+int32_t hearth_worker_wait_start(hearth_worker* w);
 /* Closes the descriptors and unmaps the slot. NULL is ignored. */
 void hearth_worker_close(hearth_worker* w);
 

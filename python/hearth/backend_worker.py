@@ -62,6 +62,7 @@ import inspect
 import json
 import os
 import sys
+import time
 import traceback
 
 from hearth import _capi
@@ -113,6 +114,8 @@ def _declare(lib):
         ("hearth_worker_decoupled", [h], c.c_int32),
         ("hearth_worker_parameters_json", [h], c.c_char_p),
         ("hearth_worker_respond", [h], c.c_int32),
+        # ABI version 5: standby workers.
+        ("hearth_worker_wait_start", [h], c.c_int32),
     ]:
         if hasattr(lib, name):
             fn = getattr(lib, name)
@@ -544,6 +547,9 @@ def main(argv=None):
     p.add_argument("--fault-kind", default="")
     p.add_argument("--fault-on-value", type=float, default=0.0)
     p.add_argument("--parent-pid", type=int, default=0)
+    p.add_argument("--standby", action="store_true",
+                   help="import what the model needs, then wait until the server puts this worker to work")
+    p.add_argument("--device", default="", help="a standby's hint: the model's device")
     a = p.parse_args(argv)
 
     lib = _capi.library()
@@ -570,21 +576,38 @@ def main(argv=None):
             w.fail(_capi.ERROR_INVALID_ARGUMENT, "a decoupled model needs libhearth's ABI version 4 "
                    "(hearth_worker_respond); this libhearth is older")
             return 1
+        standby_ms = None
         try:
             inputs_spec = _signature(w.config, "input")
             outputs_spec = _signature(w.config, "output")
             if not inputs_spec or not outputs_spec:
                 raise ValueError("backend: python needs the config to list its input and output")
+            # Imports first (torch, model.py and what it imports: the slow part
+            # of a start), which a standby does before it is needed. Nothing
+            # here may touch the device: a standby holds no device context.
+            started = time.monotonic()
             import hearth
-            weights = hearth.attach(a.model, socket=a.store_socket, version=a.version or None)
-            device = weights.device
             try:
                 import hearth.torch
-                tensors = hearth.torch.state_dict(weights)
             except ImportError:
-                tensors = weights
+                hearth_torch = None
+            else:
+                hearth_torch = hearth.torch
             Model = _load_model_class(w.version_dir)
             _check_execute(Model, decoupled, os.path.join(w.version_dir, "model.py"))
+            if a.standby:
+                standby_ms = round(1000 * (time.monotonic() - started))
+                if not hasattr(lib, "hearth_worker_wait_start"):
+                    raise OSError("a standby worker needs libhearth's ABI version 5 "
+                                  "(hearth_worker_wait_start); this libhearth is older")
+                go = lib.hearth_worker_wait_start(handle)
+                if go == 0:
+                    return 0  # the server let this standby go
+                if go < 0:
+                    raise OSError(w.error())
+            weights = hearth.attach(a.model, socket=a.store_socket, version=a.version or None)
+            device = weights.device
+            tensors = hearth_torch.state_dict(weights) if hearth_torch is not None else weights
             model = Model()
             args = {"model_config": w.config, "model_name": a.model,
                     "model_version": str(w.config.get("version_policy", {})
@@ -597,7 +620,10 @@ def main(argv=None):
             print(text, file=sys.stderr, end="")
             w.fail(_capi.ERROR_INVALID_ARGUMENT, text.strip())
             return 1
-        text = f"{device} (python {sys.version.split()[0]}, pid {os.getpid()})"
+        text = f"{device} (python {sys.version.split()[0]}, pid {os.getpid()}"
+        if standby_ms is not None:
+            text += f"; a standby, loaded {standby_ms} ms before"
+        text += ")"
         ins, outs = w.specs(inputs_spec), w.specs(outputs_spec)
         if lib.hearth_worker_ready(handle, ins, len(inputs_spec), outs, len(outputs_spec),
                                    _device_memory(), text.encode()) != 0:

@@ -401,6 +401,17 @@ int32_t hearth_worker_respond(hearth_worker* w) {
   }
 }
 
+int32_t hearth_worker_wait_start(hearth_worker* w) {
+  try {
+    if (w == nullptr) return Invalid("no worker");
+    const hearth::Status s = w->session->WaitForStart();
+    if (s.code() == hearth::StatusCode::kUnavailable) return 0;
+    return s.ok() ? 1 : Fail(s);
+  } catch (...) {
+    return FailUnexpected();
+  }
+}
+
 void hearth_worker_close(hearth_worker* w) { delete w; }
 
 }  // extern "C"

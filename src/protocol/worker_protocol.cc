@@ -257,6 +257,11 @@ Status SendAck(int fd, const Ack& m) {
   return SendPacket(fd, w.bytes(), kMaxMessageBytes, "ack");
 }
 
+Status SendStart(int fd) {
+  Writer w(Kind::kStart);
+  return SendPacket(fd, w.bytes(), kMaxMessageBytes, "start");
+}
+
 Status SendRoom(int fd, const Room& m) {
   Writer w(Kind::kRoom);
   w.U64(m.seq);
@@ -364,6 +369,9 @@ Result<Message> ReceiveWith(int fd, int timeout_ms, int flags) {
       m.ack.seq = r.U64();
       m.ack.cancel = r.U8() != 0;
       RETURN_IF_ERROR(r.Finish("ack"));
+      break;
+    case Kind::kStart:
+      RETURN_IF_ERROR(r.Finish("start"));
       break;
     case Kind::kRoom:
       m.room.seq = r.U64();

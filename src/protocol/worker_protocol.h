@@ -23,6 +23,11 @@
 //                              maps it again and sends kDone once more.
 // A worker that fails before it is ready sends kDone with the error.
 //
+// A standby worker (started ahead of need, `--standby`) reads its setup,
+// loads what it can without the device, and waits for
+//   server -> worker  kStart   take over: attach and build the backend now;
+// then goes on as above. End-of-file before kStart: it is not needed.
+//
 // A decoupled model (Setup::decoupled) answers each run, which holds one
 // request, with a stream:
 //   worker -> server  kPartial one response before the last: outputs placed
@@ -66,6 +71,7 @@ enum class Kind : uint32_t {
   kRoom = 5,
   kPartial = 6,
   kAck = 7,
+  kStart = 8,
 };
 
 // Limits every message is checked against before anything is allocated.
@@ -157,6 +163,7 @@ Status SendRoom(int fd, const Room& m);
 // One response of a stream: a Done's fields (status 0), as kPartial.
 Status SendPartial(int fd, const Done& m);
 Status SendAck(int fd, const Ack& m);
+Status SendStart(int fd);
 
 // What came: exactly one of the members is set, by `kind`.
 struct Message {

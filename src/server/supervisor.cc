@@ -48,8 +48,8 @@ namespace {
 // Starts a worker process of `model` with exactly five descriptors: 0-2 (the
 // server's stdio), 3 (control) and 4 (slot). Its setup is queued on the
 // control socket before it starts, never put in argv (whose size is limited,
-// and which any local user can read in /proc); a standby's is sent when it is
-// put to work. A fresh slot for each process: whatever an earlier one did to
+// and which any local user can read in /proc); a standby waits after it for
+// kStart. A fresh slot for each process: whatever an earlier one did to
 // its slot (grown it, say) goes with it.
 Status StartWorkerProcess(const ModelRuntime& model, const ServerOptions& options, bool standby,
                           WorkerProcess& process, RequestSlot& slot, UniqueFd* control) {
@@ -59,8 +59,7 @@ Status StartWorkerProcess(const ModelRuntime& model, const ServerOptions& option
     return ErrnoError("socketpair", errno);
   UniqueFd mine(sv[0]), theirs(sv[1]);
   const ModelConfig& c = model.config();
-  if (!standby)
-    RETURN_IF_ERROR(control::SendSetup(mine.get(), model.setup).WithContext(c.config_path));
+  RETURN_IF_ERROR(control::SendSetup(mine.get(), model.setup).WithContext(c.config_path));
   std::vector<std::string> args = {options.worker_path,
                                    "--store-socket",
                                    model.store_socket,
@@ -98,7 +97,7 @@ Status WorkerSupervisor::Spawn(UniqueFd* control) {
     // it, is seen as a worker that died starting); either way it is reaped
     // with `standby`, and a fresh process is started.
     const pid_t pid = standby->process.pid();
-    Status sent = control::SendSetup(standby->control.get(), model_.setup);
+    Status sent = control::SendStart(standby->control.get());
     if (sent.ok()) sent = process_.Adopt(standby->process);
     if (sent.ok()) {
       slot_ = std::move(standby->slot);

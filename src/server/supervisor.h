@@ -28,9 +28,9 @@ namespace hearth {
 struct ModelRuntime;
 
 // A worker process started ahead of need (parameters.standby_workers): it
-// has loaded its program and libraries and waits, with no device context and
-// no weights, for the model's setup on its control socket. Destroying it
-// closes that socket (the process exits) and kills and reaps it.
+// has read its setup, loaded its program and libraries, and waits, with no
+// device context and no weights, for kStart on its control socket.
+// Destroying it closes that socket (the process exits) and kills and reaps it.
 struct StandbyWorker {
   WorkerProcess process;
   UniqueFd control;

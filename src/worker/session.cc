@@ -39,6 +39,11 @@ void WorkerSession::ReleaseRetired() {
   retired_.clear();
 }
 
+Status WorkerSession::WaitForStart() {
+  if (ready_) return FailedPrecondition("the worker has already said it is ready");
+  return control::ReceiveKind(control_.get(), -1, {control::Kind::kStart}).status();
+}
+
 Status WorkerSession::Ready(std::vector<TensorSpec> inputs, std::vector<TensorSpec> outputs,
                             uint64_t device_memory_bytes, std::string text) {
   if (ready_) return FailedPrecondition("the worker has already said it is ready");

@@ -45,6 +45,11 @@ class WorkerSession {
   bool decoupled() const { return setup_.decoupled; }
   int max_rows() const { return setup_.max_batch_size > 0 ? setup_.max_batch_size : 1; }
 
+  // A standby worker, its loading done, waits here (for ever) until the
+  // server puts it to work (kStart). Unavailable when the server closed the
+  // channel instead: the standby is not needed, and should exit quietly.
+  Status WaitForStart();
+
   // The backend is built and takes these inputs and gives these outputs (per
   // sample; -1 where a dimension varies). After this, Next() serves batches.
   Status Ready(std::vector<control::TensorSpec> inputs, std::vector<control::TensorSpec> outputs,

@@ -133,27 +133,30 @@ int Serve(const WorkerArgs& a) {
     return std::to_string(
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count());
   };
-  // A standby does the host-side loading (libtorch for aoti, the CUDA
-  // backend library) before its setup comes, and nothing that touches the
-  // device: it holds no context and no device memory while it waits.
-  std::string standby_ms;
-  if (a.standby) {
-    const auto t = Clock::now();
-    if (kind->preload) kind->preload();
-    if (auto hint = Device::Parse(a.device); hint.ok()) PreloadDeviceLibrary(*hint);
-    standby_ms = ms_since(t);
-  }
   Device device = Device::Host();
   SlotHooks hooks;
   hooks.mapped = [&device](void* data, uint64_t bytes) {
     return RegisterHostMemory(device, data, bytes);
   };
   hooks.unmapping = [&device](void* data) { (void)UnregisterHostMemory(device, data); };
-  auto opened = WorkerSession::Open(a.control_fd, a.slot_fd, a.standby ? -1 : 10000, hooks);
-  // A standby the server let go (it stops, or the model was unloaded) leaves quietly.
-  if (!opened.ok() && a.standby && opened.status().code() == StatusCode::kUnavailable) return 0;
+  auto opened = WorkerSession::Open(a.control_fd, a.slot_fd, 10000, hooks);
   if (!opened.ok()) return Die(a.control_fd, opened.status());
   WorkerSession& session = **opened;
+  // A standby does the host-side loading (libtorch for aoti, the CUDA
+  // backend library) and nothing that touches the device, then waits: it
+  // holds no context and no device memory until it is put to work.
+  std::string standby_ms;
+  if (a.standby) {
+    const auto t = Clock::now();
+    if (kind->preload) kind->preload();
+    if (auto hint = Device::Parse(a.device); hint.ok()) PreloadDeviceLibrary(*hint);
+    standby_ms = ms_since(t);
+    if (Status started = session.WaitForStart(); !started.ok()) {
+      // The server let it go (it stops, or the model was unloaded): quietly.
+      if (started.code() == StatusCode::kUnavailable) return 0;
+      return Die(a.control_fd, started);
+    }
+  }
 
   // Loading libtorch beside the attach was measured slower than one after
   // the other (both fault in pages of one address space): in order.

@@ -365,3 +365,77 @@ def test_the_examples_repository_serves_the_seeds_models(tmp_path):
     finally:
         code, text = stop_serve(state)
     assert code == 0, text[-3000:]
+
+
+STANDBY_PY = """
+import os
+
+import numpy as np
+
+# A standby imports this before it is put to work: the mark says it did.
+open(os.path.join(os.path.dirname(__file__), f"imported-{os.getpid()}"), "w").close()
+
+
+class Model:
+    def initialize(self, args):
+        open(os.path.join(args["model_repository"], f"initialized-{os.getpid()}"), "w").close()
+        self.w = np.asarray(args["weights"]["weight"])
+
+    def execute(self, inputs):
+        x = np.asarray(inputs["x"])
+        return {"y": (x * self.w).sum(axis=1, keepdims=True).astype(np.float32)}
+"""
+
+
+def test_a_python_standby_imports_the_model_and_takes_over_from_a_worker_that_dies(tmp_path):
+    """parameters.standby_workers for backend: python: the standby process has
+    imported model.py (and torch, where installed) but not initialized it nor
+    mapped the weights; a SIGKILLed worker's replacement is that process."""
+    import re
+    import signal
+    root = tmp_path / "repo"
+    config = scale_config("  standby_workers: '1'\n").replace("count: 2", "count: 1")
+    write_model(root, "pystandby", config, STANDBY_PY)
+    version = root / "pystandby" / "1"
+    state = start_serve(tmp_path, root)
+    try:
+        def children():
+            out = []
+            for task in pathlib.Path(f"/proc/{state['proc'].pid}/task").iterdir():
+                try:
+                    out += [int(c) for c in (task / "children").read_text().split()]
+                except (FileNotFoundError, ProcessLookupError):
+                    pass
+            return out
+
+        def ready_pids():
+            return [int(p) for p in re.findall(r"pystandby worker 0 ready: pid (\d+)", state["log"].read_text())]
+
+        def standby():
+            for pid in children():
+                try:
+                    argv = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                except FileNotFoundError:
+                    continue
+                if b"--standby" in argv and pid not in ready_pids() and (version / f"imported-{pid}").exists():
+                    return pid
+            return None
+
+        worker = ready_pids()[-1]
+        spare = wait_for(standby, "a standby that has imported model.py", timeout=60)
+        assert not (version / f"initialized-{spare}").exists(), "the standby initialized the model"
+        assert "hearth-arena" not in pathlib.Path(f"/proc/{spare}/maps").read_text(), "a standby maps the weights"
+        os.kill(worker, signal.SIGKILL)
+        wait_for(lambda: ready_pids()[-1] == spare, "the standby to take over", timeout=60)
+        assert re.search(rf"ready: pid {spare} on .*a standby, loaded \d+ ms before", state["log"].read_text())
+        assert (version / f"initialized-{spare}").exists()
+        x = np.arange(N, dtype=np.float32).reshape(1, N)
+        r = infer_json(state["url"], "pystandby", [{"name": "x", "datatype": "FP32", "shape": [1, N],
+                                                     "data": x.ravel().tolist()}])
+        assert r.status_code == 200, r.text
+        from test_serve import read_safetensors
+        w = read_safetensors(version / "model.safetensors")["weight"]
+        assert abs(r.json()["outputs"][0]["data"][0] - float((x * w).sum())) < 1e-3
+    finally:
+        code, text = stop_serve(state)
+    assert code == 0, text[-3000:]

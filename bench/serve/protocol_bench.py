@@ -1,0 +1,132 @@
+"""The protocol's cost: `hearth bench` against `hearth serve` over REST and
+gRPC, each with the tensors in the request body and in system shared memory.
+
+    python3 bench/serve/protocol_bench.py --build build --device cpu --seconds 5
+
+Models (made with `hearth make-model`, random weights):
+- scale: 500 FP32 in, 1 out (dynamic batching up to 64, no queue delay): the
+  protocol and the scheduler, almost no compute;
+- mlp: 1024 -> 4096 -> 1024 FP32 (batch 1 requests, up to 64 merged): 4 KiB in, 4 KiB out per request
+  plus real compute.
+For each model, transport (rest; grpc where this hearth has it) and shared
+memory (none, system), concurrency 1, 8 and 64: requests/s, p50 and p99 (ms),
+errors. One JSON line per run, a table at the end. gRPC runs are skipped,
+saying why, when the server was built without gRPC.
+"""
+import argparse
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+MODELS = {
+    "scale": ("scale", "500", """backend: scale
+max_batch_size: 64
+input:
+  - {{name: x, data_type: TYPE_FP32, dims: [500]}}
+output:
+  - {{name: y, data_type: TYPE_FP32, dims: [1]}}
+instance_group:
+  - {{count: {workers}, kind: {kind}}}
+dynamic_batching:
+  max_queue_delay_microseconds: 0
+""", "y"),
+    "mlp": ("mlp", "1024,4096,1024", """backend: mlp
+max_batch_size: 64
+input:
+  - {{name: input, data_type: TYPE_FP32, dims: [1024]}}
+output:
+  - {{name: logits, data_type: TYPE_FP32, dims: [1024]}}
+  - {{name: argmax, data_type: TYPE_INT64, dims: [1]}}
+instance_group:
+  - {{count: {workers}, kind: {kind}}}
+dynamic_batching:
+  max_queue_delay_microseconds: 0
+""", "logits"),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=5)
+    ap.add_argument("--concurrency", default="1,8,64")
+    ap.add_argument("--models", default="scale,mlp")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    cli = f"{a.build}/bin/hearth"
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="hearth-protocol-bench-"))
+    repo = tmp / "repo"
+    kind = "KIND_GPU" if a.device.startswith("cuda") else "KIND_CPU"
+    models = a.models.split(",")
+    for name in models:
+        make, dims, config, _ = MODELS[name]
+        (repo / name / "1").mkdir(parents=True)
+        subprocess.run([cli, "make-model", make, "--dims", dims, "--seed", "1", "--out",
+                        str(repo / name / "1" / "model.safetensors")], check=True, capture_output=True)
+        (repo / name / "config.yaml").write_text(config.format(workers=a.workers, kind=kind))
+    log = tmp / "serve.log"
+    proc = subprocess.Popen([cli, "serve", "--model-repository", str(repo), "--http-port", "0", "--device",
+                             a.device], stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    results = []
+    try:
+        deadline = time.time() + 120
+        while "ready on http" not in log.read_text():
+            if proc.poll() is not None or time.time() > deadline:
+                raise SystemExit("hearth serve did not start:\n" + log.read_text()[-3000:])
+            time.sleep(0.05)
+        text = log.read_text()
+        http = int(re.search(r"ready on http://127\.0\.0\.1:(\d+)", text).group(1))
+        grpc = re.search(r"KServe v2 gRPC on [^:]+:(\d+)", text)
+        transports = [("rest", f"http://127.0.0.1:{http}")]
+        if grpc:
+            transports.append(("grpc", f"127.0.0.1:{grpc.group(1)}"))
+        else:
+            print("grpc: skipped: this hearth serve has no gRPC front-end (built without grpc++)", flush=True)
+        for name in models:
+            output = MODELS[name][3]
+            for transport, url in transports:
+                for shm in ("none", "system"):
+                    for c in [int(x) for x in a.concurrency.split(",")]:
+                        r = subprocess.run([cli, "bench", "--url", url, "--model", name, "--transport", transport,
+                                            "--shared-memory", shm, "--output", output, "--concurrency", str(c),
+                                            "--seconds", str(a.seconds), "--warmup", "1", "--json"],
+                                           capture_output=True, text=True)
+                        line = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "{}"
+                        try:
+                            got = json.loads(line)
+                        except json.JSONDecodeError:
+                            got = {}
+                        row = {"model": name, "transport": transport, "shared_memory": shm, "concurrency": c,
+                               "requests_per_s": got.get("requests_per_s"),
+                               "p50_ms": got.get("latency_ms", {}).get("p50"),
+                               "p99_ms": got.get("latency_ms", {}).get("p99"),
+                               "errors": got.get("errors"), "exit": r.returncode}
+                        if r.returncode != 0:
+                            row["stderr"] = r.stderr.strip()[-300:]
+                        print(json.dumps(row), flush=True)
+                        results.append(row)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    (pathlib.Path(a.out) / f"protocol-{a.device.split(':')[0]}.json").write_text(json.dumps(results, indent=1))
+    print(f"{'model':6} {'transport':9} {'shm':6} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} errors")
+    for r in results:
+        fmt = lambda v, f: format(v, f) if isinstance(v, (int, float)) else "-"  # noqa: E731
+        print(f"{r['model']:6} {r['transport']:9} {r['shared_memory']:6} {r['concurrency']:>4} "
+              f"{fmt(r['requests_per_s'], '9.0f')} {fmt(r['p50_ms'], '8.3f')} {fmt(r['p99_ms'], '8.3f')} "
+              f"{r['errors']}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
