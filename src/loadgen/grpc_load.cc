@@ -361,7 +361,7 @@ class GrpcRun {
 
   void Finish(Call* call, grpc::Status status) {
     const Clock::time_point done = Clock::now();
-    const std::unique_ptr<Call> owned(call);
+    std::unique_ptr<Call> owned(call);
     if (!status.ok()) {
       record_.RecordError("gRPC " + Describe(status));
     } else if (shm_ != nullptr) {
@@ -377,6 +377,12 @@ class GrpcRun {
       record_.RecordSample(call->start, done);
     }
     const size_t slot = call->slot;
+    // Destroyed here, before the run may end: a call holds a reference to
+    // its channel, and grpc++ 1.51 must never drop a channel's last one on
+    // its callback thread (the callback CQ would shut down from its own
+    // thread and crash later: grpc/grpc#32584). The main thread drops the
+    // channels, after the last call is gone.
+    owned.reset();
     if (closed_) {
       if (Clock::now() < end_) return Start(slot, Clock::now());
     } else {

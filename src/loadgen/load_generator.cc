@@ -591,6 +591,7 @@ Result<BenchReport> RunBench(const BenchOptions& options, std::FILE* err) {
   const bool shm = options.shared_memory == BenchSharedMemory::kSystem;
   if (!shm && options.output_shared_memory_size > 0)
     return InvalidArgument("--output-shared-memory-size needs --shared-memory system");
+  if (!shm && options.verify) return InvalidArgument("--verify needs --shared-memory system");
 
   // The objects' names are unlinked once registered; until then a signal
   // that ends the process must not leave them in /dev/shm. Another run in
