@@ -818,18 +818,44 @@ int main(int argc, char** argv) {
 
   auto* bench = app.add_subcommand(
       "bench",
-      "drive a KServe v2 REST server with random requests and report throughput and latency");
+      "drive a KServe v2 server (REST or gRPC) with random requests and report throughput and "
+      "latency");
   BenchOptions bench_options;
   std::string bench_protocol = "binary", bench_arrival = "poisson";
+  std::string bench_transport = "rest", bench_shared_memory = "none";
   bool bench_json = false;
-  bench->add_option("--url", bench_options.url, "http://HOST:PORT of the server")->required();
+  bench
+      ->add_option("--url", bench_options.url,
+                   "rest: http://HOST:PORT of the server; grpc: HOST:PORT (or grpc://HOST:PORT) "
+                   "of its gRPC port")
+      ->required();
+  bench
+      ->add_option("--transport", bench_transport,
+                   "rest (KServe v2 over HTTP/1.1) or grpc (inference.GRPCInferenceService/"
+                   "ModelInfer; needs a hearth built with gRPC)")
+      ->check(CLI::IsMember({"rest", "grpc"}))
+      ->capture_default_str();
+  bench
+      ->add_option("--shared-memory", bench_shared_memory,
+                   "none (tensors in the messages) or system (as perf_analyzer: inputs and "
+                   "outputs in POSIX shared-memory regions registered with the server, one per "
+                   "request in flight)")
+      ->check(CLI::IsMember({"none", "system"}))
+      ->capture_default_str();
+  bench->add_option("--output-shared-memory-size", bench_options.output_shared_memory_size,
+                    "with --shared-memory system: bytes of room per output (default: the "
+                    "output's size from the model's metadata)");
+  bench->add_flag("--verify", bench_options.verify,
+                  "with --shared-memory system: check that every response wrote its outputs "
+                  "into the region (default: each slot's first)");
   bench->add_option("--model", bench_options.model, "model name")->required();
   bench->add_option("--version", bench_options.version,
                     "model version (default: the server's choice)");
-  auto* concurrency_option = bench
-                                 ->add_option("--concurrency", bench_options.concurrency,
-                                              "closed loop: N connections sending back to back")
-                                 ->capture_default_str();
+  auto* concurrency_option =
+      bench
+          ->add_option("--concurrency", bench_options.concurrency,
+                       "closed loop: N requests in flight, each sent when the last returned")
+          ->capture_default_str();
   bench
       ->add_option("--request-rate", bench_options.request_rate,
                    "open loop: R requests/s; latency counts from each request's scheduled time")
@@ -841,7 +867,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bench
       ->add_option("--max-connections", bench_options.max_connections,
-                   "open loop: the connection pool's limit")
+                   "open loop: at most this many requests in flight (rest: connections)")
       ->capture_default_str();
   bench->add_option("--batch", bench_options.batch, "batch size of every request")
       ->capture_default_str();
@@ -849,7 +875,9 @@ int main(int argc, char** argv) {
   bench->add_option("--warmup", bench_options.warmup, "unmeasured seconds before it")
       ->capture_default_str();
   bench
-      ->add_option("--protocol", bench_protocol, "binary (tensor data after a JSON header) or json")
+      ->add_option("--protocol", bench_protocol,
+                   "rest bodies: binary (tensor data after a JSON header) or json; with "
+                   "--shared-memory system the body is JSON either way")
       ->check(CLI::IsMember({"binary", "json"}))
       ->capture_default_str();
   bench->add_option("--output", bench_options.outputs, "request only these outputs (default: all)");
@@ -915,6 +943,10 @@ int main(int argc, char** argv) {
         bench_protocol == "json" ? BenchProtocol::kJson : BenchProtocol::kBinary;
     bench_options.arrival =
         bench_arrival == "constant" ? BenchArrival::kConstant : BenchArrival::kPoisson;
+    bench_options.transport =
+        bench_transport == "grpc" ? BenchTransport::kGrpc : BenchTransport::kRest;
+    bench_options.shared_memory =
+        bench_shared_memory == "system" ? BenchSharedMemory::kSystem : BenchSharedMemory::kNone;
     return RunBenchCommand(bench_options, bench_json);
   }
   if (make->parsed()) return MakeModel(kind, dims, dtype, seed, out, threads, shard_bytes);

@@ -23,6 +23,12 @@
 #include <random>
 #include <thread>
 
+#include "loadgen/bench_common.h"
+#include "loadgen/system_shm.h"
+#ifdef HEARTH_HAVE_GRPC
+#include "loadgen/grpc_load.h"
+#endif
+
 namespace hearth {
 namespace {
 
@@ -30,7 +36,6 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = boost::asio::ip::tcp;
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
 struct Endpoint {
   std::string host, port;
@@ -130,33 +135,31 @@ class Connection {
   bool open_ = false;
 };
 
-// ---- inputs -----------------------------------------------------------------
+// ---- requests ------------------------------------------------------------------
 
-struct InputSpec {
-  std::string name, datatype;
-  std::vector<int64_t> shape;  // the request's shape, batch included
-  int64_t elements = 1;
-};
+using bench::Clock;
+using bench::ModelSpec;
+using bench::OutputPlacement;
+using bench::RunRecord;
+using bench::ShmSession;
+using bench::ShmSlot;
+using bench::TensorSpec;
 
-size_t ElementBytes(const std::string& datatype) {
-  if (datatype == "FP32" || datatype == "INT32") return 4;
-  if (datatype == "FP64" || datatype == "INT64") return 8;
-  if (datatype == "FP16" || datatype == "BF16" || datatype == "INT16") return 2;
-  if (datatype == "INT8" || datatype == "UINT8" || datatype == "BOOL") return 1;
-  return 0;
-}
-
-// IEEE half from a float in a modest range (the random inputs are); values
-// below the half normal range flush to zero.
-uint16_t ToHalf(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, 4);
-  const uint32_t sign = (bits >> 16) & 0x8000u;
-  const int exponent = static_cast<int>((bits >> 23) & 0xff) - 127 + 15;
-  if (exponent <= 0) return static_cast<uint16_t>(sign);
-  if (exponent >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
-  return static_cast<uint16_t>(sign | (static_cast<uint32_t>(exponent) << 10) |
-                               ((bits >> 13) & 0x3ff));
+json JsonValues(const TensorSpec& input, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> small(0, 9);
+  std::bernoulli_distribution coin;
+  const std::string& t = input.datatype;
+  json values = json::array();
+  for (int64_t i = 0; i < input.elements; ++i) {
+    if (t == "FP32" || t == "FP64" || t == "FP16" || t == "BF16")
+      values.push_back(normal(rng));
+    else if (t == "BOOL")
+      values.push_back(static_cast<bool>(coin(rng)));
+    else  // integers: small non-negative values, safe as indices
+      values.push_back(small(rng));
+  }
+  return values;
 }
 
 struct PreparedBody {
@@ -164,76 +167,28 @@ struct PreparedBody {
   size_t header_length = 0;  // binary only: the JSON header's size
 };
 
-template <typename T>
-void AppendRaw(std::string& out, T value) {
-  out.append(reinterpret_cast<const char*>(&value), sizeof(T));
-}
-
-PreparedBody MakeBody(const std::vector<InputSpec>& inputs, const BenchOptions& options,
-                      std::mt19937_64& rng) {
-  std::normal_distribution<float> normal;
-  std::uniform_int_distribution<int> small(0, 9);
-  std::bernoulli_distribution coin;
+// A body with its tensors inline: JSON values, or the binary extension.
+PreparedBody MakeBody(const ModelSpec& model, const BenchOptions& options, std::mt19937_64& rng) {
   const bool binary = options.protocol == BenchProtocol::kBinary;
   json header = {{"inputs", json::array()}};
   std::string data;
-  for (const InputSpec& input : inputs) {
+  for (const TensorSpec& input : model.inputs) {
     json tensor = {{"name", input.name}, {"datatype", input.datatype}, {"shape", input.shape}};
-    json values = json::array();
-    std::string bytes;
-    for (int64_t i = 0; i < input.elements; ++i) {
-      const std::string& t = input.datatype;
-      if (t == "FP32" || t == "FP64" || t == "FP16" || t == "BF16") {
-        const float v = normal(rng);
-        if (!binary) {
-          values.push_back(v);
-        } else if (t == "FP32") {
-          AppendRaw(bytes, v);
-        } else if (t == "FP64") {
-          AppendRaw(bytes, static_cast<double>(v));
-        } else if (t == "FP16") {
-          AppendRaw(bytes, ToHalf(v));
-        } else {
-          uint32_t bits;
-          std::memcpy(&bits, &v, 4);
-          AppendRaw(bytes, static_cast<uint16_t>(bits >> 16));
-        }
-      } else if (t == "BOOL") {
-        const bool v = coin(rng);
-        if (binary)
-          AppendRaw(bytes, static_cast<uint8_t>(v));
-        else
-          values.push_back(v);
-      } else {  // integers: small non-negative values, safe as indices
-        const int v = small(rng);
-        if (!binary)
-          values.push_back(v);
-        else if (t == "INT64")
-          AppendRaw(bytes, static_cast<int64_t>(v));
-        else if (t == "INT32")
-          AppendRaw(bytes, static_cast<int32_t>(v));
-        else if (t == "INT16")
-          AppendRaw(bytes, static_cast<int16_t>(v));
-        else if (t == "INT8")
-          AppendRaw(bytes, static_cast<int8_t>(v));
-        else
-          AppendRaw(bytes, static_cast<uint8_t>(v));
-      }
-    }
     if (binary) {
+      const std::string bytes = bench::RandomInputBytes(input, rng);
       tensor["parameters"] = {{"binary_data_size", bytes.size()}};
       data += bytes;
     } else {
-      tensor["data"] = std::move(values);
+      tensor["data"] = JsonValues(input, rng);
     }
     header["inputs"].push_back(std::move(tensor));
   }
-  if (!options.outputs.empty()) {
+  if (!model.outputs.empty()) {
     header["outputs"] = json::array();
-    for (const std::string& name : options.outputs) {
-      json output = {{"name", name}};
-      if (binary) output["parameters"] = {{"binary_data", true}};
-      header["outputs"].push_back(std::move(output));
+    for (const TensorSpec& output : model.outputs) {
+      json entry = {{"name", output.name}};
+      if (binary) entry["parameters"] = {{"binary_data", true}};
+      header["outputs"].push_back(std::move(entry));
     }
   }
   if (binary) header["parameters"] = {{"binary_data_output", true}};
@@ -244,6 +199,48 @@ PreparedBody MakeBody(const std::vector<InputSpec>& inputs, const BenchOptions& 
     prepared.body += data;
   }
   return prepared;
+}
+
+json RegionParameters(const std::string& region, uint64_t offset, uint64_t bytes) {
+  return {{"shared_memory_region", region},
+          {"shared_memory_offset", offset},
+          {"shared_memory_byte_size", bytes}};
+}
+
+// A JSON body that names the slot's region for every input and output.
+std::string MakeShmBody(const ModelSpec& model, const ShmSlot& slot) {
+  json header = {{"inputs", json::array()}, {"outputs", json::array()}};
+  for (size_t k = 0; k < model.inputs.size(); ++k) {
+    const TensorSpec& input = model.inputs[k];
+    header["inputs"].push_back(
+        {{"name", input.name},
+         {"datatype", input.datatype},
+         {"shape", input.shape},
+         {"parameters", RegionParameters(slot.region, slot.inputs[k].offset, input.bytes)}});
+  }
+  for (size_t k = 0; k < model.outputs.size(); ++k) {
+    header["outputs"].push_back(
+        {{"name", model.outputs[k].name},
+         {"parameters",
+          RegionParameters(slot.region, slot.outputs[k].offset, slot.outputs[k].bytes)}});
+  }
+  return header.dump();
+}
+
+http::request<http::string_body> MakeRequest(const Endpoint& endpoint, const std::string& path,
+                                             std::string body, size_t header_length) {
+  http::request<http::string_body> request{http::verb::post, path, 11};
+  request.set(http::field::host, endpoint.host);
+  request.keep_alive(true);
+  if (header_length > 0) {
+    request.set(http::field::content_type, "application/octet-stream");
+    request.set("Inference-Header-Content-Length", std::to_string(header_length));
+  } else {
+    request.set(http::field::content_type, "application/json");
+  }
+  request.body() = std::move(body);
+  request.prepare_payload();
+  return request;
 }
 
 std::string ServerMessage(const http::response<http::string_body>& response) {
@@ -258,19 +255,76 @@ std::string ServerMessage(const http::response<http::string_body>& response) {
   return "HTTP " + std::to_string(response.result_int()) + ": " + text;
 }
 
-Result<std::vector<InputSpec>> ReadInputs(Connection& connection, const Endpoint& endpoint,
-                                          const BenchOptions& options,
-                                          const std::string& model_path) {
+StatusCode CodeForHttp(unsigned status) {
+  switch (status) {
+    case 400:
+      return StatusCode::kInvalidArgument;
+    case 403:
+      return StatusCode::kPermissionDenied;
+    case 404:
+      return StatusCode::kNotFound;
+    case 409:
+      return StatusCode::kAlreadyExists;
+    case 429:
+      return StatusCode::kResourceExhausted;
+    case 501:
+      return StatusCode::kUnimplemented;
+    default:
+      return StatusCode::kUnavailable;
+  }
+}
+
+// Where each output of an answer says it is: a JSON header, with binary
+// data after it when Inference-Header-Content-Length says so.
+Result<std::vector<OutputPlacement>> ParsePlacements(
+    const http::response<http::string_body>& response) {
+  std::string_view header = response.body();
+  const auto length = response.find("Inference-Header-Content-Length");
+  if (length != response.end()) {
+    size_t n = 0;
+    const std::string_view text = length->value();
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+    if (ec != std::errc() || end != text.data() + text.size() || n > header.size())
+      return Internal("the answer's Inference-Header-Content-Length is not a size within its body");
+    header = header.substr(0, n);
+  }
+  std::vector<OutputPlacement> placements;
+  try {
+    const json body = json::parse(header);
+    for (const json& output : body.at("outputs")) {
+      OutputPlacement placement;
+      placement.name = output.at("name").get<std::string>();
+      placement.inline_data = output.contains("data");
+      if (output.contains("parameters")) {
+        const json& parameters = output["parameters"];
+        placement.inline_data = placement.inline_data || parameters.contains("binary_data_size");
+        if (parameters.contains("shared_memory_region")) {
+          placement.in_region = true;
+          placement.region = parameters["shared_memory_region"].get<std::string>();
+          placement.offset = parameters.value("shared_memory_offset", uint64_t{0});
+          placement.byte_size = parameters.at("shared_memory_byte_size").get<uint64_t>();
+        }
+      }
+      placements.push_back(std::move(placement));
+    }
+  } catch (const json::exception& e) {
+    return Internal(std::string("the answer is not the JSON of an inference response: ") +
+                    e.what());
+  }
+  return placements;
+}
+
+Result<ModelSpec> ReadModel(Connection& connection, const Endpoint& endpoint,
+                            const BenchOptions& options, const std::string& model_path) {
   http::request<http::string_body> request{http::verb::get, model_path, 11};
   request.set(http::field::host, endpoint.host);
-  request.keep_alive(false);
+  request.keep_alive(true);
   Result<http::response<http::string_body>> response = connection.RoundTrip(request);
   if (!response.ok()) {
     return Unavailable("cannot reach the server at " + options.url + ": " +
                        response.status().message());
   }
-  const std::string label = "model '" + options.model + "'" +
-                            (options.version.empty() ? "" : " version " + options.version);
+  const std::string label = bench::ModelLabel(options);
   if (response->result() == http::status::not_found) {
     return NotFound(label + " not found on " + options.url + " (" + ServerMessage(*response) + ")");
   }
@@ -278,148 +332,129 @@ Result<std::vector<InputSpec>> ReadInputs(Connection& connection, const Endpoint
     return Unavailable("metadata of " + label + " on " + options.url + ": " +
                        ServerMessage(*response));
   }
-  json metadata;
   try {
-    metadata = json::parse(response->body());
+    const json metadata = json::parse(response->body());
+    const int64_t max_batch = metadata.value("max_batch_size", int64_t{0});
+    auto tensors = [&](const char* key) {
+      std::vector<bench::TensorMetadata> out;
+      if (!metadata.contains(key)) return out;
+      for (const json& tensor : metadata.at(key)) {
+        out.push_back({tensor.at("name").get<std::string>(),
+                       tensor.at("datatype").get<std::string>(),
+                       tensor.at("shape").get<std::vector<int64_t>>()});
+      }
+      return out;
+    };
+    return bench::ResolveModel(options, max_batch, tensors("inputs"), tensors("outputs"));
   } catch (const json::exception& e) {
-    return InvalidArgument("metadata of " + label + " is not JSON: " + e.what());
+    return InvalidArgument("metadata of " + label + " on " + options.url + ": " + e.what());
   }
-  const int64_t max_batch = metadata.value("max_batch_size", int64_t{0});
-  if (!metadata.contains("inputs") || !metadata["inputs"].is_array() ||
-      metadata["inputs"].empty()) {
-    return InvalidArgument("metadata of " + label + " lists no inputs");
-  }
-  if (max_batch == 0 && options.batch != 1) {
-    return InvalidArgument(label + " has no batch dimension; --batch must be 1");
-  }
-  if (max_batch > 0 && options.batch > max_batch) {
-    return InvalidArgument("--batch " + std::to_string(options.batch) + " exceeds " + label +
-                           "'s max_batch_size " + std::to_string(max_batch));
-  }
-  std::vector<InputSpec> inputs;
-  try {
-    for (const json& tensor : metadata["inputs"]) {
-      InputSpec input;
-      input.name = tensor.at("name").get<std::string>();
-      input.datatype = tensor.at("datatype").get<std::string>();
-      if (ElementBytes(input.datatype) == 0) {
-        return Unimplemented(
-            "input '" + input.name + "' of " + label + " has datatype " + input.datatype +
-            "; bench supports FP32, FP64, FP16, BF16, INT8, INT16, INT32, INT64, UINT8 "
-            "and BOOL");
-      }
-      std::vector<int64_t> dims = tensor.at("shape").get<std::vector<int64_t>>();
-      if (max_batch > 0) {
-        if (dims.empty() || dims.front() != -1) {
-          return InvalidArgument("input '" + input.name + "' of batching " + label +
-                                 " does not start with the batch dimension -1");
-        }
-        dims.front() = options.batch;
-      }
-      for (size_t i = max_batch > 0 ? 1 : 0; i < dims.size(); ++i) {
-        if (dims[i] < 0) {
-          return Unimplemented("input '" + input.name + "' of " + label +
-                               " has a variable dimension; bench needs fixed dims");
-        }
-      }
-      for (int64_t d : dims) input.elements *= d;
-      input.shape = std::move(dims);
-      inputs.push_back(std::move(input));
-    }
-  } catch (const json::exception& e) {
-    return InvalidArgument("metadata of " + label + ": " + e.what());
-  }
-  return inputs;
 }
 
-// ---- the run ------------------------------------------------------------------
-
-struct Sample {
-  Clock::time_point start;  // scheduled (open loop) or sent (closed loop)
-  double latency_ms;
-};
-
-// What every sender shares: the prepared requests, the counters, the samples.
-class RunState {
+// Registration over REST, on one connection of its own.
+class RestRegionControl : public bench::RegionControl {
  public:
-  RunState(const BenchOptions& options, Endpoint endpoint,
-           std::vector<http::request<http::string_body>> requests, std::FILE* err)
-      : options_(options),
-        endpoint_(std::move(endpoint)),
-        requests_(std::move(requests)),
-        err_(err) {}
+  RestRegionControl(Endpoint endpoint, double timeout_seconds)
+      : endpoint_(std::move(endpoint)), connection_(endpoint_, timeout_seconds) {}
 
-  const Endpoint& endpoint() const { return endpoint_; }
-  const http::request<http::string_body>& NextRequest() {
-    return requests_[next_++ % requests_.size()];
+  Status Register(const std::string& name, const std::string& key, uint64_t byte_size) override {
+    const json body = {{"key", key}, {"offset", 0}, {"byte_size", byte_size}};
+    return Post("/v2/systemsharedmemory/region/" + name + "/register", body.dump());
   }
-
-  // Sends one request and records it, as a sample or as an error.
-  void SendOne(Connection& connection, Clock::time_point start) {
-    Result<http::response<http::string_body>> response = connection.RoundTrip(NextRequest());
-    const Clock::time_point done = Clock::now();
-    if (!response.ok()) {
-      RecordError("connection to " + endpoint_.host + ":" + endpoint_.port + ": " +
-                  response.status().message());
-    } else if (response->result() != http::status::ok) {
-      RecordError(ServerMessage(*response));
-    } else {
-      std::lock_guard lock(mu_);
-      samples_.push_back({start, std::chrono::duration<double, std::milli>(done - start).count()});
-    }
-  }
-
-  void RecordError(const std::string& message) {
-    std::lock_guard lock(mu_);
-    if (static_cast<int>(first_errors_.size()) < options_.errors_to_print) {
-      first_errors_.push_back(message);
-      if (err_ != nullptr)
-        std::fprintf(err_, "hearth bench: request failed: %s\n", message.c_str());
-    }
-    ++errors_;
-  }
-
-  std::vector<Sample> TakeSamples() {
-    std::lock_guard lock(mu_);
-    return std::move(samples_);
-  }
-  uint64_t errors() {
-    std::lock_guard lock(mu_);
-    return errors_;
-  }
-  std::vector<std::string> first_errors() {
-    std::lock_guard lock(mu_);
-    return first_errors_;
+  Status Unregister(const std::string& name) override {
+    return Post("/v2/systemsharedmemory/region/" + name + "/unregister", "");
   }
 
  private:
-  const BenchOptions& options_;
+  Status Post(const std::string& path, std::string body) {
+    http::request<http::string_body> request{http::verb::post, path, 11};
+    request.set(http::field::host, endpoint_.host);
+    request.set(http::field::content_type, "application/json");
+    request.keep_alive(true);
+    request.body() = std::move(body);
+    request.prepare_payload();
+    Result<http::response<http::string_body>> response = connection_.RoundTrip(request);
+    if (!response.ok()) return response.status();
+    if (response->result() != http::status::ok)
+      return Status(CodeForHttp(response->result_int()), ServerMessage(*response));
+    return Status::Ok();
+  }
+
+  Endpoint endpoint_;
+  Connection connection_;
+};
+
+// ---- the run ------------------------------------------------------------------
+
+// What every sender shares: the prepared requests (inline: a few, cycled;
+// shared memory: one per slot), the slots, the record.
+class RestRun {
+ public:
+  RestRun(Endpoint endpoint, std::vector<http::request<http::string_body>> requests,
+          const ModelSpec& model, ShmSession* shm, RunRecord& record)
+      : endpoint_(std::move(endpoint)),
+        requests_(std::move(requests)),
+        model_(model),
+        shm_(shm),
+        record_(record) {}
+
+  const Endpoint& endpoint() const { return endpoint_; }
+
+  // Sends one request from slot `slot` (each slot used by one sender) and
+  // records it, as a sample or as an error.
+  void SendOne(Connection& connection, size_t slot, Clock::time_point start) {
+    ShmSlot* shm_slot = shm_ != nullptr ? &shm_->slot(slot) : nullptr;
+    if (shm_slot != nullptr) shm_->BeforeRequest(*shm_slot);
+    const http::request<http::string_body>& request =
+        shm_slot != nullptr ? requests_[slot] : requests_[next_++ % requests_.size()];
+    Result<http::response<http::string_body>> response = connection.RoundTrip(request);
+    const Clock::time_point done = Clock::now();
+    if (!response.ok()) {
+      record_.RecordError("connection to " + endpoint_.host + ":" + endpoint_.port + ": " +
+                          response.status().message());
+      return;
+    }
+    if (response->result() != http::status::ok) {
+      record_.RecordError(ServerMessage(*response));
+      return;
+    }
+    if (shm_slot != nullptr) {
+      Result<std::vector<OutputPlacement>> placements = ParsePlacements(*response);
+      Status s = placements.ok() ? shm_->AfterResponse(*shm_slot, *placements, &record_)
+                                 : placements.status();
+      if (!s.ok()) {
+        record_.RecordError(s.message());
+        return;
+      }
+    }
+    record_.RecordSample(start, done);
+  }
+
+ private:
   Endpoint endpoint_;
   std::vector<http::request<http::string_body>> requests_;
   std::atomic<uint64_t> next_{0};
-  std::FILE* err_;
-  std::mutex mu_;
-  std::vector<Sample> samples_;
-  uint64_t errors_ = 0;
-  std::vector<std::string> first_errors_;
+  const ModelSpec& model_;
+  ShmSession* shm_;
+  RunRecord& record_;
 };
 
-void RunClosedLoop(const BenchOptions& options, RunState& state, Clock::time_point end) {
+void RunClosedLoop(const BenchOptions& options, RestRun& run, Clock::time_point end) {
   std::vector<std::thread> threads;
   for (int i = 0; i < options.concurrency; ++i) {
-    threads.emplace_back([&] {
-      Connection connection(state.endpoint(), options.timeout_seconds);
-      while (Clock::now() < end) state.SendOne(connection, Clock::now());
+    threads.emplace_back([&, slot = static_cast<size_t>(i)] {
+      Connection connection(run.endpoint(), options.timeout_seconds);
+      while (Clock::now() < end) run.SendOne(connection, slot, Clock::now());
     });
   }
   for (std::thread& t : threads) t.join();
 }
 
 // Open loop: one scheduler thread queues the scheduled send times; senders,
-// each with its own connection, take them in order. When a send time comes
-// and no sender is idle, the pool grows (up to max_connections); beyond that
-// the request waits in the queue and its latency shows the wait.
-int RunOpenLoop(const BenchOptions& options, RunState& state, Clock::time_point begin,
+// each with its own connection (and slot), take them in order. When a send
+// time comes and no sender is idle, the pool grows (up to max_connections);
+// beyond that the request waits in the queue and its latency shows the wait.
+int RunOpenLoop(const BenchOptions& options, RestRun& run, Clock::time_point begin,
                 Clock::time_point end, uint64_t* unsent, Clock::time_point measure_begin) {
   std::mutex mu;
   std::condition_variable ready;
@@ -427,11 +462,10 @@ int RunOpenLoop(const BenchOptions& options, RunState& state, Clock::time_point 
   bool stop = false;
   int idle = 0;
   const Clock::time_point drain_deadline =
-      end + std::chrono::duration_cast<Clock::duration>(
-                std::chrono::duration<double>(std::min(options.timeout_seconds, 2.0)));
+      end + bench::ToDuration(std::min(options.timeout_seconds, 2.0));
   std::vector<std::thread> senders;
-  auto sender = [&] {
-    Connection connection(state.endpoint(), options.timeout_seconds);
+  auto sender = [&](size_t slot) {
+    Connection connection(run.endpoint(), options.timeout_seconds);
     std::unique_lock lock(mu);
     for (;;) {  // counted idle from creation, so a starting sender is not spawned for again
       ready.wait(lock, [&] { return stop || !queue.empty(); });
@@ -441,7 +475,7 @@ int RunOpenLoop(const BenchOptions& options, RunState& state, Clock::time_point 
       const Clock::time_point scheduled = queue.front();
       queue.pop_front();
       lock.unlock();
-      state.SendOne(connection, scheduled);
+      run.SendOne(connection, slot, scheduled);
       lock.lock();
       ++idle;
     }
@@ -454,7 +488,7 @@ int RunOpenLoop(const BenchOptions& options, RunState& state, Clock::time_point 
     std::lock_guard lock(mu);
     for (int i = 0; i < std::min(4, options.max_connections); ++i) {
       ++idle;
-      senders.emplace_back(sender);
+      senders.emplace_back(sender, senders.size());
     }
   }
   while (next < end) {
@@ -465,12 +499,12 @@ int RunOpenLoop(const BenchOptions& options, RunState& state, Clock::time_point 
       if (idle < static_cast<int>(queue.size()) &&
           static_cast<int>(senders.size()) < options.max_connections) {
         ++idle;
-        senders.emplace_back(sender);
+        senders.emplace_back(sender, senders.size());
       }
     }
     ready.notify_one();
     const double seconds = options.arrival == BenchArrival::kPoisson ? gap(rng) : interval;
-    next += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+    next += bench::ToDuration(seconds);
   }
   {
     std::lock_guard lock(mu);
@@ -484,14 +518,62 @@ int RunOpenLoop(const BenchOptions& options, RunState& state, Clock::time_point 
   return static_cast<int>(senders.size());
 }
 
-double Percentile(const std::vector<double>& sorted, double p) {
-  if (sorted.empty()) return 0;
-  // Nearest rank: the smallest value with at least p of the samples at or below it.
-  const size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(sorted.size())));
-  return sorted[std::clamp<size_t>(rank, 1, sorted.size()) - 1];
+Result<BenchReport> RunRestBench(const BenchOptions& options, std::FILE* err) {
+  ASSIGN_OR_RETURN(Endpoint endpoint, ParseUrl(options.url));
+  std::string model_path = "/v2/models/" + options.model;
+  if (!options.version.empty()) model_path += "/versions/" + options.version;
+  Connection probe(endpoint, options.timeout_seconds);
+  ASSIGN_OR_RETURN(const ModelSpec model, ReadModel(probe, endpoint, options, model_path));
+
+  const bool shm = options.shared_memory == BenchSharedMemory::kSystem;
+  std::mt19937_64 rng(options.seed);
+  RestRegionControl control(endpoint, options.timeout_seconds);
+  std::unique_ptr<ShmSession> session;
+  std::vector<http::request<http::string_body>> requests;
+  if (shm) {
+    const int slots = options.request_rate > 0 ? options.max_connections : options.concurrency;
+    ASSIGN_OR_RETURN(session, ShmSession::Create(model, options, slots, &control, rng));
+    for (size_t i = 0; i < session->size(); ++i)
+      requests.push_back(
+          MakeRequest(endpoint, model_path + "/infer", MakeShmBody(model, session->slot(i)), 0));
+  } else {
+    for (int i = 0; i < options.distinct_bodies; ++i) {
+      PreparedBody prepared = MakeBody(model, options, rng);
+      requests.push_back(MakeRequest(endpoint, model_path + "/infer", std::move(prepared.body),
+                                     prepared.header_length));
+    }
+  }
+
+  BenchReport report;
+  report.protocol = shm ? "json" : options.protocol == BenchProtocol::kBinary ? "binary" : "json";
+  RunRecord record(options, err);
+  RestRun run(endpoint, std::move(requests), model, session.get(), record);
+  const Clock::time_point begin = Clock::now();
+  const Clock::time_point measure_begin = begin + bench::ToDuration(options.warmup);
+  const Clock::time_point measure_end = measure_begin + bench::ToDuration(options.seconds);
+  if (options.request_rate > 0) {
+    report.mode = "request_rate";
+    report.concurrency =
+        RunOpenLoop(options, run, begin, measure_end, &report.unsent, measure_begin);
+  } else {
+    report.mode = "concurrency";
+    report.concurrency = options.concurrency;
+    RunClosedLoop(options, run, measure_end);
+  }
+  report.batch = options.batch;
+  record.Summarize(measure_begin, measure_end, &report);
+  return report;
 }
 
 }  // namespace
+
+bool BenchHasGrpc() {
+#ifdef HEARTH_HAVE_GRPC
+  return true;
+#else
+  return false;
+#endif
+}
 
 Result<BenchReport> RunBench(const BenchOptions& options, std::FILE* err) {
   if (options.model.empty()) return InvalidArgument("--model is required");
@@ -506,75 +588,46 @@ Result<BenchReport> RunBench(const BenchOptions& options, std::FILE* err) {
   if (options.max_connections < 1) return InvalidArgument("max_connections must be at least 1");
   if (options.distinct_bodies < 1) return InvalidArgument("distinct_bodies must be at least 1");
   if (!(options.timeout_seconds > 0)) return InvalidArgument("timeout must be positive");
-  ASSIGN_OR_RETURN(Endpoint endpoint, ParseUrl(options.url));
+  const bool shm = options.shared_memory == BenchSharedMemory::kSystem;
+  if (!shm && options.output_shared_memory_size > 0)
+    return InvalidArgument("--output-shared-memory-size needs --shared-memory system");
+  if (!shm && options.verify) return InvalidArgument("--verify needs --shared-memory system");
 
-  std::string model_path = "/v2/models/" + options.model;
-  if (!options.version.empty()) model_path += "/versions/" + options.version;
-  Connection probe(endpoint, options.timeout_seconds);
-  ASSIGN_OR_RETURN(std::vector<InputSpec> inputs, ReadInputs(probe, endpoint, options, model_path));
+  // The objects' names are unlinked once registered; until then a signal
+  // that ends the process must not leave them in /dev/shm. Another run in
+  // this process may hold the handlers already, which serves this one too.
+  std::optional<ShmSignalCleanup> cleanup;
+  if (shm) {
+    Result<ShmSignalCleanup> installed = ShmSignalCleanup::Install();
+    if (installed.ok())
+      cleanup.emplace(std::move(*installed));
+    else if (installed.status().code() != StatusCode::kFailedPrecondition)
+      return installed.status();
+  }
 
-  std::mt19937_64 rng(options.seed);
-  std::vector<http::request<http::string_body>> requests;
-  for (int i = 0; i < options.distinct_bodies; ++i) {
-    PreparedBody prepared = MakeBody(inputs, options, rng);
-    http::request<http::string_body> request{http::verb::post, model_path + "/infer", 11};
-    request.set(http::field::host, endpoint.host);
-    request.keep_alive(true);
-    if (options.protocol == BenchProtocol::kBinary) {
-      request.set(http::field::content_type, "application/octet-stream");
-      request.set("Inference-Header-Content-Length", std::to_string(prepared.header_length));
-    } else {
-      request.set(http::field::content_type, "application/json");
+  Result<BenchReport> report = [&]() -> Result<BenchReport> {
+    if (options.transport == BenchTransport::kGrpc) {
+#ifdef HEARTH_HAVE_GRPC
+      return bench::RunGrpcBench(options, err);
+#else
+      return Unimplemented(
+          "--transport grpc: this hearth was built without gRPC (configured with "
+          "-DHEARTH_GRPC=OFF, or without grpc++, protobuf, protoc and grpc_cpp_plugin); use "
+          "--transport rest, or rebuild with Debian's libgrpc++-dev protobuf-compiler-grpc");
+#endif
     }
-    request.body() = std::move(prepared.body);
-    request.prepare_payload();
-    requests.push_back(std::move(request));
-  }
-
-  BenchReport report;
-  report.url = options.url;
-  report.model = options.model;
-  report.version = options.version;
-  report.protocol = options.protocol == BenchProtocol::kBinary ? "binary" : "json";
-  report.batch = options.batch;
-  report.request_rate = options.request_rate;
-  RunState state(options, endpoint, std::move(requests), err);
-  const Clock::time_point begin = Clock::now();
-  const auto to_duration = [](double s) {
-    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
-  };
-  const Clock::time_point measure_begin = begin + to_duration(options.warmup);
-  const Clock::time_point measure_end = measure_begin + to_duration(options.seconds);
-  if (options.request_rate > 0) {
-    report.mode = "request_rate";
-    report.arrival = options.arrival == BenchArrival::kPoisson ? "poisson" : "constant";
-    report.concurrency =
-        RunOpenLoop(options, state, begin, measure_end, &report.unsent, measure_begin);
-  } else {
-    report.mode = "concurrency";
-    report.concurrency = options.concurrency;
-    RunClosedLoop(options, state, measure_end);
-  }
-
-  std::vector<double> latencies;
-  double sum = 0;
-  for (const Sample& s : state.TakeSamples()) {
-    if (s.start < measure_begin || s.start >= measure_end) continue;
-    latencies.push_back(s.latency_ms);
-    sum += s.latency_ms;
-  }
-  std::sort(latencies.begin(), latencies.end());
-  report.seconds = options.seconds;
-  report.requests = latencies.size();
-  report.errors = state.errors();
-  report.first_errors = state.first_errors();
-  report.requests_per_s = static_cast<double>(report.requests) / report.seconds;
-  report.inferences_per_s = report.requests_per_s * report.batch;
-  if (!latencies.empty()) {
-    report.latency_ms = {Percentile(latencies, 0.50), Percentile(latencies, 0.90),
-                         Percentile(latencies, 0.99), latencies.back(),
-                         sum / static_cast<double>(latencies.size())};
-  }
+    return RunRestBench(options, err);
+  }();
+  if (!report.ok()) return report.status();
+  report->url = options.url;
+  report->model = options.model;
+  report->version = options.version;
+  report->transport = options.transport == BenchTransport::kGrpc ? "grpc" : "rest";
+  report->shared_memory = shm ? "system" : "none";
+  report->output_shared_memory_size = options.output_shared_memory_size;
+  report->request_rate = options.request_rate;
+  if (options.request_rate > 0)
+    report->arrival = options.arrival == BenchArrival::kPoisson ? "poisson" : "constant";
   return report;
 }
 
@@ -583,7 +636,9 @@ std::string ReportJson(const BenchReport& report) {
               {"model", report.model},
               {"version", report.version},
               {"mode", report.mode},
+              {"transport", report.transport},
               {"protocol", report.protocol},
+              {"shared_memory", report.shared_memory},
               {"concurrency", report.concurrency},
               {"batch", report.batch},
               {"seconds", report.seconds},
@@ -597,6 +652,10 @@ std::string ReportJson(const BenchReport& report) {
                 {"p99", report.latency_ms.p99},
                 {"max", report.latency_ms.max},
                 {"mean", report.latency_ms.mean}}}};
+  if (report.shared_memory == "system") {
+    out["output_shared_memory_size"] = report.output_shared_memory_size;
+    out["shm_checked"] = report.shm_checked;
+  }
   if (report.mode == "request_rate") {
     out["request_rate"] = report.request_rate;
     out["arrival"] = report.arrival;
@@ -610,18 +669,25 @@ std::string ReportTable(const BenchReport& report) {
   char rate[32];
   std::snprintf(rate, sizeof(rate), "%g", report.request_rate);
   std::string load = report.mode == "request_rate"
-                         ? std::string(rate) + " req/s (" + report.arrival + " arrivals, " +
-                               std::to_string(report.concurrency) + " connections)"
-                         : std::to_string(report.concurrency) + " connections (closed loop)";
+                         ? std::string(rate) + " req/s (" + report.arrival + " arrivals, at most " +
+                               std::to_string(report.concurrency) + " in flight)"
+                         : std::to_string(report.concurrency) + " in flight (closed loop)";
+  const std::string transport =
+      report.transport + " (" + report.protocol + "), " +
+      (report.shared_memory == "system"
+           ? "tensors in system shared memory (" + std::to_string(report.shm_checked) +
+                 " answers checked in their region)"
+           : std::string("tensors in the messages"));
   std::snprintf(buffer, sizeof(buffer),
                 "model        %s%s @ %s\n"
-                "load         %s, batch %d, %s protocol, %.1f s measured\n"
+                "load         %s, batch %d, %.1f s measured\n"
+                "transport    %s\n"
                 "requests     %llu   errors %llu%s\n"
                 "throughput   %.1f requests/s   %.1f inferences/s\n"
                 "latency ms   p50 %.3f   p90 %.3f   p99 %.3f   max %.3f   mean %.3f\n",
                 report.model.c_str(), report.version.empty() ? "" : (" v" + report.version).c_str(),
-                report.url.c_str(), load.c_str(), report.batch, report.protocol.c_str(),
-                report.seconds, static_cast<unsigned long long>(report.requests),
+                report.url.c_str(), load.c_str(), report.batch, report.seconds, transport.c_str(),
+                static_cast<unsigned long long>(report.requests),
                 static_cast<unsigned long long>(report.errors),
                 report.unsent > 0 ? ("   unsent " + std::to_string(report.unsent)).c_str() : "",
                 report.requests_per_s, report.inferences_per_s, report.latency_ms.p50,

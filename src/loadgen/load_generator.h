@@ -1,13 +1,31 @@
-// A load generator for a KServe v2 REST server (`hearth bench`), in the
-// spirit of Triton's perf_analyzer.
+// A load generator for a KServe v2 server (`hearth bench`), in the spirit
+// of Triton's perf_analyzer: over REST (HTTP/1.1, JSON or the binary
+// extension) or gRPC (inference.GRPCInferenceService/ModelInfer, when this
+// hearth is built with gRPC), with tensors in the requests or in system
+// shared memory.
 //
-// RunBench reads the model's metadata, prepares a few random request bodies
-// for every input, then drives the server either closed loop (`concurrency`
-// connections, each sending back to back) or open loop (`request_rate`
-// requests per second, Poisson or evenly spaced arrivals, over a pool of
-// keep-alive connections that grows as needed). In open loop a request's
-// latency runs from its *scheduled* send time, so queueing in the client
-// (the server being slower than the rate) shows up in the percentiles.
+// RunBench reads the model's metadata, prepares a few random requests,
+// then drives the server either closed loop (`concurrency` requests in
+// flight, each slot sending back to back) or open loop (`request_rate`
+// requests per second, Poisson or evenly spaced arrivals, over at most
+// `max_connections` requests in flight). In open loop a request's latency
+// runs from its *scheduled* send time, so queueing in the client (the
+// server being slower than the rate) shows up in the percentiles.
+//
+// REST runs one thread per keep-alive connection. gRPC runs grpc++'s
+// callback API: no thread per request; one channel (HTTP/2 connection) per
+// 100 requests in flight, under hearth's 128 streams per connection.
+//
+// With shared_memory kSystem, each request slot (one per request in
+// flight) gets a POSIX shared-memory object of its own (system_shm.h: its
+// name is unlinked once the server has registered it, so none is left
+// behind) holding its inputs, filled once, and room for its outputs; the
+// slot is registered as one region, every request names its inputs and
+// outputs in it (shared_memory_region, _offset, _byte_size), and no tensor
+// byte travels in the request or response. Every response is checked to
+// name the region and carry no inline data; the slot's first response (with
+// `verify`, every response) must also have overwritten the poison the
+// outputs' room was filled with. The regions are unregistered at the end.
 //
 // RunBench blocks for warmup + seconds and is not reentrant-safe with respect
 // to the `err` stream only (it writes the first few failures there).
@@ -15,6 +33,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,17 +41,27 @@
 
 namespace hearth {
 
-enum class BenchProtocol { kBinary, kJson };
+enum class BenchProtocol { kBinary, kJson };  // REST bodies; gRPC is always protobuf
+enum class BenchTransport { kRest, kGrpc };
+enum class BenchSharedMemory { kNone, kSystem };
 enum class BenchArrival { kPoisson, kConstant };
 
 struct BenchOptions {
-  std::string url;  // http://HOST:PORT (a trailing '/' is allowed; no path, no https)
+  // REST: http://HOST:PORT (a trailing '/' is allowed; no path, no https).
+  // gRPC: HOST:PORT or grpc://HOST:PORT ([V6]:PORT for IPv6).
+  std::string url;
+  BenchTransport transport = BenchTransport::kRest;
+  BenchSharedMemory shared_memory = BenchSharedMemory::kNone;
+  // Room per output in shared memory, bytes; 0: the output's size from the
+  // model's metadata (which must then have fixed dimensions).
+  uint64_t output_shared_memory_size = 0;
+  bool verify = false;  // shared memory: check every response's outputs, not only the first
   std::string model;
   std::string version;      // empty: the server's choice
-  int concurrency = 1;      // closed loop: connections sending back to back
+  int concurrency = 1;      // closed loop: requests in flight, each slot back to back
   double request_rate = 0;  // > 0: open loop at this many requests/s instead
   BenchArrival arrival = BenchArrival::kPoisson;
-  int max_connections = 256;  // open loop: the pool grows up to this
+  int max_connections = 256;  // open loop: at most this many requests in flight
   int batch = 1;              // must be 1 for a model without a batch dimension
   double seconds = 10;        // measured window
   double warmup = 1;          // sent but not measured
@@ -48,12 +77,26 @@ struct BenchLatency {
   double p50 = 0, p90 = 0, p99 = 0, max = 0, mean = 0;  // milliseconds
 };
 
+// The first response of a shared-memory run whose outputs were checked:
+// its slot's input bytes and the output bytes as the server left them in
+// the region, so that a caller can check the model's answer.
+struct BenchTensorBytes {
+  std::string name;
+  std::string bytes;
+};
+struct BenchShmSample {
+  std::vector<BenchTensorBytes> inputs, outputs;
+};
+
 struct BenchReport {
   std::string url, model, version;
-  std::string mode;      // "concurrency" or "request_rate"
-  std::string protocol;  // "binary" or "json"
-  std::string arrival;   // open loop only: "poisson" or "constant"
-  int concurrency = 0;   // closed loop: N; open loop: connections the pool grew to
+  std::string mode;           // "concurrency" or "request_rate"
+  std::string transport;      // "rest" or "grpc"
+  std::string protocol;       // REST: "binary" or "json" (shared memory: "json"); gRPC: "protobuf"
+  std::string shared_memory;  // "none" or "system"
+  uint64_t output_shared_memory_size = 0;  // system: the room per output (0: each output's size)
+  std::string arrival;                     // open loop only: "poisson" or "constant"
+  int concurrency = 0;  // closed loop: N; open loop: most requests in flight (REST: connections)
   double request_rate = 0;
   int batch = 1;
   double seconds = 0;     // the measured window, as it really ran
@@ -63,12 +106,19 @@ struct BenchReport {
   double requests_per_s = 0;
   double inferences_per_s = 0;  // requests_per_s * batch
   BenchLatency latency_ms;
+  uint64_t shm_checked = 0;  // responses whose outputs were checked in their region
   std::vector<std::string> first_errors;
+  std::optional<BenchShmSample> shm_sample;  // system shared memory: see above
 };
 
+// Whether this hearth was built with gRPC (BenchTransport::kGrpc works).
+bool BenchHasGrpc();
+
 // Runs the benchmark. A bad option, a bad URL, an unreachable server, an
-// unknown model or an unsupported input datatype is an error; failed requests
-// during the run are not (they are counted in the report).
+// unknown model, an unsupported input datatype, a region the server refuses
+// and gRPC in a hearth built without it are errors; failed requests during
+// the run are not (they are counted in the report; so is a response whose
+// outputs are not where the request put them).
 Result<BenchReport> RunBench(const BenchOptions& options, std::FILE* err = stderr);
 
 // One JSON object, one line.

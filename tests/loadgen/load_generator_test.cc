@@ -1,19 +1,27 @@
 // `hearth bench`'s core against a real `hearth serve` on a real socket: a
 // one-model repository (scale, 16 floats in, one out, batches up to 4), the
-// server started once per suite and stopped with SIGTERM.
+// server (REST and, when built with it, gRPC) started once per suite and
+// stopped with SIGTERM. Shared-memory runs check the model's answers in
+// the region against the checkpoint's weights, that no object of the run is
+// left in /dev/shm and no region left registered.
 #include "loadgen/load_generator.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -48,6 +56,68 @@ int RunCommand(const std::string& command, std::string* out = nullptr) {
   const int status = ::pclose(pipe);
   if (out != nullptr) *out = text;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// The names in /dev/shm that a run of process `pid` would make
+// (bench_common.cc: RunTag).
+std::vector<std::string> BenchObjectsOf(pid_t pid) {
+  std::vector<std::string> names;
+  const std::string prefix = "hearth-bench-" + std::to_string(pid) + "-";
+  for (const auto& entry : fs::directory_iterator("/dev/shm")) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) names.push_back(name);
+  }
+  return names;
+}
+
+// One HTTP/1.1 exchange on a connection of its own; returns the status and
+// (via `body`) the body. -1 when the server could not be reached.
+int HttpExchange(int port, const std::string& method, const std::string& path,
+                 const std::string& request_body, std::string* body = nullptr) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  const std::string request = method + " " + path +
+                              " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                              "Content-Type: application/json\r\nContent-Length: " +
+                              std::to_string(request_body.size()) + "\r\n\r\n" + request_body;
+  for (size_t sent = 0; sent < request.size();) {
+    const ssize_t n = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) {
+      ::close(fd);
+      return -1;
+    }
+    sent += static_cast<size_t>(n);
+  }
+  std::string response;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = ::recv(fd, buffer, sizeof(buffer), 0)) > 0) response.append(buffer, n);
+  ::close(fd);
+  const size_t head_end = response.find("\r\n\r\n");
+  if (response.rfind("HTTP/1.1 ", 0) != 0 || head_end == std::string::npos) return -1;
+  if (body != nullptr) *body = response.substr(head_end + 4);
+  return std::stoi(response.substr(9, 3));
+}
+
+// The scale model's weight vector, read from its safetensors file.
+std::vector<float> ReadScaleWeights(const fs::path& path) {
+  const std::string file = ReadFile(path);
+  uint64_t header_length = 0;
+  std::memcpy(&header_length, file.data(), 8);
+  const nlohmann::json header = nlohmann::json::parse(file.substr(8, header_length));
+  const auto offsets = header.at("weight").at("data_offsets").get<std::vector<size_t>>();
+  std::vector<float> weights((offsets[1] - offsets[0]) / 4);
+  std::memcpy(weights.data(), file.data() + 8 + header_length + offsets[0],
+              offsets[1] - offsets[0]);
+  return weights;
 }
 
 class BenchTest : public ::testing::Test {
@@ -94,9 +164,18 @@ instance_group:
       ASSERT_EQ(::waitpid(server_pid_, nullptr, WNOHANG), 0) << "hearth serve exited:\n" << text;
     }
     ASSERT_NE(port_, 0) << "hearth serve never became ready:\n" << ReadFile(log);
+    // Logged before "ready on", when it serves gRPC at all.
+    std::smatch match;
+    const std::string text = ReadFile(log);
+    if (std::regex_search(text, match, std::regex(R"(KServe v2 gRPC on 127\.0\.0\.1:(\d+))")))
+      grpc_port_ = std::stoi(match[1]);
+    weights_ = new std::vector<float>(
+        ReadScaleWeights(*dir_ / "repo" / "scale" / "1" / "model.safetensors"));
   }
 
   static void TearDownTestSuite() {
+    delete weights_;
+    weights_ = nullptr;
     if (server_pid_ > 0) {
       ::kill(server_pid_, SIGTERM);
       int status = 0;
@@ -138,6 +217,52 @@ instance_group:
   static inline fs::path* dir_ = nullptr;
   static inline pid_t server_pid_ = 0;
   static inline int port_ = 0;
+  static inline int grpc_port_ = 0;
+  static inline std::vector<float>* weights_ = nullptr;
+
+  static std::string GrpcUrl() { return "127.0.0.1:" + std::to_string(grpc_port_); }
+  void SkipWithoutGrpc() {
+    if (!BenchHasGrpc()) GTEST_SKIP() << "this hearth was built without gRPC";
+    if (grpc_port_ == 0) GTEST_SKIP() << "the server serves no gRPC";
+  }
+
+  // The regions the server has registered now.
+  static nlohmann::json Regions() {
+    std::string body;
+    EXPECT_EQ(HttpExchange(port_, "GET", "/v2/systemsharedmemory/status", "", &body), 200) << body;
+    return nlohmann::json::parse(body);
+  }
+
+  // A shared-memory run's sample: y[b] = x[b] . w for every row of the batch.
+  static void ExpectScaleAnswers(const BenchReport& report) {
+    ASSERT_TRUE(report.shm_sample.has_value());
+    const BenchShmSample& sample = *report.shm_sample;
+    ASSERT_EQ(sample.inputs.size(), 1u);
+    ASSERT_EQ(sample.outputs.size(), 1u);
+    EXPECT_EQ(sample.inputs[0].name, "x");
+    EXPECT_EQ(sample.outputs[0].name, "y");
+    const size_t n = weights_->size();
+    const size_t rows = static_cast<size_t>(report.batch);
+    ASSERT_EQ(sample.inputs[0].bytes.size(), rows * n * 4);
+    ASSERT_EQ(sample.outputs[0].bytes.size(), rows * 4);
+    for (size_t b = 0; b < rows; ++b) {
+      double expected = 0;
+      for (size_t i = 0; i < n; ++i) {
+        float x;
+        std::memcpy(&x, sample.inputs[0].bytes.data() + (b * n + i) * 4, 4);
+        expected += static_cast<double>(x) * (*weights_)[i];
+      }
+      float y;
+      std::memcpy(&y, sample.outputs[0].bytes.data() + b * 4, 4);
+      EXPECT_NEAR(y, expected, 1e-4 * (1 + std::fabs(expected))) << "row " << b;
+    }
+  }
+
+  // Nothing of a shared-memory run is left: no object, no region.
+  static void ExpectNothingLeft(pid_t pid) {
+    EXPECT_EQ(BenchObjectsOf(pid), std::vector<std::string>());
+    EXPECT_EQ(Regions(), nlohmann::json::array());
+  }
 };
 
 TEST_F(BenchTest, ClosedLoopBinary) {
@@ -282,6 +407,258 @@ TEST_F(BenchTest, CliFailsOnUnknownModel) {
                             &out);
   EXPECT_EQ(rc, 1) << out;
   EXPECT_NE(out.find("'nope'"), std::string::npos) << out;
+}
+
+// ---- system shared memory and gRPC ----------------------------------------------
+
+TEST_F(BenchTest, SharedMemoryRestAnswersAreInTheRegion) {
+  BenchOptions options = Options();
+  options.concurrency = 4;
+  options.batch = 3;
+  options.shared_memory = BenchSharedMemory::kSystem;
+  options.verify = true;
+  Result<BenchReport> report = RunBench(options, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ExpectHealthy(*report);
+  EXPECT_EQ(report->transport, "rest");
+  EXPECT_EQ(report->shared_memory, "system");
+  // --verify: every answer (warm-up ones too) was checked in its region.
+  EXPECT_GE(report->shm_checked, report->requests);
+  ExpectScaleAnswers(*report);
+  ExpectNothingLeft(::getpid());
+}
+
+TEST_F(BenchTest, SharedMemoryRestOpenLoopWithOutputRoom) {
+  BenchOptions options = Options();
+  options.request_rate = 50;
+  options.arrival = BenchArrival::kConstant;
+  options.max_connections = 8;
+  options.shared_memory = BenchSharedMemory::kSystem;
+  options.output_shared_memory_size = 64;  // more than the 4 bytes of y
+  Result<BenchReport> report = RunBench(options, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ExpectHealthy(*report);
+  EXPECT_GE(report->shm_checked, 1u);  // each used slot's first answer
+  ExpectScaleAnswers(*report);
+  ExpectNothingLeft(::getpid());
+}
+
+TEST_F(BenchTest, SharedMemoryOutputRoomTooSmallIsTheServersError) {
+  for (BenchTransport transport : {BenchTransport::kRest, BenchTransport::kGrpc}) {
+    if (transport == BenchTransport::kGrpc && (!BenchHasGrpc() || grpc_port_ == 0)) continue;
+    BenchOptions options = Options();
+    options.transport = transport;
+    if (transport == BenchTransport::kGrpc) options.url = GrpcUrl();
+    options.seconds = 0.3;
+    options.warmup = 0;
+    options.shared_memory = BenchSharedMemory::kSystem;
+    options.output_shared_memory_size = 2;
+    Result<BenchReport> report = RunBench(options, nullptr);
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(report->requests, 0u);
+    EXPECT_GT(report->errors, 0u);
+    ASSERT_FALSE(report->first_errors.empty());
+    EXPECT_NE(report->first_errors[0].find("do not fit in the 2 bytes"), std::string::npos)
+        << report->first_errors[0];
+    ExpectNothingLeft(::getpid());
+  }
+}
+
+TEST_F(BenchTest, RegionTheServerRefusesIsNamedAndNothingIsLeft) {
+  // Fill the server's region table (kept to a limit) with regions of the
+  // test's own object, then free two: the bench's third slot is refused.
+  const std::string key = "/hearth-bench-test-" + std::to_string(::getpid());
+  const int fd = ::shm_open(key.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  ASSERT_EQ(::ftruncate(fd, 4096), 0);
+  ::close(fd);
+  const std::string body = R"({"key":")" + key + R"(","offset":0,"byte_size":64})";
+  std::vector<std::string> mine;
+  for (int i = 0; i < 5000; ++i) {
+    const std::string name = "test-fill-" + std::to_string(i);
+    const int status =
+        HttpExchange(port_, "POST", "/v2/systemsharedmemory/region/" + name + "/register", body);
+    if (status != 200) break;
+    mine.push_back(name);
+  }
+  ::shm_unlink(key.c_str());
+  ASSERT_GE(mine.size(), 2u);
+  ASSERT_LT(mine.size(), 5000u) << "the server registers regions without a limit";
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(HttpExchange(port_, "POST",
+                           "/v2/systemsharedmemory/region/" + mine.back() + "/unregister", ""),
+              200);
+    mine.pop_back();
+  }
+  for (BenchTransport transport : {BenchTransport::kRest, BenchTransport::kGrpc}) {
+    if (transport == BenchTransport::kGrpc && (!BenchHasGrpc() || grpc_port_ == 0)) continue;
+    BenchOptions options = Options();
+    options.transport = transport;
+    if (transport == BenchTransport::kGrpc) options.url = GrpcUrl();
+    options.concurrency = 4;
+    options.shared_memory = BenchSharedMemory::kSystem;
+    Result<BenchReport> report = RunBench(options, nullptr);
+    ASSERT_FALSE(report.ok());
+    const std::string& message = report.status().message();
+    EXPECT_NE(message.find("registering shared-memory region"), std::string::npos) << message;
+    EXPECT_NE(message.find("slot 3 of 4"), std::string::npos) << message;
+    EXPECT_NE(message.find("regions are registered"), std::string::npos) << message;
+    EXPECT_EQ(BenchObjectsOf(::getpid()), std::vector<std::string>());
+    EXPECT_EQ(Regions().size(), mine.size()) << "the bench left regions registered";
+  }
+  for (const std::string& name : mine)
+    HttpExchange(port_, "POST", "/v2/systemsharedmemory/region/" + name + "/unregister", "");
+  EXPECT_EQ(Regions(), nlohmann::json::array());
+}
+
+TEST_F(BenchTest, GrpcClosedAndOpenLoop) {
+  SkipWithoutGrpc();
+  BenchOptions options = Options();
+  options.transport = BenchTransport::kGrpc;
+  options.url = "grpc://" + GrpcUrl();
+  options.concurrency = 3;
+  options.batch = 2;
+  Result<BenchReport> report = RunBench(options, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ExpectHealthy(*report);
+  EXPECT_EQ(report->transport, "grpc");
+  EXPECT_EQ(report->protocol, "protobuf");
+  EXPECT_EQ(report->shared_memory, "none");
+  EXPECT_FALSE(report->shm_sample.has_value());
+
+  options.request_rate = 50;
+  options.arrival = BenchArrival::kConstant;
+  options.max_connections = 8;
+  report = RunBench(options, nullptr);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ExpectHealthy(*report);
+  EXPECT_EQ(report->mode, "request_rate");
+  EXPECT_NEAR(report->requests_per_s, 50, 25);
+  EXPECT_LE(report->concurrency, 8);
+}
+
+TEST_F(BenchTest, SharedMemoryGrpcAnswersAreInTheRegion) {
+  SkipWithoutGrpc();
+  for (bool open_loop : {false, true}) {
+    BenchOptions options = Options();
+    options.transport = BenchTransport::kGrpc;
+    options.url = GrpcUrl();
+    options.concurrency = 4;
+    options.batch = 4;
+    if (open_loop) {
+      options.request_rate = 50;
+      options.max_connections = 8;
+    }
+    options.shared_memory = BenchSharedMemory::kSystem;
+    options.verify = true;
+    Result<BenchReport> report = RunBench(options, nullptr);
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    ExpectHealthy(*report);
+    EXPECT_EQ(report->transport, "grpc");
+    EXPECT_EQ(report->shared_memory, "system");
+    EXPECT_GE(report->shm_checked, report->requests);
+    ExpectScaleAnswers(*report);
+    ExpectNothingLeft(::getpid());
+  }
+}
+
+TEST_F(BenchTest, GrpcErrorsAreClear) {
+  if (!BenchHasGrpc()) {
+    BenchOptions options = Options();
+    options.transport = BenchTransport::kGrpc;
+    options.url = "127.0.0.1:1";
+    Result<BenchReport> report = RunBench(options, nullptr);
+    ASSERT_FALSE(report.ok());
+    EXPECT_EQ(report.status().code(), StatusCode::kUnimplemented);
+    EXPECT_NE(report.status().message().find("built without gRPC"), std::string::npos)
+        << report.status().message();
+    return;
+  }
+  // The REST port speaks no gRPC, as a server without gRPC would not.
+  BenchOptions options = Options();
+  options.transport = BenchTransport::kGrpc;
+  options.url = "127.0.0.1:" + std::to_string(port_);
+  options.timeout_seconds = 5;
+  Result<BenchReport> report = RunBench(options, nullptr);
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().code(), StatusCode::kUnavailable) << report.status().ToString();
+  EXPECT_NE(report.status().message().find(options.url), std::string::npos)
+      << report.status().message();
+  EXPECT_NE(report.status().message().find("--grpc-port"), std::string::npos)
+      << report.status().message();
+  for (const char* url :
+       {"http://127.0.0.1:8001", "127.0.0.1", "grpc://127.0.0.1:0", "127.0.0.1:8001/v2"}) {
+    options.url = url;
+    report = RunBench(options, nullptr);
+    ASSERT_FALSE(report.ok()) << url;
+    EXPECT_EQ(report.status().code(), StatusCode::kInvalidArgument) << url;
+    EXPECT_NE(report.status().message().find(url), std::string::npos) << report.status().message();
+  }
+  if (grpc_port_ != 0) {
+    options.url = GrpcUrl();
+    options.model = "no_such_model";
+    report = RunBench(options, nullptr);
+    ASSERT_FALSE(report.ok());
+    EXPECT_EQ(report.status().code(), StatusCode::kNotFound) << report.status().ToString();
+    EXPECT_NE(report.status().message().find("no_such_model"), std::string::npos);
+  }
+}
+
+TEST_F(BenchTest, CliSharedMemoryJsonNamesTransportAndMode) {
+  std::vector<std::string> transports = {"rest"};
+  if (BenchHasGrpc() && grpc_port_ != 0) transports.push_back("grpc");
+  for (const std::string& transport : transports) {
+    std::string out;
+    const std::string url = transport == "grpc" ? GrpcUrl() : Url();
+    const int rc = RunCommand(std::string(HEARTH_CLI_PATH) + " bench --url " + url +
+                                  " --transport " + transport +
+                                  " --shared-memory system --model scale --concurrency 2 "
+                                  "--seconds 0.5 --warmup 0.1 --verify --json",
+                              &out);
+    ASSERT_EQ(rc, 0) << out;
+    const nlohmann::json report = nlohmann::json::parse(out);
+    EXPECT_EQ(report["transport"], transport);
+    EXPECT_EQ(report["shared_memory"], "system");
+    EXPECT_EQ(report["errors"], 0);
+    EXPECT_GT(report["shm_checked"].get<uint64_t>(), 0u);
+  }
+  EXPECT_EQ(Regions(), nlohmann::json::array());
+}
+
+TEST_F(BenchTest, CliKilledBySignalLeavesNoObject) {
+  const std::string cli = HEARTH_CLI_PATH;
+  std::vector<std::string> args = {
+      cli, "bench",           "--url",  Url(),       "--model", "scale", "--concurrency",
+      "2", "--shared-memory", "system", "--seconds", "120"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, cli.c_str(), &actions, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&actions);
+  // Running: both slots registered (then their objects' names are gone).
+  bool registered = false;
+  for (int i = 0; i < 600 && !registered; ++i) {
+    registered = Regions().size() == 2;
+    if (!registered) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(registered) << Regions().dump();
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << status;
+  EXPECT_EQ(BenchObjectsOf(pid), std::vector<std::string>());
+  // A killed bench cannot unregister: the server keeps the regions (and
+  // their memory) until told otherwise.
+  for (const nlohmann::json& region : Regions())
+    HttpExchange(
+        port_, "POST",
+        "/v2/systemsharedmemory/region/" + region["name"].get<std::string>() + "/unregister", "");
+  EXPECT_EQ(Regions(), nlohmann::json::array());
 }
 
 }  // namespace
