@@ -404,6 +404,8 @@ def model_workers(serve_pid, model):
             argv = pathlib.Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
         except FileNotFoundError:
             continue
+        if b"--model" not in argv:
+            continue  # exited (a zombie's cmdline is empty) since it was listed
         if model.encode() in argv[argv.index(b"--model") + 1:argv.index(b"--model") + 2]:
             out.append(p)
     return out
