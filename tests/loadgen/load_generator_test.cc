@@ -513,6 +513,7 @@ TEST_F(BenchTest, RegionTheServerRefusesIsNamedAndNothingIsLeft) {
 
 TEST_F(BenchTest, GrpcClosedAndOpenLoop) {
   SkipWithoutGrpc();
+  if (IsSkipped()) return;
   BenchOptions options = Options();
   options.transport = BenchTransport::kGrpc;
   options.url = "grpc://" + GrpcUrl();
@@ -539,6 +540,7 @@ TEST_F(BenchTest, GrpcClosedAndOpenLoop) {
 
 TEST_F(BenchTest, SharedMemoryGrpcAnswersAreInTheRegion) {
   SkipWithoutGrpc();
+  if (IsSkipped()) return;
   for (bool open_loop : {false, true}) {
     BenchOptions options = Options();
     options.transport = BenchTransport::kGrpc;
