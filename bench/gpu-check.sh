@@ -11,10 +11,10 @@
 # .gpu/webroot (fastapi, uvicorn), Debian's packages unpacked with dpkg -x.
 #
 # SECTIONS picks what runs after the build (default: all of them):
-#   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate gemm startup suite
+#   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart gemm startup suite
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate gemm startup suite"}
+SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart gemm startup suite"}
 want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -112,6 +112,18 @@ if want generate; then
     --webroot "$WEBROOT" --seconds 10 > "$OUT/generate-bench.log" 2>&1
   gen_rc=$?
   grep -E "^(checkpoint|hearth|baseline)" "$OUT/generate-bench.log" | cut -c1-900
+fi
+if want protocol; then
+  echo "== the protocol: hearth bench over REST (and gRPC where built), with and without system shared memory"
+  timeout 200 python3 bench/serve/protocol_bench.py --build "$BUILD" --device cuda --seconds 3 --out "$OUT" \
+    > "$OUT/protocol.log" 2>&1
+  tail -14 "$OUT/protocol.log"
+fi
+if want restart; then
+  echo "== SIGKILL to a ready replacement, with and without a standby worker"
+  timeout 400 python3 bench/serve/restart_bench.py --build "$BUILD" --device cuda --models tiny,llama,scale \
+    --kills 3 > "$OUT/restart.log" 2>&1
+  cut -c1-400 "$OUT/restart.log"
 fi
 if want gemm; then
   echo "== the mlp forward by batch size: cuBLASLt, the skinny kernel, PyTorch (baseline)"
