@@ -15,7 +15,8 @@ writes
   once and every worker binds the package to the store's tensors
   (`load_constants(..., user_managed=true)`), so N workers share one copy;
 - `repo/mymodel/config.yaml` (`backend: aoti`, inputs, outputs, batch size,
-  instance group); an existing one is kept unless `--force`.
+  instance group, and `parameters.standby_workers` from `--standby-workers`,
+  default 1); an existing one is kept unless `--force`.
 
 The package's metadata (`aot_inductor.metadata`, read in C++ by
 `AOTIModelPackageLoader::get_metadata()`) carries hearth's view of it, every
@@ -77,6 +78,7 @@ __all__ = ["export", "ExportError", "unavailable_reason", "write_safetensors", "
 FORMAT = "1"
 MAX_BATCH_SIZE = 4096  # hearth's limit on a config's max_batch_size
 MAX_WORKERS = 256  # hearth's limit on instance_group.count
+MAX_STANDBY_WORKERS = 8  # and on parameters.standby_workers
 PACKAGE = "model.pt2"
 WEIGHTS = "model.safetensors"
 CONFIG = "config.yaml"
@@ -643,7 +645,7 @@ def _metadata(inputs, outputs, batch, constants):
 # ---- config.yaml ------------------------------------------------------------
 
 
-def _config_yaml(name, inputs, outputs, batch, kind, workers, source):
+def _config_yaml(name, inputs, outputs, batch, kind, workers, source, standby_workers=1):
     def io(spec):
         dims = spec["dims"]
         if batch["dynamic"]:
@@ -668,9 +670,10 @@ def _config_yaml(name, inputs, outputs, batch, kind, workers, source):
     lines += [io(s) for s in outputs]
     lines.append("instance_group:")
     lines.append(f"  - {{count: {workers}, kind: {kind}}}")
-    lines.append("# A worker started ahead of need, libtorch loaded: a replacement for one that")
-    lines.append("# dies skips that load. Host memory only.")
-    lines.append("parameters: {standby_workers: '1'}")
+    if standby_workers:
+        lines.append("# Workers started ahead of need, libtorch loaded: a replacement for one that")
+        lines.append("# dies skips that load. Host memory only.")
+        lines.append(f"parameters: {{standby_workers: '{standby_workers}'}}")
     return "\n".join(lines) + "\n"
 
 
@@ -718,7 +721,7 @@ def _resolve_dtype(torch, text, allowed=None):
 
 def export(module, out, example_input_shapes, *, dtypes=("float32",), weights_dtype=None,
            dynamic_batch=None, device=None, input_names=None, output_names=None, name=None,
-           workers=1, force=False, source=None):
+           workers=1, force=False, source=None, standby_workers=1):
     """Exports nn.Module `module` as a hearth `aoti` model version in directory
     `out` (model.pt2, model.safetensors) and writes `out/../config.yaml`.
 
@@ -781,6 +784,8 @@ def export(module, out, example_input_shapes, *, dtypes=("float32",), weights_dt
             raise ExportError(f"names must be distinct and non-empty: {list(names)}")
     if not 1 <= workers <= MAX_WORKERS:
         raise ExportError(f"--workers {workers}: needs 1..{MAX_WORKERS}")
+    if not 0 <= standby_workers <= MAX_STANDBY_WORKERS:
+        raise ExportError(f"--standby-workers {standby_workers}: needs 0..{MAX_STANDBY_WORKERS}")
 
     out = os.path.abspath(out)
     model_dir = os.path.dirname(out)
@@ -859,7 +864,8 @@ def export(module, out, example_input_shapes, *, dtypes=("float32",), weights_dt
         config = os.path.join(staging, CONFIG)
         kind = "KIND_GPU" if device.type == "cuda" else "KIND_CPU"
         with open(config, "w") as f:
-            f.write(_config_yaml(model_name, inputs, outputs, batch_info, kind, workers, source))
+            f.write(_config_yaml(model_name, inputs, outputs, batch_info, kind, workers, source,
+                                 standby_workers))
         _place(weights, paths["weights"], force)
         _place(package, paths["package"], force)
         _place(config, paths["config"], force)
@@ -945,6 +951,9 @@ def _parser():
                                   "the name of OUT's parent directory")
     e.add_argument("--workers", type=int, default=1, metavar="N",
                    help="instance_group count (default 1)")
+    e.add_argument("--standby-workers", type=int, default=1, metavar="N",
+                   help="parameters.standby_workers: processes kept with libtorch loaded, that "
+                        "replace a worker that dies (default 1; 0: none)")
     e.add_argument("--out", required=True, metavar="OUT",
                    help="the version directory, e.g. repo/mymodel/1/")
     e.add_argument("--force", action="store_true",
@@ -964,6 +973,7 @@ def main(argv=None):
                weights_dtype=args.weights_dtype, dynamic_batch=args.dynamic_batch,
                device=args.device, input_names=args.input_names,
                output_names=args.output_names, name=args.name, workers=args.workers,
+               standby_workers=args.standby_workers,
                force=args.force, source=args.model)
     except ExportError as e:
         if args.traceback:

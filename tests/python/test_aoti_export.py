@@ -685,6 +685,7 @@ def test_option_errors(models, tmp_path, args, message):
     (["--example-input-shape", "4,64", "--example-input-shape", "5,8"], "first dimensions differ"),
     (["--example-input-shape", "4,64", "--name", "other"], "differs from the model directory's"),
     (["--example-input-shape", "4,64", "--weights-dtype", "int8"], "unknown dtype 'int8'"),
+    (["--example-input-shape", "4,64", "--standby-workers", "9"], "--standby-workers 9: needs 0..8"),
 ])
 def test_argument_errors(models, tmp_path, args, message):
     result = run_cli("export", f"{models}:mlp", "--device", "cpu",
