@@ -150,6 +150,50 @@ TEST(WorkerCApi, ServesABatchWithPlacedAndWorkerPlacedOutputs) {
   worker.join();
 }
 
+TEST(WorkerCApi, AStandbyWaitsForStartOrLeavesWhenTheServerDoes) {
+  {
+    Server s;
+    control::Setup setup;
+    setup.max_batch_size = 2;
+    ASSERT_TRUE(control::SendSetup(s.control.get(), setup).ok());
+    hearth_worker* w = nullptr;
+    ASSERT_EQ(hearth_worker_open(s.worker_control, s.worker_slot, 1000, &w), HEARTH_OK);
+    // Put to work: 1, and then the worker goes on as any other.
+    ASSERT_TRUE(control::SendStart(s.control.get()).ok());
+    EXPECT_EQ(hearth_worker_wait_start(w), 1);
+    const int64_t dims[] = {3};
+    hearth_tensor_spec in[] = {{"x", HEARTH_F32, 1, dims}};
+    ASSERT_EQ(hearth_worker_ready(w, in, 1, in, 1, 0, ""), HEARTH_OK);
+    EXPECT_TRUE(control::ReceiveKind(s.control.get(), 1000, {control::Kind::kReady}).ok());
+    // Once ready, there is no start to wait for.
+    EXPECT_EQ(hearth_worker_wait_start(w), HEARTH_ERROR_INVALID_ARGUMENT);
+    hearth_worker_close(w);
+  }
+  {
+    Server s;
+    ASSERT_TRUE(control::SendSetup(s.control.get(), control::Setup{}).ok());
+    hearth_worker* w = nullptr;
+    ASSERT_EQ(hearth_worker_open(s.worker_control, s.worker_slot, 1000, &w), HEARTH_OK);
+    // The server lets it go: 0, exit quietly.
+    s.control.Reset();
+    EXPECT_EQ(hearth_worker_wait_start(w), 0);
+    hearth_worker_close(w);
+  }
+  {
+    Server s;
+    ASSERT_TRUE(control::SendSetup(s.control.get(), control::Setup{}).ok());
+    hearth_worker* w = nullptr;
+    ASSERT_EQ(hearth_worker_open(s.worker_control, s.worker_slot, 1000, &w), HEARTH_OK);
+    // Anything but kStart is refused.
+    ASSERT_TRUE(control::SendAck(s.control.get(), control::Ack{1, false}).ok());
+    EXPECT_EQ(hearth_worker_wait_start(w), HEARTH_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(hearth_last_error()).find("unexpected control message"),
+              std::string::npos)
+        << hearth_last_error();
+    hearth_worker_close(w);
+  }
+}
+
 TEST(WorkerCApi, AMalformedBatchIsRefusedAndAFailureReachesTheServer) {
   Server s;
   control::Setup setup;
