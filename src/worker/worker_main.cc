@@ -37,7 +37,8 @@ struct WorkerArgs {
   std::string fault_kind;
   double fault_on_value = 0;
   pid_t parent_pid = 0;  // the server, which started this process
-  // A standby: loads what it can before the setup comes, which may be long.
+  // A standby: loads what it can without the device, then waits (maybe
+  // long) until the server puts it to work.
   bool standby = false;
   std::string device;             // a standby's hint: the model's device
   std::vector<std::string> argv;  // as given, for a program-backed kind
@@ -246,7 +247,8 @@ int main(int argc, char** argv) {
   app.add_option("--control-fd", a.control_fd)->required();
   app.add_option("--slot-fd", a.slot_fd)->required();
   app.add_option("--parent-pid", a.parent_pid, "the server's pid: exit at once if it is gone");
-  app.add_flag("--standby", a.standby, "load what can be loaded, then wait for the setup");
+  app.add_flag("--standby", a.standby,
+               "load what needs no device, then wait until the server puts this worker to work");
   app.add_option("--device", a.device, "a standby's hint: the model's device");
   app.add_option("--fault-kind", a.fault_kind);
   app.add_option("--fault-on-value", a.fault_on_value);
