@@ -116,7 +116,12 @@ def test_statistics_count_this_tests_requests(server):
     after = scale_stats()
     assert after["inference_count"] - before["inference_count"] == 6
     stats = after["inference_stats"]
-    assert set(stats) == {"success", "fail", "queue", "compute_input", "compute_infer", "compute_output"}
+    # Every field of Triton's $inference_stats: perf_analyzer reads cache_hit and cache_miss
+    # unconditionally (hearth has no response cache: they stay zero).
+    assert set(stats) == {"success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
+                          "cache_hit", "cache_miss"}
+    assert stats["cache_hit"] == stats["cache_miss"] == {"count": 0, "ns": 0}
+    assert after["response_stats"] == {} and after["memory_usage"] == []
     assert stats["success"]["count"] - before["inference_stats"]["success"]["count"] == 3
     assert 1 <= after["execution_count"] - before["execution_count"] <= 3
     assert stats["compute_infer"]["ns"] > before["inference_stats"]["compute_infer"]["ns"]
