@@ -53,6 +53,18 @@ grpc::Status NotYet(const std::string& message) {
   return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, message);
 }
 
+constexpr const char* kNoCudaSharedMemory =
+    "hearth does not support CUDA shared memory regions yet: send tensors in the request "
+    "(raw_input_contents) or use system shared memory (SystemSharedMemoryRegister)";
+
+// No CUDA region can be registered, so a named one is never there; all of
+// them are none (listing or unregistering them succeeds, as perf_analyzer's
+// clean-up needs).
+grpc::Status NoCudaRegion(const std::string& name) {
+  return grpc::Status(grpc::StatusCode::NOT_FOUND, "no CUDA shared-memory region named '" + name +
+                                                       "' is registered: " + kNoCudaSharedMemory);
+}
+
 // Answers a quick RPC inside its handler.
 grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, grpc::Status status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -295,9 +307,10 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
     return Answer(context, ToGrpcStatus(service_->UnregisterSystemSharedMemory(request->name())));
   }
   grpc::ServerUnaryReactor* CudaSharedMemoryStatus(
-      grpc::CallbackServerContext* context, const inference::CudaSharedMemoryStatusRequest*,
+      grpc::CallbackServerContext* context, const inference::CudaSharedMemoryStatusRequest* request,
       inference::CudaSharedMemoryStatusResponse*) override {
-    return Answer(context, NotYet(kNoCudaSharedMemory));
+    return Answer(context,
+                  request->name().empty() ? grpc::Status::OK : NoCudaRegion(request->name()));
   }
   grpc::ServerUnaryReactor* CudaSharedMemoryRegister(
       grpc::CallbackServerContext* context, const inference::CudaSharedMemoryRegisterRequest*,
@@ -305,9 +318,11 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
     return Answer(context, NotYet(kNoCudaSharedMemory));
   }
   grpc::ServerUnaryReactor* CudaSharedMemoryUnregister(
-      grpc::CallbackServerContext* context, const inference::CudaSharedMemoryUnregisterRequest*,
+      grpc::CallbackServerContext* context,
+      const inference::CudaSharedMemoryUnregisterRequest* request,
       inference::CudaSharedMemoryUnregisterResponse*) override {
-    return Answer(context, NotYet(kNoCudaSharedMemory));
+    return Answer(context,
+                  request->name().empty() ? grpc::Status::OK : NoCudaRegion(request->name()));
   }
 
   grpc::ServerUnaryReactor* TraceSetting(grpc::CallbackServerContext* context,
@@ -324,10 +339,6 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
   }
 
  private:
-  static constexpr const char* kNoCudaSharedMemory =
-      "hearth does not support CUDA shared memory regions yet: send tensors in the request "
-      "(raw_input_contents) or use system shared memory (SystemSharedMemoryRegister)";
-
   // A repository request names a model of this server's one repository and
   // no parameters but `allowed` (Triton's `config` and `file:` overrides of
   // a load are not supported: the model's directory is what is loaded).

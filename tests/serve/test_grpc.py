@@ -384,12 +384,22 @@ def test_repository_index(server):
     assert ready == ["batched", "mlp", "prio", "scale", "swap"]
 
 
+def test_there_are_no_cuda_shared_memory_regions(server):
+    # perf_analyzer --shared-memory system unregisters all CUDA regions too, and stops if that fails.
+    stub = server["stub"]
+    assert dict(stub.CudaSharedMemoryStatus(pb.CudaSharedMemoryStatusRequest(), timeout=30).regions) == {}
+    stub.CudaSharedMemoryUnregister(pb.CudaSharedMemoryUnregisterRequest(), timeout=30)
+    for call, request in ((stub.CudaSharedMemoryStatus, pb.CudaSharedMemoryStatusRequest(name="c")),
+                          (stub.CudaSharedMemoryUnregister, pb.CudaSharedMemoryUnregisterRequest(name="c"))):
+        e = rpc_error(call, request, timeout=30)
+        assert e.code() == grpc.StatusCode.NOT_FOUND and "'c'" in e.details(), e.details()
+
+
 def test_what_hearth_does_not_do_yet_is_unimplemented_with_a_reason(server):
     stub = server["stub"]
     for call, request, says in (
             (stub.CudaSharedMemoryRegister, pb.CudaSharedMemoryRegisterRequest(name="r", byte_size=64),
              "CUDA shared memory"),
-            (stub.CudaSharedMemoryStatus, pb.CudaSharedMemoryStatusRequest(), "CUDA shared memory"),
             (stub.TraceSetting, pb.TraceSettingRequest(), "tracing"),
             (stub.LogSettings, pb.LogSettingsRequest(), "log settings")):
         e = rpc_error(call, request, timeout=30)
