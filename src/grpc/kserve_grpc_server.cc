@@ -53,6 +53,18 @@ grpc::Status NotYet(const std::string& message) {
   return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, message);
 }
 
+constexpr const char* kNoCudaSharedMemory =
+    "hearth does not support CUDA shared memory regions yet: send tensors in the request "
+    "(raw_input_contents) or use system shared memory (SystemSharedMemoryRegister)";
+
+// No CUDA region can be registered, so a named one is never there; all of
+// them are none (listing or unregistering them succeeds, as perf_analyzer's
+// clean-up needs).
+grpc::Status NoCudaRegion(const std::string& name) {
+  return grpc::Status(grpc::StatusCode::NOT_FOUND, "no CUDA shared-memory region named '" + name +
+                                                       "' is registered: " + kNoCudaSharedMemory);
+}
+
 // Answers a quick RPC inside its handler.
 grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, grpc::Status status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -80,6 +92,7 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
     s.listening = server_ != nullptr && !stopping_;
     s.draining = stopping_;
     s.inflight_calls = inflight_calls_;
+    s.unanswered_calls = unanswered_calls_;
     s.inflight_bytes = inflight_bytes_;
     s.streams = streams_.size();
     s.stream_requests = stream_requests_;
@@ -93,18 +106,31 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
   const GrpcOptions& options() const { return options_; }
 
   // A ModelInfer or ModelStreamInfer call begins: refused (an error to
-  // answer it with) past max_inflight_calls or while stopping. EndCall for
-  // each admitted call, from its OnDone.
+  // answer it with) past max_inflight_calls unanswered calls or while
+  // stopping. For each admitted call: AnsweredCall once, when its answer (its
+  // status) is handed to gRPC, and EndCall from its OnDone.
+  //
+  // The limit counts calls until they are answered, not until OnDone: gRPC
+  // runs OnDone on its executor some time after the answer is sent, and under
+  // load that lag held a thousand calls that their clients had long seen
+  // answered (perf_analyzer at concurrency 64 was refused). What an answered
+  // call still holds, its request's bytes, stays in the byte budget until
+  // OnDone; its answer is in gRPC's resource quota.
   Status BeginCall() {
     std::lock_guard lock(mu_);
     if (stopping_) return Unavailable("the server is shutting down");
-    if (inflight_calls_ >= static_cast<uint64_t>(options_.max_inflight_calls)) {
+    if (unanswered_calls_ >= static_cast<uint64_t>(options_.max_inflight_calls)) {
       ++refused_calls_;
-      return ResourceExhausted("the server has " + std::to_string(inflight_calls_) +
+      return ResourceExhausted("the server has " + std::to_string(unanswered_calls_) +
                                " inference calls in progress, its limit; retry later");
     }
+    ++unanswered_calls_;
     ++inflight_calls_;
     return Status::Ok();
+  }
+  void AnsweredCall() {
+    std::lock_guard lock(mu_);
+    --unanswered_calls_;
   }
   void EndCall() {
     {
@@ -295,9 +321,10 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
     return Answer(context, ToGrpcStatus(service_->UnregisterSystemSharedMemory(request->name())));
   }
   grpc::ServerUnaryReactor* CudaSharedMemoryStatus(
-      grpc::CallbackServerContext* context, const inference::CudaSharedMemoryStatusRequest*,
+      grpc::CallbackServerContext* context, const inference::CudaSharedMemoryStatusRequest* request,
       inference::CudaSharedMemoryStatusResponse*) override {
-    return Answer(context, NotYet(kNoCudaSharedMemory));
+    return Answer(context,
+                  request->name().empty() ? grpc::Status::OK : NoCudaRegion(request->name()));
   }
   grpc::ServerUnaryReactor* CudaSharedMemoryRegister(
       grpc::CallbackServerContext* context, const inference::CudaSharedMemoryRegisterRequest*,
@@ -305,9 +332,11 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
     return Answer(context, NotYet(kNoCudaSharedMemory));
   }
   grpc::ServerUnaryReactor* CudaSharedMemoryUnregister(
-      grpc::CallbackServerContext* context, const inference::CudaSharedMemoryUnregisterRequest*,
+      grpc::CallbackServerContext* context,
+      const inference::CudaSharedMemoryUnregisterRequest* request,
       inference::CudaSharedMemoryUnregisterResponse*) override {
-    return Answer(context, NotYet(kNoCudaSharedMemory));
+    return Answer(context,
+                  request->name().empty() ? grpc::Status::OK : NoCudaRegion(request->name()));
   }
 
   grpc::ServerUnaryReactor* TraceSetting(grpc::CallbackServerContext* context,
@@ -324,10 +353,6 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
   }
 
  private:
-  static constexpr const char* kNoCudaSharedMemory =
-      "hearth does not support CUDA shared memory regions yet: send tensors in the request "
-      "(raw_input_contents) or use system shared memory (SystemSharedMemoryRegister)";
-
   // A repository request names a model of this server's one repository and
   // no parameters but `allowed` (Triton's `config` and `file:` overrides of
   // a load are not supported: the model's directory is what is loaded).
@@ -366,7 +391,8 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
   bool started_ = false;
   bool stopping_ = false;
   bool stopped_ = false;
-  uint64_t inflight_calls_ = 0;
+  uint64_t inflight_calls_ = 0;    // admitted, not yet done (OnDone)
+  uint64_t unanswered_calls_ = 0;  // admitted, not yet answered: the limit's count
   uint64_t inflight_bytes_ = 0;
   uint64_t stream_requests_ = 0;
   uint64_t refused_calls_ = 0;
@@ -455,28 +481,29 @@ class GrpcServer::Impl::InferCall final : public grpc::ServerUnaryReactor {
       return Finish(ToGrpcStatus(admitted));
     }
     admitted_ = true;
+    // From here on every answer goes through Reply.
     const uint64_t bytes = request_->ByteSizeLong();
-    if (Status taken = server_->TakeBytes(bytes); !taken.ok()) return Finish(ToGrpcStatus(taken));
+    if (Status taken = server_->TakeBytes(bytes); !taken.ok()) return Reply(ToGrpcStatus(taken));
     bytes_ = bytes;
     Result<GrpcInferRequest> parsed = ParseModelInferRequest(*request_, nullptr);
-    if (!parsed.ok()) return Finish(ToGrpcStatus(parsed.status()));
+    if (!parsed.ok()) return Reply(ToGrpcStatus(parsed.status()));
     InferRequest& request = parsed->request;
     const uint64_t shared = SharedMemoryInputBytes(request);
-    if (Status taken = server_->TakeBytes(shared); !taken.ok()) return Finish(ToGrpcStatus(taken));
+    if (Status taken = server_->TakeBytes(shared); !taken.ok()) return Reply(ToGrpcStatus(taken));
     bytes_ += shared;
     const Result<hearth::ModelMetadata> metadata =
         server_->service().Metadata(request.model, request.version);
-    if (!metadata.ok()) return Finish(ToGrpcStatus(metadata.status()));
+    if (!metadata.ok()) return Reply(ToGrpcStatus(metadata.status()));
     if (Status valid = ValidateInferRequest(request, *metadata); !valid.ok()) {
-      return Finish(ToGrpcStatus(valid));
+      return Reply(ToGrpcStatus(valid));
     }
     outputs_ = request.outputs;
     request.cancelled = cancelled_;
     // `done` may run on any thread, even inside Infer; the outputs it gets
     // may be borrowed, so they are copied into the response right there.
     server_->service().Infer(std::move(request), [this](Result<InferResponse> result) {
-      if (!result.ok()) return Finish(ToGrpcStatus(result.status()));
-      Finish(ToGrpcStatus(EncodeModelInferResponse(*result, outputs_, response_)));
+      if (!result.ok()) return Reply(ToGrpcStatus(result.status()));
+      Reply(ToGrpcStatus(EncodeModelInferResponse(*result, outputs_, response_)));
     });
   }
 
@@ -489,6 +516,11 @@ class GrpcServer::Impl::InferCall final : public grpc::ServerUnaryReactor {
   }
 
  private:
+  void Reply(grpc::Status status) {
+    server_->AnsweredCall();
+    Finish(std::move(status));
+  }
+
   Impl* const server_;
   const ModelInferRequest* const request_;
   ModelInferResponse* const response_;
@@ -808,6 +840,7 @@ class GrpcServer::Impl::StreamCall final
       return;
     }
     finished_ = true;
+    server_->AnsweredCall();
     Finish(std::move(status));
   }
 

@@ -21,7 +21,9 @@
 // - message size: a received message over max_message_bytes (after
 //   decompression) is refused with RESOURCE_EXHAUSTED by gRPC itself;
 // - calls: at most max_inflight_calls ModelInfer and ModelStreamInfer calls
-//   at once, and at most max_inflight_bytes of their requests held; past
+//   at once that are not answered yet (a call answered and still being sent
+//   counts no longer: its request's bytes do, until gRPC is done with it),
+//   and at most max_inflight_bytes of their requests held; past
 //   either a ModelInfer is answered RESOURCE_EXHAUSTED (a stream's request
 //   gets the same error in its error_message), never queued;
 // - streams: HTTP/2 allows max_concurrent_streams calls per connection; one
@@ -87,6 +89,7 @@ struct GrpcStats {
   bool listening = false;
   bool draining = false;
   uint64_t inflight_calls = 0;    // ModelInfer and ModelStreamInfer calls not yet done
+  uint64_t unanswered_calls = 0;  // of those, not yet answered (max_inflight_calls bounds them)
   uint64_t inflight_bytes = 0;    // of their requests, held
   uint64_t streams = 0;           // open ModelStreamInfer calls
   uint64_t stream_requests = 0;   // requests of streams in the service now

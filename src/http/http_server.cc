@@ -437,19 +437,22 @@ struct Route {
     kShmRegister,
     kShmUnregister,  // region empty: every region
     kShmStatus,      // likewise
-    kCudaShm,        // any of CUDA shared memory's endpoints: not supported
-    kTraceSetting,   // Triton's trace settings (GET or POST): not supported
-    kLogging,        // Triton's log settings (GET or POST): not supported
+    // CUDA shared memory: registering is not supported, so there are no
+    // regions to list or unregister (all of them: none; a named one: unknown).
+    kCudaShmRegister,
+    kCudaShmUnregister,
+    kCudaShmStatus,
+    kTraceSetting,  // Triton's trace settings (GET or POST): not supported
+    kLogging,       // Triton's log settings (GET or POST): not supported
   };
   Kind kind = Kind::kNone;
   std::string model;
   std::string version;
-  std::string region;                        // shared memory
-  http::verb cuda_method = http::verb::get;  // kCudaShm: what the endpoint takes
+  std::string region;  // shared memory
   http::verb method() const {
     switch (kind) {
-      case Kind::kCudaShm:
-        return cuda_method;
+      case Kind::kCudaShmRegister:
+      case Kind::kCudaShmUnregister:
       case Kind::kRepositoryIndex:
       case Kind::kRepositoryLoad:
       case Kind::kRepositoryUnload:
@@ -535,8 +538,9 @@ std::optional<Route> ParseRoute(std::string_view target) {
         action == "status" || action == "unregister" || (action == "register" && rest == 4);
     if (!known) return route;
     if (segments[1] == "cudasharedmemory") {
-      route.kind = Route::Kind::kCudaShm;
-      route.cuda_method = action == "status" ? http::verb::get : http::verb::post;
+      route.kind = action == "status"       ? Route::Kind::kCudaShmStatus
+                   : action == "unregister" ? Route::Kind::kCudaShmUnregister
+                                            : Route::Kind::kCudaShmRegister;
     } else {
       route.kind = action == "status"       ? Route::Kind::kShmStatus
                    : action == "unregister" ? Route::Kind::kShmUnregister
@@ -1264,8 +1268,21 @@ class Session : public std::enable_shared_from_this<Session> {
         return Send(MakeResponse(http::status::ok, version, keep_alive,
                                  SystemSharedMemoryStatusJson(*regions), "application/json"));
       }
-      case Route::Kind::kCudaShm:
+      case Route::Kind::kCudaShmRegister:
         return Send(ErrorResponse(501, kNoCudaSharedMemory, version, keep_alive));
+      case Route::Kind::kCudaShmUnregister:
+      case Route::Kind::kCudaShmStatus: {
+        if (!route->region.empty()) {
+          return Send(ErrorResponse(404,
+                                    "no CUDA shared-memory region named '" + route->region +
+                                        "' is registered: " + kNoCudaSharedMemory,
+                                    version, keep_alive));
+        }
+        if (route->kind == Route::Kind::kCudaShmUnregister) {
+          return Send(EmptyOrError(Status::Ok(), version, keep_alive));
+        }
+        return Send(MakeResponse(http::status::ok, version, keep_alive, "[]", "application/json"));
+      }
       case Route::Kind::kTraceSetting:
       case Route::Kind::kLogging:
         break;  // answered above

@@ -322,10 +322,10 @@ Result<EncodedInferResponse> EncodeInferResponse(const InferResponse& response,
              std::string(KserveDatatypeName(tensor.dtype)) + "\",\"shape\":";
       AppendShape(out, tensor.shape);
       if (tensor.shm.has_value()) {
-        // As Triton answers an output in shared memory: its parameters, no data.
-        out += ",\"parameters\":{\"shared_memory_region\":" + Quote(tensor.shm->region) +
-               ",\"shared_memory_offset\":" + std::to_string(tensor.shm->offset) +
-               ",\"shared_memory_byte_size\":" + std::to_string(tensor.shm->byte_size) + "}}";
+        // As Triton answers an output written to shared memory: no data and
+        // no parameters. Triton's C++ client reads any output with
+        // parameters as binary data of binary_data_size bytes.
+        out += '}';
       } else if (chosen[i].binary) {
         out += ",\"parameters\":{\"binary_data_size\":" + std::to_string(tensor.data.size()) + "}}";
       } else {

@@ -44,8 +44,16 @@ std::string ModelStatisticsJson(const std::vector<ModelStatistics>& statistics) 
                         {"queue", Duration(s.queue)},
                         {"compute_input", Duration(s.compute_input)},
                         {"compute_infer", Duration(s.compute_infer)},
-                        {"compute_output", Duration(s.compute_output)}}},
-                      {"batch_stats", std::move(batches)}});
+                        {"compute_output", Duration(s.compute_output)},
+                        // hearth has no response cache. Triton always sends these, and
+                        // perf_analyzer reads them without checking that they are there.
+                        {"cache_hit", Duration({})},
+                        {"cache_miss", Duration({})}}},
+                      // Per-response statistics (decoupled models) and memory usage are not
+                      // kept: empty, as Triton's are for a model that has none.
+                      {"response_stats", json::object()},
+                      {"batch_stats", std::move(batches)},
+                      {"memory_usage", json::array()}});
   }
   return json{{"model_stats", std::move(models)}}.dump(-1, ' ', false,
                                                        json::error_handler_t::replace);

@@ -16,9 +16,11 @@ namespace hearth {
 
 // {"model_stats": [{"name", "version", "last_inference", "inference_count",
 // "execution_count", "inference_stats": {"success": {"count", "ns"}, "fail",
-// "queue", "compute_input", "compute_infer", "compute_output"},
-// "batch_stats": [{"batch_size", "compute_input", "compute_infer",
-// "compute_output"}]}]}, as Triton's /v2/models[/{m}]/stats answers.
+// "queue", "compute_input", "compute_infer", "compute_output", "cache_hit",
+// "cache_miss"}, "response_stats": {}, "batch_stats": [{"batch_size",
+// "compute_input", "compute_infer", "compute_output"}], "memory_usage": []}]},
+// every field of Triton's /v2/models[/{m}]/stats (cache_hit and cache_miss are
+// zero: there is no response cache).
 std::string ModelStatisticsJson(const std::vector<ModelStatistics>& statistics);
 
 // [{"name", "version", "state", "reason"}], Triton's repository index (a

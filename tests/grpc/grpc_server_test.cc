@@ -890,20 +890,46 @@ TEST_F(GrpcServerTest, RepositoryIndex) {
             grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+// None can be registered, so there are none to list or unregister: perf_analyzer
+// unregisters all of them on every run with shared memory, and stops if that fails.
+TEST_F(GrpcServerTest, ThereAreNoCudaSharedMemoryRegions) {
+  StartServer();
+  {
+    inference::CudaSharedMemoryStatusResponse r;
+    ASSERT_TRUE(stub_->CudaSharedMemoryStatus(Context().get(), {}, &r).ok());
+    EXPECT_TRUE(r.regions().empty());
+  }
+  {
+    inference::CudaSharedMemoryUnregisterResponse r;
+    EXPECT_TRUE(stub_->CudaSharedMemoryUnregister(Context().get(), {}, &r).ok());
+  }
+  std::vector<grpc::Status> named;
+  {
+    inference::CudaSharedMemoryStatusRequest q;
+    q.set_name("c");
+    inference::CudaSharedMemoryStatusResponse r;
+    named.push_back(stub_->CudaSharedMemoryStatus(Context().get(), q, &r));
+  }
+  {
+    inference::CudaSharedMemoryUnregisterRequest q;
+    q.set_name("c");
+    inference::CudaSharedMemoryUnregisterResponse r;
+    named.push_back(stub_->CudaSharedMemoryUnregister(Context().get(), q, &r));
+  }
+  for (const grpc::Status& status : named) {
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_NE(status.error_message().find("no CUDA shared-memory region named 'c'"),
+              std::string::npos)
+        << status.error_message();
+  }
+}
+
 TEST_F(GrpcServerTest, UnimplementedRpcsSaySo) {
   StartServer();
   std::vector<std::pair<std::string, grpc::Status>> answers;
   {
-    inference::CudaSharedMemoryStatusResponse r;
-    answers.emplace_back("cuda", stub_->CudaSharedMemoryStatus(Context().get(), {}, &r));
-  }
-  {
     inference::CudaSharedMemoryRegisterResponse r;
     answers.emplace_back("cuda", stub_->CudaSharedMemoryRegister(Context().get(), {}, &r));
-  }
-  {
-    inference::CudaSharedMemoryUnregisterResponse r;
-    answers.emplace_back("cuda", stub_->CudaSharedMemoryUnregister(Context().get(), {}, &r));
   }
   {
     inference::TraceSettingResponse r;

@@ -25,10 +25,12 @@ import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -384,12 +386,22 @@ def test_repository_index(server):
     assert ready == ["batched", "mlp", "prio", "scale", "swap"]
 
 
+def test_there_are_no_cuda_shared_memory_regions(server):
+    # perf_analyzer --shared-memory system unregisters all CUDA regions too, and stops if that fails.
+    stub = server["stub"]
+    assert dict(stub.CudaSharedMemoryStatus(pb.CudaSharedMemoryStatusRequest(), timeout=30).regions) == {}
+    stub.CudaSharedMemoryUnregister(pb.CudaSharedMemoryUnregisterRequest(), timeout=30)
+    for call, request in ((stub.CudaSharedMemoryStatus, pb.CudaSharedMemoryStatusRequest(name="c")),
+                          (stub.CudaSharedMemoryUnregister, pb.CudaSharedMemoryUnregisterRequest(name="c"))):
+        e = rpc_error(call, request, timeout=30)
+        assert e.code() == grpc.StatusCode.NOT_FOUND and "'c'" in e.details(), e.details()
+
+
 def test_what_hearth_does_not_do_yet_is_unimplemented_with_a_reason(server):
     stub = server["stub"]
     for call, request, says in (
             (stub.CudaSharedMemoryRegister, pb.CudaSharedMemoryRegisterRequest(name="r", byte_size=64),
              "CUDA shared memory"),
-            (stub.CudaSharedMemoryStatus, pb.CudaSharedMemoryStatusRequest(), "CUDA shared memory"),
             (stub.TraceSetting, pb.TraceSettingRequest(), "tracing"),
             (stub.LogSettings, pb.LogSettingsRequest(), "log settings")):
         e = rpc_error(call, request, timeout=30)
@@ -683,6 +695,97 @@ def test_oversize_messages_are_refused_and_the_server_goes_on(server):
     ref = np.ones((1, SCALE_N)) @ server["weights"]["scale"]["weight"].astype(np.float64)
     np.testing.assert_allclose(y.ravel(), ref.ravel(), rtol=1e-4, atol=1e-3)
     test_mlp_matches_rest_and_numpy(server)
+
+
+def h2_frame(kind, flags, stream, payload=b""):
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def hpack_literal(name, value):
+    """A header field as an HPACK literal without indexing, new name, no Huffman (RFC 7541 6.2.2)."""
+    def string(text):
+        b = text.encode()
+        assert len(b) < 127
+        return bytes([len(b)]) + b
+    return b"\x00" + string(name) + string(value)
+
+
+class StalledGrpcClient:
+    """A raw HTTP/2 client that sends ModelInfer calls and never lets the server
+    send it a byte of data (its streams' window is 0): each call's answer is
+    handed to gRPC, which cannot finish sending it, so gRPC keeps the call (no
+    OnDone) for as long as the connection lives."""
+
+    def __init__(self, port):
+        self.port = port
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        settings = (4).to_bytes(2, "big") + (0).to_bytes(4, "big")  # SETTINGS_INITIAL_WINDOW_SIZE = 0
+        self.sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0, settings))
+        self.buffer = b""
+
+    def infer(self, stream, request):
+        headers = b"".join(hpack_literal(n, v) for n, v in (
+            (":method", "POST"), (":scheme", "http"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
+            (":authority", f"127.0.0.1:{self.port}"), ("content-type", "application/grpc"), ("te", "trailers")))
+        message = request.SerializeToString()
+        data = b"\x00" + len(message).to_bytes(4, "big") + message
+        self.sock.sendall(h2_frame(1, 0x4, stream, headers) + h2_frame(0, 0x1, stream, data))
+
+    def wait_for_headers(self, stream, deadline_s=30):
+        """Reads frames (acknowledging the server's SETTINGS) until the server
+        sends the response headers of `stream`: it has answered the call."""
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            while len(self.buffer) >= 9:
+                length = int.from_bytes(self.buffer[:3], "big")
+                if len(self.buffer) < 9 + length:
+                    break
+                kind, flags, sid = self.buffer[3], self.buffer[4], int.from_bytes(self.buffer[5:9], "big") & 0x7FFFFFFF
+                self.buffer = self.buffer[9 + length:]
+                if kind == 4 and not flags & 0x1:
+                    self.sock.sendall(h2_frame(4, 0x1, 0))
+                if kind == 1 and sid == stream:
+                    return
+                assert kind != 7, "the server sent GOAWAY"
+            chunk = self.sock.recv(65536)
+            assert chunk, "the server closed the connection"
+            self.buffer += chunk
+        raise AssertionError(f"no response headers on stream {stream} within {deadline_s} s")
+
+    def close(self):
+        self.sock.close()
+
+
+def test_answered_calls_that_grpc_still_sends_do_not_count_towards_the_call_limit(server, tmp_path):
+    # perf_analyzer at concurrency 64 was refused "1024 inference calls in progress": answered
+    # calls stayed counted until gRPC's OnDone, which lags under load. Here one call's answer
+    # cannot be sent at all; with --grpc-max-inflight-calls 1 the next call must still be served.
+    state = start_serve(tmp_path, server["tmp"] / "repo", ["--grpc-port", "0", "--grpc-max-inflight-calls", "1"],
+                        name="limit")
+    port = grpc_port(state["log"].read_text())
+    channel, stub = connect(port)
+    stalled = StalledGrpcClient(port)
+    try:
+        x = np.ones((1, SCALE_N), np.float32)
+        stalled.infer(1, infer_request("scale", "x", x, id="stalled"))
+        stalled.wait_for_headers(1)
+        y = outputs_of(stub.ModelInfer(infer_request("scale", "x", x), timeout=30))["y"]
+        ref = x.astype(np.float64) @ server["weights"]["scale"]["weight"].astype(np.float64)
+        np.testing.assert_allclose(y.ravel(), ref.ravel(), rtol=1e-4, atol=1e-3)
+        # The limit still holds for calls that are not answered: a stream is one until it ends.
+        stream_calls = queue.Queue()
+        stream_calls.put(infer_request("scale", "x", x, id="s1"))
+        open_stream = stub.ModelStreamInfer(iter(stream_calls.get, None), timeout=60)
+        assert next(open_stream).infer_response.id == "s1"  # the stream is admitted and open
+        e = rpc_error(stub.ModelInfer, infer_request("scale", "x", x), timeout=30)
+        assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "1 inference calls in progress" in e.details()
+        stream_calls.put(None)
+        assert list(open_stream) == []
+    finally:
+        stalled.close()
+        channel.close()
+        code, text = stop_serve(state)
+    assert code == 0, text[-2000:]
 
 
 def test_grpc_port_off_in_use_and_sigterm_with_an_open_stream(server, tmp_path):
