@@ -275,7 +275,8 @@ Status ShmSession::AfterResponse(ShmSlot& slot, const std::vector<OutputPlacemen
     if (it->inline_data)
       return Internal("output '" + name + "' came back inline, not in shared memory");
     const ShmTensor& room = slot.outputs[k];
-    if (!it->in_region || it->region != slot.region || it->offset != room.offset) {
+    if (!it->where_asked &&
+        (!it->in_region || it->region != slot.region || it->offset != room.offset)) {
       return Internal(
           "output '" + name + "' names " +
           (it->in_region ? "region '" + it->region + "' at offset " + std::to_string(it->offset)

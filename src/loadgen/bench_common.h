@@ -90,6 +90,10 @@ struct ShmSlot {
 struct OutputPlacement {
   std::string name;
   bool in_region = false;  // carried shared_memory_region
+  // Carried neither data nor a region: Triton's REST answer for an output
+  // written where the request asked (its region); byte_size is then what
+  // the answer's datatype and shape come to (0 for BYTES).
+  bool where_asked = false;
   std::string region;
   uint64_t offset = 0;
   uint64_t byte_size = 0;

@@ -23,6 +23,7 @@
 #include <random>
 #include <thread>
 
+#include "common/datatype.h"
 #include "loadgen/bench_common.h"
 #include "loadgen/system_shm.h"
 #ifdef HEARTH_HAVE_GRPC
@@ -304,6 +305,19 @@ Result<std::vector<OutputPlacement>> ParsePlacements(
           placement.offset = parameters.value("shared_memory_offset", uint64_t{0});
           placement.byte_size = parameters.at("shared_memory_byte_size").get<uint64_t>();
         }
+      }
+      if (!placement.inline_data && !placement.in_region) {
+        placement.where_asked = true;
+        const std::optional<DType> dtype =
+            ParseKserveDatatype(output.at("datatype").get<std::string>());
+        uint64_t bytes = dtype.has_value() && *dtype != DType::kBytes ? DTypeSize(*dtype) : 0;
+        for (const json& d : output.at("shape")) {
+          const int64_t n = d.get<int64_t>();
+          if (n < 0 || (n > 0 && bytes > (uint64_t{1} << 62) / static_cast<uint64_t>(n)))
+            return Internal("output '" + placement.name + "': its shape is not a size");
+          bytes *= static_cast<uint64_t>(n);
+        }
+        placement.byte_size = bytes;
       }
       placements.push_back(std::move(placement));
     }
