@@ -119,6 +119,7 @@ std::unique_ptr<StandbyWorker> ModelRuntime::TakeStandby() {
   if (standbys.empty() || stopping) return nullptr;
   std::unique_ptr<StandbyWorker> s = std::move(standbys.back());
   standbys.pop_back();
+  standby_count = static_cast<int>(standbys.size());
   return s;
 }
 
@@ -137,6 +138,7 @@ void WorkerSupervisor::Replenish() {
     }
     spdlog::debug("{}: standby worker started: pid {}", model_.name, s->process.pid());
     model_.standbys.push_back(std::move(s));
+    model_.standby_count = static_cast<int>(model_.standbys.size());
   }
 }
 
@@ -196,6 +198,7 @@ void ModelRuntime::RequestStop(bool abandon_starting) {
   {
     std::lock_guard lock(standby_mu);
     released.swap(standbys);
+    standby_count = 0;
   }
 }
 

@@ -133,6 +133,7 @@ struct ModelRuntime {
   // ready; all released when the runtime stops. Guarded by standby_mu.
   std::mutex standby_mu;
   std::vector<std::unique_ptr<StandbyWorker>> standbys;
+  std::atomic<int> standby_count{0};  // standbys.size(), for /metrics
   // One standby, if any is kept and the runtime is not stopping.
   std::unique_ptr<StandbyWorker> TakeStandby();
   // Called (from a supervisor thread, no lock held) when the last worker's

@@ -1184,6 +1184,7 @@ def test_a_standby_worker_takes_over_from_a_worker_that_dies(tmp_path):
         worker = ready_pids()[-1]
         first = wait_for(standby, "a standby worker")
         seen.update({worker, first})
+        wait_for(lambda: metric(state["url"], "hearth_standby_workers", "scale") == 1, "the standby in /metrics")
         maps = pathlib.Path(f"/proc/{first}/maps").read_text()
         assert "hearth-arena" not in maps, "a standby maps the weights"
         os.kill(worker, signal.SIGKILL)
