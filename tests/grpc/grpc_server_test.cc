@@ -322,18 +322,11 @@ class FakeService : public InferenceService {
   // Polls (every millisecond, at most 60 s) until the first parked infer's
   // `cancelled` is set: nothing tells the service when it is.
   bool WaitParkedCancelled() {
-    const auto deadline = std::chrono::steady_clock::now() + 60s;
-    while (std::chrono::steady_clock::now() < deadline) {
-      {
-        std::lock_guard lock(mu_);
-        if (!parked_.empty() && parked_.front().request.cancelled != nullptr &&
-            parked_.front().request.cancelled->load()) {
-          return true;
-        }
-      }
-      std::this_thread::sleep_for(1ms);
-    }
-    return false;
+    return Eventually([&] {
+      std::lock_guard lock(mu_);
+      return !parked_.empty() && parked_.front().request.cancelled != nullptr &&
+             parked_.front().request.cancelled->load();
+    });
   }
   // Waits (at most 60 s) until `done` has been called `n` times in all.
   bool WaitDone(int n) {
@@ -439,14 +432,8 @@ class FakeService : public InferenceService {
       if (!request.on_response(response)) {
         how = "refused";
       } else {
-        const auto deadline = std::chrono::steady_clock::now() + 60s;
-        while (std::chrono::steady_clock::now() < deadline) {
-          if (request.cancelled != nullptr && request.cancelled->load()) {
-            how = "cancelled";
-            break;
-          }
-          std::this_thread::sleep_for(1ms);
-        }
+        if (Eventually([&] { return request.cancelled != nullptr && request.cancelled->load(); }))
+          how = "cancelled";
       }
     } else {
       for (int k = 0; k < 100'000; ++k) {

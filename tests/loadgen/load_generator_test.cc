@@ -31,6 +31,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/eventually.h"
+
 extern char** environ;
 
 namespace hearth {
@@ -643,12 +645,8 @@ TEST_F(BenchTest, CliKilledBySignalLeavesNoObject) {
   ASSERT_EQ(posix_spawn(&pid, cli.c_str(), &actions, nullptr, argv.data(), environ), 0);
   posix_spawn_file_actions_destroy(&actions);
   // Running: both slots registered (then their objects' names are gone).
-  bool registered = false;
-  for (int i = 0; i < 600 && !registered; ++i) {
-    registered = Regions().size() == 2;
-    if (!registered) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  EXPECT_TRUE(registered) << Regions().dump();
+  EXPECT_TRUE(Eventually([] { return Regions().size() == 2; }, std::chrono::seconds(30)))
+      << Regions().dump();
   ASSERT_EQ(::kill(pid, SIGTERM), 0);
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
