@@ -56,7 +56,7 @@ std::string PrometheusText(const std::vector<std::pair<std::string, const ModelR
   per_model("hearth_standby_workers", "gauge",
             "Standby worker processes started and waiting (parameters.standby_workers); one that "
             "died while it waited counts until it is needed and found gone.",
-            [](const ModelRuntime& m) { return m.standby_count.load(); });
+            [](const ModelRuntime& m) { return m.StandbyCount(); });
   family("hearth_inference_batch_size", "histogram", "Rows per executed batch.");
   for (const auto& [model, m] : served) {
     uint64_t cumulative = 0;

@@ -119,7 +119,6 @@ std::unique_ptr<StandbyWorker> ModelRuntime::TakeStandby() {
   if (standbys.empty() || stopping) return nullptr;
   std::unique_ptr<StandbyWorker> s = std::move(standbys.back());
   standbys.pop_back();
-  standby_count = static_cast<int>(standbys.size());
   return s;
 }
 
@@ -138,7 +137,6 @@ void WorkerSupervisor::Replenish() {
     }
     spdlog::debug("{}: standby worker started: pid {}", model_.name, s->process.pid());
     model_.standbys.push_back(std::move(s));
-    model_.standby_count = static_cast<int>(model_.standbys.size());
   }
 }
 
@@ -198,7 +196,6 @@ void ModelRuntime::RequestStop(bool abandon_starting) {
   {
     std::lock_guard lock(standby_mu);
     released.swap(standbys);
-    standby_count = 0;
   }
 }
 

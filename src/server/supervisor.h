@@ -131,9 +131,12 @@ struct ModelRuntime {
   // Standby workers (config().standby_workers of them, once started): taken
   // by a supervisor whose worker died, made again after its replacement is
   // ready; all released when the runtime stops. Guarded by standby_mu.
-  std::mutex standby_mu;
+  mutable std::mutex standby_mu;
   std::vector<std::unique_ptr<StandbyWorker>> standbys;
-  std::atomic<int> standby_count{0};  // standbys.size(), for /metrics
+  int StandbyCount() const {
+    std::lock_guard lock(standby_mu);
+    return static_cast<int>(standbys.size());
+  }
   // One standby, if any is kept and the runtime is not stopping.
   std::unique_ptr<StandbyWorker> TakeStandby();
   // Called (from a supervisor thread, no lock held) when the last worker's
