@@ -18,11 +18,12 @@ import json
 import os
 import pathlib
 import re
-import signal
 import subprocess
 import sys
 import tempfile
-import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from generate_bench import stop, wait_port  # noqa: E402
 
 MODELS = {
     "scale": ("scale", "500", """backend: scale
@@ -77,13 +78,8 @@ def main():
                              a.device], stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     results = []
     try:
-        deadline = time.time() + 120
-        while "ready on http" not in log.read_text():
-            if proc.poll() is not None or time.time() > deadline:
-                raise SystemExit("hearth serve did not start:\n" + log.read_text()[-3000:])
-            time.sleep(0.05)
+        http = int(wait_port(log, r"ready on http://127\.0\.0\.1:(\d+)", proc, timeout=120).group(1))
         text = log.read_text()
-        http = int(re.search(r"ready on http://127\.0\.0\.1:(\d+)", text).group(1))
         grpc = re.search(r"KServe v2 gRPC on [^:]+:(\d+)", text)
         transports = [("rest", f"http://127.0.0.1:{http}")]
         if grpc:
@@ -114,11 +110,7 @@ def main():
                         print(json.dumps(row), flush=True)
                         results.append(row)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
     (pathlib.Path(a.out) / f"protocol-{a.device.split(':')[0]}.json").write_text(json.dumps(results, indent=1))
     print(f"{'model':6} {'transport':9} {'shm':6} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} errors")
     for r in results:

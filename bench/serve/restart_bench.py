@@ -26,6 +26,8 @@ import time
 import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from generate_bench import stop, wait_port  # noqa: E402
 
 
 def write_repo(build, repo, model, standby, kind):
@@ -72,12 +74,7 @@ def measure(a, model, standby):
     pattern = rf"{model} worker 0 ready: pid (\d+) on (.*) in (\d+) ms"
     times, lines = [], []
     try:
-        deadline = time.time() + 300
-        while not re.search(r"ready on http://127\.0\.0\.1:(\d+)", log.read_text()):
-            if proc.poll() is not None or time.time() > deadline:
-                raise SystemExit("hearth serve did not start:\n" + log.read_text()[-3000:])
-            time.sleep(0.05)
-        port = int(re.search(r"ready on http://127\.0\.0\.1:(\d+)", log.read_text()).group(1))
+        port = int(wait_port(log, r"ready on http://127\.0\.0\.1:(\d+)", proc, timeout=300).group(1))
         ask(port, model)
         for _ in range(a.kills):
             time.sleep(a.settle)  # the standby that follows a start loads meanwhile
@@ -92,8 +89,7 @@ def measure(a, model, standby):
             lines.append(re.findall(pattern, log.read_text())[-1][1])
             ask(port, model)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        stop(proc)
     return {"model": model, "standby_workers": standby, "device": a.device,
             "median_s": statistics.median(times), "all_s": [round(t, 3) for t in times], "ready_text": lines[-1]}
 
