@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <optional>
+#include <set>
+#include <string>
 #include <type_traits>
 
 #include "common/datatype.h"
@@ -225,6 +227,26 @@ Result<std::vector<Version>> FindVersions(const std::string& model_dir) {
   return versions;
 }
 
+// YAML lets a map name a key twice and keeps one of the values: a second
+// `parameters:` would be dropped without a word. Every map of the file,
+// however deep, must name each key once.
+Status NoDuplicateKeys(const Ctx& c, const YAML::Node& node, const std::string& where) {
+  if (node.IsSequence()) {
+    for (const auto& e : node) RETURN_IF_ERROR(NoDuplicateKeys(c, e, where));
+  } else if (node.IsMap()) {
+    std::set<std::string> seen;
+    for (const auto& kv : node) {
+      if (!kv.first.IsScalar()) continue;  // refused where the key is read
+      const std::string& key = kv.first.Scalar();
+      const std::string field = where.empty() ? key : where + "." + key;
+      if (!seen.insert(key).second)
+        return c.Error(kv.first, field, "is given twice (give each key once)");
+      RETURN_IF_ERROR(NoDuplicateKeys(c, kv.second, field));
+    }
+  }
+  return Status::Ok();
+}
+
 // Everything but reading the file; may throw yaml-cpp's exceptions (the caller catches them).
 Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::string& text,
                                      ModelConfig m) {
@@ -239,6 +261,7 @@ Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::st
     return InvalidArgument(m.config_path + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
   }
   if (!root.IsMap()) return InvalidArgument(m.config_path + ": must be a YAML map");
+  RETURN_IF_ERROR(NoDuplicateKeys(c, root, ""));
   static const char* kKnown[] = {"name",
                                  "backend",
                                  "max_batch_size",

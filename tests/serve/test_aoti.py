@@ -153,9 +153,11 @@ def aoti_served(tmp_path_factory):
         shutil.copytree(repo / "mlp_cuda" / "1", repo / "gpufault" / "1")
         cuda_config = (repo / "mlp_cuda" / "config.yaml").read_text()
         (repo / "gpufault" / "config.yaml").write_text(
-            re.sub(r"^name: .*$", "name: gpufault", cuda_config, flags=re.M)
-            .replace("count: 1", "count: 2")
-            + "parameters:\n  fault_injection: {on_value: 12345.0, kind: cuda_illegal_address}\n")
+            re.sub(r"^parameters: \{(.*)\}$",
+                   r"parameters: {\1, fault_injection: {on_value: 12345.0, kind: cuda_illegal_address}}",
+                   re.sub(r"^name: .*$", "name: gpufault", cuda_config, flags=re.M), flags=re.M)
+            .replace("count: 1", "count: 2"))
+        assert "fault_injection" in (repo / "gpufault" / "config.yaml").read_text()
         # A package whose own kernel reads far out of bounds on a bad index.
         export(tmp, repo, "gather", "cuda", source_text=GATHER_PY, shape="4,1",
                extra=("--dtype", "int64", "--workers", "2"))

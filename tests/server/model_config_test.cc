@@ -88,6 +88,13 @@ TEST_F(ModelConfigTest, ErrorsNameTheFileTheLineAndTheField) {
        "  - {name: y, data_type: TYPE_FP32, dims: [1]}\n",
        "input[1].name: 'x' is listed twice"},
       {"backend: mlp\nmax_batchsize: 4\n", "config.yaml:2: max_batchsize: unknown field"},
+      // A second key would silently replace (or be dropped for) the first.
+      {"backend: mlp\nparameters: {allow_tf32: true}\nmax_batch_size: 4\n"
+       "parameters:\n  fault_injection: {on_value: 1, kind: abort}\n",
+       "config.yaml:4: parameters: is given twice (give each key once)"},
+      {"backend: mlp\ndynamic_batching:\n  max_queue_delay_microseconds: 5\n"
+       "  max_queue_delay_microseconds: 6\n",
+       "config.yaml:4: dynamic_batching.max_queue_delay_microseconds: is given twice"},
       {"backend: mlp\nmax_batch_size: many\n",
        "config.yaml:2: max_batch_size: 'many' is not a valid value"},
       {"backend: mlp\ninput: [\n", "config.yaml:"},
