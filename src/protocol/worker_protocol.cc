@@ -227,6 +227,27 @@ Status SendRun(int fd, const Run& m) {
                            std::to_string(m.parameters_json.size()) + " bytes, over the limit of " +
                            std::to_string(kMaxParametersBytes));
   w.Str(m.parameters_json);
+  if (m.regions.size() > kMaxRunRegions || m.copies.size() > kMaxDeviceCopies)
+    return InvalidArgument("a run with " + std::to_string(m.regions.size()) +
+                           " CUDA shared-memory regions and " + std::to_string(m.copies.size()) +
+                           " copies, over the limits of " + std::to_string(kMaxRunRegions) +
+                           " and " + std::to_string(kMaxDeviceCopies));
+  w.U32(static_cast<uint32_t>(m.regions.size()));
+  for (const DeviceRegion& g : m.regions) {
+    w.U64(g.id);
+    for (uint8_t b : g.handle) w.U8(b);
+    w.U32(static_cast<uint32_t>(g.device));
+    w.U64(g.byte_size);
+  }
+  w.U32(static_cast<uint32_t>(m.copies.size()));
+  for (const DeviceCopy& c : m.copies) {
+    w.U32(c.region);
+    w.U8(c.output ? 1 : 0);
+    w.U32(c.tensor);
+    w.U64(c.offset);
+    w.U64(c.bytes);
+    w.U64(c.region_offset);
+  }
   return SendPacket(fd, w.bytes(), kMaxMessageBytes, "run");
 }
 
@@ -336,11 +357,34 @@ Result<Message> ReceiveWith(int fd, int timeout_ms, int flags) {
       for (uint32_t i = 0; i < placed && r.ok(); ++i) m.run.output_placed.push_back(r.U8());
       m.run.free_offset = r.U64();
       m.run.parameters_json = r.Str(kMaxParametersBytes, "the request's parameters");
+      const uint32_t regions = r.U32();
+      if (regions > kMaxRunRegions) return InvalidArgument("run message: too many regions");
+      for (uint32_t i = 0; i < regions && r.ok(); ++i) {
+        DeviceRegion g;
+        g.id = r.U64();
+        for (uint8_t& b : g.handle) b = r.U8();
+        g.device = static_cast<int32_t>(r.U32());
+        g.byte_size = r.U64();
+        m.run.regions.push_back(g);
+      }
+      const uint32_t copies = r.U32();
+      if (copies > kMaxDeviceCopies) return InvalidArgument("run message: too many copies");
+      for (uint32_t i = 0; i < copies && r.ok(); ++i) {
+        DeviceCopy c;
+        c.region = r.U32();
+        c.output = r.U8() != 0;
+        c.tensor = r.U32();
+        c.offset = r.U64();
+        c.bytes = r.U64();
+        c.region_offset = r.U64();
+        m.run.copies.push_back(c);
+      }
       RETURN_IF_ERROR(r.Finish("run"));
       if (m.run.output_placed.size() != m.run.outputs.size())
         return InvalidArgument("run message: placement flags for " +
                                std::to_string(m.run.output_placed.size()) + " of " +
                                std::to_string(m.run.outputs.size()) + " outputs");
+      RETURN_IF_ERROR(CheckDeviceCopies(m.run));
       break;
     }
     case Kind::kDone:
@@ -418,6 +462,37 @@ Status CheckShape(const TensorSpec& spec, bool batching, int64_t rows,
   want.insert(want.end(), spec.dims.begin(), spec.dims.end());
   return InvalidArgument(what + " has shape " + ShapeString(shape) + " where " + Describe(spec) +
                          " takes " + ShapeString(want) + " (-1: any size)");
+}
+
+Status CheckDeviceCopies(const Run& run) {
+  for (const DeviceRegion& g : run.regions)
+    if (g.device < 0 || g.byte_size == 0 || g.byte_size >= kMaxSlotBytes)
+      return InvalidArgument("run message: CUDA shared-memory region " + std::to_string(g.id) +
+                             " on device " + std::to_string(g.device) + " of " +
+                             std::to_string(g.byte_size) + " bytes");
+  for (size_t i = 0; i < run.copies.size(); ++i) {
+    const DeviceCopy& c = run.copies[i];
+    const std::string what = "run message: device copy " + std::to_string(i);
+    if (c.region >= run.regions.size())
+      return InvalidArgument(what + " names region " + std::to_string(c.region) + " of " +
+                             std::to_string(run.regions.size()));
+    const std::vector<SlotTensor>& tensors = c.output ? run.outputs : run.inputs;
+    if (c.tensor >= tensors.size() || (c.output && !run.output_placed[c.tensor]))
+      return InvalidArgument(what + " names " + (c.output ? "output " : "input ") +
+                             std::to_string(c.tensor) + ", which has no place in the slot");
+    const SlotTensor& t = tensors[c.tensor];
+    const uint64_t region_bytes = run.regions[c.region].byte_size;
+    // Every term is below 2^62 once the first test passed: the sums are exact.
+    if (c.bytes == 0 || c.bytes >= kMaxSlotBytes || c.offset > t.bytes ||
+        c.bytes > t.bytes - c.offset || c.region_offset > region_bytes ||
+        c.bytes > region_bytes - c.region_offset)
+      return InvalidArgument(what + ": " + std::to_string(c.bytes) + " bytes at " +
+                             std::to_string(c.offset) + " of a tensor of " +
+                             std::to_string(t.bytes) + " and at " +
+                             std::to_string(c.region_offset) + " of a region of " +
+                             std::to_string(region_bytes));
+  }
+  return Status::Ok();
 }
 
 Status CheckSlotTensor(const SlotTensor& t, DType dtype, uint64_t lo, uint64_t hi,

@@ -49,6 +49,7 @@
 // the bytes.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <span>
@@ -114,6 +115,36 @@ struct SlotTensor {
   bool operator==(const SlotTensor&) const = default;
 };
 
+// A client's CUDA shared-memory region (Triton's cudasharedmemory
+// extension) that a batch reads inputs from or writes outputs to: the CUDA
+// IPC handle the client registered, which the worker opens itself, so that
+// those bytes go device to device and never through the slot.
+inline constexpr size_t kCudaIpcHandleBytes = 64;  // CU_IPC_HANDLE_SIZE
+inline constexpr size_t kMaxRunRegions = 64;       // distinct regions in one run
+inline constexpr size_t kMaxDeviceCopies = 1024;   // copies in one run
+
+struct DeviceRegion {
+  uint64_t id = 0;  // the server's registration id, never reused in its life
+  std::array<uint8_t, kCudaIpcHandleBytes> handle{};
+  int32_t device = 0;      // the GPU the client registered it on
+  uint64_t byte_size = 0;  // as registered: the worker checks it against the allocation
+  bool operator==(const DeviceRegion&) const = default;
+};
+
+// `bytes` of input (or output) `tensor`, at `offset` into its place in the
+// slot (one request's rows), come from (go to) `region_offset` of region
+// `region` (an index into Run::regions). The slot keeps the room for them,
+// so that a worker that cannot take device pointers copies through it.
+struct DeviceCopy {
+  uint32_t region = 0;
+  bool output = false;
+  uint32_t tensor = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  uint64_t region_offset = 0;
+  bool operator==(const DeviceCopy&) const = default;
+};
+
 struct Run {
   uint64_t seq = 0;
   int64_t rows = 0;         // the batch size (1 for a model that does not batch)
@@ -127,6 +158,11 @@ struct Run {
   // Decoupled models: the request's parameters, a JSON object's text (or
   // empty). The server places no output for them.
   std::string parameters_json;
+  // Inputs and outputs in clients' CUDA shared-memory regions; the decoder
+  // checks every index, and that each copy lies inside its region and
+  // inside its tensor's place in the slot (CheckDeviceCopies).
+  std::vector<DeviceRegion> regions;
+  std::vector<DeviceCopy> copies;
 };
 
 struct Done {
@@ -204,5 +240,9 @@ Status CheckShape(const TensorSpec& spec, bool batching, int64_t rows,
 // BYTES check is skipped when `data` is null).
 Status CheckSlotTensor(const SlotTensor& t, DType dtype, uint64_t lo, uint64_t hi,
                        const std::byte* data, const std::string& what);
+
+// Every device copy of `run` names a region and a tensor it has (an output
+// only where the server placed it), and lies inside both.
+Status CheckDeviceCopies(const Run& run);
 
 }  // namespace hearth::control
