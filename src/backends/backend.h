@@ -63,11 +63,17 @@ class Backend {
   virtual const std::vector<IoSpec>& outputs() const = 0;
 
   // Runs one batch, synchronously. inputs[i] points to batch x inputs()[i]
-  // elements in host memory, outputs[i] to room for batch x outputs()[i].
+  // elements in host memory (or device memory: takes_device_addresses),
+  // outputs[i] to room for batch x outputs()[i].
   // 1 <= batch <= max_batch_size. On CUDA the host buffers should be pinned
   // or registered (see RegisterHostMemory) for full copy speed.
   virtual Status Run(int64_t batch, std::span<const void* const> inputs,
                      std::span<void* const> outputs) = 0;
+
+  // Run's inputs and outputs may also be device addresses on the backend's
+  // device (a client's CUDA shared-memory region, or a staging buffer):
+  // the backend copies them with cudaMemcpyDefault. False: host memory only.
+  virtual bool takes_device_addresses() const { return false; }
 
   // Device memory this backend allocated itself (workspaces, activations).
   virtual uint64_t device_memory_bytes() const = 0;

@@ -81,6 +81,13 @@ struct CudaDriver {
   PFN_cuEventDestroy_v4000 EventDestroy = nullptr;
   PFN_cuMemcpyHtoDAsync_v3020 MemcpyHtoDAsync = nullptr;
   PFN_cuMemcpyDtoH_v3020 MemcpyDtoH = nullptr;
+  PFN_cuMemcpyAsync_v4000 MemcpyAsync = nullptr;  // unified addressing: any direction
+  // Device memory, and other processes' device memory (CUDA IPC).
+  PFN_cuMemAlloc_v3020 MemAlloc = nullptr;
+  PFN_cuMemFree_v3020 MemFree = nullptr;
+  PFN_cuMemGetAddressRange_v3020 MemGetAddressRange = nullptr;
+  PFN_cuIpcOpenMemHandle_v11000 IpcOpenMemHandle = nullptr;
+  PFN_cuIpcCloseMemHandle_v4010 IpcCloseMemHandle = nullptr;
 
   // The driver, loaded and initialised (cuInit(0)) on the first call; later
   // calls return the same pointer, or the same error. Unavailable when

@@ -486,11 +486,10 @@ Status CheckDeviceCopies(const Run& run) {
     if (c.bytes == 0 || c.bytes >= kMaxSlotBytes || c.offset > t.bytes ||
         c.bytes > t.bytes - c.offset || c.region_offset > region_bytes ||
         c.bytes > region_bytes - c.region_offset)
-      return InvalidArgument(what + ": " + std::to_string(c.bytes) + " bytes at " +
-                             std::to_string(c.offset) + " of a tensor of " +
-                             std::to_string(t.bytes) + " and at " +
-                             std::to_string(c.region_offset) + " of a region of " +
-                             std::to_string(region_bytes));
+      return InvalidArgument(
+          what + ": " + std::to_string(c.bytes) + " bytes at " + std::to_string(c.offset) +
+          " of a tensor of " + std::to_string(t.bytes) + " and at " +
+          std::to_string(c.region_offset) + " of a region of " + std::to_string(region_bytes));
   }
   return Status::Ok();
 }

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "common/bytes_tensor.h"
@@ -122,29 +123,146 @@ Status CheckRunAgainst(const control::Run& run, const std::vector<TensorSpec>& i
 Result<bool> WorkerSession::Next() {
   if (!ready_) return FailedPrecondition("Next() before Ready()");
   if (in_batch_) return FailedPrecondition("Next() before the last batch's Done()");
-  auto m = control::ReceiveKind(control_.get(), -1, {control::Kind::kRun});
-  if (!m.ok()) {
-    if (m.status().code() == StatusCode::kUnavailable) return false;
-    return m.status();
-  }
-  ReleaseRetired();
-  run_ = std::move(m->run);
-  RETURN_IF_ERROR(CheckRunAgainst(run_, inputs_, outputs_, batching(), max_rows()));
-  RETURN_IF_ERROR(MapSlot(run_.slot_bytes));
-  for (size_t i = 0; i < inputs_.size(); ++i) {
-    if (inputs_[i].dtype == DType::kBytes) {
-      const SlotTensor& t = run_.inputs[i];
-      ASSIGN_OR_RETURN(uint64_t count, ShapeElements(t.shape, inputs_[i].name));
-      RETURN_IF_ERROR(ValidateBytesTensor(std::span(slot_ + t.offset, t.bytes), count,
-                                          "input '" + inputs_[i].name + "'"));
+  for (;;) {
+    auto m = control::ReceiveKind(control_.get(), -1, {control::Kind::kRun});
+    if (!m.ok()) {
+      if (m.status().code() == StatusCode::kUnavailable) return false;
+      return m.status();
     }
+    ReleaseRetired();
+    run_ = std::move(m->run);
+    RETURN_IF_ERROR(CheckRunAgainst(run_, inputs_, outputs_, batching(), max_rows()));
+    RETURN_IF_ERROR(MapSlot(run_.slot_bytes));
+    for (size_t i = 0; i < inputs_.size(); ++i) {
+      if (inputs_[i].dtype == DType::kBytes) {
+        const SlotTensor& t = run_.inputs[i];
+        ASSIGN_OR_RETURN(uint64_t count, ShapeElements(t.shape, inputs_[i].name));
+        RETURN_IF_ERROR(ValidateBytesTensor(std::span(slot_ + t.offset, t.bytes), count,
+                                            "input '" + inputs_[i].name + "'"));
+      }
+    }
+    answer_.assign(outputs_.size(), SlotTensor{});
+    given_.assign(outputs_.size(), false);
+    cursor_ = run_.free_offset;
+    in_batch_ = true;
+    started_ = std::chrono::steady_clock::now();
+    Status copied = StartDeviceCopies();
+    if (copied.ok()) return true;
+    if (copied.code() == StatusCode::kDeviceLost) return copied;
+    // The batch's regions are at fault, not this worker: answer it, and
+    // wait for the next one.
+    RETURN_IF_ERROR(Done(copied, /*retry_alone=*/true));
   }
-  answer_.assign(outputs_.size(), SlotTensor{});
-  given_.assign(outputs_.size(), false);
-  cursor_ = run_.free_offset;
-  in_batch_ = true;
-  started_ = std::chrono::steady_clock::now();
-  return true;
+}
+
+Status WorkerSession::CopyGaps(int device, std::byte* device_bytes, std::byte* slot_bytes,
+                               uint64_t bytes,
+                               const std::vector<const control::DeviceCopy*>& copies,
+                               bool to_device) {
+  uint64_t at = 0;
+  auto copy = [&](uint64_t from, uint64_t to) {
+    if (to <= from) return Status::Ok();
+    return to_device ? CopyAnywhere(device, device_bytes + from, slot_bytes + from, to - from)
+                     : CopyAnywhere(device, slot_bytes + from, device_bytes + from, to - from);
+  };
+  for (const control::DeviceCopy* c : copies) {
+    RETURN_IF_ERROR(copy(at, c->offset));
+    at = std::max(at, c->offset + c->bytes);
+  }
+  return copy(at, bytes);
+}
+
+namespace {
+// The copies of input (or output) `tensor`, by offset.
+std::vector<const control::DeviceCopy*> CopiesOf(const control::Run& run, bool output,
+                                                 size_t tensor) {
+  std::vector<const control::DeviceCopy*> out;
+  for (const control::DeviceCopy& c : run.copies)
+    if (c.output == output && c.tensor == tensor) out.push_back(&c);
+  std::sort(out.begin(), out.end(), [](auto* a, auto* b) { return a->offset < b->offset; });
+  return out;
+}
+
+// Errors of a copy itself (not of opening a region) may leave the context
+// unusable: the worker is replaced rather than trusted with the next batch.
+Status Sticky(Status s) {
+  if (s.ok() || s.code() == StatusCode::kDeviceLost) return s;
+  return Status(StatusCode::kDeviceLost, s.message());
+}
+}  // namespace
+
+Status WorkerSession::StartDeviceCopies() {
+  input_at_.resize(inputs_.size());
+  for (size_t i = 0; i < inputs_.size(); ++i) input_at_[i] = slot_ + run_.inputs[i].offset;
+  output_staged_.assign(outputs_.size(), 0);
+  regions_.clear();
+  if (run_.copies.empty()) return Status::Ok();
+  for (const control::DeviceRegion& g : run_.regions) {
+    auto opened = ClientRegion::Open(CopyDevice(g), g.handle, g.byte_size);
+    if (!opened.ok())
+      return opened.status().WithContext("CUDA shared-memory region #" + std::to_string(g.id) +
+                                         " (device " + std::to_string(g.device) + ")");
+    regions_.push_back(std::move(opened).value());
+  }
+  input_staging_.resize(inputs_.size());
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    const std::vector<const control::DeviceCopy*> copies = CopiesOf(run_, false, i);
+    if (copies.empty()) continue;
+    const SlotTensor& t = run_.inputs[i];
+    std::byte* slot_bytes = slot_ + t.offset;
+    if (device_ < 0) {
+      // Through the slot: the backend reads host memory.
+      for (const control::DeviceCopy* c : copies)
+        RETURN_IF_ERROR(
+            Sticky(CopyAnywhere(CopyDevice(run_.regions[c->region]), slot_bytes + c->offset,
+                                regions_[c->region]->data() + c->region_offset, c->bytes)));
+      continue;
+    }
+    if (copies.size() == 1 && copies[0]->offset == 0 && copies[0]->bytes == t.bytes) {
+      input_at_[i] = regions_[copies[0]->region]->data() + copies[0]->region_offset;
+      continue;
+    }
+    ASSIGN_OR_RETURN(std::byte * staged, input_staging_[i].Reserve(device_, t.bytes));
+    RETURN_IF_ERROR(Sticky(CopyGaps(device_, staged, slot_bytes, t.bytes, copies, true)));
+    for (const control::DeviceCopy* c : copies)
+      RETURN_IF_ERROR(Sticky(CopyAnywhere(
+          device_, staged + c->offset, regions_[c->region]->data() + c->region_offset, c->bytes)));
+    input_at_[i] = staged;
+  }
+  return Status::Ok();
+}
+
+Result<void*> WorkerSession::output_address(size_t i, std::byte* room) {
+  if (!in_batch_ || i >= outputs_.size() || device_ < 0 || run_.copies.empty()) return room;
+  const std::vector<const control::DeviceCopy*> copies = CopiesOf(run_, true, i);
+  if (copies.empty()) return room;
+  const SlotTensor& t = run_.outputs[i];
+  if (copies.size() == 1 && copies[0]->offset == 0 && copies[0]->bytes == t.bytes)
+    return static_cast<void*>(regions_[copies[0]->region]->data() + copies[0]->region_offset);
+  output_staging_.resize(outputs_.size());
+  ASSIGN_OR_RETURN(std::byte * staged, output_staging_[i].Reserve(device_, t.bytes));
+  output_staged_[i] = 1;
+  return static_cast<void*>(staged);
+}
+
+Status WorkerSession::FinishDeviceCopies() {
+  for (size_t i = 0; i < outputs_.size() && !run_.copies.empty(); ++i) {
+    const std::vector<const control::DeviceCopy*> copies = CopiesOf(run_, true, i);
+    if (copies.empty()) continue;
+    const SlotTensor& t = run_.outputs[i];
+    std::byte* slot_bytes = slot_ + t.offset;
+    if (device_ >= 0 && !output_staged_[i]) continue;  // written in its region directly
+    std::byte* from = slot_bytes;
+    if (output_staged_[i]) {
+      ASSIGN_OR_RETURN(from, output_staging_[i].Reserve(device_, t.bytes));
+      RETURN_IF_ERROR(Sticky(CopyGaps(device_, from, slot_bytes, t.bytes, copies, false)));
+    }
+    for (const control::DeviceCopy* c : copies)
+      RETURN_IF_ERROR(Sticky(CopyAnywhere(CopyDevice(run_.regions[c->region]),
+                                          regions_[c->region]->data() + c->region_offset,
+                                          from + c->offset, c->bytes)));
+  }
+  return Status::Ok();
 }
 
 std::span<const std::byte> WorkerSession::input(size_t i) const {
@@ -211,6 +329,15 @@ Status WorkerSession::Done(const Status& status, bool retry_alone) {
   Status s = status;
   for (size_t i = 0; s.ok() && !decoupled() && i < outputs_.size(); ++i) {
     if (!given_[i]) s = Internal("output " + Describe(outputs_[i]) + " was not given room");
+  }
+  if (s.ok()) {
+    s = FinishDeviceCopies();
+    retry_alone = retry_alone || (!s.ok() && s.code() != StatusCode::kDeviceLost);
+  }
+  regions_.clear();  // closed: a region is held only while its batch runs
+  if (s.code() == StatusCode::kDeviceLost) {
+    in_batch_ = false;
+    return s;
   }
   if (s.ok()) {
     d.outputs = std::move(answer_);

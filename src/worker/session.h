@@ -17,6 +17,7 @@
 
 #include "hearth/status.h"
 #include "hearth/unique_fd.h"
+#include "memory/client_region.h"
 #include "protocol/worker_protocol.h"
 
 namespace hearth {
@@ -77,6 +78,21 @@ class WorkerSession {
   // be empty).
   const std::string& parameters_json() const { return run_.parameters_json; }
 
+  // Inputs and outputs in clients' CUDA shared-memory regions (Run::copies)
+  // are copied by the session: inputs into the slot before Next() returns,
+  // outputs from the slot before Done() answers. A worker whose backend
+  // takes device addresses on `device` calls TakeDeviceAddresses(device)
+  // once after Ready(), and then gives the backend input_address(i) and
+  // output_address(i, room): a region's own address where one region holds
+  // a whole tensor (nothing is copied at all), else a device buffer the
+  // session fills from the slot and the regions (and empties into them).
+  // A batch whose regions cannot be opened or copied is answered with the
+  // error (each of its requests then runs alone, so that only the one at
+  // fault fails) and is never handed out.
+  void TakeDeviceAddresses(int device) { device_ = device; }
+  const void* input_address(size_t i) const { return input_at_[i]; }
+  Result<void*> output_address(size_t i, std::byte* room);
+
   // Room in the slot for output i of `shape` (its full shape) and `bytes`
   // (for BYTES the serialised size; for other types it must be what the
   // shape needs). The room is valid until the next Output() or Done(): a
@@ -105,6 +121,18 @@ class WorkerSession {
   void ReleaseRetired();
   Status CheckRun();
 
+  // The batch's device copies: regions opened, inputs placed. An error
+  // that is not DeviceLost is the batch's (its regions), not the worker's.
+  Status StartDeviceCopies();
+  Status FinishDeviceCopies();
+  // Copies [from, to) of tensor bytes between the slot and a device buffer,
+  // skipping the parts that `copies` (sorted, of one tensor) cover.
+  Status CopyGaps(int device, std::byte* device_bytes, std::byte* slot_bytes, uint64_t bytes,
+                  const std::vector<const control::DeviceCopy*>& copies, bool to_device);
+  int CopyDevice(const control::DeviceRegion& region) const {
+    return device_ >= 0 ? device_ : region.device;
+  }
+
   UniqueFd control_, slot_fd_;
   SlotHooks hooks_;
   control::Setup setup_;
@@ -120,6 +148,11 @@ class WorkerSession {
   std::vector<bool> given_;
   uint64_t cursor_ = 0;  // next free byte for outputs the worker places
   std::chrono::steady_clock::time_point started_;
+  int device_ = -1;                                     // TakeDeviceAddresses
+  std::vector<std::unique_ptr<ClientRegion>> regions_;  // this batch's, by Run::regions index
+  std::vector<const void*> input_at_;
+  std::vector<DeviceStaging> input_staging_, output_staging_;
+  std::vector<uint8_t> output_staged_;  // output i went to output_staging_[i]
 };
 
 }  // namespace hearth

@@ -190,16 +190,23 @@ int Serve(const WorkerArgs& a) {
   if (Status s = session.Ready(b.inputs(), b.outputs(), b.device_memory_bytes(), text); !s.ok())
     return Die(a.control_fd, s);
 
+  if (device.is_cuda() && b.takes_device_addresses()) session.TakeDeviceAddresses(device.index);
   std::vector<const void*> inputs(b.inputs().size());
   std::vector<void*> outputs(b.outputs().size());
   std::vector<int64_t> shape;
   for (;;) {
     auto next = session.Next();
+    if (!next.ok() && next.status().code() == StatusCode::kDeviceLost) {
+      std::fprintf(stderr, "hearth-worker %d: %s; exiting\n", ::getpid(),
+                   next.status().ToString().c_str());
+      std::fflush(stderr);
+      ::_exit(3);
+    }
     if (!next.ok()) return Die(a.control_fd, next.status());
     if (!*next) return 0;
     const int64_t rows = session.rows();
     Status s = MaybeInjectFault(a, b, session);
-    for (size_t i = 0; s.ok() && i < inputs.size(); ++i) inputs[i] = session.input(i).data();
+    for (size_t i = 0; s.ok() && i < inputs.size(); ++i) inputs[i] = session.input_address(i);
     for (size_t i = 0; s.ok() && i < outputs.size(); ++i) {
       const IoSpec& spec = b.outputs()[i];
       shape.clear();
@@ -215,7 +222,12 @@ int Serve(const WorkerArgs& a) {
         s = room.status();
         break;
       }
-      outputs[i] = *room;
+      auto at = session.output_address(i, *room);
+      if (!at.ok()) {
+        s = at.status();
+        break;
+      }
+      outputs[i] = *at;
     }
     if (s.ok()) s = b.Run(rows, inputs, outputs);
     if (s.code() == StatusCode::kDeviceLost) {
@@ -226,7 +238,13 @@ int Serve(const WorkerArgs& a) {
       std::fflush(stderr);
       ::_exit(3);
     }
-    if (!session.Done(s).ok()) return 0;
+    if (Status answered = session.Done(s); !answered.ok()) {
+      if (answered.code() != StatusCode::kDeviceLost) return 0;  // the server is gone
+      std::fprintf(stderr, "hearth-worker %d: %s; exiting\n", ::getpid(),
+                   answered.ToString().c_str());
+      std::fflush(stderr);
+      ::_exit(3);
+    }
   }
 }
 

@@ -240,6 +240,62 @@ TEST(WorkerCApi, AMalformedBatchIsRefusedAndAFailureReachesTheServer) {
   hearth_worker_close(w);
 }
 
+// A batch naming a client's CUDA shared-memory region that this process
+// cannot open (no GPU here; a junk handle on a GPU machine) is answered with
+// the error, naming the region, to be run request by request; it is never
+// handed to the model, and the next batch is served.
+TEST(WorkerCApi, ABatchWhoseCudaRegionCannotBeOpenedIsAnsweredNotServed) {
+  Server s;
+  control::Setup setup;
+  setup.max_batch_size = 2;
+  ASSERT_TRUE(control::SendSetup(s.control.get(), setup).ok());
+  hearth_worker* w = nullptr;
+  ASSERT_EQ(hearth_worker_open(s.worker_control, s.worker_slot, 1000, &w), HEARTH_OK);
+  const int64_t dims[] = {3};
+  hearth_tensor_spec in[] = {{"x", HEARTH_F32, 1, dims}};
+  ASSERT_EQ(hearth_worker_ready(w, in, 1, in, 1, 0, ""), HEARTH_OK);
+  ASSERT_TRUE(control::ReceiveKind(s.control.get(), 1000, {control::Kind::kReady}).ok());
+  control::Run run;
+  run.seq = 1;
+  run.rows = 1;
+  run.slot_bytes = s.size;
+  run.inputs = {{0, 12, {1, 3}}};
+  run.outputs = {{64, 12, {1, 3}}};
+  run.output_placed = {1};
+  run.free_offset = 128;
+  control::DeviceRegion region;
+  region.id = 41;
+  region.handle.fill(0xab);
+  region.byte_size = 1024;
+  run.regions = {region};
+  run.copies = {{0, false, 0, 0, 12, 0}};
+  ASSERT_TRUE(control::SendRun(s.control.get(), run).ok());
+  control::Run plain = run;
+  plain.seq = 2;
+  plain.regions.clear();
+  plain.copies.clear();
+  ASSERT_TRUE(control::SendRun(s.control.get(), plain).ok());
+  ASSERT_EQ(hearth_worker_next(w), 1) << hearth_last_error();
+  auto refused = control::ReceiveKind(s.control.get(), 1000, {control::Kind::kDone});
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  EXPECT_EQ(refused->done.seq, 1u);
+  EXPECT_NE(refused->done.status_code, 0u);
+  EXPECT_NE(refused->done.text.find("CUDA shared-memory region #41"), std::string::npos)
+      << refused->done.text;
+  EXPECT_TRUE(refused->done.retry_alone);
+  // The batch handed out is the second.
+  void* room = nullptr;
+  const int64_t shape[] = {1, 3};
+  ASSERT_EQ(hearth_worker_output(w, 0, shape, 2, 12, &room), HEARTH_OK) << hearth_last_error();
+  std::memset(room, 0, 12);
+  ASSERT_EQ(hearth_worker_done(w, HEARTH_OK, nullptr, 0), HEARTH_OK) << hearth_last_error();
+  auto served = control::ReceiveKind(s.control.get(), 1000, {control::Kind::kDone});
+  ASSERT_TRUE(served.ok());
+  EXPECT_EQ(served->done.seq, 2u);
+  EXPECT_EQ(served->done.status_code, 0u) << served->done.text;
+  hearth_worker_close(w);
+}
+
 }  // namespace
 }  // namespace hearth
 

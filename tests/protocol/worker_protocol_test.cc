@@ -113,6 +113,67 @@ TEST(WorkerProtocol, ReadyRunDoneAndRoomRoundTrip) {
   EXPECT_EQ(room->room.slot_bytes, 1u << 20);
 }
 
+// Inputs and outputs in clients' CUDA shared-memory regions: the regions and
+// copies round trip, and a copy that names what the run lacks, or reaches
+// past its region or its tensor, is refused naming it.
+TEST(WorkerProtocol, DeviceCopiesRoundTripAndAreCheckedAgainstRegionsAndTensors) {
+  Pair p;
+  control::Run run;
+  run.seq = 3;
+  run.rows = 2;
+  run.slot_bytes = 65536;
+  run.inputs = {{0, 32, {2, 4}}};
+  run.outputs = {{64, 8, {2, 1}}, {}};
+  run.output_placed = {1, 0};
+  run.free_offset = 128;
+  DeviceRegion g;
+  g.id = 41;
+  for (size_t i = 0; i < g.handle.size(); ++i) g.handle[i] = static_cast<uint8_t>(i * 3);
+  g.device = 1;
+  g.byte_size = 4096;
+  run.regions = {g};
+  run.copies = {{0, false, 0, 16, 16, 1024}, {0, true, 0, 4, 4, 2048}};
+  ASSERT_TRUE(SendRun(p.a.get(), run).ok());
+  auto rr = ReceiveKind(p.b.get(), 1000, {Kind::kRun});
+  ASSERT_TRUE(rr.ok()) << rr.status().ToString();
+  EXPECT_EQ(rr->run.regions, run.regions);
+  EXPECT_EQ(rr->run.copies, run.copies);
+
+  auto refused = [&](control::Run bad, const std::string& what) {
+    ASSERT_TRUE(SendRun(p.a.get(), bad).ok());
+    Status s = Receive(p.b.get(), 1000).status();
+    EXPECT_TRUE(Contains(s, what)) << s.ToString();
+  };
+  control::Run bad = run;
+  bad.copies[0].region = 1;
+  refused(bad, "names region 1 of 1");
+  bad = run;
+  bad.copies[1].tensor = 1;  // an output the server did not place
+  refused(bad, "output 1, which has no place in the slot");
+  bad = run;
+  bad.copies[0].offset = 24;  // 16 bytes at 24 of a 32-byte tensor
+  refused(bad, "16 bytes at 24 of a tensor of 32");
+  bad = run;
+  bad.copies[0].region_offset = 4090;
+  refused(bad, "at 4090 of a region of 4096");
+  bad = run;
+  bad.copies[0].region_offset = ~0ull - 4;  // no wrap-around
+  refused(bad, "of a region of 4096");
+  bad = run;
+  bad.copies[0].bytes = 0;
+  refused(bad, "0 bytes at");
+  bad = run;
+  bad.regions[0].byte_size = 0;
+  refused(bad, "region 41 on device 1 of 0 bytes");
+
+  // More than a run may carry is refused before anything is sent.
+  bad = run;
+  bad.regions.assign(kMaxRunRegions + 1, g);
+  Status s = SendRun(p.a.get(), bad);
+  EXPECT_TRUE(Contains(s, "over the limits of 64 and 1024")) << s.ToString();
+  EXPECT_EQ(Receive(p.b.get(), 0).status().code(), StatusCode::kDeadlineExceeded);
+}
+
 TEST(WorkerProtocol, OverTheLimitIsAClearErrorAndSendsNothing) {
   Pair p;
   control::Setup huge;

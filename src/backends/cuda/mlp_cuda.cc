@@ -155,11 +155,18 @@ class MlpCuda final : public Backend {
                 static_cast<const float*>(w.encoder_weight->data),
                 static_cast<const float*>(w.encoder_bias->data),
                 static_cast<float*>(hidden_buffer_.get()),
-                1, static_cast<int64_t>(hidden_), static_cast<int64_t>(in_), true};
+                1,
+                static_cast<int64_t>(hidden_),
+                static_cast<int64_t>(in_),
+                true};
     skinny2_ = {static_cast<const float*>(hidden_buffer_.get()),
-                static_cast<const float*>(w.head_weight->data), static_cast<const float*>(head_bias),
+                static_cast<const float*>(w.head_weight->data),
+                static_cast<const float*>(head_bias),
                 static_cast<float*>(logits_.get()),
-                1, static_cast<int64_t>(out_), static_cast<int64_t>(hidden_), false};
+                1,
+                static_cast<int64_t>(out_),
+                static_cast<int64_t>(hidden_),
+                false};
     const bool skinny_fits = w.dtype == DType::kF32 && !options.allow_tf32 &&
                              cuda::SkinnyGemmSupported(skinny1_) &&
                              cuda::SkinnyGemmSupported(skinny2_);
@@ -169,8 +176,8 @@ class MlpCuda final : public Backend {
           "are multiples of 4 and 16-byte aligned weights");
     }
     skinny_max_batch_ = !skinny_fits || mode == GemmMode::kCublasLt ? 0
-                        : mode == GemmMode::kSkinny                ? max_batch_
-                                                                   : kSkinnyAutoMaxBatch;
+                        : mode == GemmMode::kSkinny                 ? max_batch_
+                                                                    : kSkinnyAutoMaxBatch;
     return CudaCheck(cudaStreamSynchronize(stream_.get()), "mlp setup");
   }
 
@@ -182,6 +189,8 @@ class MlpCuda final : public Backend {
   const std::vector<IoSpec>& inputs() const override { return inputs_; }
   const std::vector<IoSpec>& outputs() const override { return outputs_; }
   uint64_t device_memory_bytes() const override { return device_bytes_; }
+  // Every copy is cudaMemcpyDefault: host or device addresses alike.
+  bool takes_device_addresses() const override { return true; }
 
   Status Run(int64_t batch, std::span<const void* const> inputs,
              std::span<void* const> outputs) override {
@@ -195,9 +204,9 @@ class MlpCuda final : public Backend {
     RETURN_IF_ERROR(MakeContextCurrent(device_));
     const auto n = static_cast<uint64_t>(batch);
     cudaStream_t s = stream_.get();
-    RETURN_IF_ERROR(CudaCheck(
-        cudaMemcpyAsync(input_f32_.get(), inputs[0], n * in_ * 4, cudaMemcpyHostToDevice, s),
-        "copy mlp input to the device"));
+    RETURN_IF_ERROR(
+        CudaCheck(cudaMemcpyAsync(input_f32_.get(), inputs[0], n * in_ * 4, cudaMemcpyDefault, s),
+                  "copy mlp input to the device"));
     const void* x = input_f32_.get();
     if (narrow_) {
       RETURN_IF_ERROR(
@@ -215,11 +224,11 @@ class MlpCuda final : public Backend {
         CudaCheck(cuda::LaunchArgmaxRows(static_cast<const float*>(logits_.get()), batch, out_,
                                          static_cast<int64_t*>(argmax_.get()), s),
                   "argmax kernel"));
-    RETURN_IF_ERROR(CudaCheck(
-        cudaMemcpyAsync(outputs[0], logits_.get(), n * out_ * 4, cudaMemcpyDeviceToHost, s),
-        "copy logits to the host"));
     RETURN_IF_ERROR(
-        CudaCheck(cudaMemcpyAsync(outputs[1], argmax_.get(), n * 8, cudaMemcpyDeviceToHost, s),
+        CudaCheck(cudaMemcpyAsync(outputs[0], logits_.get(), n * out_ * 4, cudaMemcpyDefault, s),
+                  "copy logits to the host"));
+    RETURN_IF_ERROR(
+        CudaCheck(cudaMemcpyAsync(outputs[1], argmax_.get(), n * 8, cudaMemcpyDefault, s),
                   "copy argmax to the host"));
     return CudaCheck(cudaStreamSynchronize(s), "mlp forward");
   }
@@ -235,9 +244,9 @@ class MlpCuda final : public Backend {
 
   Status RunCublasLt(int64_t batch, const void* x) {
     ASSIGN_OR_RETURN(const BatchPlan* plan, Plan(batch));
-    RETURN_IF_ERROR(Matmul(gemm1_, &plan->algo1, x, plan->b1.get(), hidden_buffer_.get(),
-                           plan->d1.get())
-                        .WithContext("mlp encoder"));
+    RETURN_IF_ERROR(
+        Matmul(gemm1_, &plan->algo1, x, plan->b1.get(), hidden_buffer_.get(), plan->d1.get())
+            .WithContext("mlp encoder"));
     return Matmul(gemm2_, &plan->algo2, hidden_buffer_.get(), plan->b2.get(), logits_.get(),
                   plan->d2.get())
         .WithContext("mlp head");
@@ -347,10 +356,10 @@ class MlpCuda final : public Backend {
   Status Matmul(const Gemm& g, const cublasLtMatmulAlgo_t* algo, const void* b_ptr,
                 cublasLtMatrixLayout_t b, void* d_ptr, cublasLtMatrixLayout_t d) {
     const float one = 1.0f, zero = 0.0f;
-    return LtCheck(cublasLtMatmul(lt_.get(), g.desc.get(), &one, g.weight, g.a.get(), b_ptr, b,
-                                  &zero, d_ptr, d, d_ptr, d, algo, workspace_.get(),
-                                  kWorkspaceBytes, stream_.get()),
-                   "cublasLtMatmul");
+    return LtCheck(
+        cublasLtMatmul(lt_.get(), g.desc.get(), &one, g.weight, g.a.get(), b_ptr, b, &zero, d_ptr,
+                       d, d_ptr, d, algo, workspace_.get(), kWorkspaceBytes, stream_.get()),
+        "cublasLtMatmul");
   }
 
   // Algorithms are timed for powers of two (and max_batch_) only; the batch

@@ -36,6 +36,8 @@ class ScaleCuda final : public Backend {
   const std::vector<IoSpec>& inputs() const override { return inputs_; }
   const std::vector<IoSpec>& outputs() const override { return outputs_; }
   uint64_t device_memory_bytes() const override { return device_bytes_; }
+  // Every copy is cudaMemcpyDefault: host or device addresses alike.
+  bool takes_device_addresses() const override { return true; }
 
   Status InjectDeviceFault() override {
     RETURN_IF_ERROR(MakeContextCurrent(device_));
@@ -56,14 +58,13 @@ class ScaleCuda final : public Backend {
     cudaStream_t s = stream_.get();
     RETURN_IF_ERROR(
         CudaCheck(cudaMemcpyAsync(x_.get(), inputs[0], rows * static_cast<uint64_t>(n_) * 4,
-                                  cudaMemcpyHostToDevice, s),
+                                  cudaMemcpyDefault, s),
                   "copy scale input to the device"));
     RETURN_IF_ERROR(CudaCheck(cuda::LaunchRowDot(static_cast<const float*>(x_.get()), weight_,
                                                  batch, n_, static_cast<float*>(y_.get()), s),
                               "row-dot kernel"));
-    RETURN_IF_ERROR(
-        CudaCheck(cudaMemcpyAsync(outputs[0], y_.get(), rows * 4, cudaMemcpyDeviceToHost, s),
-                  "copy scale output to the host"));
+    RETURN_IF_ERROR(CudaCheck(cudaMemcpyAsync(outputs[0], y_.get(), rows * 4, cudaMemcpyDefault, s),
+                              "copy scale output to the host"));
     return CudaCheck(cudaStreamSynchronize(s), "scale forward");
   }
 
