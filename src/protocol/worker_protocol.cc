@@ -235,6 +235,9 @@ Status SendRun(int fd, const Run& m) {
   w.U32(static_cast<uint32_t>(m.regions.size()));
   for (const DeviceRegion& g : m.regions) {
     w.U64(g.id);
+    if (g.name.size() > kMaxDeviceRegionNameBytes)
+      return InvalidArgument("a region name of " + std::to_string(g.name.size()) + " bytes");
+    w.Str(g.name);
     for (uint8_t b : g.handle) w.U8(b);
     w.U32(static_cast<uint32_t>(g.device));
     w.U64(g.byte_size);
@@ -362,6 +365,7 @@ Result<Message> ReceiveWith(int fd, int timeout_ms, int flags) {
       for (uint32_t i = 0; i < regions && r.ok(); ++i) {
         DeviceRegion g;
         g.id = r.U64();
+        g.name = r.Str(kMaxDeviceRegionNameBytes, "a region name");
         for (uint8_t& b : g.handle) b = r.U8();
         g.device = static_cast<int32_t>(r.U32());
         g.byte_size = r.U64();

@@ -200,8 +200,8 @@ Status WorkerSession::StartDeviceCopies() {
   for (const control::DeviceRegion& g : run_.regions) {
     auto opened = ClientRegion::Open(CopyDevice(g), g.handle, g.byte_size);
     if (!opened.ok())
-      return opened.status().WithContext("CUDA shared-memory region #" + std::to_string(g.id) +
-                                         " (device " + std::to_string(g.device) + ")");
+      return opened.status().WithContext("CUDA shared-memory region '" + g.name + "' (device " +
+                                         std::to_string(g.device) + ")");
     regions_.push_back(std::move(opened).value());
   }
   input_staging_.resize(inputs_.size());

@@ -265,6 +265,7 @@ TEST(WorkerCApi, ABatchWhoseCudaRegionCannotBeOpenedIsAnsweredNotServed) {
   run.free_offset = 128;
   control::DeviceRegion region;
   region.id = 41;
+  region.name = "in-region";
   region.handle.fill(0xab);
   region.byte_size = 1024;
   run.regions = {region};
@@ -280,7 +281,7 @@ TEST(WorkerCApi, ABatchWhoseCudaRegionCannotBeOpenedIsAnsweredNotServed) {
   ASSERT_TRUE(refused.ok()) << refused.status().ToString();
   EXPECT_EQ(refused->done.seq, 1u);
   EXPECT_NE(refused->done.status_code, 0u);
-  EXPECT_NE(refused->done.text.find("CUDA shared-memory region #41"), std::string::npos)
+  EXPECT_NE(refused->done.text.find("CUDA shared-memory region 'in-region'"), std::string::npos)
       << refused->done.text;
   EXPECT_TRUE(refused->done.retry_alone);
   // The batch handed out is the second.

@@ -128,6 +128,7 @@ TEST(WorkerProtocol, DeviceCopiesRoundTripAndAreCheckedAgainstRegionsAndTensors)
   run.free_offset = 128;
   DeviceRegion g;
   g.id = 41;
+  g.name = "region-a";
   for (size_t i = 0; i < g.handle.size(); ++i) g.handle[i] = static_cast<uint8_t>(i * 3);
   g.device = 1;
   g.byte_size = 4096;
@@ -170,7 +171,7 @@ TEST(WorkerProtocol, DeviceCopiesRoundTripAndAreCheckedAgainstRegionsAndTensors)
   bad = run;
   bad.regions.assign(kMaxRunRegions + 1, g);
   Status s = SendRun(p.a.get(), bad);
-  EXPECT_TRUE(Contains(s, "over the limits of 64 and 1024")) << s.ToString();
+  EXPECT_TRUE(Contains(s, "over the limits of 32 and 1024")) << s.ToString();
   EXPECT_EQ(Receive(p.b.get(), 0).status().code(), StatusCode::kDeadlineExceeded);
 }
 
