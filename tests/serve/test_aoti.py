@@ -276,3 +276,40 @@ def test_a_cuda_package_reports_its_own_device_buffers(aoti_served):
     values = [float(line.rsplit(" ", 1)[1]) for line in requests.get(f"{url}/metrics").text.splitlines()
               if line.startswith("hearth_worker_device_memory_bytes{") and 'model="mlp_cuda"' in line]
     assert values and all(v > 0 for v in values), values
+
+
+def test_a_cuda_package_reads_and_writes_cuda_shared_memory(aoti_served):
+    """A client's device memory as the package's input and output: the
+    package reads the region where it lies and its output is copied device
+    to device into the other; the answer is eager PyTorch's."""
+    if "cuda" not in aoti_served["devices"]:
+        pytest.skip("CUDA shared memory needs a GPU (HEARTH_TEST_DEVICE=cuda)")
+    import base64
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    from test_cuda_shm import Cuda
+    url, cuda = aoti_served["url"], Cuda(0)
+    name = requests.get(f"{url}/v2/models/mlp_cuda").json()["inputs"][0]["name"]
+    out_name = requests.get(f"{url}/v2/models/mlp_cuda").json()["outputs"][0]["name"]
+    x = np.random.default_rng(12).standard_normal((3, 64)).astype(np.float32)
+    ptrs = [cuda.alloc(1 << 20), cuda.alloc(1 << 20)]
+    try:
+        cuda.put(ptrs[0] + 256, x)
+        for region, ptr in zip(("aoti-in", "aoti-out"), ptrs):
+            r = requests.post(f"{url}/v2/cudasharedmemory/region/{region}/register",
+                              json={"raw_handle": {"b64": base64.b64encode(cuda.handle(ptr)).decode()},
+                                    "device_id": 0, "byte_size": 1 << 20}, timeout=30)
+            assert r.status_code == 200, r.text
+        body = {"inputs": [{"name": name, "datatype": "FP32", "shape": [3, 64],
+                            "parameters": {"shared_memory_region": "aoti-in", "shared_memory_offset": 256,
+                                           "shared_memory_byte_size": x.nbytes}}],
+                "outputs": [{"name": out_name, "parameters": {"shared_memory_region": "aoti-out",
+                                                              "shared_memory_offset": 0,
+                                                              "shared_memory_byte_size": 3 * 10 * 4}}]}
+        r = requests.post(f"{url}/v2/models/mlp_cuda/infer", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        got = cuda.get(ptrs[1], 3 * 10 * 4).view("<f4").reshape(3, 10)
+        np.testing.assert_allclose(got, reference(x), rtol=1e-4, atol=1e-4)
+    finally:
+        requests.post(f"{url}/v2/cudasharedmemory/unregister", timeout=30)
+        for ptr in ptrs:
+            cuda.free(ptr)

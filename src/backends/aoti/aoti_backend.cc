@@ -13,6 +13,8 @@
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #ifdef HEARTH_TORCH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #endif
 
 #include <algorithm>
@@ -163,6 +165,11 @@ class AotiBackend final : public Backend {
   const std::vector<IoSpec>& inputs() const override { return inputs_; }
   const std::vector<IoSpec>& outputs() const override { return outputs_; }
   uint64_t device_memory_bytes() const override { return device_bytes_; }
+#ifdef HEARTH_TORCH_CUDA
+  // A device input is given to the package as it is; a device output is
+  // filled by a device-to-device copy.
+  bool takes_device_addresses() const override { return device_.is_cuda(); }
+#endif
 
   // Runs the largest batch once on zeros, so that the first request does not
   // pay for the package's lazy set-up, and records what the package's own
@@ -174,6 +181,7 @@ class AotiBackend final : public Backend {
         args.push_back(at::zeros(Shape(s, max_rows),
                                  at::TensorOptions().dtype(*ToTorch(s.dtype)).device(device_)));
       std::vector<at::Tensor> results = loader_->run(args);
+      std::vector<at::Device> synced;  // whose streams a device output's copy is on
       for (at::Tensor& r : results) (void)r.cpu();
 #ifdef HEARTH_TORCH_CUDA
       if (device_.is_cuda()) {
@@ -206,13 +214,39 @@ class AotiBackend final : public Backend {
     }
   }
 
+  // A device address (a client's CUDA shared-memory region, or the
+  // worker's staging), as opposed to the slot's host memory.
+  // Its GPU, or nullopt for host memory.
+  std::optional<at::Device> OnDevice(const void* p) const {
+#ifdef HEARTH_TORCH_CUDA
+    if (!device_.is_cuda()) return std::nullopt;
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky: clear it
+      return std::nullopt;
+    }
+    if (a.type != cudaMemoryTypeDevice) return std::nullopt;
+    return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(a.device));
+#else
+    (void)p;
+    return std::nullopt;
+#endif
+  }
+
   Status Run(int64_t batch, std::span<const void* const> in, std::span<void* const> out) override {
     try {
       std::vector<at::Tensor> args;
       args.reserve(inputs_.size());
       for (size_t i = 0; i < inputs_.size(); ++i) {
-        auto host = at::from_blob(const_cast<void*>(in[i]), Shape(inputs_[i], batch),
-                                  at::TensorOptions().dtype(*ToTorch(inputs_[i].dtype)));
+        const auto options = at::TensorOptions().dtype(*ToTorch(inputs_[i].dtype));
+        if (const auto on = OnDevice(in[i])) {
+          // On the package's GPU: used where it lies; on another: copied over.
+          auto t = at::from_blob(const_cast<void*>(in[i]), Shape(inputs_[i], batch),
+                                 options.device(*on));
+          args.push_back(*on == device_ ? t : t.to(device_, /*non_blocking=*/true));
+          continue;
+        }
+        auto host = at::from_blob(const_cast<void*>(in[i]), Shape(inputs_[i], batch), options);
         // The slot is page-locked on a GPU (hearth-worker registers it), so
         // the copy is a DMA; the package's kernels follow it on the stream.
         args.push_back(device_.is_cuda() ? host.to(device_, /*non_blocking=*/true) : host);
@@ -228,8 +262,19 @@ class AotiBackend final : public Backend {
           return InvalidArgument("output " + Describe(outputs_[i]) + ": the package gave " +
                                  std::string(c10::toString(r.scalar_type())) + " " +
                                  ShapeString(r.sizes().vec()));
-        at::from_blob(out[i], shape, at::TensorOptions().dtype(r.scalar_type())).copy_(r);
+        auto options = at::TensorOptions().dtype(r.scalar_type());
+        if (const auto on = OnDevice(out[i])) {
+          options = options.device(*on);
+          if (*on != device_) synced.push_back(*on);
+        }
+        at::from_blob(out[i], shape, options).copy_(r);
       }
+#ifdef HEARTH_TORCH_CUDA
+      // Copies into device outputs are queued on streams: done before the
+      // batch is answered.
+      if (device_.is_cuda()) synced.push_back(device_);
+      for (const at::Device& d : synced) c10::cuda::getCurrentCUDAStream(d.index()).synchronize();
+#endif
       return Status::Ok();
     } catch (const std::exception& e) {
       return FromException("the package", e);

@@ -25,7 +25,7 @@
 extern "C" {
 #endif
 
-#define HEARTH_AOTI_BACKEND_ABI_VERSION 1u
+#define HEARTH_AOTI_BACKEND_ABI_VERSION 2u
 
 typedef struct HearthAotiSpec {
   const char* name;

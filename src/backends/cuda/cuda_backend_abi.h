@@ -26,7 +26,7 @@
 extern "C" {
 #endif
 
-#define HEARTH_CUDA_BACKEND_ABI_VERSION 2u
+#define HEARTH_CUDA_BACKEND_ABI_VERSION 3u
 
 typedef struct HearthCudaTensor {
   const char* name;
