@@ -8,7 +8,9 @@
 # Needs, carried into the tree: .deps/root/usr/include/xxhash.h (Debian's
 # libxxhash-dev, unpacked), .gpu/baselines/*.py (copies of
 # ../shared/baselines), .gpu/pyroot (flask, gunicorn, requests) and
-# .gpu/webroot (fastapi, uvicorn), Debian's packages unpacked with dpkg -x.
+# .gpu/webroot (fastapi, uvicorn), Debian's packages unpacked with dpkg -x,
+# and, for the gRPC front-end, .gpu/grpc (grpc++, protobuf, protoc and
+# grpc_cpp_plugin: -DHEARTH_GRPC_ROOT). bench/gpu-deps.sh makes them all.
 #
 # SECTIONS picks what runs after the build (default: all of them):
 #   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart gemm startup suite
@@ -32,9 +34,15 @@ DATE=$(date -u +%Y-%m-%dT%H:%MZ)
 cat "$OUT/machine.txt"
 
 echo "== build"
+# With .gpu/grpc carried, gRPC is required (a build without it fails rather
+# than leave the gRPC numbers out); the binaries find its libraries through
+# their RPATH, so nothing below sets LD_LIBRARY_PATH.
+GRPC_FLAGS=()
+[ -d .gpu/grpc ] && GRPC_FLAGS=(-DHEARTH_GRPC=ON -DHEARTH_GRPC_ROOT="$PWD/.gpu/grpc")
 if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHEARTH_CUDA=ON \
         -DHEARTH_CUDA_ARCHITECTURES="90-real;90-virtual" \
-        -DHEARTH_XXHASH_INCLUDE_DIR="$PWD/.deps/root/usr/include" -DHEARTH_SIMDJSON_ROOT="$PWD/.deps/simdjson/usr" &&
+        -DHEARTH_XXHASH_INCLUDE_DIR="$PWD/.deps/root/usr/include" -DHEARTH_SIMDJSON_ROOT="$PWD/.deps/simdjson/usr" \
+        "${GRPC_FLAGS[@]}" &&
       cmake --build "$BUILD" -j "$JOBS"; } > "$OUT/build.log" 2>&1; then
   tail -60 "$OUT/build.log"
   exit 1
