@@ -520,12 +520,19 @@ class Server::Impl {
   // worker copies it device to device. Names of system regions are left
   // alone.
   Status ResolveCudaSharedMemory(const ModelRuntime& m, InferRequest& request) const {
+    // A request handed on to a model's new runtime (InferOn's `attempt`)
+    // keeps the regions it found; it is checked again against the model.
+    auto resolve =
+        [&](const SharedMemoryRef& ref,
+            const std::string& what) -> Result<std::shared_ptr<const CudaSharedMemoryEntry>> {
+      if (ref.cuda) return ref.cuda;
+      return shared_memory_.FindCuda(ref, what);
+    };
     std::set<uint64_t> regions;
     for (InferTensor& in : request.inputs) {
       if (!in.shm) continue;
       const std::string what = "input '" + in.name + "'";
-      ASSIGN_OR_RETURN(std::shared_ptr<const CudaSharedMemoryEntry> entry,
-                       shared_memory_.FindCuda(*in.shm, what));
+      ASSIGN_OR_RETURN(std::shared_ptr<const CudaSharedMemoryEntry> entry, resolve(*in.shm, what));
       if (entry == nullptr) continue;
       if (in.dtype == DType::kBytes)
         return InvalidArgument(what +
@@ -545,8 +552,7 @@ class Server::Impl {
     for (RequestedOutput& o : request.outputs) {
       if (!o.shm) continue;
       const std::string what = "output '" + o.name + "'";
-      ASSIGN_OR_RETURN(std::shared_ptr<const CudaSharedMemoryEntry> entry,
-                       shared_memory_.FindCuda(*o.shm, what));
+      ASSIGN_OR_RETURN(std::shared_ptr<const CudaSharedMemoryEntry> entry, resolve(*o.shm, what));
       if (entry == nullptr) continue;
       auto spec = std::find_if(m.outputs.begin(), m.outputs.end(),
                                [&](const TensorSpec& t) { return t.name == o.name; });
