@@ -72,7 +72,7 @@ Status SharedMemoryRegistry::CheckNewName(const std::string& name) const {
                          "' is registered (system and CUDA regions share one set of names)");
   if (regions_.size() + cuda_regions_.size() >= kMaxSharedMemoryRegions)
     return ResourceExhausted("already " + std::to_string(kMaxSharedMemoryRegions) +
-                             " shared-memory regions (system and CUDA) are registered");
+                             " shared-memory regions are registered (system and CUDA together)");
   return Status::Ok();
 }
 

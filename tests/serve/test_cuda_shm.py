@@ -226,7 +226,7 @@ def test_one_limit_for_system_and_cuda_regions(servers):
                 code, e = rest_register(url, f"r{k}", byte_size=8, http=http)
                 assert code == 200, (k, e)
             code, e = rest_register(url, "one-more", byte_size=8, http=http)
-            assert code == 503 and "already 1024 shared-memory regions (system and CUDA) are registered" in e, e
+            assert code == 503 and "already 1024 shared-memory regions are registered (system and CUDA together)" in e, e
             r = http.post(f"{system}/region/one-more/register", json={"key": obj.key, "byte_size": 8}, timeout=30)
             assert r.status_code == 503 and "already 1024" in error_of(r), r.text
             # Room made by either kind serves both.
