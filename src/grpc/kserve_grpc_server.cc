@@ -18,6 +18,7 @@
 #include <limits>
 #include <mutex>
 #include <set>
+#include <span>
 #include <string_view>
 #include <system_error>
 #include <thread>
@@ -51,18 +52,6 @@ uint64_t SharedMemoryInputBytes(const InferRequest& request) {
 
 grpc::Status NotYet(const std::string& message) {
   return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, message);
-}
-
-constexpr const char* kNoCudaSharedMemory =
-    "hearth does not support CUDA shared memory regions yet: send tensors in the request "
-    "(raw_input_contents) or use system shared memory (SystemSharedMemoryRegister)";
-
-// No CUDA region can be registered, so a named one is never there; all of
-// them are none (listing or unregistering them succeeds, as perf_analyzer's
-// clean-up needs).
-grpc::Status NoCudaRegion(const std::string& name) {
-  return grpc::Status(grpc::StatusCode::NOT_FOUND, "no CUDA shared-memory region named '" + name +
-                                                       "' is registered: " + kNoCudaSharedMemory);
 }
 
 // Answers a quick RPC inside its handler.
@@ -322,21 +311,36 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
   }
   grpc::ServerUnaryReactor* CudaSharedMemoryStatus(
       grpc::CallbackServerContext* context, const inference::CudaSharedMemoryStatusRequest* request,
-      inference::CudaSharedMemoryStatusResponse*) override {
-    return Answer(context,
-                  request->name().empty() ? grpc::Status::OK : NoCudaRegion(request->name()));
+      inference::CudaSharedMemoryStatusResponse* response) override {
+    const Result<std::vector<CudaSharedMemoryRegion>> regions =
+        service_->CudaSharedMemoryStatus(request->name());
+    if (!regions.ok()) return Answer(context, ToGrpcStatus(regions.status()));
+    for (const CudaSharedMemoryRegion& r : *regions) {
+      inference::CudaSharedMemoryStatusResponse::RegionStatus& status =
+          (*response->mutable_regions())[r.name];
+      status.set_name(r.name);
+      status.set_device_id(static_cast<uint64_t>(r.device_id));
+      status.set_byte_size(r.byte_size);
+    }
+    return Answer(context, grpc::Status::OK);
   }
+  // raw_handle: the handle's bytes themselves (tritonclient.grpc decodes the
+  // base64 that its cuda_shared_memory.get_raw_handle gives before sending).
   grpc::ServerUnaryReactor* CudaSharedMemoryRegister(
-      grpc::CallbackServerContext* context, const inference::CudaSharedMemoryRegisterRequest*,
+      grpc::CallbackServerContext* context,
+      const inference::CudaSharedMemoryRegisterRequest* request,
       inference::CudaSharedMemoryRegisterResponse*) override {
-    return Answer(context, NotYet(kNoCudaSharedMemory));
+    const std::string& handle = request->raw_handle();
+    return Answer(context,
+                  ToGrpcStatus(service_->RegisterCudaSharedMemory(
+                      request->name(), std::as_bytes(std::span(handle.data(), handle.size())),
+                      request->device_id(), request->byte_size())));
   }
   grpc::ServerUnaryReactor* CudaSharedMemoryUnregister(
       grpc::CallbackServerContext* context,
       const inference::CudaSharedMemoryUnregisterRequest* request,
       inference::CudaSharedMemoryUnregisterResponse*) override {
-    return Answer(context,
-                  request->name().empty() ? grpc::Status::OK : NoCudaRegion(request->name()));
+    return Answer(context, ToGrpcStatus(service_->UnregisterCudaSharedMemory(request->name())));
   }
 
   grpc::ServerUnaryReactor* TraceSetting(grpc::CallbackServerContext* context,

@@ -7,15 +7,14 @@
 // RepositoryModelLoad and RepositoryModelUnload (run on a thread of the
 // front-end's, since they wait for workers: gRPC's threads never block on
 // them), SystemSharedMemoryRegister, SystemSharedMemoryUnregister and
-// SystemSharedMemoryStatus; ModelInfer (one request, one response; a
-// decoupled model's responses joined as the service joins them; inputs and
-// outputs inline or in registered system shared memory, outputs optionally
-// classified); ModelStreamInfer (each request of the stream is one Infer,
-// answered in the order the answers come: a decoupled model's responses
-// each as it comes, `triton_final_response` true on the last; a request's
-// error in `error_message`, after which the stream goes on). The CUDA
-// shared-memory, trace and log RPCs answer UNIMPLEMENTED with a message
-// saying so.
+// SystemSharedMemoryStatus, and their CudaSharedMemory* counterparts (a
+// raw_handle of the 64 bytes of a CUDA IPC handle); ModelInfer (one
+// request, one response; a decoupled model's responses joined as the
+// service joins them; inputs and outputs inline or in registered system or
+// CUDA shared memory, outputs optionally classified); ModelStreamInfer (each request of the stream
+// is one Infer, answered in the order the answers come: a decoupled model's responses each as it
+// comes, `triton_final_response` true on the last; a request's error in `error_message`, after
+// which the stream goes on). The trace and log RPCs answer UNIMPLEMENTED with a message saying so.
 //
 // Limits (every resource a client can make the front-end hold):
 // - message size: a received message over max_message_bytes (after

@@ -95,9 +95,6 @@ constexpr size_t kCompressMinBytes = 1024;
 constexpr size_t kCompressMaxBytes = size_t{1} << 30;
 // Repository loads and unloads at once; past it they are answered 503.
 constexpr int kMaxControlCalls = 4;
-constexpr const char* kNoCudaSharedMemory =
-    "hearth does not support CUDA shared memory regions yet: send tensors in the request body "
-    "or use system shared memory (/v2/systemsharedmemory)";
 
 class Session;
 
@@ -437,8 +434,6 @@ struct Route {
     kShmRegister,
     kShmUnregister,  // region empty: every region
     kShmStatus,      // likewise
-    // CUDA shared memory: registering is not supported, so there are no
-    // regions to list or unregister (all of them: none; a named one: unknown).
     kCudaShmRegister,
     kCudaShmUnregister,
     kCudaShmStatus,
@@ -1268,20 +1263,23 @@ class Session : public std::enable_shared_from_this<Session> {
         return Send(MakeResponse(http::status::ok, version, keep_alive,
                                  SystemSharedMemoryStatusJson(*regions), "application/json"));
       }
-      case Route::Kind::kCudaShmRegister:
-        return Send(ErrorResponse(501, kNoCudaSharedMemory, version, keep_alive));
+      case Route::Kind::kCudaShmRegister: {
+        Result<CudaSharedMemoryRegistration> body =
+            ParseCudaSharedMemoryRegisterBody(request.body());
+        if (!body.ok()) return Send(StatusResponse(body.status(), version, keep_alive));
+        return Send(EmptyOrError(service.RegisterCudaSharedMemory(route->region, body->raw_handle,
+                                                                  body->device_id, body->byte_size),
+                                 version, keep_alive));
+      }
       case Route::Kind::kCudaShmUnregister:
+        return Send(
+            EmptyOrError(service.UnregisterCudaSharedMemory(route->region), version, keep_alive));
       case Route::Kind::kCudaShmStatus: {
-        if (!route->region.empty()) {
-          return Send(ErrorResponse(404,
-                                    "no CUDA shared-memory region named '" + route->region +
-                                        "' is registered: " + kNoCudaSharedMemory,
-                                    version, keep_alive));
-        }
-        if (route->kind == Route::Kind::kCudaShmUnregister) {
-          return Send(EmptyOrError(Status::Ok(), version, keep_alive));
-        }
-        return Send(MakeResponse(http::status::ok, version, keep_alive, "[]", "application/json"));
+        Result<std::vector<CudaSharedMemoryRegion>> regions =
+            service.CudaSharedMemoryStatus(route->region);
+        if (!regions.ok()) return Send(StatusResponse(regions.status(), version, keep_alive));
+        return Send(MakeResponse(http::status::ok, version, keep_alive,
+                                 CudaSharedMemoryStatusJson(*regions), "application/json"));
       }
       case Route::Kind::kTraceSetting:
       case Route::Kind::kLogging:

@@ -143,4 +143,88 @@ Result<SystemSharedMemoryRegistration> ParseSystemSharedMemoryRegisterBody(std::
   return r;
 }
 
+std::string CudaSharedMemoryStatusJson(const std::vector<CudaSharedMemoryRegion>& regions) {
+  json list = json::array();
+  for (const CudaSharedMemoryRegion& r : regions) {
+    list.push_back({{"name", r.name}, {"device_id", r.device_id}, {"byte_size", r.byte_size}});
+  }
+  return list.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+Result<std::vector<std::byte>> DecodeBase64(std::string_view text, std::string_view what) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  const std::string bad = std::string(what) + " is not base64 (RFC 4648, padded with '='): ";
+  if (text.size() % 4 != 0)
+    return InvalidArgument(bad + std::to_string(text.size()) + " characters, not a multiple of 4");
+  std::vector<std::byte> out;
+  out.reserve(text.size() / 4 * 3);
+  for (size_t at = 0; at < text.size(); at += 4) {
+    const bool last = at + 4 == text.size();
+    const size_t pad = last ? (text[at + 3] == '=' ? (text[at + 2] == '=' ? 2 : 1) : 0) : 0;
+    uint32_t group = 0;
+    for (size_t k = 0; k < 4; ++k) {
+      const char c = text[at + k];
+      const int v = k >= 4 - pad ? 0 : value(c);
+      if (v < 0)
+        return InvalidArgument(bad + "character " + std::to_string(at + k) + " is not of its " +
+                               "alphabet");
+      group = group << 6 | static_cast<uint32_t>(v);
+    }
+    // Padding leaves bits unused: a canonical encoding has them zero.
+    if ((pad == 1 && (group & 0xff) != 0) || (pad == 2 && (group & 0xffff) != 0))
+      return InvalidArgument(bad + "the last group has bits set past its end");
+    out.push_back(static_cast<std::byte>(group >> 16));
+    if (pad < 2) out.push_back(static_cast<std::byte>(group >> 8 & 0xff));
+    if (pad < 1) out.push_back(static_cast<std::byte>(group & 0xff));
+  }
+  return out;
+}
+
+Result<CudaSharedMemoryRegistration> ParseCudaSharedMemoryRegisterBody(std::string_view body) {
+  constexpr size_t kMaxHandleText = 4096;
+  Result<json> parsed = ObjectBody(body, "CUDA shared memory registration");
+  if (!parsed.ok()) return parsed.status();
+  CudaSharedMemoryRegistration r;
+  bool has_handle = false, has_device = false, has_size = false;
+  const std::string what = "CUDA shared memory registration: ";
+  for (const auto& [name, value] : parsed->items()) {
+    if (name == "raw_handle") {
+      const json* b64 =
+          value.is_object() && value.size() == 1 && value.contains("b64") ? &value["b64"] : nullptr;
+      if (b64 == nullptr || !b64->is_string())
+        return InvalidArgument(what + "'raw_handle' must be {\"b64\": \"<base64 of the handle>\"}");
+      const auto& text = b64->get_ref<const std::string&>();
+      if (text.size() > kMaxHandleText)
+        return InvalidArgument(what + "'raw_handle' has " + std::to_string(text.size()) +
+                               " characters of base64; a CUDA IPC handle takes 88");
+      ASSIGN_OR_RETURN(r.raw_handle, DecodeBase64(text, "'raw_handle'"));
+      has_handle = true;
+    } else if (name == "device_id") {
+      if (!value.is_number_integer() ||
+          (value.is_number_unsigned() && value.get<uint64_t>() > INT64_MAX))
+        return InvalidArgument(what + "'device_id' must be an integer (of 64 bits)");
+      r.device_id = value.get<int64_t>();
+      has_device = true;
+    } else if (name == "byte_size") {
+      if (!value.is_number_unsigned())
+        return InvalidArgument(what + "'byte_size' must be a non-negative integer");
+      r.byte_size = value.get<uint64_t>();
+      has_size = true;
+    } else {
+      return InvalidArgument(what + "unknown field '" + name + "'");
+    }
+  }
+  if (!has_handle) return InvalidArgument(what + "'raw_handle' is missing");
+  if (!has_device) return InvalidArgument(what + "'device_id' is missing");
+  if (!has_size) return InvalidArgument(what + "'byte_size' is missing");
+  return r;
+}
+
 }  // namespace hearth

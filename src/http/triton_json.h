@@ -1,5 +1,5 @@
 // The JSON of Triton's REST extensions that are not inference: statistics,
-// the repository index and control, and system shared memory. Pure
+// the repository index and control, and system and CUDA shared memory. Pure
 // functions, thread-safe, never throw (bodies are parsed with ParseJsonBody:
 // strictly, every failure an InvalidArgument that names the field).
 #pragma once
@@ -47,5 +47,24 @@ struct SystemSharedMemoryRegistration {
 };
 // {"key": string, "offset": uint (default 0), "byte_size": uint}.
 Result<SystemSharedMemoryRegistration> ParseSystemSharedMemoryRegisterBody(std::string_view body);
+
+// [{"name", "device_id", "byte_size"}], Triton's CUDA shared memory status.
+std::string CudaSharedMemoryStatusJson(const std::vector<CudaSharedMemoryRegion>& regions);
+
+struct CudaSharedMemoryRegistration {
+  std::vector<std::byte> raw_handle;  // decoded; its size is the service's to check
+  int64_t device_id = 0;
+  uint64_t byte_size = 0;
+};
+// Triton's (tritonclient's register_cuda_shared_memory): {"raw_handle":
+// {"b64": base64 of the handle}, "device_id": int, "byte_size": uint}, every
+// field required. The base64 is RFC 4648's standard alphabet, padded; at
+// most 4 KiB of it (a handle is 64 bytes).
+Result<CudaSharedMemoryRegistration> ParseCudaSharedMemoryRegisterBody(std::string_view body);
+
+// RFC 4648 base64 (standard alphabet, '=' padding required), strictly: any
+// other character, a length not a multiple of 4, or bits left over in the
+// last group are an InvalidArgument naming `what`.
+Result<std::vector<std::byte>> DecodeBase64(std::string_view text, std::string_view what);
 
 }  // namespace hearth

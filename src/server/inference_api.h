@@ -91,13 +91,27 @@ class TensorData {
   std::shared_ptr<const void> owner_;
 };
 
-// Bytes in a registered system shared-memory region (Triton's
+// A registered CUDA shared-memory region as the server holds it (defined
+// in server/shared_memory.h; front-ends never look inside).
+struct CudaSharedMemoryEntry;
+
+// Bytes in a registered shared-memory region, system or CUDA (Triton's
 // shared_memory_region, shared_memory_offset and shared_memory_byte_size
 // parameters), in place of a body's bytes.
 struct SharedMemoryRef {
+  SharedMemoryRef() = default;
+  // {region, offset, byte_size} reads as the parameters do.
+  SharedMemoryRef(std::string name, uint64_t at, uint64_t bytes,
+                  std::shared_ptr<const CudaSharedMemoryEntry> entry = nullptr)
+      : region(std::move(name)), offset(at), byte_size(bytes), cuda(std::move(entry)) {}
+
   std::string region;
   uint64_t offset = 0;
   uint64_t byte_size = 0;
+  // Set by the service when `region` is a CUDA region: the registration it
+  // found, which the request holds until it is answered (unregistering the
+  // name meanwhile does not take it away). Front-ends leave it empty.
+  std::shared_ptr<const CudaSharedMemoryEntry> cuda;
 };
 
 struct InferTensor {
@@ -203,6 +217,13 @@ struct SharedMemoryRegion {
   uint64_t byte_size = 0;
 };
 
+// A registered CUDA shared-memory region (its status, Triton's fields).
+struct CudaSharedMemoryRegion {
+  std::string name;
+  int64_t device_id = 0;
+  uint64_t byte_size = 0;
+};
+
 // One model of the repository (its index).
 struct RepositoryEntry {
   std::string name;
@@ -302,6 +323,31 @@ class InferenceService {
   virtual Result<std::vector<SharedMemoryRegion>> SystemSharedMemoryStatus(
       const std::string& name) const {
     return Unimplemented("no shared memory here (" + name + ")");
+  }
+  // CUDA shared memory (Triton's extension): registers `byte_size` bytes of
+  // device memory that a client exported with cudaIpcGetMemHandle on GPU
+  // `device_id`, its 64-byte handle as the client sent it, under `name`
+  // (unique among system and CUDA regions alike). Inputs in it are copied
+  // device to device into the worker, outputs back into it. The handle is
+  // opaque here: the worker opens it and checks it at first use.
+  // InvalidArgument for a handle of another size, a device this server does
+  // not use (or a server without a GPU), a byte_size of 0.
+  virtual Status RegisterCudaSharedMemory(const std::string& name,
+                                          std::span<const std::byte> /*raw_handle*/,
+                                          int64_t /*device_id*/, uint64_t /*byte_size*/) {
+    return Unimplemented("no CUDA shared memory here (" + name + ")");
+  }
+  // A service without CUDA shared memory has no regions: listing or
+  // unregistering all of them succeeds (perf_analyzer does both on every
+  // run), a named one is unknown.
+  virtual Status UnregisterCudaSharedMemory(const std::string& name) {
+    if (name.empty()) return Status::Ok();
+    return NotFound("no CUDA shared-memory region named '" + name + "' is registered");
+  }
+  virtual Result<std::vector<CudaSharedMemoryRegion>> CudaSharedMemoryStatus(
+      const std::string& name) const {
+    if (name.empty()) return std::vector<CudaSharedMemoryRegion>{};
+    return NotFound("no CUDA shared-memory region named '" + name + "' is registered");
   }
 };
 

@@ -21,6 +21,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <set>
 #include <shared_mutex>
 #include <system_error>
 #include <thread>
@@ -33,6 +34,7 @@
 #include "hearth/checkpoint.h"
 #include "hearth/store.h"
 #include "protocol/worker_protocol.h"
+#include "server/batch_layout.h"
 #include "server/metrics.h"
 #include "server/model_config.h"
 #include "server/model_config_json.h"
@@ -346,6 +348,24 @@ class Server::Impl {
   SharedMemoryRegistry& shared_memory() { return shared_memory_; }
   const SharedMemoryRegistry& shared_memory() const { return shared_memory_; }
 
+  // The GPUs that CUDA shared-memory regions may be on: the server's
+  // device and every GPU a served model runs on or its config names. None
+  // for a server on the host.
+  std::vector<int> GpusInUse() const {
+    std::set<int> gpus;
+    if (!options_.device.is_cuda()) return {};
+    gpus.insert(options_.device.index);
+    std::shared_lock slots_lock(slots_mu_);
+    for (const auto& [name, slot] : slots_) {
+      const ModelRuntime* m = slot->served.load();
+      if (m == nullptr) continue;
+      if (m->device.is_cuda()) gpus.insert(m->device.index);
+      if (m->config().kind_gpu) gpus.insert(m->config().gpus.begin(), m->config().gpus.end());
+    }
+    return {gpus.begin(), gpus.end()};
+  }
+  bool has_gpu() const { return options_.device.is_cuda(); }
+
   std::vector<std::string> ModelNames() const {
     std::vector<std::string> names;
     std::shared_lock slots_lock(slots_mu_);
@@ -376,10 +396,11 @@ class Server::Impl {
     auto found = Find(request.model, request.version);
     if (!found.ok()) return done_once(found.status());
     ModelRuntime& m = **found;
-    // Inputs in shared memory are read now: from here on they are bytes
-    // like any other, checked against their shapes.
+    if (Status s = ResolveCudaSharedMemory(m, request); !s.ok()) return done_once(s);
+    // Inputs in system shared memory are read now: from here on they are
+    // bytes like any other, checked against their shapes.
     for (InferTensor& in : request.inputs) {
-      if (!in.shm || !in.data.empty()) continue;
+      if (!in.shm || in.shm->cuda || !in.data.empty()) continue;
       Result<std::vector<std::byte>> bytes = shared_memory_.Read(*in.shm);
       if (!bytes.ok()) return done_once(bytes.status().WithContext("input '" + in.name + "'"));
       in.data = std::move(bytes).value();
@@ -423,7 +444,7 @@ class Server::Impl {
         return done(InvalidArgument(what + ": batch " + std::to_string(b) + " is not valid"));
       if (Status s = control::CheckShape(spec, batching, b, it->shape, what); !s.ok())
         return done(s);
-      control::SlotTensor t{0, it->data.size(), it->shape};
+      control::SlotTensor t{0, SlotBytesOf(*it), it->shape};
       if (Status s =
               control::CheckSlotTensor(t, spec.dtype, 0, control::kMaxSlotBytes, nullptr, what);
           !s.ok())
@@ -465,6 +486,7 @@ class Server::Impl {
                                     "not decoupled"));
     }
     job->batch = batch;
+    if (Status s = CheckCudaPlacement(m, request, batch); !s.ok()) return done(s);
     const ModelConfig& c = m.config();
     if (c.priority_levels > 0 && request.priority > c.priority_levels)
       return done(InvalidArgument("priority " + std::to_string(request.priority) +
@@ -488,6 +510,109 @@ class Server::Impl {
       }
       job->done(s);
     }
+  }
+
+  // Inputs and outputs that name a CUDA shared-memory region (Triton's
+  // cudasharedmemory extension): each is given the region it names
+  // (SharedMemoryRef::cuda, which the request then holds) once it is
+  // checked against the region and its tensor; CheckCudaPlacement checks
+  // the rest once the batch is known. An input's data stays empty: the
+  // worker copies it device to device. Names of system regions are left
+  // alone.
+  Status ResolveCudaSharedMemory(const ModelRuntime& m, InferRequest& request) const {
+    // A request handed on to a model's new runtime (InferOn's `attempt`)
+    // keeps the regions it found; it is checked again against the model.
+    auto resolve =
+        [&](const SharedMemoryRef& ref,
+            const std::string& what) -> Result<std::shared_ptr<const CudaSharedMemoryEntry>> {
+      if (ref.cuda) return ref.cuda;
+      return shared_memory_.FindCuda(ref, what);
+    };
+    std::set<uint64_t> regions;
+    for (InferTensor& in : request.inputs) {
+      if (!in.shm) continue;
+      const std::string what = "input '" + in.name + "'";
+      ASSIGN_OR_RETURN(std::shared_ptr<const CudaSharedMemoryEntry> entry, resolve(*in.shm, what));
+      if (entry == nullptr) continue;
+      if (in.dtype == DType::kBytes)
+        return InvalidArgument(what +
+                               ": a BYTES input cannot be in CUDA shared memory (the server cannot "
+                               "read its elements there to check them)");
+      if (!in.data.empty())
+        return InvalidArgument(what + " is in a CUDA shared-memory region and has data too");
+      ASSIGN_OR_RETURN(uint64_t needed, ShapeBytes(in.dtype, in.shape, what));
+      if (in.shm->byte_size != needed)
+        return InvalidArgument(
+            what + ": shared_memory_byte_size is " + std::to_string(in.shm->byte_size) +
+            " but shape " + ShapeString(in.shape) + " of " +
+            std::string(KserveDatatypeName(in.dtype)) + " needs " + std::to_string(needed));
+      regions.insert(entry->id);
+      in.shm->cuda = std::move(entry);
+    }
+    for (RequestedOutput& o : request.outputs) {
+      if (!o.shm) continue;
+      const std::string what = "output '" + o.name + "'";
+      ASSIGN_OR_RETURN(std::shared_ptr<const CudaSharedMemoryEntry> entry, resolve(*o.shm, what));
+      if (entry == nullptr) continue;
+      auto spec = std::find_if(m.outputs.begin(), m.outputs.end(),
+                               [&](const TensorSpec& t) { return t.name == o.name; });
+      if (spec == m.outputs.end())
+        return InvalidArgument("model '" + m.name + "' has no output '" + o.name + "'");
+      const char* why = m.config().decoupled ? "the model is decoupled (each response has its own)"
+                        : o.class_count > 0  ? "classification answers BYTES of no fixed size"
+                        : !spec->fixed_size()
+                            ? "its size is known only once the model has run (BYTES, or a -1 "
+                              "dimension)"
+                            : nullptr;
+      if (why != nullptr)
+        return InvalidArgument(what + " cannot go to CUDA shared-memory region '" + o.shm->region +
+                               "': " + why);
+      regions.insert(entry->id);
+      o.shm->cuda = std::move(entry);
+    }
+    if (regions.size() > control::kMaxRunRegions)
+      return InvalidArgument("the request names " + std::to_string(regions.size()) +
+                             " CUDA shared-memory regions, over the limit of " +
+                             std::to_string(control::kMaxRunRegions));
+    return Status::Ok();
+  }
+
+  // Each output bound to a CUDA region has room there for its `batch` rows,
+  // and the model runs on a GPU (its workers are the ones that copy).
+  static Status CheckCudaPlacement(const ModelRuntime& m, const InferRequest& request,
+                                   int64_t batch) {
+    const SharedMemoryRef* first = nullptr;
+    std::string first_what;
+    for (const InferTensor& in : request.inputs) {
+      if (in.shm && in.shm->cuda && first == nullptr) {
+        first = &*in.shm;
+        first_what = "input '" + in.name + "'";
+      }
+    }
+    for (const RequestedOutput& o : request.outputs) {
+      if (!o.shm || !o.shm->cuda) continue;
+      if (first == nullptr) {
+        first = &*o.shm;
+        first_what = "output '" + o.name + "'";
+      }
+      auto spec = std::find_if(m.outputs.begin(), m.outputs.end(),
+                               [&](const TensorSpec& t) { return t.name == o.name; });
+      ASSIGN_OR_RETURN(uint64_t per_sample, spec->bytes_per_sample());
+      ASSIGN_OR_RETURN(uint64_t bytes, CountBytes(m.batching() ? static_cast<uint64_t>(batch) : 1,
+                                                  per_sample, "output '" + o.name + "'"));
+      if (bytes > o.shm->byte_size)
+        return InvalidArgument("output '" + o.name + "': its " + std::to_string(bytes) +
+                               " bytes do not fit in the " + std::to_string(o.shm->byte_size) +
+                               " bytes of CUDA shared-memory region '" + o.shm->region +
+                               "' it was given");
+    }
+    if (first != nullptr && !m.device.is_cuda())
+      return InvalidArgument(first_what + " is in CUDA shared-memory region '" + first->region +
+                             "', but model '" + m.name + "' runs its workers on the host (" +
+                             m.device.ToString() +
+                             "): CUDA shared memory is for models on a GPU; use system shared "
+                             "memory or the request body");
+    return Status::Ok();
   }
 
   // ---- repository control ----------------------------------------------
@@ -977,8 +1102,11 @@ bool Server::Ready() const { return impl_->Ready(); }
 std::string Server::ServerVersion() const { return "0.1.0"; }
 std::vector<std::string> Server::Extensions() const {
   // Triton's names for what this server does.
-  return {"binary_tensor_data", "classification",       "model_configuration", "model_repository",
-          "parameters",         "system_shared_memory", "statistics",          "generate"};
+  std::vector<std::string> out = {"binary_tensor_data", "classification", "model_configuration",
+                                  "model_repository",   "parameters",     "system_shared_memory",
+                                  "statistics",         "generate"};
+  if (impl_->has_gpu()) out.push_back("cuda_shared_memory");
+  return out;
 }
 Result<ModelMetadata> Server::Metadata(const std::string& m, const std::string& v) const {
   return impl_->Metadata(m, v);
@@ -1008,6 +1136,19 @@ Status Server::UnregisterSystemSharedMemory(const std::string& name) {
 Result<std::vector<SharedMemoryRegion>> Server::SystemSharedMemoryStatus(
     const std::string& name) const {
   return impl_->shared_memory().List(name);
+}
+Status Server::RegisterCudaSharedMemory(const std::string& name,
+                                        std::span<const std::byte> raw_handle, int64_t device_id,
+                                        uint64_t byte_size) {
+  const std::vector<int> gpus = impl_->GpusInUse();
+  return impl_->shared_memory().RegisterCuda(name, raw_handle, device_id, byte_size, gpus);
+}
+Status Server::UnregisterCudaSharedMemory(const std::string& name) {
+  return impl_->shared_memory().UnregisterCuda(name);
+}
+Result<std::vector<CudaSharedMemoryRegion>> Server::CudaSharedMemoryStatus(
+    const std::string& name) const {
+  return impl_->shared_memory().ListCuda(name);
 }
 Status Server::UnloadModel(const std::string& m) { return impl_->UnloadModel(m); }
 void Server::Infer(InferRequest r, std::function<void(Result<InferResponse>)> done) {

@@ -80,6 +80,14 @@ class Server : public InferenceService {
   Status UnregisterSystemSharedMemory(const std::string& name) override;
   Result<std::vector<SharedMemoryRegion>> SystemSharedMemoryStatus(
       const std::string& name) const override;
+  // The GPUs this server uses are its --device and those that its served
+  // models' instance groups name; a server on the host (--device cpu)
+  // refuses every CUDA region.
+  Status RegisterCudaSharedMemory(const std::string& name, std::span<const std::byte> raw_handle,
+                                  int64_t device_id, uint64_t byte_size) override;
+  Status UnregisterCudaSharedMemory(const std::string& name) override;
+  Result<std::vector<CudaSharedMemoryRegion>> CudaSharedMemoryStatus(
+      const std::string& name) const override;
 
   // Pids of a model's live worker processes (tests, metrics).
   std::vector<int> WorkerPids(const std::string& model) const;

@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 namespace hearth {
 namespace {
@@ -57,13 +59,102 @@ Status SharedMemoryRegistry::Register(const std::string& name, const std::string
                            std::to_string(st.st_size) + " bytes)");
   region->info = {name, key, offset, byte_size};
   std::lock_guard lock(mu_);
-  if (regions_.count(name))
-    return AlreadyExists("a shared-memory region named '" + name + "' is registered");
-  if (regions_.size() >= kMaxSharedMemoryRegions)
-    return ResourceExhausted("already " + std::to_string(kMaxSharedMemoryRegions) +
-                             " shared-memory regions are registered");
+  RETURN_IF_ERROR(CheckNewName(name));
   regions_.emplace(name, std::move(region));
   return Status::Ok();
+}
+
+Status SharedMemoryRegistry::CheckNewName(const std::string& name) const {
+  const bool system = regions_.count(name) > 0;
+  if (system || cuda_regions_.count(name) > 0)
+    return AlreadyExists(std::string("a ") + (system ? "system" : "CUDA") +
+                         " shared-memory region named '" + name +
+                         "' is registered (system and CUDA regions share one set of names)");
+  if (regions_.size() + cuda_regions_.size() >= kMaxSharedMemoryRegions)
+    return ResourceExhausted("already " + std::to_string(kMaxSharedMemoryRegions) +
+                             " shared-memory regions are registered (system and CUDA together)");
+  return Status::Ok();
+}
+
+Status SharedMemoryRegistry::RegisterCuda(const std::string& name,
+                                          std::span<const std::byte> raw_handle, int64_t device_id,
+                                          uint64_t byte_size, std::span<const int> gpus) {
+  if (name.empty() || name.size() > kMaxRegionNameBytes)
+    return InvalidArgument("a shared-memory region needs a name of 1 to " +
+                           std::to_string(kMaxRegionNameBytes) + " bytes");
+  const std::string what = "CUDA region '" + name + "'";
+  if (raw_handle.size() != control::kCudaIpcHandleBytes)
+    return InvalidArgument(what +
+                           ": 'raw_handle' must be a CUDA IPC handle (cudaIpcMemHandle_t) of " +
+                           std::to_string(control::kCudaIpcHandleBytes) + " bytes, not " +
+                           std::to_string(raw_handle.size()));
+  if (device_id < 0)
+    return InvalidArgument(what + ": device_id " + std::to_string(device_id) + " is negative");
+  if (byte_size == 0 || byte_size >= control::kMaxSlotBytes)
+    return InvalidArgument(what + ": byte_size must be 1 to " +
+                           std::to_string(control::kMaxSlotBytes - 1) + ", not " +
+                           std::to_string(byte_size));
+  if (gpus.empty())
+    return InvalidArgument(what +
+                           ": this server has no GPU (it serves from host memory: --device cpu), "
+                           "so it takes no CUDA shared memory; use system shared memory");
+  if (std::find(gpus.begin(), gpus.end(), device_id) == gpus.end()) {
+    std::string list;
+    for (int g : gpus) list += (list.empty() ? "" : ", ") + std::to_string(g);
+    return InvalidArgument(what + ": device_id " + std::to_string(device_id) +
+                           " is not a GPU this server uses (" + list + ")");
+  }
+  auto entry = std::make_shared<CudaSharedMemoryEntry>();
+  entry->info = {name, device_id, byte_size};
+  std::memcpy(entry->handle.data(), raw_handle.data(), entry->handle.size());
+  std::lock_guard lock(mu_);
+  RETURN_IF_ERROR(CheckNewName(name));
+  entry->id = ++last_cuda_id_;
+  cuda_regions_.emplace(name, std::move(entry));
+  return Status::Ok();
+}
+
+Status SharedMemoryRegistry::UnregisterCuda(const std::string& name) {
+  std::lock_guard lock(mu_);
+  if (name.empty()) {
+    cuda_regions_.clear();
+    return Status::Ok();
+  }
+  if (cuda_regions_.erase(name) == 0)
+    return NotFound("no CUDA shared-memory region named '" + name + "' is registered");
+  return Status::Ok();
+}
+
+Result<std::vector<CudaSharedMemoryRegion>> SharedMemoryRegistry::ListCuda(
+    const std::string& name) const {
+  std::lock_guard lock(mu_);
+  std::vector<CudaSharedMemoryRegion> out;
+  if (!name.empty()) {
+    auto it = cuda_regions_.find(name);
+    if (it == cuda_regions_.end())
+      return NotFound("no CUDA shared-memory region named '" + name + "' is registered");
+    out.push_back(it->second->info);
+    return out;
+  }
+  for (const auto& [n, r] : cuda_regions_) out.push_back(r->info);
+  return out;
+}
+
+Result<std::shared_ptr<const CudaSharedMemoryEntry>> SharedMemoryRegistry::FindCuda(
+    const SharedMemoryRef& ref, const std::string& what) const {
+  std::shared_ptr<const CudaSharedMemoryEntry> entry;
+  {
+    std::lock_guard lock(mu_);
+    auto it = cuda_regions_.find(ref.region);
+    if (it == cuda_regions_.end()) return entry;
+    entry = it->second;
+  }
+  const uint64_t size = entry->info.byte_size;
+  if (ref.offset > size || ref.byte_size > size - ref.offset)
+    return InvalidArgument(what + ": [" + std::to_string(ref.offset) + ", +" +
+                           std::to_string(ref.byte_size) + ") lies outside CUDA region '" +
+                           ref.region + "' (" + std::to_string(size) + " bytes)");
+  return entry;
 }
 
 Status SharedMemoryRegistry::Unregister(const std::string& name) {

@@ -1,6 +1,8 @@
-// System shared-memory regions that clients register (Triton's extension)
-// for requests to read inputs from and write outputs to, so that tensor
-// bytes need not travel in HTTP or gRPC bodies.
+// Shared-memory regions that clients register (Triton's system and CUDA
+// shared-memory extensions) for requests to read inputs from and write
+// outputs to, so that tensor bytes need not travel in HTTP or gRPC bodies.
+// A name is taken by at most one region, system or CUDA, and both kinds
+// count towards one limit.
 //
 // A region is read with pread() and written with pwrite(), never mapped: a
 // client that shrinks its object after registering it makes a request fail
@@ -8,8 +10,17 @@
 // the server fault on a mapping past the end of a file. Only objects of
 // this server's own user that neither group nor others may write are
 // accepted: a client cannot point the server at someone else's memory.
+//
+// A CUDA region is a client's CUDA IPC handle, kept as bytes: the server
+// has no CUDA and never opens it. A worker of a model on a GPU opens it
+// and copies device to device (protocol/worker_protocol.h, DeviceRegion).
+// Unlike Triton, which opens the handle when it is registered, nothing
+// checks the handle or its byte_size until a request uses the region: a
+// bad handle fails that request (and every later one naming the region),
+// never the registration.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -20,19 +31,47 @@
 
 #include "hearth/status.h"
 #include "hearth/unique_fd.h"
+#include "protocol/worker_protocol.h"
 #include "server/inference_api.h"
 
 namespace hearth {
 
+// System and CUDA regions together.
 inline constexpr size_t kMaxSharedMemoryRegions = 1024;
 inline constexpr size_t kMaxRegionNameBytes = 256;
 
+// A registered CUDA region, immutable once made; requests that name it
+// share it (SharedMemoryRef::cuda) for as long as they run.
+struct CudaSharedMemoryEntry {
+  CudaSharedMemoryRegion info;
+  // Never reused in the server's life: a worker that keeps a region open
+  // by id never mistakes a region registered later under the same name.
+  uint64_t id = 0;
+  std::array<uint8_t, control::kCudaIpcHandleBytes> handle{};
+};
+
+// Thread-safe.
 class SharedMemoryRegistry {
  public:
   Status Register(const std::string& name, const std::string& key, uint64_t offset,
                   uint64_t byte_size);
-  Status Unregister(const std::string& name);  // empty: all
+  Status Unregister(const std::string& name);  // empty: all system regions
   Result<std::vector<SharedMemoryRegion>> List(const std::string& name) const;
+
+  // A CUDA region on `device_id`, which must be one of `gpus` (the GPUs
+  // this server uses; none: it has no GPU and refuses every CUDA region).
+  // raw_handle must be exactly control::kCudaIpcHandleBytes; byte_size 1
+  // to control::kMaxSlotBytes - 1.
+  Status RegisterCuda(const std::string& name, std::span<const std::byte> raw_handle,
+                      int64_t device_id, uint64_t byte_size, std::span<const int> gpus);
+  Status UnregisterCuda(const std::string& name);  // empty: all CUDA regions
+  Result<std::vector<CudaSharedMemoryRegion>> ListCuda(const std::string& name) const;
+  // The CUDA region `ref.region`, once [ref.offset, ref.offset +
+  // ref.byte_size) is checked to lie inside it (`what` names the tensor in
+  // the error); nullptr when no CUDA region has that name (it may be a
+  // system one, or none).
+  Result<std::shared_ptr<const CudaSharedMemoryEntry>> FindCuda(const SharedMemoryRef& ref,
+                                                                const std::string& what) const;
 
   // The `ref.byte_size` bytes at `ref.offset` of the region, read now.
   Result<std::vector<std::byte>> Read(const SharedMemoryRef& ref) const;
@@ -50,8 +89,14 @@ class SharedMemoryRegistry {
   Result<std::shared_ptr<const Region>> Find(const SharedMemoryRef& ref, uint64_t bytes,
                                              const char* what) const;
 
+  // mu_ held: InvalidArgument, AlreadyExists or ResourceExhausted unless
+  // `name` may be taken by one more region of either kind.
+  Status CheckNewName(const std::string& name) const;
+
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<const Region>> regions_;
+  std::map<std::string, std::shared_ptr<const CudaSharedMemoryEntry>> cuda_regions_;
+  uint64_t last_cuda_id_ = 0;
 };
 
 }  // namespace hearth

@@ -14,6 +14,7 @@
 
 #include "common/checked_size.h"
 #include "common/float16.h"
+#include "server/batch_layout.h"
 
 namespace hearth {
 
@@ -206,8 +207,6 @@ uint64_t Since(Clock::time_point t) {
       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t).count());
 }
 
-uint64_t Align64(uint64_t v) { return (v + 63) / 64 * 64; }
-
 // Byte ranges of `rows` consecutive rows of a slot tensor, split per
 // request: fixed-size types by bytes per row, BYTES by walking its elements.
 // The walk is bounded by the tensor's own bytes, which were validated, but
@@ -317,7 +316,13 @@ InferTensor Classify(const InferTensor& t, uint32_t count, bool batching) {
   return out;
 }
 
-bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<Job>>& jobs) {
+bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<Job>>& popped) {
+  // A run names at most so many CUDA regions and copies: the requests past
+  // them go back to the front of the queue, in order, for the next batch.
+  const size_t fit = JobsThatFit(popped);
+  for (size_t k = popped.size(); k > fit; --k) model_.queue->PushFront(popped[k - 1]);
+  const std::vector<std::shared_ptr<Job>> jobs(popped.begin(),
+                                               popped.begin() + static_cast<std::ptrdiff_t>(fit));
   const auto dispatched = Clock::now();
   for (const auto& job : jobs)
     model_.queue_us += static_cast<uint64_t>(
@@ -329,52 +334,15 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
     for (const auto& job : jobs) job->done(why);
   };
 
-  // The layout: each input's rows from every request, one after the other,
-  // then each output whose size is known now; the worker places the others
-  // in the room after them.
-  control::Run run;
+  Result<BatchLayout> laid_out =
+      LayOutBatch({model_.inputs, model_.outputs, batching, model_.config().decoupled}, jobs);
+  if (!laid_out.ok()) {
+    fail_all(laid_out.status().WithContext("model '" + model_.name + "'"));
+    return true;
+  }
+  BatchLayout& layout = *laid_out;
+  control::Run& run = layout.run;
   run.seq = ++seq_;
-  run.rows = rows;
-  if (model_.config().decoupled) run.parameters_json = jobs[0]->request.parameters_json;
-  uint64_t at = 0;
-  for (size_t i = 0; i < model_.inputs.size(); ++i) {
-    const TensorSpec& spec = model_.inputs[i];
-    control::SlotTensor t;
-    t.offset = Align64(at);
-    for (const auto& job : jobs) {
-      for (const InferTensor& in : job->request.inputs)
-        if (in.name == spec.name) t.bytes += in.data.size();
-    }
-    const InferTensor* first = nullptr;
-    for (const InferTensor& in : jobs[0]->request.inputs)
-      if (in.name == spec.name) first = &in;
-    if (batching) t.shape.push_back(rows);
-    t.shape.insert(t.shape.end(), first->shape.begin() + (batching ? 1 : 0), first->shape.end());
-    at = t.offset + t.bytes;
-    run.inputs.push_back(std::move(t));
-  }
-  for (const TensorSpec& spec : model_.outputs) {
-    control::SlotTensor t;
-    std::vector<int64_t> shape;
-    if (batching) shape.push_back(rows);
-    shape.insert(shape.end(), spec.dims.begin(), spec.dims.end());
-    auto fixed = control::FixedBytes(spec.dtype, shape, "output '" + spec.name + "'");
-    if (!fixed.ok()) {
-      fail_all(fixed.status());
-      return true;
-    }
-    // A decoupled model's responses vary: the worker places each.
-    const bool placed = fixed->has_value() && !model_.config().decoupled;
-    if (placed) {
-      t.offset = Align64(at);
-      t.bytes = **fixed;
-      t.shape = std::move(shape);
-      at = t.offset + t.bytes;
-    }
-    run.outputs.push_back(std::move(t));
-    run.output_placed.push_back(placed ? 1 : 0);
-  }
-  run.free_offset = Align64(at);
   // Room for the outputs the worker places, if any: half as much again as
   // the rest to begin with (it grows on demand when that is not enough).
   const bool worker_places =
@@ -389,16 +357,9 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
 
   // The one copy of each input on the host: from the request (a view into
   // the HTTP body for binary inputs, decoded bytes for JSON) into the slot.
-  for (size_t i = 0; i < model_.inputs.size(); ++i) {
-    std::byte* dst = slot_.data() + run.inputs[i].offset;
-    for (const auto& job : jobs) {
-      for (const InferTensor& in : job->request.inputs) {
-        if (in.name != model_.inputs[i].name) continue;
-        std::memcpy(dst, in.data.data(), in.data.size());
-        dst += in.data.size();
-      }
-    }
-  }
+  // Inputs in CUDA regions keep their room but are the worker's to copy.
+  for (const HostCopy& c : layout.host_copies)
+    std::memcpy(slot_.data() + c.slot_offset, c.bytes.data(), c.bytes.size());
   const uint64_t input_us = Since(dispatched);
   model_.input_us += input_us;
 
@@ -560,6 +521,13 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
       t.dtype = spec.dtype;
       t.shape = d.outputs[i].shape;
       if (batching) t.shape[0] = job->batch;
+      if (layout.output_in_cuda[j][i]) {
+        // The worker wrote it into the client's device memory: answered as
+        // an output in a region is, and its slot bytes are not read.
+        t.shm = SharedMemoryRef{asked->shm->region, asked->shm->offset, parts[i][j].size()};
+        response.outputs.push_back(std::move(t));
+        continue;
+      }
       t.data = TensorData::Borrowed(parts[i][j]);
       if (asked != wanted.end() && asked->class_count > 0)
         t = Classify(t, asked->class_count, batching);

@@ -877,8 +877,9 @@ TEST_F(GrpcServerTest, RepositoryIndex) {
             grpc::StatusCode::INVALID_ARGUMENT);
 }
 
-// None can be registered, so there are none to list or unregister: perf_analyzer
-// unregisters all of them on every run with shared memory, and stops if that fails.
+// A service without CUDA shared memory (the fake keeps InferenceService's
+// defaults) has none to list or unregister: perf_analyzer unregisters all of
+// them on every run with shared memory, and stops if that fails.
 TEST_F(GrpcServerTest, ThereAreNoCudaSharedMemoryRegions) {
   StartServer();
   {

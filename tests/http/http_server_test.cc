@@ -190,6 +190,49 @@ class FakeService : public InferenceService {
     return NotFound("no region '" + name + "'");
   }
 
+  // CUDA regions as they reach the service: the handle as decoded. The
+  // service checks what the front-end only passes on (here: its size).
+  struct CudaRegistration {
+    CudaSharedMemoryRegion info;
+    std::vector<std::byte> handle;
+  };
+  Status RegisterCudaSharedMemory(const std::string& name, std::span<const std::byte> raw_handle,
+                                  int64_t device_id, uint64_t byte_size) override {
+    std::lock_guard lock(mutex_);
+    if (raw_handle.size() != 64)
+      return InvalidArgument("the handle has " + std::to_string(raw_handle.size()) + " bytes");
+    for (const CudaRegistration& r : cuda_regions_) {
+      if (r.info.name == name) return AlreadyExists("region '" + name + "' is already registered");
+    }
+    cuda_regions_.push_back({{name, device_id, byte_size},
+                             std::vector<std::byte>(raw_handle.begin(), raw_handle.end())});
+    return Status::Ok();
+  }
+  Status UnregisterCudaSharedMemory(const std::string& name) override {
+    std::lock_guard lock(mutex_);
+    if (std::erase_if(
+            cuda_regions_,
+            [&](const CudaRegistration& r) { return name.empty() || r.info.name == name; }) == 0 &&
+        !name.empty())
+      return NotFound("no CUDA region '" + name + "'");
+    return Status::Ok();
+  }
+  Result<std::vector<CudaSharedMemoryRegion>> CudaSharedMemoryStatus(
+      const std::string& name) const override {
+    std::lock_guard lock(mutex_);
+    std::vector<CudaSharedMemoryRegion> out;
+    for (const CudaRegistration& r : cuda_regions_)
+      if (name.empty() || r.info.name == name) out.push_back(r.info);
+    if (!name.empty() && out.empty()) return NotFound("no CUDA region '" + name + "'");
+    return out;
+  }
+  std::vector<std::byte> CudaHandle(const std::string& name) {
+    std::lock_guard lock(mutex_);
+    for (const CudaRegistration& r : cuda_regions_)
+      if (r.info.name == name) return r.handle;
+    return {};
+  }
+
   bool WaitLoadsWaiting(int n) {
     std::unique_lock lock(mutex_);
     return wake_.wait_for(lock, 60s, [&] { return loads_waiting_ >= n; });
@@ -351,6 +394,7 @@ class FakeService : public InferenceService {
   int loads_waiting_ = 0;
   std::vector<std::string> control_log_;
   std::vector<SharedMemoryRegion> regions_;
+  std::vector<CudaRegistration> cuda_regions_;
   InferRequest last_request_;
   bool quit_ = false;
   uint64_t last_timeout_us_ = 0;
@@ -1724,28 +1768,100 @@ TEST_F(HttpServerTest, SystemSharedMemoryRegisterStatusUnregister) {
   EXPECT_EQ(client.Post("/v2/systemsharedmemory/register", "{}").result_int(), 404);
 }
 
-TEST_F(HttpServerTest, CudaSharedMemoryHasNoRegionsAndRegisteringIsRefusedSayingSo) {
+// Triton's body (tritonclient.http's register_cuda_shared_memory): the
+// handle's base64 decoded, strictly, and passed on with the device and size.
+TEST_F(HttpServerTest, CudaSharedMemoryRegisterStatusUnregister) {
   Client client(port());
-  Response r = client.Send(http::verb::post, "/v2/cudasharedmemory/region/c/register",
-                           R"({"raw_handle":{"b64":"AA=="},"byte_size":4})");
-  EXPECT_EQ(r.result_int(), 501);
-  EXPECT_NE(ErrorOf(r).find("does not support CUDA shared memory"), std::string::npos);
-  // None can be registered, so there are none to list or to unregister: perf_analyzer
-  // unregisters all of them on every run with shared memory, and stops if that fails.
-  r = client.Get("/v2/cudasharedmemory/status");
-  EXPECT_EQ(r.result_int(), 200);
-  EXPECT_EQ(json::parse(r.body()), json::array());
-  r = client.Post("/v2/cudasharedmemory/unregister", "");
-  EXPECT_EQ(r.result_int(), 200);
-  EXPECT_EQ(r.body(), "");
-  for (const auto& [method, target] :
-       {std::pair{http::verb::get, "/v2/cudasharedmemory/region/c/status"},
-        std::pair{http::verb::post, "/v2/cudasharedmemory/region/c/unregister"}}) {
-    r = client.Send(method, target, "");
-    EXPECT_EQ(r.result_int(), 404) << target;
-    EXPECT_NE(ErrorOf(r).find("no CUDA shared-memory region named 'c'"), std::string::npos)
-        << target << ": " << ErrorOf(r);
+  // 64 bytes 0..63, in base64.
+  std::string handle_b64;
+  {
+    static const char* kAlphabet =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::vector<uint8_t> raw(64);
+    for (int i = 0; i < 64; ++i) raw[static_cast<size_t>(i)] = static_cast<uint8_t>(i * 4 + 1);
+    for (size_t i = 0; i < raw.size(); i += 3) {
+      uint32_t g = static_cast<uint32_t>(raw[i]) << 16;
+      if (i + 1 < raw.size()) g |= static_cast<uint32_t>(raw[i + 1]) << 8;
+      if (i + 2 < raw.size()) g |= raw[i + 2];
+      handle_b64 += kAlphabet[g >> 18 & 63];
+      handle_b64 += kAlphabet[g >> 12 & 63];
+      handle_b64 += i + 1 < raw.size() ? kAlphabet[g >> 6 & 63] : '=';
+      handle_b64 += i + 2 < raw.size() ? kAlphabet[g & 63] : '=';
+    }
   }
+  ASSERT_EQ(handle_b64.size(), 88u);
+  auto body = [](const std::string& b64,
+                 const std::string& rest = R"("device_id":1,"byte_size":4096)") {
+    return R"({"raw_handle":{"b64":")" + b64 + R"("},)" + rest + "}";
+  };
+  Response reg = client.Post("/v2/cudasharedmemory/region/c1/register", body(handle_b64));
+  ASSERT_EQ(reg.result_int(), 200) << reg.body();
+  EXPECT_TRUE(reg.body().empty());
+  const std::vector<std::byte> got = service_.CudaHandle("c1");
+  ASSERT_EQ(got.size(), 64u);
+  for (size_t i = 0; i < 64; ++i) EXPECT_EQ(got[i], static_cast<std::byte>(i * 4 + 1)) << i;
+  ASSERT_EQ(client
+                .Post("/v2/cudasharedmemory/region/c2/register",
+                      body(handle_b64, R"("device_id":-3,"byte_size":8)"))
+                .result_int(),
+            200);
+  Response again = client.Post("/v2/cudasharedmemory/region/c1/register", body(handle_b64));
+  EXPECT_EQ(again.result_int(), 400);
+  EXPECT_NE(ErrorOf(again).find("already registered"), std::string::npos);
+  // The service's errors as they are: a 48-byte handle, well-formed base64.
+  Response short_handle =
+      client.Post("/v2/cudasharedmemory/region/c3/register", body(handle_b64.substr(0, 64)));
+  EXPECT_EQ(short_handle.result_int(), 400);
+  EXPECT_EQ(ErrorOf(short_handle), "the handle has 48 bytes");
+
+  const std::pair<std::string, std::string> bad[] = {
+      {body("AAA"), "'raw_handle' is not base64"},   // not a multiple of 4
+      {body("AA!A"), "'raw_handle' is not base64"},  // not of the alphabet
+      {body("AB=="), "bits set past its end"},       // not canonical
+      {body("A==="), "'raw_handle' is not base64"},  // too much padding
+      {body("AA=A"), "'raw_handle' is not base64"},  // padding inside
+      {body(handle_b64, R"("device_id":0)"), "'byte_size' is missing"},
+      {body(handle_b64, R"("byte_size":8)"), "'device_id' is missing"},
+      {body(handle_b64, R"("device_id":"0","byte_size":8)"), "'device_id' must be an integer"},
+      {body(handle_b64, R"("device_id":1.5,"byte_size":8)"), "'device_id' must be an integer"},
+      {body(handle_b64, R"("device_id":18446744073709551615,"byte_size":8)"),
+       "'device_id' must be an integer"},
+      {body(handle_b64, R"("device_id":0,"byte_size":-8)"), "'byte_size' must be a non-negative"},
+      {body(handle_b64, R"("device_id":0,"byte_size":8,"offset":0)"), "unknown field 'offset'"},
+      {R"({"raw_handle":")" + handle_b64 + R"(","device_id":0,"byte_size":8})",
+       "'raw_handle' must be {\"b64\""},
+      {R"({"raw_handle":{"b64":1},"device_id":0,"byte_size":8})", "'raw_handle' must be"},
+      {R"({"device_id":0,"byte_size":8})", "'raw_handle' is missing"},
+      {body(std::string(4100, 'A')), "4100 characters of base64"},
+      {"[]", "must be a JSON object"},
+      {"{", ""},
+  };
+  for (const auto& [text, says] : bad) {
+    Response r = client.Post("/v2/cudasharedmemory/region/c9/register", text);
+    EXPECT_EQ(r.result_int(), 400) << text;
+    EXPECT_NE(ErrorOf(r).find(says), std::string::npos) << text << ": " << ErrorOf(r);
+  }
+
+  Response status = client.Get("/v2/cudasharedmemory/status");
+  ASSERT_EQ(status.result_int(), 200);
+  EXPECT_EQ(json::parse(status.body()),
+            json::parse(R"([{"name":"c1","device_id":1,"byte_size":4096},
+                            {"name":"c2","device_id":-3,"byte_size":8}])"));
+  Response one = client.Get("/v2/cudasharedmemory/region/c2/status");
+  ASSERT_EQ(one.result_int(), 200);
+  EXPECT_EQ(json::parse(one.body()).size(), 1u);
+  Response unknown = client.Get("/v2/cudasharedmemory/region/c9/status");
+  EXPECT_EQ(unknown.result_int(), 404);
+  EXPECT_EQ(ErrorOf(unknown), "no CUDA region 'c9'");
+  EXPECT_EQ(client.Post("/v2/cudasharedmemory/region/c9/unregister", "").result_int(), 404);
+  EXPECT_EQ(client.Post("/v2/cudasharedmemory/region/c1/unregister", "").result_int(), 200);
+  EXPECT_EQ(json::parse(client.Get("/v2/cudasharedmemory/status").body()).size(), 1u);
+  Response all = client.Post("/v2/cudasharedmemory/unregister", "");
+  EXPECT_EQ(all.result_int(), 200);
+  EXPECT_EQ(all.body(), "");
+  EXPECT_EQ(json::parse(client.Get("/v2/cudasharedmemory/status").body()), json::array());
+  EXPECT_EQ(client.Get("/v2/cudasharedmemory/region/c1/register").result_int(), 405);
+  EXPECT_EQ(client.Post("/v2/cudasharedmemory/register", "{}").result_int(), 404);
 }
 
 TEST_F(HttpServerTest, TraceAndLogSettingsAreRefusedSayingSo) {

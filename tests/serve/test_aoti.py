@@ -286,7 +286,7 @@ def test_a_cuda_package_reads_and_writes_cuda_shared_memory(aoti_served):
         pytest.skip("CUDA shared memory needs a GPU (HEARTH_TEST_DEVICE=cuda)")
     import base64
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-    from test_cuda_shm import Cuda
+    from test_cuda_shm_gpu import Cuda
     url, cuda = aoti_served["url"], Cuda(0)
     name = requests.get(f"{url}/v2/models/mlp_cuda").json()["inputs"][0]["name"]
     out_name = requests.get(f"{url}/v2/models/mlp_cuda").json()["outputs"][0]["name"]

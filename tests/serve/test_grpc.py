@@ -395,13 +395,15 @@ def test_there_are_no_cuda_shared_memory_regions(server):
                           (stub.CudaSharedMemoryUnregister, pb.CudaSharedMemoryUnregisterRequest(name="c"))):
         e = rpc_error(call, request, timeout=30)
         assert e.code() == grpc.StatusCode.NOT_FOUND and "'c'" in e.details(), e.details()
+    # A handle of the wrong size is refused on any server (the rest is test_cuda_shm.py's).
+    e = rpc_error(stub.CudaSharedMemoryRegister, pb.CudaSharedMemoryRegisterRequest(name="r", byte_size=64),
+                  timeout=30)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "of 64 bytes, not 0" in e.details(), e.details()
 
 
 def test_what_hearth_does_not_do_yet_is_unimplemented_with_a_reason(server):
     stub = server["stub"]
     for call, request, says in (
-            (stub.CudaSharedMemoryRegister, pb.CudaSharedMemoryRegisterRequest(name="r", byte_size=64),
-             "CUDA shared memory"),
             (stub.TraceSetting, pb.TraceSettingRequest(), "tracing"),
             (stub.LogSettings, pb.LogSettingsRequest(), "log settings")):
         e = rpc_error(call, request, timeout=30)

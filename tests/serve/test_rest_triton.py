@@ -6,7 +6,7 @@ keep coming over REST (none fails); system shared memory with /dev/shm
 objects of mode 0600 (inputs read from and outputs written to regions,
 answers equal to inline ones and to NumPy); classification equals the top
 logits; priority levels are the model's; sequences are refused; CUDA shared
-memory is refused saying so; HEAD has no body.
+memory lists no regions and refuses a malformed one; HEAD has no body.
 
 Paths: $HEARTH_CLI (default build/bin/hearth).
 """
@@ -367,19 +367,22 @@ def test_system_shared_memory(server):
             o.close()
 
 
-def test_cuda_shared_memory_has_no_regions_and_registering_is_refused_saying_so(server):
+def test_cuda_shared_memory_with_no_regions_and_a_malformed_registration(server):
+    # The rest of CUDA shared memory is test_cuda_shm.py's.
     url = server["url"] + "/v2/cudasharedmemory"
-    r = requests.post(url + "/region/c/register", json={"raw_handle": {"b64": "AA=="}, "byte_size": 4}, timeout=30)
-    assert r.status_code == 501 and "does not support CUDA shared memory" in error_of(r), r.text
-    # There are none to list or unregister: the status of all is empty and unregistering all
-    # succeeds (perf_analyzer --shared-memory system does both on every run); a named one is unknown.
+    r = requests.post(url + "/region/c/register", json={"raw_handle": {"b64": "AA=="}, "device_id": 0,
+                                                         "byte_size": 4}, timeout=30)
+    assert r.status_code == 400 and "'raw_handle' must be a CUDA IPC handle" in error_of(r), r.text
+    assert "of 64 bytes, not 1" in error_of(r), r.text
+    # None registered: the status of all is empty and unregistering all succeeds
+    # (perf_analyzer --shared-memory system does both on every run); a named one is unknown.
     r = requests.get(url + "/status", timeout=30)
     assert r.status_code == 200 and r.json() == [], r.text
     r = requests.post(url + "/unregister", timeout=30)
     assert r.status_code == 200 and r.content == b"", r.text
     for method, path in (("get", "/region/c/status"), ("post", "/region/c/unregister")):
         r = getattr(requests, method)(url + path, timeout=30)
-        assert r.status_code == 404 and "'c'" in error_of(r) and "CUDA shared memory" in error_of(r), r.text
+        assert r.status_code == 404 and "no CUDA shared-memory region named 'c'" in error_of(r), r.text
 
 
 def test_head_has_no_body(server):

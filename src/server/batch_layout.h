@@ -1,0 +1,62 @@
+// How a batch of requests lies in a worker's slot: where each input's rows
+// and each output of known size go, which bytes the server copies into the
+// slot, and which come from or go to clients' CUDA shared-memory regions
+// (the worker copies those device to device). Pure: no slot, no I/O, no
+// CUDA, so that it is tested without a worker or a GPU.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/tensor_spec.h"
+#include "hearth/status.h"
+#include "protocol/worker_protocol.h"
+#include "server/job_queue.h"
+
+namespace hearth {
+
+// What of a model the layout depends on.
+struct BatchModel {
+  std::span<const TensorSpec> inputs, outputs;
+  bool batching = false;   // max_batch_size > 0: tensors have a batch dimension
+  bool decoupled = false;  // outputs are placed by the worker, response by response
+};
+
+// Bytes of one request's input that the server copies into the slot.
+struct HostCopy {
+  uint64_t slot_offset = 0;
+  std::span<const std::byte> bytes;  // the request's (it outlives the batch)
+};
+
+struct BatchLayout {
+  // Everything of the run message but `seq` and `slot_bytes`: the inputs'
+  // and placed outputs' places, the free room's start, and the CUDA
+  // regions (each once, however many requests name it) and copies.
+  control::Run run;
+  std::vector<HostCopy> host_copies;
+  // Per output: true where output i of job j goes to a CUDA region: its
+  // bytes are written there by the worker, and never read from the slot.
+  std::vector<std::vector<bool>> output_in_cuda;  // [job][output]
+};
+
+// The bytes an input takes in the slot: its data's, or, in a CUDA region,
+// the byte_size it names there (the slot keeps room for them).
+uint64_t SlotBytesOf(const InferTensor& input);
+
+// How many of `jobs`, from the first, one run can hold within
+// control::kMaxRunRegions distinct CUDA regions and control::kMaxDeviceCopies
+// copies; at least 1 (a request that alone is over them is refused by
+// LayOutBatch).
+size_t JobsThatFit(std::span<const std::shared_ptr<Job>> jobs);
+
+// Lays out `jobs` (checked by the server against the model: each has every
+// input, of the batch's shape; each CUDA output of a fixed size, the room
+// for it checked): each input's rows request after request, then each
+// output whose size the server knows. InvalidArgument when an output's
+// size overflows, or when the jobs are over the run's limits.
+Result<BatchLayout> LayOutBatch(const BatchModel& model,
+                                std::span<const std::shared_ptr<Job>> jobs);
+
+}  // namespace hearth

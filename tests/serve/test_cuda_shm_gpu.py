@@ -1,0 +1,293 @@
+"""CUDA shared memory (Triton's cudasharedmemory extension) end to end, on a
+GPU: this test is the client. It allocates device memory with the CUDA
+driver (ctypes, no torch), registers it by its CUDA IPC handle over REST,
+and sends requests whose inputs are read from, and outputs written to, its
+regions; the workers copy them device to device (the built-in backends take
+the regions' addresses; a Python model gets them through its slot). Answers
+equal the inline ones; merged batches that mix regions and inline requests
+stay right; a region registered larger than its allocation, a handle the
+driver refuses, or an offset past the region fail that request alone,
+naming it, while the server goes on serving.
+
+Runs with HEARTH_TEST_DEVICE=cuda on a machine with a GPU; skips otherwise.
+"""
+
+import base64
+import ctypes
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+
+import numpy as np
+import pytest
+import requests
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from test_serve import (CLI, MLP, ON_GPU, SCALE_N, infer_json, mlp_config, mlp_reference,  # noqa: E402
+                        read_safetensors, scale_config, start_serve, stop_serve)
+
+pytestmark = pytest.mark.skipif(not ON_GPU, reason="CUDA shared memory needs a GPU (HEARTH_TEST_DEVICE=cuda)")
+
+
+class Cuda:
+    """The few driver calls a client needs: device memory, copies, IPC handles."""
+
+    def __init__(self, ordinal=0):
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        u64, p, i = ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int
+        self.lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(u64), ctypes.c_size_t]
+        self.lib.cuMemFree_v2.argtypes = [u64]
+        self.lib.cuMemcpyHtoD_v2.argtypes = [u64, p, ctypes.c_size_t]
+        self.lib.cuMemcpyDtoH_v2.argtypes = [p, u64, ctypes.c_size_t]
+        self.lib.cuIpcGetMemHandle.argtypes = [ctypes.c_char_p, u64]
+        self.lib.cuDeviceGet.argtypes = [ctypes.POINTER(i), i]
+        self.lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(p), i]
+        self.lib.cuCtxSetCurrent.argtypes = [p]
+        self.check(self.lib.cuInit(0), "cuInit")
+        dev = i()
+        self.check(self.lib.cuDeviceGet(ctypes.byref(dev), ordinal), "cuDeviceGet")
+        ctx = p()
+        self.check(self.lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+        self.check(self.lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+    @staticmethod
+    def check(result, what):
+        if result != 0:
+            raise RuntimeError(f"{what}: CUDA error {result}")
+
+    def alloc(self, nbytes):
+        ptr = ctypes.c_uint64()
+        self.check(self.lib.cuMemAlloc_v2(ctypes.byref(ptr), nbytes), "cuMemAlloc")
+        return ptr.value
+
+    def free(self, ptr):
+        self.lib.cuMemFree_v2(ptr)
+
+    def put(self, ptr, array):
+        array = np.ascontiguousarray(array)
+        self.check(self.lib.cuMemcpyHtoD_v2(ptr, array.ctypes.data, array.nbytes), "cuMemcpyHtoD")
+
+    def get(self, ptr, nbytes):
+        out = np.empty(nbytes, np.uint8)
+        self.check(self.lib.cuMemcpyDtoH_v2(out.ctypes.data, ptr, nbytes), "cuMemcpyDtoH")
+        return out
+
+    def handle(self, ptr):
+        h = ctypes.create_string_buffer(64)
+        self.check(self.lib.cuIpcGetMemHandle(h, ptr), "cuIpcGetMemHandle")
+        return h.raw
+
+
+def python_scale_config():
+    return f"""backend: python
+max_batch_size: 4
+input:
+  - {{name: x, data_type: TYPE_FP32, dims: [{SCALE_N}]}}
+output:
+  - {{name: y, data_type: TYPE_FP32, dims: [1]}}
+instance_group:
+  - {{count: 1, kind: KIND_GPU}}
+parameters:
+  python: {sys.executable}
+"""
+
+
+@pytest.fixture(scope="module")
+def server():
+    try:
+        cuda = Cuda(0)
+    except OSError as e:
+        pytest.skip(f"no CUDA driver here: {e}")
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="hearth-cuda-shm-"))
+    root = tmp / "repo"
+    for name in ("scale", "mlp", "pyscale"):
+        (root / name / "1").mkdir(parents=True)
+    subprocess.run([CLI, "make-model", "scale", "--dims", str(SCALE_N), "--seed", "6",
+                    "--out", str(root / "scale" / "1" / "model.safetensors")], check=True, capture_output=True)
+    subprocess.run([CLI, "make-model", "mlp", "--dims", ",".join(map(str, MLP)), "--seed", "5",
+                    "--out", str(root / "mlp" / "1" / "model.safetensors")], check=True, capture_output=True)
+    shutil.copy(root / "scale" / "1" / "model.safetensors", root / "pyscale" / "1" / "model.safetensors")
+    (root / "scale" / "config.yaml").write_text(scale_config(count=2, extra="""dynamic_batching:
+  max_queue_delay_microseconds: 2000
+  preferred_batch_size: [4]
+"""))
+    (root / "mlp" / "config.yaml").write_text(mlp_config(count=1))
+    have_torch = subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
+    if have_torch:
+        example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "python_backend" / "scale_model.py"
+        shutil.copy(example, root / "pyscale" / "1" / "model.py")
+        (root / "pyscale" / "config.yaml").write_text(python_scale_config())
+    else:
+        shutil.rmtree(root / "pyscale")
+    state = start_serve(tmp, root, ["--grpc-port", "-1"])
+    state["cuda"] = cuda
+    state["have_torch"] = have_torch
+    state["weights"] = {"scale": read_safetensors(root / "scale" / "1" / "model.safetensors"),
+                        "mlp": read_safetensors(root / "mlp" / "1" / "model.safetensors")}
+    state["allocations"] = []
+    yield state
+    requests.post(state["url"] + "/v2/cudasharedmemory/unregister", timeout=30)
+    code, text = stop_serve(state)
+    for ptr in state["allocations"]:
+        cuda.free(ptr)
+    shutil.rmtree(tmp, ignore_errors=True)
+    assert code == 0, text[-3000:]
+
+
+def region(server, name, nbytes, register_size=None, handle=None):
+    """Allocates `nbytes` on the device and registers it as `name`."""
+    cuda = server["cuda"]
+    ptr = cuda.alloc(nbytes)
+    server["allocations"].append(ptr)
+    raw = cuda.handle(ptr) if handle is None else handle
+    r = requests.post(f"{server['url']}/v2/cudasharedmemory/region/{name}/register",
+                      json={"raw_handle": {"b64": base64.b64encode(raw).decode()}, "device_id": 0,
+                            "byte_size": register_size or nbytes}, timeout=30)
+    assert r.status_code == 200, r.text
+    return ptr
+
+
+def error_of(r):
+    return r.json().get("error", "") if r.headers.get("Content-Type") == "application/json" else r.text
+
+
+def shm_body(model, input_name, shape, in_region, in_offset, nbytes, outputs):
+    return {"inputs": [{"name": input_name, "datatype": "FP32", "shape": list(shape),
+                        "parameters": {"shared_memory_region": in_region, "shared_memory_offset": in_offset,
+                                       "shared_memory_byte_size": nbytes}}],
+            "outputs": [{"name": name, "parameters": {"shared_memory_region": r, "shared_memory_offset": off,
+                                                      "shared_memory_byte_size": size}}
+                        for name, r, off, size in outputs]}
+
+
+def scale_x(rows, seed):
+    return np.random.default_rng(seed).standard_normal((rows, SCALE_N)).astype(np.float32)
+
+
+def inline_scale(url, model, x):
+    r = infer_json(url, model, [{"name": "x", "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}])
+    assert r.status_code == 200, r.text
+    return np.asarray(r.json()["outputs"][0]["data"], np.float32)
+
+
+def test_inputs_and_outputs_in_cuda_regions_equal_inline_answers(server):
+    url, cuda = server["url"], server["cuda"]
+    rows = 3
+    x = scale_x(rows, 1)
+    ins = region(server, "sc-in", 1 << 20)
+    outs = region(server, "sc-out", 1 << 20)
+    cuda.put(ins + 4096, x)
+    status = requests.get(f"{url}/v2/cudasharedmemory/status", timeout=30).json()
+    assert {(s["name"], s["device_id"], s["byte_size"]) for s in status} >= {("sc-in", 0, 1 << 20),
+                                                                              ("sc-out", 0, 1 << 20)}
+    for model in ["scale"] + (["pyscale"] if server["have_torch"] else []):
+        cuda.put(outs, np.zeros(64, np.uint8))
+        body = shm_body(model, "x", x.shape, "sc-in", 4096, x.nbytes, [("y", "sc-out", 16, 4 * rows)])
+        r = requests.post(f"{url}/v2/models/{model}/infer", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        (y,) = r.json()["outputs"]
+        assert (y["name"], y["datatype"], y["shape"]) == ("y", "FP32", [rows, 1]) and "data" not in y, y
+        got = cuda.get(outs + 16, 4 * rows).view("<f4")
+        np.testing.assert_allclose(got, inline_scale(url, model, x), rtol=1e-6, atol=1e-6)
+        want = (x.astype(np.float64) @ server["weights"]["scale"]["weight"].astype(np.float64)).ravel()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+        # The bytes before the output's offset are left alone.
+        assert not cuda.get(outs, 16).any()
+
+
+def test_two_outputs_of_the_mlp_go_to_their_regions(server):
+    url, cuda = server["url"], server["cuda"]
+    rows = 2
+    x = np.random.default_rng(3).standard_normal((rows, MLP[0])).astype(np.float32)
+    ins = region(server, "mlp-in", 1 << 20)
+    outs = region(server, "mlp-out", 1 << 20)
+    cuda.put(ins, x)
+    logits_bytes, argmax_bytes = 4 * rows * MLP[2], 8 * rows
+    body = shm_body("mlp", "input", x.shape, "mlp-in", 0, x.nbytes,
+                    [("logits", "mlp-out", 0, logits_bytes), ("argmax", "mlp-out", 65536, argmax_bytes)])
+    body["inputs"][0]["name"] = "input"
+    r = requests.post(f"{url}/v2/models/mlp/infer", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    logits = cuda.get(outs, logits_bytes).view("<f4").reshape(rows, MLP[2])
+    argmax = cuda.get(outs + 65536, argmax_bytes).view("<i8").ravel()
+    want_logits, want_argmax = mlp_reference(server["weights"]["mlp"], x)
+    np.testing.assert_allclose(logits, want_logits, rtol=1e-3, atol=1e-3)
+    np.testing.assert_array_equal(argmax, np.asarray(want_argmax).ravel())
+
+
+def test_merged_batches_of_regions_and_inline_requests_are_all_right(server):
+    """Requests at once into a model that merges up to 4: some read and
+    write regions (several requests share one region at different offsets),
+    some are inline; each answer is its own."""
+    url, cuda = server["url"], server["cuda"]
+    ins = region(server, "mix-in", 1 << 20)
+    outs = region(server, "mix-out", 1 << 20)
+    n = 24
+    xs = [scale_x(1 + k % 3, 100 + k) for k in range(n)]
+    for k, x in enumerate(xs):
+        cuda.put(ins + k * 16384, x)
+    answers, errors = {}, []
+
+    def one(k):
+        x = xs[k]
+        try:
+            if k % 2 == 0:
+                body = shm_body("scale", "x", x.shape, "mix-in", k * 16384, x.nbytes,
+                                [("y", "mix-out", k * 64, 4 * x.shape[0])])
+                r = requests.post(f"{url}/v2/models/scale/infer", json=body, timeout=60)
+                assert r.status_code == 200, r.text
+            else:
+                answers[k] = inline_scale(url, "scale", x)
+        except Exception as e:  # noqa: BLE001: reported below
+            errors.append(f"request {k}: {e}")
+
+    for _ in range(3):
+        threads = [threading.Thread(target=one, args=(k,)) for k in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        w = server["weights"]["scale"]["weight"].astype(np.float64)
+        for k, x in enumerate(xs):
+            want = (x.astype(np.float64) @ w).ravel()
+            got = cuda.get(outs + k * 64, 4 * x.shape[0]).view("<f4") if k % 2 == 0 else answers[k]
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3, err_msg=f"request {k}")
+
+
+def test_bad_regions_fail_their_request_alone_and_the_server_goes_on(server):
+    url, cuda = server["url"], server["cuda"]
+    x = scale_x(2, 7)
+    good_in = region(server, "ok-in", 1 << 20)
+    cuda.put(good_in, x)
+    region(server, "ok-out", 1 << 20)
+    # Registered as larger than its allocation: the worker finds out.
+    region(server, "too-big", 1 << 20, register_size=64 << 20)
+    # A handle the driver refuses (the server cannot check it; the worker can).
+    region(server, "junk", 1 << 20, handle=bytes(range(64)))
+
+    def ask(in_region, in_offset=0, out_region="ok-out"):
+        body = shm_body("scale", "x", x.shape, in_region, in_offset, x.nbytes, [("y", out_region, 0, 8)])
+        return requests.post(f"{url}/v2/models/scale/infer", json=body, timeout=60)
+
+    r = ask("too-big")
+    assert r.status_code == 400 and "its allocation has" in error_of(r), r.text
+    r = ask("junk")
+    assert r.status_code == 400 and "CUDA IPC handle" in error_of(r), r.text
+    r = ask("ok-in", in_offset=(1 << 20) - 16)
+    assert r.status_code == 400 and "ok-in" in error_of(r), r.text
+    r = ask("ok-in", out_region="junk")
+    assert r.status_code == 400 and "CUDA IPC handle" in error_of(r), r.text
+    # Still serving, from regions and inline.
+    assert ask("ok-in").status_code == 200
+    np.testing.assert_allclose(inline_scale(url, "scale", x),
+                               (x.astype(np.float64) @ server["weights"]["scale"]["weight"]).ravel(),
+                               rtol=1e-4, atol=1e-3)
+    # Unregistered, a region is no longer found.
+    assert requests.post(f"{url}/v2/cudasharedmemory/region/ok-in/unregister", timeout=30).status_code == 200
+    r = ask("ok-in")
+    assert r.status_code in (400, 404) and "ok-in" in error_of(r), r.text

@@ -1,0 +1,222 @@
+// The layout of a batch in a worker's slot: inline inputs copied by the
+// server, inputs and outputs in CUDA shared-memory regions left to the
+// worker as device copies at each request's rows, regions named once
+// however many requests share them, and batches cut where a run's limits
+// would be passed. Every run it makes passes the protocol's own check.
+#include "server/batch_layout.h"
+
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "server/shared_memory.h"
+
+namespace hearth {
+namespace {
+
+std::shared_ptr<const CudaSharedMemoryEntry> Region(uint64_t id, uint64_t bytes = 1 << 20,
+                                                    int device = 0) {
+  auto e = std::make_shared<CudaSharedMemoryEntry>();
+  e->id = id;
+  e->info = {"r" + std::to_string(id), device, bytes};
+  e->handle.fill(static_cast<uint8_t>(id));
+  return e;
+}
+
+// x FP32 [-1, 4], z FP32 [-1, 2] -> y FP32 [-1, 3], w BYTES [-1, 1].
+struct Model {
+  std::vector<TensorSpec> inputs = {{"x", DType::kF32, {4}}, {"z", DType::kF32, {2}}};
+  std::vector<TensorSpec> outputs = {{"y", DType::kF32, {3}}, {"w", DType::kBytes, {1}}};
+  BatchModel model() const { return {inputs, outputs, true, false}; }
+};
+
+// A job of `rows` rows; x inline unless `x_in` names a region, z likewise,
+// and y to `y_in` when given.
+std::shared_ptr<Job> MakeJob(int64_t rows,
+                             std::shared_ptr<const CudaSharedMemoryEntry> x_in = nullptr,
+                             uint64_t x_at = 0,
+                             std::shared_ptr<const CudaSharedMemoryEntry> y_in = nullptr,
+                             uint64_t y_at = 0,
+                             std::shared_ptr<const CudaSharedMemoryEntry> z_in = nullptr) {
+  auto job = std::make_shared<Job>();
+  job->batch = rows;
+  auto input = [&](const std::string& name, int64_t width,
+                   std::shared_ptr<const CudaSharedMemoryEntry> region, uint64_t at) {
+    InferTensor t(name, DType::kF32, {rows, width});
+    const uint64_t bytes = static_cast<uint64_t>(rows * width) * 4;
+    if (region) {
+      t.shm = SharedMemoryRef{region->info.name, at, bytes, region};
+    } else {
+      std::vector<std::byte> data(bytes);
+      for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::byte>(i + rows);
+      t.data = std::move(data);
+    }
+    return t;
+  };
+  job->request.inputs.push_back(input("x", 4, x_in, x_at));
+  job->request.inputs.push_back(input("z", 2, z_in, 0));
+  if (y_in) {
+    RequestedOutput y("y", true);
+    y.shm = SharedMemoryRef{y_in->info.name, y_at, static_cast<uint64_t>(rows) * 12, y_in};
+    job->request.outputs.push_back(y);
+  }
+  return job;
+}
+
+TEST(BatchLayout, InlineInputsAreCopiedRequestAfterRequestAndOutputsPlaced) {
+  Model m;
+  std::vector<std::shared_ptr<Job>> jobs = {MakeJob(2), MakeJob(3)};
+  auto layout = LayOutBatch(m.model(), jobs);
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  const control::Run& run = layout->run;
+  EXPECT_EQ(run.rows, 5);
+  ASSERT_EQ(run.inputs.size(), 2u);
+  EXPECT_EQ(run.inputs[0], (control::SlotTensor{0, 80, {5, 4}}));
+  EXPECT_EQ(run.inputs[1], (control::SlotTensor{128, 40, {5, 2}}));
+  // y is placed (fixed size); w, BYTES, is the worker's to place.
+  EXPECT_EQ(run.outputs[0], (control::SlotTensor{192, 60, {5, 3}}));
+  EXPECT_EQ(run.output_placed, (std::vector<uint8_t>{1, 0}));
+  EXPECT_EQ(run.free_offset, 256u);
+  EXPECT_TRUE(run.regions.empty());
+  EXPECT_TRUE(run.copies.empty());
+  ASSERT_EQ(layout->host_copies.size(), 4u);
+  const uint64_t at[] = {0, 32, 128, 144};
+  const size_t bytes[] = {32, 48, 16, 24};
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(layout->host_copies[k].slot_offset, at[k]) << k;
+    EXPECT_EQ(layout->host_copies[k].bytes.size(), bytes[k]) << k;
+  }
+  // The copies are views of the requests' own bytes.
+  EXPECT_EQ(layout->host_copies[1].bytes.data(), jobs[1]->request.inputs[0].data.data());
+  EXPECT_TRUE(control::CheckDeviceCopies(run).ok());
+}
+
+TEST(BatchLayout, CudaInputsAndOutputsAreCopiesAtEachRequestsRowsAndKeepTheirRoom) {
+  Model m;
+  auto a = Region(7), b = Region(9);
+  // Mixed: the first request's x inline, the second's and third's in
+  // regions (the same one for both), every y to a region but the first's.
+  std::vector<std::shared_ptr<Job>> jobs = {MakeJob(2), MakeJob(1, a, 100, b, 40),
+                                            MakeJob(3, a, 500, a, 1000)};
+  auto layout = LayOutBatch(m.model(), jobs);
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  const control::Run& run = layout->run;
+  // x keeps room for every row, whoever copies them.
+  EXPECT_EQ(run.inputs[0], (control::SlotTensor{0, 96, {6, 4}}));
+  ASSERT_EQ(run.regions.size(), 2u);
+  EXPECT_EQ(run.regions[0].id, 7u);
+  EXPECT_EQ(run.regions[1].id, 9u);
+  EXPECT_EQ(run.regions[0].handle[0], 7);
+  EXPECT_EQ(run.regions[0].byte_size, 1u << 20);
+  const std::vector<control::DeviceCopy> want = {
+      // x of request 1 (rows 2) and of request 2 (rows 3), from region a
+      {0, false, 0, 32, 16, 100},
+      {0, false, 0, 48, 48, 500},
+      // y of request 1 to b, of request 2 to a: 12 bytes a row
+      {1, true, 0, 24, 12, 40},
+      {0, true, 0, 36, 36, 1000},
+  };
+  EXPECT_EQ(run.copies, want);
+  // Only request 0's x and everyone's z are the server's to copy.
+  ASSERT_EQ(layout->host_copies.size(), 4u);
+  EXPECT_EQ(layout->host_copies[0].slot_offset, 0u);
+  EXPECT_EQ(layout->host_copies[0].bytes.size(), 32u);
+  EXPECT_EQ(layout->output_in_cuda,
+            (std::vector<std::vector<bool>>{{false, false}, {true, false}, {true, false}}));
+  EXPECT_TRUE(control::CheckDeviceCopies(run).ok()) << control::CheckDeviceCopies(run).ToString();
+}
+
+TEST(BatchLayout, AModelThatDoesNotBatchCopiesItsWholeTensors) {
+  std::vector<TensorSpec> inputs = {{"x", DType::kF32, {4}}};
+  std::vector<TensorSpec> outputs = {{"y", DType::kF32, {3}}};
+  auto r = Region(1);
+  auto job = std::make_shared<Job>();
+  InferTensor x("x", DType::kF32, {4});
+  x.shm = SharedMemoryRef{"r1", 64, 16, r};
+  job->request.inputs.push_back(x);
+  RequestedOutput y("y", false);
+  y.shm = SharedMemoryRef{"r1", 0, 12, r};
+  job->request.outputs.push_back(y);
+  std::vector<std::shared_ptr<Job>> jobs = {job};
+  auto layout = LayOutBatch({inputs, outputs, false, false}, jobs);
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  EXPECT_EQ(layout->run.inputs[0], (control::SlotTensor{0, 16, {4}}));
+  EXPECT_EQ(layout->run.copies,
+            (std::vector<control::DeviceCopy>{{0, false, 0, 0, 16, 64}, {0, true, 0, 0, 12, 0}}));
+  EXPECT_TRUE(layout->host_copies.empty());
+  EXPECT_TRUE(control::CheckDeviceCopies(layout->run).ok());
+}
+
+TEST(BatchLayout, AnOutputWithoutAKnownSizeOrWithoutRoomIsRefused) {
+  std::vector<TensorSpec> inputs = {{"x", DType::kF32, {4}}};
+  std::vector<TensorSpec> outputs = {{"y", DType::kF32, {3}}};
+  auto r = Region(1);
+  auto job = std::make_shared<Job>();
+  job->request.inputs.push_back(InferTensor("x", DType::kF32, {2, 4}, std::vector<std::byte>(32)));
+  job->batch = 2;
+  RequestedOutput y("y", false);
+  y.shm = SharedMemoryRef{"r1", 0, 23, r};  // 24 needed
+  job->request.outputs.push_back(y);
+  std::vector<std::shared_ptr<Job>> jobs = {job};
+  auto small = LayOutBatch({inputs, outputs, true, false}, jobs);
+  ASSERT_FALSE(small.ok());
+  EXPECT_NE(small.status().message().find("do not fit"), std::string::npos);
+  job->request.outputs[0].shm->byte_size = 24;
+  EXPECT_TRUE(LayOutBatch({inputs, outputs, true, false}, jobs).ok());
+  // A decoupled model's outputs are placed by the worker, response by response.
+  auto decoupled = LayOutBatch({inputs, outputs, true, true}, jobs);
+  ASSERT_FALSE(decoupled.ok());
+  EXPECT_NE(decoupled.status().message().find("no size known"), std::string::npos);
+}
+
+TEST(BatchLayout, BatchesAreCutWhereARunWouldNameTooManyRegions) {
+  Model m;
+  std::vector<std::shared_ptr<Job>> jobs;
+  // 40 requests, each with its own region for x and its own for y: two
+  // regions a request, so 32 fit in a run of 64.
+  for (uint64_t k = 0; k < 40; ++k)
+    jobs.push_back(MakeJob(1, Region(2 * k + 1), 0, Region(2 * k + 2)));
+  EXPECT_EQ(JobsThatFit(jobs), 32u);
+  std::span<const std::shared_ptr<Job>> first(jobs.data(), 32);
+  auto layout = LayOutBatch(m.model(), first);
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  EXPECT_EQ(layout->run.regions.size(), control::kMaxRunRegions);
+  EXPECT_TRUE(control::CheckDeviceCopies(layout->run).ok());
+  // One more is over: the layout refuses it rather than send a run the
+  // worker would refuse.
+  std::span<const std::shared_ptr<Job>> too_many(jobs.data(), 33);
+  auto refused = LayOutBatch(m.model(), too_many);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("over the limits"), std::string::npos);
+  // Requests that share regions are not cut: only distinct ones count.
+  auto shared = Region(500);
+  std::vector<std::shared_ptr<Job>> same;
+  for (int k = 0; k < 200; ++k) same.push_back(MakeJob(1, shared, 0, shared, 0));
+  EXPECT_EQ(JobsThatFit(same), 200u);
+  // Inline requests name none.
+  std::vector<std::shared_ptr<Job>> inline_jobs(100, MakeJob(1));
+  EXPECT_EQ(JobsThatFit(inline_jobs), 100u);
+  EXPECT_EQ(JobsThatFit({}), 0u);
+}
+
+TEST(BatchLayout, BatchesAreCutWhereARunWouldHoldTooManyCopies) {
+  Model m;
+  auto r = Region(3);
+  // Three copies a request (x, z, y), all in one region: 341 fit in 1024.
+  std::vector<std::shared_ptr<Job>> jobs;
+  for (int k = 0; k < 400; ++k) jobs.push_back(MakeJob(1, r, 0, r, 0, r));
+  EXPECT_EQ(JobsThatFit(jobs), control::kMaxDeviceCopies / 3);
+  std::span<const std::shared_ptr<Job>> first(jobs.data(), JobsThatFit(jobs));
+  auto layout = LayOutBatch(m.model(), first);
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  EXPECT_EQ(layout->run.regions.size(), 1u);
+  EXPECT_EQ(layout->run.copies.size(), 3 * first.size());
+  EXPECT_TRUE(control::CheckDeviceCopies(layout->run).ok());
+  // A request is never cut off from itself: the first always goes.
+  std::vector<std::shared_ptr<Job>> one = {jobs[0]};
+  EXPECT_EQ(JobsThatFit(one), 1u);
+}
+
+}  // namespace
+}  // namespace hearth
