@@ -120,13 +120,14 @@ struct SlotTensor {
 // IPC handle the client registered, which the worker opens itself, so that
 // those bytes go device to device and never through the slot.
 inline constexpr size_t kCudaIpcHandleBytes = 64;  // CU_IPC_HANDLE_SIZE
-inline constexpr size_t kMaxRunRegions = 32;       // distinct regions in one run
-inline constexpr size_t kMaxDeviceRegionNameBytes = 256;
+inline constexpr size_t kMaxRunRegions = 64;       // distinct regions in one run
+// A region's name in a run, for the worker's errors: longer ones are cut.
+inline constexpr size_t kMaxDeviceRegionNameBytes = 64;
 inline constexpr size_t kMaxDeviceCopies = 1024;   // copies in one run
 
 struct DeviceRegion {
   uint64_t id = 0;   // the server's registration id, never reused in its life
-  std::string name;  // as registered (at most kMaxDeviceRegionNameBytes), for errors
+  std::string name;  // as registered (its first kMaxDeviceRegionNameBytes), for errors
   std::array<uint8_t, kCudaIpcHandleBytes> handle{};
   int32_t device = 0;      // the GPU the client registered it on
   uint64_t byte_size = 0;  // as registered: the worker checks it against the allocation

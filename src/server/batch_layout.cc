@@ -88,7 +88,7 @@ Result<BatchLayout> LayOutBatch(const BatchModel& model,
     region_ids.push_back(entry.id);
     control::DeviceRegion region;
     region.id = entry.id;
-    region.name = entry.info.name;
+    region.name = entry.info.name.substr(0, control::kMaxDeviceRegionNameBytes);
     region.handle = entry.handle;
     region.device = static_cast<int32_t>(entry.info.device_id);
     region.byte_size = entry.info.byte_size;

@@ -171,7 +171,7 @@ TEST(WorkerProtocol, DeviceCopiesRoundTripAndAreCheckedAgainstRegionsAndTensors)
   bad = run;
   bad.regions.assign(kMaxRunRegions + 1, g);
   Status s = SendRun(p.a.get(), bad);
-  EXPECT_TRUE(Contains(s, "over the limits of 32 and 1024")) << s.ToString();
+  EXPECT_TRUE(Contains(s, "over the limits of 64 and 1024")) << s.ToString();
   EXPECT_EQ(Receive(p.b.get(), 0).status().code(), StatusCode::kDeadlineExceeded);
 }
 
