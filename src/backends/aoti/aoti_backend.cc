@@ -181,7 +181,6 @@ class AotiBackend final : public Backend {
         args.push_back(at::zeros(Shape(s, max_rows),
                                  at::TensorOptions().dtype(*ToTorch(s.dtype)).device(device_)));
       std::vector<at::Tensor> results = loader_->run(args);
-      std::vector<at::Device> synced;  // whose streams a device output's copy is on
       for (at::Tensor& r : results) (void)r.cpu();
 #ifdef HEARTH_TORCH_CUDA
       if (device_.is_cuda()) {
@@ -252,6 +251,7 @@ class AotiBackend final : public Backend {
         args.push_back(device_.is_cuda() ? host.to(device_, /*non_blocking=*/true) : host);
       }
       std::vector<at::Tensor> results = loader_->run(args);
+      std::vector<at::Device> synced;  // whose streams a device output's copy is on
       if (results.size() != outputs_.size())
         return Internal("the package gave " + std::to_string(results.size()) + " outputs, not " +
                         std::to_string(outputs_.size()));
