@@ -9,8 +9,10 @@ Models (made with `hearth make-model`, random weights):
 - mlp: 1024 -> 4096 -> 1024 FP32 (batch 1 requests, up to 64 merged): 4 KiB in, 4 KiB out per request
   plus real compute.
 For each model, transport (rest; grpc where this hearth has it) and shared
-memory (none, system), concurrency 1, 8 and 64: requests/s, p50 and p99 (ms),
-errors. One JSON line per run, a table at the end. gRPC runs are skipped,
+memory (none, system; with --device cuda[:N] also cuda: the bench's regions in
+device memory of GPU N, registered by their CUDA IPC handles, so inputs and
+outputs go device to device), concurrency 1, 8 and 64: requests/s, p50 and p99
+(ms), errors. One JSON line per run, a table at the end. gRPC runs are skipped,
 saying why, when the server was built without gRPC.
 """
 import argparse
@@ -65,7 +67,11 @@ def main():
     cli = f"{a.build}/bin/hearth"
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="hearth-protocol-bench-"))
     repo = tmp / "repo"
-    kind = "KIND_GPU" if a.device.startswith("cuda") else "KIND_CPU"
+    on_gpu = a.device.startswith("cuda")
+    kind = "KIND_GPU" if on_gpu else "KIND_CPU"
+    # The GPU the server's workers use holds the bench's CUDA regions too.
+    gpu = a.device.split(":", 1)[1] if ":" in a.device else "0"
+    shared_memory = ["none", "system"] + (["cuda"] if on_gpu else [])
     models = a.models.split(",")
     for name in models:
         make, dims, config, _ = MODELS[name]
@@ -89,11 +95,13 @@ def main():
         for name in models:
             output = MODELS[name][3]
             for transport, url in transports:
-                for shm in ("none", "system"):
+                for shm in shared_memory:
+                    device = ["--shared-memory-device", gpu] if shm == "cuda" else []
                     for c in [int(x) for x in a.concurrency.split(",")]:
                         r = subprocess.run([cli, "bench", "--url", url, "--model", name, "--transport", transport,
-                                            "--shared-memory", shm, "--output", output, "--concurrency", str(c),
-                                            "--seconds", str(a.seconds), "--warmup", "1", "--json"],
+                                            "--shared-memory", shm, *device, "--output", output,
+                                            "--concurrency", str(c), "--seconds", str(a.seconds), "--warmup", "1",
+                                            "--json"],
                                            capture_output=True, text=True)
                         line = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else "{}"
                         try:

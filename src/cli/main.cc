@@ -837,17 +837,22 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bench
       ->add_option("--shared-memory", bench_shared_memory,
-                   "none (tensors in the messages) or system (as perf_analyzer: inputs and "
+                   "none (tensors in the messages), system (as perf_analyzer: inputs and "
                    "outputs in POSIX shared-memory regions registered with the server, one per "
-                   "request in flight)")
-      ->check(CLI::IsMember({"none", "system"}))
+                   "request in flight) or cuda (the same in device memory of this process, "
+                   "registered by its CUDA IPC handle; needs a GPU)")
+      ->check(CLI::IsMember({"none", "system", "cuda"}))
+      ->capture_default_str();
+  bench
+      ->add_option("--shared-memory-device", bench_options.shared_memory_device,
+                   "with --shared-memory cuda: the GPU (CUDA ordinal) holding the regions")
       ->capture_default_str();
   bench->add_option("--output-shared-memory-size", bench_options.output_shared_memory_size,
-                    "with --shared-memory system: bytes of room per output (default: the "
-                    "output's size from the model's metadata)");
+                    "with --shared-memory system or cuda: bytes of room per output (default: "
+                    "the output's size from the model's metadata)");
   bench->add_flag("--verify", bench_options.verify,
-                  "with --shared-memory system: check that every response wrote its outputs "
-                  "into the region (default: each slot's first)");
+                  "with --shared-memory system or cuda: check that every response wrote its "
+                  "outputs into the region (default: each slot's first)");
   bench->add_option("--model", bench_options.model, "model name")->required();
   bench->add_option("--version", bench_options.version,
                     "model version (default: the server's choice)");
@@ -877,7 +882,7 @@ int main(int argc, char** argv) {
   bench
       ->add_option("--protocol", bench_protocol,
                    "rest bodies: binary (tensor data after a JSON header) or json; with "
-                   "--shared-memory system the body is JSON either way")
+                   "shared memory the body is JSON either way")
       ->check(CLI::IsMember({"binary", "json"}))
       ->capture_default_str();
   bench->add_option("--output", bench_options.outputs, "request only these outputs (default: all)");
@@ -945,8 +950,9 @@ int main(int argc, char** argv) {
         bench_arrival == "constant" ? BenchArrival::kConstant : BenchArrival::kPoisson;
     bench_options.transport =
         bench_transport == "grpc" ? BenchTransport::kGrpc : BenchTransport::kRest;
-    bench_options.shared_memory =
-        bench_shared_memory == "system" ? BenchSharedMemory::kSystem : BenchSharedMemory::kNone;
+    bench_options.shared_memory = bench_shared_memory == "system" ? BenchSharedMemory::kSystem
+                                  : bench_shared_memory == "cuda" ? BenchSharedMemory::kCuda
+                                                                  : BenchSharedMemory::kNone;
     return RunBenchCommand(bench_options, bench_json);
   }
   if (make->parsed()) return MakeModel(kind, dims, dtype, seed, out, threads, shard_bytes);

@@ -7,6 +7,8 @@
 #include <cstring>
 
 #include "common/checked_size.h"
+#include "loadgen/cuda_shm.h"
+#include "loadgen/system_shm.h"
 
 namespace hearth::bench {
 namespace {
@@ -109,7 +111,7 @@ Result<ModelSpec> ResolveModel(const BenchOptions& options, int64_t max_batch,
     model.inputs.push_back(std::move(input));
   }
 
-  const bool shm = options.shared_memory == BenchSharedMemory::kSystem;
+  const bool shm = options.shared_memory != BenchSharedMemory::kNone;
   std::vector<std::string> names = options.outputs;
   if (names.empty() && shm) {
     for (const TensorMetadata& tensor : outputs) names.push_back(tensor.name);
@@ -195,11 +197,47 @@ std::string RandomInputBytes(const TensorSpec& input, std::mt19937_64& rng) {
   return bytes;
 }
 
-// ---- system shared memory -----------------------------------------------------
+// ---- shared memory (system or CUDA) ----------------------------------------------
+
+std::string CudaRegisterBody(const RegionHandle& handle) {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  const std::string& in = handle.ipc_handle;
+  std::string b64;
+  for (size_t i = 0; i < in.size(); i += 3) {
+    uint32_t group = static_cast<uint32_t>(static_cast<unsigned char>(in[i])) << 16;
+    if (i + 1 < in.size())
+      group |= static_cast<uint32_t>(static_cast<unsigned char>(in[i + 1])) << 8;
+    if (i + 2 < in.size()) group |= static_cast<unsigned char>(in[i + 2]);
+    b64 += kAlphabet[(group >> 18) & 63];
+    b64 += kAlphabet[(group >> 12) & 63];
+    b64 += i + 1 < in.size() ? kAlphabet[(group >> 6) & 63] : '=';
+    b64 += i + 2 < in.size() ? kAlphabet[group & 63] : '=';
+  }
+  return "{\"raw_handle\":{\"b64\":\"" + b64 +
+         "\"},\"device_id\":" + std::to_string(handle.device_id) +
+         ",\"byte_size\":" + std::to_string(handle.byte_size) + "}";
+}
+
+RegionFactory DefaultRegionFactory(const BenchOptions& options) {
+  if (options.shared_memory == BenchSharedMemory::kCuda) {
+    const int device = options.shared_memory_device;
+    return [device](const std::string&, uint64_t bytes) -> Result<std::unique_ptr<ShmRegion>> {
+      ASSIGN_OR_RETURN(std::unique_ptr<CudaShmRegion> region, CudaShmRegion::Create(device, bytes));
+      return std::unique_ptr<ShmRegion>(std::move(region));
+    };
+  }
+  return [](const std::string& name, uint64_t bytes) -> Result<std::unique_ptr<ShmRegion>> {
+    ASSIGN_OR_RETURN(std::unique_ptr<SystemShmRegion> region,
+                     SystemShmRegion::Create("/" + name, bytes));
+    return std::unique_ptr<ShmRegion>(std::move(region));
+  };
+}
 
 Result<std::unique_ptr<ShmSession>> ShmSession::Create(const ModelSpec& model,
                                                        const BenchOptions& options, int slots,
                                                        RegionControl* control,
+                                                       const RegionFactory& factory,
                                                        std::mt19937_64& rng) {
   std::unique_ptr<ShmSession> session(new ShmSession(model, options, control));
   // One layout for every slot: the inputs, then each output's room.
@@ -229,44 +267,61 @@ Result<std::unique_ptr<ShmSession>> ShmSession::Create(const ModelSpec& model,
     ShmSlot slot;
     slot.inputs = layout.inputs;
     slot.outputs = layout.outputs;
+    slot.readback.resize(slot.outputs.size());
     slot.region = tag + "-" + std::to_string(i);
-    ASSIGN_OR_RETURN(slot.object, SystemShmObject::Create("/" + slot.region, size));
+    const std::string which = "slot " + std::to_string(i + 1) + " of " + std::to_string(slots);
+    Result<std::unique_ptr<ShmRegion>> made = factory(slot.region, size);
+    if (!made.ok()) {
+      return made.status().WithContext("making shared-memory region '" + slot.region + "' (" +
+                                       std::to_string(size) + " bytes; " + which + ")");
+    }
+    slot.memory = std::move(*made);
+    ShmRegion& memory = *slot.memory;
     for (size_t k = 0; k < model.inputs.size(); ++k) {
       const std::string bytes = RandomInputBytes(model.inputs[k], rng);
-      std::memcpy(slot.object.data() + slot.inputs[k].offset, bytes.data(), bytes.size());
+      RETURN_IF_ERROR(memory.Write(slot.inputs[k].offset, bytes.data(), bytes.size()));
     }
     for (const ShmTensor& output : slot.outputs)
-      std::memset(slot.object.data() + output.offset, kPoison, output.bytes);
-    if (Status s = control->Register(slot.region, slot.object.key(), size); !s.ok()) {
+      RETURN_IF_ERROR(memory.Fill(output.offset, kPoison, output.bytes));
+    const RegionHandle handle = memory.Handle();
+    if (Status s = control->Register(slot.region, handle); !s.ok()) {
       return Status(s.code(), "registering shared-memory region '" + slot.region + "' (" +
-                                  slot.object.key() + ", " + std::to_string(size) +
-                                  " bytes; slot " + std::to_string(i + 1) + " of " +
-                                  std::to_string(slots) + "): " + s.message());
+                                  memory.Describe() + ", " + std::to_string(size) + " bytes; " +
+                                  which + "): " + s.message());
     }
-    session->registered_.push_back(slot.region);
-    // The server holds the object now; its name has served its purpose.
-    slot.object.Unlink();
+    session->registered_.emplace_back(handle.kind, slot.region);
+    // The server holds the region now (a system object's name has served its purpose).
+    memory.Registered();
     session->slots_.push_back(std::move(slot));
   }
   return session;
 }
 
 ShmSession::~ShmSession() {
-  for (const std::string& name : registered_) {
+  // Before the slots (and their regions) are destroyed: a CUDA region is
+  // freed only once the server has let go of it.
+  for (const auto& [kind, name] : registered_) {
     // Best effort: a server that went away has forgotten its regions anyway.
-    (void)control_->Unregister(name);
+    (void)control_->Unregister(kind, name);
   }
 }
 
 void ShmSession::BeforeRequest(ShmSlot& slot) const {
+  slot.poison = Status::Ok();
   if (!options_.verify || !slot.first_checked) return;  // the first one's poison is in place
-  for (const ShmTensor& output : slot.outputs)
-    std::memset(slot.object.data() + output.offset, kPoison, output.bytes);
+  for (const ShmTensor& output : slot.outputs) {
+    slot.poison = slot.memory->Fill(output.offset, kPoison, output.bytes);
+    if (!slot.poison.ok()) return;
+  }
 }
 
 Status ShmSession::AfterResponse(ShmSlot& slot, const std::vector<OutputPlacement>& outputs,
                                  RunRecord* record) {
   const bool checked = Checked(slot);
+  if (checked && !slot.poison.ok()) {
+    return Status(slot.poison.code(), "writing the poison into region '" + slot.region +
+                                          "' before the request: " + slot.poison.message());
+  }
   for (size_t k = 0; k < model_.outputs.size(); ++k) {
     const std::string& name = model_.outputs[k].name;
     const auto it = std::find_if(outputs.begin(), outputs.end(),
@@ -288,10 +343,14 @@ Status ShmSession::AfterResponse(ShmSlot& slot, const std::vector<OutputPlacemen
                       " bytes in its room of " + std::to_string(room.bytes));
     }
     if (checked) {
-      const std::byte* data = slot.object.data() + room.offset;
-      const bool untouched =
-          it->byte_size > 0 && std::all_of(data, data + it->byte_size,
-                                           [](std::byte b) { return b == std::byte{kPoison}; });
+      std::string& bytes = slot.readback[k];
+      bytes.resize(it->byte_size);
+      RETURN_IF_ERROR(
+          slot.memory->Read(room.offset, bytes.data(), bytes.size())
+              .WithContext("reading output '" + name + "' back from region '" + slot.region + "'"));
+      const bool untouched = !bytes.empty() && std::all_of(bytes.begin(), bytes.end(), [](char b) {
+        return static_cast<unsigned char>(b) == kPoison;
+      });
       if (untouched) {
         return Internal("output '" + name + "': the server answered, but its " +
                         std::to_string(it->byte_size) + " bytes in region '" + slot.region +
@@ -300,22 +359,21 @@ Status ShmSession::AfterResponse(ShmSlot& slot, const std::vector<OutputPlacemen
     }
   }
   if (!checked) return Status::Ok();
-  slot.first_checked = true;
-  record->RecordChecked([&] {
+  auto make_sample = [&]() -> Result<BenchShmSample> {
     BenchShmSample sample;
     for (size_t k = 0; k < model_.inputs.size(); ++k) {
-      const char* at = reinterpret_cast<const char*>(slot.object.data() + slot.inputs[k].offset);
-      sample.inputs.push_back({model_.inputs[k].name, std::string(at, slot.inputs[k].bytes)});
+      std::string bytes(slot.inputs[k].bytes, '\0');
+      RETURN_IF_ERROR(slot.memory->Read(slot.inputs[k].offset, bytes.data(), bytes.size())
+                          .WithContext("reading input '" + model_.inputs[k].name +
+                                       "' back from region '" + slot.region + "'"));
+      sample.inputs.push_back({model_.inputs[k].name, std::move(bytes)});
     }
-    for (size_t k = 0; k < model_.outputs.size(); ++k) {
-      const auto it = std::find_if(outputs.begin(), outputs.end(), [&](const OutputPlacement& o) {
-        return o.name == model_.outputs[k].name;
-      });
-      const char* at = reinterpret_cast<const char*>(slot.object.data() + slot.outputs[k].offset);
-      sample.outputs.push_back({model_.outputs[k].name, std::string(at, it->byte_size)});
-    }
+    for (size_t k = 0; k < model_.outputs.size(); ++k)
+      sample.outputs.push_back({model_.outputs[k].name, slot.readback[k]});
     return sample;
-  });
+  };
+  RETURN_IF_ERROR(record->RecordChecked(make_sample));
+  slot.first_checked = true;
   return Status::Ok();
 }
 
@@ -335,10 +393,13 @@ void RunRecord::RecordError(const std::string& message) {
   ++errors_;
 }
 
-void RunRecord::RecordChecked(const std::function<BenchShmSample()>& make_sample) {
+Status RunRecord::RecordChecked(const std::function<Result<BenchShmSample>()>& make_sample) {
   std::lock_guard lock(mu_);
+  if (!sample_) {
+    ASSIGN_OR_RETURN(sample_, make_sample());
+  }
   ++checked_;
-  if (!sample_) sample_ = make_sample();
+  return Status::Ok();
 }
 
 void RunRecord::Summarize(Clock::time_point measure_begin, Clock::time_point measure_end,

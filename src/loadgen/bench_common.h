@@ -1,7 +1,7 @@
 // What the REST driver (load_generator.cc) and the gRPC driver
 // (grpc_load.cc) of `hearth bench` share: the model's tensors as the run
-// sends them, random input bytes, the system shared-memory slots, and the
-// record every request leaves (samples, errors) with its summary.
+// sends them, random input bytes, the shared-memory slots (system or CUDA),
+// and the record every request leaves (samples, errors) with its summary.
 #pragma once
 
 #include <chrono>
@@ -13,11 +13,12 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hearth/status.h"
 #include "loadgen/load_generator.h"
-#include "loadgen/system_shm.h"
+#include "loadgen/shm_region.h"
 
 namespace hearth::bench {
 
@@ -62,15 +63,32 @@ Result<ModelSpec> ResolveModel(const BenchOptions& options, int64_t max_batch,
 // random booleans.
 std::string RandomInputBytes(const TensorSpec& input, std::mt19937_64& rng);
 
-// ---- system shared memory -----------------------------------------------------
+// ---- shared memory (system or CUDA) ----------------------------------------------
 
-// Registration with the server, over the transport of the run.
+// Registration with the server, over the transport of the run: system
+// regions through the systemsharedmemory calls, CUDA regions through the
+// cudasharedmemory ones.
 class RegionControl {
  public:
   virtual ~RegionControl() = default;
-  virtual Status Register(const std::string& name, const std::string& key, uint64_t byte_size) = 0;
-  virtual Status Unregister(const std::string& name) = 0;
+  virtual Status Register(const std::string& name, const RegionHandle& handle) = 0;
+  virtual Status Unregister(BenchSharedMemory kind, const std::string& name) = 0;
 };
+
+// A control on a connection (REST) or channel (gRPC) of its own to
+// options.url over options.transport.
+Result<std::unique_ptr<RegionControl>> MakeRegionControl(const BenchOptions& options);
+
+// The body of REST's POST /v2/cudasharedmemory/region/{name}/register, in
+// Triton's form: {"raw_handle": {"b64": ...}, "device_id": N, "byte_size": N}.
+std::string CudaRegisterBody(const RegionHandle& handle);
+
+// Makes a slot's region of `bytes`, to be registered under `name`.
+using RegionFactory =
+    std::function<Result<std::unique_ptr<ShmRegion>>(const std::string& name, uint64_t bytes)>;
+// The regions options.shared_memory asks for: system objects keyed
+// "/<name>", or device memory on options.shared_memory_device.
+RegionFactory DefaultRegionFactory(const BenchOptions& options);
 
 struct ShmTensor {
   uint64_t offset = 0;  // in the slot's region
@@ -81,9 +99,11 @@ struct ShmTensor {
 // and room for each requested output. One request at a time uses a slot.
 struct ShmSlot {
   std::string region;  // the name it is registered under
-  SystemShmObject object;
+  std::unique_ptr<ShmRegion> memory;
   std::vector<ShmTensor> inputs, outputs;  // in ModelSpec's order
   bool first_checked = false;
+  Status poison;  // why BeforeRequest could not write the poison (the answer cannot be checked)
+  std::vector<std::string> readback;  // per output: what a checked answer left
 };
 
 // What an output of a response said about where it is.
@@ -100,16 +120,19 @@ struct OutputPlacement {
   bool inline_data = false;  // carried data (JSON, binary, raw contents)
 };
 
-// Owns the slots of a run and their registration: Create registers every
-// slot (and unlinks its object's name at once: system_shm.h); the
-// destructor unregisters every region it registered, so a failed Create
-// leaves nothing behind on either side. Slots are used from many threads,
-// each slot by one request at a time.
+// Owns the slots of a run and their registration: Create makes each slot's
+// region with `factory`, fills it, registers it (then tells the region:
+// a system object's name is unlinked at once, system_shm.h); the
+// destructor unregisters every region it registered before the regions are
+// freed, so a failed Create leaves nothing behind on either side. Slots are
+// used from many threads, each slot by one request at a time.
 class ShmSession {
  public:
   static Result<std::unique_ptr<ShmSession>> Create(const ModelSpec& model,
                                                     const BenchOptions& options, int slots,
-                                                    RegionControl* control, std::mt19937_64& rng);
+                                                    RegionControl* control,
+                                                    const RegionFactory& factory,
+                                                    std::mt19937_64& rng);
   ~ShmSession();
   ShmSession(const ShmSession&) = delete;
   ShmSession& operator=(const ShmSession&) = delete;
@@ -118,7 +141,8 @@ class ShmSession {
   ShmSlot& slot(size_t i) { return slots_[i]; }
   // Before a request: fills the outputs' room with the poison pattern when
   // this request's answer will be checked (every one with --verify, else the
-  // slot's first).
+  // slot's first). A failure is kept in the slot and becomes the request's
+  // error in AfterResponse: the request is sent either way.
   void BeforeRequest(ShmSlot& slot) const;
   // After a successful response: each requested output must name the slot's
   // region at its offset, fit its room, carry no inline data and (when
@@ -137,7 +161,7 @@ class ShmSession {
   const BenchOptions& options_;
   RegionControl* control_;
   std::vector<ShmSlot> slots_;
-  std::vector<std::string> registered_;
+  std::vector<std::pair<BenchSharedMemory, std::string>> registered_;
 };
 
 // ---- the record of a run --------------------------------------------------------
@@ -154,8 +178,9 @@ class RunRecord {
   void RecordSample(Clock::time_point start, Clock::time_point done);
   void RecordError(const std::string& message);
   // A response whose outputs were checked in their region; the first
-  // becomes the report's sample.
-  void RecordChecked(const std::function<BenchShmSample()>& make_sample);
+  // becomes the report's sample (when make_sample fails, its error is
+  // returned and a later response is asked again).
+  Status RecordChecked(const std::function<Result<BenchShmSample>()>& make_sample);
   // Fills requests, errors, latencies and the sample into `report`.
   void Summarize(Clock::time_point measure_begin, Clock::time_point measure_end,
                  BenchReport* report);

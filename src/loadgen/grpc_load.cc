@@ -201,20 +201,39 @@ class GrpcRegionControl : public RegionControl {
  public:
   GrpcRegionControl(GRPCInferenceService::Stub* stub, double timeout_seconds)
       : stub_(stub), timeout_seconds_(timeout_seconds) {}
-  Status Register(const std::string& name, const std::string& key, uint64_t byte_size) override {
+  // Owning its stub (and so its channel).
+  GrpcRegionControl(std::unique_ptr<GRPCInferenceService::Stub> stub, double timeout_seconds)
+      : owned_(std::move(stub)), stub_(owned_.get()), timeout_seconds_(timeout_seconds) {}
+
+  Status Register(const std::string& name, const RegionHandle& handle) override {
     grpc::ClientContext context;
     SetDeadline(context, timeout_seconds_);
+    if (handle.kind == BenchSharedMemory::kCuda) {
+      inference::CudaSharedMemoryRegisterRequest request;
+      request.set_name(name);
+      request.set_raw_handle(handle.ipc_handle);
+      request.set_device_id(handle.device_id);
+      request.set_byte_size(handle.byte_size);
+      inference::CudaSharedMemoryRegisterResponse response;
+      return FromGrpc(stub_->CudaSharedMemoryRegister(&context, request, &response));
+    }
     inference::SystemSharedMemoryRegisterRequest request;
     request.set_name(name);
-    request.set_key(key);
+    request.set_key(handle.key);
     request.set_offset(0);
-    request.set_byte_size(byte_size);
+    request.set_byte_size(handle.byte_size);
     inference::SystemSharedMemoryRegisterResponse response;
     return FromGrpc(stub_->SystemSharedMemoryRegister(&context, request, &response));
   }
-  Status Unregister(const std::string& name) override {
+  Status Unregister(BenchSharedMemory kind, const std::string& name) override {
     grpc::ClientContext context;
     SetDeadline(context, timeout_seconds_);
+    if (kind == BenchSharedMemory::kCuda) {
+      inference::CudaSharedMemoryUnregisterRequest request;
+      request.set_name(name);
+      inference::CudaSharedMemoryUnregisterResponse response;
+      return FromGrpc(stub_->CudaSharedMemoryUnregister(&context, request, &response));
+    }
     inference::SystemSharedMemoryUnregisterRequest request;
     request.set_name(name);
     inference::SystemSharedMemoryUnregisterResponse response;
@@ -222,9 +241,20 @@ class GrpcRegionControl : public RegionControl {
   }
 
  private:
+  std::unique_ptr<GRPCInferenceService::Stub> owned_;
   GRPCInferenceService::Stub* stub_;
   double timeout_seconds_;
 };
+
+std::unique_ptr<GRPCInferenceService::Stub> NewStub(const std::string& target) {
+  grpc::ChannelArguments arguments;
+  arguments.SetMaxReceiveMessageSize(INT_MAX);
+  arguments.SetMaxSendMessageSize(INT_MAX);
+  // A connection of its own for each channel, not one shared subchannel.
+  arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return GRPCInferenceService::NewStub(
+      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), arguments));
+}
 
 Result<ModelSpec> ReadModel(GRPCInferenceService::Stub* stub, const BenchOptions& options) {
   const std::string label = ModelLabel(options);
@@ -432,25 +462,19 @@ Result<BenchReport> RunGrpcBench(const BenchOptions& options, std::FILE* err) {
   ASSIGN_OR_RETURN(const std::string target, ParseTarget(options.url));
   const int slots = options.request_rate > 0 ? options.max_connections : options.concurrency;
   std::vector<std::unique_ptr<GRPCInferenceService::Stub>> stubs;
-  for (int i = 0; i < (slots + kCallsPerChannel - 1) / kCallsPerChannel; ++i) {
-    grpc::ChannelArguments arguments;
-    arguments.SetMaxReceiveMessageSize(INT_MAX);
-    arguments.SetMaxSendMessageSize(INT_MAX);
-    // A connection of its own for each channel, not one shared subchannel.
-    arguments.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    stubs.push_back(GRPCInferenceService::NewStub(
-        grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), arguments)));
-  }
+  for (int i = 0; i < (slots + kCallsPerChannel - 1) / kCallsPerChannel; ++i)
+    stubs.push_back(NewStub(target));
   ASSIGN_OR_RETURN(const ModelSpec model, ReadModel(stubs.front().get(), options));
 
-  const bool shm = options.shared_memory == BenchSharedMemory::kSystem;
+  const bool shm = options.shared_memory != BenchSharedMemory::kNone;
   std::mt19937_64 rng(options.seed);
   GrpcRegionControl control(stubs.front().get(), options.timeout_seconds);
   std::unique_ptr<ShmSession> session;
   std::vector<ModelInferRequest> requests;
   const ModelInferRequest base = BaseRequest(options, model);
   if (shm) {
-    ASSIGN_OR_RETURN(session, ShmSession::Create(model, options, slots, &control, rng));
+    ASSIGN_OR_RETURN(session, ShmSession::Create(model, options, slots, &control,
+                                                 DefaultRegionFactory(options), rng));
     for (size_t i = 0; i < session->size(); ++i) {
       const ShmSlot& slot = session->slot(i);
       ModelInferRequest request = base;
@@ -491,6 +515,12 @@ Result<BenchReport> RunGrpcBench(const BenchOptions& options, std::FILE* err) {
     record.Summarize(measure_begin, measure_end, &report);
   }
   return report;
+}
+
+Result<std::unique_ptr<RegionControl>> MakeGrpcRegionControl(const BenchOptions& options) {
+  ASSIGN_OR_RETURN(const std::string target, ParseTarget(options.url));
+  return std::unique_ptr<RegionControl>(
+      new GrpcRegionControl(NewStub(target), options.timeout_seconds));
 }
 
 }  // namespace hearth::bench

@@ -25,6 +25,7 @@
 
 #include "common/datatype.h"
 #include "loadgen/bench_common.h"
+#include "loadgen/cuda_shm.h"
 #include "loadgen/system_shm.h"
 #ifdef HEARTH_HAVE_GRPC
 #include "loadgen/grpc_load.h"
@@ -371,12 +372,14 @@ class RestRegionControl : public bench::RegionControl {
   RestRegionControl(Endpoint endpoint, double timeout_seconds)
       : endpoint_(std::move(endpoint)), connection_(endpoint_, timeout_seconds) {}
 
-  Status Register(const std::string& name, const std::string& key, uint64_t byte_size) override {
-    const json body = {{"key", key}, {"offset", 0}, {"byte_size", byte_size}};
-    return Post("/v2/systemsharedmemory/region/" + name + "/register", body.dump());
+  Status Register(const std::string& name, const bench::RegionHandle& handle) override {
+    if (handle.kind == BenchSharedMemory::kCuda)
+      return Post(Path(handle.kind, name, "register"), bench::CudaRegisterBody(handle));
+    const json body = {{"key", handle.key}, {"offset", 0}, {"byte_size", handle.byte_size}};
+    return Post(Path(handle.kind, name, "register"), body.dump());
   }
-  Status Unregister(const std::string& name) override {
-    return Post("/v2/systemsharedmemory/region/" + name + "/unregister", "");
+  Status Unregister(BenchSharedMemory kind, const std::string& name) override {
+    return Post(Path(kind, name, "unregister"), "");
   }
 
  private:
@@ -392,6 +395,11 @@ class RestRegionControl : public bench::RegionControl {
     if (response->result() != http::status::ok)
       return Status(CodeForHttp(response->result_int()), ServerMessage(*response));
     return Status::Ok();
+  }
+  static std::string Path(BenchSharedMemory kind, const std::string& name, const char* action) {
+    return std::string(kind == BenchSharedMemory::kCuda ? "/v2/cudasharedmemory"
+                                                        : "/v2/systemsharedmemory") +
+           "/region/" + name + "/" + action;
   }
 
   Endpoint endpoint_;
@@ -539,14 +547,15 @@ Result<BenchReport> RunRestBench(const BenchOptions& options, std::FILE* err) {
   Connection probe(endpoint, options.timeout_seconds);
   ASSIGN_OR_RETURN(const ModelSpec model, ReadModel(probe, endpoint, options, model_path));
 
-  const bool shm = options.shared_memory == BenchSharedMemory::kSystem;
+  const bool shm = options.shared_memory != BenchSharedMemory::kNone;
   std::mt19937_64 rng(options.seed);
   RestRegionControl control(endpoint, options.timeout_seconds);
   std::unique_ptr<ShmSession> session;
   std::vector<http::request<http::string_body>> requests;
   if (shm) {
     const int slots = options.request_rate > 0 ? options.max_connections : options.concurrency;
-    ASSIGN_OR_RETURN(session, ShmSession::Create(model, options, slots, &control, rng));
+    ASSIGN_OR_RETURN(session, ShmSession::Create(model, options, slots, &control,
+                                                 bench::DefaultRegionFactory(options), rng));
     for (size_t i = 0; i < session->size(); ++i)
       requests.push_back(
           MakeRequest(endpoint, model_path + "/infer", MakeShmBody(model, session->slot(i)), 0));
@@ -581,6 +590,23 @@ Result<BenchReport> RunRestBench(const BenchOptions& options, std::FILE* err) {
 
 }  // namespace
 
+namespace bench {
+
+Result<std::unique_ptr<RegionControl>> MakeRegionControl(const BenchOptions& options) {
+  if (options.transport == BenchTransport::kGrpc) {
+#ifdef HEARTH_HAVE_GRPC
+    return MakeGrpcRegionControl(options);
+#else
+    return Unimplemented("--transport grpc: this hearth was built without gRPC");
+#endif
+  }
+  ASSIGN_OR_RETURN(Endpoint endpoint, ParseUrl(options.url));
+  return std::unique_ptr<RegionControl>(
+      new RestRegionControl(std::move(endpoint), options.timeout_seconds));
+}
+
+}  // namespace bench
+
 bool BenchHasGrpc() {
 #ifdef HEARTH_HAVE_GRPC
   return true;
@@ -602,16 +628,28 @@ Result<BenchReport> RunBench(const BenchOptions& options, std::FILE* err) {
   if (options.max_connections < 1) return InvalidArgument("max_connections must be at least 1");
   if (options.distinct_bodies < 1) return InvalidArgument("distinct_bodies must be at least 1");
   if (!(options.timeout_seconds > 0)) return InvalidArgument("timeout must be positive");
-  const bool shm = options.shared_memory == BenchSharedMemory::kSystem;
+  const bool shm = options.shared_memory != BenchSharedMemory::kNone;
+  const bool cuda = options.shared_memory == BenchSharedMemory::kCuda;
   if (!shm && options.output_shared_memory_size > 0)
-    return InvalidArgument("--output-shared-memory-size needs --shared-memory system");
-  if (!shm && options.verify) return InvalidArgument("--verify needs --shared-memory system");
+    return InvalidArgument("--output-shared-memory-size needs --shared-memory system or cuda");
+  if (!shm && options.verify)
+    return InvalidArgument("--verify needs --shared-memory system or cuda");
+  if (options.shared_memory_device < 0)
+    return InvalidArgument("--shared-memory-device must be a CUDA ordinal (0 or more)");
+  if (!cuda && options.shared_memory_device != 0)
+    return InvalidArgument("--shared-memory-device needs --shared-memory cuda");
+  // Before the server is asked anything: without a GPU this run cannot start.
+  if (cuda) {
+    RETURN_IF_ERROR(bench::CudaShmUsable(options.shared_memory_device)
+                        .WithContext("--shared-memory cuda on cuda:" +
+                                     std::to_string(options.shared_memory_device)));
+  }
 
   // The objects' names are unlinked once registered; until then a signal
   // that ends the process must not leave them in /dev/shm. Another run in
   // this process may hold the handlers already, which serves this one too.
   std::optional<ShmSignalCleanup> cleanup;
-  if (shm) {
+  if (options.shared_memory == BenchSharedMemory::kSystem) {
     Result<ShmSignalCleanup> installed = ShmSignalCleanup::Install();
     if (installed.ok())
       cleanup.emplace(std::move(*installed));
@@ -637,8 +675,9 @@ Result<BenchReport> RunBench(const BenchOptions& options, std::FILE* err) {
   report->model = options.model;
   report->version = options.version;
   report->transport = options.transport == BenchTransport::kGrpc ? "grpc" : "rest";
-  report->shared_memory = shm ? "system" : "none";
+  report->shared_memory = cuda ? "cuda" : shm ? "system" : "none";
   report->output_shared_memory_size = options.output_shared_memory_size;
+  report->shared_memory_device = options.shared_memory_device;
   report->request_rate = options.request_rate;
   if (options.request_rate > 0)
     report->arrival = options.arrival == BenchArrival::kPoisson ? "poisson" : "constant";
@@ -666,10 +705,11 @@ std::string ReportJson(const BenchReport& report) {
                 {"p99", report.latency_ms.p99},
                 {"max", report.latency_ms.max},
                 {"mean", report.latency_ms.mean}}}};
-  if (report.shared_memory == "system") {
+  if (report.shared_memory != "none") {
     out["output_shared_memory_size"] = report.output_shared_memory_size;
     out["shm_checked"] = report.shm_checked;
   }
+  if (report.shared_memory == "cuda") out["shared_memory_device"] = report.shared_memory_device;
   if (report.mode == "request_rate") {
     out["request_rate"] = report.request_rate;
     out["arrival"] = report.arrival;
@@ -686,10 +726,14 @@ std::string ReportTable(const BenchReport& report) {
                          ? std::string(rate) + " req/s (" + report.arrival + " arrivals, at most " +
                                std::to_string(report.concurrency) + " in flight)"
                          : std::to_string(report.concurrency) + " in flight (closed loop)";
+  const std::string where =
+      report.shared_memory == "cuda"
+          ? "CUDA shared memory on cuda:" + std::to_string(report.shared_memory_device)
+          : "system shared memory";
   const std::string transport =
       report.transport + " (" + report.protocol + "), " +
-      (report.shared_memory == "system"
-           ? "tensors in system shared memory (" + std::to_string(report.shm_checked) +
+      (report.shared_memory != "none"
+           ? "tensors in " + where + " (" + std::to_string(report.shm_checked) +
                  " answers checked in their region)"
            : std::string("tensors in the messages"));
   std::snprintf(buffer, sizeof(buffer),

@@ -16,16 +16,18 @@
 // callback API: no thread per request; one channel (HTTP/2 connection) per
 // 100 requests in flight, under hearth's 128 streams per connection.
 //
-// With shared_memory kSystem, each request slot (one per request in
-// flight) gets a POSIX shared-memory object of its own (system_shm.h: its
-// name is unlinked once the server has registered it, so none is left
-// behind) holding its inputs, filled once, and room for its outputs; the
-// slot is registered as one region, every request names its inputs and
-// outputs in it (shared_memory_region, _offset, _byte_size), and no tensor
-// byte travels in the request or response. Every response is checked to
-// name the region and carry no inline data; the slot's first response (with
-// `verify`, every response) must also have overwritten the poison the
-// outputs' room was filled with. The regions are unregistered at the end.
+// With shared memory, each request slot (one per request in flight) gets a
+// region of its own holding its inputs, filled once, and room for its
+// outputs: kSystem, a POSIX shared-memory object (system_shm.h: its name is
+// unlinked once the server has registered it, so none is left behind),
+// registered by its key; kCuda, device memory of this process on GPU
+// `shared_memory_device` (cuda_shm.h), registered by its CUDA IPC handle.
+// Every request names its inputs and outputs in its slot's region
+// (shared_memory_region, _offset, _byte_size), and no tensor byte travels
+// in the request or response. Every response is checked to name the region
+// and carry no inline data; the slot's first response (with `verify`, every
+// response) must also have overwritten the poison the outputs' room was
+// filled with. The regions are unregistered at the end.
 //
 // RunBench blocks for warmup + seconds and is not reentrant-safe with respect
 // to the `err` stream only (it writes the first few failures there).
@@ -43,7 +45,7 @@ namespace hearth {
 
 enum class BenchProtocol { kBinary, kJson };  // REST bodies; gRPC is always protobuf
 enum class BenchTransport { kRest, kGrpc };
-enum class BenchSharedMemory { kNone, kSystem };
+enum class BenchSharedMemory { kNone, kSystem, kCuda };
 enum class BenchArrival { kPoisson, kConstant };
 
 struct BenchOptions {
@@ -55,6 +57,7 @@ struct BenchOptions {
   // Room per output in shared memory, bytes; 0: the output's size from the
   // model's metadata (which must then have fixed dimensions).
   uint64_t output_shared_memory_size = 0;
+  int shared_memory_device = 0;  // kCuda: the CUDA ordinal of the GPU holding the regions
   bool verify = false;  // shared memory: check every response's outputs, not only the first
   std::string model;
   std::string version;      // empty: the server's choice
@@ -93,8 +96,9 @@ struct BenchReport {
   std::string mode;           // "concurrency" or "request_rate"
   std::string transport;      // "rest" or "grpc"
   std::string protocol;       // REST: "binary" or "json" (shared memory: "json"); gRPC: "protobuf"
-  std::string shared_memory;  // "none" or "system"
-  uint64_t output_shared_memory_size = 0;  // system: the room per output (0: each output's size)
+  std::string shared_memory;  // "none", "system" or "cuda"
+  uint64_t output_shared_memory_size = 0;  // shared memory: room per output (0: each output's size)
+  int shared_memory_device = 0;            // cuda: the GPU
   std::string arrival;                     // open loop only: "poisson" or "constant"
   int concurrency = 0;  // closed loop: N; open loop: most requests in flight (REST: connections)
   double request_rate = 0;
@@ -108,15 +112,17 @@ struct BenchReport {
   BenchLatency latency_ms;
   uint64_t shm_checked = 0;  // responses whose outputs were checked in their region
   std::vector<std::string> first_errors;
-  std::optional<BenchShmSample> shm_sample;  // system shared memory: see above
+  std::optional<BenchShmSample> shm_sample;  // shared memory: see above
 };
 
 // Whether this hearth was built with gRPC (BenchTransport::kGrpc works).
 bool BenchHasGrpc();
 
 // Runs the benchmark. A bad option, a bad URL, an unreachable server, an
-// unknown model, an unsupported input datatype, a region the server refuses
-// and gRPC in a hearth built without it are errors; failed requests during
+// unknown model, an unsupported input datatype, a region the server refuses,
+// gRPC in a hearth built without it and CUDA shared memory where no GPU can
+// hold it (checked first, before the server is asked anything) are errors;
+// failed requests during
 // the run are not (they are counted in the report; so is a response whose
 // outputs are not where the request put them).
 Result<BenchReport> RunBench(const BenchOptions& options, std::FILE* err = stderr);

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -180,4 +181,41 @@ ShmSignalCleanup::~ShmSignalCleanup() {
   g_installed = false;
 }
 
+namespace bench {
+
+Result<std::unique_ptr<SystemShmRegion>> SystemShmRegion::Create(const std::string& key,
+                                                                 uint64_t bytes) {
+  if (bytes > SIZE_MAX) return InvalidArgument("shared-memory object " + key + " is too large");
+  ASSIGN_OR_RETURN(SystemShmObject object,
+                   SystemShmObject::Create(key, static_cast<size_t>(bytes)));
+  return std::unique_ptr<SystemShmRegion>(new SystemShmRegion(std::move(object)));
+}
+
+RegionHandle SystemShmRegion::Handle() const {
+  RegionHandle handle;
+  handle.kind = BenchSharedMemory::kSystem;
+  handle.key = object_.key();
+  handle.byte_size = object_.size();
+  return handle;
+}
+
+Status SystemShmRegion::Write(uint64_t offset, const void* data, uint64_t bytes) {
+  RETURN_IF_ERROR(CheckRange(offset, bytes, "a write"));
+  std::memcpy(object_.data() + offset, data, bytes);
+  return Status::Ok();
+}
+
+Status SystemShmRegion::Fill(uint64_t offset, unsigned char value, uint64_t bytes) {
+  RETURN_IF_ERROR(CheckRange(offset, bytes, "a fill"));
+  std::memset(object_.data() + offset, value, bytes);
+  return Status::Ok();
+}
+
+Status SystemShmRegion::Read(uint64_t offset, void* out, uint64_t bytes) const {
+  RETURN_IF_ERROR(CheckRange(offset, bytes, "a read"));
+  std::memcpy(out, object_.data() + offset, bytes);
+  return Status::Ok();
+}
+
+}  // namespace bench
 }  // namespace hearth

@@ -16,10 +16,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "hearth/status.h"
 #include "hearth/unique_fd.h"
+#include "loadgen/shm_region.h"
 
 namespace hearth {
 
@@ -78,4 +80,28 @@ class ShmSignalCleanup {
   bool installed_ = false;
 };
 
+namespace bench {
+
+// `--shared-memory system`: a slot's region in an object of its own,
+// registered by its key at offset 0; its name is unlinked once registered.
+class SystemShmRegion final : public ShmRegion {
+ public:
+  static Result<std::unique_ptr<SystemShmRegion>> Create(const std::string& key, uint64_t bytes);
+
+  uint64_t size() const override { return object_.size(); }
+  RegionHandle Handle() const override;
+  std::string Describe() const override { return object_.key(); }
+  void Registered() override { object_.Unlink(); }
+  Status Write(uint64_t offset, const void* data, uint64_t bytes) override;
+  Status Fill(uint64_t offset, unsigned char value, uint64_t bytes) override;
+  Status Read(uint64_t offset, void* out, uint64_t bytes) const override;
+
+  const SystemShmObject& object() const { return object_; }
+
+ private:
+  explicit SystemShmRegion(SystemShmObject object) : object_(std::move(object)) {}
+  SystemShmObject object_;
+};
+
+}  // namespace bench
 }  // namespace hearth

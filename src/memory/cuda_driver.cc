@@ -124,11 +124,13 @@ Result<const CudaDriver*> LoadDriver() {
   Resolve(get_proc, "cuEventSynchronize", &d.EventSynchronize, &missing);
   Resolve(get_proc, "cuEventDestroy", &d.EventDestroy, &missing);
   Resolve(get_proc, "cuMemcpyHtoDAsync", &d.MemcpyHtoDAsync, &missing);
+  Resolve(get_proc, "cuMemcpyHtoD", &d.MemcpyHtoD, &missing);
   Resolve(get_proc, "cuMemcpyDtoH", &d.MemcpyDtoH, &missing);
   Resolve(get_proc, "cuMemcpyAsync", &d.MemcpyAsync, &missing);
   Resolve(get_proc, "cuMemAlloc", &d.MemAlloc, &missing);
   Resolve(get_proc, "cuMemFree", &d.MemFree, &missing);
   Resolve(get_proc, "cuMemGetAddressRange", &d.MemGetAddressRange, &missing);
+  Resolve(get_proc, "cuIpcGetMemHandle", &d.IpcGetMemHandle, &missing);
   Resolve(get_proc, "cuIpcOpenMemHandle", &d.IpcOpenMemHandle, &missing);
   Resolve(get_proc, "cuIpcCloseMemHandle", &d.IpcCloseMemHandle, &missing);
   if (!missing.empty()) {

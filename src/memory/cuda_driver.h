@@ -80,12 +80,16 @@ struct CudaDriver {
   PFN_cuEventSynchronize_v2000 EventSynchronize = nullptr;
   PFN_cuEventDestroy_v4000 EventDestroy = nullptr;
   PFN_cuMemcpyHtoDAsync_v3020 MemcpyHtoDAsync = nullptr;
+  // From pageable memory it returns once the bytes are staged, possibly
+  // before they reach the device: synchronize before another process reads them.
+  PFN_cuMemcpyHtoD_v3020 MemcpyHtoD = nullptr;
   PFN_cuMemcpyDtoH_v3020 MemcpyDtoH = nullptr;
   PFN_cuMemcpyAsync_v4000 MemcpyAsync = nullptr;  // unified addressing: any direction
   // Device memory, and other processes' device memory (CUDA IPC).
   PFN_cuMemAlloc_v3020 MemAlloc = nullptr;
   PFN_cuMemFree_v3020 MemFree = nullptr;
   PFN_cuMemGetAddressRange_v3020 MemGetAddressRange = nullptr;
+  PFN_cuIpcGetMemHandle_v4010 IpcGetMemHandle = nullptr;  // of a cuMemAlloc allocation
   PFN_cuIpcOpenMemHandle_v11000 IpcOpenMemHandle = nullptr;
   PFN_cuIpcCloseMemHandle_v4010 IpcCloseMemHandle = nullptr;
 

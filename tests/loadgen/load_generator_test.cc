@@ -3,7 +3,11 @@
 // server (REST and, when built with it, gRPC) started once per suite and
 // stopped with SIGTERM. Shared-memory runs check the model's answers in
 // the region against the checkpoint's weights, that no object of the run is
-// left in /dev/shm and no region left registered.
+// left in /dev/shm and no region left registered. CUDA shared memory: where
+// no GPU is (no driver, the toolkit's stub libcuda, a build without CUDA) a
+// run fails before it asks the server anything, saying why; the
+// registration calls reach the server's CUDA routes; on a GPU, a run's
+// answers are checked in device memory.
 #include "loadgen/load_generator.h"
 
 #include <arpa/inet.h>
@@ -18,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -31,6 +36,8 @@
 #include <thread>
 #include <vector>
 
+#include "loadgen/bench_common.h"
+#include "loadgen/cuda_shm.h"
 #include "support/eventually.h"
 
 extern char** environ;
@@ -235,6 +242,12 @@ instance_group:
     return nlohmann::json::parse(body);
   }
 
+  static nlohmann::json CudaRegions() {
+    std::string body;
+    EXPECT_EQ(HttpExchange(port_, "GET", "/v2/cudasharedmemory/status", "", &body), 200) << body;
+    return nlohmann::json::parse(body);
+  }
+
   // A shared-memory run's sample: y[b] = x[b] . w for every row of the batch.
   static void ExpectScaleAnswers(const BenchReport& report) {
     ASSERT_TRUE(report.shm_sample.has_value());
@@ -264,6 +277,17 @@ instance_group:
   static void ExpectNothingLeft(pid_t pid) {
     EXPECT_EQ(BenchObjectsOf(pid), std::vector<std::string>());
     EXPECT_EQ(Regions(), nlohmann::json::array());
+    EXPECT_EQ(CudaRegions(), nlohmann::json::array());
+  }
+
+  static std::vector<BenchTransport> Transports() {
+    std::vector<BenchTransport> transports = {BenchTransport::kRest};
+    if (BenchHasGrpc() && grpc_port_ != 0) transports.push_back(BenchTransport::kGrpc);
+    return transports;
+  }
+  static void UseTransport(BenchTransport transport, BenchOptions& options) {
+    options.transport = transport;
+    if (transport == BenchTransport::kGrpc) options.url = GrpcUrl();
   }
 };
 
@@ -659,6 +683,151 @@ TEST_F(BenchTest, CliKilledBySignalLeavesNoObject) {
         port_, "POST",
         "/v2/systemsharedmemory/region/" + region["name"].get<std::string>() + "/unregister", "");
   EXPECT_EQ(Regions(), nlohmann::json::array());
+}
+
+// ---- CUDA shared memory ---------------------------------------------------------
+
+TEST_F(BenchTest, CudaSharedMemoryWithoutAGpuFailsBeforeAskingTheServer) {
+  const Status usable = bench::CudaShmUsable(0);
+  if (usable.ok()) GTEST_SKIP() << "a GPU is here (see CudaSharedMemoryAnswersAreInTheRegion)";
+  for (BenchTransport transport : Transports()) {
+    for (bool server : {true, false}) {
+      BenchOptions options = Options();
+      UseTransport(transport, options);
+      // Nothing listens on port 1: a run that tried to reach it would say so instead.
+      if (!server)
+        options.url = transport == BenchTransport::kGrpc ? "127.0.0.1:1" : "http://127.0.0.1:1";
+      options.concurrency = 4;
+      options.shared_memory = BenchSharedMemory::kCuda;
+      Result<BenchReport> report = RunBench(options, nullptr);
+      ASSERT_FALSE(report.ok());
+      const std::string& message = report.status().message();
+      EXPECT_EQ(report.status().code(), usable.code()) << message;
+      EXPECT_EQ(message.rfind("--shared-memory cuda on cuda:0: ", 0), 0u) << message;
+      EXPECT_NE(message.find(usable.message()), std::string::npos) << message;
+      EXPECT_EQ(message.find(options.url), std::string::npos) << message;
+    }
+  }
+  ExpectNothingLeft(::getpid());
+}
+
+TEST_F(BenchTest, CudaSharedMemoryOptionsAreChecked) {
+  BenchOptions options = Options();
+  options.shared_memory = BenchSharedMemory::kSystem;
+  options.shared_memory_device = 1;
+  Result<BenchReport> report = RunBench(options, nullptr);
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(report.status().message().find("--shared-memory-device needs --shared-memory cuda"),
+            std::string::npos)
+      << report.status().message();
+  options.shared_memory = BenchSharedMemory::kCuda;
+  options.shared_memory_device = -1;
+  report = RunBench(options, nullptr);
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(report.status().message().find("CUDA ordinal"), std::string::npos)
+      << report.status().message();
+  options.shared_memory = BenchSharedMemory::kNone;
+  options.shared_memory_device = 0;
+  options.verify = true;
+  report = RunBench(options, nullptr);
+  ASSERT_FALSE(report.ok());
+  EXPECT_NE(report.status().message().find("--verify needs --shared-memory system or cuda"),
+            std::string::npos)
+      << report.status().message();
+}
+
+TEST_F(BenchTest, CliCudaSharedMemoryWithoutAGpuSaysWhy) {
+  const std::string command = std::string(HEARTH_CLI_PATH) + " bench --url " + Url() +
+                              " --model scale --shared-memory cuda --shared-memory-device 0 "
+                              "--seconds 0.2 --warmup 0 2>&1";
+  if (bench::CudaShmUsable(0).ok()) {
+    GTEST_SKIP() << "a GPU is here";
+  }
+  std::string out;
+  EXPECT_EQ(RunCommand(command, &out), 1) << out;
+  EXPECT_NE(out.find("--shared-memory cuda on cuda:0: "), std::string::npos) << out;
+  EXPECT_NE(out.find(bench::CudaShmUsable(0).message()), std::string::npos) << out;
+  EXPECT_EQ(CudaRegions(), nlohmann::json::array());
+}
+
+TEST_F(BenchTest, CliCudaSharedMemoryOnTheToolkitsStubDriverNamesIt) {
+#ifndef HEARTH_CUDA_STUB_LIBCUDA
+  GTEST_SKIP() << "this hearth was built without CUDA";
+#else
+  const fs::path stub = HEARTH_CUDA_STUB_LIBCUDA;
+  if (!fs::exists(stub)) GTEST_SKIP() << stub << " is not here";
+  // The stub under the driver's name, first on the library path: what a
+  // machine with the toolkit's stubs/ on LD_LIBRARY_PATH and no driver has.
+  const fs::path dir = *dir_ / "stub-driver";
+  fs::create_directories(dir);
+  std::error_code ignored;
+  fs::remove(dir / "libcuda.so.1", ignored);
+  fs::create_symlink(stub, dir / "libcuda.so.1");
+  for (const char* transport : {"rest", "grpc"}) {
+    if (std::string(transport) == "grpc" && (!BenchHasGrpc() || grpc_port_ == 0)) continue;
+    const std::string url = std::string(transport) == "grpc" ? GrpcUrl() : Url();
+    std::string out;
+    const int rc = RunCommand("LD_LIBRARY_PATH=" + dir.string() + " " + HEARTH_CLI_PATH +
+                                  " bench --url " + url + " --transport " + transport +
+                                  " --model scale --shared-memory cuda --seconds 0.2 --warmup 0 "
+                                  "2>&1",
+                              &out);
+    EXPECT_EQ(rc, 1) << out;
+    EXPECT_NE(out.find("--shared-memory cuda on cuda:0: cuInit failed: CUDA_ERROR_STUB_LIBRARY"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("stub library, not an NVIDIA driver"), std::string::npos) << out;
+  }
+  EXPECT_EQ(CudaRegions(), nlohmann::json::array());
+#endif
+}
+
+TEST_F(BenchTest, CudaRegistrationReachesTheServersCudaCalls) {
+  // A handle no driver made: whatever the server makes of it (hearth before
+  // CUDA shared memory: not implemented; with it: a handle it cannot open),
+  // the call must have reached its CUDA registration, not a missing route.
+  bench::RegionHandle handle;
+  handle.kind = BenchSharedMemory::kCuda;
+  handle.ipc_handle = std::string(64, '\x5a');
+  handle.byte_size = 64;
+  for (BenchTransport transport : Transports()) {
+    BenchOptions options = Options();
+    UseTransport(transport, options);
+    Result<std::unique_ptr<bench::RegionControl>> control = bench::MakeRegionControl(options);
+    ASSERT_TRUE(control.ok()) << control.status().ToString();
+    const Status registered = (*control)->Register("bench-test-forged", handle);
+    ASSERT_FALSE(registered.ok()) << "the server registered a forged CUDA IPC handle";
+    EXPECT_NE(registered.code(), StatusCode::kNotFound) << registered.ToString();
+    std::string lower = registered.message();
+    std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+    EXPECT_NE(lower.find("cuda"), std::string::npos) << registered.ToString();
+    EXPECT_EQ(CudaRegions(), nlohmann::json::array());
+  }
+}
+
+TEST_F(BenchTest, CudaSharedMemoryAnswersAreInTheRegion) {
+  if (Status usable = bench::CudaShmUsable(0); !usable.ok()) GTEST_SKIP() << usable.ToString();
+  for (BenchTransport transport : Transports()) {
+    BenchOptions options = Options();
+    UseTransport(transport, options);
+    options.concurrency = 4;
+    options.batch = 3;
+    options.shared_memory = BenchSharedMemory::kCuda;
+    options.verify = true;
+    Result<BenchReport> report = RunBench(options, nullptr);
+    if (!report.ok() && report.status().code() == StatusCode::kUnimplemented &&
+        report.status().message().find("registering shared-memory region") != std::string::npos)
+      GTEST_SKIP() << "this server has no CUDA shared memory: " << report.status().message();
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    ExpectHealthy(*report);
+    EXPECT_EQ(report->shared_memory, "cuda");
+    EXPECT_EQ(report->shared_memory_device, 0);
+    EXPECT_GE(report->shm_checked, report->requests);
+    ExpectScaleAnswers(*report);
+    ExpectNothingLeft(::getpid());
+  }
 }
 
 }  // namespace
