@@ -1,7 +1,15 @@
 // Several devices' stores: the names `hearth store --device` takes, the
-// socket each device's store binds, and what a store says it holds
-// (Store::HeldArenas, which hearth serve's /metrics reports per device).
+// socket each device's store binds, what a store says it holds
+// (Store::HeldArenas, which hearth serve's /metrics reports per device),
+// and a real `hearth store --device host0,host1` whose two stores each hold
+// a copy of their own.
+#include <sys/stat.h>
+#include <sys/wait.h>
 
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -99,6 +107,77 @@ TEST(StoreHeld, CountsArenasUntilTheirLastLeaseEnds) {
   EXPECT_EQ((*store)->HeldArenas().bytes, 0u);
   (*store)->Stop();
   loop.join();
+}
+
+// The memfd inodes this process maps as arenas.
+std::set<std::string> MappedArenaInodes() {
+  std::ifstream maps("/proc/self/maps");
+  std::set<std::string> inodes;
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find("memfd:hearth-arena") == std::string::npos) continue;
+    std::istringstream fields(line);
+    std::string range, perms, offset, dev, inode;
+    fields >> range >> perms >> offset >> dev >> inode;
+    inodes.insert(inode);
+  }
+  return inodes;
+}
+
+TEST(StoreDevices, OneStorePerDeviceEachWithItsOwnCopy) {
+  TempDir dir;
+  const std::string model = dir.File("m.safetensors");
+  testing::WriteTestCheckpoint(model, 3, 1000, 8);
+  const std::string socket = dir.File("run/store.sock");
+  testing::StoreProcess store(socket, {"--device", "host0,host1", "--model", "m=" + model});
+  ASSERT_EQ(store.startup_error(), "");
+  struct stat st;
+  EXPECT_NE(::stat(socket.c_str(), &st), 0) << "no store at the plain path with several devices";
+  const std::string s0 = DeviceSocketPath(socket, "host0"), s1 = DeviceSocketPath(socket, "host1");
+  const std::set<std::string> before = MappedArenaInodes();
+  auto a0 = AttachClient(s0).Attach("m");
+  auto a1 = AttachClient(s1).Attach("m");
+  ASSERT_TRUE(a0.ok()) << a0.status().ToString();
+  ASSERT_TRUE(a1.ok()) << a1.status().ToString();
+  EXPECT_EQ((*a0)->checksum(), (*a1)->checksum());
+  EXPECT_EQ((*a0)->ComputeChecksum().value(), (*a1)->ComputeChecksum().value());
+  // Two arenas, not one mapped twice.
+  std::set<std::string> now = MappedArenaInodes();
+  for (const std::string& i : before) now.erase(i);
+  EXPECT_EQ(now.size(), 2u);
+  // Each store counts its own client.
+  for (const std::string& s : {s0, s1}) {
+    auto status = AttachClient(s).GetStatus();
+    ASSERT_TRUE(status.ok()) << status.status().ToString();
+    EXPECT_EQ(status->arenas.size(), 1u);
+    EXPECT_EQ(status->lease_total, 1u) << s;
+  }
+  a0->reset();
+  a1->reset();
+  const int exit = store.Stop();
+  EXPECT_TRUE(WIFEXITED(exit) && WEXITSTATUS(exit) == 0) << store.output();
+  EXPECT_NE(::stat(s0.c_str(), &st), 0) << "socket left behind";
+  EXPECT_NE(::stat(s1.c_str(), &st), 0) << "socket left behind";
+}
+
+TEST(StoreDevices, AFailingDeviceStopsTheWholeStoreAndLeavesNoSocket) {
+  TempDir dir;
+  const std::string socket = dir.File("run/store.sock");
+  // host1's socket path is taken by a file that is not a socket.
+  std::filesystem::create_directories(dir.File("run"));
+  ::chmod(dir.File("run").c_str(), 0750);
+  std::ofstream(DeviceSocketPath(socket, "host1")) << "not a socket";
+  testing::StoreProcessOptions options;
+  options.wait_ready = false;
+  testing::StoreProcess store(socket, {"--device", "host0,host1"}, options);
+  int status = 0;
+  ASSERT_TRUE(store.WaitForExit(std::chrono::seconds(60), &status)) << store.output();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << store.output();
+  EXPECT_NE(store.output().find("host1"), std::string::npos) << store.output();
+  EXPECT_NE(store.output().find("not a socket"), std::string::npos) << store.output();
+  struct stat st;
+  EXPECT_NE(::stat(DeviceSocketPath(socket, "host0").c_str(), &st), 0)
+      << "host0's socket left behind";
 }
 
 }  // namespace
