@@ -259,7 +259,7 @@ struct GrpcSettings {
 };
 
 int RunServe(const std::string& repository, const std::string& device_text, int workers,
-             int stand_in_gpus, int exec_timeout_ms, bool strict_readiness,
+             int stand_in_gpus, int load_threads, int exec_timeout_ms, bool strict_readiness,
              HttpOptions http_options, const GrpcSettings& grpc) {
   // This process's CUDA context (its stores' arenas) runs no kernel: a small
   // per-thread stack shrinks it, from 524 to 326 MiB on an H200. Set before
@@ -273,6 +273,7 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
   options.worker_path = ExecutableDir() + "/hearth-worker";
   // options.run_dir stays empty: the server makes itself a private one (0700, mkdtemp).
   options.stand_in_gpus = stand_in_gpus;
+  options.load_threads = load_threads;
   if (stand_in_gpus > 0) {
     // Host memory stands in for the GPUs: CUDA is never asked.
     Result<Device> device = device_text.empty() ? Device::Cuda(0) : Device::Parse(device_text);
@@ -818,6 +819,13 @@ int main(int argc, char** argv) {
   serve->add_option("--workers", serve_workers,
                     "workers per model on each of its devices (per GPU it is placed on), "
                     "overriding instance_group.count");
+  int serve_load_threads = 0;
+  serve
+      ->add_option("--load-threads", serve_load_threads,
+                   "reader threads of each load into a device's store (0 = automatic); a model's "
+                   "devices load at once, each with this many")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 256));
   int stand_in_gpus = 0;
   // Hidden: for tests and CI on machines without GPUs (docs/architecture.md).
   serve
@@ -1042,8 +1050,8 @@ int main(int argc, char** argv) {
     }
     grpc_settings.port = -1;
 #endif
-    return RunServe(repository, serve_device, serve_workers, stand_in_gpus, exec_timeout_ms,
-                    strict_readiness, std::move(http_options), grpc_settings);
+    return RunServe(repository, serve_device, serve_workers, stand_in_gpus, serve_load_threads,
+                    exec_timeout_ms, strict_readiness, std::move(http_options), grpc_settings);
   }
   const AttachOptions client_options{socket, store_uids};
   // One AttachOptions per device of --device (just --socket without it).

@@ -704,6 +704,7 @@ class Server::Impl {
     StoreOptions so;
     so.socket_path = DeviceSocketPath(run_dir_ + "/store.sock", device.name);
     so.device = device.memory;
+    so.load_threads = options_.load_threads;
     so.show_progress = true;
     const std::string socket = so.socket_path;
     ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Create(std::move(so)));

@@ -31,6 +31,10 @@ struct ServerOptions {
   // handling of a failed device run for real without CUDA. `device` is then
   // the default GPU if it is cuda:N (else 0); nothing touches CUDA.
   int stand_in_gpus = 0;
+  // Reader threads of each load into a device's store (0: the store's
+  // automatic choice). The loads of a model's devices run at once, each
+  // with this many.
+  int load_threads = 0;
   std::string worker_path;  // the hearth-worker executable
   // The stores' sockets live here. Empty (the default): a new private
   // directory, $XDG_RUNTIME_DIR/hearth/serve-XXXXXX or /tmp/serve-XXXXXX,
