@@ -89,10 +89,11 @@ struct ModelConfig {
   uint64_t default_priority_level = 0;
   std::map<std::string, std::string> parameters;
   bool allow_tf32 = false;
-  // parameters.standby_workers: worker processes kept started and waiting,
-  // their slow host-side start-up done (program and libraries loaded, e.g.
-  // libtorch for aoti), no device context and no weights yet; a worker that
-  // dies is replaced by one of them. At most kMaxStandbyWorkers.
+  // parameters.standby_workers: worker processes kept started and waiting
+  // on each device the model is placed on, their slow host-side start-up
+  // done (program and libraries loaded, e.g. libtorch for aoti), no device
+  // context and no weights yet; a worker that dies is replaced by one of its
+  // device's. At most kMaxStandbyWorkers per device.
   int standby_workers = 0;
   // parameters.fault_injection: a worker fails this way (abort, segv, hang,
   // cuda_illegal_address) on any batch holding an input element equal to
