@@ -36,6 +36,7 @@ import pathlib
 import platform
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -228,6 +229,13 @@ def main():
     out = pathlib.Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="hearth-multigpu-bench-"))
+    try:
+        run(a, tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the checkpoint: 1.9 GiB for the seed's MLP
+
+
+def run(a, tmp, out):
     checkpoint = tmp / "mlp.safetensors"
     subprocess.run([f"{a.build}/bin/hearth", "make-model", "mlp", "--dims", a.dims, "--seed", "1",
                     "--out", str(checkpoint)], check=True, capture_output=True)
