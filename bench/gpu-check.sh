@@ -13,10 +13,11 @@
 # grpc_cpp_plugin: -DHEARTH_GRPC_ROOT). bench/gpu-deps.sh makes them all.
 #
 # SECTIONS picks what runs after the build (default: all of them):
-#   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart gemm startup suite
+#   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart multigpu gemm startup suite
+# (multigpu runs only where nvidia-smi lists 2 GPUs or more.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart gemm startup suite"}
+SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart multigpu gemm startup suite"}
 want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -48,7 +49,7 @@ if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHEARTH_CUDA=
   exit 1
 fi
 
-host_rc=-; cuda_rc=-; serve_rc=-; py_rc=-; gunicorn_rc=-; suite_rc=-; pyb_rc=-; llm_rc=-; aoti_rc=-; gen_rc=-
+host_rc=-; cuda_rc=-; serve_rc=-; py_rc=-; gunicorn_rc=-; suite_rc=-; pyb_rc=-; llm_rc=-; aoti_rc=-; gen_rc=-; multi_rc=-
 if want host-tests; then
   echo "== host tests"
   (cd "$BUILD" && ctest -E 'Cuda' -j 8 --timeout 600 --output-on-failure) > "$OUT/ctest-host.log" 2>&1
@@ -133,6 +134,21 @@ if want restart; then
     --kills 3 > "$OUT/restart.log" 2>&1
   cut -c1-400 "$OUT/restart.log"
 fi
+if want multigpu; then
+  gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)
+  if [ "$gpus" -ge 2 ]; then
+    echo "== one model on 2 GPUs against 1: load time, device memory per GPU, merged-batch throughput"
+    HEARTH_TEST_DEVICE=cuda HEARTH_TEST_LOG_DIR=$OUT HEARTH_CLI=$PWD/$BUILD/bin/hearth timeout 300 python3 -m pytest -q -rs \
+      tests/serve/test_multigpu.py -p no:cacheprovider > "$OUT/pytest-multigpu.log" 2>&1
+    tail -4 "$OUT/pytest-multigpu.log"
+    PYTHONUNBUFFERED=1 timeout 500 python3 bench/serve/multigpu_bench.py --build "$BUILD" --out "$OUT" \
+      --workers-per-gpu 4 --seconds 8 > "$OUT/multigpu-bench.log" 2>&1
+    multi_rc=$?
+    grep -v "^{" "$OUT/multigpu-bench.log" | tail -14
+  else
+    echo "== multigpu: skipped, nvidia-smi lists $gpus GPU(s)"
+  fi
+fi
 if want gemm; then
   echo "== the mlp forward by batch size: cuBLASLt, the skinny kernel, PyTorch (baseline)"
   timeout 300 "$BUILD/bench/gemm/gemm_bench" --iterations 30 > "$OUT/gemm.log" 2>&1
@@ -167,7 +183,7 @@ if want startup; then
   rm -rf "$R"
 fi
 if ! want foundation; then
-  echo "== summary: host tests $host_rc, CUDA tests $cuda_rc, serve bench $serve_rc, python CUDA $py_rc, gunicorn $gunicorn_rc, suite $suite_rc, python backend $pyb_rc, llm example $llm_rc, aoti bench $aoti_rc, generate bench $gen_rc"
+  echo "== summary: host tests $host_rc, CUDA tests $cuda_rc, serve bench $serve_rc, python CUDA $py_rc, gunicorn $gunicorn_rc, suite $suite_rc, python backend $pyb_rc, llm example $llm_rc, aoti bench $aoti_rc, generate bench $gen_rc, multigpu bench $multi_rc"
   (cd "$OUT" && tar czf logs.tar.gz --remove-files ./*.log ./*.txt 2>/dev/null)
   exit 0
 fi

@@ -40,6 +40,11 @@ Result<std::vector<uint64_t>> PackOffsets(const std::vector<uint64_t>& sizes, ui
 // Whether CUDA devices can be used here; when not, *why says why (no driver,
 // no device, built without CUDA). Probes once; thread-safe.
 bool CudaAvailable(std::string* why = nullptr);
+// How many CUDA devices this process sees: the driver's count, which
+// CUDA_VISIBLE_DEVICES has already narrowed (and renumbered from 0). An
+// error saying why where CUDA cannot be used (no driver, no device, built
+// without CUDA).
+Result<int> CudaDeviceCount();
 // The device `hearth store` uses when none is named: cuda:0 if CUDA is
 // available, else cpu.
 Device DefaultDevice();

@@ -27,8 +27,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -90,6 +92,27 @@ struct StoreOptions {
   const std::atomic<bool>* cancel = nullptr;
 };
 
+// A store's device as `hearth store --device` and hearth.attach(device=)
+// name it: "cpu", "cuda" (cuda:0), "cuda:N", or "hostN", host memory
+// standing in for GPU N (a store of its own on a machine without GPUs, for
+// tests and CI: hearth serve --stand-in-gpus places GPU N's instances there).
+struct StoreDevice {
+  std::string name;  // canonical: "cpu", "cuda:N", "hostN"
+  Device memory;     // where the arenas are: the host for cpu and hostN
+  friend bool operator==(const StoreDevice&, const StoreDevice&) = default;
+};
+Result<StoreDevice> ParseStoreDevice(std::string_view text);
+// A comma-separated list of them, each at most once, at most kMaxStoreDevices.
+inline constexpr size_t kMaxStoreDevices = 64;
+Result<std::vector<StoreDevice>> ParseStoreDevices(std::string_view list);
+
+// The socket of one device's store among several: `base` with "-NAME"
+// (the device's name without its ':') before a final ".sock", or after it:
+// ("/run/h/store.sock", "cuda:1") -> "/run/h/store-cuda1.sock". hearth
+// serve's stores are <run dir>/store-cpu.sock, store-cuda0.sock, ...;
+// `hearth store --device cuda:0,cuda:1 --socket S` binds one per device so.
+std::string DeviceSocketPath(std::string_view base, std::string_view device_name);
+
 class Store {
  public:
   // Checks (and creates, 0750, if missing) the socket's directory, loads
@@ -108,6 +131,15 @@ class Store {
   // for later) is answered so without reading the file. For an owner that
   // is shutting down and must not wait out a large checkpoint. Any thread.
   void CancelLoads();
+
+  // What this store holds now: its arenas (registered versions, and
+  // unloaded ones whose last lease has not ended) and their bytes, counted
+  // by the store itself. Any thread.
+  struct Held {
+    uint64_t arenas = 0;
+    uint64_t bytes = 0;
+  };
+  Held HeldArenas() const;
 
  private:
   class Impl;

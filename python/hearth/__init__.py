@@ -33,7 +33,10 @@ attachments work after any fork.
 Finding libhearth: $HEARTH_LIBRARY, else build/src/capi/libhearth.so of the
 repository this package lives in, else ctypes.util.find_library("hearth").
 The socket: the `socket` argument, else $HEARTH_SOCKET, else the library's
-default path.
+default path. With `device=` (a store started with several devices, `hearth
+store --device cuda:0,cuda:1`, runs one store per device), that device's
+store's socket: SOCKET-cuda1.sock for store.sock and cuda:1 (see
+device_socket()), and the attachment must be on that device.
 
 Trust: before it believes a manifest or maps a descriptor, the library checks
 who listens on the socket. A store running as another uid than this process's
@@ -54,6 +57,7 @@ from . import _dlpack
 
 __all__ = [
     "attach",
+    "device_socket",
     "Weights",
     "Tensor",
     "HearthError",
@@ -377,10 +381,11 @@ class Weights(collections.abc.Mapping):
     fork the child attaches again on first use. Thread-safe.
     """
 
-    def __init__(self, model, socket, version, store_uids=()):
+    def __init__(self, model, socket, version, store_uids=(), device=None):
         self._model = model
         self._socket = socket  # None: the library's default, resolved on first use
         self._version = version
+        self._device = device  # None, or a canonical store device name: "cuda:1", "host0", "cpu"
         self._store_uids = tuple(store_uids)
         self._lock = threading.Lock()
         self._attachment = None
@@ -405,6 +410,8 @@ class Weights(collections.abc.Mapping):
     def _attach(self):
         lib = _load_library()
         socket = self._socket or lib.hearth_default_socket().decode()
+        if self._device is not None:
+            socket = device_socket(socket, self._device)
         what = self._model + (f"@{self._version}" if self._version else "")
         handle = ctypes.c_void_p()
         if self._store_uids:
@@ -430,7 +437,14 @@ class Weights(collections.abc.Mapping):
             # Not detached: detaching would call into a CUDA driver that is unusable here.
             raise HearthError(f"hearth: attach {what} from {socket}: the model is on a GPU and "
                               + _FORK_ADVICE, _capi.ERROR_INVALID_ARGUMENT)
-        return _Attachment(lib, handle, socket, device_type, lib.hearth_device_index(handle))
+        att = _Attachment(lib, handle, socket, device_type, lib.hearth_device_index(handle))
+        if self._device is not None:
+            want_cuda = self._device.startswith("cuda:")
+            on = f"cuda:{att.device_index}" if att.is_cuda else "cpu"
+            if want_cuda != att.is_cuda or (want_cuda and on != self._device):
+                raise HearthError(f"hearth: attach {what} from {socket}: that store holds it on {on}, "
+                                  f"not on {self._device}", _capi.ERROR_INVALID_ARGUMENT)
+        return att
 
     @property
     def model(self):
@@ -495,20 +509,60 @@ def _store_uids(store_uid):
     return uids
 
 
-def attach(model, socket=None, version=None, store_uid=None):
+def _device_name(device):
+    """The canonical name of a store's device, as `hearth store --device` takes
+    it: "cpu", "cuda:N" ("cuda" is cuda:0; an int N too), or "hostN" (host
+    memory standing in for GPU N, for tests). ValueError otherwise."""
+    if isinstance(device, int) and not isinstance(device, bool) and 0 <= device < 1024:
+        return f"cuda:{device}"
+    if isinstance(device, str):
+        if device in ("cpu", "host"):
+            return "cpu"
+        if device == "cuda":
+            return "cuda:0"
+        for prefix in ("cuda:", "host"):
+            digits = device[len(prefix):] if device.startswith(prefix) else ""
+            if (digits.isascii() and digits.isdigit() and int(digits) < 1024
+                    and (prefix == "cuda:" or len(digits) == 1 or digits[0] != "0")):
+                return prefix + str(int(digits))
+    raise ValueError("hearth.attach: device must be 'cpu', 'cuda', 'cuda:N', 'hostN' or a GPU "
+                     f"ordinal N (0 to 1023), not {device!r}")
+
+
+def device_socket(socket, device):
+    """The socket of `device`'s store among several, as `hearth store --device
+    A,B --socket SOCKET` binds them: "-" and the device's name without its ':'
+    before a final ".sock" of the file name, or after it
+    (device_socket("/run/h/store.sock", "cuda:1") == "/run/h/store-cuda1.sock").
+    hearth serve's stores are <run dir>/store-cpu.sock, store-cuda0.sock, ..."""
+    socket = os.fspath(socket)
+    suffix = "-" + _device_name(device).replace(":", "")
+    head, sep, name = socket.rpartition("/")
+    if name.endswith(".sock") and len(name) > len(".sock"):
+        name = name[:-len(".sock")] + suffix + ".sock"
+    else:
+        name += suffix
+    return head + sep + name
+
+
+def attach(model, socket=None, version=None, store_uid=None, device=None):
     """Returns a lazy, read-only Mapping of `model`'s tensors held by a `hearth store`.
 
     Only records the request: the first use attaches in the calling process
     (see the module docstring). `version` None or 0 means the latest.
     `store_uid` (a uid or a list of uids) trusts a store run by that account
     besides this process's own uid and root ($HEARTH_STORE_UID does the same).
-    Errors (HearthError: NotFound, Unavailable, PermissionDenied, ...) surface
-    at that first use.
+    `device` ("cuda:1", 1, "cpu", ...) picks that device's store of a store
+    run with several devices (its socket: device_socket(socket, device)); the
+    attachment must then be on that device (HearthError if not). Errors
+    (HearthError: NotFound, Unavailable, PermissionDenied, ...) surface at
+    that first use.
     """
     if not isinstance(model, str) or not model:
         raise ValueError("hearth.attach: model must be a non-empty string")
     if version is not None and (not isinstance(version, int) or version < 0):
         raise ValueError("hearth.attach: version must be a non-negative integer or None")
     uids = _store_uids(store_uid)
+    device = _device_name(device) if device is not None else None
     socket = os.fspath(socket) if socket is not None else os.environ.get("HEARTH_SOCKET") or None
-    return Weights(model, socket, version, uids)
+    return Weights(model, socket, version, uids, device)

@@ -18,8 +18,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <functional>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -38,13 +40,13 @@
 namespace hearth {
 namespace {
 
-// What a SIGTERM or SIGINT reaches: the load in Store::Create (g_stop),
-// then the running store (g_store). The handler sets g_stop before it looks
-// at g_store and RunStore sets g_store before it looks at g_stop, so a signal
-// at any moment is seen by one of them (both atomics are lock-free, as a
-// signal handler needs).
+// What a SIGTERM or SIGINT reaches: the loads in Store::Create (g_stop),
+// then the running stores (g_stores: one per device). The handler sets g_stop
+// before it looks at g_stores and RunStore sets each g_stores entry before it
+// looks at g_stop, so a signal at any moment is seen by one of them (the
+// atomics are lock-free, as a signal handler needs).
 std::atomic<bool> g_stop{false};
-std::atomic<Store*> g_store{nullptr};
+std::atomic<Store*> g_stores[kMaxStoreDevices];
 volatile sig_atomic_t g_stop_signal = 0;
 volatile sig_atomic_t g_hold_done = 0;
 static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<Store*>::is_always_lock_free);
@@ -52,7 +54,8 @@ static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<Store*>::is_
 void OnStopSignal(int signal_number) {
   g_stop_signal = signal_number;
   g_stop.store(true);
-  if (Store* store = g_store.load(); store != nullptr) store->Stop();
+  for (auto& slot : g_stores)
+    if (Store* store = slot.load(); store != nullptr) store->Stop();
   g_hold_done = 1;
 }
 
@@ -95,8 +98,36 @@ void PrintTensorTable(const std::vector<T>& tensors) {
 
 // ---- hearth store ----------------------------------------------------------
 
+// Runs each task at once, each on a thread of its own but the last (on the
+// caller's), and returns when all are done; a task that gets no thread runs
+// on the caller's in its turn.
+void RunTogether(const std::vector<std::function<void()>>& tasks) {
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i + 1 < tasks.size(); ++i) {
+    try {
+      threads.emplace_back(tasks[i]);
+    } catch (const std::system_error&) {
+      tasks[i]();
+    }
+  }
+  if (!tasks.empty()) tasks.back()();
+  for (std::thread& t : threads) t.join();
+}
+
+// The devices of --device: the default one when it is empty.
+Result<std::vector<StoreDevice>> StoreDevicesOf(const std::string& device_text) {
+  if (!device_text.empty()) return ParseStoreDevices(device_text);
+  std::string why;
+  if (!CudaAvailable(&why)) spdlog::info("no usable GPU ({}); using host memory", why);
+  const Device d = DefaultDevice();
+  return std::vector<StoreDevice>{{d.ToString(), d}};
+}
+
 // Exits 0 after SIGTERM or SIGINT once serving; a signal during the initial
 // load stops it and exits 128 + the signal's number (143, 130), like a shell.
+// With several devices, one store per device, each at DeviceSocketPath(
+// socket, device), all loading the --models at once (each from its own
+// staging) and all stopped by one signal.
 int RunStore(const std::string& socket, const std::vector<std::string>& model_args,
              const std::string& device_text, const std::string& mode_text,
              const std::vector<uint32_t>& allow_uids, const std::vector<uint32_t>& allow_gids,
@@ -113,40 +144,71 @@ int RunStore(const std::string& socket, const std::vector<std::string>& model_ar
     return Fail(
         InvalidArgument("--socket-mode '" + mode_text + "' is not an octal mode like 0660"));
   options.socket_mode = mode;
-  if (device_text.empty()) {
-    std::string why;
-    if (!CudaAvailable(&why)) spdlog::info("no usable GPU ({}); using host memory", why);
-    options.device = DefaultDevice();
-  } else {
-    Result<Device> device = Device::Parse(device_text);
-    if (!device.ok()) return Fail(device.status());
-    options.device = *device;
-  }
+  Result<std::vector<StoreDevice>> devices = StoreDevicesOf(device_text);
+  if (!devices.ok()) return Fail(devices.status());
   for (const std::string& arg : model_args) {
     const size_t eq = arg.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == arg.size())
       return Fail(InvalidArgument("--model '" + arg + "' is not NAME=PATH"));
     options.models.emplace_back(arg.substr(0, eq), arg.substr(eq + 1));
   }
+  const bool several = devices->size() > 1;
+  std::vector<StoreOptions> each;
+  for (const StoreDevice& d : *devices) {
+    StoreOptions o = options;
+    o.device = d.memory;
+    if (several) {
+      o.socket_path = DeviceSocketPath(socket, d.name);
+      // Progress lines of loads at once would overwrite each other.
+      o.show_progress = false;
+    }
+    each.push_back(std::move(o));
+  }
   InstallStopHandlers();
-  Result<std::unique_ptr<Store>> store = Store::Create(std::move(options));
-  if (!store.ok()) {
+  std::vector<Result<std::unique_ptr<Store>>> made;
+  for (size_t i = 0; i < each.size(); ++i) made.emplace_back(Internal("not started"));
+  std::vector<std::function<void()>> creates;
+  for (size_t i = 0; i < each.size(); ++i)
+    creates.push_back([&, i] { made[i] = Store::Create(std::move(each[i])); });
+  RunTogether(creates);
+  for (size_t i = 0; i < made.size(); ++i) {
+    if (made[i].ok()) continue;
+    const Status why =
+        several ? made[i].status().WithContext((*devices)[i].name) : made[i].status();
     if (g_stop.load()) {
       const int sig = g_stop_signal;
       std::fprintf(stderr, "hearth store: %s before the store was ready: %s\n", strsignal(sig),
-                   store.status().message().c_str());
+                   why.message().c_str());
       return 128 + sig;
     }
-    return Fail(store.status());
+    return Fail(why);  // the stores made are destroyed, removing their sockets
   }
-  g_store.store(store->get());
-  if (g_stop.load()) (*store)->Stop();  // a signal that came before g_store was set
-  spdlog::info("store ready on {} ({} models)", socket, model_args.size());
-  std::printf("hearth store ready: socket %s\n", socket.c_str());
+  std::string ready;
+  for (size_t i = 0; i < made.size(); ++i) {
+    g_stores[i].store(made[i]->get());
+    const std::string path = several ? DeviceSocketPath(socket, (*devices)[i].name) : socket;
+    ready += (ready.empty() ? "" : ", ") + ("socket " + path) +
+             (several ? " for " + (*devices)[i].name : "");
+  }
+  if (g_stop.load())  // a signal that came before g_stores was set
+    for (auto& m : made) (*m)->Stop();
+  spdlog::info("store ready: {} ({} models)", ready, model_args.size());
+  std::printf("hearth store ready: %s\n", ready.c_str());
   std::fflush(stdout);
-  Status s = (*store)->Run();
-  g_store.store(nullptr);
-  if (!s.ok()) return Fail(s);
+  std::vector<Status> ran(made.size(), Status::Ok());
+  std::vector<std::function<void()>> runs;
+  for (size_t i = 0; i < made.size(); ++i) {
+    runs.push_back([&, i] {
+      ran[i] = (*made[i])->Run();
+      // One store that cannot go on stops the others: the process is one service.
+      if (!ran[i].ok())
+        for (auto& m : made) (*m)->Stop();
+    });
+  }
+  RunTogether(runs);
+  for (auto& slot : g_stores) slot.store(nullptr);
+  for (size_t i = 0; i < ran.size(); ++i)
+    if (!ran[i].ok()) return Fail(several ? ran[i].WithContext((*devices)[i].name) : ran[i]);
   return 0;
 }
 
@@ -197,8 +259,8 @@ struct GrpcSettings {
 };
 
 int RunServe(const std::string& repository, const std::string& device_text, int workers,
-             int exec_timeout_ms, bool strict_readiness, HttpOptions http_options,
-             const GrpcSettings& grpc) {
+             int stand_in_gpus, int load_threads, int exec_timeout_ms, bool strict_readiness,
+             HttpOptions http_options, const GrpcSettings& grpc) {
   // This process's CUDA context (its stores' arenas) runs no kernel: a small
   // per-thread stack shrinks it, from 524 to 326 MiB on an H200. Set before
   // anything touches CUDA; a value in the environment wins.
@@ -210,7 +272,25 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
   options.strict_readiness = strict_readiness;
   options.worker_path = ExecutableDir() + "/hearth-worker";
   // options.run_dir stays empty: the server makes itself a private one (0700, mkdtemp).
-  if (device_text.empty()) {
+  options.stand_in_gpus = stand_in_gpus;
+  options.load_threads = load_threads;
+  if (stand_in_gpus > 0) {
+    // Host memory stands in for the GPUs: CUDA is never asked.
+    Result<Device> device = device_text.empty() ? Device::Cuda(0) : Device::Parse(device_text);
+    if (!device.ok()) return Fail(device.status());
+    if (!device->is_cuda())
+      return Fail(InvalidArgument(
+          "--stand-in-gpus stands in for GPUs: give --device cuda:N (the default GPU) or leave "
+          "--device out, not --device " +
+          device_text));
+    if (device->index >= stand_in_gpus)
+      return Fail(InvalidArgument("--device " + device->ToString() + " is not one of the " +
+                                  std::to_string(stand_in_gpus) + " --stand-in-gpus"));
+    spdlog::warn(
+        "--stand-in-gpus {}: host memory stands in for GPUs 0 to {} (for tests: no GPU is used)",
+        stand_in_gpus, stand_in_gpus - 1);
+    options.device = *device;
+  } else if (device_text.empty()) {
     std::string why;
     if (!CudaAvailable(&why)) spdlog::info("no usable GPU ({}); serving from host memory", why);
     options.device = DefaultDevice();
@@ -473,6 +553,11 @@ int ShowStatus(const AttachOptions& store) {
   if (!status.ok()) return Fail(status.status());
   std::printf("store pid %d on %s, %u connections\n", status->pid,
               status->device.ToString().c_str(), status->connections);
+  uint64_t held_bytes = 0;
+  for (const ArenaInfo& a : status->arenas) held_bytes += a.bytes;
+  std::printf("holds %zu arenas, %llu bytes; %llu leases\n", status->arenas.size(),
+              static_cast<unsigned long long>(held_bytes),
+              static_cast<unsigned long long>(status->lease_total));
   std::printf("arenas:\n");
   for (const ArenaInfo& a : status->arenas) {
     std::printf("  %s@%llu  %llu bytes  %s  attached %u\n", a.model.c_str(),
@@ -496,20 +581,36 @@ int ShowStatus(const AttachOptions& store) {
   return 0;
 }
 
-int LoadModel(const AttachOptions& store, const std::string& arg) {
+// `hearth load` into each device's store, all at once (each store reads the
+// checkpoint into its own staging); one line per device, in order.
+int LoadEverywhere(const std::vector<std::pair<std::string, AttachOptions>>& stores,
+                   const std::string& arg) {
   const size_t eq = arg.find('=');
   if (eq == std::string::npos || eq == 0 || eq + 1 == arg.size())
     return Fail(InvalidArgument("'" + arg + "' is not NAME=PATH"));
   std::string path = arg.substr(eq + 1);
   char resolved[PATH_MAX];
   if (::realpath(path.c_str(), resolved) != nullptr) path = resolved;
-  auto loaded = AttachClient(store).Load(arg.substr(0, eq), path);
-  if (!loaded.ok()) return Fail(loaded.status());
-  std::printf("loaded %s@%llu (%u tensors, %llu bytes, checksum %s)\n", loaded->name.c_str(),
-              static_cast<unsigned long long>(loaded->version), loaded->tensor_count,
-              static_cast<unsigned long long>(loaded->tensor_bytes),
-              ChecksumHex(loaded->checksum).c_str());
-  return 0;
+  std::vector<Result<ModelSummary>> loaded(stores.size(), Internal("not loaded"));
+  std::vector<std::function<void()>> loads;
+  for (size_t i = 0; i < stores.size(); ++i)
+    loads.push_back(
+        [&, i] { loaded[i] = AttachClient(stores[i].second).Load(arg.substr(0, eq), path); });
+  RunTogether(loads);
+  int rc = 0;
+  for (size_t i = 0; i < stores.size(); ++i) {
+    const std::string on = stores[i].first.empty() ? "" : " on " + stores[i].first;
+    if (!loaded[i].ok()) {
+      rc = Fail(stores[i].first.empty() ? loaded[i].status()
+                                        : loaded[i].status().WithContext(stores[i].first));
+      continue;
+    }
+    const ModelSummary& m = *loaded[i];
+    std::printf("loaded %s@%llu%s (%u tensors, %llu bytes, checksum %s)\n", m.name.c_str(),
+                static_cast<unsigned long long>(m.version), on.c_str(), m.tensor_count,
+                static_cast<unsigned long long>(m.tensor_bytes), ChecksumHex(m.checksum).c_str());
+  }
+  return rc;
 }
 
 int UnloadModel(const AttachOptions& store, const std::string& model_text) {
@@ -603,11 +704,17 @@ int main(int argc, char** argv) {
   // Clients of a store check who listens on its socket before they send or
   // believe anything: its uid must be ours, root, or one of these.
   std::vector<uint32_t> store_uids;
+  // The stores of `hearth store --device A,B` (or of hearth serve's run
+  // directory, with --socket RUN_DIR/store.sock) are one per device.
+  std::string client_devices;
   auto add_client_options = [&](CLI::App* cmd) {
     add_socket(cmd);
     cmd->add_option("--store-uid", store_uids,
                     "also trust a store running as this uid (default: only ours and root; "
                     "$HEARTH_STORE_UID adds a comma-separated list); repeatable");
+    cmd->add_option("--device", client_devices,
+                    "the stores of these devices (cpu, cuda:N, hostN; comma-separated), each at "
+                    "SOCKET-<device>.sock, as `hearth store --device A,B` binds them");
   };
 
   auto* store =
@@ -707,9 +814,25 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
   serve->add_option("--device", serve_device,
-                    "cpu or cuda (default: cuda if a GPU is usable, else cpu)");
+                    "cpu, or cuda[:N]: the default GPU of KIND_GPU instance groups that list no "
+                    "gpus (default: cuda if a GPU is usable, else cpu)");
   serve->add_option("--workers", serve_workers,
-                    "workers per model, overriding instance_group.count");
+                    "workers per model on each of its devices (per GPU it is placed on), "
+                    "overriding instance_group.count");
+  int serve_load_threads = 0;
+  serve
+      ->add_option("--load-threads", serve_load_threads,
+                   "reader threads of each load into a device's store (0 = automatic); a model's "
+                   "devices load at once, each with this many")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 256));
+  int stand_in_gpus = 0;
+  // Hidden: for tests and CI on machines without GPUs (docs/architecture.md).
+  serve
+      ->add_option("--stand-in-gpus", stand_in_gpus,
+                   "for tests: host memory stands in for N GPUs, each with its own store")
+      ->check(CLI::Range(0, 1024))
+      ->group("");
   serve->add_option("--exec-timeout-ms", exec_timeout_ms, "a batch running longer kills its worker")
       ->capture_default_str();
   HttpOptions http_options;
@@ -932,15 +1055,42 @@ int main(int argc, char** argv) {
     }
     grpc_settings.port = -1;
 #endif
-    return RunServe(repository, serve_device, serve_workers, exec_timeout_ms, strict_readiness,
-                    std::move(http_options), grpc_settings);
+    return RunServe(repository, serve_device, serve_workers, stand_in_gpus, serve_load_threads,
+                    exec_timeout_ms, strict_readiness, std::move(http_options), grpc_settings);
   }
   const AttachOptions client_options{socket, store_uids};
+  // One AttachOptions per device of --device (just --socket without it).
+  std::vector<std::pair<std::string, AttachOptions>> per_device;
+  if (client_devices.empty()) {
+    per_device.emplace_back("", client_options);
+  } else {
+    Result<std::vector<StoreDevice>> devices = ParseStoreDevices(client_devices);
+    if (!devices.ok()) return Fail(devices.status());
+    for (const StoreDevice& d : *devices)
+      per_device.emplace_back(d.name, AttachOptions{DeviceSocketPath(socket, d.name), store_uids});
+  }
+  // Runs `command` on each device's store (a heading before each when there
+  // are several); fails if any fails.
+  auto on_each = [&](const std::function<int(const AttachOptions&)>& command) {
+    int rc = 0;
+    for (size_t i = 0; i < per_device.size(); ++i) {
+      const auto& [name, options] = per_device[i];
+      if (per_device.size() > 1)
+        std::printf("%s== %s: %s\n", i == 0 ? "" : "\n", name.c_str(), options.socket_path.c_str());
+      std::fflush(stdout);
+      rc = std::max(rc, command(options));
+    }
+    return rc;
+  };
   if (inspect->parsed()) {
     if (!file.empty() && !model.empty())
       return Fail(InvalidArgument("give either a CHECKPOINT or --model, not both"));
     if (!file.empty()) return InspectCheckpoint(file);
-    if (!model.empty()) return InspectStore(client_options, model, verify, hold);
+    if (!model.empty()) {
+      if (per_device.size() > 1)
+        return Fail(InvalidArgument("inspect --model attaches from one store: give one --device"));
+      return InspectStore(per_device.front().second, model, verify, hold);
+    }
     return Fail(InvalidArgument("inspect needs a CHECKPOINT (file or directory) or --model NAME"));
   }
   if (bench->parsed()) {
@@ -956,9 +1106,10 @@ int main(int argc, char** argv) {
     return RunBenchCommand(bench_options, bench_json);
   }
   if (make->parsed()) return MakeModel(kind, dims, dtype, seed, out, threads, shard_bytes);
-  if (list->parsed()) return ListModels(client_options);
-  if (status->parsed()) return ShowStatus(client_options);
-  if (load->parsed()) return LoadModel(client_options, load_arg);
-  if (unload->parsed()) return UnloadModel(client_options, unload_arg);
+  if (list->parsed()) return on_each(ListModels);
+  if (status->parsed()) return on_each(ShowStatus);
+  if (load->parsed()) return LoadEverywhere(per_device, load_arg);
+  if (unload->parsed())
+    return on_each([&](const AttachOptions& o) { return UnloadModel(o, unload_arg); });
   return 0;
 }

@@ -61,6 +61,19 @@ bool CudaAvailable(std::string* why) {
   return false;
 }
 
+Result<int> CudaDeviceCount() {
+  std::string why;
+  if (!CudaAvailable(&why)) return Unavailable(why);
+#if HEARTH_HAVE_CUDA
+  ASSIGN_OR_RETURN(const CudaDriver* cu, CudaDriver::Get());
+  int count = 0;
+  RETURN_IF_ERROR(CuCheck(*cu, cu->DeviceGetCount(&count), "cuDeviceGetCount"));
+  return count;
+#else
+  return Unavailable("built without CUDA support");
+#endif
+}
+
 Device DefaultDevice() { return CudaAvailable() ? Device::Cuda(0) : Device::Host(); }
 
 Result<std::unique_ptr<Arena>> Arena::Create(Device device, uint64_t size) {

@@ -5,7 +5,8 @@
 
 namespace hearth {
 
-std::string PrometheusText(const std::vector<std::pair<std::string, const ModelRuntime*>>& served) {
+std::string PrometheusText(const std::vector<std::pair<std::string, const ModelRuntime*>>& served,
+                           const std::vector<StoreSample>& stores) {
   std::string out;
   auto family = [&](const char* name, const char* type, const char* help) {
     out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
@@ -78,7 +79,9 @@ std::string PrometheusText(const std::vector<std::pair<std::string, const ModelR
     family(name, type, help);
     for (const auto& [model, m] : served)
       for (const auto& w : m->workers)
-        sample(name, "model=\"" + model + "\",worker=\"" + std::to_string(w->index()) + "\"",
+        sample(name,
+               "model=\"" + model + "\",worker=\"" + std::to_string(w->index()) + "\",device=\"" +
+                   w->placement().device_name + "\"",
                static_cast<double>(value(*w)));
   };
   per_worker("hearth_worker_restarts", "counter", "Times the worker process was replaced.",
@@ -88,23 +91,59 @@ std::string PrometheusText(const std::vector<std::pair<std::string, const ModelR
   per_worker("hearth_worker_device_memory_bytes", "gauge",
              "Device memory the worker's backend allocated itself (its CUDA context not included).",
              [](const WorkerSupervisor& w) { return w.device_memory_bytes(); });
+  auto per_placement = [&](const char* name, const char* type, const char* help, auto value) {
+    family(name, type, help);
+    for (const auto& [model, m] : served)
+      for (const auto& p : m->placements)
+        sample(name, "model=\"" + model + "\",device=\"" + p->device_name + "\"",
+               static_cast<double>(value(*p)));
+  };
+  per_placement("hearth_placement_workers", "gauge",
+                "Workers placed on the device (instance_group, or --workers per placement).",
+                [](const ModelPlacement& p) { return p.worker_count; });
+  per_placement("hearth_placement_ready_workers", "gauge",
+                "The placement's workers that are serving.",
+                [](const ModelPlacement& p) { return p.ready_workers.load(); });
+  per_placement("hearth_placement_ready", "gauge",
+                "1 while the placement serves: a worker ready, and not failed.",
+                [](const ModelPlacement& p) { return p.serving() ? 1 : 0; });
+  per_placement("hearth_placement_failed", "gauge",
+                "1 while the placement is failed: its workers died again and again without "
+                "answering a batch; its work goes to the model's other placements.",
+                [](const ModelPlacement& p) { return p.health.failed() ? 1 : 0; });
+  per_placement("hearth_placement_failures", "counter", "Times the placement was found failed.",
+                [](const ModelPlacement& p) { return p.health.times_failed(); });
+  per_placement("hearth_placement_batches", "counter",
+                "Batches answered by the placement's workers.",
+                [](const ModelPlacement& p) { return p.batches.load(); });
   family("hearth_shared_weights_bytes", "gauge",
-         "Bytes of each model's weights, held once in the store.");
+         "Bytes of each model's weights, held once per device in that device's store.");
   for (const auto& [model, m] : served)
-    sample("hearth_shared_weights_bytes",
-           "model=\"" + model + "\",device=\"" + m->device.ToString() + "\"",
-           static_cast<double>(m->arena_bytes));
+    for (const auto& p : m->placements)
+      sample("hearth_shared_weights_bytes",
+             "model=\"" + model + "\",device=\"" + p->device_name + "\"",
+             static_cast<double>(p->arena_bytes));
   family("hearth_device_memory_accounted_bytes", "gauge",
          "Shared weights counted once plus the workers' own allocations, per device (contexts "
          "not included).");
   std::map<std::string, uint64_t> per_device;
-  for (const auto& [model, m] : served) {
-    per_device[m->device.ToString()] += m->arena_bytes;
-    for (const auto& w : m->workers) per_device[m->device.ToString()] += w->device_memory_bytes();
-  }
+  for (const auto& [model, m] : served)
+    for (const auto& p : m->placements) per_device[p->device_name] += p->arena_bytes;
+  for (const auto& [model, m] : served)
+    for (const auto& w : m->workers)
+      per_device[w->placement().device_name] += w->device_memory_bytes();
   for (const auto& [device, bytes] : per_device)
     sample("hearth_device_memory_accounted_bytes", "device=\"" + device + "\"",
            static_cast<double>(bytes));
+  family("hearth_store_arena_bytes", "gauge",
+         "Bytes of the arenas each device's store holds, as the store counts them (every model "
+         "and version, unloaded ones still attached included).");
+  for (const StoreSample& st : stores)
+    sample("hearth_store_arena_bytes", "device=\"" + st.device + "\"",
+           static_cast<double>(st.bytes));
+  family("hearth_store_arenas", "gauge", "Arenas each device's store holds.");
+  for (const StoreSample& st : stores)
+    sample("hearth_store_arenas", "device=\"" + st.device + "\"", static_cast<double>(st.arenas));
   return out;
 }
 

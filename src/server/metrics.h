@@ -10,7 +10,15 @@
 
 namespace hearth {
 
-// One family per metric, a sample per model (and per worker, per device).
-std::string PrometheusText(const std::vector<std::pair<std::string, const ModelRuntime*>>& served);
+// What one device's store holds (Store::HeldArenas).
+struct StoreSample {
+  std::string device;  // "cpu", "cuda:N", "hostN"
+  uint64_t arenas = 0, bytes = 0;
+};
+
+// One family per metric, a sample per model (and per worker, per
+// placement, per device's store).
+std::string PrometheusText(const std::vector<std::pair<std::string, const ModelRuntime*>>& served,
+                           const std::vector<StoreSample>& stores = {});
 
 }  // namespace hearth

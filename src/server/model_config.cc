@@ -316,29 +316,51 @@ Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::st
     m.decoupled = v == "true";
   }
   if (const YAML::Node g = root["instance_group"]) {
-    if (!g.IsSequence() || g.size() != 1 || !g[0].IsMap())
-      return c.Error(g, "instance_group", "must be a list of one {count, kind, gpus}");
-    const YAML::Node e = g[0];
-    if (e["count"]) {
-      ASSIGN_OR_RETURN(m.instance_count, Number<int>(c, e["count"], "instance_group.count"));
-      if (m.instance_count < 1 || m.instance_count > 256)
-        return c.Error(e["count"], "instance_group.count", "must be in [1, 256]");
-    }
-    if (e["kind"]) {
-      ASSIGN_OR_RETURN(std::string kind, String(c, e["kind"], "instance_group.kind"));
-      if (kind != "KIND_GPU" && kind != "KIND_CPU")
-        return c.Error(e["kind"], "instance_group.kind",
-                       Quote(kind) + " is not KIND_GPU or KIND_CPU");
-      m.kind_gpu = kind == "KIND_GPU";
-    }
-    if (e["gpus"]) {
-      if (!e["gpus"].IsSequence())
-        return c.Error(e["gpus"], "instance_group.gpus", "must be a list");
-      for (const auto& gpu : e["gpus"]) {
-        ASSIGN_OR_RETURN(int id, Number<int>(c, gpu, "instance_group.gpus"));
-        if (id < 0) return c.Error(gpu, "instance_group.gpus", "must be non-negative");
-        m.gpus.push_back(id);
+    if (!g.IsSequence() || g.size() == 0)
+      return c.Error(g, "instance_group", "must be a list of {count, kind, gpus}");
+    if (g.size() > kMaxInstanceGroups)
+      return c.Error(g, "instance_group",
+                     "more than " + std::to_string(kMaxInstanceGroups) + " groups");
+    m.instance_groups.clear();
+    for (size_t i = 0; i < g.size(); ++i) {
+      const YAML::Node e = g[i];
+      const std::string field = "instance_group[" + std::to_string(i) + "]";
+      if (!e.IsMap()) return c.Error(e, field, "must be {count, kind, gpus}");
+      for (const auto& kv : e) {
+        ASSIGN_OR_RETURN(std::string key, Key(c, kv.first, field));
+        // Triton's `name` only labels the group.
+        if (key != "count" && key != "kind" && key != "gpus" && key != "name")
+          return c.Error(kv.first, field + "." + key, "unknown field (count, kind, gpus, name)");
       }
+      InstanceGroup group;
+      if (e["count"]) {
+        ASSIGN_OR_RETURN(group.count, Number<int>(c, e["count"], field + ".count"));
+        if (group.count < 1 || group.count > kMaxGroupInstances)
+          return c.Error(e["count"], field + ".count",
+                         "must be in [1, " + std::to_string(kMaxGroupInstances) + "]");
+      }
+      if (e["kind"]) {
+        ASSIGN_OR_RETURN(std::string kind, String(c, e["kind"], field + ".kind"));
+        if (kind != "KIND_GPU" && kind != "KIND_CPU")
+          return c.Error(e["kind"], field + ".kind", Quote(kind) + " is not KIND_GPU or KIND_CPU");
+        group.kind_gpu = kind == "KIND_GPU";
+      }
+      if (const YAML::Node gpus = e["gpus"]) {
+        if (!gpus.IsSequence()) return c.Error(gpus, field + ".gpus", "must be a list");
+        if (!group.kind_gpu && gpus.size() > 0)
+          return c.Error(gpus, field + ".gpus", "a KIND_CPU group names no GPUs");
+        for (const auto& gpu : gpus) {
+          ASSIGN_OR_RETURN(int id, Number<int>(c, gpu, field + ".gpus"));
+          if (id < 0 || id >= kMaxGpuOrdinal)
+            return c.Error(gpu, field + ".gpus",
+                           std::to_string(id) + " is not a GPU ordinal (0 to " +
+                               std::to_string(kMaxGpuOrdinal - 1) + ")");
+          if (std::find(group.gpus.begin(), group.gpus.end(), id) != group.gpus.end())
+            return c.Error(gpu, field + ".gpus", "lists GPU " + std::to_string(id) + " twice");
+          group.gpus.push_back(id);
+        }
+      }
+      m.instance_groups.push_back(std::move(group));
     }
   }
   if (const YAML::Node d = root["dynamic_batching"]) {

@@ -40,6 +40,23 @@ inline constexpr size_t kMaxModelTensors = 256;
 inline constexpr size_t kMaxTensorNameBytes = 1024;
 inline constexpr size_t kMaxModelTensorRank = 15;
 
+// instance_group: at most this many groups, each of at most kMaxGroupInstances
+// instances per GPU it names; GPU ordinals below kMaxGpuOrdinal (a
+// Device's limit) and each at most once per group.
+inline constexpr size_t kMaxInstanceGroups = 64;
+inline constexpr int kMaxGroupInstances = 256;
+inline constexpr int kMaxGpuOrdinal = 1024;
+
+// One entry of instance_group, with Triton's meaning: `count` instances on
+// each GPU it lists (on the server's default GPU when it lists none), or on
+// the host for KIND_CPU. Where the instances go is server/placement.h's.
+struct InstanceGroup {
+  int count = 1;
+  bool kind_gpu = true;  // KIND_GPU (the default) or KIND_CPU
+  std::vector<int> gpus;
+  friend bool operator==(const InstanceGroup&, const InstanceGroup&) = default;
+};
+
 struct IoConfig {
   std::string name;
   DType dtype = DType::kF32;
@@ -56,9 +73,9 @@ struct ModelConfig {
   std::string backend;  // a kind of the workers' backend registry: mlp, scale, python, ...
   int max_batch_size = 0;
   std::vector<IoConfig> inputs, outputs;  // both empty: the backend's
-  int instance_count = 1;
-  bool kind_gpu = true;  // instance_group.kind: KIND_GPU (default) or KIND_CPU
-  std::vector<int> gpus;
+  // Never empty: a config without instance_group has one default group
+  // (count 1, KIND_GPU, no gpus).
+  std::vector<InstanceGroup> instance_groups = {InstanceGroup{}};
   // dynamic_batching.max_queue_delay_microseconds, at most kMaxQueueDelayUs.
   uint64_t max_queue_delay_us = 0;
   std::vector<int> preferred_batch_sizes;
@@ -72,10 +89,11 @@ struct ModelConfig {
   uint64_t default_priority_level = 0;
   std::map<std::string, std::string> parameters;
   bool allow_tf32 = false;
-  // parameters.standby_workers: worker processes kept started and waiting,
-  // their slow host-side start-up done (program and libraries loaded, e.g.
-  // libtorch for aoti), no device context and no weights yet; a worker that
-  // dies is replaced by one of them. At most kMaxStandbyWorkers.
+  // parameters.standby_workers: worker processes kept started and waiting
+  // on each device the model is placed on, their slow host-side start-up
+  // done (program and libraries loaded, e.g. libtorch for aoti), no device
+  // context and no weights yet; a worker that dies is replaced by one of its
+  // device's. At most kMaxStandbyWorkers per device.
   int standby_workers = 0;
   // parameters.fault_injection: a worker fails this way (abort, segv, hang,
   // cuda_illegal_address) on any batch holding an input element equal to

@@ -21,9 +21,13 @@ std::string ModelConfigJson(const ModelConfig& c) {
             {"max_batch_size", c.max_batch_size},
             {"input", ios(c.inputs)},
             {"output", ios(c.outputs)}};
-  json group = {{"count", c.instance_count}, {"kind", c.kind_gpu ? "KIND_GPU" : "KIND_CPU"}};
-  if (!c.gpus.empty()) group["gpus"] = c.gpus;
-  j["instance_group"] = json::array({group});
+  json groups = json::array();
+  for (const InstanceGroup& g : c.instance_groups) {
+    json group = {{"count", g.count}, {"kind", g.kind_gpu ? "KIND_GPU" : "KIND_CPU"}};
+    if (!g.gpus.empty()) group["gpus"] = g.gpus;
+    groups.push_back(std::move(group));
+  }
+  j["instance_group"] = groups;
   json batching = {{"max_queue_delay_microseconds", c.max_queue_delay_us},
                    {"preferred_batch_size", c.preferred_batch_sizes}};
   if (c.priority_levels > 0) batching["priority_levels"] = c.priority_levels;

@@ -16,9 +16,11 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -38,6 +40,7 @@
 #include "server/metrics.h"
 #include "server/model_config.h"
 #include "server/model_config_json.h"
+#include "server/placement.h"
 #include "server/shared_memory.h"
 #include "server/supervisor.h"
 
@@ -81,15 +84,34 @@ struct ModelSlot {
   // over, or failed. Start() waits for this.
   bool settled = false;
 
-  // What the store holds for this model (builder thread only): a retry with
-  // an unchanged checkpoint file reuses it instead of reading it again.
+  // What the stores hold for this model (builder thread only), by device
+  // name: a retry with an unchanged checkpoint reuses it instead of reading
+  // it again.
   struct Loaded {
-    std::string key;  // path, device, inode, size, mtime of the file loaded
+    std::string key;  // path, device, inode, size, mtime of the files loaded
     std::string socket;
     uint64_t version = 0;
     uint64_t arena_bytes = 0;
-  } loaded;
+    friend bool operator==(const Loaded&, const Loaded&) = default;
+  };
+  std::map<std::string, Loaded> loaded;
 };
+
+// Runs every task at once, each on a thread of its own but the last (on the
+// caller's), and returns when all are done. A task that gets no thread
+// (RLIMIT_NPROC) runs on the caller's thread in its turn.
+void RunTogether(const std::vector<std::function<void()>>& tasks) {
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i + 1 < tasks.size(); ++i) {
+    try {
+      threads.emplace_back(tasks[i]);
+    } catch (const std::system_error&) {
+      tasks[i]();
+    }
+  }
+  if (!tasks.empty()) tasks.back()();
+  for (std::thread& t : threads) t.join();
+}
 
 // Wait between attempts to bring up a model that failed: 1, 2, 4, then every 5 s.
 std::chrono::milliseconds RetryDelay(int attempt) {
@@ -359,8 +381,10 @@ class Server::Impl {
     for (const auto& [name, slot] : slots_) {
       const ModelRuntime* m = slot->served.load();
       if (m == nullptr) continue;
-      if (m->device.is_cuda()) gpus.insert(m->device.index);
-      if (m->config().kind_gpu) gpus.insert(m->config().gpus.begin(), m->config().gpus.end());
+      for (const auto& p : m->placements)
+        if (p->memory.is_cuda()) gpus.insert(p->memory.index);
+      for (const InstanceGroup& g : m->config().instance_groups)
+        if (g.kind_gpu) gpus.insert(g.gpus.begin(), g.gpus.end());
     }
     return {gpus.begin(), gpus.end()};
   }
@@ -606,10 +630,18 @@ class Server::Impl {
                                " bytes of CUDA shared-memory region '" + o.shm->region +
                                "' it was given");
     }
-    if (first != nullptr && !m.device.is_cuda())
+    // Workers on the host copy through their slot with a context of the
+    // region's GPU; a model with no worker on a GPU at all is refused.
+    std::string devices;
+    bool on_gpu = false;
+    for (const auto& p : m.placements) {
+      on_gpu = on_gpu || p->memory.is_cuda();
+      devices += (devices.empty() ? "" : ", ") + p->device_name;
+    }
+    if (first != nullptr && !on_gpu)
       return InvalidArgument(first_what + " is in CUDA shared-memory region '" + first->region +
                              "', but model '" + m.name + "' runs its workers on the host (" +
-                             m.device.ToString() +
+                             devices +
                              "): CUDA shared memory is for models on a GPU; use system shared "
                              "memory or the request body");
     return Status::Ok();
@@ -626,7 +658,7 @@ class Server::Impl {
       slot->unloaded = false;
     }
     ModelRuntime* old = slot->served.load();
-    const ModelSlot::Loaded previous = slot->loaded;
+    const std::map<std::string, ModelSlot::Loaded> previous = slot->loaded;
     Result<std::unique_ptr<ModelRuntime>> built = [&]() -> Result<std::unique_ptr<ModelRuntime>> {
       try {
         return TryBuild(*slot, /*keep_loaded=*/old != nullptr);
@@ -637,8 +669,7 @@ class Server::Impl {
     if (!built.ok()) {
       if (old != nullptr) {
         // The served version goes on; what this attempt loaded goes.
-        if (slot->loaded.version != 0 && slot->loaded.version != previous.version)
-          DropFromStore(name, slot->loaded);
+        DropChanged(name, slot->loaded, previous);
         slot->loaded = previous;
       } else {
         std::lock_guard lock(slot->mu);
@@ -670,14 +701,12 @@ class Server::Impl {
     }
     if (*built != nullptr) {
       Discard(*slot, std::move(built).value());
-      if (slot->loaded.version != 0 && slot->loaded.version != previous.version)
-        DropFromStore(name, slot->loaded);
+      DropChanged(name, slot->loaded, previous);
       slot->loaded = previous;
       return Unavailable("the server is shutting down");
     }
     old->RequestStop(false);
-    if (previous.version != 0 && previous.version != slot->loaded.version)
-      DropFromStore(name, previous);  // its arena goes with the old workers' leases
+    DropChanged(name, previous, slot->loaded);  // its arenas go with the old workers' leases
     spdlog::info("model {}: version {} replaces version {} ({} workers); the old workers drain",
                  name, fresh->config().version, old->config().version, fresh->worker_count);
     if (fresh->AllSettled()) NotifySettled(*slot);
@@ -707,8 +736,8 @@ class Server::Impl {
       }
     }
     if (old != nullptr) old->RequestStop(false);
-    if (slot->loaded.version != 0) DropFromStore(name, slot->loaded);
-    slot->loaded = {};
+    for (const auto& [device, loaded] : slot->loaded) DropFromStore(name, loaded);
+    slot->loaded.clear();
     spdlog::info("model {}: unloaded{}", name, old != nullptr ? "; its workers drain" : "");
     return Status::Ok();
   }
@@ -719,7 +748,15 @@ class Server::Impl {
     std::shared_lock slots_lock(slots_mu_);
     for (const auto& [name, slot] : slots_)
       if (const ModelRuntime* m = slot->served.load()) served.emplace_back(name, m);
-    return PrometheusText(served);
+    std::vector<StoreSample> stores;
+    {
+      std::lock_guard lock(stores_mu_);
+      for (const auto& [device, s] : stores_) {
+        const Store::Held held = s.store->HeldArenas();
+        stores.push_back({device, held.arenas, held.bytes});
+      }
+    }
+    return PrometheusText(served, stores);
   }
 
   std::vector<int> WorkerPids(const std::string& model) const {
@@ -793,16 +830,16 @@ class Server::Impl {
   static constexpr size_t kLongestSocketName = sizeof("/store-cuda4294967295.sock") - 1;
   static constexpr size_t kMaxRunDirLength = sizeof(sockaddr_un::sun_path) - 1 - kLongestSocketName;
 
-  Result<std::string> StoreFor(Device device) {
+  // The socket of `device`'s store, started on first use.
+  Result<std::string> StoreFor(const StoreDevice& device) {
     std::lock_guard lock(stores_mu_);
-    const std::string key = device.ToString();
-    auto it = stores_.find(key);
+    auto it = stores_.find(device.name);
     if (it != stores_.end()) return it->second.socket;
     if (stopping_) return Unavailable("the server is shutting down");
     StoreOptions so;
-    so.socket_path = run_dir_ + "/store-" +
-                     (device.is_cuda() ? "cuda" + std::to_string(device.index) : "cpu") + ".sock";
-    so.device = device;
+    so.socket_path = DeviceSocketPath(run_dir_ + "/store.sock", device.name);
+    so.device = device.memory;
+    so.load_threads = options_.load_threads;
     so.show_progress = true;
     const std::string socket = so.socket_path;
     ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Create(std::move(so)));
@@ -815,17 +852,63 @@ class Server::Impl {
     } catch (const std::system_error& e) {
       return ResourceExhausted("starting the store's thread: " + std::string(e.what()));
     }
-    RunningStore& rs = stores_[key];
+    RunningStore& rs = stores_[device.name];
     rs.socket = socket;
     rs.store = std::move(store);
     rs.thread = std::move(thread);
     return rs.socket;
   }
 
-  // Prepares what each worker is told (the setup message), and has the
-  // store hold the weights (reusing what it holds if the file is unchanged).
-  // The signature comes from the workers, checked against the config's.
-  // `keep_loaded`: what the store held for the slot is still served (a
+  // Where the model's instances go (server/placement.h), on what the
+  // server has: --stand-in-gpus, else the GPUs the CUDA driver sees when it
+  // serves from a GPU, else the host alone.
+  Result<std::vector<Placement>> Place(const ModelConfig& c) {
+    PlacementContext context;
+    context.workers_per_placement = options_.workers;
+    if (options_.stand_in_gpus > 0) {
+      context.gpus = true;
+      context.visible_gpus = options_.stand_in_gpus;
+      context.default_gpu = options_.device.is_cuda() ? options_.device.index : 0;
+      context.gpu_source = "--stand-in-gpus";
+    } else if (options_.device.is_cuda()) {
+      context.gpus = true;
+      context.default_gpu = options_.device.index;
+      Result<int> count = VisibleGpus();
+      context.visible_gpus = count.ok() ? *count : 0;
+      const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+      context.gpu_source =
+          count.ok()
+              ? std::string("the CUDA driver") +
+                    (visible != nullptr
+                         ? " (CUDA_VISIBLE_DEVICES=" + std::string(visible).substr(0, 64) + ")"
+                         : "")
+              : "the CUDA driver: " + count.status().message();
+    }
+    Result<std::vector<Placement>> placed = PlaceInstances(c.instance_groups, context);
+    if (!placed.ok()) return placed.status().WithContext(c.config_path);
+    return placed;
+  }
+
+  // The store device of a placement: the host, a GPU, or host memory
+  // standing in for a GPU.
+  StoreDevice DeviceOf(const Placement& p) const {
+    if (p.gpu < 0) return {"cpu", Device::Host()};
+    if (options_.stand_in_gpus > 0) return {"host" + std::to_string(p.gpu), Device::Host()};
+    return {"cuda:" + std::to_string(p.gpu), Device::Cuda(p.gpu)};
+  }
+
+  // The driver's count, asked once (it cannot change in a process).
+  Result<int> VisibleGpus() {
+    std::call_once(gpus_once_, [&] { visible_gpus_ = CudaDeviceCount(); });
+    return visible_gpus_;
+  }
+
+  // Prepares what each worker is told (the setup message), places the
+  // instances, and has each placement's store hold the weights (reusing
+  // what it holds if the files are unchanged): the loads of all devices at
+  // once, each store reading the checkpoint into its own staging. The
+  // signature comes from the workers, checked against the config's.
+  // `keep_loaded`: what the stores held for the slot is still served (a
   // repository load): the caller drops it once the new runtime replaced it.
   Status Prepare(ModelSlot& slot, ModelRuntime& m, bool keep_loaded) {
     const ModelConfig& c = m.config();
@@ -842,28 +925,81 @@ class Server::Impl {
     m.setup.config_json = hearth::ModelConfigJson(c);
     m.setup.version_dir = c.version_dir;
     m.setup.decoupled = c.decoupled;
-    m.device = options_.device.is_cuda() && c.kind_gpu
-                   ? Device::Cuda(c.gpus.empty() ? options_.device.index : c.gpus[0])
-                   : Device::Host();
-    ASSIGN_OR_RETURN(m.store_socket, StoreFor(m.device));
+    ASSIGN_OR_RETURN(std::vector<Placement> placed, Place(c));
     std::error_code ec;
     const std::string absolute = std::filesystem::absolute(c.checkpoint_path, ec).string();
     if (ec) return InvalidArgument(c.checkpoint_path + ": " + ec.message());
-    // Every file the checkpoint is made of (one, or the index and each shard).
-    const std::string key = absolute + "|" + m.device.ToString() + "|" + ckpt.Fingerprint();
-    if (slot.loaded.version == 0 || slot.loaded.key != key ||
-        slot.loaded.socket != m.store_socket) {
-      // What an earlier attempt loaded from a file that has changed since.
-      if (slot.loaded.version != 0 && !keep_loaded) DropFromStore(c.name, slot.loaded);
-      slot.loaded = {};
-      auto loaded = AttachClient(m.store_socket).Load(c.name, absolute);
-      if (!loaded.ok()) return loaded.status().WithContext(c.checkpoint_path);
-      slot.loaded = {key, m.store_socket, loaded->version, loaded->arena_size};
+    m.worker_count = 0;
+    for (const Placement& where : placed) {
+      auto p = std::make_unique<ModelPlacement>(where.workers);
+      const StoreDevice device = DeviceOf(where);
+      p->index = static_cast<int>(m.placements.size());
+      p->device_name = device.name;
+      p->memory = device.memory;
+      ASSIGN_OR_RETURN(p->store_socket, StoreFor(device));
+      m.worker_count += where.workers;
+      m.placements.push_back(std::move(p));
     }
-    m.store_version = slot.loaded.version;
+    // What the stores hold of an earlier attempt that is not wanted now (the
+    // files changed, or the device is no longer placed) goes, unless it is
+    // still served; each placement not held is loaded.
+    std::map<std::string, ModelSlot::Loaded> wanted;
+    std::vector<ModelPlacement*> to_load;
+    for (const auto& p : m.placements) {
+      // Every file the checkpoint is made of (one, or the index and each shard).
+      const std::string key = absolute + "|" + p->device_name + "|" + ckpt.Fingerprint();
+      auto held = slot.loaded.find(p->device_name);
+      if (held != slot.loaded.end() && held->second.key == key &&
+          held->second.socket == p->store_socket) {
+        wanted.insert(*held);
+        continue;
+      }
+      wanted[p->device_name].key = key;
+      to_load.push_back(p.get());
+    }
+    for (auto it = slot.loaded.begin(); it != slot.loaded.end();) {
+      auto w = wanted.find(it->first);
+      if (w != wanted.end() && w->second == it->second) {
+        ++it;
+        continue;
+      }
+      if (!keep_loaded) DropFromStore(c.name, it->second);
+      it = slot.loaded.erase(it);
+    }
+    std::vector<Result<ModelSummary>> results(to_load.size(), Internal("not loaded"));
+    std::vector<std::function<void()>> loads;
+    for (size_t i = 0; i < to_load.size(); ++i)
+      loads.push_back(
+          [&, i] { results[i] = AttachClient(to_load[i]->store_socket).Load(c.name, absolute); });
+    const auto load_started = Clock::now();
+    RunTogether(loads);
+    Status failed = Status::Ok();
+    for (size_t i = 0; i < to_load.size(); ++i) {
+      ModelPlacement& p = *to_load[i];
+      if (!results[i].ok()) {
+        if (failed.ok())
+          failed = results[i].status().WithContext(c.checkpoint_path + " on " + p.device_name);
+        continue;
+      }
+      // Kept even when another device failed: a retry reuses it.
+      slot.loaded[p.device_name] = {wanted[p.device_name].key, p.store_socket, results[i]->version,
+                                    results[i]->arena_size};
+    }
+    RETURN_IF_ERROR(failed);
+    if (!to_load.empty()) {
+      std::string devices;
+      for (const ModelPlacement* p : to_load)
+        devices += (devices.empty() ? "" : ", ") + p->device_name;
+      spdlog::info("model {}: weights loaded on {} in {:.3f} s{}", c.name, devices,
+                   std::chrono::duration<double>(Clock::now() - load_started).count(),
+                   to_load.size() > 1 ? " (at once)" : "");
+    }
+    for (const auto& p : m.placements) {
+      const ModelSlot::Loaded& l = slot.loaded.at(p->device_name);
+      p->store_version = l.version;
+      p->arena_bytes = l.arena_bytes;
+    }
     m.shared_memory = &shared_memory_;
-    m.arena_bytes = slot.loaded.arena_bytes;
-    m.worker_count = options_.workers > 0 ? options_.workers : c.instance_count;
     m.queue = std::make_unique<JobQueue>(std::max<uint64_t>(1, c.max_queue_size));
     // A decoupled model's worker serves one request (one stream) at a time.
     m.policy.max_batch = c.decoupled ? 1 : m.max_batch();
@@ -873,6 +1009,15 @@ class Server::Impl {
     m.policy.preferred.assign(c.preferred_batch_sizes.begin(), c.preferred_batch_sizes.end());
     std::sort(m.policy.preferred.begin(), m.policy.preferred.end());
     return Status::Ok();
+  }
+
+  // Drops each version of `from` that `keep` does not hold for its device.
+  void DropChanged(const std::string& name, const std::map<std::string, ModelSlot::Loaded>& from,
+                   const std::map<std::string, ModelSlot::Loaded>& keep) {
+    for (const auto& [device, loaded] : from) {
+      auto k = keep.find(device);
+      if (k == keep.end() || k->second != loaded) DropFromStore(name, loaded);
+    }
   }
 
   void DropFromStore(const std::string& name, const ModelSlot::Loaded& loaded) {
@@ -922,10 +1067,13 @@ class Server::Impl {
     m->name = slot.dir.name;
     m->config_ = std::move(config);
     RETURN_IF_ERROR(Prepare(slot, *m, keep_loaded));
-    for (int i = 0; i < m->worker_count; ++i) {
-      auto w = std::make_unique<WorkerSupervisor>(*m, i, options_);
-      RETURN_IF_ERROR(w->Init().WithContext("model '" + slot.dir.name + "'"));
-      m->workers.push_back(std::move(w));
+    int index = 0;
+    for (const auto& p : m->placements) {
+      for (int i = 0; i < p->worker_count; ++i) {
+        auto w = std::make_unique<WorkerSupervisor>(*m, *p, index++, options_);
+        RETURN_IF_ERROR(w->Init().WithContext("model '" + slot.dir.name + "'"));
+        m->workers.push_back(std::move(w));
+      }
     }
     // Once published, the slot is settled when every worker's first start
     // is over (Publish covers the workers that settled before it).
@@ -1051,8 +1199,8 @@ class Server::Impl {
       return;
     }
     const ModelConfig& c = m->config();
-    spdlog::info("model {} version {}: {} on {}, {} workers{}", c.name, c.version, c.backend,
-                 m->device.ToString(), m->worker_count,
+    spdlog::info("model {} version {}: {} on {}{}", c.name, c.version, c.backend,
+                 m->DescribePlacements(),
                  slot.failed_attempts > 0
                      ? ", served after " + std::to_string(slot.failed_attempts + 1) + " attempts"
                      : "");
@@ -1076,8 +1224,10 @@ class Server::Impl {
   std::vector<std::thread> builders_;
   // Models due for an attempt, by when (guarded by events_mu_).
   std::multimap<Clock::time_point, ModelSlot*> build_queue_;
-  std::mutex stores_mu_;
-  std::map<std::string, RunningStore> stores_;
+  mutable std::mutex stores_mu_;
+  std::map<std::string, RunningStore> stores_;  // by device name
+  std::once_flag gpus_once_;
+  Result<int> visible_gpus_ = 0;
   // Start()'s wait for the models to settle, and the builders' waits for
   // work; stopping_ ends both.
   mutable std::mutex events_mu_;

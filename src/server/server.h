@@ -18,8 +18,23 @@ namespace hearth {
 
 struct ServerOptions {
   std::string repository;
-  Device device;            // cpu, or cuda:N for models with KIND_GPU
-  int workers = 0;          // > 0 overrides every instance_group.count
+  // cpu, or cuda:N: KIND_GPU instances go to the GPUs their instance
+  // groups list (each loaded once per GPU), to N where they list none.
+  Device device;
+  // > 0: the workers of each placement (per GPU, and on the host),
+  // overriding every instance_group.count.
+  int workers = 0;
+  // For tests and CI, on machines without GPUs: > 0 makes GPU ordinals 0
+  // to stand_in_gpus - 1 exist, each backed by host memory with a store of
+  // its own ("hostN": <run dir>/store-hostN.sock, a memfd arena), so that
+  // placement, per-device stores and workers, their metrics and the
+  // handling of a failed device run for real without CUDA. `device` is then
+  // the default GPU if it is cuda:N (else 0); nothing touches CUDA.
+  int stand_in_gpus = 0;
+  // Reader threads of each load into a device's store (0: the store's
+  // automatic choice). The loads of a model's devices run at once, each
+  // with this many.
+  int load_threads = 0;
   std::string worker_path;  // the hearth-worker executable
   // The stores' sockets live here. Empty (the default): a new private
   // directory, $XDG_RUNTIME_DIR/hearth/serve-XXXXXX or /tmp/serve-XXXXXX,

@@ -46,14 +46,16 @@ void WorkerSupervisor::Settle() {
 
 namespace {
 
-// Starts a worker process of `model` with exactly five descriptors: 0-2 (the
+// Starts a worker process of `model` on `placement` (attached to the copy of
+// the weights in that device's store) with exactly five descriptors: 0-2 (the
 // server's stdio), 3 (control) and 4 (slot). Its setup is queued on the
 // control socket before it starts, never put in argv (whose size is limited,
 // and which any local user can read in /proc); a standby waits after it for
 // kStart. A fresh slot for each process: whatever an earlier one did to
 // its slot (grown it, say) goes with it.
-Status StartWorkerProcess(const ModelRuntime& model, const ServerOptions& options, bool standby,
-                          WorkerProcess& process, RequestSlot& slot, UniqueFd* control) {
+Status StartWorkerProcess(const ModelRuntime& model, const ModelPlacement& placement,
+                          const ServerOptions& options, bool standby, WorkerProcess& process,
+                          RequestSlot& slot, UniqueFd* control) {
   ASSIGN_OR_RETURN(slot, RequestSlot::Create("hearth-slot-" + model.name));
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
@@ -63,11 +65,11 @@ Status StartWorkerProcess(const ModelRuntime& model, const ServerOptions& option
   RETURN_IF_ERROR(control::SendSetup(mine.get(), model.setup).WithContext(c.config_path));
   std::vector<std::string> args = {options.worker_path,
                                    "--store-socket",
-                                   model.store_socket,
+                                   placement.store_socket,
                                    "--model",
                                    c.name,
                                    "--version",
-                                   std::to_string(model.store_version),
+                                   std::to_string(placement.store_version),
                                    "--backend",
                                    c.backend,
                                    "--max-batch",
@@ -78,7 +80,7 @@ Status StartWorkerProcess(const ModelRuntime& model, const ServerOptions& option
                                    "4",
                                    "--parent-pid",
                                    std::to_string(::getpid())};
-  if (standby) args.insert(args.end(), {"--standby", "--device", model.device.ToString()});
+  if (standby) args.insert(args.end(), {"--standby", "--device", placement.memory.ToString()});
   if (c.allow_tf32) args.push_back("--allow-tf32");
   if (!c.fault_kind.empty()) {
     char value[64];
@@ -93,7 +95,7 @@ Status StartWorkerProcess(const ModelRuntime& model, const ServerOptions& option
 }  // namespace
 
 Status WorkerSupervisor::Spawn(UniqueFd* control) {
-  if (std::unique_ptr<StandbyWorker> standby = model_.TakeStandby()) {
+  if (std::unique_ptr<StandbyWorker> standby = model_.TakeStandby(placement_)) {
     // A standby that died while it waited fails the send (or, dying after
     // it, is seen as a worker that died starting); either way it is reaped
     // with `standby`, and a fresh process is started.
@@ -112,32 +114,40 @@ Status WorkerSupervisor::Spawn(UniqueFd* control) {
         "a fresh one",
         model_.name, index_, pid, sent.message());
   }
-  return StartWorkerProcess(model_, options_, false, process_, slot_, control);
+  return StartWorkerProcess(model_, placement_, options_, false, process_, slot_, control);
 }
 
-std::unique_ptr<StandbyWorker> ModelRuntime::TakeStandby() {
-  std::lock_guard lock(standby_mu);
-  if (standbys.empty() || stopping) return nullptr;
-  std::unique_ptr<StandbyWorker> s = std::move(standbys.back());
-  standbys.pop_back();
+std::unique_ptr<StandbyWorker> ModelRuntime::TakeStandby(ModelPlacement& p) {
+  std::lock_guard lock(p.standby_mu);
+  if (p.standbys.empty() || stopping) return nullptr;
+  std::unique_ptr<StandbyWorker> s = std::move(p.standbys.back());
+  p.standbys.pop_back();
   return s;
+}
+
+std::string ModelRuntime::DescribePlacements() const {
+  std::string out;
+  for (const auto& p : placements)
+    out += (out.empty() ? "" : ", ") + p->device_name + " (" + std::to_string(p->worker_count) +
+           (p->worker_count == 1 ? " worker)" : " workers)");
+  return out;
 }
 
 void WorkerSupervisor::Replenish() {
   const int want = model_.config().standby_workers;
   if (want <= 0 || !model_.AllSettled()) return;
-  std::lock_guard lock(model_.standby_mu);
-  while (!model_.stopping && static_cast<int>(model_.standbys.size()) < want) {
+  std::lock_guard lock(placement_.standby_mu);
+  while (!model_.stopping && static_cast<int>(placement_.standbys.size()) < want) {
     auto s = std::make_unique<StandbyWorker>();
-    if (Status started =
-            StartWorkerProcess(model_, options_, true, s->process, s->slot, &s->control);
+    if (Status started = StartWorkerProcess(model_, placement_, options_, true, s->process, s->slot,
+                                            &s->control);
         !started.ok()) {
       // Not fatal: a worker that dies is then started afresh, as without standbys.
       spdlog::warn("{}: a standby worker could not be started: {}", model_.name, started.message());
       return;
     }
     spdlog::debug("{}: standby worker started: pid {}", model_.name, s->process.pid());
-    model_.standbys.push_back(std::move(s));
+    placement_.standbys.push_back(std::move(s));
   }
 }
 
@@ -194,9 +204,10 @@ void ModelRuntime::RequestStop(bool abandon_starting) {
     for (auto& w : workers) w->KillIfStarting();
   // Standbys hold nothing: released now (not when the runtime is freed).
   std::vector<std::unique_ptr<StandbyWorker>> released;
-  {
-    std::lock_guard lock(standby_mu);
-    released.swap(standbys);
+  for (auto& p : placements) {
+    std::lock_guard lock(p->standby_mu);
+    for (auto& s : p->standbys) released.push_back(std::move(s));
+    p->standbys.clear();
   }
 }
 
@@ -788,6 +799,28 @@ bool WorkerSupervisor::RunStream(int control, const std::shared_ptr<Job>& shared
   }
 }
 
+void WorkerSupervisor::NoteDeath(const std::string& why) {
+  if (model_.stopping) return;
+  if (placement_.health.OnDeath(Clock::now()) != PlacementHealth::Change::kFailed) return;
+  std::string others;
+  for (const auto& q : model_.placements)
+    if (q.get() != &placement_) others += (others.empty() ? "" : ", ") + q->device_name;
+  spdlog::error(
+      "model {}: {} has failed: its workers died {} times in a row without answering a batch "
+      "(the last: {}); {}",
+      model_.name, placement_.device_name, placement_.health.deaths_in_a_row(), why,
+      others.empty()
+          ? std::string("it has no other placement, so it keeps being retried")
+          : "its work goes to " + others + " while they serve, but for a probe batch now and then");
+}
+
+void WorkerSupervisor::NoteAnswered(bool probe) {
+  placement_.batches += 1;
+  if (placement_.health.OnAnswered() == PlacementHealth::Change::kRecovered)
+    spdlog::info("model {}: {} serves again ({} answered)", model_.name, placement_.device_name,
+                 probe ? "a probe batch was" : "a batch was");
+}
+
 // The wait before starting a worker again after `failures` deaths in a row
 // with no batch answered in between: none after a worker that did useful work
 // (a replacement serves again at once), then 100 ms doubling up to 5 s for a
@@ -813,6 +846,7 @@ void WorkerSupervisor::Loop() {
         model_.last_worker_error = "a worker could not be started: " + spawned.message();
       }
       Settle();
+      NoteDeath("a worker could not be started: " + spawned.message());
       failures = std::max(failures + 1, 2);  // cannot even start one: wait before trying again
       continue;
     }
@@ -878,26 +912,49 @@ void WorkerSupervisor::Loop() {
       }
       if (!free_retry) {
         Settle();
+        NoteDeath("a worker failed to start: " + reason);
         ++failures;
       }
       continue;
     }
     last_died_starting = false;
-    spdlog::info("{} worker {} ready: pid {} on {} in {:.0f} ms ({} MiB of its own device buffers)",
-                 model_.name, index_, pid, ready->ready.text,
-                 std::chrono::duration<double, std::milli>(Clock::now() - started).count(),
-                 ready->ready.device_memory_bytes >> 20);
+    spdlog::info(
+        "{} worker {} ready: pid {} on {} in {:.0f} ms ({} MiB of its own device buffers; "
+        "placed on {})",
+        model_.name, index_, pid, ready->ready.text,
+        std::chrono::duration<double, std::milli>(Clock::now() - started).count(),
+        ready->ready.device_memory_bytes >> 20, placement_.device_name);
     ++model_.ready_workers;
+    ++placement_.ready_workers;
     ready_ = true;
     starting_ = false;
     device_memory_bytes_ = ready->ready.device_memory_bytes;
     Settle();
     Replenish();
     bool alive = true;
+    std::string death = "died while idle";
     while (alive) {
+      // A failed placement's work goes to the model's other placements
+      // while one of them serves; its workers wait, but for one probe
+      // batch now and then. While stopping, every worker drains the queue.
+      bool probe = false;
+      if (placement_.health.failed() && !model_.stopping && model_.ServedElsewhere(placement_)) {
+        probe = placement_.health.ClaimProbe(Clock::now());
+        if (!probe) {
+          pollfd p{control.get(), POLLIN, 0};
+          if (::poll(&p, 1, 100) > 0) {
+            spdlog::warn("{} worker {} (pid {}) on {} died while held back", model_.name, index_,
+                         pid, placement_.device_name);
+            death = "died while held back";
+            alive = false;
+          }
+          continue;
+        }
+      }
       std::vector<std::shared_ptr<Job>> jobs =
           model_.queue->PopBatch(model_.policy, std::chrono::milliseconds(100));
       if (jobs.empty()) {
+        if (probe) placement_.health.ReleaseProbe();
         if (model_.stopping) break;
         // Idle: a worker that died between batches (end-of-file on its
         // control socket) is replaced now, not when the next request finds it.
@@ -915,17 +972,27 @@ void WorkerSupervisor::Loop() {
                               "' was cancelled before it ran: its client went away"));
         return true;
       });
-      if (jobs.empty()) continue;
+      if (jobs.empty()) {
+        if (probe) placement_.health.ReleaseProbe();
+        continue;
+      }
       alive = RunBatch(control.get(), jobs);
-      if (alive) failures = 0;
+      if (alive) {
+        failures = 0;
+        NoteAnswered(probe);
+      } else {
+        death = "died serving a batch";
+      }
     }
+    --placement_.ready_workers;
     --model_.ready_workers;
     ready_ = false;
     control.Reset();  // end-of-file: a live worker exits by itself
-    process_.Reap(!alive);
+    const int status = process_.Reap(!alive);
     if (alive) break;  // queue closed: shutting down
     ++restarts_;
     ++failures;
+    NoteDeath("a worker " + death + " (" + DescribeExit(status) + ")");
   }
   // Once the runtime stops (shutdown, or a repository load or unload retired
   // it) and no worker of it is left serving, what is still queued (a

@@ -18,6 +18,7 @@
 #include "protocol/worker_protocol.h"
 #include "server/job_queue.h"
 #include "server/model_config.h"
+#include "server/placement.h"
 #include "server/request_slot.h"
 #include "server/server.h"
 #include "server/shared_memory.h"
@@ -26,6 +27,7 @@
 namespace hearth {
 
 struct ModelRuntime;
+struct ModelPlacement;
 
 // A worker process started ahead of need (parameters.standby_workers): it
 // has read its setup, loaded its program and libraries, and waits, with no
@@ -37,13 +39,17 @@ struct StandbyWorker {
   RequestSlot slot;
 };
 
-// One worker process and the thread that supervises it: starts it, checks
-// what it says it takes and gives, feeds it batches from the model's queue,
-// and replaces it when it dies (with back-off).
+// One worker process and the thread that supervises it: starts it on its
+// placement (attached to that device's copy of the weights), checks what it
+// says it takes and gives, feeds it batches from the model's queue (the one
+// queue of all the model's workers, whatever their device), and replaces it
+// when it dies (with back-off). A worker of a failed placement takes no
+// batch while another placement serves, but the placement's probes.
 class WorkerSupervisor {
  public:
-  WorkerSupervisor(ModelRuntime& model, int index, const ServerOptions& options)
-      : model_(model), index_(index), options_(options) {}
+  WorkerSupervisor(ModelRuntime& model, ModelPlacement& placement, int index,
+                   const ServerOptions& options)
+      : model_(model), placement_(placement), index_(index), options_(options) {}
   ~WorkerSupervisor() { Join(); }
   Status Init();
   // Starts the supervisor thread; ResourceExhausted if the system has no
@@ -60,6 +66,7 @@ class WorkerSupervisor {
   }
   pid_t pid() const { return process_.pid(); }
   int index() const { return index_; }
+  const ModelPlacement& placement() const { return placement_; }
   bool ready() const { return ready_.load(); }
   uint64_t restarts() const { return restarts_.load(); }
   uint64_t device_memory_bytes() const { return device_memory_bytes_.load(); }
@@ -70,8 +77,9 @@ class WorkerSupervisor {
   // Runs one batch of requests on the live worker; false if the worker is
   // gone (or was killed for a malformed answer).
   bool RunBatch(int control, const std::vector<std::shared_ptr<Job>>& jobs);
-  // Keeps the model's standby workers at their number, once all its
-  // workers' first starts are over (a standby's loading would slow theirs).
+  // Keeps this worker's placement's standby workers at their number, once
+  // all the model's first starts are over (a standby's loading would slow
+  // theirs).
   void Replenish();
   // A decoupled model's run (one request), once its run message is sent:
   // each response to the request's on_response (or joined for one answer),
@@ -80,8 +88,13 @@ class WorkerSupervisor {
                  Clock::time_point handed_over);
   // Tells the model how this worker's first start ended (once).
   void Settle();
+  // The placement's health: a death of this worker (any kind), and a batch
+  // it answered; each logs the placement failing or coming back.
+  void NoteDeath(const std::string& why);
+  void NoteAnswered(bool probe);
 
   ModelRuntime& model_;
+  ModelPlacement& placement_;
   int index_;
   const ServerOptions& options_;
   std::thread thread_;
@@ -96,6 +109,32 @@ class WorkerSupervisor {
   uint64_t seq_ = 0;
 };
 
+// One device's share of a served model (server/placement.h): the copy of
+// its weights in that device's store and the workers placed there. Made
+// with its runtime, and fixed but for the counters once the workers start.
+struct ModelPlacement {
+  explicit ModelPlacement(int workers) : worker_count(workers), health(workers) {}
+  int index = 0;  // in ModelRuntime::placements
+  // "cpu", "cuda:N", or "hostN" (host memory standing in for GPU N): the
+  // device label of /metrics, and the name of its store's socket.
+  std::string device_name;
+  Device memory;  // where its arena is
+  std::string store_socket;
+  uint64_t store_version = 0;
+  uint64_t arena_bytes = 0;
+  const int worker_count;
+  std::atomic<int> ready_workers{0};
+  std::atomic<uint64_t> batches{0};  // answered by its workers
+  PlacementHealth health;
+  // Standby workers (config().standby_workers per placement, once started):
+  // taken by a supervisor of this placement whose worker died, made again
+  // after its replacement is ready; all released when the runtime stops.
+  mutable std::mutex standby_mu;
+  std::vector<std::unique_ptr<StandbyWorker>> standbys;
+  // Serving: a ready worker and not failed.
+  bool serving() const { return ready_workers.load() > 0 && !health.failed(); }
+};
+
 // One served model version: its queue, its workers and their totals. Built
 // and started by the model's builder thread, published to requests once a
 // worker is ready, then never replaced or freed until the server is
@@ -103,9 +142,9 @@ class WorkerSupervisor {
 struct ModelRuntime {
   std::string name;
   ModelConfig config_;
-  Device device;
-  std::string store_socket;
-  uint64_t store_version = 0;
+  // One per device the model is on (host first, then GPUs by ordinal);
+  // never empty once prepared.
+  std::vector<std::unique_ptr<ModelPlacement>> placements;
   control::Setup setup;  // what each worker is told first
   // The signature: the config's, checked against what the first ready
   // worker reports, or that worker's where the config lists none. Fixed
@@ -113,14 +152,14 @@ struct ModelRuntime {
   std::vector<TensorSpec> inputs, outputs;
   bool signature_known = false;
   std::unique_ptr<JobQueue> queue;
-  std::vector<std::unique_ptr<WorkerSupervisor>> workers;
-  std::atomic<int> ready_workers{0};
+  std::vector<std::unique_ptr<WorkerSupervisor>> workers;  // of every placement
+  std::atomic<int> ready_workers{0};                       // of every placement
   std::atomic<bool> stopping{false};
   std::atomic<bool> abandoning{false};  // RequestStop(true): starting workers are not waited for
   // Set once requests can reach it; before that, worker start failures are
   // the builder's to report (once per reason).
   std::atomic<bool> published{false};
-  int worker_count = 1;
+  int worker_count = 1;  // of every placement
   // Start-up: how many workers' first start has ended, and the last reason a
   // worker could not start. Guarded by state_mu; state_cv is notified on
   // each and when stopping is set (it also ends the supervisors' backoff).
@@ -128,17 +167,26 @@ struct ModelRuntime {
   std::condition_variable state_cv;
   int settled_workers = 0;
   std::string last_worker_error;
-  // Standby workers (config().standby_workers of them, once started): taken
-  // by a supervisor whose worker died, made again after its replacement is
-  // ready; all released when the runtime stops. Guarded by standby_mu.
-  mutable std::mutex standby_mu;
-  std::vector<std::unique_ptr<StandbyWorker>> standbys;
+  // Of every placement.
   int StandbyCount() const {
-    std::lock_guard lock(standby_mu);
-    return static_cast<int>(standbys.size());
+    int n = 0;
+    for (const auto& p : placements) {
+      std::lock_guard lock(p->standby_mu);
+      n += static_cast<int>(p->standbys.size());
+    }
+    return n;
   }
-  // One standby, if any is kept and the runtime is not stopping.
-  std::unique_ptr<StandbyWorker> TakeStandby();
+  // One standby of `p`, if it keeps any and the runtime is not stopping.
+  std::unique_ptr<StandbyWorker> TakeStandby(ModelPlacement& p);
+  // Whether a placement other than `p` is serving (so that a failed `p`
+  // holds its work back).
+  bool ServedElsewhere(const ModelPlacement& p) const {
+    for (const auto& q : placements)
+      if (q.get() != &p && q->serving()) return true;
+    return false;
+  }
+  // "cuda:0 (4 workers), cuda:1 (4 workers)".
+  std::string DescribePlacements() const;
   // Called (from a supervisor thread, no lock held) when the last worker's
   // first start is over; set before the workers start.
   std::function<void()> on_all_settled;
@@ -173,7 +221,6 @@ struct ModelRuntime {
   }
   static constexpr int64_t kBatchBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
   std::atomic<uint64_t> batch_bucket[std::size(kBatchBuckets)] = {};
-  uint64_t arena_bytes = 0;
   BatchPolicy policy;
   // Where outputs asked for in shared memory are written (the server's).
   const SharedMemoryRegistry* shared_memory = nullptr;

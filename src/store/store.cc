@@ -96,9 +96,26 @@ std::string Dropped(uint64_t n) {
   return n == 0 ? std::string() : " (" + std::to_string(n) + " similar lines left out)";
 }
 
+// The arenas a store holds and their bytes (Store::HeldArenas), read from
+// any thread. Shared with each ModelVersion, which takes itself off when
+// its arena goes, whenever that is.
+struct HeldCount {
+  std::atomic<uint64_t> arenas{0}, bytes{0};
+};
+
 // One loaded version of a model. Shared by the registry (while registered)
 // and by every lease on it; the arena goes when the last of them lets go.
 struct ModelVersion {
+  ModelVersion() = default;
+  ModelVersion(const ModelVersion&) = delete;
+  ModelVersion& operator=(const ModelVersion&) = delete;
+  ~ModelVersion() {
+    if (held == nullptr) return;
+    held->arenas -= 1;
+    held->bytes -= counted_bytes;
+  }
+  std::shared_ptr<HeldCount> held;
+  uint64_t counted_bytes = 0;
   std::string name;
   uint64_t version = 0;
   std::string path;
@@ -416,6 +433,8 @@ class Store::Impl {
   // before reading, so waiting loads are answered as their turn comes.
   void CancelLoads() { cancel_loads_ = true; }
 
+  Store::Held HeldArenas() const { return {held_->arenas.load(), held_->bytes.load()}; }
+
  private:
   static constexpr uint64_t kStopTag = 1, kListenTag = 2, kLoadTag = 3, kFirstConnection = 16;
 
@@ -476,6 +495,10 @@ class Store::Impl {
     v->manifest.model = name;
     v->manifest.version = v->version;
     v->loaded_at_ms = NowMs();
+    v->held = held_;
+    v->counted_bytes = v->manifest.arena_size;
+    held_->arenas += 1;
+    held_->bytes += v->counted_bytes;
     seconds_of_last_load_ = loaded.seconds;
     registry_[name][v->version] = v;
     all_versions_.push_back(v);
@@ -1221,6 +1244,7 @@ class Store::Impl {
   std::map<std::string, std::map<uint64_t, std::shared_ptr<ModelVersion>>> registry_;
   std::map<std::string, uint64_t> last_version_;
   std::vector<std::weak_ptr<ModelVersion>> all_versions_;
+  const std::shared_ptr<HeldCount> held_ = std::make_shared<HeldCount>();
   double seconds_of_last_load_ = 0;
   std::vector<std::byte> frame_buffer_ =
       std::vector<std::byte>(protocol::kFrameHeaderBytes + protocol::kMaxFramePayload + 1);
@@ -1276,5 +1300,6 @@ Status Store::Run() { return impl_->Run(); }
 void Store::Stop() { impl_->Stop(); }
 
 void Store::CancelLoads() { impl_->CancelLoads(); }
+Store::Held Store::HeldArenas() const { return impl_->HeldArenas(); }
 
 }  // namespace hearth

@@ -2,13 +2,15 @@
 # The hearth command end to end: make-model, inspect FILE, store, inspect
 # --socket (the two checksums must match), list, status, load, unload, and
 # clear errors for bad arguments; the same with checkpoint directories (one
-# sharded as save_pretrained does it must give the file's checksum).
+# sharded as save_pretrained does it must give the file's checksum); and one
+# store per device (--device host0,host1), each client command on each.
 set -euo pipefail
 BIN=$1
 DIR=$(mktemp -d)
 store=
 dstore=
-trap 'kill $store $dstore 2>/dev/null || true; rm -rf "$DIR"' EXIT
+mstore=
+trap 'kill $store $dstore $mstore 2>/dev/null || true; rm -rf "$DIR"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 
 "$BIN" make-model mlp --dims 16,32,8 --dtype bf16 --seed 3 --out "$DIR/m.safetensors" >/dev/null
@@ -89,4 +91,34 @@ kill -TERM $dstore; wait $dstore || fail "directory store exit status"
 "$BIN" store --help | grep -q -- "--max-partial-bytes" || fail "store --help lacks --max-partial-bytes"
 kill -TERM $store; wait $store || fail "store exit status"
 [ ! -e "$DIR/s.sock" ] || fail "socket left behind"
+
+# One store per device, each at SOCKET-<device>.sock with its own copy; the
+# client commands take the same --device list.
+"$BIN" store --socket "$DIR/multi.sock" --device host0,host1 --model "m=$DIR/m.safetensors" > "$DIR/mstore.log" 2>&1 &
+mstore=$!
+for _ in $(seq 100); do grep -q ready "$DIR/mstore.log" && break; sleep 0.1; done
+grep -q "ready: socket $DIR/multi-host0.sock for host0, socket $DIR/multi-host1.sock for host1" "$DIR/mstore.log" \
+  || fail "multi-device store not ready: $(cat "$DIR/mstore.log")"
+[ ! -e "$DIR/multi.sock" ] || fail "a store at the plain socket path with several devices"
+for d in host0 host1; do
+  "$BIN" inspect --socket "$DIR/multi.sock" --device $d --model m --verify | grep -q "checksum: $file_sum" \
+    || fail "attached checksum on $d"
+done
+out=$("$BIN" status --socket "$DIR/multi.sock" --device host0,host1)
+echo "$out" | grep -q "^== host0: $DIR/multi-host0.sock" || fail "status --device: host0 heading: $out"
+echo "$out" | grep -q "^== host1: $DIR/multi-host1.sock" || fail "status --device: host1 heading: $out"
+[ "$(echo "$out" | grep -c '^holds 1 arenas')" -eq 2 ] || fail "status --device: one arena per store: $out"
+out=$("$BIN" load --socket "$DIR/multi.sock" --device host0,host1 "s=$DIR/s.safetensors")
+echo "$out" | grep -q "^loaded s@1 on host0 " || fail "load --device: host0: $out"
+echo "$out" | grep -q "^loaded s@1 on host1 " || fail "load --device: host1: $out"
+"$BIN" list --socket "$DIR/multi.sock" --device host1 | grep -q "^s " || fail "list --device host1"
+"$BIN" unload --socket "$DIR/multi.sock" --device host0,host1 s | grep -c "unloaded 1" | grep -q 2 || fail "unload --device"
+err=$("$BIN" status --socket "$DIR/multi.sock" --device host0,host0 2>&1) && fail "a device listed twice accepted"
+echo "$err" | grep -q "names host0 twice" || fail "device listed twice: $err"
+err=$("$BIN" inspect --socket "$DIR/multi.sock" --device host0,host1 --model m 2>&1) && fail "inspect of two stores accepted"
+echo "$err" | grep -q "give one --device" || fail "inspect of two stores: $err"
+err=$("$BIN" store --socket "$DIR/t.sock" --device host0,tpu 2>&1) && fail "a bad device in a list accepted"
+echo "$err" | grep -q "'tpu'" || fail "bad device in a list: $err"
+kill -TERM $mstore; wait $mstore || fail "multi-device store exit status"
+[ ! -e "$DIR/multi-host0.sock" ] && [ ! -e "$DIR/multi-host1.sock" ] || fail "multi-device sockets left behind"
 echo "cli ok"

@@ -395,6 +395,114 @@ def test_bad_arguments():
         hearth.attach("mlp", store_uid=[1000, -1])
 
 
+# ---- one store per device ------------------------------------------------
+
+
+def test_device_socket_follows_the_stores_rule():
+    # The same cases as tests/store/store_devices_test.cc (DeviceSocketPath).
+    assert hearth.device_socket("/run/h/store.sock", "cuda:1") == "/run/h/store-cuda1.sock"
+    assert hearth.device_socket("/run/h/store.sock", "cpu") == "/run/h/store-cpu.sock"
+    assert hearth.device_socket("/run/h/store.sock", "host0") == "/run/h/store-host0.sock"
+    assert hearth.device_socket("/run/h/store", "cuda:0") == "/run/h/store-cuda0"
+    assert hearth.device_socket("s.sock", "cuda:2") == "s-cuda2.sock"
+    assert hearth.device_socket("/x.sock/s", "host1") == "/x.sock/s-host1"
+    assert hearth.device_socket("/run/.sock", "host1") == "/run/.sock-host1"
+    assert hearth.device_socket(pathlib.Path("/run/h/store.sock"), 3) == "/run/h/store-cuda3.sock"
+    assert hearth.device_socket("/s.sock", "cuda") == "/s-cuda0.sock"
+    for bad in ("tpu", "host01", "cuda:", "cuda:1024", "host-1", True, -1, 1024, 1.0, None):
+        with pytest.raises(ValueError, match="device"):
+            hearth.device_socket("/s.sock", bad)
+    with pytest.raises(ValueError, match="device"):
+        hearth.attach("mlp", device="gpu0")
+
+
+@pytest.fixture(scope="module")
+def device_stores():
+    """`hearth store --device host0,host1`: one store per (stand-in) device,
+    each with its own copy; yields (base socket, checkpoint path)."""
+    directory = tempfile.mkdtemp(prefix="hearth-py-dev-")
+    model = os.path.join(directory, "scale.safetensors")
+    subprocess.run([CLI, "make-model", "scale", "--dims", "64", "--seed", "9", "--out", model],
+                   check=True, capture_output=True, timeout=60)
+    socket = os.path.join(directory, "store.sock")
+    out_path = os.path.join(directory, "store.out")
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen([CLI, "store", "--socket", socket, "--device", "host0,host1",
+                                 f"--model=scale={model}"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while "hearth store ready" not in pathlib.Path(out_path).read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("the store did not start:\n" + pathlib.Path(out_path).read_text())
+            time.sleep(0.02)
+        yield socket, model
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def arena_inodes():
+    with open("/proc/self/maps") as f:
+        return {line.split()[4] for line in f if ARENA in line}
+
+
+def test_attach_picks_the_devices_store(device_stores, monkeypatch):
+    socket, model = device_stores
+    expected = read_safetensors(model)["weight"][2]
+    before = arena_inodes()
+    w0 = hearth.attach("scale", socket=socket, device="host0")
+    w1 = hearth.attach("scale", socket=socket, device="host1")
+    np.testing.assert_array_equal(w0["weight"].numpy(), expected)
+    np.testing.assert_array_equal(w1["weight"].numpy(), expected)
+    assert w0.socket == hearth.device_socket(socket, "host0")
+    assert w1.socket == hearth.device_socket(socket, "host1")
+    assert w0.device == w1.device == "cpu"  # a stand-in's memory is the host's
+    # Two stores, two copies: each attachment maps its own arena.
+    assert len(arena_inodes() - before) == 2
+    # $HEARTH_SOCKET is the base the device's socket is made from.
+    monkeypatch.setenv("HEARTH_SOCKET", socket)
+    assert hearth.attach("scale", device="host1").socket == hearth.device_socket(socket, "host1")
+
+
+def test_a_device_with_no_store_is_unavailable_naming_its_socket(device_stores):
+    socket, _ = device_stores
+    with pytest.raises(hearth.Unavailable, match=r"store-cuda1\.sock"):
+        len(hearth.attach("scale", socket=socket, device="cuda:1"))
+
+
+def test_a_store_on_another_device_than_asked_is_refused():
+    """A host store at the socket cuda:0's would have: the attachment is
+    refused, not taken for a GPU one."""
+    directory = tempfile.mkdtemp(prefix="hearth-py-dev-")
+    try:
+        model = os.path.join(directory, "scale.safetensors")
+        subprocess.run([CLI, "make-model", "scale", "--dims", "8", "--seed", "1", "--out", model],
+                       check=True, capture_output=True, timeout=60)
+        base = os.path.join(directory, "s.sock")
+        out_path = os.path.join(directory, "store.out")
+        with open(out_path, "w") as out:
+            proc = subprocess.Popen([CLI, "store", "--socket", hearth.device_socket(base, "cuda:0"),
+                                     "--device", "cpu", f"--model=scale={model}"],
+                                    stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 30
+            while "hearth store ready" not in pathlib.Path(out_path).read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, pathlib.Path(out_path).read_text()
+                time.sleep(0.02)
+            with pytest.raises(hearth.HearthError, match="that store holds it on cpu, not on cuda:0"):
+                len(hearth.attach("scale", socket=base, device="cuda:0"))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 # ---- whose store ----------------------------------------------------------
 
 OTHER_UID = 54331  # an unprivileged uid with no user entry

@@ -54,8 +54,8 @@ TEST_F(ModelConfigTest, ReadsTritonStyleFields) {
   EXPECT_EQ(c->inputs[0].dims, (std::vector<int64_t>{64}));
   ASSERT_EQ(c->outputs.size(), 2u);
   EXPECT_EQ(c->outputs[1].dtype, DType::kI64);
-  EXPECT_EQ(c->instance_count, 3);
-  EXPECT_TRUE(c->kind_gpu);
+  ASSERT_EQ(c->instance_groups.size(), 1u);
+  EXPECT_EQ(c->instance_groups[0], (InstanceGroup{3, true, {0}}));
   EXPECT_EQ(c->max_queue_delay_us, 500u);
   EXPECT_EQ(c->preferred_batch_sizes, (std::vector<int>{8, 16}));
   EXPECT_TRUE(c->allow_tf32);
@@ -101,7 +101,7 @@ TEST_F(ModelConfigTest, ErrorsNameTheFileTheLineAndTheField) {
       {"max_batch_size: 1\n", "backend: missing"},
       {"backend: mlp\nmax_batch_size: 4\ninput:\n  - {name: x, data_type: TYPE_FP32, dims: [4]}\n"
        "output:\n  - {name: y, data_type: TYPE_FP32, dims: [1]}\ninstance_group:\n  - {count: 0}\n",
-       "config.yaml:8: instance_group.count: must be in [1, 256]"},
+       "config.yaml:8: instance_group[0].count: must be in [1, 256]"},
       {"backend: mlp\nmax_batch_size: 4\ninput:\n  - {name: x, data_type: TYPE_FP32, dims: [4]}\n"
        "output:\n  - {name: y, data_type: TYPE_FP32, dims: [1]}\ndynamic_batching:\n  "
        "preferred_batch_size: [8]\n",
@@ -114,6 +114,72 @@ TEST_F(ModelConfigTest, ErrorsNameTheFileTheLineAndTheField) {
     EXPECT_NE(config.status().message().find(c.expect), std::string::npos)
         << "got: " << config.status().message() << "\nwant: " << c.expect;
   }
+}
+
+constexpr const char* kHeader = R"(backend: mlp
+max_batch_size: 4
+input:
+  - {name: x, data_type: TYPE_FP32, dims: [4]}
+output:
+  - {name: y, data_type: TYPE_FP32, dims: [1]}
+)";
+
+TEST_F(ModelConfigTest, InstanceGroupsAreKeptAsWritten) {
+  auto c = LoadModelConfig(Write("groups", std::string(kHeader) + R"(instance_group:
+  - {count: 2, kind: KIND_GPU, gpus: [0, 1]}
+  - {name: spare, count: 1, kind: KIND_GPU, gpus: [1]}
+  - {count: 3, kind: KIND_CPU}
+  - {kind: KIND_GPU}
+)"));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->instance_groups,
+            (std::vector<InstanceGroup>{
+                {2, true, {0, 1}}, {1, true, {1}}, {3, false, {}}, {1, true, {}}}));
+  // No instance_group: one instance on the default GPU.
+  auto bare = LoadModelConfig(Write("nogroup", kHeader));
+  ASSERT_TRUE(bare.ok()) << bare.status().ToString();
+  EXPECT_EQ(bare->instance_groups, (std::vector<InstanceGroup>{{1, true, {}}}));
+}
+
+TEST_F(ModelConfigTest, InstanceGroupErrorsNameTheGroupAndTheField) {
+  struct Case {
+    std::string groups;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {"instance_group: []\n", "config.yaml:7: instance_group: must be a list of {count"},
+      {"instance_group: {count: 2}\n", "config.yaml:7: instance_group: must be a list"},
+      {"instance_group:\n  - {count: 1}\n  - 7\n",
+       "config.yaml:9: instance_group[1]: must be {count, kind, gpus}"},
+      {"instance_group:\n  - {count: 1}\n  - {count: 1, gpus: [0, 2, 0]}\n",
+       "config.yaml:9: instance_group[1].gpus: lists GPU 0 twice"},
+      {"instance_group:\n  - {gpus: [-1]}\n",
+       "instance_group[0].gpus: -1 is not a GPU ordinal (0 to 1023)"},
+      {"instance_group:\n  - {gpus: [1024]}\n",
+       "instance_group[0].gpus: 1024 is not a GPU ordinal (0 to 1023)"},
+      {"instance_group:\n  - {gpus: 1}\n", "instance_group[0].gpus: must be a list"},
+      {"instance_group:\n  - {count: 1, kind: KIND_CPU, gpus: [0]}\n",
+       "instance_group[0].gpus: a KIND_CPU group names no GPUs"},
+      {"instance_group:\n  - {count: 1, kind: KIND_TPU}\n",
+       "instance_group[0].kind: 'KIND_TPU' is not KIND_GPU or KIND_CPU"},
+      {"instance_group:\n  - {count: 1, host_policy: x}\n",
+       "instance_group[0].host_policy: unknown field"},
+      {"instance_group:\n  - {count: 257}\n", "instance_group[0].count: must be in [1, 256]"},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    auto config = LoadModelConfig(Write("g" + std::to_string(i++), kHeader + c.groups));
+    ASSERT_FALSE(config.ok()) << c.groups;
+    EXPECT_NE(config.status().message().find(c.expect), std::string::npos)
+        << "got: " << config.status().message() << "\nwant: " << c.expect;
+  }
+  std::string many = "instance_group:\n";
+  for (int g = 0; g < 65; ++g) many += "  - {count: 1}\n";
+  auto config = LoadModelConfig(Write("many", kHeader + many));
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("instance_group: more than 64 groups"),
+            std::string::npos)
+      << config.status().message();
 }
 
 TEST_F(ModelConfigTest, AnyBackendNameVariableDimsStringsAndNoSignature) {

@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "hearth/attach.h"
+#include "hearth/store.h"
 #include "server/server.h"
 #include "support/eventually.h"
 #include "support/test_store.h"
@@ -181,6 +183,96 @@ TEST_F(RepositoryControl, ABrokenLoadLeavesTheServedVersionAndNewDirectoriesCanB
   ASSERT_TRUE(server_->LoadModel("later").ok());
   EXPECT_TRUE(Ask(*server_, "later").ok());
   EXPECT_EQ(server_->ModelNames(), (std::vector<std::string>{"later", "scale"}));
+}
+
+// A model on two (stand-in) GPUs: each device's store holds one copy, a new
+// version replaces the old one in both, a config that leaves a GPU out
+// drops that GPU's copy, and an unload empties both stores.
+class RepositoryOnDevices : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    repo_ = tmp_.File("repo");
+    ASSERT_EQ(::mkdir(repo_.c_str(), 0700), 0);
+    ASSERT_EQ(::mkdir((repo_ + "/scale").c_str(), 0700), 0);
+    MakeVersion(repo_ + "/scale/1", 1);
+    WriteGroups("[0, 1]");
+    ServerOptions options;
+    options.repository = repo_;
+    options.worker_path = WorkerPath();
+    options.stand_in_gpus = 2;
+    options.device = Device::Cuda(0);
+    options.run_dir = tmp_.File("run");
+    auto made = Server::Create(options);
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    server_ = std::move(made).value();
+    ASSERT_TRUE(server_->Start().ok());
+  }
+  void TearDown() override {
+    if (server_) server_->Shutdown();
+  }
+  void WriteGroups(const std::string& gpus) {
+    std::ofstream(repo_ + "/scale/config.yaml")
+        << "backend: scale\nmax_batch_size: 4\n"
+           "input:\n  - {name: x, data_type: TYPE_FP32, dims: [8]}\n"
+           "output:\n  - {name: y, data_type: TYPE_FP32, dims: [1]}\n"
+           "instance_group:\n  - {count: 1, kind: KIND_GPU, gpus: "
+        << gpus << "}\n";
+  }
+  // The versions of `scale` a device's store lists, and the arenas it holds
+  // (listed or not: unloaded ones still attached count), as it says.
+  std::vector<uint64_t> Versions(const std::string& device) {
+    auto models = AttachClient(Socket(device)).ListModels();
+    EXPECT_TRUE(models.ok()) << models.status().ToString();
+    std::vector<uint64_t> out;
+    for (const ModelSummary& m : models.ok() ? *models : std::vector<ModelSummary>{})
+      if (m.name == "scale") out.push_back(m.version);
+    return out;
+  }
+  size_t Arenas(const std::string& device) {
+    auto status = AttachClient(Socket(device)).GetStatus();
+    return status.ok() ? status->arenas.size() : 999;
+  }
+  std::string Socket(const std::string& device) {
+    return DeviceSocketPath(tmp_.File("run/store.sock"), device);
+  }
+
+  testing::TempDir tmp_;
+  std::string repo_;
+  std::unique_ptr<Server> server_;
+};
+
+TEST_F(RepositoryOnDevices, EachDevicesCopyFollowsTheServedVersionAndPlacement) {
+  ASSERT_TRUE(Ask(*server_, "scale").ok());
+  ASSERT_EQ(server_->WorkerPids("scale").size(), 2u);
+  EXPECT_EQ(Versions("host0"), (std::vector<uint64_t>{1}));
+  EXPECT_EQ(Versions("host1"), (std::vector<uint64_t>{1}));
+
+  // A new version: loaded on both, the old one dropped from both once its
+  // workers have gone.
+  const std::vector<int> old_pids = server_->WorkerPids("scale");
+  MakeVersion(repo_ + "/scale/2", 2);
+  ASSERT_TRUE(server_->LoadModel("scale").ok());
+  EXPECT_EQ(Versions("host0"), (std::vector<uint64_t>{2}));
+  EXPECT_EQ(Versions("host1"), (std::vector<uint64_t>{2}));
+  EXPECT_TRUE(Eventually([&] {
+    for (int pid : old_pids)
+      if (!Gone(pid)) return false;
+    return Arenas("host0") == 1 && Arenas("host1") == 1;
+  })) << "host0 "
+      << Arenas("host0") << ", host1 " << Arenas("host1");
+
+  // GPU 0 left out: its copy goes, GPU 1's stays (the same files: not read again).
+  WriteGroups("[1]");
+  ASSERT_TRUE(server_->LoadModel("scale").ok());
+  ASSERT_TRUE(Ask(*server_, "scale").ok());
+  EXPECT_EQ(server_->WorkerPids("scale").size(), 1u);
+  EXPECT_EQ(Versions("host0"), (std::vector<uint64_t>{}));
+  EXPECT_EQ(Versions("host1"), (std::vector<uint64_t>{2}));
+  EXPECT_TRUE(Eventually([&] { return Arenas("host0") == 0; }));
+
+  ASSERT_TRUE(server_->UnloadModel("scale").ok());
+  EXPECT_EQ(Versions("host1"), (std::vector<uint64_t>{}));
+  EXPECT_TRUE(Eventually([&] { return Arenas("host0") == 0 && Arenas("host1") == 0; }));
 }
 
 }  // namespace
