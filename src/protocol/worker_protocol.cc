@@ -286,6 +286,11 @@ Status SendStart(int fd) {
   return SendPacket(fd, w.bytes(), kMaxMessageBytes, "start");
 }
 
+Status SendRelease(int fd) {
+  Writer w(Kind::kRelease);
+  return SendPacket(fd, w.bytes(), kMaxMessageBytes, "release");
+}
+
 Status SendRoom(int fd, const Room& m) {
   Writer w(Kind::kRoom);
   w.U64(m.seq);
@@ -420,6 +425,9 @@ Result<Message> ReceiveWith(int fd, int timeout_ms, int flags) {
       break;
     case Kind::kStart:
       RETURN_IF_ERROR(r.Finish("start"));
+      break;
+    case Kind::kRelease:
+      RETURN_IF_ERROR(r.Finish("release"));
       break;
     case Kind::kRoom:
       m.room.seq = r.U64();

@@ -28,6 +28,10 @@
 //   server -> worker  kStart   take over: attach and build the backend now;
 // then goes on as above. End-of-file before kStart: it is not needed.
 //
+// A worker keeps the CUDA shared-memory regions its batches named open
+// (a bounded number) until, between two batches,
+//   server -> worker  kRelease one was unregistered: close them all.
+//
 // A decoupled model (Setup::decoupled) answers each run, which holds one
 // request, with a stream:
 //   worker -> server  kPartial one response before the last: outputs placed
@@ -73,6 +77,7 @@ enum class Kind : uint32_t {
   kPartial = 6,
   kAck = 7,
   kStart = 8,
+  kRelease = 9,
 };
 
 // Limits every message is checked against before anything is allocated.
@@ -203,6 +208,9 @@ Status SendRoom(int fd, const Room& m);
 Status SendPartial(int fd, const Done& m);
 Status SendAck(int fd, const Ack& m);
 Status SendStart(int fd);
+// Between batches: close every client CUDA region kept open (one was
+// unregistered).
+Status SendRelease(int fd);
 
 // What came: exactly one of the members is set, by `kind`.
 struct Message {

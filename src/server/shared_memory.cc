@@ -117,11 +117,13 @@ Status SharedMemoryRegistry::RegisterCuda(const std::string& name,
 Status SharedMemoryRegistry::UnregisterCuda(const std::string& name) {
   std::lock_guard lock(mu_);
   if (name.empty()) {
+    if (!cuda_regions_.empty()) ++cuda_unregistrations_;
     cuda_regions_.clear();
     return Status::Ok();
   }
   if (cuda_regions_.erase(name) == 0)
     return NotFound("no CUDA shared-memory region named '" + name + "' is registered");
+  ++cuda_unregistrations_;
   return Status::Ok();
 }
 

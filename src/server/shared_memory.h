@@ -21,6 +21,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -65,6 +66,9 @@ class SharedMemoryRegistry {
   Status RegisterCuda(const std::string& name, std::span<const std::byte> raw_handle,
                       int64_t device_id, uint64_t byte_size, std::span<const int> gpus);
   Status UnregisterCuda(const std::string& name);  // empty: all CUDA regions
+  // How many times CUDA regions were unregistered: when it moves on, the
+  // workers close the regions they keep open (WorkerSupervisor).
+  uint64_t CudaUnregistrations() const { return cuda_unregistrations_.load(); }
   Result<std::vector<CudaSharedMemoryRegion>> ListCuda(const std::string& name) const;
   // The CUDA region `ref.region`, once [ref.offset, ref.offset +
   // ref.byte_size) is checked to lie inside it (`what` names the tensor in
@@ -97,6 +101,7 @@ class SharedMemoryRegistry {
   std::map<std::string, std::shared_ptr<const Region>> regions_;
   std::map<std::string, std::shared_ptr<const CudaSharedMemoryEntry>> cuda_regions_;
   uint64_t last_cuda_id_ = 0;
+  std::atomic<uint64_t> cuda_unregistrations_{0};
 };
 
 }  // namespace hearth

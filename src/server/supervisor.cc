@@ -327,6 +327,14 @@ InferTensor Classify(const InferTensor& t, uint32_t count, bool batching) {
   return out;
 }
 
+bool WorkerSupervisor::ReleaseRegionsIfUnregistered(int control) {
+  if (model_.shared_memory == nullptr) return true;
+  const uint64_t now = model_.shared_memory->CudaUnregistrations();
+  if (now == told_unregistrations_) return true;
+  told_unregistrations_ = now;
+  return control::SendRelease(control).ok();
+}
+
 bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<Job>>& popped) {
   // A run names at most so many CUDA regions and copies: the requests past
   // them go back to the front of the queue, in order, for the next batch.
@@ -959,7 +967,7 @@ void WorkerSupervisor::Loop() {
         // Idle: a worker that died between batches (end-of-file on its
         // control socket) is replaced now, not when the next request finds it.
         pollfd p{control.get(), POLLIN, 0};
-        if (::poll(&p, 1, 0) > 0) {
+        if (::poll(&p, 1, 0) > 0 || !ReleaseRegionsIfUnregistered(control.get())) {
           spdlog::warn("{} worker {} (pid {}) died while idle", model_.name, index_, pid);
           alive = false;
         }
@@ -974,6 +982,16 @@ void WorkerSupervisor::Loop() {
       });
       if (jobs.empty()) {
         if (probe) placement_.health.ReleaseProbe();
+        continue;
+      }
+      if (!ReleaseRegionsIfUnregistered(control.get())) {
+        // Gone before it got the batch: its requests go back as they were.
+        for (auto it = jobs.rbegin(); it != jobs.rend(); ++it) model_.queue->PushFront(*it);
+        if (probe) placement_.health.ReleaseProbe();
+        spdlog::warn("{} worker {} (pid {}) was gone before it got a batch", model_.name, index_,
+                     pid);
+        alive = false;
+        death = "died while idle";
         continue;
       }
       alive = RunBatch(control.get(), jobs);

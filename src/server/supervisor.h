@@ -107,6 +107,12 @@ class WorkerSupervisor {
   bool settled_ = false;  // supervisor thread only
   RequestSlot slot_;
   uint64_t seq_ = 0;
+  // The registry's CUDA unregistrations this worker was told of (kRelease):
+  // it closes the regions it keeps open when the count moves on.
+  uint64_t told_unregistrations_ = 0;
+  // Sends kRelease when a CUDA region was unregistered since the last time;
+  // false if the worker is gone.
+  bool ReleaseRegionsIfUnregistered(int control);
 };
 
 // One device's share of a served model (server/placement.h): the copy of

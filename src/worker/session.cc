@@ -124,10 +124,14 @@ Result<bool> WorkerSession::Next() {
   if (!ready_) return FailedPrecondition("Next() before Ready()");
   if (in_batch_) return FailedPrecondition("Next() before the last batch's Done()");
   for (;;) {
-    auto m = control::ReceiveKind(control_.get(), -1, {control::Kind::kRun});
+    auto m = control::ReceiveKind(control_.get(), -1, {control::Kind::kRun, control::Kind::kRelease});
     if (!m.ok()) {
       if (m.status().code() == StatusCode::kUnavailable) return false;
       return m.status();
+    }
+    if (m->kind == control::Kind::kRelease) {
+      open_regions_.clear();
+      continue;
     }
     ReleaseRetired();
     run_ = std::move(m->run);
@@ -198,11 +202,32 @@ Status WorkerSession::StartDeviceCopies() {
   regions_.clear();
   if (run_.copies.empty()) return Status::Ok();
   for (const control::DeviceRegion& g : run_.regions) {
-    auto opened = ClientRegion::Open(CopyDevice(g), g.handle, g.byte_size);
-    if (!opened.ok())
-      return opened.status().WithContext("CUDA shared-memory region '" + g.name + "' (device " +
-                                         std::to_string(g.device) + ")");
-    regions_.push_back(std::move(opened).value());
+    auto it = open_regions_.find(g.id);
+    if (it != open_regions_.end() && (it->second.region.handle != g.handle ||
+                                      it->second.region.byte_size != g.byte_size ||
+                                      it->second.region.device != g.device)) {
+      open_regions_.erase(it);  // not what was opened under that id: opened again
+      it = open_regions_.end();
+    }
+    if (it == open_regions_.end()) {
+      auto opened = ClientRegion::Open(CopyDevice(g), g.handle, g.byte_size);
+      if (!opened.ok())
+        return opened.status().WithContext("CUDA shared-memory region '" + g.name +
+                                           "' (device " + std::to_string(g.device) + ")");
+      it = open_regions_.emplace(g.id, OpenRegion{g, std::move(opened).value(), 0}).first;
+    }
+    it->second.last_used = run_.seq;
+    regions_.push_back(it->second.mapping.get());
+  }
+  // Over the bound: the least recently used that this batch does not use.
+  while (open_regions_.size() > kMaxOpenRegions) {
+    auto oldest = open_regions_.end();
+    for (auto e = open_regions_.begin(); e != open_regions_.end(); ++e)
+      if (e->second.last_used != run_.seq &&
+          (oldest == open_regions_.end() || e->second.last_used < oldest->second.last_used))
+        oldest = e;
+    if (oldest == open_regions_.end()) break;
+    open_regions_.erase(oldest);
   }
   input_staging_.resize(inputs_.size());
   for (size_t i = 0; i < inputs_.size(); ++i) {
@@ -334,7 +359,7 @@ Status WorkerSession::Done(const Status& status, bool retry_alone) {
     s = FinishDeviceCopies();
     retry_alone = retry_alone || (!s.ok() && s.code() != StatusCode::kDeviceLost);
   }
-  regions_.clear();  // closed: a region is held only while its batch runs
+  regions_.clear();  // they stay open (open_regions_) for the next batches
   if (s.code() == StatusCode::kDeviceLost) {
     in_batch_ = false;
     return s;

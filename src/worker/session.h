@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -86,7 +87,8 @@ class WorkerSession {
   // output_address(i, room): a region's own address where one region holds
   // a whole tensor (nothing is copied at all), else a device buffer the
   // session fills from the slot and the regions (and empties into them).
-  // A batch whose regions cannot be opened or copied is answered with the
+  // Regions stay open between batches until the server says one was
+  // unregistered. A batch whose regions cannot be opened or copied is answered with the
   // error (each of its requests then runs alone, so that only the one at
   // fault fails) and is never handed out.
   void TakeDeviceAddresses(int device) { device_ = device; }
@@ -149,7 +151,18 @@ class WorkerSession {
   uint64_t cursor_ = 0;  // next free byte for outputs the worker places
   std::chrono::steady_clock::time_point started_;
   int device_ = -1;                                     // TakeDeviceAddresses
-  std::vector<std::unique_ptr<ClientRegion>> regions_;  // this batch's, by Run::regions index
+  // Client CUDA regions kept open between batches, by registration id
+  // (never reused by the server), until the server says one was
+  // unregistered (kRelease); at most kMaxOpenRegions, the least recently
+  // used closed first.
+  static constexpr size_t kMaxOpenRegions = 256;
+  struct OpenRegion {
+    control::DeviceRegion region;
+    std::unique_ptr<ClientRegion> mapping;
+    uint64_t last_used = 0;  // run seq
+  };
+  std::map<uint64_t, OpenRegion> open_regions_;
+  std::vector<ClientRegion*> regions_;  // this batch's, by Run::regions index
   std::vector<const void*> input_at_;
   std::vector<DeviceStaging> input_staging_, output_staging_;
   std::vector<uint8_t> output_staged_;  // output i went to output_staging_[i]

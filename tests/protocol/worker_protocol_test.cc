@@ -107,6 +107,9 @@ TEST(WorkerProtocol, ReadyRunDoneAndRoomRoundTrip) {
   EXPECT_EQ(d->done.text.size(), kMaxTextBytes);
   EXPECT_TRUE(d->done.text.ends_with("ValueError: the last line"));
 
+  ASSERT_TRUE(SendRelease(p.a.get()).ok());
+  EXPECT_TRUE(ReceiveKind(p.b.get(), 1000, {Kind::kRelease}).ok());
+
   ASSERT_TRUE(SendRoom(p.a.get(), Room{7, 1 << 20}).ok());
   auto room = ReceiveKind(p.b.get(), 1000, {Kind::kRoom});
   ASSERT_TRUE(room.ok());

@@ -197,6 +197,18 @@ def test_inputs_and_outputs_in_cuda_regions_equal_inline_answers(server):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
         # The bytes before the output's offset are left alone.
         assert not cuda.get(outs, 16).any()
+    # Unregistered and registered again under the same name on other memory:
+    # the answers go to the new memory (workers keep regions open between
+    # batches, by registration, never by name).
+    assert requests.post(f"{url}/v2/cudasharedmemory/region/sc-out/unregister", timeout=30).status_code == 200
+    fresh = region(server, "sc-out", 1 << 20)
+    cuda.put(outs, np.zeros(64, np.uint8))
+    body = shm_body("scale", "x", x.shape, "sc-in", 4096, x.nbytes, [("y", "sc-out", 16, 4 * rows)])
+    for _ in range(4):  # on every worker, in all likelihood
+        assert requests.post(f"{url}/v2/models/scale/infer", json=body, timeout=60).status_code == 200
+    np.testing.assert_allclose(cuda.get(fresh + 16, 4 * rows).view("<f4"), inline_scale(url, "scale", x),
+                               rtol=1e-6, atol=1e-6)
+    assert not cuda.get(outs, 64).any()
 
 
 def test_two_outputs_of_the_mlp_go_to_their_regions(server):
