@@ -73,7 +73,13 @@ Result<std::byte*> DeviceStaging::Reserve(int device, uint64_t bytes) {
   return data_;
 }
 
-Status CopyAnywhere(int device, void* dst, const void* src, uint64_t bytes) {
+Status WaitForCopies(int device) {
+  ASSIGN_OR_RETURN(const CudaDriver* cu, CudaDriver::Get());
+  RETURN_IF_ERROR(MakeContextCurrent(device));
+  return CuCheck(*cu, cu->StreamSynchronize(nullptr), "waiting for copies");
+}
+
+Status CopyAnywhere(int device, void* dst, const void* src, uint64_t bytes, bool wait) {
   if (bytes == 0) return Status::Ok();
   ASSIGN_OR_RETURN(const CudaDriver* cu, CudaDriver::Get());
   RETURN_IF_ERROR(MakeContextCurrent(device));
@@ -84,6 +90,7 @@ Status CopyAnywhere(int device, void* dst, const void* src, uint64_t bytes) {
                           cu->MemcpyAsync(reinterpret_cast<CUdeviceptr>(dst),
                                           reinterpret_cast<CUdeviceptr>(src), bytes, nullptr),
                           "copying " + std::to_string(bytes) + " bytes"));
+  if (!wait) return Status::Ok();
   return CuCheck(*cu, cu->StreamSynchronize(nullptr), "waiting for a copy");
 }
 
@@ -102,7 +109,8 @@ Result<std::unique_ptr<ClientRegion>> ClientRegion::Open(
 ClientRegion::~ClientRegion() = default;
 DeviceStaging::~DeviceStaging() = default;
 Result<std::byte*> DeviceStaging::Reserve(int, uint64_t) { return NoCuda(); }
-Status CopyAnywhere(int, void*, const void*, uint64_t) { return NoCuda(); }
+Status CopyAnywhere(int, void*, const void*, uint64_t, bool) { return NoCuda(); }
+Status WaitForCopies(int) { return NoCuda(); }
 
 #endif
 

@@ -67,8 +67,10 @@ class DeviceStaging {
 };
 
 // Copies `bytes` from `src` to `dst`, each host or device memory of this
-// process (unified addressing), with `device`'s context current, and waits
-// until the copy is done.
-Status CopyAnywhere(int device, void* dst, const void* src, uint64_t bytes);
+// process (unified addressing), with `device`'s context current, on its
+// legacy default stream; waits until the copy is done unless `wait` is
+// false (then WaitForCopies(device) waits for every copy queued so far).
+Status CopyAnywhere(int device, void* dst, const void* src, uint64_t bytes, bool wait = true);
+Status WaitForCopies(int device);
 
 }  // namespace hearth

@@ -128,7 +128,7 @@ inline constexpr size_t kCudaIpcHandleBytes = 64;  // CU_IPC_HANDLE_SIZE
 inline constexpr size_t kMaxRunRegions = 64;       // distinct regions in one run
 // A region's name in a run, for the worker's errors: longer ones are cut.
 inline constexpr size_t kMaxDeviceRegionNameBytes = 64;
-inline constexpr size_t kMaxDeviceCopies = 1024;   // copies in one run
+inline constexpr size_t kMaxDeviceCopies = 1024;  // copies in one run
 
 struct DeviceRegion {
   uint64_t id = 0;   // the server's registration id, never reused in its life

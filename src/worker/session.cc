@@ -124,7 +124,8 @@ Result<bool> WorkerSession::Next() {
   if (!ready_) return FailedPrecondition("Next() before Ready()");
   if (in_batch_) return FailedPrecondition("Next() before the last batch's Done()");
   for (;;) {
-    auto m = control::ReceiveKind(control_.get(), -1, {control::Kind::kRun, control::Kind::kRelease});
+    auto m =
+        control::ReceiveKind(control_.get(), -1, {control::Kind::kRun, control::Kind::kRelease});
     if (!m.ok()) {
       if (m.status().code() == StatusCode::kUnavailable) return false;
       return m.status();
@@ -166,8 +167,8 @@ Status WorkerSession::CopyGaps(int device, std::byte* device_bytes, std::byte* s
   uint64_t at = 0;
   auto copy = [&](uint64_t from, uint64_t to) {
     if (to <= from) return Status::Ok();
-    return to_device ? CopyAnywhere(device, device_bytes + from, slot_bytes + from, to - from)
-                     : CopyAnywhere(device, slot_bytes + from, device_bytes + from, to - from);
+    return to_device ? CopyQueued(device, device_bytes + from, slot_bytes + from, to - from)
+                     : CopyQueued(device, slot_bytes + from, device_bytes + from, to - from);
   };
   for (const control::DeviceCopy* c : copies) {
     RETURN_IF_ERROR(copy(at, c->offset));
@@ -203,17 +204,17 @@ Status WorkerSession::StartDeviceCopies() {
   if (run_.copies.empty()) return Status::Ok();
   for (const control::DeviceRegion& g : run_.regions) {
     auto it = open_regions_.find(g.id);
-    if (it != open_regions_.end() && (it->second.region.handle != g.handle ||
-                                      it->second.region.byte_size != g.byte_size ||
-                                      it->second.region.device != g.device)) {
+    if (it != open_regions_.end() &&
+        (it->second.region.handle != g.handle || it->second.region.byte_size != g.byte_size ||
+         it->second.region.device != g.device)) {
       open_regions_.erase(it);  // not what was opened under that id: opened again
       it = open_regions_.end();
     }
     if (it == open_regions_.end()) {
       auto opened = ClientRegion::Open(CopyDevice(g), g.handle, g.byte_size);
       if (!opened.ok())
-        return opened.status().WithContext("CUDA shared-memory region '" + g.name +
-                                           "' (device " + std::to_string(g.device) + ")");
+        return opened.status().WithContext("CUDA shared-memory region '" + g.name + "' (device " +
+                                           std::to_string(g.device) + ")");
       it = open_regions_.emplace(g.id, OpenRegion{g, std::move(opened).value(), 0}).first;
     }
     it->second.last_used = run_.seq;
@@ -239,8 +240,8 @@ Status WorkerSession::StartDeviceCopies() {
       // Through the slot: the backend reads host memory.
       for (const control::DeviceCopy* c : copies)
         RETURN_IF_ERROR(
-            Sticky(CopyAnywhere(CopyDevice(run_.regions[c->region]), slot_bytes + c->offset,
-                                regions_[c->region]->data() + c->region_offset, c->bytes)));
+            Sticky(CopyQueued(CopyDevice(run_.regions[c->region]), slot_bytes + c->offset,
+                              regions_[c->region]->data() + c->region_offset, c->bytes)));
       continue;
     }
     if (copies.size() == 1 && copies[0]->offset == 0 && copies[0]->bytes == t.bytes) {
@@ -250,11 +251,27 @@ Status WorkerSession::StartDeviceCopies() {
     ASSIGN_OR_RETURN(std::byte * staged, input_staging_[i].Reserve(device_, t.bytes));
     RETURN_IF_ERROR(Sticky(CopyGaps(device_, staged, slot_bytes, t.bytes, copies, true)));
     for (const control::DeviceCopy* c : copies)
-      RETURN_IF_ERROR(Sticky(CopyAnywhere(
-          device_, staged + c->offset, regions_[c->region]->data() + c->region_offset, c->bytes)));
+      RETURN_IF_ERROR(Sticky(CopyQueued(device_, staged + c->offset,
+                                        regions_[c->region]->data() + c->region_offset, c->bytes)));
     input_at_[i] = staged;
   }
-  return Status::Ok();
+  return Sticky(WaitForQueued());
+}
+
+// Copies are queued on the legacy stream of their device and waited for
+// once, all of them, before the batch goes on.
+Status WorkerSession::CopyQueued(int device, void* dst, const void* src, uint64_t bytes) {
+  if (std::find(queued_on_.begin(), queued_on_.end(), device) == queued_on_.end())
+    queued_on_.push_back(device);
+  return CopyAnywhere(device, dst, src, bytes, /*wait=*/false);
+}
+
+Status WorkerSession::WaitForQueued() {
+  Status s = Status::Ok();
+  for (int device : queued_on_)
+    if (Status w = WaitForCopies(device); s.ok()) s = w;
+  queued_on_.clear();
+  return s;
 }
 
 Result<void*> WorkerSession::output_address(size_t i, std::byte* room) {
@@ -282,12 +299,13 @@ Status WorkerSession::FinishDeviceCopies() {
       ASSIGN_OR_RETURN(from, output_staging_[i].Reserve(device_, t.bytes));
       RETURN_IF_ERROR(Sticky(CopyGaps(device_, from, slot_bytes, t.bytes, copies, false)));
     }
+    // Staged outputs leave on the stream their gaps took (the worker's).
     for (const control::DeviceCopy* c : copies)
-      RETURN_IF_ERROR(Sticky(CopyAnywhere(CopyDevice(run_.regions[c->region]),
-                                          regions_[c->region]->data() + c->region_offset,
-                                          from + c->offset, c->bytes)));
+      RETURN_IF_ERROR(Sticky(
+          CopyQueued(output_staged_[i] ? device_ : CopyDevice(run_.regions[c->region]),
+                     regions_[c->region]->data() + c->region_offset, from + c->offset, c->bytes)));
   }
-  return Status::Ok();
+  return Sticky(WaitForQueued());
 }
 
 std::span<const std::byte> WorkerSession::input(size_t i) const {

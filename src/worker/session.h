@@ -131,6 +131,8 @@ class WorkerSession {
   // skipping the parts that `copies` (sorted, of one tensor) cover.
   Status CopyGaps(int device, std::byte* device_bytes, std::byte* slot_bytes, uint64_t bytes,
                   const std::vector<const control::DeviceCopy*>& copies, bool to_device);
+  Status CopyQueued(int device, void* dst, const void* src, uint64_t bytes);
+  Status WaitForQueued();
   int CopyDevice(const control::DeviceRegion& region) const {
     return device_ >= 0 ? device_ : region.device;
   }
@@ -150,7 +152,7 @@ class WorkerSession {
   std::vector<bool> given_;
   uint64_t cursor_ = 0;  // next free byte for outputs the worker places
   std::chrono::steady_clock::time_point started_;
-  int device_ = -1;                                     // TakeDeviceAddresses
+  int device_ = -1;  // TakeDeviceAddresses
   // Client CUDA regions kept open between batches, by registration id
   // (never reused by the server), until the server says one was
   // unregistered (kRelease); at most kMaxOpenRegions, the least recently
@@ -166,6 +168,7 @@ class WorkerSession {
   std::vector<const void*> input_at_;
   std::vector<DeviceStaging> input_staging_, output_staging_;
   std::vector<uint8_t> output_staged_;  // output i went to output_staging_[i]
+  std::vector<int> queued_on_;          // devices with copies not yet waited for
 };
 
 }  // namespace hearth

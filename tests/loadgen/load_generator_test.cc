@@ -151,7 +151,8 @@ input:
 output:
   - {name: y, data_type: TYPE_FP32, dims: [1]}
 instance_group:
-  - {count: 1, kind: )" << (OnGpu() ? "KIND_GPU" : "KIND_CPU") << R"(}
+  - {count: 1, kind: )" << (OnGpu() ? "KIND_GPU" : "KIND_CPU")
+                                                            << R"(}
 )";
     const std::string log = (*dir_ / "serve.log").string();
     posix_spawn_file_actions_t actions;
@@ -159,8 +160,9 @@ instance_group:
     posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
     const std::string repo = (*dir_ / "repo").string();
-    std::vector<std::string> args = {cli,           "serve", "--model-repository", repo,
-                                     "--http-port", "0",     "--device",           OnGpu() ? "cuda:0" : "cpu"};
+    std::vector<std::string> args = {
+        cli,           "serve", "--model-repository", repo,
+        "--http-port", "0",     "--device",           OnGpu() ? "cuda:0" : "cpu"};
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
