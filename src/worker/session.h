@@ -18,7 +18,7 @@
 
 #include "hearth/status.h"
 #include "hearth/unique_fd.h"
-#include "memory/client_region.h"
+#include "attach/client_region.h"
 #include "protocol/worker_protocol.h"
 
 namespace hearth {

@@ -1,4 +1,4 @@
-#include "memory/client_region.h"
+#include "attach/client_region.h"
 
 #include <cstring>
 #include <string>

@@ -3,9 +3,10 @@
 // handle, opened in a worker so that a batch's inputs are copied from them,
 // and its outputs into them, device to device; and the copies themselves.
 //
-// Each region is opened for the batch that names it and closed when that
-// batch is over: a region the client unregisters (and frees) is never held
-// by an idle worker.
+// The attach side of another process's memory, as attach_client is for the
+// store's: here a client's, mapped read-write for the batches that name it.
+// The worker keeps each open until the server says it was unregistered
+// (worker/session.h).
 //
 // Without CUDA (a build without it, or no driver) every call is Unavailable,
 // saying why.
