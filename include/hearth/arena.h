@@ -23,13 +23,11 @@
 #include <vector>
 
 #include "hearth/device.h"
+#include "hearth/manifest.h"  // kArenaAlignment
 #include "hearth/status.h"
 #include "hearth/unique_fd.h"
 
 namespace hearth {
-
-// Every tensor starts at a multiple of this inside its arena.
-inline constexpr uint64_t kArenaAlignment = 256;
 
 // Packs `sizes` one after another, each at a multiple of `alignment` (a power
 // of two). Returns the offsets; *total receives the packed size. Errors on

@@ -15,6 +15,10 @@
 
 namespace hearth {
 
+// Every tensor starts at a multiple of this inside its arena (a manifest
+// that says otherwise is refused).
+inline constexpr uint64_t kArenaAlignment = 256;
+
 struct ManifestTensor {
   std::string name;
   DType dtype = DType::kF32;

@@ -2,8 +2,8 @@
 
 #include <charconv>
 #include <limits>
-
-#include "hearth/arena.h"
+#include <optional>
+#include <string>
 
 namespace hearth {
 
@@ -13,7 +13,8 @@ Status ValidateManifest(const Manifest& m) {
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     const ManifestTensor& t = m.tensors[i];
     const std::string at = where + ": tensor '" + t.name + "'";
-    if (t.name.empty()) return InvalidArgument(where + ": tensor " + std::to_string(i) + " has no name");
+    if (t.name.empty())
+      return InvalidArgument(where + ": tensor " + std::to_string(i) + " has no name");
     if (i > 0 && !(m.tensors[i - 1].name < t.name))
       return InvalidArgument(at + ": names are not unique and sorted");
     if (static_cast<int>(t.dtype) >= kDTypeCount) return InvalidArgument(at + ": unknown dtype");
@@ -23,7 +24,8 @@ Status ValidateManifest(const Manifest& m) {
     const std::optional<uint64_t> bytes = TensorBytes(t.dtype, t.shape);
     if (!bytes) return InvalidArgument(at + ": shape overflows");
     if (*bytes != t.nbytes)
-      return InvalidArgument(at + ": " + std::to_string(t.nbytes) + " bytes do not match its shape and dtype");
+      return InvalidArgument(at + ": " + std::to_string(t.nbytes) +
+                             " bytes do not match its shape and dtype");
     if (t.offset % kArenaAlignment != 0)
       return InvalidArgument(at + ": offset " + std::to_string(t.offset) + " is not aligned to " +
                              std::to_string(kArenaAlignment));
