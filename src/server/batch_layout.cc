@@ -51,19 +51,27 @@ uint64_t SlotBytesOf(const InferTensor& input) {
   return input.shm && input.shm->cuda ? input.shm->byte_size : input.data.size();
 }
 
-size_t JobsThatFit(std::span<const std::shared_ptr<Job>> jobs) {
+size_t JobsThatFit(std::span<const std::shared_ptr<Job>> jobs, uint64_t max_input_bytes) {
   std::set<uint64_t> ids;
   size_t copies = 0;
+  uint64_t input_bytes = 0;
   size_t n = 0;
   for (const auto& job : jobs) {
     CudaUse use = CudaUseOf(*job);
     size_t new_ids = 0;
     for (uint64_t id : use.ids) new_ids += ids.count(id) == 0 ? 1 : 0;
+    // A CUDA input's size is the client's (up to its region's): bounded
+    // here, so that requests batched with a huge one are not failed with it.
+    uint64_t bytes = 0;
+    for (const InferTensor& in : job->request.inputs)
+      bytes = std::min(max_input_bytes + 1, bytes + std::min(max_input_bytes + 1, SlotBytesOf(in)));
     if (n > 0 && (ids.size() + new_ids > control::kMaxRunRegions ||
-                  copies + use.copies > control::kMaxDeviceCopies))
+                  copies + use.copies > control::kMaxDeviceCopies ||
+                  bytes > max_input_bytes - std::min(max_input_bytes, input_bytes)))
       break;
     ids.insert(use.ids.begin(), use.ids.end());
     copies += use.copies;
+    input_bytes = std::min(max_input_bytes + 1, input_bytes + bytes);
     ++n;
   }
   return std::max<size_t>(n, jobs.empty() ? 0 : 1);
@@ -109,6 +117,11 @@ Result<BatchLayout> LayOutBatch(const BatchModel& model,
         return InvalidArgument("a request of the batch has no input '" + spec.name + "'");
       if (first == nullptr) first = in;
       const uint64_t bytes = SlotBytesOf(*in);
+      // Never wraps: every size a request gives is checked against what a
+      // run may hold before it is added.
+      if (bytes >= control::kMaxSlotBytes - t.bytes)
+        return ResourceExhausted("input '" + spec.name + "' of the batch comes to more than " +
+                                 std::to_string(control::kMaxSlotBytes) + " bytes");
       if (in->shm && in->shm->cuda) {
         if (bytes > 0)
           run.copies.push_back({region_index(*in->shm->cuda), false, static_cast<uint32_t>(i),
@@ -178,6 +191,9 @@ Result<BatchLayout> LayOutBatch(const BatchModel& model,
                            " copies, over the limits of one run (" +
                            std::to_string(control::kMaxRunRegions) + " regions, " +
                            std::to_string(control::kMaxDeviceCopies) + " copies)");
+  // What the worker will check, checked first: a bad layout fails its
+  // requests here, never the worker that would refuse it.
+  RETURN_IF_ERROR(control::CheckDeviceCopies(run));
   return layout;
 }
 

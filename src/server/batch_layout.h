@@ -46,10 +46,11 @@ struct BatchLayout {
 uint64_t SlotBytesOf(const InferTensor& input);
 
 // How many of `jobs`, from the first, one run can hold within
-// control::kMaxRunRegions distinct CUDA regions and control::kMaxDeviceCopies
-// copies; at least 1 (a request that alone is over them is refused by
-// LayOutBatch).
-size_t JobsThatFit(std::span<const std::shared_ptr<Job>> jobs);
+// control::kMaxRunRegions distinct CUDA regions, control::kMaxDeviceCopies
+// copies and `max_input_bytes` of inputs in the slot; at least 1 (a request
+// that alone is over them fails alone: LayOutBatch, or the slot's limit).
+size_t JobsThatFit(std::span<const std::shared_ptr<Job>> jobs,
+                   uint64_t max_input_bytes = control::kMaxSlotBytes);
 
 // Lays out `jobs` (checked by the server against the model: each has every
 // input, of the batch's shape; each CUDA output of a fixed size, the room

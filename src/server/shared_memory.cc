@@ -118,9 +118,12 @@ Status SharedMemoryRegistry::UnregisterCuda(const std::string& name) {
   std::lock_guard lock(mu_);
   if (name.empty()) {
     if (!cuda_regions_.empty()) ++cuda_unregistrations_;
+    for (auto& [n, e] : cuda_regions_) e->unregistered = true;
     cuda_regions_.clear();
     return Status::Ok();
   }
+  if (auto it = cuda_regions_.find(name); it != cuda_regions_.end())
+    it->second->unregistered = true;
   if (cuda_regions_.erase(name) == 0)
     return NotFound("no CUDA shared-memory region named '" + name + "' is registered");
   ++cuda_unregistrations_;

@@ -49,6 +49,9 @@ struct CudaSharedMemoryEntry {
   // by id never mistakes a region registered later under the same name.
   uint64_t id = 0;
   std::array<uint8_t, control::kCudaIpcHandleBytes> handle{};
+  // Set when it is unregistered: a worker that ran a batch naming it after
+  // the release for its unregistration is told again (WorkerSupervisor).
+  mutable std::atomic<bool> unregistered{false};
 };
 
 // Thread-safe.

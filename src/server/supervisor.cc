@@ -327,18 +327,27 @@ InferTensor Classify(const InferTensor& t, uint32_t count, bool batching) {
   return out;
 }
 
+// More than a worker keeps open (WorkerSession::kMaxOpenRegions).
+constexpr size_t kMaxNamedRegions = 512;
+
 bool WorkerSupervisor::ReleaseRegionsIfUnregistered(int control) {
   if (model_.shared_memory == nullptr) return true;
   const uint64_t now = model_.shared_memory->CudaUnregistrations();
-  if (now == told_unregistrations_) return true;
+  bool release = now != told_unregistrations_;
+  for (const auto& [id, entry] : named_regions_) release = release || entry->unregistered.load();
+  // Past what the worker keeps open, it has closed some itself: tracking
+  // starts again from none.
+  release = release || named_regions_.size() > kMaxNamedRegions;
+  if (!release) return true;
   told_unregistrations_ = now;
+  named_regions_.clear();
   return control::SendRelease(control).ok();
 }
 
 bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<Job>>& popped) {
   // A run names at most so many CUDA regions and copies: the requests past
   // them go back to the front of the queue, in order, for the next batch.
-  const size_t fit = JobsThatFit(popped);
+  const size_t fit = JobsThatFit(popped, kMaxSlotBytes);
   for (size_t k = popped.size(); k > fit; --k) model_.queue->PushFront(popped[k - 1]);
   const std::vector<std::shared_ptr<Job>> jobs(popped.begin(),
                                                popped.begin() + static_cast<std::ptrdiff_t>(fit));
@@ -400,6 +409,15 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
   pollfd gone{control, POLLIN, 0};
   if (::poll(&gone, 1, 0) > 0) return requeue_unharmed();  // end-of-file, or it spoke unasked
   Status sent = control::SendRun(control, run);
+  // What the worker may now keep open (session.h).
+  if (sent.ok() && !run.regions.empty()) {
+    for (const auto& job : jobs) {
+      for (const InferTensor& in : job->request.inputs)
+        if (in.shm && in.shm->cuda) named_regions_.emplace(in.shm->cuda->id, in.shm->cuda);
+      for (const RequestedOutput& o : job->request.outputs)
+        if (o.shm && o.shm->cuda) named_regions_.emplace(o.shm->cuda->id, o.shm->cuda);
+    }
+  }
   if (!sent.ok() && sent.code() == StatusCode::kUnavailable) return requeue_unharmed();
   if (sent.ok() && model_.config().decoupled) return RunStream(control, jobs[0], run, handed_over);
   Result<control::Message> done =
@@ -950,7 +968,7 @@ void WorkerSupervisor::Loop() {
         probe = placement_.health.ClaimProbe(Clock::now());
         if (!probe) {
           pollfd p{control.get(), POLLIN, 0};
-          if (::poll(&p, 1, 100) > 0) {
+          if (::poll(&p, 1, 100) > 0 || !ReleaseRegionsIfUnregistered(control.get())) {
             spdlog::warn("{} worker {} (pid {}) on {} died while held back", model_.name, index_,
                          pid, placement_.device_name);
             death = "died while held back";

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -110,6 +111,10 @@ class WorkerSupervisor {
   // The registry's CUDA unregistrations this worker was told of (kRelease):
   // it closes the regions it keeps open when the count moves on.
   uint64_t told_unregistrations_ = 0;
+  // The CUDA regions this worker's batches named since its last kRelease
+  // (it may keep them open): one of them unregistered since is a release
+  // too, however the count stands.
+  std::map<uint64_t, std::shared_ptr<const CudaSharedMemoryEntry>> named_regions_;
   // Sends kRelease when a CUDA region was unregistered since the last time;
   // false if the worker is gone.
   bool ReleaseRegionsIfUnregistered(int control);

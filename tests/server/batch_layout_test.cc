@@ -220,3 +220,40 @@ TEST(BatchLayout, BatchesAreCutWhereARunWouldHoldTooManyCopies) {
 
 }  // namespace
 }  // namespace hearth
+
+namespace hearth {
+namespace {
+
+// Sizes a client gives (a CUDA input's byte_size, up to its region's) are
+// bounded before they are added: a batch is cut at the slot's input bytes,
+// and sizes that would wrap a 64-bit sum fail the layout, never become a
+// small one.
+TEST(BatchLayout, ClientSizesAreBoundedBeforeTheyAreAdded) {
+  Model m;
+  auto huge = Region(7, ~0ull >> 2);
+  auto big_job = [&](uint64_t bytes) {
+    auto job = MakeJob(1, huge);
+    job->request.inputs[0].shm->byte_size = bytes;
+    return job;
+  };
+  // 24 bytes of inline inputs a job: two fit in 48, the third is cut off.
+  std::vector<std::shared_ptr<Job>> three = {MakeJob(1), MakeJob(1), MakeJob(1)};
+  EXPECT_EQ(JobsThatFit(three, 48), 2u);
+  // One job alone is always taken (it fails alone if it is over).
+  EXPECT_EQ(JobsThatFit(std::vector<std::shared_ptr<Job>>{big_job(1ull << 61)}, 1024), 1u);
+  // A huge request after a small one is left for the next batch.
+  std::vector<std::shared_ptr<Job>> mixed = {MakeJob(1), big_job(1ull << 61), MakeJob(1)};
+  EXPECT_EQ(JobsThatFit(mixed, 16ull << 30), 1u);
+  // Laid out anyway, sizes that would wrap are refused.
+  std::vector<std::shared_ptr<Job>> wrapping = {big_job(1ull << 61), big_job(1ull << 61),
+                                                big_job(1ull << 61)};
+  auto refused = LayOutBatch(m.model(), wrapping);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("input 'x' of the batch comes to more than"),
+            std::string::npos)
+      << refused.status().ToString();
+}
+
+}  // namespace
+}  // namespace hearth
