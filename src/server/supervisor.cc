@@ -419,6 +419,12 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
     }
   }
   if (!sent.ok() && sent.code() == StatusCode::kUnavailable) return requeue_unharmed();
+  if (!sent.ok() && sent.code() == StatusCode::kInvalidArgument) {
+    // Refused by the encoder (over a message's limits), so nothing was
+    // sent: the batch fails, not the worker.
+    fail_all(sent.WithContext("model '" + model_.name + "'"));
+    return true;
+  }
   if (sent.ok() && model_.config().decoupled) return RunStream(control, jobs[0], run, handed_over);
   Result<control::Message> done =
       sent.ok() ? control::ReceiveKind(control, left_ms(), {control::Kind::kDone})
