@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "checkpoint/synthetic.h"
+#include "common/run_together.h"
 #ifdef HEARTH_HAVE_GRPC
 #include "grpc/kserve_grpc_server.h"
 #endif
@@ -97,22 +98,6 @@ void PrintTensorTable(const std::vector<T>& tensors) {
 }
 
 // ---- hearth store ----------------------------------------------------------
-
-// Runs each task at once, each on a thread of its own but the last (on the
-// caller's), and returns when all are done; a task that gets no thread runs
-// on the caller's in its turn.
-void RunTogether(const std::vector<std::function<void()>>& tasks) {
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i + 1 < tasks.size(); ++i) {
-    try {
-      threads.emplace_back(tasks[i]);
-    } catch (const std::system_error&) {
-      tasks[i]();
-    }
-  }
-  if (!tasks.empty()) tasks.back()();
-  for (std::thread& t : threads) t.join();
-}
 
 // The devices of --device: the default one when it is empty.
 Result<std::vector<StoreDevice>> StoreDevicesOf(const std::string& device_text) {

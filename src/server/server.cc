@@ -30,6 +30,7 @@
 
 #include "common/bytes_tensor.h"
 #include "common/checked_size.h"
+#include "common/run_together.h"
 #include "common/trusted_path.h"
 #include "hearth/arena.h"
 #include "hearth/attach.h"
@@ -96,22 +97,6 @@ struct ModelSlot {
   };
   std::map<std::string, Loaded> loaded;
 };
-
-// Runs every task at once, each on a thread of its own but the last (on the
-// caller's), and returns when all are done. A task that gets no thread
-// (RLIMIT_NPROC) runs on the caller's thread in its turn.
-void RunTogether(const std::vector<std::function<void()>>& tasks) {
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i + 1 < tasks.size(); ++i) {
-    try {
-      threads.emplace_back(tasks[i]);
-    } catch (const std::system_error&) {
-      tasks[i]();
-    }
-  }
-  if (!tasks.empty()) tasks.back()();
-  for (std::thread& t : threads) t.join();
-}
 
 // Wait between attempts to bring up a model that failed: 1, 2, 4, then every 5 s.
 std::chrono::milliseconds RetryDelay(int attempt) {
