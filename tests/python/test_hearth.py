@@ -92,6 +92,17 @@ def hearth_fds():
     return len(kinds)
 
 
+def wait_until_ready(proc, out_path, what, marker="hearth store ready", error_path=None):
+    """Polls the store's output for `marker` (30 s deadline); fails the test,
+    with what the store said, if it exits or the deadline passes first."""
+    deadline = time.monotonic() + 30
+    while marker not in pathlib.Path(out_path).read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            said = pathlib.Path(error_path or out_path).read_text()
+            pytest.fail(f"{what} did not become ready (rc {proc.poll()}):\n{said}")
+        time.sleep(0.02)
+
+
 def run_python(code, **env):
     """Runs `code` in a fresh interpreter with the package on the path; returns stdout."""
     full_env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), HEARTH_LIBRARY=LIBRARY)
@@ -167,12 +178,8 @@ def store():
             + [f"--model={name}={path}" for name, path in files.items()],
             stdout=out, stderr=err)
     try:
-        deadline = time.monotonic() + 30
-        while "ready" not in pathlib.Path(out_path).read_text():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                err_text = pathlib.Path(directory, "store.err").read_text()
-                pytest.fail(f"hearth store did not become ready (rc {proc.poll()}):\n{err_text}")
-            time.sleep(0.02)
+        wait_until_ready(proc, out_path, "hearth store", marker="ready",
+                         error_path=os.path.join(directory, "store.err"))
         yield Store(directory, socket, files, proc)
     finally:
         proc.terminate()
@@ -430,11 +437,7 @@ def device_stores():
         proc = subprocess.Popen([CLI, "store", "--socket", socket, "--device", "host0,host1",
                                  f"--model=scale={model}"], stdout=out, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 30
-        while "hearth store ready" not in pathlib.Path(out_path).read_text():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("the store did not start:\n" + pathlib.Path(out_path).read_text())
-            time.sleep(0.02)
+        wait_until_ready(proc, out_path, "the store")
         yield socket, model
     finally:
         proc.terminate()
@@ -490,10 +493,7 @@ def test_a_store_on_another_device_than_asked_is_refused():
                                      "--device", "cpu", f"--model=scale={model}"],
                                     stdout=out, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + 30
-            while "hearth store ready" not in pathlib.Path(out_path).read_text():
-                assert proc.poll() is None and time.monotonic() < deadline, pathlib.Path(out_path).read_text()
-                time.sleep(0.02)
+            wait_until_ready(proc, out_path, "the store")
             with pytest.raises(hearth.HearthError, match="that store holds it on cpu, not on cuda:0"):
                 len(hearth.attach("scale", socket=base, device="cuda:0"))
         finally:
@@ -537,12 +537,7 @@ def foreign_store(tmp_path):
                  f"--model=scale={model}"],
                 stdout=out, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + 30
-            while "hearth store ready" not in pathlib.Path(out_path).read_text():
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("the other uid's store did not start:\n"
-                                + pathlib.Path(out_path).read_text())
-                time.sleep(0.02)
+            wait_until_ready(proc, out_path, "the other uid's store")
             yield socket, proc.pid
         finally:
             proc.kill()
