@@ -11,9 +11,34 @@ namespace hearth {
 
 #if HEARTH_HAVE_CUDA
 
+namespace {
+// The context current on entry is current again on exit: a worker whose
+// own compute (a Python model's torch) runs in one context may open and
+// copy regions of another GPU's.
+class ContextKept {
+ public:
+  explicit ContextKept(const CudaDriver& cu)
+      : cu_(cu), known_(cu.CtxGetCurrent(&was_) == CUDA_SUCCESS) {}
+  ~ContextKept() {
+    // Where none was current, ours stays (as the other calls here expect).
+    CUcontext now = nullptr;
+    if (known_ && was_ != nullptr && cu_.CtxGetCurrent(&now) == CUDA_SUCCESS && now != was_)
+      CuLogIfError(cu_, cu_.CtxSetCurrent(was_), "cuCtxSetCurrent");
+  }
+  ContextKept(const ContextKept&) = delete;
+  ContextKept& operator=(const ContextKept&) = delete;
+
+ private:
+  const CudaDriver& cu_;
+  CUcontext was_ = nullptr;
+  bool known_;
+};
+}  // namespace
+
 Result<std::unique_ptr<ClientRegion>> ClientRegion::Open(
     int device, std::span<const uint8_t, kClientIpcHandleBytes> handle, uint64_t byte_size) {
   ASSIGN_OR_RETURN(const CudaDriver* cu, CudaDriver::Get());
+  ContextKept kept(*cu);
   RETURN_IF_ERROR(MakeContextCurrent(device));
   CUipcMemHandle h;
   static_assert(sizeof h.reserved == kClientIpcHandleBytes);
@@ -37,25 +62,30 @@ Result<std::unique_ptr<ClientRegion>> ClientRegion::Open(
     return ranged;
   }
   return std::unique_ptr<ClientRegion>(
-      new ClientRegion(reinterpret_cast<std::byte*>(ptr), byte_size));
+      new ClientRegion(reinterpret_cast<std::byte*>(ptr), byte_size, device));
 }
 
 ClientRegion::~ClientRegion() {
   auto cu = CudaDriver::Get();
-  if (cu.ok() && data_ != nullptr)
+  if (!cu.ok() || data_ == nullptr) return;
+  ContextKept kept(**cu);
+  if (MakeContextCurrent(device_).ok())
     CuLogIfError(**cu, (*cu)->IpcCloseMemHandle(reinterpret_cast<CUdeviceptr>(data_)),
                  "cuIpcCloseMemHandle");
 }
 
 DeviceStaging::~DeviceStaging() {
   auto cu = CudaDriver::Get();
-  if (cu.ok() && data_ != nullptr)
+  if (!cu.ok() || data_ == nullptr) return;
+  ContextKept kept(**cu);
+  if (MakeContextCurrent(device_).ok())
     CuLogIfError(**cu, (*cu)->MemFree(reinterpret_cast<CUdeviceptr>(data_)), "cuMemFree");
 }
 
 Result<std::byte*> DeviceStaging::Reserve(int device, uint64_t bytes) {
   if (bytes <= size_ && data_ != nullptr) return data_;
   ASSIGN_OR_RETURN(const CudaDriver* cu, CudaDriver::Get());
+  ContextKept kept(*cu);
   RETURN_IF_ERROR(MakeContextCurrent(device));
   if (data_ != nullptr) {
     CuLogIfError(*cu, cu->MemFree(reinterpret_cast<CUdeviceptr>(data_)), "cuMemFree");
@@ -70,11 +100,13 @@ Result<std::byte*> DeviceStaging::Reserve(int device, uint64_t bytes) {
                           "allocating " + std::to_string(size) + " bytes of device staging"));
   data_ = reinterpret_cast<std::byte*>(p);
   size_ = size;
+  device_ = device;
   return data_;
 }
 
 Status WaitForCopies(int device) {
   ASSIGN_OR_RETURN(const CudaDriver* cu, CudaDriver::Get());
+  ContextKept kept(*cu);
   RETURN_IF_ERROR(MakeContextCurrent(device));
   return CuCheck(*cu, cu->StreamSynchronize(nullptr), "waiting for copies");
 }
@@ -82,6 +114,7 @@ Status WaitForCopies(int device) {
 Status CopyAnywhere(int device, void* dst, const void* src, uint64_t bytes, bool wait) {
   if (bytes == 0) return Status::Ok();
   ASSIGN_OR_RETURN(const CudaDriver* cu, CudaDriver::Get());
+  ContextKept kept(*cu);
   RETURN_IF_ERROR(MakeContextCurrent(device));
   // The legacy default stream, waited for: device-to-device copies do not
   // wait for the host on their own, and the backend's own stream must find

@@ -11,6 +11,9 @@
 // Without CUDA (a build without it, or no driver) every call is Unavailable,
 // saying why.
 //
+// Each call leaves the context that was current in the calling thread
+// current again.
+//
 // Thread-safety: one thread uses these objects; the functions may be called
 // from any thread.
 #pragma once
@@ -45,9 +48,11 @@ class ClientRegion {
   uint64_t size() const { return size_; }
 
  private:
-  ClientRegion(std::byte* data, uint64_t size) : data_(data), size_(size) {}
+  ClientRegion(std::byte* data, uint64_t size, int device)
+      : data_(data), size_(size), device_(device) {}
   std::byte* data_ = nullptr;
   uint64_t size_ = 0;
+  int device_ = 0;  // whose context opened it
 };
 
 // Device memory of this process's own, for staging the parts of a batch
@@ -57,7 +62,9 @@ class DeviceStaging {
   DeviceStaging() = default;
   ~DeviceStaging();
   DeviceStaging(DeviceStaging&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+      : data_(std::exchange(other.data_, nullptr)),
+        size_(std::exchange(other.size_, 0)),
+        device_(other.device_) {}
   DeviceStaging& operator=(DeviceStaging&&) = delete;
   // At least `bytes` on `device` (its contents are not kept when it grows).
   Result<std::byte*> Reserve(int device, uint64_t bytes);
@@ -65,6 +72,7 @@ class DeviceStaging {
  private:
   std::byte* data_ = nullptr;
   uint64_t size_ = 0;
+  int device_ = 0;
 };
 
 // Copies `bytes` from `src` to `dst`, each host or device memory of this

@@ -3,11 +3,13 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <memory>
 #include <optional>
 #include <string_view>
+#include <tuple>
 
 #include "common/bytes_tensor.h"
 #include "common/checked_size.h"
@@ -209,6 +211,7 @@ Status SendReady(int fd, const Ready& m) {
   w.Specs(m.outputs);
   w.U64(m.device_memory_bytes);
   w.Str(m.text.substr(0, kMaxTextBytes));
+  w.U8(m.device_addresses ? 1 : 0);
   return SendPacket(fd, w.bytes(), kMaxMessageBytes, "ready");
 }
 
@@ -251,6 +254,7 @@ Status SendRun(int fd, const Run& m) {
     w.U64(c.bytes);
     w.U64(c.region_offset);
   }
+  w.U8(m.compact ? 1 : 0);
   return SendPacket(fd, w.bytes(), kMaxMessageBytes, "run");
 }
 
@@ -286,8 +290,13 @@ Status SendStart(int fd) {
   return SendPacket(fd, w.bytes(), kMaxMessageBytes, "start");
 }
 
-Status SendRelease(int fd) {
+Status SendRelease(int fd, std::span<const uint64_t> ids) {
+  if (ids.size() > kMaxReleaseIds)
+    return InvalidArgument("a release of " + std::to_string(ids.size()) + " regions, over " +
+                           std::to_string(kMaxReleaseIds));
   Writer w(Kind::kRelease);
+  w.U32(static_cast<uint32_t>(ids.size()));
+  for (uint64_t id : ids) w.U64(id);
   return SendPacket(fd, w.bytes(), kMaxMessageBytes, "release");
 }
 
@@ -353,6 +362,7 @@ Result<Message> ReceiveWith(int fd, int timeout_ms, int flags) {
       m.ready.outputs = r.Specs();
       m.ready.device_memory_bytes = r.U64();
       m.ready.text = r.Str(kMaxTextBytes, "the text");
+      m.ready.device_addresses = r.U8() != 0;
       RETURN_IF_ERROR(r.Finish("ready"));
       break;
     case Kind::kRun: {
@@ -388,6 +398,7 @@ Result<Message> ReceiveWith(int fd, int timeout_ms, int flags) {
         c.region_offset = r.U64();
         m.run.copies.push_back(c);
       }
+      m.run.compact = r.U8() != 0;
       RETURN_IF_ERROR(r.Finish("run"));
       if (m.run.output_placed.size() != m.run.outputs.size())
         return InvalidArgument("run message: placement flags for " +
@@ -426,9 +437,13 @@ Result<Message> ReceiveWith(int fd, int timeout_ms, int flags) {
     case Kind::kStart:
       RETURN_IF_ERROR(r.Finish("start"));
       break;
-    case Kind::kRelease:
+    case Kind::kRelease: {
+      const uint32_t ids = r.U32();
+      if (ids > kMaxReleaseIds) return InvalidArgument("release message: too many regions");
+      for (uint32_t i = 0; i < ids && r.ok(); ++i) m.release.ids.push_back(r.U64());
       RETURN_IF_ERROR(r.Finish("release"));
       break;
+    }
     case Kind::kRoom:
       m.room.seq = r.U64();
       m.room.slot_bytes = r.U64();
@@ -503,12 +518,42 @@ Status CheckDeviceCopies(const Run& run) {
           " of a tensor of " + std::to_string(t.bytes) + " and at " +
           std::to_string(c.region_offset) + " of a region of " + std::to_string(region_bytes));
   }
+  // No two copies of one tensor overlap: by tensor, then offset.
+  std::vector<const DeviceCopy*> sorted;
+  sorted.reserve(run.copies.size());
+  for (const DeviceCopy& c : run.copies) sorted.push_back(&c);
+  std::sort(sorted.begin(), sorted.end(), [](const DeviceCopy* a, const DeviceCopy* b) {
+    return std::tie(a->output, a->tensor, a->offset) < std::tie(b->output, b->tensor, b->offset);
+  });
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    const DeviceCopy& a = *sorted[i - 1];
+    const DeviceCopy& b = *sorted[i];
+    if (a.output == b.output && a.tensor == b.tensor && b.offset - a.offset < a.bytes)
+      return InvalidArgument("run message: two device copies of " +
+                             std::string(a.output ? "output " : "input ") +
+                             std::to_string(a.tensor) + " overlap at " + std::to_string(b.offset));
+  }
   return Status::Ok();
 }
 
+std::vector<uint64_t> SlotRooms(const Run& run, bool output) {
+  const std::vector<SlotTensor>& tensors = output ? run.outputs : run.inputs;
+  std::vector<uint64_t> room(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) room[i] = tensors[i].bytes;
+  if (!run.compact) return room;
+  // Checked copies do not overlap and lie inside their tensor: no wrap.
+  for (const DeviceCopy& c : run.copies)
+    if (c.output == output && c.tensor < room.size()) room[c.tensor] -= c.bytes;
+  return room;
+}
+
 Status CheckSlotTensor(const SlotTensor& t, DType dtype, uint64_t lo, uint64_t hi,
-                       const std::byte* data, const std::string& what) {
-  RETURN_IF_ERROR(CheckRange(t.offset, t.bytes, lo, hi, what));
+                       const std::byte* data, const std::string& what,
+                       std::optional<uint64_t> room) {
+  if (room.has_value() && (*room > t.bytes || (dtype == DType::kBytes && *room != t.bytes)))
+    return InvalidArgument(what + ": room for " + std::to_string(*room) + " of its " +
+                           std::to_string(t.bytes) + " bytes in the slot");
+  RETURN_IF_ERROR(CheckRange(t.offset, room.value_or(t.bytes), lo, hi, what));
   for (int64_t d : t.shape)
     if (d < 0) return InvalidArgument(what + ": negative dimension in " + ShapeString(t.shape));
   if (dtype == DType::kBytes) {

@@ -30,7 +30,8 @@
 //
 // A worker keeps the CUDA shared-memory regions its batches named open
 // (a bounded number) until, between two batches,
-//   server -> worker  kRelease one was unregistered: close them all.
+//   server -> worker  kRelease these were unregistered: close them (no ids:
+//                              close every one).
 //
 // A decoupled model (Setup::decoupled) answers each run, which holds one
 // request, with a stream:
@@ -56,6 +57,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -109,6 +111,10 @@ struct Ready {
   std::vector<TensorSpec> inputs, outputs;
   uint64_t device_memory_bytes = 0;  // what the worker's own device buffers cost
   std::string text;                  // device and start-up timings, for the log
+  // The backend reads inputs from and writes outputs to device memory: the
+  // worker takes CUDA shared-memory regions where they lie, and its runs
+  // may be compact (Run::compact).
+  bool device_addresses = false;
 };
 
 // A tensor in the slot: its bytes at [offset, offset + bytes) and its full
@@ -139,10 +145,12 @@ struct DeviceRegion {
   bool operator==(const DeviceRegion&) const = default;
 };
 
-// `bytes` of input (or output) `tensor`, at `offset` into its place in the
-// slot (one request's rows), come from (go to) `region_offset` of region
-// `region` (an index into Run::regions). The slot keeps the room for them,
-// so that a worker that cannot take device pointers copies through it.
+// `bytes` of input (or output) `tensor`, at `offset` into the tensor (one
+// request's rows), come from (go to) `region_offset` of region `region` (an
+// index into Run::regions). The copies of one tensor do not overlap. The
+// slot keeps room for them, at the same offset into the tensor's place, so
+// that a worker that cannot take device addresses copies through it; in a
+// compact run (a worker that takes them) it does not.
 struct DeviceCopy {
   uint32_t region = 0;
   bool output = false;
@@ -171,6 +179,11 @@ struct Run {
   // inside its tensor's place in the slot (CheckDeviceCopies).
   std::vector<DeviceRegion> regions;
   std::vector<DeviceCopy> copies;
+  // Only for a worker that said Ready::device_addresses: the bytes in
+  // regions have no room in the slot. A tensor's place holds its other
+  // bytes, in their order, one after the other (SlotRooms), so that a
+  // client's region, however large, never grows the slot.
+  bool compact = false;
 };
 
 struct Done {
@@ -194,6 +207,12 @@ struct Ack {
   bool cancel = false;
 };
 
+// Registration ids of CUDA regions to close; none: all of them.
+inline constexpr size_t kMaxReleaseIds = 1024;
+struct Release {
+  std::vector<uint64_t> ids;
+};
+
 struct Room {
   uint64_t seq = 0;
   uint64_t slot_bytes = 0;
@@ -208,9 +227,9 @@ Status SendRoom(int fd, const Room& m);
 Status SendPartial(int fd, const Done& m);
 Status SendAck(int fd, const Ack& m);
 Status SendStart(int fd);
-// Between batches: close every client CUDA region kept open (one was
-// unregistered).
-Status SendRelease(int fd);
+// Between batches: close the client CUDA regions of `ids` kept open (they
+// were unregistered); no ids: every one.
+Status SendRelease(int fd, std::span<const uint64_t> ids = {});
 
 // What came: exactly one of the members is set, by `kind`.
 struct Message {
@@ -221,6 +240,7 @@ struct Message {
   Done done;  // kDone and kPartial
   Room room;
   Ack ack;
+  Release release;
 };
 
 // Waits up to timeout_ms (-1: forever) for the next message and decodes it,
@@ -248,12 +268,20 @@ Status CheckShape(const TensorSpec& spec, bool batching, int64_t rows,
 // Checks that [t.offset, t.offset + t.bytes) lies inside [lo, hi) and that
 // t.bytes is what t.shape needs (fixed types) or that the bytes are
 // `count` well-formed BYTES elements (when `data` is the slot's base; the
-// BYTES check is skipped when `data` is null).
+// BYTES check is skipped when `data` is null). `room`: the bytes its place
+// holds when fewer than t.bytes (a compact run's tensor with copies).
 Status CheckSlotTensor(const SlotTensor& t, DType dtype, uint64_t lo, uint64_t hi,
-                       const std::byte* data, const std::string& what);
+                       const std::byte* data, const std::string& what,
+                       std::optional<uint64_t> room = std::nullopt);
 
 // Every device copy of `run` names a region and a tensor it has (an output
-// only where the server placed it), and lies inside both.
+// only where the server placed it), lies inside both, and overlaps no other
+// copy of its tensor.
 Status CheckDeviceCopies(const Run& run);
+
+// Per input (output: false) or output of a run whose copies were checked:
+// the bytes its place in the slot holds. Its SlotTensor's bytes, less, in a
+// compact run, those of its copies.
+std::vector<uint64_t> SlotRooms(const Run& run, bool output);
 
 }  // namespace hearth::control

@@ -51,36 +51,47 @@ uint64_t SlotBytesOf(const InferTensor& input) {
   return input.shm && input.shm->cuda ? input.shm->byte_size : input.data.size();
 }
 
-size_t JobsThatFit(std::span<const std::shared_ptr<Job>> jobs, uint64_t max_input_bytes) {
+size_t JobsThatFit(std::span<const std::shared_ptr<Job>> jobs, uint64_t max_input_bytes,
+                   uint64_t max_region_bytes) {
   std::set<uint64_t> ids;
   size_t copies = 0;
-  uint64_t input_bytes = 0;
+  uint64_t input_bytes = 0, region_bytes = 0;
   size_t n = 0;
+  // Sums of the client's sizes (up to its regions'), each term bounded
+  // first, so that they never wrap.
+  auto add = [](uint64_t sum, uint64_t v, uint64_t limit) {
+    return std::min(limit + 1, sum + std::min(limit + 1, v));
+  };
   for (const auto& job : jobs) {
     CudaUse use = CudaUseOf(*job);
     size_t new_ids = 0;
     for (uint64_t id : use.ids) new_ids += ids.count(id) == 0 ? 1 : 0;
-    // A CUDA input's size is the client's (up to its region's): bounded
-    // here, so that requests batched with a huge one are not failed with it.
-    uint64_t bytes = 0;
-    for (const InferTensor& in : job->request.inputs)
-      bytes = std::min(max_input_bytes + 1, bytes + std::min(max_input_bytes + 1, SlotBytesOf(in)));
+    uint64_t bytes = 0, in_regions = 0;
+    for (const InferTensor& in : job->request.inputs) {
+      bytes = add(bytes, SlotBytesOf(in), max_input_bytes);
+      if (in.shm && in.shm->cuda) in_regions = add(in_regions, in.shm->byte_size, max_region_bytes);
+    }
+    for (const RequestedOutput& o : job->request.outputs)
+      if (o.shm && o.shm->cuda) in_regions = add(in_regions, o.shm->byte_size, max_region_bytes);
     if (n > 0 && (ids.size() + new_ids > control::kMaxRunRegions ||
                   copies + use.copies > control::kMaxDeviceCopies ||
-                  bytes > max_input_bytes - std::min(max_input_bytes, input_bytes)))
+                  bytes > max_input_bytes - std::min(max_input_bytes, input_bytes) ||
+                  add(region_bytes, in_regions, max_region_bytes) > max_region_bytes))
       break;
     ids.insert(use.ids.begin(), use.ids.end());
     copies += use.copies;
-    input_bytes = std::min(max_input_bytes + 1, input_bytes + bytes);
+    input_bytes = add(input_bytes, bytes, max_input_bytes);
+    region_bytes = add(region_bytes, in_regions, max_region_bytes);
     ++n;
   }
   return std::max<size_t>(n, jobs.empty() ? 0 : 1);
 }
 
-Result<BatchLayout> LayOutBatch(const BatchModel& model,
-                                std::span<const std::shared_ptr<Job>> jobs) {
+Result<BatchLayout> LayOutBatch(const BatchModel& model, std::span<const std::shared_ptr<Job>> jobs,
+                                bool compact) {
   BatchLayout layout;
   control::Run& run = layout.run;
+  run.compact = compact;
   if (jobs.empty()) return layout;
   int64_t rows = 0;
   for (const auto& job : jobs) rows += job->batch;
@@ -104,12 +115,14 @@ Result<BatchLayout> LayOutBatch(const BatchModel& model,
     return static_cast<uint32_t>(run.regions.size() - 1);
   };
 
-  // Each input's rows from every request, one after the other.
+  // Each input's rows from every request, one after the other; `room`: the
+  // bytes of them in the slot (compact: not those in CUDA regions).
   uint64_t at = 0;
   for (size_t i = 0; i < model.inputs.size(); ++i) {
     const TensorSpec& spec = model.inputs[i];
     control::SlotTensor t;
     t.offset = Align64(at);
+    uint64_t room = 0;
     const InferTensor* first = nullptr;
     for (const auto& job : jobs) {
       const InferTensor* in = InputNamed(*job, spec.name);
@@ -122,25 +135,28 @@ Result<BatchLayout> LayOutBatch(const BatchModel& model,
       if (bytes >= control::kMaxSlotBytes - t.bytes)
         return ResourceExhausted("input '" + spec.name + "' of the batch comes to more than " +
                                  std::to_string(control::kMaxSlotBytes) + " bytes");
-      if (in->shm && in->shm->cuda) {
+      const bool in_region = in->shm && in->shm->cuda;
+      if (in_region) {
         if (bytes > 0)
           run.copies.push_back({region_index(*in->shm->cuda), false, static_cast<uint32_t>(i),
                                 t.bytes, bytes, in->shm->offset});
       } else if (bytes > 0) {
-        layout.host_copies.push_back({t.offset + t.bytes, in->data.bytes()});
+        layout.host_copies.push_back({t.offset + room, in->data.bytes()});
       }
       t.bytes += bytes;
+      if (!in_region || !compact) room += bytes;
     }
     if (model.batching) t.shape.push_back(rows);
     t.shape.insert(t.shape.end(), first->shape.begin() + (model.batching ? 1 : 0),
                    first->shape.end());
-    at = t.offset + t.bytes;
+    at = t.offset + room;
     run.inputs.push_back(std::move(t));
   }
 
   // Then each output whose size is known now; the worker places the others
   // in the room after them.
   layout.output_in_cuda.assign(jobs.size(), std::vector<bool>(model.outputs.size(), false));
+  layout.output_shares.assign(jobs.size(), std::vector<OutputShare>(model.outputs.size()));
   for (size_t i = 0; i < model.outputs.size(); ++i) {
     const TensorSpec& spec = model.outputs[i];
     control::SlotTensor t;
@@ -155,12 +171,11 @@ Result<BatchLayout> LayOutBatch(const BatchModel& model,
       t.offset = Align64(at);
       t.bytes = *fixed;
       t.shape = std::move(shape);
-      at = t.offset + t.bytes;
     }
     // A request's share of the output: its rows (a model that does not
     // batch runs one request).
     const uint64_t row_bytes = rows > 0 ? t.bytes / static_cast<uint64_t>(rows) : 0;
-    uint64_t within = 0;
+    uint64_t within = 0, room = 0;
     for (size_t j = 0; j < jobs.size(); ++j) {
       const Job& job = *jobs[j];
       const uint64_t bytes =
@@ -178,9 +193,15 @@ Result<BatchLayout> LayOutBatch(const BatchModel& model,
         if (bytes > 0)
           run.copies.push_back({region_index(*o->shm->cuda), true, static_cast<uint32_t>(i), within,
                                 bytes, o->shm->offset});
+        layout.output_shares[j][i] = {t.offset + room, bytes};
+        if (!compact) room += bytes;
+      } else if (placed) {
+        layout.output_shares[j][i] = {t.offset + room, bytes};
+        room += bytes;
       }
       within += bytes;
     }
+    if (placed) at = t.offset + room;
     run.outputs.push_back(std::move(t));
     run.output_placed.push_back(placed ? 1 : 0);
   }

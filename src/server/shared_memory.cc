@@ -117,8 +117,10 @@ Status SharedMemoryRegistry::RegisterCuda(const std::string& name,
 Status SharedMemoryRegistry::UnregisterCuda(const std::string& name) {
   std::lock_guard lock(mu_);
   if (name.empty()) {
-    if (!cuda_regions_.empty()) ++cuda_unregistrations_;
+    // Flagged before the count moves: a supervisor that sees the count
+    // move then finds every flag (WorkerSupervisor).
     for (auto& [n, e] : cuda_regions_) e->unregistered = true;
+    if (!cuda_regions_.empty()) ++cuda_unregistrations_;
     cuda_regions_.clear();
     return Status::Ok();
   }

@@ -332,16 +332,29 @@ constexpr size_t kMaxNamedRegions = 512;
 
 bool WorkerSupervisor::ReleaseRegionsIfUnregistered(int control) {
   if (model_.shared_memory == nullptr) return true;
+  // Nothing to look at unless a region was unregistered since the last
+  // look, or a batch named one that already was (UnregisterCuda flags
+  // before it counts).
   const uint64_t now = model_.shared_memory->CudaUnregistrations();
-  bool release = now != told_unregistrations_;
-  for (const auto& [id, entry] : named_regions_) release = release || entry->unregistered.load();
-  // Past what the worker keeps open, it has closed some itself: tracking
-  // starts again from none.
-  release = release || named_regions_.size() > kMaxNamedRegions;
-  if (!release) return true;
+  if (now == told_unregistrations_ && !look_at_named_) return true;
   told_unregistrations_ = now;
-  named_regions_.clear();
-  return control::SendRelease(control).ok();
+  look_at_named_ = false;
+  if (named_regions_.size() > kMaxNamedRegions) {
+    // Past what the worker keeps open, it has closed some itself: all
+    // closed, tracking starts again from none.
+    named_regions_.clear();
+    return control::SendRelease(control).ok();
+  }
+  std::vector<uint64_t> gone;
+  for (auto it = named_regions_.begin(); it != named_regions_.end();) {
+    if (it->second->unregistered.load()) {
+      gone.push_back(it->first);
+      it = named_regions_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return gone.empty() || control::SendRelease(control, gone).ok();
 }
 
 bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<Job>>& popped) {
@@ -363,7 +376,8 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
   };
 
   Result<BatchLayout> laid_out =
-      LayOutBatch({model_.inputs, model_.outputs, batching, model_.config().decoupled}, jobs);
+      LayOutBatch({model_.inputs, model_.outputs, batching, model_.config().decoupled}, jobs,
+                  device_addresses_);
   if (!laid_out.ok()) {
     fail_all(laid_out.status().WithContext("model '" + model_.name + "'"));
     return true;
@@ -411,11 +425,16 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
   Status sent = control::SendRun(control, run);
   // What the worker may now keep open (session.h).
   if (sent.ok() && !run.regions.empty()) {
+    auto named = [&](const std::shared_ptr<const CudaSharedMemoryEntry>& entry) {
+      named_regions_.emplace(entry->id, entry);
+      look_at_named_ =
+          look_at_named_ || entry->unregistered.load() || named_regions_.size() > kMaxNamedRegions;
+    };
     for (const auto& job : jobs) {
       for (const InferTensor& in : job->request.inputs)
-        if (in.shm && in.shm->cuda) named_regions_.emplace(in.shm->cuda->id, in.shm->cuda);
+        if (in.shm && in.shm->cuda) named(in.shm->cuda);
       for (const RequestedOutput& o : job->request.outputs)
-        if (o.shm && o.shm->cuda) named_regions_.emplace(o.shm->cuda->id, o.shm->cuda);
+        if (o.shm && o.shm->cuda) named(o.shm->cuda);
     }
   }
   if (!sent.ok() && sent.code() == StatusCode::kUnavailable) return requeue_unharmed();
@@ -505,6 +524,7 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
                        ? Status::Ok()
                        : InvalidArgument("answer for " + std::to_string(d.outputs.size()) +
                                          " outputs of " + std::to_string(model_.outputs.size()));
+  const std::vector<uint64_t> output_room = control::SlotRooms(run, true);
   for (size_t i = 0; checked.ok() && i < d.outputs.size(); ++i) {
     const TensorSpec& spec = model_.outputs[i];
     const std::string what = "output " + Describe(spec);
@@ -514,8 +534,9 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
     }
     checked = control::CheckShape(spec, batching, rows, d.outputs[i].shape, what);
     if (checked.ok())
-      checked =
-          control::CheckSlotTensor(d.outputs[i], spec.dtype, 0, slot_.size(), slot_.data(), what);
+      checked = control::CheckSlotTensor(
+          d.outputs[i], spec.dtype, 0, slot_.size(), slot_.data(), what,
+          run.output_placed[i] ? std::optional(output_room[i]) : std::nullopt);
   }
   if (!checked.ok()) {
     spdlog::warn("{} worker {} (pid {}): {}; replacing it", model_.name, index_, process_.pid(),
@@ -531,6 +552,20 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
   for (const auto& job : jobs) rows_per_job.push_back(batching ? job->batch : 1);
   std::vector<std::vector<std::span<const std::byte>>> parts;
   for (size_t i = 0; i < model_.outputs.size(); ++i) {
+    if (run.compact && run.output_placed[i]) {
+      // Each share where the layout put it (one in a CUDA region has no
+      // room in the slot, and is never read).
+      std::vector<std::span<const std::byte>> shares;
+      for (size_t j = 0; j < jobs.size(); ++j) {
+        const OutputShare& share = layout.output_shares[j][i];
+        if (layout.output_in_cuda[j][i])
+          shares.emplace_back();  // answered by its size: layout.output_shares
+        else
+          shares.emplace_back(slot_.data() + share.slot_offset, share.bytes);
+      }
+      parts.push_back(std::move(shares));
+      continue;
+    }
     if (!batching) {
       parts.push_back(
           {std::span<const std::byte>(slot_.data() + d.outputs[i].offset, d.outputs[i].bytes)});
@@ -567,7 +602,8 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
       if (layout.output_in_cuda[j][i]) {
         // The worker wrote it into the client's device memory: answered as
         // an output in a region is, and its slot bytes are not read.
-        t.shm = SharedMemoryRef{asked->shm->region, asked->shm->offset, parts[i][j].size()};
+        t.shm = SharedMemoryRef{asked->shm->region, asked->shm->offset,
+                                layout.output_shares[j][i].bytes};
         response.outputs.push_back(std::move(t));
         continue;
       }
@@ -950,6 +986,12 @@ void WorkerSupervisor::Loop() {
       continue;
     }
     last_died_starting = false;
+    device_addresses_ = ready->ready.device_addresses;
+    // A fresh process has no region open.
+    named_regions_.clear();
+    look_at_named_ = false;
+    if (model_.shared_memory != nullptr)
+      told_unregistrations_ = model_.shared_memory->CudaUnregistrations();
     spdlog::info(
         "{} worker {} ready: pid {} on {} in {:.0f} ms ({} MiB of its own device buffers; "
         "placed on {})",

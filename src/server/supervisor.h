@@ -108,15 +108,20 @@ class WorkerSupervisor {
   bool settled_ = false;  // supervisor thread only
   RequestSlot slot_;
   uint64_t seq_ = 0;
-  // The registry's CUDA unregistrations this worker was told of (kRelease):
-  // it closes the regions it keeps open when the count moves on.
+  // The registry's count of CUDA unregistrations when this worker's
+  // regions were last looked at: when it moves on, they are looked at again.
   uint64_t told_unregistrations_ = 0;
+  // The current worker's backend takes device addresses (Ready): its runs
+  // are compact, giving bytes in CUDA regions no room in its slot.
+  bool device_addresses_ = false;
   // The CUDA regions this worker's batches named since its last kRelease
   // (it may keep them open): one of them unregistered since is a release
   // too, however the count stands.
   std::map<uint64_t, std::shared_ptr<const CudaSharedMemoryEntry>> named_regions_;
-  // Sends kRelease when a CUDA region was unregistered since the last time;
-  // false if the worker is gone.
+  // A batch named a region already unregistered, or more than are tracked.
+  bool look_at_named_ = false;
+  // Sends kRelease naming the regions the worker may keep open that were
+  // unregistered since the last time; false if the worker is gone.
   bool ReleaseRegionsIfUnregistered(int control);
 };
 

@@ -51,11 +51,18 @@ Status WorkerSession::Ready(std::vector<TensorSpec> inputs, std::vector<TensorSp
   if (inputs.size() > control::kMaxTensors || outputs.size() > control::kMaxTensors)
     return InvalidArgument("more than " + std::to_string(control::kMaxTensors) +
                            " inputs or outputs");
-  control::Ready r{inputs, outputs, device_memory_bytes, std::move(text)};
+  control::Ready r{inputs, outputs, device_memory_bytes, std::move(text), device_ >= 0};
   RETURN_IF_ERROR(control::SendReady(control_.get(), r));
   inputs_ = std::move(inputs);
   outputs_ = std::move(outputs);
   ready_ = true;
+  return Status::Ok();
+}
+
+Status WorkerSession::TakeDeviceAddresses(int device) {
+  if (ready_) return FailedPrecondition("device addresses are taken before the worker is ready");
+  if (device < 0) return InvalidArgument("device " + std::to_string(device));
+  device_ = device;
   return Status::Ok();
 }
 
@@ -91,7 +98,8 @@ Status WorkerSession::MapSlot(uint64_t bytes) {
 // Everything the server said about this batch, checked before any byte of
 // the slot is touched.
 Status CheckRunAgainst(const control::Run& run, const std::vector<TensorSpec>& inputs,
-                       const std::vector<TensorSpec>& outputs, bool batching, int max_rows) {
+                       const std::vector<TensorSpec>& outputs, bool batching, int max_rows,
+                       bool device_addresses) {
   if (run.rows < 1 || run.rows > max_rows)
     return InvalidArgument("batch of " + std::to_string(run.rows) + " rows outside [1, " +
                            std::to_string(max_rows) + "]");
@@ -103,11 +111,21 @@ Status CheckRunAgainst(const control::Run& run, const std::vector<TensorSpec>& i
   if (run.slot_bytes >= control::kMaxSlotBytes || run.free_offset > run.slot_bytes)
     return InvalidArgument("run message: free room at " + std::to_string(run.free_offset) +
                            " in a slot of " + std::to_string(run.slot_bytes) + " bytes");
+  if (run.compact && !device_addresses)
+    return InvalidArgument(
+        "run message: a compact run for a worker that takes no device addresses");
+  for (const control::DeviceCopy& c : run.copies)
+    if ((c.output ? outputs : inputs)[c.tensor].dtype == DType::kBytes)
+      return InvalidArgument("run message: a device copy of BYTES " +
+                             std::string(c.output ? "output " : "input ") +
+                             std::to_string(c.tensor));
+  const std::vector<uint64_t> input_room = control::SlotRooms(run, false);
+  const std::vector<uint64_t> output_room = control::SlotRooms(run, true);
   for (size_t i = 0; i < inputs.size(); ++i) {
     const std::string what = "input " + Describe(inputs[i]);
     RETURN_IF_ERROR(control::CheckShape(inputs[i], batching, run.rows, run.inputs[i].shape, what));
     RETURN_IF_ERROR(control::CheckSlotTensor(run.inputs[i], inputs[i].dtype, 0, run.free_offset,
-                                             nullptr, what));
+                                             nullptr, what, input_room[i]));
   }
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (!run.output_placed[i]) continue;
@@ -115,7 +133,7 @@ Status CheckRunAgainst(const control::Run& run, const std::vector<TensorSpec>& i
     RETURN_IF_ERROR(
         control::CheckShape(outputs[i], batching, run.rows, run.outputs[i].shape, what));
     RETURN_IF_ERROR(control::CheckSlotTensor(run.outputs[i], outputs[i].dtype, 0, run.free_offset,
-                                             nullptr, what));
+                                             nullptr, what, output_room[i]));
   }
   return Status::Ok();
 }
@@ -131,13 +149,15 @@ Result<bool> WorkerSession::Next() {
       return m.status();
     }
     if (m->kind == control::Kind::kRelease) {
-      open_regions_.clear();
+      if (m->release.ids.empty()) open_regions_.clear();
+      for (uint64_t id : m->release.ids) open_regions_.erase(id);
       continue;
     }
     ReleaseRetired();
     run_ = std::move(m->run);
-    RETURN_IF_ERROR(CheckRunAgainst(run_, inputs_, outputs_, batching(), max_rows()));
+    RETURN_IF_ERROR(CheckRunAgainst(run_, inputs_, outputs_, batching(), max_rows(), device_ >= 0));
     RETURN_IF_ERROR(MapSlot(run_.slot_bytes));
+    input_room_ = control::SlotRooms(run_, false);
     for (size_t i = 0; i < inputs_.size(); ++i) {
       if (inputs_[i].dtype == DType::kBytes) {
         const SlotTensor& t = run_.inputs[i];
@@ -165,14 +185,17 @@ Status WorkerSession::CopyGaps(int device, std::byte* device_bytes, std::byte* s
                                const std::vector<const control::DeviceCopy*>& copies,
                                bool to_device) {
   uint64_t at = 0;
+  uint64_t skipped = 0;  // bytes of copies before `at` that have no room in the slot
   auto copy = [&](uint64_t from, uint64_t to) {
     if (to <= from) return Status::Ok();
-    return to_device ? CopyQueued(device, device_bytes + from, slot_bytes + from, to - from)
-                     : CopyQueued(device, slot_bytes + from, device_bytes + from, to - from);
+    std::byte* slot_at = slot_bytes + (from - skipped);
+    return to_device ? CopyQueued(device, device_bytes + from, slot_at, to - from)
+                     : CopyQueued(device, slot_at, device_bytes + from, to - from);
   };
   for (const control::DeviceCopy* c : copies) {
     RETURN_IF_ERROR(copy(at, c->offset));
-    at = std::max(at, c->offset + c->bytes);
+    at = c->offset + c->bytes;  // checked: the copies do not overlap
+    if (run_.compact) skipped += c->bytes;
   }
   return copy(at, bytes);
 }
@@ -309,8 +332,7 @@ Status WorkerSession::FinishDeviceCopies() {
 }
 
 std::span<const std::byte> WorkerSession::input(size_t i) const {
-  const SlotTensor& t = run_.inputs[i];
-  return {slot_ + t.offset, t.bytes};
+  return {slot_ + run_.inputs[i].offset, input_room_[i]};
 }
 
 Result<std::byte*> WorkerSession::Output(size_t i, std::span<const int64_t> shape, uint64_t bytes) {

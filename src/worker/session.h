@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "attach/client_region.h"
 #include "hearth/status.h"
 #include "hearth/unique_fd.h"
-#include "attach/client_region.h"
 #include "protocol/worker_protocol.h"
 
 namespace hearth {
@@ -69,8 +69,10 @@ class WorkerSession {
   bool in_batch() const { return in_batch_; }
   int64_t rows() const { return run_.rows; }
   size_t input_count() const { return inputs_.size(); }
-  // Input i's bytes (KServe's BYTES form for BYTES tensors) and full shape;
-  // valid until Done().
+  // Input i's bytes in the slot (KServe's BYTES form for BYTES tensors) and
+  // its full shape; valid until Done(). With device addresses, the bytes of
+  // the input that are not in CUDA regions (the backend reads
+  // input_address(i)).
   std::span<const std::byte> input(size_t i) const;
   const std::vector<int64_t>& input_shape(size_t i) const { return run_.inputs[i].shape; }
   const std::vector<control::TensorSpec>& inputs() const { return inputs_; }
@@ -83,15 +85,16 @@ class WorkerSession {
   // are copied by the session: inputs into the slot before Next() returns,
   // outputs from the slot before Done() answers. A worker whose backend
   // takes device addresses on `device` calls TakeDeviceAddresses(device)
-  // once after Ready(), and then gives the backend input_address(i) and
+  // once before Ready() (the server then gives bytes in regions no room in
+  // the slot: Run::compact), and gives the backend input_address(i) and
   // output_address(i, room): a region's own address where one region holds
   // a whole tensor (nothing is copied at all), else a device buffer the
   // session fills from the slot and the regions (and empties into them).
-  // Regions stay open between batches until the server says one was
+  // Regions stay open between batches until the server says they were
   // unregistered. A batch whose regions cannot be opened or copied is answered with the
   // error (each of its requests then runs alone, so that only the one at
   // fault fails) and is never handed out.
-  void TakeDeviceAddresses(int device) { device_ = device; }
+  Status TakeDeviceAddresses(int device);
   const void* input_address(size_t i) const { return input_at_[i]; }
   Result<void*> output_address(size_t i, std::byte* room);
 
@@ -127,8 +130,9 @@ class WorkerSession {
   // that is not DeviceLost is the batch's (its regions), not the worker's.
   Status StartDeviceCopies();
   Status FinishDeviceCopies();
-  // Copies [from, to) of tensor bytes between the slot and a device buffer,
-  // skipping the parts that `copies` (sorted, of one tensor) cover.
+  // Copies a tensor's bytes between its place in the slot and a device
+  // buffer, skipping the parts that `copies` (sorted, of one tensor) cover;
+  // in a compact run those have no room in the slot.
   Status CopyGaps(int device, std::byte* device_bytes, std::byte* slot_bytes, uint64_t bytes,
                   const std::vector<const control::DeviceCopy*>& copies, bool to_device);
   Status CopyQueued(int device, void* dst, const void* src, uint64_t bytes);
@@ -154,7 +158,7 @@ class WorkerSession {
   std::chrono::steady_clock::time_point started_;
   int device_ = -1;  // TakeDeviceAddresses
   // Client CUDA regions kept open between batches, by registration id
-  // (never reused by the server), until the server says one was
+  // (never reused by the server), each until the server says it was
   // unregistered (kRelease); at most kMaxOpenRegions, the least recently
   // used closed first.
   static constexpr size_t kMaxOpenRegions = 256;
@@ -166,6 +170,7 @@ class WorkerSession {
   std::map<uint64_t, OpenRegion> open_regions_;
   std::vector<ClientRegion*> regions_;  // this batch's, by Run::regions index
   std::vector<const void*> input_at_;
+  std::vector<uint64_t> input_room_;  // input i's bytes in the slot (control::SlotRooms)
   std::vector<DeviceStaging> input_staging_, output_staging_;
   std::vector<uint8_t> output_staged_;  // output i went to output_staging_[i]
   std::vector<int> queued_on_;          // devices with copies not yet waited for

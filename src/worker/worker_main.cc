@@ -187,10 +187,11 @@ int Serve(const WorkerArgs& a) {
   if (a.standby) text += "; a standby, loaded " + standby_ms + " ms before";
   text += ")";
   Backend& b = **backend;
+  if (device.is_cuda() && b.takes_device_addresses())
+    if (Status s = session.TakeDeviceAddresses(device.index); !s.ok()) return Die(a.control_fd, s);
   if (Status s = session.Ready(b.inputs(), b.outputs(), b.device_memory_bytes(), text); !s.ok())
     return Die(a.control_fd, s);
 
-  if (device.is_cuda() && b.takes_device_addresses()) session.TakeDeviceAddresses(device.index);
   std::vector<const void*> inputs(b.inputs().size());
   std::vector<void*> outputs(b.outputs().size());
   std::vector<int64_t> shape;

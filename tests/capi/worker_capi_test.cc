@@ -297,6 +297,20 @@ TEST(WorkerCApi, ABatchWhoseCudaRegionCannotBeOpenedIsAnsweredNotServed) {
   ASSERT_TRUE(served.ok());
   EXPECT_EQ(served->done.seq, 2u);
   EXPECT_EQ(served->done.status_code, 0u) << served->done.text;
+  // A release of some regions is taken in passing too. A compact run (the
+  // bytes in regions given no room in the slot) is for workers that take
+  // device addresses; this one reads host memory, and refuses it.
+  const std::vector<uint64_t> gone = {41, 77};
+  ASSERT_TRUE(control::SendRelease(s.control.get(), gone).ok());
+  control::Run compact = run;
+  compact.seq = 3;
+  compact.compact = true;
+  ASSERT_TRUE(control::SendRun(s.control.get(), compact).ok());
+  EXPECT_LT(hearth_worker_next(w), 0);
+  EXPECT_NE(
+      std::string(hearth_last_error()).find("a compact run for a worker that takes no device"),
+      std::string::npos)
+      << hearth_last_error();
   hearth_worker_close(w);
 }
 

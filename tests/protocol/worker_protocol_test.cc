@@ -69,6 +69,12 @@ TEST(WorkerProtocol, ReadyRunDoneAndRoomRoundTrip) {
   EXPECT_EQ(r->ready.outputs, ready.outputs);
   EXPECT_EQ(r->ready.device_memory_bytes, 123u);
   EXPECT_EQ(r->ready.text, ready.text);
+  EXPECT_FALSE(r->ready.device_addresses);
+  ready.device_addresses = true;
+  ASSERT_TRUE(SendReady(p.a.get(), ready).ok());
+  r = ReceiveKind(p.b.get(), 1000, {Kind::kReady});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->ready.device_addresses);
 
   control::Run run;
   run.seq = 7;
@@ -108,7 +114,15 @@ TEST(WorkerProtocol, ReadyRunDoneAndRoomRoundTrip) {
   EXPECT_TRUE(d->done.text.ends_with("ValueError: the last line"));
 
   ASSERT_TRUE(SendRelease(p.a.get()).ok());
-  EXPECT_TRUE(ReceiveKind(p.b.get(), 1000, {Kind::kRelease}).ok());
+  auto all = ReceiveKind(p.b.get(), 1000, {Kind::kRelease});
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_TRUE(all->release.ids.empty());
+  const std::vector<uint64_t> ids = {4, 9, 1ull << 40};
+  ASSERT_TRUE(SendRelease(p.a.get(), ids).ok());
+  auto some = ReceiveKind(p.b.get(), 1000, {Kind::kRelease});
+  ASSERT_TRUE(some.ok()) << some.status().ToString();
+  EXPECT_EQ(some->release.ids, ids);
+  EXPECT_FALSE(SendRelease(p.a.get(), std::vector<uint64_t>(kMaxReleaseIds + 1)).ok());
 
   ASSERT_TRUE(SendRoom(p.a.get(), Room{7, 1 << 20}).ok());
   auto room = ReceiveKind(p.b.get(), 1000, {Kind::kRoom});
@@ -142,6 +156,17 @@ TEST(WorkerProtocol, DeviceCopiesRoundTripAndAreCheckedAgainstRegionsAndTensors)
   ASSERT_TRUE(rr.ok()) << rr.status().ToString();
   EXPECT_EQ(rr->run.regions, run.regions);
   EXPECT_EQ(rr->run.copies, run.copies);
+  EXPECT_FALSE(rr->run.compact);
+  EXPECT_EQ(SlotRooms(run, false), (std::vector<uint64_t>{32}));
+  // Compact: the bytes in regions have no room in the slot.
+  run.compact = true;
+  ASSERT_TRUE(SendRun(p.a.get(), run).ok());
+  rr = ReceiveKind(p.b.get(), 1000, {Kind::kRun});
+  ASSERT_TRUE(rr.ok()) << rr.status().ToString();
+  EXPECT_TRUE(rr->run.compact);
+  EXPECT_EQ(SlotRooms(run, false), (std::vector<uint64_t>{16}));
+  EXPECT_EQ(SlotRooms(run, true), (std::vector<uint64_t>{4, 0}));
+  run.compact = false;
 
   auto refused = [&](control::Run bad, const std::string& what) {
     ASSERT_TRUE(SendRun(p.a.get(), bad).ok());
@@ -169,6 +194,9 @@ TEST(WorkerProtocol, DeviceCopiesRoundTripAndAreCheckedAgainstRegionsAndTensors)
   bad = run;
   bad.regions[0].byte_size = 0;
   refused(bad, "region 41 on device 1 of 0 bytes");
+  bad = run;
+  bad.copies.push_back({0, false, 0, 8, 16, 0});  // 8..24 against 16..32
+  refused(bad, "two device copies of input 0 overlap at 16");
 
   // More than a run may carry is refused before anything is sent.
   bad = run;
@@ -217,7 +245,7 @@ TEST(WorkerProtocol, MalformedMessagesAreRefusedNamingTheFault) {
   EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "unknown dtype 99"));
 
   // A whole message with bytes after its end.
-  p.Raw(ready + u32(0) + u32(0) + u64(0) + u32(0) + "extra");
+  p.Raw(ready + u32(0) + u32(0) + u64(0) + u32(0) + std::string(1, '\0') + "extra");
   EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "5 bytes after the end"));
 
   // A packet longer than any message but the setup is refused, not truncated.

@@ -373,7 +373,7 @@ class Driver:
         run += _tensors([(0, 0, [])] * n_out) + struct.pack("<I", n_out) + bytes(n_out)
         run += struct.pack("<Q", max(at, 64))
         run += _str(json.dumps(parameters) if parameters is not None else "")
-        run += struct.pack("<II", 0, 0)  # no CUDA shared-memory regions, no device copies
+        run += struct.pack("<IIB", 0, 0, 0)  # no CUDA shared-memory regions or device copies; not compact
         self.control.send(run)
 
     def answer(self):

@@ -104,13 +104,18 @@ def server():
         pytest.skip(f"no CUDA driver here: {e}")
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="hearth-cuda-shm-"))
     root = tmp / "repo"
-    for name in ("scale", "mlp", "pyscale"):
+    for name in ("scale", "mlp", "pyscale", "bigscale"):
         (root / name / "1").mkdir(parents=True)
     subprocess.run([CLI, "make-model", "scale", "--dims", str(SCALE_N), "--seed", "6",
                     "--out", str(root / "scale" / "1" / "model.safetensors")], check=True, capture_output=True)
     subprocess.run([CLI, "make-model", "mlp", "--dims", ",".join(map(str, MLP)), "--seed", "5",
                     "--out", str(root / "mlp" / "1" / "model.safetensors")], check=True, capture_output=True)
     shutil.copy(root / "scale" / "1" / "model.safetensors", root / "pyscale" / "1" / "model.safetensors")
+    shutil.copy(root / "scale" / "1" / "model.safetensors", root / "bigscale" / "1" / "model.safetensors")
+    (root / "bigscale" / "config.yaml").write_text(scale_config(count=1, extra=f"""dynamic_batching:
+  max_queue_delay_microseconds: 20000
+  preferred_batch_size: [{BIG_ROWS}]
+""").replace("max_batch_size: 4", f"max_batch_size: {BIG_ROWS}"))
     (root / "scale" / "config.yaml").write_text(scale_config(count=2, extra="""dynamic_batching:
   max_queue_delay_microseconds: 2000
   preferred_batch_size: [4]
@@ -162,6 +167,22 @@ def shm_body(model, input_name, shape, in_region, in_offset, nbytes, outputs):
             "outputs": [{"name": name, "parameters": {"shared_memory_region": r, "shared_memory_offset": off,
                                                       "shared_memory_byte_size": size}}
                         for name, r, off, size in outputs]}
+
+
+# Rows a batch of bigscale holds: 16 MiB of input.
+BIG_ROWS = 8192
+
+
+def slot_sizes(server, model):
+    """The sizes of the server's request slots for `model` (memfds)."""
+    pid, sizes = server["proc"].pid, []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(f"/memfd:hearth-slot-{model} "):
+                sizes.append(os.stat(f"/proc/{pid}/fd/{fd}").st_size)
+        except OSError:
+            pass  # closed meanwhile
+    return sizes
 
 
 def scale_x(rows, seed):
@@ -303,3 +324,61 @@ def test_bad_regions_fail_their_request_alone_and_the_server_goes_on(server):
     assert requests.post(f"{url}/v2/cudasharedmemory/region/ok-in/unregister", timeout=30).status_code == 200
     r = ask("ok-in")
     assert r.status_code in (400, 404) and "ok-in" in error_of(r), r.text
+
+
+def test_bytes_in_regions_take_no_room_in_the_slot_of_a_backend_on_the_gpu(server):
+    """The scale backend takes device addresses: a request whose 16 MiB
+    input is in a region, alone or merged with inline ones, leaves the
+    worker's slot (page-locked host memory) at the size the inline bytes
+    need, and every answer is right."""
+    url, cuda = server["url"], server["cuda"]
+    w = server["weights"]["scale"]["weight"].astype(np.float64)
+    rows = BIG_ROWS // 2
+    x = scale_x(rows, 11)
+    ins = region(server, "big-in", 2 * x.nbytes)
+    outs = region(server, "big-out", 1 << 20)
+    cuda.put(ins, x)
+    cuda.put(ins + x.nbytes, x[::-1].copy())
+    body = shm_body("bigscale", "x", x.shape, "big-in", 0, x.nbytes, [("y", "big-out", 0, 4 * rows)])
+    r = requests.post(f"{url}/v2/models/bigscale/infer", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    np.testing.assert_allclose(cuda.get(outs, 4 * rows).view("<f4"), (x.astype(np.float64) @ w).ravel(),
+                               rtol=1e-4, atol=1e-3)
+    # Merged: two region requests (the second reversed, at the region's
+    # second half) and small inline ones, sent at once into a queue that
+    # waits 20 ms for them.
+    smalls = [scale_x(1, 20 + k) for k in range(4)]
+    answers, errors = {}, []
+
+    def big(k):
+        b = shm_body("bigscale", "x", x.shape, "big-in", k * x.nbytes, x.nbytes,
+                     [("y", "big-out", (1 + k) * 4 * rows, 4 * rows)])
+        r = requests.post(f"{url}/v2/models/bigscale/infer", json=b, timeout=120)
+        if r.status_code != 200:
+            errors.append(r.text)
+
+    def small(k):
+        try:
+            answers[k] = inline_scale(url, "bigscale", smalls[k])
+        except Exception as e:  # noqa: BLE001: reported below
+            errors.append(f"inline {k}: {e}")
+
+    threads = [threading.Thread(target=big, args=(k,)) for k in range(2)]
+    threads += [threading.Thread(target=small, args=(k,)) for k in range(len(smalls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for k, xk in enumerate((x, x[::-1])):
+        got = cuda.get(outs + (1 + k) * 4 * rows, 4 * rows).view("<f4")
+        np.testing.assert_allclose(got, (xk.astype(np.float64) @ w).ravel(), rtol=1e-4, atol=1e-3,
+                                   err_msg=f"region request {k}")
+    for k, xk in enumerate(smalls):
+        np.testing.assert_allclose(answers[k], (xk.astype(np.float64) @ w).ravel(), rtol=1e-4, atol=1e-3,
+                                   err_msg=f"inline request {k}")
+    sizes = slot_sizes(server, "bigscale")
+    assert sizes, "no slot of bigscale found"
+    # 16 MiB of inputs went through regions; a slot holding them would be
+    # at least that (slots grow in powers of two from 64 KiB).
+    assert max(sizes) <= 1 << 20, sizes

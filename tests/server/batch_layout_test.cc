@@ -127,6 +127,85 @@ TEST(BatchLayout, CudaInputsAndOutputsAreCopiesAtEachRequestsRowsAndKeepTheirRoo
   EXPECT_TRUE(control::CheckDeviceCopies(run).ok()) << control::CheckDeviceCopies(run).ToString();
 }
 
+TEST(BatchLayout, ACompactRunGivesBytesInRegionsNoRoomInTheSlot) {
+  Model m;
+  auto a = Region(7), b = Region(9);
+  std::vector<std::shared_ptr<Job>> jobs = {MakeJob(2), MakeJob(1, a, 100, b, 40),
+                                            MakeJob(3, a, 500, a, 1000)};
+  auto layout = LayOutBatch(m.model(), jobs, /*compact=*/true);
+  ASSERT_TRUE(layout.ok()) << layout.status().ToString();
+  const control::Run& run = layout->run;
+  EXPECT_TRUE(run.compact);
+  // The tensors are as whole as ever; their places hold only inline bytes:
+  // x the first request's 32, z all 48, y the first request's 24.
+  EXPECT_EQ(run.inputs[0], (control::SlotTensor{0, 96, {6, 4}}));
+  EXPECT_EQ(run.inputs[1], (control::SlotTensor{64, 48, {6, 2}}));
+  EXPECT_EQ(run.outputs[0], (control::SlotTensor{128, 72, {6, 3}}));
+  EXPECT_EQ(control::SlotRooms(run, false), (std::vector<uint64_t>{32, 48}));
+  EXPECT_EQ(control::SlotRooms(run, true), (std::vector<uint64_t>{24, 0}));
+  EXPECT_EQ(run.free_offset, 192u);
+  // Copies are at each request's rows of the tensor, as in a run that is
+  // not compact.
+  const std::vector<control::DeviceCopy> want = {{0, false, 0, 32, 16, 100},
+                                                 {0, false, 0, 48, 48, 500},
+                                                 {1, true, 0, 24, 12, 40},
+                                                 {0, true, 0, 36, 36, 1000}};
+  EXPECT_EQ(run.copies, want);
+  // z's rows follow one another in its place; x's only inline rows at 0.
+  ASSERT_EQ(layout->host_copies.size(), 4u);
+  const uint64_t at[] = {0, 64, 80, 88};
+  const size_t bytes[] = {32, 16, 8, 24};
+  for (size_t k = 0; k < 4; ++k) {
+    EXPECT_EQ(layout->host_copies[k].slot_offset, at[k]) << k;
+    EXPECT_EQ(layout->host_copies[k].bytes.size(), bytes[k]) << k;
+  }
+  // The first request's y is read at the place's start; the others' are
+  // answered by their sizes.
+  EXPECT_EQ(layout->output_shares[0][0].slot_offset, 128u);
+  EXPECT_EQ(layout->output_shares[0][0].bytes, 24u);
+  EXPECT_EQ(layout->output_shares[1][0].bytes, 12u);
+  EXPECT_EQ(layout->output_shares[2][0].bytes, 36u);
+  EXPECT_TRUE(control::CheckDeviceCopies(run).ok()) << control::CheckDeviceCopies(run).ToString();
+  // Every place, at its room, inside the free room's start.
+  for (size_t i = 0; i < run.inputs.size(); ++i)
+    EXPECT_TRUE(control::CheckSlotTensor(run.inputs[i], DType::kF32, 0, run.free_offset, nullptr,
+                                         "x", control::SlotRooms(run, false)[i])
+                    .ok());
+}
+
+TEST(BatchLayout, AHugeInputInARegionGrowsNoCompactRunsSlot) {
+  Model m;
+  auto huge = Region(7, 1ull << 42);
+  auto job = MakeJob(1, huge);
+  job->request.inputs[0].shm->byte_size = 1ull << 40;
+  job->request.inputs[0].shape = {1, int64_t{1} << 38};
+  std::vector<std::shared_ptr<Job>> jobs = {job};
+  auto compact = LayOutBatch(m.model(), jobs, true);
+  ASSERT_TRUE(compact.ok()) << compact.status().ToString();
+  EXPECT_EQ(compact->run.inputs[0].bytes, 1ull << 40);
+  EXPECT_LT(compact->run.free_offset, 4096u);
+  auto roomy = LayOutBatch(m.model(), jobs, false);
+  ASSERT_TRUE(roomy.ok()) << roomy.status().ToString();
+  EXPECT_GT(roomy->run.free_offset, 1ull << 40);
+}
+
+TEST(BatchLayout, MergedBatchesAreCutAtTheirBytesInRegions) {
+  auto a = Region(7, 1ull << 32);
+  auto big = [&] {
+    auto job = MakeJob(1, a);
+    job->request.inputs[0].shm->byte_size = 100ull << 20;
+    return job;
+  };
+  std::vector<std::shared_ptr<Job>> jobs = {big(), big(), big(), MakeJob(1)};
+  EXPECT_EQ(JobsThatFit(jobs), 2u);  // 200 MiB of the 256
+  EXPECT_EQ(JobsThatFit(jobs, control::kMaxSlotBytes, 100ull << 20), 1u);
+  // Alone, a request is taken whatever its size: it needs no staging.
+  EXPECT_EQ(JobsThatFit(std::span(jobs).subspan(0, 1), control::kMaxSlotBytes, 1), 1u);
+  // Inline requests are not held to it.
+  std::vector<std::shared_ptr<Job>> inline_jobs = {MakeJob(1), MakeJob(1), MakeJob(1)};
+  EXPECT_EQ(JobsThatFit(inline_jobs, control::kMaxSlotBytes, 1), 3u);
+}
+
 TEST(BatchLayout, AModelThatDoesNotBatchCopiesItsWholeTensors) {
   std::vector<TensorSpec> inputs = {{"x", DType::kF32, {4}}};
   std::vector<TensorSpec> outputs = {{"y", DType::kF32, {3}}};
