@@ -169,8 +169,8 @@ def shm_body(model, input_name, shape, in_region, in_offset, nbytes, outputs):
                         for name, r, off, size in outputs]}
 
 
-# Rows a batch of bigscale holds: 16 MiB of input.
-BIG_ROWS = 8192
+# Rows a batch of bigscale holds (its max_batch_size): 8 MiB of input.
+BIG_ROWS = 4096
 
 
 def slot_sizes(server, model):
@@ -327,7 +327,7 @@ def test_bad_regions_fail_their_request_alone_and_the_server_goes_on(server):
 
 
 def test_bytes_in_regions_take_no_room_in_the_slot_of_a_backend_on_the_gpu(server):
-    """The scale backend takes device addresses: a request whose 16 MiB
+    """The scale backend takes device addresses: a request whose 4 MiB
     input is in a region, alone or merged with inline ones, leaves the
     worker's slot (page-locked host memory) at the size the inline bytes
     need, and every answer is right."""
@@ -379,6 +379,6 @@ def test_bytes_in_regions_take_no_room_in_the_slot_of_a_backend_on_the_gpu(serve
                                    err_msg=f"inline request {k}")
     sizes = slot_sizes(server, "bigscale")
     assert sizes, "no slot of bigscale found"
-    # 16 MiB of inputs went through regions; a slot holding them would be
+    # 8 MiB of inputs went through regions; a slot holding them would be
     # at least that (slots grow in powers of two from 64 KiB).
     assert max(sizes) <= 1 << 20, sizes
