@@ -12,8 +12,11 @@ For each model, transport (rest; grpc where this hearth has it) and shared
 memory (none, system; with --device cuda[:N] also cuda: the bench's regions in
 device memory of GPU N, registered by their CUDA IPC handles, so inputs and
 outputs go device to device), concurrency 1, 8 and 64: requests/s, p50 and p99
-(ms), errors. One JSON line per run, a table at the end. gRPC runs are skipped,
-saying why, when the server was built without gRPC.
+(ms), errors; and, from the model's statistics (/v2/models/M/stats) before and
+after each run, the mean batch (requests per execution) and the server's time
+per execution (compute_input + compute_infer + compute_output) and per
+request in the queue. One JSON line per run, a table at the end. gRPC runs are
+skipped, saying why, when the server was built without gRPC.
 """
 import argparse
 import json
@@ -23,6 +26,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import urllib.request
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from generate_bench import stop, wait_port  # noqa: E402
@@ -52,6 +56,27 @@ dynamic_batching:
   max_queue_delay_microseconds: 0
 """, "logits"),
 }
+
+
+def model_stats(http, name):
+    """The counters of `name`'s statistics that the table reads."""
+    with urllib.request.urlopen(f"{http}/v2/models/{name}/stats", timeout=30) as r:
+        stats = json.loads(r.read())["model_stats"][0]
+    out = {"requests": stats["inference_count"], "executions": stats["execution_count"]}
+    for key in ("queue", "compute_input", "compute_infer", "compute_output"):
+        out[key] = stats["inference_stats"][key]["ns"]
+    return out
+
+
+def server_side(before, after):
+    """Mean batch, µs per execution in the worker's exchange, µs per request queued."""
+    d = {k: after[k] - before[k] for k in after}
+    if d["executions"] <= 0 or d["requests"] <= 0:
+        return {}
+    busy = d["compute_input"] + d["compute_infer"] + d["compute_output"]
+    return {"batch_mean": round(d["requests"] / d["executions"], 2),
+            "us_per_execution": round(busy / d["executions"] / 1e3, 1),
+            "queue_us_per_request": round(d["queue"] / d["requests"] / 1e3, 1)}
 
 
 def main():
@@ -98,6 +123,7 @@ def main():
                 for shm in shared_memory:
                     device = ["--shared-memory-device", gpu] if shm == "cuda" else []
                     for c in [int(x) for x in a.concurrency.split(",")]:
+                        before = model_stats(transports[0][1], name)
                         r = subprocess.run([cli, "bench", "--url", url, "--model", name, "--transport", transport,
                                             "--shared-memory", shm, *device, "--output", output,
                                             "--concurrency", str(c), "--seconds", str(a.seconds), "--warmup", "1",
@@ -112,7 +138,8 @@ def main():
                                "requests_per_s": got.get("requests_per_s"),
                                "p50_ms": got.get("latency_ms", {}).get("p50"),
                                "p99_ms": got.get("latency_ms", {}).get("p99"),
-                               "errors": got.get("errors"), "exit": r.returncode}
+                               "errors": got.get("errors"), "exit": r.returncode,
+                               **server_side(before, model_stats(transports[0][1], name))}
                         if r.returncode != 0:
                             row["stderr"] = r.stderr.strip()[-300:]
                         print(json.dumps(row), flush=True)
@@ -120,12 +147,14 @@ def main():
     finally:
         stop(proc)
     (pathlib.Path(a.out) / f"protocol-{a.device.split(':')[0]}.json").write_text(json.dumps(results, indent=1))
-    print(f"{'model':6} {'transport':9} {'shm':6} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} errors")
+    print(f"{'model':6} {'transport':9} {'shm':6} {'conc':>4} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'batch':>6} {'us/exec':>8} {'queue us':>8} errors")
     for r in results:
         fmt = lambda v, f: format(v, f) if isinstance(v, (int, float)) else "-"  # noqa: E731
         print(f"{r['model']:6} {r['transport']:9} {r['shared_memory']:6} {r['concurrency']:>4} "
               f"{fmt(r['requests_per_s'], '9.0f')} {fmt(r['p50_ms'], '8.3f')} {fmt(r['p99_ms'], '8.3f')} "
-              f"{r['errors']}")
+              f"{fmt(r.get('batch_mean'), '6.1f')} {fmt(r.get('us_per_execution'), '8.1f')} "
+              f"{fmt(r.get('queue_us_per_request'), '8.1f')} {r['errors']}")
 
 
 if __name__ == "__main__":
