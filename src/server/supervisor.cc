@@ -552,9 +552,9 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
   for (const auto& job : jobs) rows_per_job.push_back(batching ? job->batch : 1);
   std::vector<std::vector<std::span<const std::byte>>> parts;
   for (size_t i = 0; i < model_.outputs.size(); ++i) {
-    if (run.compact && run.output_placed[i]) {
-      // Each share where the layout put it (one in a CUDA region has no
-      // room in the slot, and is never read).
+    if (run.output_placed[i]) {
+      // Of a fixed size: each share where the layout put it (one in a CUDA
+      // region may have no room in the slot, and is never read).
       std::vector<std::span<const std::byte>> shares;
       for (size_t j = 0; j < jobs.size(); ++j) {
         const OutputShare& share = layout.output_shares[j][i];

@@ -97,9 +97,10 @@ Status WorkerSession::MapSlot(uint64_t bytes) {
 
 // Everything the server said about this batch, checked before any byte of
 // the slot is touched.
+// `input_room`: control::SlotRooms(run, false).
 Status CheckRunAgainst(const control::Run& run, const std::vector<TensorSpec>& inputs,
                        const std::vector<TensorSpec>& outputs, bool batching, int max_rows,
-                       bool device_addresses) {
+                       bool device_addresses, const std::vector<uint64_t>& input_room) {
   if (run.rows < 1 || run.rows > max_rows)
     return InvalidArgument("batch of " + std::to_string(run.rows) + " rows outside [1, " +
                            std::to_string(max_rows) + "]");
@@ -119,7 +120,6 @@ Status CheckRunAgainst(const control::Run& run, const std::vector<TensorSpec>& i
       return InvalidArgument("run message: a device copy of BYTES " +
                              std::string(c.output ? "output " : "input ") +
                              std::to_string(c.tensor));
-  const std::vector<uint64_t> input_room = control::SlotRooms(run, false);
   const std::vector<uint64_t> output_room = control::SlotRooms(run, true);
   for (size_t i = 0; i < inputs.size(); ++i) {
     const std::string what = "input " + Describe(inputs[i]);
@@ -155,9 +155,10 @@ Result<bool> WorkerSession::Next() {
     }
     ReleaseRetired();
     run_ = std::move(m->run);
-    RETURN_IF_ERROR(CheckRunAgainst(run_, inputs_, outputs_, batching(), max_rows(), device_ >= 0));
-    RETURN_IF_ERROR(MapSlot(run_.slot_bytes));
     input_room_ = control::SlotRooms(run_, false);
+    RETURN_IF_ERROR(CheckRunAgainst(run_, inputs_, outputs_, batching(), max_rows(), device_ >= 0,
+                                    input_room_));
+    RETURN_IF_ERROR(MapSlot(run_.slot_bytes));
     for (size_t i = 0; i < inputs_.size(); ++i) {
       if (inputs_[i].dtype == DType::kBytes) {
         const SlotTensor& t = run_.inputs[i];
