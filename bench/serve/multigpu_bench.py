@@ -44,6 +44,8 @@ import tempfile
 import time
 import urllib.request
 
+from generate_bench import wait_port
+
 SEED_DIMS = "16384,16384,12800"
 
 
@@ -114,18 +116,12 @@ class Server:
         self.proc = subprocess.Popen([f"{build}/bin/hearth", "serve", "--model-repository", str(repo),
                                       "--http-port", "0", "--grpc-port", "-1", *extra],
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        t0 = time.time()
-        while time.time() - t0 < 600:
-            text = pathlib.Path(log_path).read_text()
-            m = re.search(r"ready on http://127\.0\.0\.1:(\d+)", text)
-            if m:
-                self.url = f"http://127.0.0.1:{m.group(1)}"
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.stop()
-        raise SystemExit("hearth serve did not start:\n" + pathlib.Path(log_path).read_text()[-3000:])
+        try:
+            m = wait_port(log_path, r"ready on http://127\.0\.0\.1:(\d+)", self.proc, timeout=600)
+        except SystemExit:
+            self.stop()
+            raise
+        self.url = f"http://127.0.0.1:{m.group(1)}"
 
     def log(self):
         return pathlib.Path(self.log_path).read_text()

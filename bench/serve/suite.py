@@ -28,6 +28,7 @@ import tempfile
 import time
 import urllib.request
 
+from generate_bench import wait_port
 from serve_bench import settled_used_mib
 
 SEED_DIMS = "16384,16384,12800"
@@ -84,18 +85,12 @@ class Server:
         self.proc = subprocess.Popen([f"{build}/bin/hearth", "serve", "--model-repository", str(repo),
                                       "--http-port", "0", "--device", "cuda", "--workers", str(workers)],
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        t0 = time.time()
-        while time.time() - t0 < 300:
-            text = pathlib.Path(log_path).read_text()
-            m = re.search(r"ready on http://127\.0\.0\.1:(\d+)", text)
-            if m:
-                self.url = f"http://127.0.0.1:{m.group(1)}"
-                return
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.proc.kill()
-        raise SystemExit("serve did not start:\n" + pathlib.Path(log_path).read_text()[-3000:])
+        try:
+            m = wait_port(log_path, r"ready on http://127\.0\.0\.1:(\d+)", self.proc, timeout=300)
+        except SystemExit:
+            self.proc.kill()
+            raise
+        self.url = f"http://127.0.0.1:{m.group(1)}"
 
     def ready_seconds(self, model):
         m = re.search(rf"model {model}: (\d+) of (\d+) workers ready ([0-9.]+) s", pathlib.Path(self.log_path).read_text())
