@@ -38,6 +38,12 @@ struct Server {
   ~Server() {
     if (data != nullptr) ::munmap(data, size);
   }
+  // Queues `setup` and opens the worker's end (as a worker process does).
+  void Open(const control::Setup& setup, hearth_worker** w) {
+    ASSERT_TRUE(control::SendSetup(control.get(), setup).ok());
+    ASSERT_EQ(hearth_worker_open(worker_control, worker_slot, 1000, w), HEARTH_OK)
+        << hearth_last_error();
+  }
   void Grow(uint64_t bytes) {
     if (data != nullptr) ::munmap(data, size);
     ASSERT_EQ(::ftruncate(slot.get(), static_cast<off_t>(bytes)), 0);
@@ -155,9 +161,8 @@ TEST(WorkerCApi, AStandbyWaitsForStartOrLeavesWhenTheServerDoes) {
     Server s;
     control::Setup setup;
     setup.max_batch_size = 2;
-    ASSERT_TRUE(control::SendSetup(s.control.get(), setup).ok());
     hearth_worker* w = nullptr;
-    ASSERT_EQ(hearth_worker_open(s.worker_control, s.worker_slot, 1000, &w), HEARTH_OK);
+    ASSERT_NO_FATAL_FAILURE(s.Open(setup, &w));
     // Put to work: 1, and then the worker goes on as any other.
     ASSERT_TRUE(control::SendStart(s.control.get()).ok());
     EXPECT_EQ(hearth_worker_wait_start(w), 1);
@@ -171,9 +176,8 @@ TEST(WorkerCApi, AStandbyWaitsForStartOrLeavesWhenTheServerDoes) {
   }
   {
     Server s;
-    ASSERT_TRUE(control::SendSetup(s.control.get(), control::Setup{}).ok());
     hearth_worker* w = nullptr;
-    ASSERT_EQ(hearth_worker_open(s.worker_control, s.worker_slot, 1000, &w), HEARTH_OK);
+    ASSERT_NO_FATAL_FAILURE(s.Open(control::Setup{}, &w));
     // The server lets it go: 0, exit quietly.
     s.control.Reset();
     EXPECT_EQ(hearth_worker_wait_start(w), 0);
@@ -181,9 +185,8 @@ TEST(WorkerCApi, AStandbyWaitsForStartOrLeavesWhenTheServerDoes) {
   }
   {
     Server s;
-    ASSERT_TRUE(control::SendSetup(s.control.get(), control::Setup{}).ok());
     hearth_worker* w = nullptr;
-    ASSERT_EQ(hearth_worker_open(s.worker_control, s.worker_slot, 1000, &w), HEARTH_OK);
+    ASSERT_NO_FATAL_FAILURE(s.Open(control::Setup{}, &w));
     // Anything but kStart is refused.
     ASSERT_TRUE(control::SendAck(s.control.get(), control::Ack{1, false}).ok());
     EXPECT_EQ(hearth_worker_wait_start(w), HEARTH_ERROR_INVALID_ARGUMENT);
@@ -198,9 +201,8 @@ TEST(WorkerCApi, AMalformedBatchIsRefusedAndAFailureReachesTheServer) {
   Server s;
   control::Setup setup;
   setup.max_batch_size = 2;
-  ASSERT_TRUE(control::SendSetup(s.control.get(), setup).ok());
   hearth_worker* w = nullptr;
-  ASSERT_EQ(hearth_worker_open(s.worker_control, s.worker_slot, 1000, &w), HEARTH_OK);
+  ASSERT_NO_FATAL_FAILURE(s.Open(setup, &w));
   const int64_t dims[] = {3};
   hearth_tensor_spec in[] = {{"x", HEARTH_F32, 1, dims}};
   // A spec with an unknown dtype is refused before anything is sent.
@@ -248,9 +250,8 @@ TEST(WorkerCApi, ABatchWhoseCudaRegionCannotBeOpenedIsAnsweredNotServed) {
   Server s;
   control::Setup setup;
   setup.max_batch_size = 2;
-  ASSERT_TRUE(control::SendSetup(s.control.get(), setup).ok());
   hearth_worker* w = nullptr;
-  ASSERT_EQ(hearth_worker_open(s.worker_control, s.worker_slot, 1000, &w), HEARTH_OK);
+  ASSERT_NO_FATAL_FAILURE(s.Open(setup, &w));
   const int64_t dims[] = {3};
   hearth_tensor_spec in[] = {{"x", HEARTH_F32, 1, dims}};
   ASSERT_EQ(hearth_worker_ready(w, in, 1, in, 1, 0, ""), HEARTH_OK);

@@ -12,7 +12,6 @@ import gc
 import json
 import os
 import pathlib
-import select
 import shutil
 import struct
 import subprocess
@@ -103,6 +102,16 @@ def wait_until_ready(proc, out_path, what, marker="hearth store ready", error_pa
         time.sleep(0.02)
 
 
+def end_store(proc):
+    """SIGTERM to a store, SIGKILL if it has not exited within 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def run_python(code, **env):
     """Runs `code` in a fresh interpreter with the package on the path; returns stdout."""
     full_env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), HEARTH_LIBRARY=LIBRARY)
@@ -182,12 +191,7 @@ def store():
                          error_path=os.path.join(directory, "store.err"))
         yield Store(directory, socket, files, proc)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end_store(proc)
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -440,12 +444,7 @@ def device_stores():
         wait_until_ready(proc, out_path, "the store")
         yield socket, model
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end_store(proc)
         shutil.rmtree(directory, ignore_errors=True)
 
 

@@ -83,17 +83,9 @@ class Cuda:
 
 
 def python_scale_config():
-    return f"""backend: python
-max_batch_size: 4
-input:
-  - {{name: x, data_type: TYPE_FP32, dims: [{SCALE_N}]}}
-output:
-  - {{name: y, data_type: TYPE_FP32, dims: [1]}}
-instance_group:
-  - {{count: 1, kind: KIND_GPU}}
-parameters:
-  python: {sys.executable}
-"""
+    """The scale model's config, served by examples/python_backend/scale_model.py."""
+    return scale_config(count=1, extra=f"parameters:\n  python: {sys.executable}\n",
+                        kind="KIND_GPU").replace("backend: scale", "backend: python", 1)
 
 
 @pytest.fixture(scope="module")

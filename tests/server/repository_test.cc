@@ -73,17 +73,19 @@ Result<float> Ask(Server& server, const std::string& model) {
 
 bool Gone(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
 
-class RepositoryControl : public ::testing::Test {
+// A repository with version 1 of `scale`, served.
+class ServedRepository : public ::testing::Test {
  protected:
   void SetUp() override {
     repo_ = tmp_.File("repo");
     ASSERT_EQ(::mkdir(repo_.c_str(), 0700), 0);
     ASSERT_EQ(::mkdir((repo_ + "/scale").c_str(), 0700), 0);
     MakeVersion(repo_ + "/scale/1", 1);
-    WriteConfig(repo_ + "/scale");
+    WriteModelConfig();
     ServerOptions options;
     options.repository = repo_;
     options.worker_path = WorkerPath();
+    Configure(options);
     auto made = Server::Create(options);
     ASSERT_TRUE(made.ok()) << made.status().ToString();
     server_ = std::move(made).value();
@@ -92,11 +94,15 @@ class RepositoryControl : public ::testing::Test {
   void TearDown() override {
     if (server_) server_->Shutdown();
   }
+  virtual void WriteModelConfig() { WriteConfig(repo_ + "/scale"); }
+  virtual void Configure(ServerOptions&) {}
 
   testing::TempDir tmp_;
   std::string repo_;
   std::unique_ptr<Server> server_;
 };
+
+class RepositoryControl : public ServedRepository {};
 
 TEST_F(RepositoryControl, ANewVersionReplacesTheOldOneWithNoRequestFailing) {
   auto first = Ask(*server_, "scale");
@@ -188,27 +194,13 @@ TEST_F(RepositoryControl, ABrokenLoadLeavesTheServedVersionAndNewDirectoriesCanB
 // A model on two (stand-in) GPUs: each device's store holds one copy, a new
 // version replaces the old one in both, a config that leaves a GPU out
 // drops that GPU's copy, and an unload empties both stores.
-class RepositoryOnDevices : public ::testing::Test {
+class RepositoryOnDevices : public ServedRepository {
  protected:
-  void SetUp() override {
-    repo_ = tmp_.File("repo");
-    ASSERT_EQ(::mkdir(repo_.c_str(), 0700), 0);
-    ASSERT_EQ(::mkdir((repo_ + "/scale").c_str(), 0700), 0);
-    MakeVersion(repo_ + "/scale/1", 1);
-    WriteGroups("[0, 1]");
-    ServerOptions options;
-    options.repository = repo_;
-    options.worker_path = WorkerPath();
+  void WriteModelConfig() override { WriteGroups("[0, 1]"); }
+  void Configure(ServerOptions& options) override {
     options.stand_in_gpus = 2;
     options.device = Device::Cuda(0);
     options.run_dir = tmp_.File("run");
-    auto made = Server::Create(options);
-    ASSERT_TRUE(made.ok()) << made.status().ToString();
-    server_ = std::move(made).value();
-    ASSERT_TRUE(server_->Start().ok());
-  }
-  void TearDown() override {
-    if (server_) server_->Shutdown();
   }
   void WriteGroups(const std::string& gpus) {
     std::ofstream(repo_ + "/scale/config.yaml")
@@ -235,10 +227,6 @@ class RepositoryOnDevices : public ::testing::Test {
   std::string Socket(const std::string& device) {
     return DeviceSocketPath(tmp_.File("run/store.sock"), device);
   }
-
-  testing::TempDir tmp_;
-  std::string repo_;
-  std::unique_ptr<Server> server_;
 };
 
 TEST_F(RepositoryOnDevices, EachDevicesCopyFollowsTheServedVersionAndPlacement) {

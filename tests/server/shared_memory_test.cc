@@ -224,14 +224,15 @@ TEST(SharedMemoryRegistry, ACudaRegionIsFoundInsideItsRangeAndOutlivesItsName) {
   EXPECT_EQ(held->info.byte_size, 1000u);
 }
 
-TEST(ServerSharedMemory, AnInputFromARegionAndAnOutputToOne) {
-  testing::TempDir tmp;
+// The scale model (x FP32 [8] -> y FP32 [1], batches of up to 4) on the
+// host, in a new repository under `tmp`.
+std::string ScaleRepository(testing::TempDir& tmp) {
   const std::string repo = tmp.File("repo");
-  ASSERT_EQ(::mkdir(repo.c_str(), 0700), 0);
-  ASSERT_EQ(::mkdir((repo + "/scale").c_str(), 0700), 0);
-  ASSERT_EQ(::mkdir((repo + "/scale/1").c_str(), 0700), 0);
+  EXPECT_EQ(::mkdir(repo.c_str(), 0700), 0);
+  EXPECT_EQ(::mkdir((repo + "/scale").c_str(), 0700), 0);
+  EXPECT_EQ(::mkdir((repo + "/scale/1").c_str(), 0700), 0);
   std::string out;
-  ASSERT_EQ(testing::Run({testing::CliPath(), "make-model", "scale", "--dims", "8", "--seed", "4",
+  EXPECT_EQ(testing::Run({testing::CliPath(), "make-model", "scale", "--dims", "8", "--seed", "4",
                           "--out", repo + "/scale/1/model.safetensors"},
                          &out),
             0)
@@ -241,6 +242,12 @@ TEST(ServerSharedMemory, AnInputFromARegionAndAnOutputToOne) {
          "input:\n  - {name: x, data_type: TYPE_FP32, dims: [8]}\n"
          "output:\n  - {name: y, data_type: TYPE_FP32, dims: [1]}\n"
          "instance_group:\n  - {count: 1, kind: KIND_CPU}\n";
+  return repo;
+}
+
+TEST(ServerSharedMemory, AnInputFromARegionAndAnOutputToOne) {
+  testing::TempDir tmp;
+  const std::string repo = ScaleRepository(tmp);
   ServerOptions options;
   options.repository = repo;
   const std::string cli = testing::CliPath();
@@ -318,27 +325,6 @@ TEST(ServerSharedMemory, AnInputFromARegionAndAnOutputToOne) {
       << refused.status().ToString();
   EXPECT_TRUE(ask(request(false)).ok());
   (*server)->Shutdown();
-}
-
-// The scale model (x FP32 [8] -> y FP32 [1], batches of up to 4) on the
-// host, in a new repository under `tmp`.
-std::string ScaleRepository(testing::TempDir& tmp) {
-  const std::string repo = tmp.File("repo");
-  EXPECT_EQ(::mkdir(repo.c_str(), 0700), 0);
-  EXPECT_EQ(::mkdir((repo + "/scale").c_str(), 0700), 0);
-  EXPECT_EQ(::mkdir((repo + "/scale/1").c_str(), 0700), 0);
-  std::string out;
-  EXPECT_EQ(testing::Run({testing::CliPath(), "make-model", "scale", "--dims", "8", "--seed", "4",
-                          "--out", repo + "/scale/1/model.safetensors"},
-                         &out),
-            0)
-      << out;
-  std::ofstream(repo + "/scale/config.yaml")
-      << "backend: scale\nmax_batch_size: 4\n"
-         "input:\n  - {name: x, data_type: TYPE_FP32, dims: [8]}\n"
-         "output:\n  - {name: y, data_type: TYPE_FP32, dims: [1]}\n"
-         "instance_group:\n  - {count: 1, kind: KIND_CPU}\n";
-  return repo;
 }
 
 ServerOptions Options(const std::string& repo, Device device) {
