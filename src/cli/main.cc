@@ -2,6 +2,7 @@
 // the store administration commands list, status, load, unload).
 #include <dirent.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
@@ -243,9 +244,37 @@ struct GrpcSettings {
   int max_inflight_calls = 1024;
 };
 
+// --shared-memory-users: "none", or users by name or uid, comma-separated.
+Result<std::vector<uid_t>> ParseUsers(const std::string& text) {
+  std::vector<uid_t> users;
+  if (text == "none") return users;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string item = text.substr(start, comma - start);
+    start = comma + 1;
+    if (item.empty())
+      return InvalidArgument("--shared-memory-users '" + text + "': an empty entry");
+    uid_t uid = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), uid);
+    if (ec == std::errc() && end == item.data() + item.size()) {
+      users.push_back(uid);
+      continue;
+    }
+    std::vector<char> buffer(16384);
+    struct passwd entry {};
+    struct passwd* found = nullptr;
+    if (::getpwnam_r(item.c_str(), &entry, buffer.data(), buffer.size(), &found) != 0 || !found)
+      return InvalidArgument("--shared-memory-users: no user named '" + item + "'");
+    users.push_back(found->pw_uid);
+  }
+  return users;
+}
+
 int RunServe(const std::string& repository, const std::string& device_text, int workers,
              int stand_in_gpus, int load_threads, int exec_timeout_ms, bool strict_readiness,
-             HttpOptions http_options, const GrpcSettings& grpc) {
+             const std::string& shared_memory_users, HttpOptions http_options,
+             const GrpcSettings& grpc) {
   // This process's CUDA context (its stores' arenas) runs no kernel: a small
   // per-thread stack shrinks it, from 524 to 326 MiB on an H200. Set before
   // anything touches CUDA; a value in the environment wins.
@@ -255,6 +284,11 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
   options.workers = workers;
   options.exec_timeout_ms = exec_timeout_ms;
   options.strict_readiness = strict_readiness;
+  if (!shared_memory_users.empty()) {
+    Result<std::vector<uid_t>> users = ParseUsers(shared_memory_users);
+    if (!users.ok()) return Fail(users.status());
+    options.shared_memory_users = std::move(*users);
+  }
   options.worker_path = ExecutableDir() + "/hearth-worker";
   // options.run_dir stays empty: the server makes itself a private one (0700, mkdtemp).
   options.stand_in_gpus = stand_in_gpus;
@@ -780,6 +814,11 @@ int main(int argc, char** argv) {
                    "ready (/v2/health/ready, ServerReady) only while every model of the repository "
                    "is served; false: while every served model has a worker ready")
       ->capture_default_str();
+  std::string shared_memory_users;
+  serve->add_option("--shared-memory-users", shared_memory_users,
+                    "USER[,USER...] (names or uids) whose processes on this machine may register "
+                    "shared memory, each only its own objects; 'none' turns shared memory off "
+                    "(default: the server's own user)");
   GrpcSettings grpc_settings;
   int grpc_port = 8001;
   auto* grpc_port_option = serve->add_option(
@@ -1041,7 +1080,8 @@ int main(int argc, char** argv) {
     grpc_settings.port = -1;
 #endif
     return RunServe(repository, serve_device, serve_workers, stand_in_gpus, serve_load_threads,
-                    exec_timeout_ms, strict_readiness, std::move(http_options), grpc_settings);
+                    exec_timeout_ms, strict_readiness, shared_memory_users, std::move(http_options),
+                    grpc_settings);
   }
   const AttachOptions client_options{socket, store_uids};
   // One AttachOptions per device of --device (just --socket without it).

@@ -295,13 +295,17 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
     EncodeSystemSharedMemoryStatus(*regions, response);
     return Answer(context, grpc::Status::OK);
   }
+  // The call's connection, for the server to find the client's user.
+  ClientConnection Client(const grpc::CallbackServerContext& context) const {
+    return ClientConnectionFromPeer(context.peer(), bound_port_);
+  }
   grpc::ServerUnaryReactor* SystemSharedMemoryRegister(
       grpc::CallbackServerContext* context,
       const inference::SystemSharedMemoryRegisterRequest* request,
       inference::SystemSharedMemoryRegisterResponse*) override {
-    return Answer(context,
-                  ToGrpcStatus(service_->RegisterSystemSharedMemory(
-                      request->name(), request->key(), request->offset(), request->byte_size())));
+    return Answer(context, ToGrpcStatus(service_->RegisterSystemSharedMemory(
+                               Client(*context), request->name(), request->key(), request->offset(),
+                               request->byte_size())));
   }
   grpc::ServerUnaryReactor* SystemSharedMemoryUnregister(
       grpc::CallbackServerContext* context,
@@ -331,10 +335,10 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
       const inference::CudaSharedMemoryRegisterRequest* request,
       inference::CudaSharedMemoryRegisterResponse*) override {
     const std::string& handle = request->raw_handle();
-    return Answer(context,
-                  ToGrpcStatus(service_->RegisterCudaSharedMemory(
-                      request->name(), std::as_bytes(std::span(handle.data(), handle.size())),
-                      request->device_id(), request->byte_size())));
+    return Answer(context, ToGrpcStatus(service_->RegisterCudaSharedMemory(
+                               Client(*context), request->name(),
+                               std::as_bytes(std::span(handle.data(), handle.size())),
+                               request->device_id(), request->byte_size())));
   }
   grpc::ServerUnaryReactor* CudaSharedMemoryUnregister(
       grpc::CallbackServerContext* context,

@@ -1244,14 +1244,10 @@ class Session : public std::enable_shared_from_this<Session> {
         Result<SystemSharedMemoryRegistration> body =
             ParseSystemSharedMemoryRegisterBody(request.body());
         if (!body.ok()) return Send(StatusResponse(body.status(), version, keep_alive));
-        const Status registered = service.RegisterSystemSharedMemory(route->region, body->key,
-                                                                     body->offset, body->byte_size);
-        // PermissionDenied is 500 elsewhere (the server's own files); here it
-        // is the client's object, which others may write.
-        if (registered.code() == StatusCode::kPermissionDenied) {
-          return Send(ErrorResponse(403, registered.message(), version, keep_alive));
-        }
-        return Send(EmptyOrError(registered, version, keep_alive));
+        return Send(RegistrationResponse(
+            service.RegisterSystemSharedMemory(Client(), route->region, body->key, body->offset,
+                                               body->byte_size),
+            version, keep_alive));
       }
       case Route::Kind::kShmUnregister:
         return Send(
@@ -1267,9 +1263,10 @@ class Session : public std::enable_shared_from_this<Session> {
         Result<CudaSharedMemoryRegistration> body =
             ParseCudaSharedMemoryRegisterBody(request.body());
         if (!body.ok()) return Send(StatusResponse(body.status(), version, keep_alive));
-        return Send(EmptyOrError(service.RegisterCudaSharedMemory(route->region, body->raw_handle,
-                                                                  body->device_id, body->byte_size),
-                                 version, keep_alive));
+        return Send(RegistrationResponse(
+            service.RegisterCudaSharedMemory(Client(), route->region, body->raw_handle,
+                                             body->device_id, body->byte_size),
+            version, keep_alive));
       }
       case Route::Kind::kCudaShmUnregister:
         return Send(
@@ -1292,6 +1289,25 @@ class Session : public std::enable_shared_from_this<Session> {
   static Response EmptyOrError(const Status& status, unsigned version, bool keep_alive) {
     if (!status.ok()) return StatusResponse(status, version, keep_alive);
     return MakeResponse(http::status::ok, version, keep_alive, "", "");
+  }
+
+  // A shared-memory registration's answer. PermissionDenied is 500 elsewhere
+  // (the server's own files); here it is the client asking for memory it may
+  // not name: 403.
+  static Response RegistrationResponse(const Status& status, unsigned version, bool keep_alive) {
+    if (status.code() == StatusCode::kPermissionDenied)
+      return ErrorResponse(403, status.message(), version, keep_alive);
+    return EmptyOrError(status, version, keep_alive);
+  }
+
+  // This connection's two ends, for the server to find the client's user.
+  ClientConnection Client() const {
+    boost::system::error_code ec;
+    const tcp::endpoint peer = socket_.remote_endpoint(ec);
+    if (ec) return {};
+    const tcp::endpoint local = socket_.local_endpoint(ec);
+    if (ec) return {};
+    return {peer.address().to_string(), peer.port(), local.port()};
   }
 
   // Runs a repository load or unload on a thread of its own (LoadModel waits

@@ -17,6 +17,7 @@
 #include "common/datatype.h"
 #include "hearth/dtype.h"
 #include "hearth/status.h"
+#include "server/local_peer.h"
 
 namespace hearth {
 
@@ -308,10 +309,14 @@ class InferenceService {
   }
   // System shared memory (Triton's extension): registers `byte_size` bytes
   // at `offset` of the POSIX shared-memory object `key` under `name`, for
-  // requests to read inputs from and write outputs to. Refused unless the
-  // object is a regular file of this server's user that nobody else may
-  // write, and the range lies inside it. AlreadyExists for a taken name.
-  virtual Status RegisterSystemSharedMemory(const std::string& name, const std::string& /*key*/,
+  // requests to read inputs from and write outputs to. `client` is the
+  // connection that asks: only a process on this machine, of a user the
+  // server lets use shared memory, may register, and only an object of its
+  // own user, a regular file its owner may read and write and nobody else
+  // may write (PermissionDenied otherwise, saying why); the range must lie
+  // inside it. AlreadyExists for a taken name.
+  virtual Status RegisterSystemSharedMemory(const ClientConnection& /*client*/,
+                                            const std::string& name, const std::string& /*key*/,
                                             uint64_t /*offset*/, uint64_t /*byte_size*/) {
     return Unimplemented("no shared memory here (" + name + ")");
   }
@@ -331,8 +336,12 @@ class InferenceService {
   // device to device into the worker, outputs back into it. The handle is
   // opaque here: the worker opens it and checks it at first use.
   // InvalidArgument for a handle of another size, a device this server does
-  // not use (or a server without a GPU), a byte_size of 0.
-  virtual Status RegisterCudaSharedMemory(const std::string& name,
+  // not use (or a server without a GPU), a byte_size of 0; PermissionDenied
+  // unless `client` is a process on this machine of a user the server lets
+  // use shared memory (the handle is a capability: whoever holds its bytes
+  // can open the memory it names).
+  virtual Status RegisterCudaSharedMemory(const ClientConnection& /*client*/,
+                                          const std::string& name,
                                           std::span<const std::byte> /*raw_handle*/,
                                           int64_t /*device_id*/, uint64_t /*byte_size*/) {
     return Unimplemented("no CUDA shared memory here (" + name + ")");

@@ -107,7 +107,10 @@ std::chrono::milliseconds RetryDelay(int attempt) {
 
 class Server::Impl {
  public:
-  explicit Impl(ServerOptions options) : options_(std::move(options)) {}
+  explicit Impl(ServerOptions options)
+      : options_(std::move(options)),
+        shared_memory_(SharedMemoryAccess{
+            options_.shared_memory_users.value_or(std::vector<uid_t>{::geteuid()})}) {}
   ~Impl() { Shutdown(); }
 
   Status Start() {
@@ -1261,9 +1264,30 @@ std::vector<RepositoryEntry> Server::RepositoryIndex(bool ready_only) const {
   return impl_->RepositoryIndex(ready_only);
 }
 Status Server::LoadModel(const std::string& m) { return impl_->LoadModel(m); }
-Status Server::RegisterSystemSharedMemory(const std::string& name, const std::string& key,
-                                          uint64_t offset, uint64_t byte_size) {
-  return impl_->shared_memory().Register(name, key, offset, byte_size);
+namespace {
+
+// Logs a refused registration: a client pointing the server at memory that
+// is not its own is worth a line whatever it gets back.
+Status Logged(Status status, const ClientConnection& client, const std::string& what) {
+  if (!status.ok() &&
+      (status.code() == StatusCode::kPermissionDenied || status.code() == StatusCode::kNotFound)) {
+    spdlog::warn("{} refused for {} port {}: {}", what,
+                 client.address.empty() ? "an unknown client" : client.address, client.port,
+                 status.message());
+  }
+  return status;
+}
+
+}  // namespace
+
+Status Server::RegisterSystemSharedMemory(const ClientConnection& client, const std::string& name,
+                                          const std::string& key, uint64_t offset,
+                                          uint64_t byte_size) {
+  const std::string what = "system shared-memory region '" + name + "' (" + key + ")";
+  Result<uid_t> uid = LocalPeerUid(client);
+  if (!uid.ok()) return Logged(uid.status(), client, what);
+  return Logged(impl_->shared_memory().Register(name, key, offset, byte_size, *uid), client,
+                what + " from uid " + std::to_string(*uid));
 }
 Status Server::UnregisterSystemSharedMemory(const std::string& name) {
   return impl_->shared_memory().Unregister(name);
@@ -1272,11 +1296,16 @@ Result<std::vector<SharedMemoryRegion>> Server::SystemSharedMemoryStatus(
     const std::string& name) const {
   return impl_->shared_memory().List(name);
 }
-Status Server::RegisterCudaSharedMemory(const std::string& name,
+Status Server::RegisterCudaSharedMemory(const ClientConnection& client, const std::string& name,
                                         std::span<const std::byte> raw_handle, int64_t device_id,
                                         uint64_t byte_size) {
+  const std::string what = "CUDA shared-memory region '" + name + "'";
+  Result<uid_t> uid = LocalPeerUid(client);
+  if (!uid.ok()) return Logged(uid.status(), client, what);
   const std::vector<int> gpus = impl_->GpusInUse();
-  return impl_->shared_memory().RegisterCuda(name, raw_handle, device_id, byte_size, gpus);
+  return Logged(
+      impl_->shared_memory().RegisterCuda(name, raw_handle, device_id, byte_size, gpus, *uid),
+      client, what + " from uid " + std::to_string(*uid));
 }
 Status Server::UnregisterCudaSharedMemory(const std::string& name) {
   return impl_->shared_memory().UnregisterCuda(name);

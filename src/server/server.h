@@ -7,8 +7,12 @@
 // from the model's queue. Infer() may be called from any thread.
 #pragma once
 
+#include <sys/types.h>
+
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "hearth/device.h"
 #include "hearth/status.h"
@@ -49,6 +53,10 @@ struct ServerOptions {
   // the repository (but those unloaded) is served with a worker ready. Off:
   // ready while every served model has a worker ready, whatever failed.
   bool strict_readiness = true;
+  // The users whose processes on this machine may register shared memory
+  // (system and CUDA regions; server/shared_memory.h says what else is
+  // checked). Unset: the server's own user. Empty: shared memory is off.
+  std::optional<std::vector<uid_t>> shared_memory_users;
 };
 
 class Server : public InferenceService {
@@ -90,16 +98,18 @@ class Server : public InferenceService {
   std::vector<RepositoryEntry> RepositoryIndex(bool ready_only) const override;
   Status LoadModel(const std::string& model) override;
   Status UnloadModel(const std::string& model) override;
-  Status RegisterSystemSharedMemory(const std::string& name, const std::string& key,
-                                    uint64_t offset, uint64_t byte_size) override;
+  Status RegisterSystemSharedMemory(const ClientConnection& client, const std::string& name,
+                                    const std::string& key, uint64_t offset,
+                                    uint64_t byte_size) override;
   Status UnregisterSystemSharedMemory(const std::string& name) override;
   Result<std::vector<SharedMemoryRegion>> SystemSharedMemoryStatus(
       const std::string& name) const override;
   // The GPUs this server uses are its --device and those that its served
   // models' instance groups name; a server on the host (--device cpu)
   // refuses every CUDA region.
-  Status RegisterCudaSharedMemory(const std::string& name, std::span<const std::byte> raw_handle,
-                                  int64_t device_id, uint64_t byte_size) override;
+  Status RegisterCudaSharedMemory(const ClientConnection& client, const std::string& name,
+                                  std::span<const std::byte> raw_handle, int64_t device_id,
+                                  uint64_t byte_size) override;
   Status UnregisterCudaSharedMemory(const std::string& name) override;
   Result<std::vector<CudaSharedMemoryRegion>> CudaSharedMemoryStatus(
       const std::string& name) const override;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 namespace hearth {
@@ -21,8 +22,21 @@ Result<uint64_t> ObjectSize(int fd) {
 
 }  // namespace
 
+Status SharedMemoryRegistry::CheckUser(uid_t client_uid) const {
+  if (access_.users.empty())
+    return PermissionDenied(
+        "shared memory is off on this server (hearth serve --shared-memory-users)");
+  if (std::find(access_.users.begin(), access_.users.end(), client_uid) != access_.users.end())
+    return Status::Ok();
+  std::string list;
+  for (uid_t u : access_.users) list += (list.empty() ? "" : ", ") + std::to_string(u);
+  return PermissionDenied("the client's user (uid " + std::to_string(client_uid) +
+                          ") may not use shared memory on this server (users allowed: " + list +
+                          "; hearth serve --shared-memory-users)");
+}
+
 Status SharedMemoryRegistry::Register(const std::string& name, const std::string& key,
-                                      uint64_t offset, uint64_t byte_size) {
+                                      uint64_t offset, uint64_t byte_size, uid_t client_uid) {
   if (name.empty() || name.size() > kMaxRegionNameBytes)
     return InvalidArgument("a shared-memory region needs a name of 1 to " +
                            std::to_string(kMaxRegionNameBytes) + " bytes");
@@ -35,28 +49,67 @@ Status SharedMemoryRegistry::Register(const std::string& name, const std::string
   if (byte_size == 0) return InvalidArgument("region '" + name + "': byte_size is 0");
   if (offset > UINT64_MAX - byte_size)
     return InvalidArgument("region '" + name + "': offset + byte_size overflows");
+  RETURN_IF_ERROR(CheckUser(client_uid));
   // O_NOFOLLOW: the name in /dev/shm is a file the server opens, not a link
-  // to elsewhere. Read-write: outputs are written there.
-  const int fd = ::shm_open(key.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
-  if (fd < 0)
-    return errno == ENOENT ? NotFound("region '" + name + "': no shared-memory object " + key)
-                           : ErrnoError("region '" + name + "': opening " + key, errno);
+  // to elsewhere. O_NONBLOCK: opening a FIFO placed there must not wait.
+  // Read-write: outputs are written there. Whatever was opened is checked
+  // through this descriptor before anything is read or written.
+  const int fd = ::shm_open(key.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0);
+  if (fd < 0) {
+    const int error = errno;
+    const std::string what = "region '" + name + "': " + key;
+    switch (error) {
+      case ENOENT:
+        return NotFound(what + ": no such shared-memory object");
+      case ELOOP:
+        return PermissionDenied(what + " is a symbolic link (links are not followed)");
+      case EISDIR:
+      case EINVAL: {
+        // glibc's shm_open says EINVAL for a directory. Looked at again
+        // only to name the error: nothing is opened through this name.
+        struct stat st {};
+        const bool dir = ::lstat(("/dev/shm" + key).c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+        return InvalidArgument(what + (dir ? " is a directory" : " cannot be opened") +
+                               ", not a shared-memory object");
+      }
+      case EACCES:
+      case EPERM:
+        return PermissionDenied(what + ": the server's user may not read and write it");
+      case ENAMETOOLONG:
+        return InvalidArgument(what + ": the name is too long");
+      default:
+        return ErrnoError("region '" + name + "': opening " + key, error);
+    }
+  }
   auto region = std::make_shared<Region>();
   region->fd.Reset(fd);
   struct stat st {};
   if (::fstat(fd, &st) != 0) return ErrnoError("fstat " + key, errno);
   if (!S_ISREG(st.st_mode))
     return InvalidArgument("region '" + name + "': " + key + " is not a regular object");
-  if (st.st_uid != ::geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
-    return PermissionDenied("region '" + name + "': " + key +
-                            " must belong to the server's user and be writable by nobody else "
-                            "(owner uid " +
-                            std::to_string(st.st_uid) + ", mode " +
-                            std::to_string(st.st_mode & 0777) + ")");
+  const auto mode = [&] {
+    char octal[8];
+    std::snprintf(octal, sizeof(octal), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return std::string(octal);
+  };
+  if (st.st_uid != client_uid)
+    return PermissionDenied("region '" + name + "': " + key + " belongs to uid " +
+                            std::to_string(st.st_uid) + ", not to the client's user (uid " +
+                            std::to_string(client_uid) +
+                            "): a client may name only its own objects");
+  if ((st.st_mode & (S_IRUSR | S_IWUSR)) != (S_IRUSR | S_IWUSR))
+    return PermissionDenied("region '" + name + "': " + key + " (mode " + mode() +
+                            ") does not let its owner read and write it");
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
+    return PermissionDenied("region '" + name + "': " + key + " (mode " + mode() +
+                            "): a region's object must be writable by nobody else than its owner");
   if (offset + byte_size > static_cast<uint64_t>(st.st_size))
     return InvalidArgument("region '" + name + "': [" + std::to_string(offset) + ", +" +
                            std::to_string(byte_size) + ") lies outside " + key + " (" +
                            std::to_string(st.st_size) + " bytes)");
+  // Reads and writes block on nothing: the descriptor is a regular file's.
+  if (::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
+    return ErrnoError("fcntl " + key, errno);
   region->info = {name, key, offset, byte_size};
   std::lock_guard lock(mu_);
   RETURN_IF_ERROR(CheckNewName(name));
@@ -78,7 +131,8 @@ Status SharedMemoryRegistry::CheckNewName(const std::string& name) const {
 
 Status SharedMemoryRegistry::RegisterCuda(const std::string& name,
                                           std::span<const std::byte> raw_handle, int64_t device_id,
-                                          uint64_t byte_size, std::span<const int> gpus) {
+                                          uint64_t byte_size, std::span<const int> gpus,
+                                          uid_t client_uid) {
   if (name.empty() || name.size() > kMaxRegionNameBytes)
     return InvalidArgument("a shared-memory region needs a name of 1 to " +
                            std::to_string(kMaxRegionNameBytes) + " bytes");
@@ -94,6 +148,7 @@ Status SharedMemoryRegistry::RegisterCuda(const std::string& name,
     return InvalidArgument(what + ": byte_size must be 1 to " +
                            std::to_string(control::kMaxSlotBytes - 1) + ", not " +
                            std::to_string(byte_size));
+  RETURN_IF_ERROR(CheckUser(client_uid));
   if (gpus.empty())
     return InvalidArgument(what +
                            ": this server has no GPU (it serves from host memory: --device cpu), "

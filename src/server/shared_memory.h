@@ -7,9 +7,19 @@
 // A region is read with pread() and written with pwrite(), never mapped: a
 // client that shrinks its object after registering it makes a request fail
 // (every read and write is checked against the object's size then), never
-// the server fault on a mapping past the end of a file. Only objects of
-// this server's own user that neither group nor others may write are
-// accepted: a client cannot point the server at someone else's memory.
+// the server fault on a mapping past the end of a file.
+//
+// Who may use what: the server may be able to open objects that its client
+// cannot (it may run as root), so it opens only what it can prove the
+// client may use. A client must be a process on this machine (its
+// connection found in the kernel's socket table, server/local_peer.h) of a
+// user the server lets use shared memory (SharedMemoryAccess), and a system
+// region's object must belong to that very user: a regular file (opened
+// with O_NOFOLLOW, checked with fstat on the descriptor opened, so that a
+// link or a swapped name changes nothing) that its owner may read and
+// write and that neither group nor others may write. The descriptor opened
+// at registration is the only one ever used: the object is never looked up
+// by its name again.
 //
 // A CUDA region is a client's CUDA IPC handle, kept as bytes: the server
 // has no CUDA and never opens it. A worker of a model on a GPU opens it
@@ -19,6 +29,8 @@
 // bad handle fails that request (and every later one naming the region),
 // never the registration.
 #pragma once
+
+#include <sys/types.h>
 
 #include <array>
 #include <atomic>
@@ -54,11 +66,24 @@ struct CudaSharedMemoryEntry {
   mutable std::atomic<bool> unregistered{false};
 };
 
+// The users whose local processes may register shared memory (system and
+// CUDA). None: shared memory is off, every registration is refused.
+struct SharedMemoryAccess {
+  std::vector<uid_t> users;
+};
+
 // Thread-safe.
 class SharedMemoryRegistry {
  public:
+  explicit SharedMemoryRegistry(SharedMemoryAccess access = {}) : access_(std::move(access)) {}
+
+  // PermissionDenied unless `client_uid` is one of the access's users.
+  Status CheckUser(uid_t client_uid) const;
+
+  // A region of the object `key`, asked for by a local process of
+  // `client_uid` (CheckUser first, then the object's checks above).
   Status Register(const std::string& name, const std::string& key, uint64_t offset,
-                  uint64_t byte_size);
+                  uint64_t byte_size, uid_t client_uid);
   Status Unregister(const std::string& name);  // empty: all system regions
   Result<std::vector<SharedMemoryRegion>> List(const std::string& name) const;
 
@@ -66,8 +91,10 @@ class SharedMemoryRegistry {
   // this server uses; none: it has no GPU and refuses every CUDA region).
   // raw_handle must be exactly control::kCudaIpcHandleBytes; byte_size 1
   // to control::kMaxSlotBytes - 1.
+  // Asked for by a local process of `client_uid` (CheckUser first).
   Status RegisterCuda(const std::string& name, std::span<const std::byte> raw_handle,
-                      int64_t device_id, uint64_t byte_size, std::span<const int> gpus);
+                      int64_t device_id, uint64_t byte_size, std::span<const int> gpus,
+                      uid_t client_uid);
   Status UnregisterCuda(const std::string& name);  // empty: all CUDA regions
   // How many times CUDA regions were unregistered: when it moves on, the
   // workers close the regions they keep open (WorkerSupervisor).
@@ -100,6 +127,7 @@ class SharedMemoryRegistry {
   // `name` may be taken by one more region of either kind.
   Status CheckNewName(const std::string& name) const;
 
+  const SharedMemoryAccess access_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<const Region>> regions_;
   std::map<std::string, std::shared_ptr<const CudaSharedMemoryEntry>> cuda_regions_;

@@ -220,8 +220,13 @@ class FakeService : public InferenceService {
     if (model == "nope") return NotFound("unknown model 'nope'");
     return Status::Ok();
   }
-  Status RegisterSystemSharedMemory(const std::string& name, const std::string& key,
-                                    uint64_t offset, uint64_t byte_size) override {
+  Status RegisterSystemSharedMemory(const ClientConnection& client, const std::string& name,
+                                    const std::string& key, uint64_t offset,
+                                    uint64_t byte_size) override {
+    {
+      std::lock_guard lock(mu_);
+      last_client_ = client;
+    }
     if (key == "/missing") return NotFound("region '" + name + "': no shared-memory object " + key);
     std::lock_guard lock(mu_);
     if (regions_.count(name) > 0) {
@@ -229,6 +234,10 @@ class FakeService : public InferenceService {
     }
     regions_[name] = {{name, key, offset, byte_size}, std::vector<std::byte>(byte_size)};
     return Status::Ok();
+  }
+  ClientConnection LastClient() const {
+    std::lock_guard lock(mu_);
+    return last_client_;
   }
   Status UnregisterSystemSharedMemory(const std::string& name) override {
     std::lock_guard lock(mu_);
@@ -611,6 +620,7 @@ class FakeService : public InferenceService {
   }
 
   mutable std::mutex mu_;
+  ClientConnection last_client_;  // of the last shared-memory registration
   std::condition_variable wake_;
   std::deque<Job> queue_;
   std::deque<Job> parked_;
@@ -1070,6 +1080,15 @@ TEST_F(GrpcServerTest, SharedMemoryRegisterStatusUnregister) {
     return stub_->SystemSharedMemoryUnregister(Context().get(), request, &response);
   };
   ASSERT_TRUE(reg("in", "/hearth-in", 16, 64).ok());
+  // The service is told whose connection asks: gRPC's peer, which names
+  // this process's socket in the kernel's table, and the server's port.
+  const ClientConnection asker = service_.LastClient();
+  EXPECT_NE(asker.address, "");
+  EXPECT_NE(asker.port, 0);
+  EXPECT_EQ(asker.server_port, server_->port());
+  Result<uid_t> uid = LocalPeerUid(asker);
+  ASSERT_TRUE(uid.ok()) << uid.status().ToString();
+  EXPECT_EQ(*uid, ::geteuid());
   ASSERT_TRUE(reg("out", "/hearth-out", 0, 32).ok());
   grpc::Status status = reg("in", "/hearth-other", 0, 8);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::ALREADY_EXISTS);

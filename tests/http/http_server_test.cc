@@ -165,14 +165,20 @@ class FakeService : public InferenceService {
     control_log_.push_back("unload " + model);
     return Status::Ok();
   }
-  Status RegisterSystemSharedMemory(const std::string& name, const std::string& key,
-                                    uint64_t offset, uint64_t byte_size) override {
+  Status RegisterSystemSharedMemory(const ClientConnection& client, const std::string& name,
+                                    const std::string& key, uint64_t offset,
+                                    uint64_t byte_size) override {
     std::lock_guard lock(mutex_);
+    last_client_ = client;
     for (const SharedMemoryRegion& r : regions_) {
       if (r.name == name) return AlreadyExists("region '" + name + "' is already registered");
     }
     regions_.push_back({name, key, offset, byte_size});
     return Status::Ok();
+  }
+  ClientConnection LastClient() const {
+    std::lock_guard lock(mutex_);
+    return last_client_;
   }
   Status UnregisterSystemSharedMemory(const std::string& name) override {
     std::lock_guard lock(mutex_);
@@ -196,9 +202,11 @@ class FakeService : public InferenceService {
     CudaSharedMemoryRegion info;
     std::vector<std::byte> handle;
   };
-  Status RegisterCudaSharedMemory(const std::string& name, std::span<const std::byte> raw_handle,
-                                  int64_t device_id, uint64_t byte_size) override {
+  Status RegisterCudaSharedMemory(const ClientConnection& client, const std::string& name,
+                                  std::span<const std::byte> raw_handle, int64_t device_id,
+                                  uint64_t byte_size) override {
     std::lock_guard lock(mutex_);
+    last_client_ = client;
     if (raw_handle.size() != 64)
       return InvalidArgument("the handle has " + std::to_string(raw_handle.size()) + " bytes");
     for (const CudaRegistration& r : cuda_regions_) {
@@ -389,6 +397,7 @@ class FakeService : public InferenceService {
   }
 
   mutable std::mutex mutex_;
+  ClientConnection last_client_;  // of the last shared-memory registration
   std::condition_variable wake_;
   std::deque<Job> queue_;
   int loads_waiting_ = 0;
@@ -421,6 +430,7 @@ class Client {
     socket_.connect(tcp::endpoint(net::ip::address_v4::loopback(), port));
     SetReceiveTimeout(socket_.native_handle(), 20s);
   }
+  uint16_t local_port() const { return socket_.local_endpoint().port(); }
 
   Response Send(http::verb method, const std::string& target, const std::string& body = "",
                 const std::vector<std::pair<std::string, std::string>>& headers = {}) {
@@ -1736,6 +1746,15 @@ TEST_F(HttpServerTest, SystemSharedMemoryRegisterStatusUnregister) {
                              R"({"key":"/hearth_r1","offset":16,"byte_size":64})");
   ASSERT_EQ(reg.result_int(), 200) << reg.body();
   EXPECT_TRUE(reg.body().empty());
+  // The service is told whose connection asks: its two ends, which name
+  // this process's socket in the kernel's table.
+  const ClientConnection asker = service_.LastClient();
+  EXPECT_EQ(asker.address, "127.0.0.1");
+  EXPECT_EQ(asker.port, client.local_port());
+  EXPECT_EQ(asker.server_port, port());
+  Result<uid_t> uid = LocalPeerUid(asker);
+  ASSERT_TRUE(uid.ok()) << uid.status().ToString();
+  EXPECT_EQ(*uid, ::geteuid());
   Response again = client.Post("/v2/systemsharedmemory/region/r1/register",
                                R"({"key":"/hearth_r1","byte_size":64})");
   EXPECT_EQ(again.result_int(), 400);

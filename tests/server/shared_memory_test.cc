@@ -9,8 +9,11 @@
 // host refuses CUDA regions.
 #include "server/shared_memory.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,6 +24,7 @@
 
 #include "gtest/gtest.h"
 #include "protocol/worker_protocol.h"
+#include "server/local_peer.h"
 #include "server/server.h"
 #include "support/test_store.h"
 
@@ -45,20 +49,51 @@ struct ShmObject {
   static inline int counter = 0;
 };
 
+// A TCP connection over loopback inside this process, and the server's
+// view of it: what a front-end passes on for a client of this user.
+struct LoopbackLink {
+  UniqueFd listener;
+  UniqueFd client_end;
+  UniqueFd server_end;
+  ClientConnection client;
+
+  LoopbackLink() {
+    listener.Reset(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(address);
+    EXPECT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&address), length), 0);
+    EXPECT_EQ(::listen(listener.get(), 1), 0);
+    EXPECT_EQ(::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&address), &length), 0);
+    const uint16_t server_port = ntohs(address.sin_port);
+    client_end.Reset(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    EXPECT_EQ(::connect(client_end.get(), reinterpret_cast<sockaddr*>(&address), length), 0);
+    server_end.Reset(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    sockaddr_in peer{};
+    length = sizeof(peer);
+    EXPECT_EQ(::getpeername(server_end.get(), reinterpret_cast<sockaddr*>(&peer), &length), 0);
+    client = {"127.0.0.1", ntohs(peer.sin_port), server_port};
+  }
+};
+
+uid_t Me() { return ::geteuid(); }
+SharedMemoryAccess Mine() { return {{Me()}}; }
+
 TEST(SharedMemoryRegistry, RegistrationChecksTheObjectAndTheRange) {
-  SharedMemoryRegistry r;
+  SharedMemoryRegistry r(Mine());
   ShmObject obj(4096);
-  EXPECT_EQ(r.Register("a", obj.key, 0, 8192).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(r.Register("a", obj.key, 4000, 97).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(r.Register("a", "/hearth-test-none", 0, 8).code(), StatusCode::kNotFound);
-  EXPECT_EQ(r.Register("a", "../etc/passwd", 0, 8).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(r.Register("a", "/x/y", 0, 8).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(r.Register("", obj.key, 0, 8).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(r.Register("a", obj.key, 0, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.Register("a", obj.key, 0, 8192, Me()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.Register("a", obj.key, 4000, 97, Me()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.Register("a", "/hearth-test-none", 0, 8, Me()).code(), StatusCode::kNotFound);
+  EXPECT_EQ(r.Register("a", "../etc/passwd", 0, 8, Me()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.Register("a", "/x/y", 0, 8, Me()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.Register("", obj.key, 0, 8, Me()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.Register("a", obj.key, 0, 0, Me()).code(), StatusCode::kInvalidArgument);
   ShmObject open_to_all(64, 0666);
-  EXPECT_EQ(r.Register("b", open_to_all.key, 0, 8).code(), StatusCode::kPermissionDenied);
-  ASSERT_TRUE(r.Register("a", obj.key, 1024, 2048).ok());
-  EXPECT_EQ(r.Register("a", obj.key, 0, 8).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(r.Register("b", open_to_all.key, 0, 8, Me()).code(), StatusCode::kPermissionDenied);
+  ASSERT_TRUE(r.Register("a", obj.key, 1024, 2048, Me()).ok());
+  EXPECT_EQ(r.Register("a", obj.key, 0, 8, Me()).code(), StatusCode::kAlreadyExists);
   auto listed = r.List("");
   ASSERT_TRUE(listed.ok());
   ASSERT_EQ(listed->size(), 1u);
@@ -69,10 +104,82 @@ TEST(SharedMemoryRegistry, RegistrationChecksTheObjectAndTheRange) {
   EXPECT_EQ(r.Unregister("a").code(), StatusCode::kNotFound);
 }
 
+// The server may open what its client may not: a region's object must be
+// its client's own, a regular file its owner may read and write.
+TEST(SharedMemoryRegistry, AClientNamesOnlyItsOwnObjects) {
+  SharedMemoryRegistry r(SharedMemoryAccess{{Me(), 12345}});
+  ShmObject mine(4096);
+  // The client is of another user than the object's.
+  Status s = r.Register("a", mine.key, 0, 64, 12345);
+  EXPECT_EQ(s.code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(s.message().find("belongs to uid " + std::to_string(Me()) +
+                             ", not to the client's user (uid 12345)"),
+            std::string::npos)
+      << s.message();
+  // A user the server does not let use shared memory, even for its own.
+  s = r.Register("a", mine.key, 0, 64, 777);
+  EXPECT_EQ(s.code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(s.message().find("uid 777) may not use shared memory"), std::string::npos)
+      << s.message();
+  EXPECT_EQ(r.RegisterCuda("c", std::vector<std::byte>(control::kCudaIpcHandleBytes), 0, 64,
+                           std::vector<int>{0}, 777)
+                .code(),
+            StatusCode::kPermissionDenied);
+  // Shared memory off: nobody.
+  SharedMemoryRegistry off(SharedMemoryAccess{});
+  s = off.Register("a", mine.key, 0, 64, Me());
+  EXPECT_EQ(s.code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(s.message().find("shared memory is off"), std::string::npos) << s.message();
+  // Its owner may not write it: nor may the server for it.
+  ShmObject read_only(4096, 0400);
+  s = r.Register("a", read_only.key, 0, 64, Me());
+  EXPECT_EQ(s.code(), StatusCode::kPermissionDenied);
+  ASSERT_TRUE(r.Register("a", mine.key, 0, 64, Me()).ok());
+  EXPECT_TRUE(r.List("").ok() && r.List("")->size() == 1u);
+}
+
+TEST(SharedMemoryRegistry, ObjectsOfAnotherUserAreRefusedEvenWhereTheServerCanOpenThem) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give an object to another user";
+  SharedMemoryRegistry r(SharedMemoryAccess{{0, 12345}});
+  ShmObject roots(4096);  // root's, 0600: what uid 12345 cannot open itself
+  Status s = r.Register("steal", roots.key, 0, 4096, 12345);
+  EXPECT_EQ(s.code(), StatusCode::kPermissionDenied) << s.message();
+  ShmObject theirs(4096);
+  ASSERT_EQ(::fchown(theirs.fd, 12345, 12345), 0);
+  EXPECT_EQ(r.Register("theirs", theirs.key, 0, 64, 0).code(), StatusCode::kPermissionDenied);
+  s = r.Register("theirs", theirs.key, 0, 64, 12345);
+  EXPECT_TRUE(s.ok()) << s.message();
+}
+
+TEST(SharedMemoryRegistry, LinksDirectoriesAndFifosAreRefusedWithTheirReason) {
+  SharedMemoryRegistry r(Mine());
+  ShmObject target(4096);
+  const std::string base = "hearth-test-" + std::to_string(::getpid());
+  const std::string link = "/dev/shm/" + base + "-link";
+  const std::string dir = "/dev/shm/" + base + "-dir";
+  const std::string fifo = "/dev/shm/" + base + "-fifo";
+  ASSERT_EQ(::symlink(("/dev/shm" + target.key).c_str(), link.c_str()), 0);
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const Status via_link = r.Register("a", "/" + base + "-link", 0, 64, Me());
+  const Status a_dir = r.Register("a", "/" + base + "-dir", 0, 64, Me());
+  // A FIFO opens without a peer (O_NONBLOCK) and is refused, not waited on.
+  const Status a_fifo = r.Register("a", "/" + base + "-fifo", 0, 64, Me());
+  ::unlink(link.c_str());
+  ::rmdir(dir.c_str());
+  ::unlink(fifo.c_str());
+  EXPECT_EQ(via_link.code(), StatusCode::kPermissionDenied) << via_link.message();
+  EXPECT_NE(via_link.message().find("symbolic link"), std::string::npos) << via_link.message();
+  EXPECT_EQ(a_dir.code(), StatusCode::kInvalidArgument) << a_dir.message();
+  EXPECT_NE(a_dir.message().find("directory"), std::string::npos) << a_dir.message();
+  EXPECT_EQ(a_fifo.code(), StatusCode::kInvalidArgument) << a_fifo.message();
+  EXPECT_NE(a_fifo.message().find("not a regular object"), std::string::npos) << a_fifo.message();
+}
+
 TEST(SharedMemoryRegistry, ReadsAndWritesStayInsideAndAShrunkObjectFailsTheRequest) {
-  SharedMemoryRegistry r;
+  SharedMemoryRegistry r(Mine());
   ShmObject obj(4096);
-  ASSERT_TRUE(r.Register("a", obj.key, 1024, 1024).ok());
+  ASSERT_TRUE(r.Register("a", obj.key, 1024, 1024, Me()).ok());
   const std::string text = "hello";
   ASSERT_TRUE(r.Write({"a", 16, 8}, std::as_bytes(std::span(text.data(), text.size()))).ok());
   char raw[5];
@@ -101,10 +208,10 @@ std::vector<std::byte> Handle(size_t n = control::kCudaIpcHandleBytes, uint8_t f
 }
 
 TEST(SharedMemoryRegistry, CudaRegistrationChecksTheHandleTheDeviceAndTheSize) {
-  SharedMemoryRegistry r;
+  SharedMemoryRegistry r(Mine());
   const std::vector<int> gpus = {0, 2};
   auto code = [&](const std::string& name, size_t handle, int64_t device, uint64_t bytes) {
-    return r.RegisterCuda(name, Handle(handle), device, bytes, gpus);
+    return r.RegisterCuda(name, Handle(handle), device, bytes, gpus, Me());
   };
   for (size_t n : {size_t{0}, size_t{63}, size_t{65}, size_t{88}}) {
     Status s = code("c", n, 0, 64);
@@ -125,7 +232,7 @@ TEST(SharedMemoryRegistry, CudaRegistrationChecksTheHandleTheDeviceAndTheSize) {
   EXPECT_EQ(code("", 64, 0, 64).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(code(std::string(kMaxRegionNameBytes + 1, 'n'), 64, 0, 64).code(),
             StatusCode::kInvalidArgument);
-  Status no_gpu = r.RegisterCuda("c", Handle(), 0, 64, {});
+  Status no_gpu = r.RegisterCuda("c", Handle(), 0, 64, {}, Me());
   EXPECT_EQ(no_gpu.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(no_gpu.message().find("this server has no GPU"), std::string::npos) << no_gpu.message();
   // Nothing of the refused ones was kept.
@@ -156,42 +263,42 @@ TEST(SharedMemoryRegistry, CudaRegistrationChecksTheHandleTheDeviceAndTheSize) {
 }
 
 TEST(SharedMemoryRegistry, SystemAndCudaRegionsShareTheirNamesAndTheirLimit) {
-  SharedMemoryRegistry r;
+  SharedMemoryRegistry r(Mine());
   ShmObject obj(4096);
   const std::vector<int> gpus = {0};
-  ASSERT_TRUE(r.Register("sys", obj.key, 0, 64).ok());
-  Status taken = r.RegisterCuda("sys", Handle(), 0, 64, gpus);
+  ASSERT_TRUE(r.Register("sys", obj.key, 0, 64, Me()).ok());
+  Status taken = r.RegisterCuda("sys", Handle(), 0, 64, gpus, Me());
   EXPECT_EQ(taken.code(), StatusCode::kAlreadyExists);
   EXPECT_NE(taken.message().find("a system shared-memory region named 'sys'"), std::string::npos)
       << taken.message();
-  ASSERT_TRUE(r.RegisterCuda("dev", Handle(), 0, 64, gpus).ok());
-  taken = r.Register("dev", obj.key, 0, 64);
+  ASSERT_TRUE(r.RegisterCuda("dev", Handle(), 0, 64, gpus, Me()).ok());
+  taken = r.Register("dev", obj.key, 0, 64, Me());
   EXPECT_EQ(taken.code(), StatusCode::kAlreadyExists);
   EXPECT_NE(taken.message().find("a CUDA shared-memory region named 'dev'"), std::string::npos)
       << taken.message();
   // Unregistering all of one kind leaves the other.
   EXPECT_TRUE(r.Unregister("").ok());
   EXPECT_EQ(r.ListCuda("")->size(), 1u);
-  ASSERT_TRUE(r.Register("sys", obj.key, 0, 64).ok());
+  ASSERT_TRUE(r.Register("sys", obj.key, 0, 64, Me()).ok());
   EXPECT_TRUE(r.UnregisterCuda("").ok());
   EXPECT_EQ(r.List("")->size(), 1u);
 
   // One limit for both kinds: 1 system region and the rest CUDA.
   for (size_t k = 1; k < kMaxSharedMemoryRegions; ++k)
-    ASSERT_TRUE(r.RegisterCuda("c" + std::to_string(k), Handle(), 0, 64, gpus).ok()) << k;
-  Status full = r.RegisterCuda("one-more", Handle(), 0, 64, gpus);
+    ASSERT_TRUE(r.RegisterCuda("c" + std::to_string(k), Handle(), 0, 64, gpus, Me()).ok()) << k;
+  Status full = r.RegisterCuda("one-more", Handle(), 0, 64, gpus, Me());
   EXPECT_EQ(full.code(), StatusCode::kResourceExhausted);
   EXPECT_NE(full.message().find("1024 shared-memory regions"), std::string::npos);
-  EXPECT_EQ(r.Register("one-more", obj.key, 0, 64).code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(r.Register("one-more", obj.key, 0, 64, Me()).code(), StatusCode::kResourceExhausted);
   ASSERT_TRUE(r.UnregisterCuda("c1").ok());
-  EXPECT_TRUE(r.Register("one-more", obj.key, 0, 64).ok());
+  EXPECT_TRUE(r.Register("one-more", obj.key, 0, 64, Me()).ok());
 }
 
 TEST(SharedMemoryRegistry, ACudaRegionIsFoundInsideItsRangeAndOutlivesItsName) {
-  SharedMemoryRegistry r;
+  SharedMemoryRegistry r(Mine());
   ShmObject obj(4096);
-  ASSERT_TRUE(r.Register("sys", obj.key, 0, 64).ok());
-  ASSERT_TRUE(r.RegisterCuda("c", Handle(64, 0x11), 0, 1000, std::vector<int>{0}).ok());
+  ASSERT_TRUE(r.Register("sys", obj.key, 0, 64, Me()).ok());
+  ASSERT_TRUE(r.RegisterCuda("c", Handle(64, 0x11), 0, 1000, std::vector<int>{0}, Me()).ok());
   auto found = r.FindCuda({"c", 900, 100}, "input 'x'");
   ASSERT_TRUE(found.ok()) << found.status().ToString();
   ASSERT_NE(*found, nullptr);
@@ -214,7 +321,7 @@ TEST(SharedMemoryRegistry, ACudaRegionIsFoundInsideItsRangeAndOutlivesItsName) {
   // Unregistered and registered again: the held entry is the old one, and
   // the new one has a new id.
   ASSERT_TRUE(r.UnregisterCuda("c").ok());
-  ASSERT_TRUE(r.RegisterCuda("c", Handle(64, 0x22), 0, 10, std::vector<int>{0}).ok());
+  ASSERT_TRUE(r.RegisterCuda("c", Handle(64, 0x22), 0, 10, std::vector<int>{0}, Me()).ok());
   auto again = r.FindCuda({"c", 0, 10}, "x");
   ASSERT_TRUE(again.ok());
   ASSERT_NE(*again, nullptr);
@@ -246,6 +353,7 @@ std::string ScaleRepository(testing::TempDir& tmp) {
 }
 
 TEST(ServerSharedMemory, AnInputFromARegionAndAnOutputToOne) {
+  LoopbackLink link;
   testing::TempDir tmp;
   const std::string repo = ScaleRepository(tmp);
   ServerOptions options;
@@ -295,8 +403,8 @@ TEST(ServerSharedMemory, AnInputFromARegionAndAnOutputToOne) {
     const float v = static_cast<float>(i);
     ASSERT_EQ(::pwrite(in.fd, &v, 4, 4 * i), 4);
   }
-  ASSERT_TRUE((*server)->RegisterSystemSharedMemory("in", in.key, 0, 64).ok());
-  ASSERT_TRUE((*server)->RegisterSystemSharedMemory("out", result.key, 512, 64).ok());
+  ASSERT_TRUE((*server)->RegisterSystemSharedMemory(link.client, "in", in.key, 0, 64).ok());
+  ASSERT_TRUE((*server)->RegisterSystemSharedMemory(link.client, "out", result.key, 512, 64).ok());
   InferRequest r = request(true);
   RequestedOutput y("y", false);
   y.shm = SharedMemoryRef{"out", 8, 8};
@@ -337,14 +445,15 @@ ServerOptions Options(const std::string& repo, Device device) {
 }
 
 TEST(ServerCudaSharedMemory, AServerOnTheHostRefusesCudaRegions) {
+  LoopbackLink link;
   testing::TempDir tmp;
   auto server = Server::Create(Options(ScaleRepository(tmp), Device::Host()));
   ASSERT_TRUE(server.ok()) << server.status().ToString();
-  Status s = (*server)->RegisterCudaSharedMemory("c", Handle(), 0, 64);
+  Status s = (*server)->RegisterCudaSharedMemory(link.client, "c", Handle(), 0, 64);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("this server has no GPU"), std::string::npos) << s.message();
   // The handle's size is checked first, as on any server.
-  s = (*server)->RegisterCudaSharedMemory("c", Handle(12), 0, 64);
+  s = (*server)->RegisterCudaSharedMemory(link.client, "c", Handle(12), 0, 64);
   EXPECT_NE(s.message().find("of 64 bytes, not 12"), std::string::npos) << s.message();
   auto status = (*server)->CudaSharedMemoryStatus("");
   ASSERT_TRUE(status.ok());
@@ -360,6 +469,7 @@ TEST(ServerCudaSharedMemory, AServerOnTheHostRefusesCudaRegions) {
 // queued, each fault named, and refused for a model on the host; the
 // server serves on.
 TEST(ServerCudaSharedMemory, RequestsNamingCudaRegionsAreCheckedBeforeTheyAreQueued) {
+  LoopbackLink link;
   testing::TempDir tmp;
   auto server = Server::Create(Options(ScaleRepository(tmp), Device::Cuda(0)));
   ASSERT_TRUE(server.ok()) << server.status().ToString();
@@ -367,13 +477,13 @@ TEST(ServerCudaSharedMemory, RequestsNamingCudaRegionsAreCheckedBeforeTheyAreQue
   const auto ext = (*server)->Extensions();
   EXPECT_EQ(std::count(ext.begin(), ext.end(), "cuda_shared_memory"), 1);
 
-  Status unused = (*server)->RegisterCudaSharedMemory("dev", Handle(), 1, 4096);
+  Status unused = (*server)->RegisterCudaSharedMemory(link.client, "dev", Handle(), 1, 4096);
   EXPECT_NE(unused.message().find("device_id 1 is not a GPU this server uses (0)"),
             std::string::npos)
       << unused.message();
-  ASSERT_TRUE((*server)->RegisterCudaSharedMemory("dev", Handle(), 0, 4096).ok());
+  ASSERT_TRUE((*server)->RegisterCudaSharedMemory(link.client, "dev", Handle(), 0, 4096).ok());
   ShmObject obj(4096);
-  Status taken = (*server)->RegisterSystemSharedMemory("dev", obj.key, 0, 64);
+  Status taken = (*server)->RegisterSystemSharedMemory(link.client, "dev", obj.key, 0, 64);
   EXPECT_EQ(taken.code(), StatusCode::kAlreadyExists);
   auto listed = (*server)->CudaSharedMemoryStatus("dev");
   ASSERT_TRUE(listed.ok());
