@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/heap_trimmer.h"
 #include "grpc/kserve_grpc_codec.h"
 #include "grpc_service.grpc.pb.h"
 #include "server/request_check.h"
@@ -391,6 +392,7 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
   mutable std::mutex mu_;
   std::condition_variable idle_;  // inflight_calls_ fell
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<HeapTrimmer> trimmer_;  // while serving, when heap_trim_bytes > 0
   uint16_t bound_port_ = 0;
   bool started_ = false;
   bool stopping_ = false;
@@ -919,6 +921,9 @@ Status GrpcServer::Impl::Start() {
                        ": the port is in use or the address is not this machine's");
   }
   bound_port_ = static_cast<uint16_t>(bound);
+  if (options_.heap_trim_bytes > 0) {
+    trimmer_ = std::make_unique<HeapTrimmer>(options_.heap_trim_bytes, std::chrono::seconds(1));
+  }
   return Status::Ok();
 }
 
@@ -955,6 +960,7 @@ void GrpcServer::Impl::Stop() {
   for (std::thread& thread : threads) thread.join();
   std::lock_guard lock(mu_);
   server_.reset();
+  trimmer_.reset();
   stopped_ = true;
   bound_port_ = 0;
 }

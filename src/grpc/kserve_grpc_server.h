@@ -41,6 +41,11 @@
 // - compression: a request compressed with gzip or deflate is refused
 //   (UNIMPLEMENTED) when its headers arrive: grpc 1.51 would inflate its
 //   message whole before comparing it with max_message_bytes;
+// - memory freed after a burst (a flood of streams holds about 17 KiB of
+//   gRPC's call state each until they are done) is given back to the kernel
+//   once the allocator holds more than heap_trim_bytes free. grpc++ 1.51 has
+//   no limit on how fast a connection opens or resets streams, and enforces
+//   max_concurrent_streams only on a client that acknowledged its SETTINGS;
 // - connections: keepalive pings find dead peers of open calls, a
 //   connection without calls for idle_timeout is closed (GOAWAY), a
 //   handshake must finish within handshake_timeout. grpc++ 1.51 has no limit
@@ -84,6 +89,9 @@ struct GrpcOptions {
   std::chrono::milliseconds handshake_timeout{10'000};
   // Stop(): how long calls in progress get before they are cancelled.
   std::chrono::milliseconds drain_timeout{20'000};
+  // While serving, memory the allocator holds free past this is given back
+  // to the kernel (checked every second; HeapTrimmer); 0: never.
+  uint64_t heap_trim_bytes = uint64_t{64} << 20;
 };
 
 // What the front-end holds now; thread-safe snapshots for tests.
