@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/heap_trimmer.h"
 #include "grpc/kserve_grpc_codec.h"
 #include "grpc_service.grpc.pb.h"
 #include "server/request_check.h"
@@ -395,6 +396,7 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
   mutable std::mutex mu_;
   std::condition_variable idle_;  // inflight_calls_ fell
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<HeapTrimmer> trimmer_;  // while serving, when heap_trim_bytes > 0
   uint16_t bound_port_ = 0;
   bool started_ = false;
   bool stopping_ = false;
@@ -891,6 +893,13 @@ Status GrpcServer::Impl::Start() {
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound);
   builder.RegisterService(this);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
+  // grpc 1.51 inflates a compressed message whole and only then compares it
+  // with the limit above: 1 MB of gzip on the wire held 1 GB until refused.
+  // It has no bound on inflation, so compressed requests are refused instead:
+  // a call whose grpc-encoding is gzip or deflate ends with UNIMPLEMENTED when
+  // its headers arrive, before any of its message is inflated. Identity works.
+  builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_DEFLATE, false);
+  builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_GZIP, false);
   grpc::ResourceQuota quota("hearth-grpc");
   quota.Resize(static_cast<size_t>(options_.max_inflight_bytes));
   builder.SetResourceQuota(quota);
@@ -916,6 +925,9 @@ Status GrpcServer::Impl::Start() {
                        ": the port is in use or the address is not this machine's");
   }
   bound_port_ = static_cast<uint16_t>(bound);
+  if (options_.heap_trim_bytes > 0) {
+    trimmer_ = std::make_unique<HeapTrimmer>(options_.heap_trim_bytes, std::chrono::seconds(1));
+  }
   return Status::Ok();
 }
 
@@ -952,6 +964,7 @@ void GrpcServer::Impl::Stop() {
   for (std::thread& thread : threads) thread.join();
   std::lock_guard lock(mu_);
   server_.reset();
+  trimmer_.reset();
   stopped_ = true;
   bound_port_ = 0;
 }

@@ -17,8 +17,8 @@
 // which the stream goes on). The trace and log RPCs answer UNIMPLEMENTED with a message saying so.
 //
 // Limits (every resource a client can make the front-end hold):
-// - message size: a received message over max_message_bytes (after
-//   decompression) is refused with RESOURCE_EXHAUSTED by gRPC itself;
+// - message size: a received message over max_message_bytes is refused
+//   with RESOURCE_EXHAUSTED by gRPC itself;
 // - calls: at most max_inflight_calls ModelInfer and ModelStreamInfer calls
 //   at once that are not answered yet (a call answered and still being sent
 //   counts no longer: its request's bytes do, until gRPC is done with it),
@@ -38,6 +38,14 @@
 // - repository control: at most max_control_calls loads and unloads at
 //   once, past which one is answered RESOURCE_EXHAUSTED;
 // - gRPC's own buffers: a ResourceQuota of max_inflight_bytes;
+// - compression: a request compressed with gzip or deflate is refused
+//   (UNIMPLEMENTED) when its headers arrive: grpc 1.51 would inflate its
+//   message whole before comparing it with max_message_bytes;
+// - memory freed after a burst (a flood of streams holds about 17 KiB of
+//   gRPC's call state each until they are done) is given back to the kernel
+//   once the allocator holds more than heap_trim_bytes free. grpc++ 1.51 has
+//   no limit on how fast a connection opens or resets streams, and enforces
+//   max_concurrent_streams only on a client that acknowledged its SETTINGS;
 // - connections: keepalive pings find dead peers of open calls, a
 //   connection without calls for idle_timeout is closed (GOAWAY), a
 //   handshake must finish within handshake_timeout. grpc++ 1.51 has no limit
@@ -65,7 +73,7 @@ namespace hearth {
 struct GrpcOptions {
   std::string host = "127.0.0.1";  // an address or a name that resolves to one
   uint16_t port = 8001;            // 0: pick a free port (port() tells which)
-  // Largest message received, after decompression; as REST's body limit.
+  // Largest message received; as REST's body limit.
   uint64_t max_message_bytes = uint64_t{64} << 20;
   uint64_t max_inflight_bytes = uint64_t{1} << 30;
   int max_inflight_calls = 1024;
@@ -81,6 +89,9 @@ struct GrpcOptions {
   std::chrono::milliseconds handshake_timeout{10'000};
   // Stop(): how long calls in progress get before they are cancelled.
   std::chrono::milliseconds drain_timeout{20'000};
+  // While serving, memory the allocator holds free past this is given back
+  // to the kernel (checked every second; HeapTrimmer); 0: never.
+  uint64_t heap_trim_bytes = uint64_t{64} << 20;
 };
 
 // What the front-end holds now; thread-safe snapshots for tests.

@@ -1,0 +1,155 @@
+"""`hearth serve`'s gRPC endpoint against hostile clients, over real sockets:
+a gzip bomb (a message of zeros that inflates a thousandfold) and a flood of
+HTTP/2 streams written frame by frame on one connection. The tests share a
+server and read what the server process holds from /proc (VmRSS, and
+VmHWM after resetting it through /proc/PID/clear_refs), never how long
+something takes.
+
+Paths: $HEARTH_CLI (default build/bin/hearth). Skips, saying why, when this
+hearth was built without gRPC or /usr/bin/python3 lacks grpcio/grpc_tools.
+"""
+
+import pathlib
+import socket
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from test_grpc import (MAX_MESSAGE, connect, grpc, grpc_port, h2_frame, hpack_literal,  # noqa: E402
+                       infer_request, outputs_of, pb, rpc_error, write_repository)
+from test_serve import SCALE_N, start_serve, stop_serve  # noqa: E402
+
+MIB = 1 << 20
+
+
+def memory(pid):
+    """(VmRSS, VmHWM) of process `pid`, in bytes."""
+    fields = {}
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = int(value.split()[0]) * 1024
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+def reset_peak(pid):
+    pathlib.Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("grpc-hostile")
+    write_repository(tmp / "repo")
+    state = start_serve(tmp, tmp / "repo", ["--grpc-max-message-bytes", str(MAX_MESSAGE)])
+    state["grpc_port"] = grpc_port(state["log"].read_text())
+    state["channel"], state["stub"] = connect(state["grpc_port"])
+    yield state
+    state["channel"].close()
+    code, text = stop_serve(state)
+    assert code == 0, text[-2000:]
+
+
+def assert_served(stub):
+    x = np.ones((1, SCALE_N), np.float32)
+    y = outputs_of(stub.ModelInfer(infer_request("scale", "x", x), timeout=60))["y"]
+    assert y.shape == (1, 1) and np.isfinite(y).all()
+
+
+def test_a_gzip_bomb_is_refused_before_it_is_inflated(served):
+    pid, stub = served["proc"].pid, served["stub"]
+    assert_served(stub)
+    # 256 MiB of zeros: a few hundred KiB gzipped, 256 times the message limit inflated.
+    bomb = infer_request("scale", "x", np.zeros((256 * MIB // (4 * SCALE_N), SCALE_N), np.float32))
+    reset_peak(pid)
+    rss_before, _ = memory(pid)
+    e = rpc_error(stub.ModelInfer, bomb, timeout=120, compression=grpc.Compression.Gzip)
+    _, peak = memory(pid)
+    del bomb
+    # Never inflated: the peak stays far below the 256 MiB it would take.
+    assert peak - rss_before < 2 * MAX_MESSAGE + 100 * MIB, f"peak RSS grew by {(peak - rss_before) / MIB:.0f} MiB"
+    assert e.code() == grpc.StatusCode.UNIMPLEMENTED and "'gzip' is disabled" in e.details(), e.details()
+    # Uncompressed calls go on being served.
+    assert_served(stub)
+
+
+class Flood:
+    """One raw HTTP/2 connection that opens ModelInfer streams without a
+    message (HEADERS with END_STREAM), or opens and at once resets them
+    (HEADERS, then RST_STREAM CANCEL: CVE-2023-44487's rapid reset). It never
+    acknowledges the server's SETTINGS, as an attacker need not, and a thread
+    reads and discards what the server sends."""
+
+    def __init__(self, port, reset):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        self.sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + h2_frame(4, 0, 0))
+        self.headers = b"".join(hpack_literal(n, v) for n, v in (
+            (":method", "POST"), (":scheme", "http"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
+            (":authority", f"127.0.0.1:{port}"), ("content-type", "application/grpc"), ("te", "trailers")))
+        self.reset = reset
+        self.next_stream = 1
+        self.reader = threading.Thread(target=self._discard, daemon=True)
+        self.reader.start()
+
+    def _discard(self):
+        try:
+            while self.sock.recv(1 << 20):
+                pass
+        except OSError:
+            pass
+
+    def send(self, streams):
+        """Opens `streams` streams; returns how many were written before the server closed the connection."""
+        sent = 0
+        try:
+            while sent < streams:
+                batch = []
+                for _ in range(min(500, streams - sent)):
+                    sid = self.next_stream
+                    self.next_stream += 2
+                    if self.reset:
+                        batch.append(h2_frame(1, 0x4, sid, self.headers) + h2_frame(3, 0, sid, (8).to_bytes(4, "big")))
+                    else:
+                        batch.append(h2_frame(1, 0x5, sid, self.headers))
+                self.sock.sendall(b"".join(batch))
+                sent += len(batch)
+        except OSError:
+            pass
+        return sent
+
+    def close(self):
+        self.sock.close()
+        self.reader.join()
+
+
+def wait_for_memory_below(pid, limit, deadline_s=120):
+    """Polls the server's RSS (a condition with a deadline) until it is below
+    `limit`; returns the last RSS seen."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        rss, _ = memory(pid)
+        if rss < limit or time.monotonic() > deadline:
+            return rss
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["end-stream", "rapid-reset"])
+def test_memory_a_stream_flood_took_is_given_back_after_the_connection_closes(served, reset):
+    pid, stub = served["proc"].pid, served["stub"]
+    assert_served(stub)
+    rss_before, _ = memory(pid)
+    flood = Flood(served["grpc_port"], reset)
+    # Enough streams that what gRPC held for them (about 17 KiB each) is far past the margin below.
+    flood.send(40_000)
+    flood.close()
+    _, peak = memory(pid)
+    limit = rss_before + 100 * MIB
+    rss = wait_for_memory_below(pid, limit)
+    assert rss < limit, (f"RSS {rss / MIB:.0f} MiB after the flood's connection closed (peak {peak / MIB:.0f} MiB, "
+                         f"{rss_before / MIB:.0f} MiB before)")
+    assert_served(stub)
+    e = rpc_error(stub.ModelInfer, pb.ModelInferRequest(model_name="nope"), timeout=60)
+    assert e.code() == grpc.StatusCode.NOT_FOUND
