@@ -10,6 +10,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/resource_quota.h>
+#include <grpcpp/server_posix.h>
 #include <spdlog/spdlog.h>
 
 #include <condition_variable>
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "common/heap_trimmer.h"
+#include "grpc/http2_gate.h"
 #include "grpc/kserve_grpc_codec.h"
 #include "grpc_service.grpc.pb.h"
 #include "server/request_check.h"
@@ -89,6 +91,7 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
     s.refused_calls = refused_calls_;
     s.stopped_requests = stopped_requests_;
     s.control_calls = control_calls_;
+    if (gate_ != nullptr) s.gate = gate_->stats();
     return s;
   }
 
@@ -298,7 +301,12 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
   }
   // The call's connection, for the server to find the client's user.
   ClientConnection Client(const grpc::CallbackServerContext& context) const {
-    return ClientConnectionFromPeer(context.peer(), bound_port_);
+    // Connections come through the gate, whose peers grpc names "fd:N".
+    const std::string peer = context.peer();
+    if (gate_ != nullptr) {
+      if (std::optional<ClientConnection> client = gate_->Client(peer)) return *client;
+    }
+    return ClientConnectionFromPeer(peer, bound_port_);
   }
   grpc::ServerUnaryReactor* SystemSharedMemoryRegister(
       grpc::CallbackServerContext* context,
@@ -396,6 +404,7 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
   mutable std::mutex mu_;
   std::condition_variable idle_;  // inflight_calls_ fell
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<Http2Gate> gate_;       // the port's listener; outlives server_
   std::unique_ptr<HeapTrimmer> trimmer_;  // while serving, when heap_trim_bytes > 0
   uint16_t bound_port_ = 0;
   bool started_ = false;
@@ -885,12 +894,20 @@ Status GrpcServer::Impl::Start() {
   std::lock_guard lock(mu_);
   if (started_) return FailedPrecondition("the gRPC server was started already");
   started_ = true;
-  const std::string address =
-      (options_.host.find(':') != std::string::npos ? "[" + options_.host + "]" : options_.host) +
-      ":" + std::to_string(options_.port);
+  // The gate owns the port: grpc++ gets each connection as a socketpair.
+  Http2GateLimits limits;
+  limits.max_connections = options_.max_connections;
+  limits.max_open_streams = 2 * options_.max_concurrent_streams;
+  limits.streams_per_second = options_.streams_per_second;
+  limits.stream_burst = std::max(1.0, options_.streams_per_second / 5);
+  limits.resets_per_second = options_.resets_per_second;
+  limits.reset_burst = std::max(1.0, 2 * options_.resets_per_second);
+  limits.handshake_timeout = options_.handshake_timeout;
+  Result<std::unique_ptr<Http2Gate>> gate =
+      Http2Gate::Listen(options_.host, options_.port, limits,
+                        [this](int fd) { grpc::AddInsecureChannelFromFd(server_.get(), fd); });
+  if (!gate.ok()) return gate.status();
   grpc::ServerBuilder builder;
-  int bound = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &bound);
   builder.RegisterService(this);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
   // grpc 1.51 inflates a compressed message whole and only then compares it
@@ -903,8 +920,6 @@ Status GrpcServer::Impl::Start() {
   grpc::ResourceQuota quota("hearth-grpc");
   quota.Resize(static_cast<size_t>(options_.max_inflight_bytes));
   builder.SetResourceQuota(quota);
-  // A port in use is an error, as for REST, not a second server sharing it.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options_.max_concurrent_streams);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
                              static_cast<int>(options_.keepalive_time.count()));
@@ -919,12 +934,10 @@ Status GrpcServer::Impl::Start() {
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
                              static_cast<int>(options_.handshake_timeout.count()));
   server_ = builder.BuildAndStart();
-  if (server_ == nullptr || bound == 0) {
-    server_.reset();
-    return Unavailable("cannot listen for gRPC on " + address +
-                       ": the port is in use or the address is not this machine's");
-  }
-  bound_port_ = static_cast<uint16_t>(bound);
+  if (server_ == nullptr) return Unavailable("gRPC: the server could not be started");
+  gate_ = std::move(*gate);
+  bound_port_ = gate_->port();
+  gate_->Start();
   if (options_.heap_trim_bytes > 0) {
     trimmer_ = std::make_unique<HeapTrimmer>(options_.heap_trim_bytes, std::chrono::seconds(1));
   }
@@ -944,6 +957,7 @@ void GrpcServer::Impl::Stop() {
   }
   for (const auto& stream : streams) stream->Drain();
   streams.clear();
+  gate_->StopAccepting();
   // New calls are refused from here on; calls in progress get until the
   // deadline, then gRPC cancels them (their requests' `cancelled` is set).
   server_->Shutdown(std::chrono::system_clock::now() + options_.drain_timeout);
@@ -964,6 +978,7 @@ void GrpcServer::Impl::Stop() {
   for (std::thread& thread : threads) thread.join();
   std::lock_guard lock(mu_);
   server_.reset();
+  gate_.reset();  // closes what connections remain
   trimmer_.reset();
   stopped_ = true;
   bound_port_ = 0;

@@ -43,13 +43,17 @@
 //   message whole before comparing it with max_message_bytes;
 // - memory freed after a burst (a flood of streams holds about 17 KiB of
 //   gRPC's call state each until they are done) is given back to the kernel
-//   once the allocator holds more than heap_trim_bytes free. grpc++ 1.51 has
-//   no limit on how fast a connection opens or resets streams, and enforces
-//   max_concurrent_streams only on a client that acknowledged its SETTINGS;
+//   once the allocator holds more than heap_trim_bytes free;
+// - streams opened and reset, and connections: grpc++ 1.51 bounds none of
+//   them (and enforces max_concurrent_streams only on a client that
+//   acknowledged its SETTINGS), so the port is an Http2Gate's, which relays
+//   each connection to grpc++ and reads its frame headers: a connection
+//   opening more than streams_per_second streams is paced, one with more
+//   than 2 × max_concurrent_streams open or resetting more than
+//   resets_per_second streams is closed, at most max_connections are open;
 // - connections: keepalive pings find dead peers of open calls, a
-//   connection without calls for idle_timeout is closed (GOAWAY), a
-//   handshake must finish within handshake_timeout. grpc++ 1.51 has no limit
-//   on the number of connections: each costs a descriptor.
+//   connection without calls for idle_timeout is closed (GOAWAY), the
+//   HTTP/2 preface must arrive within handshake_timeout.
 // A cancelled call (the client went away, or its deadline passed) sets its
 // requests' `cancelled`, so the server stops them.
 //
@@ -65,6 +69,7 @@
 #include <memory>
 #include <string>
 
+#include "grpc/http2_gate.h"
 #include "hearth/status.h"
 #include "server/inference_api.h"
 
@@ -92,6 +97,12 @@ struct GrpcOptions {
   // While serving, memory the allocator holds free past this is given back
   // to the kernel (checked every second; HeapTrimmer); 0: never.
   uint64_t heap_trim_bytes = uint64_t{64} << 20;
+  // The port's own listener (Http2Gate): connections at once, and per
+  // connection the streams it may open a second (beyond which it is paced)
+  // and the streams it may reset a second (beyond which it is closed).
+  int max_connections = 1024;
+  double streams_per_second = 10000;
+  double resets_per_second = 200;
 };
 
 // What the front-end holds now; thread-safe snapshots for tests.
@@ -106,6 +117,7 @@ struct GrpcStats {
   uint64_t refused_calls = 0;     // calls or stream requests refused at a limit
   uint64_t stopped_requests = 0;  // stream requests stopped for an unread backlog
   uint64_t control_calls = 0;     // repository loads and unloads in progress
+  Http2GateStats gate;            // connections, and those closed at a limit
 };
 
 class GrpcServer {

@@ -95,9 +95,13 @@ class Flood:
         self.reader.start()
 
     def _discard(self):
+        self.closed_by_server = False
         try:
             while self.sock.recv(1 << 20):
                 pass
+            self.closed_by_server = True  # end of file
+        except ConnectionResetError:
+            self.closed_by_server = True
         except OSError:
             pass
 
@@ -153,3 +157,23 @@ def test_memory_a_stream_flood_took_is_given_back_after_the_connection_closes(se
     assert_served(stub)
     e = rpc_error(stub.ModelInfer, pb.ModelInferRequest(model_name="nope"), timeout=60)
     assert e.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_rapid_reset_flood_is_closed_by_the_server(served):
+    """HEADERS+RST_STREAM pairs past the reset rate: the server closes that connection (and
+    says why in its log), its memory stays bounded meanwhile, other clients are served."""
+    pid, stub = served["proc"].pid, served["stub"]
+    assert_served(stub)
+    rss_before, _ = memory(pid)
+    reset_peak(pid)
+    flood = Flood(served["grpc_port"], reset=True)
+    flood.send(40_000)
+    # The reader ends when the server closes the connection; the test never closed it.
+    flood.reader.join(timeout=120)
+    closed_by_server = not flood.reader.is_alive() and flood.closed_by_server
+    _, peak = memory(pid)
+    flood.close()
+    assert closed_by_server, "the server kept the flooding connection open"
+    assert "resets streams faster than" in served["log"].read_text()
+    assert peak < rss_before + 100 * MIB, f"peak {peak / MIB:.0f} MiB, {rss_before / MIB:.0f} MiB before"
+    assert_served(stub)
