@@ -349,52 +349,38 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
 #endif
 
   // A signal may come at any time, start-up included (loads, workers that
-  // take long to be ready): one thread takes it. Before HTTP serves, that
-  // thread shuts the server down itself, which makes a Start() in progress
-  // return; afterwards it wakes this thread, which drains HTTP first.
+  // take long to be ready): one thread takes it and wakes this one, which
+  // drains HTTP and gRPC, then stops the server (its builders included).
   std::mutex stop_mu;
   std::condition_variable stop_cv;
-  int stop_signal = 0;   // guarded by stop_mu
-  bool serving = false;  // guarded by stop_mu: this thread owns the shutdown
-  Server* raw_server = server->get();
+  int stop_signal = 0;          // guarded by stop_mu
+  bool models_settled = false;  // guarded by stop_mu
   std::thread signal_waiter([&] {
     int number = 0;
     sigwait(&stop_signals, &number);
-    bool shut_down_here = false;
     {
       std::lock_guard lock(stop_mu);
       stop_signal = number;
-      shut_down_here = !serving;
     }
     stop_cv.notify_all();
-    if (shut_down_here) {
-      spdlog::info("{} during start-up: stopping", strsignal(number));
-      raw_server->Shutdown();
-    }
   });
-  // Ends the waiter when no signal came (it takes this one and does nothing).
-  auto join_waiter = [&] {
-    {
-      std::lock_guard lock(stop_mu);
-      serving = true;
-    }
+  // Ends the waiter when no signal came (it takes this one as if one had).
+  auto end_waiter = [&] {
     pthread_kill(signal_waiter.native_handle(), SIGTERM);
     signal_waiter.join();
   };
-  auto stopped_by_signal = [&] {
-    std::lock_guard lock(stop_mu);
-    return stop_signal != 0;
-  };
 
+  // The models load in the background: the server listens at once, and a
+  // model that is slow to load, or whose config takes long to refuse, holds
+  // up no other.
   if (Status s = (*server)->Start(); !s.ok()) {
-    const bool signalled = stopped_by_signal();
-    join_waiter();
+    end_waiter();
     (*server)->Shutdown();
-    return signalled ? 0 : Fail(s);
+    return Fail(s);
   }
   RaiseDescriptorLimitFor(http_options);
   if (Status s = (*http)->Start(); !s.ok()) {
-    join_waiter();
+    end_waiter();
     (*server)->Shutdown();
     return Fail(s);
   }
@@ -402,7 +388,7 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
   if (grpc_server != nullptr) {
     if (Status s = grpc_server->Start(); !s.ok()) {
       (*http)->Stop();
-      join_waiter();
+      end_waiter();
       (*server)->Shutdown();
       return Fail(s);
     }
@@ -413,12 +399,29 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
 #else
   spdlog::info("hearth serve: this hearth was built without gRPC: serving REST only");
 #endif
-  spdlog::info("hearth serve ready on http://{}:{} ({})", http_options.host, (*http)->port(),
-               (*server)->Ready() ? "all models ready" : "some models are not ready: see above");
+  spdlog::info("hearth serve listening on http://{}:{}; the models load in the background",
+               http_options.host, (*http)->port());
+  // The ready line (what scripts wait for) once every model is up or has
+  // failed once, or at the ready timeout.
+  std::thread settle_waiter([&] {
+    (void)(*server)->WaitForModels();  // kUnavailable only once stopping
+    {
+      std::lock_guard lock(stop_mu);
+      models_settled = true;
+    }
+    stop_cv.notify_all();
+  });
   int signal_number = 0;
   {
     std::unique_lock lock(stop_mu);
-    serving = true;
+    stop_cv.wait(lock, [&] { return stop_signal != 0 || models_settled; });
+    if (stop_signal == 0) {
+      spdlog::info(
+          "hearth serve ready on http://{}:{} ({})", http_options.host, (*http)->port(),
+          (*server)->Ready() ? "all models ready" : "some models are not ready: see above");
+    } else {
+      spdlog::info("{} during start-up: stopping", strsignal(stop_signal));
+    }
     stop_cv.wait(lock, [&] { return stop_signal != 0; });
     signal_number = stop_signal;
   }
@@ -439,6 +442,7 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
   (*http)->Stop();
 #endif
   (*server)->Shutdown();
+  settle_waiter.join();
   return 0;
 }
 

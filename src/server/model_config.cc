@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <yaml-cpp/depthguard.h>
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/parser.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <filesystem>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <string>
 #include <type_traits>
 
@@ -227,9 +230,147 @@ Result<std::vector<Version>> FindVersions(const std::string& model_dir) {
   return versions;
 }
 
+// What a model config may not hold, found in the parser's events before any
+// node is built:
+// - Aliases (`*name`). yaml-cpp shares an anchored node among its aliases,
+//   so that loading is cheap, but every walk of the document (the duplicate
+//   key check, the fields' reads) visits each alias's whole subtree: ten
+//   levels of nine aliases in 400 bytes ("billion laughs") are 3.5e9 visits,
+//   and `&a [*a]` is a cycle. Triton's configs have no aliases, and a model
+//   config is short enough to write out, so every alias is refused rather
+//   than bounded: the document is then a tree no larger than the file.
+// - Merge keys (a plain `<<` key), which need an alias to merge anything,
+//   and whose meaning differs between yaml-cpp versions (0.7 reads `<<` as
+//   a key like any other). A quoted '<<' is an ordinary key.
+// - More than kMaxConfigNodes values, each of which yaml-cpp would build a
+//   node for.
+// The first of these ends the parse (ConfigEvents::Refused).
+class ConfigEvents final : public YAML::EventHandler {
+ public:
+  struct Refused {};
+
+  ConfigEvents(const Ctx& c, std::string_view text) : c_(c), text_(text) {}
+  const Status& status() const { return status_; }
+
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override {
+    Begin(mark);
+    End();
+  }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override {
+    Refuse(mark, AliasAt(mark),
+           "aliases are not supported in model configs (write the value out in full)");
+  }
+  void OnScalar(const YAML::Mark& mark, const std::string& tag, YAML::anchor_t,
+                const std::string& value) override {
+    // yaml-cpp tags a plain scalar "?", a quoted one "!".
+    if (value == "<<" && tag == "?" && !frames_.empty() && frames_.back().map &&
+        frames_.back().at_key)
+      Refuse(mark, Path(),
+             "merge keys (<<) are not supported in model configs (write the keys out)");
+    Begin(mark);
+    if (!frames_.empty() && frames_.back().map && frames_.back().at_key) frames_.back().key = value;
+    End();
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    Begin(mark);
+    frames_.emplace_back();
+  }
+  void OnSequenceEnd() override {
+    frames_.pop_back();
+    End();
+  }
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    Begin(mark);
+    frames_.emplace_back().map = true;
+  }
+  void OnMapEnd() override {
+    frames_.pop_back();
+    End();
+  }
+
+ private:
+  // A list or map being read: where the next value goes.
+  struct Frame {
+    bool map = false;
+    bool at_key = true;  // map: the next value is a key
+    std::string key;     // map: the last key read
+    size_t index = 0;    // list: the next value's index
+  };
+
+  void Begin(const YAML::Mark& mark) {
+    if (++values_ > kMaxConfigNodes)
+      Refuse(mark, "",
+             "more than " + std::to_string(kMaxConfigNodes) +
+                 " values (lists, maps and single values); a model config needs far fewer");
+  }
+  void End() {
+    if (frames_.empty()) return;
+    Frame& f = frames_.back();
+    if (f.map) {
+      f.at_key = !f.at_key;
+    } else {
+      ++f.index;
+    }
+  }
+
+  // Where the next value goes, as the other errors name fields: input[0].dims.
+  std::string Path() const {
+    std::string path;
+    for (const Frame& f : frames_) {
+      if (!f.map) {
+        path += "[" + std::to_string(f.index) + "]";
+      } else if (!f.at_key) {
+        path += (path.empty() ? "" : ".") + f.key;
+      }
+    }
+    return path.empty() ? "(top level)" : path;
+  }
+
+  // The alias as written (`*name`), read back from the text at its mark.
+  std::string AliasAt(const YAML::Mark& mark) const {
+    if (mark.pos < 0 || static_cast<size_t>(mark.pos) >= text_.size() || text_[mark.pos] != '*')
+      return "*";
+    const size_t end = text_.find_first_of(" \t\r\n,[]{}", mark.pos + 1);
+    std::string name(text_.substr(mark.pos, std::min<size_t>(end, mark.pos + 65) - mark.pos));
+    return name;
+  }
+
+  [[noreturn]] void Refuse(const YAML::Mark& mark, const std::string& field,
+                           const std::string& what) {
+    const int line = mark.line >= 0 ? mark.line + 1 : 0;
+    status_ = InvalidArgument(c_.file + ":" + std::to_string(line) + ": " +
+                              (field.empty() ? "" : field + ": ") + what);
+    throw Refused{};
+  }
+
+  const Ctx& c_;
+  std::string_view text_;
+  std::vector<Frame> frames_;
+  size_t values_ = 0;
+  Status status_;
+};
+
+// The first document's events, refused as ConfigEvents says; may throw
+// yaml-cpp's parser exceptions, as YAML::Load would for the same text.
+Status CheckConfigEvents(const Ctx& c, const std::string& text) {
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  ConfigEvents events(c, text);
+  try {
+    parser.HandleNextDocument(events);
+  } catch (const ConfigEvents::Refused&) {
+  }
+  return events.status();
+}
+
 // YAML lets a map name a key twice and keeps one of the values: a second
 // `parameters:` would be dropped without a word. Every map of the file,
-// however deep, must name each key once.
+// however deep, must name each key once. Linear in the file's size: with
+// aliases refused (CheckConfigEvents), each node is visited once.
 Status NoDuplicateKeys(const Ctx& c, const YAML::Node& node, const std::string& where) {
   if (node.IsSequence()) {
     for (const auto& e : node) RETURN_IF_ERROR(NoDuplicateKeys(c, e, where));
@@ -248,11 +389,12 @@ Status NoDuplicateKeys(const Ctx& c, const YAML::Node& node, const std::string& 
 }
 
 // Everything but reading the file; may throw yaml-cpp's exceptions (the caller catches them).
-Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::string& text,
-                                     ModelConfig m) {
+Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::string& text,
+                                    ModelConfig m) {
   Ctx c{m.config_path};
   YAML::Node root;
   try {
+    RETURN_IF_ERROR(CheckConfigEvents(c, text));
     root = YAML::Load(text);
   } catch (const YAML::DeepRecursion& e) {
     return InvalidArgument(m.config_path + ":" + std::to_string(e.mark.line + 1) + ": nested " +
@@ -492,13 +634,12 @@ Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::st
 
 }  // namespace
 
-Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {
+Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::string& text) {
   ModelConfig m;
   m.name = fs::path(model_dir).filename().string();
   m.config_path = (fs::path(model_dir) / "config.yaml").string();
-  ASSIGN_OR_RETURN(std::string text, ReadConfigFile(m.config_path));
   try {
-    return ParseModelConfig(model_dir, text, std::move(m));
+    return ParseConfigText(model_dir, text, std::move(m));
   } catch (const YAML::Exception& e) {
     // Conversions and lookups on a document of an unexpected shape, or one
     // nested past yaml-cpp's depth limit.
@@ -507,6 +648,12 @@ Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   } catch (const std::exception& e) {
     return InvalidArgument(model_dir + "/config.yaml: " + e.what());
   }
+}
+
+Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {
+  ASSIGN_OR_RETURN(std::string text,
+                   ReadConfigFile((fs::path(model_dir) / "config.yaml").string()));
+  return ParseModelConfig(model_dir, text);
 }
 
 Result<std::vector<ModelDirectory>> ListModelDirectories(const std::string& dir) {

@@ -11,7 +11,10 @@
 // every yaml-cpp and std::filesystem error is caught and returned, numbers
 // are parsed with checked conversions, configs over kMaxConfigBytes and
 // files that are not regular (a FIFO, a device, a directory) are refused
-// without blocking, and symbolic link loops are errors, not hangs.
+// without blocking, and symbolic link loops are errors, not hangs. YAML
+// aliases (`*name`) and merge keys (`<<`) are refused, and so are configs of
+// more than kMaxConfigNodes values, so that reading a config takes time and
+// memory in proportion to its bytes.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +28,9 @@
 namespace hearth {
 
 inline constexpr uint64_t kMaxConfigBytes = 1ull << 20;
+// Values (scalars, lists and maps) in a config, counted before yaml-cpp
+// builds a node for each; Triton-style configs have a few dozen.
+inline constexpr size_t kMaxConfigNodes = 100000;
 // parameters: at most this many, and this many bytes of keys and values
 // together. They reach a worker in its setup message (protocol/worker_protocol.h).
 inline constexpr size_t kMaxModelParameters = 256;
@@ -136,5 +142,8 @@ Result<std::vector<RepositoryModel>> ScanRepository(const std::string& dir);
 // Reads DIR/<model>/config.yaml and picks the version to serve. Never throws;
 // every error names the file (and line and field where there is one).
 Result<ModelConfig> LoadModelConfig(const std::string& model_dir);
+// The same for a config's text, as if read from model_dir/config.yaml (the
+// versions are still looked up in model_dir).
+Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::string& text);
 
 }  // namespace hearth

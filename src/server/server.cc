@@ -82,7 +82,7 @@ struct ModelSlot {
   ModelRuntime* building = nullptr;  // being started by the builder, not yet published
   Status status = Unavailable("it is being loaded");  // while not served: why
   // The first attempt has ended: published with every worker's first start
-  // over, or failed. Start() waits for this.
+  // over, or failed. WaitForModels() waits for this.
   bool settled = false;
 
   // What the stores hold for this model (builder thread only), by device
@@ -157,24 +157,27 @@ class Server::Impl {
         }
       }
     }
-    // Listen as soon as every model is either up or has failed once (and is
-    // being retried in the background); a model still starting at the
-    // deadline is served when it is ready.
-    const auto deadline = started + std::chrono::milliseconds(options_.ready_timeout_ms);
+    started_at_ = started;
+    settle_deadline_ = started + std::chrono::milliseconds(options_.ready_timeout_ms);
+    started_ = true;
+    return Status::Ok();
+  }
+
+  Status WaitForModels() {
+    if (!started_) return FailedPrecondition("the server has not been started");
     {
       std::unique_lock lock(events_mu_);
-      events_cv_.wait_until(lock, deadline, [&] { return AllSettled(); });
+      events_cv_.wait_until(lock, settle_deadline_, [&] { return AllSettled(); });
     }
-    if (stopping_) return Unavailable("the server was shut down while it was starting");
+    if (stopping_) return Unavailable("the server was shut down while its models were loading");
     std::shared_lock slots_lock(slots_mu_);
     for (auto& [name, slot] : slots_) {
       ModelRuntime* m = slot->served.load();
       if (m == nullptr) continue;
       spdlog::info("model {}: {} of {} workers ready {:.3f} s after start-up began", name,
                    m->ready_workers.load(), m->worker_count,
-                   std::chrono::duration<double>(Clock::now() - started).count());
+                   std::chrono::duration<double>(Clock::now() - started_at_).count());
     }
-    started_ = true;
     return Status::Ok();
   }
 
@@ -234,13 +237,18 @@ class Server::Impl {
 
   bool Ready() const {
     if (!started_ || shut_down_) return false;
+    // Until every model's first attempt is over (or the ready timeout has
+    // passed), whatever the readiness policy: a model still loading may yet
+    // be served.
+    const bool loading = Clock::now() < settle_deadline_;
     std::shared_lock slots_lock(slots_mu_);
     for (const auto& [name, slot] : slots_) {
       const ModelRuntime* m = slot->served.load();
       if (m != nullptr && m->ready_workers.load() == 0) return false;
-      if (m == nullptr && options_.strict_readiness) {
+      if (m == nullptr && (options_.strict_readiness || loading)) {
         std::lock_guard lock(slot->mu);
-        if (!slot->unloaded) return false;  // configured, and not serving
+        if (options_.strict_readiness && !slot->unloaded) return false;  // configured, not serving
+        if (loading && !slot->settled && !slot->unloaded) return false;
       }
     }
     return true;
@@ -662,6 +670,7 @@ class Server::Impl {
       } else {
         std::lock_guard lock(slot->mu);
         slot->status = built.status();
+        slot->settled = true;
       }
       spdlog::error("model {}: load failed: {}", name, built.status().message());
       return built.status();
@@ -1222,6 +1231,9 @@ class Server::Impl {
   std::condition_variable events_cv_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> started_{false}, shut_down_{false};
+  // Set by Start() before started_: when it began, and when WaitForModels()
+  // and Ready() stop waiting for models still on their first attempt.
+  Clock::time_point started_at_{}, settle_deadline_{};
 };
 
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -1234,6 +1246,7 @@ Result<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
 }
 
 Status Server::Start() { return impl_->Start(); }
+Status Server::WaitForModels() { return impl_->WaitForModels(); }
 void Server::Shutdown() { impl_->Shutdown(); }
 bool Server::Live() const { return impl_->Live(); }
 bool Server::Ready() const { return impl_->Ready(); }

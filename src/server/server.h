@@ -2,7 +2,7 @@
 // all map one read-only copy of each model's weights from the store.
 //
 // Threading: a pool of at most 8 builder threads brings models up (and
-// retries those that fail); one supervisor thread per worker process
+// retries those that fail), off the caller's thread; one supervisor thread per worker process
 // restarts its process when it dies (with backoff) and feeds it requests
 // from the model's queue. Infer() may be called from any thread.
 #pragma once
@@ -65,19 +65,26 @@ class Server : public InferenceService {
   ~Server() override;
 
   // Makes the run directory, lists the repository and starts every model in
-  // the background; returns once each model is up (every worker's first
-  // start over) or has failed once, or after ready_timeout_ms. A model that
-  // fails (its directory, config, checkpoint, or workers that cannot start)
-  // is not served, says why in the log and in ModelReady, and is tried again
-  // every few seconds, so that fixing its files brings it up. Fails if the
-  // run directory or the repository itself is unusable, or (kUnavailable)
-  // if Shutdown() was called before or while it ran.
+  // the background, and returns: no model, however slow or broken its
+  // files, holds it up. A model not yet up is not served (ModelReady says
+  // why: it is being loaded); one that fails (its directory, config,
+  // checkpoint, or workers that cannot start) is not served, says why in the
+  // log and in ModelReady, and is tried again every few seconds, so that
+  // fixing its files brings it up. Fails if the run directory or the
+  // repository itself is unusable, or (kUnavailable) if Shutdown() was
+  // called before it ran.
   Status Start();
+  // After Start(): returns once each model is up (every worker's first start
+  // over) or has failed once, or ready_timeout_ms after Start(); until then
+  // Ready() is false, whatever strict_readiness says. kUnavailable if
+  // Shutdown() was called before or while it waited.
+  Status WaitForModels();
   // Stops taking requests, answers everything queued, stops workers and the
   // stores, removes the run directory if it made it. Safe to call from
-  // another thread while Start() runs (a signal's thread, say): loads into
-  // the stores are cancelled, the models being built stop, Start() returns
-  // kUnavailable, and this returns once all of it is over. Idempotent.
+  // another thread while WaitForModels() waits (a signal's thread, say):
+  // loads into the stores are cancelled, the models being built stop,
+  // WaitForModels() returns kUnavailable, and this returns once all of it is
+  // over. Idempotent.
   void Shutdown();
 
   bool Live() const override;

@@ -1255,3 +1255,42 @@ def test_readiness_is_strict_unless_relaxed(tmp_path):
         finally:
             code, log = stop_serve(state)
         assert code == 0, log[-2000:]
+
+
+def alias_bomb_config():
+    """A config.yaml that is a YAML alias bomb ("billion laughs"): ten levels
+    of nine aliases each, 3.5e9 scalars once expanded, in under 400 bytes."""
+    lines = ["backend: scale", "parameters:", "  a: &a [x, x, x, x, x, x, x, x, x]"]
+    for level in "bcdefghij":
+        previous = chr(ord(level) - 1)
+        lines.append(f"  {level}: &{level} [" + ", ".join([f"*{previous}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_fails_its_model_alone(tmp_path):
+    """An alias bomb in one model's config.yaml beside a good model: the
+    server listens and serves the good model, the bomb's model is not served
+    and says why (its readiness, the repository index, the log), and SIGTERM
+    stops the server."""
+    repo = tmp_path / "repo"
+    scale_demo_repository(repo, count=1)
+    (repo / "bomb" / "1").mkdir(parents=True)
+    shutil.copy(repo / "scale" / "1" / "model.safetensors", repo / "bomb" / "1" / "model.safetensors")
+    (repo / "bomb" / "config.yaml").write_text(alias_bomb_config())
+    reason = "bomb/config.yaml:4: *a: aliases are not supported in model configs"
+    state = start_serve(tmp_path, repo, name="bomb")
+    try:
+        url = state["url"]
+        assert requests.get(f"{url}/v2/models/scale/ready", timeout=10).status_code == 200
+        assert_demo_answer(url)
+        r = requests.get(f"{url}/v2/models/bomb/ready", timeout=10)
+        assert r.status_code == 503 and reason in r.json()["error"], r.text[:500]
+        index = requests.post(f"{url}/v2/repository/index", json={}, timeout=10)
+        assert index.status_code == 200, index.text[:500]
+        bomb = [m for m in index.json() if m["name"] == "bomb"]
+        assert bomb and bomb[0]["state"] == "UNAVAILABLE" and reason in bomb[0]["reason"], index.text[:1000]
+        assert reason in state["log"].read_text(), "the log does not say why the bomb's model is not served"
+    finally:
+        # A generous deadline, no timing asserted: the server must exit of itself.
+        code, text = stop_serve(state, timeout=120)
+    assert code == 0, text[-3000:]

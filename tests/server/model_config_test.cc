@@ -369,6 +369,79 @@ TEST_F(ModelConfigTest, HostileYamlIsAnErrorNotACrash) {
   }
 }
 
+// Aliases are refused where they are written: a model config has no use for
+// them, and each one can stand for a whole subtree, so that a file of a few
+// hundred bytes could stand for billions of nodes. Merge keys (`<<`) need an
+// alias or merely rename a map: refused too. Anchors alone change nothing.
+TEST_F(ModelConfigTest, AliasesAndMergeKeysAreRefused) {
+  const std::string io =
+      "input:\n  - {name: x, data_type: TYPE_FP32, dims: [4]}\n"
+      "output:\n  - {name: y, data_type: TYPE_FP32, dims: [1]}\n";
+  struct Case {
+    std::string yaml;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {"backend: mlp\n" + io + "parameters:\n  a: &v x\n  b: *v\n",
+       "config.yaml:8: *v: aliases are not supported in model configs"},
+      {"backend: &name mlp\n" + io + "parameters: {a: *name}\n",
+       "config.yaml:6: *name: aliases are not supported in model configs"},
+      // An alias to the sequence that holds it: a cycle in yaml-cpp's nodes.
+      {"backend: mlp\n" + io + "parameters: {a: &self [*self]}\n",
+       "config.yaml:6: *self: aliases are not supported"},
+      {"backend: mlp\n" + io + "parameters:\n  <<: {a: x}\n",
+       "config.yaml:7: parameters: merge keys (<<) are not supported in model configs"},
+      {"backend: mlp\n" + io + "dynamic_batching: {<<: {max_queue_size: 4}}\n",
+       "config.yaml:6: dynamic_batching: merge keys (<<) are not supported"},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    auto config = LoadModelConfig(Write("alias" + std::to_string(i++), c.yaml));
+    ASSERT_FALSE(config.ok()) << c.yaml;
+    EXPECT_NE(config.status().message().find(c.expect), std::string::npos)
+        << "got: " << config.status().message() << "\nwant: " << c.expect;
+  }
+  // An anchor that nothing refers to, and a quoted "<<", which is a plain key.
+  auto anchored =
+      LoadModelConfig(Write("anchored", "backend: &b mlp\n" + io + "parameters: {'<<': x}\n"));
+  ASSERT_TRUE(anchored.ok()) << anchored.status().ToString();
+  EXPECT_EQ(anchored->backend, "mlp");
+  EXPECT_EQ(anchored->parameters.at("<<"), "x");
+}
+
+// "Billion laughs": ten levels of nine aliases each stand for 9^10 (3.5e9)
+// scalars in 400 bytes. Refused at the first alias, without expanding any.
+TEST_F(ModelConfigTest, AnAliasBombIsRefusedAtItsFirstAlias) {
+  std::string bomb = "backend: mlp\nparameters:\n  a: &a [x, x, x, x, x, x, x, x, x]\n";
+  for (char level = 'b'; level <= 'j'; ++level) {
+    const char prev = static_cast<char>(level - 1);
+    bomb += std::string("  ") + level + ": &" + level + " [";
+    for (int i = 0; i < 9; ++i) bomb += std::string(i ? ", " : "") + "*" + prev;
+    bomb += "]\n";
+  }
+  auto config = LoadModelConfig(Write("bomb", bomb));
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find(
+                "bomb/config.yaml:4: *a: aliases are not supported in model configs"),
+            std::string::npos)
+      << config.status().message();
+}
+
+// Past 100000 values (scalars, lists and maps) a config is refused before
+// yaml-cpp builds its nodes; a config has a few dozen.
+TEST_F(ModelConfigTest, ConfigsOfTooManyValuesAreRefused) {
+  std::string many = "backend: mlp\nparameters: {k: [";
+  for (int i = 0; i < 100000; ++i) many += "x,";
+  many += "x]}\n";
+  ASSERT_LT(many.size(), kMaxConfigBytes);
+  auto config = LoadModelConfig(Write("many", many));
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find(
+                "many/config.yaml:2: more than 100000 values (lists, maps and single values)"),
+            std::string::npos)
+      << config.status().message();
+}
+
 // A delay past 60 s would make a lone request wait (nearly) forever, and one
 // past 2^63 ns would overflow the time arithmetic: refused, naming the field.
 TEST_F(ModelConfigTest, QueueDelayIsBoundedToSixtySeconds) {

@@ -90,6 +90,7 @@ class ServedRepository : public ::testing::Test {
     ASSERT_TRUE(made.ok()) << made.status().ToString();
     server_ = std::move(made).value();
     ASSERT_TRUE(server_->Start().ok());
+    ASSERT_TRUE(server_->WaitForModels().ok());
   }
   void TearDown() override {
     if (server_) server_->Shutdown();

@@ -363,6 +363,7 @@ TEST(ServerSharedMemory, AnInputFromARegionAndAnOutputToOne) {
   auto server = Server::Create(options);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   ASSERT_TRUE((*server)->Start().ok());
+  ASSERT_TRUE((*server)->WaitForModels().ok());
 
   auto ask = [&](InferRequest r) {
     std::promise<Result<InferResponse>> p;
@@ -474,6 +475,7 @@ TEST(ServerCudaSharedMemory, RequestsNamingCudaRegionsAreCheckedBeforeTheyAreQue
   auto server = Server::Create(Options(ScaleRepository(tmp), Device::Cuda(0)));
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   ASSERT_TRUE((*server)->Start().ok());
+  ASSERT_TRUE((*server)->WaitForModels().ok());
   const auto ext = (*server)->Extensions();
   EXPECT_EQ(std::count(ext.begin(), ext.end(), "cuda_shared_memory"), 1);
 

@@ -52,10 +52,11 @@ TEST(StoreCancelLoads, LaterLoadsAreAnsweredUnavailable) {
   loop.join();
 }
 
-// Shutdown() from another thread while Start() waits for workers that never
-// say ready (the ready timeout is 300 s): Start() returns kUnavailable, the
-// starting workers are killed and reaped, and Shutdown() returns.
-TEST(ServerShutdown, FromAnotherThreadEndsAStartWaitingForWorkers) {
+// Shutdown() from another thread while WaitForModels() waits for workers
+// that never say ready (the ready timeout is 300 s): Start() has returned at
+// once, WaitForModels() returns kUnavailable, the starting workers are killed
+// and reaped, and Shutdown() returns.
+TEST(ServerShutdown, FromAnotherThreadEndsAWaitForWorkersThatNeverStart) {
   testing::TempDir tmp;
   const std::string repo = tmp.File("repo");
   ASSERT_EQ(::mkdir(repo.c_str(), 0700), 0);
@@ -85,16 +86,18 @@ TEST(ServerShutdown, FromAnotherThreadEndsAStartWaitingForWorkers) {
   options.run_dir = tmp.File("run");
   auto server = Server::Create(options);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
-  Status start_status;
-  std::thread starter([&] { start_status = (*server)->Start(); });
+  ASSERT_TRUE((*server)->Start().ok());
+  EXPECT_FALSE((*server)->Ready());
+  Status wait_status;
+  std::thread waiter([&] { wait_status = (*server)->WaitForModels(); });
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (Lines(started).size() < 2 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling, with a deadline
   const std::vector<std::string> pids = Lines(started);
   ASSERT_EQ(pids.size(), 2u) << "the workers did not start within 60 s";
   (*server)->Shutdown();
-  starter.join();
-  EXPECT_EQ(start_status.code(), StatusCode::kUnavailable) << start_status.ToString();
+  waiter.join();
+  EXPECT_EQ(wait_status.code(), StatusCode::kUnavailable) << wait_status.ToString();
   for (const std::string& pid : pids) {
     errno = 0;
     EXPECT_EQ(::kill(std::stoi(pid), 0), -1) << "worker " << pid << " outlived Shutdown()";
