@@ -312,28 +312,36 @@ class Sampler:
         self.thread.join()
 
 
-def flood(port, seconds, reset):
-    """Streams opened on one connection for `seconds`; returns (streams, whether the server closed it)."""
-    conn = RawH2(port, ack_settings=False)
+def flood(port, seconds, reset, reconnect=False):
+    """Streams opened for `seconds`; returns (streams, connections, how many of
+    them the server closed). With `reconnect`, a connection the server closes
+    is followed by a new one until the time is up; else the attack ends with it."""
     headers = request_headers(port)
-    sid, opened = 1, 0
+    opened, connections, closed = 0, 0, 0
     end = time.monotonic() + seconds
-    try:
-        while time.monotonic() < end and not conn.closed:
-            batch = []
-            for _ in range(200):
-                if reset:
-                    batch.append(frame(1, 0x4, sid, headers) + frame(3, 0, sid, (8).to_bytes(4, "big")))
-                else:
-                    batch.append(frame(1, 0x5, sid, headers))
-                sid += 2
-            conn.sock.sendall(b"".join(batch))
-            opened += 200
-    except OSError:
-        pass
-    closed_by_server = conn.closed or conn.goaway
-    conn.close()
-    return opened, closed_by_server
+    while time.monotonic() < end:
+        conn = RawH2(port, ack_settings=False)
+        connections += 1
+        sid = 1
+        try:
+            while time.monotonic() < end and not conn.closed:
+                batch = []
+                for _ in range(200):
+                    if reset:
+                        batch.append(frame(1, 0x4, sid, headers) + frame(3, 0, sid, (8).to_bytes(4, "big")))
+                    else:
+                        batch.append(frame(1, 0x5, sid, headers))
+                    sid += 2
+                conn.sock.sendall(b"".join(batch))
+                opened += 200
+        except OSError:
+            pass
+        by_server = conn.closed or conn.goaway or time.monotonic() < end
+        closed += 1 if by_server else 0
+        conn.close()
+        if not reconnect:
+            break
+    return opened, connections, closed
 
 
 def run_phase(name, pid, prober, after, attack):
@@ -376,6 +384,8 @@ def main():
     ap.add_argument("--after", type=float, default=10)
     ap.add_argument("--bomb-mib", type=int, default=1000)
     ap.add_argument("--phases", default="bomb1,bomb8,flood,reset")
+    ap.add_argument("--reconnect", action="store_true",
+                    help="floods: open a new connection whenever the server closes one, until --seconds pass")
     ap.add_argument("--serve-arg", action="append", default=[], help="an extra `hearth serve` argument")
     args = ap.parse_args()
     pb, pb_grpc = stubs()
@@ -411,8 +421,8 @@ def main():
                 rows.append(run_phase(phase, proc.pid, prober, args.after, bombs(8)))
             elif phase in ("flood", "reset"):
                 def attack(reset=phase == "reset"):
-                    opened, closed = flood(port, args.seconds, reset)
-                    return {"streams": opened, "server_closed_connection": closed}
+                    opened, connections, closed = flood(port, args.seconds, reset, args.reconnect)
+                    return {"streams": opened, "connections": connections, "closed_by_server": closed}
                 rows.append(run_phase(phase, proc.pid, prober, args.after, attack))
             else:
                 sys.exit(f"unknown phase {phase}")
@@ -423,7 +433,7 @@ def main():
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
-    cols = ["phase", "streams", "ended_by", "rss_start_mib", "rss_peak_mib", "rss_end_attack_mib", "rss_after_mib",
+    cols = ["phase", "streams", "connections", "closed_by_server", "ended_by", "rss_start_mib", "rss_peak_mib", "rss_end_attack_mib", "rss_after_mib",
             "cpu_attack_s", "cpu_after_s", "probe_p50_ms", "probe_max_ms", "probe_failures"]
     print("\n| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))

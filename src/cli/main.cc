@@ -242,6 +242,9 @@ struct GrpcSettings {
   int port = -1;
   uint64_t max_message_bytes = uint64_t{64} << 20;
   int max_inflight_calls = 1024;
+  int max_connections = 1024;
+  double streams_per_second = 10000;
+  double resets_per_second = 200;
 };
 
 // --shared-memory-users: "none", or users by name or uid, comma-separated.
@@ -339,6 +342,9 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
     grpc_options.port = static_cast<uint16_t>(grpc.port);
     grpc_options.max_message_bytes = grpc.max_message_bytes;
     grpc_options.max_inflight_calls = grpc.max_inflight_calls;
+    grpc_options.max_connections = grpc.max_connections;
+    grpc_options.streams_per_second = grpc.streams_per_second;
+    grpc_options.resets_per_second = grpc.resets_per_second;
     grpc_options.drain_timeout = http_options.drain_timeout;
     auto created = GrpcServer::Create(server->get(), std::move(grpc_options));
     if (!created.ok()) return Fail(created.status());
@@ -831,8 +837,8 @@ int main(int argc, char** argv) {
       "--http-port is 0)");
   serve
       ->add_option("--grpc-max-message-bytes", grpc_settings.max_message_bytes,
-                   "larger gRPC messages (after decompression) are refused with "
-                   "RESOURCE_EXHAUSTED")
+                   "larger gRPC messages are refused with RESOURCE_EXHAUSTED (compressed ones are "
+                   "refused whatever their size)")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{1}, uint64_t{0x7fffffff}));
   serve
@@ -841,6 +847,23 @@ int main(int argc, char** argv) {
                    "RESOURCE_EXHAUSTED")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
+  serve
+      ->add_option("--grpc-max-connections", grpc_settings.max_connections,
+                   "gRPC connections open at once; more wait in the kernel's backlog")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  serve
+      ->add_option("--grpc-streams-per-second", grpc_settings.streams_per_second,
+                   "calls (HTTP/2 streams) one gRPC connection may open a second; a faster client "
+                   "is paced")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 1e9));
+  serve
+      ->add_option("--grpc-resets-per-second", grpc_settings.resets_per_second,
+                   "streams one gRPC connection may reset a second (beyond a burst of twice as "
+                   "many); a client resetting faster is closed (HTTP/2 rapid reset)")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 1e9));
   serve->add_option("--device", serve_device,
                     "cpu, or cuda[:N]: the default GPU of KIND_GPU instance groups that list no "
                     "gpus (default: cuda if a GPU is usable, else cpu)");

@@ -35,6 +35,25 @@ constexpr uint8_t kData = 0x0;
 constexpr uint8_t kHeaders = 0x1;
 constexpr uint8_t kRstStream = 0x3;
 constexpr uint8_t kEndStream = 0x1;
+constexpr auto kDrainTime = std::chrono::seconds(5);
+
+// RST_STREAM(CANCEL) for `stream`.
+std::string ResetFrame(uint32_t stream) {
+  const char f[13] = {0,
+                      0,
+                      4,
+                      3,
+                      0,
+                      static_cast<char>(stream >> 24),
+                      static_cast<char>(stream >> 16),
+                      static_cast<char>(stream >> 8),
+                      static_cast<char>(stream),
+                      0,
+                      0,
+                      0,
+                      8};
+  return std::string(f, sizeof(f));
+}
 
 // Tokens that come back at `rate` a second, at most `burst` of them.
 class Bucket {
@@ -116,6 +135,9 @@ struct Connection {
   std::unordered_set<uint32_t> open;
   Clock::time_point deadline;  // for the preface
   std::optional<Clock::time_point> paced_until;
+  bool waiting_total = false;  // a new stream waits for room under max_total_open_streams
+  bool draining = false;       // closed to its client; waits for grpc to end its streams
+  Clock::time_point drain_deadline;
   Endpoint client_end{this, true};
   Endpoint grpc_end{this, false};
   uint32_t client_events = 0;
@@ -134,7 +156,9 @@ std::string Describe(const ClientConnection& c) { return c.address + ":" + std::
 class Http2Gate::Impl {
  public:
   Impl(Http2GateLimits limits, std::function<void(int)> adopt)
-      : limits_(limits), adopt_(std::move(adopt)) {}
+      : limits_(limits),
+        adopt_(std::move(adopt)),
+        total_resets_(limits.total_resets_per_second, limits.total_resets_per_second) {}
 
   ~Impl() {
     {
@@ -233,6 +257,7 @@ class Http2Gate::Impl {
     s.closed_resets = closed_resets_.load();
     s.closed_handshake = closed_handshake_.load();
     s.paced = paced_.load();
+    s.waited_total = waited_total_.load();
     return s;
   }
 
@@ -288,6 +313,13 @@ class Http2Gate::Impl {
         c->paced_until.reset();
         if (!closed_.count(c->id)) Pump(*c);
       }
+      // Streams ended: the connections waiting for room go on.
+      while (!unblocked_.empty()) {
+        std::vector<Connection*> ready;
+        ready.swap(unblocked_);
+        for (Connection* c : ready)
+          if (!closed_.count(c->id)) Pump(*c);
+      }
       if (after >= next_sweep) {
         next_sweep = after + std::chrono::seconds(1);
         if (connections_.load() < static_cast<uint64_t>(limits_.max_connections)) ResumeListener();
@@ -298,6 +330,10 @@ class Http2Gate::Impl {
           ++closed_handshake_;
           Close(*c, "its HTTP/2 preface did not arrive within the handshake timeout", kHandshake);
         }
+        std::vector<Connection*> drained;
+        for (auto& [id, c] : connections_by_id_)
+          if (c->draining && c->drain_deadline <= after) drained.push_back(c.get());
+        for (Connection* c : drained) Finish(*c);
       }
       for (uint64_t id : closed_) connections_by_id_.erase(id);
       closed_.clear();
@@ -400,14 +436,20 @@ class Http2Gate::Impl {
   Verdict ClientFrame(Connection& c, uint8_t type, uint8_t /*flags*/, uint32_t stream) {
     const Clock::time_point now = Clock::now();
     if (type == kHeaders && (stream & 1) == 1 && stream > c.last_stream) {
+      if (total_open_ >= static_cast<uint64_t>(limits_.max_total_open_streams)) {
+        c.waiting_total = true;
+        blocked_.insert(&c);
+        ++waited_total_;
+        return Verdict::kWait;
+      }
       if (!c.streams.Take(now)) {
         c.paced_until = c.streams.Next(now);
         ++paced_;
         return Verdict::kWait;
       }
       c.last_stream = stream;
-      c.open.insert(stream);
-      if (c.open.size() > static_cast<size_t>(limits_.max_open_streams)) {
+      // The stream past the limit never reaches grpc.
+      if (c.open.size() >= static_cast<size_t>(limits_.max_open_streams)) {
         ++closed_open_streams_;
         Close(c,
               "more than " + std::to_string(limits_.max_open_streams) +
@@ -415,9 +457,13 @@ class Http2Gate::Impl {
               kOpenStreams);
         return Verdict::kClose;
       }
+      Opened(c, stream);
     } else if (type == kRstStream) {
-      c.open.erase(stream);
-      if (!c.resets.Take(now)) {
+      Ended(c, stream);
+      // Each reset still costs grpc a call made and cancelled: a client
+      // reconnecting after each close must not multiply the connection's
+      // allowance, so resets are also bounded over all connections.
+      if (!c.resets.Take(now) || !total_resets_.Take(now)) {
         ++closed_resets_;
         Close(c,
               "it resets streams faster than " +
@@ -430,9 +476,24 @@ class Http2Gate::Impl {
   }
 
   // grpc's frames: a stream ends with END_STREAM or a reset.
-  static void ServerFrame(Connection& c, uint8_t type, uint8_t flags, uint32_t stream) {
+  void ServerFrame(Connection& c, uint8_t type, uint8_t flags, uint32_t stream) {
     if (type == kRstStream || ((type == kHeaders || type == kData) && (flags & kEndStream) != 0))
-      c.open.erase(stream);
+      Ended(c, stream);
+  }
+
+  void Opened(Connection& c, uint32_t stream) {
+    if (c.open.insert(stream).second) ++total_open_;
+  }
+  void Ended(Connection& c, uint32_t stream) {
+    if (c.open.erase(stream) == 0) return;
+    --total_open_;
+    if (!blocked_.empty() && total_open_ < static_cast<uint64_t>(limits_.max_total_open_streams)) {
+      for (Connection* b : blocked_) {
+        b->waiting_total = false;
+        unblocked_.push_back(b);
+      }
+      blocked_.clear();
+    }
   }
 
   // Reads the frame headers of `d`'s new bytes; false once `c` is closed.
@@ -502,12 +563,18 @@ class Http2Gate::Impl {
         return false;
       }
     }
-    if (client && c.paced_until) {
+    if (client && (c.paced_until || c.waiting_total || c.draining)) {
       // Waiting for a stream token: nothing more passes until the timer.
     } else if (!Scan(c, d, client)) {
       return false;
     }
-    if (d.pending()) {
+    if (!client && c.draining) {
+      d.begin = d.passed;  // the client is gone: grpc's answers are read for their ends only
+      if (c.open.empty() || d.eof) {
+        Finish(c);
+        return false;
+      }
+    } else if (d.pending()) {
       const ssize_t n = ::send(to, d.bytes.data() + d.begin, d.passed - d.begin, MSG_NOSIGNAL);
       if (n > 0) {
         d.begin += static_cast<size_t>(n);
@@ -519,7 +586,7 @@ class Http2Gate::Impl {
     // Room for the rest of a frame header that ends the buffer: with none,
     // neither side would be waited for again.
     d.Compact();
-    if (d.eof && d.drained() && !d.shut) {
+    if (d.eof && d.drained() && !d.shut && !c.draining) {
       if (!client) {
         // grpc has closed its end: nothing more can pass either way.
         Close(c);
@@ -538,7 +605,7 @@ class Http2Gate::Impl {
         (!c.up.eof && c.up.room() > 0 ? kIn : 0u) | (c.down.pending() ? kOut : 0u);
     const uint32_t grpc_events =
         (!c.down.eof && c.down.room() > 0 ? kIn : 0u) | (c.up.pending() ? kOut : 0u);
-    Set(c.client.get(), &c.client_end, client_events, &c.client_events);
+    if (c.client.valid()) Set(c.client.get(), &c.client_end, client_events, &c.client_events);
     Set(c.grpc.get(), &c.grpc_end, grpc_events, &c.grpc_events);
   }
 
@@ -554,14 +621,52 @@ class Http2Gate::Impl {
     }
   }
 
-  // `why` empty: the connection ended as connections do, nothing to log.
+  // Ends a connection. `why` empty: it ended as connections do, nothing to
+  // log. Streams it left open in grpc still count towards
+  // max_total_open_streams: grpc is told to reset them (where the relay is
+  // between two frames) and the gate reads grpc's end until they are over
+  // (at most kDrainTime), so that a client cannot leave work in grpc by
+  // reconnecting.
   void Close(Connection& c, const std::string& why = "", Why kind = kWhys) {
+    if (closed_.count(c.id) || c.draining) return;
+    if (kind != kWhys) Warn(c, why, kind);
+    paced_set_.erase(&c);
+    c.paced_until.reset();
+    blocked_.erase(&c);
+    c.waiting_total = false;
+    registered_.erase(&c.client_end);
+    c.client.Reset();
+    if (c.open.empty() || !c.grpc.valid() || c.down.eof) {
+      Finish(c);
+      return;
+    }
+    c.draining = true;
+    c.drain_deadline = Clock::now() + kDrainTime;
+    Direction& up = c.up;
+    up.end = up.passed;  // what the client sent and the gate did not pass is dropped
+    up.eof = true;
+    if (up.payload == 0 && up.preface == 0) {
+      for (uint32_t stream : c.open) {
+        if (up.room() < 13) break;
+        const std::string reset = ResetFrame(stream);
+        std::memcpy(up.bytes.data() + up.end, reset.data(), reset.size());
+        up.end += reset.size();
+      }
+      up.passed = up.end;
+    }
+    Interest(c);
+  }
+
+  // Forgets a connection: its descriptors closed, its open streams no
+  // longer counted.
+  void Finish(Connection& c) {
     if (closed_.count(c.id)) return;
     closed_.insert(c.id);
-    if (kind != kWhys) Warn(c, why, kind);
+    for (uint32_t stream : std::vector<uint32_t>(c.open.begin(), c.open.end())) Ended(c, stream);
+    paced_set_.erase(&c);
+    blocked_.erase(&c);
     registered_.erase(&c.client_end);
     registered_.erase(&c.grpc_end);
-    paced_set_.erase(&c);
     c.client.Reset();  // closing takes them out of the epoll set
     c.grpc.Reset();
     {
@@ -584,7 +689,7 @@ class Http2Gate::Impl {
     last_warning_[kind] = now;
     spdlog::warn("gRPC: closed the connection from {}: {}{}", Describe(c.who), why,
                  unlogged > 0 ? " (and " + std::to_string(unlogged) + " more since the last line)"
-                               : std::string());
+                              : std::string());
     unlogged = 0;
   }
 
@@ -607,6 +712,10 @@ class Http2Gate::Impl {
   std::unordered_map<uint64_t, std::unique_ptr<Connection>> connections_by_id_;
   std::unordered_set<uint64_t> closed_;  // this round's, erased at its end
   std::unordered_set<Connection*> paced_set_;
+  std::unordered_set<Connection*> blocked_;  // waiting for room under max_total_open_streams
+  std::vector<Connection*> unblocked_;       // to pump before this round ends
+  uint64_t total_open_ = 0;                  // streams opened in grpc, not yet ended
+  Bucket total_resets_;                      // resets of all connections
   std::unordered_set<const Endpoint*> registered_;
   bool listener_paused_ = false;
   Clock::time_point last_warning_[kWhys] = {};
@@ -618,6 +727,7 @@ class Http2Gate::Impl {
   std::atomic<uint64_t> closed_resets_{0};
   std::atomic<uint64_t> closed_handshake_{0};
   std::atomic<uint64_t> paced_{0};
+  std::atomic<uint64_t> waited_total_{0};
 };
 
 Result<std::unique_ptr<Http2Gate>> Http2Gate::Listen(const std::string& host, uint16_t port,

@@ -15,12 +15,16 @@
 //   it opened and the server has not ended ignores the SETTINGS it was sent,
 //   and is closed;
 // - resets: a client that resets streams faster than resets_per_second
-//   (beyond a burst) is closed: HTTP/2 "rapid reset", CVE-2023-44487;
+//   (beyond a burst), or whose reset does not fit in the budget of all
+//   connections together, is closed: HTTP/2 "rapid reset", CVE-2023-44487;
 // - the connection preface must arrive within handshake_timeout;
-// and over all connections: at most max_connections at once (more wait in
-// the kernel's backlog). Each direction of a connection buffers at most
-// kGateBufferBytes; a side that does not read stops the other (TCP's flow
-// control carries it back to the sender).
+// and over all connections: at most max_total_open_streams streams opened and
+// not yet ended by grpc++, counting those of connections being closed (grpc++
+// is sent RST_STREAM for them and the gate waits for their ends), past which
+// new streams wait: a client that reconnects leaves no work behind in grpc++;
+// at most max_connections at once (more wait in the kernel's backlog). Each direction of a
+// connection buffers at most kGateBufferBytes; a side that does not read stops the other (TCP's
+// flow control carries it back to the sender).
 //
 // Threads: one, started by Start(), relays every connection. Client() and
 // stats() are thread-safe. The destructor closes every connection.
@@ -44,10 +48,16 @@ inline constexpr size_t kGateBufferBytes = size_t{256} << 10;
 struct Http2GateLimits {
   int max_connections = 1024;
   int max_open_streams = 256;  // twice the SETTINGS_MAX_CONCURRENT_STREAMS sent: room for races
+  // Over all connections, those being closed included: past it, every new
+  // stream waits until one ends.
+  int max_total_open_streams = 4096;
   double streams_per_second = 10000;
   double stream_burst = 2000;
   double resets_per_second = 200;
   double reset_burst = 400;
+  // Over all connections (a burst of as many): past it, the connection whose
+  // reset does not fit is closed.
+  double total_resets_per_second = 1000;
   std::chrono::milliseconds handshake_timeout{10'000};
 };
 
@@ -58,6 +68,7 @@ struct Http2GateStats {
   uint64_t closed_resets = 0;        // closed for resetting too fast
   uint64_t closed_handshake = 0;     // closed for a preface late or not HTTP/2's
   uint64_t paced = 0;                // times a connection waited for a stream token
+  uint64_t waited_total = 0;         // times a new stream waited for max_total_open_streams
 };
 
 class Http2Gate {

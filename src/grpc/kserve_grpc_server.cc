@@ -899,9 +899,12 @@ Status GrpcServer::Impl::Start() {
   limits.max_connections = options_.max_connections;
   limits.max_open_streams = 2 * options_.max_concurrent_streams;
   limits.streams_per_second = options_.streams_per_second;
-  limits.stream_burst = std::max(1.0, options_.streams_per_second / 5);
+  // A new connection may open as many streams at once as it may keep open.
+  limits.stream_burst = std::min<double>(options_.streams_per_second, limits.max_open_streams);
+  limits.max_total_open_streams = 4 * options_.max_inflight_calls;
   limits.resets_per_second = options_.resets_per_second;
   limits.reset_burst = std::max(1.0, 2 * options_.resets_per_second);
+  limits.total_resets_per_second = 5 * options_.resets_per_second;
   limits.handshake_timeout = options_.handshake_timeout;
   Result<std::unique_ptr<Http2Gate>> gate =
       Http2Gate::Listen(options_.host, options_.port, limits,
@@ -1003,6 +1006,11 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::Create(InferenceService* service
       options.max_stream_requests < 1 || options.max_stream_pending_bytes == 0 ||
       options.max_control_calls < 1) {
     return InvalidArgument("the gRPC call, stream and pending-byte limits must be positive");
+  }
+  if (options.max_connections < 1 || !(options.streams_per_second > 0) ||
+      !(options.resets_per_second > 0)) {
+    return InvalidArgument(
+        "the gRPC connection limit and the stream and reset rates must be positive");
   }
   for (const auto& [name, value] : {std::pair{"keepalive_time", options.keepalive_time},
                                     std::pair{"keepalive_timeout", options.keepalive_timeout},

@@ -200,6 +200,46 @@ TEST_F(GateTest, StreamsPastTheRateArePacedNotLost) {
   EXPECT_EQ(gate_->stats().connections, 1u);
 }
 
+TEST_F(GateTest, StreamsPastTheTotalWaitForOneToEnd) {
+  Http2GateLimits limits;
+  limits.max_total_open_streams = 4;
+  Open(limits);
+  UniqueFd a = Connect();
+  Send(a.get(), std::string(kPreface) + Headers(1) + Headers(3) + Headers(5));
+  const int grpc_a = Adopted(0);
+  ASSERT_EQ(Read(grpc_a, 24 + 3 * 12).size(), 24u + 3 * 12);
+  UniqueFd b = Connect();
+  Send(b.get(), std::string(kPreface) + Headers(1) + Headers(3));
+  const int grpc_b = Adopted(1);
+  // One of b's fits; the other waits for room.
+  ASSERT_EQ(Read(grpc_b, 24 + 12), std::string(kPreface) + Headers(1));
+  EXPECT_TRUE(Eventually([&] { return gate_->stats().waited_total >= 1; }));
+  Send(grpc_a, Frame(0x1, 0x5, 3, "\x88"));  // grpc ends one of a's streams
+  EXPECT_EQ(Read(grpc_b, 12), Headers(3));
+}
+
+TEST_F(GateTest, AClosedConnectionsStreamsAreResetInGrpc) {
+  Http2GateLimits limits;
+  limits.max_open_streams = 2;
+  Open(limits);
+  UniqueFd client = Connect();
+  Send(client.get(), std::string(kPreface) + Headers(1) + Headers(3));
+  const int grpc = Adopted(0);
+  ASSERT_EQ(Read(grpc, 24 + 2 * 12).size(), 24u + 2 * 12);
+  Send(client.get(), Headers(5));  // one past the limit: closed
+  EXPECT_TRUE(Closed(client.get()));
+  // grpc is told to reset the two streams it holds (never the third).
+  const std::string resets = Read(grpc, 2 * 13);
+  EXPECT_EQ(resets.size(), 26u);
+  EXPECT_NE(resets.find(std::string("\0\0\x04\x03\0\0\0\0\x01", 9)), std::string::npos);
+  EXPECT_NE(resets.find(std::string("\0\0\x04\x03\0\0\0\0\x03", 9)), std::string::npos);
+  // Once grpc has ended them (or after the drain time), the connection is gone.
+  Send(grpc, Frame(0x3, 0, 1, std::string("\0\0\0\x8", 4)) +
+                 Frame(0x3, 0, 3, std::string("\0\0\0\x8", 4)));
+  EXPECT_TRUE(Eventually([&] { return gate_->stats().connections == 0; }));
+  EXPECT_TRUE(Closed(grpc));
+}
+
 TEST_F(GateTest, ConnectionsPastTheLimitWaitInTheBacklog) {
   Http2GateLimits limits;
   limits.max_connections = 2;
