@@ -243,7 +243,7 @@ struct GrpcSettings {
   uint64_t max_message_bytes = uint64_t{64} << 20;
   int max_inflight_calls = 1024;
   int max_connections = 1024;
-  double streams_per_second = 10000;
+  double streams_per_second = 100000;
   double resets_per_second = 200;
 };
 

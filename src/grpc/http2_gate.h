@@ -51,7 +51,7 @@ struct Http2GateLimits {
   // Over all connections, those being closed included: past it, every new
   // stream waits until one ends.
   int max_total_open_streams = 4096;
-  double streams_per_second = 10000;
+  double streams_per_second = 100000;
   double stream_burst = 2000;
   double resets_per_second = 200;
   double reset_burst = 400;

@@ -101,7 +101,7 @@ struct GrpcOptions {
   // connection the streams it may open a second (beyond which it is paced)
   // and the streams it may reset a second (beyond which it is closed).
   int max_connections = 1024;
-  double streams_per_second = 10000;
+  double streams_per_second = 100000;
   double resets_per_second = 200;
 };
 
