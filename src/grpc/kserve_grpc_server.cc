@@ -920,8 +920,11 @@ Status GrpcServer::Impl::Start() {
   // its headers arrive, before any of its message is inflated. Identity works.
   builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_DEFLATE, false);
   builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_GZIP, false);
+  // Room for one message more than the front-end's byte budget: under
+  // pressure gRPC resets streams (ENHANCE_YOUR_CALM), held ones too, so the
+  // budget, which refuses with a clear error, must be reached first.
   grpc::ResourceQuota quota("hearth-grpc");
-  quota.Resize(static_cast<size_t>(options_.max_inflight_bytes));
+  quota.Resize(static_cast<size_t>(options_.max_inflight_bytes + options_.max_message_bytes));
   builder.SetResourceQuota(quota);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options_.max_concurrent_streams);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,

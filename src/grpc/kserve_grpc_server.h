@@ -37,7 +37,8 @@
 //   while the request runs);
 // - repository control: at most max_control_calls loads and unloads at
 //   once, past which one is answered RESOURCE_EXHAUSTED;
-// - gRPC's own buffers: a ResourceQuota of max_inflight_bytes;
+// - gRPC's own buffers: a ResourceQuota of max_inflight_bytes plus one
+//   message, so that the byte budget above is met first;
 // - compression: a request compressed with gzip or deflate is refused
 //   (UNIMPLEMENTED) when its headers arrive: grpc 1.51 would inflate its
 //   message whole before comparing it with max_message_bytes;

@@ -116,9 +116,6 @@ def test_another_user_cannot_register_roots_object(tmp_path, victim):
         status, body = as_other(POST, url, register_body(key, 4096))
         assert status == 403, body
         assert f"uid {OTHER}) may not use shared memory" in body, body
-        code, details = as_other(GRPC_REGISTER, f"127.0.0.1:{grpc_port(server)}", "steal", key, 4096)
-        assert code == "PERMISSION_DENIED", details
-        assert f"uid {OTHER}) may not use shared memory" in details, details
         # Nothing was registered, the refusal is in the log.
         status, body = post_json(f"http://127.0.0.1:{server.port}/v2/systemsharedmemory/status", None)
         assert status == 200 and json.loads(body) == [], body
@@ -139,8 +136,6 @@ def test_an_allowed_user_names_only_its_own_objects(tmp_path, victim):
                                 register_body(key, 4096))
         assert status == 403, body
         assert f"belongs to uid 0, not to the client's user (uid {OTHER})" in body, body
-        code, details = as_other(GRPC_REGISTER, f"127.0.0.1:{grpc_port(server)}", "steal", key, 4096)
-        assert code == "PERMISSION_DENIED" and "belongs to uid 0" in details, details
 
         # Its own object: registered, read and written as Triton's clients do.
         assert as_other(MAKE_OBJECT, mine, 4096) == OTHER
@@ -160,6 +155,34 @@ def test_an_allowed_user_names_only_its_own_objects(tmp_path, victim):
     finally:
         server.stop()
         pathlib.Path("/dev/shm" + mine).unlink(missing_ok=True)
+    assert path.read_bytes() == b"ROOT" * 1024
+
+
+def other_has_grpc():
+    """Whether uid OTHER's Python can import grpc (an interpreter's packages may be root's alone)."""
+    return subprocess.run([SETPRIV, f"--reuid={OTHER}", f"--regid={OTHER}", "--clear-groups",
+                           "/usr/bin/python3", "-c", "import grpc"], capture_output=True, cwd="/").returncode == 0
+
+
+def test_over_grpc_another_user_is_refused_too(tmp_path, victim):
+    if not other_has_grpc():
+        pytest.skip(f"uid {OTHER}'s /usr/bin/python3 cannot import grpc")
+    key, path = victim
+    server = Server(tmp_path, args=("--grpc-port", "0"))
+    try:
+        port = f"127.0.0.1:{grpc_port(server)}"
+        code, details = as_other(GRPC_REGISTER, port, "steal", key, 4096)
+        assert code == "PERMISSION_DENIED", details
+        assert f"uid {OTHER}) may not use shared memory" in details, details
+    finally:
+        server.stop()
+    (tmp_path / "allowed").mkdir()
+    allowed = Server(tmp_path / "allowed", args=("--shared-memory-users", f"root,{OTHER}", "--grpc-port", "0"))
+    try:
+        code, details = as_other(GRPC_REGISTER, f"127.0.0.1:{grpc_port(allowed)}", "steal", key, 4096)
+        assert code == "PERMISSION_DENIED" and "belongs to uid 0" in details, details
+    finally:
+        allowed.stop()
     assert path.read_bytes() == b"ROOT" * 1024
 
 
