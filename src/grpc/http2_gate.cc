@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -225,12 +226,19 @@ class Http2Gate::Impl {
     thread_ = std::thread([this] { Run(); });
   }
 
+  // Returns once the gate's thread has closed the listener: no connection
+  // is handed to grpc++ after it (grpc++ may be shutting down).
   void StopAccepting() {
-    {
-      std::lock_guard lock(mu_);
-      stop_accepting_ = true;
+    std::unique_lock lock(mu_);
+    stop_accepting_ = true;
+    if (!thread_.joinable()) {
+      listener_.Reset();
+      return;
     }
+    lock.unlock();
     Wake();
+    lock.lock();
+    listener_closed_.wait(lock, [this] { return !listener_.valid() || stop_; });
   }
 
   std::optional<ClientConnection> Client(const std::string& peer) const {
@@ -278,6 +286,7 @@ class Http2Gate::Impl {
         if (stop_) break;
         if (stop_accepting_ && listener_.valid()) {
           listener_.Reset();  // closing it takes it out of the epoll set
+          listener_closed_.notify_all();
         }
       }
       const Clock::time_point now = Clock::now();
@@ -704,6 +713,7 @@ class Http2Gate::Impl {
   mutable std::mutex mu_;
   bool stop_ = false;
   bool stop_accepting_ = false;
+  std::condition_variable listener_closed_;
   // grpc's end's descriptor number: the connection's id and its client.
   std::map<int, std::pair<uint64_t, ClientConnection>> clients_;
 
