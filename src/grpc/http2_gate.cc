@@ -292,6 +292,7 @@ class Http2Gate::Impl {
       const Clock::time_point now = Clock::now();
       Clock::time_point wake_at = next_sweep;
       for (Connection* c : paced_set_) wake_at = std::min(wake_at, *c->paced_until);
+      if (!unblocked_.empty()) wake_at = now;
       const int timeout = static_cast<int>(std::max<int64_t>(
           0, std::chrono::duration_cast<std::chrono::milliseconds>(wake_at - now).count() + 1));
       const int n =
@@ -344,6 +345,9 @@ class Http2Gate::Impl {
           if (c->draining && c->drain_deadline <= after) drained.push_back(c.get());
         for (Connection* c : drained) Finish(*c);
       }
+      // Streams that ended in the sweep may have unblocked connections that
+      // are gone by now: only the live ones wait for the next round.
+      std::erase_if(unblocked_, [this](Connection* c) { return closed_.count(c->id) > 0; });
       for (uint64_t id : closed_) connections_by_id_.erase(id);
       closed_.clear();
     }
@@ -637,7 +641,11 @@ class Http2Gate::Impl {
   // (at most kDrainTime), so that a client cannot leave work in grpc by
   // reconnecting.
   void Close(Connection& c, const std::string& why = "", Why kind = kWhys) {
-    if (closed_.count(c.id) || c.draining) return;
+    if (closed_.count(c.id)) return;
+    if (c.draining) {  // an error on grpc's end while waiting for it: nothing more to wait for
+      Finish(c);
+      return;
+    }
     if (kind != kWhys) Warn(c, why, kind);
     paced_set_.erase(&c);
     c.paced_until.reset();

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <future>
@@ -126,15 +127,19 @@ TEST_F(RepositoryControl, ANewVersionReplacesTheOldOneWithNoRequestFailing) {
   for (auto& c : clients) c.join();
   ASSERT_TRUE(loaded.ok()) << loaded.ToString();
   ASSERT_TRUE(after.ok()) << after.status().ToString();
-  EXPECT_NE(*after, *first) << "version 2 has other weights";
+  // The same version's answer differs in its last bits with the batch it ran
+  // in (the rows' sums are ordered differently): versions are told apart
+  // within a tolerance far below their difference.
+  const auto same = [](float x, float y) { return std::fabs(x - y) <= 1e-5f * (1 + std::fabs(y)); };
+  ASSERT_FALSE(same(*after, *first)) << "version 2 has other weights";
   // Every request was answered; each client saw version 1, then version 2.
   size_t total = 0;
   for (const auto& mine : answers) {
     bool switched = false;
     for (const auto& a : mine) {
       ASSERT_TRUE(a.ok()) << a.status().ToString();
-      if (*a == *after) switched = true;
-      EXPECT_TRUE(*a == (switched ? *after : *first))
+      if (same(*a, *after)) switched = true;
+      EXPECT_TRUE(same(*a, switched ? *after : *first))
           << "an answer from neither version, or from version 1 after version 2";
     }
     total += mine.size();
