@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <array>
@@ -97,11 +98,17 @@ Status Dump(int fd, uint8_t family, const Address& client, uint16_t client_port,
     return ErrnoError("sock_diag: sending the request", errno);
   alignas(nlmsghdr) std::array<char, 32768> buffer;
   for (;;) {
-    const ssize_t n = ::recv(fd, buffer.data(), buffer.size(), 0);
+    sockaddr_nl from{};
+    socklen_t from_length = sizeof(from);
+    const ssize_t n = ::recvfrom(fd, buffer.data(), buffer.size(), 0,
+                                 reinterpret_cast<sockaddr*>(&from), &from_length);
     if (n < 0) {
       if (errno == EINTR) continue;
       return ErrnoError("sock_diag: reading the answer", errno);
     }
+    // Only the kernel's answer counts: a datagram another process managed to
+    // send here could name any uid.
+    if (from.nl_family != AF_NETLINK || from.nl_pid != 0) continue;
     int left = static_cast<int>(n);
     for (auto* h = reinterpret_cast<nlmsghdr*>(buffer.data()); NLMSG_OK(h, left);
          h = NLMSG_NEXT(h, left)) {
@@ -185,6 +192,10 @@ Result<uid_t> LocalPeerUid(const ClientConnection& connection) {
                             ") is not a TCP connection from this machine");
   UniqueFd fd(::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG));
   if (!fd.valid()) return ErrnoError("sock_diag: socket", errno);
+  // The kernel answers at once; a bound keeps a caller's thread from waiting
+  // on it forever whatever happens.
+  const timeval limit{2, 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
   std::set<uid_t> uids;
   // An IPv4 client may have an IPv6 socket (::ffff:a.b.c.d) and the other
   // way round: ask both families.
