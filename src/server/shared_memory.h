@@ -91,7 +91,8 @@ class SharedMemoryRegistry {
   // this server uses; none: it has no GPU and refuses every CUDA region).
   // raw_handle must be exactly control::kCudaIpcHandleBytes; byte_size 1
   // to control::kMaxSlotBytes - 1.
-  // Asked for by a local process of `client_uid` (CheckUser first).
+  // Asked for by a local process of `client_uid` (CheckUser once the
+  // arguments are well-formed).
   Status RegisterCuda(const std::string& name, std::span<const std::byte> raw_handle,
                       int64_t device_id, uint64_t byte_size, std::span<const int> gpus,
                       uid_t client_uid);
