@@ -301,12 +301,9 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
   }
   // The call's connection, for the server to find the client's user.
   ClientConnection Client(const grpc::CallbackServerContext& context) const {
-    // Connections come through the gate, whose peers grpc names "fd:N".
-    const std::string peer = context.peer();
-    if (gate_ != nullptr) {
-      if (std::optional<ClientConnection> client = gate_->Client(peer)) return *client;
-    }
-    return ClientConnectionFromPeer(peer, bound_port_);
+    // Every connection comes through the gate, whose peers grpc names
+    // "fd:N"; one it does not know has no client the server could check.
+    return gate_->Client(context.peer()).value_or(ClientConnection{});
   }
   grpc::ServerUnaryReactor* SystemSharedMemoryRegister(
       grpc::CallbackServerContext* context,

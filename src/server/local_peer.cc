@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include <array>
-#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -138,52 +137,7 @@ std::string Describe(const ClientConnection& c) {
          std::to_string(c.port) + " (to port " + std::to_string(c.server_port) + ")";
 }
 
-// gRPC escapes its peer URIs in some versions ("ipv6:%5B::1%5D:5000").
-std::string PercentDecoded(const std::string& text) {
-  std::string out;
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (text[i] == '%' && i + 2 < text.size() &&
-        std::isxdigit(static_cast<unsigned char>(text[i + 1])) &&
-        std::isxdigit(static_cast<unsigned char>(text[i + 2]))) {
-      out += static_cast<char>(std::stoi(text.substr(i + 1, 2), nullptr, 16));
-      i += 2;
-    } else {
-      out += text[i];
-    }
-  }
-  return out;
-}
-
 }  // namespace
-
-ClientConnection ClientConnectionFromPeer(const std::string& escaped, uint16_t server_port) {
-  const std::string peer = PercentDecoded(escaped);
-  ClientConnection c;
-  c.server_port = server_port;
-  std::string host;
-  std::string port;
-  if (peer.rfind("ipv4:", 0) == 0) {
-    const size_t colon = peer.rfind(':');
-    host = peer.substr(5, colon - 5);
-    port = peer.substr(colon + 1);
-  } else if (peer.rfind("ipv6:[", 0) == 0) {
-    const size_t close = peer.find("]:");
-    if (close == std::string::npos) return c;
-    host = peer.substr(6, close - 6);
-    port = peer.substr(close + 2);
-  } else {
-    return c;
-  }
-  // A zone (fe80::1%eth0) is not part of the address the kernel reports.
-  if (const size_t zone = host.find('%'); zone != std::string::npos) host.resize(zone);
-  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos)
-    return c;
-  const unsigned long p = std::stoul(port);
-  if (p == 0 || p > 65535 || !ParseAddress(host)) return c;
-  c.address = host;
-  c.port = static_cast<uint16_t>(p);
-  return c;
-}
 
 Result<uid_t> LocalPeerUid(const ClientConnection& connection) {
   const std::optional<Address> client = ParseAddress(connection.address);

@@ -25,11 +25,6 @@ struct ClientConnection {
   uint16_t server_port = 0;  // the server's port that it connected to
 };
 
-// "ipv4:127.0.0.1:5000", "ipv6:[::1]:5000" (gRPC's peer strings), with the
-// server's port; an address of another form (unix:, a name) gives a
-// connection with an empty address.
-ClientConnection ClientConnectionFromPeer(const std::string& peer, uint16_t server_port);
-
 // The uid of the client's socket. PermissionDenied, naming the connection,
 // when no socket of this machine is the client's end (or the address is
 // unknown); an error of the netlink socket itself otherwise.
