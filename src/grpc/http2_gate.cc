@@ -447,7 +447,6 @@ class Http2Gate::Impl {
   // The client's frames: streams it opens take a token (or wait for one),
   // more open streams than allowed or resets past their rate close it.
   Verdict ClientFrame(Connection& c, uint8_t type, uint8_t /*flags*/, uint32_t stream) {
-    const Clock::time_point now = Clock::now();
     if (type == kHeaders && (stream & 1) == 1 && stream > c.last_stream) {
       if (total_open_ >= static_cast<uint64_t>(limits_.max_total_open_streams)) {
         c.waiting_total = true;
@@ -455,6 +454,7 @@ class Http2Gate::Impl {
         ++waited_total_;
         return Verdict::kWait;
       }
+      const Clock::time_point now = Clock::now();
       if (!c.streams.Take(now)) {
         c.paced_until = c.streams.Next(now);
         ++paced_;
@@ -476,6 +476,7 @@ class Http2Gate::Impl {
       // Each reset still costs grpc a call made and cancelled: a client
       // reconnecting after each close must not multiply the connection's
       // allowance, so resets are also bounded over all connections.
+      const Clock::time_point now = Clock::now();
       if (!c.resets.Take(now) || !total_resets_.Take(now)) {
         ++closed_resets_;
         Close(c,
@@ -498,8 +499,11 @@ class Http2Gate::Impl {
     if (c.open.insert(stream).second) ++total_open_;
   }
   void Ended(Connection& c, uint32_t stream) {
-    if (c.open.erase(stream) == 0) return;
-    --total_open_;
+    if (c.open.erase(stream) > 0) Released(1);
+  }
+  // `n` streams left grpc: the connections waiting for room go on.
+  void Released(size_t n) {
+    total_open_ -= n;
     if (!blocked_.empty() && total_open_ < static_cast<uint64_t>(limits_.max_total_open_streams)) {
       for (Connection* b : blocked_) {
         b->waiting_total = false;
@@ -679,9 +683,10 @@ class Http2Gate::Impl {
   void Finish(Connection& c) {
     if (closed_.count(c.id)) return;
     closed_.insert(c.id);
-    for (uint32_t stream : std::vector<uint32_t>(c.open.begin(), c.open.end())) Ended(c, stream);
     paced_set_.erase(&c);
     blocked_.erase(&c);
+    Released(c.open.size());
+    c.open.clear();
     registered_.erase(&c.client_end);
     registered_.erase(&c.grpc_end);
     c.client.Reset();  // closing takes them out of the epoll set
