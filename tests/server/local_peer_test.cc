@@ -13,35 +13,12 @@
 
 #include "gtest/gtest.h"
 #include "hearth/unique_fd.h"
+#include "support/loopback.h"
 
 namespace hearth {
 namespace {
 
-struct Listener {
-  UniqueFd fd;
-  sockaddr_in address{};
-  uint16_t port = 0;
-  Listener() {
-    fd.Reset(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof(address);
-    EXPECT_EQ(::bind(fd.get(), reinterpret_cast<sockaddr*>(&address), length), 0);
-    EXPECT_EQ(::listen(fd.get(), 4), 0);
-    EXPECT_EQ(::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&address), &length), 0);
-    port = ntohs(address.sin_port);
-  }
-  // The connection as the server's end of an accepted one sees it.
-  ClientConnection Accept(UniqueFd* accepted) const {
-    accepted->Reset(::accept4(fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    sockaddr_in peer{};
-    socklen_t length = sizeof(peer);
-    EXPECT_EQ(::getpeername(accepted->get(), reinterpret_cast<sockaddr*>(&peer), &length), 0);
-    char text[INET_ADDRSTRLEN];
-    ::inet_ntop(AF_INET, &peer.sin_addr, text, sizeof(text));
-    return {text, ntohs(peer.sin_port), port};
-  }
-};
+using Listener = testing::LoopbackListener;
 
 TEST(LocalPeer, AConnectionOfThisProcessHasItsUser) {
   Listener listener;
@@ -110,25 +87,6 @@ TEST(LocalPeer, AnotherUsersConnectionHasThatUser) {
   ::close(ready[0]);
   ASSERT_TRUE(uid.ok()) << uid.status().ToString();
   EXPECT_EQ(*uid, 12345u);
-}
-
-TEST(LocalPeer, GrpcPeerStrings) {
-  ClientConnection c = ClientConnectionFromPeer("ipv4:127.0.0.1:5000", 8001);
-  EXPECT_EQ(c.address, "127.0.0.1");
-  EXPECT_EQ(c.port, 5000);
-  EXPECT_EQ(c.server_port, 8001);
-  c = ClientConnectionFromPeer("ipv6:[::1]:6000", 8001);
-  EXPECT_EQ(c.address, "::1");
-  EXPECT_EQ(c.port, 6000);
-  c = ClientConnectionFromPeer("ipv6:%5B::1%5D:6001", 8001);
-  EXPECT_EQ(c.address, "::1");
-  EXPECT_EQ(c.port, 6001);
-  c = ClientConnectionFromPeer("ipv6:%5Bfe80::1%25eth0%5D:6000", 8001);
-  EXPECT_EQ(c.address, "fe80::1");
-  for (const char* bad : {"unix:/tmp/x", "ipv4:127.0.0.1", "ipv4:127.0.0.1:0", "ipv4:1.2.3:5",
-                          "ipv6:[::1]:99999", "ipv6:::1:5", "", "ipv4:127.0.0.1:5x"}) {
-    EXPECT_TRUE(ClientConnectionFromPeer(bad, 8001).address.empty()) << bad;
-  }
 }
 
 }  // namespace

@@ -9,11 +9,8 @@
 // host refuses CUDA regions.
 #include "server/shared_memory.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -26,6 +23,7 @@
 #include "protocol/worker_protocol.h"
 #include "server/local_peer.h"
 #include "server/server.h"
+#include "support/loopback.h"
 #include "support/test_store.h"
 
 namespace hearth {
@@ -49,33 +47,7 @@ struct ShmObject {
   static inline int counter = 0;
 };
 
-// A TCP connection over loopback inside this process, and the server's
-// view of it: what a front-end passes on for a client of this user.
-struct LoopbackLink {
-  UniqueFd listener;
-  UniqueFd client_end;
-  UniqueFd server_end;
-  ClientConnection client;
-
-  LoopbackLink() {
-    listener.Reset(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof(address);
-    EXPECT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&address), length), 0);
-    EXPECT_EQ(::listen(listener.get(), 1), 0);
-    EXPECT_EQ(::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&address), &length), 0);
-    const uint16_t server_port = ntohs(address.sin_port);
-    client_end.Reset(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    EXPECT_EQ(::connect(client_end.get(), reinterpret_cast<sockaddr*>(&address), length), 0);
-    server_end.Reset(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    sockaddr_in peer{};
-    length = sizeof(peer);
-    EXPECT_EQ(::getpeername(server_end.get(), reinterpret_cast<sockaddr*>(&peer), &length), 0);
-    client = {"127.0.0.1", ntohs(peer.sin_port), server_port};
-  }
-};
+using testing::LoopbackLink;
 
 uid_t Me() { return ::geteuid(); }
 SharedMemoryAccess Mine() { return {{Me()}}; }
