@@ -41,6 +41,10 @@ import zlib
 
 import numpy as np
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from config_bomb_bench import repository  # noqa: E402
+from generate_bench import stop, wait_port  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -59,34 +63,18 @@ def stubs():
 
 def start_server(cli, tmp, extra):
     repo = tmp / "repo"
-    (repo / "scale" / "1").mkdir(parents=True)
-    subprocess.run([cli, "make-model", "scale", "--dims", "500", "--seed", "1", "--out",
-                    str(repo / "scale" / "1" / "model.safetensors")], check=True, capture_output=True)
-    (repo / "scale" / "config.yaml").write_text("""backend: scale
-max_batch_size: 8
-input:
-  - {name: x, data_type: TYPE_FP32, dims: [500]}
-output:
-  - {name: y, data_type: TYPE_FP32, dims: [1]}
-instance_group:
-  - {count: 1, kind: KIND_CPU}
-""")
+    repository(repo, cli, bomb=False)
     log_path = tmp / "serve.log"
-    log = open(log_path, "w")
     proc = subprocess.Popen([cli, "serve", "--model-repository", str(repo), "--device", "cpu", "--http-port", "0",
-                             "--grpc-port", "0", *extra], stdout=log, stderr=subprocess.STDOUT,
+                             "--grpc-port", "0", *extra], stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        text = log_path.read_text()
-        m = re.search(r"KServe v2 gRPC on 127\.0\.0\.1:(\d+)", text)
-        if m and "ready on http" in text:
-            return proc, int(m.group(1)), log_path
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    proc.kill()
-    sys.exit("hearth serve did not become ready:\n" + log_path.read_text()[-3000:])
+    try:
+        wait_port(log_path, r"ready on http", proc, timeout=120)  # logged after the gRPC port
+    except SystemExit:
+        stop(proc)
+        raise
+    port = int(re.search(r"KServe v2 gRPC on 127\.0\.0\.1:(\d+)", log_path.read_text()).group(1))
+    return proc, port, log_path
 
 
 def proc_status(pid):
@@ -428,11 +416,7 @@ def main():
                 sys.exit(f"unknown phase {phase}")
         prober.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
     cols = ["phase", "streams", "connections", "closed_by_server", "ended_by", "rss_start_mib", "rss_peak_mib", "rss_end_attack_mib", "rss_after_mib",
             "cpu_attack_s", "cpu_after_s", "probe_p50_ms", "probe_max_ms", "probe_failures"]
     print("\n| " + " | ".join(cols) + " |")
