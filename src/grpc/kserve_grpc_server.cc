@@ -11,6 +11,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/resource_quota.h>
 #include <grpcpp/server_posix.h>
+#include <grpcpp/support/proto_buffer_writer.h>
 #include <spdlog/spdlog.h>
 
 #include <condition_variable>
@@ -18,6 +19,7 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <string_view>
@@ -29,6 +31,7 @@
 #include "common/heap_trimmer.h"
 #include "grpc/http2_gate.h"
 #include "grpc/kserve_grpc_codec.h"
+#include "grpc/request_message.h"
 #include "grpc_service.grpc.pb.h"
 #include "server/request_check.h"
 
@@ -53,6 +56,17 @@ uint64_t SharedMemoryInputBytes(const InferRequest& request) {
   return total;
 }
 
+// A message in its wire form, to be sent.
+Result<grpc::ByteBuffer> Serialized(const google::protobuf::Message& message) {
+  grpc::ByteBuffer out;
+  bool own = false;
+  grpc::Status status = grpc::GenericSerialize<grpc::ProtoBufferWriter, google::protobuf::Message>(
+      message, &out, &own);
+  if (!status.ok())
+    return ResourceExhausted("the response cannot be encoded: " + status.error_message());
+  return out;
+}
+
 grpc::Status NotYet(const std::string& message) {
   return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, message);
 }
@@ -66,7 +80,28 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, grpc::Sta
 
 }  // namespace
 
-class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackService {
+// The inference RPCs are raw (their messages as received, not parsed by
+// gRPC), so that a compressed one is inflated here within the limit
+// (request_message.h); the others are parsed by gRPC.
+using G = inference::GRPCInferenceService;
+using Service = G::WithCallbackMethod_ServerLive<
+    G::WithCallbackMethod_ServerReady<G::WithCallbackMethod_ModelReady<
+        G::WithCallbackMethod_ServerMetadata<G::WithCallbackMethod_ModelMetadata<
+            G::WithRawCallbackMethod_ModelInfer<G::WithRawCallbackMethod_ModelStreamInfer<
+                G::WithCallbackMethod_ModelConfig<G::WithCallbackMethod_ModelStatistics<
+                    G::WithCallbackMethod_RepositoryIndex<G::WithCallbackMethod_RepositoryModelLoad<
+                        G::WithCallbackMethod_RepositoryModelUnload<
+                            G::WithCallbackMethod_SystemSharedMemoryStatus<
+                                G::WithCallbackMethod_SystemSharedMemoryRegister<
+                                    G::WithCallbackMethod_SystemSharedMemoryUnregister<
+                                        G::WithCallbackMethod_CudaSharedMemoryStatus<
+                                            G::WithCallbackMethod_CudaSharedMemoryRegister<
+                                                G::WithCallbackMethod_CudaSharedMemoryUnregister<
+                                                    G::WithCallbackMethod_TraceSetting<
+                                                        G::WithCallbackMethod_LogSettings<
+                                                            G::Service>>>>>>>>>>>>>>>>>>>>;
+
+class GrpcServer::Impl final : public Service {
  public:
   Impl(InferenceService* service, GrpcOptions options)
       : service_(service), options_(std::move(options)) {}
@@ -151,6 +186,14 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
     inflight_bytes_ -= bytes;
   }
 
+  // Reads a received ModelInferRequest, its bytes taken into the budget
+  // and counted in `*held`.
+  Status ReadRequest(const grpc::ByteBuffer& message, uint64_t* held, ModelInferRequest* out) {
+    return ReadRequestMessage(
+        message, options_.max_message_bytes, [this](uint64_t n) { return TakeBytes(n); },
+        [this](uint64_t n) { GiveBytes(n); }, held, out);
+  }
+
   void CountStreamRequest(int delta) {
     std::lock_guard lock(mu_);
     stream_requests_ += delta;
@@ -227,10 +270,10 @@ class GrpcServer::Impl final : public inference::GRPCInferenceService::CallbackS
   }
 
   grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* context,
-                                       const ModelInferRequest* request,
-                                       ModelInferResponse* response) override;
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
 
-  grpc::ServerBidiReactor<ModelInferRequest, ModelStreamInferResponse>* ModelStreamInfer(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ModelStreamInfer(
       grpc::CallbackServerContext* context) override;
 
   grpc::ServerUnaryReactor* ModelConfig(grpc::CallbackServerContext* context,
@@ -486,11 +529,11 @@ void GrpcServer::Impl::ControlLoop() {
 // One ModelInfer call. Owns itself: deleted in OnDone, which gRPC calls after
 // Finish, and Finish comes only from the service's `done` (or before the
 // service is called). The request, whose raw inputs the service borrows, is
-// gRPC's and lives until then.
+// the call's and lives until then.
 class GrpcServer::Impl::InferCall final : public grpc::ServerUnaryReactor {
  public:
-  InferCall(Impl* server, const ModelInferRequest* request, ModelInferResponse* response)
-      : server_(server), request_(request), response_(response) {}
+  InferCall(Impl* server, const grpc::ByteBuffer* message, grpc::ByteBuffer* response)
+      : server_(server), message_(message), response_(response) {}
 
   void Start() {
     if (Status admitted = server_->BeginCall(); !admitted.ok()) {
@@ -498,10 +541,12 @@ class GrpcServer::Impl::InferCall final : public grpc::ServerUnaryReactor {
     }
     admitted_ = true;
     // From here on every answer goes through Reply.
-    const uint64_t bytes = request_->ByteSizeLong();
-    if (Status taken = server_->TakeBytes(bytes); !taken.ok()) return Reply(ToGrpcStatus(taken));
-    bytes_ = bytes;
-    Result<GrpcInferRequest> parsed = ParseModelInferRequest(*request_, nullptr);
+    Status read = server_->ReadRequest(*message_, &bytes_, &request_);
+    // Read: the message's bytes go now rather than with the call. gRPC
+    // created the buffer for this call and reads it no more.
+    const_cast<grpc::ByteBuffer*>(message_)->Clear();
+    if (!read.ok()) return Reply(ToGrpcStatus(read));
+    Result<GrpcInferRequest> parsed = ParseModelInferRequest(request_, nullptr);
     if (!parsed.ok()) return Reply(ToGrpcStatus(parsed.status()));
     InferRequest& request = parsed->request;
     const uint64_t shared = SharedMemoryInputBytes(request);
@@ -519,7 +564,14 @@ class GrpcServer::Impl::InferCall final : public grpc::ServerUnaryReactor {
     // may be borrowed, so they are copied into the response right there.
     server_->service().Infer(std::move(request), [this](Result<InferResponse> result) {
       if (!result.ok()) return Reply(ToGrpcStatus(result.status()));
-      Reply(ToGrpcStatus(EncodeModelInferResponse(*result, outputs_, response_)));
+      ModelInferResponse response;
+      if (Status encoded = EncodeModelInferResponse(*result, outputs_, &response); !encoded.ok()) {
+        return Reply(ToGrpcStatus(encoded));
+      }
+      Result<grpc::ByteBuffer> wire = Serialized(response);
+      if (!wire.ok()) return Reply(ToGrpcStatus(wire.status()));
+      *response_ = std::move(*wire);
+      Reply(grpc::Status::OK);
     });
   }
 
@@ -538,8 +590,9 @@ class GrpcServer::Impl::InferCall final : public grpc::ServerUnaryReactor {
   }
 
   Impl* const server_;
-  const ModelInferRequest* const request_;
-  ModelInferResponse* const response_;
+  const grpc::ByteBuffer* const message_;  // gRPC's, as received
+  grpc::ByteBuffer* const response_;       // gRPC's, sent as it is
+  ModelInferRequest request_;
   std::vector<RequestedOutput> outputs_;
   std::shared_ptr<std::atomic<bool>> cancelled_ = std::make_shared<std::atomic<bool>>(false);
   bool admitted_ = false;
@@ -547,8 +600,8 @@ class GrpcServer::Impl::InferCall final : public grpc::ServerUnaryReactor {
 };
 
 grpc::ServerUnaryReactor* GrpcServer::Impl::ModelInfer(grpc::CallbackServerContext*,
-                                                       const ModelInferRequest* request,
-                                                       ModelInferResponse* response) {
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
   auto* call = new InferCall(this, request, response);
   call->Start();
   return call;
@@ -562,7 +615,7 @@ grpc::ServerUnaryReactor* GrpcServer::Impl::ModelInfer(grpc::CallbackServerConte
 // Every gRPC operation (StartRead, StartWrite, Finish) is started under mu_
 // and none after Finish; gRPC never calls a reaction from inside them.
 class GrpcServer::Impl::StreamCall final
-    : public grpc::ServerBidiReactor<ModelInferRequest, ModelStreamInferResponse>,
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
       public std::enable_shared_from_this<StreamCall> {
  public:
   static StreamCall* Open(Impl* server) {
@@ -580,7 +633,8 @@ class GrpcServer::Impl::StreamCall final
   }
 
   void OnReadDone(bool ok) override {
-    std::shared_ptr<ModelInferRequest> request;
+    grpc::ByteBuffer message;
+    bool unrun = false;
     {
       std::lock_guard lock(mu_);
       reading_ = false;
@@ -593,25 +647,13 @@ class GrpcServer::Impl::StreamCall final
         MaybeFinishLocked();
         return;
       }
-      if (draining_) {
-        // Read as the drain began: answered, not run.
-        Request unrun;
-        unrun.model = read_buffer_.model_name();
-        unrun.version = read_buffer_.model_version();
-        unrun.id = read_buffer_.id();
-        auto message = ErrorMessage(
-            unrun, Unavailable("the server is shutting down: the request was not run"));
-        const uint64_t size = message->ByteSizeLong();
-        QueueLocked(std::move(message), size);
-        MaybeFinishLocked();
-        return;
-      }
-      request = std::make_shared<ModelInferRequest>();
-      request->Swap(&read_buffer_);
+      message.Swap(&read_buffer_);
       ++inflight_;  // the stream cannot finish before this request's end
+      // Read as a drain began: answered, not run.
+      unrun = draining_;
       MaybeReadLocked();
     }
-    Submit(std::move(request));
+    Submit(message, unrun);
   }
 
   void OnWriteDone(bool ok) override {
@@ -619,7 +661,7 @@ class GrpcServer::Impl::StreamCall final
     writing_ = false;
     pending_bytes_ -= writing_bytes_;
     writing_bytes_ = 0;
-    current_.reset();
+    current_.Clear();
     if (!ok) {
       CancelLocked();  // the client is gone: nothing more can be written
     } else {
@@ -670,19 +712,23 @@ class GrpcServer::Impl::StreamCall final
     MaybeReadLocked();
   }
 
-  // Parses and checks one request and hands it to the service; every
-  // failure before that is the request's answer on the stream.
-  void Submit(std::shared_ptr<ModelInferRequest> proto) {
+  // Reads and checks one request and hands it to the service (`unrun`:
+  // answers it without running it); every failure before that is the
+  // request's answer on the stream.
+  void Submit(grpc::ByteBuffer& message, bool unrun) {
     auto request = std::make_shared<Request>();
     request->call = shared_from_this();
+    auto proto = std::make_shared<ModelInferRequest>();
+    Status read = server_->ReadRequest(message, &request->bytes, proto.get());
+    message.Clear();
     request->model = proto->model_name();
     request->version = proto->model_version();
     request->id = proto->id();
-    const uint64_t bytes = proto->ByteSizeLong();
-    if (Status taken = server_->TakeBytes(bytes); !taken.ok()) {
-      return Complete(*request, std::move(taken));
+    if (!read.ok()) return Complete(*request, std::move(read));
+    if (unrun) {
+      return Complete(*request,
+                      Unavailable("the server is shutting down: the request was not run"));
     }
-    request->bytes = bytes;
     // Views into `proto` share it: it lives as long as the service keeps them.
     Result<GrpcInferRequest> parsed = ParseModelInferRequest(*proto, proto);
     if (!parsed.ok()) return Complete(*request, parsed.status());
@@ -731,15 +777,20 @@ class GrpcServer::Impl::StreamCall final
       return false;
     }
     SetFinal(*message, false);
-    const uint64_t size = message->ByteSizeLong();
+    Result<grpc::ByteBuffer> wire = Serialized(*message);
+    if (!wire.ok()) {
+      request.failed = wire.status();
+      return false;
+    }
+    message.reset();
     std::lock_guard lock(mu_);
     if (cancelled_ || finished_) return false;
-    if (size > server_->options().max_stream_pending_bytes - pending_bytes_) {
+    if (wire->Length() > server_->options().max_stream_pending_bytes - pending_bytes_) {
       request.overflowed = true;
       server_->CountStoppedRequest();
       return false;
     }
-    QueueLocked(std::move(message), size);
+    QueueLocked(std::move(*wire));
     return true;
   }
 
@@ -777,16 +828,20 @@ class GrpcServer::Impl::StreamCall final
   void Complete(Request& request, std::unique_ptr<ModelStreamInferResponse> message) {
     if (request.bytes > 0) server_->GiveBytes(request.bytes);
     request.bytes = 0;
+    std::optional<grpc::ByteBuffer> wire;
+    if (message != nullptr) {
+      Result<grpc::ByteBuffer> serialized = Serialized(*message);
+      if (!serialized.ok()) serialized = Serialized(*ErrorMessage(request, serialized.status()));
+      if (serialized.ok()) wire = std::move(*serialized);
+      message.reset();
+    }
     std::lock_guard lock(mu_);
     if (request.registered) cancellations_.erase(request.cancelled);
     request.registered = false;
     --inflight_;
     // The last answer of a request always goes out: one per request, and
     // the stream reads no more requests while it is behind.
-    if (message != nullptr && !cancelled_ && !finished_) {
-      const uint64_t size = message->ByteSizeLong();
-      QueueLocked(std::move(message), size);
-    }
+    if (wire.has_value() && !cancelled_ && !finished_) QueueLocked(std::move(*wire));
     MaybeReadLocked();
     MaybeFinishLocked();
   }
@@ -808,19 +863,19 @@ class GrpcServer::Impl::StreamCall final
         .set_bool_param(final);
   }
 
-  void QueueLocked(std::unique_ptr<ModelStreamInferResponse> message, uint64_t size) {
-    pending_bytes_ += size;
-    queue_.emplace_back(std::move(message), size);
+  void QueueLocked(grpc::ByteBuffer message) {
+    pending_bytes_ += message.Length();
+    queue_.push_back(std::move(message));
     MaybeWriteLocked();
   }
 
   void MaybeWriteLocked() {
     if (writing_ || queue_.empty() || finished_ || cancelled_) return;
-    current_ = std::move(queue_.front().first);
-    writing_bytes_ = queue_.front().second;
+    current_ = std::move(queue_.front());
+    writing_bytes_ = current_.Length();
     queue_.pop_front();
     writing_ = true;
-    StartWrite(current_.get());
+    StartWrite(&current_);
   }
 
   // Reads the next request unless the stream is at its limit of requests in
@@ -835,7 +890,7 @@ class GrpcServer::Impl::StreamCall final
   void CancelLocked() {
     cancelled_ = true;
     for (const auto& flag : cancellations_) flag->store(true);
-    for (const auto& [message, size] : queue_) pending_bytes_ -= size;
+    for (const grpc::ByteBuffer& message : queue_) pending_bytes_ -= message.Length();
     queue_.clear();
   }
 
@@ -865,7 +920,7 @@ class GrpcServer::Impl::StreamCall final
   bool admitted_ = false;             // counted by BeginCall (set once, in Begin)
 
   std::mutex mu_;
-  ModelInferRequest read_buffer_;  // the read in progress writes here
+  grpc::ByteBuffer read_buffer_;  // the read in progress writes here
   bool reading_ = false;
   bool read_closed_ = false;
   bool writing_ = false;
@@ -874,14 +929,14 @@ class GrpcServer::Impl::StreamCall final
   bool finished_ = false;
   int inflight_ = 0;  // requests read and not yet answered
   std::set<std::shared_ptr<std::atomic<bool>>> cancellations_;  // of those in the service
-  std::deque<std::pair<std::unique_ptr<ModelStreamInferResponse>, uint64_t>> queue_;
-  std::unique_ptr<ModelStreamInferResponse> current_;  // being written
+  std::deque<grpc::ByteBuffer> queue_;                          // responses in their wire form
+  grpc::ByteBuffer current_;                                    // being written
   uint64_t writing_bytes_ = 0;
   uint64_t pending_bytes_ = 0;  // queued and being written
 };
 
-grpc::ServerBidiReactor<ModelInferRequest, ModelStreamInferResponse>*
-GrpcServer::Impl::ModelStreamInfer(grpc::CallbackServerContext*) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* GrpcServer::Impl::ModelStreamInfer(
+    grpc::CallbackServerContext*) {
   return StreamCall::Open(this);
 }
 
@@ -912,11 +967,11 @@ Status GrpcServer::Impl::Start() {
   builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
   // grpc 1.51 inflates a compressed message whole and only then compares it
   // with the limit above: 1 MB of gzip on the wire held 1 GB until refused.
-  // It has no bound on inflation, so compressed requests are refused instead:
-  // a call whose grpc-encoding is gzip or deflate ends with UNIMPLEMENTED when
-  // its headers arrive, before any of its message is inflated. Identity works.
-  builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_DEFLATE, false);
-  builder.SetCompressionAlgorithmSupportStatus(GRPC_COMPRESS_GZIP, false);
+  // So gRPC inflates nothing: the inference RPCs inflate their messages
+  // within the limit themselves (request_message.h). The limit above is the
+  // compressed size's. The other RPCs' messages are small, and any of them
+  // sent compressed fails to parse (INTERNAL) without being inflated.
+  builder.AddChannelArgument(GRPC_ARG_ENABLE_PER_MESSAGE_DECOMPRESSION, 0);
   // Room for one message more than the front-end's byte budget: under
   // pressure gRPC resets streams (ENHANCE_YOUR_CALM), held ones too, so the
   // budget, which refuses with a clear error, must be reached first.

@@ -39,9 +39,11 @@
 //   once, past which one is answered RESOURCE_EXHAUSTED;
 // - gRPC's own buffers: a ResourceQuota of max_inflight_bytes plus one
 //   message, so that the byte budget above is met first;
-// - compression: a request compressed with gzip or deflate is refused
-//   (UNIMPLEMENTED) when its headers arrive: grpc 1.51 would inflate its
-//   message whole before comparing it with max_message_bytes;
+// - compression: a ModelInfer or ModelStreamInfer message compressed with
+//   gzip or deflate is measured as it is inflated and refused past
+//   max_message_bytes (RESOURCE_EXHAUSTED) before anything of it is held;
+//   gRPC itself inflates nothing (grpc 1.51 would inflate a message whole
+//   before comparing it with the limit), so other RPCs must come uncompressed;
 // - memory freed after a burst (a flood of streams holds about 17 KiB of
 //   gRPC's call state each until they are done) is given back to the kernel
 //   once the allocator holds more than heap_trim_bytes free;

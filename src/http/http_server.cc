@@ -39,7 +39,7 @@
 #include <vector>
 
 #include "http/body_budget.h"
-#include "http/compression.h"
+#include "common/compression.h"
 #include "http/generate.h"
 #include "http/kserve_codec.h"
 #include "http/openai.h"

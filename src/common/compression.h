@@ -1,7 +1,9 @@
-// HTTP body compression with zlib: Content-Encoding gzip and deflate (zlib's
-// format, as HTTP's "deflate" is and as tritonclient sends it) for request
-// bodies, and Accept-Encoding for responses. Pure functions, thread-safe,
-// never throw.
+// Compression with zlib: gzip and deflate (zlib's format, as HTTP's and
+// gRPC's "deflate" are and as tritonclient sends it). HTTP's Content-Encoding
+// of request bodies and Accept-Encoding for responses; inflation within a
+// limit for request bodies and gRPC messages alike. Pure functions,
+// thread-safe, never throw. `subject` names what is inflated in errors
+// ("the request body is not valid gzip data: ...").
 #pragma once
 
 #include <cstdint>
@@ -26,12 +28,13 @@ BodyCoding ChooseResponseCoding(std::string_view accept_encoding);
 // The size `body` inflates to, without keeping the bytes, so that it can
 // be checked (and budgeted) before it is held. ResourceExhausted when it is
 // over `limit`, InvalidArgument for a body that is not valid `coding` data.
-Result<uint64_t> InflatedSize(std::string_view body, BodyCoding coding, uint64_t limit);
+Result<uint64_t> InflatedSize(std::string_view body, BodyCoding coding, uint64_t limit,
+                              std::string_view subject = "the request body");
 
 // Inflates `body`, whose InflatedSize is `size`, into a string with
 // capacity for `padding` bytes more.
-Result<std::string> Inflate(std::string_view body, BodyCoding coding, uint64_t size,
-                            size_t padding);
+Result<std::string> Inflate(std::string_view body, BodyCoding coding, uint64_t size, size_t padding,
+                            std::string_view subject = "the request body");
 
 // Compresses `body` in `coding` (not kIdentity).
 Result<std::string> Deflate(std::string_view body, BodyCoding coding);

@@ -1,4 +1,4 @@
-#include "http/compression.h"
+#include "common/compression.h"
 
 #include <zlib.h>
 
@@ -48,9 +48,12 @@ class Inflater {
 // Runs inflate over `body`; `sink(out, n)` receives each piece and returns
 // false to stop (over a limit). Returns the total inflated.
 template <typename Sink>
-Result<uint64_t> Run(std::string_view body, BodyCoding coding, Sink&& sink) {
+Result<uint64_t> Run(std::string_view body, BodyCoding coding, std::string_view subject,
+                     Sink&& sink) {
   Inflater inflater(coding);
-  if (!inflater.ok()) return ResourceExhausted("cannot start zlib to inflate the request body");
+  if (!inflater.ok()) {
+    return ResourceExhausted("cannot start zlib to inflate " + std::string(subject));
+  }
   z_stream& s = inflater.stream();
   std::array<unsigned char, 64 * 1024> out;
   uint64_t total = 0;
@@ -67,12 +70,11 @@ Result<uint64_t> Run(std::string_view body, BodyCoding coding, Sink&& sink) {
     s.avail_out = static_cast<uInt>(out.size());
     rc = inflate(&s, Z_NO_FLUSH);
     if (rc == Z_BUF_ERROR && s.avail_in == 0 && fed == body.size()) {
-      return InvalidArgument(std::string("the request body is not complete ") + Name(coding) +
+      return InvalidArgument(std::string(subject) + " is not complete " + Name(coding) +
                              " data: it ends early");
     }
     if (rc != Z_OK && rc != Z_STREAM_END && rc != Z_BUF_ERROR) {
-      return InvalidArgument(std::string("the request body is not valid ") + Name(coding) +
-                             " data (Content-Encoding: " + Name(coding) + "): " +
+      return InvalidArgument(std::string(subject) + " is not valid " + Name(coding) + " data: " +
                              (s.msg != nullptr ? s.msg : "zlib error " + std::to_string(rc)));
     }
     const size_t n = out.size() - s.avail_out;
@@ -80,8 +82,7 @@ Result<uint64_t> Run(std::string_view body, BodyCoding coding, Sink&& sink) {
     if (!sink(out.data(), n, total)) return ResourceExhausted("over the limit");
   }
   if (s.avail_in != 0 || fed != body.size()) {
-    return InvalidArgument(std::string("the request body has bytes after its ") + Name(coding) +
-                           " data");
+    return InvalidArgument(std::string(subject) + " has bytes after its " + Name(coding) + " data");
   }
   return total;
 }
@@ -118,26 +119,27 @@ BodyCoding ChooseResponseCoding(std::string_view accept_encoding) {
   return gzip ? BodyCoding::kGzip : deflate ? BodyCoding::kDeflate : BodyCoding::kIdentity;
 }
 
-Result<uint64_t> InflatedSize(std::string_view body, BodyCoding coding, uint64_t limit) {
-  return Run(body, coding,
+Result<uint64_t> InflatedSize(std::string_view body, BodyCoding coding, uint64_t limit,
+                              std::string_view subject) {
+  return Run(body, coding, subject,
              [limit](const unsigned char*, size_t, uint64_t total) { return total <= limit; });
 }
 
-Result<std::string> Inflate(std::string_view body, BodyCoding coding, uint64_t size,
-                            size_t padding) {
+Result<std::string> Inflate(std::string_view body, BodyCoding coding, uint64_t size, size_t padding,
+                            std::string_view subject) {
   try {
     std::string out;
     out.reserve(static_cast<size_t>(size) + padding);
-    Result<uint64_t> total =
-        Run(body, coding, [&out, size](const unsigned char* bytes, size_t n, uint64_t sum) {
-          if (sum > size) return false;
-          out.append(reinterpret_cast<const char*>(bytes), n);
-          return true;
-        });
+    Result<uint64_t> total = Run(body, coding, subject,
+                                 [&out, size](const unsigned char* bytes, size_t n, uint64_t sum) {
+                                   if (sum > size) return false;
+                                   out.append(reinterpret_cast<const char*>(bytes), n);
+                                   return true;
+                                 });
     if (!total.ok()) return total.status();
     return out;
   } catch (const std::bad_alloc&) {
-    return ResourceExhausted("out of memory inflating the request body");
+    return ResourceExhausted("out of memory inflating " + std::string(subject));
   }
 }
 
