@@ -109,6 +109,19 @@ Result<std::vector<StoreDevice>> StoreDevicesOf(const std::string& device_text) 
   return std::vector<StoreDevice>{{d.ToString(), d}};
 }
 
+// How long `hearth serve` waits for the server to stop once the front-ends
+// have drained.
+constexpr std::chrono::seconds kShutdownGrace{5};
+
+// Leaves the process at once, `why` logged: nothing else is waited for.
+[[noreturn]] void ExitNow(const std::string& why, int code) {
+  spdlog::error("hearth serve: {}", why);
+  spdlog::default_logger()->flush();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(code);
+}
+
 // Exits 0 after SIGTERM or SIGINT once serving; a signal during the initial
 // load stops it and exits 128 + the signal's number (143, 130), like a shell.
 // With several devices, one store per device, each at DeviceSocketPath(
@@ -356,22 +369,30 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
 
   // A signal may come at any time, start-up included (loads, workers that
   // take long to be ready): one thread takes it and wakes this one, which
-  // drains HTTP and gRPC, then stops the server (its builders included).
+  // drains HTTP and gRPC, then stops the server (its builders included). A
+  // second signal while that goes on exits at once.
   std::mutex stop_mu;
   std::condition_variable stop_cv;
   int stop_signal = 0;          // guarded by stop_mu
   bool models_settled = false;  // guarded by stop_mu
+  std::atomic<bool> waiter_quit{false};
   std::thread signal_waiter([&] {
     int number = 0;
     sigwait(&stop_signals, &number);
+    if (waiter_quit.load()) return;
     {
       std::lock_guard lock(stop_mu);
       stop_signal = number;
     }
     stop_cv.notify_all();
+    sigwait(&stop_signals, &number);
+    if (waiter_quit.load()) return;
+    ExitNow(std::string(strsignal(number)) + " again while shutting down: exiting now",
+            128 + number);
   });
-  // Ends the waiter when no signal came (it takes this one as if one had).
+  // Ends the waiter (it takes this signal as one it was not sent).
   auto end_waiter = [&] {
+    waiter_quit.store(true);
     pthread_kill(signal_waiter.native_handle(), SIGTERM);
     signal_waiter.join();
   };
@@ -431,9 +452,10 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
     stop_cv.wait(lock, [&] { return stop_signal != 0; });
     signal_number = stop_signal;
   }
-  signal_waiter.join();
-  spdlog::info("{}: shutting down: finishing the requests that have arrived, refusing new ones",
-               strsignal(signal_number));
+  spdlog::info(
+      "{}: shutting down: finishing the requests that have arrived, refusing new ones (a second "
+      "signal exits at once)",
+      strsignal(signal_number));
   // Drains (no new connections, 503 for requests that arrive now, every
   // connection closed without a reset) before the server stops its workers.
   // gRPC drains at the same time (no new calls; open streams answer what
@@ -447,7 +469,31 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
 #else
   (*http)->Stop();
 #endif
+  // Nothing is served now. What remains (stopping workers and builders,
+  // the stores) takes milliseconds, unless a builder is blocked in the
+  // kernel reading a model's files (a hung network filesystem): past
+  // kShutdownGrace the process exits without it, saying so. Workers die
+  // with it (PR_SET_PDEATHSIG).
+  std::mutex done_mu;
+  std::condition_variable done_cv;
+  bool done = false;
+  std::thread watchdog([&] {
+    std::unique_lock lock(done_mu);
+    if (!done_cv.wait_for(lock, kShutdownGrace, [&] { return done; })) {
+      ExitNow("the server did not stop within " + std::to_string(kShutdownGrace.count()) +
+                  " s of the last request (a model's loader blocked reading its files?): "
+                  "exiting without it",
+              1);
+    }
+  });
   (*server)->Shutdown();
+  {
+    std::lock_guard lock(done_mu);
+    done = true;
+  }
+  done_cv.notify_all();
+  watchdog.join();
+  end_waiter();
   settle_waiter.join();
   return 0;
 }

@@ -1163,6 +1163,43 @@ def test_sigterm_during_start_up_stops_the_server(tmp_path):
         assert not os.path.exists(run_dir.group(1)), f"{run_dir.group(1)} was left behind"
 
 
+def test_a_second_sigterm_exits_at_once_while_the_first_drains(tmp_path):
+    """A request held by a worker that does not answer (SIGSTOPped) keeps the
+    first SIGTERM's drain waiting (--drain-timeout-ms 600000); a second
+    SIGTERM exits at once, 143, saying so, and the stopped worker dies with
+    the server."""
+    scale_demo_repository(tmp_path / "repo", count=1)
+    state = start_serve(tmp_path, tmp_path / "repo", ["--drain-timeout-ms", "600000"], name="again")
+    proc = state["proc"]
+    worker = int(re.findall(r"scale worker 0 ready: pid (\d+)", state["log"].read_text())[-1])
+    os.kill(worker, signal.SIGSTOP)
+    x = np.ones((1, SCALE_N), np.float32)
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        held = pool.submit(infer_json, state["url"], "scale",
+                           [{"name": "x", "datatype": "FP32", "shape": [1, SCALE_N], "data": x.ravel().tolist()}])
+        wait_for(lambda: metric(state["url"], "hearth_inference_pending_request_count", "scale") == 1,
+                 "the request to arrive")
+        proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "shutting down" in state["log"].read_text(), "the drain to begin")
+        assert proc.poll() is None, "the first SIGTERM did not wait for the held request"
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        text = state["log"].read_text()
+        assert code == 128 + signal.SIGTERM, text[-3000:]
+        assert "Terminated again while shutting down: exiting now" in text, text[-3000:]
+        with pytest.raises(requests.exceptions.ConnectionError):
+            held.result(timeout=30)
+        wait_for(lambda: not os.path.exists(f"/proc/{worker}") or
+                 open(f"/proc/{worker}/stat").read().split()[2] == "Z", "the worker to be gone")
+    finally:
+        pool.shutdown(wait=False)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        state["log_file"].close()
+
+
 def test_a_standby_worker_takes_over_from_a_worker_that_dies(tmp_path):
     """parameters.standby_workers: 1 keeps one started worker process that
     holds no weights; a SIGKILLed worker's replacement is that process, and
