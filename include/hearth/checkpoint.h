@@ -137,8 +137,14 @@ class Checkpoint {
   bool is_directory() const { return is_directory_; }
   // The index read, for a sharded checkpoint; else empty.
   const std::string& index_path() const { return index_path_; }
-  // The index's metadata.total_size, when it has one (checked against tensor_bytes()).
+  // The index's metadata.total_size, when it has one. It is information, as
+  // for transformers: one that differs from tensor_bytes() (some published
+  // checkpoints carry a wrong one) is a warning, not an error.
   std::optional<uint64_t> index_total_size() const { return index_total_size_; }
+  // What is odd but harmless about the files, for the caller to show (each a
+  // sentence naming the file): a metadata.total_size that is not the sum of
+  // the shards' tensors.
+  const std::vector<std::string>& warnings() const { return warnings_; }
   // Every file holding tensors: one, or the shards sorted by name (the
   // index's order). Never empty.
   const std::vector<CheckpointFile>& shards() const { return shards_; }
@@ -187,6 +193,7 @@ class Checkpoint {
   std::vector<CheckpointFile> shards_;
   std::vector<TensorInfo> tensors_;
   uint64_t tensor_bytes_ = 0;
+  std::vector<std::string> warnings_;
 };
 
 // Writes a safetensors file. Tensors are laid out in the order they were

@@ -305,7 +305,7 @@ class CheckpointBuilder {
     return Status::Ok();
   }
 
-  // Sums the tensors' bytes (checking total_size) once the tensors are known.
+  // Sums the tensors' bytes (comparing total_size) once the tensors are known.
   static Status Finish(Checkpoint& checkpoint) {
     uint64_t total = 0;
     for (const TensorInfo& t : checkpoint.tensors_) {
@@ -315,9 +315,10 @@ class CheckpointBuilder {
     }
     checkpoint.tensor_bytes_ = total;
     if (checkpoint.index_total_size_ && *checkpoint.index_total_size_ != total) {
-      return InvalidArgument(checkpoint.index_path_ + ": metadata.total_size is " +
-                             std::to_string(*checkpoint.index_total_size_) +
-                             " bytes but the shards' tensors hold " + std::to_string(total));
+      checkpoint.warnings_.push_back(
+          checkpoint.index_path_ + ": metadata.total_size is " +
+          std::to_string(*checkpoint.index_total_size_) + " bytes but the shards' tensors hold " +
+          std::to_string(total) + " (the weight map and the shards' headers are what is used)");
     }
     return Status::Ok();
   }

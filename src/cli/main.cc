@@ -518,6 +518,8 @@ void PrintCheckpointTable(const Checkpoint& ckpt) {
 int InspectCheckpoint(const std::string& path) {
   Result<Checkpoint> ckpt = Checkpoint::Open(path);
   if (!ckpt.ok()) return Fail(ckpt.status());
+  for (const std::string& warning : ckpt->warnings())
+    std::fprintf(stderr, "warning: %s\n", warning.c_str());
   std::vector<uint64_t> digests;
   std::vector<std::byte> block;
   for (const TensorInfo& t : ckpt->tensors()) {

@@ -45,6 +45,7 @@ Result<LoadedModel> LoadCheckpoint(const std::string& path, Device device,
     return options.cancel != nullptr && options.cancel->load(std::memory_order_relaxed);
   };
   ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(path));
+  for (const std::string& warning : checkpoint.warnings()) spdlog::warn("{}", warning);
   const std::vector<TensorInfo>& tensors = checkpoint.tensors();
 
   std::vector<uint64_t> sizes;

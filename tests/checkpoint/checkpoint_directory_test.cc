@@ -381,17 +381,27 @@ TEST_F(ShardedCheckpointTest, ShardNamesAreFileNamesInTheDirectoryOnly) {
               "'model-00003-of-00003.safetensors\\x00.safetensors' holds a NUL byte");
 }
 
-TEST_F(ShardedCheckpointTest, TotalSizeMustBeTheSumOfTheTensors) {
+TEST_F(ShardedCheckpointTest, ATotalSizeThatIsNotTheSumOfTheTensorsIsAWarning) {
   WriteIndex(Index(WeightMap(), "{\"total_size\": 7}"));
-  ExpectError(IndexPath() + ": metadata.total_size is 7 bytes but the shards' tensors hold " +
-              std::to_string(TotalBytes()));
-  // Absent, null, or written as an integral float ("1.2e3"), it is accepted.
+  Result<Checkpoint> wrong = Checkpoint::Open(dir_);
+  ASSERT_TRUE(wrong.ok()) << wrong.status().ToString();
+  EXPECT_EQ(wrong->tensor_bytes(), TotalBytes());
+  EXPECT_EQ(wrong->index_total_size(), 7u);
+  ASSERT_EQ(wrong->warnings().size(), 1u);
+  EXPECT_EQ(wrong->warnings()[0], IndexPath() +
+                                      ": metadata.total_size is 7 bytes but the shards' tensors "
+                                      "hold " +
+                                      std::to_string(TotalBytes()) +
+                                      " (the weight map and the shards' headers are what is used)");
+  // Absent, null, or written as an integral float ("1.2e3"), it is accepted
+  // without a word.
   for (const std::string& metadata :
        {std::string("{}"), std::string("null"), std::string("{\"total_size\": null}"),
         "{\"total_size\": " + std::to_string(TotalBytes()) + ".0, \"total_parameters\": 9}"}) {
     WriteIndex(Index(WeightMap(), metadata));
     Result<Checkpoint> checkpoint = Checkpoint::Open(dir_);
-    EXPECT_TRUE(checkpoint.ok()) << metadata << ": " << checkpoint.status().ToString();
+    ASSERT_TRUE(checkpoint.ok()) << metadata << ": " << checkpoint.status().ToString();
+    EXPECT_TRUE(checkpoint->warnings().empty()) << metadata;
   }
 }
 
