@@ -60,6 +60,7 @@ hearth.aoti` itself imports nothing heavy.
 """
 
 import argparse
+import contextlib
 import ctypes
 import importlib
 import importlib.util
@@ -680,6 +681,50 @@ def _config_yaml(name, inputs, outputs, batch, kind, workers, source, standby_wo
 # ---- export -----------------------------------------------------------------
 
 
+def _version_paths(out, name, force):
+    """({"package", "weights", "config": path}, the model's name) for the
+    version directory `out` (absolute): the model is named after out's parent.
+    Refuses a `name` that differs and, without `force`, files that exist."""
+    model_dir = os.path.dirname(out)
+    model_name = os.path.basename(model_dir)
+    if name is not None and name != model_name:
+        raise ExportError(f"--name {name!r} differs from the model directory's name "
+                          f"{model_name!r}; hearth serve refuses such a config")
+    if not os.path.basename(out).isdigit():
+        _say(f"note: hearth serve finds versions in numeric directories; {out} is not one")
+    paths = {"package": os.path.join(out, PACKAGE), "weights": os.path.join(out, WEIGHTS),
+             "config": os.path.join(model_dir, CONFIG)}
+    if not force:
+        existing = [p for p in paths.values() if os.path.lexists(p)]
+        if existing:
+            raise ExportError(", ".join(existing) + " already exist" + (
+                "s" if len(existing) == 1 else "") + "; --force replaces them")
+    return paths, model_name
+
+
+@contextlib.contextmanager
+def _staging(out):
+    """Makes the version directory `out` (absolute) and yields a private
+    directory inside it, removed on leaving; on an exception, the directories
+    made here are removed too."""
+    created = out  # the outermost directory this call makes, removed if it fails
+    while not os.path.isdir(os.path.dirname(created)):
+        created = os.path.dirname(created)
+    created = None if os.path.isdir(created) else created
+    os.makedirs(out, exist_ok=True)
+    # Everything is written in a private directory inside OUT and then moved
+    # into place, so that a failure leaves nothing behind.
+    staging = tempfile.mkdtemp(prefix=".hearth-aoti-", dir=out)
+    try:
+        yield staging
+    except BaseException:
+        if created:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def _place(temporary, destination, replace):
     """Moves `temporary` to `destination`; without `replace`, never over a file
     that exists (a link fails if the name does)."""
@@ -788,20 +833,7 @@ def export(module, out, example_input_shapes, *, dtypes=("float32",), weights_dt
         raise ExportError(f"--standby-workers {standby_workers}: needs 0..{MAX_STANDBY_WORKERS}")
 
     out = os.path.abspath(out)
-    model_dir = os.path.dirname(out)
-    model_name = os.path.basename(model_dir)
-    if name is not None and name != model_name:
-        raise ExportError(f"--name {name!r} differs from the model directory's name "
-                          f"{model_name!r}; hearth serve refuses such a config")
-    if not os.path.basename(out).isdigit():
-        _say(f"note: hearth serve finds versions in numeric directories; {out} is not one")
-    paths = {"package": os.path.join(out, PACKAGE), "weights": os.path.join(out, WEIGHTS),
-             "config": os.path.join(model_dir, CONFIG)}
-    if not force:
-        existing = [p for p in paths.values() if os.path.lexists(p)]
-        if existing:
-            raise ExportError(", ".join(existing) + " already exist" + (
-                "s" if len(existing) == 1 else "") + "; --force replaces them")
+    paths, model_name = _version_paths(out, name, force)
 
     try:
         module = _prepare(torch, module, device, weights_dtype)
@@ -824,17 +856,9 @@ def export(module, out, example_input_shapes, *, dtypes=("float32",), weights_dt
     pool = _constant_pool(torch, module, ep)
     constants = _predicted_constants(torch, ep, pool)
 
-    created = out  # the outermost directory this call makes, removed if it fails
-    while not os.path.isdir(os.path.dirname(created)):
-        created = os.path.dirname(created)
-    created = None if os.path.isdir(created) else created
-    os.makedirs(out, exist_ok=True)
-    # Everything is written in a private directory inside OUT and then moved
-    # into place, so that a failure leaves nothing behind; the package is
-    # written under its final file name, as the archive's root folder is named
-    # after it.
-    staging = tempfile.mkdtemp(prefix=".hearth-aoti-", dir=out)
-    try:
+    with _staging(out) as staging:
+        # The package is written under its final file name, as the archive's
+        # root folder is named after it.
         package = os.path.join(staging, PACKAGE)
         for attempt in (1, 2):
             _say("compiling with AOTInductor (this takes a while)")
@@ -869,12 +893,6 @@ def export(module, out, example_input_shapes, *, dtypes=("float32",), weights_dt
         _place(weights, paths["weights"], force)
         _place(package, paths["package"], force)
         _place(config, paths["config"], force)
-    except BaseException:
-        if created:
-            shutil.rmtree(created, ignore_errors=True)
-        raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     size = os.path.getsize(paths["package"])
     _say(f"wrote {paths['package']} ({_size(size)}, no weights), {paths['weights']}, "
          f"{paths['config']}")
