@@ -54,6 +54,8 @@ import hearth_testing as ht
 
 torch = pytest.importorskip("torch", reason="torch is not installed for this interpreter")
 import hearth.aoti as aoti  # noqa: E402
+from hearth.aoti import constants as aoti_constants  # noqa: E402
+from hearth.aoti import repository as aoti_repository  # noqa: E402
 
 MISSING = aoti.unavailable_reason()
 needs_aoti = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
@@ -396,8 +398,8 @@ def test_builtin_safetensors_writer_is_read_by_a_store(tmp_path):
         "view": torch.arange(10, dtype=torch.float32)[2:6],  # a view of a larger storage
     }
     path = tmp_path / "m.safetensors"
-    aoti._write_safetensors_builtin(str(path), {k: v.contiguous() for k, v in tensors.items()},
-                                    {"format": "pt"})
+    aoti_repository._write_safetensors_builtin(
+        str(path), {k: v.contiguous() for k, v in tensors.items()}, {"format": "pt"})
     read, metadata, entries = read_safetensors(path)
     assert metadata == {"format": "pt"}
     assert (struct.unpack("<Q", path.read_bytes()[:8])[0]) % 8 == 0
@@ -463,7 +465,8 @@ def test_package_constant_table_is_read_from_the_wrapper(tmp_path):
         {"fqn": "sub.t", "dtype": "int64", "shape": [4, 1], "stride": [1, 7],
          "from_folded": False},
     ]
-    assert aoti._contiguous([4, 1], [1, 7]) and not aoti._contiguous([128, 64], [1, 128])
+    assert aoti_constants._contiguous([4, 1], [1, 7])
+    assert not aoti_constants._contiguous([128, 64], [1, 128])
     # A table whose count disagrees, an entry without its name, or no wrapper: unreadable.
     assert aoti.package_constants(package(WRAPPER.replace("1,\n                           3,",
                                                           "1,\n                           4,"))) \

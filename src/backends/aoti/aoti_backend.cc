@@ -5,7 +5,7 @@
 //
 // The package says what it takes and gives in its metadata (written by
 // `python3 -m hearth.aoti export`): hearth.inputs, hearth.outputs,
-// hearth.batch and hearth.constants (see python/hearth/aoti.py). A config
+// hearth.batch and hearth.constants (see python/hearth/aoti/__init__.py). A config
 // that lists inputs and outputs must agree with them.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
