@@ -24,8 +24,11 @@ The loader check runs `torch._C._aoti.AOTIModelPackageLoader` in a child
 (Python's `aoti_load_package` was seen crashing with SIGSEGV on the GPU
 machine): get_constant_fqns() must be hearth.constants' keys, and the package,
 bound to model.safetensors' tensors with load_constants(user_managed=True),
-must compute what the module computes. If the child crashes before the loader
-is built, that check skips saying so.
+must compute what the module computes. Those checks are tests of their own,
+strict xfails where the loader is known to crash before it is built (torch
+2.11, LOADER_CRASHES) and failures elsewhere, so that they can fail: a crash
+on another torch is a finding, and a loader that stops crashing fails them
+until the mark goes.
 
 These need torch >= 2.6 (torch.export and AOTInductor packaging, the GPU
 machine's torch 2.11); with Debian's torch 1.13 (CI) they skip saying why. The
@@ -42,6 +45,7 @@ import functools
 import importlib.util
 import json
 import pathlib
+import re
 import signal
 import struct
 import subprocess
@@ -60,6 +64,22 @@ from hearth.aoti import repository as aoti_repository  # noqa: E402
 MISSING = aoti.unavailable_reason()
 needs_aoti = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 EXPORT_TIMEOUT = 900  # one export, compilation included, on a cold inductor cache
+
+
+class LoaderCrashed(Exception):
+    """The loader check's child died by a signal before the loader was built."""
+
+
+# On the GPU machine (torch 2.11), AOTIModelPackageLoader built from a Python
+# process dies with SIGSEGV in load_pt2, as Python's aoti_load_package does
+# (bench/results/2026-12-01-h200-aoti.md); hearth's C++ workers load the same
+# packages. Only that crash is expected there: any other failure fails.
+TORCH_VERSION = tuple(int(x) for x in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
+LOADER_CRASHES = TORCH_VERSION == (2, 11)
+loader_may_crash = pytest.mark.xfail(
+    LOADER_CRASHES, raises=LoaderCrashed, strict=True,
+    reason="AOTIModelPackageLoader dies with SIGSEGV in load_pt2 from Python on torch 2.11; "
+           "the C++ backend's tests load the package")
 
 MODELS = '''
 import torch
@@ -344,9 +364,9 @@ def check_with_loader(exported, batches):
          json.dumps(exported.shapes), json.dumps(batches)],
         env=ht.child_env(), capture_output=True, text=True, timeout=600)
     if proc.returncode < 0 and "loader built" not in proc.stderr:
-        pytest.skip(f"AOTIModelPackageLoader crashed ({signal.Signals(-proc.returncode).name}) "
-                    "while loading the package on this machine, as Python's aoti_load_package "
-                    "was seen to; the C++ backend's tests load it")
+        raise LoaderCrashed(f"AOTIModelPackageLoader crashed "
+                            f"({signal.Signals(-proc.returncode).name}) while loading the "
+                            f"package:\n{proc.stderr[-6000:]}")
     assert proc.returncode == 0, f"loader check failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["fqns"] == sorted(exported.metadata()["constants"])
@@ -542,8 +562,11 @@ def test_mlp_files(which, request):
 
 
 @needs_aoti
+@loader_may_crash
 @pytest.mark.parametrize("which", ["cpu", "cuda"])
 def test_mlp_runs_in_the_loader(which, request):
+    """A strict xfail where the loader is known to crash, not a skip: a skip could
+    never fail, and this fails on any other error or once the crash is gone."""
     exported = request.getfixturevalue(f"mlp_{which}")
     report = check_with_loader(exported, [1, 16, 32])
     for run in report["runs"]:
@@ -594,6 +617,12 @@ def test_two_inputs_bf16_fixed_batch(two_inputs):
                    {"name": "best", "data_type": "TYPE_INT64", "dims": [4]}],
         "instance_group": [{"count": 1, "kind": kind}],
         "parameters": {"standby_workers": "1"}}
+
+
+@needs_aoti
+@loader_may_crash
+def test_two_inputs_bf16_run_in_the_loader(two_inputs):
+    """A strict xfail where the loader is known to crash (see test_mlp_runs_in_the_loader)."""
     report = check_with_loader(two_inputs, [4])
     (run,) = report["runs"]
     assert run["shapes"] == run["want_shapes"] == [[4, 10], [4]]
@@ -625,6 +654,12 @@ def test_edges_every_constant_has_its_module_path(edges):
     weight_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
     assert weight_bytes > 4 << 20
     check_no_weights_in_package(edges, tensors)
+
+
+@needs_aoti
+@loader_may_crash
+def test_edges_run_in_the_loader(edges):
+    """A strict xfail where the loader is known to crash (see test_mlp_runs_in_the_loader)."""
     report = check_with_loader(edges, [2, 16])
     for run in report["runs"]:
         assert run["max_error"][0] <= 1e-3 * max(1.0, run["scale"][0]), run
