@@ -63,20 +63,20 @@ struct ModelSlot {
   // far, and the last failure logged (each distinct one is logged once).
   int failed_attempts = 0;
   std::string logged;
-  // The served model, once published. A repository load replaces it (a new
-  // version, or the same files with a new config) and an unload clears it;
-  // the runtimes it pointed to stay alive until the server is destroyed
-  // (`retired`), so that a request may hold a plain pointer to one. A
-  // retired runtime takes no new requests; its workers run what it had
-  // queued, then exit, freeing their slots.
-  std::atomic<ModelRuntime*> served{nullptr};
+  // The served model, once published; every request that finds it shares
+  // it until it is answered. A repository load replaces it (a new version,
+  // or the same files with a new config) and an unload clears it; the
+  // runtime it pointed to is then `retired`: it takes no new requests, its
+  // workers run what it had queued and exit, and the reaper joins their
+  // threads and lets it go (it is freed when the last request holding it
+  // has been answered).
+  std::atomic<std::shared_ptr<ModelRuntime>> served;
   // Held by whoever builds, swaps or drops this model's runtime: a
   // builder's attempt, LoadModel, UnloadModel; one at a time.
   std::mutex build_mu;
 
-  mutable std::mutex mu;                // guards the members below
-  std::unique_ptr<ModelRuntime> owned;  // what `served` points to
-  std::vector<std::unique_ptr<ModelRuntime>> retired;
+  mutable std::mutex mu;  // guards the members below
+  std::vector<std::shared_ptr<ModelRuntime>> retired;
   // UnloadModel: not served and not retried until a LoadModel.
   bool unloaded = false;
   ModelRuntime* building = nullptr;  // being started by the builder, not yet published
@@ -157,6 +157,12 @@ class Server::Impl {
         }
       }
     }
+    try {
+      reaper_ = std::thread([this] { ReaperLoop(); });
+    } catch (const std::system_error& e) {
+      return ResourceExhausted("starting the thread that frees replaced models: " +
+                               std::string(e.what()));
+    }
     started_at_ = started;
     settle_deadline_ = started + std::chrono::milliseconds(options_.ready_timeout_ms);
     started_ = true;
@@ -172,7 +178,7 @@ class Server::Impl {
     if (stopping_) return Unavailable("the server was shut down while its models were loading");
     std::shared_lock slots_lock(slots_mu_);
     for (auto& [name, slot] : slots_) {
-      ModelRuntime* m = slot->served.load();
+      const std::shared_ptr<ModelRuntime> m = slot->served.load();
       if (m == nullptr) continue;
       spdlog::info("model {}: {} of {} workers ready {:.3f} s after start-up began", name,
                    m->ready_workers.load(), m->worker_count,
@@ -188,6 +194,13 @@ class Server::Impl {
       stopping_ = true;
     }
     events_cv_.notify_all();
+    // What the reaper has not freed yet is joined below.
+    {
+      std::lock_guard lock(reap_mu_);
+      reaper_quit_ = true;
+    }
+    reap_cv_.notify_all();
+    if (reaper_.joinable()) reaper_.join();
     // First, so that a builder reading a large checkpoint into a store
     // returns now instead of at the end of the load.
     {
@@ -201,7 +214,7 @@ class Server::Impl {
       if (slot->building != nullptr) slot->building->RequestStop(true);
       // A served model's starting workers are needed only if none is up to
       // run what is queued.
-      if (ModelRuntime* m = slot->owned.get())
+      if (const std::shared_ptr<ModelRuntime> m = slot->served.load())
         m->RequestStop(m->ready_workers.load() > 0 || m->queue->size() == 0);
       for (auto& r : slot->retired) r->RequestStop(true);
     }
@@ -210,7 +223,7 @@ class Server::Impl {
     for (auto& [name, slot] : slots_) {
       for (auto& r : slot->retired)
         for (auto& w : r->workers) w->Join();
-      ModelRuntime* m = slot->served.load();
+      const std::shared_ptr<ModelRuntime> m = slot->served.load();
       if (m == nullptr) continue;
       for (auto& w : m->workers) w->Join();
       m->queue->FailAll(Unavailable("the server is shutting down"));
@@ -243,7 +256,7 @@ class Server::Impl {
     const bool loading = Clock::now() < settle_deadline_;
     std::shared_lock slots_lock(slots_mu_);
     for (const auto& [name, slot] : slots_) {
-      const ModelRuntime* m = slot->served.load();
+      const std::shared_ptr<ModelRuntime> m = slot->served.load();
       if (m != nullptr && m->ready_workers.load() == 0) return false;
       if (m == nullptr && (options_.strict_readiness || loading)) {
         std::lock_guard lock(slot->mu);
@@ -258,12 +271,13 @@ class Server::Impl {
   // The served model, or why there is none: NotFound for an unknown model or
   // a version other than the served one, Unavailable naming the path and the
   // reason for a model whose directory, config, checkpoint or workers fail.
-  Result<ModelRuntime*> Find(const std::string& model, const std::string& version) const {
+  Result<std::shared_ptr<ModelRuntime>> Find(const std::string& model,
+                                             const std::string& version) const {
     std::shared_lock slots_lock(slots_mu_);
     auto it = slots_.find(model);
     if (it == slots_.end()) return NotFound("unknown model '" + model + "'");
     const ModelSlot& slot = *it->second;
-    ModelRuntime* m = slot.served.load();
+    std::shared_ptr<ModelRuntime> m = slot.served.load();
     if (m == nullptr) {
       std::lock_guard lock(slot.mu);
       return Unavailable("model '" + model + "' is not served: " + slot.status.message());
@@ -274,7 +288,7 @@ class Server::Impl {
   }
 
   Result<ModelMetadata> Metadata(const std::string& model, const std::string& version) const {
-    ASSIGN_OR_RETURN(ModelRuntime * m, Find(model, version));
+    ASSIGN_OR_RETURN(std::shared_ptr<ModelRuntime> m, Find(model, version));
     ModelMetadata md;
     md.name = model;
     md.versions = {std::to_string(m->config().version)};
@@ -296,25 +310,25 @@ class Server::Impl {
 
   Result<std::string> ModelConfigJsonOf(const std::string& model,
                                         const std::string& version) const {
-    ASSIGN_OR_RETURN(ModelRuntime * m, Find(model, version));
+    ASSIGN_OR_RETURN(std::shared_ptr<ModelRuntime> m, Find(model, version));
     return hearth::ModelConfigJson(m->config());
   }
 
   Result<std::vector<ModelStatistics>> Statistics(const std::string& model,
                                                   const std::string& version) const {
-    std::vector<const ModelRuntime*> runtimes;
+    std::vector<std::shared_ptr<ModelRuntime>> runtimes;
     if (model.empty()) {
       if (!version.empty()) return InvalidArgument("a version without a model");
       std::shared_lock slots_lock(slots_mu_);
       for (const auto& [name, slot] : slots_)
-        if (const ModelRuntime* m = slot->served.load()) runtimes.push_back(m);
+        if (std::shared_ptr<ModelRuntime> m = slot->served.load()) runtimes.push_back(std::move(m));
     } else {
-      ASSIGN_OR_RETURN(ModelRuntime * m, Find(model, version));
-      runtimes.push_back(m);
+      ASSIGN_OR_RETURN(std::shared_ptr<ModelRuntime> m, Find(model, version));
+      runtimes.push_back(std::move(m));
     }
     std::vector<ModelStatistics> out;
     auto d = [](uint64_t count, uint64_t us) { return DurationStatistics{count, us * 1000}; };
-    for (const ModelRuntime* m : runtimes) {
+    for (const std::shared_ptr<ModelRuntime>& m : runtimes) {
       ModelStatistics st;
       st.name = m->name;
       st.version = std::to_string(m->config().version);
@@ -346,7 +360,7 @@ class Server::Impl {
     for (const auto& [name, slot] : slots_) {
       RepositoryEntry e;
       e.name = name;
-      ModelRuntime* m = slot->served.load();
+      const std::shared_ptr<ModelRuntime> m = slot->served.load();
       if (m != nullptr && m->ready_workers.load() > 0) {
         e.version = std::to_string(m->config().version);
         e.state = "READY";
@@ -375,7 +389,7 @@ class Server::Impl {
     gpus.insert(options_.device.index);
     std::shared_lock slots_lock(slots_mu_);
     for (const auto& [name, slot] : slots_) {
-      const ModelRuntime* m = slot->served.load();
+      const std::shared_ptr<ModelRuntime> m = slot->served.load();
       if (m == nullptr) continue;
       for (const auto& p : m->placements)
         if (p->memory.is_cuda()) gpus.insert(p->memory.index);
@@ -395,7 +409,7 @@ class Server::Impl {
   }
 
   Result<bool> ModelReady(const std::string& model, const std::string& version) const {
-    ASSIGN_OR_RETURN(ModelRuntime * m, Find(model, version));
+    ASSIGN_OR_RETURN(std::shared_ptr<ModelRuntime> m, Find(model, version));
     if (shut_down_) return Unavailable("the server is shutting down");
     if (m->ready_workers.load() == 0) {
       const std::string last = m->LastWorkerError();
@@ -415,7 +429,9 @@ class Server::Impl {
                int attempt) {
     auto found = Find(request.model, request.version);
     if (!found.ok()) return done_once(found.status());
-    ModelRuntime& m = **found;
+    // Held until the request is answered (its `done` keeps it).
+    const std::shared_ptr<ModelRuntime> runtime = std::move(found).value();
+    ModelRuntime& m = *runtime;
     if (Status s = ResolveCudaSharedMemory(m, request); !s.ok()) return done_once(s);
     // Inputs in system shared memory are read now: from here on they are
     // bytes like any other, checked against their shapes.
@@ -433,16 +449,17 @@ class Server::Impl {
     ++m.pending;
     auto original =
         std::make_shared<std::function<void(Result<InferResponse>)>>(std::move(done_once));
-    std::function<void(Result<InferResponse>)> done = [&m, original, arrived = Clock::now()](
+    std::function<void(Result<InferResponse>)> done = [runtime, original, arrived = Clock::now()](
                                                           Result<InferResponse> r) {
-      (r.ok() ? m.success : m.failure) += 1;
-      (r.ok() ? m.success_us : m.failure_us) += static_cast<uint64_t>(
+      ModelRuntime& model = *runtime;
+      (r.ok() ? model.success : model.failure) += 1;
+      (r.ok() ? model.success_us : model.failure_us) += static_cast<uint64_t>(
           std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - arrived).count());
-      m.last_inference_ms =
+      model.last_inference_ms =
           static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                     std::chrono::system_clock::now().time_since_epoch())
                                     .count());
-      --m.pending;
+      --model.pending;
       (*original)(std::move(r));
     };
     auto job = std::make_shared<Job>();
@@ -653,7 +670,7 @@ class Server::Impl {
       std::lock_guard lock(slot->mu);
       slot->unloaded = false;
     }
-    ModelRuntime* old = slot->served.load();
+    const std::shared_ptr<ModelRuntime> old = slot->served.load();
     const std::map<std::string, ModelSlot::Loaded> previous = slot->loaded;
     Result<std::unique_ptr<ModelRuntime>> built = [&]() -> Result<std::unique_ptr<ModelRuntime>> {
       try {
@@ -682,7 +699,8 @@ class Server::Impl {
     }
     // The swap: new requests go to the new runtime at once; the old one
     // runs what it has queued and its workers exit.
-    ModelRuntime* fresh = built->get();
+    std::shared_ptr<ModelRuntime> fresh = std::move(built).value();
+    bool swapped = false;
     {
       // Under the lock Shutdown() takes to find runtimes to stop: either it
       // finds this one served, or this sees stopping_ (as in Publish).
@@ -690,14 +708,14 @@ class Server::Impl {
       slot->building = nullptr;
       if (!stopping_) {
         fresh->published = true;
-        slot->retired.push_back(std::move(slot->owned));
-        slot->owned = std::move(built).value();
+        slot->retired.push_back(old);
         slot->status = Status::Ok();
         slot->served.store(fresh);
+        swapped = true;
       }
     }
-    if (*built != nullptr) {
-      Discard(*slot, std::move(built).value());
+    if (!swapped) {
+      Discard(*slot, std::move(fresh));
       DropChanged(name, slot->loaded, previous);
       slot->loaded = previous;
       return Unavailable("the server is shutting down");
@@ -720,17 +738,14 @@ class Server::Impl {
       slot = it->second.get();
     }
     std::lock_guard build(slot->build_mu);
-    ModelRuntime* old = nullptr;
+    std::shared_ptr<ModelRuntime> old;
     {
       std::lock_guard lock(slot->mu);
       slot->unloaded = true;
       slot->status = Unavailable("it was unloaded (POST /v2/repository/models/" + name +
                                  "/load serves it again)");
-      old = slot->served.load();
-      if (old != nullptr) {
-        slot->served.store(nullptr);
-        slot->retired.push_back(std::move(slot->owned));
-      }
+      old = slot->served.exchange(nullptr);
+      if (old != nullptr) slot->retired.push_back(old);
     }
     if (old != nullptr) old->RequestStop(false);
     for (const auto& [device, loaded] : slot->loaded) DropFromStore(name, loaded);
@@ -741,10 +756,15 @@ class Server::Impl {
 
   std::string MetricsText() const {
     // Served models only: one that is not served has no workers or counters.
+    std::vector<std::shared_ptr<ModelRuntime>> runtimes;  // alive while their text is written
     std::vector<std::pair<std::string, const ModelRuntime*>> served;
     std::shared_lock slots_lock(slots_mu_);
-    for (const auto& [name, slot] : slots_)
-      if (const ModelRuntime* m = slot->served.load()) served.emplace_back(name, m);
+    for (const auto& [name, slot] : slots_) {
+      if (std::shared_ptr<ModelRuntime> m = slot->served.load()) {
+        served.emplace_back(name, m.get());
+        runtimes.push_back(std::move(m));
+      }
+    }
     std::vector<StoreSample> stores;
     {
       std::lock_guard lock(stores_mu_);
@@ -753,7 +773,23 @@ class Server::Impl {
         stores.push_back({device, held.arenas, held.bytes});
       }
     }
-    return PrometheusText(served, stores);
+    std::string text = PrometheusText(served, stores);
+    uint64_t retired = 0;
+    for (const auto& [name, slot] : slots_) {
+      std::lock_guard lock(slot->mu);
+      retired += slot->retired.size();
+    }
+    text +=
+        "# HELP hearth_retired_runtimes Models' runtimes that a repository load or unload "
+        "replaced and whose workers have not all exited yet.\n"
+        "# TYPE hearth_retired_runtimes gauge\nhearth_retired_runtimes " +
+        std::to_string(retired) +
+        "\n# HELP hearth_retired_runtimes_freed_total Replaced runtimes whose workers exited "
+        "and were joined, and that were let go.\n"
+        "# TYPE hearth_retired_runtimes_freed_total counter\n"
+        "hearth_retired_runtimes_freed_total " +
+        std::to_string(runtimes_freed_.load()) + "\n";
+    return text;
   }
 
   std::vector<int> WorkerPids(const std::string& model) const {
@@ -761,7 +797,7 @@ class Server::Impl {
     std::shared_lock slots_lock(slots_mu_);
     auto it = slots_.find(model);
     if (it == slots_.end()) return pids;
-    const ModelRuntime* m = it->second->served.load();
+    const std::shared_ptr<ModelRuntime> m = it->second->served.load();
     if (m == nullptr) return pids;
     for (const auto& w : m->workers)
       if (w->pid() > 0) pids.push_back(w->pid());
@@ -1044,8 +1080,55 @@ class Server::Impl {
     return it->second.get();
   }
 
+  // ---- freeing replaced runtimes ----------------------------------------
+
+  // A supervisor thread returned: a retired runtime may be done.
+  void WakeReaper() {
+    {
+      std::lock_guard lock(reap_mu_);
+      reap_due_ = true;
+    }
+    reap_cv_.notify_all();
+  }
+
+  // The reaper: once every worker of a retired runtime has exited, joins
+  // their threads and lets the slot's reference go, so that what a client
+  // loads and unloads does not pile up. Requests still holding the runtime
+  // (answered, not yet let go by their front-end) keep it until they do.
+  void ReaperLoop() {
+    std::unique_lock lock(reap_mu_);
+    while (true) {
+      reap_cv_.wait(lock, [&] { return reap_due_ || reaper_quit_; });
+      if (reaper_quit_) return;
+      reap_due_ = false;
+      lock.unlock();
+      std::vector<std::shared_ptr<ModelRuntime>> finished;
+      {
+        std::shared_lock slots_lock(slots_mu_);
+        for (auto& [name, slot] : slots_) {
+          std::lock_guard slot_lock(slot->mu);
+          std::erase_if(slot->retired, [&](std::shared_ptr<ModelRuntime>& r) {
+            if (!r->WorkersFinished()) return false;
+            finished.push_back(std::move(r));
+            return true;
+          });
+        }
+      }
+      for (const auto& r : finished) {
+        for (auto& w : r->workers) w->Join();
+        // Anything its workers left (they all died): answered, and the
+        // requests' references to the runtime go with them.
+        r->queue->FailAll(
+            Unavailable("model '" + r->name + "' was replaced or unloaded before the request ran"));
+      }
+      runtimes_freed_ += finished.size();
+      finished.clear();
+      lock.lock();
+    }
+  }
+
   // Stops a runtime that was never published, and frees it.
-  void Discard(ModelSlot& slot, std::unique_ptr<ModelRuntime> m) {
+  void Discard(ModelSlot& slot, std::shared_ptr<ModelRuntime> m) {
     {
       std::lock_guard lock(slot.mu);
       if (slot.building == m.get()) slot.building = nullptr;
@@ -1077,6 +1160,7 @@ class Server::Impl {
     m->on_all_settled = [this, &slot, runtime = m.get()] {
       if (runtime->published) NotifySettled(slot);
     };
+    m->on_worker_finished = [this] { WakeReaper(); };
     {
       // From here Shutdown() can stop it (the workers list is complete).
       std::lock_guard lock(slot.mu);
@@ -1176,7 +1260,8 @@ class Server::Impl {
 
   // Makes a runtime with a ready worker reachable by requests, unless the
   // server is stopping (then it is discarded).
-  void Publish(ModelSlot& slot, std::unique_ptr<ModelRuntime> owned) {
+  void Publish(ModelSlot& slot, std::unique_ptr<ModelRuntime> built) {
+    std::shared_ptr<ModelRuntime> owned = std::move(built);
     ModelRuntime* m = owned.get();
     {
       // Under the lock that Shutdown() takes to find runtimes to stop:
@@ -1185,9 +1270,8 @@ class Server::Impl {
       if (!stopping_) {
         slot.building = nullptr;
         m->published = true;
-        slot.owned = std::move(owned);
         slot.status = Status::Ok();
-        slot.served.store(m);
+        slot.served.store(std::move(owned));
       }
     }
     if (owned) {
@@ -1231,6 +1315,13 @@ class Server::Impl {
   std::condition_variable events_cv_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> started_{false}, shut_down_{false};
+  // The reaper's thread and its wake-ups (a supervisor thread returned).
+  std::thread reaper_;
+  std::mutex reap_mu_;
+  std::condition_variable reap_cv_;
+  bool reap_due_ = false;     // guarded by reap_mu_
+  bool reaper_quit_ = false;  // guarded by reap_mu_
+  std::atomic<uint64_t> runtimes_freed_{0};
   // Set by Start() before started_: when it began, and when WaitForModels()
   // and Ready() stop waiting for models still on their first attempt.
   Clock::time_point started_at_{}, settle_deadline_{};

@@ -59,6 +59,9 @@ class WorkerSupervisor {
   void Join() {
     if (thread_.joinable()) thread_.join();
   }
+  // The supervisor thread has returned (or was never started): Join() no
+  // longer waits.
+  bool finished() const { return finished_.load(); }
   // SIGKILL for a worker process that is still starting (it holds no
   // request): stopping must not wait out --ready-timeout for it. Call after
   // setting the model's stopping flag.
@@ -99,6 +102,7 @@ class WorkerSupervisor {
   int index_;
   const ServerOptions& options_;
   std::thread thread_;
+  std::atomic<bool> finished_{true};  // false from Start() until Loop() returns
   WorkerProcess process_;
   std::atomic<bool> ready_{false};
   // Between a spawn and its ready message (not once it has served: a
@@ -206,6 +210,15 @@ struct ModelRuntime {
   // Called (from a supervisor thread, no lock held) when the last worker's
   // first start is over; set before the workers start.
   std::function<void()> on_all_settled;
+  // Called from each supervisor thread as it returns (no lock held); set
+  // before the workers start.
+  std::function<void()> on_worker_finished;
+  // Every worker's supervisor thread has returned: joining them waits no more.
+  bool WorkersFinished() const {
+    for (const auto& w : workers)
+      if (!w->finished()) return false;
+    return true;
+  }
   // Totals for /metrics and the summary logged at shutdown.
   std::atomic<uint64_t> batches{0}, requests{0}, run_us{0}, request_us{0};
   std::atomic<uint64_t> success{0}, failure{0}, rows{0}, queue_us{0}, input_us{0}, output_us{0};
