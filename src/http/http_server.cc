@@ -38,25 +38,22 @@
 #include <utility>
 #include <vector>
 
-#include "http/body_budget.h"
 #include "common/compression.h"
+#include "http/body_budget.h"
 #include "http/generate.h"
 #include "http/kserve_codec.h"
 #include "http/openai.h"
+#include "http/responses.h"
+#include "http/routes.h"
 #include "http/sse.h"
 #include "http/triton_json.h"
 
-namespace hearth {
+namespace hearth::rest {
 namespace {
 
-namespace beast = boost::beast;
-namespace http = beast::http;
 namespace net = boost::asio;
 using tcp = net::ip::tcp;
 using Clock = std::chrono::steady_clock;
-
-using Request = http::request<http::string_body>;
-using Response = http::response<http::string_body>;
 
 constexpr uint32_t kHeaderLimit = 16 * 1024;
 // Unparsed bytes one connection buffers: a head and what came with it. Beast
@@ -82,7 +79,7 @@ constexpr std::chrono::milliseconds kAcceptBackoffMax{1000};
 // about evictions).
 constexpr std::chrono::seconds kAcceptLogInterval{10};
 // At the connection limit, with connections waiting in the backlog, the
-// connection silent longest is closed to make room (Impl::MakeRoom): one that
+// connection silent longest is closed to make room (Listener::MakeRoom): one that
 // has not sent a byte for at least kEvictGrace since its accept (so that a
 // client whose first bytes are in flight keeps its connection), else one
 // idle between requests for at least kEvictIdleGrace (longer: a kept-alive
@@ -98,7 +95,7 @@ constexpr int kMaxControlCalls = 4;
 
 class Session;
 
-// State the sessions share with the server. Owned by HttpServer::Impl, which
+// State the sessions share with the server. Owned by the Listener, which
 // outlives every handler that runs (Stop() joins the I/O threads first).
 struct ServerCore {
   ServerCore(InferenceService* service_in, HttpOptions options_in)
@@ -165,7 +162,7 @@ struct ServerCore {
   std::atomic<uint64_t> connections_evicted{0};
   std::atomic<uint64_t> streams{0};           // event streams whose head is sent, not yet ended
   std::atomic<uint64_t> stream_overflows{0};  // streams stopped for a client that fell behind
-  // Posts Impl::ResumeAccepting onto the acceptor's strand; set before Start
+  // Posts Listener::ResumeAccepting onto the acceptor's strand; set before Start
   // runs any handler.
   std::function<void()> wake_acceptor;
 
@@ -258,43 +255,6 @@ std::string HttpMetricsText(const HttpStats& s) {
   return out;
 }
 
-Response MakeResponse(http::status status, unsigned version, bool keep_alive, std::string body,
-                      std::string_view content_type) {
-  Response response(status, version);
-  response.set(http::field::server, "hearth");
-  if (!content_type.empty()) response.set(http::field::content_type, content_type);
-  response.keep_alive(keep_alive);
-  response.body() = std::move(body);
-  response.prepare_payload();
-  return response;
-}
-
-Response ErrorResponse(int status, std::string_view message, unsigned version, bool keep_alive) {
-  Response response = MakeResponse(static_cast<http::status>(status), version, keep_alive,
-                                   ErrorJson(message), "application/json");
-  if (status == 503) response.set(http::field::retry_after, "1");
-  return response;
-}
-
-Response StatusResponse(const Status& status, unsigned version, bool keep_alive) {
-  return ErrorResponse(HttpStatusFor(status.code()), status.message(), version, keep_alive);
-}
-
-Response OpenAiErrorResponse(const OpenAiError& error, unsigned version, bool keep_alive) {
-  Response response = MakeResponse(static_cast<http::status>(error.status), version, keep_alive,
-                                   OpenAiErrorJson(error), "application/json");
-  if (error.status == 503) response.set(http::field::retry_after, "1");
-  return response;
-}
-
-// An invalid_request_error of the front-end's own (a wrong method, a body too large).
-OpenAiError OpenAiRequestError(int status, std::string message) {
-  OpenAiError error;
-  error.status = status;
-  error.message = std::move(message);
-  return error;
-}
-
 // ---- streams of server-sent events ------------------------------------------
 
 // What a stream writes, per protocol. Events and End run on the service's
@@ -384,190 +344,6 @@ struct StreamEnding {
   // of the stream has been sent yet.
   std::optional<Response> error_response;
 };
-
-std::optional<std::string> PercentDecode(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (size_t i = 0; i < text.size(); ++i) {
-    if (text[i] != '%') {
-      out += text[i];
-      continue;
-    }
-    if (i + 2 >= text.size()) return std::nullopt;
-    auto hex = [](char c) -> int {
-      if (c >= '0' && c <= '9') return c - '0';
-      if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-      if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-      return -1;
-    };
-    const int high = hex(text[i + 1]);
-    const int low = hex(text[i + 2]);
-    if (high < 0 || low < 0) return std::nullopt;
-    out += static_cast<char>(high * 16 + low);
-    i += 2;
-  }
-  return out;
-}
-
-// The routing table: every endpoint, its method, and which error format it
-// answers in (OpenAI's for /v1, KServe's {"error": "..."} for the rest).
-struct Route {
-  enum class Kind {
-    kNone,
-    kLive,
-    kReady,
-    kServer,
-    kModel,
-    kModelReady,
-    kInfer,
-    kGenerate,
-    kGenerateStream,
-    kMetrics,
-    kCompletions,
-    kChatCompletions,
-    kOpenAiModels,
-    kModelConfig,
-    kModelStats,  // model empty: every model
-    kRepositoryIndex,
-    kRepositoryLoad,
-    kRepositoryUnload,
-    kShmRegister,
-    kShmUnregister,  // region empty: every region
-    kShmStatus,      // likewise
-    kCudaShmRegister,
-    kCudaShmUnregister,
-    kCudaShmStatus,
-    kTraceSetting,  // Triton's trace settings (GET or POST): not supported
-    kLogging,       // Triton's log settings (GET or POST): not supported
-  };
-  Kind kind = Kind::kNone;
-  std::string model;
-  std::string version;
-  std::string region;  // shared memory
-  http::verb method() const {
-    switch (kind) {
-      case Kind::kCudaShmRegister:
-      case Kind::kCudaShmUnregister:
-      case Kind::kRepositoryIndex:
-      case Kind::kRepositoryLoad:
-      case Kind::kRepositoryUnload:
-      case Kind::kShmRegister:
-      case Kind::kShmUnregister:
-      case Kind::kInfer:
-      case Kind::kGenerate:
-      case Kind::kGenerateStream:
-      case Kind::kCompletions:
-      case Kind::kChatCompletions:
-        return http::verb::post;
-      default:
-        return http::verb::get;
-    }
-  }
-  bool openai() const {
-    return kind == Kind::kCompletions || kind == Kind::kChatCompletions ||
-           kind == Kind::kOpenAiModels;
-  }
-};
-
-// nullopt: the path is not percent-encoded correctly.
-std::optional<Route> ParseRoute(std::string_view target) {
-  target = target.substr(0, target.find('?'));
-  std::vector<std::string> segments;
-  while (!target.empty()) {
-    const size_t slash = target.find('/');
-    const std::string_view segment = target.substr(0, slash);
-    if (!segment.empty()) {
-      std::optional<std::string> decoded = PercentDecode(segment);
-      if (!decoded.has_value()) return std::nullopt;
-      segments.push_back(std::move(*decoded));
-    }
-    if (slash == std::string_view::npos) break;
-    target.remove_prefix(slash + 1);
-  }
-  Route route;
-  const size_t n = segments.size();
-  if (n == 1 && segments[0] == "metrics") {
-    route.kind = Route::Kind::kMetrics;
-    return route;
-  }
-  if (n >= 2 && segments[0] == "v1") {
-    if (n == 2 && segments[1] == "completions") route.kind = Route::Kind::kCompletions;
-    if (n == 2 && segments[1] == "models") route.kind = Route::Kind::kOpenAiModels;
-    if (n == 3 && segments[1] == "chat" && segments[2] == "completions") {
-      route.kind = Route::Kind::kChatCompletions;
-    }
-    return route;
-  }
-  if (n == 0 || segments[0] != "v2") return route;
-  if (n == 1) {
-    route.kind = Route::Kind::kServer;
-  } else if (n == 3 && segments[1] == "health") {
-    if (segments[2] == "live") route.kind = Route::Kind::kLive;
-    if (segments[2] == "ready") route.kind = Route::Kind::kReady;
-  } else if (n == 3 && segments[1] == "trace" && segments[2] == "setting") {
-    route.kind = Route::Kind::kTraceSetting;
-  } else if (n == 2 && segments[1] == "logging") {
-    route.kind = Route::Kind::kLogging;
-  } else if (n == 3 && segments[1] == "models" && segments[2] == "stats") {
-    // Triton's route wins over a model named "stats".
-    route.kind = Route::Kind::kModelStats;
-  } else if (n >= 3 && segments[1] == "repository") {
-    if (n == 3 && segments[2] == "index") route.kind = Route::Kind::kRepositoryIndex;
-    if (n == 5 && segments[2] == "models" && segments[4] == "load") {
-      route.kind = Route::Kind::kRepositoryLoad;
-    }
-    if (n == 5 && segments[2] == "models" && segments[4] == "unload") {
-      route.kind = Route::Kind::kRepositoryUnload;
-    }
-    route.model = n == 5 ? segments[3] : "";
-  } else if (n >= 3 && (segments[1] == "systemsharedmemory" || segments[1] == "cudasharedmemory")) {
-    // /v2/{system,cuda}sharedmemory[/region/{r}]/{register,unregister,status}
-    size_t rest = 2;
-    if (n >= 4 && segments[2] == "region") {
-      route.region = segments[3];
-      rest = 4;
-    }
-    if (n != rest + 1) return route;
-    const std::string& action = segments[rest];
-    const bool known =
-        action == "status" || action == "unregister" || (action == "register" && rest == 4);
-    if (!known) return route;
-    if (segments[1] == "cudasharedmemory") {
-      route.kind = action == "status"       ? Route::Kind::kCudaShmStatus
-                   : action == "unregister" ? Route::Kind::kCudaShmUnregister
-                                            : Route::Kind::kCudaShmRegister;
-    } else {
-      route.kind = action == "status"       ? Route::Kind::kShmStatus
-                   : action == "unregister" ? Route::Kind::kShmUnregister
-                                            : Route::Kind::kShmRegister;
-    }
-  } else if (n >= 3 && segments[1] == "models") {
-    route.model = segments[2];
-    size_t rest = 3;
-    if (n >= 5 && segments[3] == "versions") {
-      route.version = segments[4];
-      rest = 5;
-    }
-    if (n == rest) {
-      route.kind = Route::Kind::kModel;
-    } else if (n == rest + 1 && segments[rest] == "ready") {
-      route.kind = Route::Kind::kModelReady;
-    } else if (n == rest + 1 && segments[rest] == "infer") {
-      route.kind = Route::Kind::kInfer;
-    } else if (n == rest + 1 && segments[rest] == "generate") {
-      route.kind = Route::Kind::kGenerate;
-    } else if (n == rest + 1 && segments[rest] == "generate_stream") {
-      route.kind = Route::Kind::kGenerateStream;
-    } else if (n == rest + 1 && segments[rest] == "config") {
-      route.kind = Route::Kind::kModelConfig;
-    } else if (n == rest + 1 && segments[rest] == "stats") {
-      route.kind = Route::Kind::kModelStats;
-    } else if (n == rest + 2 && segments[rest] == "trace" && segments[rest + 1] == "setting") {
-      route.kind = Route::Kind::kTraceSetting;
-    }
-  }
-  return route;
-}
 
 // A stream's state shared by its session and its request's callbacks
 // (on_response, then `done`), which run on the service's threads. The
@@ -1938,9 +1714,11 @@ uint64_t OpenDescriptors() {
 
 }  // namespace
 
-class HttpServer::Impl {
+// Accepts connections, evicts silent ones at the limit, drains on Stop(), and
+// runs the I/O threads.
+class Listener {
  public:
-  Impl(InferenceService* service, HttpOptions options)
+  Listener(InferenceService* service, HttpOptions options)
       : core_(service, std::move(options)),
         runtime_(std::make_unique<Runtime>(core_.options.threads)) {
     core_.wake_acceptor = [this] {
@@ -1948,7 +1726,7 @@ class HttpServer::Impl {
     };
   }
 
-  ~Impl() { Stop(); }
+  ~Listener() { Stop(); }
 
   Status Start() {
     if (started_) return FailedPrecondition("HttpServer::Start called twice");
@@ -2356,6 +2134,15 @@ class HttpServer::Impl {
   std::chrono::milliseconds backoff_ = kAcceptBackoffFirst;
   Clock::time_point last_accept_log_{};
   uint64_t suppressed_accept_errors_ = 0;
+};
+
+}  // namespace hearth::rest
+
+namespace hearth {
+
+class HttpServer::Impl : public rest::Listener {
+ public:
+  using Listener::Listener;
 };
 
 HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -1,0 +1,75 @@
+// Routes: which endpoint a request's target names.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "http/responses.h"
+
+namespace hearth::rest {
+
+// The routing table: every endpoint, its method, and which error format it
+// answers in (OpenAI's for /v1, KServe's {"error": "..."} for the rest).
+struct Route {
+  enum class Kind {
+    kNone,
+    kLive,
+    kReady,
+    kServer,
+    kModel,
+    kModelReady,
+    kInfer,
+    kGenerate,
+    kGenerateStream,
+    kMetrics,
+    kCompletions,
+    kChatCompletions,
+    kOpenAiModels,
+    kModelConfig,
+    kModelStats,  // model empty: every model
+    kRepositoryIndex,
+    kRepositoryLoad,
+    kRepositoryUnload,
+    kShmRegister,
+    kShmUnregister,  // region empty: every region
+    kShmStatus,      // likewise
+    kCudaShmRegister,
+    kCudaShmUnregister,
+    kCudaShmStatus,
+    kTraceSetting,  // Triton's trace settings (GET or POST): not supported
+    kLogging,       // Triton's log settings (GET or POST): not supported
+  };
+  Kind kind = Kind::kNone;
+  std::string model;
+  std::string version;
+  std::string region;  // shared memory
+  http::verb method() const {
+    switch (kind) {
+      case Kind::kCudaShmRegister:
+      case Kind::kCudaShmUnregister:
+      case Kind::kRepositoryIndex:
+      case Kind::kRepositoryLoad:
+      case Kind::kRepositoryUnload:
+      case Kind::kShmRegister:
+      case Kind::kShmUnregister:
+      case Kind::kInfer:
+      case Kind::kGenerate:
+      case Kind::kGenerateStream:
+      case Kind::kCompletions:
+      case Kind::kChatCompletions:
+        return http::verb::post;
+      default:
+        return http::verb::get;
+    }
+  }
+  bool openai() const {
+    return kind == Kind::kCompletions || kind == Kind::kChatCompletions ||
+           kind == Kind::kOpenAiModels;
+  }
+};
+
+// nullopt: the path is not percent-encoded correctly.
+std::optional<Route> ParseRoute(std::string_view target);
+
+}  // namespace hearth::rest
