@@ -40,6 +40,7 @@
 
 #include "common/compression.h"
 #include "http/body_budget.h"
+#include "http/event_stream.h"
 #include "http/generate.h"
 #include "http/kserve_codec.h"
 #include "http/openai.h"
@@ -254,96 +255,6 @@ std::string HttpMetricsText(const HttpStats& s) {
   }
   return out;
 }
-
-// ---- streams of server-sent events ------------------------------------------
-
-// What a stream writes, per protocol. Events and End run on the service's
-// thread, one call at a time (on_response, then `done`), and read outputs
-// that may be borrowed; the error methods run inside `done`.
-class StreamCodec {
- public:
-  virtual ~StreamCodec() = default;
-  // The events for a response before the last; empty for none.
-  virtual Result<std::string> Events(const InferResponse& response) = 0;
-  // The events for the last response, and the stream's closing event if
-  // the protocol has one.
-  virtual Result<std::string> End(const InferResponse& response) = 0;
-  // The stream broke after its head was sent: the event that says why.
-  virtual std::string ErrorEvent(const Status& status) = 0;
-  // It failed before anything was sent: a plain error response instead.
-  virtual Response ErrorMessage(const Status& status, unsigned version, bool keep_alive) = 0;
-};
-
-// generate_stream: each response as the object generate answers with.
-class GenerateStreamCodec : public StreamCodec {
- public:
-  explicit GenerateStreamCodec(std::string id) : id_(std::move(id)) {}
-  Result<std::string> Events(const InferResponse& response) override {
-    ASSIGN_OR_RETURN(const std::string json, GenerateResponseJson(response, id_));
-    return SseEvent(json);
-  }
-  // A stream's last response may have no outputs (the stream just ended);
-  // a model that is not decoupled answers with one that has them.
-  Result<std::string> End(const InferResponse& response) override {
-    if (response.outputs.empty()) return std::string();
-    return Events(response);
-  }
-  std::string ErrorEvent(const Status& status) override {
-    return SseEvent(ErrorJson(status.message()));
-  }
-  Response ErrorMessage(const Status& status, unsigned version, bool keep_alive) override {
-    return StatusResponse(status, version, keep_alive);
-  }
-
- private:
-  std::string id_;
-};
-
-// OpenAI's chunks, then [DONE].
-class OpenAiStreamCodec : public StreamCodec {
- public:
-  OpenAiStreamCodec(const OpenAiRequest& request, std::string id, int64_t created)
-      : completion_(request, std::move(id), created) {}
-  Result<std::string> Events(const InferResponse& response) override {
-    return completion_.StreamEvents(response);
-  }
-  Result<std::string> End(const InferResponse& response) override {
-    return completion_.StreamEnd(response);
-  }
-  std::string ErrorEvent(const Status& status) override {
-    return OpenAiCompletion::StreamError(OpenAiErrorFor(status));
-  }
-  Response ErrorMessage(const Status& status, unsigned version, bool keep_alive) override {
-    return OpenAiErrorResponse(OpenAiErrorFor(status), version, keep_alive);
-  }
-
- private:
-  OpenAiCompletion completion_;
-};
-
-// Events as they go on the wire: an HTTP/1.1 chunk each batch, or the bytes
-// alone for HTTP/1.0 (whose body ends with the connection).
-std::string FrameEvents(std::string_view events, bool chunked) {
-  if (!chunked) return std::string(events);
-  char size[20];
-  const int n = std::snprintf(size, sizeof(size), "%zx\r\n", events.size());
-  std::string framed;
-  framed.reserve(static_cast<size_t>(n) + events.size() + 2);
-  framed.append(size, static_cast<size_t>(n));
-  framed += events;
-  framed += "\r\n";
-  return framed;
-}
-
-constexpr std::string_view kLastChunk = "0\r\n\r\n";
-
-// The end of a stream, handed from `done` to the connection's strand.
-struct StreamEnding {
-  std::string events;  // the last events (or the error event), unframed
-  // Set when the stream failed: the response to send instead when nothing
-  // of the stream has been sent yet.
-  std::optional<Response> error_response;
-};
 
 // A stream's state shared by its session and its request's callbacks
 // (on_response, then `done`), which run on the service's threads. The
