@@ -1,7 +1,10 @@
 // Streams of server-sent events (generate_stream, OpenAI's "stream": true):
-// what each protocol writes, and how its events go on the wire.
+// what each protocol writes, how its events go on the wire, and the channel
+// that carries them from the service's threads to the connection's strand.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -94,5 +97,33 @@ struct StreamEnding {
   // of the stream has been sent yet.
   std::optional<Response> error_response;
 };
+
+class Session;
+struct ServerCore;
+
+// A stream's state shared by its session and its request's callbacks
+// (on_response, then `done`), which run on the service's threads. The
+// channel holds the session until `done` drops it: the request the service
+// keeps afterwards then holds nothing of the I/O context.
+struct StreamChannel {
+  ServerCore* core = nullptr;
+  std::shared_ptr<Session> session;
+  std::unique_ptr<StreamCodec> codec;  // used on the service's thread only
+  Status failure;                      // likewise: a response that could not be encoded
+  unsigned version = 11;
+  bool chunked = true;                // HTTP/1.1; an HTTP/1.0 stream ends with the connection
+  bool keep_alive = true;             // the connection serves on after the stream
+  uint64_t limit = 0;                 // HttpOptions::max_stream_buffer_bytes
+  std::atomic<bool> stop{false};      // on_response returns false from now on
+  std::atomic<bool> overflow{false};  // stopped for a client that fell behind
+  // Bytes of events handed to the strand and not yet written.
+  std::atomic<uint64_t> queued{0};
+};
+
+// on_response, on the service's thread.
+bool OnStreamResponse(StreamChannel& channel, const InferResponse& response);
+
+// `done`, on the service's thread: hands the stream's end to the strand.
+void FinishChannel(StreamChannel& channel, const Result<InferResponse>& result);
 
 }  // namespace hearth::rest

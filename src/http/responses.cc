@@ -35,6 +35,11 @@ Response OpenAiErrorResponse(const OpenAiError& error, unsigned version, bool ke
   return response;
 }
 
+Response EmptyOrError(const Status& status, unsigned version, bool keep_alive) {
+  if (!status.ok()) return StatusResponse(status, version, keep_alive);
+  return MakeResponse(http::status::ok, version, keep_alive, "", "");
+}
+
 OpenAiError OpenAiRequestError(int status, std::string message) {
   OpenAiError error;
   error.status = status;

@@ -32,6 +32,9 @@ Response StatusResponse(const Status& status, unsigned version, bool keep_alive)
 // OpenAI's error body; a 503 says Retry-After: 1.
 Response OpenAiErrorResponse(const OpenAiError& error, unsigned version, bool keep_alive);
 
+// 200 with an empty body, or `status`'s error.
+Response EmptyOrError(const Status& status, unsigned version, bool keep_alive);
+
 // An invalid_request_error of the front-end's own (a wrong method, a body too large).
 OpenAiError OpenAiRequestError(int status, std::string message);
 

@@ -1,7 +1,11 @@
 #include "http/routes.h"
 
+#include <string>
 #include <utility>
 #include <vector>
+
+#include "http/endpoints.h"
+#include "http/session.h"
 
 namespace hearth::rest {
 namespace {
@@ -129,6 +133,100 @@ std::optional<Route> ParseRoute(std::string_view target) {
     }
   }
   return route;
+}
+
+void Dispatch(Session& session, Request request) {
+  const unsigned version = request.version();
+  const bool keep_alive = request.keep_alive();
+  const std::optional<Route> route = ParseRoute(request.target());
+  if (!route.has_value()) {
+    return session.Send(
+        ErrorResponse(400, "bad percent-encoding in the path", version, keep_alive));
+  }
+  if (route->kind == Route::Kind::kNone) {
+    return session.Send(ErrorResponse(404, "no such endpoint: " + std::string(request.target()),
+                                      version, keep_alive));
+  }
+  // HEAD is GET without the body (Send leaves it out).
+  session.ShapeResponseFor(request);
+  const bool head = request.method() == http::verb::head;
+  const http::verb method =
+      head && route->method() == http::verb::get ? http::verb::get : request.method();
+  const bool either = route->kind == Route::Kind::kTraceSetting ||
+                      route->kind == Route::Kind::kLogging;  // GET reads, POST changes
+  if (either && (method == http::verb::get || method == http::verb::post)) {
+    return session.Send(ErrorResponse(
+        501,
+        route->kind == Route::Kind::kTraceSetting
+            ? "hearth has no request tracing yet: there are no trace settings to read or change"
+            : "hearth's log settings cannot be read or changed over the API yet: start hearth "
+              "with --log-level",
+        version, keep_alive));
+  }
+  if (method != route->method()) {
+    const std::string message = "method " + std::string(request.method_string()) +
+                                " is not allowed on " + std::string(request.target());
+    Response response =
+        route->openai() ? OpenAiErrorResponse(OpenAiRequestError(405, message), version, keep_alive)
+                        : ErrorResponse(405, message, version, keep_alive);
+    response.set(http::field::allow, either                                ? "GET, POST"
+                                     : route->method() == http::verb::post ? "POST"
+                                                                           : "GET");
+    return session.Send(std::move(response));
+  }
+  switch (route->kind) {
+    case Route::Kind::kLive:
+      return ServeLive(session, request);
+    case Route::Kind::kReady:
+      return ServeReady(session, request);
+    case Route::Kind::kServer:
+      return ServeServerMetadata(session, request);
+    case Route::Kind::kModel:
+      return ServeModelMetadata(session, request, *route);
+    case Route::Kind::kModelReady:
+      return ServeModelReady(session, request, *route);
+    case Route::Kind::kInfer:
+      return ServeInfer(session, std::move(request), *route);
+    case Route::Kind::kGenerate:
+      return ServeGenerate(session, std::move(request), *route, false);
+    case Route::Kind::kGenerateStream:
+      return ServeGenerate(session, std::move(request), *route, true);
+    case Route::Kind::kCompletions:
+      return ServeOpenAi(session, std::move(request), OpenAiEndpoint::kCompletions);
+    case Route::Kind::kChatCompletions:
+      return ServeOpenAi(session, std::move(request), OpenAiEndpoint::kChatCompletions);
+    case Route::Kind::kOpenAiModels:
+      return ServeOpenAiModels(session, request);
+    case Route::Kind::kMetrics:
+      return ServeMetrics(session, request);
+    case Route::Kind::kModelConfig:
+      return ServeModelConfig(session, request, *route);
+    case Route::Kind::kModelStats:
+      return ServeModelStatistics(session, request, *route);
+    case Route::Kind::kRepositoryIndex:
+      return ServeRepositoryIndex(session, request);
+    case Route::Kind::kRepositoryLoad:
+      return ServeRepositoryControl(session, request, *route, true);
+    case Route::Kind::kRepositoryUnload:
+      return ServeRepositoryControl(session, request, *route, false);
+    case Route::Kind::kShmRegister:
+      return ServeSystemSharedMemoryRegister(session, request, *route);
+    case Route::Kind::kShmUnregister:
+      return ServeSystemSharedMemoryUnregister(session, request, *route);
+    case Route::Kind::kShmStatus:
+      return ServeSystemSharedMemoryStatus(session, request, *route);
+    case Route::Kind::kCudaShmRegister:
+      return ServeCudaSharedMemoryRegister(session, request, *route);
+    case Route::Kind::kCudaShmUnregister:
+      return ServeCudaSharedMemoryUnregister(session, request, *route);
+    case Route::Kind::kCudaShmStatus:
+      return ServeCudaSharedMemoryStatus(session, request, *route);
+    case Route::Kind::kTraceSetting:
+    case Route::Kind::kLogging:
+      break;  // answered above
+    case Route::Kind::kNone:
+      break;
+  }
 }
 
 }  // namespace hearth::rest

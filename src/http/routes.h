@@ -1,4 +1,5 @@
-// Routes: which endpoint a request's target names.
+// Routes: which endpoint a request's target names, and the dispatch of a
+// request to its endpoint's handler.
 #pragma once
 
 #include <optional>
@@ -71,5 +72,13 @@ struct Route {
 
 // nullopt: the path is not percent-encoded correctly.
 std::optional<Route> ParseRoute(std::string_view target);
+
+class Session;
+
+// Answers `request` on `session`, on its strand: 400 for a path that is not
+// percent-encoded correctly, 404 for no endpoint, 405 for the wrong method,
+// 501 for Triton's settings hearth does not have; else its endpoint's
+// handler (endpoints.h) answers it.
+void Dispatch(Session& session, Request request);
 
 }  // namespace hearth::rest
