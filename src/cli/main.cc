@@ -291,6 +291,17 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
              int stand_in_gpus, int load_threads, int exec_timeout_ms, bool strict_readiness,
              const std::string& shared_memory_users, HttpOptions http_options,
              const GrpcSettings& grpc) {
+  // SIGTERM and SIGINT stay blocked in every thread (threads inherit the mask)
+  // and are taken by sigwait below, whichever thread the kernel would have
+  // picked; workers get an empty mask at spawn. First of all: probing for a
+  // GPU starts the CUDA driver's threads, which must inherit the mask too
+  // (one that did not would take a SIGTERM and end the process there).
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   // This process's CUDA context (its stores' arenas) runs no kernel: a small
   // per-thread stack shrinks it, from 524 to 326 MiB on an H200. Set before
   // anything touches CUDA; a value in the environment wins.
@@ -334,15 +345,6 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
     if (!device.ok()) return Fail(device.status());
     options.device = *device;
   }
-  // SIGTERM and SIGINT stay blocked in every thread (threads inherit the mask)
-  // and are taken by sigwait below, whichever thread the kernel would have
-  // picked; workers get an empty mask at spawn.
-  signal(SIGPIPE, SIG_IGN);
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   auto server = Server::Create(options);
   if (!server.ok()) return Fail(server.status());
   auto http = HttpServer::Create(server->get(), http_options);

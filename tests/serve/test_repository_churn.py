@@ -52,8 +52,9 @@ def test_loading_and_unloading_in_a_loop_holds_nothing(tmp_path):
     (repo / "swap" / "1").mkdir(parents=True)
     subprocess.run([CLI, "make-model", "scale", "--dims", str(SCALE_N), "--seed", "3",
                     "--out", str(repo / "swap" / "1" / "model.safetensors")], check=True, capture_output=True)
-    (repo / "swap" / "config.yaml").write_text(scale_config(count=1))
-    state = start_serve(tmp_path, repo, ["--grpc-port", "-1"], name="churn")
+    (repo / "swap" / "config.yaml").write_text(scale_config(count=1, kind="KIND_CPU"))
+    # On host memory wherever it runs: what is measured is the server's own.
+    state = start_serve(tmp_path, repo, ["--grpc-port", "-1"], name="churn", device="cpu")
     url, pid = state["url"], state["proc"].pid
     x = np.ones((1, SCALE_N), np.float32)
     body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, SCALE_N], "data": x.ravel().tolist()}]}
@@ -108,7 +109,8 @@ def test_loading_and_unloading_in_a_loop_holds_nothing(tmp_path):
         assert threads <= 4, report
         assert fds <= 8, report
         assert rss < 4 * MIB, report
-        assert mapped < 64 * MIB, report
+        # A new thread may get a malloc arena of its own (64 MiB reserved).
+        assert mapped < 256 * MIB, report
         print(report)
     finally:
         code, text = stop_serve(state)
