@@ -22,35 +22,35 @@ std::string PrometheusText(const std::vector<std::pair<std::string, const ModelR
       sample(name, "model=\"" + model + "\"", static_cast<double>(value(*m)));
   };
   per_model("hearth_inference_request_success", "counter", "Requests answered successfully.",
-            [](const ModelRuntime& m) { return m.success.load(); });
+            [](const ModelRuntime& m) { return m.stats.success.load(); });
   per_model("hearth_inference_request_failure", "counter", "Requests answered with an error.",
-            [](const ModelRuntime& m) { return m.failure.load(); });
+            [](const ModelRuntime& m) { return m.stats.failure.load(); });
   per_model("hearth_inference_count", "counter", "Inferences (rows, counting every batch member).",
-            [](const ModelRuntime& m) { return m.rows.load(); });
+            [](const ModelRuntime& m) { return m.stats.rows.load(); });
   per_model("hearth_inference_exec_count", "counter", "Batches executed by workers.",
-            [](const ModelRuntime& m) { return m.batches.load(); });
+            [](const ModelRuntime& m) { return m.stats.batches.load(); });
   per_model("hearth_inference_request_duration_us", "counter",
             "Total time from request to answer of successful requests, microseconds.",
-            [](const ModelRuntime& m) { return m.request_us.load(); });
+            [](const ModelRuntime& m) { return m.stats.request_us.load(); });
   per_model("hearth_inference_queue_duration_us", "counter",
             "Total time requests waited in the queue, microseconds.",
-            [](const ModelRuntime& m) { return m.queue_us.load(); });
+            [](const ModelRuntime& m) { return m.stats.queue_us.load(); });
   per_model("hearth_inference_compute_input_duration_us", "counter",
             "Total time copying inputs into worker slots, microseconds.",
-            [](const ModelRuntime& m) { return m.input_us.load(); });
+            [](const ModelRuntime& m) { return m.stats.input_us.load(); });
   per_model("hearth_inference_compute_infer_duration_us", "counter",
             "Total time the backends ran, as measured in the workers, microseconds.",
-            [](const ModelRuntime& m) { return m.run_us.load(); });
+            [](const ModelRuntime& m) { return m.stats.run_us.load(); });
   per_model("hearth_inference_worker_exchange_duration_us", "counter",
             "Total time from handing batches to workers to their answers, as the server measures "
             "it (the backends' time and the protocol's), microseconds.",
-            [](const ModelRuntime& m) { return m.exchange_us.load(); });
+            [](const ModelRuntime& m) { return m.stats.exchange_us.load(); });
   per_model("hearth_inference_compute_output_duration_us", "counter",
             "Total time splitting outputs back into responses, microseconds.",
-            [](const ModelRuntime& m) { return m.output_us.load(); });
+            [](const ModelRuntime& m) { return m.stats.output_us.load(); });
   per_model("hearth_inference_pending_request_count", "gauge",
             "Requests accepted and not yet answered.",
-            [](const ModelRuntime& m) { return m.pending.load(); });
+            [](const ModelRuntime& m) { return m.stats.pending.load(); });
   per_model("hearth_inference_queued_request_count", "gauge",
             "Requests waiting in the queue for a worker.",
             [](const ModelRuntime& m) { return m.queue->size(); });
@@ -61,19 +61,18 @@ std::string PrometheusText(const std::vector<std::pair<std::string, const ModelR
   family("hearth_inference_batch_size", "histogram", "Rows per executed batch.");
   for (const auto& [model, m] : served) {
     uint64_t cumulative = 0;
-    for (size_t b = 0; b < std::size(ModelRuntime::kBatchBuckets); ++b) {
-      cumulative += m->batch_bucket[b].load();
-      sample(
-          "hearth_inference_batch_size_bucket",
-          "model=\"" + model + "\",le=\"" + std::to_string(ModelRuntime::kBatchBuckets[b]) + "\"",
-          static_cast<double>(cumulative));
+    for (size_t b = 0; b < std::size(ModelStats::kBatchBuckets); ++b) {
+      cumulative += m->stats.batch_bucket[b].load();
+      sample("hearth_inference_batch_size_bucket",
+             "model=\"" + model + "\",le=\"" + std::to_string(ModelStats::kBatchBuckets[b]) + "\"",
+             static_cast<double>(cumulative));
     }
     sample("hearth_inference_batch_size_bucket", "model=\"" + model + "\",le=\"+Inf\"",
-           static_cast<double>(m->batches.load()));
+           static_cast<double>(m->stats.batches.load()));
     sample("hearth_inference_batch_size_sum", "model=\"" + model + "\"",
-           static_cast<double>(m->rows.load()));
+           static_cast<double>(m->stats.rows.load()));
     sample("hearth_inference_batch_size_count", "model=\"" + model + "\"",
-           static_cast<double>(m->batches.load()));
+           static_cast<double>(m->stats.batches.load()));
   }
   auto per_worker = [&](const char* name, const char* type, const char* help, auto value) {
     family(name, type, help);

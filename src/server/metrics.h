@@ -6,7 +6,7 @@
 #include <utility>
 #include <vector>
 
-#include "server/supervisor.h"
+#include "server/model_runtime.h"
 
 namespace hearth {
 

@@ -41,9 +41,9 @@
 #include "server/metrics.h"
 #include "server/model_config.h"
 #include "server/model_config_json.h"
+#include "server/model_runtime.h"
 #include "server/placement.h"
 #include "server/shared_memory.h"
-#include "server/supervisor.h"
 
 // A model's parameters must fit in the one control message that carries them.
 static_assert(4 + 8 * hearth::kMaxModelParameters + hearth::kMaxModelParameterBytes <
@@ -227,11 +227,12 @@ class Server::Impl {
       if (m == nullptr) continue;
       for (auto& w : m->workers) w->Join();
       m->queue->FailAll(Unavailable("the server is shutting down"));
-      if (const uint64_t n = m->batches.load(), r = m->requests.load(); n > 0 && r > 0) {
+      if (const uint64_t n = m->stats.batches.load(), r = m->stats.requests.load();
+          n > 0 && r > 0) {
         spdlog::info(
             "model {}: {} requests in {} batches; mean {:.3f} ms per batch in the backend, "
             "{:.3f} ms from request to answer in the server",
-            name, r, n, m->run_us.load() / 1e3 / n, m->request_us.load() / 1e3 / r);
+            name, r, n, m->stats.run_us.load() / 1e3 / n, m->stats.request_us.load() / 1e3 / r);
       }
     }
     {
@@ -332,18 +333,18 @@ class Server::Impl {
       ModelStatistics st;
       st.name = m->name;
       st.version = std::to_string(m->config().version);
-      st.last_inference_ms = m->last_inference_ms.load();
-      st.inference_count = m->rows.load();
-      st.execution_count = m->batches.load();
-      const uint64_t answered = m->requests.load();
-      st.success = d(m->success.load(), m->success_us.load());
-      st.fail = d(m->failure.load(), m->failure_us.load());
-      st.queue = d(answered, m->queue_us.load());
-      st.compute_input = d(answered, m->input_us.load());
-      st.compute_infer = d(answered, m->run_us.load());
-      st.compute_output = d(answered, m->output_us.load());
-      for (int b = 1; m->batch_totals != nullptr && b <= m->max_batch(); ++b) {
-        const ModelRuntime::BatchTotals& t = m->batch_totals[static_cast<size_t>(b)];
+      st.last_inference_ms = m->stats.last_inference_ms.load();
+      st.inference_count = m->stats.rows.load();
+      st.execution_count = m->stats.batches.load();
+      const uint64_t answered = m->stats.requests.load();
+      st.success = d(m->stats.success.load(), m->stats.success_us.load());
+      st.fail = d(m->stats.failure.load(), m->stats.failure_us.load());
+      st.queue = d(answered, m->stats.queue_us.load());
+      st.compute_input = d(answered, m->stats.input_us.load());
+      st.compute_infer = d(answered, m->stats.run_us.load());
+      st.compute_output = d(answered, m->stats.output_us.load());
+      for (int b = 1; m->stats.batch_totals != nullptr && b <= m->max_batch(); ++b) {
+        const ModelStats::BatchTotals& t = m->stats.batch_totals[static_cast<size_t>(b)];
         const uint64_t n = t.count.load();
         if (n == 0) continue;
         st.batch_stats.push_back(
@@ -446,20 +447,20 @@ class Server::Impl {
         return done_once(InvalidArgument("output '" + o.name +
                                          "': a decoupled model's outputs cannot go to shared "
                                          "memory (each response has its own)"));
-    ++m.pending;
+    ++m.stats.pending;
     auto original =
         std::make_shared<std::function<void(Result<InferResponse>)>>(std::move(done_once));
     std::function<void(Result<InferResponse>)> done = [runtime, original, arrived = Clock::now()](
                                                           Result<InferResponse> r) {
       ModelRuntime& model = *runtime;
-      (r.ok() ? model.success : model.failure) += 1;
-      (r.ok() ? model.success_us : model.failure_us) += static_cast<uint64_t>(
+      (r.ok() ? model.stats.success : model.stats.failure) += 1;
+      (r.ok() ? model.stats.success_us : model.stats.failure_us) += static_cast<uint64_t>(
           std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - arrived).count());
-      model.last_inference_ms =
+      model.stats.last_inference_ms =
           static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                     std::chrono::system_clock::now().time_since_epoch())
                                     .count());
-      --model.pending;
+      --model.stats.pending;
       (*original)(std::move(r));
     };
     auto job = std::make_shared<Job>();
@@ -542,7 +543,7 @@ class Server::Impl {
       // Retired between Find() and here: the model's new runtime takes it
       // (a bounded number of times: loads do not come that fast).
       if (m.stopping && !stopping_ && attempt < 3) {
-        --m.pending;
+        --m.stats.pending;
         return InferOn(std::move(job->request), std::move(*original), attempt + 1);
       }
       job->done(s);
@@ -1036,8 +1037,9 @@ class Server::Impl {
     m.queue = std::make_unique<JobQueue>(std::max<uint64_t>(1, c.max_queue_size));
     // A decoupled model's worker serves one request (one stream) at a time.
     m.policy.max_batch = c.decoupled ? 1 : m.max_batch();
-    m.batch_totals =
-        std::make_unique<ModelRuntime::BatchTotals[]>(static_cast<size_t>(m.max_batch()) + 1);
+    m.stats.max_batch = m.max_batch();
+    m.stats.batch_totals =
+        std::make_unique<ModelStats::BatchTotals[]>(static_cast<size_t>(m.max_batch()) + 1);
     m.policy.max_delay = std::chrono::microseconds(c.max_queue_delay_us);
     m.policy.preferred.assign(c.preferred_batch_sizes.begin(), c.preferred_batch_sizes.end());
     std::sort(m.policy.preferred.begin(), m.policy.preferred.end());

@@ -1,5 +1,3 @@
-#include "server/supervisor.h"
-
 #include <poll.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
@@ -15,6 +13,7 @@
 #include "common/checked_size.h"
 #include "common/float16.h"
 #include "server/batch_layout.h"
+#include "server/model_runtime.h"
 
 namespace hearth {
 
@@ -123,22 +122,6 @@ Status WorkerSupervisor::Spawn(UniqueFd* control) {
   return StartWorkerProcess(model_, placement_, options_, false, process_, slot_, control);
 }
 
-std::unique_ptr<StandbyWorker> ModelRuntime::TakeStandby(ModelPlacement& p) {
-  std::lock_guard lock(p.standby_mu);
-  if (p.standbys.empty() || stopping) return nullptr;
-  std::unique_ptr<StandbyWorker> s = std::move(p.standbys.back());
-  p.standbys.pop_back();
-  return s;
-}
-
-std::string ModelRuntime::DescribePlacements() const {
-  std::string out;
-  for (const auto& p : placements)
-    out += (out.empty() ? "" : ", ") + p->device_name + " (" + std::to_string(p->worker_count) +
-           (p->worker_count == 1 ? " worker)" : " workers)");
-  return out;
-}
-
 void WorkerSupervisor::Replenish() {
   const int want = model_.config().standby_workers;
   if (want <= 0 || !model_.AllSettled()) return;
@@ -154,66 +137,6 @@ void WorkerSupervisor::Replenish() {
     }
     spdlog::debug("{}: standby worker started: pid {}", model_.name, s->process.pid());
     placement_.standbys.push_back(std::move(s));
-  }
-}
-
-Status ModelRuntime::AcceptSignature(const std::vector<TensorSpec>& in,
-                                     const std::vector<TensorSpec>& out) {
-  auto describe = [](const std::vector<TensorSpec>& specs) {
-    std::string s;
-    for (const TensorSpec& t : specs) s += (s.empty() ? "" : ", ") + Describe(t);
-    return s.empty() ? std::string("none") : s;
-  };
-  auto compare = [&](const std::vector<TensorSpec>& want, const std::vector<TensorSpec>& have,
-                     const char* what, const std::string& whose) -> Status {
-    if (want == have) return Status::Ok();
-    return InvalidArgument(std::string(what) + ": " + whose + " " + describe(want) + "; the " +
-                           config().backend + " backend reports " + describe(have) +
-                           " (names, data_type and dims must agree)");
-  };
-  std::lock_guard lock(state_mu);
-  if (signature_known) {
-    RETURN_IF_ERROR(compare(inputs, in, "inputs", "the other workers take"));
-    return compare(outputs, out, "outputs", "the other workers give");
-  }
-  if (!setup.inputs.empty() || !setup.outputs.empty()) {
-    RETURN_IF_ERROR(compare(setup.inputs, in, "inputs", config().config_path + " lists"));
-    RETURN_IF_ERROR(compare(setup.outputs, out, "outputs", config().config_path + " lists"));
-  }
-  std::set<std::string> names;
-  for (const auto* specs : {&in, &out}) {
-    for (const TensorSpec& t : *specs) {
-      if (t.name.empty() || !names.insert(t.name).second)
-        return InvalidArgument(
-            "the " + config().backend + " backend reports " +
-            (t.name.empty() ? std::string("a tensor without a name") : "'" + t.name + "' twice"));
-      if (t.dims.size() + (batching() ? 1 : 0) > control::kMaxRank)
-        return InvalidArgument("tensor " + Describe(t) + " has more dimensions than " +
-                               std::to_string(control::kMaxRank));
-    }
-  }
-  inputs = in;
-  outputs = out;
-  signature_known = true;
-  return Status::Ok();
-}
-
-void ModelRuntime::RequestStop(bool abandon_starting) {
-  {
-    std::lock_guard lock(state_mu);
-    if (abandon_starting) abandoning = true;
-    stopping = true;
-  }
-  state_cv.notify_all();
-  if (queue) queue->Close();
-  if (abandon_starting)
-    for (auto& w : workers) w->KillIfStarting();
-  // Standbys hold nothing: released now (not when the runtime is freed).
-  std::vector<std::unique_ptr<StandbyWorker>> released;
-  for (auto& p : placements) {
-    std::lock_guard lock(p->standby_mu);
-    for (auto& s : p->standbys) released.push_back(std::move(s));
-    p->standbys.clear();
   }
 }
 
@@ -372,7 +295,7 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
                                                popped.begin() + static_cast<std::ptrdiff_t>(fit));
   const auto dispatched = Clock::now();
   for (const auto& job : jobs)
-    model_.queue_us += static_cast<uint64_t>(
+    model_.stats.queue_us += static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::microseconds>(dispatched - job->received).count());
   const bool batching = model_.batching();
   int64_t rows = 0;
@@ -409,7 +332,7 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
   for (const HostCopy& c : layout.host_copies)
     std::memcpy(slot_.data() + c.slot_offset, c.bytes.data(), c.bytes.size());
   const uint64_t input_us = Since(dispatched);
-  model_.input_us += input_us;
+  model_.stats.input_us += input_us;
 
   const auto handed_over = Clock::now();
   // One deadline for the whole batch, however many times the slot grows.
@@ -499,14 +422,14 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
     return false;
   }
   const control::Done& d = done->done;
-  model_.exchange_us += Since(handed_over);
-  model_.batches += 1;
-  model_.CountBatch(rows, input_us, d.run_us, 0);  // before any answer: statistics agree
-  model_.rows += static_cast<uint64_t>(rows);
-  model_.run_us += d.run_us;
-  for (size_t b = 0; b < std::size(ModelRuntime::kBatchBuckets); ++b) {
-    if (rows <= ModelRuntime::kBatchBuckets[b]) {
-      model_.batch_bucket[b] += 1;
+  model_.stats.exchange_us += Since(handed_over);
+  model_.stats.batches += 1;
+  model_.stats.CountBatch(rows, input_us, d.run_us, 0);  // before any answer: statistics agree
+  model_.stats.rows += static_cast<uint64_t>(rows);
+  model_.stats.run_us += d.run_us;
+  for (size_t b = 0; b < std::size(ModelStats::kBatchBuckets); ++b) {
+    if (rows <= ModelStats::kBatchBuckets[b]) {
+      model_.stats.batch_bucket[b] += 1;
       break;
     }
   }
@@ -633,13 +556,13 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
       job->done(failed);
       continue;
     }
-    model_.requests += 1;
-    model_.request_us += Since(job->received);
+    model_.stats.requests += 1;
+    model_.stats.request_us += Since(job->received);
     job->done(std::move(response));
   }
   const uint64_t output_us = Since(outputs_start);
-  model_.output_us += output_us;
-  model_.AddBatchOutput(rows, output_us);
+  model_.stats.output_us += output_us;
+  model_.stats.AddBatchOutput(rows, output_us);
   return true;
 }
 
@@ -751,11 +674,11 @@ bool WorkerSupervisor::RunStream(int control, const std::shared_ptr<Job>& shared
     const control::Done& d = m->done;
     const bool last = m->kind == control::Kind::kDone;
     if (last && d.status_code != 0) {
-      model_.exchange_us += Since(handed_over);
-      model_.batches += 1;
-      model_.CountBatch(1, 0, d.run_us, 0);
-      model_.rows += 1;
-      model_.run_us += d.run_us;
+      model_.stats.exchange_us += Since(handed_over);
+      model_.stats.batches += 1;
+      model_.stats.CountBatch(1, 0, d.run_us, 0);
+      model_.stats.rows += 1;
+      model_.stats.run_us += d.run_us;
       job.done(cancelled ? why_cancelled : Status(static_cast<StatusCode>(d.status_code), d.text));
       return true;
     }
@@ -802,12 +725,12 @@ bool WorkerSupervisor::RunStream(int control, const std::shared_ptr<Job>& shared
       response.outputs.push_back(std::move(t));
     }
     if (last) {
-      model_.exchange_us += Since(handed_over);
-      model_.batches += 1;
-      model_.CountBatch(1, 0, d.run_us, 0);
-      model_.rows += 1;
-      model_.run_us += d.run_us;
-      model_.batch_bucket[0] += 1;  // NOLINT: a stream is a batch of 1
+      model_.stats.exchange_us += Since(handed_over);
+      model_.stats.batches += 1;
+      model_.stats.CountBatch(1, 0, d.run_us, 0);
+      model_.stats.rows += 1;
+      model_.stats.run_us += d.run_us;
+      model_.stats.batch_bucket[0] += 1;  // NOLINT: a stream is a batch of 1
       if (cancelled) {
         job.done(why_cancelled);
         return true;
@@ -840,8 +763,8 @@ bool WorkerSupervisor::RunStream(int control, const std::shared_ptr<Job>& shared
           response.outputs.push_back(std::move(t));
         }
       }
-      model_.requests += 1;
-      model_.request_us += Since(job.received);
+      model_.stats.requests += 1;
+      model_.stats.request_us += Since(job.received);
 
       job.done(std::move(response));
       return true;

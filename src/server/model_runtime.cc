@@ -1,0 +1,85 @@
+#include "server/model_runtime.h"
+
+#include <set>
+#include <string>
+#include <utility>
+
+namespace hearth {
+
+std::unique_ptr<StandbyWorker> ModelRuntime::TakeStandby(ModelPlacement& p) {
+  std::lock_guard lock(p.standby_mu);
+  if (p.standbys.empty() || stopping) return nullptr;
+  std::unique_ptr<StandbyWorker> s = std::move(p.standbys.back());
+  p.standbys.pop_back();
+  return s;
+}
+
+std::string ModelRuntime::DescribePlacements() const {
+  std::string out;
+  for (const auto& p : placements)
+    out += (out.empty() ? "" : ", ") + p->device_name + " (" + std::to_string(p->worker_count) +
+           (p->worker_count == 1 ? " worker)" : " workers)");
+  return out;
+}
+
+Status ModelRuntime::AcceptSignature(const std::vector<TensorSpec>& in,
+                                     const std::vector<TensorSpec>& out) {
+  auto describe = [](const std::vector<TensorSpec>& specs) {
+    std::string s;
+    for (const TensorSpec& t : specs) s += (s.empty() ? "" : ", ") + Describe(t);
+    return s.empty() ? std::string("none") : s;
+  };
+  auto compare = [&](const std::vector<TensorSpec>& want, const std::vector<TensorSpec>& have,
+                     const char* what, const std::string& whose) -> Status {
+    if (want == have) return Status::Ok();
+    return InvalidArgument(std::string(what) + ": " + whose + " " + describe(want) + "; the " +
+                           config().backend + " backend reports " + describe(have) +
+                           " (names, data_type and dims must agree)");
+  };
+  std::lock_guard lock(state_mu);
+  if (signature_known) {
+    RETURN_IF_ERROR(compare(inputs, in, "inputs", "the other workers take"));
+    return compare(outputs, out, "outputs", "the other workers give");
+  }
+  if (!setup.inputs.empty() || !setup.outputs.empty()) {
+    RETURN_IF_ERROR(compare(setup.inputs, in, "inputs", config().config_path + " lists"));
+    RETURN_IF_ERROR(compare(setup.outputs, out, "outputs", config().config_path + " lists"));
+  }
+  std::set<std::string> names;
+  for (const auto* specs : {&in, &out}) {
+    for (const TensorSpec& t : *specs) {
+      if (t.name.empty() || !names.insert(t.name).second)
+        return InvalidArgument(
+            "the " + config().backend + " backend reports " +
+            (t.name.empty() ? std::string("a tensor without a name") : "'" + t.name + "' twice"));
+      if (t.dims.size() + (batching() ? 1 : 0) > control::kMaxRank)
+        return InvalidArgument("tensor " + Describe(t) + " has more dimensions than " +
+                               std::to_string(control::kMaxRank));
+    }
+  }
+  inputs = in;
+  outputs = out;
+  signature_known = true;
+  return Status::Ok();
+}
+
+void ModelRuntime::RequestStop(bool abandon_starting) {
+  {
+    std::lock_guard lock(state_mu);
+    if (abandon_starting) abandoning = true;
+    stopping = true;
+  }
+  state_cv.notify_all();
+  if (queue) queue->Close();
+  if (abandon_starting)
+    for (auto& w : workers) w->KillIfStarting();
+  // Standbys hold nothing: released now (not when the runtime is freed).
+  std::vector<std::unique_ptr<StandbyWorker>> released;
+  for (auto& p : placements) {
+    std::lock_guard lock(p->standby_mu);
+    for (auto& s : p->standbys) released.push_back(std::move(s));
+    p->standbys.clear();
+  }
+}
+
+}  // namespace hearth

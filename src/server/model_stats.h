@@ -1,0 +1,51 @@
+// A served model version's totals: what /metrics, Triton's statistics
+// (ModelStatistics) and the summary logged at shutdown report. Counted by
+// the server (requests, as they are answered) and by the supervisors
+// (batches, as they run); read by anyone, at any time, without a lock.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <iterator>
+#include <memory>
+
+namespace hearth {
+
+struct ModelStats {
+  // The model's largest batch (1 without batching): the last index of
+  // batch_totals. Set before the workers start.
+  int64_t max_batch = 1;
+  // Requests and batches, and where their time went.
+  std::atomic<uint64_t> batches{0}, requests{0}, run_us{0}, request_us{0};
+  std::atomic<uint64_t> success{0}, failure{0}, rows{0}, queue_us{0}, input_us{0}, output_us{0};
+  // From handing a batch to a worker (the run message) to its answer, as
+  // the server measures it: the backend's time plus the protocol's.
+  std::atomic<uint64_t> exchange_us{0};
+  std::atomic<int64_t> pending{0};
+  // Triton's statistics: requests answered, by outcome, from arrival to
+  // answer; when the last was; and per batch size (index: rows, 1 to
+  // max_batch) how many batches ran and their input, run and output times.
+  std::atomic<uint64_t> success_us{0}, failure_us{0}, last_inference_ms{0};
+  struct BatchTotals {
+    std::atomic<uint64_t> count{0}, input_us{0}, infer_us{0}, output_us{0};
+  };
+  std::unique_ptr<BatchTotals[]> batch_totals;  // max_batch + 1 entries
+  void CountBatch(int64_t batch_rows, uint64_t in_us, uint64_t infer_us, uint64_t out_us) {
+    if (batch_totals == nullptr || batch_rows < 1 || batch_rows > max_batch) return;
+    BatchTotals& t = batch_totals[static_cast<size_t>(batch_rows)];
+    t.count += 1;
+    t.input_us += in_us;
+    t.infer_us += infer_us;
+    t.output_us += out_us;
+  }
+  // The output time of a batch counted already (it is known only once its
+  // answers are out).
+  void AddBatchOutput(int64_t batch_rows, uint64_t out_us) {
+    if (batch_totals == nullptr || batch_rows < 1 || batch_rows > max_batch) return;
+    batch_totals[static_cast<size_t>(batch_rows)].output_us += out_us;
+  }
+  static constexpr int64_t kBatchBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
+  std::atomic<uint64_t> batch_bucket[std::size(kBatchBuckets)] = {};
+};
+
+}  // namespace hearth
