@@ -57,9 +57,9 @@ namespace {
 // workers, and either publishes the model (once one worker is ready) or
 // records why not and queues it to be tried again later, until the server
 // stops.
-struct ModelSlot {
+struct ModelEntry {
   ModelDirectory dir;
-  // Builder only (one builder works on a slot at a time): failed attempts so
+  // Builder only (one builder works on an entry at a time): failed attempts so
   // far, and the last failure logged (each distinct one is logged once).
   int failed_attempts = 0;
   std::string logged;
@@ -116,7 +116,7 @@ class Server::Impl {
   Status Start() {
     const auto started = Clock::now();
     {
-      // Shutdown() waits for this block, so that it never sees the slots or
+      // Shutdown() waits for this block, so that it never sees the entries or
       // the builders half made.
       std::lock_guard lifecycle(lifecycle_mu_);
       if (stopping_) return Unavailable("the server was shut down before it started");
@@ -124,20 +124,20 @@ class Server::Impl {
       ASSIGN_OR_RETURN(std::vector<ModelDirectory> dirs, ListModelDirectories(options_.repository));
       if (dirs.empty())
         spdlog::warn("model repository {} holds no model directories", options_.repository);
-      std::vector<ModelSlot*> made;
+      std::vector<ModelEntry*> made;
       {
-        std::unique_lock slots_lock(slots_mu_);
+        std::unique_lock entries_lock(entries_mu_);
         for (ModelDirectory& d : dirs) {
-          auto slot = std::make_unique<ModelSlot>();
-          slot->dir = std::move(d);
-          const std::string name = slot->dir.name;
-          made.push_back(slot.get());
-          slots_.emplace(name, std::move(slot));
+          auto entry = std::make_unique<ModelEntry>();
+          entry->dir = std::move(d);
+          const std::string name = entry->dir.name;
+          made.push_back(entry.get());
+          entries_.emplace(name, std::move(entry));
         }
       }
       {
         std::lock_guard lock(events_mu_);
-        for (ModelSlot* slot : made) build_queue_.emplace(started, slot);
+        for (ModelEntry* entry : made) build_queue_.emplace(started, entry);
       }
       // A bounded pool, however many models: a thread per model would meet
       // the pids or RLIMIT_NPROC limit with a large repository.
@@ -176,9 +176,9 @@ class Server::Impl {
       events_cv_.wait_until(lock, settle_deadline_, [&] { return AllSettled(); });
     }
     if (stopping_) return Unavailable("the server was shut down while its models were loading");
-    std::shared_lock slots_lock(slots_mu_);
-    for (auto& [name, slot] : slots_) {
-      const std::shared_ptr<ModelRuntime> m = slot->served.load();
+    std::shared_lock entries_lock(entries_mu_);
+    for (auto& [name, entry] : entries_) {
+      const std::shared_ptr<ModelRuntime> m = entry->served.load();
       if (m == nullptr) continue;
       spdlog::info("model {}: {} of {} workers ready {:.3f} s after start-up began", name,
                    m->ready_workers.load(), m->worker_count,
@@ -208,22 +208,22 @@ class Server::Impl {
       for (auto& [device, s] : stores_) s.store->CancelLoads();
     }
     std::lock_guard lifecycle(lifecycle_mu_);
-    std::shared_lock slots_lock(slots_mu_);
-    for (auto& [name, slot] : slots_) {
-      std::lock_guard lock(slot->mu);
-      if (slot->building != nullptr) slot->building->RequestStop(true);
+    std::shared_lock entries_lock(entries_mu_);
+    for (auto& [name, entry] : entries_) {
+      std::lock_guard lock(entry->mu);
+      if (entry->building != nullptr) entry->building->RequestStop(true);
       // A served model's starting workers are needed only if none is up to
       // run what is queued.
-      if (const std::shared_ptr<ModelRuntime> m = slot->served.load())
+      if (const std::shared_ptr<ModelRuntime> m = entry->served.load())
         m->RequestStop(m->ready_workers.load() > 0 || m->queue->size() == 0);
-      for (auto& r : slot->retired) r->RequestStop(true);
+      for (auto& r : entry->retired) r->RequestStop(true);
     }
     for (std::thread& b : builders_) b.join();
     builders_.clear();
-    for (auto& [name, slot] : slots_) {
-      for (auto& r : slot->retired)
+    for (auto& [name, entry] : entries_) {
+      for (auto& r : entry->retired)
         for (auto& w : r->workers) w->Join();
-      const std::shared_ptr<ModelRuntime> m = slot->served.load();
+      const std::shared_ptr<ModelRuntime> m = entry->served.load();
       if (m == nullptr) continue;
       for (auto& w : m->workers) w->Join();
       m->queue->FailAll(Unavailable("the server is shutting down"));
@@ -255,14 +255,14 @@ class Server::Impl {
     // passed), whatever the readiness policy: a model still loading may yet
     // be served.
     const bool loading = Clock::now() < settle_deadline_;
-    std::shared_lock slots_lock(slots_mu_);
-    for (const auto& [name, slot] : slots_) {
-      const std::shared_ptr<ModelRuntime> m = slot->served.load();
+    std::shared_lock entries_lock(entries_mu_);
+    for (const auto& [name, entry] : entries_) {
+      const std::shared_ptr<ModelRuntime> m = entry->served.load();
       if (m != nullptr && m->ready_workers.load() == 0) return false;
       if (m == nullptr && (options_.strict_readiness || loading)) {
-        std::lock_guard lock(slot->mu);
-        if (options_.strict_readiness && !slot->unloaded) return false;  // configured, not serving
-        if (loading && !slot->settled && !slot->unloaded) return false;
+        std::lock_guard lock(entry->mu);
+        if (options_.strict_readiness && !entry->unloaded) return false;  // configured, not serving
+        if (loading && !entry->settled && !entry->unloaded) return false;
       }
     }
     return true;
@@ -274,14 +274,14 @@ class Server::Impl {
   // reason for a model whose directory, config, checkpoint or workers fail.
   Result<std::shared_ptr<ModelRuntime>> Find(const std::string& model,
                                              const std::string& version) const {
-    std::shared_lock slots_lock(slots_mu_);
-    auto it = slots_.find(model);
-    if (it == slots_.end()) return NotFound("unknown model '" + model + "'");
-    const ModelSlot& slot = *it->second;
-    std::shared_ptr<ModelRuntime> m = slot.served.load();
+    std::shared_lock entries_lock(entries_mu_);
+    auto it = entries_.find(model);
+    if (it == entries_.end()) return NotFound("unknown model '" + model + "'");
+    const ModelEntry& entry = *it->second;
+    std::shared_ptr<ModelRuntime> m = entry.served.load();
     if (m == nullptr) {
-      std::lock_guard lock(slot.mu);
-      return Unavailable("model '" + model + "' is not served: " + slot.status.message());
+      std::lock_guard lock(entry.mu);
+      return Unavailable("model '" + model + "' is not served: " + entry.status.message());
     }
     if (!version.empty() && version != std::to_string(m->config().version))
       return NotFound("model '" + model + "' has no served version '" + version + "'");
@@ -320,9 +320,10 @@ class Server::Impl {
     std::vector<std::shared_ptr<ModelRuntime>> runtimes;
     if (model.empty()) {
       if (!version.empty()) return InvalidArgument("a version without a model");
-      std::shared_lock slots_lock(slots_mu_);
-      for (const auto& [name, slot] : slots_)
-        if (std::shared_ptr<ModelRuntime> m = slot->served.load()) runtimes.push_back(std::move(m));
+      std::shared_lock entries_lock(entries_mu_);
+      for (const auto& [name, entry] : entries_)
+        if (std::shared_ptr<ModelRuntime> m = entry->served.load())
+          runtimes.push_back(std::move(m));
     } else {
       ASSIGN_OR_RETURN(std::shared_ptr<ModelRuntime> m, Find(model, version));
       runtimes.push_back(std::move(m));
@@ -357,21 +358,21 @@ class Server::Impl {
 
   std::vector<RepositoryEntry> RepositoryIndex(bool ready_only) const {
     std::vector<RepositoryEntry> out;
-    std::shared_lock slots_lock(slots_mu_);
-    for (const auto& [name, slot] : slots_) {
+    std::shared_lock entries_lock(entries_mu_);
+    for (const auto& [name, entry] : entries_) {
       RepositoryEntry e;
       e.name = name;
-      const std::shared_ptr<ModelRuntime> m = slot->served.load();
+      const std::shared_ptr<ModelRuntime> m = entry->served.load();
       if (m != nullptr && m->ready_workers.load() > 0) {
         e.version = std::to_string(m->config().version);
         e.state = "READY";
       } else {
         if (ready_only) continue;
         if (m != nullptr) e.version = std::to_string(m->config().version);
-        std::lock_guard lock(slot->mu);
-        e.state = slot->settled || m != nullptr ? "UNAVAILABLE" : "LOADING";
+        std::lock_guard lock(entry->mu);
+        e.state = entry->settled || m != nullptr ? "UNAVAILABLE" : "LOADING";
         e.reason =
-            m != nullptr ? "no worker is ready: " + m->LastWorkerError() : slot->status.message();
+            m != nullptr ? "no worker is ready: " + m->LastWorkerError() : entry->status.message();
       }
       out.push_back(std::move(e));
     }
@@ -388,9 +389,9 @@ class Server::Impl {
     std::set<int> gpus;
     if (!options_.device.is_cuda()) return {};
     gpus.insert(options_.device.index);
-    std::shared_lock slots_lock(slots_mu_);
-    for (const auto& [name, slot] : slots_) {
-      const std::shared_ptr<ModelRuntime> m = slot->served.load();
+    std::shared_lock entries_lock(entries_mu_);
+    for (const auto& [name, entry] : entries_) {
+      const std::shared_ptr<ModelRuntime> m = entry->served.load();
       if (m == nullptr) continue;
       for (const auto& p : m->placements)
         if (p->memory.is_cuda()) gpus.insert(p->memory.index);
@@ -403,8 +404,8 @@ class Server::Impl {
 
   std::vector<std::string> ModelNames() const {
     std::vector<std::string> names;
-    std::shared_lock slots_lock(slots_mu_);
-    for (const auto& [name, slot] : slots_) names.push_back(name);
+    std::shared_lock entries_lock(entries_mu_);
+    for (const auto& [name, entry] : entries_) names.push_back(name);
     std::sort(names.begin(), names.end());
     return names;
   }
@@ -644,7 +645,7 @@ class Server::Impl {
                                " bytes of CUDA shared-memory region '" + o.shm->region +
                                "' it was given");
     }
-    // Workers on the host copy through their slot with a context of the
+    // Workers on the host copy through their request slot with a context of the
     // region's GPU; a model with no worker on a GPU at all is refused.
     std::string devices;
     bool on_gpu = false;
@@ -665,17 +666,17 @@ class Server::Impl {
 
   Status LoadModel(const std::string& name) {
     if (stopping_ || !started_) return Unavailable("the server is not serving");
-    ASSIGN_OR_RETURN(ModelSlot * slot, SlotFor(name));
-    std::lock_guard build(slot->build_mu);
+    ASSIGN_OR_RETURN(ModelEntry * entry, EntryFor(name));
+    std::lock_guard build(entry->build_mu);
     {
-      std::lock_guard lock(slot->mu);
-      slot->unloaded = false;
+      std::lock_guard lock(entry->mu);
+      entry->unloaded = false;
     }
-    const std::shared_ptr<ModelRuntime> old = slot->served.load();
-    const std::map<std::string, ModelSlot::Loaded> previous = slot->loaded;
+    const std::shared_ptr<ModelRuntime> old = entry->served.load();
+    const std::map<std::string, ModelEntry::Loaded> previous = entry->loaded;
     Result<std::unique_ptr<ModelRuntime>> built = [&]() -> Result<std::unique_ptr<ModelRuntime>> {
       try {
-        return TryBuild(*slot, /*keep_loaded=*/old != nullptr);
+        return TryBuild(*entry, /*keep_loaded=*/old != nullptr);
       } catch (const std::exception& e) {
         return Internal("model '" + name + "': " + e.what());
       }
@@ -683,20 +684,20 @@ class Server::Impl {
     if (!built.ok()) {
       if (old != nullptr) {
         // The served version goes on; what this attempt loaded goes.
-        DropChanged(name, slot->loaded, previous);
-        slot->loaded = previous;
+        DropChanged(name, entry->loaded, previous);
+        entry->loaded = previous;
       } else {
-        std::lock_guard lock(slot->mu);
-        slot->status = built.status();
-        slot->settled = true;
+        std::lock_guard lock(entry->mu);
+        entry->status = built.status();
+        entry->settled = true;
       }
       spdlog::error("model {}: load failed: {}", name, built.status().message());
       return built.status();
     }
     if (old == nullptr) {
-      Publish(*slot, std::move(built).value());
-      return slot->served.load() != nullptr ? Status::Ok()
-                                            : Unavailable("the server is shutting down");
+      Publish(*entry, std::move(built).value());
+      return entry->served.load() != nullptr ? Status::Ok()
+                                             : Unavailable("the server is shutting down");
     }
     // The swap: new requests go to the new runtime at once; the old one
     // runs what it has queued and its workers exit.
@@ -705,52 +706,52 @@ class Server::Impl {
     {
       // Under the lock Shutdown() takes to find runtimes to stop: either it
       // finds this one served, or this sees stopping_ (as in Publish).
-      std::lock_guard lock(slot->mu);
-      slot->building = nullptr;
+      std::lock_guard lock(entry->mu);
+      entry->building = nullptr;
       if (!stopping_) {
         fresh->published = true;
-        slot->retired.push_back(old);
-        slot->status = Status::Ok();
-        slot->served.store(fresh);
+        entry->retired.push_back(old);
+        entry->status = Status::Ok();
+        entry->served.store(fresh);
         swapped = true;
       }
     }
     if (!swapped) {
-      Discard(*slot, std::move(fresh));
-      DropChanged(name, slot->loaded, previous);
-      slot->loaded = previous;
+      Discard(*entry, std::move(fresh));
+      DropChanged(name, entry->loaded, previous);
+      entry->loaded = previous;
       return Unavailable("the server is shutting down");
     }
     old->RequestStop(false);
-    DropChanged(name, previous, slot->loaded);  // its arenas go with the old workers' leases
+    DropChanged(name, previous, entry->loaded);  // its arenas go with the old workers' leases
     spdlog::info("model {}: version {} replaces version {} ({} workers); the old workers drain",
                  name, fresh->config().version, old->config().version, fresh->worker_count);
-    if (fresh->AllSettled()) NotifySettled(*slot);
+    if (fresh->AllSettled()) NotifySettled(*entry);
     return Status::Ok();
   }
 
   Status UnloadModel(const std::string& name) {
     if (stopping_ || !started_) return Unavailable("the server is not serving");
-    ModelSlot* slot = nullptr;
+    ModelEntry* entry = nullptr;
     {
-      std::shared_lock lock(slots_mu_);
-      auto it = slots_.find(name);
-      if (it == slots_.end()) return NotFound("unknown model '" + name + "'");
-      slot = it->second.get();
+      std::shared_lock lock(entries_mu_);
+      auto it = entries_.find(name);
+      if (it == entries_.end()) return NotFound("unknown model '" + name + "'");
+      entry = it->second.get();
     }
-    std::lock_guard build(slot->build_mu);
+    std::lock_guard build(entry->build_mu);
     std::shared_ptr<ModelRuntime> old;
     {
-      std::lock_guard lock(slot->mu);
-      slot->unloaded = true;
-      slot->status = Unavailable("it was unloaded (POST /v2/repository/models/" + name +
-                                 "/load serves it again)");
-      old = slot->served.exchange(nullptr);
-      if (old != nullptr) slot->retired.push_back(old);
+      std::lock_guard lock(entry->mu);
+      entry->unloaded = true;
+      entry->status = Unavailable("it was unloaded (POST /v2/repository/models/" + name +
+                                  "/load serves it again)");
+      old = entry->served.exchange(nullptr);
+      if (old != nullptr) entry->retired.push_back(old);
     }
     if (old != nullptr) old->RequestStop(false);
-    for (const auto& [device, loaded] : slot->loaded) DropFromStore(name, loaded);
-    slot->loaded.clear();
+    for (const auto& [device, loaded] : entry->loaded) DropFromStore(name, loaded);
+    entry->loaded.clear();
     spdlog::info("model {}: unloaded{}", name, old != nullptr ? "; its workers drain" : "");
     return Status::Ok();
   }
@@ -759,9 +760,9 @@ class Server::Impl {
     // Served models only: one that is not served has no workers or counters.
     std::vector<std::shared_ptr<ModelRuntime>> runtimes;  // alive while their text is written
     std::vector<std::pair<std::string, const ModelRuntime*>> served;
-    std::shared_lock slots_lock(slots_mu_);
-    for (const auto& [name, slot] : slots_) {
-      if (std::shared_ptr<ModelRuntime> m = slot->served.load()) {
+    std::shared_lock entries_lock(entries_mu_);
+    for (const auto& [name, entry] : entries_) {
+      if (std::shared_ptr<ModelRuntime> m = entry->served.load()) {
         served.emplace_back(name, m.get());
         runtimes.push_back(std::move(m));
       }
@@ -776,9 +777,9 @@ class Server::Impl {
     }
     std::string text = PrometheusText(served, stores);
     uint64_t retired = 0;
-    for (const auto& [name, slot] : slots_) {
-      std::lock_guard lock(slot->mu);
-      retired += slot->retired.size();
+    for (const auto& [name, entry] : entries_) {
+      std::lock_guard lock(entry->mu);
+      retired += entry->retired.size();
     }
     text +=
         "# HELP hearth_retired_runtimes Models' runtimes that a repository load or unload "
@@ -795,9 +796,9 @@ class Server::Impl {
 
   std::vector<int> WorkerPids(const std::string& model) const {
     std::vector<int> pids;
-    std::shared_lock slots_lock(slots_mu_);
-    auto it = slots_.find(model);
-    if (it == slots_.end()) return pids;
+    std::shared_lock entries_lock(entries_mu_);
+    auto it = entries_.find(model);
+    if (it == entries_.end()) return pids;
     const std::shared_ptr<ModelRuntime> m = it->second->served.load();
     if (m == nullptr) return pids;
     for (const auto& w : m->workers)
@@ -815,18 +816,18 @@ class Server::Impl {
   // events_mu_ held.
   bool AllSettled() const {
     if (stopping_) return true;
-    std::shared_lock slots_lock(slots_mu_);
-    for (const auto& [name, slot] : slots_) {
-      std::lock_guard lock(slot->mu);
-      if (!slot->settled) return false;
+    std::shared_lock entries_lock(entries_mu_);
+    for (const auto& [name, entry] : entries_) {
+      std::lock_guard lock(entry->mu);
+      if (!entry->settled) return false;
     }
     return true;
   }
 
-  void NotifySettled(ModelSlot& slot) {
+  void NotifySettled(ModelEntry& entry) {
     {
-      std::lock_guard lock(slot.mu);
-      slot.settled = true;
+      std::lock_guard lock(entry.mu);
+      entry.settled = true;
     }
     {
       std::lock_guard lock(events_mu_);  // AllSettled reads under it
@@ -942,9 +943,9 @@ class Server::Impl {
   // what it holds if the files are unchanged): the loads of all devices at
   // once, each store reading the checkpoint into its own staging. The
   // signature comes from the workers, checked against the config's.
-  // `keep_loaded`: what the stores held for the slot is still served (a
+  // `keep_loaded`: what the stores held for the entry is still served (a
   // repository load): the caller drops it once the new runtime replaced it.
-  Status Prepare(ModelSlot& slot, ModelRuntime& m, bool keep_loaded) {
+  Status Prepare(ModelEntry& entry, ModelRuntime& m, bool keep_loaded) {
     const ModelConfig& c = m.config();
     ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(c.checkpoint_path));
     auto specs = [](const std::vector<IoConfig>& ios) {
@@ -977,13 +978,13 @@ class Server::Impl {
     // What the stores hold of an earlier attempt that is not wanted now (the
     // files changed, or the device is no longer placed) goes, unless it is
     // still served; each placement not held is loaded.
-    std::map<std::string, ModelSlot::Loaded> wanted;
+    std::map<std::string, ModelEntry::Loaded> wanted;
     std::vector<ModelPlacement*> to_load;
     for (const auto& p : m.placements) {
       // Every file the checkpoint is made of (one, or the index and each shard).
       const std::string key = absolute + "|" + p->device_name + "|" + ckpt.Fingerprint();
-      auto held = slot.loaded.find(p->device_name);
-      if (held != slot.loaded.end() && held->second.key == key &&
+      auto held = entry.loaded.find(p->device_name);
+      if (held != entry.loaded.end() && held->second.key == key &&
           held->second.socket == p->store_socket) {
         wanted.insert(*held);
         continue;
@@ -991,14 +992,14 @@ class Server::Impl {
       wanted[p->device_name].key = key;
       to_load.push_back(p.get());
     }
-    for (auto it = slot.loaded.begin(); it != slot.loaded.end();) {
+    for (auto it = entry.loaded.begin(); it != entry.loaded.end();) {
       auto w = wanted.find(it->first);
       if (w != wanted.end() && w->second == it->second) {
         ++it;
         continue;
       }
       if (!keep_loaded) DropFromStore(c.name, it->second);
-      it = slot.loaded.erase(it);
+      it = entry.loaded.erase(it);
     }
     std::vector<Result<ModelSummary>> results(to_load.size(), Internal("not loaded"));
     std::vector<std::function<void()>> loads;
@@ -1016,8 +1017,8 @@ class Server::Impl {
         continue;
       }
       // Kept even when another device failed: a retry reuses it.
-      slot.loaded[p.device_name] = {wanted[p.device_name].key, p.store_socket, results[i]->version,
-                                    results[i]->arena_size};
+      entry.loaded[p.device_name] = {wanted[p.device_name].key, p.store_socket, results[i]->version,
+                                     results[i]->arena_size};
     }
     RETURN_IF_ERROR(failed);
     if (!to_load.empty()) {
@@ -1029,7 +1030,7 @@ class Server::Impl {
                    to_load.size() > 1 ? " (at once)" : "");
     }
     for (const auto& p : m.placements) {
-      const ModelSlot::Loaded& l = slot.loaded.at(p->device_name);
+      const ModelEntry::Loaded& l = entry.loaded.at(p->device_name);
       p->store_version = l.version;
       p->arena_bytes = l.arena_bytes;
     }
@@ -1047,36 +1048,36 @@ class Server::Impl {
   }
 
   // Drops each version of `from` that `keep` does not hold for its device.
-  void DropChanged(const std::string& name, const std::map<std::string, ModelSlot::Loaded>& from,
-                   const std::map<std::string, ModelSlot::Loaded>& keep) {
+  void DropChanged(const std::string& name, const std::map<std::string, ModelEntry::Loaded>& from,
+                   const std::map<std::string, ModelEntry::Loaded>& keep) {
     for (const auto& [device, loaded] : from) {
       auto k = keep.find(device);
       if (k == keep.end() || k->second != loaded) DropFromStore(name, loaded);
     }
   }
 
-  void DropFromStore(const std::string& name, const ModelSlot::Loaded& loaded) {
+  void DropFromStore(const std::string& name, const ModelEntry::Loaded& loaded) {
     if (auto dropped = AttachClient(loaded.socket).Unload(name, loaded.version); !dropped.ok())
       spdlog::warn("model {}: dropping version {} from the store: {}", name, loaded.version,
                    dropped.status().message());
   }
 
-  // The slot of a model directory of the repository: the one made at
+  // The entry of a model directory of the repository: the one made at
   // start-up, or a new one for a directory that appeared since.
-  Result<ModelSlot*> SlotFor(const std::string& name) {
+  Result<ModelEntry*> EntryFor(const std::string& name) {
     {
-      std::shared_lock lock(slots_mu_);
-      if (auto it = slots_.find(name); it != slots_.end()) return it->second.get();
+      std::shared_lock lock(entries_mu_);
+      if (auto it = entries_.find(name); it != entries_.end()) return it->second.get();
     }
     ASSIGN_OR_RETURN(std::vector<ModelDirectory> dirs, ListModelDirectories(options_.repository));
     auto d = std::find_if(dirs.begin(), dirs.end(),
                           [&](const ModelDirectory& e) { return e.name == name; });
     if (d == dirs.end())
       return NotFound("no model directory '" + name + "' in the repository " + options_.repository);
-    std::unique_lock lock(slots_mu_);
-    auto [it, added] = slots_.try_emplace(name);
+    std::unique_lock lock(entries_mu_);
+    auto [it, added] = entries_.try_emplace(name);
     if (added) {
-      it->second = std::make_unique<ModelSlot>();
+      it->second = std::make_unique<ModelEntry>();
       it->second->dir = std::move(*d);
     }
     return it->second.get();
@@ -1094,7 +1095,7 @@ class Server::Impl {
   }
 
   // The reaper: once every worker of a retired runtime has exited, joins
-  // their threads and lets the slot's reference go, so that what a client
+  // their threads and lets the entry's reference go, so that what a client
   // loads and unloads does not pile up. Requests still holding the runtime
   // (answered, not yet let go by their front-end) keep it until they do.
   void ReaperLoop() {
@@ -1106,10 +1107,10 @@ class Server::Impl {
       lock.unlock();
       std::vector<std::shared_ptr<ModelRuntime>> finished;
       {
-        std::shared_lock slots_lock(slots_mu_);
-        for (auto& [name, slot] : slots_) {
-          std::lock_guard slot_lock(slot->mu);
-          std::erase_if(slot->retired, [&](std::shared_ptr<ModelRuntime>& r) {
+        std::shared_lock entries_lock(entries_mu_);
+        for (auto& [name, entry] : entries_) {
+          std::lock_guard entry_lock(entry->mu);
+          std::erase_if(entry->retired, [&](std::shared_ptr<ModelRuntime>& r) {
             if (!r->WorkersFinished()) return false;
             finished.push_back(std::move(r));
             return true;
@@ -1130,10 +1131,10 @@ class Server::Impl {
   }
 
   // Stops a runtime that was never published, and frees it.
-  void Discard(ModelSlot& slot, std::shared_ptr<ModelRuntime> m) {
+  void Discard(ModelEntry& entry, std::shared_ptr<ModelRuntime> m) {
     {
-      std::lock_guard lock(slot.mu);
-      if (slot.building == m.get()) slot.building = nullptr;
+      std::lock_guard lock(entry.mu);
+      if (entry.building == m.get()) entry.building = nullptr;
     }
     m->RequestStop(true);
     for (auto& w : m->workers) w->Join();
@@ -1142,37 +1143,37 @@ class Server::Impl {
   // One attempt: config, checkpoint, store, workers. Returns the runtime once
   // one of its workers is ready (its other workers may still be starting);
   // an error naming the path and the reason otherwise.
-  Result<std::unique_ptr<ModelRuntime>> TryBuild(ModelSlot& slot, bool keep_loaded = false) {
-    RETURN_IF_ERROR(slot.dir.status);
-    ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(slot.dir.path));
+  Result<std::unique_ptr<ModelRuntime>> TryBuild(ModelEntry& entry, bool keep_loaded = false) {
+    RETURN_IF_ERROR(entry.dir.status);
+    ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(entry.dir.path));
     auto m = std::make_unique<ModelRuntime>();
-    m->name = slot.dir.name;
+    m->name = entry.dir.name;
     m->config_ = std::move(config);
-    RETURN_IF_ERROR(Prepare(slot, *m, keep_loaded));
+    RETURN_IF_ERROR(Prepare(entry, *m, keep_loaded));
     int index = 0;
     for (const auto& p : m->placements) {
       for (int i = 0; i < p->worker_count; ++i) {
         auto w = std::make_unique<WorkerSupervisor>(*m, *p, index++, options_);
-        RETURN_IF_ERROR(w->Init().WithContext("model '" + slot.dir.name + "'"));
+        RETURN_IF_ERROR(w->Init().WithContext("model '" + entry.dir.name + "'"));
         m->workers.push_back(std::move(w));
       }
     }
-    // Once published, the slot is settled when every worker's first start
+    // Once published, the entry is settled when every worker's first start
     // is over (Publish covers the workers that settled before it).
-    m->on_all_settled = [this, &slot, runtime = m.get()] {
-      if (runtime->published) NotifySettled(slot);
+    m->on_all_settled = [this, &entry, runtime = m.get()] {
+      if (runtime->published) NotifySettled(entry);
     };
     m->on_worker_finished = [this] { WakeReaper(); };
     {
       // From here Shutdown() can stop it (the workers list is complete).
-      std::lock_guard lock(slot.mu);
+      std::lock_guard lock(entry.mu);
       if (stopping_) return Unavailable("the server is shutting down");
-      slot.building = m.get();
+      entry.building = m.get();
     }
     for (auto& w : m->workers) {
       if (Status started = w->Start(); !started.ok()) {
-        Discard(slot, std::move(m));  // stops the workers already started
-        return started.WithContext("model '" + slot.dir.name + "'");
+        Discard(entry, std::move(m));  // stops the workers already started
+        return started.WithContext("model '" + entry.dir.name + "'");
       }
     }
     {
@@ -1185,7 +1186,7 @@ class Server::Impl {
     if (m->ready_workers.load() > 0 && !m->stopping) return m;
     const bool stopping = m->stopping.load();
     const std::string why = m->LastWorkerError();
-    Discard(slot, std::move(m));
+    Discard(entry, std::move(m));
     if (stopping) return Unavailable("the server is shutting down");
     return Unavailable("no worker could start; " + why);
   }
@@ -1205,13 +1206,13 @@ class Server::Impl {
         events_cv_.wait_until(lock, first->first);
         continue;
       }
-      ModelSlot* slot = first->second;
+      ModelEntry* entry = first->second;
       build_queue_.erase(first);
       lock.unlock();
-      const bool again = BuildOnce(*slot);
+      const bool again = BuildOnce(*entry);
       lock.lock();
       if (again && !stopping_) {
-        build_queue_.emplace(Clock::now() + RetryDelay(slot->failed_attempts - 1), slot);
+        build_queue_.emplace(Clock::now() + RetryDelay(entry->failed_attempts - 1), entry);
         events_cv_.notify_all();  // it may be due before what the others wait for
       }
     }
@@ -1221,92 +1222,92 @@ class Server::Impl {
   // distinct reason) why not. True if it is to be tried again. Nothing it
   // throws (no thread to be had, no memory) escapes to the builder: that is
   // this model's failure, retried like any other.
-  bool BuildOnce(ModelSlot& slot) {
-    std::lock_guard build(slot.build_mu);
+  bool BuildOnce(ModelEntry& entry) {
+    std::lock_guard build(entry.build_mu);
     {
       // A repository load served it meanwhile, or an unload took it away.
-      std::lock_guard lock(slot.mu);
-      if (slot.unloaded || slot.served.load() != nullptr) {
-        slot.settled = true;
+      std::lock_guard lock(entry.mu);
+      if (entry.unloaded || entry.served.load() != nullptr) {
+        entry.settled = true;
         return false;
       }
     }
     Result<std::unique_ptr<ModelRuntime>> built = [&]() -> Result<std::unique_ptr<ModelRuntime>> {
       try {
-        return TryBuild(slot);
+        return TryBuild(entry);
       } catch (const std::exception& e) {
-        return Internal("model '" + slot.dir.name + "': " + e.what());
+        return Internal("model '" + entry.dir.name + "': " + e.what());
       }
     }();
     if (built.ok()) {
-      Publish(slot, std::move(built).value());
+      Publish(entry, std::move(built).value());
       return false;
     }
     if (stopping_) {
-      NotifySettled(slot);
+      NotifySettled(entry);
       return false;
     }
-    ++slot.failed_attempts;
+    ++entry.failed_attempts;
     {
-      std::lock_guard lock(slot.mu);
-      slot.status = built.status();
+      std::lock_guard lock(entry.mu);
+      entry.status = built.status();
     }
-    NotifySettled(slot);
-    if (built.status().message() != slot.logged) {
-      slot.logged = built.status().message();
+    NotifySettled(entry);
+    if (built.status().message() != entry.logged) {
+      entry.logged = built.status().message();
       spdlog::error("model {} is not served: {} (retried in the background until it can be)",
-                    slot.dir.name, slot.logged);
+                    entry.dir.name, entry.logged);
     }
     return true;
   }
 
   // Makes a runtime with a ready worker reachable by requests, unless the
   // server is stopping (then it is discarded).
-  void Publish(ModelSlot& slot, std::unique_ptr<ModelRuntime> built) {
+  void Publish(ModelEntry& entry, std::unique_ptr<ModelRuntime> built) {
     std::shared_ptr<ModelRuntime> owned = std::move(built);
     ModelRuntime* m = owned.get();
     {
       // Under the lock that Shutdown() takes to find runtimes to stop:
       // either it finds this one published, or this sees stopping_.
-      std::lock_guard lock(slot.mu);
+      std::lock_guard lock(entry.mu);
       if (!stopping_) {
-        slot.building = nullptr;
+        entry.building = nullptr;
         m->published = true;
-        slot.status = Status::Ok();
-        slot.served.store(std::move(owned));
+        entry.status = Status::Ok();
+        entry.served.store(std::move(owned));
       }
     }
     if (owned) {
-      Discard(slot, std::move(owned));
-      NotifySettled(slot);
+      Discard(entry, std::move(owned));
+      NotifySettled(entry);
       return;
     }
     const ModelConfig& c = m->config();
     spdlog::info("model {} version {}: {} on {}{}", c.name, c.version, c.backend,
                  m->DescribePlacements(),
-                 slot.failed_attempts > 0
-                     ? ", served after " + std::to_string(slot.failed_attempts + 1) + " attempts"
+                 entry.failed_attempts > 0
+                     ? ", served after " + std::to_string(entry.failed_attempts + 1) + " attempts"
                      : "");
     // The workers that settled before `published` was set did not notify.
-    if (m->AllSettled()) NotifySettled(slot);
+    if (m->AllSettled()) NotifySettled(entry);
   }
 
   ServerOptions options_;
   SharedMemoryRegistry shared_memory_;
   std::string run_dir_;
   bool made_run_dir_ = false;
-  // Held by Start() while it makes the run directory, the slots and the
+  // Held by Start() while it makes the run directory, the entries and the
   // builders, and by Shutdown() from the moment it has set stopping_.
   std::mutex lifecycle_mu_;
-  // Made when Start() lists the repository; LoadModel adds the slots of
-  // directories that appeared since (under slots_mu_, exclusive). Slots are
+  // Made when Start() lists the repository; LoadModel adds the entries of
+  // directories that appeared since (under entries_mu_, exclusive). Entries are
   // never removed.
-  mutable std::shared_mutex slots_mu_;
-  std::map<std::string, std::unique_ptr<ModelSlot>> slots_;
+  mutable std::shared_mutex entries_mu_;
+  std::map<std::string, std::unique_ptr<ModelEntry>> entries_;
   static constexpr size_t kMaxBuilders = 8;
   std::vector<std::thread> builders_;
   // Models due for an attempt, by when (guarded by events_mu_).
-  std::multimap<Clock::time_point, ModelSlot*> build_queue_;
+  std::multimap<Clock::time_point, ModelEntry*> build_queue_;
   mutable std::mutex stores_mu_;
   std::map<std::string, RunningStore> stores_;  // by device name
   std::once_flag gpus_once_;
