@@ -1,0 +1,316 @@
+#include "server/server_impl.h"
+
+namespace hearth {
+
+// The served model, or why there is none: NotFound for an unknown model or
+// a version other than the served one, Unavailable naming the path and the
+// reason for a model whose directory, config, checkpoint or workers fail.
+Result<std::shared_ptr<ModelRuntime>> Server::Impl::Find(const std::string& model,
+                                                         const std::string& version) const {
+  std::shared_lock entries_lock(entries_mu_);
+  auto it = entries_.find(model);
+  if (it == entries_.end()) return NotFound("unknown model '" + model + "'");
+  const ModelEntry& entry = *it->second;
+  std::shared_ptr<ModelRuntime> m = entry.served.load();
+  if (m == nullptr) {
+    std::lock_guard lock(entry.mu);
+    return Unavailable("model '" + model + "' is not served: " + entry.status.message());
+  }
+  if (!version.empty() && version != std::to_string(m->config().version))
+    return NotFound("model '" + model + "' has no served version '" + version + "'");
+  return m;
+}
+
+Result<ModelMetadata> Server::Impl::Metadata(const std::string& model,
+                                             const std::string& version) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<ModelRuntime> m, Find(model, version));
+  ModelMetadata md;
+  md.name = model;
+  md.versions = {std::to_string(m->config().version)};
+  md.platform = "hearth_" + m->config().backend;
+  md.max_batch_size = m->config().max_batch_size;
+  auto convert = [&](const std::vector<TensorSpec>& specs, std::vector<TensorMetadata>* out) {
+    for (const TensorSpec& s : specs) {
+      TensorMetadata t{s.name, s.dtype, {}};
+      if (md.max_batch_size > 0) t.shape.push_back(-1);
+      t.shape.insert(t.shape.end(), s.dims.begin(), s.dims.end());
+      out->push_back(std::move(t));
+    }
+  };
+  convert(m->inputs, &md.inputs);
+  convert(m->outputs, &md.outputs);
+  md.decoupled = m->config().decoupled;
+  return md;
+}
+
+Result<std::string> Server::Impl::ModelConfigJsonOf(const std::string& model,
+                                                    const std::string& version) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<ModelRuntime> m, Find(model, version));
+  return hearth::ModelConfigJson(m->config());
+}
+
+Result<std::vector<ModelStatistics>> Server::Impl::Statistics(const std::string& model,
+                                                              const std::string& version) const {
+  std::vector<std::shared_ptr<ModelRuntime>> runtimes;
+  if (model.empty()) {
+    if (!version.empty()) return InvalidArgument("a version without a model");
+    std::shared_lock entries_lock(entries_mu_);
+    for (const auto& [name, entry] : entries_)
+      if (std::shared_ptr<ModelRuntime> m = entry->served.load()) runtimes.push_back(std::move(m));
+  } else {
+    ASSIGN_OR_RETURN(std::shared_ptr<ModelRuntime> m, Find(model, version));
+    runtimes.push_back(std::move(m));
+  }
+  std::vector<ModelStatistics> out;
+  auto d = [](uint64_t count, uint64_t us) { return DurationStatistics{count, us * 1000}; };
+  for (const std::shared_ptr<ModelRuntime>& m : runtimes) {
+    ModelStatistics st;
+    st.name = m->name;
+    st.version = std::to_string(m->config().version);
+    st.last_inference_ms = m->stats.last_inference_ms.load();
+    st.inference_count = m->stats.rows.load();
+    st.execution_count = m->stats.batches.load();
+    const uint64_t answered = m->stats.requests.load();
+    st.success = d(m->stats.success.load(), m->stats.success_us.load());
+    st.fail = d(m->stats.failure.load(), m->stats.failure_us.load());
+    st.queue = d(answered, m->stats.queue_us.load());
+    st.compute_input = d(answered, m->stats.input_us.load());
+    st.compute_infer = d(answered, m->stats.run_us.load());
+    st.compute_output = d(answered, m->stats.output_us.load());
+    for (int b = 1; m->stats.batch_totals != nullptr && b <= m->max_batch(); ++b) {
+      const ModelStats::BatchTotals& t = m->stats.batch_totals[static_cast<size_t>(b)];
+      const uint64_t n = t.count.load();
+      if (n == 0) continue;
+      st.batch_stats.push_back(
+          {b, d(n, t.input_us.load()), d(n, t.infer_us.load()), d(n, t.output_us.load())});
+    }
+    out.push_back(std::move(st));
+  }
+  return out;
+}
+
+std::vector<RepositoryEntry> Server::Impl::RepositoryIndex(bool ready_only) const {
+  std::vector<RepositoryEntry> out;
+  std::shared_lock entries_lock(entries_mu_);
+  for (const auto& [name, entry] : entries_) {
+    RepositoryEntry e;
+    e.name = name;
+    const std::shared_ptr<ModelRuntime> m = entry->served.load();
+    if (m != nullptr && m->ready_workers.load() > 0) {
+      e.version = std::to_string(m->config().version);
+      e.state = "READY";
+    } else {
+      if (ready_only) continue;
+      if (m != nullptr) e.version = std::to_string(m->config().version);
+      std::lock_guard lock(entry->mu);
+      e.state = entry->settled || m != nullptr ? "UNAVAILABLE" : "LOADING";
+      e.reason =
+          m != nullptr ? "no worker is ready: " + m->LastWorkerError() : entry->status.message();
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+// The GPUs that CUDA shared-memory regions may be on: the server's
+// device and every GPU a served model runs on or its config names. None
+// for a server on the host.
+std::vector<int> Server::Impl::GpusInUse() const {
+  std::set<int> gpus;
+  if (!options_.device.is_cuda()) return {};
+  gpus.insert(options_.device.index);
+  std::shared_lock entries_lock(entries_mu_);
+  for (const auto& [name, entry] : entries_) {
+    const std::shared_ptr<ModelRuntime> m = entry->served.load();
+    if (m == nullptr) continue;
+    for (const auto& p : m->placements)
+      if (p->memory.is_cuda()) gpus.insert(p->memory.index);
+    for (const InstanceGroup& g : m->config().instance_groups)
+      if (g.kind_gpu) gpus.insert(g.gpus.begin(), g.gpus.end());
+  }
+  return {gpus.begin(), gpus.end()};
+}
+
+std::vector<std::string> Server::Impl::ModelNames() const {
+  std::vector<std::string> names;
+  std::shared_lock entries_lock(entries_mu_);
+  for (const auto& [name, entry] : entries_) names.push_back(name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Result<bool> Server::Impl::ModelReady(const std::string& model, const std::string& version) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<ModelRuntime> m, Find(model, version));
+  if (shut_down_) return Unavailable("the server is shutting down");
+  if (m->ready_workers.load() == 0) {
+    const std::string last = m->LastWorkerError();
+    return Unavailable("model '" + model + "' has no worker ready" +
+                       (last.empty() ? "" : ": " + last));
+  }
+  return true;
+}
+
+Status Server::Impl::LoadModel(const std::string& name) {
+  if (stopping_ || !started_) return Unavailable("the server is not serving");
+  ASSIGN_OR_RETURN(ModelEntry * entry, EntryFor(name));
+  std::lock_guard build(entry->build_mu);
+  {
+    std::lock_guard lock(entry->mu);
+    entry->unloaded = false;
+  }
+  const std::shared_ptr<ModelRuntime> old = entry->served.load();
+  const std::map<std::string, ModelEntry::Loaded> previous = entry->loaded;
+  Result<std::unique_ptr<ModelRuntime>> built = [&]() -> Result<std::unique_ptr<ModelRuntime>> {
+    try {
+      return TryBuild(*entry, /*keep_loaded=*/old != nullptr);
+    } catch (const std::exception& e) {
+      return Internal("model '" + name + "': " + e.what());
+    }
+  }();
+  if (!built.ok()) {
+    if (old != nullptr) {
+      // The served version goes on; what this attempt loaded goes.
+      DropChanged(name, entry->loaded, previous);
+      entry->loaded = previous;
+    } else {
+      std::lock_guard lock(entry->mu);
+      entry->status = built.status();
+      entry->settled = true;
+    }
+    spdlog::error("model {}: load failed: {}", name, built.status().message());
+    return built.status();
+  }
+  if (old == nullptr) {
+    Publish(*entry, std::move(built).value());
+    return entry->served.load() != nullptr ? Status::Ok()
+                                           : Unavailable("the server is shutting down");
+  }
+  // The swap: new requests go to the new runtime at once; the old one
+  // runs what it has queued and its workers exit.
+  std::shared_ptr<ModelRuntime> fresh = std::move(built).value();
+  bool swapped = false;
+  {
+    // Under the lock Shutdown() takes to find runtimes to stop: either it
+    // finds this one served, or this sees stopping_ (as in Publish).
+    std::lock_guard lock(entry->mu);
+    entry->building = nullptr;
+    if (!stopping_) {
+      fresh->published = true;
+      entry->retired.push_back(old);
+      entry->status = Status::Ok();
+      entry->served.store(fresh);
+      swapped = true;
+    }
+  }
+  if (!swapped) {
+    Discard(*entry, std::move(fresh));
+    DropChanged(name, entry->loaded, previous);
+    entry->loaded = previous;
+    return Unavailable("the server is shutting down");
+  }
+  old->RequestStop(false);
+  DropChanged(name, previous, entry->loaded);  // its arenas go with the old workers' leases
+  spdlog::info("model {}: version {} replaces version {} ({} workers); the old workers drain", name,
+               fresh->config().version, old->config().version, fresh->worker_count);
+  if (fresh->AllSettled()) NotifySettled(*entry);
+  return Status::Ok();
+}
+
+Status Server::Impl::UnloadModel(const std::string& name) {
+  if (stopping_ || !started_) return Unavailable("the server is not serving");
+  ModelEntry* entry = nullptr;
+  {
+    std::shared_lock lock(entries_mu_);
+    auto it = entries_.find(name);
+    if (it == entries_.end()) return NotFound("unknown model '" + name + "'");
+    entry = it->second.get();
+  }
+  std::lock_guard build(entry->build_mu);
+  std::shared_ptr<ModelRuntime> old;
+  {
+    std::lock_guard lock(entry->mu);
+    entry->unloaded = true;
+    entry->status = Unavailable("it was unloaded (POST /v2/repository/models/" + name +
+                                "/load serves it again)");
+    old = entry->served.exchange(nullptr);
+    if (old != nullptr) entry->retired.push_back(old);
+  }
+  if (old != nullptr) old->RequestStop(false);
+  for (const auto& [device, loaded] : entry->loaded) DropFromStore(name, loaded);
+  entry->loaded.clear();
+  spdlog::info("model {}: unloaded{}", name, old != nullptr ? "; its workers drain" : "");
+  return Status::Ok();
+}
+
+std::string Server::Impl::MetricsText() const {
+  // Served models only: one that is not served has no workers or counters.
+  std::vector<std::shared_ptr<ModelRuntime>> runtimes;  // alive while their text is written
+  std::vector<std::pair<std::string, const ModelRuntime*>> served;
+  std::shared_lock entries_lock(entries_mu_);
+  for (const auto& [name, entry] : entries_) {
+    if (std::shared_ptr<ModelRuntime> m = entry->served.load()) {
+      served.emplace_back(name, m.get());
+      runtimes.push_back(std::move(m));
+    }
+  }
+  std::vector<StoreSample> stores;
+  {
+    std::lock_guard lock(stores_mu_);
+    for (const auto& [device, s] : stores_) {
+      const Store::Held held = s.store->HeldArenas();
+      stores.push_back({device, held.arenas, held.bytes});
+    }
+  }
+  std::string text = PrometheusText(served, stores);
+  uint64_t retired = 0;
+  for (const auto& [name, entry] : entries_) {
+    std::lock_guard lock(entry->mu);
+    retired += entry->retired.size();
+  }
+  text +=
+      "# HELP hearth_retired_runtimes Models' runtimes that a repository load or unload "
+      "replaced and whose workers have not all exited yet.\n"
+      "# TYPE hearth_retired_runtimes gauge\nhearth_retired_runtimes " +
+      std::to_string(retired) +
+      "\n# HELP hearth_retired_runtimes_freed_total Replaced runtimes whose workers exited "
+      "and were joined, and that were let go.\n"
+      "# TYPE hearth_retired_runtimes_freed_total counter\n"
+      "hearth_retired_runtimes_freed_total " +
+      std::to_string(runtimes_freed_.load()) + "\n";
+  return text;
+}
+
+std::vector<int> Server::Impl::WorkerPids(const std::string& model) const {
+  std::vector<int> pids;
+  std::shared_lock entries_lock(entries_mu_);
+  auto it = entries_.find(model);
+  if (it == entries_.end()) return pids;
+  const std::shared_ptr<ModelRuntime> m = it->second->served.load();
+  if (m == nullptr) return pids;
+  for (const auto& w : m->workers)
+    if (w->pid() > 0) pids.push_back(w->pid());
+  return pids;
+}
+
+// The entry of a model directory of the repository: the one made at
+// start-up, or a new one for a directory that appeared since.
+Result<ModelEntry*> Server::Impl::EntryFor(const std::string& name) {
+  {
+    std::shared_lock lock(entries_mu_);
+    if (auto it = entries_.find(name); it != entries_.end()) return it->second.get();
+  }
+  ASSIGN_OR_RETURN(std::vector<ModelDirectory> dirs, ListModelDirectories(options_.repository));
+  auto d = std::find_if(dirs.begin(), dirs.end(),
+                        [&](const ModelDirectory& e) { return e.name == name; });
+  if (d == dirs.end())
+    return NotFound("no model directory '" + name + "' in the repository " + options_.repository);
+  std::unique_lock lock(entries_mu_);
+  auto [it, added] = entries_.try_emplace(name);
+  if (added) {
+    it->second = std::make_unique<ModelEntry>();
+    it->second->dir = std::move(*d);
+  }
+  return it->second.get();
+}
+
+}  // namespace hearth

@@ -1,0 +1,226 @@
+#include "server/server_impl.h"
+
+namespace hearth {
+
+// The sockets' directory: private (0700, ours, no symlink, trusted
+// ancestors), so that no other local user can replace the store's socket
+// and hand workers impostor weights. A new mkdtemp directory unless the
+// options name one, which is then checked (and created if missing).
+Status Server::Impl::SetUpRunDirectory() {
+  if (options_.run_dir.empty()) {
+    ASSIGN_OR_RETURN(run_dir_, MakePrivateDirectory("serve-", kMaxRunDirLength));
+    made_run_dir_ = true;
+  } else {
+    if (options_.run_dir.size() > kMaxRunDirLength)
+      return InvalidArgument("run directory " + options_.run_dir + ": " +
+                             std::to_string(options_.run_dir.size()) +
+                             " bytes, too long for its sockets' paths (at most " +
+                             std::to_string(kMaxRunDirLength) + ")");
+    struct stat st {};
+    const bool existed = ::lstat(options_.run_dir.c_str(), &st) == 0;
+    RETURN_IF_ERROR(EnsureTrustedDirectory(options_.run_dir, 0700));
+    run_dir_ = options_.run_dir;
+    made_run_dir_ = !existed;
+  }
+  spdlog::info("run directory {}", run_dir_);
+  return Status::Ok();
+}
+
+// The socket of `device`'s store, started on first use.
+Result<std::string> Server::Impl::StoreFor(const StoreDevice& device) {
+  std::lock_guard lock(stores_mu_);
+  auto it = stores_.find(device.name);
+  if (it != stores_.end()) return it->second.socket;
+  if (stopping_) return Unavailable("the server is shutting down");
+  StoreOptions so;
+  so.socket_path = DeviceSocketPath(run_dir_ + "/store.sock", device.name);
+  so.device = device.memory;
+  so.load_threads = options_.load_threads;
+  so.show_progress = true;
+  const std::string socket = so.socket_path;
+  ASSIGN_OR_RETURN(std::unique_ptr<Store> store, Store::Create(std::move(so)));
+  Store* raw = store.get();
+  std::thread thread;
+  try {
+    thread = std::thread([raw] {
+      if (Status s = raw->Run(); !s.ok()) spdlog::error("store: {}", s.ToString());
+    });
+  } catch (const std::system_error& e) {
+    return ResourceExhausted("starting the store's thread: " + std::string(e.what()));
+  }
+  RunningStore& rs = stores_[device.name];
+  rs.socket = socket;
+  rs.store = std::move(store);
+  rs.thread = std::move(thread);
+  return rs.socket;
+}
+
+// Where the model's instances go (server/placement.h), on what the
+// server has: --stand-in-gpus, else the GPUs the CUDA driver sees when it
+// serves from a GPU, else the host alone.
+Result<std::vector<Placement>> Server::Impl::Place(const ModelConfig& c) {
+  PlacementContext context;
+  context.workers_per_placement = options_.workers;
+  if (options_.stand_in_gpus > 0) {
+    context.gpus = true;
+    context.visible_gpus = options_.stand_in_gpus;
+    context.default_gpu = options_.device.is_cuda() ? options_.device.index : 0;
+    context.gpu_source = "--stand-in-gpus";
+  } else if (options_.device.is_cuda()) {
+    context.gpus = true;
+    context.default_gpu = options_.device.index;
+    Result<int> count = VisibleGpus();
+    context.visible_gpus = count.ok() ? *count : 0;
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    context.gpu_source =
+        count.ok() ? std::string("the CUDA driver") +
+                         (visible != nullptr
+                              ? " (CUDA_VISIBLE_DEVICES=" + std::string(visible).substr(0, 64) + ")"
+                              : "")
+                   : "the CUDA driver: " + count.status().message();
+  }
+  Result<std::vector<Placement>> placed = PlaceInstances(c.instance_groups, context);
+  if (!placed.ok()) return placed.status().WithContext(c.config_path);
+  return placed;
+}
+
+// The store device of a placement: the host, a GPU, or host memory
+// standing in for a GPU.
+StoreDevice Server::Impl::DeviceOf(const Placement& p) const {
+  if (p.gpu < 0) return {"cpu", Device::Host()};
+  if (options_.stand_in_gpus > 0) return {"host" + std::to_string(p.gpu), Device::Host()};
+  return {"cuda:" + std::to_string(p.gpu), Device::Cuda(p.gpu)};
+}
+
+// The driver's count, asked once (it cannot change in a process).
+Result<int> Server::Impl::VisibleGpus() {
+  std::call_once(gpus_once_, [&] { visible_gpus_ = CudaDeviceCount(); });
+  return visible_gpus_;
+}
+
+// Prepares what each worker is told (the setup message), places the
+// instances, and has each placement's store hold the weights (reusing
+// what it holds if the files are unchanged): the loads of all devices at
+// once, each store reading the checkpoint into its own staging. The
+// signature comes from the workers, checked against the config's.
+// `keep_loaded`: what the stores held for the entry is still served (a
+// repository load): the caller drops it once the new runtime replaced it.
+Status Server::Impl::Prepare(ModelEntry& entry, ModelRuntime& m, bool keep_loaded) {
+  const ModelConfig& c = m.config();
+  ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(c.checkpoint_path));
+  auto specs = [](const std::vector<IoConfig>& ios) {
+    std::vector<TensorSpec> out;
+    for (const IoConfig& io : ios) out.push_back({io.name, io.dtype, io.dims});
+    return out;
+  };
+  m.setup.max_batch_size = c.max_batch_size;
+  m.setup.parameters = c.parameters;
+  m.setup.inputs = specs(c.inputs);
+  m.setup.outputs = specs(c.outputs);
+  m.setup.config_json = hearth::ModelConfigJson(c);
+  m.setup.version_dir = c.version_dir;
+  m.setup.decoupled = c.decoupled;
+  ASSIGN_OR_RETURN(std::vector<Placement> placed, Place(c));
+  std::error_code ec;
+  const std::string absolute = std::filesystem::absolute(c.checkpoint_path, ec).string();
+  if (ec) return InvalidArgument(c.checkpoint_path + ": " + ec.message());
+  m.worker_count = 0;
+  for (const Placement& where : placed) {
+    auto p = std::make_unique<ModelPlacement>(where.workers);
+    const StoreDevice device = DeviceOf(where);
+    p->index = static_cast<int>(m.placements.size());
+    p->device_name = device.name;
+    p->memory = device.memory;
+    ASSIGN_OR_RETURN(p->store_socket, StoreFor(device));
+    m.worker_count += where.workers;
+    m.placements.push_back(std::move(p));
+  }
+  // What the stores hold of an earlier attempt that is not wanted now (the
+  // files changed, or the device is no longer placed) goes, unless it is
+  // still served; each placement not held is loaded.
+  std::map<std::string, ModelEntry::Loaded> wanted;
+  std::vector<ModelPlacement*> to_load;
+  for (const auto& p : m.placements) {
+    // Every file the checkpoint is made of (one, or the index and each shard).
+    const std::string key = absolute + "|" + p->device_name + "|" + ckpt.Fingerprint();
+    auto held = entry.loaded.find(p->device_name);
+    if (held != entry.loaded.end() && held->second.key == key &&
+        held->second.socket == p->store_socket) {
+      wanted.insert(*held);
+      continue;
+    }
+    wanted[p->device_name].key = key;
+    to_load.push_back(p.get());
+  }
+  for (auto it = entry.loaded.begin(); it != entry.loaded.end();) {
+    auto w = wanted.find(it->first);
+    if (w != wanted.end() && w->second == it->second) {
+      ++it;
+      continue;
+    }
+    if (!keep_loaded) DropFromStore(c.name, it->second);
+    it = entry.loaded.erase(it);
+  }
+  std::vector<Result<ModelSummary>> results(to_load.size(), Internal("not loaded"));
+  std::vector<std::function<void()>> loads;
+  for (size_t i = 0; i < to_load.size(); ++i)
+    loads.push_back(
+        [&, i] { results[i] = AttachClient(to_load[i]->store_socket).Load(c.name, absolute); });
+  const auto load_started = Clock::now();
+  RunTogether(loads);
+  Status failed = Status::Ok();
+  for (size_t i = 0; i < to_load.size(); ++i) {
+    ModelPlacement& p = *to_load[i];
+    if (!results[i].ok()) {
+      if (failed.ok())
+        failed = results[i].status().WithContext(c.checkpoint_path + " on " + p.device_name);
+      continue;
+    }
+    // Kept even when another device failed: a retry reuses it.
+    entry.loaded[p.device_name] = {wanted[p.device_name].key, p.store_socket, results[i]->version,
+                                   results[i]->arena_size};
+  }
+  RETURN_IF_ERROR(failed);
+  if (!to_load.empty()) {
+    std::string devices;
+    for (const ModelPlacement* p : to_load)
+      devices += (devices.empty() ? "" : ", ") + p->device_name;
+    spdlog::info("model {}: weights loaded on {} in {:.3f} s{}", c.name, devices,
+                 std::chrono::duration<double>(Clock::now() - load_started).count(),
+                 to_load.size() > 1 ? " (at once)" : "");
+  }
+  for (const auto& p : m.placements) {
+    const ModelEntry::Loaded& l = entry.loaded.at(p->device_name);
+    p->store_version = l.version;
+    p->arena_bytes = l.arena_bytes;
+  }
+  m.shared_memory = &shared_memory_;
+  m.queue = std::make_unique<JobQueue>(std::max<uint64_t>(1, c.max_queue_size));
+  // A decoupled model's worker serves one request (one stream) at a time.
+  m.policy.max_batch = c.decoupled ? 1 : m.max_batch();
+  m.stats.max_batch = m.max_batch();
+  m.stats.batch_totals =
+      std::make_unique<ModelStats::BatchTotals[]>(static_cast<size_t>(m.max_batch()) + 1);
+  m.policy.max_delay = std::chrono::microseconds(c.max_queue_delay_us);
+  m.policy.preferred.assign(c.preferred_batch_sizes.begin(), c.preferred_batch_sizes.end());
+  std::sort(m.policy.preferred.begin(), m.policy.preferred.end());
+  return Status::Ok();
+}
+
+// Drops each version of `from` that `keep` does not hold for its device.
+void Server::Impl::DropChanged(const std::string& name,
+                               const std::map<std::string, ModelEntry::Loaded>& from,
+                               const std::map<std::string, ModelEntry::Loaded>& keep) {
+  for (const auto& [device, loaded] : from) {
+    auto k = keep.find(device);
+    if (k == keep.end() || k->second != loaded) DropFromStore(name, loaded);
+  }
+}
+
+void Server::Impl::DropFromStore(const std::string& name, const ModelEntry::Loaded& loaded) {
+  if (auto dropped = AttachClient(loaded.socket).Unload(name, loaded.version); !dropped.ok())
+    spdlog::warn("model {}: dropping version {} from the store: {}", name, loaded.version,
+                 dropped.status().message());
+}
+
+}  // namespace hearth
