@@ -36,6 +36,10 @@ class QueueClock {
   static const QueueClock& Real();
 };
 
+// A request whose batches took down this many workers is failed ("poison"),
+// not retried: it, not the workers, is at fault.
+inline constexpr int kPoisonCrashes = 3;
+
 struct Job {
   Clock::time_point received = Clock::now();
   Clock::time_point deadline = Clock::time_point::max();
@@ -47,7 +51,7 @@ struct Job {
   std::vector<int64_t> shape_key;
   // The priority level: lower runs first (1 is the highest).
   uint64_t priority = 0;
-  int crashes = 0;     // workers taken down by batches this request was in
+  int crashes = 0;     // workers taken down by batches this request was in (kPoisonCrashes)
   bool alone = false;  // its batch failed on its inputs: it runs alone now
 };
 

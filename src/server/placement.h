@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "hearth/status.h"
+#include "server/job_queue.h"
 #include "server/model_config.h"
 
 namespace hearth {
@@ -71,9 +72,9 @@ class PlacementHealth {
   using Clock = std::chrono::steady_clock;
   enum class Change { kNone, kFailed, kRecovered };
 
-  // Twice the placement's workers, and never under 4: a poison request
-  // takes down 3 workers (supervisor.cc), which says nothing of the device.
-  static int FailAfter(int workers) { return std::max(4, 2 * workers); }
+  // Twice the placement's workers, and never as few as a poison request
+  // takes down (kPoisonCrashes), which says nothing of the device.
+  static int FailAfter(int workers) { return std::max(kPoisonCrashes + 1, 2 * workers); }
   static constexpr std::chrono::milliseconds kFirstProbe{1000};
   static constexpr std::chrono::milliseconds kMaxProbe{30000};
 

@@ -122,6 +122,16 @@ Status WorkerSupervisor::Spawn(UniqueFd* control) {
   return StartWorkerProcess(model_, placement_, options_, false, process_, slot_, control);
 }
 
+void WorkerSupervisor::RetryAfterCrash(const std::shared_ptr<Job>& job, const char* what) {
+  if (++job->crashes >= kPoisonCrashes) {
+    job->done(Internal(std::string(what) + ": this request took down " +
+                       std::to_string(job->crashes) + " workers of '" + model_.name +
+                       "'; it is not retried"));
+  } else {
+    model_.queue->PushFront(job);
+  }
+}
+
 void WorkerSupervisor::Replenish() {
   const int want = model_.config().standby_workers;
   if (want <= 0 || !model_.AllSettled()) return;
@@ -410,15 +420,7 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
                     : "died",
         rows, jobs.size());
     // Back to the front in their order; each now runs alone (PopBatch).
-    for (auto it = jobs.rbegin(); it != jobs.rend(); ++it) {
-      const auto& job = *it;
-      if (++job->crashes >= 3) {
-        job->done(Internal("poison batch: this request took down " + std::to_string(job->crashes) +
-                           " workers of '" + model_.name + "'; it is not retried"));
-      } else {
-        model_.queue->PushFront(job);
-      }
-    }
+    for (auto it = jobs.rbegin(); it != jobs.rend(); ++it) RetryAfterCrash(*it, "poison batch");
     return false;
   }
   const control::Done& d = done->done;
@@ -657,12 +659,7 @@ bool WorkerSupervisor::RunStream(int control, const std::shared_ptr<Job>& shared
       if (responses == 0 && !cancelled) {
         // Nothing reached the client: the request is retried, and counts
         // towards poison like any batch that took a worker down.
-        if (++job.crashes >= 3) {
-          job.done(Internal("poison request: it took down " + std::to_string(job.crashes) +
-                            " workers of '" + model_.name + "'; it is not retried"));
-        } else {
-          model_.queue->PushFront(shared);
-        }
+        RetryAfterCrash(shared, "poison request");
       } else {
         // Half a stream is never replayed: the client would see tokens twice.
         job.done(Internal("model '" + model_.name + "': the worker serving this stream " + what +

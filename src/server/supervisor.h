@@ -85,6 +85,10 @@ class WorkerSupervisor {
   // all the model's first starts are over (a standby's loading would slow
   // theirs).
   void Replenish();
+  // A request in a batch that took the worker down: back to the front of the
+  // queue (it then runs alone), or failed as `what` ("poison batch") once it
+  // has taken down kPoisonCrashes workers.
+  void RetryAfterCrash(const std::shared_ptr<Job>& job, const char* what);
   // A decoupled model's run (one request), once its run message is sent:
   // each response to the request's on_response (or joined for one answer),
   // acknowledged with a cancel when the request is over. False as RunBatch.
