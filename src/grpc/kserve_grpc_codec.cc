@@ -14,6 +14,7 @@
 #include "common/bytes_tensor.h"
 #include "common/checked_size.h"
 #include "common/datatype.h"
+#include "server/protocol_codes.h"
 #include "server/request_check.h"
 
 namespace hearth {
@@ -677,32 +678,7 @@ void EncodeSystemSharedMemoryStatus(const std::vector<SharedMemoryRegion>& regio
 }
 
 grpc::StatusCode GrpcCodeFor(StatusCode code) {
-  switch (code) {
-    case StatusCode::kOk:
-      return grpc::StatusCode::OK;
-    case StatusCode::kInvalidArgument:
-      return grpc::StatusCode::INVALID_ARGUMENT;
-    case StatusCode::kFailedPrecondition:
-      return grpc::StatusCode::FAILED_PRECONDITION;
-    case StatusCode::kNotFound:
-      return grpc::StatusCode::NOT_FOUND;
-    case StatusCode::kResourceExhausted:
-      return grpc::StatusCode::RESOURCE_EXHAUSTED;
-    case StatusCode::kUnavailable:
-      return grpc::StatusCode::UNAVAILABLE;
-    case StatusCode::kDeadlineExceeded:
-      return grpc::StatusCode::DEADLINE_EXCEEDED;
-    case StatusCode::kUnimplemented:
-      return grpc::StatusCode::UNIMPLEMENTED;
-    case StatusCode::kAlreadyExists:
-      return grpc::StatusCode::ALREADY_EXISTS;
-    case StatusCode::kPermissionDenied:
-      return grpc::StatusCode::PERMISSION_DENIED;
-    case StatusCode::kInternal:
-    case StatusCode::kDeviceLost:
-      break;
-  }
-  return grpc::StatusCode::INTERNAL;
+  return static_cast<grpc::StatusCode>(ProtocolCodesFor(code).grpc);
 }
 
 grpc::Status ToGrpcStatus(const Status& status) {

@@ -17,6 +17,7 @@
 #include "common/checked_size.h"
 #include "common/float16.h"
 #include "http/kserve_codec_internal.h"
+#include "server/protocol_codes.h"
 
 namespace hearth {
 
@@ -381,27 +382,7 @@ std::string ServerMetadataJson(std::string_view name, std::string_view version,
 
 std::string ErrorJson(std::string_view message) { return "{\"error\":" + Quote(message) + "}"; }
 
-int HttpStatusFor(StatusCode code) {
-  switch (code) {
-    case StatusCode::kOk:
-      return 200;
-    case StatusCode::kInvalidArgument:
-    case StatusCode::kFailedPrecondition:
-    case StatusCode::kAlreadyExists:
-      return 400;
-    case StatusCode::kNotFound:
-      return 404;
-    case StatusCode::kResourceExhausted:
-    case StatusCode::kUnavailable:
-      return 503;
-    case StatusCode::kDeadlineExceeded:
-      return 504;
-    case StatusCode::kUnimplemented:
-      return 501;
-    default:
-      return 500;
-  }
-}
+int HttpStatusFor(StatusCode code) { return ProtocolCodesFor(code).http; }
 
 Result<uint64_t> ParseJsonLength(std::string_view value) {
   uint64_t length = 0;
