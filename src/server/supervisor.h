@@ -133,9 +133,6 @@ class WorkerSupervisor {
   bool ReleaseRegionsIfUnregistered(int control);
 };
 
-// Triton's classification of an output tensor (RequestedOutput::class_count).
-InferTensor Classify(const InferTensor& t, uint32_t count, bool batching);
-
 // The most a slot may grow to for one batch's inputs and outputs.
 inline constexpr uint64_t kMaxSlotBytes = 16ull << 30;
 

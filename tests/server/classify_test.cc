@@ -6,7 +6,7 @@
 
 #include "common/float16.h"
 #include "gtest/gtest.h"
-#include "server/supervisor.h"
+#include "server/response_assembly.h"
 
 namespace hearth {
 namespace {
