@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 import requests
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from test_serve import CLI, ON_GPU, infer_json, start_serve, stop_serve, wait_for  # noqa: E402
+from cuda_driver import Cuda
+from serve_support import CLI, ON_GPU, infer_json, start_serve, stop_serve, wait_for
+
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LIBRARY = pathlib.Path(CLI).resolve().parent / "libhearth_backend_aoti.so"
@@ -120,7 +121,6 @@ def export(tmp_path, repo, name, device, dynamic="1..32", extra=(), source_text=
 
 def reference(x):
     import torch
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
     namespace = {}
     exec(MODEL_PY, namespace)
     with torch.no_grad():
@@ -285,8 +285,6 @@ def test_a_cuda_package_reads_and_writes_cuda_shared_memory(aoti_served):
     if "cuda" not in aoti_served["devices"]:
         pytest.skip("CUDA shared memory needs a GPU (HEARTH_TEST_DEVICE=cuda)")
     import base64
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-    from test_cuda_shm_gpu import Cuda
     url, cuda = aoti_served["url"], Cuda(0)
     name = requests.get(f"{url}/v2/models/mlp_cuda").json()["inputs"][0]["name"]
     out_name = requests.get(f"{url}/v2/models/mlp_cuda").json()["outputs"][0]["name"]

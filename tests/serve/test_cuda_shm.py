@@ -20,15 +20,14 @@ import pathlib
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 
 import numpy as np
 import pytest
 import requests
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from test_serve import CLI, SCALE_N, scale_config, start_serve, stop_serve  # noqa: E402
+from serve_support import CLI, SCALE_N, scale_config, start_serve, stop_serve
+
 
 HANDLE = bytes(range(7, 7 + 64))  # what cudaIpcGetMemHandle would give: 64 opaque bytes
 
@@ -78,14 +77,14 @@ def grpc_stubs(servers):
         pytest.skip("this hearth was built without gRPC")
     grpc = pytest.importorskip("grpc", reason="needs grpcio (Debian: python3-grpcio)")
     pytest.importorskip("grpc_tools", reason="needs grpc_tools (Debian: python3-grpc-tools)")
-    import test_grpc  # generates the stubs from proto/
+    import grpc_support  # generates the stubs from proto/
     channels, stubs = [], {}
     for name, s in servers.items():
         assert s["grpc_port"], f"the {name} server did not log its gRPC port"
-        channel, stub = test_grpc.connect(s["grpc_port"])
+        channel, stub = grpc_support.connect(s["grpc_port"])
         channels.append(channel)
         stubs[name] = stub
-    yield test_grpc.pb, grpc, stubs
+    yield grpc_support.pb, grpc, stubs
     for c in channels:
         c.close()
 

@@ -33,8 +33,8 @@ import time
 import pytest
 import requests
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from test_serve import CLI, ON_GPU, start_serve, stop_serve, wait_for  # noqa: E402
+from serve_support import CLI, ON_GPU, start_serve, stop_serve, wait_for
+
 
 torch = pytest.importorskip("torch", reason="the tiny decoder is written in torch")
 

@@ -11,17 +11,16 @@ hearth was built without gRPC or /usr/bin/python3 lacks grpcio/grpc_tools.
 
 import pathlib
 import socket
-import sys
 import threading
 import time
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from test_grpc import (MAX_MESSAGE, connect, grpc, grpc_port, h2_frame, hpack_literal,  # noqa: E402
-                       infer_request, outputs_of, pb, rpc_error, write_repository)
-from test_serve import SCALE_N, start_serve, stop_serve  # noqa: E402
+from grpc_support import (MAX_MESSAGE, connect, grpc, grpc_port, h2_frame, hpack_literal, infer_request,
+                          outputs_of, pb, rpc_error, write_repository)
+from serve_support import SCALE_N, start_serve, stop_serve
+
 
 MIB = 1 << 20
 

@@ -5,110 +5,26 @@ test starts its own server from the build ($HEARTH_CLI, default
 build/bin/hearth) and waits on what the server reports (its /metrics, its
 process tree), never on how long something takes.
 
-Only the standard library: raw sockets, so that the tests see exactly what a
-client sees (a response, an end of file, or a reset).
+The clients are the standard library's raw sockets, so that the tests see
+exactly what a client sees (a response, an end of file, or a reset); the
+server is serve_support's Server.
 """
 
 import json
 import os
 import pathlib
 import re
-import resource
 import signal
 import socket
 import struct
-import subprocess
 import threading
 import time
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-CLI = os.environ.get("HEARTH_CLI") or str(ROOT / "build" / "bin" / "hearth")
-SCALE_N = 500
-WIDE_N = 65536  # 256 KiB a row: bodies past the front-end's 1 MiB chunk at 4 rows
+from serve_support import SCALE_N, Server, WIDE_N, parse_metrics, worker_pids
+
 MIB = 1 << 20
-
-
-def scale_config(n, count):
-    return f"""backend: scale
-max_batch_size: 4
-input:
-  - {{name: x, data_type: TYPE_FP32, dims: [{n}]}}
-output:
-  - {{name: y, data_type: TYPE_FP32, dims: [1]}}
-instance_group:
-  - {{count: {count}, kind: KIND_CPU}}
-"""
-
-
-def write_repository(root, workers=2):
-    weights = {}
-    for name, n in (("scale", SCALE_N), ("wide", WIDE_N)):
-        (root / name / "1").mkdir(parents=True)
-        path = root / name / "1" / "model.safetensors"
-        subprocess.run([CLI, "make-model", "scale", "--dims", str(n), "--seed", "6", "--out", str(path)],
-                       check=True, capture_output=True)
-        (root / name / "config.yaml").write_text(scale_config(n, workers))
-        blob = path.read_bytes()
-        (header_size,) = struct.unpack("<Q", blob[:8])
-        begin, end = json.loads(blob[8:8 + header_size])["weight"]["data_offsets"]
-        data = blob[8 + header_size + begin:8 + header_size + end]
-        weights[name] = struct.unpack(f"<{len(data) // 4}f", data)
-    return weights
-
-
-class Server:
-    """A `hearth serve` process on a free port, its log in `tmp`."""
-
-    def __init__(self, tmp, args=(), nofile=None, workers=2):
-        self.tmp = tmp
-        self.weights = write_repository(tmp / "repo", workers)
-        self.log_path = tmp / "serve.log"
-        self.log = open(self.log_path, "w+")
-
-        def limit_descriptors():
-            if nofile is not None:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-
-        self.proc = subprocess.Popen([CLI, "serve", "--model-repository", str(tmp / "repo"), "--http-port", "0",
-                                      "--device", "cpu", *args],
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     preexec_fn=limit_descriptors)
-        self.port = None
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            m = re.search(r"ready on http://127\.0\.0\.1:(\d+)", self.log_path.read_text())
-            if m:
-                self.port = int(m.group(1))
-                break
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        if self.port is None:
-            self.kill()
-            pytest.fail("hearth serve did not become ready:\n" + self.log_path.read_text())
-
-    @property
-    def pid(self):
-        return self.proc.pid
-
-    def text(self):
-        return self.log_path.read_text()
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
-
-    def stop(self, timeout=60):
-        """SIGTERM; the exit code."""
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout)
-        finally:
-            self.kill()
 
 
 @pytest.fixture
@@ -234,15 +150,6 @@ def get(port, target):
         s.close()
 
 
-def parse_metrics(text):
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
-
-
 def metrics(port):
     return parse_metrics(get(port, "/metrics").body.decode())
 
@@ -260,18 +167,6 @@ def proc_status(pid, field):
         if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
     raise KeyError(field)
-
-
-def worker_pids(serve_pid):
-    pids = []
-    for task in pathlib.Path(f"/proc/{serve_pid}/task").iterdir():
-        for c in (task / "children").read_text().split():
-            try:
-                if b"hearth-worker" in pathlib.Path(f"/proc/{c}/cmdline").read_bytes():
-                    pids.append(int(c))
-            except FileNotFoundError:
-                pass
-    return pids
 
 
 # ---- the tests --------------------------------------------------------------

@@ -13,13 +13,12 @@ import pathlib
 import re
 import signal
 import subprocess
-import sys
 
 import numpy as np
 import requests
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from test_serve import CLI, wait_for  # noqa: E402
+from serve_support import CLI, wait_for
+
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(CLI).resolve().parent.parent

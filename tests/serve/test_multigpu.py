@@ -23,18 +23,14 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 
 import numpy as np
 import pytest
 import requests
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from test_serve import (CLI, SCALE_N, infer_binary, mlp_reference, model_workers,  # noqa: E402
-                        model_workers_alive, parse_metrics, read_safetensors, split_binary,
-                        start_serve, stop_serve, wait_for)
-
+from serve_support import (CLI, SCALE_N, infer_binary, mlp_reference, model_workers, model_workers_alive,
+                           parse_metrics, read_safetensors, split_binary, start_serve, stop_serve, wait_for)
 
 
 def visible_gpus():

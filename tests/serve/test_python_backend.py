@@ -8,7 +8,6 @@ it is installed); the model code uses NumPy only.
 """
 
 import concurrent.futures
-import json
 import os
 import pathlib
 import subprocess
@@ -18,8 +17,9 @@ import numpy as np
 import pytest
 import requests
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from test_serve import CLI, infer_json, split_binary, start_serve, stop_serve, wait_for  # noqa: E402
+from serve_support import (CLI, ON_GPU, infer_json, mlp_reference, read_safetensors, split_binary,
+                           start_serve, stop_serve, wait_for)
+
 
 N = 6
 
@@ -172,7 +172,6 @@ parameters:
                 "  - {count: 1, kind: KIND_CPU}\n", None)
     state = start_serve(tmp, root)
     state["weights"] = np.arange(N, dtype=np.float32)
-    from test_serve import read_safetensors
     state["w"] = read_safetensors(root / "pyscale" / "1" / "model.safetensors")["weight"]
     yield state
     code, text = stop_serve(state)
@@ -338,7 +337,6 @@ def test_the_examples_repository_serves_the_seeds_models(tmp_path):
         import torch  # noqa: F401
     except ImportError:
         pytest.skip("the examples' model.py files use torch, which this python3 lacks")
-    from test_serve import ON_GPU, mlp_reference, read_safetensors
     root = pathlib.Path(__file__).resolve().parents[2]
     repo = tmp_path / "repo"
     env = dict(os.environ, MLP_DIMS="32,64,10", WORKERS="2", HEARTH=CLI, PYTHON=sys.executable)
@@ -433,7 +431,6 @@ def test_a_python_standby_imports_the_model_and_takes_over_from_a_worker_that_di
         r = infer_json(state["url"], "pystandby", [{"name": "x", "datatype": "FP32", "shape": [1, N],
                                                      "data": x.ravel().tolist()}])
         assert r.status_code == 200, r.text
-        from test_serve import read_safetensors
         w = read_safetensors(version / "model.safetensors")["weight"]
         assert abs(r.json()["outputs"][0]["data"][0] - float((x * w).sum())) < 1e-3
     finally:

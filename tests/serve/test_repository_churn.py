@@ -12,15 +12,13 @@ Paths: $HEARTH_CLI (default build/bin/hearth).
 import os
 import pathlib
 import subprocess
-import sys
 import threading
 
 import numpy as np
 import requests
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from test_serve import (CLI, SCALE_N, metrics, scale_config, start_serve, stop_serve,  # noqa: E402
-                        wait_for)
+from serve_support import CLI, SCALE_N, metrics, scale_config, start_serve, stop_serve, wait_for
+
 
 MIB = 1 << 20
 ROUNDS = 500

@@ -18,7 +18,6 @@ import pathlib
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 
@@ -26,9 +25,8 @@ import numpy as np
 import pytest
 import requests
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from test_serve import (CLI, KIND, MLP, SCALE_N, infer_json, mlp_config, mlp_reference,  # noqa: E402
-                        read_safetensors, scale_config, start_serve, stop_serve)
+from serve_support import (CLI, MLP, SCALE_N, infer_json, mlp_config, mlp_reference, read_safetensors,
+                           scale_config, start_serve, stop_serve)
 
 
 def write_repository(root):

@@ -15,7 +15,6 @@ import re
 import shutil
 import signal
 import stat
-import struct
 import subprocess
 import tempfile
 import time
@@ -24,52 +23,10 @@ import numpy as np
 import pytest
 import requests
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-CLI = os.environ.get("HEARTH_CLI") or str(ROOT / "build" / "bin" / "hearth")
-MLP = (32, 64, 10)  # in, hidden, out
-SCALE_N = 500
-DEVICE = os.environ.get("HEARTH_TEST_DEVICE", "cpu")
-ON_GPU = DEVICE.startswith("cuda")
-KIND = "KIND_GPU" if ON_GPU else "KIND_CPU"
-
-
-def read_safetensors(path):
-    blob = pathlib.Path(path).read_bytes()
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n])
-    data = blob[8 + n:]
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        b, end = e["data_offsets"]
-        out[name] = np.frombuffer(data[b:end], dtype="<f4").reshape(e["shape"])
-    return out
-
-
-def mlp_config(count, extra=""):
-    return f"""backend: mlp
-max_batch_size: 8
-input:
-  - {{name: input, data_type: TYPE_FP32, dims: [{MLP[0]}]}}
-output:
-  - {{name: logits, data_type: TYPE_FP32, dims: [{MLP[2]}]}}
-  - {{name: argmax, data_type: TYPE_INT64, dims: [1]}}
-instance_group:
-  - {{count: {count}, kind: {KIND}}}
-""" + extra
-
-
-def scale_config(count, extra="", kind=KIND):
-    return f"""backend: scale
-max_batch_size: 4
-input:
-  - {{name: x, data_type: TYPE_FP32, dims: [{SCALE_N}]}}
-output:
-  - {{name: y, data_type: TYPE_FP32, dims: [1]}}
-instance_group:
-  - {{count: {count}, kind: {kind}}}
-""" + extra
+from serve_support import (CLI, KIND, MLP, ON_GPU, SCALE_N, infer_binary, infer_json, metric, metrics,
+                           mlp_config, mlp_reference, model_workers, model_workers_alive, parse_metrics,
+                           read_safetensors, scale_config, split_binary, start_serve, stop_serve, wait_for,
+                           worker_pids)
 
 
 def write_repository(root):
@@ -112,64 +69,6 @@ output:
 """)
 
 
-def start_serve(tmp, repo, extra_args=(), env=None, cli=CLI, name="serve", pass_fds=(), device=None):
-    """Starts `hearth serve` on `repo` and waits (polling its log, with a
-    deadline) for its ready line. Returns its url, process, log path and the
-    run directory it logged."""
-    log_path = tmp / f"{name}.log"
-    log = open(log_path, "w+")
-    proc = subprocess.Popen([cli, "serve", "--model-repository", str(repo), "--http-port", "0",
-                             "--device", device or ("cuda" if ON_GPU else "cpu"), *extra_args],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
-                            pass_fds=pass_fds)
-    port = None
-    deadline = time.time() + 60
-    while time.time() < deadline and port is None:
-        text = log_path.read_text()
-        m = re.search(r"ready on http://127\.0\.0\.1:(\d+)", text)
-        if m:
-            port = int(m.group(1))
-        elif proc.poll() is not None:
-            break
-        else:
-            time.sleep(0.05)
-    if port is None:
-        proc.kill()
-        proc.wait()
-        log.close()
-        pytest.fail("hearth serve did not become ready:\n" + log_path.read_text()[-4000:])
-    run_dir = re.search(r"run directory (\S+)", log_path.read_text())
-    assert run_dir, "the server did not log its run directory"
-    return {"url": f"http://127.0.0.1:{port}", "proc": proc, "log": log_path, "log_file": log,
-            "run_dir": run_dir.group(1)}
-
-
-def stop_serve(state, timeout=30):
-    """SIGTERM; returns (exit code or a note that it had to be killed, log text)."""
-    proc = state["proc"]
-    proc.send_signal(signal.SIGTERM)
-    try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        code = f"killed after {timeout} s"
-    state["log_file"].close()
-    return code, state["log"].read_text()
-
-
-def wait_for(condition, what, timeout=30):
-    """Polls `condition` until it returns something true, with a deadline."""
-    deadline = time.time() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.time() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def server():
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="hearth-serve-test-"))
@@ -207,56 +106,6 @@ def server():
         assert m, "no batch summary for the batched model"
         assert int(m.group(1)) == state["batched_requests"], m.group(0)
         assert int(m.group(2)) <= state["batched_requests"] // 4, m.group(0)
-
-
-def model_workers_alive(run_dir):
-    """Any hearth-worker still attached to a store in `run_dir`."""
-    for p in pathlib.Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            cmd = (p / "cmdline").read_bytes()
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-        if b"hearth-worker" in cmd and run_dir.encode() in cmd:
-            return True
-    return False
-
-
-def mlp_reference(w, x):
-    h = np.maximum(x.astype(np.float64) @ w["encoder.weight"].T.astype(np.float64) + w["encoder.bias"], 0)
-    logits = h @ w["head.weight"].T.astype(np.float64) + w["head.bias"]
-    return logits, np.argmax(logits, axis=1)
-
-
-def infer_json(url, model, inputs, **extra):
-    body = {"inputs": inputs, **extra}
-    return requests.post(f"{url}/v2/models/{model}/infer", json=body, timeout=30)
-
-
-def infer_binary(url, model, name, x, outputs=None):
-    header = {"inputs": [{"name": name, "datatype": "FP32", "shape": list(x.shape),
-                          "parameters": {"binary_data_size": x.nbytes}}]}
-    if outputs:
-        header["outputs"] = [{"name": o, "parameters": {"binary_data": True}} for o in outputs]
-    hj = json.dumps(header).encode()
-    r = requests.post(f"{url}/v2/models/{model}/infer", data=hj + x.astype("<f4").tobytes(),
-                      headers={"Inference-Header-Content-Length": str(len(hj)),
-                               "Content-Type": "application/octet-stream"}, timeout=30)
-    return r
-
-
-def split_binary(r):
-    n = int(r.headers.get("Inference-Header-Content-Length", len(r.content)))
-    header = json.loads(r.content[:n])
-    rest = r.content[n:]
-    parts = {}
-    for o in header["outputs"]:
-        size = o.get("parameters", {}).get("binary_data_size")
-        if size is not None:
-            parts[o["name"]] = rest[:size]
-            rest = rest[size:]
-    return header, parts
 
 
 def test_health_and_metadata(server):
@@ -377,38 +226,6 @@ def test_errors_name_the_problem_and_change_nothing(server, case):
     assert r.status_code == code, f"{name}: {r.status_code} {r.text[:200]}"
     assert "error" in r.json() and r.json()["error"]
     test_mlp_json_matches_numpy_and_echoes_id(server)
-
-
-def worker_pids(serve_pid):
-    """Children of the server that run hearth-worker."""
-    pids = []
-    for task in pathlib.Path(f"/proc/{serve_pid}/task").iterdir():
-        try:
-            children = (task / "children").read_text().split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # a thread that ended while the list was read
-        for c in children:
-            try:
-                cmd = pathlib.Path(f"/proc/{c}/cmdline").read_bytes()
-            except FileNotFoundError:
-                continue
-            if b"hearth-worker" in cmd:
-                pids.append(int(c))
-    return pids
-
-
-def model_workers(serve_pid, model):
-    out = []
-    for p in worker_pids(serve_pid):
-        try:
-            argv = pathlib.Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
-        except FileNotFoundError:
-            continue
-        if b"--model" not in argv:
-            continue  # exited (a zombie's cmdline is empty) since it was listed
-        if model.encode() in argv[argv.index(b"--model") + 1:argv.index(b"--model") + 2]:
-            out.append(p)
-    return out
 
 
 def test_four_workers_share_the_stores_single_memfd(server):
@@ -617,26 +434,6 @@ def test_full_queue_answers_503_with_retry_after(server):
             assert r.status_code == 200, r.text
             np.testing.assert_allclose(r.json()["outputs"][0]["data"], x.astype(np.float64) @ w, rtol=1e-4, atol=1e-3)
         assert hung.result().status_code == 500  # a poison batch after 3 hung workers
-
-
-def parse_metrics(text):
-    values = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        name, value = line.rsplit(" ", 1)
-        values[name] = float(value)
-    return values
-
-
-def metrics(url):
-    r = requests.get(f"{url}/metrics", timeout=10)
-    assert r.status_code == 200
-    return parse_metrics(r.text)
-
-
-def metric(url, name, model):
-    return metrics(url).get(f'{name}{{model="{model}"}}', 0.0)
 
 
 def test_metrics_count_this_tests_own_traffic(server):

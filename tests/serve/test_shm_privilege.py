@@ -14,14 +14,12 @@ import re
 import shutil
 import struct
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from test_hostile import SCALE_N, Server  # noqa: E402
+from serve_support import SCALE_N, Server
 
 OTHER = 12345
 SETPRIV = shutil.which("setpriv")
