@@ -79,12 +79,8 @@ def running_store(models, timeout=120):
                  + [f"--model={name}={path}" for name, path in models.items()],
                  directory, dict(os.environ), out_path)
     try:
-        deadline = time.monotonic() + timeout
-        while "hearth store ready" not in pathlib.Path(out_path).read_text(errors="replace"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"hearth store did not become ready (rc {proc.poll()}):\n"
-                                   + pathlib.Path(out_path).read_text(errors="replace"))
-            time.sleep(0.02)
+        wait_for(lambda: "hearth store ready" in pathlib.Path(out_path).read_text(errors="replace"),
+                 "hearth store ready", timeout, procs=(proc,), log=out_path)
         yield Store(directory, socket, proc)
     finally:
         stop(proc)
@@ -144,16 +140,21 @@ def store_attached_count(socket, model):
     raise AssertionError(f"no arena of {model} in `hearth status`:\n{out}")
 
 
-def wait_for(predicate, what, timeout=120, procs=()):
-    """Polls predicate() until true; fails if one of `procs` exits or time runs out."""
+def wait_for(predicate, what, timeout=120, procs=(), log=None):
+    """Polls predicate() until true; fails if one of `procs` exits or time runs out,
+    with the end of the file `log` (what those processes said) if given."""
     deadline = time.monotonic() + timeout
     delay = 0.02
+
+    def said():
+        return f":\n{pathlib.Path(log).read_text(errors='replace')[-6000:]}" if log else ""
+
     while not predicate():
         for p in procs:
             if p.poll() is not None:
-                raise AssertionError(f"{what}: process {p.pid} exited with {p.returncode}")
+                raise AssertionError(f"{what}: process {p.pid} exited with {p.returncode}{said()}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
+            raise AssertionError(f"{what}: not within {timeout} s{said()}")
         time.sleep(delay)
         delay = min(delay * 1.5, 0.25)
 

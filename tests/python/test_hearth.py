@@ -32,6 +32,7 @@ if str(ROOT / "python") not in sys.path:
 
 import hearth  # noqa: E402
 from hearth import _dlpack  # noqa: E402
+from hearth_testing import wait_for  # noqa: E402
 
 ARENA = "memfd:hearth-arena"
 MLP_DIMS = (8, 16, 4)  # in, hidden, out
@@ -94,12 +95,8 @@ def hearth_fds():
 def wait_until_ready(proc, out_path, what, marker="hearth store ready", error_path=None):
     """Polls the store's output for `marker` (30 s deadline); fails the test,
     with what the store said, if it exits or the deadline passes first."""
-    deadline = time.monotonic() + 30
-    while marker not in pathlib.Path(out_path).read_text():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            said = pathlib.Path(error_path or out_path).read_text()
-            pytest.fail(f"{what} did not become ready (rc {proc.poll()}):\n{said}")
-        time.sleep(0.02)
+    wait_for(lambda: marker in pathlib.Path(out_path).read_text(), f"{what} to become ready", timeout=30,
+             procs=(proc,), log=error_path or out_path)
 
 
 def end_store(proc):
@@ -1068,7 +1065,6 @@ def test_cuda_attach_cycles_leak_no_device_memory(store):
         "over 200 attach/use/detach cycles")
     assert hearth_fds() == fds  # the CUDA runtime's own descriptors are not ours to count
     assert _dlpack.live_exports() == exports
-    deadline = time.monotonic() + 10  # the store sees each detach as its socket closes
-    while store_attached_count(store.socket, "mlp") != leases and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert store_attached_count(store.socket, "mlp") == leases
+    # The store sees each detach as its socket closes.
+    wait_for(lambda: store_attached_count(store.socket, "mlp") == leases,
+             f"the store to count {leases} leases of mlp again", timeout=10)

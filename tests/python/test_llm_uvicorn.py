@@ -113,13 +113,9 @@ def service():
                           "--host", "127.0.0.1", "--port", str(port)], EXAMPLE, env, log)
             try:
                 base = f"http://127.0.0.1:{port}"
-                deadline = time.monotonic() + 300
-                while not (ht.store_attached_count(store.socket, "llama") >= WORKERS
-                           and healthy(base + "/health")):
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        pytest.fail(f"uvicorn did not come up (rc {proc.poll()}):\n"
-                                    + log.read_text(errors="replace")[-6000:])
-                    time.sleep(0.1)
+                ht.wait_for(lambda: (ht.store_attached_count(store.socket, "llama") >= WORKERS
+                                     and healthy(base + "/health")),
+                            "uvicorn to come up", timeout=300, procs=(proc,), log=log)
                 yield base, proc, store, checkpoint
             finally:
                 rc = stop(proc)
