@@ -37,14 +37,16 @@ KIND = "KIND_GPU" if ON_GPU else "KIND_CPU"
 
 def wait_for(condition, what, timeout=30):
     """Polls `condition` until it returns something true, and returns that;
-    fails the test once `timeout` seconds have passed without it."""
-    deadline = time.time() + timeout
+    fails the test once `timeout` seconds have passed without it. `what`
+    names what is awaited, or is a function that does (called on a timeout,
+    so that it can say what was seen last)."""
+    deadline = time.monotonic() + timeout
     while True:
         value = condition()
         if value:
             return value
-        if time.time() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what() if callable(what) else what}")
         time.sleep(0.05)
 
 
@@ -115,25 +117,21 @@ def start_serve(tmp, repo, extra_args=(), env=None, cli=CLI, name="serve", pass_
                              "--device", device or ("cuda" if ON_GPU else "cpu"), *extra_args],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
                             pass_fds=pass_fds, preexec_fn=limit_descriptors if nofile is not None else None)
-    port = None
-    deadline = time.time() + 60
-    while time.time() < deadline and port is None:
-        text = log_path.read_text()
-        m = READY.search(text)
-        if m:
-            port = int(m.group(1))
-        elif proc.poll() is not None:
-            break
-        else:
-            time.sleep(0.05)
-    if port is None:
+    ready = None
+    try:
+        # Its ready line, or its end without one.
+        ready = wait_for(lambda: READY.search(log_path.read_text()) or proc.poll() is not None,
+                         "hearth serve's ready line", timeout=60)
+    except pytest.fail.Exception:
+        pass  # failed below, with the log
+    if not isinstance(ready, re.Match):
         proc.kill()
         proc.wait()
         log.close()
         pytest.fail("hearth serve did not become ready:\n" + log_path.read_text()[-4000:])
     run_dir = re.search(r"run directory (\S+)", log_path.read_text())
     assert run_dir, "the server did not log its run directory"
-    return {"url": f"http://127.0.0.1:{port}", "proc": proc, "log": log_path, "log_file": log,
+    return {"url": f"http://127.0.0.1:{ready.group(1)}", "proc": proc, "log": log_path, "log_file": log,
             "run_dir": run_dir.group(1)}
 
 

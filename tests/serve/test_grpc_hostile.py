@@ -12,14 +12,13 @@ hearth was built without gRPC or /usr/bin/python3 lacks grpcio/grpc_tools.
 import pathlib
 import socket
 import threading
-import time
 
 import numpy as np
 import pytest
 
 from grpc_support import (MAX_MESSAGE, connect, grpc, grpc_port, h2_frame, hpack_literal, infer_request,
                           outputs_of, pb, rpc_error, write_repository)
-from serve_support import SCALE_N, start_serve, stop_serve
+from serve_support import SCALE_N, start_serve, stop_serve, wait_for
 
 
 MIB = 1 << 20
@@ -152,17 +151,6 @@ class Flood:
         self.reader.join()
 
 
-def wait_for_memory_below(pid, limit, deadline_s=120):
-    """Polls the server's RSS (a condition with a deadline) until it is below
-    `limit`; returns the last RSS seen."""
-    deadline = time.monotonic() + deadline_s
-    while True:
-        rss, _ = memory(pid)
-        if rss < limit or time.monotonic() > deadline:
-            return rss
-        time.sleep(0.2)
-
-
 @pytest.mark.parametrize("reset", [False, True], ids=["end-stream", "rapid-reset"])
 def test_memory_a_stream_flood_took_is_given_back_after_the_connection_closes(served, reset):
     pid, stub = served["proc"].pid, served["stub"]
@@ -174,9 +162,10 @@ def test_memory_a_stream_flood_took_is_given_back_after_the_connection_closes(se
     flood.close()
     _, peak = memory(pid)
     limit = rss_before + 100 * MIB
-    rss = wait_for_memory_below(pid, limit)
-    assert rss < limit, (f"RSS {rss / MIB:.0f} MiB after the flood's connection closed (peak {peak / MIB:.0f} MiB, "
-                         f"{rss_before / MIB:.0f} MiB before)")
+    wait_for(lambda: memory(pid)[0] < limit,
+             lambda: (f"the RSS to fall below {limit / MIB:.0f} MiB after the flood's connection closed: "
+                      f"{memory(pid)[0] / MIB:.0f} MiB (peak {peak / MIB:.0f} MiB, {rss_before / MIB:.0f} MiB before)"),
+             timeout=120)
     assert_served(stub)
     e = rpc_error(stub.ModelInfer, pb.ModelInferRequest(model_name="nope"), timeout=60)
     assert e.code() == grpc.StatusCode.NOT_FOUND

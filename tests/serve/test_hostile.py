@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from serve_support import SCALE_N, Server, WIDE_N, parse_metrics, worker_pids
+from serve_support import SCALE_N, Server, WIDE_N, parse_metrics, wait_for, worker_pids
 
 MIB = 1 << 20
 
@@ -154,14 +154,6 @@ def metrics(port):
     return parse_metrics(get(port, "/metrics").body.decode())
 
 
-def eventually(condition, what, timeout=60):
-    deadline = time.time() + timeout
-    while not condition():
-        if time.time() > deadline:
-            pytest.fail(f"{what}: not within {timeout} s")
-        time.sleep(0.02)
-
-
 def proc_status(pid, field):
     for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -189,8 +181,8 @@ def test_stalled_64mib_bodies_hold_nothing_while_a_normal_client_is_answered(ser
             # The budget has room (nobody holds any): each may proceed, and does not.
             for s in stalled:
                 assert read_response(s).status == 100
-        eventually(lambda: metrics(server.port)["hearth_http_requests"] >= 200,
-                   "the server has all 200 heads")
+        wait_for(lambda: metrics(server.port)["hearth_http_requests"] >= 200,
+                 "the server to have all 200 heads", timeout=60)
         m = metrics(server.port)
         assert m["hearth_http_inflight_body_bytes"] == 0
         # A normal client, a small body and one of several chunks, is answered.
@@ -244,8 +236,8 @@ def test_descriptor_exhaustion_leaves_room_for_clients_and_worker_restarts(serve
         assert len(before) == 4, before  # scale and wide, 2 each
         victim = before[0]
         os.kill(victim, signal.SIGKILL)
-        eventually(lambda: victim not in worker_pids(server.pid) and len(worker_pids(server.pid)) == 4,
-                   "the killed worker is replaced")
+        wait_for(lambda: victim not in worker_pids(server.pid) and len(worker_pids(server.pid)) == 4,
+                 "the killed worker's replacement", timeout=60)
         for s in held[:8]:
             s.sendall(scale_request(SCALE_N))
             check_scale_answer(server, read_response(s))

@@ -298,13 +298,13 @@ def test_killing_workers_under_load_fails_no_request(server):
             os.kill(victim, signal.SIGKILL)
         for f in futures:
             f.result()
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        now = set(model_workers(server["proc"].pid, "mlp"))
-        if len(now) == 4 and len(now - before) >= 3:
-            break
-        time.sleep(0.1)
-    assert len(now) == 4 and len(now - before) >= 3, f"replacements did not appear: {before} -> {now}"
+    now = set()
+
+    def replaced():
+        now.clear()
+        now.update(model_workers(server["proc"].pid, "mlp"))
+        return len(now) == 4 and len(now - before) >= 3
+    wait_for(replaced, lambda: f"the killed workers' replacements: {before} -> {now}", timeout=20)
     assert requests.get(f"{url}/v2/models/mlp/ready").status_code == 200
 
 
@@ -370,10 +370,7 @@ def test_two_thousand_requests_while_a_worker_is_killed_every_100ms(server):
         t.join()
     assert done == list(range(2000)), "a request was lost"
     assert len(kills) >= 5, f"only {len(kills)} workers were killed in {2000 + more} requests"
-    deadline = time.time() + 20
-    while len(model_workers(server["proc"].pid, "mlp")) != 4 and time.time() < deadline:
-        time.sleep(0.1)
-    assert len(model_workers(server["proc"].pid, "mlp")) == 4
+    wait_for(lambda: len(model_workers(server["proc"].pid, "mlp")) == 4, "4 mlp workers again", timeout=20)
 
 
 def scale_request(url, model, x):
@@ -399,9 +396,7 @@ def test_poison_request_fails_alone_and_the_workers_stop_dying(server, model):
     for x, a in zip(good, answers):
         assert a.status_code == 200, f"an innocent request failed: {a.text}"
         np.testing.assert_allclose(a.json()["outputs"][0]["data"], x.astype(np.float64) @ w, rtol=1e-4, atol=1e-3)
-    deadline = time.time() + 20
-    while requests.get(f"{url}/v2/models/{model}/ready").status_code != 200 and time.time() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: requests.get(f"{url}/v2/models/{model}/ready").status_code == 200, f"{model} to be ready again")
     after = scale_request(url, model, good[0])
     assert after.status_code == 200, after.text
 
