@@ -31,6 +31,7 @@
 #include "protocol/messages.h"
 #include "protocol/wire.h"
 #include "store/loader.h"
+#include "store/registry.h"
 #include "store/socket_file.h"
 
 namespace hearth {
@@ -39,6 +40,9 @@ namespace {
 using protocol::MessageType;
 using store::BindSocket;
 using store::CheckSocketName;
+using store::Lease;
+using store::ModelVersion;
+using store::NowMs;
 using store::OpenSocketFile;
 using store::RemoveSocketFile;
 using store::SocketFile;
@@ -68,12 +72,6 @@ constexpr milliseconds kLogInterval(1000);
 // RefreshInFlight for why a wakeup alone is not enough).
 constexpr milliseconds kInFlightSweep(1000);
 
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 // At most one log line per interval for one kind of event; the next line
 // written says how many were left out. A flood of refused peers or failing
 // accepts then costs a line a second, not a line per event.
@@ -101,56 +99,6 @@ class LogLimiter {
 std::string Dropped(uint64_t n) {
   return n == 0 ? std::string() : " (" + std::to_string(n) + " similar lines left out)";
 }
-
-// The arenas a store holds and their bytes (Store::HeldArenas), read from
-// any thread. Shared with each ModelVersion, which takes itself off when
-// its arena goes, whenever that is.
-struct HeldCount {
-  std::atomic<uint64_t> arenas{0}, bytes{0};
-};
-
-// One loaded version of a model. Shared by the registry (while registered)
-// and by every lease on it; the arena goes when the last of them lets go.
-struct ModelVersion {
-  ModelVersion() = default;
-  ModelVersion(const ModelVersion&) = delete;
-  ModelVersion& operator=(const ModelVersion&) = delete;
-  ~ModelVersion() {
-    if (held == nullptr) return;
-    held->arenas -= 1;
-    held->bytes -= counted_bytes;
-  }
-  std::shared_ptr<HeldCount> held;
-  uint64_t counted_bytes = 0;
-  std::string name;
-  uint64_t version = 0;
-  std::string path;
-  std::unique_ptr<Arena> arena;
-  Manifest manifest;
-  int64_t loaded_at_ms = 0;
-  bool registered = true;
-  uint32_t leases = 0;
-
-  ModelSummary Summary() const {
-    ModelSummary s;
-    s.name = name;
-    s.version = version;
-    s.device = manifest.device;
-    s.path = path;
-    s.arena_size = manifest.arena_size;
-    s.tensor_count = static_cast<uint32_t>(manifest.tensors.size());
-    for (const ManifestTensor& t : manifest.tensors) s.tensor_bytes += t.nbytes;
-    s.checksum = manifest.checksum;
-    s.attached = leases;
-    s.loaded_at_ms = loaded_at_ms;
-    return s;
-  }
-};
-
-struct Lease {
-  std::shared_ptr<ModelVersion> model;
-  int64_t since_ms;
-};
 
 struct OutgoingFrame {
   std::vector<std::byte> bytes;
@@ -240,14 +188,13 @@ class Store::Impl {
       spdlog::info("loading {} from {}", name, path);
       Result<LoadedModel> loaded = LoadCheckpoint(path, options_.device, load);
       if (!loaded.ok()) return loaded.status();
-      const auto& v = Register(name, path, std::move(loaded).value());
+      const double seconds = loaded->seconds;
+      const auto& v = registry_.Register(name, path, std::move(loaded).value());
       spdlog::info("loaded {}@{} from {}: {} tensors, {:.1f} MiB on {} in {:.2f} s ({:.2f} GB/s)",
                    v.name, v.version, path, v.manifest.tensors.size(),
                    static_cast<double>(v.manifest.arena_size) / (1 << 20),
-                   options_.device.ToString(), seconds_of_last_load_,
-                   seconds_of_last_load_ > 0
-                       ? static_cast<double>(v.manifest.arena_size) / seconds_of_last_load_ / 1e9
-                       : 0.0);
+                   options_.device.ToString(), seconds,
+                   seconds > 0 ? static_cast<double>(v.manifest.arena_size) / seconds / 1e9 : 0.0);
     }
     if (options_.cancel != nullptr && options_.cancel->load())
       return Unavailable("interrupted before the socket was bound: the store is stopping");
@@ -298,7 +245,7 @@ class Store::Impl {
   // before reading, so waiting loads are answered as their turn comes.
   void CancelLoads() { cancel_loads_ = true; }
 
-  Store::Held HeldArenas() const { return {held_->arenas.load(), held_->bytes.load()}; }
+  Store::Held HeldArenas() const { return registry_.Held(); }
 
  private:
   static constexpr uint64_t kStopTag = 1, kListenTag = 2, kLoadTag = 3, kFirstConnection = 16;
@@ -347,35 +294,6 @@ class Store::Impl {
     if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0)
       return ErrnoError("epoll_ctl", errno);
     return Status::Ok();
-  }
-
-  const ModelVersion& Register(const std::string& name, const std::string& path,
-                               LoadedModel loaded) {
-    auto v = std::make_shared<ModelVersion>();
-    v->name = name;
-    v->version = ++last_version_[name];
-    v->path = path;
-    v->arena = std::move(loaded.arena);
-    v->manifest = std::move(loaded.manifest);
-    v->manifest.model = name;
-    v->manifest.version = v->version;
-    v->loaded_at_ms = NowMs();
-    v->held = held_;
-    v->counted_bytes = v->manifest.arena_size;
-    held_->arenas += 1;
-    held_->bytes += v->counted_bytes;
-    seconds_of_last_load_ = loaded.seconds;
-    registry_[name][v->version] = v;
-    all_versions_.push_back(v);
-    return *v;
-  }
-
-  std::shared_ptr<ModelVersion> Find(const ModelRef& ref) const {
-    auto it = registry_.find(ref.name);
-    if (it == registry_.end() || it->second.empty()) return nullptr;
-    if (ref.version == 0) return it->second.rbegin()->second;
-    auto v = it->second.find(ref.version);
-    return v == it->second.end() ? nullptr : v->second;
   }
 
   Connection* FindConnection(uint64_t id) {
@@ -812,11 +730,7 @@ class Store::Impl {
     connections_.erase(it);
     if (unread > 0) ReleaseUnread(unread);
     if (queued > 0) ReleaseQueued(queued);
-    PruneRetired();
-  }
-
-  void PruneRetired() {
-    std::erase_if(all_versions_, [](const std::weak_ptr<ModelVersion>& w) { return w.expired(); });
+    registry_.PruneRetired();
   }
 
   void Queue(Connection& c, MessageType type, const std::vector<std::byte>& payload,
@@ -881,10 +795,7 @@ class Store::Impl {
     switch (m.type) {
       case MessageType::kListModels: {
         RETURN_IF_ERROR(protocol::CheckEmpty(m.payload, "list-models"));
-        std::vector<ModelSummary> models;
-        for (const auto& [name, versions] : registry_)
-          for (const auto& [version, v] : versions) models.push_back(v->Summary());
-        Queue(c, MessageType::kModelList, protocol::EncodeModelList(models));
+        Queue(c, MessageType::kModelList, protocol::EncodeModelList(registry_.Summaries()));
         return Status::Ok();
       }
       case MessageType::kAttach: {
@@ -932,7 +843,7 @@ class Store::Impl {
           QueueError(c, PermissionDenied("only the store's own uid may unload models"));
           return Status::Ok();
         }
-        Result<uint32_t> removed = Unload(req.model);
+        Result<uint32_t> removed = registry_.Unload(req.model);
         if (!removed.ok()) {
           QueueError(c, removed.status());
         } else {
@@ -947,7 +858,7 @@ class Store::Impl {
   }
 
   void HandleAttach(Connection& c, const protocol::AttachRequest& req) {
-    std::shared_ptr<ModelVersion> v = Find(req.model);
+    std::shared_ptr<ModelVersion> v = registry_.Find(req.model);
     if (!v) {
       QueueError(c, NotFound("no model '" + req.model.ToString() + "' in this store"));
       return;
@@ -985,27 +896,6 @@ class Store::Impl {
     spdlog::debug("pid {} attached {}@{}", c.pid, v->name, v->version);
   }
 
-  Result<uint32_t> Unload(const ModelRef& ref) {
-    auto it = registry_.find(ref.name);
-    if (it == registry_.end()) return NotFound("no model '" + ref.name + "' in this store");
-    uint32_t removed = 0;
-    for (auto v = it->second.begin(); v != it->second.end();) {
-      if (ref.version == 0 || v->first == ref.version) {
-        v->second->registered = false;
-        spdlog::info("unloaded {}@{} ({} leases remain)", v->second->name, v->second->version,
-                     v->second->leases);
-        v = it->second.erase(v);
-        ++removed;
-      } else {
-        ++v;
-      }
-    }
-    if (it->second.empty()) registry_.erase(it);
-    if (removed == 0) return NotFound("no model '" + ref.ToString() + "' in this store");
-    PruneRetired();
-    return removed;
-  }
-
   // At most max_status_leases leases listed (the oldest connections' first
   // is not promised: connections are in no order); lease_total counts all.
   StoreStatus CollectStatus() {
@@ -1025,13 +915,9 @@ class Store::Impl {
     s.counters["queued_bytes"] = queued_bytes_;
     s.counters["partial_bytes"] = partial_bytes_;
     s.counters["attaches_waiting"] = deferred_.size();
-    PruneRetired();
-    for (const auto& w : all_versions_) {
-      if (auto v = w.lock()) {
-        s.arenas.push_back({v->name, v->version, v->manifest.device, v->arena->allocation_size(),
-                            v->registered, v->leases});
-      }
-    }
+    for (const auto& v : registry_.HeldVersions())
+      s.arenas.push_back({v->name, v->version, v->manifest.device, v->arena->allocation_size(),
+                          v->registered, v->leases});
     return s;
   }
 
@@ -1073,9 +959,9 @@ class Store::Impl {
         spdlog::error("load of {} failed: {}", d.name, d.result.status().ToString());
         if (conn != nullptr) QueueError(*conn, d.result.status());
       } else {
-        const ModelVersion& v = Register(d.name, d.path, std::move(d.result).value());
-        spdlog::info("loaded {}@{} from {} in {:.2f} s", v.name, v.version, v.path,
-                     seconds_of_last_load_);
+        const double seconds = d.result->seconds;
+        const ModelVersion& v = registry_.Register(d.name, d.path, std::move(d.result).value());
+        spdlog::info("loaded {}@{} from {} in {:.2f} s", v.name, v.version, v.path, seconds);
         if (conn != nullptr)
           Queue(*conn, MessageType::kLoaded, protocol::EncodeLoaded(v.Summary()));
       }
@@ -1096,7 +982,7 @@ class Store::Impl {
     RemoveSocketFile(socket_);
     listen_.Reset();
     connections_.clear();
-    registry_.clear();
+    registry_.Clear();
   }
 
   StoreOptions options_;
@@ -1106,11 +992,7 @@ class Store::Impl {
   uint64_t next_connection_id_ = kFirstConnection;
   std::unordered_map<uint64_t, std::unique_ptr<Connection>> connections_;
   std::vector<uint64_t> ready_;  // connections to service after this round of events
-  std::map<std::string, std::map<uint64_t, std::shared_ptr<ModelVersion>>> registry_;
-  std::map<std::string, uint64_t> last_version_;
-  std::vector<std::weak_ptr<ModelVersion>> all_versions_;
-  const std::shared_ptr<HeldCount> held_ = std::make_shared<HeldCount>();
-  double seconds_of_last_load_ = 0;
+  store::Registry registry_;
   std::vector<std::byte> frame_buffer_ =
       std::vector<std::byte>(protocol::kFrameHeaderBytes + protocol::kMaxFramePayload + 1);
 
