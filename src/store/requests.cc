@@ -1,0 +1,142 @@
+// The event loop's answers to requests: listing, attaching, status, loading
+// and unloading models.
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "store/event_loop.h"
+#include "store/status_report.h"
+
+namespace hearth::store {
+
+using protocol::MessageType;
+
+// Answers one complete message. A non-OK return is a protocol violation
+// (the connection is dropped); request-level failures are answered with an
+// error message and return OK.
+Status EventLoop::Handle(Connection& c, const protocol::Message& m) {
+  switch (m.type) {
+    case MessageType::kListModels: {
+      RETURN_IF_ERROR(protocol::CheckEmpty(m.payload, "list-models"));
+      Queue(c, MessageType::kModelList, protocol::EncodeModelList(registry_->Summaries()));
+      return Status::Ok();
+    }
+    case MessageType::kAttach: {
+      ASSIGN_OR_RETURN(protocol::AttachRequest req, protocol::DecodeAttach(m.payload));
+      HandleAttach(c, req);
+      return Status::Ok();
+    }
+    case MessageType::kStatus: {
+      RETURN_IF_ERROR(protocol::CheckEmpty(m.payload, "status"));
+      Queue(c, MessageType::kStatusReply, protocol::EncodeStatus(Report()));
+      return Status::Ok();
+    }
+    case MessageType::kStatusV2: {
+      RETURN_IF_ERROR(protocol::CheckEmpty(m.payload, "status-v2"));
+      Queue(c, MessageType::kStatusReplyV2, protocol::EncodeStatusV2(Report()));
+      return Status::Ok();
+    }
+    case MessageType::kLoad: {
+      ASSIGN_OR_RETURN(protocol::LoadRequest req, protocol::DecodeLoad(m.payload));
+      if (c.uid != ::geteuid()) {
+        spdlog::warn("refused load of {} by pid {} uid {}: only uid {} may load", req.name, c.pid,
+                     c.uid, ::geteuid());
+        QueueError(c, PermissionDenied("only the store's own uid may load models"));
+        return Status::Ok();
+      }
+      if (Status s = loads_.Submit(c.id, std::move(req)); !s.ok()) QueueError(c, s);
+      return Status::Ok();
+    }
+    case MessageType::kUnload: {
+      ASSIGN_OR_RETURN(protocol::UnloadRequest req, protocol::DecodeUnload(m.payload));
+      if (c.uid != ::geteuid()) {
+        spdlog::warn("refused unload of {} by pid {} uid {}: only uid {} may unload",
+                     req.model.ToString(), c.pid, c.uid, ::geteuid());
+        QueueError(c, PermissionDenied("only the store's own uid may unload models"));
+        return Status::Ok();
+      }
+      Result<uint32_t> removed = registry_->Unload(req.model);
+      if (!removed.ok()) {
+        QueueError(c, removed.status());
+      } else {
+        Queue(c, MessageType::kUnloaded, protocol::EncodeUnloaded(*removed));
+      }
+      return Status::Ok();
+    }
+    default:
+      return InvalidArgument(std::string("a client may not send a '") +
+                             protocol::MessageTypeName(m.type) + "' message");
+  }
+}
+
+void EventLoop::HandleAttach(Connection& c, const protocol::AttachRequest& req) {
+  std::shared_ptr<ModelVersion> v = registry_->Find(req.model);
+  if (!v) {
+    QueueError(c, NotFound("no model '" + req.model.ToString() + "' in this store"));
+    return;
+  }
+  if (c.leases.size() >= limits_.max_leases_per_connection) {
+    ++counters_["lease_refusals"];
+    QueueError(c, ResourceExhausted("this connection holds " + std::to_string(c.leases.size()) +
+                                    " leases, the store's limit per connection "
+                                    "(max_leases_per_connection); attach on a new connection"));
+    return;
+  }
+  if (unread_fds_ >= limits_.max_unread_fds) {
+    // Not an error: the answer waits, and the connection is not read
+    // meanwhile, until peers have read enough of the descriptors sent or
+    // the wait runs past attach_wait_timeout.
+    if (uint64_t dropped; cap_log_.Allow(&dropped))
+      spdlog::warn(
+          "{} descriptors sent are not read yet, the limit; attach of {} by pid {} waits{}",
+          unread_fds_, req.model.ToString(), c.pid, Dropped(dropped));
+    ++counters_["attaches_deferred"];
+    c.deferred = req;
+    c.deferred_since = Clock::now();
+    deferred_.push_back(c.id);
+    return;
+  }
+  Result<UniqueFd> fd = v->arena->Export();
+  if (!fd.ok()) {
+    spdlog::error("exporting {}@{}: {}", v->name, v->version, fd.status().ToString());
+    QueueError(c, fd.status());
+    return;
+  }
+  Queue(c, MessageType::kManifest, protocol::EncodeManifest(v->manifest), std::move(*fd));
+  ++v->leases;
+  c.leases.push_back({v, NowMs()});
+  spdlog::debug("pid {} attached {}@{}", c.pid, v->name, v->version);
+}
+
+void EventLoop::FinishLoads() {
+  for (LoadDone& d : loads_.TakeFinished()) {
+    Connection* conn = FindConnection(d.connection_id);
+    if (!d.result.ok()) {
+      spdlog::error("load of {} failed: {}", d.name, d.result.status().ToString());
+      if (conn != nullptr) QueueError(*conn, d.result.status());
+    } else {
+      const double seconds = d.result->seconds;
+      const ModelVersion& v = registry_->Register(d.name, d.path, std::move(d.result).value());
+      spdlog::info("loaded {}@{} from {} in {:.2f} s", v.name, v.version, v.path, seconds);
+      if (conn != nullptr) Queue(*conn, MessageType::kLoaded, protocol::EncodeLoaded(v.Summary()));
+    }
+    if (conn != nullptr) MarkReady(*conn);
+  }
+  // Start what waited, skipping loads whose client has gone.
+  loads_.StartWaiting([this](uint64_t id) { return FindConnection(id) != nullptr; });
+}
+
+StoreStatus EventLoop::Report() {
+  std::map<std::string, uint64_t> counters = counters_;
+  counters["unread_descriptors"] = unread_fds_;
+  counters["queued_bytes"] = queued_bytes_;
+  counters["partial_bytes"] = partial_bytes_;
+  counters["attaches_waiting"] = deferred_.size();
+  return CollectStatus(options_.device, options_.max_status_leases, connections_, *registry_,
+                       std::move(counters));
+}
+
+}  // namespace hearth::store
