@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "checkpoint/synthetic.h"
+#include "cli/cli_common.h"
 #include "common/run_together.h"
 #ifdef HEARTH_HAVE_GRPC
 #include "grpc/kserve_grpc_server.h"
@@ -39,41 +40,8 @@
 #include "loadgen/load_generator.h"
 #include "server/server.h"
 
-namespace hearth {
+namespace hearth::cli {
 namespace {
-
-// What a SIGTERM or SIGINT reaches: the loads in Store::Create (g_stop),
-// then the running stores (g_stores: one per device). The handler sets g_stop
-// before it looks at g_stores and RunStore sets each g_stores entry before it
-// looks at g_stop, so a signal at any moment is seen by one of them (the
-// atomics are lock-free, as a signal handler needs).
-std::atomic<bool> g_stop{false};
-std::atomic<Store*> g_stores[kMaxStoreDevices];
-volatile sig_atomic_t g_stop_signal = 0;
-volatile sig_atomic_t g_hold_done = 0;
-static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<Store*>::is_always_lock_free);
-
-void OnStopSignal(int signal_number) {
-  g_stop_signal = signal_number;
-  g_stop.store(true);
-  for (auto& slot : g_stores)
-    if (Store* store = slot.load(); store != nullptr) store->Stop();
-  g_hold_done = 1;
-}
-
-void InstallStopHandlers() {
-  struct sigaction sa {};
-  sa.sa_handler = OnStopSignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-  signal(SIGPIPE, SIG_IGN);
-}
-
-int Fail(const Status& s) {
-  std::fprintf(stderr, "hearth: error: %s\n", s.message().c_str());
-  return 1;
-}
 
 std::string TimeText(int64_t unix_ms) {
   const time_t t = static_cast<time_t>(unix_ms / 1000);
@@ -134,7 +102,7 @@ int RunStore(const std::string& socket, const std::vector<std::string>& model_ar
   StoreOptions options = limits;
   options.socket_path = socket;
   options.load_threads = load_threads;
-  options.cancel = &g_stop;
+  options.cancel = &StopRequested();
   options.allow_uids.assign(allow_uids.begin(), allow_uids.end());
   options.allow_gids.assign(allow_gids.begin(), allow_gids.end());
   unsigned mode = 0;
@@ -174,8 +142,8 @@ int RunStore(const std::string& socket, const std::vector<std::string>& model_ar
     if (made[i].ok()) continue;
     const Status why =
         several ? made[i].status().WithContext((*devices)[i].name) : made[i].status();
-    if (g_stop.load()) {
-      const int sig = g_stop_signal;
+    if (StopRequested().load()) {
+      const int sig = StopSignalNumber();
       std::fprintf(stderr, "hearth store: %s before the store was ready: %s\n", strsignal(sig),
                    why.message().c_str());
       return 128 + sig;
@@ -184,12 +152,12 @@ int RunStore(const std::string& socket, const std::vector<std::string>& model_ar
   }
   std::string ready;
   for (size_t i = 0; i < made.size(); ++i) {
-    g_stores[i].store(made[i]->get());
+    SetStopTarget(i, made[i]->get());
     const std::string path = several ? DeviceSocketPath(socket, (*devices)[i].name) : socket;
     ready += (ready.empty() ? "" : ", ") + ("socket " + path) +
              (several ? " for " + (*devices)[i].name : "");
   }
-  if (g_stop.load())  // a signal that came before g_stores was set
+  if (StopRequested().load())  // a signal that came before SetStopTarget
     for (auto& m : made) (*m)->Stop();
   spdlog::info("store ready: {} ({} models)", ready, model_args.size());
   std::printf("hearth store ready: %s\n", ready.c_str());
@@ -205,7 +173,7 @@ int RunStore(const std::string& socket, const std::vector<std::string>& model_ar
     });
   }
   RunTogether(runs);
-  for (auto& slot : g_stores) slot.store(nullptr);
+  for (size_t i = 0; i < made.size(); ++i) SetStopTarget(i, nullptr);
   for (size_t i = 0; i < ran.size(); ++i)
     if (!ran[i].ok()) return Fail(several ? ran[i].WithContext((*devices)[i].name) : ran[i]);
   return 0;
@@ -259,33 +227,6 @@ struct GrpcSettings {
   double streams_per_second = 100000;
   double resets_per_second = 200;
 };
-
-// --shared-memory-users: "none", or users by name or uid, comma-separated.
-Result<std::vector<uid_t>> ParseUsers(const std::string& text) {
-  std::vector<uid_t> users;
-  if (text == "none") return users;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t comma = std::min(text.find(',', start), text.size());
-    const std::string item = text.substr(start, comma - start);
-    start = comma + 1;
-    if (item.empty())
-      return InvalidArgument("--shared-memory-users '" + text + "': an empty entry");
-    uid_t uid = 0;
-    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), uid);
-    if (ec == std::errc() && end == item.data() + item.size()) {
-      users.push_back(uid);
-      continue;
-    }
-    std::vector<char> buffer(16384);
-    struct passwd entry {};
-    struct passwd* found = nullptr;
-    if (::getpwnam_r(item.c_str(), &entry, buffer.data(), buffer.size(), &found) != 0 || !found)
-      return InvalidArgument("--shared-memory-users: no user named '" + item + "'");
-    users.push_back(found->pw_uid);
-  }
-  return users;
-}
 
 int RunServe(const std::string& repository, const std::string& device_text, int workers,
              int stand_in_gpus, int load_threads, int exec_timeout_ms, bool strict_readiness,
@@ -606,7 +547,7 @@ int InspectStore(const AttachOptions& store, const std::string& model_text, bool
   std::fflush(stdout);
   if (hold) {
     InstallStopHandlers();
-    while (!g_hold_done) ::pause();
+    WaitForStopSignal();
   }
   return 0;
 }
@@ -764,37 +705,20 @@ int RunBenchCommand(const BenchOptions& options, bool as_json) {
 }
 
 }  // namespace
-}  // namespace hearth
+}  // namespace hearth::cli
 
 int main(int argc, char** argv) {
   using namespace hearth;
+  using namespace hearth::cli;
   CLI::App app{"hearth: one copy of a model's weights, shared read-only by many worker processes"};
   app.require_subcommand(1);
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
 
-  const std::string default_socket = AttachClient::DefaultSocketPath();
-  std::string socket = default_socket;
-  auto add_socket = [&](CLI::App* cmd) {
-    cmd->add_option("--socket", socket, "the store's Unix socket ($HEARTH_SOCKET)")
-        ->capture_default_str();
-  };
-  // Clients of a store check who listens on its socket before they send or
-  // believe anything: its uid must be ours, root, or one of these.
-  std::vector<uint32_t> store_uids;
-  // The stores of `hearth store --device A,B` (or of hearth serve's run
-  // directory, with --socket RUN_DIR/store.sock) are one per device.
-  std::string client_devices;
-  auto add_client_options = [&](CLI::App* cmd) {
-    add_socket(cmd);
-    cmd->add_option("--store-uid", store_uids,
-                    "also trust a store running as this uid (default: only ours and root; "
-                    "$HEARTH_STORE_UID adds a comma-separated list); repeatable");
-    cmd->add_option("--device", client_devices,
-                    "the stores of these devices (cpu, cuda:N, hostN; comma-separated), each at "
-                    "SOCKET-<device>.sock, as `hearth store --device A,B` binds them");
-  };
+  StoreClientFlags client;
+  auto add_socket = [&](CLI::App* cmd) { AddSocketOption(cmd, &client.socket); };
+  auto add_client_options = [&](CLI::App* cmd) { AddStoreClientOptions(cmd, &client); };
 
   auto* store =
       app.add_subcommand("store", "load models once and share them with attaching processes");
@@ -1124,8 +1048,8 @@ int main(int argc, char** argv) {
                    "hearth store: no --model given; load models later with `hearth load`\n");
     store_limits.unread_timeout = std::chrono::milliseconds(unread_timeout_ms);
     store_limits.attach_wait_timeout = std::chrono::milliseconds(attach_wait_timeout_ms);
-    return RunStore(socket, models, device, socket_mode, allow_uids, allow_gids, load_threads,
-                    store_limits);
+    return RunStore(client.socket, models, device, socket_mode, allow_uids, allow_gids,
+                    load_threads, store_limits);
   }
   if (serve->parsed()) {
     if (http_port < 0 || http_port > 65535) {
@@ -1160,17 +1084,9 @@ int main(int argc, char** argv) {
                     exec_timeout_ms, strict_readiness, shared_memory_users, std::move(http_options),
                     grpc_settings);
   }
-  const AttachOptions client_options{socket, store_uids};
-  // One AttachOptions per device of --device (just --socket without it).
-  std::vector<std::pair<std::string, AttachOptions>> per_device;
-  if (client_devices.empty()) {
-    per_device.emplace_back("", client_options);
-  } else {
-    Result<std::vector<StoreDevice>> devices = ParseStoreDevices(client_devices);
-    if (!devices.ok()) return Fail(devices.status());
-    for (const StoreDevice& d : *devices)
-      per_device.emplace_back(d.name, AttachOptions{DeviceSocketPath(socket, d.name), store_uids});
-  }
+  Result<NamedStores> stores = StoresOf(client);
+  if (!stores.ok()) return Fail(stores.status());
+  const NamedStores& per_device = *stores;
   // Runs `command` on each device's store (a heading before each when there
   // are several); fails if any fails.
   auto on_each = [&](const std::function<int(const AttachOptions&)>& command) {
