@@ -28,6 +28,7 @@
 
 #include "checkpoint/synthetic.h"
 #include "cli/cli_common.h"
+#include "cli/commands.h"
 #include "common/run_together.h"
 #ifdef HEARTH_HAVE_GRPC
 #include "grpc/kserve_grpc_server.h"
@@ -66,17 +67,6 @@ void PrintTensorTable(const std::vector<T>& tensors) {
   }
 }
 
-// ---- hearth store ----------------------------------------------------------
-
-// The devices of --device: the default one when it is empty.
-Result<std::vector<StoreDevice>> StoreDevicesOf(const std::string& device_text) {
-  if (!device_text.empty()) return ParseStoreDevices(device_text);
-  std::string why;
-  if (!CudaAvailable(&why)) spdlog::info("no usable GPU ({}); using host memory", why);
-  const Device d = DefaultDevice();
-  return std::vector<StoreDevice>{{d.ToString(), d}};
-}
-
 // How long `hearth serve` waits for the server to stop once the front-ends
 // have drained.
 constexpr std::chrono::seconds kShutdownGrace{5};
@@ -88,95 +78,6 @@ constexpr std::chrono::seconds kShutdownGrace{5};
   std::fflush(stdout);
   std::fflush(stderr);
   std::_Exit(code);
-}
-
-// Exits 0 after SIGTERM or SIGINT once serving; a signal during the initial
-// load stops it and exits 128 + the signal's number (143, 130), like a shell.
-// With several devices, one store per device, each at DeviceSocketPath(
-// socket, device), all loading the --models at once (each from its own
-// staging) and all stopped by one signal.
-int RunStore(const std::string& socket, const std::vector<std::string>& model_args,
-             const std::string& device_text, const std::string& mode_text,
-             const std::vector<uint32_t>& allow_uids, const std::vector<uint32_t>& allow_gids,
-             int load_threads, const StoreOptions& limits) {
-  StoreOptions options = limits;
-  options.socket_path = socket;
-  options.load_threads = load_threads;
-  options.cancel = &StopRequested();
-  options.allow_uids.assign(allow_uids.begin(), allow_uids.end());
-  options.allow_gids.assign(allow_gids.begin(), allow_gids.end());
-  unsigned mode = 0;
-  auto [ptr, ec] = std::from_chars(mode_text.data(), mode_text.data() + mode_text.size(), mode, 8);
-  if (ec != std::errc() || ptr != mode_text.data() + mode_text.size() || mode > 0777)
-    return Fail(
-        InvalidArgument("--socket-mode '" + mode_text + "' is not an octal mode like 0660"));
-  options.socket_mode = mode;
-  Result<std::vector<StoreDevice>> devices = StoreDevicesOf(device_text);
-  if (!devices.ok()) return Fail(devices.status());
-  for (const std::string& arg : model_args) {
-    const size_t eq = arg.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == arg.size())
-      return Fail(InvalidArgument("--model '" + arg + "' is not NAME=PATH"));
-    options.models.emplace_back(arg.substr(0, eq), arg.substr(eq + 1));
-  }
-  const bool several = devices->size() > 1;
-  std::vector<StoreOptions> each;
-  for (const StoreDevice& d : *devices) {
-    StoreOptions o = options;
-    o.device = d.memory;
-    if (several) {
-      o.socket_path = DeviceSocketPath(socket, d.name);
-      // Progress lines of loads at once would overwrite each other.
-      o.show_progress = false;
-    }
-    each.push_back(std::move(o));
-  }
-  InstallStopHandlers();
-  std::vector<Result<std::unique_ptr<Store>>> made;
-  for (size_t i = 0; i < each.size(); ++i) made.emplace_back(Internal("not started"));
-  std::vector<std::function<void()>> creates;
-  for (size_t i = 0; i < each.size(); ++i)
-    creates.push_back([&, i] { made[i] = Store::Create(std::move(each[i])); });
-  RunTogether(creates);
-  for (size_t i = 0; i < made.size(); ++i) {
-    if (made[i].ok()) continue;
-    const Status why =
-        several ? made[i].status().WithContext((*devices)[i].name) : made[i].status();
-    if (StopRequested().load()) {
-      const int sig = StopSignalNumber();
-      std::fprintf(stderr, "hearth store: %s before the store was ready: %s\n", strsignal(sig),
-                   why.message().c_str());
-      return 128 + sig;
-    }
-    return Fail(why);  // the stores made are destroyed, removing their sockets
-  }
-  std::string ready;
-  for (size_t i = 0; i < made.size(); ++i) {
-    SetStopTarget(i, made[i]->get());
-    const std::string path = several ? DeviceSocketPath(socket, (*devices)[i].name) : socket;
-    ready += (ready.empty() ? "" : ", ") + ("socket " + path) +
-             (several ? " for " + (*devices)[i].name : "");
-  }
-  if (StopRequested().load())  // a signal that came before SetStopTarget
-    for (auto& m : made) (*m)->Stop();
-  spdlog::info("store ready: {} ({} models)", ready, model_args.size());
-  std::printf("hearth store ready: %s\n", ready.c_str());
-  std::fflush(stdout);
-  std::vector<Status> ran(made.size(), Status::Ok());
-  std::vector<std::function<void()>> runs;
-  for (size_t i = 0; i < made.size(); ++i) {
-    runs.push_back([&, i] {
-      ran[i] = (*made[i])->Run();
-      // One store that cannot go on stops the others: the process is one service.
-      if (!ran[i].ok())
-        for (auto& m : made) (*m)->Stop();
-    });
-  }
-  RunTogether(runs);
-  for (size_t i = 0; i < made.size(); ++i) SetStopTarget(i, nullptr);
-  for (size_t i = 0; i < ran.size(); ++i)
-    if (!ran[i].ok()) return Fail(several ? ran[i].WithContext((*devices)[i].name) : ran[i]);
-  return 0;
 }
 
 // ---- hearth serve ---------------------------------------------------------
@@ -717,68 +618,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
 
   StoreClientFlags client;
-  auto add_socket = [&](CLI::App* cmd) { AddSocketOption(cmd, &client.socket); };
   auto add_client_options = [&](CLI::App* cmd) { AddStoreClientOptions(cmd, &client); };
 
-  auto* store =
-      app.add_subcommand("store", "load models once and share them with attaching processes");
-  std::vector<std::string> models;
-  std::string device, socket_mode = "0660";
-  std::vector<uint32_t> allow_uids, allow_gids;
-  int load_threads = 0;
-  add_socket(store);
-  store->add_option("--model", models,
-                    "NAME=PATH: a safetensors file, or a checkpoint directory (model.safetensors, "
-                    "or shards with model.safetensors.index.json, as save_pretrained writes "
-                    "them); repeatable");
-  store->add_option("--device", device,
-                    "cpu or cuda:N (default: cuda:0 if a GPU is usable, else cpu)");
-  store->add_option("--socket-mode", socket_mode, "permissions of the socket file (octal)")
-      ->capture_default_str();
-  store->add_option("--allow-uid", allow_uids, "also accept peers with this uid; repeatable");
-  store->add_option("--allow-gid", allow_gids, "also accept peers with this gid; repeatable");
-  store->add_option("--load-threads", load_threads, "reader threads per load (0 = automatic)")
-      ->capture_default_str();
-  StoreOptions store_limits;
-  size_t& max_connections = store_limits.max_connections;
-  size_t& max_partial_bytes = store_limits.max_partial_bytes;
-  int64_t unread_timeout_ms = store_limits.unread_timeout.count();
-  int64_t attach_wait_timeout_ms = store_limits.attach_wait_timeout.count();
-  store
-      ->add_option("--max-leases-per-connection", store_limits.max_leases_per_connection,
-                   "attaches one connection may hold; more are refused")
-      ->capture_default_str();
-  store
-      ->add_option("--max-queued-bytes", store_limits.max_queued_bytes,
-                   "bytes of replies queued across all connections; at it no requests are read")
-      ->capture_default_str();
-  store
-      ->add_option("--max-unread-descriptors", store_limits.max_unread_descriptors,
-                   "descriptors sent and not yet read, all connections (0 = from the "
-                   "descriptor limit)")
-      ->capture_default_str();
-  store
-      ->add_option("--unread-timeout-ms", unread_timeout_ms,
-                   "while others wait, close a connection that read nothing for this long")
-      ->capture_default_str();
-  store
-      ->add_option("--attach-wait-timeout-ms", attach_wait_timeout_ms,
-                   "answer an attach waiting for the descriptor cap RESOURCE_EXHAUSTED after this")
-      ->capture_default_str();
-  store
-      ->add_option("--max-status-leases", store_limits.max_status_leases,
-                   "leases listed in a status reply (all are counted)")
-      ->capture_default_str();
-  store
-      ->add_option("--max-connections", max_connections,
-                   "connections served at once; more are refused (0 = from the descriptor "
-                   "limit: half of it less a reserve of 64, at most 4096)")
-      ->capture_default_str();
-  store
-      ->add_option("--max-partial-bytes", max_partial_bytes,
-                   "bytes of unfinished messages buffered across all connections; a peer "
-                   "taking it past this is closed")
-      ->capture_default_str();
+  const Subcommand store = AddStoreCommand(app);
 
   auto* serve =
       app.add_subcommand("serve", "serve a model repository over KServe v2 REST and gRPC");
@@ -1042,15 +884,7 @@ int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%n %P] [%l] %v");
 
-  if (store->parsed()) {
-    if (models.empty())
-      std::fprintf(stderr,
-                   "hearth store: no --model given; load models later with `hearth load`\n");
-    store_limits.unread_timeout = std::chrono::milliseconds(unread_timeout_ms);
-    store_limits.attach_wait_timeout = std::chrono::milliseconds(attach_wait_timeout_ms);
-    return RunStore(client.socket, models, device, socket_mode, allow_uids, allow_gids,
-                    load_threads, store_limits);
-  }
+  if (store.command->parsed()) return store.run();
   if (serve->parsed()) {
     if (http_port < 0 || http_port > 65535) {
       return Fail(InvalidArgument("--http-port must be in [0, 65535]"));
