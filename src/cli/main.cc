@@ -268,48 +268,6 @@ int UnloadModel(const AttachOptions& store, const std::string& model_text) {
   return 0;
 }
 
-// ---- hearth make-model -----------------------------------------------------
-
-Result<std::vector<int64_t>> ParseDims(const std::string& text) {
-  std::vector<int64_t> dims;
-  size_t start = 0;
-  while (start <= text.size()) {
-    const size_t comma = std::min(text.find(',', start), text.size());
-    int64_t v = 0;
-    auto [ptr, ec] = std::from_chars(text.data() + start, text.data() + comma, v);
-    if (ec != std::errc() || ptr != text.data() + comma || v <= 0)
-      return InvalidArgument("--dims '" + text + "' must be positive integers separated by commas");
-    dims.push_back(v);
-    start = comma + 1;
-  }
-  return dims;
-}
-
-int MakeModel(const std::string& kind, const std::string& dims_text, const std::string& dtype_text,
-              uint64_t seed, const std::string& out, int threads, uint64_t shard_bytes) {
-  Result<std::vector<int64_t>> dims = ParseDims(dims_text);
-  if (!dims.ok()) return Fail(dims.status());
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  Status s;
-  if (kind == "mlp") {
-    if (dims->size() != 3) return Fail(InvalidArgument("mlp needs --dims IN,HIDDEN,OUT"));
-    std::string upper = dtype_text;
-    std::transform(upper.begin(), upper.end(), upper.begin(), ::toupper);
-    std::optional<DType> dtype = ParseDType(upper);
-    if (!dtype || (*dtype != DType::kF32 && *dtype != DType::kF16 && *dtype != DType::kBF16))
-      return Fail(InvalidArgument("--dtype '" + dtype_text + "' is not one of f32, f16, bf16"));
-    s = WriteSyntheticMlp((*dims)[0], (*dims)[1], (*dims)[2], *dtype, seed, out, threads,
-                          shard_bytes);
-  } else {
-    if (dims->size() != 1) return Fail(InvalidArgument("scale needs --dims N"));
-    if (dtype_text != "f32") return Fail(InvalidArgument("scale models are f32 only"));
-    s = WriteSyntheticScale((*dims)[0], seed, out, threads, shard_bytes);
-  }
-  if (!s.ok()) return Fail(s);
-  std::printf("wrote %s\n", out.c_str());
-  return 0;
-}
-
 // ---- hearth bench ----------------------------------------------------------
 
 int RunBenchCommand(const BenchOptions& options, bool as_json) {
@@ -367,23 +325,7 @@ int main(int argc, char** argv) {
                     "CHECKPOINT` to check against a checkpoint");
   inspect->add_flag("--hold", hold, "with --model: stay attached until SIGTERM or SIGINT");
 
-  auto* make = app.add_subcommand("make-model", "write a deterministic synthetic checkpoint");
-  std::string kind, dims, dtype = "f32", out;
-  uint64_t seed = 0;
-  int threads = 0;
-  make->add_option("kind", kind, "mlp or scale")
-      ->required()
-      ->check(CLI::IsMember({"mlp", "scale"}));
-  make->add_option("--dims", dims, "mlp: IN,HIDDEN,OUT; scale: N")->required();
-  make->add_option("--dtype", dtype, "f32, f16 or bf16 (mlp only)")->capture_default_str();
-  make->add_option("--seed", seed, "random seed")->capture_default_str();
-  make->add_option("--out", out, "output file (with --shard-bytes: directory)")->required();
-  uint64_t shard_bytes = 0;
-  make->add_option("--shard-bytes", shard_bytes,
-                   "write a checkpoint directory as save_pretrained does: shards of at most "
-                   "this many bytes and model.safetensors.index.json (model.safetensors alone "
-                   "if one shard holds it all)");
-  make->add_option("--threads", threads, "generator threads (0 = all cores)");
+  const Subcommand make_model = AddMakeModelCommand(app);
 
   auto* list = app.add_subcommand("list", "list the models a store holds");
   add_client_options(list);
@@ -482,6 +424,7 @@ int main(int argc, char** argv) {
 
   if (store.command->parsed()) return store.run();
   if (serve.command->parsed()) return serve.run();
+  if (make_model.command->parsed()) return make_model.run();
   Result<NamedStores> stores = StoresOf(client);
   if (!stores.ok()) return Fail(stores.status());
   const NamedStores& per_device = *stores;
@@ -521,7 +464,6 @@ int main(int argc, char** argv) {
                                                                   : BenchSharedMemory::kNone;
     return RunBenchCommand(bench_options, bench_json);
   }
-  if (make->parsed()) return MakeModel(kind, dims, dtype, seed, out, threads, shard_bytes);
   if (list->parsed()) return on_each(ListModels);
   if (status->parsed()) return on_each(ShowStatus);
   if (load->parsed()) return LoadEverywhere(per_device, load_arg);
