@@ -268,26 +268,6 @@ int UnloadModel(const AttachOptions& store, const std::string& model_text) {
   return 0;
 }
 
-// ---- hearth bench ----------------------------------------------------------
-
-int RunBenchCommand(const BenchOptions& options, bool as_json) {
-  signal(SIGPIPE, SIG_IGN);
-  Result<BenchReport> report = RunBench(options, stderr);
-  if (!report.ok()) return Fail(report.status());
-  const std::string text = as_json ? ReportJson(*report) + "\n" : ReportTable(*report);
-  std::fputs(text.c_str(), stdout);
-  if (report->errors > 0) {
-    std::fprintf(stderr, "hearth bench: %llu requests failed\n",
-                 static_cast<unsigned long long>(report->errors));
-    return 1;
-  }
-  if (report->requests == 0) {
-    std::fprintf(stderr, "hearth bench: no request completed in the measured window\n");
-    return 1;
-  }
-  return 0;
-}
-
 }  // namespace
 }  // namespace hearth::cli
 
@@ -344,79 +324,7 @@ int main(int argc, char** argv) {
   add_client_options(unload);
   unload->add_option("model", unload_arg, "NAME[@VERSION]")->required();
 
-  auto* bench = app.add_subcommand(
-      "bench",
-      "drive a KServe v2 server (REST or gRPC) with random requests and report throughput and "
-      "latency");
-  BenchOptions bench_options;
-  std::string bench_protocol = "binary", bench_arrival = "poisson";
-  std::string bench_transport = "rest", bench_shared_memory = "none";
-  bool bench_json = false;
-  bench
-      ->add_option("--url", bench_options.url,
-                   "rest: http://HOST:PORT of the server; grpc: HOST:PORT (or grpc://HOST:PORT) "
-                   "of its gRPC port")
-      ->required();
-  bench
-      ->add_option("--transport", bench_transport,
-                   "rest (KServe v2 over HTTP/1.1) or grpc (inference.GRPCInferenceService/"
-                   "ModelInfer; needs a hearth built with gRPC)")
-      ->check(CLI::IsMember({"rest", "grpc"}))
-      ->capture_default_str();
-  bench
-      ->add_option("--shared-memory", bench_shared_memory,
-                   "none (tensors in the messages), system (as perf_analyzer: inputs and "
-                   "outputs in POSIX shared-memory regions registered with the server, one per "
-                   "request in flight) or cuda (the same in device memory of this process, "
-                   "registered by its CUDA IPC handle; needs a GPU)")
-      ->check(CLI::IsMember({"none", "system", "cuda"}))
-      ->capture_default_str();
-  bench
-      ->add_option("--shared-memory-device", bench_options.shared_memory_device,
-                   "with --shared-memory cuda: the GPU (CUDA ordinal) holding the regions")
-      ->capture_default_str();
-  bench->add_option("--output-shared-memory-size", bench_options.output_shared_memory_size,
-                    "with --shared-memory system or cuda: bytes of room per output (default: "
-                    "the output's size from the model's metadata)");
-  bench->add_flag("--verify", bench_options.verify,
-                  "with --shared-memory system or cuda: check that every response wrote its "
-                  "outputs into the region (default: each slot's first)");
-  bench->add_option("--model", bench_options.model, "model name")->required();
-  bench->add_option("--version", bench_options.version,
-                    "model version (default: the server's choice)");
-  auto* concurrency_option =
-      bench
-          ->add_option("--concurrency", bench_options.concurrency,
-                       "closed loop: N requests in flight, each sent when the last returned")
-          ->capture_default_str();
-  bench
-      ->add_option("--request-rate", bench_options.request_rate,
-                   "open loop: R requests/s; latency counts from each request's scheduled time")
-      ->excludes(concurrency_option);
-  bench
-      ->add_option("--arrival", bench_arrival,
-                   "open loop arrivals: poisson or constant (evenly spaced)")
-      ->check(CLI::IsMember({"poisson", "constant"}))
-      ->capture_default_str();
-  bench
-      ->add_option("--max-connections", bench_options.max_connections,
-                   "open loop: at most this many requests in flight (rest: connections)")
-      ->capture_default_str();
-  bench->add_option("--batch", bench_options.batch, "batch size of every request")
-      ->capture_default_str();
-  bench->add_option("--seconds", bench_options.seconds, "measured duration")->capture_default_str();
-  bench->add_option("--warmup", bench_options.warmup, "unmeasured seconds before it")
-      ->capture_default_str();
-  bench
-      ->add_option("--protocol", bench_protocol,
-                   "rest bodies: binary (tensor data after a JSON header) or json; with "
-                   "shared memory the body is JSON either way")
-      ->check(CLI::IsMember({"binary", "json"}))
-      ->capture_default_str();
-  bench->add_option("--output", bench_options.outputs, "request only these outputs (default: all)");
-  bench->add_option("--seed", bench_options.seed, "random seed for inputs and arrivals")
-      ->capture_default_str();
-  bench->add_flag("--json", bench_json, "print one JSON object instead of a table");
+  const Subcommand bench = AddBenchCommand(app);
 
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
@@ -425,6 +333,7 @@ int main(int argc, char** argv) {
   if (store.command->parsed()) return store.run();
   if (serve.command->parsed()) return serve.run();
   if (make_model.command->parsed()) return make_model.run();
+  if (bench.command->parsed()) return bench.run();
   Result<NamedStores> stores = StoresOf(client);
   if (!stores.ok()) return Fail(stores.status());
   const NamedStores& per_device = *stores;
@@ -451,18 +360,6 @@ int main(int argc, char** argv) {
       return InspectStore(per_device.front().second, model, verify, hold);
     }
     return Fail(InvalidArgument("inspect needs a CHECKPOINT (file or directory) or --model NAME"));
-  }
-  if (bench->parsed()) {
-    bench_options.protocol =
-        bench_protocol == "json" ? BenchProtocol::kJson : BenchProtocol::kBinary;
-    bench_options.arrival =
-        bench_arrival == "constant" ? BenchArrival::kConstant : BenchArrival::kPoisson;
-    bench_options.transport =
-        bench_transport == "grpc" ? BenchTransport::kGrpc : BenchTransport::kRest;
-    bench_options.shared_memory = bench_shared_memory == "system" ? BenchSharedMemory::kSystem
-                                  : bench_shared_memory == "cuda" ? BenchSharedMemory::kCuda
-                                                                  : BenchSharedMemory::kNone;
-    return RunBenchCommand(bench_options, bench_json);
   }
   if (list->parsed()) return on_each(ListModels);
   if (status->parsed()) return on_each(ShowStatus);
