@@ -1,153 +1,17 @@
-// `hearth`: the command-line entry point (store, inspect, make-model, and
-// the store administration commands list, status, load, unload).
-#include <dirent.h>
-#include <pthread.h>
-#include <pwd.h>
-#include <signal.h>
+// `hearth`: the command-line entry point. The subcommands (store, serve,
+// inspect, make-model, the store administration commands list, status, load
+// and unload, and bench) live in a file each (commands.h); main() holds the
+// global flags and picks the one the command line names.
 #include <spdlog/spdlog.h>
-#include <sys/resource.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <algorithm>
-#include <atomic>
-#include <charconv>
-#include <chrono>
-#include <condition_variable>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <ctime>
-#include <functional>
-#include <mutex>
 #include <string>
-#include <system_error>
-#include <thread>
+#include <utility>
 #include <vector>
 
-#include "checkpoint/synthetic.h"
-#include "cli/cli_common.h"
 #include "cli/commands.h"
-#include "common/run_together.h"
-#ifdef HEARTH_HAVE_GRPC
-#include "grpc/kserve_grpc_server.h"
-#endif
-#include "hearth/attach.h"
-#include "hearth/checkpoint.h"
-#include "hearth/checksum.h"
-#include "hearth/store.h"
-#include "http/http_server.h"
-#include "loadgen/load_generator.h"
-#include "server/server.h"
-
-namespace hearth::cli {
-namespace {
-
-std::string TimeText(int64_t unix_ms) {
-  const time_t t = static_cast<time_t>(unix_ms / 1000);
-  tm local{};
-  localtime_r(&t, &local);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M:%S", &local);
-  return text;
-}
-
-// ---- administration --------------------------------------------------------
-
-int ListModels(const AttachOptions& store) {
-  auto models = AttachClient(store).ListModels();
-  if (!models.ok()) return Fail(models.status());
-  std::printf("%-20s %8s %-8s %8s %14s %8s  %-16s  %s\n", "model", "version", "device", "tensors",
-              "bytes", "attached", "checksum", "path");
-  for (const ModelSummary& m : *models) {
-    std::printf("%-20s %8llu %-8s %8u %14llu %8u  %s  %s\n", m.name.c_str(),
-                static_cast<unsigned long long>(m.version), m.device.ToString().c_str(),
-                m.tensor_count, static_cast<unsigned long long>(m.tensor_bytes), m.attached,
-                ChecksumHex(m.checksum).c_str(), m.path.c_str());
-  }
-  return 0;
-}
-
-int ShowStatus(const AttachOptions& store) {
-  auto status = AttachClient(store).GetStatus();
-  if (!status.ok()) return Fail(status.status());
-  std::printf("store pid %d on %s, %u connections\n", status->pid,
-              status->device.ToString().c_str(), status->connections);
-  uint64_t held_bytes = 0;
-  for (const ArenaInfo& a : status->arenas) held_bytes += a.bytes;
-  std::printf("holds %zu arenas, %llu bytes; %llu leases\n", status->arenas.size(),
-              static_cast<unsigned long long>(held_bytes),
-              static_cast<unsigned long long>(status->lease_total));
-  std::printf("arenas:\n");
-  for (const ArenaInfo& a : status->arenas) {
-    std::printf("  %s@%llu  %llu bytes  %s  attached %u\n", a.model.c_str(),
-                static_cast<unsigned long long>(a.version),
-                static_cast<unsigned long long>(a.bytes), a.registered ? "registered" : "unloaded",
-                a.attached);
-  }
-  std::printf("attached clients:\n");
-  for (const LeaseInfo& l : status->leases) {
-    std::printf("  pid %d uid %u  %s@%llu  since %s\n", l.pid, l.uid, l.model.c_str(),
-                static_cast<unsigned long long>(l.version), TimeText(l.since_ms).c_str());
-  }
-  if (status->lease_total > status->leases.size())
-    std::printf("  ... %llu leases in all, %zu listed\n",
-                static_cast<unsigned long long>(status->lease_total), status->leases.size());
-  if (!status->counters.empty()) {
-    std::printf("counters:\n");
-    for (const auto& [name, value] : status->counters)
-      std::printf("  %s %llu\n", name.c_str(), static_cast<unsigned long long>(value));
-  }
-  return 0;
-}
-
-// `hearth load` into each device's store, all at once (each store reads the
-// checkpoint into its own staging); one line per device, in order.
-int LoadEverywhere(const std::vector<std::pair<std::string, AttachOptions>>& stores,
-                   const std::string& arg) {
-  const size_t eq = arg.find('=');
-  if (eq == std::string::npos || eq == 0 || eq + 1 == arg.size())
-    return Fail(InvalidArgument("'" + arg + "' is not NAME=PATH"));
-  std::string path = arg.substr(eq + 1);
-  char resolved[PATH_MAX];
-  if (::realpath(path.c_str(), resolved) != nullptr) path = resolved;
-  std::vector<Result<ModelSummary>> loaded(stores.size(), Internal("not loaded"));
-  std::vector<std::function<void()>> loads;
-  for (size_t i = 0; i < stores.size(); ++i)
-    loads.push_back(
-        [&, i] { loaded[i] = AttachClient(stores[i].second).Load(arg.substr(0, eq), path); });
-  RunTogether(loads);
-  int rc = 0;
-  for (size_t i = 0; i < stores.size(); ++i) {
-    const std::string on = stores[i].first.empty() ? "" : " on " + stores[i].first;
-    if (!loaded[i].ok()) {
-      rc = Fail(stores[i].first.empty() ? loaded[i].status()
-                                        : loaded[i].status().WithContext(stores[i].first));
-      continue;
-    }
-    const ModelSummary& m = *loaded[i];
-    std::printf("loaded %s@%llu%s (%u tensors, %llu bytes, checksum %s)\n", m.name.c_str(),
-                static_cast<unsigned long long>(m.version), on.c_str(), m.tensor_count,
-                static_cast<unsigned long long>(m.tensor_bytes), ChecksumHex(m.checksum).c_str());
-  }
-  return rc;
-}
-
-int UnloadModel(const AttachOptions& store, const std::string& model_text) {
-  Result<ModelRef> ref = ModelRef::Parse(model_text);
-  if (!ref.ok()) return Fail(ref.status());
-  auto removed = AttachClient(store).Unload(ref->name, ref->version);
-  if (!removed.ok()) return Fail(removed.status());
-  std::printf("unloaded %u version(s) of %s\n", *removed, ref->name.c_str());
-  return 0;
-}
-
-}  // namespace
-}  // namespace hearth::cli
 
 int main(int argc, char** argv) {
-  using namespace hearth;
   using namespace hearth::cli;
   CLI::App app{"hearth: one copy of a model's weights, shared read-only by many worker processes"};
   app.require_subcommand(1);
@@ -155,65 +19,20 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
 
-  StoreClientFlags client;
-  auto add_client_options = [&](CLI::App* cmd) { AddStoreClientOptions(cmd, &client); };
-
-  const Subcommand store = AddStoreCommand(app);
-
-  const Subcommand serve = AddServeCommand(app);
-
-  const Subcommand inspect = AddInspectCommand(app);
-
-  const Subcommand make_model = AddMakeModelCommand(app);
-
-  auto* list = app.add_subcommand("list", "list the models a store holds");
-  add_client_options(list);
-  auto* status = app.add_subcommand("status", "show a store's attached clients and arenas");
-  add_client_options(status);
-  auto* load =
-      app.add_subcommand("load", "load a checkpoint into a running store as a new version");
-  std::string load_arg;
-  add_client_options(load);
-  load->add_option("model", load_arg,
-                   "NAME=PATH: a safetensors file or a checkpoint directory (model.safetensors, "
-                   "or shards with model.safetensors.index.json)")
-      ->required();
-  auto* unload = app.add_subcommand("unload", "remove a model (all versions, or NAME@VERSION)");
-  std::string unload_arg;
-  add_client_options(unload);
-  unload->add_option("model", unload_arg, "NAME[@VERSION]")->required();
-
-  const Subcommand bench = AddBenchCommand(app);
+  // In this order in --help.
+  std::vector<Subcommand> subcommands;
+  subcommands.push_back(AddStoreCommand(app));
+  subcommands.push_back(AddServeCommand(app));
+  subcommands.push_back(AddInspectCommand(app));
+  subcommands.push_back(AddMakeModelCommand(app));
+  for (Subcommand& admin : AddAdminCommands(app)) subcommands.push_back(std::move(admin));
+  subcommands.push_back(AddBenchCommand(app));
 
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
   spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%n %P] [%l] %v");
 
-  if (store.command->parsed()) return store.run();
-  if (serve.command->parsed()) return serve.run();
-  if (make_model.command->parsed()) return make_model.run();
-  if (bench.command->parsed()) return bench.run();
-  if (inspect.command->parsed()) return inspect.run();
-  Result<NamedStores> stores = StoresOf(client);
-  if (!stores.ok()) return Fail(stores.status());
-  const NamedStores& per_device = *stores;
-  // Runs `command` on each device's store (a heading before each when there
-  // are several); fails if any fails.
-  auto on_each = [&](const std::function<int(const AttachOptions&)>& command) {
-    int rc = 0;
-    for (size_t i = 0; i < per_device.size(); ++i) {
-      const auto& [name, options] = per_device[i];
-      if (per_device.size() > 1)
-        std::printf("%s== %s: %s\n", i == 0 ? "" : "\n", name.c_str(), options.socket_path.c_str());
-      std::fflush(stdout);
-      rc = std::max(rc, command(options));
-    }
-    return rc;
-  };
-  if (list->parsed()) return on_each(ListModels);
-  if (status->parsed()) return on_each(ShowStatus);
-  if (load->parsed()) return LoadEverywhere(per_device, load_arg);
-  if (unload->parsed())
-    return on_each([&](const AttachOptions& o) { return UnloadModel(o, unload_arg); });
+  for (const Subcommand& subcommand : subcommands)
+    if (subcommand.command->parsed()) return subcommand.run();
   return 0;
 }

@@ -1,0 +1,194 @@
+// The store's administration: `hearth list`, `status`, `load` and `unload`,
+// each on the store of --socket, or on every store of --device.
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cli/cli_common.h"
+#include "cli/commands.h"
+#include "common/run_together.h"
+#include "hearth/attach.h"
+#include "hearth/checksum.h"
+
+namespace hearth::cli {
+namespace {
+
+std::string TimeText(int64_t unix_ms) {
+  const time_t t = static_cast<time_t>(unix_ms / 1000);
+  tm local{};
+  localtime_r(&t, &local);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%d %H:%M:%S", &local);
+  return text;
+}
+
+int ListModels(const AttachOptions& store) {
+  auto models = AttachClient(store).ListModels();
+  if (!models.ok()) return Fail(models.status());
+  std::printf("%-20s %8s %-8s %8s %14s %8s  %-16s  %s\n", "model", "version", "device", "tensors",
+              "bytes", "attached", "checksum", "path");
+  for (const ModelSummary& m : *models) {
+    std::printf("%-20s %8llu %-8s %8u %14llu %8u  %s  %s\n", m.name.c_str(),
+                static_cast<unsigned long long>(m.version), m.device.ToString().c_str(),
+                m.tensor_count, static_cast<unsigned long long>(m.tensor_bytes), m.attached,
+                ChecksumHex(m.checksum).c_str(), m.path.c_str());
+  }
+  return 0;
+}
+
+int ShowStatus(const AttachOptions& store) {
+  auto status = AttachClient(store).GetStatus();
+  if (!status.ok()) return Fail(status.status());
+  std::printf("store pid %d on %s, %u connections\n", status->pid,
+              status->device.ToString().c_str(), status->connections);
+  uint64_t held_bytes = 0;
+  for (const ArenaInfo& a : status->arenas) held_bytes += a.bytes;
+  std::printf("holds %zu arenas, %llu bytes; %llu leases\n", status->arenas.size(),
+              static_cast<unsigned long long>(held_bytes),
+              static_cast<unsigned long long>(status->lease_total));
+  std::printf("arenas:\n");
+  for (const ArenaInfo& a : status->arenas) {
+    std::printf("  %s@%llu  %llu bytes  %s  attached %u\n", a.model.c_str(),
+                static_cast<unsigned long long>(a.version),
+                static_cast<unsigned long long>(a.bytes), a.registered ? "registered" : "unloaded",
+                a.attached);
+  }
+  std::printf("attached clients:\n");
+  for (const LeaseInfo& l : status->leases) {
+    std::printf("  pid %d uid %u  %s@%llu  since %s\n", l.pid, l.uid, l.model.c_str(),
+                static_cast<unsigned long long>(l.version), TimeText(l.since_ms).c_str());
+  }
+  if (status->lease_total > status->leases.size())
+    std::printf("  ... %llu leases in all, %zu listed\n",
+                static_cast<unsigned long long>(status->lease_total), status->leases.size());
+  if (!status->counters.empty()) {
+    std::printf("counters:\n");
+    for (const auto& [name, value] : status->counters)
+      std::printf("  %s %llu\n", name.c_str(), static_cast<unsigned long long>(value));
+  }
+  return 0;
+}
+
+// `hearth load` into each device's store, all at once (each store reads the
+// checkpoint into its own staging); one line per device, in order.
+int LoadEverywhere(const NamedStores& stores, const std::string& arg) {
+  const size_t eq = arg.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == arg.size())
+    return Fail(InvalidArgument("'" + arg + "' is not NAME=PATH"));
+  std::string path = arg.substr(eq + 1);
+  char resolved[PATH_MAX];
+  if (::realpath(path.c_str(), resolved) != nullptr) path = resolved;
+  std::vector<Result<ModelSummary>> loaded(stores.size(), Internal("not loaded"));
+  std::vector<std::function<void()>> loads;
+  for (size_t i = 0; i < stores.size(); ++i)
+    loads.push_back(
+        [&, i] { loaded[i] = AttachClient(stores[i].second).Load(arg.substr(0, eq), path); });
+  RunTogether(loads);
+  int rc = 0;
+  for (size_t i = 0; i < stores.size(); ++i) {
+    const std::string on = stores[i].first.empty() ? "" : " on " + stores[i].first;
+    if (!loaded[i].ok()) {
+      rc = Fail(stores[i].first.empty() ? loaded[i].status()
+                                        : loaded[i].status().WithContext(stores[i].first));
+      continue;
+    }
+    const ModelSummary& m = *loaded[i];
+    std::printf("loaded %s@%llu%s (%u tensors, %llu bytes, checksum %s)\n", m.name.c_str(),
+                static_cast<unsigned long long>(m.version), on.c_str(), m.tensor_count,
+                static_cast<unsigned long long>(m.tensor_bytes), ChecksumHex(m.checksum).c_str());
+  }
+  return rc;
+}
+
+int UnloadModel(const AttachOptions& store, const std::string& model_text) {
+  Result<ModelRef> ref = ModelRef::Parse(model_text);
+  if (!ref.ok()) return Fail(ref.status());
+  auto removed = AttachClient(store).Unload(ref->name, ref->version);
+  if (!removed.ok()) return Fail(removed.status());
+  std::printf("unloaded %u version(s) of %s\n", *removed, ref->name.c_str());
+  return 0;
+}
+
+// Runs `command` on each device's store (a heading before each when there
+// are several); fails if any fails.
+int OnEach(const NamedStores& stores, const std::function<int(const AttachOptions&)>& command) {
+  int rc = 0;
+  for (size_t i = 0; i < stores.size(); ++i) {
+    const auto& [name, options] = stores[i];
+    if (stores.size() > 1)
+      std::printf("%s== %s: %s\n", i == 0 ? "" : "\n", name.c_str(), options.socket_path.c_str());
+    std::fflush(stdout);
+    rc = std::max(rc, command(options));
+  }
+  return rc;
+}
+
+// What the command line sets.
+struct AdminFlags {
+  StoreClientFlags client;
+  std::string model;  // load: NAME=PATH; unload: NAME[@VERSION]
+};
+
+using AdminRun = std::function<int(const NamedStores& stores, const std::string& model)>;
+
+// `cmd`, run on the stores its options name.
+Subcommand Bind(CLI::App* cmd, std::shared_ptr<AdminFlags> flags, AdminRun run) {
+  return {cmd, [flags, run] {
+            Result<NamedStores> stores = StoresOf(flags->client);
+            if (!stores.ok()) return Fail(stores.status());
+            return run(*stores, flags->model);
+          }};
+}
+
+}  // namespace
+
+std::vector<Subcommand> AddAdminCommands(CLI::App& app) {
+  std::vector<Subcommand> commands;
+
+  auto* list = app.add_subcommand("list", "list the models a store holds");
+  auto list_flags = std::make_shared<AdminFlags>();
+  AddStoreClientOptions(list, &list_flags->client);
+  commands.push_back(Bind(list, list_flags, [](const NamedStores& stores, const std::string&) {
+    return OnEach(stores, ListModels);
+  }));
+
+  auto* status = app.add_subcommand("status", "show a store's attached clients and arenas");
+  auto status_flags = std::make_shared<AdminFlags>();
+  AddStoreClientOptions(status, &status_flags->client);
+  commands.push_back(Bind(status, status_flags, [](const NamedStores& stores, const std::string&) {
+    return OnEach(stores, ShowStatus);
+  }));
+
+  auto* load =
+      app.add_subcommand("load", "load a checkpoint into a running store as a new version");
+  auto load_flags = std::make_shared<AdminFlags>();
+  AddStoreClientOptions(load, &load_flags->client);
+  load->add_option("model", load_flags->model,
+                   "NAME=PATH: a safetensors file or a checkpoint directory (model.safetensors, "
+                   "or shards with model.safetensors.index.json)")
+      ->required();
+  commands.push_back(Bind(load, load_flags, LoadEverywhere));
+
+  auto* unload = app.add_subcommand("unload", "remove a model (all versions, or NAME@VERSION)");
+  auto unload_flags = std::make_shared<AdminFlags>();
+  AddStoreClientOptions(unload, &unload_flags->client);
+  unload->add_option("model", unload_flags->model, "NAME[@VERSION]")->required();
+  commands.push_back(
+      Bind(unload, unload_flags, [](const NamedStores& stores, const std::string& model) {
+        return OnEach(stores, [&](const AttachOptions& o) { return UnloadModel(o, model); });
+      }));
+
+  return commands;
+}
+
+}  // namespace hearth::cli
