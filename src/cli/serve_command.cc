@@ -389,8 +389,9 @@ Subcommand AddServeCommand(CLI::App& app) {
       "--http-port is 0)");
   serve
       ->add_option("--grpc-max-message-bytes", f.grpc.max_message_bytes,
-                   "larger gRPC messages are refused with RESOURCE_EXHAUSTED (compressed ones are "
-                   "refused whatever their size)")
+                   "larger gRPC messages are refused with RESOURCE_EXHAUSTED; a compressed "
+                   "inference message also when it inflates past it (measured as it inflates, "
+                   "never inflated whole first)")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{1}, uint64_t{0x7fffffff}));
   serve
