@@ -27,7 +27,7 @@ import pytest
 import hearth_testing as ht
 from hearth_testing import DEVICE, ON_CUDA
 from process_group import start, stop
-from test_transformers import MISSING, SHARDED, make_checkpoint, store_path
+from llm_checkpoints import MISSING, SHARDED, make_checkpoint, store_path
 
 EXAMPLE = ht.ROOT / "examples" / "llm_uvicorn"
 WORKERS = 4
