@@ -39,6 +39,8 @@ namespace {
 // How long `hearth serve` waits for the server to stop once the front-ends
 // have drained.
 constexpr std::chrono::seconds kShutdownGrace{5};
+// How long it waits, of that, for a model loader blocked in the kernel.
+constexpr std::chrono::milliseconds kBuilderGrace{1000};
 
 // Leaves the process at once, `why` logged: nothing else is waited for.
 [[noreturn]] void ExitNow(const std::string& why, int code) {
@@ -281,10 +283,11 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
   (*http)->Stop();
 #endif
   // Nothing is served now. What remains (stopping workers and builders,
-  // the stores) takes milliseconds, unless a builder is blocked in the
-  // kernel reading a model's files (a hung network filesystem): past
-  // kShutdownGrace the process exits without it, saying so. Workers die
-  // with it (PR_SET_PDEATHSIG).
+  // the stores) takes milliseconds. A builder blocked in the kernel reading
+  // a model's files (a hung network filesystem) is waited for
+  // kBuilderGrace, then left: the server stops its workers and the process
+  // exits without it. Anything else that holds the stop past kShutdownGrace
+  // is left too, saying so. Workers die with the process (PR_SET_PDEATHSIG).
   std::mutex done_mu;
   std::condition_variable done_cv;
   bool done = false;
@@ -297,7 +300,9 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
               1);
     }
   });
-  (*server)->Shutdown();
+  if (!(*server)->Shutdown(kBuilderGrace)) {
+    ExitNow("stopped, without the model loaders named above", 0);
+  }
   {
     std::lock_guard lock(done_mu);
     done = true;

@@ -7,6 +7,21 @@ static_assert(4 + 8 * hearth::kMaxModelParameters + hearth::kMaxModelParameterBy
 namespace hearth {
 namespace {
 
+// A test seam: with $HEARTH_TEST_BLOCK_BUILD set to exactly this model's
+// name, its builder blocks in a read() that never returns, as one reading
+// the model's files from a hung network filesystem would. A test of
+// stopping the server past such a builder then needs no such filesystem.
+void BlockForTests(const std::string& model) {
+  const char* blocked = std::getenv("HEARTH_TEST_BLOCK_BUILD");
+  if (blocked == nullptr || model != blocked) return;
+  spdlog::warn("model {}: its builder is blocked by HEARTH_TEST_BLOCK_BUILD", model);
+  int fds[2];
+  if (::pipe(fds) != 0) return;
+  char byte;
+  while (::read(fds[0], &byte, 1) < 0 && errno == EINTR) {
+  }
+}
+
 // Wait between attempts to bring up a model that failed: 1, 2, 4, then every 5 s.
 std::chrono::milliseconds RetryDelay(int attempt) {
   return std::chrono::milliseconds(std::min(1000 << std::min(attempt, 3), 5000));
@@ -88,8 +103,8 @@ Status Server::Impl::WaitForModels() {
   return Status::Ok();
 }
 
-void Server::Impl::Shutdown() {
-  if (shut_down_.exchange(true)) return;
+bool Server::Impl::Shutdown(std::optional<std::chrono::milliseconds> builder_grace) {
+  if (shut_down_.exchange(true)) return true;
   {
     std::lock_guard lock(events_mu_);
     stopping_ = true;
@@ -119,7 +134,28 @@ void Server::Impl::Shutdown() {
       m->RequestStop(m->ready_workers.load() > 0 || m->queue->size() == 0);
     for (auto& r : entry->retired) r->RequestStop(true);
   }
-  for (std::thread& b : builders_) b.join();
+  // Every builder returns once its attempt sees the stop, unless the kernel
+  // holds it in a read of the model's files; with a grace, such a one is left.
+  std::set<std::thread::id> stuck;
+  if (builder_grace.has_value()) {
+    std::unique_lock lock(events_mu_);
+    if (!events_cv_.wait_for(lock, *builder_grace, [&] { return builder_work_.empty(); })) {
+      for (const auto& [id, model] : builder_work_) {
+        spdlog::error(
+            "model {}: its loader did not return within {} ms of the stop (blocked reading the "
+            "model's files?); the server stops without it",
+            model, builder_grace->count());
+        stuck.insert(id);
+      }
+    }
+  }
+  for (std::thread& b : builders_) {
+    if (stuck.count(b.get_id()) > 0) {
+      b.detach();
+    } else {
+      b.join();
+    }
+  }
   builders_.clear();
   for (auto& [name, entry] : entries_) {
     for (auto& r : entry->retired)
@@ -135,6 +171,9 @@ void Server::Impl::Shutdown() {
           name, r, n, m->stats.run_us.load() / 1e3 / n, m->stats.request_us.load() / 1e3 / r);
     }
   }
+  // A builder left behind may be inside a store's load: the stores stay as
+  // they are, for the process to exit.
+  if (!stuck.empty()) return false;
   {
     std::lock_guard lock(stores_mu_);
     for (auto& [device, s] : stores_) {
@@ -147,6 +186,7 @@ void Server::Impl::Shutdown() {
   // once it is empty.
   if (made_run_dir_ && ::rmdir(run_dir_.c_str()) != 0)
     spdlog::warn("cannot remove the run directory {}: {}", run_dir_, std::strerror(errno));
+  return true;
 }
 
 bool Server::Impl::Ready() const {
@@ -313,9 +353,12 @@ void Server::Impl::BuilderLoop() {
     }
     ModelEntry* entry = first->second;
     build_queue_.erase(first);
+    builder_work_[std::this_thread::get_id()] = entry->dir.name;
     lock.unlock();
     const bool again = BuildOnce(*entry);
     lock.lock();
+    builder_work_.erase(std::this_thread::get_id());
+    events_cv_.notify_all();  // Shutdown() may wait for the builders' work to end
     if (again && !stopping_) {
       build_queue_.emplace(Clock::now() + RetryDelay(entry->failed_attempts - 1), entry);
       events_cv_.notify_all();  // it may be due before what the others wait for
@@ -328,6 +371,7 @@ void Server::Impl::BuilderLoop() {
 // throws (no thread to be had, no memory) escapes to the builder: that is
 // this model's failure, retried like any other.
 bool Server::Impl::BuildOnce(ModelEntry& entry) {
+  BlockForTests(entry.dir.name);
   std::lock_guard build(entry.build_mu);
   {
     // A repository load served it meanwhile, or an unload took it away.
@@ -408,7 +452,9 @@ Result<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
 
 Status Server::Start() { return impl_->Start(); }
 Status Server::WaitForModels() { return impl_->WaitForModels(); }
-void Server::Shutdown() { impl_->Shutdown(); }
+bool Server::Shutdown(std::optional<std::chrono::milliseconds> builder_grace) {
+  return impl_->Shutdown(builder_grace);
+}
 bool Server::Live() const { return impl_->Live(); }
 bool Server::Ready() const { return impl_->Ready(); }
 std::string Server::ServerVersion() const { return "0.1.0"; }

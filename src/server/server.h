@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -85,7 +86,14 @@ class Server : public InferenceService {
   // loads into the stores are cancelled, the models being built stop,
   // WaitForModels() returns kUnavailable, and this returns once all of it is
   // over. Idempotent.
-  void Shutdown();
+  //
+  // With `builder_grace`, a builder still in a model's attempt that long
+  // after the stop (blocked in the kernel reading the model's files, on a
+  // hung network filesystem say) is not waited for: it is named in the log,
+  // the workers are still stopped, and false is returned. The server is then
+  // fit only for the process to exit at once (std::_Exit): its stores and
+  // that builder are left as they are, and its destructor must not run.
+  bool Shutdown(std::optional<std::chrono::milliseconds> builder_grace = std::nullopt);
 
   bool Live() const override;
   bool Ready() const override;

@@ -116,7 +116,7 @@ class Server::Impl {
   // ---- its life (server.cc) ------------------------------------------------
   Status Start();
   Status WaitForModels();
-  void Shutdown();
+  bool Shutdown(std::optional<std::chrono::milliseconds> builder_grace = std::nullopt);
   bool Ready() const;
   bool Live() const { return !shut_down_; }
 
@@ -202,6 +202,8 @@ class Server::Impl {
   std::map<std::string, std::unique_ptr<ModelEntry>> entries_;
   static constexpr size_t kMaxBuilders = 8;
   std::vector<std::thread> builders_;
+  // The model each builder is making an attempt at (guarded by events_mu_).
+  std::map<std::thread::id, std::string> builder_work_;
   // Models due for an attempt, by when (guarded by events_mu_).
   std::multimap<Clock::time_point, ModelEntry*> build_queue_;
   mutable std::mutex stores_mu_;

@@ -955,6 +955,38 @@ def test_sigterm_during_start_up_stops_the_server(tmp_path):
         assert not os.path.exists(run_dir.group(1)), f"{run_dir.group(1)} was left behind"
 
 
+def test_sigterm_does_not_wait_for_a_loader_blocked_in_the_kernel(tmp_path):
+    """A model whose builder is blocked in a read() that never returns
+    (HEARTH_TEST_BLOCK_BUILD: as on a hung network filesystem) does not hold
+    SIGTERM: the server waits 1 s for it, names it, stops the other model's
+    workers and exits 0."""
+    scale_demo_repository(tmp_path / "repo", count=1)
+    shutil.copytree(tmp_path / "repo" / "scale", tmp_path / "repo" / "stuck")
+    log_path = tmp_path / "blocked.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([CLI, "serve", "--model-repository", str(tmp_path / "repo"), "--http-port", "0",
+                                 "--grpc-port", "-1", "--device", "cpu"],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=dict(os.environ, HEARTH_TEST_BLOCK_BUILD="stuck"))
+        try:
+            wait_for(lambda: "its builder is blocked by HEARTH_TEST_BLOCK_BUILD" in log_path.read_text()
+                     and re.search(r"scale worker 0 ready: pid \d+", log_path.read_text()),
+                     "the blocked builder and the other model's worker")
+            worker = int(re.search(r"scale worker 0 ready: pid (\d+)", log_path.read_text()).group(1))
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = log_path.read_text()
+    assert code == 0, text[-3000:]
+    assert "model stuck: its loader did not return within 1000 ms of the stop" in text, text[-3000:]
+    assert "stopped, without the model loaders named above" in text, text[-3000:]
+    wait_for(lambda: not os.path.exists(f"/proc/{worker}") or
+             open(f"/proc/{worker}/stat").read().split()[2] == "Z", "the other model's worker to be gone")
+
+
 def test_a_second_sigterm_exits_at_once_while_the_first_drains(tmp_path):
     """A request held by a worker that does not answer (SIGSTOPped) keeps the
     first SIGTERM's drain waiting (--drain-timeout-ms 600000); a second
