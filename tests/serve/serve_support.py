@@ -204,6 +204,26 @@ class Server:
             self.kill()
 
 
+# ---- processes -------------------------------------------------------------------
+
+def memory_fields(pid, *keys):
+    """Fields of /proc/PID/status given in kB (VmRSS, VmHWM, VmSize...), in bytes."""
+    fields = {}
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in keys:
+            fields[key] = int(value.split()[0]) * 1024
+    return [fields[k] for k in keys]
+
+
+def gone(pid):
+    """Process `pid` has exited (no longer there, or a zombie not yet reaped)."""
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
 # ---- its workers -----------------------------------------------------------------
 
 def worker_pids(serve_pid):

@@ -18,7 +18,7 @@ import pytest
 
 from grpc_support import (MAX_MESSAGE, connect, grpc, grpc_port, h2_frame, hpack_literal, infer_request,
                           outputs_of, pb, rpc_error, write_repository)
-from serve_support import SCALE_N, start_serve, stop_serve, wait_for
+from serve_support import SCALE_N, memory_fields, start_serve, stop_serve, wait_for
 
 
 MIB = 1 << 20
@@ -26,12 +26,7 @@ MIB = 1 << 20
 
 def memory(pid):
     """(VmRSS, VmHWM) of process `pid`, in bytes."""
-    fields = {}
-    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = int(value.split()[0]) * 1024
-    return fields["VmRSS"], fields["VmHWM"]
+    return tuple(memory_fields(pid, "VmRSS", "VmHWM"))
 
 
 def reset_peak(pid):
@@ -78,7 +73,6 @@ def test_a_gzip_bomb_is_refused_before_it_is_inflated(served):
     for t in threads:
         t.join()
     _, peak = memory(pid)
-    del bomb
     # Measured while inflating, never held: the peak stays far below the 2 GiB they would take.
     assert peak - rss_before < 2 * MAX_MESSAGE + 100 * MIB, f"peak RSS grew by {(peak - rss_before) / MIB:.0f} MiB"
     for e in errors:

@@ -12,7 +12,6 @@ server is serve_support's Server.
 
 import json
 import os
-import pathlib
 import re
 import signal
 import socket
@@ -22,7 +21,7 @@ import time
 
 import pytest
 
-from serve_support import SCALE_N, Server, WIDE_N, parse_metrics, wait_for, worker_pids
+from serve_support import SCALE_N, Server, WIDE_N, memory_fields, parse_metrics, wait_for, worker_pids
 
 MIB = 1 << 20
 
@@ -154,13 +153,6 @@ def metrics(port):
     return parse_metrics(get(port, "/metrics").body.decode())
 
 
-def proc_status(pid, field):
-    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise KeyError(field)
-
-
 # ---- the tests --------------------------------------------------------------
 
 @pytest.mark.parametrize("expect_continue", [False, True], ids=["stalled", "stalled-100-continue"])
@@ -168,7 +160,7 @@ def test_stalled_64mib_bodies_hold_nothing_while_a_normal_client_is_answered(ser
     budget = 256 * MIB
     server = servers(["--max-inflight-bytes", str(budget), "--max-body-bytes", str(64 * MIB),
                       "--head-timeout-ms", "120000", "--body-timeout-ms", "120000"])
-    peak_before = proc_status(server.pid, "VmHWM")
+    peak_before = memory_fields(server.pid, "VmHWM")[0]
     stalled = []
     try:
         # 200 x 64 MiB: 12.5 GiB if the server sized bodies from Content-Length.
@@ -193,7 +185,7 @@ def test_stalled_64mib_bodies_hold_nothing_while_a_normal_client_is_answered(ser
             c.close()
         m = metrics(server.port)
         assert m["hearth_http_inflight_body_bytes_peak"] <= budget
-        assert proc_status(server.pid, "VmHWM") - peak_before < budget
+        assert memory_fields(server.pid, "VmHWM")[0] - peak_before < budget
     finally:
         for s in stalled:
             s.close()

@@ -10,14 +10,14 @@ Paths: $HEARTH_CLI (default build/bin/hearth).
 """
 
 import os
-import pathlib
 import subprocess
 import threading
 
 import numpy as np
 import requests
 
-from serve_support import CLI, SCALE_N, metrics, scale_config, start_serve, stop_serve, wait_for
+from serve_support import (CLI, SCALE_N, memory_fields, metrics, scale_config, start_serve, stop_serve,
+                           wait_for)
 
 
 MIB = 1 << 20
@@ -29,12 +29,8 @@ def held(pid):
     """(threads, descriptors, resident bytes, mapped bytes) of process `pid`."""
     threads = len(os.listdir(f"/proc/{pid}/task"))
     fds = len(os.listdir(f"/proc/{pid}/fd"))
-    sizes = {}
-    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmSize"):
-            sizes[key] = int(value.split()[0]) * 1024
-    return threads, fds, sizes["VmRSS"], sizes["VmSize"]
+    rss, mapped = memory_fields(pid, "VmRSS", "VmSize")
+    return threads, fds, rss, mapped
 
 
 def settled(url, freed):

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import requests
 
-from serve_support import (CLI, KIND, MLP, ON_GPU, SCALE_N, infer_binary, infer_json, metric, metrics,
+from serve_support import (CLI, KIND, MLP, ON_GPU, SCALE_N, gone, infer_binary, infer_json, metric, metrics,
                            mlp_config, mlp_reference, model_workers, model_workers_alive, parse_metrics,
                            read_safetensors, scale_config, split_binary, start_serve, stop_serve, wait_for,
                            worker_pids)
@@ -949,8 +949,7 @@ def test_sigterm_during_start_up_stops_the_server(tmp_path):
     assert code == 0, text[-3000:]
     assert "during start-up: stopping" in text, text[-3000:]
     worker = int(started.read_text().split()[0])
-    wait_for(lambda: not os.path.exists(f"/proc/{worker}") or
-             open(f"/proc/{worker}/stat").read().split()[2] == "Z", "the worker to be gone")
+    wait_for(lambda: gone(worker), "the worker to be gone")
     if run_dir:
         assert not os.path.exists(run_dir.group(1)), f"{run_dir.group(1)} was left behind"
 
@@ -983,8 +982,7 @@ def test_sigterm_does_not_wait_for_a_loader_blocked_in_the_kernel(tmp_path):
     assert code == 0, text[-3000:]
     assert "model stuck: its loader did not return within 1000 ms of the stop" in text, text[-3000:]
     assert "stopped, without the model loaders named above" in text, text[-3000:]
-    wait_for(lambda: not os.path.exists(f"/proc/{worker}") or
-             open(f"/proc/{worker}/stat").read().split()[2] == "Z", "the other model's worker to be gone")
+    wait_for(lambda: gone(worker), "the other model's worker to be gone")
 
 
 def test_a_second_sigterm_exits_at_once_while_the_first_drains(tmp_path):
@@ -1014,8 +1012,7 @@ def test_a_second_sigterm_exits_at_once_while_the_first_drains(tmp_path):
         assert "Terminated again while shutting down: exiting now" in text, text[-3000:]
         with pytest.raises(requests.exceptions.ConnectionError):
             held.result(timeout=30)
-        wait_for(lambda: not os.path.exists(f"/proc/{worker}") or
-                 open(f"/proc/{worker}/stat").read().split()[2] == "Z", "the worker to be gone")
+        wait_for(lambda: gone(worker), "the worker to be gone")
     finally:
         pool.shutdown(wait=False)
         if proc.poll() is None:
@@ -1066,8 +1063,7 @@ def test_a_standby_worker_takes_over_from_a_worker_that_dies(tmp_path):
         code, text = stop_serve(state)
     assert code == 0, text[-3000:]
     for pid in seen:
-        wait_for(lambda: not os.path.exists(f"/proc/{pid}") or
-                 open(f"/proc/{pid}/stat").read().split()[2] == "Z", f"worker {pid} to be gone")
+        wait_for(lambda: gone(pid), f"worker {pid} to be gone")
 
 
 def test_serving_as_pid_1_in_a_container(tmp_path):
