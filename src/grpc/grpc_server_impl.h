@@ -40,26 +40,13 @@
 #include "grpc/kserve_grpc_server.h"
 #include "grpc/request_message.h"
 #include "grpc_service.grpc.pb.h"
-#include "server/request_check.h"
+#include "server/request_admission.h"
 
 namespace hearth {
 
 using inference::ModelInferRequest;
 using inference::ModelInferResponse;
 using inference::ModelStreamInferResponse;
-
-// The bytes the service will read from shared memory for `request`'s
-// inputs and hold while it runs (saturating: too many is refused anyway).
-inline uint64_t SharedMemoryInputBytes(const InferRequest& request) {
-  uint64_t total = 0;
-  for (const InferTensor& input : request.inputs) {
-    if (!input.shm.has_value()) continue;
-    total = input.shm->byte_size > std::numeric_limits<uint64_t>::max() - total
-                ? std::numeric_limits<uint64_t>::max()
-                : total + input.shm->byte_size;
-  }
-  return total;
-}
 
 // A message in its wire form, to be sent.
 inline Result<grpc::ByteBuffer> Serialized(const google::protobuf::Message& message) {

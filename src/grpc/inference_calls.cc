@@ -30,12 +30,6 @@ class GrpcServer::Impl::InferCall final : public grpc::ServerUnaryReactor {
     const uint64_t shared = SharedMemoryInputBytes(request);
     if (Status taken = server_->TakeBytes(shared); !taken.ok()) return Reply(ToGrpcStatus(taken));
     bytes_ += shared;
-    const Result<hearth::ModelMetadata> metadata =
-        server_->service().Metadata(request.model, request.version);
-    if (!metadata.ok()) return Reply(ToGrpcStatus(metadata.status()));
-    if (Status valid = ValidateInferRequest(request, *metadata); !valid.ok()) {
-      return Reply(ToGrpcStatus(valid));
-    }
     outputs_ = request.outputs;
     request.cancelled = cancelled_;
     // `done` may run on any thread, even inside Infer; the outputs it gets
@@ -216,12 +210,11 @@ class GrpcServer::Impl::StreamCall final
       return Complete(*request, std::move(taken));
     }
     request->bytes += shared;
+    // Whether its responses stream (the model's transaction policy) decides
+    // how the stream ends them.
     const Result<hearth::ModelMetadata> metadata =
         server_->service().Metadata(infer.model, infer.version);
     if (!metadata.ok()) return Complete(*request, metadata.status());
-    if (Status valid = ValidateInferRequest(infer, *metadata); !valid.ok()) {
-      return Complete(*request, std::move(valid));
-    }
     request->decoupled = metadata->decoupled;
     request->empty_final = parsed->empty_final_response;
     request->outputs = infer.outputs;

@@ -15,7 +15,7 @@
 #include "common/checked_size.h"
 #include "common/datatype.h"
 #include "server/protocol_codes.h"
-#include "server/request_check.h"
+#include "server/request_admission.h"
 
 namespace hearth {
 namespace {
@@ -208,157 +208,68 @@ Status ReadContents(const InferTensorContents& contents, DType dtype, uint64_t c
   return Status::Ok();
 }
 
-constexpr std::string_view kRegionParameter = "shared_memory_region";
-constexpr std::string_view kOffsetParameter = "shared_memory_offset";
-constexpr std::string_view kByteSizeParameter = "shared_memory_byte_size";
-
-// A non-negative integer parameter: tritonclient sends int64_param, others
-// may send uint64_param. Nothing else is one.
-std::optional<uint64_t> NonNegative(const InferParameter& value) {
-  if (value.parameter_choice_case() == InferParameter::kInt64Param && value.int64_param() >= 0) {
-    return static_cast<uint64_t>(value.int64_param());
-  }
-  if (value.parameter_choice_case() == InferParameter::kUint64Param) return value.uint64_param();
-  return std::nullopt;
-}
-
-// A tensor's shared-memory parameters (Triton's: the region's name as a
-// string, the offset into it, default 0, and the byte size, required), or
-// nullopt when it has none. Whether the region exists and the range lies
-// inside it is the service's to check.
-template <typename Parameters>
-Result<std::optional<SharedMemoryRef>> SharedMemoryOf(const Parameters& parameters,
-                                                      const std::string& label) {
-  const auto region = parameters.find(std::string(kRegionParameter));
-  const auto offset = parameters.find(std::string(kOffsetParameter));
-  const auto byte_size = parameters.find(std::string(kByteSizeParameter));
-  if (region == parameters.end()) {
-    if (offset != parameters.end() || byte_size != parameters.end()) {
-      return InvalidArgument(label + ": parameters '" + std::string(kOffsetParameter) + "' and '" +
-                             std::string(kByteSizeParameter) + "' need '" +
-                             std::string(kRegionParameter) + "', the region they lie in");
-    }
-    return std::optional<SharedMemoryRef>();
-  }
-  if (region->second.parameter_choice_case() != InferParameter::kStringParam ||
-      region->second.string_param().empty()) {
-    return InvalidArgument(label + ": parameter '" + std::string(kRegionParameter) +
-                           "' must be a string_param naming a registered region");
-  }
-  SharedMemoryRef ref;
-  ref.region = region->second.string_param();
-  if (offset != parameters.end()) {
-    const std::optional<uint64_t> value = NonNegative(offset->second);
-    if (!value.has_value()) {
-      return InvalidArgument(label + ": parameter '" + std::string(kOffsetParameter) +
-                             "' must be a non-negative integer (int64_param or uint64_param)");
-    }
-    ref.offset = *value;
-  }
-  if (byte_size == parameters.end()) {
-    return InvalidArgument(label + ": parameter '" + std::string(kByteSizeParameter) +
-                           "' must be given with '" + std::string(kRegionParameter) + "'");
-  }
-  const std::optional<uint64_t> size = NonNegative(byte_size->second);
-  if (!size.has_value()) {
-    return InvalidArgument(label + ": parameter '" + std::string(kByteSizeParameter) +
-                           "' must be a non-negative integer (int64_param or uint64_param)");
-  }
-  ref.byte_size = *size;
-  return std::optional<SharedMemoryRef>(std::move(ref));
-}
-
-// A parameter that the model gets, as JSON. InvalidArgument for one whose
-// value cannot be JSON (NaN, infinity) or is not set.
-Status AddModelParameter(const std::string& key, const InferParameter& value, nlohmann::json& out) {
-  const std::string label = "request: parameter " + Quote(key);
+// A parameter as the service takes it (Parameter).
+Parameter Neutral(const std::string& key, const InferParameter& value) {
+  Parameter p;
+  p.name = key;
   switch (value.parameter_choice_case()) {
     case InferParameter::kBoolParam:
-      out[key] = value.bool_param();
-      return Status::Ok();
+      p.value = value.bool_param();
+      break;
     case InferParameter::kInt64Param:
-      out[key] = value.int64_param();
-      return Status::Ok();
+      p.value = value.int64_param();
+      break;
     case InferParameter::kUint64Param:
-      out[key] = value.uint64_param();
-      return Status::Ok();
+      p.value = value.uint64_param();
+      break;
     case InferParameter::kDoubleParam:
-      if (!std::isfinite(value.double_param())) {
-        return InvalidArgument(label + " must be a finite number (JSON has no NaN or infinity)");
-      }
-      out[key] = value.double_param();
-      return Status::Ok();
+      p.value = value.double_param();
+      break;
     case InferParameter::kStringParam:
-      // proto3 strings arrive as checked UTF-8.
-      out[key] = value.string_param();
-      return Status::Ok();
+      p.value = value.string_param();
+      break;
     case InferParameter::PARAMETER_CHOICE_NOT_SET:
       break;
   }
-  return InvalidArgument(label + " has no value");
+  return p;
 }
 
-// Whether a parameter is set to anything but its "none" value (0, false, "").
-bool IsSet(const InferParameter& value) {
-  switch (value.parameter_choice_case()) {
-    case InferParameter::kBoolParam:
-      return value.bool_param();
-    case InferParameter::kInt64Param:
-      return value.int64_param() != 0;
-    case InferParameter::kUint64Param:
-      return value.uint64_param() != 0;
-    case InferParameter::kDoubleParam:
-      return value.double_param() != 0;
-    case InferParameter::kStringParam:
-      return !value.string_param().empty();
-    case InferParameter::PARAMETER_CHOICE_NOT_SET:
-      break;
+// triton_enable_empty_final_response is the front-end's (binary_data and
+// binary_data_output mean nothing here: gRPC outputs are always raw); every
+// other parameter goes to
+// the service as it came, in the order of the map's keys so that the
+// model's parameters read the same from one request to the next.
+template <typename Map>
+Parameters NeutralParameters(const Map& parameters) {
+  std::vector<const typename Map::value_type*> sorted;
+  for (const auto& entry : parameters) sorted.push_back(&entry);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const auto* a, const auto* b) { return a->first < b->first; });
+  Parameters out;
+  for (const auto* entry : sorted) {
+    if (entry->first == kEmptyFinalParameter || entry->first == "binary_data" ||
+        entry->first == "binary_data_output")
+      continue;
+    out.push_back(Neutral(entry->first, entry->second));
   }
-  return false;
+  return out;
 }
 
 Status RequestParameters(const ModelInferRequest& proto, GrpcInferRequest& out) {
-  nlohmann::json model_parameters = nlohmann::json::object();
-  for (const auto& [key, value] : proto.parameters()) {
-    if (key == kTimeoutParameter) {
-      if (value.parameter_choice_case() == InferParameter::kInt64Param &&
-          value.int64_param() >= 0) {
-        out.request.timeout_us = static_cast<uint64_t>(value.int64_param());
-      } else if (value.parameter_choice_case() == InferParameter::kUint64Param) {
-        out.request.timeout_us = value.uint64_param();
-      } else {
-        return InvalidArgument(
-            "request: parameter 'timeout' must be a non-negative integer of microseconds "
-            "(int64_param or uint64_param)");
-      }
-    } else if (key == kEmptyFinalParameter) {
-      if (value.parameter_choice_case() != InferParameter::kBoolParam) {
-        return InvalidArgument("request: parameter '" + std::string(kEmptyFinalParameter) +
-                               "' must be a bool_param");
-      }
-      out.empty_final_response = value.bool_param();
-    } else if (key == "sequence_id" || key == "sequence_start" || key == "sequence_end") {
-      if (IsSet(value)) {
-        return InvalidArgument("request: parameter " + Quote(key) +
-                               " is not supported: hearth has no sequence batching; send "
-                               "requests without sequence_id, sequence_start and sequence_end");
-      }
-    } else if (key == kPriorityParameter) {
-      const std::optional<uint64_t> level = NonNegative(value);
-      if (!level.has_value()) {
-        return InvalidArgument(
-            "request: parameter 'priority' must be a non-negative integer (int64_param or "
-            "uint64_param): 1 is the highest level, 0 the model's default");
-      }
-      out.request.priority = *level;
-    } else if (key == "binary_data_output") {
-      // REST's choice of binary or JSON outputs: gRPC's are always raw.
-    } else {
-      RETURN_IF_ERROR(AddModelParameter(key, value, model_parameters));
+  if (const auto empty_final = proto.parameters().find(std::string(kEmptyFinalParameter));
+      empty_final != proto.parameters().end()) {
+    if (empty_final->second.parameter_choice_case() != InferParameter::kBoolParam) {
+      return InvalidArgument("request: parameter '" + std::string(kEmptyFinalParameter) +
+                             "' must be a bool_param");
     }
+    out.empty_final_response = empty_final->second.bool_param();
   }
-  if (!model_parameters.empty()) out.request.parameters_json = model_parameters.dump();
+  out.request.parameters = NeutralParameters(proto.parameters());
   return Status::Ok();
+}
+
+bool InSharedMemory(const ModelInferRequest::InferInputTensor& input) {
+  return input.parameters().count(std::string(kRegionParameter)) > 0;
 }
 
 // Reads one input; `raw` is its entry of raw_input_contents, or null when
@@ -367,7 +278,7 @@ Status ReadInput(const ModelInferRequest::InferInputTensor& input, const std::st
                  const std::shared_ptr<const void>& owner, InferTensor& tensor) {
   tensor.name = input.name();
   const std::string label = InputLabel(tensor.name);
-  ASSIGN_OR_RETURN(tensor.shm, SharedMemoryOf(input.parameters(), label));
+  tensor.parameters = NeutralParameters(input.parameters());
   const std::optional<DType> dtype = ParseKserveDatatype(input.datatype());
   if (!dtype.has_value()) {
     return InvalidArgument(label + ": unsupported datatype " + Quote(input.datatype()));
@@ -387,23 +298,12 @@ Status ReadInput(const ModelInferRequest::InferInputTensor& input, const std::st
   }
   ASSIGN_OR_RETURN(const uint64_t count, ShapeElements(tensor.shape, label));
   const bool has_contents = input.has_contents() && input.contents().ByteSizeLong() > 0;
-  if (tensor.shm.has_value()) {
-    // The service reads the region; its byte size is checked here as raw
-    // bytes are, so that a wrong one never costs a read. BYTES elements
-    // are checked once read.
+  if (InSharedMemory(input)) {
+    // The service reads the region and checks the parameters (request_admission.h).
     if (has_contents) {
       return InvalidArgument(label +
                              " is in shared memory and has data in 'contents' too; give "
                              "it once");
-    }
-    if (tensor.dtype != DType::kBytes) {
-      ASSIGN_OR_RETURN(const uint64_t expected, ShapeBytes(tensor.dtype, tensor.shape, label));
-      if (tensor.shm->byte_size != expected) {
-        return InvalidArgument(label + ": shared_memory_byte_size is " +
-                               std::to_string(tensor.shm->byte_size) + " but shape " +
-                               ShapeString(tensor.shape) + " of " + DatatypeString(tensor.dtype) +
-                               " needs " + std::to_string(expected));
-      }
     }
     return Status::Ok();
   }
@@ -429,33 +329,10 @@ Status ReadInput(const ModelInferRequest::InferInputTensor& input, const std::st
   return Status::Ok();
 }
 
-bool InSharedMemory(const ModelInferRequest::InferInputTensor& input) {
-  return input.parameters().count(std::string(kRegionParameter)) > 0;
-}
-
-Result<RequestedOutput> ReadRequestedOutput(
-    const ModelInferRequest::InferRequestedOutputTensor& output) {
-  const std::string label = "output " + Quote(output.name());
-  // Every output of a gRPC response is raw: binary_data means nothing here.
+RequestedOutput ReadRequestedOutput(const ModelInferRequest::InferRequestedOutputTensor& output) {
+  // Every output of a gRPC response is raw.
   RequestedOutput requested(output.name(), true);
-  ASSIGN_OR_RETURN(requested.shm, SharedMemoryOf(output.parameters(), label));
-  for (const auto& [key, value] : output.parameters()) {
-    if (key == kClassificationParameter) {
-      const std::optional<uint64_t> count = NonNegative(value);
-      if (!count.has_value() || *count == 0 || *count > std::numeric_limits<uint32_t>::max()) {
-        return InvalidArgument(label + ": parameter '" + std::string(kClassificationParameter) +
-                               "' must be an integer in [1, " +
-                               std::to_string(std::numeric_limits<uint32_t>::max()) +
-                               "] (int64_param or uint64_param): how many classes to answer");
-      }
-      requested.class_count = static_cast<uint32_t>(*count);
-    } else if (key == "class_count") {
-      return InvalidArgument(label +
-                             ": there is no parameter 'class_count'; Triton's gRPC "
-                             "protocol names it '" +
-                             std::string(kClassificationParameter) + "'");
-    }
-  }
+  requested.parameters = NeutralParameters(output.parameters());
   return requested;
 }
 
@@ -490,8 +367,7 @@ Result<GrpcInferRequest> Parse(const ModelInferRequest& proto,
     RETURN_IF_ERROR(ReadInput(input, raw, owner, request.inputs[static_cast<size_t>(i)]));
   }
   for (const ModelInferRequest::InferRequestedOutputTensor& output : proto.outputs()) {
-    ASSIGN_OR_RETURN(RequestedOutput requested, ReadRequestedOutput(output));
-    request.outputs.push_back(std::move(requested));
+    request.outputs.push_back(ReadRequestedOutput(output));
   }
   request.binary_data_output = true;
   return out;

@@ -21,25 +21,13 @@
 
 namespace hearth {
 
-// Request parameters that the front-end itself acts on; every other one goes
-// to the model (InferRequest::parameters_json).
-//   timeout                               int64 or uint64 >= 0: microseconds
-//   priority                              int64 or uint64 >= 0: the level
-//                                         (InferRequest::priority; the
-//                                         service checks it against the
-//                                         model's priority_levels)
+// The request parameter that the front-end itself acts on; every other one
+// goes to the service (InferRequest::parameters, whose rules are in
+// server/request_admission.h):
 //   triton_enable_empty_final_response    bool: on a stream, answer a
 //                                         decoupled request's end even when
 //                                         its last response has no outputs
-// Refused (InvalidArgument) when set to anything but 0/false/"":
-// sequence_id, sequence_start, sequence_end (hearth has no sequence
-// batching), so that a client never believes they took effect.
-inline constexpr std::string_view kTimeoutParameter = "timeout";
-inline constexpr std::string_view kPriorityParameter = "priority";
 inline constexpr std::string_view kEmptyFinalParameter = "triton_enable_empty_final_response";
-// A requested output's parameter: int64 or uint64 in [1, 2^32-1], its top
-// classes as BYTES "value:index" (RequestedOutput::class_count).
-inline constexpr std::string_view kClassificationParameter = "classification";
 // Set on each response of a stream: true on the last one of its request.
 inline constexpr std::string_view kFinalResponseParameter = "triton_final_response";
 
@@ -51,24 +39,18 @@ struct GrpcInferRequest {
 // Converts a ModelInferRequest, checking what ParseInferRequest checks for
 // REST: each input's datatype known, shape of non-negative dimensions (at
 // most kMaxTensorRank), and data of exactly the shape's size, from one of
-//   - raw_input_contents: one entry per input that is not in shared memory,
-//     in input order, for all of them or for none (BYTES serialised as
-//     common/bytes_tensor.h);
+//   - raw_input_contents: one entry per input that is not in shared memory
+//     (has no shared_memory_region parameter), in input order, for all of
+//     them or for none (BYTES serialised as common/bytes_tensor.h);
 //   - the typed field of its datatype in `contents` (values range-checked
 //     for INT8, INT16, UINT8; FP16 and BF16 only raw);
-//   - a registered system shared-memory region: the input's parameters
-//     shared_memory_region (string), shared_memory_offset (default 0) and
-//     shared_memory_byte_size (int64 or uint64), which must be the shape's
-//     size (BYTES: checked once the service has read it). The input comes
-//     back with `shm` set and no data: the service reads the region.
-// Requested outputs come back as named, with `shm` from the same three
-// parameters (the service writes the output there) and `class_count` from
-// `classification`; their `binary_data` parameter is accepted and means
-// nothing here (gRPC outputs are always raw). Refused with InvalidArgument:
-// a malformed parameter of these, and the parameters listed above. Checking
-// the request against the model is ValidateInferRequest's
-// (server/request_check.h); whether a region exists and holds the range is
-// the service's.
+//   - a registered system shared-memory region: the input has no data, and
+//     the service reads the region its parameters name.
+// The request's, inputs' and outputs' parameters go to the service as they
+// came (InferRequest::parameters), but for triton_enable_empty_final_response
+// and binary_data (gRPC outputs are always raw): the service applies
+// KServe's rules to them and checks the request against the model
+// (server/request_admission.h).
 //
 // Raw inputs become views into `proto`'s raw_input_contents, not copies:
 // shared with `owner` when it is set (it must keep `proto` alive), else

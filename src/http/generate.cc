@@ -198,7 +198,6 @@ Result<InferRequest> Parse(std::string_view body, const ModelMetadata& metadata,
       request.inputs.push_back(std::move(input));
     }
   }
-  RETURN_IF_ERROR(ValidateInferRequest(request, metadata));
   return request;
 }
 

@@ -14,8 +14,8 @@
 namespace hearth {
 
 // Parses a generate body for the model `metadata` describes (its version
-// `version`, empty for the served one) into a request that
-// ValidateInferRequest accepted. The body is a JSON object (see
+// `version`, empty for the served one) into a request for the service,
+// which checks it against the model (server/request_admission.h). The body is a JSON object (see
 // ParseJsonBody for what is refused): "id" (a string) is the request's id,
 // "parameters" (an object) goes to parameters_json as its text in the body,
 // and every other key names an input: a string is a BYTES element, a number

@@ -43,11 +43,6 @@ void ServeInfer(Session& session, Request request, const Route& route) {
       ParseInferRequest(std::move(request.body()), json_length, route.model, route.version);
   request = {};
   if (!infer.ok()) return session.Send(StatusResponse(infer.status(), version, keep_alive));
-  Result<ModelMetadata> metadata = session.core()->service->Metadata(route.model, route.version);
-  if (!metadata.ok()) return session.Send(StatusResponse(metadata.status(), version, keep_alive));
-  if (Status valid = ValidateInferRequest(*infer, *metadata); !valid.ok()) {
-    return session.Send(StatusResponse(valid, version, keep_alive));
-  }
   OutputSelection selection = SelectionOf(*infer);
   session.Submit(
       std::move(*infer),

@@ -15,7 +15,7 @@
 
 #include "hearth/status.h"
 #include "server/inference_api.h"
-#include "server/request_check.h"
+#include "server/request_admission.h"
 
 namespace hearth {
 
@@ -31,14 +31,13 @@ inline constexpr size_t kRequestBodyPadding = 64;
 // the first json_length bytes of `body` are the JSON and the rest is the
 // binary data of the inputs that carry parameters.binary_data_size, in input
 // order. Requested outputs come back with `binary` resolved (their own
-// binary_data parameter, else the request's binary_data_output), and with
-// class_count (parameter "classification") and shm when given. Request
-// parameters: binary_data_output, timeout, priority; sequence_id,
-// sequence_start and sequence_end that are not 0, false or "" are
-// InvalidArgument (no sequence batching); any other goes, as written, into
-// parameters_json. Inputs with parameters shared_memory_region /
-// shared_memory_offset / shared_memory_byte_size carry `shm` and no data,
-// their byte size checked against the shape for fixed-size types.
+// binary_data parameter, else the request's binary_data_output). The
+// request parameter binary_data_output, inputs' binary_data_size and
+// outputs' binary_data are read here; every other parameter goes to the
+// service as it came (InferRequest::parameters: booleans, integers and
+// strings typed, any other value as its JSON text), which applies KServe's
+// rules to them (server/request_admission.h). An input with a
+// shared_memory_region parameter has no data: the service reads the region.
 // InvalidArgument on any malformed request, with a message that names the
 // input, output or field (malformed JSON: "invalid JSON in the request at
 // byte N: ..." wherever it is); ResourceExhausted when out of memory.
@@ -58,8 +57,8 @@ inline constexpr size_t kRequestBodyPadding = 64;
 Result<InferRequest> ParseInferRequest(std::string body, std::optional<uint64_t> json_length,
                                        std::string_view model, std::string_view version);
 
-// ValidateInferRequest (server/request_check.h) checks a parsed request
-// against the model it names; the data itself was checked by
+// The service checks a parsed request against the model it names
+// (server/request_admission.h); the data itself was checked by
 // ParseInferRequest, BYTES included.
 
 // What a response must contain, kept from the request (whose inputs are gone

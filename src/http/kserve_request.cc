@@ -10,7 +10,9 @@
 // when the whole document was parsed before it was looked at.
 #include <simdjson.h>
 
+#include <algorithm>
 #include <array>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -20,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -31,6 +34,7 @@
 #include "http/json_values.h"
 #include "http/kserve_codec.h"
 #include "http/kserve_codec_internal.h"
+#include "server/request_admission.h"
 
 namespace hearth {
 namespace {
@@ -64,43 +68,6 @@ enum class ShapeFault { kNone, kMissing, kBadDim, kTooManyDims };
 // What the first pass over an input object found. Checked in a fixed order
 // once the input is read (or when `data` comes after name, datatype and
 // shape), so that errors name the input whatever the order of its fields.
-// Triton's shared_memory_region, shared_memory_offset and
-// shared_memory_byte_size parameters of one input or output, as read.
-struct ShmFields {
-  std::optional<std::string> region;
-  std::optional<uint64_t> offset;
-  std::optional<uint64_t> byte_size;
-  std::string fault;  // the parameter of the wrong type, if any
-
-  // nullopt when none is given; InvalidArgument for a partial or wrong set.
-  Result<std::optional<SharedMemoryRef>> Resolve(const std::string& label) const {
-    if (!fault.empty()) {
-      return InvalidArgument(label + ": parameter '" + fault + "' must be " +
-                             (fault == "shared_memory_region"
-                                  ? "a string naming a registered region"
-                                  : "a non-negative integer"));
-    }
-    if (!region.has_value()) {
-      if (offset.has_value() || byte_size.has_value()) {
-        return InvalidArgument(label +
-                               ": parameters 'shared_memory_offset' and 'shared_memory_byte_size' "
-                               "need 'shared_memory_region', the region they lie in");
-      }
-      return std::optional<SharedMemoryRef>();
-    }
-    if (!byte_size.has_value()) {
-      return InvalidArgument(label +
-                             ": parameter 'shared_memory_byte_size' must be given with "
-                             "'shared_memory_region'");
-    }
-    SharedMemoryRef ref;
-    ref.region = *region;
-    ref.offset = offset.value_or(0);
-    ref.byte_size = *byte_size;
-    return std::optional<SharedMemoryRef>(std::move(ref));
-  }
-};
-
 struct InputFields {
   std::optional<std::string> name;
   bool datatype_seen = false;
@@ -112,7 +79,8 @@ struct InputFields {
   bool parameters_bad = false;
   bool binary_size_bad = false;
   std::optional<uint64_t> binary_size;
-  ShmFields shm;
+  // Every parameter but binary_data_size, for the service.
+  Parameters parameters;
   std::optional<size_t> data_field;  // position of `data` among the fields
   bool data_read = false;
   bool header_checked = false;
@@ -122,8 +90,7 @@ struct InputFields {
 struct PendingOutput {
   std::string name;
   std::optional<bool> binary;
-  uint32_t class_count = 0;
-  std::optional<SharedMemoryRef> shm;
+  Parameters parameters;  // every one but binary_data, for the service
 };
 
 // Inputs sent as binary data, in input order.
@@ -187,8 +154,7 @@ class RequestDecoder {
       RequestedOutput& o = request.outputs.emplace_back();
       o.name = std::move(output.name);
       o.binary = output.binary.value_or(request.binary_data_output);
-      o.class_count = output.class_count;
-      o.shm = std::move(output.shm);
+      o.parameters = std::move(output.parameters);
     }
     return Status::Ok();
   }
@@ -223,101 +189,67 @@ class RequestDecoder {
     return start;  // unreachable for a well-formed value
   }
 
+  // binary_data_output is the front-end's; every other parameter goes to
+  // the service as it came (request_admission.h applies KServe's rules).
   Status RequestParameters(ondemand::value& value, InferRequest& request) {
-    std::string model_parameters;
     ondemand::object parameters;
     if (error_code e = value.get_object().get(parameters)) {
       return e == simdjson::INCORRECT_TYPE
                  ? InvalidArgument("request: 'parameters' must be an object")
                  : Malformed(e);
     }
-    const Status walked =
-        ForEachField(parameters, [&](std::string_view key, ondemand::value& parameter) -> Status {
-          if (key == "binary_data_output") {
-            if (error_code e = parameter.get_bool().get(request.binary_data_output)) {
-              return TypeFault(parameter, e) == simdjson::INCORRECT_TYPE
-                         ? InvalidArgument(
-                               "request: parameter 'binary_data_output' must be a boolean")
-                         : Malformed(e);
-            }
-          } else if (key == "timeout") {
-            // Kept as given: the server saturates a deadline too far away to
-            // represent, so only what is not a count of microseconds is refused.
-            if (error_code e = parameter.get_uint64().get(request.timeout_us)) {
-              if (TypeFault(parameter, e) != simdjson::INCORRECT_TYPE) return Malformed(e);
-              const std::string token(Token(parameter));
-              const bool integer =
-                  IsJsonNumber(token) && token.find_first_of(".eE") == std::string::npos;
-              return InvalidArgument(
-                  "request: parameter 'timeout' must be a non-negative integer of microseconds" +
-                  std::string(integer && token.front() != '-' ? " below 2^64" : "") + ", got " +
-                  Describe(parameter));
-            }
-          } else if (key == "priority") {
-            if (error_code e = parameter.get_uint64().get(request.priority)) {
-              if (TypeFault(parameter, e) != simdjson::INCORRECT_TYPE) return Malformed(e);
-              return InvalidArgument(
-                  "request: parameter 'priority' must be a non-negative integer (1 is the "
-                  "highest level, 0 the model's default), got " +
-                  Describe(parameter));
-            }
-          } else if (key == "sequence_id" || key == "sequence_start" || key == "sequence_end") {
-            // Triton's sequence batching: hearth has no sequence models, so a
-            // request that is part of a sequence cannot be run as one.
-            const std::string token(Token(parameter));
-            if (error_code e = SkipChecked(parameter, 2)) return Malformed(e);
-            if (token != "0" && token != "false" && token != "\"\"" && token != "null") {
-              return InvalidArgument("request: parameter '" + std::string(key) + "' (" + token +
-                                     ") is not supported: hearth has no sequence batching; send "
-                                     "requests without sequence_id, sequence_start and "
-                                     "sequence_end");
-            }
-          } else {
-            // Kept for the model (InferRequest::parameters_json), as written.
-            const std::string_view start = Token(parameter);
-            if (error_code e = SkipChecked(parameter, 2)) return Malformed(e);
-            const std::string_view token = ValueText(start);
-            model_parameters += model_parameters.empty() ? "{" : ",";
-            model_parameters +=
-                nlohmann::json(key).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-            model_parameters += ':';
-            model_parameters += token;
-          }
-          return Status::Ok();
-        });
-    if (!walked.ok()) return walked;
-    if (!model_parameters.empty()) request.parameters_json = model_parameters + "}";
-    return Status::Ok();
+    return ForEachField(parameters, [&](std::string_view key, ondemand::value& parameter) {
+      if (key == "binary_data_output") {
+        if (error_code e = parameter.get_bool().get(request.binary_data_output)) {
+          return TypeFault(parameter, e) == simdjson::INCORRECT_TYPE
+                     ? InvalidArgument("request: parameter 'binary_data_output' must be a boolean")
+                     : Malformed(e);
+        }
+        return Status::Ok();
+      }
+      return ReadParameter(key, parameter, 2, request.parameters);
+    });
   }
 
-  // Reads `parameter` into `shm` when `key` is one of the shared-memory
-  // parameters (true), consuming it; false for any other key, untouched.
-  Result<bool> ShmParameter(std::string_view key, ondemand::value& parameter, ShmFields& shm) {
-    if (key == "shared_memory_region") {
-      std::string_view region;
-      const error_code e = parameter.get_string().get(region);
-      if (e == simdjson::SUCCESS && !region.empty()) {
-        shm.region = std::string(region);
-        return true;
-      }
-      if (e != simdjson::SUCCESS) {
-        if (TypeFault(parameter, e) != simdjson::INCORRECT_TYPE) return Malformed(e);
-        if (error_code skipped = SkipChecked(parameter, 4)) return Malformed(skipped);
-      }
-      shm.fault = "shared_memory_region";
-      return true;
+  // A parameter as the service takes it (Parameter): booleans, integers
+  // that fit 64 bits and strings typed; any other value as its text.
+  Status ReadParameter(std::string_view key, ondemand::value& value, int depth, Parameters& out) {
+    Parameter& parameter = out.emplace_back();
+    parameter.name = std::string(key);
+    ondemand::json_type type;
+    if (error_code e = value.type().get(type)) return Malformed(e);
+    if (type == ondemand::json_type::boolean) {
+      bool flag = false;
+      if (error_code e = value.get_bool().get(flag)) return Malformed(e);
+      parameter.value = flag;
+      return Status::Ok();
     }
-    if (key != "shared_memory_offset" && key != "shared_memory_byte_size") return false;
-    uint64_t value = 0;
-    const error_code e = parameter.get_uint64().get(value);
-    if (e == simdjson::SUCCESS) {
-      (key == "shared_memory_offset" ? shm.offset : shm.byte_size) = value;
-      return true;
+    if (type == ondemand::json_type::string) {
+      std::string_view text;
+      if (error_code e = value.get_string().get(text)) return Malformed(e);
+      parameter.value = std::string(text);
+      return Status::Ok();
     }
-    if (TypeFault(parameter, e) != simdjson::INCORRECT_TYPE) return Malformed(e);
-    if (error_code skipped = SkipChecked(parameter, 4)) return Malformed(skipped);
-    shm.fault = std::string(key);
-    return true;
+    const std::string_view start = Token(value);
+    if (error_code e = SkipChecked(value, depth)) return Malformed(e);
+    if (type == ondemand::json_type::number &&
+        start.find_first_of(".eE") == std::string_view::npos) {
+      const char* end = start.data() + start.size();
+      int64_t i = 0;
+      if (const auto [at, fault] = std::from_chars(start.data(), end, i);
+          fault == std::errc() && at == end) {
+        parameter.value = i;
+        return Status::Ok();
+      }
+      uint64_t u = 0;
+      if (const auto [at, fault] = std::from_chars(start.data(), end, u);
+          fault == std::errc() && at == end) {
+        parameter.value = u;
+        return Status::Ok();
+      }
+    }
+    parameter.value = JsonText{std::string(ValueText(start))};
+    return Status::Ok();
   }
 
   // Calls each(key, value) for every field of `object`, in document order.
@@ -427,27 +359,20 @@ class RequestDecoder {
       return InvalidArgument(label +
                              ": parameter 'binary_data_size' must be a non-negative integer");
     }
-    ASSIGN_OR_RETURN(tensor.shm, fields.shm.Resolve(label));
-    if (tensor.shm.has_value()) {
-      // The service reads the region; its byte size is checked here as a
-      // binary input's is, so that a wrong one never costs a read. BYTES
-      // elements are checked once read.
+    // The service reads the region and checks the parameters
+    // (request_admission.h): any of them makes the input one in shared
+    // memory, with no data here.
+    const bool in_shared_memory =
+        std::any_of(fields.parameters.begin(), fields.parameters.end(), [](const Parameter& p) {
+          return p.name == kRegionParameter || p.name == kOffsetParameter ||
+                 p.name == kByteSizeParameter;
+        });
+    tensor.parameters = std::move(fields.parameters);
+    if (in_shared_memory) {
       if (fields.data_field.has_value() || fields.binary_size.has_value()) {
         return InvalidArgument(label + " is in shared memory and has " +
                                (fields.data_field.has_value() ? "'data'" : "binary data") +
                                " too; give it once");
-      }
-      if (tensor.dtype != DType::kBytes) {
-        ASSIGN_OR_RETURN(const uint64_t needed,
-                         CountBytes(fields.count, DTypeSize(tensor.dtype),
-                                    label + ": shape " + ShapeString(tensor.shape) + " of " +
-                                        DatatypeString(tensor.dtype)));
-        if (tensor.shm->byte_size != needed) {
-          return InvalidArgument(label + ": shared_memory_byte_size is " +
-                                 std::to_string(tensor.shm->byte_size) + " but shape " +
-                                 ShapeString(tensor.shape) + " of " + DatatypeString(tensor.dtype) +
-                                 " needs " + std::to_string(needed));
-        }
       }
     } else if (fields.binary_size.has_value()) {
       if (fields.data_field.has_value()) {
@@ -536,25 +461,24 @@ class RequestDecoder {
       if (error_code skipped = SkipChecked(value, 3)) return Malformed(skipped);
       return Status::Ok();
     }
-    return ForEachField(
-        parameters, [&](std::string_view key, ondemand::value& parameter) -> Status {
-          ASSIGN_OR_RETURN(const bool shm, ShmParameter(key, parameter, fields.shm));
-          if (shm) return Status::Ok();
-          if (key == "binary_data_size") {
-            uint64_t size = 0;
-            const error_code e = parameter.get_uint64().get(size);
-            if (e == simdjson::SUCCESS) {
-              fields.binary_size = size;
-              return Status::Ok();
-            }
-            if (TypeFault(parameter, e) != simdjson::INCORRECT_TYPE) return Malformed(e);
-            fields.binary_size_bad = true;
-            if (error_code skipped = SkipChecked(parameter, 4)) return Malformed(skipped);
-          } else if (error_code e = SkipChecked(parameter, 4)) {
-            return Malformed(e);
-          }
-          return Status::Ok();
-        });
+    return ForEachField(parameters,
+                        [&](std::string_view key, ondemand::value& parameter) -> Status {
+                          if (key == "binary_data_size") {
+                            uint64_t size = 0;
+                            const error_code e = parameter.get_uint64().get(size);
+                            if (e == simdjson::SUCCESS) {
+                              fields.binary_size = size;
+                              return Status::Ok();
+                            }
+                            if (TypeFault(parameter, e) != simdjson::INCORRECT_TYPE)
+                              return Malformed(e);
+                            fields.binary_size_bad = true;
+                            if (error_code skipped = SkipChecked(parameter, 4))
+                              return Malformed(skipped);
+                            return Status::Ok();
+                          }
+                          return ReadParameter(key, parameter, 4, fields.parameters);
+                        });
   }
 
   // Checks name, datatype and shape and puts them into `tensor`, once.
@@ -651,9 +575,7 @@ class RequestDecoder {
     std::optional<bool> binary;
     bool parameters_bad = false;
     bool binary_bad = false;
-    bool classification_bad = false;
-    uint32_t class_count = 0;
-    ShmFields shm;
+    Parameters kept;
     for (auto child : object) {
       ondemand::field field;
       std::string_view key;
@@ -676,38 +598,22 @@ class RequestDecoder {
           if (error_code skipped = SkipChecked(member, 3)) return Malformed(skipped);
           continue;
         }
-        for (auto parameter_child : parameters) {
-          ondemand::field parameter;
-          std::string_view parameter_key;
-          if (error_code e = std::move(parameter_child).get(parameter)) return Malformed(e);
-          if (error_code e = parameter.unescaped_key().get(parameter_key)) return Malformed(e);
-          ASSIGN_OR_RETURN(const bool in_shm, ShmParameter(parameter_key, parameter.value(), shm));
-          if (in_shm) continue;
-          if (parameter_key == "binary_data") {
-            bool flag = false;
-            const error_code e = parameter.value().get_bool().get(flag);
-            if (e == simdjson::SUCCESS) {
-              binary = flag;
-              continue;
-            }
-            if (TypeFault(parameter.value(), e) != simdjson::INCORRECT_TYPE) return Malformed(e);
-            binary_bad = true;
-          } else if (parameter_key == "classification") {
-            uint64_t count = 0;
-            const error_code e = parameter.value().get_uint64().get(count);
-            if (e == simdjson::SUCCESS) {
-              if (count == 0 || count > std::numeric_limits<uint32_t>::max()) {
-                classification_bad = true;
-              } else {
-                class_count = static_cast<uint32_t>(count);
+        const Status walked = ForEachField(
+            parameters, [&](std::string_view parameter_key, ondemand::value& parameter) -> Status {
+              if (parameter_key != "binary_data")
+                return ReadParameter(parameter_key, parameter, 4, kept);
+              bool flag = false;
+              const error_code e = parameter.get_bool().get(flag);
+              if (e == simdjson::SUCCESS) {
+                binary = flag;
+                return Status::Ok();
               }
-              continue;
-            }
-            if (TypeFault(parameter.value(), e) != simdjson::INCORRECT_TYPE) return Malformed(e);
-            classification_bad = true;
-          }
-          if (error_code e = SkipChecked(parameter.value(), 4)) return Malformed(e);
-        }
+              if (TypeFault(parameter, e) != simdjson::INCORRECT_TYPE) return Malformed(e);
+              binary_bad = true;
+              if (error_code skipped = SkipChecked(parameter, 4)) return Malformed(skipped);
+              return Status::Ok();
+            });
+        if (!walked.ok()) return walked;
       } else if (error_code e = SkipChecked(member, 3)) {
         return Malformed(e);
       }
@@ -716,13 +622,7 @@ class RequestDecoder {
     const std::string label = "output " + Quote(*name);
     if (parameters_bad) return InvalidArgument(label + ": 'parameters' must be an object");
     if (binary_bad) return InvalidArgument(label + ": parameter 'binary_data' must be a boolean");
-    if (classification_bad) {
-      return InvalidArgument(label + ": parameter 'classification' must be an integer from 1 to " +
-                             std::to_string(std::numeric_limits<uint32_t>::max()) +
-                             ": how many classes to answer");
-    }
-    ASSIGN_OR_RETURN(std::optional<SharedMemoryRef> ref, shm.Resolve(label));
-    outputs.push_back({std::move(*name), binary, class_count, std::move(ref)});
+    outputs.push_back({std::move(*name), binary, std::move(kept)});
     return Status::Ok();
   }
 

@@ -274,7 +274,6 @@ Result<InferRequest> OpenAiInferRequest(const OpenAiRequest& request, const Mode
     tensor.data = std::move(bytes);
     infer.inputs.push_back(std::move(tensor));
     infer.parameters_json = request.parameters_json;
-    RETURN_IF_ERROR(ValidateInferRequest(infer, metadata));
     return infer;
   } catch (const std::bad_alloc&) {
     return ResourceExhausted("out of memory building the request");

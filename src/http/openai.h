@@ -74,7 +74,7 @@ Result<OpenAiRequest> ParseOpenAiRequest(std::string_view body, OpenAiEndpoint e
 // for completions, messages for chat) as one BYTES element of shape [1], or
 // [1, 1] when the model batches, and the parameters. The model must have
 // that input and a BYTES output text_output: InvalidArgument naming what it
-// lacks, or what else it needs (ValidateInferRequest's checks), otherwise.
+// lacks otherwise (the service checks the rest: server/request_admission.h).
 // The request's id is `id`.
 Result<InferRequest> OpenAiInferRequest(const OpenAiRequest& request, const ModelMetadata& metadata,
                                         std::string id);

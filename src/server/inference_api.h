@@ -12,6 +12,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "common/datatype.h"
@@ -92,6 +93,25 @@ class TensorData {
   std::shared_ptr<const void> owner_;
 };
 
+// A parameter of a request, or of one of its inputs or outputs, as the
+// client wrote it: KServe's `parameters` map, from JSON (REST) or protobuf
+// (gRPC). The front-ends keep the parameters of their own syntax
+// (binary_data, binary_data_size, binary_data_output,
+// triton_enable_empty_final_response) and hand every other one on as it
+// came; the server applies KServe's rules to them (server/request_admission.h).
+struct JsonText {
+  std::string text;  // one JSON value as written: a fraction, null, an array, an object
+  bool operator==(const JsonText&) const = default;
+};
+struct Parameter {
+  std::string name;
+  // monostate: a protobuf parameter with no value set. Integers that fit
+  // are int64_t (uint64_t above INT64_MAX); a JSON number that is not one,
+  // or any other JSON value, is JsonText.
+  std::variant<std::monostate, bool, int64_t, uint64_t, double, std::string, JsonText> value;
+};
+using Parameters = std::vector<Parameter>;
+
 // A registered CUDA shared-memory region as the server holds it (defined
 // in server/shared_memory.h; front-ends never look inside).
 struct CudaSharedMemoryEntry;
@@ -127,8 +147,11 @@ struct InferTensor {
   TensorData data;
   // An input whose bytes are in a region (data empty until the service
   // reads them); in a response, an output the service wrote to the region
-  // the request named for it (data empty).
+  // the request named for it (data empty). Set by the service from
+  // `parameters` (shared_memory_region, _offset, _byte_size).
   std::optional<SharedMemoryRef> shm;
+  // An input's parameters as the client sent them (see Parameter).
+  Parameters parameters;
 };
 
 struct RequestedOutput {
@@ -145,6 +168,9 @@ struct RequestedOutput {
   // Written to this region instead of the response body; the output's
   // bytes must fit in byte_size.
   std::optional<SharedMemoryRef> shm;
+  // The output's parameters as the client sent them (see Parameter):
+  // class_count and shm are set from them by the service.
+  Parameters parameters;
 };
 
 struct InferResponse;
@@ -163,9 +189,15 @@ struct InferRequest {
   // model's default (dynamic_batching.default_priority_level). Requests of
   // a higher level are run first; within a level, in order of arrival.
   uint64_t priority = 0;
+  // The request's parameters as the client sent them (see Parameter). The
+  // service takes timeout, priority and the sequence_* ones from them and
+  // adds every other one to parameters_json.
+  Parameters parameters;
   // The request's parameters for the model, as a JSON object's text
   // ({"max_tokens": 16, "stop": ["\n"]}); empty: none. Decoupled models get
-  // them (the Python backend's `execute(inputs, parameters)`).
+  // them (the Python backend's `execute(inputs, parameters)`). A front-end
+  // whose syntax gives the model's parameters apart (the generate
+  // extension, OpenAI's fields) sets it directly.
   std::string parameters_json;
 
   // Streaming, for decoupled models. Set: each response before the last is
@@ -260,8 +292,10 @@ class InferenceService {
   virtual Result<bool> ModelReady(const std::string& model, const std::string& version) const = 0;
   // The names of the models the repository holds, sorted (ready or not).
   virtual std::vector<std::string> ModelNames() const = 0;
-  // Runs a request that the front-end has already checked against
-  // Metadata() (names, datatypes, shapes, batch size). `done` is called
+  // Runs a request as a front-end converted it from its syntax: the
+  // service applies KServe's rules to its parameters and checks it against
+  // the model (AdmitInferRequest, server/request_admission.h), answering
+  // InvalidArgument through `done` as for any other fault. `done` is called
   // exactly once, from any thread: after every on_response call, with the
   // final response (for a stream it may have no outputs: the stream simply
   // ended) or the error (for a stream, after some responses: the stream

@@ -82,4 +82,24 @@ void ModelRuntime::RequestStop(bool abandon_starting) {
   }
 }
 
+ModelMetadata ModelRuntime::metadata() const {
+  ModelMetadata md;
+  md.name = name;
+  md.versions = {std::to_string(config().version)};
+  md.platform = "hearth_" + config().backend;
+  md.max_batch_size = config().max_batch_size;
+  auto convert = [&](const std::vector<TensorSpec>& specs, std::vector<TensorMetadata>* out) {
+    for (const TensorSpec& s : specs) {
+      TensorMetadata t{s.name, s.dtype, {}};
+      if (md.max_batch_size > 0) t.shape.push_back(-1);
+      t.shape.insert(t.shape.end(), s.dims.begin(), s.dims.end());
+      out->push_back(std::move(t));
+    }
+  };
+  convert(inputs, &md.inputs);
+  convert(outputs, &md.outputs);
+  md.decoupled = config().decoupled;
+  return md;
+}
+
 }  // namespace hearth

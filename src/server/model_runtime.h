@@ -15,6 +15,7 @@
 #include "hearth/device.h"
 #include "hearth/status.h"
 #include "protocol/worker_protocol.h"
+#include "server/inference_api.h"
 #include "server/job_queue.h"
 #include "server/model_config.h"
 #include "server/model_stats.h"
@@ -123,6 +124,8 @@ struct ModelRuntime {
   const SharedMemoryRegistry* shared_memory = nullptr;
 
   const ModelConfig& config() const { return config_; }
+  // What the request API tells of it (InferenceService::Metadata).
+  ModelMetadata metadata() const;
   int max_batch() const { return std::max(1, config().max_batch_size); }
   bool batching() const { return config().max_batch_size > 0; }
 

@@ -1,3 +1,4 @@
+#include "server/request_admission.h"
 #include "server/server_impl.h"
 
 namespace hearth {
@@ -15,7 +16,12 @@ void Server::Impl::InferOn(InferRequest request,
   // Held until the request is answered (its `done` keeps it).
   const std::shared_ptr<ModelRuntime> runtime = std::move(found).value();
   ModelRuntime& m = *runtime;
+  // KServe's rules, for every front-end (AdmitInferRequest's, with the
+  // regions of CUDA shared memory looked up in between): parameters, then
+  // names, datatypes and shapes against the model.
+  if (Status s = AdmitParameters(request); !s.ok()) return done_once(s);
   if (Status s = ResolveCudaSharedMemory(m, request); !s.ok()) return done_once(s);
+  if (Status s = ValidateInferRequest(request, m.metadata()); !s.ok()) return done_once(s);
   // Inputs in system shared memory are read now: from here on they are
   // bytes like any other, checked against their shapes.
   for (InferTensor& in : request.inputs) {
@@ -50,19 +56,14 @@ void Server::Impl::InferOn(InferRequest request,
   // (BYTES: exactly that many well-formed elements).
   int64_t batch = 1;
   const bool batching = m.batching();
+  // AdmitInferRequest found each of the model's inputs once, of its
+  // datatype and shape; their bytes are checked here.
   for (size_t i = 0; i < m.inputs.size(); ++i) {
     const TensorSpec& spec = m.inputs[i];
     auto it = std::find_if(request.inputs.begin(), request.inputs.end(),
                            [&](const InferTensor& t) { return t.name == spec.name; });
-    if (it == request.inputs.end())
-      return done(InvalidArgument("missing input '" + spec.name + "'"));
     const std::string what = "input '" + spec.name + "'";
-    if (it->dtype != spec.dtype) return done(InvalidArgument(what + " has the wrong datatype"));
-    const int64_t b = batching && !it->shape.empty() ? it->shape[0] : 1;
-    if (i == 0) batch = b;
-    if (b != batch || b < 1 || b > m.max_batch())
-      return done(InvalidArgument(what + ": batch " + std::to_string(b) + " is not valid"));
-    if (Status s = control::CheckShape(spec, batching, b, it->shape, what); !s.ok()) return done(s);
+    if (i == 0) batch = batching ? it->shape[0] : 1;
     control::SlotTensor t{0, SlotBytesOf(*it), it->shape};
     if (Status s =
             control::CheckSlotTensor(t, spec.dtype, 0, control::kMaxSlotBytes, nullptr, what);
@@ -77,9 +78,6 @@ void Server::Impl::InferOn(InferRequest request,
                           it->shape.end());
     job->shape_key.push_back(-1);  // separates the inputs' dims
   }
-  if (request.inputs.size() != m.inputs.size())
-    return done(InvalidArgument("model '" + m.name + "' takes " + std::to_string(m.inputs.size()) +
-                                " inputs"));
   if (m.config().decoupled) {
     if (batch != 1)
       return done(InvalidArgument("model '" + m.name +

@@ -24,23 +24,7 @@ Result<std::shared_ptr<ModelRuntime>> Server::Impl::Find(const std::string& mode
 Result<ModelMetadata> Server::Impl::Metadata(const std::string& model,
                                              const std::string& version) const {
   ASSIGN_OR_RETURN(std::shared_ptr<ModelRuntime> m, Find(model, version));
-  ModelMetadata md;
-  md.name = model;
-  md.versions = {std::to_string(m->config().version)};
-  md.platform = "hearth_" + m->config().backend;
-  md.max_batch_size = m->config().max_batch_size;
-  auto convert = [&](const std::vector<TensorSpec>& specs, std::vector<TensorMetadata>* out) {
-    for (const TensorSpec& s : specs) {
-      TensorMetadata t{s.name, s.dtype, {}};
-      if (md.max_batch_size > 0) t.shape.push_back(-1);
-      t.shape.insert(t.shape.end(), s.dims.begin(), s.dims.end());
-      out->push_back(std::move(t));
-    }
-  };
-  convert(m->inputs, &md.inputs);
-  convert(m->outputs, &md.outputs);
-  md.decoupled = m->config().decoupled;
-  return md;
+  return m->metadata();
 }
 
 Result<std::string> Server::Impl::ModelConfigJsonOf(const std::string& model,

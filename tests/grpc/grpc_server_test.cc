@@ -27,6 +27,7 @@
 #include "grpc/kserve_grpc_codec.h"
 #include "grpc/kserve_grpc_server.h"
 #include "grpc_service.grpc.pb.h"
+#include "server/request_admission.h"
 #include "support/eventually.h"
 
 namespace hearth {
@@ -287,6 +288,12 @@ class FakeService : public InferenceService {
   }
 
   void Infer(InferRequest request, std::function<void(Result<InferResponse>)> done) override {
+    // The server's admission, as Server::Infer applies it.
+    if (Result<ModelMetadata> m = Metadata(request.model, request.version); !m.ok()) {
+      return done(m.status());
+    } else if (Status admitted = AdmitInferRequest(request, *m); !admitted.ok()) {
+      return done(admitted);
+    }
     {
       std::lock_guard lock(mu_);
       ++arrived_;
@@ -1404,8 +1411,8 @@ TEST_F(GrpcServerTest, MalformedRequestsAreInvalidArgument) {
          p["shared_memory_byte_size"].set_int64_param(32);
          r.clear_raw_input_contents();
        },
-       "input \"x\": parameter 'shared_memory_region' must be a string_param naming a "
-       "registered region"},
+       "input \"x\": parameter 'shared_memory_region' must be a string naming a registered "
+       "region"},
       {"shm without byte size",
        [](auto& r) {
          (*r.mutable_inputs(0)->mutable_parameters())["shared_memory_region"].set_string_param(
@@ -1471,8 +1478,8 @@ TEST_F(GrpcServerTest, MalformedRequestsAreInvalidArgument) {
        "request: parameter \"sequence_start\" is not supported: hearth has no sequence batching"},
       {"negative priority",
        [](auto& r) { (*r.mutable_parameters())["priority"].set_int64_param(-1); },
-       "request: parameter 'priority' must be a non-negative integer (int64_param or "
-       "uint64_param)"},
+       "request: parameter 'priority' must be a non-negative integer (1 is the highest level, "
+       "0 the model's default), got -1"},
       {"string priority",
        [](auto& r) { (*r.mutable_parameters())["priority"].set_string_param("high"); },
        "request: parameter 'priority' must be a non-negative integer"},

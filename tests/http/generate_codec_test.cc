@@ -9,6 +9,7 @@
 #include "http/generate.h"
 #include "http/json_body.h"
 #include "http/openai.h"
+#include "server/request_admission.h"
 
 namespace hearth {
 namespace {
@@ -78,8 +79,10 @@ TEST(OpenAiCodec, AModelWithTheWrongKindOfTextInputOrOutputIsNamed) {
   metadata.inputs = {{"text_input", DType::kBytes, {1}}, {"image", DType::kF32, {3}}};
   metadata.outputs = {{"text_output", DType::kBytes, {1}}};
   Result<InferRequest> missing = OpenAiInferRequest(request, metadata, "id");
-  EXPECT_NE(missing.status().message().find(R"(missing input "image")"), std::string::npos)
-      << missing.status().ToString();
+  ASSERT_TRUE(missing.ok()) << missing.status().ToString();
+  const Status refused = AdmitInferRequest(*missing, metadata);  // as the service does
+  EXPECT_NE(refused.message().find(R"(missing input "image")"), std::string::npos)
+      << refused.ToString();
 }
 
 TEST(OpenAiCodec, TextThatIsNotUtf8IsReplacedAndBadCountsAreInternal) {

@@ -31,6 +31,7 @@
 
 #include "common/bytes_tensor.h"
 #include "http/http_server.h"
+#include "server/request_admission.h"
 #include "support/eventually.h"
 
 namespace hearth {
@@ -176,6 +177,12 @@ class StreamingService : public InferenceService {
   }
 
   void Infer(InferRequest request, std::function<void(Result<InferResponse>)> done) override {
+    // The server's admission, as Server::Infer applies it.
+    if (Result<ModelMetadata> m = Metadata(request.model, request.version); !m.ok()) {
+      return done(m.status());
+    } else if (Status admitted = AdmitInferRequest(request, *m); !admitted.ok()) {
+      return done(admitted);
+    }
     std::lock_guard lock(mutex_);
     threads_.emplace_back([this, request = std::move(request), done = std::move(done)]() mutable {
       Seen seen = Run(request, done);

@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "server/request_admission.h"
 #include "support/eventually.h"
 
 namespace hearth {
@@ -262,6 +263,12 @@ class FakeService : public InferenceService {
   }
 
   void Infer(InferRequest request, std::function<void(Result<InferResponse>)> done) override {
+    // The server's admission, as Server::Infer applies it.
+    if (Result<ModelMetadata> m = Metadata(request.model, request.version); !m.ok()) {
+      return done(m.status());
+    } else if (Status admitted = AdmitInferRequest(request, *m); !admitted.ok()) {
+      return done(admitted);
+    }
     {
       std::lock_guard lock(mutex_);
       last_timeout_us_ = request.timeout_us;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/float16.h"
+#include "server/request_admission.h"
 
 namespace hearth {
 namespace {
@@ -39,8 +40,16 @@ std::string RawString(const std::vector<T>& values) {
   return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
 }
 
+// The request as the service takes it: parsed, then its parameters applied
+// (server/request_admission.h).
+Result<InferRequest> Admitted(Result<InferRequest> parsed) {
+  if (!parsed.ok()) return parsed;
+  if (Status s = AdmitParameters(*parsed); !s.ok()) return s;
+  return parsed;
+}
+
 Result<InferRequest> Parse(const std::string& body) {
-  return ParseInferRequest(body, std::nullopt, "scale", "");
+  return Admitted(ParseInferRequest(body, std::nullopt, "scale", ""));
 }
 
 // Expects an InvalidArgument whose message contains every `needle`.
@@ -97,14 +106,14 @@ TEST(KserveDatatype, NamesRoundTrip) {
 }
 
 TEST(KserveCodec, ParsesFlatJson) {
-  Result<InferRequest> r = ParseInferRequest(
+  Result<InferRequest> r = Admitted(ParseInferRequest(
       R"({"id":"req-1","parameters":{"timeout":1500,"binary_data_output":true},
           "inputs":[{"name":"x","datatype":"FP32","shape":[2,2],"data":[1,2.5,-3,4e3]},
                     {"name":"m","datatype":"BOOL","shape":[2],"data":[true,false]},
                     {"name":"i","datatype":"INT64","shape":[1],"data":[-9007199254740993]},
                     {"name":"u","datatype":"UINT8","shape":[2],"data":[0,255]}],
           "outputs":[{"name":"y"},{"name":"z","parameters":{"binary_data":false}}]})",
-      std::nullopt, "scale", "2");
+      std::nullopt, "scale", "2"));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->model, "scale");
   EXPECT_EQ(r->version, "2");
@@ -320,8 +329,8 @@ TEST(KserveCodec, SizesThatOverflowAreRefusedNamingTheTensor) {
 
 TEST(KserveCodec, TimeoutParameterIsACountOfMicroseconds) {
   auto timeout = [](const std::string& value) {
-    return ParseInferRequest(R"({"parameters":{"timeout":)" + value + R"(},"inputs":[]})",
-                             std::nullopt, "scale", "");
+    return Admitted(ParseInferRequest(R"({"parameters":{"timeout":)" + value + R"(},"inputs":[]})",
+                                      std::nullopt, "scale", ""));
   };
   // Any uint64 is kept as given, the largest too: the server saturates.
   EXPECT_EQ(timeout("0")->timeout_us, 0u);
