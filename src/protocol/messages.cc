@@ -262,15 +262,54 @@ std::vector<std::byte> EncodeLoad(const LoadRequest& req) {
   return w.Take();
 }
 
+namespace {
+
+Status CheckLoad(const LoadRequest& req, std::string_view message_name) {
+  if (req.name.empty() || req.name.find('@') != std::string::npos)
+    return InvalidArgument(std::string(message_name) + " message: model name '" + req.name +
+                           "' is empty or contains '@'");
+  if (req.path.empty()) return InvalidArgument(std::string(message_name) + " message: empty path");
+  return Status::Ok();
+}
+
+constexpr uint8_t kReuseOnly = 1;
+
+}  // namespace
+
 Result<LoadRequest> DecodeLoad(std::span<const std::byte> payload) {
   PayloadReader r(payload);
   LoadRequest req;
   req.name = r.Str("name");
   req.path = r.Str("path");
   RETURN_IF_ERROR(r.Finish("load"));
-  if (req.name.empty() || req.name.find('@') != std::string::npos)
-    return InvalidArgument("load message: model name '" + req.name + "' is empty or contains '@'");
-  if (req.path.empty()) return InvalidArgument("load message: empty path");
+  RETURN_IF_ERROR(CheckLoad(req, "load"));
+  return req;
+}
+
+std::vector<std::byte> EncodeLoadV2(const LoadRequest& req) {
+  PayloadWriter w;
+  w.Str(req.name);
+  w.Str(req.path);
+  w.U64(req.reuse_version);
+  w.U8(req.reuse_only ? kReuseOnly : 0);
+  return w.Take();
+}
+
+Result<LoadRequest> DecodeLoadV2(std::span<const std::byte> payload) {
+  PayloadReader r(payload);
+  LoadRequest req;
+  req.name = r.Str("name");
+  req.path = r.Str("path");
+  req.reuse_version = r.U64("reuse_version");
+  const uint8_t flags = r.U8("flags");
+  RETURN_IF_ERROR(r.Finish("load-v2"));
+  RETURN_IF_ERROR(CheckLoad(req, "load-v2"));
+  if ((flags & ~kReuseOnly) != 0)
+    return InvalidArgument("load-v2 message: unknown flags " + std::to_string(flags) +
+                           " (only bit 0, reuse_only, is defined)");
+  req.reuse_only = (flags & kReuseOnly) != 0;
+  if (req.reuse_only && req.reuse_version == 0)
+    return InvalidArgument("load-v2 message: reuse_only without a reuse_version");
   return req;
 }
 
@@ -285,6 +324,26 @@ Result<ModelSummary> DecodeLoaded(std::span<const std::byte> payload) {
   ModelSummary m = GetSummary(r);
   RETURN_IF_ERROR(r.Finish("loaded"));
   return m;
+}
+
+std::vector<std::byte> EncodeLoadedV2(const LoadedReply& reply) {
+  PayloadWriter w;
+  PutSummary(w, reply.model);
+  w.U8(reply.reused ? 1 : 0);
+  return w.Take();
+}
+
+Result<LoadedReply> DecodeLoadedV2(std::span<const std::byte> payload) {
+  PayloadReader r(payload);
+  LoadedReply reply;
+  reply.model = GetSummary(r);
+  const uint8_t reused = r.U8("reused");
+  RETURN_IF_ERROR(r.Finish("loaded-v2"));
+  if (reused > 1)
+    return InvalidArgument("loaded-v2 message: reused is " + std::to_string(reused) +
+                           ", not 0 or 1");
+  reply.reused = reused == 1;
+  return reply;
 }
 
 std::vector<std::byte> EncodeUnload(const UnloadRequest& req) {

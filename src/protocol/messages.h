@@ -19,6 +19,19 @@ struct AttachRequest {
 struct LoadRequest {
   std::string name;
   std::string path;
+  // load-v2 only (since 1.2). Version of `name` to answer instead of loading,
+  // if the store still holds it, read from this same `path`, and the files
+  // there are unchanged since (0: none; load).
+  uint64_t reuse_version = 0;
+  // load-v2 only: load nothing; answer FAILED_PRECONDITION unless
+  // reuse_version is reused. Needs a reuse_version.
+  bool reuse_only = false;
+};
+// The answer to load-v2: the version, and whether it is the one the
+// request named for reuse (nothing was read) or was loaded for it.
+struct LoadedReply {
+  ModelSummary model;
+  bool reused = false;
 };
 struct UnloadRequest {
   ModelRef model;  // version 0: every version of the model
@@ -50,6 +63,16 @@ Result<LoadRequest> DecodeLoad(std::span<const std::byte> payload);
 
 std::vector<std::byte> EncodeLoaded(const ModelSummary& m);
 Result<ModelSummary> DecodeLoaded(std::span<const std::byte> payload);
+
+// load-v2: `str name, str path, u64 reuse_version, u8 flags` (bit 0:
+// reuse_only; the other bits must be 0). Checked as `load` is, and
+// reuse_only needs a reuse_version.
+std::vector<std::byte> EncodeLoadV2(const LoadRequest& r);
+Result<LoadRequest> DecodeLoadV2(std::span<const std::byte> payload);
+
+// loaded-v2: a model summary, then `u8 reused` (0 or 1).
+std::vector<std::byte> EncodeLoadedV2(const LoadedReply& r);
+Result<LoadedReply> DecodeLoadedV2(std::span<const std::byte> payload);
 
 std::vector<std::byte> EncodeUnload(const UnloadRequest& r);
 Result<UnloadRequest> DecodeUnload(std::span<const std::byte> payload);

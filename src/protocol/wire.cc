@@ -40,13 +40,17 @@ const char* MessageTypeName(MessageType type) {
       return "status-v2";
     case MessageType::kStatusReplyV2:
       return "status-reply-v2";
+    case MessageType::kLoadV2:
+      return "load-v2";
+    case MessageType::kLoadedV2:
+      return "loaded-v2";
   }
   return "unknown";
 }
 
 bool IsKnownMessageType(uint16_t type) {
   return type >= static_cast<uint16_t>(MessageType::kError) &&
-         type <= static_cast<uint16_t>(MessageType::kStatusReplyV2);
+         type <= static_cast<uint16_t>(MessageType::kLoadedV2);
 }
 
 void PayloadWriter::Raw(const void* p, size_t n) {

@@ -49,6 +49,11 @@ enum class MessageType : uint16_t {
   // store's counters. A store of 1.0 refuses the type; clients then ask `status`.
   kStatusV2 = 12,
   kStatusReplyV2 = 13,
+  // Since store protocol 1.2: load, reusing a version the store holds if
+  // its files are unchanged. A store of 1.1 refuses the type; clients then
+  // ask `load` (which never reuses).
+  kLoadV2 = 14,
+  kLoadedV2 = 15,
 };
 const char* MessageTypeName(MessageType type);
 bool IsKnownMessageType(uint16_t type);

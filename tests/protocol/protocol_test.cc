@@ -111,6 +111,74 @@ TEST(Protocol, StatusAndSummariesRoundTrip) {
   EXPECT_EQ((*list)[1].path, "/x.safetensors");
 }
 
+TEST(Protocol, LoadV2AndItsAnswerRoundTrip) {
+  LoadRequest req{"scale", "/m/1/model.safetensors", 7, true};
+  auto d = DecodeLoadV2(EncodeLoadV2(req));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->name, "scale");
+  EXPECT_EQ(d->path, "/m/1/model.safetensors");
+  EXPECT_EQ(d->reuse_version, 7u);
+  EXPECT_TRUE(d->reuse_only);
+  // A plain load-v2 (nothing to reuse) is a load with three more fields.
+  auto plain = DecodeLoadV2(EncodeLoadV2({"scale", "/p", 0, false}));
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_EQ(plain->reuse_version, 0u);
+  EXPECT_FALSE(plain->reuse_only);
+
+  ModelSummary m;
+  m.name = "scale";
+  m.version = 7;
+  m.path = "/m/1/model.safetensors";
+  for (bool reused : {false, true}) {
+    auto answer = DecodeLoadedV2(EncodeLoadedV2({m, reused}));
+    ASSERT_TRUE(answer.ok()) << answer.status().ToString();
+    EXPECT_EQ(answer->model.version, 7u);
+    EXPECT_EQ(answer->reused, reused);
+  }
+  EXPECT_STREQ(MessageTypeName(MessageType::kLoadV2), "load-v2");
+  EXPECT_STREQ(MessageTypeName(MessageType::kLoadedV2), "loaded-v2");
+  EXPECT_TRUE(IsKnownMessageType(static_cast<uint16_t>(MessageType::kLoadedV2)));
+  EXPECT_FALSE(IsKnownMessageType(static_cast<uint16_t>(MessageType::kLoadedV2) + 1));
+}
+
+// Each refusal names what is wrong; a load (1.0) payload is not a load-v2
+// one, nor a load-v2 payload a load one: neither decoder guesses.
+TEST(Protocol, MalformedLoadV2IsRejectedNamingTheFault) {
+  auto refused = [](std::vector<std::byte> payload, const std::string& says) {
+    auto d = DecodeLoadV2(payload);
+    ASSERT_FALSE(d.ok()) << says;
+    EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(d.status().message().find(says), std::string::npos) << d.status().message();
+  };
+  refused(EncodeLoad({"scale", "/p"}), "reuse_version");
+  std::vector<std::byte> trailing = EncodeLoadV2({"scale", "/p", 1, false});
+  trailing.push_back(std::byte{0});
+  refused(trailing, "load-v2 message has 1 trailing bytes");
+  refused(EncodeLoadV2({"", "/p", 0, false}), "model name '' is empty");
+  refused(EncodeLoadV2({"a@1", "/p", 0, false}), "contains '@'");
+  refused(EncodeLoadV2({"scale", "", 0, false}), "empty path");
+  refused(EncodeLoadV2({"scale", "/p", 0, true}), "reuse_only without a reuse_version");
+  std::vector<std::byte> flags = EncodeLoadV2({"scale", "/p", 1, false});
+  flags.back() = std::byte{0x82};
+  refused(flags, "unknown flags 130");
+  for (size_t n = 0; n < flags.size(); ++n) {
+    std::vector<std::byte> cut = EncodeLoadV2({"scale", "/p", 1, true});
+    cut.resize(n);
+    EXPECT_FALSE(DecodeLoadV2(cut).ok()) << n << " bytes";
+  }
+  EXPECT_FALSE(DecodeLoad(EncodeLoadV2({"scale", "/p", 0, false})).ok());
+
+  ModelSummary m;
+  m.name = "scale";
+  std::vector<std::byte> answer = EncodeLoadedV2({m, true});
+  answer.back() = std::byte{2};
+  auto bad = DecodeLoadedV2(answer);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("reused is 2, not 0 or 1"), std::string::npos)
+      << bad.status().message();
+  EXPECT_FALSE(DecodeLoadedV2(EncodeLoaded(m)).ok());
+}
+
 TEST(Protocol, ErrorsCarryCodeAndMessage) {
   Status s = DecodeError(EncodeError(NotFound("no model 'x'")));
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
