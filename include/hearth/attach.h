@@ -63,6 +63,12 @@ class Attachment {
   std::vector<TensorView> tensors_;
 };
 
+// A store's answer to AttachClient::LoadOrReuse.
+struct StoreLoad {
+  ModelSummary model;
+  bool reused = false;  // `model` is the version asked to reuse: nothing was read
+};
+
 struct AttachOptions {
   // The store's socket; empty: AttachClient::DefaultSocketPath().
   std::string socket_path;
@@ -119,6 +125,16 @@ class AttachClient {
   Result<StoreStatus> GetStatus() const;
   // Only a client with the store's own uid may load and unload.
   Result<ModelSummary> Load(std::string_view name, std::string_view path) const;
+  // Loads `path` as a new version of `name`, unless version `reuse` of it
+  // (0: none) is still held by the store, was read from this same path (the
+  // string as given), and its files are unchanged since: the store opens them
+  // and compares their fingerprint (Checkpoint::Fingerprint) with the one it
+  // read them with. That version is then answered, `reused`, and nothing is
+  // read. `reuse_only`: never load; FAILED_PRECONDITION when `reuse` cannot be
+  // reused. A store of protocol 1.1 (no load-v2) is asked `load` instead,
+  // which never reuses; with `reuse_only` the answer is FAILED_PRECONDITION.
+  Result<StoreLoad> LoadOrReuse(std::string_view name, std::string_view path, uint64_t reuse,
+                                bool reuse_only = false) const;
   // Version 0 unloads every version; returns how many were removed.
   Result<uint32_t> Unload(std::string_view model, uint64_t version = 0) const;
 

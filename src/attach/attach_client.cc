@@ -278,6 +278,37 @@ Result<ModelSummary> AttachClient::Load(std::string_view name, std::string_view 
   return protocol::DecodeLoaded(reply.payload);
 }
 
+// load-v2 first; a store of protocol 1.1 refuses the type as unknown (and
+// closes), and is then asked `load` on a new connection.
+Result<StoreLoad> AttachClient::LoadOrReuse(std::string_view name, std::string_view path,
+                                            uint64_t reuse, bool reuse_only) const {
+  protocol::LoadRequest req{std::string(name), std::string(path), reuse, reuse_only};
+  {
+    ASSIGN_OR_RETURN(UniqueFd fd, Connect());
+    Result<protocol::Message> reply =
+        Call(fd.get(), socket_path_, receive_timeout_, MessageType::kLoadV2,
+             protocol::EncodeLoadV2(req), MessageType::kLoadedV2);
+    if (reply.ok()) {
+      ASSIGN_OR_RETURN(protocol::LoadedReply loaded, protocol::DecodeLoadedV2(reply->payload));
+      if (loaded.model.name != name || (loaded.reused && loaded.model.version != reuse))
+        return InvalidArgument("the store answered " + loaded.model.name + "@" +
+                               std::to_string(loaded.model.version) +
+                               (loaded.reused ? " reused" : "") + " to a load of " +
+                               std::string(name) + " reusing version " + std::to_string(reuse));
+      return StoreLoad{std::move(loaded.model), loaded.reused};
+    }
+    if (reply.status().code() != StatusCode::kInvalidArgument ||
+        reply.status().message().find("unknown message type") == std::string::npos)
+      return reply.status();
+  }
+  if (reuse_only)
+    return FailedPrecondition("the store at " + socket_path_ +
+                              " speaks store protocol 1.1: it cannot tell whether " +
+                              std::string(path) + " is unchanged");
+  ASSIGN_OR_RETURN(ModelSummary loaded, Load(name, path));
+  return StoreLoad{std::move(loaded), false};
+}
+
 Result<uint32_t> AttachClient::Unload(std::string_view model, uint64_t version) const {
   ASSIGN_OR_RETURN(UniqueFd fd, Connect());
   protocol::UnloadRequest req{ModelRef{std::string(model), version}};

@@ -110,6 +110,7 @@ class EventLoop {
 
   Status Handle(Connection& c, const protocol::Message& m);
   void HandleAttach(Connection& c, const protocol::AttachRequest& req);
+  void HandleLoad(Connection& c, LoadJob job);
   void FinishLoads();
   StoreStatus Report();
 

@@ -25,12 +25,25 @@
 
 namespace hearth::store {
 
+// A load asked for over the socket.
+struct LoadJob {
+  protocol::LoadRequest request;
+  bool v2 = false;  // asked with load-v2, answered with loaded-v2
+  // Of the files request.reuse_version was read from, when the store holds
+  // that version and read it from request.path; empty: nothing to reuse.
+  std::string reuse_fingerprint;
+};
+
 struct LoadDone {
-  uint64_t load_id;
-  uint64_t connection_id;
-  std::string name;
-  std::string path;
-  Result<LoadedModel> result;
+  uint64_t load_id = 0;
+  uint64_t connection_id = 0;
+  LoadJob job;
+  // What it came to: the files opened have job.reuse_fingerprint (nothing
+  // was read: `unchanged`), or `loaded` holds what was read, or `status`
+  // says why neither.
+  Status status;
+  bool unchanged = false;
+  LoadedModel loaded;
 };
 
 class LoadQueue {
@@ -46,8 +59,11 @@ class LoadQueue {
   int fd() const { return done_fd_.get(); }
 
   // Starts the load for the connection, or queues it when enough run;
-  // RESOURCE_EXHAUSTED, and nothing queued, when too many wait already.
-  Status Submit(uint64_t connection_id, protocol::LoadRequest request);
+  // RESOURCE_EXHAUSTED, and nothing queued, when too many wait already. The
+  // checkpoint is opened first; when its fingerprint is
+  // job.reuse_fingerprint it is not read (LoadDone::unchanged), nor when it
+  // is not and the request is reuse_only (FAILED_PRECONDITION).
+  Status Submit(uint64_t connection_id, LoadJob job);
 
   // The loads that have finished since the last call, their threads joined.
   std::vector<LoadDone> TakeFinished();
@@ -61,7 +77,7 @@ class LoadQueue {
   void Cancel() { cancel_ = true; }
 
  private:
-  void Start(uint64_t connection_id, protocol::LoadRequest request);
+  void Start(uint64_t connection_id, LoadJob job);
 
   const Device device_;
   const int threads_;
@@ -73,7 +89,7 @@ class LoadQueue {
   std::map<uint64_t, std::thread> running_;
   struct WaitingLoad {
     uint64_t connection_id;
-    protocol::LoadRequest request;
+    LoadJob job;
   };
   std::deque<WaitingLoad> waiting_;  // in the order asked
 };

@@ -41,10 +41,19 @@ void HoldForTests(const std::string& path, const std::atomic<bool>* cancel) {
 Result<LoadedModel> LoadCheckpoint(const std::string& path, Device device,
                                    const LoadOptions& options) {
   const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(path));
+  ASSIGN_OR_RETURN(LoadedModel loaded, LoadCheckpoint(checkpoint, device, options));
+  loaded.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return loaded;
+}
+
+Result<LoadedModel> LoadCheckpoint(const Checkpoint& checkpoint, Device device,
+                                   const LoadOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string& path = checkpoint.path();
   auto cancelled = [&] {
     return options.cancel != nullptr && options.cancel->load(std::memory_order_relaxed);
   };
-  ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(path));
   for (const std::string& warning : checkpoint.warnings()) spdlog::warn("{}", warning);
   const std::vector<TensorInfo>& tensors = checkpoint.tensors();
 
@@ -55,6 +64,7 @@ Result<LoadedModel> LoadCheckpoint(const std::string& path, Device device,
   ASSIGN_OR_RETURN(std::vector<uint64_t> offsets, PackOffsets(sizes, kArenaAlignment, &arena_size));
 
   LoadedModel loaded;
+  loaded.fingerprint = checkpoint.Fingerprint();
   loaded.manifest.device = device;
   loaded.manifest.arena_size = arena_size;
   for (size_t i = 0; i < tensors.size(); ++i) {

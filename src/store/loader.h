@@ -19,6 +19,7 @@
 #include <string>
 
 #include "hearth/arena.h"
+#include "hearth/checkpoint.h"
 #include "hearth/manifest.h"
 #include "hearth/status.h"
 
@@ -41,9 +42,16 @@ struct LoadedModel {
   std::unique_ptr<Arena> arena;  // sealed
   Manifest manifest;             // model name and version left empty for the caller
   double seconds = 0;            // from open to sealed
+  // Checkpoint::Fingerprint() of the files read, as they were opened: a
+  // later open of the same path with the same fingerprint holds these bytes.
+  std::string fingerprint;
 };
 
 Result<LoadedModel> LoadCheckpoint(const std::string& path, Device device,
+                                   const LoadOptions& options = {});
+// The same, of a checkpoint the caller has opened (and may have looked at:
+// its fingerprint, say); `seconds` then counts from this call.
+Result<LoadedModel> LoadCheckpoint(const Checkpoint& checkpoint, Device device,
                                    const LoadOptions& options = {});
 
 // A progress callback that redraws one line on stderr ("NAME: 1.20/1.86 GiB

@@ -40,6 +40,7 @@ const ModelVersion& Registry::Register(const std::string& name, const std::strin
   v->name = name;
   v->version = ++last_version_[name];
   v->path = path;
+  v->fingerprint = std::move(loaded.fingerprint);
   v->arena = std::move(loaded.arena);
   v->manifest = std::move(loaded.manifest);
   v->manifest.model = name;

@@ -47,6 +47,9 @@ struct ModelVersion {
   std::string name;
   uint64_t version = 0;
   std::string path;
+  // Of the files loaded (LoadedModel::fingerprint): a load-v2 of the same
+  // path whose files still have it reuses this version.
+  std::string fingerprint;
   std::unique_ptr<Arena> arena;
   Manifest manifest;
   int64_t loaded_at_ms = 0;

@@ -1,5 +1,5 @@
 // The event loop's answers to requests: listing, attaching, status, loading
-// and unloading models.
+// (or reusing what is loaded) and unloading models.
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -41,13 +41,12 @@ Status EventLoop::Handle(Connection& c, const protocol::Message& m) {
     }
     case MessageType::kLoad: {
       ASSIGN_OR_RETURN(protocol::LoadRequest req, protocol::DecodeLoad(m.payload));
-      if (c.uid != ::geteuid()) {
-        spdlog::warn("refused load of {} by pid {} uid {}: only uid {} may load", req.name, c.pid,
-                     c.uid, ::geteuid());
-        QueueError(c, PermissionDenied("only the store's own uid may load models"));
-        return Status::Ok();
-      }
-      if (Status s = loads_.Submit(c.id, std::move(req)); !s.ok()) QueueError(c, s);
+      HandleLoad(c, LoadJob{std::move(req), /*v2=*/false, {}});
+      return Status::Ok();
+    }
+    case MessageType::kLoadV2: {
+      ASSIGN_OR_RETURN(protocol::LoadRequest req, protocol::DecodeLoadV2(m.payload));
+      HandleLoad(c, LoadJob{std::move(req), /*v2=*/true, {}});
       return Status::Ok();
     }
     case MessageType::kUnload: {
@@ -111,17 +110,69 @@ void EventLoop::HandleAttach(Connection& c, const protocol::AttachRequest& req) 
   spdlog::debug("pid {} attached {}@{}", c.pid, v->name, v->version);
 }
 
+// load and load-v2. The version a load-v2 names for reuse is looked up
+// here, on the loop's thread: its fingerprint goes with the job, which
+// compares it with the files' as it opens them.
+void EventLoop::HandleLoad(Connection& c, LoadJob job) {
+  const protocol::LoadRequest& req = job.request;
+  if (c.uid != ::geteuid()) {
+    spdlog::warn("refused load of {} by pid {} uid {}: only uid {} may load", req.name, c.pid,
+                 c.uid, ::geteuid());
+    QueueError(c, PermissionDenied("only the store's own uid may load models"));
+    return;
+  }
+  if (req.reuse_version != 0) {
+    const ModelRef ref{req.name, req.reuse_version};
+    std::shared_ptr<ModelVersion> v = registry_->Find(ref);
+    if (v != nullptr && v->path == req.path) {
+      job.reuse_fingerprint = v->fingerprint;
+    } else if (req.reuse_only) {
+      QueueError(c, FailedPrecondition(
+                        v == nullptr ? "no model '" + ref.ToString() + "' in this store to reuse"
+                                     : ref.ToString() + " was loaded from " + v->path + ", not " +
+                                           req.path + " (reuse_only: nothing loaded)"));
+      return;
+    }
+  }
+  if (Status s = loads_.Submit(c.id, std::move(job)); !s.ok()) QueueError(c, s);
+}
+
 void EventLoop::FinishLoads() {
   for (LoadDone& d : loads_.TakeFinished()) {
     Connection* conn = FindConnection(d.connection_id);
-    if (!d.result.ok()) {
-      spdlog::error("load of {} failed: {}", d.name, d.result.status().ToString());
-      if (conn != nullptr) QueueError(*conn, d.result.status());
+    const protocol::LoadRequest& req = d.job.request;
+    if (d.unchanged) {
+      // Unless the version was unloaded while the files were looked at.
+      std::shared_ptr<ModelVersion> v = registry_->Find({req.name, req.reuse_version});
+      if (v != nullptr && v->fingerprint == d.job.reuse_fingerprint) {
+        spdlog::info("{}@{}: the files at {} are unchanged; reused", v->name, v->version, v->path);
+        if (conn != nullptr)
+          Queue(*conn, MessageType::kLoadedV2, protocol::EncodeLoadedV2({v->Summary(), true}));
+      } else if (conn != nullptr) {
+        const std::string gone = req.name + "@" + std::to_string(req.reuse_version) +
+                                 " was unloaded while its files were compared";
+        if (req.reuse_only) {
+          QueueError(*conn, FailedPrecondition(gone + " (reuse_only: nothing loaded)"));
+        } else {
+          spdlog::info("{}; loading {} again", gone, req.path);
+          d.job.reuse_fingerprint.clear();
+          if (Status s = loads_.Submit(d.connection_id, std::move(d.job)); !s.ok())
+            QueueError(*conn, s);
+        }
+      }
+    } else if (!d.status.ok()) {
+      spdlog::error("load of {} failed: {}", req.name, d.status.ToString());
+      if (conn != nullptr) QueueError(*conn, d.status);
     } else {
-      const double seconds = d.result->seconds;
-      const ModelVersion& v = registry_->Register(d.name, d.path, std::move(d.result).value());
+      const double seconds = d.loaded.seconds;
+      const ModelVersion& v = registry_->Register(req.name, req.path, std::move(d.loaded));
       spdlog::info("loaded {}@{} from {} in {:.2f} s", v.name, v.version, v.path, seconds);
-      if (conn != nullptr) Queue(*conn, MessageType::kLoaded, protocol::EncodeLoaded(v.Summary()));
+      if (conn != nullptr) {
+        if (d.job.v2)
+          Queue(*conn, MessageType::kLoadedV2, protocol::EncodeLoadedV2({v.Summary(), false}));
+        else
+          Queue(*conn, MessageType::kLoaded, protocol::EncodeLoaded(v.Summary()));
+      }
     }
     if (conn != nullptr) MarkReady(*conn);
   }

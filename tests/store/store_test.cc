@@ -201,6 +201,145 @@ TEST_F(StoreTest, UnloadedVersionIsGoneAtOnceAndFreedAfterItsLastClient) {
   EXPECT_FALSE(HoldsArena(::getpid()));
 }
 
+// load-v2: a version is reused (nothing read, no new version) only while
+// the store holds it, read from the same path, and the files there are the
+// ones it read; rewritten files, another path or an unloaded version load
+// anew, or with reuse_only are refused with FAILED_PRECONDITION saying why.
+TEST_F(StoreTest, LoadV2ReusesAVersionOnlyWhileItsFilesAreUnchanged) {
+  AttachClient client(socket_);
+  auto versions = [&] {
+    std::vector<uint64_t> out;
+    auto list = client.ListModels();
+    EXPECT_TRUE(list.ok()) << list.status().ToString();
+    for (const ModelSummary& m : list.ok() ? *list : std::vector<ModelSummary>{})
+      if (m.name == "n") out.push_back(m.version);
+    return out;
+  };
+  auto refused = [](const Result<StoreLoad>& r, const std::string& says) {
+    ASSERT_FALSE(r.ok()) << "reused " << r->reused << " version " << r->model.version;
+    EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(says), std::string::npos) << r.status().message();
+  };
+  // The model the store loaded at start is reused too.
+  auto preloaded = client.LoadOrReuse("m", model_path_, 1);
+  ASSERT_TRUE(preloaded.ok()) << preloaded.status().ToString();
+  EXPECT_TRUE(preloaded->reused);
+  EXPECT_EQ(preloaded->model.version, 1u);
+
+  const std::string path = dir_.File("n.safetensors");
+  testing::WriteTestCheckpoint(path, 3, 4096, 5);
+  auto first = client.LoadOrReuse("n", path, 0);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_FALSE(first->reused);
+  EXPECT_EQ(first->model.version, 1u);
+  for (bool reuse_only : {false, true}) {
+    auto again = client.LoadOrReuse("n", path, 1, reuse_only);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_TRUE(again->reused);
+    EXPECT_EQ(again->model.version, 1u);
+    EXPECT_EQ(again->model.checksum, first->model.checksum);
+  }
+  EXPECT_EQ(versions(), (std::vector<uint64_t>{1}));
+  EXPECT_EQ(client.GetStatus()->arenas.size(), 2u) << "a reuse holds nothing more";
+
+  // The same name and path, other bytes: not version 1's files any more.
+  testing::WriteTestCheckpoint(path, 3, 4096, 6);
+  refused(client.LoadOrReuse("n", path, 1, /*reuse_only=*/true), "has changed since version 1");
+  EXPECT_EQ(versions(), (std::vector<uint64_t>{1})) << "reuse_only loads nothing";
+  auto second = client.LoadOrReuse("n", path, 1);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_FALSE(second->reused);
+  EXPECT_EQ(second->model.version, 2u);
+  EXPECT_NE(second->model.checksum, first->model.checksum);
+  auto reused = client.LoadOrReuse("n", path, 2);
+  ASSERT_TRUE(reused.ok()) << reused.status().ToString();
+  EXPECT_TRUE(reused->reused);
+  EXPECT_EQ(reused->model.version, 2u);
+  EXPECT_EQ(versions(), (std::vector<uint64_t>{1, 2}));
+
+  // Another path holding the same bytes is another checkpoint.
+  const std::string copy = dir_.File("copy.safetensors");
+  std::filesystem::copy_file(path, copy);
+  refused(client.LoadOrReuse("n", copy, 2, /*reuse_only=*/true), "was loaded from " + path);
+  auto third = client.LoadOrReuse("n", copy, 2);
+  ASSERT_TRUE(third.ok()) << third.status().ToString();
+  EXPECT_FALSE(third->reused);
+  EXPECT_EQ(third->model.version, 3u);
+
+  // A version unloaded is not reused, whatever the files.
+  ASSERT_TRUE(client.Unload("n", 2).ok());
+  refused(client.LoadOrReuse("n", path, 2, /*reuse_only=*/true), "no model 'n@2'");
+  auto fourth = client.LoadOrReuse("n", path, 2);
+  ASSERT_TRUE(fourth.ok()) << fourth.status().ToString();
+  EXPECT_FALSE(fourth->reused);
+  EXPECT_EQ(fourth->model.version, 4u);
+  EXPECT_EQ(fourth->model.checksum, second->model.checksum);
+
+  // Files that cannot be read are an error, reusing or not, naming them.
+  std::filesystem::remove(path);
+  for (bool reuse_only : {false, true}) {
+    auto gone = client.LoadOrReuse("n", path, 4, reuse_only);
+    ASSERT_FALSE(gone.ok());
+    EXPECT_NE(gone.status().code(), StatusCode::kFailedPrecondition) << gone.status().ToString();
+    EXPECT_NE(gone.status().message().find(path), std::string::npos) << gone.status().message();
+  }
+  EXPECT_EQ(versions(), (std::vector<uint64_t>{1, 3, 4}));
+  EXPECT_TRUE(store_->alive());
+}
+
+// A store of protocol 1.1 knows no load-v2: it answers the frame with
+// "unknown message type" and closes, as its frame check does. The client
+// then asks `load` (never reused); with reuse_only it loads nothing.
+TEST(StoreProtocolRevisions, AStoreOf11IsAskedLoadInsteadOfLoadV2) {
+  TempDir dir;
+  const std::string path = dir.File("old.sock");
+  UniqueFd listener(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener.get(), 4), 0);
+  std::vector<std::string> asked;
+  auto refuse_load_v2 = [&] {
+    UniqueFd c(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    std::vector<std::byte> frame(protocol::kFrameHeaderBytes + protocol::kMaxFramePayload);
+    const ssize_t n = ::recv(c.get(), frame.data(), frame.size(), 0);
+    asked.push_back(n >= 8 && frame[6] == std::byte{14} ? "load-v2" : "something else");
+    ASSERT_TRUE(
+        protocol::SendMessage(c.get(), protocol::MessageType::kError,
+                              protocol::EncodeError(InvalidArgument("unknown message type 14")))
+            .ok());
+  };
+  std::thread old_store([&] {
+    refuse_load_v2();
+    UniqueFd c(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    auto m = protocol::ReceiveMessage(c.get());
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    asked.push_back(protocol::MessageTypeName(m->type));
+    auto req = protocol::DecodeLoad(m->payload);
+    ASSERT_TRUE(req.ok()) << req.status().ToString();
+    ModelSummary loaded;
+    loaded.name = req->name;
+    loaded.version = 3;
+    loaded.path = req->path;
+    ASSERT_TRUE(protocol::SendMessage(c.get(), protocol::MessageType::kLoaded,
+                                      protocol::EncodeLoaded(loaded))
+                    .ok());
+    refuse_load_v2();
+  });
+  auto loaded = AttachClient(path).LoadOrReuse("m", "/m.safetensors", 2);
+  auto reuse_only = AttachClient(path).LoadOrReuse("m", "/m.safetensors", 2, /*reuse_only=*/true);
+  old_store.join();
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_FALSE(loaded->reused);
+  EXPECT_EQ(loaded->model.version, 3u);
+  ASSERT_FALSE(reuse_only.ok());
+  EXPECT_EQ(reuse_only.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(reuse_only.status().message().find("protocol 1.1"), std::string::npos)
+      << reuse_only.status().message();
+  EXPECT_EQ(asked, (std::vector<std::string>{"load-v2", "load", "load-v2"}));
+}
+
 TEST_F(StoreTest, TenThousandAttachDetachCyclesLeakNothing) {
   AttachClient client(socket_);
   auto warm = client.Attach("m");
@@ -246,6 +385,12 @@ using testing::RawConnection;
 TEST_F(StoreTest, MalformedMessagesCloseOnlyTheirConnection) {
   using protocol::kMagic;
   const uint16_t attach = static_cast<uint16_t>(protocol::MessageType::kAttach);
+  const uint16_t load_v2 = static_cast<uint16_t>(protocol::MessageType::kLoadV2);
+  auto LoadV2Frame = [](const std::vector<std::byte>& payload) {
+    return protocol::EncodeFrames(protocol::MessageType::kLoadV2, payload)[0];
+  };
+  std::vector<std::byte> unknown_flags = protocol::EncodeLoadV2({"m", model_path_, 1, false});
+  unknown_flags.back() = std::byte{2};
   struct Case {
     const char* name;
     std::vector<std::byte> frame;
@@ -263,6 +408,16 @@ TEST_F(StoreTest, MalformedMessagesCloseOnlyTheirConnection) {
       {"attach payload truncated", Frame(kMagic, 1, attach, 3, 0, 3), "runs past"},
       {"reply type from a client", Frame(kMagic, 1, static_cast<uint16_t>(protocol::MessageType::kManifest), 0, 0, 0), "may not send"},
       {"status with payload", Frame(kMagic, 1, static_cast<uint16_t>(protocol::MessageType::kStatus), 1, 0, 1), "must be empty"},
+      {"oversized load-v2", Frame(kMagic, 1, load_v2, 1u << 30, 0, 4), "exceeds the limit"},
+      {"load-v2 without its new fields", LoadV2Frame(protocol::EncodeLoad({"m", model_path_})),
+       "reuse_version"},
+      {"load-v2 with unknown flags", LoadV2Frame(unknown_flags), "unknown flags 2"},
+      {"load-v2 reuse_only without a version",
+       LoadV2Frame(protocol::EncodeLoadV2({"m", model_path_, 0, true})),
+       "reuse_only without a reuse_version"},
+      {"loaded-v2 from a client",
+       Frame(kMagic, 1, static_cast<uint16_t>(protocol::MessageType::kLoadedV2), 0, 0, 0),
+       "may not send"},
   };
   for (const Case& c : cases) {
     RawConnection conn(socket_);
