@@ -45,7 +45,6 @@
 #include "common/trusted_path.h"
 #include "hearth/arena.h"
 #include "hearth/attach.h"
-#include "hearth/checkpoint.h"
 #include "hearth/store.h"
 #include "protocol/worker_protocol.h"
 #include "server/batch_layout.h"
@@ -93,10 +92,9 @@ struct ModelEntry {
   bool settled = false;
 
   // What the stores hold for this model (builder thread only), by device
-  // name: a retry with an unchanged checkpoint reuses it instead of reading
-  // it again.
+  // name: a retry or a repository load asks the store to reuse it, which it
+  // does if the checkpoint's files are those it read it from.
   struct Loaded {
-    std::string key;  // path, device, inode, size, mtime of the files loaded
     std::string socket;
     uint64_t version = 0;
     uint64_t arena_bytes = 0;

@@ -99,15 +99,16 @@ Result<int> Server::Impl::VisibleGpus() {
 }
 
 // Prepares what each worker is told (the setup message), places the
-// instances, and has each placement's store hold the weights (reusing
-// what it holds if the files are unchanged): the loads of all devices at
-// once, each store reading the checkpoint into its own staging. The
+// instances, and has each placement's store hold the weights: the loads of
+// all devices at once, each store reading the checkpoint into its own
+// staging. A store that holds a version for this entry is asked to reuse it;
+// the store decides, comparing the files it finds at the path with those it
+// read that version from (the server never opens the checkpoint). The
 // signature comes from the workers, checked against the config's.
 // `keep_loaded`: what the stores held for the entry is still served (a
 // repository load): the caller drops it once the new runtime replaced it.
 Status Server::Impl::Prepare(ModelEntry& entry, ModelRuntime& m, bool keep_loaded) {
   const ModelConfig& c = m.config();
-  ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(c.checkpoint_path));
   auto specs = [](const std::vector<IoConfig>& ios) {
     std::vector<TensorSpec> out;
     for (const IoConfig& io : ios) out.push_back({io.name, io.dtype, io.dims});
@@ -135,60 +136,89 @@ Status Server::Impl::Prepare(ModelEntry& entry, ModelRuntime& m, bool keep_loade
     m.worker_count += where.workers;
     m.placements.push_back(std::move(p));
   }
-  // What the stores hold of an earlier attempt that is not wanted now (the
-  // files changed, or the device is no longer placed) goes, unless it is
-  // still served; each placement not held is loaded.
-  std::map<std::string, ModelEntry::Loaded> wanted;
-  std::vector<ModelPlacement*> to_load;
-  for (const auto& p : m.placements) {
-    // Every file the checkpoint is made of (one, or the index and each shard).
-    const std::string key = absolute + "|" + p->device_name + "|" + ckpt.Fingerprint();
-    auto held = entry.loaded.find(p->device_name);
-    if (held != entry.loaded.end() && held->second.key == key &&
-        held->second.socket == p->store_socket) {
-      wanted.insert(*held);
-      continue;
-    }
-    wanted[p->device_name].key = key;
-    to_load.push_back(p.get());
-  }
+  // What the stores hold of an earlier attempt on a device no longer placed
+  // (or placed on another store) goes, unless it is still served.
   for (auto it = entry.loaded.begin(); it != entry.loaded.end();) {
-    auto w = wanted.find(it->first);
-    if (w != wanted.end() && w->second == it->second) {
+    const bool placed_there =
+        std::any_of(m.placements.begin(), m.placements.end(), [&](const auto& p) {
+          return p->device_name == it->first && p->store_socket == it->second.socket;
+        });
+    if (placed_there) {
       ++it;
       continue;
     }
     if (!keep_loaded) DropFromStore(c.name, it->second);
     it = entry.loaded.erase(it);
   }
-  std::vector<Result<ModelSummary>> results(to_load.size(), Internal("not loaded"));
+  // Not served: each store holding an earlier attempt's version is asked
+  // first whether it is still what the files hold (reuse only); a version
+  // whose files changed goes before its replacement is loaded.
+  if (!keep_loaded) {
+    std::vector<ModelPlacement*> held;
+    for (const auto& p : m.placements)
+      if (entry.loaded.count(p->device_name) != 0) held.push_back(p.get());
+    std::vector<Result<StoreLoad>> checks(held.size(), Internal("not asked"));
+    std::vector<std::function<void()>> asks;
+    for (size_t i = 0; i < held.size(); ++i)
+      asks.push_back([&, i] {
+        checks[i] =
+            AttachClient(held[i]->store_socket)
+                .LoadOrReuse(c.name, absolute, entry.loaded.at(held[i]->device_name).version,
+                             /*reuse_only=*/true);
+      });
+    RunTogether(asks);
+    for (size_t i = 0; i < held.size(); ++i) {
+      if (checks[i].ok()) continue;
+      if (checks[i].status().code() != StatusCode::kFailedPrecondition)
+        return checks[i].status().WithContext(c.checkpoint_path + " on " + held[i]->device_name);
+      DropFromStore(c.name, entry.loaded.at(held[i]->device_name));
+      entry.loaded.erase(held[i]->device_name);
+    }
+  }
+  // Every placement the stores hold no version for is loaded; one that
+  // still has a version (a repository load) has it reused if its files are
+  // unchanged, else a new version is loaded beside it.
+  std::vector<ModelPlacement*> to_load;
+  std::vector<uint64_t> reuse;
+  for (const auto& p : m.placements) {
+    auto held = entry.loaded.find(p->device_name);
+    if (!keep_loaded && held != entry.loaded.end()) continue;  // reused above
+    to_load.push_back(p.get());
+    reuse.push_back(held != entry.loaded.end() ? held->second.version : 0);
+  }
+  std::vector<Result<StoreLoad>> results(to_load.size(), Internal("not loaded"));
   std::vector<std::function<void()>> loads;
   for (size_t i = 0; i < to_load.size(); ++i)
-    loads.push_back(
-        [&, i] { results[i] = AttachClient(to_load[i]->store_socket).Load(c.name, absolute); });
+    loads.push_back([&, i] {
+      results[i] = AttachClient(to_load[i]->store_socket).LoadOrReuse(c.name, absolute, reuse[i]);
+    });
   const auto load_started = Clock::now();
   RunTogether(loads);
   Status failed = Status::Ok();
+  std::string devices;  // where weights were read
+  size_t read = 0;
   for (size_t i = 0; i < to_load.size(); ++i) {
     ModelPlacement& p = *to_load[i];
     if (!results[i].ok()) {
       if (failed.ok())
         failed = results[i].status().WithContext(c.checkpoint_path + " on " + p.device_name);
+      // The version held (still served) is not known to be current.
+      entry.loaded.erase(p.device_name);
       continue;
     }
-    // Kept even when another device failed: a retry reuses it.
-    entry.loaded[p.device_name] = {wanted[p.device_name].key, p.store_socket, results[i]->version,
-                                   results[i]->arena_size};
+    if (results[i]->reused) continue;
+    devices += (devices.empty() ? "" : ", ") + p.device_name;
+    ++read;
+    // Kept even when another device failed: a retry reuses it. A version it
+    // replaces is still served: the caller drops it.
+    entry.loaded[p.device_name] = {p.store_socket, results[i]->model.version,
+                                   results[i]->model.arena_size};
   }
   RETURN_IF_ERROR(failed);
-  if (!to_load.empty()) {
-    std::string devices;
-    for (const ModelPlacement* p : to_load)
-      devices += (devices.empty() ? "" : ", ") + p->device_name;
+  if (read > 0)
     spdlog::info("model {}: weights loaded on {} in {:.3f} s{}", c.name, devices,
                  std::chrono::duration<double>(Clock::now() - load_started).count(),
-                 to_load.size() > 1 ? " (at once)" : "");
-  }
+                 read > 1 ? " (at once)" : "");
   for (const auto& p : m.placements) {
     const ModelEntry::Loaded& l = entry.loaded.at(p->device_name);
     p->store_version = l.version;

@@ -1,6 +1,7 @@
 // Repository control while requests are served: a load swaps in a new
 // version with no request failing, the old workers drain and exit, an
-// unload stops serving, a load of a broken model leaves the served one.
+// unload stops serving, a load of a broken model leaves the served one; the
+// stores' copies follow the files (reused while unchanged) and the devices.
 // Real processes: the server's store and exec'd hearth-worker processes.
 #include <signal.h>
 #include <sys/stat.h>
@@ -9,8 +10,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <future>
+#include <iterator>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -267,6 +272,85 @@ TEST_F(RepositoryOnDevices, EachDevicesCopyFollowsTheServedVersionAndPlacement) 
   ASSERT_TRUE(server_->UnloadModel("scale").ok());
   EXPECT_EQ(Versions("host1"), (std::vector<uint64_t>{}));
   EXPECT_TRUE(Eventually([&] { return Arenas("host0") == 0 && Arenas("host1") == 0; }));
+}
+
+// The files unchanged, a load reuses what each store holds (no new store
+// version); the checkpoint rewritten in place (the same version directory),
+// a load reads it again on each device and the old copies go once replaced.
+TEST_F(RepositoryOnDevices, ALoadReusesUnchangedFilesAndReadsRewrittenOnes) {
+  auto first = Ask(*server_, "scale");
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_TRUE(server_->LoadModel("scale").ok());
+  EXPECT_EQ(Versions("host0"), (std::vector<uint64_t>{1}));
+  EXPECT_EQ(Versions("host1"), (std::vector<uint64_t>{1}));
+
+  std::string out;
+  ASSERT_EQ(testing::Run({testing::CliPath(), "make-model", "scale", "--dims", "8", "--seed", "9",
+                          "--out", repo_ + "/scale/1/model.safetensors"},
+                         &out),
+            0)
+      << out;
+  const std::vector<int> old_pids = server_->WorkerPids("scale");
+  ASSERT_TRUE(server_->LoadModel("scale").ok());
+  EXPECT_EQ(Versions("host0"), (std::vector<uint64_t>{2}));
+  EXPECT_EQ(Versions("host1"), (std::vector<uint64_t>{2}));
+  auto rewritten = Ask(*server_, "scale");
+  ASSERT_TRUE(rewritten.ok()) << rewritten.status().ToString();
+  EXPECT_NE(*rewritten, *first) << "the rewritten weights are served";
+  EXPECT_TRUE(Eventually([&] {
+    for (int pid : old_pids)
+      if (!Gone(pid)) return false;
+    return Arenas("host0") == 1 && Arenas("host1") == 1;
+  })) << "host0 "
+      << Arenas("host0") << ", host1 " << Arenas("host1");
+
+  ASSERT_TRUE(server_->LoadModel("scale").ok());
+  EXPECT_EQ(Versions("host0"), (std::vector<uint64_t>{2}));
+  EXPECT_EQ(Versions("host1"), (std::vector<uint64_t>{2}));
+}
+
+// The layering (docs/architecture.md): the server uses the store, the
+// protocol and common, never the checkpoint module; whether the files of a
+// model changed is the store's to say. Every file of src/server, and every
+// header it reaches through its quoted includes, is looked at.
+TEST(ServerLayering, NothingTheServerIncludesReachesTheCheckpointModule) {
+  namespace fs = std::filesystem;
+  const std::string here = __FILE__;
+  const size_t tests = here.rfind("/tests/server/");
+  ASSERT_NE(tests, std::string::npos) << "cannot find the source tree from " << here;
+  const fs::path root = here.substr(0, tests);
+  auto resolve = [&](const std::string& name) -> std::optional<fs::path> {
+    for (const char* dir : {"src", "include"})
+      if (fs::exists(root / dir / name)) return (root / dir / name).lexically_normal();
+    return std::nullopt;
+  };
+  std::vector<std::pair<fs::path, std::string>> queue;  // (file, how it was reached)
+  for (const auto& e : fs::directory_iterator(root / "src" / "server"))
+    if (e.path().extension() == ".h" || e.path().extension() == ".cc")
+      queue.emplace_back(e.path().lexically_normal(), e.path().filename().string());
+  ASSERT_FALSE(queue.empty());
+  std::set<fs::path> seen;
+  while (!queue.empty()) {
+    auto [file, chain] = std::move(queue.back());
+    queue.pop_back();
+    if (!seen.insert(file).second) continue;
+    std::ifstream in(file);
+    ASSERT_TRUE(in) << file;
+    for (std::string line; std::getline(in, line);) {
+      const size_t open = line.find("#include \"");
+      if (open == std::string::npos) continue;
+      const size_t start = open + 10, end = line.find('"', start);
+      const std::string name = line.substr(start, end - start);
+      EXPECT_TRUE(name != "hearth/checkpoint.h" && name.rfind("checkpoint/", 0) != 0)
+          << chain << " includes " << name;
+      if (std::optional<fs::path> next = resolve(name))
+        queue.emplace_back(*next, chain + " -> " + name);
+    }
+  }
+  std::ifstream cmake(root / "src" / "server" / "CMakeLists.txt");
+  const std::string text((std::istreambuf_iterator<char>(cmake)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.find("hearth_checkpoint"), std::string::npos)
+      << "src/server/CMakeLists.txt links the checkpoint library";
 }
 
 }  // namespace
