@@ -161,7 +161,11 @@ void EventLoop::FinishLoads() {
         }
       }
     } else if (!d.status.ok()) {
-      spdlog::error("load of {} failed: {}", req.name, d.status.ToString());
+      // reuse_only's FAILED_PRECONDITION is an answer (the files changed), not a failure.
+      if (req.reuse_only && d.status.code() == StatusCode::kFailedPrecondition)
+        spdlog::info("{}", d.status.message());
+      else
+        spdlog::error("load of {} failed: {}", req.name, d.status.ToString());
       if (conn != nullptr) QueueError(*conn, d.status);
     } else {
       const double seconds = d.loaded.seconds;

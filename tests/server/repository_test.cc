@@ -309,6 +309,68 @@ TEST_F(RepositoryOnDevices, ALoadReusesUnchangedFilesAndReadsRewrittenOnes) {
   EXPECT_EQ(Versions("host1"), (std::vector<uint64_t>{2}));
 }
 
+// A model whose workers cannot start (its config's dims are not its
+// weights'): its first attempt loaded the weights, kept for the retries.
+// A retry with the files unchanged reuses them; rewritten, the old copy goes
+// and the new one is loaded; once the config is fixed, that copy is served.
+class RetriedModel : public ServedRepository {
+ protected:
+  void SetUp() override {
+    repo_ = tmp_.File("repo");
+    ASSERT_EQ(::mkdir(repo_.c_str(), 0700), 0);
+    ASSERT_EQ(::mkdir((repo_ + "/scale").c_str(), 0700), 0);
+    MakeVersion(repo_ + "/scale/1", 1);
+    WriteDims(9);
+    ServerOptions options;
+    options.repository = repo_;
+    options.worker_path = WorkerPath();
+    options.run_dir = tmp_.File("run");
+    auto made = Server::Create(options);
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    server_ = std::move(made).value();
+    ASSERT_TRUE(server_->Start().ok());
+    static_cast<void>(server_->WaitForModels());
+  }
+  void WriteDims(int dims) {
+    std::ofstream(repo_ + "/scale/config.yaml")
+        << "backend: scale\nmax_batch_size: 4\n"
+           "input:\n  - {name: x, data_type: TYPE_FP32, dims: ["
+        << dims
+        << "]}\n"
+           "output:\n  - {name: y, data_type: TYPE_FP32, dims: [1]}\n"
+           "instance_group:\n  - {count: 1, kind: KIND_CPU}\n";
+  }
+  std::vector<uint64_t> Versions() {
+    auto models = AttachClient(DeviceSocketPath(tmp_.File("run/store.sock"), "cpu")).ListModels();
+    EXPECT_TRUE(models.ok()) << models.status().ToString();
+    std::vector<uint64_t> out;
+    for (const ModelSummary& m : models.ok() ? *models : std::vector<ModelSummary>{})
+      if (m.name == "scale") out.push_back(m.version);
+    return out;
+  }
+};
+
+TEST_F(RetriedModel, RetriesReuseUnchangedWeightsAndReplaceRewrittenOnes) {
+  EXPECT_FALSE(Ask(*server_, "scale").ok());
+  EXPECT_EQ(Versions(), (std::vector<uint64_t>{1}));
+  // The first retry comes 1 s after the first attempt.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_EQ(Versions(), (std::vector<uint64_t>{1}));
+
+  std::string out;
+  ASSERT_EQ(testing::Run({testing::CliPath(), "make-model", "scale", "--dims", "8", "--seed", "9",
+                          "--out", repo_ + "/scale/1/model.safetensors"},
+                         &out),
+            0)
+      << out;
+  EXPECT_TRUE(Eventually([&] { return Versions() == std::vector<uint64_t>{2}; }))
+      << Versions().size() << " versions";
+  WriteDims(8);
+  ASSERT_TRUE(server_->LoadModel("scale").ok());
+  EXPECT_TRUE(Ask(*server_, "scale").ok());
+  EXPECT_EQ(Versions(), (std::vector<uint64_t>{2}));
+}
+
 // The layering (docs/architecture.md): the server uses the store, the
 // protocol and common, never the checkpoint module; whether the files of a
 // model changed is the store's to say. Every file of src/server, and every
