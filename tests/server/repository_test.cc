@@ -118,14 +118,21 @@ TEST_F(RepositoryControl, ANewVersionReplacesTheOldOneWithNoRequestFailing) {
   ASSERT_EQ(old_pids.size(), 2u);
   MakeVersion(repo_ + "/scale/2", 2);
 
-  // Four clients asking all the time, each one request after another.
+  // Four clients asking all the time, each one request after another; the
+  // load starts once each has had an answer (on a busy machine a thread may
+  // not run at all before a quick load is over).
   std::atomic<bool> stop{false};
+  std::atomic<int> answered{0};
   std::vector<std::vector<Result<float>>> answers(4);
   std::vector<std::thread> clients;
   for (auto& mine : answers)
     clients.emplace_back([&] {
-      while (!stop) mine.push_back(Ask(*server_, "scale"));
+      while (!stop) {
+        mine.push_back(Ask(*server_, "scale"));
+        if (mine.size() == 1) ++answered;
+      }
     });
+  EXPECT_TRUE(Eventually([&] { return answered == 4; }));
   Status loaded = server_->LoadModel("scale");
   auto after = Ask(*server_, "scale");
   stop = true;
