@@ -107,6 +107,19 @@ void CheckDecoders(std::span<const std::byte> p) {
   } else {
     RequireRejection(r.status());
   }
+  if (auto r = DecodeLoadV2(p); r.ok()) {
+    Require(!r->name.empty() && r->name.find('@') == std::string::npos && !r->path.empty(),
+            "load-v2 names a model and a path");
+    Require(EncodeLoadV2(*r) == std::vector<std::byte>(p.begin(), p.end()), "load-v2 round trip");
+  } else {
+    RequireRejection(r.status());
+  }
+  if (auto r = DecodeLoadedV2(p); r.ok()) {
+    Require(EncodeLoadedV2(*r) == std::vector<std::byte>(p.begin(), p.end()),
+            "loaded-v2 round trip");
+  } else {
+    RequireRejection(r.status());
+  }
   if (auto r = DecodeUnload(p); r.ok()) {
     Require(!r->model.name.empty(), "unload names a model");
     Require(EncodeUnload(*r) == std::vector<std::byte>(p.begin(), p.end()), "unload round trip");

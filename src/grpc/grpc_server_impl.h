@@ -307,8 +307,9 @@ class GrpcServer::Impl final : public Service {
         !valid.ok()) {
       return Answer(context, ToGrpcStatus(valid));
     }
-    return RunControl(context,
-                      [this, name = request->model_name()] { return service_->LoadModel(name); });
+    return RunControl(context, [this, name = request->model_name()](auto done) {
+      service_->LoadModel(name, std::move(done));
+    });
   }
   grpc::ServerUnaryReactor* RepositoryModelUnload(
       grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
@@ -320,8 +321,9 @@ class GrpcServer::Impl final : public Service {
         !valid.ok()) {
       return Answer(context, ToGrpcStatus(valid));
     }
-    return RunControl(context,
-                      [this, name = request->model_name()] { return service_->UnloadModel(name); });
+    return RunControl(context, [this, name = request->model_name()](auto done) {
+      service_->UnloadModel(name, std::move(done));
+    });
   }
 
   grpc::ServerUnaryReactor* SystemSharedMemoryStatus(
@@ -422,13 +424,12 @@ class GrpcServer::Impl final : public Service {
     return Status::Ok();
   }
 
-  // Runs `task` (a repository load or unload, which waits for workers to
-  // start or drain) on a control thread, never on one of gRPC's, and
-  // answers the call with its status. At most max_control_calls at once;
-  // past that, RESOURCE_EXHAUSTED.
-  grpc::ServerUnaryReactor* RunControl(grpc::CallbackServerContext* context,
-                                       std::function<Status()> task);
-  void ControlLoop();
+  // Starts a repository load or unload, which the service runs on its own
+  // pool (it waits for workers to start or drain), never on one of gRPC's
+  // threads: `start` is given the function that answers the call.
+  grpc::ServerUnaryReactor* RunControl(
+      grpc::CallbackServerContext* context,
+      const std::function<void(std::function<void(Status)>)>& start);
 
   InferenceService* const service_;
   const GrpcOptions options_;
@@ -449,14 +450,7 @@ class GrpcServer::Impl final : public Service {
   uint64_t refused_calls_ = 0;
   uint64_t stopped_requests_ = 0;
   std::set<std::shared_ptr<StreamCall>> streams_;
-  // Control calls: queued or running tasks, and the threads that run them
-  // (started as needed, at most max_control_calls, joined by Stop()).
-  std::condition_variable control_wake_;
-  std::deque<std::function<void()>> control_queue_;
-  std::vector<std::thread> control_threads_;
-  uint64_t control_calls_ = 0;
-  uint64_t idle_control_threads_ = 0;
-  bool control_quit_ = false;
+  uint64_t control_calls_ = 0;  // repository calls not yet answered
 };
 
 }  // namespace hearth

@@ -2,61 +2,28 @@
 
 namespace hearth {
 
-grpc::ServerUnaryReactor* GrpcServer::Impl::RunControl(grpc::CallbackServerContext* context,
-                                                       std::function<Status()> task) {
+grpc::ServerUnaryReactor* GrpcServer::Impl::RunControl(
+    grpc::CallbackServerContext* context,
+    const std::function<void(std::function<void(Status)>)>& start) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  std::unique_lock lock(mu_);
-  if (stopping_) {
-    lock.unlock();
-    reactor->Finish(ToGrpcStatus(Unavailable("the server is shutting down")));
-    return reactor;
-  }
-  if (control_calls_ >= static_cast<uint64_t>(options_.max_control_calls)) {
-    ++refused_calls_;
-    const uint64_t running = control_calls_;
-    lock.unlock();
-    reactor->Finish(ToGrpcStatus(
-        ResourceExhausted("the server has " + std::to_string(running) +
-                          " repository loads and unloads in progress, its limit; retry later")));
-    return reactor;
-  }
-  ++control_calls_;
-  // The reactor stays valid until Finish: gRPC calls OnDone only after it.
-  control_queue_.emplace_back(
-      [reactor, task = std::move(task)] { reactor->Finish(ToGrpcStatus(task())); });
-  if (idle_control_threads_ == 0 &&
-      control_threads_.size() < static_cast<size_t>(options_.max_control_calls)) {
-    try {
-      control_threads_.emplace_back([this] { ControlLoop(); });
-    } catch (const std::system_error&) {
-      // No thread now: one that is running takes the task when it is done.
-      if (control_threads_.empty()) {
-        control_queue_.pop_back();
-        --control_calls_;
-        lock.unlock();
-        reactor->Finish(ToGrpcStatus(ResourceExhausted("cannot start a thread for the call")));
-        return reactor;
-      }
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) {
+      reactor->Finish(ToGrpcStatus(Unavailable("the server is shutting down")));
+      return reactor;
     }
+    ++control_calls_;
   }
-  control_wake_.notify_one();
+  // The reactor stays valid until Finish: gRPC calls OnDone only after it,
+  // and Stop() waits for OnDone.
+  start([this, reactor](Status status) {
+    {
+      std::lock_guard lock(mu_);
+      --control_calls_;
+    }
+    reactor->Finish(ToGrpcStatus(status));
+  });
   return reactor;
-}
-
-void GrpcServer::Impl::ControlLoop() {
-  std::unique_lock lock(mu_);
-  for (;;) {
-    ++idle_control_threads_;
-    control_wake_.wait(lock, [this] { return control_quit_ || !control_queue_.empty(); });
-    --idle_control_threads_;
-    if (control_queue_.empty()) return;  // quitting
-    std::function<void()> task = std::move(control_queue_.front());
-    control_queue_.pop_front();
-    lock.unlock();
-    task();
-    lock.lock();
-    --control_calls_;
-  }
 }
 
 // ---- start and stop ------------------------------------------------------------
@@ -143,16 +110,6 @@ void GrpcServer::Impl::Stop() {
     idle_.wait(lock, [this] { return inflight_calls_ == 0; });
   }
   server_->Wait();
-  // Every control call has finished (Wait() returns after their OnDone):
-  // their threads have nothing left to run.
-  std::vector<std::thread> threads;
-  {
-    std::lock_guard lock(mu_);
-    control_quit_ = true;
-    threads.swap(control_threads_);
-  }
-  control_wake_.notify_all();
-  for (std::thread& thread : threads) thread.join();
   std::lock_guard lock(mu_);
   server_.reset();
   gate_.reset();  // closes what connections remain
@@ -177,8 +134,7 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::Create(InferenceService* service
                            std::to_string(options.max_message_bytes) + " bytes");
   }
   if (options.max_inflight_calls < 1 || options.max_concurrent_streams < 1 ||
-      options.max_stream_requests < 1 || options.max_stream_pending_bytes == 0 ||
-      options.max_control_calls < 1) {
+      options.max_stream_requests < 1 || options.max_stream_pending_bytes == 0) {
     return InvalidArgument("the gRPC call, stream and pending-byte limits must be positive");
   }
   if (options.max_connections < 1 || !(options.streams_per_second > 0) ||

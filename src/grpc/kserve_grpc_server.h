@@ -35,8 +35,9 @@
 // - inputs in shared memory: their byte sizes count towards
 //   max_inflight_bytes too (the service reads them into memory it holds
 //   while the request runs);
-// - repository control: at most max_control_calls loads and unloads at
-//   once, past which one is answered RESOURCE_EXHAUSTED;
+// - repository control: loads and unloads run on the service's bounded
+//   pool (InferenceService::LoadModel), which refuses past its limit
+//   (RESOURCE_EXHAUSTED);
 // - gRPC's own buffers: a ResourceQuota of max_inflight_bytes plus one
 //   message, so that the byte budget above is met first;
 // - compression: a ModelInfer or ModelStreamInfer message compressed with
@@ -88,9 +89,6 @@ struct GrpcOptions {
   int max_concurrent_streams = 128;  // per connection
   int max_stream_requests = 64;      // per stream
   uint64_t max_stream_pending_bytes = uint64_t{64} << 20;
-  // Repository loads and unloads in progress at once (each may wait for
-  // workers to start or drain, on a thread of the front-end's).
-  int max_control_calls = 8;
   std::chrono::milliseconds keepalive_time{60'000};  // ping a connection that has calls
   std::chrono::milliseconds keepalive_timeout{20'000};
   std::chrono::milliseconds idle_timeout{300'000};

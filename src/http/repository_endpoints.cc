@@ -1,9 +1,6 @@
 #include <boost/asio/post.hpp>
-#include <exception>
 #include <memory>
 #include <string>
-#include <system_error>
-#include <thread>
 #include <utility>
 
 #include "http/endpoints.h"
@@ -14,48 +11,24 @@
 namespace hearth::rest {
 namespace {
 
-// Repository loads and unloads at once; past it they are answered 503.
-constexpr int kMaxControlCalls = 4;
-
-// Runs a repository load or unload on a thread of its own (LoadModel waits
-// for the new workers; the I/O thread serves on meanwhile) and answers it
-// on this connection's strand. The thread is detached: it touches nothing
-// of the server once its InFlightInfer is gone, and Stop() waits for that.
-void RunControl(Session& session, bool load, std::string model, unsigned version, bool keep_alive) {
-  ServerCore* const core = session.core();
-  if (core->control_calls.fetch_add(1) >= kMaxControlCalls) {
-    core->control_calls.fetch_sub(1);
-    return session.Send(ErrorResponse(503,
-                                      "too many repository loads and unloads at once (at most " +
-                                          std::to_string(kMaxControlCalls) +
-                                          "): try again when one has finished",
-                                      version, keep_alive));
-  }
-  auto in_flight = std::make_shared<InFlightInfer>(core);
-  try {
-    std::thread([self = session.shared_from_this(), load, model = std::move(model), version,
-                 keep_alive, in_flight]() mutable {
-      Status status;
-      try {
-        status = load ? self->core()->service->LoadModel(model)
-                      : self->core()->service->UnloadModel(model);
-      } catch (const std::exception& e) {
-        status = Internal(std::string("repository control failed: ") + e.what());
-      }
-      self->core()->control_calls.fetch_sub(1);
-      {
-        auto executor = self->executor();
-        net::post(executor,
-                  [self = std::move(self), status = std::move(status), version, keep_alive]() {
-                    self->Send(EmptyOrError(status, version, keep_alive));
-                  });
-      }
-      in_flight.reset();
-    }).detach();
-  } catch (const std::system_error& e) {
-    core->control_calls.fetch_sub(1);
-    return session.Send(
-        ErrorResponse(503, std::string("cannot start a thread: ") + e.what(), version, keep_alive));
+// Asks the service for a repository load or unload, which runs on the
+// service's own pool (LoadModel waits for the new workers; the I/O thread
+// serves on meanwhile), and answers it on this connection's strand. Stop()
+// waits for the answer (the InFlightInfer).
+void RunControl(Session& session, bool load, const std::string& model, unsigned version,
+                bool keep_alive) {
+  auto in_flight = std::make_shared<InFlightInfer>(session.core());
+  auto answer = [self = session.shared_from_this(), version, keep_alive,
+                 in_flight](Status status) mutable {
+    auto executor = self->executor();
+    net::post(executor, [self = std::move(self), status = std::move(status), version,
+                         keep_alive]() { self->Send(EmptyOrError(status, version, keep_alive)); });
+    in_flight.reset();
+  };
+  if (load) {
+    session.core()->service->LoadModel(model, std::move(answer));
+  } else {
+    session.core()->service->UnloadModel(model, std::move(answer));
   }
 }
 

@@ -70,9 +70,6 @@ struct ServerCore {
   std::mutex mutex;
   std::condition_variable changed;
   uint64_t in_flight = 0;  // infers given to the service whose `done` has not returned
-  // Repository loads and unloads running on their own threads (a load waits
-  // for workers to start: never on an I/O thread); at most kMaxControlCalls.
-  std::atomic<int> control_calls{0};
 
   // Every open session, for Stop() to reach them.
   std::mutex sessions_mutex;

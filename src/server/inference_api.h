@@ -325,21 +325,27 @@ class InferenceService {
   // Every model of the repository, sorted by name; only the ready ones when
   // `ready_only`.
   virtual std::vector<RepositoryEntry> RepositoryIndex(bool /*ready_only*/) const { return {}; }
-  // Serves the model's directory as it is now, while its requests go on:
-  // a model not served starts; a served one gets a new runtime (the new
-  // version's weights into the store, or the same weights with the new
-  // config), requests move to it once one of its workers is ready, and the
-  // old workers run what they had queued and exit (the old weights are
-  // freed when the last of them detaches). Returns once the new runtime
-  // serves, or with why not (the old one then goes on serving). NotFound
-  // for a name with no directory in the repository.
-  virtual Status LoadModel(const std::string& model) {
-    return Unimplemented("no repository control here (load " + model + ")");
+  // Repository control. Each call returns at once; `done` is called
+  // exactly once, from any thread, when the work is over (or at once when
+  // it is refused: ResourceExhausted when the service's bounded pool for
+  // these is full, Unavailable when it is stopping).
+  //
+  // LoadModel serves the model's directory as it is now, while its
+  // requests go on: a model not served starts; a served one gets a new
+  // runtime (the new version's weights into the store, or the same
+  // weights with the new config), requests move to it once one of its
+  // workers is ready, and the old workers run what they had queued and
+  // exit (the old weights are freed when the last of them detaches). Done
+  // once the new runtime serves, or with why not (the old one then goes on
+  // serving). NotFound for a name with no directory in the repository.
+  virtual void LoadModel(const std::string& model, std::function<void(Status)> done) {
+    done(Unimplemented("no repository control here (load " + model + ")"));
   }
-  // Stops serving the model: new requests are refused (Unavailable), the
-  // queued ones still run; its weights are freed when its workers exit.
-  virtual Status UnloadModel(const std::string& model) {
-    return Unimplemented("no repository control here (unload " + model + ")");
+  // UnloadModel stops serving the model: new requests are refused
+  // (Unavailable), the queued ones still run; its weights are freed when
+  // its workers exit.
+  virtual void UnloadModel(const std::string& model, std::function<void(Status)> done) {
+    done(Unimplemented("no repository control here (unload " + model + ")"));
   }
   // System shared memory (Triton's extension): registers `byte_size` bytes
   // at `offset` of the POSIX shared-memory object `key` under `name`, for

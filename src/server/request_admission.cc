@@ -42,6 +42,8 @@ template <typename... Fs>
 struct Overloaded : Fs... {
   using Fs::operator()...;
 };
+template <typename... Fs>
+Overloaded(Fs...) -> Overloaded<Fs...>;
 
 // A count: an integer of either kind that is not negative.
 std::optional<uint64_t> NonNegative(const Parameter& parameter) {

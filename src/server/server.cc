@@ -123,6 +123,16 @@ bool Server::Impl::Shutdown(std::optional<std::chrono::milliseconds> builder_gra
     std::lock_guard lock(stores_mu_);
     for (auto& [device, s] : stores_) s.store->CancelLoads();
   }
+  // Repository calls: a load in progress ends with the model it builds,
+  // those still queued are answered Unavailable (they see stopping_).
+  {
+    std::shared_lock entries_lock(entries_mu_);
+    for (auto& [name, entry] : entries_) {
+      std::lock_guard lock(entry->mu);
+      if (entry->building != nullptr) entry->building->RequestStop(true);
+    }
+  }
+  repository_calls_.Stop();
   std::lock_guard lifecycle(lifecycle_mu_);
   std::shared_lock entries_lock(entries_mu_);
   for (auto& [name, entry] : entries_) {
@@ -484,6 +494,9 @@ std::vector<RepositoryEntry> Server::RepositoryIndex(bool ready_only) const {
   return impl_->RepositoryIndex(ready_only);
 }
 Status Server::LoadModel(const std::string& m) { return impl_->LoadModel(m); }
+void Server::LoadModel(const std::string& m, std::function<void(Status)> done) {
+  impl_->OnRepositoryPool([m](Server::Impl& impl) { return impl.LoadModel(m); }, std::move(done));
+}
 namespace {
 
 // Logs a refused registration: a client pointing the server at memory that
@@ -535,6 +548,9 @@ Result<std::vector<CudaSharedMemoryRegion>> Server::CudaSharedMemoryStatus(
   return impl_->shared_memory().ListCuda(name);
 }
 Status Server::UnloadModel(const std::string& m) { return impl_->UnloadModel(m); }
+void Server::UnloadModel(const std::string& m, std::function<void(Status)> done) {
+  impl_->OnRepositoryPool([m](Server::Impl& impl) { return impl.UnloadModel(m); }, std::move(done));
+}
 void Server::Infer(InferRequest r, std::function<void(Result<InferResponse>)> done) {
   impl_->Infer(std::move(r), std::move(done));
 }

@@ -111,8 +111,12 @@ class Server : public InferenceService {
   Result<std::vector<ModelStatistics>> Statistics(const std::string& model,
                                                   const std::string& version) const override;
   std::vector<RepositoryEntry> RepositoryIndex(bool ready_only) const override;
-  Status LoadModel(const std::string& model) override;
-  Status UnloadModel(const std::string& model) override;
+  // On the server's pool of repository calls (at most 4 queued or running).
+  void LoadModel(const std::string& model, std::function<void(Status)> done) override;
+  void UnloadModel(const std::string& model, std::function<void(Status)> done) override;
+  // The same, on the caller's thread: returns when done.
+  Status LoadModel(const std::string& model);
+  Status UnloadModel(const std::string& model);
   Status RegisterSystemSharedMemory(const ClientConnection& client, const std::string& name,
                                     const std::string& key, uint64_t offset,
                                     uint64_t byte_size) override;

@@ -42,6 +42,7 @@
 #include "common/bytes_tensor.h"
 #include "common/checked_size.h"
 #include "common/run_together.h"
+#include "common/task_pool.h"
 #include "common/trusted_path.h"
 #include "hearth/arena.h"
 #include "hearth/attach.h"
@@ -132,6 +133,21 @@ class Server::Impl {
   std::vector<int> GpusInUse() const;
   std::vector<std::string> ModelNames() const;
   Result<bool> ModelReady(const std::string& model, const std::string& version) const;
+  // Runs `call` on the pool of repository calls, answering `done` with
+  // what it returns (or with why the pool refused it).
+  void OnRepositoryPool(std::function<Status(Impl&)> call, std::function<void(Status)> done) {
+    auto answer = std::make_shared<std::function<void(Status)>>(std::move(done));
+    Status queued = repository_calls_.Submit([this, call = std::move(call), answer] {
+      Status status;
+      try {
+        status = call(*this);
+      } catch (const std::exception& e) {
+        status = Internal(std::string("repository call failed: ") + e.what());
+      }
+      (*answer)(std::move(status));
+    });
+    if (!queued.ok()) (*answer)(std::move(queued));
+  }
   Status LoadModel(const std::string& name);
   Status UnloadModel(const std::string& name);
   std::string MetricsText() const;
@@ -216,6 +232,10 @@ class Server::Impl {
   std::atomic<bool> started_{false}, shut_down_{false};
   // The reaper's thread and its wake-ups (a supervisor thread returned).
   std::thread reaper_;
+  // Repository loads and unloads asked through the request API: at most
+  // kMaxRepositoryCalls queued or running, off the front-ends' threads.
+  static constexpr size_t kMaxRepositoryCalls = 4;
+  TaskPool repository_calls_{kMaxRepositoryCalls, "repository loads and unloads"};
   std::mutex reap_mu_;
   std::condition_variable reap_cv_;
   bool reap_due_ = false;     // guarded by reap_mu_

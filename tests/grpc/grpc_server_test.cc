@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/bytes_tensor.h"
+#include "common/task_pool.h"
 #include "grpc/kserve_grpc_codec.h"
 #include "grpc/kserve_grpc_server.h"
 #include "grpc_service.grpc.pb.h"
@@ -39,6 +40,9 @@ using inference::ModelInferResponse;
 using inference::ModelStreamInferResponse;
 using json = nlohmann::json;
 using namespace std::chrono_literals;
+
+// Repository loads and unloads the fake service runs at once.
+constexpr size_t kRepositoryCalls = 2;
 
 template <typename T>
 std::vector<std::byte> AsBytes(const std::vector<T>& values) {
@@ -96,6 +100,7 @@ class FakeService : public InferenceService {
       parked_.clear();
     }
     wake_.notify_all();
+    repository_calls_.Stop();
     worker_.join();
     for (std::thread& t : helpers_) t.join();
   }
@@ -204,7 +209,22 @@ class FakeService : public InferenceService {
     if (ready_only) all.erase(all.begin());
     return all;
   }
-  Status LoadModel(const std::string& model) override {
+  // Repository calls run on a pool of the service's, as the server's do.
+  void LoadModel(const std::string& model, std::function<void(Status)> done) override {
+    OnPool([this, model] { return Load(model); }, std::move(done));
+  }
+  void UnloadModel(const std::string& model, std::function<void(Status)> done) override {
+    OnPool([this, model] { return Unload(model); }, std::move(done));
+  }
+  void OnPool(std::function<Status()> call, std::function<void(Status)> done) {
+    auto answer = std::make_shared<std::function<void(Status)>>(std::move(done));
+    Status queued = repository_calls_.Submit([call, answer] { (*answer)(call()); });
+    if (!queued.ok()) (*answer)(queued);
+  }
+  // Stops the pool: what runs is waited for (as Server::Shutdown does).
+  void StopRepositoryCalls() { repository_calls_.Stop(); }
+  TaskPool repository_calls_{kRepositoryCalls, "repository loads and unloads"};
+  Status Load(const std::string& model) {
     std::unique_lock lock(mu_);
     control_calls_.push_back("load " + model);
     if (model == "nope") return NotFound("no model 'nope' in the repository");
@@ -217,7 +237,7 @@ class FakeService : public InferenceService {
     }
     return Status::Ok();
   }
-  Status UnloadModel(const std::string& model) override {
+  Status Unload(const std::string& model) {
     std::lock_guard lock(mu_);
     control_calls_.push_back("unload " + model);
     if (model == "nope") return NotFound("unknown model 'nope'");
@@ -1003,13 +1023,11 @@ TEST_F(GrpcServerTest, RepositoryLoadAndUnloadCallTheService) {
   EXPECT_EQ(service_.control_calls().size(), 5u);
 }
 
-// A load waits for workers: it runs on the front-end's own threads, at most
-// max_control_calls at once, while everything else is answered; Stop()
-// waits for it.
+// A load waits for workers: it runs on the service's pool, never on a
+// thread of gRPC's, at most kRepositoryCalls at once (the fake's pool, as
+// the server's), while everything else is answered; Stop() waits for it.
 TEST_F(GrpcServerTest, LoadsInProgressAreBoundedAndHoldUpNothingElse) {
-  GrpcOptions options;
-  options.max_control_calls = 2;
-  StartServer(options);
+  StartServer();
   std::vector<grpc::Status> statuses(2);
   std::vector<std::thread> clients;
   for (int i = 0; i < 2; ++i) {
@@ -2202,10 +2220,6 @@ TEST(GrpcServerOptions, BadOptionsAreRefused) {
   GrpcOptions zero_calls;
   zero_calls.max_inflight_calls = 0;
   EXPECT_EQ(GrpcServer::Create(&service, zero_calls).status().code(), StatusCode::kInvalidArgument);
-  GrpcOptions zero_control;
-  zero_control.max_control_calls = 0;
-  EXPECT_EQ(GrpcServer::Create(&service, zero_control).status().code(),
-            StatusCode::kInvalidArgument);
   GrpcOptions huge;
   huge.max_message_bytes = uint64_t{1} << 32;
   EXPECT_EQ(GrpcServer::Create(&service, huge).status().code(), StatusCode::kInvalidArgument);

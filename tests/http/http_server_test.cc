@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/task_pool.h"
 #include "server/request_admission.h"
 #include "support/eventually.h"
 
@@ -45,6 +46,9 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 using json = nlohmann::json;
 using namespace std::chrono_literals;
+
+// Repository loads and unloads the fake service runs at once.
+constexpr size_t kRepositoryCalls = 4;
 
 // Models: "scale" (x FP32 [-1,4] -> y FP32 [-1,1] = row sums, max batch 8),
 // "gated" (the same once the test opens the gate), "busy" (queue full), "gone" (NotFound from
@@ -66,6 +70,7 @@ class FakeService : public InferenceService {
       gate_open_ = true;
     }
     wake_.notify_all();
+    repository_calls_.Stop();
     worker_.join();
   }
 
@@ -149,7 +154,22 @@ class FakeService : public InferenceService {
     return all;
   }
   // Loading "gated" waits for the gate; "nope" has no directory.
-  Status LoadModel(const std::string& model) override {
+  // Repository calls run on a pool of the service's, as the server's do.
+  void LoadModel(const std::string& model, std::function<void(Status)> done) override {
+    OnPool([this, model] { return Load(model); }, std::move(done));
+  }
+  void UnloadModel(const std::string& model, std::function<void(Status)> done) override {
+    OnPool([this, model] { return Unload(model); }, std::move(done));
+  }
+  void OnPool(std::function<Status()> call, std::function<void(Status)> done) {
+    auto answer = std::make_shared<std::function<void(Status)>>(std::move(done));
+    Status queued = repository_calls_.Submit([call, answer] { (*answer)(call()); });
+    if (!queued.ok()) (*answer)(queued);
+  }
+  // Stops the pool: what runs is waited for (as Server::Shutdown does).
+  void StopRepositoryCalls() { repository_calls_.Stop(); }
+  TaskPool repository_calls_{kRepositoryCalls, "repository loads and unloads"};
+  Status Load(const std::string& model) {
     if (model == "nope") return NotFound("no model 'nope' in the repository");
     if (model == "gated") {
       std::unique_lock lock(mutex_);
@@ -161,7 +181,7 @@ class FakeService : public InferenceService {
     control_log_.push_back("load " + model);
     return Status::Ok();
   }
-  Status UnloadModel(const std::string& model) override {
+  Status Unload(const std::string& model) {
     std::lock_guard lock(mutex_);
     control_log_.push_back("unload " + model);
     return Status::Ok();
