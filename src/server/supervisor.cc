@@ -1,4 +1,3 @@
-#include <poll.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -13,6 +12,7 @@
 #include "common/checked_size.h"
 #include "common/float16.h"
 #include "server/batch_layout.h"
+#include "server/crash_retry.h"
 #include "server/model_runtime.h"
 #include "server/response_assembly.h"
 
@@ -123,16 +123,6 @@ Status WorkerSupervisor::Spawn(UniqueFd* control) {
   return StartWorkerProcess(model_, placement_, options_, false, process_, slot_, control);
 }
 
-void WorkerSupervisor::RetryAfterCrash(const std::shared_ptr<Job>& job, const char* what) {
-  if (++job->crashes >= kPoisonCrashes) {
-    job->done(Internal(std::string(what) + ": this request took down " +
-                       std::to_string(job->crashes) + " workers of '" + model_.name +
-                       "'; it is not retried"));
-  } else {
-    model_.queue->PushFront(job);
-  }
-}
-
 void WorkerSupervisor::Replenish() {
   const int want = model_.config().standby_workers;
   if (want <= 0 || !model_.AllSettled()) return;
@@ -163,7 +153,7 @@ uint64_t Since(Clock::time_point t) {
 // More than a worker keeps open (WorkerSession::kMaxOpenRegions).
 constexpr size_t kMaxNamedRegions = 512;
 
-bool WorkerSupervisor::ReleaseRegionsIfUnregistered(int control) {
+bool WorkerSupervisor::ReleaseRegionsIfUnregistered(WorkerExchange& exchange) {
   if (model_.shared_memory == nullptr) return true;
   // Nothing to look at unless a region was unregistered since the last
   // look, or a batch named one that already was (UnregisterCuda flags
@@ -176,7 +166,7 @@ bool WorkerSupervisor::ReleaseRegionsIfUnregistered(int control) {
     // Past what the worker keeps open, it has closed some itself: all
     // closed, tracking starts again from none.
     named_regions_.clear();
-    return control::SendRelease(control).ok();
+    return exchange.Release().ok();
   }
   std::vector<uint64_t> gone;
   for (auto it = named_regions_.begin(); it != named_regions_.end();) {
@@ -187,10 +177,11 @@ bool WorkerSupervisor::ReleaseRegionsIfUnregistered(int control) {
       ++it;
     }
   }
-  return gone.empty() || control::SendRelease(control, gone).ok();
+  return gone.empty() || exchange.Release(gone).ok();
 }
 
-bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<Job>>& popped) {
+bool WorkerSupervisor::RunBatch(WorkerExchange& exchange,
+                                const std::vector<std::shared_ptr<Job>>& popped) {
   // A run names at most so many CUDA regions and copies: the requests past
   // them go back to the front of the queue, in order, for the next batch.
   const size_t fit = JobsThatFit(popped, kMaxSlotBytes);
@@ -241,10 +232,6 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
   const auto handed_over = Clock::now();
   // One deadline for the whole batch, however many times the slot grows.
   const auto deadline = handed_over + std::chrono::milliseconds(options_.exec_timeout_ms);
-  auto left_ms = [&] {
-    return static_cast<int>(std::max<int64_t>(
-        0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));
-  };
   // A worker that died before it got this batch (killed while idle, say) did
   // not die of it: its requests go back as they were, not counted as a crash.
   auto requeue_unharmed = [&] {
@@ -253,9 +240,7 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
     for (auto it = jobs.rbegin(); it != jobs.rend(); ++it) model_.queue->PushFront(*it);
     return false;
   };
-  pollfd gone{control, POLLIN, 0};
-  if (::poll(&gone, 1, 0) > 0) return requeue_unharmed();  // end-of-file, or it spoke unasked
-  Status sent = control::SendRun(control, run);
+  const Status sent = exchange.Send(run);
   // What the worker may now keep open (session.h).
   if (sent.ok() && !run.regions.empty()) {
     auto named = [&](const std::shared_ptr<const CudaSharedMemoryEntry>& entry) {
@@ -277,47 +262,31 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
     fail_all(sent.WithContext("model '" + model_.name + "'"));
     return true;
   }
-  if (sent.ok() && model_.config().decoupled) return RunStream(control, jobs[0], run, handed_over);
-  Result<control::Message> done =
-      sent.ok() ? control::ReceiveKind(control, left_ms(), {control::Kind::kDone})
-                : Result<control::Message>(sent);
-  // The worker asks for more room for the outputs it places: each time for
-  // more than the slot has, and a bounded number of times.
-  for (int rounds = 0; done.ok() && done->done.seq == run.seq && done->done.room_needed > 0;
-       ++rounds) {
-    if (done->done.room_needed <= slot_.size() || rounds >= 16) {
-      done = InvalidArgument("it asked for room it had, or more than 16 times");
-      break;
-    }
-    Status grown = slot_.Reserve(done->done.room_needed, kMaxSlotBytes);
-    if (!grown.ok()) {
-      spdlog::warn("{} worker {}: {}", model_.name, index_, grown.message());
-      fail_all(grown.WithContext("model '" + model_.name + "': the outputs"));
-      return false;  // it waits for room that will not come: replace it
-    }
-    sent = control::SendRoom(control, control::Room{run.seq, slot_.size()});
-    done = sent.ok() ? control::ReceiveKind(control, left_ms(), {control::Kind::kDone})
-                     : Result<control::Message>(sent);
+  if (sent.ok() && model_.config().decoupled) return RunStream(exchange, jobs[0], run, handed_over);
+  const Answer answer = sent.ok() ? exchange.AwaitDone(run, deadline) : Answer::Failed(sent);
+  if (answer.ending == Ending::kNoRoom) {
+    spdlog::warn("{} worker {}: {}", model_.name, index_, answer.why.message());
+    fail_all(answer.why.WithContext("model '" + model_.name + "': the outputs"));
+    return false;  // it waits for room that will not come: replace it
   }
-  if (!done.ok() || done->done.seq != run.seq) {
-    const bool timeout = !done.ok() && done.status().code() == StatusCode::kDeadlineExceeded;
-    const bool malformed = done.ok() || done.status().code() == StatusCode::kInvalidArgument;
-    spdlog::warn(
-        "{} worker {} (pid {}) {} while running a batch of {} rows from {} requests", model_.name,
-        index_, process_.pid(),
-        timeout     ? "ran past --exec-timeout"
-        : malformed ? "sent a malformed answer (" +
-                          (!done.ok()                ? done.status().message()
-                           : done->done.text.empty() ? std::string("wrong sequence number")
-                                                     : "it refused the batch: " + done->done.text) +
-                          ")"
-                    : "died",
-        rows, jobs.size());
+  if (answer.ending != Ending::kAnswered) {
+    const std::string what =
+        answer.ending == Ending::kTimedOut ? "ran past --exec-timeout"
+        : answer.ending == Ending::kGone
+            ? "died"
+            : "sent a malformed answer (" +
+                  (answer.ending == Ending::kMalformed ? answer.why.message()
+                   : answer.done.text.empty()          ? std::string("wrong sequence number")
+                                              : "it refused the batch: " + answer.done.text) +
+                  ")";
+    spdlog::warn("{} worker {} (pid {}) {} while running a batch of {} rows from {} requests",
+                 model_.name, index_, process_.pid(), what, rows, jobs.size());
     // Back to the front in their order; each now runs alone (PopBatch).
-    for (auto it = jobs.rbegin(); it != jobs.rend(); ++it) RetryAfterCrash(*it, "poison batch");
+    for (auto it = jobs.rbegin(); it != jobs.rend(); ++it)
+      RetryAfterCrash(*it, *model_.queue, model_.name, "poison batch");
     return false;
   }
-  const control::Done& d = done->done;
+  const control::Done& d = answer.done;
   model_.stats.exchange_us += Since(handed_over);
   model_.stats.batches += 1;
   model_.stats.CountBatch(rows, input_us, d.run_us, 0);  // before any answer: statistics agree
@@ -345,25 +314,7 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
     return true;
   }
   // The worker's answer is checked like any peer's before a byte is read.
-  Status checked = d.outputs.size() == model_.outputs.size()
-                       ? Status::Ok()
-                       : InvalidArgument("answer for " + std::to_string(d.outputs.size()) +
-                                         " outputs of " + std::to_string(model_.outputs.size()));
-  const std::vector<uint64_t> output_room = control::SlotRooms(run, true);
-  for (size_t i = 0; checked.ok() && i < d.outputs.size(); ++i) {
-    const TensorSpec& spec = model_.outputs[i];
-    const std::string what = "output " + Describe(spec);
-    if (run.output_placed[i] && d.outputs[i] != run.outputs[i]) {
-      checked = InvalidArgument(what + " is not where the server placed it");
-      break;
-    }
-    checked = control::CheckShape(spec, batching, rows, d.outputs[i].shape, what);
-    if (checked.ok())
-      checked = control::CheckSlotTensor(
-          d.outputs[i], spec.dtype, 0, slot_.size(), slot_.data(), what,
-          run.output_placed[i] ? std::optional(output_room[i]) : std::nullopt);
-  }
-  if (!checked.ok()) {
+  if (Status checked = exchange.CheckAnswer(run, d, rows); !checked.ok()) {
     spdlog::warn("{} worker {} (pid {}): {}; replacing it", model_.name, index_, process_.pid(),
                  checked.message());
     fail_all(Internal("model '" + model_.name +
@@ -462,10 +413,9 @@ bool WorkerSupervisor::RunBatch(int control, const std::vector<std::shared_ptr<J
   return true;
 }
 
-bool WorkerSupervisor::RunStream(int control, const std::shared_ptr<Job>& shared,
+bool WorkerSupervisor::RunStream(WorkerExchange& exchange, const std::shared_ptr<Job>& shared,
                                  const control::Run& run, Clock::time_point handed_over) {
   Job& job = *shared;
-  const bool batching = model_.batching();
   const bool streaming = static_cast<bool>(job.request.on_response);
   const auto& wanted = job.request.outputs;
   auto is_wanted = [&](const std::string& name) {
@@ -473,85 +423,9 @@ bool WorkerSupervisor::RunStream(int control, const std::shared_ptr<Job>& shared
                                          [&](const RequestedOutput& o) { return o.name == name; });
   };
   std::vector<JoinedOutput> joined(model_.outputs.size());
-  uint64_t responses = 0;
-  bool cancelled = false;
-  Status why_cancelled;
-  // The exec timeout bounds each response (a hung model), not the stream:
-  // generation takes as long as it takes, and its client or deadline ends it.
-  for (;;) {
-    Result<control::Message> m = control::ReceiveKind(
-        control, options_.exec_timeout_ms, {control::Kind::kPartial, control::Kind::kDone});
-    // Room for a response's outputs, asked as for a batch.
-    for (int rounds = 0; m.ok() && m->kind == control::Kind::kDone && m->done.seq == run.seq &&
-                         m->done.room_needed > 0;
-         ++rounds) {
-      if (m->done.room_needed <= slot_.size() || rounds >= 16) {
-        m = InvalidArgument("it asked for room it had, or more than 16 times");
-        break;
-      }
-      if (Status grown = slot_.Reserve(m->done.room_needed, kMaxSlotBytes); !grown.ok()) {
-        job.done(grown.WithContext("model '" + model_.name + "': a response's outputs"));
-        return false;
-      }
-      Status sent = control::SendRoom(control, control::Room{run.seq, slot_.size()});
-      m = sent.ok() ? control::ReceiveKind(control, options_.exec_timeout_ms,
-                                           {control::Kind::kPartial, control::Kind::kDone})
-                    : Result<control::Message>(sent);
-    }
-    if (!m.ok() || m->done.seq != run.seq) {
-      const bool timeout = !m.ok() && m.status().code() == StatusCode::kDeadlineExceeded;
-      const std::string what = timeout  ? "ran past --exec-timeout for one response"
-                               : m.ok() ? "answered another batch"
-                               : m.status().code() == StatusCode::kInvalidArgument
-                                   ? "sent a malformed answer (" + m.status().message() + ")"
-                                   : "died";
-      spdlog::warn("{} worker {} (pid {}) {} in a stream after {} responses", model_.name, index_,
-                   process_.pid(), what, responses);
-      if (responses == 0 && !cancelled) {
-        // Nothing reached the client: the request is retried, and counts
-        // towards poison like any batch that took a worker down.
-        RetryAfterCrash(shared, "poison request");
-      } else {
-        // Half a stream is never replayed: the client would see tokens twice.
-        job.done(Internal("model '" + model_.name + "': the worker serving this stream " + what +
-                          " after " + std::to_string(responses) +
-                          " responses; the stream is not retried"));
-      }
-      return false;
-    }
-    const control::Done& d = m->done;
-    const bool last = m->kind == control::Kind::kDone;
-    if (last && d.status_code != 0) {
-      model_.stats.exchange_us += Since(handed_over);
-      model_.stats.batches += 1;
-      model_.stats.CountBatch(1, 0, d.run_us, 0);
-      model_.stats.rows += 1;
-      model_.stats.run_us += d.run_us;
-      job.done(cancelled ? why_cancelled : Status(static_cast<StatusCode>(d.status_code), d.text));
-      return true;
-    }
-    // Checked like any answer before a byte is read.
-    Status checked = d.outputs.size() == model_.outputs.size()
-                         ? Status::Ok()
-                         : InvalidArgument("a response for " + std::to_string(d.outputs.size()) +
-                                           " outputs of " + std::to_string(model_.outputs.size()));
-    for (size_t i = 0; checked.ok() && i < d.outputs.size(); ++i) {
-      if (!d.present.empty() && !d.present[i]) continue;
-      const TensorSpec& spec = model_.outputs[i];
-      const std::string what = "output " + Describe(spec);
-      checked = control::CheckShape(spec, batching, 1, d.outputs[i].shape, what);
-      if (checked.ok())
-        checked = control::CheckSlotTensor(d.outputs[i], spec.dtype, run.free_offset, slot_.size(),
-                                           slot_.data(), what);
-    }
-    if (!checked.ok()) {
-      spdlog::warn("{} worker {} (pid {}): {}; replacing it", model_.name, index_, process_.pid(),
-                   checked.message());
-      job.done(Internal("model '" + model_.name +
-                        "': the worker's response is malformed: " + checked.message()));
-      return false;
-    }
-    InferResponse response;
+  // One response: its outputs as views into the slot (streaming), or
+  // joined into `joined` (the request's one answer); the join's status.
+  auto take = [&](const control::Done& d, InferResponse& response) {
     response.model = model_.name;
     response.version = std::to_string(model_.config().version);
     response.id = job.request.id;
@@ -572,78 +446,104 @@ bool WorkerSupervisor::RunStream(int control, const std::shared_ptr<Job>& shared
       t.data = TensorData::Borrowed(bytes);
       response.outputs.push_back(std::move(t));
     }
-    if (last) {
-      model_.stats.exchange_us += Since(handed_over);
-      model_.stats.batches += 1;
-      model_.stats.CountBatch(1, 0, d.run_us, 0);
-      model_.stats.rows += 1;
-      model_.stats.run_us += d.run_us;
-      model_.stats.batch_bucket[0] += 1;  // NOLINT: a stream is a batch of 1
-      if (cancelled) {
-        job.done(why_cancelled);
-        return true;
-      }
-      if (!joined_ok.ok()) {
-        job.done(joined_ok);
-        return true;
-      }
-      if (!streaming) {
-        for (size_t i = 0; i < model_.outputs.size(); ++i) {
-          JoinedOutput& j = joined[i];
-          if (!j.seen) continue;
-          InferTensor t;
-          t.name = model_.outputs[i].name;
-          t.dtype = model_.outputs[i].dtype;
-          t.shape = j.shape;
-          if (t.dtype == DType::kBytes) {
-            std::vector<std::byte> out;
-            for (const std::string& e : j.elements) {
-              const auto len = static_cast<uint32_t>(e.size());
-              const auto* l = reinterpret_cast<const std::byte*>(&len);
-              out.insert(out.end(), l, l + 4);
-              const auto* b = reinterpret_cast<const std::byte*>(e.data());
-              out.insert(out.end(), b, b + e.size());
-            }
-            t.data = std::move(out);
-          } else {
-            t.data = std::move(j.bytes);
-          }
-          response.outputs.push_back(std::move(t));
+    return joined_ok;
+  };
+  StreamRequest request;
+  request.id = job.request.id;
+  request.deadline = job.deadline;
+  // One response before the last: to the client now (or joined).
+  request.take = [&](const control::Done& d) {
+    InferResponse response;
+    Taken taken;
+    taken.failed = take(d, response);
+    const bool go_on = !streaming || job.request.on_response(response);
+    taken.client_gone = !go_on || (job.request.cancelled && job.request.cancelled->load());
+    return taken;
+  };
+  const StreamEnd end = exchange.AwaitStream(run, options_.exec_timeout_ms, request);
+  const Answer& answer = end.answer;
+  if (answer.ending == Ending::kNoRoom) {
+    job.done(answer.why.WithContext("model '" + model_.name + "': a response's outputs"));
+    return false;
+  }
+  if (answer.ending == Ending::kBadResponse) {
+    spdlog::warn("{} worker {} (pid {}): {}; replacing it", model_.name, index_, process_.pid(),
+                 answer.why.message());
+    job.done(Internal("model '" + model_.name +
+                      "': the worker's response is malformed: " + answer.why.message()));
+    return false;
+  }
+  if (answer.ending != Ending::kAnswered) {
+    const std::string what = answer.ending == Ending::kTimedOut
+                                 ? "ran past --exec-timeout for one response"
+                             : answer.ending == Ending::kOtherRun ? "answered another batch"
+                             : answer.ending == Ending::kMalformed
+                                 ? "sent a malformed answer (" + answer.why.message() + ")"
+                                 : "died";
+    spdlog::warn("{} worker {} (pid {}) {} in a stream after {} responses", model_.name, index_,
+                 process_.pid(), what, end.responses);
+    if (end.replayable()) {
+      // Nothing reached the client: the request is retried, and counts
+      // towards poison like any batch that took a worker down.
+      RetryAfterCrash(shared, *model_.queue, model_.name, "poison request");
+    } else {
+      job.done(Internal("model '" + model_.name + "': the worker serving this stream " + what +
+                        " after " + std::to_string(end.responses) +
+                        " responses; the stream is not retried"));
+    }
+    return false;
+  }
+  const control::Done& d = answer.done;
+  model_.stats.exchange_us += Since(handed_over);
+  model_.stats.batches += 1;
+  model_.stats.CountBatch(1, 0, d.run_us, 0);
+  model_.stats.rows += 1;
+  model_.stats.run_us += d.run_us;
+  if (d.status_code != 0) {
+    job.done(!end.cancelled.ok() ? end.cancelled
+                                 : Status(static_cast<StatusCode>(d.status_code), d.text));
+    return true;
+  }
+  model_.stats.batch_bucket[0] += 1;  // NOLINT: a stream is a batch of 1
+  if (!end.cancelled.ok()) {
+    job.done(end.cancelled);
+    return true;
+  }
+  // The last response: its outputs are in the slot until the next run.
+  InferResponse response;
+  if (Status joined_ok = take(d, response); !joined_ok.ok()) {
+    job.done(joined_ok);
+    return true;
+  }
+  if (!streaming) {
+    for (size_t i = 0; i < model_.outputs.size(); ++i) {
+      JoinedOutput& j = joined[i];
+      if (!j.seen) continue;
+      InferTensor t;
+      t.name = model_.outputs[i].name;
+      t.dtype = model_.outputs[i].dtype;
+      t.shape = j.shape;
+      if (t.dtype == DType::kBytes) {
+        std::vector<std::byte> out;
+        for (const std::string& e : j.elements) {
+          const auto len = static_cast<uint32_t>(e.size());
+          const auto* l = reinterpret_cast<const std::byte*>(&len);
+          out.insert(out.end(), l, l + 4);
+          const auto* b = reinterpret_cast<const std::byte*>(e.data());
+          out.insert(out.end(), b, b + e.size());
         }
+        t.data = std::move(out);
+      } else {
+        t.data = std::move(j.bytes);
       }
-      model_.stats.requests += 1;
-      model_.stats.request_us += Since(job.received);
-
-      job.done(std::move(response));
-      return true;
-    }
-    // One response before the last: to the client now (or joined), then
-    // the worker may go on, unless the request is over.
-    ++responses;
-    bool go_on = true;
-    if (streaming && !cancelled) go_on = job.request.on_response(response);
-    if (!cancelled) {
-      if (!go_on || (job.request.cancelled && job.request.cancelled->load())) {
-        cancelled = true;
-        why_cancelled =
-            Unavailable("request '" + job.request.id + "' was cancelled: its client went away");
-      } else if (Clock::now() >= job.deadline) {
-        cancelled = true;
-        why_cancelled =
-            DeadlineExceeded("request '" + job.request.id + "' ran past its timeout after " +
-                             std::to_string(responses) + " responses");
-      } else if (!joined_ok.ok()) {
-        cancelled = true;
-        why_cancelled = joined_ok;
-      }
-    }
-    if (Status s = control::SendAck(control, control::Ack{run.seq, cancelled}); !s.ok()) {
-      // Gone between its response and our answer: the loop's next receive says how.
-      continue;
+      response.outputs.push_back(std::move(t));
     }
   }
+  model_.stats.requests += 1;
+  model_.stats.request_us += Since(job.received);
+  job.done(std::move(response));
+  return true;
 }
-
 void WorkerSupervisor::NoteDeath(const std::string& why) {
   if (model_.stopping) return;
   if (placement_.health.OnDeath(Clock::now()) != PlacementHealth::Change::kFailed) return;
@@ -782,6 +682,8 @@ void WorkerSupervisor::Loop() {
     device_memory_bytes_ = ready->ready.device_memory_bytes;
     Settle();
     Replenish();
+    WorkerExchange exchange(control.get(), slot_,
+                            OutputSignature{model_.outputs, model_.batching()}, kMaxSlotBytes);
     bool alive = true;
     std::string death = "died while idle";
     while (alive) {
@@ -792,8 +694,7 @@ void WorkerSupervisor::Loop() {
       if (placement_.health.failed() && !model_.stopping && model_.ServedElsewhere(placement_)) {
         probe = placement_.health.ClaimProbe(Clock::now());
         if (!probe) {
-          pollfd p{control.get(), POLLIN, 0};
-          if (::poll(&p, 1, 100) > 0 || !ReleaseRegionsIfUnregistered(control.get())) {
+          if (exchange.GoneWhileIdle(100) || !ReleaseRegionsIfUnregistered(exchange)) {
             spdlog::warn("{} worker {} (pid {}) on {} died while held back", model_.name, index_,
                          pid, placement_.device_name);
             death = "died while held back";
@@ -809,8 +710,7 @@ void WorkerSupervisor::Loop() {
         if (model_.stopping) break;
         // Idle: a worker that died between batches (end-of-file on its
         // control socket) is replaced now, not when the next request finds it.
-        pollfd p{control.get(), POLLIN, 0};
-        if (::poll(&p, 1, 0) > 0 || !ReleaseRegionsIfUnregistered(control.get())) {
+        if (exchange.GoneWhileIdle(0) || !ReleaseRegionsIfUnregistered(exchange)) {
           spdlog::warn("{} worker {} (pid {}) died while idle", model_.name, index_, pid);
           alive = false;
         }
@@ -827,7 +727,7 @@ void WorkerSupervisor::Loop() {
         if (probe) placement_.health.ReleaseProbe();
         continue;
       }
-      if (!ReleaseRegionsIfUnregistered(control.get())) {
+      if (!ReleaseRegionsIfUnregistered(exchange)) {
         // Gone before it got the batch: its requests go back as they were.
         for (auto it = jobs.rbegin(); it != jobs.rend(); ++it) model_.queue->PushFront(*it);
         if (probe) placement_.health.ReleaseProbe();
@@ -837,7 +737,7 @@ void WorkerSupervisor::Loop() {
         death = "died while idle";
         continue;
       }
-      alive = RunBatch(control.get(), jobs);
+      alive = RunBatch(exchange, jobs);
       if (alive) {
         failures = 0;
         NoteAnswered(probe);

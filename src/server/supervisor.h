@@ -23,6 +23,7 @@
 #include "server/request_slot.h"
 #include "server/server.h"
 #include "server/shared_memory.h"
+#include "server/worker_exchange.h"
 #include "server/worker_process.h"
 
 namespace hearth {
@@ -80,19 +81,15 @@ class WorkerSupervisor {
   Status Spawn(UniqueFd* control);
   // Runs one batch of requests on the live worker; false if the worker is
   // gone (or was killed for a malformed answer).
-  bool RunBatch(int control, const std::vector<std::shared_ptr<Job>>& jobs);
+  bool RunBatch(WorkerExchange& exchange, const std::vector<std::shared_ptr<Job>>& jobs);
   // Keeps this worker's placement's standby workers at their number, once
   // all the model's first starts are over (a standby's loading would slow
   // theirs).
   void Replenish();
-  // A request in a batch that took the worker down: back to the front of the
-  // queue (it then runs alone), or failed as `what` ("poison batch") once it
-  // has taken down kPoisonCrashes workers.
-  void RetryAfterCrash(const std::shared_ptr<Job>& job, const char* what);
   // A decoupled model's run (one request), once its run message is sent:
   // each response to the request's on_response (or joined for one answer),
   // acknowledged with a cancel when the request is over. False as RunBatch.
-  bool RunStream(int control, const std::shared_ptr<Job>& job, const control::Run& run,
+  bool RunStream(WorkerExchange& exchange, const std::shared_ptr<Job>& job, const control::Run& run,
                  Clock::time_point handed_over);
   // Tells the model how this worker's first start ended (once).
   void Settle();
@@ -130,7 +127,7 @@ class WorkerSupervisor {
   bool look_at_named_ = false;
   // Sends kRelease naming the regions the worker may keep open that were
   // unregistered since the last time; false if the worker is gone.
-  bool ReleaseRegionsIfUnregistered(int control);
+  bool ReleaseRegionsIfUnregistered(WorkerExchange& exchange);
 };
 
 // The most a slot may grow to for one batch's inputs and outputs.

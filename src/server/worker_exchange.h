@@ -1,0 +1,168 @@
+// The conversation with one ready worker over its control socket and its
+// request slot (protocol/worker_protocol.h): a run sent, the worker's
+// requests for room served, its answer (a batch's kDone, or a decoupled
+// model's responses, each acknowledged) received within its time and
+// checked before a byte of it is read, and a worker that closed its socket,
+// sent what is no answer or ran past its time reported as such. It knows no
+// process, queue or model: what becomes of the requests is its caller's
+// (server/supervisor.h), as is the layout of the slot (server/batch_layout.h).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "common/tensor_spec.h"
+#include "hearth/status.h"
+#include "protocol/worker_protocol.h"
+#include "server/request_slot.h"
+
+namespace hearth {
+
+using Clock = std::chrono::steady_clock;
+
+// Time as an exchange sees it: now, and a wait for the worker to speak.
+// Tests replace it with a clock they drive. Implementations are
+// thread-safe.
+class ExchangeClock {
+ public:
+  virtual ~ExchangeClock() = default;
+  virtual Clock::time_point Now() const = 0;
+  // Waits up to timeout_ms (-1: for ever) for `fd` to be readable (a
+  // message, end-of-file or an error): OK, or DeadlineExceeded("timeout")
+  // when the time came first.
+  virtual Status WaitReadable(int fd, int timeout_ms) const = 0;
+  // steady_clock and poll(2).
+  static const ExchangeClock& Real();
+};
+
+// How waiting for an answer ended.
+enum class Ending {
+  kAnswered,   // the run's kDone (or a stream's kPartial) came; a kDone may carry the model's error
+  kGone,       // the socket closed, or a send or receive on it failed: the worker died
+  kTimedOut,   // nothing came within the run's time
+  kMalformed,  // a message that is no answer: undecodable, of a kind not expected, or
+               // room asked for that the slot had, or more than kMaxRoomRounds times
+  kOtherRun,   // an answer with another run's sequence number
+  kNoRoom,     // the slot cannot grow to what the worker asked for: it would wait for ever
+  kBadResponse,  // a stream's response whose outputs fail their checks
+};
+
+struct Answer {
+  Ending ending = Ending::kAnswered;
+  // kAnswered and kOtherRun: what came, and whether it was a kDone (else a
+  // stream's kPartial).
+  control::Done done;
+  bool last = true;
+  // Every other ending: what went wrong (for kNoRoom, why the slot did not grow).
+  Status why;
+  // A failed send or receive as an ending: DeadlineExceeded is kTimedOut,
+  // InvalidArgument kMalformed, anything else kGone.
+  static Answer Failed(const Status& why);
+};
+
+// The outputs a worker's answers are checked against: the model's
+// signature, and whether its tensors have a batch dimension.
+struct OutputSignature {
+  std::span<const TensorSpec> specs;
+  bool batching = false;
+};
+
+// What the request a stream answers made of one response before the last
+// (StreamRequest::take).
+struct Taken {
+  // Its client wants no more (it went away): the stream is cancelled.
+  bool client_gone = false;
+  // The responses cannot make the request's one answer (a non-streaming
+  // request's pieces that do not join): the stream is cancelled with this.
+  Status failed = Status::Ok();
+};
+
+// The one request of a decoupled model's run.
+struct StreamRequest {
+  std::string id;  // for the errors that end it
+  // Past it, after a response, the stream is cancelled.
+  Clock::time_point deadline = Clock::time_point::max();
+  // Each response before the last whose outputs passed their checks, while
+  // the request is not over; its outputs are views into the slot, valid
+  // until take returns (the acknowledgement frees their room).
+  std::function<Taken(const control::Done& response)> take;
+};
+
+// How a decoupled model's run ended.
+struct StreamEnd {
+  // kAnswered: `answer.done` is the worker's kDone (the last response, or
+  // the model's error); its outputs, checked, are in the slot until the
+  // next run.
+  Answer answer;
+  // Responses before the last that came, counted once the request was over too.
+  uint64_t responses = 0;
+  // The request was over before the worker's kDone (its client went away,
+  // its deadline passed, its pieces did not join): why, which is its answer.
+  Status cancelled = Status::Ok();
+  // A stream that failed with nothing sent to its client may run again
+  // (it counts towards poison as a batch does); half a stream never is:
+  // its client would see responses twice.
+  bool replayable() const { return responses == 0 && cancelled.ok(); }
+};
+
+// One ready worker's side of the conversation: its control socket and its
+// slot, both owned by the caller and outliving the exchange. One thread at
+// a time; nothing here blocks but for the waits on the socket, each
+// bounded by the clock.
+class WorkerExchange {
+ public:
+  // How often the worker may ask for room for one answer.
+  static constexpr int kMaxRoomRounds = 16;
+
+  // `slot_limit`: the most the slot may grow to for the worker's requests
+  // for room.
+  WorkerExchange(int control, RequestSlot& slot, OutputSignature outputs, uint64_t slot_limit,
+                 const ExchangeClock& clock = ExchangeClock::Real());
+
+  // Whether the worker, given no run, closed its socket or spoke unasked
+  // within timeout_ms: either way it is done for.
+  bool GoneWhileIdle(int timeout_ms) const;
+  // Sends `run`, whose inputs are in the slot. Unavailable when the worker
+  // was gone before it got it (closed, or spoke unasked); InvalidArgument
+  // when the encoder refused it (over a message's limits), and then nothing
+  // was sent and the worker is fine; another error: the socket failed.
+  Status Send(const control::Run& run);
+  // Between runs: close the CUDA regions of `ids` kept open (none: all).
+  Status Release(std::span<const uint64_t> ids = {});
+
+  // After Send: the run's kDone, by `deadline` however many times the slot
+  // grows for it.
+  Answer AwaitDone(const control::Run& run, Clock::time_point deadline);
+  // The checks of a batch's kDone (status 0) of `rows` rows before a byte
+  // of it is read: one tensor per output, each where the run placed it or
+  // inside the slot, of its shape and size.
+  Status CheckAnswer(const control::Run& run, const control::Done& done, int64_t rows) const;
+  // After Send, for a decoupled model's run: its responses up to the
+  // worker's kDone, each given response_timeout_ms (-1: for ever) and
+  // checked, those before the last taken by `request` while it is not over,
+  // and each acknowledged (with a cancel once it is).
+  StreamEnd AwaitStream(const control::Run& run, int response_timeout_ms,
+                        const StreamRequest& request);
+
+ private:
+  // The next answer to `run` of one of `kinds`, serving requests for room
+  // (in a kDone): waits up to timeout_ms each, or until `deadline` in all
+  // when it is set.
+  Answer Await(const control::Run& run, std::initializer_list<control::Kind> kinds,
+               std::optional<Clock::time_point> deadline, int timeout_ms);
+  Result<control::Message> Receive(std::initializer_list<control::Kind> kinds,
+                                   std::optional<Clock::time_point> deadline, int timeout_ms);
+  Status CheckResponse(const control::Run& run, const control::Done& response) const;
+
+  int control_;
+  RequestSlot& slot_;
+  OutputSignature outputs_;
+  uint64_t slot_limit_;
+  const ExchangeClock& clock_;
+};
+
+}  // namespace hearth
