@@ -24,12 +24,11 @@
 #include <vector>
 
 #include "common/bytes_tensor.h"
-#include "common/task_pool.h"
 #include "grpc/kserve_grpc_codec.h"
 #include "grpc/kserve_grpc_server.h"
 #include "grpc_service.grpc.pb.h"
-#include "server/request_admission.h"
 #include "support/eventually.h"
+#include "support/fake_service.h"
 
 namespace hearth {
 namespace {
@@ -40,9 +39,16 @@ using inference::ModelInferResponse;
 using inference::ModelStreamInferResponse;
 using json = nlohmann::json;
 using namespace std::chrono_literals;
-
-// Repository loads and unloads the fake service runs at once.
-constexpr size_t kRepositoryCalls = 2;
+using testing::Echo;
+using testing::Fails;
+using testing::FakeModel;
+using testing::FakeService;
+using testing::FakeSettings;
+using testing::MakeModel;
+using testing::ResponseTo;
+using testing::Seen;
+using testing::TensorOf;
+using testing::ValuesOf;
 
 template <typename T>
 std::vector<std::byte> AsBytes(const std::vector<T>& values) {
@@ -63,9 +69,10 @@ std::string RawOf(const std::vector<T>& values) {
   return std::string(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(T));
 }
 
-// Models:
+// Models (only version "1" of each; see support/fake_service.h for what the
+// fake does with every request: regions, classification, lent outputs):
 //   scale      x FP32 [-1,4] -> y FP32 [-1,1] (row sums), z FP32 [-1,1] (their
-//              negation); max batch 8
+//              negation); max batch 8; a config and statistics
 //   echo_<DT>  in <DT> [-1,-1] -> out, the same bytes (DT: BOOL, INT8, INT16,
 //              INT32, INT64, UINT8, FP16, BF16, FP32, FP64, BYTES)
 //   gated      as scale with x [-1,-1], parked in the service until OpenGate()
@@ -73,105 +80,88 @@ std::string RawOf(const std::vector<T>& values) {
 //              NotFound, DeadlineExceeded, Internal, Unavailable
 //   unready    known, not ready (ModelReady: Unavailable)
 //   countdown  decoupled: n INT32 [1] -> n responses of i INT32 [1] = n-1..0
-//              through on_response (borrowed from a buffer spoiled once it
-//              returns), then `done` with no outputs; with the model
-//              parameter {"last_in_done": true} the last one comes in `done`
-//   endless    decoupled: one response, then waits until `cancelled` (polled)
-//              and records it; or until on_response returns false
+//              through on_response, then `done` with no outputs; with the
+//              model parameter {"last_in_done": true} the last one comes in
+//              `done`
+//   endless    decoupled: one response, then waits until `cancelled`; or
+//              stops if on_response returns false
 //   flood      decoupled: 256 KiB responses until on_response returns false
 //   crumble    decoupled: two responses, then `done` with Internal
 //   pair       a FP32 [-1,2], b FP32 [-1,2] -> sum FP32 [-1,2]; max batch 8
-// Outputs requested with class_count come back as BYTES [rows, n] of
-// "value:index", highest first (as the server's Classify); with shm, written
-// to the fake's region instead (see Region()), data empty. Inputs with shm
-// are read from the fake's region. Regions live in the fake's memory; a key
-// of "/missing" does not exist. LoadModel("slow") parks until OpenGate();
-// LoadModel and UnloadModel of "nope" are NotFound.
-// Only version "1" exists.
-class FakeService : public InferenceService {
- public:
-  FakeService() : worker_([this] { Work(); }) {}
-  ~FakeService() override {
-    {
-      std::lock_guard lock(mu_);
-      quit_ = true;
-      gate_open_ = true;
-      for (auto& job : parked_) queue_.push_back(std::move(job));
-      parked_.clear();
-    }
-    wake_.notify_all();
-    repository_calls_.Stop();
-    worker_.join();
-    for (std::thread& t : helpers_) t.join();
+//   badconfig  a config that does not fit ModelConfig
+// LoadModel("slow") parks until OpenGate().
+InferTensor Int32Tensor(const std::string& name, int32_t value) {
+  return TensorOf<int32_t>(name, DType::kI32, {1}, {value});
+}
+
+Result<InferResponse> SumRows(FakeService&, InferRequest& request) {
+  const InferTensor& x = request.inputs.at(0);
+  const int64_t rows = x.shape[0];
+  const int64_t cols = x.shape[1];
+  const std::vector<float> values = ValuesOf<float>(x);
+  std::vector<float> y(static_cast<size_t>(rows)), z(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) y[r] += values[r * cols + c];
+    z[r] = -y[r];
   }
+  InferResponse response = ResponseTo(request);
+  response.outputs = {TensorOf("y", DType::kF32, {rows, 1}, y),
+                      TensorOf("z", DType::kF32, {rows, 1}, z)};
+  return response;
+}
 
-  bool Live() const override { return true; }
-  bool Ready() const override { return ready_.load(); }
-  std::string ServerName() const override { return "hearth"; }
-  std::string ServerVersion() const override { return "0.1.0"; }
-  std::vector<std::string> Extensions() const override {
-    return {"binary_tensor_data", "statistics"};
+FakeModel Scale(std::string name, int64_t cols = 4) {
+  return MakeModel(std::move(name), "hearth_scale", 8, {{"x", DType::kF32, {-1, cols}}},
+                   {{"y", DType::kF32, {-1, 1}}, {"z", DType::kF32, {-1, 1}}}, SumRows);
+}
+
+// countdown and crumble.
+Result<InferResponse> Countdown(FakeService&, InferRequest& request) {
+  const bool crumble = request.model == "crumble";
+  const int32_t n = crumble ? 2 : ValuesOf<int32_t>(request.inputs.at(0)).at(0);
+  const bool last_in_done =
+      json::parse(request.parameters_json.empty() ? "{}" : request.parameters_json)
+          .value("last_in_done", false);
+  for (int32_t k = 0; k < (last_in_done ? n - 1 : n); ++k) {
+    InferResponse response = ResponseTo(request);
+    response.outputs.push_back(Int32Tensor("i", n - 1 - k));
+    if (!request.on_response(response)) break;
   }
-  std::string MetricsText() const override { return ""; }
+  if (crumble) return Internal("the worker of model 'crumble' died mid-stream");
+  InferResponse last = ResponseTo(request);
+  if (last_in_done && n > 0) last.outputs.push_back(Int32Tensor("i", 0));
+  return last;
+}
 
-  Result<ModelMetadata> Metadata(const std::string& model,
-                                 const std::string& version) const override {
-    if (!version.empty() && version != "1") {
-      return NotFound("model '" + model + "' has no version '" + version + "'");
-    }
-    ModelMetadata m;
-    m.name = model;
-    m.versions = {"1"};
-    m.platform = "hearth_fake";
-    if (model.rfind("echo_", 0) == 0) {
-      const std::optional<DType> dtype = ParseKserveDatatype(model.substr(5));
-      if (!dtype.has_value()) return NotFound("no model '" + model + "'");
-      m.max_batch_size = 8;
-      m.inputs = {{"in", *dtype, {-1, -1}}};
-      m.outputs = {{"out", *dtype, {-1, -1}}};
-      return m;
-    }
-    if (model == "countdown" || model == "endless" || model == "flood" || model == "crumble") {
-      m.decoupled = true;
-      m.inputs = {{"n", DType::kI32, {1}}};
-      m.outputs = {{"i", DType::kI32, {1}}};
-      if (model == "flood") m.outputs = {{"blob", DType::kU8, {-1}}};
-      return m;
-    }
-    if (model == "pair") {
-      m.max_batch_size = 8;
-      m.inputs = {{"a", DType::kF32, {-1, 2}}, {"b", DType::kF32, {-1, 2}}};
-      m.outputs = {{"sum", DType::kF32, {-1, 2}}};
-      return m;
-    }
-    if (model != "scale" && model != "gated" && model != "busy" && model != "gone" &&
-        model != "late" && model != "broken" && model != "away" && model != "unready") {
-      return NotFound("no model '" + model + "'");
-    }
-    m.platform = "hearth_scale";
-    m.max_batch_size = 8;
-    m.inputs = {{"x", DType::kF32, {-1, model == "gated" ? -1 : 4}}};
-    m.outputs = {{"y", DType::kF32, {-1, 1}}, {"z", DType::kF32, {-1, 1}}};
-    return m;
+Result<InferResponse> Endless(FakeService& fake, InferRequest& request) {
+  InferResponse response = ResponseTo(request);
+  response.outputs.push_back(Int32Tensor("i", 7));
+  if (request.on_response(response)) fake.AwaitCancel(request);
+  return Unavailable("the stream of model 'endless' was stopped");
+}
+
+Result<InferResponse> Flood(FakeService&, InferRequest& request) {
+  for (int k = 0; k < 100'000; ++k) {
+    InferResponse response = ResponseTo(request);
+    response.outputs.push_back(
+        {"blob", DType::kU8, {256 << 10}, std::vector<std::byte>(256 << 10, std::byte{1})});
+    if (!request.on_response(response)) break;
   }
+  return Unavailable("the stream of model 'flood' was stopped");
+}
 
-  Result<bool> ModelReady(const std::string& model, const std::string& version) const override {
-    Result<ModelMetadata> m = Metadata(model, version);
-    if (!m.ok()) return m.status();
-    if (model == "unready") return Unavailable("model 'unready': no worker is ready");
-    return true;
-  }
+Result<InferResponse> AddPair(FakeService&, InferRequest& request) {
+  std::vector<float> sum = ValuesOf<float>(request.inputs.at(0));
+  const std::vector<float> b = ValuesOf<float>(request.inputs.at(1));
+  for (size_t k = 0; k < sum.size(); ++k) sum[k] += b[k];
+  InferResponse response = ResponseTo(request);
+  response.outputs.push_back(TensorOf("sum", DType::kF32, request.inputs[0].shape, sum));
+  return response;
+}
 
-  std::vector<std::string> ModelNames() const override { return {"scale"}; }
-
-  Result<std::string> ModelConfigJson(const std::string& model,
-                                      const std::string& version) const override {
-    if (model == "badconfig") return std::string("{\"max_batch_size\": \"many\"}");
-    Result<ModelMetadata> m = Metadata(model, version);
-    if (!m.ok()) return m.status();
-    // As server/model_config_json.cc writes it, plus a field that
-    // ModelConfig does not define.
-    return std::string(R"({"name":")" + model + R"(","backend":"scale","max_batch_size":8,
+// As server/model_config_json.cc writes it, plus a field that ModelConfig
+// does not define.
+const char* kScaleConfig = R"({"name":"scale","backend":"scale","max_batch_size":8,
       "input":[{"name":"x","data_type":"TYPE_FP32","dims":[4]}],
       "output":[{"name":"y","data_type":"TYPE_FP32","dims":[1]},{"name":"z","data_type":"TYPE_FP32","dims":[1]}],
       "instance_group":[{"count":2,"kind":"KIND_GPU","gpus":[0]}],
@@ -180,501 +170,81 @@ class FakeService : public InferenceService {
       "parameters":{"fault_injection":{"string_value":"none"}},
       "version_policy":{"specific":{"versions":["1"]}},
       "model_transaction_policy":{"decoupled":true},
-      "hearth_future_field":{"anything":[1,2]}})");
-  }
+      "hearth_future_field":{"anything":[1,2]}})";
 
-  Result<std::vector<ModelStatistics>> Statistics(const std::string& model,
-                                                  const std::string& version) const override {
-    if (!model.empty() && model != "scale") return NotFound("no model '" + model + "'");
-    if (!version.empty() && version != "1") return NotFound("no version '" + version + "'");
-    ModelStatistics s;
-    s.name = "scale";
-    s.version = "1";
-    s.last_inference_ms = 1'700'000'000'123;
-    s.inference_count = 12;
-    s.execution_count = 5;
-    s.success = {10, 1000};
-    s.fail = {2, 20};
-    s.queue = {10, 300};
-    s.compute_input = {5, 40};
-    s.compute_infer = {5, 500};
-    s.compute_output = {5, 60};
-    s.batch_stats = {{1, {2, 10}, {2, 100}, {2, 20}}, {4, {3, 30}, {3, 400}, {3, 40}}};
-    return std::vector<ModelStatistics>{s};
+std::vector<FakeModel> Models() {
+  std::vector<FakeModel> models;
+  FakeModel scale = Scale("scale");
+  scale.config_json = kScaleConfig;
+  ModelStatistics& s = scale.statistics.emplace();
+  s.name = "scale";
+  s.version = "1";
+  s.last_inference_ms = 1'700'000'000'123;
+  s.inference_count = 12;
+  s.execution_count = 5;
+  s.success = {10, 1000};
+  s.fail = {2, 20};
+  s.queue = {10, 300};
+  s.compute_input = {5, 40};
+  s.compute_infer = {5, 500};
+  s.compute_output = {5, 60};
+  s.batch_stats = {{1, {2, 10}, {2, 100}, {2, 20}}, {4, {3, 30}, {3, 400}, {3, 40}}};
+  models.push_back(std::move(scale));
+  models.push_back(Scale("gated", -1));
+  models.back().gated = true;
+  const std::pair<const char*, Status> failing[] = {
+      {"busy", ResourceExhausted("queue of model 'busy' is full")},
+      {"gone", NotFound("model 'gone' was unloaded")},
+      {"late", DeadlineExceeded("the request timed out in the queue")},
+      {"broken", Internal("the worker of model 'broken' crashed")},
+      {"away", Unavailable("no worker of model 'away' is ready")}};
+  for (const auto& [name, status] : failing) {
+    models.push_back(Scale(name));
+    models.back().run = Fails(status);
   }
+  models.push_back(Scale("unready"));
+  models.back().ready = Unavailable("model 'unready': no worker is ready");
+  for (const char* type : {"BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "FP16", "BF16",
+                           "FP32", "FP64", "BYTES"}) {
+    const DType dtype = ParseKserveDatatype(type).value();
+    models.push_back(MakeModel(std::string("echo_") + type, "hearth_fake", 8,
+                               {{"in", dtype, {-1, -1}}}, {{"out", dtype, {-1, -1}}}, Echo("out")));
+  }
+  const TensorMetadata n = {"n", DType::kI32, {1}};
+  const TensorMetadata i = {"i", DType::kI32, {1}};
+  models.push_back(MakeModel("countdown", "hearth_fake", 0, {n}, {i}, Countdown));
+  models.push_back(MakeModel("crumble", "hearth_fake", 0, {n}, {i}, Countdown));
+  models.push_back(MakeModel("endless", "hearth_fake", 0, {n}, {i}, Endless));
+  models.back().own_thread = true;
+  models.push_back(MakeModel("flood", "hearth_fake", 0, {n}, {{"blob", DType::kU8, {-1}}}, Flood));
+  models.back().own_thread = true;
+  for (auto it = models.end() - 4; it != models.end(); ++it) it->metadata.decoupled = true;
+  models.push_back(MakeModel("pair", "hearth_fake", 8,
+                             {{"a", DType::kF32, {-1, 2}}, {"b", DType::kF32, {-1, 2}}},
+                             {{"sum", DType::kF32, {-1, 2}}}, AddPair));
+  models.push_back(MakeModel("badconfig", "hearth_fake", 0, {}, {}));
+  models.back().config_json = R"({"max_batch_size": "many"})";
+  return models;
+}
 
-  std::vector<RepositoryEntry> RepositoryIndex(bool ready_only) const override {
-    std::vector<RepositoryEntry> all = {{"broken", "", "UNAVAILABLE", "config.yaml: bad dims"},
-                                        {"scale", "1", "READY", ""}};
-    if (ready_only) all.erase(all.begin());
-    return all;
-  }
-  // Repository calls run on a pool of the service's, as the server's do.
-  void LoadModel(const std::string& model, std::function<void(Status)> done) override {
-    OnPool([this, model] { return Load(model); }, std::move(done));
-  }
-  void UnloadModel(const std::string& model, std::function<void(Status)> done) override {
-    OnPool([this, model] { return Unload(model); }, std::move(done));
-  }
-  void OnPool(std::function<Status()> call, std::function<void(Status)> done) {
-    auto answer = std::make_shared<std::function<void(Status)>>(std::move(done));
-    Status queued = repository_calls_.Submit([call, answer] { (*answer)(call()); });
-    if (!queued.ok()) (*answer)(queued);
-  }
-  // Stops the pool: what runs is waited for (as Server::Shutdown does).
-  void StopRepositoryCalls() { repository_calls_.Stop(); }
-  TaskPool repository_calls_{kRepositoryCalls, "repository loads and unloads"};
-  Status Load(const std::string& model) {
-    std::unique_lock lock(mu_);
-    control_calls_.push_back("load " + model);
-    if (model == "nope") return NotFound("no model 'nope' in the repository");
-    if (model == "slow") {
-      ++parked_loads_;
-      wake_.notify_all();
-      wake_.wait(lock, [this] { return gate_open_; });
-      --parked_loads_;
-      ++loads_done_;
-    }
-    return Status::Ok();
-  }
-  Status Unload(const std::string& model) {
-    std::lock_guard lock(mu_);
-    control_calls_.push_back("unload " + model);
-    if (model == "nope") return NotFound("unknown model 'nope'");
-    return Status::Ok();
-  }
-  Status RegisterSystemSharedMemory(const ClientConnection& client, const std::string& name,
-                                    const std::string& key, uint64_t offset,
-                                    uint64_t byte_size) override {
-    {
-      std::lock_guard lock(mu_);
-      last_client_ = client;
-    }
-    if (key == "/missing") return NotFound("region '" + name + "': no shared-memory object " + key);
-    std::lock_guard lock(mu_);
-    if (regions_.count(name) > 0) {
-      return AlreadyExists("a shared-memory region named '" + name + "' is registered");
-    }
-    regions_[name] = {{name, key, offset, byte_size}, std::vector<std::byte>(byte_size)};
-    return Status::Ok();
-  }
-  ClientConnection LastClient() const {
-    std::lock_guard lock(mu_);
-    return last_client_;
-  }
-  Status UnregisterSystemSharedMemory(const std::string& name) override {
-    std::lock_guard lock(mu_);
-    if (name.empty()) {
-      regions_.clear();
-      return Status::Ok();
-    }
-    if (regions_.erase(name) == 0) {
-      return NotFound("no shared-memory region named '" + name + "' is registered");
-    }
-    return Status::Ok();
-  }
-  Result<std::vector<SharedMemoryRegion>> SystemSharedMemoryStatus(
-      const std::string& name) const override {
-    std::lock_guard lock(mu_);
-    std::vector<SharedMemoryRegion> out;
-    for (const auto& [n, region] : regions_) {
-      if (name.empty() || n == name) out.push_back(region.info);
-    }
-    if (!name.empty() && out.empty()) {
-      return NotFound("no shared-memory region named '" + name + "' is registered");
-    }
-    return out;
-  }
-  // The bytes of a registered region (the client's view of it).
-  std::vector<std::byte> Region(const std::string& name) {
-    std::lock_guard lock(mu_);
-    return regions_.at(name).bytes;
-  }
-  void FillRegion(const std::string& name, uint64_t offset, const std::vector<std::byte>& bytes) {
-    std::lock_guard lock(mu_);
-    std::copy(bytes.begin(), bytes.end(), regions_.at(name).bytes.begin() + offset);
-  }
-  std::vector<std::string> control_calls() {
-    std::lock_guard lock(mu_);
-    return control_calls_;
-  }
-  bool WaitParkedLoads(int n) {
-    std::unique_lock lock(mu_);
-    return wake_.wait_for(lock, 60s, [&] { return parked_loads_ >= n; });
-  }
-  int loads_done() {
-    std::lock_guard lock(mu_);
-    return loads_done_;
-  }
+FakeSettings Settings() {
+  FakeSettings settings;
+  settings.extensions = {"binary_tensor_data", "statistics"};
+  settings.repository = {{"broken", "", "UNAVAILABLE", "config.yaml: bad dims"},
+                         {"scale", "1", "READY", ""}};
+  settings.parked_loads = {"slow"};
+  settings.repository_calls = 2;
+  return settings;
+}
 
-  void Infer(InferRequest request, std::function<void(Result<InferResponse>)> done) override {
-    // The server's admission, as Server::Infer applies it.
-    if (Result<ModelMetadata> m = Metadata(request.model, request.version); !m.ok()) {
-      return done(m.status());
-    } else if (Status admitted = AdmitInferRequest(request, *m); !admitted.ok()) {
-      return done(admitted);
-    }
-    {
-      std::lock_guard lock(mu_);
-      ++arrived_;
-      last_timeout_us_ = request.timeout_us;
-      last_parameters_json_ = request.parameters_json;
-      last_input_was_view_ = !request.inputs.empty() && request.inputs[0].data.is_view();
-      last_priority_ = request.priority;
-      last_outputs_ = request.outputs;
-      last_inputs_.clear();
-      for (const InferTensor& input : request.inputs) {
-        last_inputs_.push_back({input.name, input.dtype, input.shape});
-        last_inputs_.back().shm = input.shm;
-        if (input.shm.has_value() && !input.data.empty()) last_inputs_.back().data = input.data;
-      }
-      if (request.model == "endless" || request.model == "flood") {
-        helpers_.emplace_back(
-            [this, job = Job{std::move(request), std::move(done)}]() mutable { Stream(job); });
-        return;
-      }
-      queue_.push_back({std::move(request), std::move(done)});
-    }
-    wake_.notify_all();
-  }
-
-  // Gated infers are parked until OpenGate(); afterwards they run at once.
-  void OpenGate() {
-    {
-      std::lock_guard lock(mu_);
-      gate_open_ = true;
-      for (auto& job : parked_) queue_.push_back(std::move(job));
-      parked_.clear();
-    }
-    wake_.notify_all();
-  }
-  // Waits (at most 60 s, a failure) until `n` gated infers are parked.
-  bool WaitParked(size_t n) {
-    std::unique_lock lock(mu_);
-    return wake_.wait_for(lock, 60s, [&] { return parked_.size() >= n; });
-  }
-  size_t parked() {
-    std::lock_guard lock(mu_);
-    return parked_.size();
-  }
-  // Polls (every millisecond, at most 60 s) until the first parked infer's
-  // `cancelled` is set: nothing tells the service when it is.
-  bool WaitParkedCancelled() {
-    return Eventually([&] {
-      std::lock_guard lock(mu_);
-      return !parked_.empty() && parked_.front().request.cancelled != nullptr &&
-             parked_.front().request.cancelled->load();
-    });
-  }
-  // Waits (at most 60 s) until `done` has been called `n` times in all.
-  bool WaitDone(int n) {
-    std::unique_lock lock(mu_);
-    return wake_.wait_for(lock, 60s, [&] { return done_ >= n; });
-  }
-  // Waits (at most 60 s) until a stream of endless or flood has ended, and
-  // says how: "cancelled" (its `cancelled` was set) or "refused"
-  // (on_response returned false).
-  std::string WaitStreamEnd() {
-    std::unique_lock lock(mu_);
-    if (!wake_.wait_for(lock, 60s, [&] { return !stream_ends_.empty(); })) return "timeout";
-    std::string how = stream_ends_.front();
-    stream_ends_.pop_front();
-    return how;
-  }
-
-  uint64_t last_timeout_us() {
-    std::lock_guard lock(mu_);
-    return last_timeout_us_;
-  }
-  std::string last_parameters_json() {
-    std::lock_guard lock(mu_);
-    return last_parameters_json_;
-  }
-  bool last_input_was_view() {
-    std::lock_guard lock(mu_);
-    return last_input_was_view_;
-  }
-  int arrived() {
-    std::lock_guard lock(mu_);
-    return arrived_;
-  }
-  uint64_t last_priority() {
-    std::lock_guard lock(mu_);
-    return last_priority_;
-  }
-  std::vector<RequestedOutput> last_outputs() {
-    std::lock_guard lock(mu_);
-    return last_outputs_;
-  }
-  // The last request's inputs: name, datatype, shape, shm, and data only
-  // where an input came with both shm and data (which it should not).
-  std::vector<InferTensor> last_inputs() {
-    std::lock_guard lock(mu_);
-    return last_inputs_;
-  }
-
-  std::atomic<bool> ready_{true};
-
- private:
-  struct Job {
-    InferRequest request;
-    std::function<void(Result<InferResponse>)> done;
-  };
-
-  static InferTensor Int32Tensor(const std::string& name, int32_t value) {
-    return {name, DType::kI32, {1}, AsBytes(std::vector<int32_t>{value})};
-  }
-
-  InferResponse Base(const InferRequest& request) {
-    InferResponse response;
-    response.model = request.model;
-    response.version = "1";
-    response.id = request.id;
-    return response;
-  }
-
-  // countdown and crumble, on the worker thread.
-  void Countdown(Job& job) {
-    const InferRequest& request = job.request;
-    int32_t n = 0;
-    std::memcpy(&n, request.inputs.at(0).data.data(), sizeof(n));
-    const bool crumble = request.model == "crumble";
-    if (crumble) n = 2;
-    const bool last_in_done =
-        json::parse(request.parameters_json.empty() ? "{}" : request.parameters_json)
-            .value("last_in_done", false);
-    std::vector<std::byte> lent(4);
-    const int32_t partials = last_in_done ? n - 1 : n;
-    for (int32_t k = 0; k < partials; ++k) {
-      InferResponse response = Base(request);
-      const int32_t value = n - 1 - k;
-      std::memcpy(lent.data(), &value, sizeof(value));
-      response.outputs.push_back({"i", DType::kI32, {1}, TensorData::Borrowed(lent)});
-      const bool go_on = request.on_response(response);
-      std::fill(lent.begin(), lent.end(), std::byte{0xff});
-      if (!go_on) break;
-    }
-    if (crumble) return job.done(Internal("the worker of model 'crumble' died mid-stream"));
-    InferResponse last = Base(request);
-    if (last_in_done && n > 0) last.outputs.push_back(Int32Tensor("i", 0));
-    job.done(std::move(last));
-  }
-
-  // endless and flood, each on a thread of its own.
-  void Stream(Job& job) {
-    const InferRequest& request = job.request;
-    std::string how = "none";
-    if (request.model == "endless") {
-      InferResponse response = Base(request);
-      response.outputs.push_back(Int32Tensor("i", 7));
-      if (!request.on_response(response)) {
-        how = "refused";
-      } else {
-        if (Eventually([&] { return request.cancelled != nullptr && request.cancelled->load(); }))
-          how = "cancelled";
-      }
-    } else {
-      for (int k = 0; k < 100'000; ++k) {
-        InferResponse response = Base(request);
-        response.outputs.push_back(
-            {"blob", DType::kU8, {256 << 10}, std::vector<std::byte>(256 << 10, std::byte{1})});
-        if (!request.on_response(response)) {
-          how = "refused";
-          break;
-        }
-      }
-    }
-    job.done(Unavailable("the stream of model '" + request.model + "' was stopped"));
-    {
-      std::lock_guard lock(mu_);
-      stream_ends_.push_back(how);
-      ++done_;
-    }
-    wake_.notify_all();
-  }
-
-  Result<InferResponse> Run(const InferRequest& request) {
-    if (request.model == "busy") return ResourceExhausted("queue of model 'busy' is full");
-    if (request.model == "gone") return NotFound("model 'gone' was unloaded");
-    if (request.model == "late") return DeadlineExceeded("the request timed out in the queue");
-    if (request.model == "broken") return Internal("the worker of model 'broken' crashed");
-    if (request.model == "away") return Unavailable("no worker of model 'away' is ready");
-    InferResponse response = Base(request);
-    std::vector<InferTensor> inputs;
-    for (const InferTensor& tensor : request.inputs) {
-      inputs.push_back(tensor);
-      if (tensor.shm.has_value()) {
-        ASSIGN_OR_RETURN(inputs.back().data, ReadRegion(*tensor.shm));
-      }
-    }
-    const InferTensor& in = inputs.at(0);
-    if (request.model.rfind("echo_", 0) == 0) {
-      response.outputs.push_back(
-          {"out", in.dtype, in.shape,
-           std::vector<std::byte>(in.data.bytes().begin(), in.data.bytes().end())});
-      return AsRequested(request, std::move(response));
-    }
-    if (request.model == "pair") {
-      std::vector<float> a(in.data.size() / 4), b(a.size());
-      std::memcpy(a.data(), in.data.data(), in.data.size());
-      std::memcpy(b.data(), inputs.at(1).data.data(), b.size() * 4);
-      for (size_t k = 0; k < a.size(); ++k) a[k] += b[k];
-      response.outputs.push_back({"sum", DType::kF32, in.shape, AsBytes(a)});
-      return AsRequested(request, std::move(response));
-    }
-    const int64_t rows = in.shape[0];
-    const int64_t cols = in.shape[1];
-    std::vector<float> x(static_cast<size_t>(rows * cols));
-    std::memcpy(x.data(), in.data.data(), in.data.size());
-    std::vector<float> y(static_cast<size_t>(rows)), z(static_cast<size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t c = 0; c < cols; ++c) y[r] += x[r * cols + c];
-      z[r] = -y[r];
-    }
-    response.outputs.push_back({"y", DType::kF32, {rows, 1}, AsBytes(y)});
-    response.outputs.push_back({"z", DType::kF32, {rows, 1}, AsBytes(z)});
-    return AsRequested(request, std::move(response));
-  }
-
-  Result<std::vector<std::byte>> ReadRegion(const SharedMemoryRef& ref) {
-    std::lock_guard lock(mu_);
-    auto it = regions_.find(ref.region);
-    if (it == regions_.end()) {
-      return NotFound("no shared-memory region named '" + ref.region + "' is registered");
-    }
-    const std::vector<std::byte>& bytes = it->second.bytes;
-    if (ref.offset > bytes.size() || ref.byte_size > bytes.size() - ref.offset) {
-      return InvalidArgument("outside region '" + ref.region + "'");
-    }
-    const auto from = bytes.begin() + static_cast<std::ptrdiff_t>(ref.offset);
-    return std::vector<std::byte>(from, from + static_cast<std::ptrdiff_t>(ref.byte_size));
-  }
-
-  // The requested outputs as the server answers them: only those asked
-  // for, classified, or written to a region.
-  Result<InferResponse> AsRequested(const InferRequest& request, InferResponse response) {
-    if (request.outputs.empty()) return response;
-    std::vector<InferTensor> chosen;
-    for (const RequestedOutput& want : request.outputs) {
-      for (InferTensor& t : response.outputs) {
-        if (t.name != want.name) continue;
-        InferTensor out = t;
-        if (want.class_count > 0) out = Classify(out, want.class_count);
-        if (want.shm.has_value()) {
-          std::lock_guard lock(mu_);
-          auto it = regions_.find(want.shm->region);
-          if (it == regions_.end()) return NotFound("no region '" + want.shm->region + "'");
-          std::vector<std::byte>& bytes = it->second.bytes;
-          if (out.data.size() > want.shm->byte_size ||
-              want.shm->offset + want.shm->byte_size > bytes.size()) {
-            return InvalidArgument("output '" + t.name + "' does not fit in its region");
-          }
-          std::copy(out.data.bytes().begin(), out.data.bytes().end(),
-                    bytes.begin() + static_cast<std::ptrdiff_t>(want.shm->offset));
-          out.shm = SharedMemoryRef{want.shm->region, want.shm->offset, out.data.size()};
-          out.data = TensorData();
-        }
-        chosen.push_back(std::move(out));
-      }
-    }
-    response.outputs = std::move(chosen);
-    return response;
-  }
-
-  // FP32 [rows, cols] -> BYTES [rows, min(n, cols)] "value:index", highest
-  // first.
-  static InferTensor Classify(const InferTensor& t, uint32_t n) {
-    const int64_t rows = t.shape.at(0);
-    const int64_t cols = t.shape.at(1);
-    const int64_t keep = std::min<int64_t>(n, cols);
-    std::vector<float> values(static_cast<size_t>(rows * cols));
-    std::memcpy(values.data(), t.data.data(), values.size() * sizeof(float));
-    std::vector<std::byte> bytes;
-    for (int64_t r = 0; r < rows; ++r) {
-      std::vector<int64_t> order(static_cast<size_t>(cols));
-      for (int64_t c = 0; c < cols; ++c) order[static_cast<size_t>(c)] = c;
-      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-        return values[static_cast<size_t>(r * cols + a)] >
-               values[static_cast<size_t>(r * cols + b)];
-      });
-      for (int64_t k = 0; k < keep; ++k) {
-        const int64_t c = order[static_cast<size_t>(k)];
-        const std::string element =
-            std::to_string(values[static_cast<size_t>(r * cols + c)]) + ":" + std::to_string(c);
-        EXPECT_TRUE(AppendBytesElement(bytes, element, "").ok());
-      }
-    }
-    return {t.name, DType::kBytes, {rows, keep}, std::move(bytes)};
-  }
-
-  void Work() {
-    for (;;) {
-      Job job;
-      {
-        std::unique_lock lock(mu_);
-        wake_.wait(lock, [this] { return quit_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        job = std::move(queue_.front());
-        queue_.pop_front();
-        if (job.request.model == "gated" && !gate_open_) {
-          parked_.push_back(std::move(job));
-          wake_.notify_all();
-          continue;
-        }
-      }
-      if (job.request.model == "countdown" || job.request.model == "crumble") {
-        Countdown(job);
-      } else {
-        Result<InferResponse> response = Run(job.request);
-        if (response.ok()) {
-          // Lend the outputs from `lent_`, and spoil it once `done` returns,
-          // as the server's slot is reused by the next batch.
-          std::vector<std::vector<std::byte>> lent;
-          for (InferTensor& output : response->outputs) {
-            lent.emplace_back(output.data.bytes().begin(), output.data.bytes().end());
-            output.data = TensorData::Borrowed(lent.back());
-          }
-          job.done(std::move(response));
-          for (auto& bytes : lent) std::fill(bytes.begin(), bytes.end(), std::byte{0xee});
-        } else {
-          job.done(std::move(response));
-        }
-      }
-      {
-        std::lock_guard lock(mu_);
-        ++done_;
-      }
-      wake_.notify_all();
-    }
-  }
-
-  mutable std::mutex mu_;
-  ClientConnection last_client_;  // of the last shared-memory registration
-  std::condition_variable wake_;
-  std::deque<Job> queue_;
-  std::deque<Job> parked_;
-  std::deque<std::string> stream_ends_;
-  bool quit_ = false;
-  bool gate_open_ = false;
-  int done_ = 0;
-  int arrived_ = 0;
-  uint64_t last_timeout_us_ = 0;
-  std::string last_parameters_json_;
-  bool last_input_was_view_ = false;
-  uint64_t last_priority_ = 0;
-  std::vector<RequestedOutput> last_outputs_;
-  std::vector<InferTensor> last_inputs_;
-  struct FakeRegion {
-    SharedMemoryRegion info;
-    std::vector<std::byte> bytes;
-  };
-  std::map<std::string, FakeRegion> regions_;
-  std::vector<std::string> control_calls_;
-  int parked_loads_ = 0;
-  int loads_done_ = 0;
-  std::vector<std::thread> helpers_;  // guarded by mu_
-  std::thread worker_;
-};
+// How the stream of endless or flood ended: "cancelled" (its `cancelled`
+// was set) or "refused" (on_response returned false).
+std::string StreamEnd(FakeService& service) {
+  const std::optional<Seen> seen =
+      service.WaitSeen([](const Seen& s) { return s.model == "endless" || s.model == "flood"; });
+  if (!seen.has_value()) return "timeout";
+  return seen->refused ? "refused" : seen->cancelled ? "cancelled" : "none";
+}
 
 class GrpcServerTest : public ::testing::Test {
  protected:
@@ -709,7 +279,7 @@ class GrpcServerTest : public ::testing::Test {
     return stub_->ModelInfer(Context().get(), request, response);
   }
 
-  FakeService service_;
+  FakeService service_{Settings(), Models()};
   std::unique_ptr<GrpcServer> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<GRPCInferenceService::Stub> stub_;
@@ -1024,7 +594,7 @@ TEST_F(GrpcServerTest, RepositoryLoadAndUnloadCallTheService) {
 }
 
 // A load waits for workers: it runs on the service's pool, never on a
-// thread of gRPC's, at most kRepositoryCalls at once (the fake's pool, as
+// thread of gRPC's, at most repository_calls (2) at once (the fake's pool, as
 // the server's), while everything else is answered; Stop() waits for it.
 TEST_F(GrpcServerTest, LoadsInProgressAreBoundedAndHoldUpNothingElse) {
   StartServer();
@@ -1572,16 +1142,16 @@ TEST_F(GrpcServerTest, ParametersReachTheModelAsJson) {
   ModelInferResponse response;
   grpc::Status status = Infer(request, &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
-  EXPECT_EQ(service_.last_timeout_us(), 2500u);
-  EXPECT_EQ(json::parse(service_.last_parameters_json()),
+  EXPECT_EQ(service_.last_request().timeout_us, 2500u);
+  EXPECT_EQ(json::parse(service_.last_request().parameters_json),
             json::parse(R"({"max_tokens":16,"temperature":0.5,"stop":"\n","echo":true,
                             "seed":9223372036854775808})"));
   // A uint64 timeout is taken too; no parameters: no JSON.
   ModelInferRequest plain = ScaleRequest();
   (*plain.mutable_parameters())["timeout"].set_uint64_param(7);
   ASSERT_TRUE(Infer(plain, &response).ok());
-  EXPECT_EQ(service_.last_timeout_us(), 7u);
-  EXPECT_EQ(service_.last_parameters_json(), "");
+  EXPECT_EQ(service_.last_request().timeout_us, 7u);
+  EXPECT_EQ(service_.last_request().parameters_json, "");
 }
 
 TEST_F(GrpcServerTest, PriorityReachesTheService) {
@@ -1590,14 +1160,14 @@ TEST_F(GrpcServerTest, PriorityReachesTheService) {
   (*request.mutable_parameters())["priority"].set_uint64_param(2);  // as tritonclient sends it
   ModelInferResponse response;
   ASSERT_TRUE(Infer(request, &response).ok());
-  EXPECT_EQ(service_.last_priority(), 2u);
+  EXPECT_EQ(service_.last_request().priority, 2u);
   (*request.mutable_parameters())["priority"].set_int64_param(1);
   ASSERT_TRUE(Infer(request, &response).ok());
-  EXPECT_EQ(service_.last_priority(), 1u);
+  EXPECT_EQ(service_.last_request().priority, 1u);
   // Not a model parameter.
-  EXPECT_EQ(service_.last_parameters_json(), "");
+  EXPECT_EQ(service_.last_request().parameters_json, "");
   ASSERT_TRUE(Infer(ScaleRequest(), &response).ok());
-  EXPECT_EQ(service_.last_priority(), 0u);
+  EXPECT_EQ(service_.last_request().priority, 0u);
 }
 
 std::vector<std::string> BytesElements(const std::string& raw) {
@@ -1622,7 +1192,7 @@ TEST_F(GrpcServerTest, ClassificationComesBackAsBytes) {
   ModelInferResponse response;
   grpc::Status status = Infer(request, &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
-  const std::vector<RequestedOutput> asked = service_.last_outputs();
+  const std::vector<RequestedOutput> asked = service_.last_request().outputs;
   ASSERT_EQ(asked.size(), 2u);
   EXPECT_EQ(asked[0].class_count, 3u);
   EXPECT_EQ(asked[1].class_count, 0u);
@@ -1691,14 +1261,14 @@ TEST_F(GrpcServerTest, InputsAndOutputsInSharedMemory) {
   grpc::Status status = Infer(request, &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
   // The service got the region, not bytes.
-  const std::vector<InferTensor> inputs = service_.last_inputs();
+  const std::vector<InferTensor> inputs = service_.last_request().inputs;
   ASSERT_EQ(inputs.size(), 1u);
   ASSERT_TRUE(inputs[0].shm.has_value());
   EXPECT_EQ(inputs[0].shm->region, "in");
   EXPECT_EQ(inputs[0].shm->offset, 16u);
   EXPECT_EQ(inputs[0].shm->byte_size, 32u);
   EXPECT_TRUE(inputs[0].data.empty());
-  const std::vector<RequestedOutput> asked = service_.last_outputs();
+  const std::vector<RequestedOutput> asked = service_.last_request().outputs;
   ASSERT_EQ(asked.size(), 2u);
   ASSERT_TRUE(asked[0].shm.has_value());
   EXPECT_EQ(asked[0].shm->region, "out");
@@ -2095,7 +1665,7 @@ TEST_F(GrpcServerTest, CancellingTheStreamSetsCancelledOnItsRequests) {
   ASSERT_TRUE(stream->Read(&first));
   EXPECT_EQ(FromRaw<int32_t>(first.infer_response().raw_output_contents(0)).at(0), 7);
   context.TryCancel();
-  EXPECT_EQ(service_.WaitStreamEnd(), "cancelled");
+  EXPECT_EQ(StreamEnd(service_), "cancelled");
   ModelStreamInferResponse rest;
   while (stream->Read(&rest)) {
   }
@@ -2114,7 +1684,7 @@ TEST_F(GrpcServerTest, ResponsesNobodyReadsStopTheirRequest) {
   ModelInferRequest flood = CountdownRequest("flood", 0, "f");
   ASSERT_TRUE(stream->Write(flood));
   // Nothing is read until the service has been told to stop.
-  EXPECT_EQ(service_.WaitStreamEnd(), "refused");
+  EXPECT_EQ(StreamEnd(service_), "refused");
   int responses = 0;
   ModelStreamInferResponse message;
   while (stream->Read(&message) && message.error_message().empty()) ++responses;
