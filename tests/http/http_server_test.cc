@@ -33,9 +33,8 @@
 #include <thread>
 #include <vector>
 
-#include "common/task_pool.h"
-#include "server/request_admission.h"
 #include "support/eventually.h"
+#include "support/fake_service.h"
 
 namespace hearth {
 namespace {
@@ -46,401 +45,103 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 using json = nlohmann::json;
 using namespace std::chrono_literals;
+using testing::Echo;
+using testing::Fails;
+using testing::FakeModel;
+using testing::FakeService;
+using testing::FakeSettings;
+using testing::MakeModel;
+using testing::ResponseTo;
+using testing::TensorOf;
+using testing::ValuesOf;
 
-// Repository loads and unloads the fake service runs at once.
-constexpr size_t kRepositoryCalls = 4;
+// Models (only version "1" of each; see support/fake_service.h for what the
+// fake does with every request: regions, classification, lent outputs):
+//   scale     x FP32 [-1,4] -> y FP32 [-1,1] = row sums, max batch 8; a
+//             config and statistics
+//   gated     the same once the test opens the gate (loading it waits too)
+//   busy      queue full; gone: NotFound from Infer
+//   unready   known, not ready
+//   fixed     no batching, a INT32 [2,3] -> b = a + 1; statistics
+//   wide      x FP32 [-1,65536] -> row sums: bodies past the front-end's
+//             large-body threshold
+//   borrowed  as scale (the fake lends every output, as the server does)
+//   ragged    as scale, with x FP32 [-1,-1]: any number of columns
+//   strings   s BYTES [-1,-1] -> o, the same elements: an echo
+Result<InferResponse> SumRows(FakeService&, InferRequest& request) {
+  const InferTensor& x = request.inputs.at(0);
+  const int64_t rows = x.shape[0];
+  const int64_t cols = x.shape[1];
+  const std::vector<float> values = ValuesOf<float>(x);
+  std::vector<float> y(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) y[r] += values[r * cols + c];
+  }
+  InferResponse response = ResponseTo(request);
+  response.outputs.push_back(TensorOf("y", DType::kF32, {rows, 1}, y));
+  return response;
+}
 
-// Models: "scale" (x FP32 [-1,4] -> y FP32 [-1,1] = row sums, max batch 8),
-// "gated" (the same once the test opens the gate), "busy" (queue full), "gone" (NotFound from
-// Infer), "unready" (known, not ready), "fixed" (no batching, a INT32 [2,3]
-// -> b = a + 1), "wide" (x FP32 [-1,65536] -> row sums: bodies past the
-// front-end's large-body threshold), "borrowed" (as "scale", but its outputs
-// are borrowed from a buffer that is overwritten as soon as `done` returns,
-// as the server's slot is by the next batch), "ragged" (as "scale", with x
-// FP32 [-1,-1]: any number of columns), "strings" (s BYTES [-1,-1] -> o, the
-// same elements: an echo). Only version "1" exists. Infer completes on a
-// worker thread.
-class FakeService : public InferenceService {
- public:
-  FakeService() : worker_([this] { Work(); }) {}
-  ~FakeService() override {
-    {
-      std::lock_guard lock(mutex_);
-      quit_ = true;
-      gate_open_ = true;
-    }
-    wake_.notify_all();
-    repository_calls_.Stop();
-    worker_.join();
-  }
+Result<InferResponse> AddOne(FakeService&, InferRequest& request) {
+  std::vector<int32_t> b = ValuesOf<int32_t>(request.inputs.at(0));
+  for (int32_t& v : b) ++v;
+  InferResponse response = ResponseTo(request);
+  response.outputs.push_back(TensorOf("b", DType::kI32, request.inputs[0].shape, b));
+  return response;
+}
 
-  bool Live() const override { return true; }
-  bool Ready() const override { return ready_.load(); }
-  std::string ServerName() const override { return "hearth"; }
-  std::string ServerVersion() const override { return "0.1.0"; }
-  std::vector<std::string> Extensions() const override { return {"binary_tensor_data"}; }
-  std::string MetricsText() const override { return "# TYPE fake_total counter\nfake_total 3\n"; }
+FakeModel Scale(std::string name, int64_t cols = 4) {
+  return MakeModel(std::move(name), "hearth_scale", 8, {{"x", DType::kF32, {-1, cols}}},
+                   {{"y", DType::kF32, {-1, 1}}}, SumRows);
+}
 
-  Result<ModelMetadata> Metadata(const std::string& model,
-                                 const std::string& version) const override {
-    if (!version.empty() && version != "1") {
-      return NotFound("model '" + model + "' has no version '" + version + "'");
-    }
-    ModelMetadata m;
-    m.name = model;
-    m.versions = {"1"};
-    if (model == "fixed") {
-      m.platform = "hearth_mlp";
-      m.inputs = {{"a", DType::kI32, {2, 3}}};
-      m.outputs = {{"b", DType::kI32, {2, 3}}};
-      return m;
-    }
-    if (model == "strings") {
-      m.platform = "hearth_python";
-      m.max_batch_size = 8;
-      m.inputs = {{"s", DType::kBytes, {-1, -1}}};
-      m.outputs = {{"o", DType::kBytes, {-1, -1}}};
-      return m;
-    }
-    if (model != "scale" && model != "gated" && model != "busy" && model != "gone" &&
-        model != "unready" && model != "wide" && model != "borrowed" && model != "ragged") {
-      return NotFound("no model '" + model + "'");
-    }
-    m.platform = "hearth_scale";
-    m.max_batch_size = 8;
-    const int64_t cols = model == "wide" ? 65536 : model == "ragged" ? -1 : 4;
-    m.inputs = {{"x", DType::kF32, {-1, cols}}};
-    m.outputs = {{"y", DType::kF32, {-1, 1}}};
-    return m;
-  }
+ModelStatistics StatisticsOf(const std::string& name) {
+  ModelStatistics s;
+  s.name = name;
+  s.version = "1";
+  s.last_inference_ms = 1700000000123;
+  s.inference_count = 12;
+  s.execution_count = 5;
+  s.success = {5, 5000};
+  s.fail = {1, 100};
+  s.queue = {5, 700};
+  s.compute_input = {5, 10};
+  s.compute_infer = {5, 4000};
+  s.compute_output = {5, 20};
+  s.batch_stats = {{1, {2, 2}, {2, 1000}, {2, 3}}, {4, {3, 8}, {3, 3000}, {3, 17}}};
+  return s;
+}
 
-  std::vector<std::string> ModelNames() const override { return {"scale"}; }
-  // "scale"'s config is a fixed document; the others' are Unimplemented.
-  Result<std::string> ModelConfigJson(const std::string& model,
-                                      const std::string& version) const override {
-    Result<ModelMetadata> m = Metadata(model, version);
-    if (!m.ok()) return m.status();
-    if (model != "scale") return Unimplemented("the fake service has no config for " + model);
-    return std::string(R"({"name":"scale","max_batch_size":8})");
-  }
-  // "scale" (version 1) with fixed numbers; empty `model`: "scale" and "fixed".
-  Result<std::vector<ModelStatistics>> Statistics(const std::string& model,
-                                                  const std::string& version) const override {
-    auto of = [](const std::string& name) {
-      ModelStatistics s;
-      s.name = name;
-      s.version = "1";
-      s.last_inference_ms = 1700000000123;
-      s.inference_count = 12;
-      s.execution_count = 5;
-      s.success = {5, 5000};
-      s.fail = {1, 100};
-      s.queue = {5, 700};
-      s.compute_input = {5, 10};
-      s.compute_infer = {5, 4000};
-      s.compute_output = {5, 20};
-      s.batch_stats = {{1, {2, 2}, {2, 1000}, {2, 3}}, {4, {3, 8}, {3, 3000}, {3, 17}}};
-      return s;
-    };
-    if (model.empty()) return std::vector<ModelStatistics>{of("fixed"), of("scale")};
-    Result<ModelMetadata> m = Metadata(model, version);
-    if (!m.ok()) return m.status();
-    return std::vector<ModelStatistics>{of(model)};
-  }
-  std::vector<RepositoryEntry> RepositoryIndex(bool ready_only) const override {
-    std::vector<RepositoryEntry> all = {{"scale", "1", "READY", ""},
-                                        {"unready", "", "UNAVAILABLE", "no worker is ready"}};
-    if (ready_only) all.pop_back();
-    return all;
-  }
-  // Loading "gated" waits for the gate; "nope" has no directory.
-  // Repository calls run on a pool of the service's, as the server's do.
-  void LoadModel(const std::string& model, std::function<void(Status)> done) override {
-    OnPool([this, model] { return Load(model); }, std::move(done));
-  }
-  void UnloadModel(const std::string& model, std::function<void(Status)> done) override {
-    OnPool([this, model] { return Unload(model); }, std::move(done));
-  }
-  void OnPool(std::function<Status()> call, std::function<void(Status)> done) {
-    auto answer = std::make_shared<std::function<void(Status)>>(std::move(done));
-    Status queued = repository_calls_.Submit([call, answer] { (*answer)(call()); });
-    if (!queued.ok()) (*answer)(queued);
-  }
-  // Stops the pool: what runs is waited for (as Server::Shutdown does).
-  void StopRepositoryCalls() { repository_calls_.Stop(); }
-  TaskPool repository_calls_{kRepositoryCalls, "repository loads and unloads"};
-  Status Load(const std::string& model) {
-    if (model == "nope") return NotFound("no model 'nope' in the repository");
-    if (model == "gated") {
-      std::unique_lock lock(mutex_);
-      ++loads_waiting_;
-      wake_.notify_all();
-      wake_.wait(lock, [this] { return gate_open_; });
-    }
-    std::lock_guard lock(mutex_);
-    control_log_.push_back("load " + model);
-    return Status::Ok();
-  }
-  Status Unload(const std::string& model) {
-    std::lock_guard lock(mutex_);
-    control_log_.push_back("unload " + model);
-    return Status::Ok();
-  }
-  Status RegisterSystemSharedMemory(const ClientConnection& client, const std::string& name,
-                                    const std::string& key, uint64_t offset,
-                                    uint64_t byte_size) override {
-    std::lock_guard lock(mutex_);
-    last_client_ = client;
-    for (const SharedMemoryRegion& r : regions_) {
-      if (r.name == name) return AlreadyExists("region '" + name + "' is already registered");
-    }
-    regions_.push_back({name, key, offset, byte_size});
-    return Status::Ok();
-  }
-  ClientConnection LastClient() const {
-    std::lock_guard lock(mutex_);
-    return last_client_;
-  }
-  Status UnregisterSystemSharedMemory(const std::string& name) override {
-    std::lock_guard lock(mutex_);
-    std::erase_if(regions_,
-                  [&](const SharedMemoryRegion& r) { return name.empty() || r.name == name; });
-    return Status::Ok();
-  }
-  Result<std::vector<SharedMemoryRegion>> SystemSharedMemoryStatus(
-      const std::string& name) const override {
-    std::lock_guard lock(mutex_);
-    if (name.empty()) return regions_;
-    for (const SharedMemoryRegion& r : regions_) {
-      if (r.name == name) return std::vector<SharedMemoryRegion>{r};
-    }
-    return NotFound("no region '" + name + "'");
-  }
+std::vector<FakeModel> Models() {
+  std::vector<FakeModel> models = {Scale("scale"),    Scale("gated"),     Scale("busy"),
+                                   Scale("gone"),     Scale("unready"),   Scale("wide", 65536),
+                                   Scale("borrowed"), Scale("ragged", -1)};
+  models[0].config_json = R"({"name":"scale","max_batch_size":8})";
+  models[0].statistics = StatisticsOf("scale");
+  models[1].gated = true;
+  models[2].run = Fails(ResourceExhausted("queue of model 'busy' is full"));
+  models[3].run = Fails(NotFound("model 'gone' was unloaded"));
+  models[4].ready = false;
+  models.push_back(MakeModel("fixed", "hearth_mlp", 0, {{"a", DType::kI32, {2, 3}}},
+                             {{"b", DType::kI32, {2, 3}}}, AddOne));
+  models.back().statistics = StatisticsOf("fixed");
+  models.push_back(MakeModel("strings", "hearth_python", 8, {{"s", DType::kBytes, {-1, -1}}},
+                             {{"o", DType::kBytes, {-1, -1}}}, Echo("o")));
+  return models;
+}
 
-  // CUDA regions as they reach the service: the handle as decoded. The
-  // service checks what the front-end only passes on (here: its size).
-  struct CudaRegistration {
-    CudaSharedMemoryRegion info;
-    std::vector<std::byte> handle;
+FakeSettings Settings() {
+  FakeSettings settings;
+  settings.metrics_text = "# TYPE fake_total counter\nfake_total 3\n";
+  settings.repository = {{"scale", "1", "READY", ""},
+                         {"unready", "", "UNAVAILABLE", "no worker is ready"}};
+  settings.parked_loads = {"gated"};
+  settings.cuda_shared_memory = true;
+  settings.taken_region = [](const std::string& name) {
+    return "region '" + name + "' is already registered";
   };
-  Status RegisterCudaSharedMemory(const ClientConnection& client, const std::string& name,
-                                  std::span<const std::byte> raw_handle, int64_t device_id,
-                                  uint64_t byte_size) override {
-    std::lock_guard lock(mutex_);
-    last_client_ = client;
-    if (raw_handle.size() != 64)
-      return InvalidArgument("the handle has " + std::to_string(raw_handle.size()) + " bytes");
-    for (const CudaRegistration& r : cuda_regions_) {
-      if (r.info.name == name) return AlreadyExists("region '" + name + "' is already registered");
-    }
-    cuda_regions_.push_back({{name, device_id, byte_size},
-                             std::vector<std::byte>(raw_handle.begin(), raw_handle.end())});
-    return Status::Ok();
-  }
-  Status UnregisterCudaSharedMemory(const std::string& name) override {
-    std::lock_guard lock(mutex_);
-    if (std::erase_if(
-            cuda_regions_,
-            [&](const CudaRegistration& r) { return name.empty() || r.info.name == name; }) == 0 &&
-        !name.empty())
-      return NotFound("no CUDA region '" + name + "'");
-    return Status::Ok();
-  }
-  Result<std::vector<CudaSharedMemoryRegion>> CudaSharedMemoryStatus(
-      const std::string& name) const override {
-    std::lock_guard lock(mutex_);
-    std::vector<CudaSharedMemoryRegion> out;
-    for (const CudaRegistration& r : cuda_regions_)
-      if (name.empty() || r.info.name == name) out.push_back(r.info);
-    if (!name.empty() && out.empty()) return NotFound("no CUDA region '" + name + "'");
-    return out;
-  }
-  std::vector<std::byte> CudaHandle(const std::string& name) {
-    std::lock_guard lock(mutex_);
-    for (const CudaRegistration& r : cuda_regions_)
-      if (r.info.name == name) return r.handle;
-    return {};
-  }
-
-  bool WaitLoadsWaiting(int n) {
-    std::unique_lock lock(mutex_);
-    return wake_.wait_for(lock, 60s, [&] { return loads_waiting_ >= n; });
-  }
-  std::vector<std::string> control_log() {
-    std::lock_guard lock(mutex_);
-    return control_log_;
-  }
-  // The last request given to Infer, without its inputs' bytes.
-  InferRequest last_request() {
-    std::lock_guard lock(mutex_);
-    return last_request_;
-  }
-
-  Result<bool> ModelReady(const std::string& model, const std::string& version) const override {
-    Result<ModelMetadata> m = Metadata(model, version);
-    if (!m.ok()) return m.status();
-    return model != "unready";
-  }
-
-  void Infer(InferRequest request, std::function<void(Result<InferResponse>)> done) override {
-    // The server's admission, as Server::Infer applies it.
-    if (Result<ModelMetadata> m = Metadata(request.model, request.version); !m.ok()) {
-      return done(m.status());
-    } else if (Status admitted = AdmitInferRequest(request, *m); !admitted.ok()) {
-      return done(admitted);
-    }
-    {
-      std::lock_guard lock(mutex_);
-      last_timeout_us_ = request.timeout_us;
-      last_input_was_view_ = !request.inputs.empty() && request.inputs[0].data.is_view();
-      last_request_ = request;
-      for (InferTensor& input : last_request_.inputs) input.data = {};
-      queue_.push_back({std::move(request), std::move(done)});
-    }
-    wake_.notify_all();
-  }
-
-  // "gated" infers wait in the service until OpenGate().
-  void OpenGate() {
-    {
-      std::lock_guard lock(mutex_);
-      gate_open_ = true;
-    }
-    wake_.notify_all();
-  }
-  // Waits (at most 60 s, a failure) until `n` gated infers have reached the
-  // service in all.
-  bool WaitGated(int n) {
-    std::unique_lock lock(mutex_);
-    return wake_.wait_for(lock, 60s, [&] { return gated_ >= n; });
-  }
-  // Waits (at most 60 s) until the service has called `done` `n` times in all.
-  bool WaitDone(int n) {
-    std::unique_lock lock(mutex_);
-    return wake_.wait_for(lock, 60s, [&] { return done_ >= n; });
-  }
-
-  uint64_t last_timeout_us() {
-    std::lock_guard lock(mutex_);
-    return last_timeout_us_;
-  }
-  // Whether the last request's first input was a view (into the HTTP body).
-  bool last_input_was_view() {
-    std::lock_guard lock(mutex_);
-    return last_input_was_view_;
-  }
-
-  std::atomic<bool> ready_{true};
-
- private:
-  struct Job {
-    InferRequest request;
-    std::function<void(Result<InferResponse>)> done;
-  };
-
-  Result<InferResponse> Run(const InferRequest& request) {
-    if (request.model == "busy") return ResourceExhausted("queue of model 'busy' is full");
-    if (request.model == "gone") return NotFound("model 'gone' was unloaded");
-    if (request.model == "gated") {
-      std::unique_lock lock(mutex_);
-      ++gated_;
-      wake_.notify_all();
-      wake_.wait(lock, [this] { return gate_open_; });
-    }
-    InferResponse response;
-    response.model = request.model;
-    response.version = "1";
-    response.id = request.id;
-    const InferTensor& in = request.inputs.at(0);
-    InferTensor out;
-    out.dtype = in.dtype;
-    out.shape = in.shape;
-    if (request.model == "strings") {
-      out.name = "o";
-      out.data = std::vector<std::byte>(in.data.bytes().begin(), in.data.bytes().end());
-    } else if (request.model == "fixed") {
-      out.name = "b";
-      std::vector<int32_t> a(in.data.size() / 4);
-      std::memcpy(a.data(), in.data.data(), in.data.size());
-      for (int32_t& v : a) ++v;
-      std::vector<std::byte> bytes(in.data.size());
-      std::memcpy(bytes.data(), a.data(), in.data.size());
-      out.data = std::move(bytes);
-    } else {
-      out.name = "y";
-      const int64_t rows = in.shape[0];
-      const int64_t cols = in.shape[1];
-      std::vector<float> x(static_cast<size_t>(rows * cols));
-      if (!x.empty()) std::memcpy(x.data(), in.data.data(), in.data.size());
-      std::vector<float> y(static_cast<size_t>(rows));
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < cols; ++c) y[r] += x[r * cols + c];
-      }
-      out.shape = {rows, 1};
-      std::vector<std::byte> bytes(y.size() * 4);
-      std::memcpy(bytes.data(), y.data(), bytes.size());
-      out.data = std::move(bytes);
-    }
-    // An output bound to a region is written there (here: nowhere) and
-    // answered by its reference alone.
-    for (const RequestedOutput& requested : request.outputs) {
-      if (requested.name == out.name && requested.shm.has_value()) {
-        out.shm = requested.shm;
-        out.data = {};
-      }
-    }
-    response.outputs.push_back(std::move(out));
-    return response;
-  }
-
-  void Work() {
-    for (;;) {
-      Job job;
-      {
-        std::unique_lock lock(mutex_);
-        wake_.wait(lock, [this] { return quit_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        job = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      Result<InferResponse> response = Run(job.request);
-      if (job.request.model == "borrowed" && response.ok()) {
-        // Lend the outputs from `lent_`, and spoil it once `done` returns.
-        for (InferTensor& output : response->outputs) {
-          lent_.assign(output.data.bytes().begin(), output.data.bytes().end());
-          output.data = TensorData::Borrowed(lent_);
-        }
-        job.done(std::move(response));
-        std::fill(lent_.begin(), lent_.end(), std::byte{0xff});
-      } else {
-        job.done(std::move(response));
-      }
-      {
-        std::lock_guard lock(mutex_);
-        ++done_;
-      }
-      wake_.notify_all();
-    }
-  }
-
-  mutable std::mutex mutex_;
-  ClientConnection last_client_;  // of the last shared-memory registration
-  std::condition_variable wake_;
-  std::deque<Job> queue_;
-  int loads_waiting_ = 0;
-  std::vector<std::string> control_log_;
-  std::vector<SharedMemoryRegion> regions_;
-  std::vector<CudaRegistration> cuda_regions_;
-  InferRequest last_request_;
-  bool quit_ = false;
-  uint64_t last_timeout_us_ = 0;
-  bool gate_open_ = false;
-  int gated_ = 0;
-  int done_ = 0;
-  bool last_input_was_view_ = false;
-  std::vector<std::byte> lent_;  // outputs of "borrowed", touched by the worker thread only
-  std::thread worker_;
-};
+  return settings;
+}
 
 void SetReceiveTimeout(int fd, std::chrono::seconds timeout) {
   timeval tv{};
@@ -536,7 +237,7 @@ class HttpServerTest : public ::testing::Test {
 
   uint16_t port() const { return server_->port(); }
 
-  FakeService service_;
+  FakeService service_{Settings(), Models()};
   std::unique_ptr<HttpServer> server_;
 };
 
@@ -649,7 +350,7 @@ TEST_F(HttpServerTest, InferJson) {
       R"({"parameters":{"timeout":2500},"inputs":[{"name":"a","datatype":"INT32","shape":[2,3],"data":[1,2,3,4,5,-6]}]})");
   ASSERT_EQ(fixed.result_int(), 200) << fixed.body();
   EXPECT_EQ(json::parse(fixed.body())["outputs"][0]["data"], json::parse("[2,3,4,5,6,-5]"));
-  EXPECT_EQ(service_.last_timeout_us(), 2500u);
+  EXPECT_EQ(service_.last_request().timeout_us, 2500u);
 }
 
 TEST_F(HttpServerTest, InferBinaryInAndOut) {
@@ -1100,7 +801,7 @@ TEST_F(HttpServerTest, ClientsThatDisconnectMidRequest) {
   {
     Peer peer(port());
     peer.Send(Head("/v2/models/gated/infer", std::strlen(kOneRow)) + kOneRow);
-    ASSERT_TRUE(service_.WaitGated(1));
+    ASSERT_TRUE(service_.WaitParked(1));
   }  // closed while the service holds its request
   service_.OpenGate();
   ASSERT_TRUE(service_.WaitDone(1));  // answered onto a closed connection
@@ -1218,7 +919,7 @@ TEST_F(HttpServerTest, StopWaitsForInFlightInfersAndClosesConnections) {
     Client client(port());
     response = client.Post("/v2/models/gated/infer", kOneRow);
   });
-  ASSERT_TRUE(service_.WaitGated(1));
+  ASSERT_TRUE(service_.WaitParked(1));
   std::thread stopper([&] { server_->Stop(); });
   ASSERT_TRUE(Eventually([&] { return server_->stats().draining; }));
   service_.OpenGate();  // only now can the infer Stop() waits for complete
@@ -1580,7 +1281,7 @@ TEST_F(LimitsTest, DrainAnswersWhatArrivedRefusesTheRestAndResetsNothing) {
   // g: a kept-alive connection that stays idle.
   Peer a(port());
   a.Send(Head("/v2/models/gated/infer", std::strlen(kOneRow)) + kOneRow);
-  ASSERT_TRUE(service_.WaitGated(1));
+  ASSERT_TRUE(service_.WaitParked(1));
   const std::string b_request = WideRequest(WideBody(1, 0.25f));
   Peer b(port());
   b.Send(std::string_view(b_request).substr(0, b_request.size() / 2));
@@ -1613,8 +1314,7 @@ TEST_F(LimitsTest, DrainAnswersWhatArrivedRefusesTheRestAndResetsNothing) {
   e.Send(WideRequest(WideBody(1, 1.0f)));
   EXPECT_EQ(e.ReadResponse().result_int(), 503);
   EXPECT_EQ(e.ReadToEnd(), Peer::End::kEof);
-  // b's head had arrived: its request runs (after a's: the fake service runs
-  // one at a time) and is answered, its last.
+  // b's head had arrived: its request runs and is answered, its last.
   b.Send(std::string_view(b_request).substr(b_request.size() / 2));
   service_.OpenGate();
   Response a_response = a.ReadResponse();
@@ -1732,7 +1432,7 @@ TEST_F(HttpServerTest, RepositoryIndex) {
 TEST_F(HttpServerTest, LoadAndUnloadRunOffTheIoThreads) {
   Client loader(port());
   loader.Write(http::verb::post, "/v2/repository/models/gated/load");
-  ASSERT_TRUE(service_.WaitLoadsWaiting(1));
+  ASSERT_TRUE(service_.WaitParkedLoads(1));
   // The load waits in the service; both I/O threads still answer.
   for (int i = 0; i < 4; ++i) {
     Client other(port());
@@ -1747,7 +1447,7 @@ TEST_F(HttpServerTest, LoadAndUnloadRunOffTheIoThreads) {
   Response dependents = loader.Post("/v2/repository/models/scale/unload",
                                     R"({"parameters":{"unload_dependents":true}})");
   EXPECT_EQ(dependents.result_int(), 200) << dependents.body();
-  EXPECT_EQ(service_.control_log(),
+  EXPECT_EQ(service_.control_calls(),
             (std::vector<std::string>{"load gated", "unload scale", "unload scale"}));
   Response unknown = loader.Post("/v2/repository/models/nope/load", "");
   EXPECT_EQ(unknown.result_int(), 404);
@@ -1764,7 +1464,7 @@ TEST_F(HttpServerTest, LoadWithParametersIsRefused) {
   }
   EXPECT_EQ(client.Post("/v2/repository/models/scale/load", R"({"parameters": 3})").result_int(),
             400);
-  EXPECT_TRUE(service_.control_log().empty());
+  EXPECT_TRUE(service_.control_calls().empty());
 }
 
 TEST_F(HttpServerTest, SystemSharedMemoryRegisterStatusUnregister) {
@@ -2017,6 +1717,8 @@ TEST_F(HttpServerTest, HeadIsAnsweredWithTheHeadersOfGetAndNoBody) {
 }
 
 TEST_F(HttpServerTest, SharedMemoryInputsAndOutputsTravelAsReferences) {
+  ASSERT_TRUE(service_.RegisterSystemSharedMemory({}, "in", "/hearth_in", 0, 40).ok());
+  ASSERT_TRUE(service_.RegisterSystemSharedMemory({}, "out", "/hearth_out", 0, 8).ok());
   Client client(port());
   Response r = client.Post("/v2/models/scale/infer",
                            R"({"inputs":[{"name":"x","datatype":"FP32","shape":[2,4],
