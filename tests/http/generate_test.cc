@@ -1,9 +1,8 @@
 // The generate extension and the OpenAI-compatible endpoints over real TCP:
-// a fake service whose decoupled models stream their responses from a
-// thread of their own, as the server does, with outputs borrowed from a
-// buffer that is spoiled as soon as on_response returns. Tests wait on the
-// fake's events or poll a condition with a deadline; none depends on how
-// long anything takes.
+// a fake service whose decoupled models stream their responses, with
+// outputs borrowed from a buffer that is spoiled as soon as on_response
+// returns, as the server's are. Tests wait on the fake's events or poll a
+// condition with a deadline; none depends on how long anything takes.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -31,8 +30,8 @@
 
 #include "common/bytes_tensor.h"
 #include "http/http_server.h"
-#include "server/request_admission.h"
 #include "support/eventually.h"
+#include "support/fake_service.h"
 
 namespace hearth {
 namespace {
@@ -43,6 +42,14 @@ namespace net = boost::asio;
 using tcp = net::ip::tcp;
 using json = nlohmann::json;
 using namespace std::chrono_literals;
+using testing::Fails;
+using testing::FakeModel;
+using testing::FakeService;
+using testing::FakeSettings;
+using testing::MakeModel;
+using testing::ResponseTo;
+using testing::Seen;
+using testing::TensorOf;
 
 std::vector<std::byte> BytesOf(const std::vector<std::string>& elements) {
   std::vector<std::byte> out;
@@ -58,40 +65,21 @@ std::string FirstElement(const InferTensor& tensor) {
 }
 
 template <typename T>
-std::vector<std::byte> Raw(const std::vector<T>& values) {
-  std::vector<std::byte> out(values.size() * sizeof(T));
-  std::memcpy(out.data(), values.data(), out.size());
-  return out;
-}
-
-template <typename T>
 std::vector<T> Values(const InferTensor& tensor) {
   std::vector<T> out(tensor.data.size() / sizeof(T));
   std::memcpy(out.data(), tensor.data.data(), out.size() * sizeof(T));
   return out;
 }
 
-// What the fake saw of one request, once it finished.
-struct Seen {
-  std::string model;
-  std::string id;
-  std::string parameters_json;
-  std::vector<InferTensor> inputs;  // copies, owned
-  bool streamed = false;            // on_response was set
-  bool cancelled = false;           // `cancelled` was true when it finished
-  int accepted = 0;                 // on_response calls that returned true
-  bool refused = false;             // an on_response call returned false
-};
-
-// Models:
-//   "gen"    decoupled, batching: text_input BYTES [-1,1] -> text_output
-//            BYTES, prompt_tokens / completion_tokens INT64 (running
-//            counts), finish_reason BYTES. It streams max_tokens (default
-//            4) pieces "tok0 ", "tok1 ", ... The prompt picks other
-//            behaviours: "fail" (two pieces, then an error), "wait" (one
-//            piece, then it waits until cancelled, then tries one more),
-//            "big" (64 KiB pieces until on_response refuses one), "gated"
-//            (one piece, then the rest once the test opens the gate),
+// Models (only version "1" of each):
+//   "gen"    decoupled, batching, on a thread of its own: text_input BYTES
+//            [-1,1] -> text_output BYTES, prompt_tokens / completion_tokens
+//            INT64 (running counts), finish_reason BYTES. It streams
+//            max_tokens (default 4) pieces "tok0 ", "tok1 ", ... The prompt
+//            picks other behaviours: "fail" (two pieces, then an error),
+//            "wait" (one piece, then it parks until cancelled, then tries
+//            one more), "big" (64 KiB pieces until on_response refuses one),
+//            "gated" (one piece, then the rest once the test opens the gate),
 //            "short" (two pieces), "stop" (max_tokens pieces, then a final
 //            response with finish_reason "stop").
 //   "chat"   decoupled: messages BYTES [-1,1] -> text_output: "you said: "
@@ -102,323 +90,147 @@ struct Seen {
 //            scale FP32 [-1], flag BOOL [1] -> text_output (the text n
 //            times), sum FP32 [1], flags BOOL [1], list INT64 [3].
 //   "vision" x FP32 [-1,4] -> y FP32 [-1,1]: no text at all.
-//   "unready" as "gen", but Infer fails Unavailable.
-// Only version "1" exists.
-class StreamingService : public InferenceService {
- public:
-  ~StreamingService() override {
-    OpenGate();
-    std::vector<std::thread> threads;
-    {
-      std::lock_guard lock(mutex_);
-      threads.swap(threads_);
+//   "unready" as "gen", not ready, and Infer fails Unavailable.
+// The fake lends each response's outputs, spoiled once on_response returns.
+
+// gen and chat: pieces through on_response, or joined in one answer when
+// the request is not streamed.
+Result<InferResponse> Generate(FakeService& fake, InferRequest& request) {
+  const std::string prompt = request.inputs.empty() ? "" : FirstElement(request.inputs[0]);
+  int max_tokens = 4;
+  if (!request.parameters_json.empty()) {
+    const json parameters = json::parse(request.parameters_json, nullptr, false);
+    if (parameters.is_object() && parameters.contains("max_tokens")) {
+      max_tokens = parameters["max_tokens"].get<int>();
     }
-    for (std::thread& thread : threads) thread.join();
   }
-
-  bool Live() const override { return true; }
-  bool Ready() const override { return true; }
-  std::string ServerName() const override { return "hearth"; }
-  std::string ServerVersion() const override { return "0.1.0"; }
-  std::vector<std::string> Extensions() const override { return {"generate"}; }
-  std::string MetricsText() const override { return ""; }
-  std::vector<std::string> ModelNames() const override {
-    return {"chat", "gen", "plain", "typed", "unready", "vision"};
-  }
-
-  Result<ModelMetadata> Metadata(const std::string& model,
-                                 const std::string& version) const override {
-    if (!version.empty() && version != "1") {
-      return NotFound("model '" + model + "' has no version '" + version + "'");
+  const bool counts_tokens = request.model == "gen";  // "chat" gives no counts
+  std::string joined;
+  int64_t completion_tokens = 0;
+  auto counts = [&](InferResponse& response) {
+    response.outputs.push_back(
+        TensorOf<int64_t>("completion_tokens", DType::kI64, {1, 1}, {completion_tokens}));
+    response.outputs.push_back(TensorOf<int64_t>("prompt_tokens", DType::kI64, {1, 1}, {2}));
+  };
+  auto emit = [&](const std::string& piece) {
+    ++completion_tokens;
+    if (!request.on_response) {
+      joined += piece;
+      return true;
     }
-    ModelMetadata m;
-    m.name = model;
-    m.versions = {"1"};
-    m.platform = "hearth_python";
-    if (model == "gen" || model == "unready") {
-      m.max_batch_size = 8;
-      m.decoupled = true;
-      m.inputs = {{"text_input", DType::kBytes, {-1, 1}}};
-      m.outputs = {{"text_output", DType::kBytes, {-1, 1}},
-                   {"prompt_tokens", DType::kI64, {-1, 1}},
-                   {"completion_tokens", DType::kI64, {-1, 1}},
-                   {"finish_reason", DType::kBytes, {-1, 1}}};
-    } else if (model == "chat") {
-      m.max_batch_size = 8;
-      m.decoupled = true;
-      m.inputs = {{"messages", DType::kBytes, {-1, 1}}};
-      m.outputs = {{"text_output", DType::kBytes, {-1, 1}}};
-    } else if (model == "plain") {
-      m.inputs = {{"text_input", DType::kBytes, {1}}};
-      m.outputs = {{"text_output", DType::kBytes, {1}}};
-    } else if (model == "typed") {
-      m.inputs = {{"text_input", DType::kBytes, {1}},
-                  {"n", DType::kI32, {1}},
-                  {"scale", DType::kF32, {-1}},
-                  {"flag", DType::kBool, {1}}};
-      m.outputs = {{"text_output", DType::kBytes, {1}},
-                   {"sum", DType::kF32, {1}},
-                   {"flags", DType::kBool, {1}},
-                   {"list", DType::kI64, {3}}};
-    } else if (model == "vision") {
-      m.max_batch_size = 8;
-      m.inputs = {{"x", DType::kF32, {-1, 4}}};
-      m.outputs = {{"y", DType::kF32, {-1, 1}}};
-    } else {
-      return NotFound("no model '" + model + "'");
+    InferResponse response = ResponseTo(request);
+    response.outputs.push_back({"text_output", DType::kBytes, {1, 1}, BytesOf({piece})});
+    if (counts_tokens) counts(response);
+    return request.on_response(response);
+  };
+  auto last = [&](std::optional<std::string> finish_reason = std::nullopt) {
+    InferResponse response = ResponseTo(request);
+    if (!request.on_response) {
+      response.outputs.push_back({"text_output", DType::kBytes, {1, 1}, BytesOf({joined})});
+      if (counts_tokens) counts(response);
     }
-    return m;
-  }
-
-  Result<bool> ModelReady(const std::string& model, const std::string& version) const override {
-    Result<ModelMetadata> m = Metadata(model, version);
-    if (!m.ok()) return m.status();
-    return model != "unready";
-  }
-
-  void Infer(InferRequest request, std::function<void(Result<InferResponse>)> done) override {
-    // The server's admission, as Server::Infer applies it.
-    if (Result<ModelMetadata> m = Metadata(request.model, request.version); !m.ok()) {
-      return done(m.status());
-    } else if (Status admitted = AdmitInferRequest(request, *m); !admitted.ok()) {
-      return done(admitted);
+    if (finish_reason.has_value()) {
+      response.outputs.push_back(
+          {"finish_reason", DType::kBytes, {1, 1}, BytesOf({*finish_reason})});
     }
-    std::lock_guard lock(mutex_);
-    threads_.emplace_back([this, request = std::move(request), done = std::move(done)]() mutable {
-      Seen seen = Run(request, done);
-      {
-        std::lock_guard inner(mutex_);
-        finished_.push_back(std::move(seen));
-      }
-      changed_.notify_all();
-    });
-  }
-
-  void OpenGate() {
-    {
-      std::lock_guard lock(mutex_);
-      gate_open_ = true;
-    }
-    changed_.notify_all();
-  }
-
-  // Waits (at most 60 s, a failure) until `n` requests have finished in
-  // all; the last of them.
-  std::optional<Seen> WaitFinished(size_t n) {
-    std::unique_lock lock(mutex_);
-    if (!changed_.wait_for(lock, 60s, [&] { return finished_.size() >= n; })) return std::nullopt;
-    return finished_[n - 1];
-  }
-  // Waits (at most 60 s) until a request that `match`es has finished.
-  template <typename Match>
-  std::optional<Seen> WaitSeen(Match match) {
-    std::unique_lock lock(mutex_);
-    std::optional<Seen> found;
-    changed_.wait_for(lock, 60s, [&] {
-      for (const Seen& seen : finished_) {
-        if (match(seen)) found = seen;
-      }
-      return found.has_value();
-    });
-    return found;
-  }
-  // Waits until `n` pieces of "gated" or "wait" requests have been handed over.
-  bool WaitPieces(int n) {
-    std::unique_lock lock(mutex_);
-    return changed_.wait_for(lock, 60s, [&] { return held_pieces_ >= n; });
-  }
-
- private:
-  static InferResponse Response(const InferRequest& request) {
-    InferResponse response;
-    response.model = request.model;
-    response.version = "1";
-    response.id = request.id;
     return response;
+  };
+
+  if (request.model == "chat") {
+    emit("you said: ");
+    emit(prompt);
+    return last();
   }
-
-  static std::vector<int64_t> Shape(const InferRequest& request, int64_t n = 1) {
-    return request.model == "plain" || request.model == "typed" ? std::vector<int64_t>{n}
-                                                                : std::vector<int64_t>{1, n};
+  if (prompt == "fail") {
+    emit("tok0 ");
+    emit("tok1 ");
+    return Internal("the worker died");
   }
-
-  Seen Run(InferRequest& request, std::function<void(Result<InferResponse>)>& done) {
-    Seen seen;
-    seen.model = request.model;
-    seen.id = request.id;
-    seen.parameters_json = request.parameters_json;
-    seen.streamed = static_cast<bool>(request.on_response);
-    for (const InferTensor& input : request.inputs) {
-      InferTensor copy;
-      copy.name = input.name;
-      copy.dtype = input.dtype;
-      copy.shape = input.shape;
-      copy.data = std::vector<std::byte>(input.data.bytes().begin(), input.data.bytes().end());
-      seen.inputs.push_back(std::move(copy));
-    }
-    auto finish = [&](Result<InferResponse> result) {
-      seen.cancelled = request.cancelled != nullptr && request.cancelled->load();
-      done(std::move(result));
-    };
-    if (request.model == "unready") {
-      finish(Unavailable("model 'unready' has no worker ready"));
-      return seen;
-    }
-    const std::string prompt = request.inputs.empty() ? "" : FirstElement(request.inputs[0]);
-    if (request.model == "plain") {
-      InferResponse response = Response(request);
-      response.outputs.push_back(
-          {"text_output", DType::kBytes, Shape(request), BytesOf({"echo: " + prompt})});
-      finish(std::move(response));
-      return seen;
-    }
-    if (request.model == "typed") {
-      std::map<std::string, const InferTensor*> in;
-      for (const InferTensor& input : request.inputs) in[input.name] = &input;
-      const int32_t n = Values<int32_t>(*in["n"]).at(0);
-      std::string text;
-      for (int32_t i = 0; i < n; ++i) text += FirstElement(*in["text_input"]);
-      float sum = 0;
-      for (float v : Values<float>(*in["scale"])) sum += v;
-      InferResponse response = Response(request);
-      response.outputs.push_back({"text_output", DType::kBytes, {1}, BytesOf({text})});
-      response.outputs.push_back({"sum", DType::kF32, {1}, Raw(std::vector<float>{sum})});
-      response.outputs.push_back({"flags",
-                                  DType::kBool,
-                                  {1},
-                                  std::vector<std::byte>(in["flag"]->data.bytes().begin(),
-                                                         in["flag"]->data.bytes().end())});
-      response.outputs.push_back({"list", DType::kI64, {3}, Raw(std::vector<int64_t>{1, 2, 3})});
-      finish(std::move(response));
-      return seen;
-    }
-
-    int max_tokens = 4;
-    if (!request.parameters_json.empty()) {
-      const json parameters = json::parse(request.parameters_json, nullptr, false);
-      if (parameters.is_object() && parameters.contains("max_tokens")) {
-        max_tokens = parameters["max_tokens"].get<int>();
-      }
-    }
-    // One response's outputs, borrowed from `lent`, which is spoiled once
-    // on_response returns (as the server's slot is reused).
-    std::string joined;
-    const bool counts_tokens = request.model == "gen";  // "chat" gives no counts
-    int64_t completion_tokens = 0;
-    bool stopped = false;
-    auto emit = [&](const std::string& piece) {
-      if (stopped) return false;
-      ++completion_tokens;
-      if (!request.on_response) {
-        joined += piece;
-        return true;
-      }
-      std::vector<std::byte> lent = BytesOf({piece});
-      std::vector<std::byte> counts = Raw(std::vector<int64_t>{completion_tokens});
-      std::vector<std::byte> prompt_count = Raw(std::vector<int64_t>{2});
-      InferResponse response = Response(request);
-      response.outputs.push_back(
-          {"text_output", DType::kBytes, Shape(request), TensorData::Borrowed(lent)});
-      if (counts_tokens) {
-        response.outputs.push_back(
-            {"completion_tokens", DType::kI64, Shape(request), TensorData::Borrowed(counts)});
-        response.outputs.push_back(
-            {"prompt_tokens", DType::kI64, Shape(request), TensorData::Borrowed(prompt_count)});
-      }
-      const bool ok = request.on_response(response);
-      std::fill(lent.begin(), lent.end(), std::byte{0xff});
-      std::fill(counts.begin(), counts.end(), std::byte{0xff});
-      if (ok) {
-        ++seen.accepted;
-      } else {
-        seen.refused = true;
-        stopped = true;
-      }
-      return ok;
-    };
-    auto joined_response = [&](std::optional<std::string> finish_reason) {
-      InferResponse response = Response(request);
-      if (!request.on_response) {
-        response.outputs.push_back(
-            {"text_output", DType::kBytes, Shape(request), BytesOf({joined})});
-      }
-      if (!request.on_response && counts_tokens) {
-        response.outputs.push_back({"completion_tokens", DType::kI64, Shape(request),
-                                    Raw(std::vector<int64_t>{completion_tokens})});
-        response.outputs.push_back(
-            {"prompt_tokens", DType::kI64, Shape(request), Raw(std::vector<int64_t>{2})});
-      }
-      if (finish_reason.has_value()) {
-        response.outputs.push_back(
-            {"finish_reason", DType::kBytes, Shape(request), BytesOf({*finish_reason})});
-      }
-      return response;
-    };
-
-    if (request.model == "chat") {
-      emit("you said: ");
-      emit(prompt);
-      finish(joined_response(std::nullopt));
-      return seen;
-    }
-    if (prompt == "fail") {
-      emit("tok0 ");
-      emit("tok1 ");
-      finish(Internal("the worker died"));
-      return seen;
-    }
-    if (prompt == "wait") {
-      emit("tok0 ");
-      HoldPiece();
-      // Polls the flag, which nothing signals, with a deadline.
-      const auto deadline = std::chrono::steady_clock::now() + 60s;
-      while (!request.cancelled->load() && std::chrono::steady_clock::now() < deadline) {
-        std::unique_lock lock(mutex_);
-        changed_.wait_for(lock, 1ms);
-      }
-      emit("tok1 ");
-      finish(Unavailable("the request was cancelled"));
-      return seen;
-    }
-    if (prompt == "big") {
-      const std::string chunk(64 * 1024, 'b');
-      for (int i = 0; i < 1000 && emit(std::to_string(i) + ":" + chunk); ++i) {
-      }
-      finish(joined_response(std::nullopt));
-      return seen;
-    }
-    if (prompt == "gated") {
-      emit("tok0 ");
-      HoldPiece();
-      {
-        std::unique_lock lock(mutex_);
-        changed_.wait(lock, [this] { return gate_open_; });
-      }
-      for (int i = 1; i < max_tokens; ++i) emit("tok" + std::to_string(i) + " ");
-      finish(joined_response(std::nullopt));
-      return seen;
-    }
-    const int pieces = prompt == "short" ? 2 : max_tokens;
-    for (int i = 0; i < pieces; ++i) emit("tok" + std::to_string(i) + " ");
-    finish(joined_response(prompt == "stop" ? std::optional<std::string>("stop") : std::nullopt));
-    return seen;
+  if (prompt == "wait") {
+    emit("tok0 ");
+    fake.AwaitCancel(request);
+    emit("tok1 ");
+    return Unavailable("the request was cancelled");
   }
-
-  void HoldPiece() {
-    {
-      std::lock_guard lock(mutex_);
-      ++held_pieces_;
+  if (prompt == "big") {
+    const std::string chunk(64 * 1024, 'b');
+    for (int i = 0; i < 1000 && emit(std::to_string(i) + ":" + chunk); ++i) {
     }
-    changed_.notify_all();
+    return last();
   }
+  if (prompt == "gated") {
+    emit("tok0 ");
+    fake.AwaitGate();
+    for (int i = 1; i < max_tokens; ++i) emit("tok" + std::to_string(i) + " ");
+    return last();
+  }
+  const int pieces = prompt == "short" ? 2 : max_tokens;
+  for (int i = 0; i < pieces; ++i) emit("tok" + std::to_string(i) + " ");
+  return last(prompt == "stop" ? std::optional<std::string>("stop") : std::nullopt);
+}
 
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::vector<std::thread> threads_;
-  std::vector<Seen> finished_;
-  bool gate_open_ = false;
-  int held_pieces_ = 0;
-};
+Result<InferResponse> Plain(FakeService&, InferRequest& request) {
+  InferResponse response = ResponseTo(request);
+  response.outputs.push_back({"text_output",
+                              DType::kBytes,
+                              {1},
+                              BytesOf({"echo: " + FirstElement(request.inputs.at(0))})});
+  return response;
+}
+
+Result<InferResponse> Typed(FakeService&, InferRequest& request) {
+  std::map<std::string, const InferTensor*> in;
+  for (const InferTensor& input : request.inputs) in[input.name] = &input;
+  const int32_t n = Values<int32_t>(*in["n"]).at(0);
+  std::string text;
+  for (int32_t i = 0; i < n; ++i) text += FirstElement(*in["text_input"]);
+  float sum = 0;
+  for (float v : Values<float>(*in["scale"])) sum += v;
+  InferResponse response = ResponseTo(request);
+  response.outputs.push_back({"text_output", DType::kBytes, {1}, BytesOf({text})});
+  response.outputs.push_back(TensorOf<float>("sum", DType::kF32, {1}, {sum}));
+  response.outputs.push_back({"flags", DType::kBool, {1}, in["flag"]->data});
+  response.outputs.push_back(TensorOf<int64_t>("list", DType::kI64, {3}, {1, 2, 3}));
+  return response;
+}
+
+std::vector<FakeModel> Models() {
+  const std::vector<TensorMetadata> gen_outputs = {{"text_output", DType::kBytes, {-1, 1}},
+                                                   {"prompt_tokens", DType::kI64, {-1, 1}},
+                                                   {"completion_tokens", DType::kI64, {-1, 1}},
+                                                   {"finish_reason", DType::kBytes, {-1, 1}}};
+  const TensorMetadata text_input = {"text_input", DType::kBytes, {-1, 1}};
+  std::vector<FakeModel> models = {
+      MakeModel("gen", "hearth_python", 8, {text_input}, gen_outputs, Generate),
+      MakeModel("unready", "hearth_python", 8, {text_input}, gen_outputs,
+                Fails(Unavailable("model 'unready' has no worker ready"))),
+      MakeModel("chat", "hearth_python", 8, {{"messages", DType::kBytes, {-1, 1}}},
+                {{"text_output", DType::kBytes, {-1, 1}}}, Generate)};
+  for (FakeModel& model : models) model.metadata.decoupled = true;
+  models[0].own_thread = true;
+  models[1].ready = false;
+  models.push_back(MakeModel("plain", "hearth_python", 0, {{"text_input", DType::kBytes, {1}}},
+                             {{"text_output", DType::kBytes, {1}}}, Plain));
+  models.push_back(MakeModel("typed", "hearth_python", 0,
+                             {{"text_input", DType::kBytes, {1}},
+                              {"n", DType::kI32, {1}},
+                              {"scale", DType::kF32, {-1}},
+                              {"flag", DType::kBool, {1}}},
+                             {{"text_output", DType::kBytes, {1}},
+                              {"sum", DType::kF32, {1}},
+                              {"flags", DType::kBool, {1}},
+                              {"list", DType::kI64, {3}}},
+                             Typed));
+  models.push_back(MakeModel("vision", "hearth_python", 8, {{"x", DType::kF32, {-1, 4}}},
+                             {{"y", DType::kF32, {-1, 1}}}));
+  return models;
+}
+
+FakeSettings Settings() {
+  FakeSettings settings;
+  settings.extensions = {"generate"};
+  return settings;
+}
 
 std::string Request(const std::string& method, const std::string& target, const std::string& body,
                     const std::string& version = "HTTP/1.1") {
@@ -566,7 +378,7 @@ class GenerateTest : public ::testing::Test {
     return body["error"].get<std::string>();
   }
 
-  StreamingService service_;
+  FakeService service_{Settings(), Models()};
   std::unique_ptr<HttpServer> server_;
 };
 
@@ -1123,7 +935,7 @@ TEST_F(GenerateTest, AClientThatDisconnectsFromAnAnswerNotStreamedCancelsItToo) 
   {
     Connection connection(port());
     connection.Post("/v1/completions", R"({"model":"gen","prompt":"wait"})");
-    ASSERT_TRUE(service_.WaitPieces(1));
+    ASSERT_TRUE(service_.WaitParked(1));
   }
   std::optional<Seen> seen = service_.WaitFinished(1);
   ASSERT_TRUE(seen.has_value());
