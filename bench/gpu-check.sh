@@ -80,7 +80,7 @@ if want python; then
   echo "== Python package against a CUDA store"
   PYROOT=$PWD/.gpu/pyroot/usr/lib/python3/dist-packages
   HEARTH_TEST_DEVICE=cuda:0 HEARTH_CLI=$PWD/$BUILD/bin/hearth HEARTH_LIBRARY=$PWD/$BUILD/src/capi/libhearth.so \
-    HEARTH_TEST_LOG_DIR=$OUT PYTHONPATH=$PWD/python:$PYROOT timeout 400 python3 -m pytest -q -rs tests/python -p no:cacheprovider \
+    HEARTH_TEST_LOG_DIR=$OUT PYTHONPATH=$PWD/python:$PYROOT timeout 560 python3 -m pytest -q -rs tests/python -p no:cacheprovider \
     > "$OUT/pytest-cuda.log" 2>&1
   py_rc=$?
   tail -15 "$OUT/pytest-cuda.log"
