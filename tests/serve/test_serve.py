@@ -802,7 +802,7 @@ def test_fixing_a_broken_model_brings_it_up_without_a_restart(hostile):
     assert log.count("model fifo is not served") == 1, log[-3000:]
 
 
-def test_workers_that_cannot_start_fail_their_model_until_fixed(tmp_path):
+def test_workers_that_cannot_start_fail_their_model_until_fixed(tmp_path, serve):
     """A hearth-worker that exits at once: Start() does not wait out the
     ready timeout, the model answers 503 with the reason, it is retried with
     back-off (its failure logged once), and a working worker brings it up."""
@@ -815,25 +815,21 @@ def test_workers_that_cannot_start_fail_their_model_until_fixed(tmp_path):
     broken.chmod(0o755)
     os.replace(broken, bin_dir / "hearth-worker")
     scale_demo_repository(tmp_path / "repo")
-    state = start_serve(tmp_path, tmp_path / "repo", cli=str(bin_dir / "hearth"), name="noworker")
-    try:
-        url = state["url"]
-        r = requests.get(f"{url}/v2/models/scale/ready", timeout=10)
-        assert r.status_code == 503, r.text
-        assert "no worker could start" in r.json()["error"] and "exited with status 3" in r.json()["error"], r.text
-        # Two attempts of both workers, at least: it is being retried.
-        wait_for(lambda: starts.exists() and starts.read_text().count("start") >= 4, "a second attempt")
-        assert state["log"].read_text().count("model scale is not served") == 1
-        real = pathlib.Path(CLI).resolve().parent / "hearth-worker"
-        link = bin_dir / "hearth-worker.new"
-        link.symlink_to(real)
-        os.replace(link, bin_dir / "hearth-worker")
-        wait_for(lambda: requests.get(f"{url}/v2/models/scale/ready").status_code == 200,
-                 "scale to be served by working workers")
-        assert_demo_answer(url)
-    finally:
-        code, text = stop_serve(state)
-    assert code == 0, text[-3000:]
+    state = serve(tmp_path / "repo", cli=str(bin_dir / "hearth"), name="noworker")
+    url = state["url"]
+    r = requests.get(f"{url}/v2/models/scale/ready", timeout=10)
+    assert r.status_code == 503, r.text
+    assert "no worker could start" in r.json()["error"] and "exited with status 3" in r.json()["error"], r.text
+    # Two attempts of both workers, at least: it is being retried.
+    wait_for(lambda: starts.exists() and starts.read_text().count("start") >= 4, "a second attempt")
+    assert state["log"].read_text().count("model scale is not served") == 1
+    real = pathlib.Path(CLI).resolve().parent / "hearth-worker"
+    link = bin_dir / "hearth-worker.new"
+    link.symlink_to(real)
+    os.replace(link, bin_dir / "hearth-worker")
+    wait_for(lambda: requests.get(f"{url}/v2/models/scale/ready").status_code == 200,
+             "scale to be served by working workers")
+    assert_demo_answer(url)
 
 
 def cli_with_worker(tmp_path, script):
@@ -854,7 +850,7 @@ def cli_with_worker(tmp_path, script):
     return str(bin_dir / "hearth"), use_real_worker
 
 
-def test_workers_sigkilled_while_starting_fail_their_model_instead_of_respawning(tmp_path):
+def test_workers_sigkilled_while_starting_fail_their_model_instead_of_respawning(tmp_path, serve):
     """A worker SIGKILLed at every start (as the OOM killer does to one whose
     max_batch_size does not fit): one kill is retried at once, a second in a
     row is a failure, so Start() does not wait out the ready timeout, the
@@ -863,24 +859,20 @@ def test_workers_sigkilled_while_starting_fail_their_model_instead_of_respawning
     starts = tmp_path / "starts"
     cli, use_real_worker = cli_with_worker(tmp_path, f"echo start >> {starts}\nkill -KILL $$\n")
     scale_demo_repository(tmp_path / "repo", count=1)
-    state = start_serve(tmp_path, tmp_path / "repo", cli=cli, name="oom")
-    try:
-        url = state["url"]
-        r = requests.get(f"{url}/v2/models/scale/ready", timeout=10)
-        assert r.status_code == 503, r.text
-        assert "killed by SIGKILL while starting (out of memory?)" in r.json()["error"], r.text
-        wait_for(lambda: starts.read_text().count("start") >= 4, "a later attempt")
-        assert state["log"].read_text().count("model scale is not served") == 1
-        use_real_worker()
-        wait_for(lambda: requests.get(f"{url}/v2/models/scale/ready").status_code == 200,
-                 "scale to be served by a working worker")
-        assert_demo_answer(url)
-    finally:
-        code, text = stop_serve(state)
-    assert code == 0, text[-3000:]
+    state = serve(tmp_path / "repo", cli=cli, name="oom")
+    url = state["url"]
+    r = requests.get(f"{url}/v2/models/scale/ready", timeout=10)
+    assert r.status_code == 503, r.text
+    assert "killed by SIGKILL while starting (out of memory?)" in r.json()["error"], r.text
+    wait_for(lambda: starts.read_text().count("start") >= 4, "a later attempt")
+    assert state["log"].read_text().count("model scale is not served") == 1
+    use_real_worker()
+    wait_for(lambda: requests.get(f"{url}/v2/models/scale/ready").status_code == 200,
+             "scale to be served by a working worker")
+    assert_demo_answer(url)
 
 
-def test_a_lone_request_waits_for_a_batch_no_longer_than_its_timeout(tmp_path):
+def test_a_lone_request_waits_for_a_batch_no_longer_than_its_timeout(tmp_path, serve):
     """With a batch delay of 60 s (the most a config may ask), a request with
     a 100 ms timeout that no other joins is answered 504 at its deadline,
     not after the delay; a config asking for more than 60 s is refused."""
@@ -893,35 +885,27 @@ def test_a_lone_request_waits_for_a_batch_no_longer_than_its_timeout(tmp_path):
     (tmp_path / "repo" / "toolong" / "config.yaml").write_text(scale_config(count=1, extra="""dynamic_batching:
   max_queue_delay_microseconds: 9223372036854775807
 """))
-    state = start_serve(tmp_path, tmp_path / "repo", name="delay")
-    try:
-        url = state["url"]
-        x = np.ones((1, SCALE_N), np.float32)
-        r = infer_json(url, "scale", [{"name": "x", "datatype": "FP32", "shape": [1, SCALE_N],
-                                       "data": x.ravel().tolist()}], parameters={"timeout": 100000})
-        assert r.status_code == 504, f"{r.status_code} {r.text}"
-        r = requests.get(f"{url}/v2/models/toolong/ready", timeout=10)
-        assert r.status_code == 503
-        assert "dynamic_batching.max_queue_delay_microseconds: must be at most 60000000" in r.json()["error"], r.text
-    finally:
-        code, text = stop_serve(state)
-    assert code == 0, text[-3000:]
+    state = serve(tmp_path / "repo", name="delay")
+    url = state["url"]
+    x = np.ones((1, SCALE_N), np.float32)
+    r = infer_json(url, "scale", [{"name": "x", "datatype": "FP32", "shape": [1, SCALE_N],
+                                   "data": x.ravel().tolist()}], parameters={"timeout": 100000})
+    assert r.status_code == 504, f"{r.status_code} {r.text}"
+    r = requests.get(f"{url}/v2/models/toolong/ready", timeout=10)
+    assert r.status_code == 503
+    assert "dynamic_batching.max_queue_delay_microseconds: must be at most 60000000" in r.json()["error"], r.text
 
 
-def test_a_long_xdg_runtime_dir_does_not_make_socket_paths_too_long(tmp_path):
+def test_a_long_xdg_runtime_dir_does_not_make_socket_paths_too_long(tmp_path, serve):
     """$XDG_RUNTIME_DIR so long that <it>/hearth/serve-XXXXXX/store-cpu.sock
     would not fit sun_path: the run directory goes to /tmp and models serve."""
     xdg = tmp_path / ("x" * 50) / ("y" * 50)
     xdg.mkdir(parents=True, mode=0o700)
     scale_demo_repository(tmp_path / "repo", count=1)
-    state = start_serve(tmp_path, tmp_path / "repo", env=dict(os.environ, XDG_RUNTIME_DIR=str(xdg)), name="xdg")
-    try:
-        assert state["run_dir"].startswith("/tmp/serve-"), state["run_dir"]
-        assert requests.get(f"{state['url']}/v2/models/scale/ready", timeout=10).status_code == 200
-        assert_demo_answer(state["url"])
-    finally:
-        code, text = stop_serve(state)
-    assert code == 0, text[-3000:]
+    state = serve(tmp_path / "repo", env=dict(os.environ, XDG_RUNTIME_DIR=str(xdg)), name="xdg")
+    assert state["run_dir"].startswith("/tmp/serve-"), state["run_dir"]
+    assert requests.get(f"{state['url']}/v2/models/scale/ready", timeout=10).status_code == 200
+    assert_demo_answer(state["url"])
 
 
 def test_sigterm_during_start_up_stops_the_server(tmp_path):
