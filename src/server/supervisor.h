@@ -21,7 +21,7 @@
 #include "server/model_config.h"
 #include "server/placement.h"
 #include "server/request_slot.h"
-#include "server/server.h"
+#include "server/server_options.h"
 #include "server/shared_memory.h"
 #include "server/worker_exchange.h"
 #include "server/worker_process.h"
