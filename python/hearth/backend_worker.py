@@ -359,6 +359,7 @@ def _serve(w, model, inputs_spec, outputs_spec, tensor_type, fault=None):
     torch = None
     if tensor_type == "torch":
         import torch
+    first_batch = True
     while True:
         r = lib.hearth_worker_next(h)
         if r == 0:
@@ -370,7 +371,12 @@ def _serve(w, model, inputs_spec, outputs_spec, tensor_type, fault=None):
         if fault is not None:
             _inject_fault(np, fault[0], fault[1], inputs)
         try:
+            began = time.monotonic()
             outputs = model.execute(inputs)
+            if first_batch:
+                first_batch = False
+                print(f"hearth.backend_worker: pid {os.getpid()}: its first batch ran in "
+                      f"{time.monotonic() - began:.3f} s", file=sys.stderr, flush=True)
         except Exception as e:  # the model's fault: fail these requests, serve on
             traceback.print_exc()
             _exit_if_cuda_is_lost()
@@ -533,6 +539,41 @@ def _check_execute(Model, decoupled, path):
             "{decoupled: true} in config.yaml to stream each yield as a response")
 
 
+def _since_process_start():
+    """Seconds from this process's start (the kernel's start time, in clock
+    ticks: up to one tick more than it was) to now; None where /proc cannot say."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class _Phases:
+    """The phases of a worker's start, each timed from the end of the one before."""
+
+    def __init__(self):
+        self.times = []
+        interpreter = _since_process_start()
+        if interpreter is not None:
+            self.times.append(("interpreter", interpreter))
+        self.last = time.monotonic()
+
+    def done(self, phase):
+        now = time.monotonic()
+        self.times.append((phase, now - self.last))
+        self.last = now
+
+    def skip(self):
+        """What passed since the last phase is none of the start's (a standby's wait)."""
+        self.last = time.monotonic()
+
+    def text(self):
+        return ", ".join(f"{name} {seconds:.3f} s" for name, seconds in self.times)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m hearth.backend_worker",
                                 description="The Python backend's worker (started by hearth serve).")
@@ -551,6 +592,7 @@ def main(argv=None):
                    help="import what the model needs, then wait until the server puts this worker to work")
     p.add_argument("--device", default="", help="a standby's hint: the model's device")
     a = p.parse_args(argv)
+    phases = _Phases()
 
     lib = _capi.library()
     _declare(lib)
@@ -586,15 +628,19 @@ def main(argv=None):
             # of a start), which a standby does before it is needed. Nothing
             # here may touch the device: a standby holds no device context.
             started = time.monotonic()
+            phases.done("setup")
             import hearth
             try:
                 import hearth.torch
+                import torch  # noqa: F401  what state_dict needs: imported before a standby waits
             except ImportError:
                 hearth_torch = None
             else:
                 hearth_torch = hearth.torch
+            phases.done("imports")
             Model = _load_model_class(w.version_dir)
             _check_execute(Model, decoupled, os.path.join(w.version_dir, "model.py"))
+            phases.done("model.py")
             if a.standby:
                 standby_ms = round(1000 * (time.monotonic() - started))
                 if not hasattr(lib, "hearth_worker_wait_start"):
@@ -605,9 +651,12 @@ def main(argv=None):
                     return 0  # the server let this standby go
                 if go < 0:
                     raise OSError(w.error())
+                phases.skip()
             weights = hearth.attach(a.model, socket=a.store_socket, version=a.version or None)
             device = weights.device
+            phases.done("attach")
             tensors = hearth_torch.state_dict(weights) if hearth_torch is not None else weights
+            phases.done("tensors")
             model = Model()
             args = {"model_config": w.config, "model_name": a.model,
                     "model_version": str(w.config.get("version_policy", {})
@@ -615,6 +664,7 @@ def main(argv=None):
                     "model_repository": w.version_dir, "device": device,
                     "weights": _ReadOnly(tensors)}
             model.initialize(args)
+            phases.done("initialize")
         except BaseException:
             text = traceback.format_exc()
             print(text, file=sys.stderr, end="")
@@ -623,7 +673,7 @@ def main(argv=None):
         text = f"{device} (python {sys.version.split()[0]}, pid {os.getpid()}"
         if standby_ms is not None:
             text += f"; a standby, loaded {standby_ms} ms before"
-        text += ")"
+        text += f"; start: {phases.text()})"
         ins, outs = w.specs(inputs_spec), w.specs(outputs_spec)
         if lib.hearth_worker_ready(handle, ins, len(inputs_spec), outs, len(outputs_spec),
                                    _device_memory(), text.encode()) != 0:

@@ -10,6 +10,7 @@ it is installed); the model code uses NumPy only.
 import concurrent.futures
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -190,6 +191,32 @@ def test_a_python_model_answers_from_the_stores_weights(served):
     meta = requests.get(f"{served['url']}/v2/models/pyscale").json()
     assert meta["platform"] == "hearth_python"
     assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, N]}]
+
+
+READY_LINE = re.compile(r"pyscale worker \d+ ready: pid (\d+) on .*?; start: ([^)]*)\) in (\d+) ms")
+PHASES = ["interpreter", "setup", "imports", "model.py", "attach", "tensors", "initialize"]
+
+
+def test_a_python_workers_start_is_timed_phase_by_phase(served):
+    """Each Python worker's ready line lists the phases of its start, in
+    order; together they fit in the start the server measured (from the
+    spawn to the ready message; the interpreter's phase, taken from the
+    kernel's start time in clock ticks, may be up to one tick, 10 ms, more).
+    Its first batch's time is logged once it has run one."""
+    x = np.ones((1, N), np.float32)
+    r = infer_json(served["url"], "pyscale", [{"name": "x", "datatype": "FP32", "shape": [1, N],
+                                                "data": x.ravel().tolist()}])
+    assert r.status_code == 200, r.text
+    text = served["log"].read_text()
+    lines = READY_LINE.findall(text)
+    assert lines, text[-3000:]
+    for pid, phases, spawn_to_ready_ms in lines:
+        named = [p.rsplit(" ", 2) for p in phases.split(", ")]
+        assert [n for n, _, unit in named] == PHASES and {unit for _, _, unit in named} == {"s"}, phases
+        seconds = [float(v) for _, v, _ in named]
+        assert all(v >= 0 for v in seconds), phases
+        assert sum(seconds) <= int(spawn_to_ready_ms) / 1000 + 0.02, (phases, spawn_to_ready_ms)
+    assert re.search(r"pid \d+: its first batch ran in \d+\.\d{3} s", text), text[-3000:]
 
 
 def test_a_config_without_inputs_and_outputs_takes_the_backends(served):
