@@ -88,10 +88,26 @@ def measure(a, model, standby):
             times.append(time.time() - killed)
             lines.append(re.findall(pattern, log.read_text())[-1][1])
             ask(port, model)
+        phases = start_phases(port, model)
     finally:
         stop(proc)
     return {"model": model, "standby_workers": standby, "device": a.device,
-            "median_s": statistics.median(times), "all_s": [round(t, 3) for t in times], "ready_text": lines[-1]}
+            "median_s": statistics.median(times), "all_s": [round(t, 3) for t in times],
+            "start_phases_mean_s": phases, "ready_text": lines[-1]}
+
+
+def start_phases(port, model):
+    """The mean time of each phase of the model's worker starts, from /metrics
+    (hearth_worker_start_phase_duration_us and _count), in seconds."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    totals = {}
+    for name, phase, value in re.findall(
+            rf'^hearth_worker_start_phase_(duration_us|count){{model="{model}",phase="([^"]+)"}} (\S+)$',
+            text, re.M):
+        totals.setdefault(phase, {})[name] = float(value)
+    return {phase: round(t["duration_us"] / t["count"] / 1e6, 4)
+            for phase, t in totals.items() if t.get("count")}
 
 
 def main():

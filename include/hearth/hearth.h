@@ -28,8 +28,9 @@ extern "C" {
  * interface (hearth_worker_*). 4: adds decoupled models' streams
  * (hearth_worker_decoupled, hearth_worker_parameters_json,
  * hearth_worker_respond). 5: adds standby workers' hearth_worker_wait_start.
- * Everything of earlier versions is unchanged. */
-#define HEARTH_ABI_VERSION 5
+ * 6: adds hearth_worker_start_phase. Everything of earlier versions is
+ * unchanged. */
+#define HEARTH_ABI_VERSION 6
 
 enum hearth_status {
   HEARTH_OK = 0,
@@ -174,6 +175,11 @@ int32_t hearth_worker_parameter(const hearth_worker* w, size_t index, const char
 int32_t hearth_worker_ready(hearth_worker* w, const hearth_tensor_spec* inputs, size_t num_inputs,
                             const hearth_tensor_spec* outputs, size_t num_outputs,
                             uint64_t device_memory_bytes, const char* text);
+/* A phase of this worker's start and how long it took (before ready, at
+ * most 16): the server logs them and exports their totals in /metrics
+ * (hearth_worker_start_phase_seconds_total). `name`: 1 to 32 characters of
+ * a-z, 0-9, '.', '_' and '-'. */
+int32_t hearth_worker_start_phase(hearth_worker* w, const char* name, uint64_t microseconds);
 /* Why this worker cannot start (before ready): the model's status and log
  * show `message`. `status` is a negative hearth_status. */
 int32_t hearth_worker_fail(hearth_worker* w, int32_t status, const char* message);

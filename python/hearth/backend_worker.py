@@ -116,6 +116,8 @@ def _declare(lib):
         ("hearth_worker_respond", [h], c.c_int32),
         # ABI version 5: standby workers.
         ("hearth_worker_wait_start", [h], c.c_int32),
+        # ABI version 6: the phases of a worker's start, for the server's metrics.
+        ("hearth_worker_start_phase", [h, c.c_char_p, c.c_uint64], c.c_int32),
     ]:
         if hasattr(lib, name):
             fn = getattr(lib, name)
@@ -674,6 +676,9 @@ def main(argv=None):
         if standby_ms is not None:
             text += f"; a standby, loaded {standby_ms} ms before"
         text += f"; start: {phases.text()})"
+        if hasattr(lib, "hearth_worker_start_phase"):
+            for name, seconds in phases.times:
+                lib.hearth_worker_start_phase(handle, name.encode(), round(seconds * 1e6))
         ins, outs = w.specs(inputs_spec), w.specs(outputs_spec)
         if lib.hearth_worker_ready(handle, ins, len(inputs_spec), outs, len(outputs_spec),
                                    _device_memory(), text.encode()) != 0:

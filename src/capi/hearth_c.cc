@@ -321,6 +321,16 @@ int32_t hearth_worker_ready(hearth_worker* w, const hearth_tensor_spec* inputs, 
   }
 }
 
+int32_t hearth_worker_start_phase(hearth_worker* w, const char* name, uint64_t microseconds) {
+  try {
+    if (name == nullptr) return Fail(hearth::InvalidArgument("a start phase needs a name"));
+    hearth::Status s = w->session->AddStartPhase(name, microseconds);
+    return s.ok() ? HEARTH_OK : Fail(s);
+  } catch (...) {
+    return FailUnexpected();
+  }
+}
+
 int32_t hearth_worker_fail(hearth_worker* w, int32_t status, const char* message) {
   try {
     w->session->Fail(FromC(status, message));

@@ -205,6 +205,14 @@ Status SendSetup(int fd, const Setup& m) {
   return SendPacket(fd, w.bytes(), kMaxSetupBytes, "setup");
 }
 
+bool IsStartPhaseName(std::string_view name) {
+  if (name.empty() || name.size() > kMaxStartPhaseNameBytes) return false;
+  for (char c : name)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'))
+      return false;
+  return true;
+}
+
 Status SendReady(int fd, const Ready& m) {
   Writer w(Kind::kReady);
   w.Specs(m.inputs);
@@ -212,6 +220,17 @@ Status SendReady(int fd, const Ready& m) {
   w.U64(m.device_memory_bytes);
   w.Str(m.text.substr(0, kMaxTextBytes));
   w.U8(m.device_addresses ? 1 : 0);
+  if (m.phases.size() > kMaxStartPhases)
+    return InvalidArgument("a ready message with " + std::to_string(m.phases.size()) +
+                           " start phases, over the limit of " + std::to_string(kMaxStartPhases));
+  w.U32(static_cast<uint32_t>(m.phases.size()));
+  for (const StartPhase& p : m.phases) {
+    if (!IsStartPhaseName(p.name))
+      return InvalidArgument("start phase name '" + p.name.substr(0, 64) +
+                             "' is not 1 to 32 characters of a-z, 0-9, '.', '_' and '-'");
+    w.Str(p.name);
+    w.U64(p.us);
+  }
   return SendPacket(fd, w.bytes(), kMaxMessageBytes, "ready");
 }
 
@@ -363,6 +382,22 @@ Result<Message> ReceiveWith(int fd, int timeout_ms, int flags) {
       m.ready.device_memory_bytes = r.U64();
       m.ready.text = r.Str(kMaxTextBytes, "the text");
       m.ready.device_addresses = r.U8() != 0;
+      if (const uint32_t phases = r.U32(); phases > kMaxStartPhases) {
+        return InvalidArgument("ready message: " + std::to_string(phases) +
+                               " start phases, over the limit of " +
+                               std::to_string(kMaxStartPhases));
+      } else {
+        for (uint32_t i = 0; i < phases && r.ok(); ++i) {
+          StartPhase p;
+          p.name = r.Str(kMaxStartPhaseNameBytes, "a start phase's name");
+          p.us = r.U64();
+          if (r.ok() && !IsStartPhaseName(p.name))
+            return InvalidArgument(
+                "ready message: a start phase's name is not 1 to 32 "
+                "characters of a-z, 0-9, '.', '_' and '-'");
+          m.ready.phases.push_back(std::move(p));
+        }
+      }
       RETURN_IF_ERROR(r.Finish("ready"));
       break;
     case Kind::kRun: {

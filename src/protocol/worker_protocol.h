@@ -60,6 +60,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/tensor_spec.h"
@@ -107,6 +108,17 @@ struct Setup {
   bool decoupled = false;                   // runs are answered with streams (above)
 };
 
+// A phase of a worker's start ("attach", "imports") and how long it took.
+struct StartPhase {
+  std::string name;  // 1..kMaxStartPhaseNameBytes of [a-z0-9._-]
+  uint64_t us = 0;
+  bool operator==(const StartPhase&) const = default;
+};
+inline constexpr size_t kMaxStartPhases = 16;
+inline constexpr size_t kMaxStartPhaseNameBytes = 32;
+// Whether `name` may name a start phase.
+bool IsStartPhaseName(std::string_view name);
+
 struct Ready {
   std::vector<TensorSpec> inputs, outputs;
   uint64_t device_memory_bytes = 0;  // what the worker's own device buffers cost
@@ -115,6 +127,8 @@ struct Ready {
   // worker takes CUDA shared-memory regions where they lie, and its runs
   // may be compact (Run::compact).
   bool device_addresses = false;
+  // The phases of its start, in order (at most kMaxStartPhases).
+  std::vector<StartPhase> phases;
 };
 
 // A tensor in the slot: its bytes at [offset, offset + bytes) and its full

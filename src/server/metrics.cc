@@ -58,6 +58,21 @@ std::string PrometheusText(const std::vector<std::pair<std::string, const ModelR
             "Standby worker processes started and waiting (parameters.standby_workers); one that "
             "died while it waited counts until it is needed and found gone.",
             [](const ModelRuntime& m) { return m.StandbyCount(); });
+  family("hearth_worker_start_phase_duration_us", "counter",
+         "Total time of each phase of the workers' starts, as each worker measured it "
+         "(a standby's wait is none of them), microseconds.");
+  std::vector<std::pair<std::string, std::map<std::string, ModelStats::PhaseTotals>>> phases;
+  for (const auto& [model, m] : served) phases.emplace_back(model, m->stats.StartPhases());
+  for (const auto& [model, totals] : phases)
+    for (const auto& [phase, t] : totals)
+      sample("hearth_worker_start_phase_duration_us",
+             "model=\"" + model + "\",phase=\"" + phase + "\"", static_cast<double>(t.us));
+  family("hearth_worker_start_phase_count", "counter",
+         "Worker starts that reported each phase of their start.");
+  for (const auto& [model, totals] : phases)
+    for (const auto& [phase, t] : totals)
+      sample("hearth_worker_start_phase_count", "model=\"" + model + "\",phase=\"" + phase + "\"",
+             static_cast<double>(t.count));
   family("hearth_inference_batch_size", "histogram", "Rows per executed batch.");
   for (const auto& [model, m] : served) {
     uint64_t cumulative = 0;

@@ -1,13 +1,20 @@
 // A served model version's totals: what /metrics, Triton's statistics
 // (ModelStatistics) and the summary logged at shutdown report. Counted by
 // the server (requests, as they are answered) and by the supervisors
-// (batches, as they run); read by anyone, at any time, without a lock.
+// (batches, as they run); read by anyone, at any time, without a lock (the
+// start phases under their own).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <iterator>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "protocol/worker_protocol.h"
 
 namespace hearth {
 
@@ -46,6 +53,34 @@ struct ModelStats {
   }
   static constexpr int64_t kBatchBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
   std::atomic<uint64_t> batch_bucket[std::size(kBatchBuckets)] = {};
+
+  // The phases of the workers' starts, from their ready messages: per
+  // phase name, the starts that named it and their summed time. At most
+  // kMaxStartPhaseNames names (a worker's phases past them are not counted).
+  struct PhaseTotals {
+    uint64_t count = 0, us = 0;
+  };
+  static constexpr size_t kMaxStartPhaseNames = 32;
+  void CountStartPhases(const std::vector<control::StartPhase>& phases) {
+    std::lock_guard lock(phases_mu_);
+    for (const control::StartPhase& p : phases) {
+      auto it = start_phases_.find(p.name);
+      if (it == start_phases_.end()) {
+        if (start_phases_.size() >= kMaxStartPhaseNames) continue;
+        it = start_phases_.emplace(p.name, PhaseTotals{}).first;
+      }
+      it->second.count += 1;
+      it->second.us += p.us;
+    }
+  }
+  std::map<std::string, PhaseTotals> StartPhases() const {
+    std::lock_guard lock(phases_mu_);
+    return start_phases_;
+  }
+
+ private:
+  mutable std::mutex phases_mu_;
+  std::map<std::string, PhaseTotals> start_phases_;
 };
 
 }  // namespace hearth

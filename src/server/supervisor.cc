@@ -583,6 +583,9 @@ void WorkerSupervisor::Loop() {
     const auto backoff = RestartBackoff(failures);
     if (backoff.count() > 0 && !model_.WaitUnlessStopping(backoff)) break;
     UniqueFd control;
+    // The start, as the ready line reports it: from before the spawn, so
+    // that every phase the worker times lies inside it.
+    const auto started = Clock::now();
     if (Status spawned = Spawn(&control); !spawned.ok()) {
       if (model_.published)
         spdlog::error("{} worker {}: {}", model_.name, index_, spawned.ToString());
@@ -603,7 +606,6 @@ void WorkerSupervisor::Loop() {
       process_.Reap(true);
       break;
     }
-    const auto started = Clock::now();
     auto ready = control::ReceiveKind(control.get(), options_.ready_timeout_ms,
                                       {control::Kind::kReady, control::Kind::kDone});
     // What the worker reports is checked against the config and the other
@@ -675,6 +677,7 @@ void WorkerSupervisor::Loop() {
         model_.name, index_, pid, ready->ready.text,
         std::chrono::duration<double, std::milli>(Clock::now() - started).count(),
         ready->ready.device_memory_bytes >> 20, placement_.device_name);
+    model_.stats.CountStartPhases(ready->ready.phases);
     ++model_.ready_workers;
     ++placement_.ready_workers;
     ready_ = true;

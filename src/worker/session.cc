@@ -45,13 +45,27 @@ Status WorkerSession::WaitForStart() {
   return control::ReceiveKind(control_.get(), -1, {control::Kind::kStart}).status();
 }
 
+Status WorkerSession::AddStartPhase(std::string name, uint64_t us) {
+  if (ready_) return FailedPrecondition("the worker has already said it is ready");
+  if (!control::IsStartPhaseName(name))
+    return InvalidArgument("start phase '" + name.substr(0, 64) +
+                           "': a name is 1 to 32 characters of a-z, 0-9, '.', '_' and '-'");
+  if (phases_.size() >= control::kMaxStartPhases)
+    return InvalidArgument("more than " + std::to_string(control::kMaxStartPhases) +
+                           " start phases");
+  phases_.push_back({std::move(name), us});
+  return Status::Ok();
+}
+
 Status WorkerSession::Ready(std::vector<TensorSpec> inputs, std::vector<TensorSpec> outputs,
                             uint64_t device_memory_bytes, std::string text) {
   if (ready_) return FailedPrecondition("the worker has already said it is ready");
   if (inputs.size() > control::kMaxTensors || outputs.size() > control::kMaxTensors)
     return InvalidArgument("more than " + std::to_string(control::kMaxTensors) +
                            " inputs or outputs");
-  control::Ready r{inputs, outputs, device_memory_bytes, std::move(text), device_ >= 0};
+  control::Ready r{inputs,          outputs,      device_memory_bytes,
+                   std::move(text), device_ >= 0, std::move(phases_)};
+  phases_.clear();
   RETURN_IF_ERROR(control::SendReady(control_.get(), r));
   inputs_ = std::move(inputs);
   outputs_ = std::move(outputs);

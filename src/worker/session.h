@@ -52,6 +52,11 @@ class WorkerSession {
   // channel instead: the standby is not needed, and should exit quietly.
   Status WaitForStart();
 
+  // A phase of the start (before Ready): sent with the ready message, for
+  // the server's log and metrics. InvalidArgument for a name that is not
+  // control::IsStartPhaseName's, or past control::kMaxStartPhases phases.
+  Status AddStartPhase(std::string name, uint64_t us);
+
   // The backend is built and takes these inputs and gives these outputs (per
   // sample; -1 where a dimension varies). After this, Next() serves batches.
   Status Ready(std::vector<control::TensorSpec> inputs, std::vector<control::TensorSpec> outputs,
@@ -145,6 +150,7 @@ class WorkerSession {
   SlotHooks hooks_;
   control::Setup setup_;
   std::vector<control::TensorSpec> inputs_, outputs_;
+  std::vector<control::StartPhase> phases_;  // until Ready
   bool ready_ = false;
   std::byte* slot_ = nullptr;
   uint64_t mapped_bytes_ = 0;

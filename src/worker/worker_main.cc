@@ -140,9 +140,21 @@ int Serve(const WorkerArgs& a) {
     return RegisterHostMemory(device, data, bytes);
   };
   hooks.unmapping = [&device](void* data) { (void)UnregisterHostMemory(device, data); };
+  auto phase_start = Clock::now();
   auto opened = WorkerSession::Open(a.control_fd, a.slot_fd, 10000, hooks);
   if (!opened.ok()) return Die(a.control_fd, opened.status());
   WorkerSession& session = **opened;
+  // The phases of the start, each from the end of the one before, for the
+  // server's metrics (a standby's wait is none of them).
+  auto phase = [&](const char* name) {
+    const auto now = Clock::now();
+    (void)session.AddStartPhase(
+        name,
+        static_cast<uint64_t>(
+            std::chrono::duration_cast<std::chrono::microseconds>(now - phase_start).count()));
+    phase_start = now;
+  };
+  phase("setup");
   // A standby does the host-side loading (libtorch for aoti, the CUDA
   // backend library) and nothing that touches the device, then waits: it
   // holds no context and no device memory until it is put to work.
@@ -152,11 +164,13 @@ int Serve(const WorkerArgs& a) {
     if (kind->preload) kind->preload();
     if (auto hint = Device::Parse(a.device); hint.ok()) PreloadDeviceLibrary(*hint);
     standby_ms = ms_since(t);
+    phase("preload");
     if (Status started = session.WaitForStart(); !started.ok()) {
       // The server let it go (it stops, or the model was unloaded): quietly.
       if (started.code() == StatusCode::kUnavailable) return 0;
       return Die(a.control_fd, started);
     }
+    phase_start = Clock::now();
   }
 
   // Loading libtorch beside the attach was measured slower than one after
@@ -165,6 +179,7 @@ int Serve(const WorkerArgs& a) {
   auto attachment = AttachClient(a.store_socket).Attach(a.model, a.version);
   const std::string attach_ms = ms_since(t);
   if (!attachment.ok()) return Die(a.control_fd, attachment.status());
+  phase("attach");
   device = (*attachment)->device();
   BackendOptions options;
   options.max_batch_size = session.max_rows();
@@ -178,6 +193,7 @@ int Serve(const WorkerArgs& a) {
   auto backend = kind->create((*attachment)->tensors(), device, options);
   const std::string backend_ms = ms_since(t);
   if (!backend.ok()) return Die(a.control_fd, backend.status());
+  phase("backend");
 
   // Where start-up time went: attach (on a GPU, includes creating the
   // context) and the backend (streams, cuBLASLt, buffers; libtorch and the

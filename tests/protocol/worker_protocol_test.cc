@@ -75,6 +75,7 @@ TEST(WorkerProtocol, ReadyRunDoneAndRoomRoundTrip) {
   r = ReceiveKind(p.b.get(), 1000, {Kind::kReady});
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_TRUE(r->ready.device_addresses);
+  EXPECT_TRUE(r->ready.phases.empty());
 
   control::Run run;
   run.seq = 7;
@@ -216,6 +217,27 @@ TEST(WorkerProtocol, OverTheLimitIsAClearErrorAndSendsNothing) {
   EXPECT_EQ(Receive(p.b.get(), 0).status().code(), StatusCode::kDeadlineExceeded);
 }
 
+TEST(WorkerProtocol, ReadyCarriesTheStartsPhasesWithinTheirLimits) {
+  Pair p;
+  Ready ready{{{"x", DType::kF32, {3}}}, {{"y", DType::kF32, {1}}}, 0, "cpu"};
+  ready.phases = {{"interpreter", 81000}, {"model.py", 12}, {"first-batch_2", 0}};
+  ASSERT_TRUE(SendReady(p.a.get(), ready).ok());
+  auto r = ReceiveKind(p.b.get(), 1000, {Kind::kReady});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->ready.phases, ready.phases);
+
+  for (const char* bad : {"", "Imports", "a b", "x/y", "0123456789012345678901234567890123"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_FALSE(IsStartPhaseName(bad));
+    ready.phases = {{bad, 1}};
+    EXPECT_EQ(SendReady(p.a.get(), ready).code(), StatusCode::kInvalidArgument);
+  }
+  ready.phases.assign(kMaxStartPhases + 1, StartPhase{"setup", 1});
+  const Status many = SendReady(p.a.get(), ready);
+  EXPECT_TRUE(Contains(many, "17 start phases, over the limit of 16")) << many.message();
+  EXPECT_EQ(Receive(p.b.get(), 0).status().code(), StatusCode::kDeadlineExceeded);  // none sent
+}
+
 TEST(WorkerProtocol, MalformedMessagesAreRefusedNamingTheFault) {
   Pair p;
   auto u32 = [](uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); };
@@ -245,8 +267,16 @@ TEST(WorkerProtocol, MalformedMessagesAreRefusedNamingTheFault) {
   EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "unknown dtype 99"));
 
   // A whole message with bytes after its end.
-  p.Raw(ready + u32(0) + u32(0) + u64(0) + u32(0) + std::string(1, '\0') + "extra");
+  const std::string bare_ready = ready + u32(0) + u32(0) + u64(0) + u32(0) + std::string(1, '\0');
+  p.Raw(bare_ready + u32(0) + "extra");
   EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "5 bytes after the end"));
+  // Start phases: too many, a name that is not one, a name too long.
+  p.Raw(bare_ready + u32(17));
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "17 start phases, over the limit of 16"));
+  p.Raw(bare_ready + u32(1) + u32(1) + "A" + u64(5));
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "a start phase's name is not"));
+  p.Raw(bare_ready + u32(1) + u32(33) + std::string(33, 'a') + u64(5));
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "a start phase's name of 33 bytes"));
 
   // A packet longer than any message but the setup is refused, not truncated.
   p.Raw(ready + std::string(kMaxMessageBytes + 1, 'z'));

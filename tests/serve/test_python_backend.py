@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import requests
 
-from serve_support import (CLI, ON_GPU, infer_json, mlp_reference, read_safetensors, split_binary,
+from serve_support import (CLI, ON_GPU, infer_json, metrics, mlp_reference, read_safetensors, split_binary,
                            start_serve, stop_serve, wait_for)
 
 
@@ -217,6 +217,14 @@ def test_a_python_workers_start_is_timed_phase_by_phase(served):
         assert all(v >= 0 for v in seconds), phases
         assert sum(seconds) <= int(spawn_to_ready_ms) / 1000 + 0.02, (phases, spawn_to_ready_ms)
     assert re.search(r"pid \d+: its first batch ran in \d+\.\d{3} s", text), text[-3000:]
+    # /metrics: each phase's starts and summed time, for the Python workers
+    # and for the C++ ones (model "bare": the scale backend).
+    values = metrics(served["url"])
+    for model, phases in (("pyscale", PHASES), ("bare", ["setup", "attach", "backend"])):
+        for phase in phases:
+            labels = f'{{model="{model}",phase="{phase}"}}'
+            assert values.get("hearth_worker_start_phase_count" + labels, 0) >= 1, (model, phase)
+            assert values.get("hearth_worker_start_phase_duration_us" + labels, -1) >= 0, (model, phase)
 
 
 def test_a_config_without_inputs_and_outputs_takes_the_backends(served):
