@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -16,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -116,6 +118,35 @@ int ExecProgram(const WorkerArgs& a, const BackendKind& kind) {
   return Die(a.control_fd, ErrnoError("backend '" + kind.name + "': cannot run " + args[0], errno));
 }
 
+// Microseconds from this process's start (the kernel's start time, in clock
+// ticks: up to one tick more than it was) to now; nullopt where /proc cannot say.
+std::optional<uint64_t> SinceProcessStart() {
+  std::FILE* f = std::fopen("/proc/self/stat", "r");
+  if (f == nullptr) return std::nullopt;
+  char line[1024];
+  const size_t n = std::fread(line, 1, sizeof line - 1, f);
+  std::fclose(f);
+  line[n] = '\0';
+  const char* rest = std::strrchr(line, ')');  // after the command's name, whatever it holds
+  if (rest == nullptr) return std::nullopt;
+  unsigned long long start_ticks = 0;
+  // Field 22, starttime; `rest` is at the end of field 2.
+  int field = 2;
+  for (const char* c = rest + 1; *c != '\0'; ++c) {
+    if (*c != ' ') continue;
+    if (++field == 22) {
+      start_ticks = std::strtoull(c + 1, nullptr, 10);
+      break;
+    }
+  }
+  const long hz = ::sysconf(_SC_CLK_TCK);
+  timespec now{};
+  if (field != 22 || hz <= 0 || ::clock_gettime(CLOCK_BOOTTIME, &now) != 0) return std::nullopt;
+  const double since = static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9 -
+                       static_cast<double>(start_ticks) / static_cast<double>(hz);
+  return since > 0 ? static_cast<uint64_t>(since * 1e6) : 0;
+}
+
 int Serve(const WorkerArgs& a) {
   // Dies with the server; and if the server died before that was armed,
   // this process has another parent already: leave. (Not "parent is 1":
@@ -140,6 +171,8 @@ int Serve(const WorkerArgs& a) {
     return RegisterHostMemory(device, data, bytes);
   };
   hooks.unmapping = [&device](void* data) { (void)UnregisterHostMemory(device, data); };
+  // Up to here: the process, its linking and main.
+  const std::optional<uint64_t> exec_us = SinceProcessStart();
   auto phase_start = Clock::now();
   auto opened = WorkerSession::Open(a.control_fd, a.slot_fd, 10000, hooks);
   if (!opened.ok()) return Die(a.control_fd, opened.status());
@@ -154,6 +187,7 @@ int Serve(const WorkerArgs& a) {
             std::chrono::duration_cast<std::chrono::microseconds>(now - phase_start).count()));
     phase_start = now;
   };
+  if (exec_us.has_value()) (void)session.AddStartPhase("exec", *exec_us);
   phase("setup");
   // A standby does the host-side loading (libtorch for aoti, the CUDA
   // backend library) and nothing that touches the device, then waits: it

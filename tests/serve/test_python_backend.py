@@ -220,7 +220,7 @@ def test_a_python_workers_start_is_timed_phase_by_phase(served):
     # /metrics: each phase's starts and summed time, for the Python workers
     # and for the C++ ones (model "bare": the scale backend).
     values = metrics(served["url"])
-    for model, phases in (("pyscale", PHASES), ("bare", ["setup", "attach", "backend"])):
+    for model, phases in (("pyscale", PHASES), ("bare", ["exec", "setup", "attach", "backend"])):
         for phase in phases:
             labels = f'{{model="{model}",phase="{phase}"}}'
             assert values.get("hearth_worker_start_phase_count" + labels, 0) >= 1, (model, phase)
