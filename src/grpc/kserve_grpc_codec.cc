@@ -236,9 +236,9 @@ Parameter Neutral(const std::string& key, const InferParameter& value) {
 
 // triton_enable_empty_final_response is the front-end's (binary_data and
 // binary_data_output mean nothing here: gRPC outputs are always raw); every
-// other parameter goes to
-// the service as it came, in the order of the map's keys so that the
-// model's parameters read the same from one request to the next.
+// other parameter goes to the service as it came, in the order of the map's
+// keys, so that the model's parameters read the same from one request to the
+// next.
 template <typename Map>
 Parameters NeutralParameters(const Map& parameters) {
   std::vector<const typename Map::value_type*> sorted;
