@@ -9,6 +9,20 @@ TaskPool::TaskPool(size_t capacity, std::string what)
     : capacity_(capacity < 1 ? 1 : capacity), what_(std::move(what)) {}
 
 Status TaskPool::Submit(std::function<void()> task) {
+  return Queue([task = std::move(task)] {
+    task();
+    return std::function<void()>();
+  });
+}
+
+Status TaskPool::Submit(std::function<Status()> work, std::function<void(Status)> done) {
+  return Queue([work = std::move(work), done = std::move(done)]() -> std::function<void()> {
+    Status status = work();
+    return [done, status = std::move(status)] { done(status); };
+  });
+}
+
+Status TaskPool::Queue(std::function<std::function<void()>()> task) {
   std::lock_guard lock(mu_);
   if (stopping_) return Unavailable("the server is shutting down");
   if (pending_ >= capacity_)
@@ -37,13 +51,19 @@ void TaskPool::Loop() {
     wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
     --idle_;
     if (queue_.empty()) return;  // stopping, nothing left
-    std::function<void()> task = std::move(queue_.front());
+    std::function<std::function<void()>()> task = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
-    task();
+    std::function<void()> after = task();
     task = nullptr;  // what it holds goes before the count says it is done
     lock.lock();
     --pending_;
+    if (after) {
+      lock.unlock();
+      after();
+      after = nullptr;
+      lock.lock();
+    }
   }
 }
 

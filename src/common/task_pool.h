@@ -30,6 +30,11 @@ class TaskPool {
   // later"), or when no thread can be started and none is running;
   // Unavailable once stopping. A refused task is not run.
   Status Submit(std::function<void()> task);
+  // The same for a task whose caller waits for its outcome: runs `work`,
+  // then `done` with what it returned, once the task no longer counts
+  // towards the capacity (a caller answered may submit again at once).
+  // A refused task runs neither: the caller answers with the refusal.
+  Status Submit(std::function<Status()> work, std::function<void(Status)> done);
   // Runs what is queued, then joins every thread; Submit refuses from the
   // start of the call on. Idempotent.
   void Stop();
@@ -38,12 +43,14 @@ class TaskPool {
 
  private:
   void Loop();
+  Status Queue(std::function<std::function<void()>()> task);
 
   const size_t capacity_;
   const std::string what_;
   mutable std::mutex mu_;
   std::condition_variable wake_;
-  std::deque<std::function<void()>> queue_;
+  // Each task returns what is to run after it stops counting (or nothing).
+  std::deque<std::function<std::function<void()>()>> queue_;
   std::vector<std::thread> threads_;
   size_t pending_ = 0;
   size_t idle_ = 0;

@@ -137,17 +137,18 @@ class Server::Impl {
   // what it returns (or with why the pool refused it).
   void OnRepositoryPool(std::function<Status(Impl&)> call, std::function<void(Status)> done) {
     auto answer = std::make_shared<std::function<void(Status)>>(std::move(done));
-    Status queued = repository_calls_.Submit([this, call = std::move(call), answer] {
-      Status status;
-      try {
-        status = call(*this);
-      } catch (const std::exception& e) {
-        status = Internal(std::string("repository call failed: ") + e.what());
-      }
-      (*answer)(std::move(status));
-    });
+    Status queued = repository_calls_.Submit(
+        [this, call = std::move(call)]() -> Status {
+          try {
+            return call(*this);
+          } catch (const std::exception& e) {
+            return Internal(std::string("repository call failed: ") + e.what());
+          }
+        },
+        [answer](Status status) { (*answer)(std::move(status)); });
     if (!queued.ok()) (*answer)(std::move(queued));
   }
+
   Status LoadModel(const std::string& name);
   Status UnloadModel(const std::string& name);
   std::string MetricsText() const;

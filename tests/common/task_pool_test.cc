@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <string>
 
 namespace hearth {
@@ -69,6 +70,49 @@ TEST(TaskPool, StopRunsWhatIsQueuedThenRefuses) {
   EXPECT_EQ(after, 1);
   EXPECT_EQ(pool.Submit([] {}).code(), StatusCode::kUnavailable);
   pool.Stop();  // again: nothing to do
+}
+
+TEST(TaskPool, ACallerAnsweredMaySubmitAgainAtOnceWhenThePoolIsFull) {
+  Gate gate;
+  TaskPool pool(2, "repository loads and unloads");
+  ASSERT_TRUE(pool.Submit([&] { gate.Park(); }).ok());
+  ASSERT_TRUE(gate.WaitParked(1));
+  // The second task's answer submits a third: the second no longer counts.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<Status> again;
+  ASSERT_TRUE(pool.Submit([] { return Status::Ok(); },
+                          [&](Status) {
+                            Status s = pool.Submit([] {});
+                            std::lock_guard lock(mu);
+                            again = s;
+                            cv.notify_all();
+                          })
+                  .ok());
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, 60s, [&] { return again.has_value(); }));
+  }
+  EXPECT_TRUE(again->ok()) << again->ToString();
+  gate.Open();
+  pool.Stop();
+}
+
+TEST(TaskPool, ARefusedTaskRunsNeitherPart) {
+  Gate gate;
+  TaskPool pool(1, "tasks");
+  ASSERT_TRUE(pool.Submit([&] { gate.Park(); }).ok());
+  bool ran = false;
+  const Status refused = pool.Submit(
+      [&] {
+        ran = true;
+        return Status::Ok();
+      },
+      [&](Status) { ran = true; });
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted);
+  gate.Open();
+  pool.Stop();
+  EXPECT_FALSE(ran);
 }
 
 TEST(TaskPool, TasksSubmittedOneAfterAnotherAllRun) {

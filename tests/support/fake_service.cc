@@ -170,7 +170,8 @@ void FakeService::UnloadModel(const std::string& model, std::function<void(Statu
 
 void FakeService::OnRepositoryPool(std::function<Status()> call, std::function<void(Status)> done) {
   auto answer = std::make_shared<std::function<void(Status)>>(std::move(done));
-  Status queued = repository_pool_->Submit([call = std::move(call), answer] { (*answer)(call()); });
+  Status queued = repository_pool_->Submit(
+      std::move(call), [answer](Status status) { (*answer)(std::move(status)); });
   if (!queued.ok()) (*answer)(std::move(queued));
 }
 
