@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Writes fuzz/seeds/worker_messages/: inputs for worker_message_fuzzer.
+
+Each seed is one control packet as a worker sends it to the server
+(src/protocol/worker_protocol.h): ready (with start phases), done and
+partial answers, room, and the server's own kinds, which a worker never
+sends and the server must still decode or refuse cleanly.
+
+    python3 fuzz/make_worker_seeds.py
+"""
+
+import pathlib
+import struct
+
+MAGIC = 0x4B524F57  # "WORK"
+KINDS = {"ready": 1, "run": 2, "done": 3, "setup": 4, "room": 5, "partial": 6, "ack": 7, "start": 8,
+         "release": 9}
+F32 = 1
+
+
+def u8(v): return struct.pack("<B", v)
+def u32(v): return struct.pack("<I", v)
+def u64(v): return struct.pack("<Q", v)
+def i64(v): return struct.pack("<q", v)
+def string(s): return u32(len(s)) + s
+def dims(d): return u32(len(d)) + b"".join(i64(x) for x in d)
+def specs(s): return u32(len(s)) + b"".join(string(n) + u8(t) + dims(d) for n, t, d in s)
+def tensors(t): return u32(len(t)) + b"".join(u64(o) + u64(b) + dims(s) for o, b, s in t)
+def head(kind): return u32(MAGIC) + u32(KINDS[kind])
+
+
+def ready(phases=()):
+    out = head("ready") + specs([(b"x", F32, [4])]) + specs([(b"y", F32, [1])]) + u64(0)
+    out += string(b"cpu (python 3.11, pid 7)") + u8(0)
+    return out + u32(len(phases)) + b"".join(string(n) + u64(us) for n, us in phases)
+
+
+def answer(kind, outputs, present, text=b"", status=0):
+    return (head(kind) + u64(1) + u32(status) + string(text) + u8(0) + u64(120) + u64(0) +
+            tensors(outputs) + u32(len(present)) + bytes(present))
+
+
+SEEDS = {
+    "ready": ready(),
+    "ready-phases": ready([(b"interpreter", 81000), (b"imports", 2568000), (b"model.py", 12),
+                           (b"attach", 9000), (b"tensors", 0), (b"initialize", 4)]),
+    "done": answer("done", [(0, 8, [2, 1])], [1]),
+    "done-error": answer("done", [], [], b"ValueError: bad input", status=0xFFFFFFFF),
+    "partial": answer("partial", [(64, 5, [1, 1])], [1]),
+    "room": head("room") + u64(1) + u64(1 << 20),
+    "ack": head("ack") + u64(1) + u8(1),
+    "start": head("start"),
+    "release": head("release") + u32(2) + u64(3) + u64(4),
+}
+
+
+def main():
+    out = pathlib.Path(__file__).resolve().parent / "seeds" / "worker_messages"
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in SEEDS.items():
+        (out / name).write_bytes(data)
+    print(f"{len(SEEDS)} seeds in {out}")
+
+
+if __name__ == "__main__":
+    main()
