@@ -146,6 +146,7 @@ void EventLoop::FinishLoads() {
       std::shared_ptr<ModelVersion> v = registry_->Find({req.name, req.reuse_version});
       if (v != nullptr && v->fingerprint == d.job.reuse_fingerprint) {
         spdlog::info("{}@{}: the files at {} are unchanged; reused", v->name, v->version, v->path);
+        ++counters_["loads_reused"];
         if (conn != nullptr)
           Queue(*conn, MessageType::kLoadedV2, protocol::EncodeLoadedV2({v->Summary(), true}));
       } else if (conn != nullptr) {
