@@ -28,13 +28,15 @@ Status TaskPool::Queue(std::function<std::function<void()>()> task) {
   if (pending_ >= capacity_)
     return ResourceExhausted("the server has " + std::to_string(pending_) + " " + what_ +
                              " in progress, its limit; retry later");
-  // Each queued task has an idle thread to take it, or a new one.
-  if (queue_.size() >= idle_) {
+  // Each queued task has an idle thread to take it, or a new one, up to
+  // `capacity` threads (one still running a task's answer takes the next
+  // when it is done).
+  if (queue_.size() >= idle_ && threads_.size() < capacity_) {
     try {
       threads_.emplace_back([this] { Loop(); });
     } catch (const std::system_error& e) {
       // No thread now: one that is running takes the task when it is done.
-      if (pending_ == 0)
+      if (threads_.empty())
         return ResourceExhausted("cannot start a thread for " + what_ + ": " + e.what());
     }
   }
