@@ -556,11 +556,13 @@ def _since_process_start():
 class _Phases:
     """The phases of a worker's start, each timed from the end of the one before."""
 
-    def __init__(self):
+    def __init__(self, first="interpreter"):
+        # `first`: what ran from the process's start to here (the interpreter
+        # starting, or a fork from the zygote).
         self.times = []
-        interpreter = _since_process_start()
-        if interpreter is not None:
-            self.times.append(("interpreter", interpreter))
+        since_start = _since_process_start()
+        if since_start is not None:
+            self.times.append((first, since_start))
         self.last = time.monotonic()
 
     def done(self, phase):
@@ -576,7 +578,7 @@ class _Phases:
         return ", ".join(f"{name} {seconds:.3f} s" for name, seconds in self.times)
 
 
-def main(argv=None):
+def _parser():
     p = argparse.ArgumentParser(prog="python -m hearth.backend_worker",
                                 description="The Python backend's worker (started by hearth serve).")
     p.add_argument("--store-socket", required=True)
@@ -593,9 +595,93 @@ def main(argv=None):
     p.add_argument("--standby", action="store_true",
                    help="import what the model needs, then wait until the server puts this worker to work")
     p.add_argument("--device", default="", help="a standby's hint: the model's device")
-    a = p.parse_args(argv)
-    phases = _Phases()
+    p.add_argument("--zygote", action="store_true",
+                   help="import what the model needs, then fork workers on the server's request")
+    return p
 
+
+def _import_model(w, decoupled, phases):
+    """The imports every worker needs and the model's class: the slow part
+    of a start, done before the device is touched (by a standby before it
+    waits, by a zygote once for all its workers). Returns the Model class."""
+    import hearth  # noqa: F401
+    try:
+        import hearth.torch  # noqa: F401
+        import torch  # noqa: F401  what state_dict needs: imported before a standby waits
+    except ImportError:
+        pass
+    phases.done("imports")
+    Model = _load_model_class(w.version_dir)
+    _check_execute(Model, decoupled, os.path.join(w.version_dir, "model.py"))
+    phases.done("model.py")
+    return Model
+
+
+def _decoupled(lib, handle):
+    return hasattr(lib, "hearth_worker_decoupled") and lib.hearth_worker_decoupled(handle) == 1
+
+
+def main(argv=None):
+    a = _parser().parse_args(argv)
+    if a.zygote:
+        return _zygote_main(a)
+    return _worker_main(a, _Phases(), None)
+
+
+def _zygote_main(a):
+    """A zygote (hearth/_zygote.py): reads the model's setup, imports what its
+    workers need, checks that no device was touched, then forks workers."""
+    from hearth import _zygote
+    phases = _Phases()
+    zygote = _zygote.Zygote(a.control_fd, a.parent_pid)
+    lib = _capi.library()
+    _declare(lib)
+    # The setup is read through a copy of each descriptor: the zygote keeps
+    # its socket for its own protocol, and closes the slot, which it never uses.
+    handle = ctypes.c_void_p()
+    if lib.hearth_worker_open(os.dup(a.control_fd), os.dup(a.slot_fd), 10000,
+                              ctypes.byref(handle)) != 0:
+        zygote.send("failed", f"reading the model's setup: {lib.hearth_last_error().decode()}")
+        return 1
+    os.close(a.slot_fd)
+    try:
+        w = _Worker(lib, handle)
+        phases.done("setup")
+        _import_model(w, _decoupled(lib, handle), phases)
+    except BaseException:
+        text = traceback.format_exc()
+        print(text, file=sys.stderr, end="")
+        zygote.send("failed", text.strip().splitlines()[-1])
+        return 1
+    finally:
+        lib.hearth_worker_close(handle)
+    why = _zygote.device_in_use() or _zygote.threads_running()
+    if why is not None:
+        zygote.send("refused", why)
+        return 0
+    worker_name = _zygote.process_name()
+    _zygote.set_process_name("hearth-zygote")
+    # The server ends it (end-of-file, or SIGKILL); a signal meant for the
+    # server's group (a terminal's ^C) is the server's to handle.
+    import signal
+    handlers = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    zygote.send("ready", *(f"{name}={seconds:.3f}" for name, seconds in phases.times),
+                f"threads={_zygote.native_threads()}")
+    Model = sys.modules["hearth_user_model"].Model
+
+    def run_worker(args):
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+        if worker_name:
+            _zygote.set_process_name(worker_name)
+        return _worker_main(_parser().parse_args(args), _Phases("fork"), Model)
+
+    return zygote.serve(run_worker)
+
+
+def _worker_main(a, phases, Model):
+    """A worker's life. `Model`: the model's class, already imported (a
+    worker forked from the zygote), or None."""
     lib = _capi.library()
     _declare(lib)
     handle = ctypes.c_void_p()
@@ -615,7 +701,7 @@ def main(argv=None):
             w.fail(_capi.ERROR_INVALID_ARGUMENT,
                    f"parameters.tensor_type: {tensor_type!r} is not numpy or torch")
             return 1
-        decoupled = hasattr(lib, "hearth_worker_decoupled") and lib.hearth_worker_decoupled(handle) == 1
+        decoupled = _decoupled(lib, handle)
         if decoupled and not hasattr(lib, "hearth_worker_respond"):
             w.fail(_capi.ERROR_INVALID_ARGUMENT, "a decoupled model needs libhearth's ABI version 4 "
                    "(hearth_worker_respond); this libhearth is older")
@@ -631,18 +717,10 @@ def main(argv=None):
             # here may touch the device: a standby holds no device context.
             started = time.monotonic()
             phases.done("setup")
+            if Model is None:
+                Model = _import_model(w, decoupled, phases)
             import hearth
-            try:
-                import hearth.torch
-                import torch  # noqa: F401  what state_dict needs: imported before a standby waits
-            except ImportError:
-                hearth_torch = None
-            else:
-                hearth_torch = hearth.torch
-            phases.done("imports")
-            Model = _load_model_class(w.version_dir)
-            _check_execute(Model, decoupled, os.path.join(w.version_dir, "model.py"))
-            phases.done("model.py")
+            hearth_torch = sys.modules.get("hearth.torch")
             if a.standby:
                 standby_ms = round(1000 * (time.monotonic() - started))
                 if not hasattr(lib, "hearth_worker_wait_start"):
@@ -673,6 +751,8 @@ def main(argv=None):
             w.fail(_capi.ERROR_INVALID_ARGUMENT, text.strip())
             return 1
         text = f"{device} (python {sys.version.split()[0]}, pid {os.getpid()}"
+        if phases.times and phases.times[0][0] == "fork":
+            text += "; forked from the zygote"
         if standby_ms is not None:
             text += f"; a standby, loaded {standby_ms} ms before"
         text += f"; start: {phases.text()})"

@@ -597,6 +597,17 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
         return c.Error(p["standby_workers"], "parameters.standby_workers",
                        "must be from 0 to " + std::to_string(kMaxStandbyWorkers));
     }
+    if (m.parameters.count("zygote")) {
+      const std::string& zygote = m.parameters["zygote"];
+      if (zygote != "true" && zygote != "false")
+        return c.Error(p["zygote"], "parameters.zygote", Quote(zygote) + " is not true or false");
+      if (zygote == "true" && m.backend != "python")
+        return c.Error(p["zygote"], "parameters.zygote",
+                       "only backend: python forks its workers from a zygote; this model's "
+                       "backend is " +
+                           Quote(m.backend));
+      m.zygote = zygote == "true";
+    }
   }
 
   // Versions: numeric subdirectories with a checkpoint; the highest

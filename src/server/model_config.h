@@ -101,6 +101,10 @@ struct ModelConfig {
   // context and no weights yet; a worker that dies is replaced by one of its
   // device's. At most kMaxStandbyWorkers per device.
   int standby_workers = 0;
+  // parameters.zygote (backend: python; on unless false): workers are forked
+  // from a process per model that has imported torch, hearth and model.py
+  // and never touched a device (server/zygote.h), not exec'd afresh.
+  bool zygote = true;
   // parameters.fault_injection: a worker fails this way (abort, segv, hang,
   // cuda_illegal_address) on any batch holding an input element equal to
   // fault_on_value. Empty: off.

@@ -71,6 +71,7 @@ void ModelRuntime::RequestStop(bool abandon_starting) {
   }
   state_cv.notify_all();
   if (queue) queue->Close();
+  if (zygote) zygote->Stop();
   if (abandon_starting)
     for (auto& w : workers) w->KillIfStarting();
   // Standbys hold nothing: released now (not when the runtime is freed).

@@ -123,6 +123,10 @@ struct ModelRuntime {
   // Where outputs asked for in shared memory are written (the server's).
   const SharedMemoryRegistry* shared_memory = nullptr;
 
+  // Forks the workers of a `backend: python` model (server/zygote.h); null
+  // where they are exec'd. Last: destroyed (its thread joined) first.
+  std::unique_ptr<WorkerZygote> zygote;
+
   const ModelConfig& config() const { return config_; }
   // What the request API tells of it (InferenceService::Metadata).
   ModelMetadata metadata() const;

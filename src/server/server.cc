@@ -319,6 +319,14 @@ Result<std::unique_ptr<ModelRuntime>> Server::Impl::TryBuild(ModelEntry& entry, 
     if (runtime->published) NotifySettled(entry);
   };
   m->on_worker_finished = [this] { WakeReaper(); };
+  m->zygote = MakeZygote(*m, options_);
+  if (m->zygote != nullptr) {
+    if (Status started = m->zygote->Start(); !started.ok()) {
+      spdlog::warn("{}: its workers are exec'd, not forked from a zygote: {}", m->name,
+                   started.message());
+      m->zygote.reset();
+    }
+  }
   {
     // From here Shutdown() can stop it (the workers list is complete).
     std::lock_guard lock(entry.mu);

@@ -52,23 +52,12 @@ void WorkerSupervisor::Settle() {
 
 namespace {
 
-// Starts a worker process of `model` on `placement` (attached to the copy of
-// the weights in that device's store) with exactly five descriptors: 0-2 (the
-// server's stdio), 3 (control) and 4 (slot). Its setup is queued on the
-// control socket before it starts, never put in argv (whose size is limited,
-// and which any local user can read in /proc); a standby waits after it for
-// kStart. A fresh slot for each process: whatever an earlier one did to
-// its slot (grown it, say) goes with it.
-Status StartWorkerProcess(const ModelRuntime& model, const ModelPlacement& placement,
-                          const ServerOptions& options, bool standby, WorkerProcess& process,
-                          RequestSlot& slot, UniqueFd* control) {
-  ASSIGN_OR_RETURN(slot, RequestSlot::Create("hearth-slot-" + model.name));
-  int sv[2];
-  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
-    return ErrnoError("socketpair", errno);
-  UniqueFd mine(sv[0]), theirs(sv[1]);
+// hearth-worker's arguments for a worker of `model` on `placement` (a
+// zygote's: the first placement's, which it never attaches).
+std::vector<std::string> WorkerArguments(const ModelRuntime& model,
+                                         const ModelPlacement& placement,
+                                         const ServerOptions& options, bool standby) {
   const ModelConfig& c = model.config();
-  RETURN_IF_ERROR(control::SendSetup(mine.get(), model.setup).WithContext(c.config_path));
   std::vector<std::string> args = {options.worker_path,
                                    "--store-socket",
                                    placement.store_socket,
@@ -93,12 +82,78 @@ Status StartWorkerProcess(const ModelRuntime& model, const ModelPlacement& place
     std::snprintf(value, sizeof value, "%.17g", c.fault_on_value);
     args.insert(args.end(), {"--fault-kind", c.fault_kind, "--fault-on-value", value});
   }
+  return args;
+}
+
+// A fresh slot and control socketpair for one process, its setup queued on
+// the server's end (`mine`) before the process starts: never put in argv
+// (whose size is limited, and which any local user can read in /proc). A
+// fresh slot for each process: whatever an earlier one did to its slot
+// (grown it, say) goes with it.
+Status OpenChannel(const ModelRuntime& model, RequestSlot& slot, UniqueFd* mine,
+                   UniqueFd* theirs) {
+  ASSIGN_OR_RETURN(slot, RequestSlot::Create("hearth-slot-" + model.name));
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+    return ErrnoError("socketpair", errno);
+  mine->Reset(sv[0]);
+  theirs->Reset(sv[1]);
+  return control::SendSetup(mine->get(), model.setup).WithContext(model.config().config_path);
+}
+
+// Starts a worker process of `model` on `placement` (attached to the copy of
+// the weights in that device's store) with exactly five descriptors: 0-2 (the
+// server's stdio), 3 (control) and 4 (slot): forked from the model's zygote
+// where it has one, else exec'd. A standby waits after its setup for kStart.
+Status StartWorkerProcess(const ModelRuntime& model, const ModelPlacement& placement,
+                          const ServerOptions& options, bool standby, WorkerProcess& process,
+                          RequestSlot& slot, UniqueFd* control) {
+  const std::vector<std::string> args = WorkerArguments(model, placement, options, standby);
+  UniqueFd mine, theirs;
+  if (model.zygote != nullptr) {
+    RETURN_IF_ERROR(OpenChannel(model, slot, &mine, &theirs));
+    auto forked = model.zygote->Fork({args.begin() + 1, args.end()}, theirs.get(), slot.fd());
+    Status adopted = forked.ok() ? process.AdoptChild(*forked) : forked.status();
+    if (adopted.ok()) {
+      *control = std::move(mine);
+      return Status::Ok();
+    }
+    if (forked.ok()) {
+      // Not ours to kill by pid: closing its socket makes it exit, and it
+      // is reaped as an orphan if it is this process's child at all.
+      spdlog::warn("{}: a worker forked from the zygote (pid {}) cannot be adopted: {}",
+                   model.name, *forked, adopted.message());
+    } else if (adopted.code() != StatusCode::kUnavailable) {
+      spdlog::warn("{}: {}; exec'ing a worker instead", model.name, adopted.message());
+    }
+    if (model.stopping) return Unavailable("model '" + model.name + "' stops");
+    // A forked process may hold `theirs`: the exec'd one gets a channel of its own.
+  }
+  RETURN_IF_ERROR(OpenChannel(model, slot, &mine, &theirs));
   RETURN_IF_ERROR(process.Spawn(args, theirs.get(), slot.fd()));
   *control = std::move(mine);
   return Status::Ok();
 }
 
 }  // namespace
+
+std::unique_ptr<WorkerZygote> MakeZygote(const ModelRuntime& model, const ServerOptions& options) {
+  const ModelConfig& c = model.config();
+  if (!c.zygote || c.backend != "python" || model.placements.empty()) return nullptr;
+  const ModelPlacement& first = *model.placements.front();
+  auto start = [&model, &first, &options](WorkerProcess& process, UniqueFd* control) {
+    std::vector<std::string> args = WorkerArguments(model, first, options, false);
+    args.push_back("--zygote");
+    RequestSlot slot;
+    UniqueFd mine, theirs;
+    RETURN_IF_ERROR(OpenChannel(model, slot, &mine, &theirs));
+    RETURN_IF_ERROR(process.Spawn(args, theirs.get(), slot.fd()));
+    *control = std::move(mine);
+    return Status::Ok();
+  };
+  return std::make_unique<WorkerZygote>(model.name, start,
+                                        std::chrono::milliseconds(options.ready_timeout_ms));
+}
 
 Status WorkerSupervisor::Spawn(UniqueFd* control) {
   if (std::unique_ptr<StandbyWorker> standby = model_.TakeStandby(placement_)) {

@@ -25,6 +25,7 @@
 #include "server/shared_memory.h"
 #include "server/worker_exchange.h"
 #include "server/worker_process.h"
+#include "server/zygote.h"
 
 namespace hearth {
 
@@ -129,6 +130,11 @@ class WorkerSupervisor {
   // unregistered since the last time; false if the worker is gone.
   bool ReleaseRegionsIfUnregistered(WorkerExchange& exchange);
 };
+
+// The zygote that forks `model`'s workers (server/zygote.h), not yet
+// started; null where its workers are exec'd (its backend is not python, or
+// parameters.zygote is false).
+std::unique_ptr<WorkerZygote> MakeZygote(const ModelRuntime& model, const ServerOptions& options);
 
 // The most a slot may grow to for one batch's inputs and outputs.
 inline constexpr uint64_t kMaxSlotBytes = 16ull << 30;

@@ -1,18 +1,68 @@
 #include "server/worker_process.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <set>
 #include <thread>
 
 extern char** environ;
 
 namespace hearth {
+namespace {
+
+// The children a WorkerProcess owns: ReapOrphans leaves them to their owner.
+// Spawning and adopting hold `mu`, so that a sweep never takes a child
+// between its birth and its registration.
+struct OwnedChildren {
+  std::mutex mu;
+  std::set<pid_t> pids;
+};
+
+OwnedChildren& Owned() {
+  static auto* owned = new OwnedChildren;  // never destroyed: used until exit
+  return *owned;
+}
+
+std::atomic<bool> subreaper{false};
+
+struct ProcStat {
+  char state = '?';
+  pid_t parent = 0;
+};
+
+// /proc/PID/stat's state and parent, or nullopt if there is no such process.
+std::optional<ProcStat> ReadProcStat(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  std::FILE* f = std::fopen(path, "re");
+  if (f == nullptr) return std::nullopt;
+  char line[1024];
+  const size_t n = std::fread(line, 1, sizeof line - 1, f);
+  std::fclose(f);
+  line[n] = '\0';
+  // After the command's name, whatever it holds: " S PPID ...".
+  const char* rest = std::strrchr(line, ')');
+  ProcStat st;
+  int parent = 0;
+  if (rest == nullptr || std::sscanf(rest + 1, " %c %d", &st.state, &parent) != 2)
+    return std::nullopt;
+  st.parent = parent;
+  return st;
+}
+
+}  // namespace
 
 Status WorkerProcess::Spawn(const std::vector<std::string>& args, int control, int slot) {
   if (pid_ > 0) return FailedPrecondition("a worker process is still running");
@@ -46,10 +96,28 @@ Status WorkerProcess::Spawn(const std::vector<std::string>& args, int control, i
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
   pid_t pid = -1;
   std::lock_guard lock(mu_);
+  std::lock_guard owned(Owned().mu);
   const int rc = posix_spawn(&pid, argv[0], &actions, &attr, argv.data(), environ);
   posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) return ErrnoError("starting " + args[0], rc);
+  Owned().pids.insert(pid);
+  pid_ = pid;
+  return Status::Ok();
+}
+
+Status WorkerProcess::AdoptChild(pid_t pid) {
+  std::lock_guard lock(mu_);
+  if (pid_ > 0) return FailedPrecondition("a worker process is still running");
+  if (pid <= 0) return InvalidArgument("pid " + std::to_string(pid));
+  std::lock_guard owned(Owned().mu);
+  const std::optional<ProcStat> st = ReadProcStat(pid);
+  if (!st.has_value()) return NotFound("process " + std::to_string(pid) + " does not exist");
+  if (st->parent != ::getpid())
+    return FailedPrecondition("process " + std::to_string(pid) + " is not this process's child " +
+                              "(its parent is " + std::to_string(st->parent) + ")");
+  if (!Owned().pids.insert(pid).second)
+    return FailedPrecondition("process " + std::to_string(pid) + " is already a worker's");
   pid_ = pid;
   return Status::Ok();
 }
@@ -74,6 +142,8 @@ int WorkerProcess::Reap(bool kill_first) {
   auto reaped = [&](pid_t r) {
     if (r != pid && !(r < 0 && errno == ECHILD)) return false;
     pid_ = -1;
+    std::lock_guard owned(Owned().mu);
+    Owned().pids.erase(pid);
     return true;
   };
   for (int i = 0; i < 200; ++i) {  // up to 2 s for a clean exit, then SIGKILL
@@ -87,6 +157,36 @@ int WorkerProcess::Reap(bool kill_first) {
   ::kill(pid, SIGKILL);
   (void)reaped(::waitpid(pid, &status, 0));
   return status;
+}
+
+Status BecomeSubreaper() {
+  if (subreaper.load()) return Status::Ok();
+  if (::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
+    return ErrnoError("prctl(PR_SET_CHILD_SUBREAPER)", errno);
+  subreaper = true;
+  return Status::Ok();
+}
+
+bool IsSubreaper() { return subreaper.load(); }
+
+int ReapOrphans() {
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return 0;
+  const pid_t self = ::getpid();
+  int reaped = 0;
+  std::lock_guard owned(Owned().mu);
+  while (const dirent* e = ::readdir(proc)) {
+    char* end = nullptr;
+    const long pid = std::strtol(e->d_name, &end, 10);
+    if (pid <= 0 || end == e->d_name || *end != '\0') continue;
+    if (Owned().pids.count(static_cast<pid_t>(pid)) != 0) continue;
+    const std::optional<ProcStat> st = ReadProcStat(static_cast<pid_t>(pid));
+    if (!st.has_value() || st->parent != self || st->state != 'Z') continue;
+    int status = 0;
+    if (::waitpid(static_cast<pid_t>(pid), &status, WNOHANG) == pid) ++reaped;
+  }
+  ::closedir(proc);
+  return reaped;
 }
 
 std::string DescribeExit(int status) {

@@ -1,5 +1,8 @@
-// One exec'd worker process, owned: the destructor kills and reaps it if it
-// is still there, so that no path leaves a worker behind or a zombie.
+// One worker process, owned: the destructor kills and reaps it if it is
+// still there, so that no path leaves a worker behind or a zombie. Exec'd
+// by the server, or forked by a zygote (server/zygote.h) and handed to the
+// server, its subreaper: either way this process's child, which is what
+// makes its pid safe to signal until it is reaped here.
 #pragma once
 
 #include <sys/types.h>
@@ -35,12 +38,26 @@ class WorkerProcess {
   // owns, kills and reaps it from now on, `other` owns nothing.
   // FailedPrecondition if this one still owns a process.
   Status Adopt(WorkerProcess& other);
+  // Takes `pid`, a child this process did not start itself (a worker forked
+  // by a zygote and reparented here): checked to be this process's child and
+  // no other WorkerProcess's. FailedPrecondition if one is still owned.
+  Status AdoptChild(pid_t pid);
   pid_t pid() const { return pid_.load(); }
 
  private:
   std::mutex mu_;  // pid_ changes under it
   std::atomic<pid_t> pid_{-1};
 };
+
+// Makes this process the subreaper of its descendants
+// (PR_SET_CHILD_SUBREAPER): a process whose parent exits is handed here, not
+// to init. From then on ReapOrphans() must run now and then. Idempotent.
+Status BecomeSubreaper();
+bool IsSubreaper();
+
+// Reaps the children that have exited and that no WorkerProcess owns
+// (descendants handed here as their parents died); returns how many.
+int ReapOrphans();
 
 // "exited with status 1", "killed by signal 9".
 std::string DescribeExit(int status);

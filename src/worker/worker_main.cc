@@ -42,6 +42,9 @@ struct WorkerArgs {
   // A standby: loads what it can without the device, then waits (maybe
   // long) until the server puts it to work.
   bool standby = false;
+  // A zygote (backend: python): imports what the model needs, then forks
+  // workers on the server's request; only a program-backed kind is one.
+  bool zygote = false;
   std::string device;             // a standby's hint: the model's device
   std::vector<std::string> argv;  // as given, for a program-backed kind
 };
@@ -156,6 +159,10 @@ int Serve(const WorkerArgs& a) {
   const BackendKind* kind = FindBackendKind(a.backend);
   if (kind == nullptr) return Die(a.control_fd, UnknownBackendKind(a.backend));
   if (!kind->create) return ExecProgram(a, *kind);
+  if (a.zygote)
+    return Die(a.control_fd, InvalidArgument("--zygote: backend '" + a.backend +
+                                             "' runs inside hearth-worker; only a program "
+                                             "backend (python) forks workers from a zygote"));
   // A trimmed CUDA context: 326 instead of 524 MiB on an H200. The driver
   // still grows the stack for a kernel that needs more.
   ::setenv("HEARTH_CUDA_STACK_SIZE", "256", 0);
@@ -319,6 +326,8 @@ int main(int argc, char** argv) {
   app.add_flag("--standby", a.standby,
                "load what needs no device, then wait until the server puts this worker to work");
   app.add_option("--device", a.device, "a standby's hint: the model's device");
+  app.add_flag("--zygote", a.zygote,
+               "(backend: python) import what the model needs, then fork workers on request");
   app.add_option("--fault-kind", a.fault_kind);
   app.add_option("--fault-on-value", a.fault_on_value);
   CLI11_PARSE(app, argc, argv);

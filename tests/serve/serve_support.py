@@ -258,6 +258,28 @@ def model_workers(serve_pid, model):
     return out
 
 
+def python_workers(serve_pid, model):
+    """Pids of the server's Python workers of `model`: exec'd (hearth-worker
+    execs python in its place) or forked from the model's zygote, whose
+    command line they keep; the zygote itself (named hearth-zygote) is none."""
+    out = []
+    for task in pathlib.Path(f"/proc/{serve_pid}/task").iterdir():
+        try:
+            children = (task / "children").read_text().split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        for c in children:
+            try:
+                argv = pathlib.Path(f"/proc/{c}/cmdline").read_bytes().split(b"\0")
+                name = pathlib.Path(f"/proc/{c}/comm").read_text().strip()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if b"hearth.backend_worker" in argv and b"--model" in argv and name != "hearth-zygote" and \
+                    argv[argv.index(b"--model") + 1] == model.encode():
+                out.append(int(c))
+    return out
+
+
 def model_workers_alive(run_dir):
     """Any hearth-worker still attached to a store in `run_dir`."""
     for p in pathlib.Path("/proc").iterdir():

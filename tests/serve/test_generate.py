@@ -33,7 +33,7 @@ import time
 import pytest
 import requests
 
-from serve_support import CLI, ON_GPU, start_serve, stop_serve, wait_for
+from serve_support import CLI, ON_GPU, python_workers, start_serve, stop_serve, wait_for
 
 
 torch = pytest.importorskip("torch", reason="the tiny decoder is written in torch")
@@ -162,25 +162,6 @@ def events(response):
 
 def post(served, path, body, stream=False, timeout=120):
     return requests.post(f"{served['url']}{path}", json=body, stream=stream, timeout=timeout)
-
-
-def python_workers(serve_pid, model):
-    """Pids of the server's Python workers of `model` (hearth-worker execs python in its place)."""
-    out = []
-    for task in pathlib.Path(f"/proc/{serve_pid}/task").iterdir():
-        try:
-            children = (task / "children").read_text().split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        for c in children:
-            try:
-                argv = pathlib.Path(f"/proc/{c}/cmdline").read_bytes().split(b"\0")
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            if b"hearth.backend_worker" in argv and b"--model" in argv and \
-                    argv[argv.index(b"--model") + 1] == model.encode():
-                out.append(int(c))
-    return out
 
 
 # ---- the tiny decoder: streams, joined answers, the endpoints ----------------------------

@@ -95,6 +95,11 @@ TEST_F(ModelConfigTest, ErrorsNameTheFileTheLineAndTheField) {
       {"backend: mlp\ndynamic_batching:\n  max_queue_delay_microseconds: 5\n"
        "  max_queue_delay_microseconds: 6\n",
        "config.yaml:4: dynamic_batching.max_queue_delay_microseconds: is given twice"},
+      {"backend: python\nparameters: {zygote: maybe}\n",
+       "config.yaml:2: parameters.zygote: 'maybe' is not true or false"},
+      {"backend: mlp\nparameters: {zygote: true}\n",
+       "config.yaml:2: parameters.zygote: only backend: python forks its workers from a zygote; "
+       "this model's backend is 'mlp'"},
       {"backend: mlp\nmax_batch_size: many\n",
        "config.yaml:2: max_batch_size: 'many' is not a valid value"},
       {"backend: mlp\ninput: [\n", "config.yaml:"},
@@ -197,6 +202,10 @@ output:
   EXPECT_EQ(c->inputs[0].dtype, DType::kBytes);
   EXPECT_EQ(c->inputs[1].dims, (std::vector<int64_t>{-1, 3}));
   EXPECT_EQ(c->outputs[0].dtype, DType::kBytes);
+  EXPECT_TRUE(c->zygote);  // on unless turned off
+  auto execd = LoadModelConfig(Write("execd", "backend: python\nparameters: {zygote: false}\n"));
+  ASSERT_TRUE(execd.ok()) << execd.status().ToString();
+  EXPECT_FALSE(execd->zygote);
   // Neither input nor output: the backend's signature is taken.
   auto bare = LoadModelConfig(Write("bare", "backend: mlp\nmax_batch_size: 2\n"));
   ASSERT_TRUE(bare.ok()) << bare.status().ToString();
