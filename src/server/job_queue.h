@@ -178,6 +178,13 @@ class JobQueue {
     forming_.notify_all();
     while (!idle_.empty()) WakeIdle();
   }
+  // Makes every caller of PopBatch waiting idle return empty now, as if its
+  // `idle` had passed (a worker has died: its supervisor looks at once).
+  void Nudge() {
+    std::lock_guard lock(mu_);
+    ++nudges_;
+    while (!idle_.empty()) WakeIdle();
+  }
   // Fails everything still queued (no worker left to run it).
   void FailAll(const Status& why) {
     std::deque<std::shared_ptr<Job>> left;
@@ -209,10 +216,12 @@ class JobQueue {
   }
 
   // Waits (mu_ held through `lock`) until a request is queued or the queue
-  // closes; false if `until` came first with neither.
+  // closes; false if `until` came first with neither, or a Nudge().
   bool WaitForWork(std::unique_lock<std::mutex>& lock, Clock::time_point until) {
     IdleWaiter self;
+    const uint64_t nudges = nudges_;
     while (!closed_ && jobs_.empty()) {
+      if (nudges_ != nudges) return false;
       self.woken = false;
       idle_.push_back(&self);
       if (!clock_->WaitUntil(self.cv, lock, until, [&] { return self.woken; })) {
@@ -232,6 +241,7 @@ class JobQueue {
   size_t capacity_;
   const QueueClock* clock_;
   bool closed_ = false;
+  uint64_t nudges_ = 0;
 };
 
 }  // namespace hearth

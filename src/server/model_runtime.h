@@ -16,6 +16,7 @@
 #include "hearth/status.h"
 #include "protocol/worker_protocol.h"
 #include "server/inference_api.h"
+#include "server/hangup_watcher.h"
 #include "server/job_queue.h"
 #include "server/model_config.h"
 #include "server/model_stats.h"
@@ -122,6 +123,8 @@ struct ModelRuntime {
   BatchPolicy policy;
   // Where outputs asked for in shared memory are written (the server's).
   const SharedMemoryRegistry* shared_memory = nullptr;
+  // Tells a supervisor at once that its idle worker died (the server's).
+  HangupWatcher* hangups = nullptr;
 
   // Forks the workers of a `backend: python` model (server/zygote.h); null
   // where they are exec'd. Last: destroyed (its thread joined) first.

@@ -37,6 +37,9 @@ Status Server::Impl::Start() {
     std::lock_guard lifecycle(lifecycle_mu_);
     if (stopping_) return Unavailable("the server was shut down before it started");
     RETURN_IF_ERROR(SetUpRunDirectory());
+    if (Status watching = hangups_.Start(); !watching.ok())
+      spdlog::warn("workers that die while idle are noticed within 100 ms, not at once: {}",
+                   watching.message());
     ASSIGN_OR_RETURN(std::vector<ModelDirectory> dirs, ListModelDirectories(options_.repository));
     if (dirs.empty())
       spdlog::warn("model repository {} holds no model directories", options_.repository);

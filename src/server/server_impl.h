@@ -49,6 +49,7 @@
 #include "hearth/store.h"
 #include "protocol/worker_protocol.h"
 #include "server/batch_layout.h"
+#include "server/hangup_watcher.h"
 #include "server/metrics.h"
 #include "server/model_config.h"
 #include "server/model_config_json.h"
@@ -214,6 +215,8 @@ class Server::Impl {
   // directories that appeared since (under entries_mu_, exclusive). Entries are
   // never removed.
   mutable std::shared_mutex entries_mu_;
+  // Before the entries: outlives every runtime whose workers it watches.
+  HangupWatcher hangups_;
   std::map<std::string, std::unique_ptr<ModelEntry>> entries_;
   static constexpr size_t kMaxBuilders = 8;
   std::vector<std::thread> builders_;

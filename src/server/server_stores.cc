@@ -225,6 +225,7 @@ Status Server::Impl::Prepare(ModelEntry& entry, ModelRuntime& m, bool keep_loade
     p->arena_bytes = l.arena_bytes;
   }
   m.shared_memory = &shared_memory_;
+  m.hangups = &hangups_;
   m.queue = std::make_unique<JobQueue>(std::max<uint64_t>(1, c.max_queue_size));
   // A decoupled model's worker serves one request (one stream) at a time.
   m.policy.max_batch = c.decoupled ? 1 : m.max_batch();

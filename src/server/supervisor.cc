@@ -742,6 +742,16 @@ void WorkerSupervisor::Loop() {
     Replenish();
     WorkerExchange exchange(control.get(), slot_,
                             OutputSignature{model_.outputs, model_.batching()}, kMaxSlotBytes);
+    // Its death while idle wakes this thread's wait for work (and the other
+    // idle workers', which look and wait again).
+    std::optional<HangupWatcher::Id> watched;
+    if (model_.hangups != nullptr) {
+      if (auto id = model_.hangups->Watch(control.get(), [queue = model_.queue.get()] {
+            queue->Nudge();
+          });
+          id.ok())
+        watched = *id;
+    }
     bool alive = true;
     std::string death = "died while idle";
     while (alive) {
@@ -806,6 +816,7 @@ void WorkerSupervisor::Loop() {
     --placement_.ready_workers;
     --model_.ready_workers;
     ready_ = false;
+    if (watched) model_.hangups->Forget(*watched, control.get());
     control.Reset();  // end-of-file: a live worker exits by itself
     const int status = process_.Reap(!alive);
     if (alive) break;  // queue closed: shutting down

@@ -194,3 +194,21 @@ TEST(JobQueue, AFullQueueRefusesAndAClosedOneDrains) {
 
 }  // namespace
 }  // namespace hearth
+
+namespace hearth {
+namespace {
+
+TEST(JobQueue, ANudgeEndsAnIdleWaitAtOnce) {
+  JobQueue q(4);
+  BatchPolicy policy;
+  // An hour of idle wait, ended by a nudge (repeated until the waiter is
+  // waiting: one that came before it started would be none of its business).
+  auto waiter = std::async(std::launch::async, [&] {
+    return q.PopBatch(policy, std::chrono::hours(1)).size();
+  });
+  while (waiter.wait_for(std::chrono::milliseconds(1)) != std::future_status::ready) q.Nudge();
+  EXPECT_EQ(waiter.get(), 0u);
+}
+
+}  // namespace
+}  // namespace hearth

@@ -1,17 +1,21 @@
 // WorkerProcess's ownership of children it did not start (workers forked
-// by a zygote and handed to the server, their subreaper) and the sweep of
-// orphans that nobody owns.
+// by a zygote and handed to the server, their subreaper), the sweep of
+// orphans that nobody owns, and the watch for a worker's hang-up.
 #include "server/worker_process.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <fstream>
+#include <future>
 #include <string>
 #include <thread>
+
+#include "server/hangup_watcher.h"
 
 namespace hearth {
 namespace {
@@ -130,6 +134,40 @@ TEST(WorkerProcessTest, ASubreaperIsHandedTheGrandchildrenOfItsDeadChildren) {
   ASSERT_TRUE(worker.AdoptChild(grandchild).ok());
   ::close(release[1]);
   EXPECT_EQ(DescribeExit(worker.Reap(false)), "exited with status 3");
+}
+
+}  // namespace
+}  // namespace hearth
+
+namespace hearth {
+namespace {
+
+TEST(HangupWatcherTest, CallsBackWhenThePeerClosesAndNotOnceForgotten) {
+  HangupWatcher watcher;
+  ASSERT_TRUE(watcher.Start().ok());
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+  std::promise<void> hung_up;
+  auto id = watcher.Watch(sv[0], [&] { hung_up.set_value(); });
+  ASSERT_TRUE(id.ok()) << id.status().ToString();
+  // Data is no hang-up: only the end is reported.
+  ASSERT_EQ(::send(sv[1], "x", 1, 0), 1);
+  ::close(sv[1]);
+  EXPECT_EQ(hung_up.get_future().wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  watcher.Forget(*id, sv[0]);
+  watcher.Forget(*id, sv[0]);  // twice: nothing
+  ::close(sv[0]);
+
+  // The same descriptor number, watched afresh once the old one is forgotten.
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv), 0);
+  std::promise<void> again;
+  auto second = watcher.Watch(sv[0], [&] { again.set_value(); });
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_NE(*second, *id);
+  ::close(sv[1]);
+  EXPECT_EQ(again.get_future().wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  watcher.Forget(*second, sv[0]);
+  ::close(sv[0]);
 }
 
 }  // namespace
