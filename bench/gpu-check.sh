@@ -13,11 +13,11 @@
 # grpc_cpp_plugin: -DHEARTH_GRPC_ROOT). bench/gpu-deps.sh makes them all.
 #
 # SECTIONS picks what runs after the build (default: all of them):
-#   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart multigpu gemm startup suite
+#   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart coldstart multigpu gemm startup suite
 # (multigpu runs only where nvidia-smi lists 2 GPUs or more.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart multigpu gemm startup suite"}
+SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart coldstart multigpu gemm startup suite"}
 want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -129,10 +129,16 @@ if want protocol; then
   tail -14 "$OUT/protocol.log"
 fi
 if want restart; then
-  echo "== SIGKILL to a ready replacement, with and without a standby worker"
-  timeout 400 python3 bench/serve/restart_bench.py --build "$BUILD" --device cuda --models tiny,llama,scale \
-    --kills 3 > "$OUT/restart.log" 2>&1
-  cut -c1-400 "$OUT/restart.log"
+  echo "== SIGKILL to a serving replacement: exec'd, cold standby, forked from the zygote, hot spare"
+  timeout 560 python3 bench/serve/restart_bench.py --build "$BUILD" --device cuda --models ${RESTART_MODELS:-tiny,llama,scale} \
+    --modes ${RESTART_MODES:-exec,standby,zygote,hot} --kills 3 > "$OUT/restart.log" 2>&1
+  cut -c1-700 "$OUT/restart.log"
+fi
+if want coldstart; then
+  echo "== 24 Python workers of the seed's MLP from a cold start, beside 24 CUDA contexts made at once"
+  timeout 560 python3 bench/serve/cold_start_bench.py --build "$BUILD" --device cuda --workers 24 \
+    > "$OUT/cold-start.log" 2>&1
+  cut -c1-700 "$OUT/cold-start.log"
 fi
 if want multigpu; then
   gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | wc -l)

@@ -578,6 +578,29 @@ class _Phases:
         return ", ".join(f"{name} {seconds:.3f} s" for name, seconds in self.times)
 
 
+def _start_profile():
+    """$HEARTH_WORKER_PROFILE (a directory): the start from attach to the end
+    of initialize runs under cProfile, written there as
+    start-<model>-<pid>.prof (read it with python3 -m pstats)."""
+    if not os.environ.get("HEARTH_WORKER_PROFILE"):
+        return None
+    import cProfile
+    profile = cProfile.Profile()
+    profile.enable()
+    return profile
+
+
+def _end_profile(profile, model):
+    if profile is None:
+        return
+    profile.disable()
+    path = os.path.join(os.environ["HEARTH_WORKER_PROFILE"], f"start-{model}-{os.getpid()}.prof")
+    try:
+        profile.dump_stats(path)
+    except OSError as e:
+        print(f"hearth.backend_worker: HEARTH_WORKER_PROFILE: {e}", file=sys.stderr)
+
+
 def _parser():
     p = argparse.ArgumentParser(prog="python -m hearth.backend_worker",
                                 description="The Python backend's worker (started by hearth serve).")
@@ -732,6 +755,7 @@ def _worker_main(a, phases, Model):
                 if go < 0:
                     raise OSError(w.error())
                 phases.skip()
+            profile = _start_profile()
             weights = hearth.attach(a.model, socket=a.store_socket, version=a.version or None)
             device = weights.device
             phases.done("attach")
@@ -745,6 +769,7 @@ def _worker_main(a, phases, Model):
                     "weights": _ReadOnly(tensors)}
             model.initialize(args)
             phases.done("initialize")
+            _end_profile(profile, a.model)
         except BaseException:
             text = traceback.format_exc()
             print(text, file=sys.stderr, end="")

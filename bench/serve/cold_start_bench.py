@@ -1,0 +1,120 @@
+"""N `backend: python` workers of seed 004's MLP (examples/python_backend's
+mlp_model.py) ready from a cold start, forked from the model's zygote and
+exec'd, beside what the driver alone takes to create N CUDA contexts at
+once (N processes forked from one that imported torch, each making its
+context with its first tensor: the driver creates contexts one after
+another).
+
+    python3 bench/serve/cold_start_bench.py --build build-gpu --workers 24
+
+Each line is JSON: for the server, the seconds from its start to the
+weights loaded, to the zygote ready, and to the last worker ready (its log's
+"N of N workers ready"); for the contexts, the seconds from the forks to the
+last context made, and one context alone.
+"""
+import argparse
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from generate_bench import stop, wait_port  # noqa: E402
+
+
+def contexts(n, device):
+    """Seconds for n processes, forked at once, to each have a CUDA context."""
+    code = f"""
+import os, sys, time
+import torch
+n = {n}
+began = time.monotonic()
+pids = []
+for _ in range(n):
+    pid = os.fork()
+    if pid == 0:
+        torch.empty(1, device="{device}")
+        torch.cuda.synchronize()
+        os._exit(0)
+    pids.append(pid)
+for pid in pids:
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        sys.exit(f"a context failed: status {{status}}")
+print(time.monotonic() - began)
+"""
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def serve(a, zygote):
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="hearth-cold-start-"))
+    repo = tmp / "repo"
+    (repo / "mlp" / "1").mkdir(parents=True)
+    subprocess.run([f"{a.build}/bin/hearth", "make-model", "mlp", "--dims", a.dims, "--seed", "0",
+                    "--out", str(repo / "mlp" / "1" / "model.safetensors")], check=True, capture_output=True)
+    (repo / "mlp" / "1" / "model.py").write_text((ROOT / "examples/python_backend/mlp_model.py").read_text())
+    d_in, _, d_out = a.dims.split(",")
+    kind = "KIND_GPU" if a.device.startswith("cuda") else "KIND_CPU"
+    (repo / "mlp" / "config.yaml").write_text(f"""backend: python
+max_batch_size: 64
+input:
+  - {{name: input, data_type: TYPE_FP32, dims: [{d_in}]}}
+output:
+  - {{name: logits, data_type: TYPE_FP32, dims: [{d_out}]}}
+  - {{name: argmax, data_type: TYPE_INT64, dims: [1]}}
+instance_group:
+  - {{count: {a.workers}, kind: {kind}}}
+parameters: {{python: {sys.executable}, zygote: '{str(zygote).lower()}'}}
+""")
+    log = tmp / "serve.log"
+    began = time.monotonic()
+    proc = subprocess.Popen([f"{a.build}/bin/hearth", "serve", "--model-repository", str(repo), "--http-port", "0",
+                             "--grpc-port", "-1", "--device", a.device],
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        done = wait_port(log, r"model mlp: (\d+) of (\d+) workers ready ([\d.]+) s after start-up began", proc,
+                         timeout=600)
+        text = log.read_text()
+    finally:
+        stop(proc)
+    out = {"mode": "zygote" if zygote else "exec", "workers": a.workers, "dims": a.dims, "device": a.device,
+           "ready_workers": int(done.group(1)), "all_ready_s": float(done.group(3)),
+           "wall_s": round(time.monotonic() - began, 3)}
+    loaded = re.search(r"model mlp: weights loaded on \S+ in ([\d.]+) s", text)
+    if loaded:
+        out["weights_loaded_s"] = float(loaded.group(1))
+    z = re.search(r"mlp: zygote ready: pid \d+ in (\d+) ms \(([^)]*)\)", text)
+    if z:
+        out["zygote_ready_ms"], out["zygote_phases"] = int(z.group(1)), z.group(2)
+    refused = re.search(r"mlp: its workers are exec'd, not forked from a zygote: (.*)", text)
+    if refused:
+        out["zygote_off"] = refused.group(1)
+    starts = [int(ms) for ms in re.findall(r"mlp worker \d+ ready: pid \d+ on .* in (\d+) ms", text)]
+    if starts:
+        out["worker_start_ms"] = {"min": min(starts), "max": max(starts)}
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--workers", type=int, default=24)
+    ap.add_argument("--dims", default="16384,16384,12800", help="the MLP's in,hidden,out (default the seed's)")
+    ap.add_argument("--modes", default="zygote,exec")
+    a = ap.parse_args()
+    if a.device.startswith("cuda"):
+        print(json.dumps({"contexts": 1, "seconds": round(contexts(1, a.device), 3)}), flush=True)
+        print(json.dumps({"contexts": a.workers, "seconds": round(contexts(a.workers, a.device), 3)}), flush=True)
+    for mode in a.modes.split(","):
+        print(json.dumps(serve(a, mode == "zygote")), flush=True)
+
+
+if __name__ == "__main__":
+    main()
