@@ -29,7 +29,9 @@ kills the process.
 
 `transformers` and torch are imported on first call, so `import
 hearth.transformers` costs nothing and touches no GPU; without transformers
-the call raises ImportError saying so.
+the call raises ImportError saying so. `prepare(directory)` does that
+importing ahead of need, with no GPU: at the top of a `backend: python`
+model.py, so that the model's zygote imports it once for all its workers.
 """
 
 import os
@@ -37,7 +39,7 @@ import sys
 
 import hearth.torch as _htorch
 
-__all__ = ["causal_lm", "load", "tokenizer"]
+__all__ = ["causal_lm", "load", "prepare", "tokenizer"]
 
 
 def _transformers():
@@ -76,6 +78,26 @@ def _weights_dtype(torch, weights):
     if not bytes_by_dtype:
         return None
     return max(bytes_by_dtype, key=bytes_by_dtype.get)
+
+
+def prepare(checkpoint_dir):
+    """Imports, touching no device, what causal_lm and tokenizer will need for
+    `checkpoint_dir`: transformers, the modules of the architectures its
+    config.json names (transformers imports a model's module only when its
+    class is first asked for: seconds for Llama), and the tokenizer classes.
+    Returns the architectures' classes found."""
+    transformers = _transformers()
+    import torch  # noqa: F401
+
+    path = _checkpoint_dir(checkpoint_dir, "checkpoint_dir")
+    import json
+    with open(os.path.join(path, "config.json")) as f:
+        names = json.load(f).get("architectures") or []
+    found = [getattr(transformers, n) for n in names if isinstance(n, str) and hasattr(transformers, n)]
+    for name in ("AutoConfig", "AutoModelForCausalLM", "AutoTokenizer", "GenerationConfig",
+                 "PreTrainedTokenizerFast"):
+        getattr(transformers, name, None)
+    return found
 
 
 def load(auto_class, model, checkpoint_dir=None, *, config=None, socket=None, version=None,

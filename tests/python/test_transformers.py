@@ -166,6 +166,23 @@ def test_the_checkpoint_is_tied_gqa_bf16(llama):
 
 
 @needs_transformers
+def test_prepare_imports_the_architecture_with_no_device(llama):
+    """What a zygote runs at model.py's import: transformers and the Llama
+    classes imported, CUDA never initialised."""
+    proc = ht.run_script(f"""
+        import sys
+        import hearth.transformers
+        classes = hearth.transformers.prepare({str(llama.directory)!r})
+        import torch
+        assert [c.__name__ for c in classes] == ["LlamaForCausalLM"], classes
+        assert "transformers.models.llama.modeling_llama" in sys.modules
+        assert not torch.cuda.is_initialized()
+        print("ok")
+        """)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+@needs_transformers
 def test_causal_lm_equals_from_pretrained(llama):
     import torch
 
