@@ -54,7 +54,10 @@ import hearth.transformers
 # transformers and the checkpoint's model classes, imported here rather than
 # in initialize: the model's zygote imports this file once, with no GPU, and
 # every worker forked from it starts with them (seconds for Llama).
-hearth.transformers.prepare(os.path.dirname(os.path.abspath(__file__)))
+try:
+    hearth.transformers.prepare(os.path.dirname(os.path.abspath(__file__)))
+except (ImportError, OSError):
+    pass  # no transformers, or no checkpoint beside this file: initialize() says which
 
 RequestError = hearth.InvalidArgument  # the client's fault: HTTP 400
 MAX_STOPS = 4
