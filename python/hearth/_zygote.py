@@ -25,10 +25,23 @@ descriptors at 3 and 4 (replacing the zygote's socket, which it never
 keeps), and goes on as a worker whose imports are done.
 
 End-of-file on the socket: the server let the zygote go; it exits.
+
+The zygote learns what its workers import. Much of a model's start is
+imports that happen only when `initialize` first calls something (torch
+imports torch._dynamo and sympy on first use of some operators, for
+seconds). Each forked worker is given the write end of a pipe; once its
+`initialize` has run it writes there the names of the modules it imported
+since the fork, and the zygote, between two fork requests, imports those
+it lacks: the workers it forks next start with them. An import that makes
+the zygote unsafe to fork from (a device touched, a thread started) is
+caught by the checks before the next fork, and the model's workers are
+exec'd from then on.
 """
 
 import ctypes
+import importlib
 import os
+import re
 import select
 import socket
 import struct
@@ -40,6 +53,44 @@ import time
 # process: a context must never be inherited through fork.
 _DEVICE_FILES = ("/dev/nvidia", "/dev/kfd", "/dev/dri/")
 _MAX_MESSAGE = 64 << 10
+# What a worker tells the zygote it imported: at most a pipe's buffer, so its
+# write never waits for the zygote.
+_MAX_LEARNED = 60 << 10
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+# In a forked worker: the pipe to report its imports on, and the modules it
+# had when it was forked.
+_learn_fd = None
+_forked_with = frozenset()
+
+
+def _forked(learn_fd):
+    global _learn_fd, _forked_with
+    _learn_fd, _forked_with = learn_fd, frozenset(sys.modules)
+
+
+def report_imports():
+    """In a worker forked from the zygote, once its start is over: tells the
+    zygote which modules it imported since the fork (and closes the pipe).
+    Nothing elsewhere."""
+    global _learn_fd
+    if _learn_fd is None:
+        return
+    fd, _learn_fd = _learn_fd, None
+    try:
+        names = sorted(set(sys.modules) - _forked_with)
+        data = b""
+        for name in names:
+            line = name.encode(errors="replace") + b"\n"
+            if len(data) + len(line) > _MAX_LEARNED:
+                break
+            data += line
+        os.set_blocking(fd, False)
+        os.write(fd, data)
+    except OSError:
+        pass  # the zygote is gone, or its pipe full: it learns nothing this time
+    finally:
+        os.close(fd)
 _PR_SET_NAME = 15
 _PR_SET_PDEATHSIG = 1
 _SIGKILL = 9
@@ -149,6 +200,7 @@ class Zygote:
     def __init__(self, control_fd, server_pid):
         self.sock = socket.socket(fileno=control_fd)
         self.server_pid = server_pid
+        self.learning = {}  # a forked worker's pipe -> what it has written so far
 
     def send(self, *fields):
         self.sock.send(b"\0".join(f if isinstance(f, bytes) else str(f).encode(errors="replace")
@@ -159,6 +211,8 @@ class Zygote:
         go. `run_worker(args)` runs in each worker and returns its exit code.
         Returns the zygote's exit code."""
         while True:
+            if not self._wait_for_request():
+                continue
             try:
                 data, fds, _, _ = socket.recv_fds(self.sock, _MAX_MESSAGE, 2)
             except InterruptedError:
@@ -189,26 +243,89 @@ class Zygote:
                 for fd in fds:
                     os.close(fd)
 
+    def _wait_for_request(self):
+        """Waits until the socket is readable, meanwhile reading what forked
+        workers report of their imports and importing it. True once a
+        request (or the socket's end) is there."""
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLIN)
+        for fd in self.learning:
+            poller.register(fd, select.POLLIN)
+        try:
+            ready = poller.poll()
+        except InterruptedError:
+            return False
+        request = False
+        for fd, _ in ready:
+            if fd == self.sock.fileno():
+                request = True
+                continue
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            except OSError:
+                chunk = b""
+            if chunk and len(self.learning[fd]) < _MAX_LEARNED:
+                self.learning[fd] += chunk
+                continue
+            self._learn(bytes(self.learning.pop(fd)))
+            os.close(fd)
+        return request
+
+    def _learn(self, data):
+        """Imports the modules a worker reported that this process lacks."""
+        names = [n for n in data.decode(errors="replace").split("\n")
+                 if _MODULE_NAME.fullmatch(n) and n not in sys.modules]
+        if not names:
+            return
+        began = time.monotonic()
+        imported = 0
+        for name in sorted(names, key=lambda n: n.count(".")):  # parents first
+            if name in sys.modules:
+                continue
+            try:
+                importlib.import_module(name)
+                imported += 1
+            except Exception:  # noqa: BLE001  a module that imports only in its context
+                pass
+        print(f"hearth.backend_worker zygote {os.getpid()}: imported {imported} of the {len(names)} "
+              f"modules its workers import while they start, in {time.monotonic() - began:.3f} s",
+              file=sys.stderr, flush=True)
+
     def _fork(self, control, slot, args, run_worker):
         """Forks the worker through a child that exits at once; returns the
         worker's pid once the worker is the server's child."""
         sys.stdout.flush()
         sys.stderr.flush()
         report_r, report_w = os.pipe()
-        child = os.fork()
+        learn_r, learn_w = os.pipe()
+        try:
+            child = os.fork()
+        except OSError:
+            for fd in (report_r, report_w, learn_r, learn_w):
+                os.close(fd)
+            raise
         if child == 0:  # the short-lived child
             code = 1
             try:
                 os.close(report_r)
+                os.close(learn_r)
+                for fd in self.learning:
+                    os.close(fd)
                 worker = os.fork()
                 if worker == 0:
                     os.close(report_w)
+                    _forked(learn_w)
                     self._become_worker(control, slot, args, run_worker)  # never returns
                 os.write(report_w, struct.pack("<q", worker))
                 code = 0
             finally:
                 os._exit(code)
         os.close(report_w)
+        os.close(learn_w)
+        os.set_blocking(learn_r, False)
+        self.learning[learn_r] = bytearray()
         try:
             raw = b""
             while len(raw) < 8:

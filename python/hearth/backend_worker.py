@@ -770,6 +770,9 @@ def _worker_main(a, phases, Model):
             model.initialize(args)
             phases.done("initialize")
             _end_profile(profile, a.model)
+            zygote = sys.modules.get("hearth._zygote")
+            if zygote is not None:
+                zygote.report_imports()  # a forked worker: what the zygote may import for the next
         except BaseException:
             text = traceback.format_exc()
             print(text, file=sys.stderr, end="")

@@ -24,6 +24,7 @@ N = 6
 MODEL_PY = """
 import os
 import subprocess
+import sys
 
 import numpy as np
 
@@ -31,9 +32,14 @@ import numpy as np
 class Model:
     def initialize(self, args):
         self.w = np.asarray(args["weights"]["weight"])
+        # A module first imported here: the zygote learns it from the workers.
+        self.had_minidom = "xml.dom.minidom" in sys.modules
+        import xml.dom.minidom  # noqa: F401
 
     def execute(self, inputs):
         x = np.asarray(inputs["x"])
+        if (x == 98).any():
+            return {"y": np.full((x.shape[0], 1), float(self.had_minidom), dtype=np.float32)}
         if (x == 99).any():
             # A descendant that outlives this worker (killed next by the
             # test): orphaned, it is handed to the server.
@@ -186,6 +192,16 @@ def test_a_killed_zygote_is_replaced_and_a_killed_worker_comes_back_forked(tmp_p
         w = read_safetensors(root / "pyz" / "1" / "model.safetensors")["weight"]
         x = np.ones((1, N), np.float32)
         np.testing.assert_allclose(ask(url, "pyz", x), [w.sum()], rtol=1e-5)
+
+        # The second zygote has learned from the worker it forked what that
+        # worker imported in initialize: the next worker has it at its fork.
+        assert ask(url, "pyz", np.full((1, N), 98, np.float32))[0] == 0.0
+        wait_for(lambda: re.search(rf"zygote {second}: imported \d+ of the \d+ modules its workers import",
+                                   log.read_text()), "the zygote to learn its worker's imports")
+        worker = ready_pids(log, "pyz")[-1]
+        os.kill(worker, signal.SIGKILL)
+        wait_for(lambda: ready_pids(log, "pyz")[-1] != worker, "the worker's replacement", timeout=60)
+        assert ask(url, "pyz", np.full((1, N), 98, np.float32))[0] == 1.0
 
         # A descendant of a worker that dies is handed to the server (a
         # subreaper), which reaps it once it has exited.
