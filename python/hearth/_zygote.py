@@ -103,6 +103,13 @@ def _device_prefixes():
     return _DEVICE_FILES + tuple(extra)
 
 
+def unsupported():
+    """Why this interpreter cannot be a zygote (it lacks what forking needs), or None."""
+    if not hasattr(socket, "recv_fds"):
+        return f"Python {sys.version.split()[0]} has no socket.recv_fds (3.9 and later have it)"
+    return None
+
+
 def device_in_use():
     """Why this process must not fork workers (a device was initialised in
     it), or None."""

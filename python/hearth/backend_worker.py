@@ -678,7 +678,7 @@ def _zygote_main(a):
         return 1
     finally:
         lib.hearth_worker_close(handle)
-    why = _zygote.device_in_use() or _zygote.threads_running()
+    why = _zygote.unsupported() or _zygote.device_in_use() or _zygote.threads_running()
     if why is not None:
         zygote.send("refused", why)
         return 0
