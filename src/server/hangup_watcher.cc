@@ -43,8 +43,7 @@ Result<HangupWatcher::Id> HangupWatcher::Watch(int fd, std::function<void()> on_
   // EPOLLHUP is reported whatever is asked; nothing else is.
   e.events = EPOLLRDHUP | EPOLLONESHOT;
   e.data.u64 = id;
-  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &e) != 0)
-    return ErrnoError("epoll_ctl", errno);
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &e) != 0) return ErrnoError("epoll_ctl", errno);
   callbacks_.emplace(id, std::move(on_hangup));
   return id;
 }

@@ -32,8 +32,8 @@ Status SendFork(int sock, const std::vector<std::string>& args, int control, int
     text += a;
   }
   if (text.size() > kMaxMessage)
-    return InvalidArgument("a worker's arguments come to more than " +
-                           std::to_string(kMaxMessage) + " bytes");
+    return InvalidArgument("a worker's arguments come to more than " + std::to_string(kMaxMessage) +
+                           " bytes");
   iovec iov{text.data(), text.size()};
   alignas(cmsghdr) char space[CMSG_SPACE(2 * sizeof(int))] = {};
   msghdr msg{};
@@ -63,7 +63,8 @@ Result<std::vector<std::string>> Receive(int sock, int wake, std::chrono::millis
   for (;;) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return DeadlineExceeded("no answer within " + std::to_string(timeout.count()) + " ms");
+    if (left <= 0)
+      return DeadlineExceeded("no answer within " + std::to_string(timeout.count()) + " ms");
     pollfd fds[2] = {{sock, POLLIN, 0}, {wake, POLLIN, 0}};
     const int n = ::poll(fds, 2, static_cast<int>(std::min<int64_t>(left, 60000)));
     if (n < 0 && errno == EINTR) continue;
@@ -278,8 +279,8 @@ void WorkerZygote::Keep() {
   std::string last;
   while (!stopping()) {
     if (failures >= kMaxFailures) {
-      TurnOff("the zygote failed " + std::to_string(failures) + " times in a row; the last: " +
-              last);
+      TurnOff("the zygote failed " + std::to_string(failures) +
+              " times in a row; the last: " + last);
       break;
     }
     if (failures > 0) {
