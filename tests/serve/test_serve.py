@@ -1036,7 +1036,11 @@ def test_a_standby_worker_takes_over_from_a_worker_that_dies(tmp_path):
         second = wait_for(standby, "a second standby worker")
         seen.add(second)
         # A standby that dies while it waits: the next replacement is fresh.
+        # (Dead first, its socket closed, before the worker dies: the server,
+        # told of that death at once, would otherwise reach a standby still
+        # exiting, and take it as one that died starting.)
         os.kill(second, signal.SIGKILL)
+        wait_for(lambda: gone(second), "the standby to die")
         os.kill(first, signal.SIGKILL)
         fresh = wait_for(lambda: ready_pids()[-1] not in seen and ready_pids()[-1], "a fresh replacement")
         seen.add(fresh)
