@@ -13,8 +13,11 @@ Result<std::shared_ptr<ModelRuntime>> Server::Impl::Find(const std::string& mode
   const ModelEntry& entry = *it->second;
   std::shared_ptr<ModelRuntime> m = entry.served.load();
   if (m == nullptr) {
+    // Published meanwhile (under the lock, with the status set OK): served.
     std::lock_guard lock(entry.mu);
-    return Unavailable("model '" + model + "' is not served: " + entry.status.message());
+    m = entry.served.load();
+    if (m == nullptr)
+      return Unavailable("model '" + model + "' is not served: " + entry.status.message());
   }
   if (!version.empty() && version != std::to_string(m->config().version))
     return NotFound("model '" + model + "' has no served version '" + version + "'");
