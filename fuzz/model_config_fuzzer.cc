@@ -65,6 +65,7 @@ void CheckAccepted(const hearth::ModelConfig& c) {
   Require(bytes <= hearth::kMaxModelParameterBytes, "parameter bytes limit");
   Require(c.standby_workers >= 0 && c.standby_workers <= hearth::kMaxStandbyWorkers,
           "standby workers in range");
+  Require(!c.standby_hot || c.standby_workers > 0, "hot spares only with standby workers");
 }
 
 }  // namespace

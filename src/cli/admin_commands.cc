@@ -1,5 +1,6 @@
 // The store's administration: `hearth list`, `status`, `load` and `unload`,
-// each on the store of --socket, or on every store of --device.
+// each on the store of --socket, or on every store of --device; and
+// `hearth status --url`, a running `hearth serve`'s worker processes.
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +20,8 @@
 #include "common/run_together.h"
 #include "hearth/attach.h"
 #include "hearth/checksum.h"
+#include "http/workers_json.h"
+#include "loadgen/load_generator.h"
 
 namespace hearth::cli {
 namespace {
@@ -75,6 +78,67 @@ int ShowStatus(const AttachOptions& store) {
     std::printf("counters:\n");
     for (const auto& [name, value] : status->counters)
       std::printf("  %s %llu\n", name.c_str(), static_cast<unsigned long long>(value));
+  }
+  return 0;
+}
+
+std::string MemoryText(uint64_t bytes) {
+  char text[32];
+  if (bytes < (1u << 20)) {
+    std::snprintf(text, sizeof text, "%llu B", static_cast<unsigned long long>(bytes));
+  } else {
+    std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  }
+  return text;
+}
+
+// `hearth status --url`: a table of the served models' worker processes,
+// standbys and hot spares, a line each, from GET /v2/hearth/workers.
+int ShowServerWorkers(const std::string& url) {
+  Result<std::string> body = HttpGet(url, "/v2/hearth/workers");
+  if (!body.ok()) return Fail(body.status());
+  Result<std::vector<ModelWorkers>> models = ParseWorkersJson(*body);
+  if (!models.ok())
+    return Fail(models.status().WithContext("the answer of " + url + "/v2/hearth/workers"));
+  if (models->empty()) {
+    std::printf("%s serves no model\n", url.c_str());
+    return 0;
+  }
+  struct Row {
+    std::string model, device, process, pid, ready, restarts, memory, warm_up;
+  };
+  std::vector<Row> rows = {
+      {"MODEL", "DEVICE", "PROCESS", "PID", "READY", "RESTARTS", "DEVICE MEMORY", "WARM-UP"}};
+  for (const ModelWorkers& m : *models) {
+    const std::string model = m.name + " v" + m.version;
+    for (const PlacementWorkers& p : m.placements) {
+      for (const WorkerInfo& w : p.workers)
+        rows.push_back({model, p.device, "worker " + std::to_string(w.index),
+                        w.pid > 0 ? std::to_string(w.pid) : "-", w.ready ? "yes" : "no",
+                        std::to_string(w.restarts), MemoryText(w.device_memory_bytes), "-"});
+      for (const StandbyInfo& sb : p.standbys)
+        rows.push_back({model, p.device, "standby", std::to_string(sb.pid), "-", "-", "-", "-"});
+      for (const HotSpareInfo& h : p.hot_spares) {
+        char warm_up[32];
+        std::snprintf(warm_up, sizeof warm_up, "%.1f ms", h.warm_up_us / 1e3);
+        rows.push_back({model, p.device, "hot spare", std::to_string(h.pid), "-", "-",
+                        MemoryText(h.device_memory_bytes), warm_up});
+      }
+    }
+  }
+  std::vector<size_t> width(8, 0);
+  for (const Row& r : rows) {
+    const std::string* cells[] = {&r.model, &r.device,   &r.process, &r.pid,
+                                  &r.ready, &r.restarts, &r.memory,  &r.warm_up};
+    for (size_t i = 0; i < 8; ++i) width[i] = std::max(width[i], cells[i]->size());
+  }
+  for (const Row& r : rows) {
+    std::printf("%-*s  %-*s  %-*s  %*s  %-*s  %*s  %*s  %*s\n", static_cast<int>(width[0]),
+                r.model.c_str(), static_cast<int>(width[1]), r.device.c_str(),
+                static_cast<int>(width[2]), r.process.c_str(), static_cast<int>(width[3]),
+                r.pid.c_str(), static_cast<int>(width[4]), r.ready.c_str(),
+                static_cast<int>(width[5]), r.restarts.c_str(), static_cast<int>(width[6]),
+                r.memory.c_str(), static_cast<int>(width[7]), r.warm_up.c_str());
   }
   return 0;
 }
@@ -137,6 +201,7 @@ int OnEach(const NamedStores& stores, const std::function<int(const AttachOption
 struct AdminFlags {
   StoreClientFlags client;
   std::string model;  // load: NAME=PATH; unload: NAME[@VERSION]
+  std::string url;    // status: a running hearth serve's instead of a store's
 };
 
 using AdminRun = std::function<int(const NamedStores& stores, const std::string& model)>;
@@ -162,12 +227,22 @@ std::vector<Subcommand> AddAdminCommands(CLI::App& app) {
     return OnEach(stores, ListModels);
   }));
 
-  auto* status = app.add_subcommand("status", "show a store's attached clients and arenas");
+  auto* status = app.add_subcommand(
+      "status",
+      "show a store's attached clients and arenas, or (--url) a running hearth serve's workers");
   auto status_flags = std::make_shared<AdminFlags>();
   AddStoreClientOptions(status, &status_flags->client);
-  commands.push_back(Bind(status, status_flags, [](const NamedStores& stores, const std::string&) {
-    return OnEach(stores, ShowStatus);
-  }));
+  status
+      ->add_option("--url", status_flags->url,
+                   "http://HOST:PORT of a running `hearth serve` (its REST port): list its "
+                   "models' workers, standby workers and hot spares instead of a store's state")
+      ->excludes("--socket", "--device", "--store-uid");
+  commands.push_back({status, [status_flags] {
+                        if (!status_flags->url.empty()) return ShowServerWorkers(status_flags->url);
+                        Result<NamedStores> stores = StoresOf(status_flags->client);
+                        if (!stores.ok()) return Fail(stores.status());
+                        return OnEach(*stores, ShowStatus);
+                      }});
 
   auto* load =
       app.add_subcommand("load", "load a checkpoint into a running store as a new version");

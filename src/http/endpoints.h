@@ -13,7 +13,7 @@ namespace hearth::rest {
 
 class Session;
 
-// status_endpoints.cc: health, metadata, configs, statistics and metrics.
+// status_endpoints.cc: health, metadata, configs, statistics, metrics and workers.
 void ServeLive(Session& session, const Request& request);
 void ServeReady(Session& session, const Request& request);
 void ServeServerMetadata(Session& session, const Request& request);
@@ -22,6 +22,8 @@ void ServeModelReady(Session& session, const Request& request, const Route& rout
 void ServeModelConfig(Session& session, const Request& request, const Route& route);
 void ServeModelStatistics(Session& session, const Request& request, const Route& route);
 void ServeMetrics(Session& session, const Request& request);
+// GET /v2/hearth/workers: http/workers_json.h.
+void ServeWorkers(Session& session, const Request& request);
 
 // infer_endpoint.cc: KServe v2 inference.
 void ServeInfer(Session& session, Request request, const Route& route);

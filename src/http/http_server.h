@@ -14,6 +14,9 @@
 //                                                   answers with server-sent events
 //   GET  /v1/models                                 the repository's models, OpenAI's list
 //   GET  /metrics                                   Prometheus text
+//   GET  /v2/hearth/workers                         hearth's own: the models' worker
+//                                                   processes, standbys and hot spares
+//                                                   (workers_json.h)
 // Triton's extensions (bodies: triton_json.h):
 //   GET  /v2/models/{m}[/versions/{v}]/config       the model's config, Triton's JSON as is
 //   GET  /v2/models/stats                           every model's statistics (Triton's

@@ -74,6 +74,8 @@ std::optional<Route> ParseRoute(std::string_view target) {
     route.kind = Route::Kind::kTraceSetting;
   } else if (n == 2 && segments[1] == "logging") {
     route.kind = Route::Kind::kLogging;
+  } else if (n == 3 && segments[1] == "hearth" && segments[2] == "workers") {
+    route.kind = Route::Kind::kWorkers;
   } else if (n == 3 && segments[1] == "models" && segments[2] == "stats") {
     // Triton's route wins over a model named "stats".
     route.kind = Route::Kind::kModelStats;
@@ -199,6 +201,8 @@ void Dispatch(Session& session, Request request) {
       return ServeOpenAiModels(session, request);
     case Route::Kind::kMetrics:
       return ServeMetrics(session, request);
+    case Route::Kind::kWorkers:
+      return ServeWorkers(session, request);
     case Route::Kind::kModelConfig:
       return ServeModelConfig(session, request, *route);
     case Route::Kind::kModelStats:

@@ -40,6 +40,7 @@ struct Route {
     kCudaShmStatus,
     kTraceSetting,  // Triton's trace settings (GET or POST): not supported
     kLogging,       // Triton's log settings (GET or POST): not supported
+    kWorkers,       // hearth's own (/v2/hearth/workers): the worker processes
   };
   Kind kind = Kind::kNone;
   std::string model;

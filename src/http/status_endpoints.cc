@@ -7,6 +7,7 @@
 #include "http/server_core.h"
 #include "http/session.h"
 #include "http/triton_json.h"
+#include "http/workers_json.h"
 
 namespace hearth::rest {
 namespace {
@@ -130,6 +131,15 @@ void ServeMetrics(Session& session, const Request& request) {
   return session.Send(MakeResponse(http::status::ok, request.version(), request.keep_alive(),
                                    core.service->MetricsText() + HttpMetricsText(core.Stats()),
                                    "text/plain; version=0.0.4"));
+}
+
+void ServeWorkers(Session& session, const Request& request) {
+  const unsigned version = request.version();
+  const bool keep_alive = request.keep_alive();
+  Result<std::vector<ModelWorkers>> workers = session.core()->service->Workers();
+  if (!workers.ok()) return session.Send(StatusResponse(workers.status(), version, keep_alive));
+  return session.Send(MakeResponse(http::status::ok, version, keep_alive, WorkersJson(*workers),
+                                   "application/json"));
 }
 
 }  // namespace hearth::rest

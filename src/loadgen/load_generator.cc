@@ -607,6 +607,22 @@ Result<std::unique_ptr<RegionControl>> MakeRegionControl(const BenchOptions& opt
 
 }  // namespace bench
 
+Result<std::string> HttpGet(const std::string& url, const std::string& path,
+                            double timeout_seconds) {
+  ASSIGN_OR_RETURN(const Endpoint endpoint, ParseUrl(url));
+  Connection connection(endpoint, timeout_seconds);
+  http::request<http::string_body> request{http::verb::get, path, 11};
+  request.set(http::field::host, endpoint.host);
+  request.keep_alive(false);
+  Result<http::response<http::string_body>> response = connection.RoundTrip(request);
+  if (!response.ok())
+    return Unavailable("cannot reach the server at " + url + ": " + response.status().message());
+  if (response->result() != http::status::ok)
+    return Status(CodeForHttp(response->result_int()),
+                  "GET " + path + " on " + url + ": " + ServerMessage(*response));
+  return std::move(response->body());
+}
+
 bool BenchHasGrpc() {
 #ifdef HEARTH_HAVE_GRPC
   return true;

@@ -115,6 +115,13 @@ struct BenchReport {
   std::optional<BenchShmSample> shm_sample;  // shared memory: see above
 };
 
+// GETs `path` from the server at `url` (http://HOST:PORT, as bench takes
+// it) on a connection of its own: the body of a 200; for anything else an
+// error naming the URL (the server's status and message, or why it cannot
+// be reached). For `hearth status --url`.
+Result<std::string> HttpGet(const std::string& url, const std::string& path,
+                            double timeout_seconds = 10);
+
 // Whether this hearth was built with gRPC (BenchTransport::kGrpc works).
 bool BenchHasGrpc();
 

@@ -218,4 +218,11 @@ Result<BatchLayout> LayOutBatch(const BatchModel& model, std::span<const std::sh
   return layout;
 }
 
+uint64_t InitialSlotBytes(const control::Run& run) {
+  const bool worker_places =
+      std::find(run.output_placed.begin(), run.output_placed.end(), 0) != run.output_placed.end();
+  const uint64_t room = worker_places ? std::max<uint64_t>(run.free_offset / 2, 64u << 10) : 0;
+  return std::max<uint64_t>(run.free_offset + room, 1);
+}
+
 }  // namespace hearth

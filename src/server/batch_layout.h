@@ -79,4 +79,9 @@ size_t JobsThatFit(std::span<const std::shared_ptr<Job>> jobs,
 Result<BatchLayout> LayOutBatch(const BatchModel& model, std::span<const std::shared_ptr<Job>> jobs,
                                 bool compact = false);
 
+// The slot a run starts with: its inputs and the outputs the server
+// places, and room for those the worker places, if any: half as much again
+// as the rest, at least 64 KiB (it grows on demand when that is not enough).
+uint64_t InitialSlotBytes(const control::Run& run);
+
 }  // namespace hearth

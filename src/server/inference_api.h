@@ -265,6 +265,45 @@ struct RepositoryEntry {
   std::string reason;   // why not READY
 };
 
+// The worker processes of a served model, per placement (GET
+// /v2/hearth/workers, `hearth status --url`). A pid of -1: none running
+// (between a worker's death and its replacement).
+struct WorkerInfo {
+  int index = 0;  // among the model's workers
+  int64_t pid = -1;
+  bool ready = false;  // serving
+  uint64_t restarts = 0;
+  uint64_t device_memory_bytes = 0;  // its backend's own buffers, as it reported them
+};
+
+// A standby worker (parameters.standby_mode: cold): started, waiting with
+// no device context.
+struct StandbyInfo {
+  int64_t pid = -1;
+};
+
+// A hot spare (parameters.standby_mode: hot): ready and warmed up.
+struct HotSpareInfo {
+  int64_t pid = -1;
+  uint64_t device_memory_bytes = 0;
+  uint64_t warm_up_us = 0;  // its warm-up batch, from the run sent to the answer
+};
+
+struct PlacementWorkers {
+  std::string device;  // "cpu", "cuda:N", "hostN"
+  std::vector<WorkerInfo> workers;
+  std::vector<StandbyInfo> standbys;
+  std::vector<HotSpareInfo> hot_spares;
+};
+
+struct ModelWorkers {
+  std::string name;
+  std::string version;
+  std::string standby_mode;  // "cold" or "hot"
+  int standby_workers = 0;   // per placement, as configured
+  std::vector<PlacementWorkers> placements;
+};
+
 // Status codes map to HTTP: InvalidArgument 400, NotFound 404,
 // ResourceExhausted 503 (queue full), Unavailable 503, FailedPrecondition 400,
 // DeadlineExceeded 504 (the request timed out before it ran),
@@ -325,6 +364,11 @@ class InferenceService {
   // Every model of the repository, sorted by name; only the ready ones when
   // `ready_only`.
   virtual std::vector<RepositoryEntry> RepositoryIndex(bool /*ready_only*/) const { return {}; }
+  // Every served model's worker processes, standbys and hot spares, sorted
+  // by model name.
+  virtual Result<std::vector<ModelWorkers>> Workers() const {
+    return Unimplemented("no worker processes here");
+  }
   // Repository control. Each call returns at once; `done` is called
   // exactly once, from any thread, when the work is over (or at once when
   // it is refused: ResourceExhausted when the service's bounded pool for

@@ -58,6 +58,17 @@ std::string PrometheusText(const std::vector<std::pair<std::string, const ModelR
             "Standby worker processes started and waiting (parameters.standby_workers); one that "
             "died while it waited counts until it is needed and found gone.",
             [](const ModelRuntime& m) { return m.StandbyCount(); });
+  per_model("hearth_hot_spares", "gauge",
+            "Hot spares ready (parameters.standby_mode: hot): worker processes started, attached "
+            "and warmed up with one batch, each to take a dead worker's place at once.",
+            [](const ModelRuntime& m) { return m.HotSpareCount(); });
+  per_model("hearth_hot_spare_device_memory_bytes", "gauge",
+            "Device memory the ready hot spares' backends allocated themselves, as each reported "
+            "it when ready (their CUDA contexts not included).",
+            [](const ModelRuntime& m) { return m.HotSpareDeviceMemoryBytes(); });
+  per_model("hearth_hot_spare_takeovers_total", "counter",
+            "Times a hot spare took a dead worker's place.",
+            [](const ModelRuntime& m) { return m.HotSpareTakeovers(); });
   family("hearth_worker_start_phase_duration_us", "counter",
          "Total time of each phase of the workers' starts, as each worker measured it "
          "(a standby's wait is none of them), microseconds.");
@@ -138,14 +149,18 @@ std::string PrometheusText(const std::vector<std::pair<std::string, const ModelR
              "model=\"" + model + "\",device=\"" + p->device_name + "\"",
              static_cast<double>(p->arena_bytes));
   family("hearth_device_memory_accounted_bytes", "gauge",
-         "Shared weights counted once plus the workers' own allocations, per device (contexts "
-         "not included).");
+         "Shared weights counted once plus the workers' and the hot spares' own allocations, per "
+         "device (contexts not included).");
   std::map<std::string, uint64_t> per_device;
   for (const auto& [model, m] : served)
     for (const auto& p : m->placements) per_device[p->device_name] += p->arena_bytes;
   for (const auto& [model, m] : served)
     for (const auto& w : m->workers)
       per_device[w->placement().device_name] += w->device_memory_bytes();
+  for (const auto& [model, m] : served)
+    for (const auto& p : m->placements)
+      if (p->hot_spares != nullptr)
+        per_device[p->device_name] += p->hot_spares->device_memory_bytes();
   for (const auto& [device, bytes] : per_device)
     sample("hearth_device_memory_accounted_bytes", "device=\"" + device + "\"",
            static_cast<double>(bytes));

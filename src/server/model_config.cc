@@ -608,6 +608,17 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
                            Quote(m.backend));
       m.zygote = zygote == "true";
     }
+    if (m.parameters.count("standby_mode")) {
+      const std::string& mode = m.parameters["standby_mode"];
+      if (mode != "cold" && mode != "hot")
+        return c.Error(p["standby_mode"], "parameters.standby_mode",
+                       Quote(mode) + " is not cold or hot");
+      m.standby_hot = mode == "hot";
+      if (m.standby_hot && m.standby_workers == 0)
+        return c.Error(p["standby_mode"], "parameters.standby_mode",
+                       "hot keeps parameters.standby_workers processes started, and "
+                       "parameters.standby_workers is 0 (give it 1 or more)");
+    }
   }
 
   // Versions: numeric subdirectories with a checkpoint; the highest

@@ -105,6 +105,11 @@ struct ModelConfig {
   // from a process per model that has imported torch, hearth and model.py
   // and never touched a device (server/zygote.h), not exec'd afresh.
   bool zygote = true;
+  // parameters.standby_mode: cold (the default) keeps the standby workers
+  // as above; hot keeps them fully started instead (hot spares: attached,
+  // backend built, one warm-up batch run), so that one takes a dead
+  // worker's place with nothing left to start. Hot needs standby_workers > 0.
+  bool standby_hot = false;
   // parameters.fault_injection: a worker fails this way (abort, segv, hang,
   // cuda_illegal_address) on any batch holding an input element equal to
   // fault_on_value. Empty: off.

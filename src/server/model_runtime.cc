@@ -1,5 +1,7 @@
 #include "server/model_runtime.h"
 
+#include <spdlog/spdlog.h>
+
 #include <set>
 #include <string>
 #include <utility>
@@ -12,6 +14,37 @@ std::unique_ptr<StandbyWorker> ModelRuntime::TakeStandby(ModelPlacement& p) {
   std::unique_ptr<StandbyWorker> s = std::move(p.standbys.back());
   p.standbys.pop_back();
   return s;
+}
+
+int ModelRuntime::HotSpareCount() const {
+  int n = 0;
+  for (const auto& p : placements)
+    if (p->hot_spares != nullptr) n += p->hot_spares->ready_count();
+  return n;
+}
+
+uint64_t ModelRuntime::HotSpareDeviceMemoryBytes() const {
+  uint64_t bytes = 0;
+  for (const auto& p : placements)
+    if (p->hot_spares != nullptr) bytes += p->hot_spares->device_memory_bytes();
+  return bytes;
+}
+
+uint64_t ModelRuntime::HotSpareTakeovers() const {
+  uint64_t n = 0;
+  for (const auto& p : placements)
+    if (p->hot_spares != nullptr) n += p->hot_spares->takeovers();
+  return n;
+}
+
+void ModelRuntime::StartHotSpareKeepers() {
+  for (const auto& p : placements) {
+    if (p->hot_spares == nullptr) continue;
+    // Not fatal: a worker that dies is then started afresh, as without spares.
+    if (Status started = p->hot_spares->Start(); !started.ok())
+      spdlog::warn("{}: the keeper of the hot spares on {} could not be started: {}", name,
+                   p->device_name, started.message());
+  }
 }
 
 std::string ModelRuntime::DescribePlacements() const {
@@ -74,7 +107,10 @@ void ModelRuntime::RequestStop(bool abandon_starting) {
   if (zygote) zygote->Stop();
   if (abandon_starting)
     for (auto& w : workers) w->KillIfStarting();
-  // Standbys hold nothing: released now (not when the runtime is freed).
+  // Standbys and hot spares hold nothing: released now (not when the
+  // runtime is freed).
+  for (auto& p : placements)
+    if (p->hot_spares != nullptr) p->hot_spares->Stop();
   std::vector<std::unique_ptr<StandbyWorker>> released;
   for (auto& p : placements) {
     std::lock_guard lock(p->standby_mu);

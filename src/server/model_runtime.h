@@ -15,6 +15,7 @@
 #include "hearth/device.h"
 #include "hearth/status.h"
 #include "protocol/worker_protocol.h"
+#include "server/hot_spares.h"
 #include "server/inference_api.h"
 #include "server/hangup_watcher.h"
 #include "server/job_queue.h"
@@ -48,6 +49,10 @@ struct ModelPlacement {
   // after its replacement is ready; all released when the runtime stops.
   mutable std::mutex standby_mu;
   std::vector<std::unique_ptr<StandbyWorker>> standbys;
+  // Set before the workers start when config().standby_mode is hot (then
+  // `standbys` stays empty): the keeper of its hot spares, started once the
+  // model's first starts are over.
+  std::unique_ptr<HotSpareKeeper> hot_spares;
   // Serving: a ready worker and not failed.
   bool serving() const { return ready_workers.load() > 0 && !health.failed(); }
 };
@@ -97,6 +102,14 @@ struct ModelRuntime {
   }
   // One standby of `p`, if it keeps any and the runtime is not stopping.
   std::unique_ptr<StandbyWorker> TakeStandby(ModelPlacement& p);
+  // Of every placement: hot spares ready, the device memory they reported,
+  // and how many took a dead worker's place.
+  int HotSpareCount() const;
+  uint64_t HotSpareDeviceMemoryBytes() const;
+  uint64_t HotSpareTakeovers() const;
+  // Starts every placement's keeper of hot spares (once; later calls do
+  // nothing). From a supervisor thread, once the first starts are over.
+  void StartHotSpareKeepers();
   // Whether a placement other than `p` is serving (so that a failed `p`
   // holds its work back).
   bool ServedElsewhere(const ModelPlacement& p) const {
@@ -109,14 +122,24 @@ struct ModelRuntime {
   // Called (from a supervisor thread, no lock held) when the last worker's
   // first start is over; set before the workers start.
   std::function<void()> on_all_settled;
-  // Called from each supervisor thread as it returns (no lock held); set
-  // before the workers start.
+  // Called from each supervisor thread and keeper of hot spares as it
+  // returns (no lock held); set before the workers start.
   std::function<void()> on_worker_finished;
-  // Every worker's supervisor thread has returned: joining them waits no more.
+  // Every worker's supervisor thread and every keeper of hot spares has
+  // returned: JoinWorkers waits no more.
   bool WorkersFinished() const {
     for (const auto& w : workers)
       if (!w->finished()) return false;
+    for (const auto& p : placements)
+      if (p->hot_spares != nullptr && !p->hot_spares->finished()) return false;
     return true;
+  }
+  // Joins the supervisor threads, then the keepers of hot spares (which
+  // the supervisors start); they return once stopping is set (RequestStop).
+  void JoinWorkers() {
+    for (auto& w : workers) w->Join();
+    for (auto& p : placements)
+      if (p->hot_spares != nullptr) p->hot_spares->Join();
   }
   // Its totals (/metrics, Triton's statistics, the summary at shutdown).
   ModelStats stats;

@@ -171,11 +171,10 @@ bool Server::Impl::Shutdown(std::optional<std::chrono::milliseconds> builder_gra
   }
   builders_.clear();
   for (auto& [name, entry] : entries_) {
-    for (auto& r : entry->retired)
-      for (auto& w : r->workers) w->Join();
+    for (auto& r : entry->retired) r->JoinWorkers();
     const std::shared_ptr<ModelRuntime> m = entry->served.load();
     if (m == nullptr) continue;
-    for (auto& w : m->workers) w->Join();
+    m->JoinWorkers();
     m->queue->FailAll(Unavailable("the server is shutting down"));
     if (const uint64_t n = m->stats.batches.load(), r = m->stats.requests.load(); n > 0 && r > 0) {
       spdlog::info(
@@ -276,7 +275,7 @@ void Server::Impl::ReaperLoop() {
       }
     }
     for (const auto& r : finished) {
-      for (auto& w : r->workers) w->Join();
+      r->JoinWorkers();
       // Anything its workers left (they all died): answered, and the
       // requests' references to the runtime go with them.
       r->queue->FailAll(
@@ -295,7 +294,7 @@ void Server::Impl::Discard(ModelEntry& entry, std::shared_ptr<ModelRuntime> m) {
     if (entry.building == m.get()) entry.building = nullptr;
   }
   m->RequestStop(true);
-  for (auto& w : m->workers) w->Join();
+  m->JoinWorkers();
 }
 
 // One attempt: config, checkpoint, store, workers. Returns the runtime once
@@ -310,6 +309,11 @@ Result<std::unique_ptr<ModelRuntime>> Server::Impl::TryBuild(ModelEntry& entry, 
   RETURN_IF_ERROR(Prepare(entry, *m, keep_loaded));
   int index = 0;
   for (const auto& p : m->placements) {
+    if (m->config().standby_hot) {
+      Result<std::unique_ptr<HotSpareKeeper>> keeper = HotSpareKeeper::Create(*m, *p, options_);
+      if (!keeper.ok()) return keeper.status().WithContext("model '" + entry.dir.name + "'");
+      p->hot_spares = std::move(*keeper);
+    }
     for (int i = 0; i < p->worker_count; ++i) {
       auto w = std::make_unique<WorkerSupervisor>(*m, *p, index++, options_);
       RETURN_IF_ERROR(w->Init().WithContext("model '" + entry.dir.name + "'"));
@@ -504,6 +508,7 @@ Result<std::vector<ModelStatistics>> Server::Statistics(const std::string& m,
 std::vector<RepositoryEntry> Server::RepositoryIndex(bool ready_only) const {
   return impl_->RepositoryIndex(ready_only);
 }
+Result<std::vector<ModelWorkers>> Server::Workers() const { return impl_->Workers(); }
 Status Server::LoadModel(const std::string& m) { return impl_->LoadModel(m); }
 void Server::LoadModel(const std::string& m, std::function<void(Status)> done) {
   impl_->OnRepositoryPool([m](Server::Impl& impl) { return impl.LoadModel(m); }, std::move(done));

@@ -73,6 +73,7 @@ class Server : public InferenceService {
   Result<std::vector<ModelStatistics>> Statistics(const std::string& model,
                                                   const std::string& version) const override;
   std::vector<RepositoryEntry> RepositoryIndex(bool ready_only) const override;
+  Result<std::vector<ModelWorkers>> Workers() const override;
   // On the server's pool of repository calls (at most 4 queued or running).
   void LoadModel(const std::string& model, std::function<void(Status)> done) override;
   void UnloadModel(const std::string& model, std::function<void(Status)> done) override;

@@ -131,6 +131,7 @@ class Server::Impl {
   Result<std::vector<ModelStatistics>> Statistics(const std::string& model,
                                                   const std::string& version) const;
   std::vector<RepositoryEntry> RepositoryIndex(bool ready_only) const;
+  std::vector<ModelWorkers> Workers() const;
   std::vector<int> GpusInUse() const;
   std::vector<std::string> ModelNames() const;
   Result<bool> ModelReady(const std::string& model, const std::string& version) const;

@@ -99,6 +99,37 @@ std::vector<RepositoryEntry> Server::Impl::RepositoryIndex(bool ready_only) cons
   return out;
 }
 
+std::vector<ModelWorkers> Server::Impl::Workers() const {
+  std::vector<ModelWorkers> out;
+  std::shared_lock entries_lock(entries_mu_);
+  for (const auto& [name, entry] : entries_) {
+    const std::shared_ptr<ModelRuntime> m = entry->served.load();
+    if (m == nullptr) continue;
+    ModelWorkers model;
+    model.name = name;
+    model.version = std::to_string(m->config().version);
+    model.standby_mode = m->config().standby_hot ? "hot" : "cold";
+    model.standby_workers = m->config().standby_workers;
+    for (const auto& p : m->placements) {
+      PlacementWorkers placement;
+      placement.device = p->device_name;
+      for (const auto& w : m->workers) {
+        if (&w->placement() != p.get()) continue;
+        placement.workers.push_back(
+            {w->index(), w->pid(), w->ready(), w->restarts(), w->device_memory_bytes()});
+      }
+      {
+        std::lock_guard lock(p->standby_mu);
+        for (const auto& s : p->standbys) placement.standbys.push_back({s->process.pid()});
+      }
+      if (p->hot_spares != nullptr) placement.hot_spares = p->hot_spares->Describe();
+      model.placements.push_back(std::move(placement));
+    }
+    out.push_back(std::move(model));
+  }
+  return out;
+}
+
 // The GPUs that CUDA shared-memory regions may be on: the server's
 // device and every GPU a served model runs on or its config names. None
 // for a server on the host.

@@ -48,6 +48,10 @@ void WorkerSupervisor::Settle() {
   }
   model_.state_cv.notify_all();
   if (all && model_.on_all_settled) model_.on_all_settled();
+  // The last first start may have failed, after other workers were ready
+  // (whose Replenish found the model not yet settled).
+  if (all && model_.config().standby_hot && model_.ready_workers.load() > 0)
+    model_.StartHotSpareKeepers();
 }
 
 namespace {
@@ -155,7 +159,30 @@ std::unique_ptr<WorkerZygote> MakeZygote(const ModelRuntime& model, const Server
                                         std::chrono::milliseconds(options.ready_timeout_ms));
 }
 
-Status WorkerSupervisor::Spawn(UniqueFd* control) {
+Status StartHotSpareProcess(const ModelRuntime& model, const ModelPlacement& placement,
+                            const ServerOptions& options, WorkerProcess& process, RequestSlot& slot,
+                            UniqueFd* control) {
+  return StartWorkerProcess(model, placement, options, false, process, slot, control);
+}
+
+Status WorkerSupervisor::Spawn(UniqueFd* control, std::optional<control::Message>* adopted) {
+  if (placement_.hot_spares != nullptr) {
+    // A spare that died since it was ready is found so by Loop, as any
+    // worker that dies: reaped, and this supervisor starts another.
+    if (std::unique_ptr<HotSpare> spare = placement_.hot_spares->Take()) {
+      const pid_t pid = spare->process.pid();
+      Status taken = process_.Adopt(spare->process);
+      if (taken.ok()) {
+        slot_ = std::move(spare->slot);
+        *control = std::move(spare->control);
+        *adopted = std::move(spare->ready);
+        spdlog::info("{} worker {}: the hot spare (pid {}) takes over", model_.name, index_, pid);
+        return Status::Ok();
+      }
+      spdlog::warn("{} worker {}: the hot spare (pid {}) could not take over ({})", model_.name,
+                   index_, pid, taken.message());
+    }
+  }
   if (std::unique_ptr<StandbyWorker> standby = model_.TakeStandby(placement_)) {
     // A standby that died while it waited fails the send (or, dying after
     // it, is seen as a worker that died starting); either way it is reaped
@@ -181,6 +208,10 @@ Status WorkerSupervisor::Spawn(UniqueFd* control) {
 void WorkerSupervisor::Replenish() {
   const int want = model_.config().standby_workers;
   if (want <= 0 || !model_.AllSettled()) return;
+  if (model_.config().standby_hot) {
+    model_.StartHotSpareKeepers();
+    return;
+  }
   std::lock_guard lock(placement_.standby_mu);
   while (!model_.stopping && static_cast<int>(placement_.standbys.size()) < want) {
     auto s = std::make_unique<StandbyWorker>();
@@ -264,13 +295,7 @@ bool WorkerSupervisor::RunBatch(WorkerExchange& exchange,
   BatchLayout& layout = *laid_out;
   control::Run& run = layout.run;
   run.seq = ++seq_;
-  // Room for the outputs the worker places, if any: half as much again as
-  // the rest to begin with (it grows on demand when that is not enough).
-  const bool worker_places =
-      std::find(run.output_placed.begin(), run.output_placed.end(), 0) != run.output_placed.end();
-  const uint64_t room = worker_places ? std::max<uint64_t>(run.free_offset / 2, 64u << 10) : 0;
-  if (Status s = slot_.Reserve(std::max<uint64_t>(run.free_offset + room, 1), kMaxSlotBytes);
-      !s.ok()) {
+  if (Status s = slot_.Reserve(InitialSlotBytes(run), kMaxSlotBytes); !s.ok()) {
     fail_all(s.WithContext("model '" + model_.name + "'"));
     return true;
   }
@@ -638,10 +663,11 @@ void WorkerSupervisor::Loop() {
     const auto backoff = RestartBackoff(failures);
     if (backoff.count() > 0 && !model_.WaitUnlessStopping(backoff)) break;
     UniqueFd control;
+    std::optional<control::Message> adopted;  // a hot spare's kReady
     // The start, as the ready line reports it: from before the spawn, so
     // that every phase the worker times lies inside it.
     const auto started = Clock::now();
-    if (Status spawned = Spawn(&control); !spawned.ok()) {
+    if (Status spawned = Spawn(&control, &adopted); !spawned.ok()) {
       if (model_.published)
         spdlog::error("{} worker {}: {}", model_.name, index_, spawned.ToString());
       {
@@ -661,8 +687,12 @@ void WorkerSupervisor::Loop() {
       process_.Reap(true);
       break;
     }
-    auto ready = control::ReceiveKind(control.get(), options_.ready_timeout_ms,
-                                      {control::Kind::kReady, control::Kind::kDone});
+    // A hot spare said ready (and was accepted) before it was taken: it
+    // serves at once.
+    Result<control::Message> ready =
+        adopted.has_value() ? Result<control::Message>(std::move(*adopted))
+                            : control::ReceiveKind(control.get(), options_.ready_timeout_ms,
+                                                   {control::Kind::kReady, control::Kind::kDone});
     // What the worker reports is checked against the config and the other
     // workers before it gets any request.
     Status accepted = Status::Ok();
@@ -732,6 +762,8 @@ void WorkerSupervisor::Loop() {
         model_.name, index_, pid, ready->ready.text,
         std::chrono::duration<double, std::milli>(Clock::now() - started).count(),
         ready->ready.device_memory_bytes >> 20, placement_.device_name);
+    // A hot spare's phases are counted here, when it takes over, and not
+    // when it became ready: a spare that never serves counts no start.
     model_.stats.CountStartPhases(ready->ready.phases);
     ++model_.ready_workers;
     ++placement_.ready_workers;

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -79,7 +80,10 @@ class WorkerSupervisor {
 
  private:
   void Loop();
-  Status Spawn(UniqueFd* control);
+  // Starts this supervisor's worker process: a hot spare of its placement
+  // if one is ready (then `adopted` is its kReady, already accepted), else a
+  // cold standby if one waits, else a fresh process.
+  Status Spawn(UniqueFd* control, std::optional<control::Message>* adopted);
   // Runs one batch of requests on the live worker; false if the worker is
   // gone (or was killed for a malformed answer).
   bool RunBatch(WorkerExchange& exchange, const std::vector<std::shared_ptr<Job>>& jobs);
@@ -138,5 +142,17 @@ std::unique_ptr<WorkerZygote> MakeZygote(const ModelRuntime& model, const Server
 
 // The most a slot may grow to for one batch's inputs and outputs.
 inline constexpr uint64_t kMaxSlotBytes = 16ull << 30;
+
+// The wait before starting a worker again after `failures` deaths in a row
+// with no batch answered in between: none for the first, then 100 ms
+// doubling up to 5 s.
+std::chrono::milliseconds RestartBackoff(int failures);
+
+// Starts a hot spare's process (server/hot_spares.h) on `placement`: a
+// worker like a supervisor's own (no standby), which attaches and builds its
+// backend at once.
+Status StartHotSpareProcess(const ModelRuntime& model, const ModelPlacement& placement,
+                            const ServerOptions& options, WorkerProcess& process, RequestSlot& slot,
+                            UniqueFd* control);
 
 }  // namespace hearth

@@ -92,6 +92,24 @@ TEST(BatchLayout, InlineInputsAreCopiedRequestAfterRequestAndOutputsPlaced) {
   EXPECT_TRUE(control::CheckDeviceCopies(run).ok());
 }
 
+TEST(BatchLayout, TheSlotStartsWithRoomOnlyForOutputsTheWorkerPlaces) {
+  Model m;
+  auto placing = LayOutBatch(m.model(), std::vector<std::shared_ptr<Job>>{MakeJob(2)});
+  ASSERT_TRUE(placing.ok()) << placing.status().ToString();
+  // w (BYTES) is the worker's to place: at least 64 KiB beyond the layout.
+  EXPECT_EQ(InitialSlotBytes(placing->run), placing->run.free_offset + (64u << 10));
+  Model fixed;
+  fixed.outputs.pop_back();
+  auto placed = LayOutBatch(fixed.model(), std::vector<std::shared_ptr<Job>>{MakeJob(2)});
+  ASSERT_TRUE(placed.ok()) << placed.status().ToString();
+  EXPECT_EQ(InitialSlotBytes(placed->run), placed->run.free_offset);
+  control::Run large;
+  large.output_placed = {0};
+  large.free_offset = 10u << 20;
+  EXPECT_EQ(InitialSlotBytes(large), 15u << 20);
+  EXPECT_EQ(InitialSlotBytes(control::Run{}), 1u);  // never an empty slot
+}
+
 TEST(BatchLayout, CudaInputsAndOutputsAreCopiesAtEachRequestsRowsAndKeepTheirRoom) {
   Model m;
   auto a = Region(7), b = Region(9);

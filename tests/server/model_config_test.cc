@@ -498,6 +498,52 @@ TEST_F(ModelConfigTest, ParametersAreBounded) {
       << too_many.status().message();
 }
 
+TEST_F(ModelConfigTest, StandbyModeIsColdOrHotAndHotNeedsStandbyWorkers) {
+  auto with_params = [&](const std::string& name, const std::string& params) {
+    return LoadModelConfig(
+        Write(name, std::string(kGood).substr(0, std::string(kGood).find("parameters")) +
+                        "parameters:\n" + params));
+  };
+  auto cold_default = with_params("colddefault", "  standby_workers: '2'\n");
+  ASSERT_TRUE(cold_default.ok()) << cold_default.status().ToString();
+  EXPECT_EQ(cold_default->standby_workers, 2);
+  EXPECT_FALSE(cold_default->standby_hot);
+  auto cold = with_params("cold", "  standby_mode: cold\n");
+  ASSERT_TRUE(cold.ok()) << cold.status().ToString();
+  EXPECT_FALSE(cold->standby_hot);
+  auto hot = with_params("hot", "  standby_workers: '1'\n  standby_mode: hot\n");
+  ASSERT_TRUE(hot.ok()) << hot.status().ToString();
+  EXPECT_TRUE(hot->standby_hot);
+  EXPECT_EQ(hot->standby_workers, 1);
+  // Whichever comes first in the file.
+  auto hot_first = with_params("hotfirst", "  standby_mode: hot\n  standby_workers: '3'\n");
+  ASSERT_TRUE(hot_first.ok()) << hot_first.status().ToString();
+  EXPECT_TRUE(hot_first->standby_hot);
+
+  auto lonely = with_params("lonely", "  standby_mode: hot\n");
+  ASSERT_FALSE(lonely.ok());
+  EXPECT_NE(lonely.status().message().find(
+                "config.yaml:14: parameters.standby_mode: hot keeps parameters.standby_workers "
+                "processes started, and parameters.standby_workers is 0"),
+            std::string::npos)
+      << lonely.status().message();
+  auto zero = with_params("zero", "  standby_workers: '0'\n  standby_mode: hot\n");
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("parameters.standby_workers is 0"), std::string::npos)
+      << zero.status().message();
+  auto warm = with_params("warm", "  standby_workers: '1'\n  standby_mode: warm\n");
+  ASSERT_FALSE(warm.ok());
+  EXPECT_NE(warm.status().message().find(
+                "config.yaml:15: parameters.standby_mode: 'warm' is not cold or hot"),
+            std::string::npos)
+      << warm.status().message();
+  auto listed = with_params("listed", "  standby_workers: '1'\n  standby_mode: [hot]\n");
+  ASSERT_FALSE(listed.ok());
+  EXPECT_NE(listed.status().message().find("parameters.standby_mode: must be a single value"),
+            std::string::npos)
+      << listed.status().message();
+}
+
 TEST_F(ModelConfigTest, VersionDirectoryNamesAreKeptAsWritten) {
   const std::string dir = Write("padded", kGood, false);
   std::filesystem::create_directories(dir + "/007");

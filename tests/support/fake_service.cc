@@ -160,6 +160,11 @@ std::vector<RepositoryEntry> FakeService::RepositoryIndex(bool ready_only) const
   return entries;
 }
 
+Result<std::vector<ModelWorkers>> FakeService::Workers() const {
+  if (!settings_.workers.has_value()) return InferenceService::Workers();
+  return *settings_.workers;
+}
+
 void FakeService::LoadModel(const std::string& model, std::function<void(Status)> done) {
   OnRepositoryPool([this, model] { return Load(model); }, std::move(done));
 }

@@ -75,6 +75,8 @@ struct FakeSettings {
   std::vector<std::string> extensions = {"binary_tensor_data"};
   std::string metrics_text;
   std::vector<RepositoryEntry> repository;  // RepositoryIndex, in this order
+  // Workers' answer; unset: Unimplemented, as a service without processes.
+  std::optional<std::vector<ModelWorkers>> workers;
   // LoadModel of these waits until OpenGate(). LoadModel and UnloadModel
   // of a name that is neither a model nor here are NotFound.
   std::set<std::string> parked_loads;
@@ -120,6 +122,7 @@ class FakeService : public InferenceService {
   Result<std::vector<ModelStatistics>> Statistics(const std::string& model,
                                                   const std::string& version) const override;
   std::vector<RepositoryEntry> RepositoryIndex(bool ready_only) const override;
+  Result<std::vector<ModelWorkers>> Workers() const override;
   // On the fake's pool of repository calls (FakeSettings::repository_calls).
   void LoadModel(const std::string& model, std::function<void(Status)> done) override;
   void UnloadModel(const std::string& model, std::function<void(Status)> done) override;
