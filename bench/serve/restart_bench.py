@@ -24,6 +24,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -109,6 +110,17 @@ def measure(a, model, mode):
             lines.append(serving()[-1][1])
             ask(port, model)
         phases = start_phases(port, model)
+        # The device memory the last spare takes, context included, as the
+        # driver counts it (nvidia-smi), beside the serving worker's.
+        driver_memory = {}
+        spares = re.findall(rf"{model}: hot spare ready on \S+: pid (\d+)", log.read_text())
+        if spares and shutil.which("nvidia-smi"):
+            wait_port(log, rf"{model}: hot spare ready on \S+: pid {spares[-1]}", proc, timeout=120)
+            listed = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                                     "--format=csv,noheader,nounits"], capture_output=True, text=True).stdout
+            used = {int(p): int(m) for p, m in re.findall(r"(\d+),\s*(\d+)", listed)}
+            driver_memory = {"hot_spare_mib": used.get(int(spares[-1])),
+                             "serving_worker_mib": used.get(int(serving()[-1][0]))}
         spare_memory = re.findall(rf'^hearth_hot_spare_device_memory_bytes{{model="{model}"}} (\S+)$',
                                   metrics_text(port), re.M)
     finally:
@@ -118,6 +130,8 @@ def measure(a, model, mode):
            "start_phases_mean_s": phases, "ready_text": lines[-1]}
     if spare_memory:
         out["hot_spare_device_memory_bytes"] = int(float(spare_memory[0]))
+    if driver_memory:
+        out["nvidia_smi_used_memory"] = driver_memory
     zygote = re.findall(rf"{model}: zygote ready: pid \d+ in (\d+) ms \(([^)]*)\)", log.read_text())
     if zygote:
         out["zygote_ready_ms"], out["zygote_phases"] = int(zygote[-1][0]), zygote[-1][1]
