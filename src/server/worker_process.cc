@@ -10,11 +10,16 @@
 
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
 #include <optional>
 #include <set>
+#include <system_error>
 #include <thread>
 
 extern char** environ;
@@ -62,6 +67,59 @@ std::optional<ProcStat> ReadProcStat(pid_t pid) {
   return st;
 }
 
+// Runs each posix_spawn on one thread that lives as long as the process. A
+// worker's PR_SET_PDEATHSIG fires when the *thread* that started it exits,
+// and the thread that starts a standby or a hot spare (a supervisor, a
+// keeper) may end while the worker it started serves on under another. If
+// that thread cannot be made, the caller's own thread spawns.
+class Spawner {
+ public:
+  static Spawner& Get() {
+    static auto* spawner = new Spawner;  // never destroyed: its thread runs until exit
+    return *spawner;
+  }
+  int Run(const std::function<int()>& spawn) {
+    std::unique_lock lock(mu_);
+    if (!running_) return spawn();
+    const uint64_t ticket = ++submitted_;
+    queue_.push_back({ticket, &spawn});
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return answered_.count(ticket) != 0; });
+    const int rc = answered_[ticket];
+    answered_.erase(ticket);
+    return rc;
+  }
+
+ private:
+  Spawner() {
+    try {
+      std::thread([this] { Loop(); }).detach();
+      running_ = true;
+    } catch (const std::system_error&) {
+      running_ = false;
+    }
+  }
+  void Loop() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return !queue_.empty(); });
+      const auto [ticket, spawn] = queue_.front();
+      queue_.pop_front();
+      lock.unlock();
+      const int rc = (*spawn)();
+      lock.lock();
+      answered_[ticket] = rc;
+      cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool running_ = false;
+  uint64_t submitted_ = 0;
+  std::deque<std::pair<uint64_t, const std::function<int()>*>> queue_;
+  std::map<uint64_t, int> answered_;
+};
+
 }  // namespace
 
 Status WorkerProcess::Spawn(const std::vector<std::string>& args, int control, int slot) {
@@ -97,7 +155,8 @@ Status WorkerProcess::Spawn(const std::vector<std::string>& args, int control, i
   pid_t pid = -1;
   std::lock_guard lock(mu_);
   std::lock_guard owned(Owned().mu);
-  const int rc = posix_spawn(&pid, argv[0], &actions, &attr, argv.data(), environ);
+  const int rc = Spawner::Get().Run(
+      [&] { return posix_spawn(&pid, argv[0], &actions, &attr, argv.data(), environ); });
   posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) return ErrnoError("starting " + args[0], rc);
