@@ -219,7 +219,20 @@ int WorkerProcess::Reap(bool kill_first) {
 }
 
 Status BecomeSubreaper() {
+  static std::mutex mu;
+  std::lock_guard lock(mu);
   if (subreaper.load()) return Status::Ok();
+  // The sweep first: a subreaper that nobody sweeps collects zombies.
+  try {
+    std::thread([] {
+      for (;;) {
+        std::this_thread::sleep_for(std::chrono::seconds(5));
+        (void)ReapOrphans();
+      }
+    }).detach();  // runs until the process exits
+  } catch (const std::system_error& e) {
+    return ResourceExhausted("starting the sweep of orphaned processes: " + std::string(e.what()));
+  }
   if (::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0)
     return ErrnoError("prctl(PR_SET_CHILD_SUBREAPER)", errno);
   subreaper = true;

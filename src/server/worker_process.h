@@ -51,7 +51,8 @@ class WorkerProcess {
 
 // Makes this process the subreaper of its descendants
 // (PR_SET_CHILD_SUBREAPER): a process whose parent exits is handed here, not
-// to init. From then on ReapOrphans() must run now and then. Idempotent.
+// to init. It also starts a thread that runs ReapOrphans() every 5 s until
+// the process exits, whatever else stops. Idempotent.
 Status BecomeSubreaper();
 bool IsSubreaper();
 

@@ -20,8 +20,6 @@ constexpr size_t kMaxMessage = 64 << 10;
 // kSteadyAfter of it) before its model turns to exec'd workers.
 constexpr int kMaxFailures = 5;
 constexpr auto kSteadyAfter = std::chrono::seconds(10);
-// How often the keeper reaps orphaned descendants.
-constexpr int kSweepMs = 5000;
 
 Status SendFork(int sock, const std::vector<std::string>& args, int control, int slot) {
   std::string text = "fork";
@@ -263,14 +261,9 @@ void WorkerZygote::Watch() {
     // No POLLIN: answers to fork requests are Fork()'s to read; only the
     // socket's end (POLLHUP, reported whatever is asked) concerns the keeper.
     pollfd fds[2] = {{control_.get(), 0, 0}, {wake_.get(), POLLIN, 0}};
-    const int n = ::poll(fds, 2, kSweepMs);
-    if (n < 0 && errno == EINTR) continue;
+    if (::poll(fds, 2, -1) < 0 && errno == EINTR) continue;
     if (fds[1].revents != 0 || stopping()) return;
     if (fds[0].revents != 0) return;
-    if (n == 0 && IsSubreaper()) {
-      if (const int reaped = ReapOrphans(); reaped > 0)
-        spdlog::debug("reaped {} orphaned descendant processes", reaped);
-    }
   }
 }
 

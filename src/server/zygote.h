@@ -16,8 +16,8 @@
 // failures. One that refuses (a device was initialised in it, or threads
 // run in it), or whose start fails (model.py raised), turns the model to
 // exec'd workers for the runtime's life: those report the same failure
-// through the usual path. The same thread reaps orphaned descendants
-// (ReapOrphans), the price of being a subreaper.
+// through the usual path. Orphaned descendants, handed here now that this
+// process is a subreaper, are reaped by the sweep BecomeSubreaper starts.
 #pragma once
 
 #include <sys/types.h>
@@ -81,7 +81,7 @@ class WorkerZygote {
   // false with *fatal set when it refused or failed (no other attempt).
   bool StartOne(bool* fatal, std::string* why);
   // Polls the live zygote's socket for its end and the wake descriptor for
-  // Stop, reaping orphans now and then; returns when either comes.
+  // Stop; returns when either comes.
   void Watch();
   void TurnOff(const std::string& why);
   bool stopping() const { return stopping_.load(); }
