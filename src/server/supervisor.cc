@@ -639,6 +639,13 @@ void WorkerSupervisor::NoteDeath(const std::string& why) {
           : "its work goes to " + others + " while they serve, but for a probe batch now and then");
 }
 
+void WorkerSupervisor::ReapDying(bool wait) {
+  if (dying_.pid() <= 0) return;
+  const std::optional<int> status = wait ? std::optional<int>(dying_.Reap(true)) : dying_.TryReap();
+  if (!status.has_value()) return;
+  NoteDeath(dying_what_ + " (" + DescribeExit(*status) + ")");
+}
+
 void WorkerSupervisor::NoteAnswered(bool probe) {
   placement_.batches += 1;
   if (placement_.health.OnAnswered() == PlacementHealth::Change::kRecovered)
@@ -787,6 +794,7 @@ void WorkerSupervisor::Loop() {
     bool alive = true;
     std::string death = "died while idle";
     while (alive) {
+      ReapDying(false);
       // A failed placement's work goes to the model's other placements
       // while one of them serves; its workers wait, but for one probe
       // batch now and then. While stopping, every worker drains the queue.
@@ -850,12 +858,26 @@ void WorkerSupervisor::Loop() {
     ready_ = false;
     if (watched) model_.hangups->Forget(*watched, control.get());
     control.Reset();  // end-of-file: a live worker exits by itself
-    const int status = process_.Reap(!alive);
-    if (alive) break;  // queue closed: shutting down
+    if (alive) {
+      process_.Reap(false);
+      break;  // queue closed: shutting down
+    }
     ++restarts_;
     ++failures;
+    ReapDying(true);  // an earlier death not yet reaped
+    // With a hot spare ready, it takes over first: the dead process's exit
+    // (with a CUDA context, the driver's teardown of it) is waited for
+    // while the spare serves, not before.
+    if (placement_.hot_spares != nullptr && placement_.hot_spares->ready_count() > 0 &&
+        dying_.Adopt(process_).ok()) {
+      dying_.Kill();
+      dying_what_ = "a worker " + death;
+      continue;
+    }
+    const int status = process_.Reap(true);
     NoteDeath("a worker " + death + " (" + DescribeExit(status) + ")");
   }
+  ReapDying(true);
   // Once the runtime stops (shutdown, or a repository load or unload retired
   // it) and no worker of it is left serving, what is still queued (a
   // request put back after its worker died) would wait for ever: answered.

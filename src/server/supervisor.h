@@ -101,6 +101,10 @@ class WorkerSupervisor {
   // The placement's health: a death of this worker (any kind), and a batch
   // it answered; each logs the placement failing or coming back.
   void NoteDeath(const std::string& why);
+  // The dead worker a hot spare replaced before its exit was waited for:
+  // reaped now if it has exited (or, with `wait`, once it has), and its
+  // death noted then.
+  void ReapDying(bool wait);
   void NoteAnswered(bool probe);
 
   ModelRuntime& model_;
@@ -116,6 +120,8 @@ class WorkerSupervisor {
   std::atomic<bool> starting_{false};
   std::atomic<uint64_t> restarts_{0}, device_memory_bytes_{0};
   bool settled_ = false;  // supervisor thread only
+  WorkerProcess dying_;   // see ReapDying; supervisor thread only
+  std::string dying_what_;
   RequestSlot slot_;
   uint64_t seq_ = 0;
   // The registry's count of CUDA unregistrations when this worker's

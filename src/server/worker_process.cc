@@ -261,6 +261,19 @@ int ReapOrphans() {
   return reaped;
 }
 
+std::optional<int> WorkerProcess::TryReap() {
+  std::lock_guard lock(mu_);
+  const pid_t pid = pid_.load();
+  if (pid <= 0) return 0;
+  int status = 0;
+  const pid_t r = ::waitpid(pid, &status, WNOHANG);
+  if (r == 0 || (r != pid && !(r < 0 && errno == ECHILD))) return std::nullopt;
+  pid_ = -1;
+  std::lock_guard owned(Owned().mu);
+  Owned().pids.erase(pid);
+  return status;
+}
+
 std::string DescribeExit(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,9 @@ class WorkerProcess {
   // Waits for the process to exit (SIGKILL first if asked, or after 2 s
   // without an exit) and returns its wait status; 0 if there is none.
   int Reap(bool kill_first);
+  // The wait status if the process has exited (reaped now), nullopt while
+  // it runs; 0 if there is none.
+  std::optional<int> TryReap();
   // SIGKILL, if the process is still ours (never a pid already reaped,
   // which the kernel may have given to another process). Any thread.
   void Kill();

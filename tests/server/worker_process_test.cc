@@ -83,6 +83,23 @@ TEST(WorkerProcessTest, AdoptsOnlyItsOwnChildrenAndOnlyOnce) {
   EXPECT_EQ(a.pid(), -1);
 }
 
+TEST(WorkerProcessTest, TryReapWaitsForNothing) {
+  int release = -1;
+  const pid_t child = ForkChild(4, &release);
+  ASSERT_GT(child, 0);
+  WorkerProcess worker;
+  ASSERT_TRUE(worker.AdoptChild(child).ok());
+  EXPECT_FALSE(worker.TryReap().has_value()) << "a running child was reaped";
+  EXPECT_EQ(worker.pid(), child);
+  ::close(release);
+  ASSERT_TRUE(WaitForState(child, 'Z'));
+  const std::optional<int> status = worker.TryReap();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(DescribeExit(*status), "exited with status 4");
+  EXPECT_EQ(worker.pid(), -1);
+  EXPECT_EQ(worker.TryReap(), std::optional<int>(0));  // nothing left: nothing to wait for
+}
+
 TEST(WorkerProcessTest, TheSweepReapsOrphansButLeavesOwnedChildrenToTheirOwner) {
   int release_orphan = -1, release_owned = -1;
   const pid_t orphan = ForkChild(0, &release_orphan);
