@@ -640,10 +640,12 @@ void WorkerSupervisor::NoteDeath(const std::string& why) {
 }
 
 void WorkerSupervisor::ReapDying(bool wait) {
-  if (dying_.pid() <= 0) return;
+  const pid_t pid = dying_.pid();
+  if (pid <= 0) return;
   const std::optional<int> status = wait ? std::optional<int>(dying_.Reap(true)) : dying_.TryReap();
-  if (!status.has_value()) return;
-  NoteDeath(dying_what_ + " (" + DescribeExit(*status) + ")");
+  if (status.has_value())
+    spdlog::debug("{} worker {}: the process the hot spare replaced (pid {}) {}", model_.name,
+                  index_, pid, DescribeExit(*status));
 }
 
 void WorkerSupervisor::NoteAnswered(bool probe) {
@@ -871,7 +873,9 @@ void WorkerSupervisor::Loop() {
     if (placement_.hot_spares != nullptr && placement_.hot_spares->ready_count() > 0 &&
         dying_.Adopt(process_).ok()) {
       dying_.Kill();
-      dying_what_ = "a worker " + death;
+      // Counted now, before the spare answers anything (its exit status is
+      // logged once reaped).
+      NoteDeath("a worker " + death);
       continue;
     }
     const int status = process_.Reap(true);

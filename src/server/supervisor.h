@@ -101,9 +101,9 @@ class WorkerSupervisor {
   // The placement's health: a death of this worker (any kind), and a batch
   // it answered; each logs the placement failing or coming back.
   void NoteDeath(const std::string& why);
-  // The dead worker a hot spare replaced before its exit was waited for:
-  // reaped now if it has exited (or, with `wait`, once it has), and its
-  // death noted then.
+  // The dead worker a hot spare replaced before its exit was waited for
+  // (its death already noted): reaped now if it has exited, or, with
+  // `wait`, once it has.
   void ReapDying(bool wait);
   void NoteAnswered(bool probe);
 
@@ -121,7 +121,6 @@ class WorkerSupervisor {
   std::atomic<uint64_t> restarts_{0}, device_memory_bytes_{0};
   bool settled_ = false;  // supervisor thread only
   WorkerProcess dying_;   // see ReapDying; supervisor thread only
-  std::string dying_what_;
   RequestSlot slot_;
   uint64_t seq_ = 0;
   // The registry's count of CUDA unregistrations when this worker's
