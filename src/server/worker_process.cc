@@ -22,6 +22,8 @@
 #include <system_error>
 #include <thread>
 
+#include "common/proc_stat.h"
+
 extern char** environ;
 
 namespace hearth {
@@ -41,31 +43,6 @@ OwnedChildren& Owned() {
 }
 
 std::atomic<bool> subreaper{false};
-
-struct ProcStat {
-  char state = '?';
-  pid_t parent = 0;
-};
-
-// /proc/PID/stat's state and parent, or nullopt if there is no such process.
-std::optional<ProcStat> ReadProcStat(pid_t pid) {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
-  std::FILE* f = std::fopen(path, "re");
-  if (f == nullptr) return std::nullopt;
-  char line[1024];
-  const size_t n = std::fread(line, 1, sizeof line - 1, f);
-  std::fclose(f);
-  line[n] = '\0';
-  // After the command's name, whatever it holds: " S PPID ...".
-  const char* rest = std::strrchr(line, ')');
-  ProcStat st;
-  int parent = 0;
-  if (rest == nullptr || std::sscanf(rest + 1, " %c %d", &st.state, &parent) != 2)
-    return std::nullopt;
-  st.parent = parent;
-  return st;
-}
 
 // Runs each posix_spawn on one thread that lives as long as the process. A
 // worker's PR_SET_PDEATHSIG fires when the *thread* that started it exits,

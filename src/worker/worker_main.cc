@@ -23,6 +23,7 @@
 
 #include "backends/backend.h"
 #include "backends/registry.h"
+#include "common/proc_stat.h"
 #include "hearth/attach.h"
 #include "protocol/worker_protocol.h"
 #include "worker/session.h"
@@ -124,29 +125,13 @@ int ExecProgram(const WorkerArgs& a, const BackendKind& kind) {
 // Microseconds from this process's start (the kernel's start time, in clock
 // ticks: up to one tick more than it was) to now; nullopt where /proc cannot say.
 std::optional<uint64_t> SinceProcessStart() {
-  std::FILE* f = std::fopen("/proc/self/stat", "r");
-  if (f == nullptr) return std::nullopt;
-  char line[1024];
-  const size_t n = std::fread(line, 1, sizeof line - 1, f);
-  std::fclose(f);
-  line[n] = '\0';
-  const char* rest = std::strrchr(line, ')');  // after the command's name, whatever it holds
-  if (rest == nullptr) return std::nullopt;
-  unsigned long long start_ticks = 0;
-  // Field 22, starttime; `rest` is at the end of field 2.
-  int field = 2;
-  for (const char* c = rest + 1; *c != '\0'; ++c) {
-    if (*c != ' ') continue;
-    if (++field == 22) {
-      start_ticks = std::strtoull(c + 1, nullptr, 10);
-      break;
-    }
-  }
+  const std::optional<ProcStat> st = ReadProcStat(0);
+  if (!st.has_value()) return std::nullopt;
   const long hz = ::sysconf(_SC_CLK_TCK);
   timespec now{};
-  if (field != 22 || hz <= 0 || ::clock_gettime(CLOCK_BOOTTIME, &now) != 0) return std::nullopt;
+  if (hz <= 0 || ::clock_gettime(CLOCK_BOOTTIME, &now) != 0) return std::nullopt;
   const double since = static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9 -
-                       static_cast<double>(start_ticks) / static_cast<double>(hz);
+                       static_cast<double>(st->start_ticks) / static_cast<double>(hz);
   return since > 0 ? static_cast<uint64_t>(since * 1e6) : 0;
 }
 
