@@ -91,6 +91,21 @@ instance_group:
 """ + extra
 
 
+def write_model(root, name, config, code=None, dims=SCALE_N, seed=1, weights=True):
+    """A model directory under `root`: its config.yaml, and a version 1 with
+    a scale checkpoint of `dims` weights of `seed` (unless not `weights`) and
+    `code` as its model.py (when given). Returns the version directory."""
+    version = root / name / "1"
+    version.mkdir(parents=True)
+    if weights:
+        subprocess.run([CLI, "make-model", "scale", "--dims", str(dims), "--seed", str(seed),
+                        "--out", str(version / "model.safetensors")], check=True, capture_output=True)
+    (root / name / "config.yaml").write_text(config)
+    if code is not None:
+        (version / "model.py").write_text(code)
+    return version
+
+
 def mlp_reference(w, x):
     h = np.maximum(x.astype(np.float64) @ w["encoder.weight"].T.astype(np.float64) + w["encoder.bias"], 0)
     logits = h @ w["head.weight"].T.astype(np.float64) + w["head.bias"]

@@ -24,11 +24,10 @@ import subprocess
 import sys
 import threading
 
-import numpy as np
 import pytest
 import requests
 
-from serve_support import CLI, KIND, SCALE_N, gone, metric, metrics, scale_config, wait_for
+from serve_support import CLI, KIND, SCALE_N, gone, metric, metrics, scale_config, wait_for, write_model
 
 HOT = "parameters: {standby_workers: '1', standby_mode: hot}\n"
 DEMO_Y = 34.695457  # the demo weights (seed 1) on a row of ones
@@ -75,17 +74,6 @@ class Model:
                 f.write(prompt)
             raise
 """
-
-
-def write_model(root, name, config, code=None):
-    version = root / name / "1"
-    version.mkdir(parents=True)
-    subprocess.run([CLI, "make-model", "scale", "--dims", str(SCALE_N), "--seed", "1",
-                    "--out", str(version / "model.safetensors")], check=True, capture_output=True)
-    (root / name / "config.yaml").write_text(config)
-    if code is not None:
-        (version / "model.py").write_text(code)
-    return version
 
 
 def python_config(extra):

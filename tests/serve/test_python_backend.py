@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import requests
 
+import serve_support
 from serve_support import (CLI, ON_GPU, infer_json, metrics, mlp_reference, read_safetensors, split_binary,
                            start_serve, stop_serve, wait_for)
 
@@ -98,14 +99,7 @@ parameters:
 
 
 def write_model(root, name, config, code, weights=True):
-    (root / name / "1").mkdir(parents=True)
-    if weights:
-        subprocess.run([CLI, "make-model", "scale", "--dims", str(N), "--seed", "6",
-                        "--out", str(root / name / "1" / "model.safetensors")],
-                       check=True, capture_output=True)
-    (root / name / "config.yaml").write_text(config)
-    if code is not None:
-        (root / name / "1" / "model.py").write_text(code)
+    serve_support.write_model(root, name, config, code, dims=N, seed=6, weights=weights)
 
 
 @pytest.fixture(scope="module")

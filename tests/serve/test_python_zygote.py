@@ -12,12 +12,12 @@ import os
 import pathlib
 import re
 import signal
-import subprocess
 import sys
 
 import numpy as np
 
-from serve_support import CLI, gone, infer_json, read_safetensors, start_serve, stop_serve, wait_for
+import serve_support
+from serve_support import gone, infer_json, read_safetensors, start_serve, stop_serve, wait_for
 
 N = 6
 
@@ -64,11 +64,7 @@ parameters:
 
 
 def write_model(root, name, text, code=MODEL_PY):
-    (root / name / "1").mkdir(parents=True)
-    subprocess.run([CLI, "make-model", "scale", "--dims", str(N), "--seed", "6",
-                    "--out", str(root / name / "1" / "model.safetensors")], check=True, capture_output=True)
-    (root / name / "config.yaml").write_text(text)
-    (root / name / "1" / "model.py").write_text(code)
+    serve_support.write_model(root, name, text, code, dims=N, seed=6)
 
 
 def ask(url, model, x):
