@@ -80,17 +80,8 @@ HotSpareKeeper::~HotSpareKeeper() {
 Status HotSpareKeeper::Start() {
   std::lock_guard lock(mu_);
   if (started_ || stopping_) return Status::Ok();
-  finished_.store(false);
-  try {
-    thread_ = std::thread([this] {
-      Loop();
-      finished_.store(true);
-      if (model_.on_worker_finished) model_.on_worker_finished();
-    });
-  } catch (const std::system_error& e) {
-    finished_.store(true);
-    return ResourceExhausted("starting the keeper of the hot spares: " + std::string(e.what()));
-  }
+  RETURN_IF_ERROR(
+      model_.StartThread(thread_, finished_, [this] { Loop(); }, "the keeper of the hot spares"));
   started_ = true;
   return Status::Ok();
 }

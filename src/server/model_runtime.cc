@@ -4,6 +4,7 @@
 
 #include <set>
 #include <string>
+#include <system_error>
 #include <utility>
 
 namespace hearth {
@@ -45,6 +46,22 @@ void ModelRuntime::StartHotSpareKeepers() {
       spdlog::warn("{}: the keeper of the hot spares on {} could not be started: {}", name,
                    p->device_name, started.message());
   }
+}
+
+Status ModelRuntime::StartThread(std::thread& thread, std::atomic<bool>& finished,
+                                 std::function<void()> body, const std::string& what) {
+  finished.store(false);
+  try {
+    thread = std::thread([this, &finished, body = std::move(body)] {
+      body();
+      finished.store(true);
+      if (on_worker_finished) on_worker_finished();
+    });
+  } catch (const std::system_error& e) {
+    finished.store(true);
+    return ResourceExhausted("starting " + what + ": " + std::string(e.what()));
+  }
+  return Status::Ok();
 }
 
 std::string ModelRuntime::DescribePlacements() const {

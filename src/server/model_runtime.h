@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/tensor_spec.h"
@@ -125,6 +126,11 @@ struct ModelRuntime {
   // Called from each supervisor thread and keeper of hot spares as it
   // returns (no lock held); set before the workers start.
   std::function<void()> on_worker_finished;
+  // Starts `thread` (a supervisor's, a keeper's) running `body`: `finished`
+  // is false until `body` returns, then on_worker_finished is called.
+  // ResourceExhausted naming `what` if the system has no thread to give.
+  Status StartThread(std::thread& thread, std::atomic<bool>& finished, std::function<void()> body,
+                     const std::string& what);
   // Every worker's supervisor thread and every keeper of hot spares has
   // returned: JoinWorkers waits no more.
   bool WorkersFinished() const {

@@ -24,18 +24,7 @@ Status WorkerSupervisor::Init() {
 }
 
 Status WorkerSupervisor::Start() {
-  finished_.store(false);
-  try {
-    thread_ = std::thread([this] {
-      Loop();
-      finished_.store(true);
-      if (model_.on_worker_finished) model_.on_worker_finished();
-    });
-  } catch (const std::system_error& e) {
-    finished_.store(true);
-    return ResourceExhausted("starting a worker's supervisor thread: " + std::string(e.what()));
-  }
-  return Status::Ok();
+  return model_.StartThread(thread_, finished_, [this] { Loop(); }, "a worker's supervisor thread");
 }
 
 void WorkerSupervisor::Settle() {
