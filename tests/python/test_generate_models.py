@@ -3,7 +3,11 @@
 1. examples/generate/tiny_decoder run directly (torch 1.13 is enough): its
    KV-cached greedy decoding equals a full forward pass per token; stop
    strings end the text before them; max_tokens bounds it; a seed makes
-   sampling repeatable; characters are never split between pieces.
+   sampling repeatable; characters are never split between pieces. Its
+   Model, stepped by hand with stand-in requests, decodes many streams in
+   one forward a step: each stream (admitted together, joining mid-decode,
+   beside a cancelled one, resumed from the token ids it had sent, sampled
+   with a seed) sends exactly what it sends alone.
 2. A real `python3 -m hearth.backend_worker` process on a real store, driven
    through its control socket and request slot by `Driver` below, the
    server's side of the worker protocol written from its wire format
@@ -94,6 +98,22 @@ def decoder(repo):
     return d.eval()
 
 
+@pytest.fixture(scope="module")
+def exact(decoder):
+    """The repository's decoder in float64, for the tests of section 1 that
+    compare two ways of computing the same tokens (a stream in a batch of 16
+    and alone, the cached loop and a full forward). In float32 their logits
+    differ by a few 1e-6 (another reduction order), and the repository's
+    logits are not peaked enough to make that harmless: over 12,000 greedy
+    steps of random prompts, the best two logits came within 1.2e-4 of each
+    other, and a seeded draw tips wherever the uniform lands that close to a
+    boundary. In float64 the difference is ~1e-14, too small to tip a token
+    or a draw in any run. (Making the forward batch-invariant in float32
+    instead would take a per-stream loop over every matmul, undoing the batch.)"""
+    import copy
+    return copy.deepcopy(decoder).double()
+
+
 def read_safetensors(path):
     raw = pathlib.Path(path).read_bytes()
     n = int.from_bytes(raw[:8], "little")
@@ -124,13 +144,91 @@ def full_forward_greedy(decoder, prompt, max_tokens):
     return out
 
 
+class Request:
+    """A stand-in for hearth.Request: the model's responses, each with the
+    number of the step (of `stepper`) that sent it. Cancelled by setting
+    `cancelled`, or by its send() once it has `cancel_after` responses."""
+
+    def __init__(self, text, parameters=None, resume=(), cancel_after=None):
+        self.id = ""
+        self.inputs = {"text_input": np.array([text.encode()], dtype=object),
+                       "messages": np.array([b""], dtype=object)}
+        self.parameters = dict(parameters or {})
+        self.resume_token_ids = list(resume)
+        self.cancel_after = cancel_after
+        self.cancelled = False
+        self.responses = []  # (step, {name: list}, final)
+        self.error = None
+        self.stepper = None
+
+    def is_cancelled(self):
+        return self.cancelled
+
+    @property
+    def over(self):
+        return self.cancelled or self.error is not None or (self.responses and self.responses[-1][2])
+
+    def send(self, outputs=None, final=False):
+        assert not self.over, "a response after the request was over"
+        if self.cancel_after is not None and len(self.responses) == self.cancel_after:
+            self.cancelled = True
+            return False
+        self.responses.append((self.stepper.steps, {k: v.tolist() for k, v in outputs.items()}, final))
+        return True
+
+    def fail(self, exception):
+        assert not self.over, "fail() after the request was over"
+        self.error = exception
+
+    def sent(self):
+        """The responses, without their steps."""
+        return [(out, final) for _, out, final in self.responses]
+
+    def token_ids(self):
+        return [t for _, out, _ in self.responses for t in out["token_ids"]]
+
+
+class Stepper:
+    """The tiny decoder's Model on `decoder` for max_streams streams, stepped as a worker would."""
+
+    def __init__(self, decoder, max_streams):
+        self.model = tiny.Model()
+        self.model.serve(decoder, max_streams)
+        self.steps = 0  # the steps made so far; responses of execute carry the last one's number
+
+    def admit(self, *requests):
+        for r in requests:
+            r.stepper = self
+        self.model.execute(list(requests))
+        return requests
+
+    def step(self, times=1):
+        for _ in range(times):
+            self.steps += 1
+            self.model.step()
+
+    def finish(self, requests, limit=600):
+        while not all(r.over for r in requests):
+            assert self.steps < limit, "the streams never ended"
+            self.step()
+
+
+def alone(decoder, text, parameters=None, resume=()):
+    """A request run alone through the Model: the stand-in, finished."""
+    stepper = Stepper(decoder, 1)
+    r, = stepper.admit(Request(text, parameters, resume))
+    stepper.finish([r])
+    return r
+
+
 def direct(decoder, text, **parameters):
-    """The Model's own execute on `decoder`, without a worker: (pieces, final response)."""
-    m = tiny.Model()
-    m.decoder, m.marker_dir, m.token_ids = decoder, None, True
-    inputs = {"text_input": np.array([text.encode()], dtype=object),
-              "messages": np.array([b""], dtype=object)}
-    responses = list(m.execute(inputs, parameters))
+    """The Model on `decoder`, one request alone, without a worker: (pieces,
+    final response); a request it refuses raises the error it failed with."""
+    r = alone(decoder, text, parameters)
+    if r.error is not None:
+        raise r.error
+    responses = [{k: np.array(v, dtype=object if k in ("text_output", "finish_reason") else np.int64)
+                  for k, v in out.items()} for out, _ in r.sent()]
     pieces = [r["text_output"][0] for r in responses]
     last = dict(responses[-1], token_ids=np.concatenate([r["token_ids"] for r in responses]))
     return pieces, last
@@ -140,21 +238,21 @@ def direct(decoder, text, **parameters):
 
 
 @pytest.mark.parametrize("prompt", ["Hello, world", "The quick brown fox", "a"])
-def test_cached_greedy_decoding_equals_a_full_forward_per_token(decoder, prompt):
+def test_cached_greedy_decoding_equals_a_full_forward_per_token(exact, prompt):
     ids = tiny.prompt_tokens(prompt)
-    cached = list(tiny.tokens(decoder, ids, 48))
-    assert cached == full_forward_greedy(decoder, ids, 48)
+    cached = list(tiny.tokens(exact, ids, 48))
+    assert cached == full_forward_greedy(exact, ids, 48)
     # The repository's weights write printable ASCII: one token per character,
     # so comparing texts elsewhere compares tokens.
     assert all(0x20 <= t < 0x7f or t in (ord("\n"), tiny.EOS) for t in cached), cached
 
 
-def test_max_tokens_bounds_the_generation(decoder):
+def test_max_tokens_bounds_the_generation(exact):
     ids = tiny.prompt_tokens("Hello")
-    greedy = full_forward_greedy(decoder, ids, 40)
+    greedy = full_forward_greedy(exact, ids, 40)
     assert tiny.EOS not in greedy, "pick a prompt whose greedy run does not end by itself"
     for n in (1, 7, 40):
-        pieces, last = direct(decoder, "Hello", max_tokens=n)
+        pieces, last = direct(exact, "Hello", max_tokens=n)
         assert b"".join(pieces) == bytes(greedy[:n])
         assert last["token_ids"].tolist() == greedy[:n]
         assert last["completion_tokens"].tolist() == [n]
@@ -162,27 +260,27 @@ def test_max_tokens_bounds_the_generation(decoder):
         assert last["finish_reason"].tolist() == [b"length"]
 
 
-def test_stop_strings_end_the_text_before_them(decoder):
-    text = bytes(full_forward_greedy(decoder, tiny.prompt_tokens("Hello"), 64)).decode()
+def test_stop_strings_end_the_text_before_them(exact):
+    text = bytes(full_forward_greedy(exact, tiny.prompt_tokens("Hello"), 64)).decode()
     stop = text[20:23]
     at = text.find(stop)
-    pieces, last = direct(decoder, "Hello", max_tokens=64, stop=stop)
+    pieces, last = direct(exact, "Hello", max_tokens=64, stop=stop)
     assert b"".join(pieces).decode() == text[:at]
     assert last["finish_reason"].tolist() == [b"stop"]
     # The token that completed the stop string is the last one generated.
     assert last["completion_tokens"].tolist() == [at + len(stop)]
     # Of a list, the first to appear ends the text; one that never appears changes nothing.
     later = text[40:42]
-    pieces, last = direct(decoder, "Hello", max_tokens=64, stop=["never seen \u00e9", later, stop])
+    pieces, last = direct(exact, "Hello", max_tokens=64, stop=["never seen \u00e9", later, stop])
     assert b"".join(pieces).decode() == text[:min(at, text.find(later))]
-    pieces, last = direct(decoder, "Hello", max_tokens=64, stop=["never seen \u00e9"])
+    pieces, last = direct(exact, "Hello", max_tokens=64, stop=["never seen \u00e9"])
     assert b"".join(pieces).decode() == text
     assert last["finish_reason"].tolist() == [b"length"]
 
 
-def test_eos_ends_the_generation_as_a_stop(decoder):
+def test_eos_ends_the_generation_as_a_stop(exact):
     import copy
-    eager = copy.deepcopy(decoder)
+    eager = copy.deepcopy(exact)
     with torch.no_grad():
         eager.head.bias[tiny.EOS] = 1e4  # EOS is always the most likely token
     pieces, last = direct(eager, "Hello", max_tokens=10)
@@ -192,16 +290,16 @@ def test_eos_ends_the_generation_as_a_stop(decoder):
     assert last["finish_reason"].tolist() == [b"stop"]
 
 
-def test_a_seed_makes_sampling_repeatable(decoder):
+def test_a_seed_makes_sampling_repeatable(exact):
     ids = tiny.prompt_tokens("Hello")
-    a = list(tiny.tokens(decoder, ids, 40, temperature=1.0, seed=7))
-    assert a == list(tiny.tokens(decoder, ids, 40, temperature=1.0, seed=7))
-    assert a != list(tiny.tokens(decoder, ids, 40, temperature=1.0, seed=8))
-    assert a != list(tiny.tokens(decoder, ids, 40)), "sampling at temperature 1 chose the greedy path"
+    a = list(tiny.tokens(exact, ids, 40, temperature=1.0, seed=7))
+    assert a == list(tiny.tokens(exact, ids, 40, temperature=1.0, seed=7))
+    assert a != list(tiny.tokens(exact, ids, 40, temperature=1.0, seed=8))
+    assert a != list(tiny.tokens(exact, ids, 40)), "sampling at temperature 1 chose the greedy path"
     # top_p so small that only the most likely token is left: greedy again.
-    assert list(tiny.tokens(decoder, ids, 40, temperature=1.0, top_p=1e-9, seed=7)) == \
-        list(tiny.tokens(decoder, ids, 40))
-    pieces, _ = direct(decoder, "Hello", max_tokens=40, temperature=1.0, seed=7)
+    assert list(tiny.tokens(exact, ids, 40, temperature=1.0, top_p=1e-9, seed=7)) == \
+        list(tiny.tokens(exact, ids, 40))
+    pieces, _ = direct(exact, "Hello", max_tokens=40, temperature=1.0, seed=7)
     assert b"".join(pieces) == bytes(t for t in a if t < 256)
 
 
@@ -239,6 +337,195 @@ def test_the_chat_template():
 def test_bad_parameters_are_refused_naming_them(decoder, parameters, named):
     with pytest.raises(tiny.RequestError, match=named):
         direct(decoder, "Hello", **parameters)
+
+
+# ---- the tiny decoder's Model, many streams at once --------------------------------------
+
+# Sixteen prompts of 0 to 80 characters.
+PROMPTS = ["Hello", "The quick brown fox", "a", "", "Once upon a time, in a land far away",
+           "hearth", "0123456789", "What is the answer?", "x" * 80, "Lorem ipsum dolor sit amet",
+           "GPU", "one copy of the weights, many workers", "zz", "A\nB\nC", "tiny decoder", "?!"]
+
+
+def greedy_text(decoder, prompt, n):
+    return bytes(t for t in tiny.tokens(decoder, tiny.prompt_tokens(prompt), n) if t < 256).decode()
+
+
+def sixteen_requests(decoder):
+    """(prompt, parameters) for 16 streams: max_tokens from 2 to 40, every
+    fourth with a stop string its greedy text reaches, two sampled."""
+    out = []
+    for i, prompt in enumerate(PROMPTS):
+        parameters = {"max_tokens": 2 + (i * 7) % 39}
+        if i % 4 == 1:
+            text = greedy_text(decoder, prompt, 40)
+            parameters = {"max_tokens": 40, "stop": ["never", text[12:14]]}
+        if i in (6, 13):
+            parameters.update(temperature=0.8, seed=100 + i)
+        out.append((prompt, parameters))
+    return out
+
+
+def test_sixteen_streams_decode_together_each_as_alone(exact):
+    cases = sixteen_requests(exact)
+    stepper = Stepper(exact, 16)
+    requests = stepper.admit(*(Request(p, q) for p, q in cases))  # as many as max_streams
+    stepper.finish(requests)
+    for (prompt, parameters), r in zip(cases, requests):
+        assert r.error is None, r.error
+        assert r.sent() == alone(exact, prompt, parameters).sent(), (prompt, parameters)
+        if "temperature" not in parameters:  # and the module's own loop, token for token
+            assert r.token_ids() == list(tiny.tokens(exact, tiny.prompt_tokens(prompt),
+                                                     r.sent()[-1][0]["completion_tokens"][0]))
+    finals = [r.sent()[-1][0] for r in requests]
+    assert {f["finish_reason"][0] for f in finals} == {b"stop", b"length"}
+    # Together: the first step gave every stream its first token, no stream
+    # ended before that, and the steps were those of the longest stream.
+    assert [r.responses[0][0] for r in requests] == [1] * 16
+    assert min(r.responses[-1][0] for r in requests) > 1
+    assert stepper.steps == max(f["completion_tokens"][0] for f in finals)
+
+
+def test_streams_joining_mid_decode_equal_their_alone_runs(exact):
+    stepper = Stepper(exact, 9)
+    first = stepper.admit(*(Request(p, {"max_tokens": 30}) for p in PROMPTS[:4]))
+    stepper.step(5)
+    second = stepper.admit(*(Request(p, {"max_tokens": 20}) for p in PROMPTS[4:7]))
+    stepper.step(3)
+    third = stepper.admit(Request(PROMPTS[8], {"max_tokens": 12}),
+                          Request(PROMPTS[9], {"max_tokens": 25, "temperature": 0.8, "seed": 9}))
+    stepper.step()
+    # Prefilled in the step after they came, beside the others' decoding.
+    assert [r.responses[0][0] for r in third] == [9, 9]
+    assert all(not r.over for r in first + second)
+    stepper.finish(first + second + third)
+    assert [r.responses[0][0] for r in second] == [6] * 3
+    for r in first + second + third:
+        want = alone(exact, r.inputs["text_input"][0].decode(), r.parameters)
+        assert r.sent() == want.sent(), r.parameters
+
+
+def test_a_cancelled_stream_leaves_and_a_new_one_takes_its_slot(exact, tmp_path):
+    stepper = Stepper(exact, 4)
+    stepper.model.marker_dir = str(tmp_path)
+    long, kept, torn, other = stepper.admit(
+        Request("x" * 80, {"max_tokens": 40}), Request("Hello", {"max_tokens": 40}),
+        Request("hearth", {"max_tokens": 40}, cancel_after=3), Request("zz", {"max_tokens": 40}))
+    # A fifth is more than the worker may give; the model refuses it and goes on.
+    fifth, = stepper.admit(Request("GPU", {"max_tokens": 40}))
+    assert isinstance(fifth.error, RuntimeError) and "max_streams" in str(fifth.error)
+    stepper.step(6)
+    long.cancelled = True  # the client went away between two steps
+    seen = len(long.responses)
+    # The stream whose send found its request over (at its 4th token) is gone.
+    assert torn.cancelled and len(torn.responses) == 3
+    stepper.step()
+    assert len(long.responses) == seen
+    # Each dropped with a marker naming the tokens it had generated.
+    assert sorted(p.name.split("-")[2] for p in tmp_path.iterdir()) == ["4", "6"]
+    # Two slots free, one of them where an 81-token prompt and 6 tokens were:
+    # what the new streams write is shorter, and the rest must not show.
+    late = stepper.admit(Request("a", {"max_tokens": 30}), Request("GPU", {"max_tokens": 30}))
+    stepper.finish([kept, other, *late])
+    for r in (kept, other, *late):
+        assert r.error is None, r.error
+        want = alone(exact, r.inputs["text_input"][0].decode(), r.parameters)
+        assert r.sent() == want.sent(), r.parameters
+    assert sorted(stepper.model.free) == [0, 1, 2, 3] and not stepper.model.streams
+
+
+def test_a_refused_request_fails_alone(exact):
+    stepper = Stepper(exact, 4)
+    chat = Request("")
+    chat.inputs["messages"][0] = json.dumps([{"role": "user", "content": "x" * 500}]).encode()
+    good, bad, long, other = stepper.admit(
+        Request("Hello", {"max_tokens": 5}), Request("Hello", {"temperature": 9}), chat,
+        Request("", {"max_tokens": 5}))
+    assert isinstance(bad.error, tiny.RequestError) and "temperature" in str(bad.error)
+    assert isinstance(long.error, tiny.RequestError) and "positions" in str(long.error)
+    stepper.finish([good, other])
+    assert good.sent() == alone(exact, "Hello", {"max_tokens": 5}).sent()
+    assert other.sent() == alone(exact, "", {"max_tokens": 5}).sent()
+    assert bad.responses == [] and long.responses == []
+
+
+def joined(responses):
+    """The text and tokens of a stream's responses, and its last response's counts."""
+    text = b"".join(out["text_output"][0] for out, _ in responses)
+    ids = [t for out, _ in responses for t in out["token_ids"]]
+    final = {k: v for k, v in responses[-1][0].items() if k not in ("text_output", "token_ids")}
+    return text, ids, final
+
+
+@pytest.mark.parametrize("parameters", [
+    {"max_tokens": 24},                                            # greedy, ends by length
+    {"max_tokens": 40, "stop": "STOP"},                            # greedy, ends by a stop string
+    {"max_tokens": 30, "temperature": 0.8, "seed": 1234},          # sampled, ends by length
+    {"max_tokens": 40, "temperature": 0.8, "seed": 77, "stop": "STOP"},  # sampled, by a stop string
+], ids=["greedy-length", "greedy-stop", "sampled-length", "sampled-stop"])
+def test_a_resumed_stream_goes_on_from_the_tokens_it_had_sent(exact, parameters):
+    parameters = dict(parameters)
+    prompt = "Once upon a time"
+    if "stop" in parameters:  # a stop string the uninterrupted run meets at its 20th token
+        sampled = {k: parameters[k] for k in ("temperature", "seed") if k in parameters}
+        ids = list(tiny.tokens(exact, tiny.prompt_tokens(prompt), 40, **sampled))
+        parameters["stop"] = bytes(ids[17:20]).decode()
+    whole = alone(exact, prompt, parameters).sent()
+    n = len(whole)
+    reason = b"stop" if "stop" in parameters else b"length"
+    assert whole[-1][0]["finish_reason"] == [reason] and n > 10
+    # Cut after k responses, k from the first to the one right before the last
+    # (then the tokens sent already end the generation); all resumed at once,
+    # beside a stream that starts afresh.
+    cuts = [1, 2, n // 2, n - 2, n - 1]
+    stepper = Stepper(exact, 16)
+    resumed = stepper.admit(*(Request(prompt, parameters,
+                                      resume=[t for out, _ in whole[:k] for t in out["token_ids"]])
+                              for k in cuts), Request("hearth", {"max_tokens": 30}))[:-1]
+    # Cut right before the final response: when the tokens sent already end
+    # the generation (max_tokens: the last token's text went out before the
+    # final response), the final response comes at once, before any step.
+    ended = len(joined(whole[:n - 1])[1]) == whole[-1][0]["completion_tokens"][0]
+    assert ended or "stop" in parameters
+    assert [s for s, _, _ in resumed[-1].responses] == ([0] if ended else [])
+    stepper.finish(resumed)
+    for k, r in zip(cuts, resumed):
+        assert r.error is None, r.error
+        assert joined(whole[:k] + r.sent()) == joined(whole), k
+        # Not a byte of the text sent before the cut comes again.
+        assert r.sent() == whole[k:], k
+
+
+def test_the_draw_at_each_position_comes_from_its_own_seed(exact):
+    # splitmix64 from state 0 gives 0xe220a8397b1dcdaf, 0x6e789e6aa1b965f4, ...
+    # (its reference outputs); position_seed keeps their top 63 bits.
+    assert [tiny.position_seed(0, p) for p in range(3)] == \
+        [0xE220A8397B1DCDAF >> 1, 0x6E789E6AA1B965F4 >> 1, 0x06C45D188009454F >> 1]
+    # Each sampled token is the draw of a generator seeded with (seed, its position) alone.
+    ids = tiny.prompt_tokens("Hello")
+    sampled = list(tiny.tokens(exact, ids, 20, temperature=0.8, seed=5))
+    with torch.no_grad():
+        for p, token in enumerate(sampled):
+            logits, _ = exact(torch.tensor(ids + sampled[:p], dtype=torch.long))
+            probs = torch.softmax(logits[-1] / 0.8, dim=-1)
+            generator = torch.Generator().manual_seed(tiny.position_seed(5, p))
+            assert int(torch.multinomial(probs, 1, generator=generator)) == token, p
+
+
+def test_seeded_sampling_is_the_same_alone_or_among_fifteen(exact):
+    parameters = {"max_tokens": 40, "temperature": 0.8, "seed": 5}
+    lone = alone(exact, "Hello", parameters)
+    stepper = Stepper(exact, 16)
+    others = [Request(p, {"max_tokens": 30, "temperature": 0.8, "seed": i} if i % 2 else
+                      {"max_tokens": 30}) for i, p in enumerate(PROMPTS[1:])]
+    together, *_ = stepper.admit(Request("Hello", parameters), *others)
+    stepper.finish([together, *others])
+    assert together.sent() == lone.sent()
+    # The module's own loop draws the same, and sampling is not greedy here.
+    assert lone.token_ids() == list(tiny.tokens(exact, tiny.prompt_tokens("Hello"), 40,
+                                                temperature=0.8, seed=5))
+    assert lone.token_ids() != alone(exact, "Hello", {"max_tokens": 40}).token_ids()
+    assert lone.token_ids() != alone(exact, "Hello", dict(parameters, seed=6)).token_ids()
 
 
 # ---- the backend's decoupled path, through a real worker process ----------------------

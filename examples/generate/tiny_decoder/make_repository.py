@@ -1,14 +1,18 @@
 """Writes a model repository entry serving the tiny decoder (model.py beside this file).
 
     python3 make_repository.py REPO [--name tiny_decoder] [--workers 2] [--kind KIND_CPU]
+                               [--max-streams 16]
 
-REPO/<name>/config.yaml (backend: python, decoupled) and REPO/<name>/1/
-holding model.py, config.json (the module's sizes) and model.safetensors:
-deterministic weights (torch's generator seeded with --seed), written from
-safetensors' definition (no safetensors package needed). The weights are
-random, so the text is gibberish, but the same gibberish for the same seed.
-The output layer's bias favours printable ASCII, so that what the untrained
-model writes can be read (and each character is one token).
+REPO/<name>/config.yaml (backend: python, decoupled; max_streams, the
+streams a worker decodes at once, and resumable: a stream a dead worker had
+in flight goes on in another from the token ids it had sent) and
+REPO/<name>/1/ holding model.py, config.json (the module's sizes) and
+model.safetensors: deterministic weights (torch's generator seeded with
+--seed), written from safetensors' definition (no safetensors package
+needed). The weights are random, so the text is gibberish, but the same
+gibberish for the same seed. The output layer's bias favours printable
+ASCII, so that what the untrained model writes can be read (and each
+character is one token).
 
 Needs torch (Debian's 1.13 is enough).
 """
@@ -95,7 +99,8 @@ def make_weights(config, seed):
 
 
 def write(repo, name="tiny_decoder", workers=2, kind="KIND_CPU", python=None, seed=0,
-          dim=64, layers=2, heads=4, max_positions=512, parameters=(), inputs=("text_input",)):
+          dim=64, layers=2, heads=4, max_positions=512, parameters=(), inputs=("text_input",),
+          max_streams=16):
     """Writes REPO/<name>; returns the version directory."""
     version = pathlib.Path(repo) / name / "1"
     version.mkdir(parents=True, exist_ok=True)
@@ -103,7 +108,9 @@ def write(repo, name="tiny_decoder", workers=2, kind="KIND_CPU", python=None, se
     (version / "config.json").write_text(json.dumps(config, indent=1) + "\n")
     write_safetensors(version / "model.safetensors", make_weights(config, seed))
     shutil.copy(HERE / "model.py", version / "model.py")
-    entries = {"python": python or sys.executable, "torch_threads": "1", **dict(parameters)}
+    # resumable needs the token_ids output, which CONFIG always declares.
+    entries = {"python": python or sys.executable, "torch_threads": "1",
+               "max_streams": max_streams, "resumable": "true", **dict(parameters)}
     lines = "".join(f"  {k}: {json.dumps(str(v))}\n" for k, v in entries.items())
     declared = "".join(f"  - {{name: {name}, data_type: TYPE_STRING, dims: [1]}}\n"
                        for name in inputs)
@@ -124,6 +131,8 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--max-positions", type=int, default=512)
+    p.add_argument("--max-streams", type=int, default=16,
+                   help="the streams a worker decodes at once, one forward for them all")
     p.add_argument("--inputs", default="text_input",
                    help="the inputs to declare, comma-separated: text_input (a prompt: /v1/completions, "
                         "generate), messages (a chat: /v1/chat/completions), or both (every request "
@@ -141,7 +150,7 @@ def main(argv=None):
     if not inputs or not set(inputs) <= {"text_input", "messages"} or len(set(inputs)) != len(inputs):
         p.error(f"--inputs {a.inputs!r}: text_input, messages, or both, comma-separated")
     version = write(a.repo, a.name, a.workers, a.kind, a.python, a.seed, a.dim, a.layers,
-                    a.heads, a.max_positions, extra, inputs)
+                    a.heads, a.max_positions, extra, inputs, a.max_streams)
     print(f"wrote {version.parent}: hearth serve --model-repository {os.path.abspath(a.repo)}")
     return 0
 
