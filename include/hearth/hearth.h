@@ -28,9 +28,12 @@ extern "C" {
  * interface (hearth_worker_*). 4: adds decoupled models' streams
  * (hearth_worker_decoupled, hearth_worker_parameters_json,
  * hearth_worker_respond). 5: adds standby workers' hearth_worker_wait_start.
- * 6: adds hearth_worker_start_phase. Everything of earlier versions is
- * unchanged. */
-#define HEARTH_ABI_VERSION 6
+ * 6: adds hearth_worker_start_phase. 7: a decoupled model's worker holds
+ * many streams (hearth_worker_stream_*); for it hearth_worker_next,
+ * hearth_worker_respond and hearth_worker_parameters_json of version 4 no
+ * longer serve (the worker and the server of one release speak one
+ * protocol). Everything else of earlier versions is unchanged. */
+#define HEARTH_ABI_VERSION 7
 
 enum hearth_status {
   HEARTH_OK = 0,
@@ -202,19 +205,48 @@ int32_t hearth_worker_output(hearth_worker* w, size_t index, const int64_t* shap
 int32_t hearth_worker_done(hearth_worker* w, int32_t status, const char* message,
                            int32_t retry_alone);
 /* Decoupled models (model_transaction_policy: {decoupled: true}): 1 when
- * every batch is one request answered with a stream of responses. */
+ * the worker holds streams (hearth_worker_stream_* below) instead of
+ * batches. */
 int32_t hearth_worker_decoupled(const hearth_worker* w);
-/* The current request's parameters, a JSON object's text ("" for none);
- * decoupled models only. Valid until the batch ends. */
+/* Version 4's; since version 7 "" and an error: see hearth_worker_stream_*. */
 const char* hearth_worker_parameters_json(const hearth_worker* w);
-/* Decoupled models: sends the outputs given room since the batch began or
- * the last respond as one response of the stream (outputs given no room are
- * absent from it) and waits until the server took them. 1: go on; 0: the
- * request is over (client gone, deadline passed): stop and call
- * hearth_worker_done; negative: an error (hearth_last_error). After the
- * last response, hearth_worker_done ends the stream (the outputs given
- * room since are its final response; none is fine). */
 int32_t hearth_worker_respond(hearth_worker* w);
+
+/* Streams (version 7): a decoupled model's worker holds up to
+ * hearth_worker_stream_capacity requests at once (the config's
+ * parameters.max_streams, 1 by default) and answers each with any number of
+ * responses, in any order among them. One thread drives them. */
+int32_t hearth_worker_stream_capacity(const hearth_worker* w);
+/* Waits up to timeout_ms (0: only looks; -1: for ever) for what the server
+ * says next: 1 request *id was opened; 2 request *id was cancelled (client
+ * gone, deadline passed: it is already ended, send nothing more for it);
+ * 3 nothing came in time; 0 the server has gone (exit); negative: a
+ * malformed message (hearth_last_error). */
+int32_t hearth_worker_stream_next(hearth_worker* w, int32_t timeout_ms, uint64_t* id);
+/* An open request's input `index`: its bytes (read-only) and its full shape;
+ * valid until the request's final response or its cancellation. */
+int32_t hearth_worker_stream_input(const hearth_worker* w, uint64_t id, size_t index,
+                                   const void** data, uint64_t* nbytes, const int64_t** shape,
+                                   int32_t* ndim);
+/* An open request's id from its client, its parameters (a JSON object's
+ * text, "" for none) and, when it resumes a stream whose worker died, the
+ * token ids its client already has (*resume_count 0: none). */
+int32_t hearth_worker_stream_request(const hearth_worker* w, uint64_t id, const char** request_id,
+                                     const char** parameters_json, const int64_t** resume,
+                                     uint64_t* resume_count);
+/* Room for output `index` in the response being built for request `id`, as
+ * hearth_worker_output for a batch; valid until that response is sent. One
+ * response is built at a time. */
+int32_t hearth_worker_stream_output(hearth_worker* w, uint64_t id, size_t index,
+                                    const int64_t* shape, int32_t ndim, uint64_t nbytes,
+                                    void** data);
+/* Sends the response built for request `id` (the outputs given room since
+ * its last response; the others are absent from it). final != 0 ends the
+ * request; status != 0 ends it with that error and `message`. 1: sent;
+ * 2: the request is not open (cancelled): nothing was sent; 0: the server
+ * has gone (exit); negative: an error (hearth_last_error). */
+int32_t hearth_worker_stream_respond(hearth_worker* w, uint64_t id, int32_t final, int32_t status,
+                                     const char* message);
 /* A standby worker (started with --standby), its loading done, waits here
  * until the server puts it to work: 1 then (attach the weights, build the
  * model, hearth_worker_ready); 0 when the server closed the channel instead

@@ -54,6 +54,7 @@ import threading
 
 from . import _capi
 from . import _dlpack
+from ._streams import Request  # noqa: F401  (a decoupled model's requests)
 
 __all__ = [
     "attach",

@@ -112,12 +112,23 @@ def _declare(lib):
     # ABI version 4 (decoupled models): looked for only by a decoupled model's worker.
     for name, args, res in [
         ("hearth_worker_decoupled", [h], c.c_int32),
-        ("hearth_worker_parameters_json", [h], c.c_char_p),
-        ("hearth_worker_respond", [h], c.c_int32),
         # ABI version 5: standby workers.
         ("hearth_worker_wait_start", [h], c.c_int32),
         # ABI version 6: the phases of a worker's start, for the server's metrics.
         ("hearth_worker_start_phase", [h, c.c_char_p, c.c_uint64], c.c_int32),
+        # ABI version 7: a decoupled model's worker holds many streams.
+        ("hearth_worker_stream_capacity", [h], c.c_int32),
+        ("hearth_worker_stream_next", [h, c.c_int32, c.POINTER(c.c_uint64)], c.c_int32),
+        ("hearth_worker_stream_input", [h, c.c_uint64, c.c_size_t, c.POINTER(c.c_void_p),
+                                        c.POINTER(c.c_uint64), c.POINTER(c.POINTER(c.c_int64)),
+                                        c.POINTER(c.c_int32)], c.c_int32),
+        ("hearth_worker_stream_request", [h, c.c_uint64, c.POINTER(c.c_char_p),
+                                          c.POINTER(c.c_char_p), c.POINTER(c.POINTER(c.c_int64)),
+                                          c.POINTER(c.c_uint64)], c.c_int32),
+        ("hearth_worker_stream_output", [h, c.c_uint64, c.c_size_t, c.POINTER(c.c_int64),
+                                         c.c_int32, c.c_uint64, c.POINTER(c.c_void_p)], c.c_int32),
+        ("hearth_worker_stream_respond", [h, c.c_uint64, c.c_int32, c.c_int32, c.c_char_p],
+         c.c_int32),
     ]:
         if hasattr(lib, name):
             fn = getattr(lib, name)
@@ -287,15 +298,20 @@ def _inject_fault(np, kind, trigger, inputs):
             signal.pause()
 
 
-def _read_inputs(w, np, torch, inputs_spec):
-    """The current run's inputs as read-only arrays (or tensors) over the slot."""
+def _read_inputs(w, np, torch, inputs_spec, key=None):
+    """The current run's inputs (or those of stream `key`) as read-only
+    arrays (or tensors) over the slot."""
     lib, h = w.lib, w.h
     data, nbytes = ctypes.c_void_p(), ctypes.c_uint64()
     shape_p, ndim = ctypes.POINTER(ctypes.c_int64)(), ctypes.c_int32()
     inputs = {}
     for i, (name, dtype, _) in enumerate(inputs_spec):
-        lib.hearth_worker_input(h, i, ctypes.byref(data), ctypes.byref(nbytes),
-                                ctypes.byref(shape_p), ctypes.byref(ndim))
+        where = (ctypes.byref(data), ctypes.byref(nbytes), ctypes.byref(shape_p),
+                 ctypes.byref(ndim))
+        if key is None:
+            lib.hearth_worker_input(h, i, *where)
+        else:
+            lib.hearth_worker_stream_input(h, key, i, *where)
         shape = tuple(shape_p[k] for k in range(ndim.value))
         n = nbytes.value
         if dtype == _BYTES:
@@ -319,7 +335,7 @@ def _read_inputs(w, np, torch, inputs_spec):
     return inputs
 
 
-def _give_outputs(w, np, outputs_spec, outputs, subset):
+def _give_outputs(w, np, outputs_spec, outputs, subset, key=None):
     """Copies `outputs` into room the slot gives them, each checked against
     the config (the C side checks the shape). subset: outputs may be left
     out (a decoupled model's response), but none the config lacks may be
@@ -344,7 +360,10 @@ def _give_outputs(w, np, outputs_spec, outputs, subset):
             shape, payload = arr.shape, arr
         shape_c = (ctypes.c_int64 * len(shape))(*shape)
         size = len(payload) if dtype == _BYTES else payload.nbytes
-        if lib.hearth_worker_output(h, i, shape_c, len(shape), size, ctypes.byref(room)) != 0:
+        got = lib.hearth_worker_output(h, i, shape_c, len(shape), size, ctypes.byref(room)) \
+            if key is None else \
+            lib.hearth_worker_stream_output(h, key, i, shape_c, len(shape), size, ctypes.byref(room))
+        if got != 0:
             raise _BatchError(w.error())
         if size:
             src = payload if dtype == _BYTES else payload.ctypes.data
@@ -425,102 +444,20 @@ def _error_code(e):
     return _capi.ERROR_INTERNAL
 
 
-def _close_generator(gen):
-    """GeneratorExit at the model's yield, so that its finally blocks run.
-    What they raise is logged: the stream is over either way."""
-    try:
-        gen.close()
-    except Exception:  # noqa: BLE001
-        traceback.print_exc()
-        _exit_if_cuda_is_lost()
-
-
-def _stream(w, np, gen, outputs_spec):
-    """Sends each dict `gen` yields as one response, then ends the run.
-    Returns None to go on serving, or the process's exit code. Errors are
-    never retried (retry_alone 0): a run is one request, and a client may
-    already hold part of its stream."""
-    lib, h = w.lib, w.h
-
-    def fail(code, message):
-        if lib.hearth_worker_done(h, code, message.encode(errors="replace"), 0) != 0:
-            return 0  # the server has gone
-        return None
-
-    while True:
-        try:
-            outputs = next(gen)
-        except StopIteration:
-            break
-        except Exception as e:  # this stream ends with the error
-            traceback.print_exc()
-            _exit_if_cuda_is_lost()
-            return fail(_error_code(e), _last_line(e))
-        try:
-            if not isinstance(outputs, dict):
-                raise _BatchError(f"execute() yielded {type(outputs).__name__}, not a dict of outputs")
-            _give_outputs(w, np, outputs_spec, outputs, subset=True)
-        except (_BatchError, TypeError, ValueError, UnicodeError, OverflowError) as e:
-            _close_generator(gen)
-            message = str(e) if isinstance(e, _BatchError) else \
-                f"the outputs cannot be converted: {type(e).__name__}: {e}"
-            return fail(_capi.ERROR_INVALID_ARGUMENT, message)
-        except Exception as e:
-            traceback.print_exc()
-            _close_generator(gen)
-            _exit_if_cuda_is_lost()
-            return fail(_capi.ERROR_INTERNAL, _last_line(e))
-        go_on = lib.hearth_worker_respond(h)
-        if go_on == 1:
-            continue
-        _close_generator(gen)
-        if go_on < 0:
-            print(f"hearth.backend_worker: {w.error()}", file=sys.stderr)
-            return 2
-        break  # cancelled: the request is over; done frees the worker for the next
-    if lib.hearth_worker_done(h, 0, None, 0) != 0:
-        return 0
-    return None
-
-
 def _serve_decoupled(w, model, inputs_spec, outputs_spec, tensor_type, fault=None):
-    """One request per run, answered by the stream execute(inputs, parameters) yields."""
+    """A decoupled model's requests, many at once (hearth._streams)."""
     import numpy as np
-    lib, h = w.lib, w.h
+    from . import _streams
     torch = None
     if tensor_type == "torch":
         import torch
-    while True:
-        r = lib.hearth_worker_next(h)
-        if r == 0:
-            return 0
-        if r < 0:
-            print(f"hearth.backend_worker: {w.error()}", file=sys.stderr)
-            return 2
-        try:
-            parameters = _request_parameters(lib.hearth_worker_parameters_json(h).decode())
-        except (ValueError, UnicodeError) as e:
-            message = f"the request's parameters: {e}"
-            if lib.hearth_worker_done(h, _capi.ERROR_INVALID_ARGUMENT, message.encode(errors="replace"),
-                                      0) != 0:
-                return 0
-            continue
-        inputs = _read_inputs(w, np, torch, inputs_spec)
-        if fault is not None:
+    sw = _streams.StreamWorker(w, np, torch, inputs_spec, outputs_spec, _give_outputs, _read_inputs,
+                               _error_code, _last_line, _BatchError)
+    check = None
+    if fault is not None:
+        def check(inputs):
             _inject_fault(np, fault[0], fault[1], inputs)
-        try:
-            gen = model.execute(inputs, parameters)
-        except Exception as e:  # a wrapper around the generator that raised at once
-            traceback.print_exc()
-            _exit_if_cuda_is_lost()
-            if lib.hearth_worker_done(h, _error_code(e), _last_line(e).encode(errors="replace"),
-                                      0) != 0:
-                return 0
-            continue
-        code = _stream(w, np, gen, outputs_spec)
-        del gen, inputs  # views of the slot, valid only until done
-        if code is not None:
-            return code
+    return _streams.serve(w, model, sw, inspect.isgeneratorfunction(type(model).execute), check)
 
 
 def _check_execute(Model, decoupled, path):
@@ -530,10 +467,14 @@ def _check_execute(Model, decoupled, path):
         raise AttributeError(f"{path}: class Model has no execute method")
     streams = inspect.isgeneratorfunction(execute)
     if decoupled and not streams:
-        raise TypeError(
-            f"{path}: the config says model_transaction_policy: {{decoupled: true}}, so "
-            "Model.execute must be a generator function, def execute(self, inputs, parameters), "
-            "that yields each response's outputs as a dict; this execute does not yield")
+        n = len(inspect.signature(execute).parameters)
+        if n != 2:
+            raise TypeError(
+                f"{path}: the config says model_transaction_policy: {{decoupled: true}}, so "
+                "Model.execute is either def execute(self, requests), given new requests to "
+                "answer through their send(), or a generator function, def execute(self, inputs, "
+                "parameters), that yields each response's outputs as a dict; this execute takes "
+                f"{n - 1} arguments and does not yield")
     if streams and not decoupled:
         raise TypeError(
             f"{path}: Model.execute is a generator function (it yields), but the model is not "
@@ -725,9 +666,9 @@ def _worker_main(a, phases, Model):
                    f"parameters.tensor_type: {tensor_type!r} is not numpy or torch")
             return 1
         decoupled = _decoupled(lib, handle)
-        if decoupled and not hasattr(lib, "hearth_worker_respond"):
-            w.fail(_capi.ERROR_INVALID_ARGUMENT, "a decoupled model needs libhearth's ABI version 4 "
-                   "(hearth_worker_respond); this libhearth is older")
+        if decoupled and not hasattr(lib, "hearth_worker_stream_next"):
+            w.fail(_capi.ERROR_INVALID_ARGUMENT, "a decoupled model needs libhearth's ABI version 7 "
+                   "(hearth_worker_stream_next); this libhearth is older")
             return 1
         standby_ms = None
         try:
@@ -742,6 +683,11 @@ def _worker_main(a, phases, Model):
             phases.done("setup")
             if Model is None:
                 Model = _import_model(w, decoupled, phases)
+            if w.parameters.get("resumable") == "true" and \
+                    inspect.isgeneratorfunction(getattr(Model, "execute", None)):
+                raise TypeError("parameters.resumable: a stream resumes through "
+                                "Request.resume_token_ids, which a generator execute(inputs, "
+                                "parameters) is never given: write def execute(self, requests)")
             import hearth
             hearth_torch = sys.modules.get("hearth.torch")
             if a.standby:
@@ -766,7 +712,8 @@ def _worker_main(a, phases, Model):
                     "model_version": str(w.config.get("version_policy", {})
                                          .get("specific", {}).get("versions", [a.version])[0]),
                     "model_repository": w.version_dir, "device": device,
-                    "weights": _ReadOnly(tensors)}
+                    "weights": _ReadOnly(tensors),
+                    "max_streams": lib.hearth_worker_stream_capacity(handle) if decoupled else 1}
             model.initialize(args)
             phases.done("initialize")
             _end_profile(profile, a.model)

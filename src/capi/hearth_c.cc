@@ -397,15 +397,101 @@ int32_t hearth_worker_decoupled(const hearth_worker* w) {
 }
 
 const char* hearth_worker_parameters_json(const hearth_worker* w) {
-  return w != nullptr && w->session->in_batch() ? w->session->parameters_json().c_str() : "";
+  (void)w;
+  return "";  // a decoupled model's requests carry theirs (hearth_worker_stream_request)
 }
 
 int32_t hearth_worker_respond(hearth_worker* w) {
+  (void)w;
+  return Invalid(
+      "hearth_worker_respond: a decoupled model's worker holds streams now "
+      "(hearth_worker_stream_*, ABI version 7)");
+}
+
+int32_t hearth_worker_stream_capacity(const hearth_worker* w) {
+  return w != nullptr && w->session->decoupled()
+             ? static_cast<int32_t>(w->session->stream_capacity())
+             : 0;
+}
+
+int32_t hearth_worker_stream_next(hearth_worker* w, int32_t timeout_ms, uint64_t* id) {
+  try {
+    if (w == nullptr || id == nullptr) return Invalid("no worker, or id is NULL");
+    auto e = w->session->NextStreamEvent(timeout_ms);
+    if (!e.ok()) return Fail(e.status());
+    *id = e->id;
+    switch (e->type) {
+      case hearth::WorkerSession::StreamEvent::kOpened:
+        return 1;
+      case hearth::WorkerSession::StreamEvent::kCancelled:
+        return 2;
+      case hearth::WorkerSession::StreamEvent::kNone:
+        return 3;
+      case hearth::WorkerSession::StreamEvent::kClosed:
+        return 0;
+    }
+    return 0;
+  } catch (...) {
+    return FailUnexpected();
+  }
+}
+
+int32_t hearth_worker_stream_input(const hearth_worker* w, uint64_t id, size_t index,
+                                   const void** data, uint64_t* nbytes, const int64_t** shape,
+                                   int32_t* ndim) {
+  if (w == nullptr) return Invalid("no worker");
+  const hearth::control::Open* open = w->session->StreamRequest(id);
+  if (open == nullptr) return Invalid("request " + std::to_string(id) + " is not open");
+  if (index >= open->inputs.size()) return Invalid("input index out of range");
+  const auto bytes = w->session->StreamInput(id, index);
+  *data = bytes.data();
+  *nbytes = bytes.size();
+  *shape = open->inputs[index].shape.data();
+  *ndim = static_cast<int32_t>(open->inputs[index].shape.size());
+  return HEARTH_OK;
+}
+
+int32_t hearth_worker_stream_request(const hearth_worker* w, uint64_t id, const char** request_id,
+                                     const char** parameters_json, const int64_t** resume,
+                                     uint64_t* resume_count) {
+  if (w == nullptr) return Invalid("no worker");
+  const hearth::control::Open* open = w->session->StreamRequest(id);
+  if (open == nullptr) return Invalid("request " + std::to_string(id) + " is not open");
+  *request_id = open->request_id.c_str();
+  *parameters_json = open->parameters_json.c_str();
+  const auto tokens = w->session->StreamResume(id);
+  *resume = tokens.data();
+  *resume_count = tokens.size();
+  return HEARTH_OK;
+}
+
+int32_t hearth_worker_stream_output(hearth_worker* w, uint64_t id, size_t index,
+                                    const int64_t* shape, int32_t ndim, uint64_t nbytes,
+                                    void** data) {
+  try {
+    if (ndim < 0 || ndim > 16 || (ndim > 0 && shape == nullptr)) return Invalid("bad shape");
+    auto room = w->session->StreamOutput(
+        id, index, std::span<const int64_t>(shape, static_cast<size_t>(ndim)), nbytes);
+    if (!room.ok()) return Fail(room.status());
+    *data = *room;
+    return HEARTH_OK;
+  } catch (...) {
+    return FailUnexpected();
+  }
+}
+
+int32_t hearth_worker_stream_respond(hearth_worker* w, uint64_t id, int32_t final, int32_t status,
+                                     const char* message) {
   try {
     if (w == nullptr) return Invalid("no worker");
-    auto go_on = w->session->Respond();
-    if (!go_on.ok()) return Fail(go_on.status());
-    return *go_on ? 1 : 0;
+    const hearth::Status s = status == HEARTH_OK ? hearth::Status::Ok() : FromC(status, message);
+    auto sent = w->session->StreamRespond(id, final != 0, s);
+    if (!sent.ok()) {
+      // The server has gone: as hearth_worker_next's end.
+      if (sent.status().code() == hearth::StatusCode::kUnavailable) return 0;
+      return Fail(sent.status());
+    }
+    return *sent ? 1 : 2;
   } catch (...) {
     return FailUnexpected();
   }

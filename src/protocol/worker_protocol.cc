@@ -231,6 +231,8 @@ Status SendReady(int fd, const Ready& m) {
     w.Str(p.name);
     w.U64(p.us);
   }
+  w.U32(m.streams);
+  w.U32(m.window);
   return SendPacket(fd, w.bytes(), kMaxMessageBytes, "ready");
 }
 
@@ -277,9 +279,8 @@ Status SendRun(int fd, const Run& m) {
   return SendPacket(fd, w.bytes(), kMaxMessageBytes, "run");
 }
 
-namespace {
-Status SendAnswer(int fd, Kind kind, const Done& m) {
-  Writer w(kind);
+Status SendDone(int fd, const Done& m) {
+  Writer w(Kind::kDone);
   w.U64(m.seq);
   w.U32(m.status_code);
   // The end of an error (a Python traceback's last line) says the most.
@@ -290,18 +291,64 @@ Status SendAnswer(int fd, Kind kind, const Done& m) {
   w.Tensors(m.outputs);
   w.U32(static_cast<uint32_t>(m.present.size()));
   for (uint8_t p : m.present) w.U8(p);
-  return SendPacket(fd, w.bytes(), kMaxMessageBytes, kind == Kind::kDone ? "done" : "partial");
+  return SendPacket(fd, w.bytes(), kMaxMessageBytes, "done");
 }
-}  // namespace
 
-Status SendDone(int fd, const Done& m) { return SendAnswer(fd, Kind::kDone, m); }
-Status SendPartial(int fd, const Done& m) { return SendAnswer(fd, Kind::kPartial, m); }
+Status SendRing(int fd, const Ring& m) {
+  Writer w(Kind::kRing);
+  w.U64(m.offset);
+  w.U64(m.bytes);
+  w.U64(m.slot_bytes);
+  return SendPacket(fd, w.bytes(), kMaxMessageBytes, "ring");
+}
 
-Status SendAck(int fd, const Ack& m) {
-  Writer w(Kind::kAck);
-  w.U64(m.seq);
-  w.U8(m.cancel ? 1 : 0);
-  return SendPacket(fd, w.bytes(), kMaxMessageBytes, "ack");
+Status SendOpen(int fd, const Open& m) {
+  if (m.parameters_json.size() > kMaxParametersBytes)
+    return InvalidArgument("the request's parameters come to " +
+                           std::to_string(m.parameters_json.size()) + " bytes, over the limit of " +
+                           std::to_string(kMaxParametersBytes));
+  Writer w(Kind::kOpen);
+  w.U64(m.id);
+  w.Str(m.request_id.substr(0, kMaxNameBytes));
+  w.U64(m.slot_bytes);
+  w.Tensors(m.inputs);
+  w.Str(m.parameters_json);
+  w.Tensors({m.resume});
+  return SendPacket(fd, w.bytes(), kMaxMessageBytes, "open");
+}
+
+Status SendResponse(int fd, const Response& m) {
+  Writer w(Kind::kResponse);
+  w.U64(m.id);
+  w.U8(m.final ? 1 : 0);
+  w.U32(m.status_code);
+  w.Str(m.text.size() > kMaxTextBytes ? m.text.substr(m.text.size() - kMaxTextBytes) : m.text);
+  w.Tensors(m.outputs);
+  w.U32(static_cast<uint32_t>(m.present.size()));
+  for (uint8_t p : m.present) w.U8(p);
+  return SendPacket(fd, w.bytes(), kMaxMessageBytes, "response");
+}
+
+Status SendCredit(int fd, const Credit& m) {
+  Writer w(Kind::kCredit);
+  w.U32(m.responses);
+  return SendPacket(fd, w.bytes(), kMaxMessageBytes, "credit");
+}
+
+Status SendCancel(int fd, std::span<const uint64_t> ids) {
+  if (ids.empty() || ids.size() > kMaxCancelIds)
+    return InvalidArgument("a cancel of " + std::to_string(ids.size()) +
+                           " requests (1 to " + std::to_string(kMaxCancelIds) + ")");
+  Writer w(Kind::kCancel);
+  w.U32(static_cast<uint32_t>(ids.size()));
+  for (uint64_t id : ids) w.U64(id);
+  return SendPacket(fd, w.bytes(), kMaxMessageBytes, "cancel");
+}
+
+Status SendRingGrow(int fd, const RingGrow& m) {
+  Writer w(Kind::kRingGrow);
+  w.U64(m.bytes);
+  return SendPacket(fd, w.bytes(), kMaxMessageBytes, "ring-grow");
 }
 
 Status SendStart(int fd) {
@@ -398,7 +445,15 @@ Result<Message> ReceiveWith(int fd, int timeout_ms, int flags) {
           m.ready.phases.push_back(std::move(p));
         }
       }
+      m.ready.streams = r.U32();
+      m.ready.window = r.U32();
       RETURN_IF_ERROR(r.Finish("ready"));
+      if (m.ready.streams < 1 || m.ready.streams > kMaxStreams || m.ready.window < 1 ||
+          m.ready.window > kMaxWindow)
+        return InvalidArgument("ready message: " + std::to_string(m.ready.streams) +
+                               " streams and a window of " + std::to_string(m.ready.window) +
+                               " (1 to " + std::to_string(kMaxStreams) + " and 1 to " +
+                               std::to_string(kMaxWindow) + ")");
       break;
     case Kind::kRun: {
       m.run.seq = r.U64();
@@ -442,9 +497,7 @@ Result<Message> ReceiveWith(int fd, int timeout_ms, int flags) {
       RETURN_IF_ERROR(CheckDeviceCopies(m.run));
       break;
     }
-    case Kind::kDone:
-    case Kind::kPartial: {
-      const char* what = m.kind == Kind::kDone ? "done" : "partial";
+    case Kind::kDone: {
       m.done.seq = r.U64();
       m.done.status_code = r.U32();
       m.done.text = r.Str(kMaxTextBytes, "the error text");
@@ -454,20 +507,84 @@ Result<Message> ReceiveWith(int fd, int timeout_ms, int flags) {
       m.done.outputs = r.Tensors();
       const uint32_t present = r.Count("presence flags");
       for (uint32_t i = 0; i < present && r.ok(); ++i) m.done.present.push_back(r.U8());
-      RETURN_IF_ERROR(r.Finish(what));
+      RETURN_IF_ERROR(r.Finish("done"));
       if (!m.done.present.empty() && m.done.present.size() != m.done.outputs.size())
-        return InvalidArgument(std::string(what) + " message: presence flags for " +
+        return InvalidArgument("done message: presence flags for " +
                                std::to_string(m.done.present.size()) + " of " +
                                std::to_string(m.done.outputs.size()) + " outputs");
-      if (m.kind == Kind::kPartial &&
-          (m.done.status_code != 0 || m.done.room_needed > 0 || m.done.retry_alone))
-        return InvalidArgument("partial message with an error or a request for room");
       break;
     }
-    case Kind::kAck:
-      m.ack.seq = r.U64();
-      m.ack.cancel = r.U8() != 0;
-      RETURN_IF_ERROR(r.Finish("ack"));
+    case Kind::kRing:
+      m.ring.offset = r.U64();
+      m.ring.bytes = r.U64();
+      m.ring.slot_bytes = r.U64();
+      RETURN_IF_ERROR(r.Finish("ring"));
+      if (m.ring.slot_bytes >= kMaxSlotBytes || m.ring.bytes == 0)
+        return InvalidArgument("ring message: a ring of " + std::to_string(m.ring.bytes) +
+                               " bytes in a slot of " + std::to_string(m.ring.slot_bytes));
+      RETURN_IF_ERROR(CheckRange(m.ring.offset, m.ring.bytes, 0, m.ring.slot_bytes, "ring message"));
+      break;
+    case Kind::kOpen: {
+      m.open.id = r.U64();
+      m.open.request_id = r.Str(kMaxNameBytes, "the request's id");
+      m.open.slot_bytes = r.U64();
+      m.open.inputs = r.Tensors();
+      m.open.parameters_json = r.Str(kMaxParametersBytes, "the request's parameters");
+      std::vector<SlotTensor> resume = r.Tensors();
+      RETURN_IF_ERROR(r.Finish("open"));
+      if (resume.size() != 1) return InvalidArgument("open message: no resume tensor");
+      m.open.resume = std::move(resume[0]);
+      if (m.open.slot_bytes >= kMaxSlotBytes)
+        return InvalidArgument("open message: a slot of " + std::to_string(m.open.slot_bytes) +
+                               " bytes");
+      const SlotTensor& t = m.open.resume;
+      if (t.shape.size() != 1 || t.shape[0] < 0 ||
+          static_cast<uint64_t>(t.shape[0]) > kMaxResumeTokens)
+        return InvalidArgument("open message: resume tokens of shape " + ShapeString(t.shape) +
+                               " (INT64 [n], n at most " + std::to_string(kMaxResumeTokens) + ")");
+      RETURN_IF_ERROR(CheckSlotTensor(t, DType::kI64, 0, m.open.slot_bytes, nullptr,
+                                      "open message: resume tokens"));
+      break;
+    }
+    case Kind::kResponse: {
+      m.response.id = r.U64();
+      m.response.final = r.U8() != 0;
+      m.response.status_code = r.U32();
+      m.response.text = r.Str(kMaxTextBytes, "the error text");
+      m.response.outputs = r.Tensors();
+      const uint32_t present = r.Count("presence flags");
+      for (uint32_t i = 0; i < present && r.ok(); ++i) m.response.present.push_back(r.U8());
+      RETURN_IF_ERROR(r.Finish("response"));
+      if (m.response.present.size() != m.response.outputs.size())
+        return InvalidArgument("response message: presence flags for " +
+                               std::to_string(m.response.present.size()) + " of " +
+                               std::to_string(m.response.outputs.size()) + " outputs");
+      if (m.response.status_code != 0 && !m.response.final)
+        return InvalidArgument("response message: an error that is not final");
+      break;
+    }
+    case Kind::kCredit:
+      m.credit.responses = r.U32();
+      RETURN_IF_ERROR(r.Finish("credit"));
+      if (m.credit.responses == 0 || m.credit.responses > kMaxWindow)
+        return InvalidArgument("credit message for " + std::to_string(m.credit.responses) +
+                               " responses (1 to " + std::to_string(kMaxWindow) + ")");
+      break;
+    case Kind::kCancel: {
+      const uint32_t ids = r.U32();
+      if (ids == 0 || ids > kMaxCancelIds)
+        return InvalidArgument("cancel message for " + std::to_string(ids) + " requests (1 to " +
+                               std::to_string(kMaxCancelIds) + ")");
+      for (uint32_t i = 0; i < ids && r.ok(); ++i) m.cancel.ids.push_back(r.U64());
+      RETURN_IF_ERROR(r.Finish("cancel"));
+      break;
+    }
+    case Kind::kRingGrow:
+      m.ring_grow.bytes = r.U64();
+      RETURN_IF_ERROR(r.Finish("ring-grow"));
+      if (m.ring_grow.bytes == 0 || m.ring_grow.bytes >= kMaxSlotBytes)
+        return InvalidArgument("ring-grow message for " + std::to_string(m.ring_grow.bytes) +
+                               " bytes");
       break;
     case Kind::kStart:
       RETURN_IF_ERROR(r.Finish("start"));

@@ -33,17 +33,33 @@
 //   server -> worker  kRelease these were unregistered: close them (no ids:
 //                              close every one).
 //
-// A decoupled model (Setup::decoupled) answers each run, which holds one
-// request, with a stream:
-//   worker -> server  kPartial one response before the last: outputs placed
-//                              in the free room as for kDone (room asked for
-//                              the same way), those absent from it marked;
-//   server -> worker  kAck     the server has taken them (the room is free
-//                              again); `cancel`: the request is over (its
-//                              client went away, or its deadline passed):
-//                              stop and send kDone;
-// as many times as the model likes, then kDone: the last response (which
-// may have no outputs) or the error.
+// A decoupled model (Setup::decoupled) holds streams instead of batches: up
+// to Ready::streams requests at once, each answered by any number of
+// responses, in any order among them. kRun and kDone are not used.
+//   server -> worker  kRing     once the worker is accepted, and in answer to
+//                               kRingGrow: where the worker writes responses'
+//                               outputs, [offset, offset + bytes) of the slot.
+//   server -> worker  kOpen     request `id` (never reused in this worker's
+//                               life): its inputs where the server placed
+//                               them in the slot (theirs until the request
+//                               ends), its parameters, and, for a stream that
+//                               resumes after its worker died, the token ids
+//                               its client already has (`resume`).
+//   worker -> server  kResponse a response to request `id`: outputs in the
+//                               ring (those absent marked); `final` ends the
+//                               request; an error is always final.
+//   server -> worker  kCredit   the next `responses` responses, oldest first,
+//                               were taken: their ring bytes are free again.
+//   server -> worker  kCancel   requests `ids` are over (client gone, deadline):
+//                               the worker ends each with a final kResponse
+//                               (whose content is not read) and nothing else.
+//   worker -> server  kRingGrow a response needs a ring of `bytes`; sent only
+//                               when every response sent was taken; answered
+//                               by kRing (the old ring is the server's again).
+// A worker has at most Ready::window responses not yet taken, and writes
+// each response after the last one not yet taken, wrapping to the ring's
+// start, never over bytes not yet taken. A request's inputs are the
+// server's again once its final kResponse came.
 //
 // The server lays the slot out; the worker checks every offset, size and
 // shape against the slot and the signature, and the server checks the
@@ -77,10 +93,14 @@ enum class Kind : uint32_t {
   kDone = 3,
   kSetup = 4,
   kRoom = 5,
-  kPartial = 6,
-  kAck = 7,
   kStart = 8,
   kRelease = 9,
+  kRing = 10,
+  kOpen = 11,
+  kResponse = 12,
+  kCredit = 13,
+  kCancel = 14,
+  kRingGrow = 15,
 };
 
 // Limits every message is checked against before anything is allocated.
@@ -105,7 +125,7 @@ struct Setup {
   std::vector<TensorSpec> inputs, outputs;  // as the config declares them; empty: unsaid
   std::string config_json;                  // the model's config (Triton's JSON form)
   std::string version_dir;                  // DIR/<model>/<version>
-  bool decoupled = false;                   // runs are answered with streams (above)
+  bool decoupled = false;                   // the worker holds streams (above)
 };
 
 // A phase of a worker's start ("attach", "imports") and how long it took.
@@ -129,7 +149,13 @@ struct Ready {
   bool device_addresses = false;
   // The phases of its start, in order (at most kMaxStartPhases).
   std::vector<StartPhase> phases;
+  // Decoupled models: the requests it holds at once (1..kMaxStreams), and
+  // the responses it may send before they are taken (1..kMaxWindow).
+  uint32_t streams = 1;
+  uint32_t window = 1;
 };
+inline constexpr uint32_t kMaxStreams = 4096;
+inline constexpr uint32_t kMaxWindow = 4096;
 
 // A tensor in the slot: its bytes at [offset, offset + bytes) and its full
 // shape (with the batch dimension when the model batches).
@@ -215,10 +241,49 @@ struct Done {
   std::vector<uint8_t> present;
 };
 
-// The answer to kPartial.
-struct Ack {
-  uint64_t seq = 0;
-  bool cancel = false;
+// Streams (above).
+struct Ring {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  uint64_t slot_bytes = 0;  // the slot's size now: map again if it grew
+  bool operator==(const Ring&) const = default;
+};
+
+// A resumed stream's token ids (INT64) in the slot: kMaxResumeTokens at most.
+inline constexpr uint64_t kMaxResumeTokens = 1u << 20;
+
+struct Open {
+  uint64_t id = 0;
+  std::string request_id;   // the client's id for it (its first kMaxNameBytes), for logs
+  uint64_t slot_bytes = 0;  // the slot's size now: map again if it grew
+  std::vector<SlotTensor> inputs;
+  std::string parameters_json;  // a JSON object's text, or empty
+  // INT64 [n] in the slot; n == 0 (and bytes 0): not a resumed stream.
+  SlotTensor resume;
+};
+
+struct Response {
+  uint64_t id = 0;
+  bool final = false;
+  uint32_t status_code = 0;  // 0 = OK, else a hearth StatusCode (then final)
+  std::string text;          // the error
+  // Per output: its place in the ring and its shape where present[i], else
+  // all zero.
+  std::vector<SlotTensor> outputs;
+  std::vector<uint8_t> present;
+};
+
+struct Credit {
+  uint32_t responses = 0;
+};
+
+inline constexpr size_t kMaxCancelIds = 4096;
+struct Cancel {
+  std::vector<uint64_t> ids;
+};
+
+struct RingGrow {
+  uint64_t bytes = 0;
 };
 
 // Registration ids of CUDA regions to close; none: all of them.
@@ -237,9 +302,12 @@ Status SendReady(int fd, const Ready& m);
 Status SendRun(int fd, const Run& m);
 Status SendDone(int fd, const Done& m);
 Status SendRoom(int fd, const Room& m);
-// One response of a stream: a Done's fields (status 0), as kPartial.
-Status SendPartial(int fd, const Done& m);
-Status SendAck(int fd, const Ack& m);
+Status SendRing(int fd, const Ring& m);
+Status SendOpen(int fd, const Open& m);
+Status SendResponse(int fd, const Response& m);
+Status SendCredit(int fd, const Credit& m);
+Status SendCancel(int fd, std::span<const uint64_t> ids);
+Status SendRingGrow(int fd, const RingGrow& m);
 Status SendStart(int fd);
 // Between batches: close the client CUDA regions of `ids` kept open (they
 // were unregistered); no ids: every one.
@@ -251,13 +319,18 @@ struct Message {
   Setup setup;
   Ready ready;
   Run run;
-  Done done;  // kDone and kPartial
+  Done done;
   Room room;
-  Ack ack;
   Release release;
+  Ring ring;
+  Open open;
+  Response response;
+  Credit credit;
+  Cancel cancel;
+  RingGrow ring_grow;
 };
 
-// Waits up to timeout_ms (-1: forever) for the next message and decodes it,
+// Waits up to timeout_ms (-1: forever; 0: only looks) for the next message and decodes it,
 // checking every count and length against the packet and the limits above.
 // Unavailable("control channel closed") when the peer is gone;
 // DeadlineExceeded("timeout") when nothing came in time; InvalidArgument

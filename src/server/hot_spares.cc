@@ -13,6 +13,7 @@
 
 #include "server/batch_layout.h"
 #include "server/model_runtime.h"
+#include "server/stream_runner.h"
 #include "server/supervisor.h"
 #include "server/worker_exchange.h"
 
@@ -279,6 +280,7 @@ Status HotSpareKeeper::WarmUp(HotSpare& spare) {
   auto lost = [](const std::string& what) { return Unavailable(what + " in its warm-up batch"); };
   Result<std::shared_ptr<Job>> job = WarmUpJob(model_);
   if (!job.ok()) return kept(job.status().message());
+  if (model_.config().decoupled) return WarmUpStreams(spare, *job);
   const std::vector<std::shared_ptr<Job>> jobs = {*job};
   // As RunBatch lays a batch out, for a worker that says what this one said.
   Result<BatchLayout> laid_out =
@@ -301,21 +303,8 @@ Status HotSpareKeeper::WarmUp(HotSpare& spare) {
     if (sent.code() == StatusCode::kInvalidArgument) return kept(sent.message());
     return lost("died (" + sent.message() + ")");
   }
-  Answer answer;
-  if (model_.config().decoupled) {
-    // A stream: its first response is acknowledged with a cancel, so that
-    // the model stops; then comes its kDone.
-    StreamRequest request;
-    request.id = jobs[0]->request.id;
-    request.take = [](const control::Done&) {
-      Taken taken;
-      taken.client_gone = true;
-      return taken;
-    };
-    answer = exchange.AwaitStream(run, options_.exec_timeout_ms, request).answer;
-  } else {
-    answer = exchange.AwaitDone(run, sent_at + std::chrono::milliseconds(options_.exec_timeout_ms));
-  }
+  const Answer answer =
+      exchange.AwaitDone(run, sent_at + std::chrono::milliseconds(options_.exec_timeout_ms));
   spare.warm_up_us = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - sent_at).count());
   switch (answer.ending) {
@@ -332,10 +321,50 @@ Status HotSpareKeeper::WarmUp(HotSpare& spare) {
     case Ending::kOtherRun:
       return lost("answered another run");
     case Ending::kMalformed:
-    case Ending::kBadResponse:
       return lost("sent a malformed answer (" + answer.why.message() + ")");
   }
   return lost("ended in an unknown way");
+}
+
+// A decoupled model's spare: given its stream ring (which the supervisor
+// that adopts it keeps), then one stream of zeros, cancelled at its first
+// response (or answered with the model's error, which says nothing about
+// the process).
+Status HotSpareKeeper::WarmUpStreams(HotSpare& spare, const std::shared_ptr<Job>& job) {
+  const pid_t pid = spare.process.pid();
+  auto lost = [](const std::string& what) { return Unavailable(what + " in its warm-up stream"); };
+  StreamModel model;
+  model.name = model_.name;
+  model.version = std::to_string(model_.config().version);
+  model.inputs = model_.inputs;
+  model.outputs = model_.outputs;
+  model.batching = model_.batching();
+  // Not the model's: a warm-up counts nothing, and nothing of it is retried.
+  ModelStats stats;
+  JobQueue retries(1);
+  StreamRunner runner(model, spare.control.get(), spare.slot, spare.ready.ready.streams,
+                      kMaxSlotBytes, stats, retries);
+  if (!runner.Begin()) return lost(runner.why());
+  spare.ring = runner.ring();
+  Status answered = Status::Ok();
+  job->request.on_response = [](const InferResponse&) { return false; };
+  job->done = [&answered](Result<InferResponse> r) { answered = r.status(); };
+  const auto sent_at = Clock::now();
+  const auto deadline = sent_at + std::chrono::milliseconds(options_.exec_timeout_ms);
+  if (!runner.Open(job)) return lost(runner.why());
+  while (runner.in_flight() > 0) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return lost("ran past --exec-timeout");
+    if (!runner.Pump(static_cast<int>(left))) return lost(runner.why());
+  }
+  spare.warm_up_us = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - sent_at).count());
+  // Cancelled at its first response: Unavailable, as a client gone.
+  if (!answered.ok() && answered.code() != StatusCode::kUnavailable)
+    spdlog::warn("{}: the warm-up stream of the hot spare (pid {}) on {} failed: {}; it is kept",
+                 model_.name, pid, placement_.device_name, answered.message());
+  return Status::Ok();
 }
 
 }  // namespace hearth

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "hearth/unique_fd.h"
 #include "protocol/worker_protocol.h"
 #include "server/inference_api.h"
+#include "server/job_queue.h"
 #include "server/request_slot.h"
 #include "server/server_options.h"
 #include "server/worker_process.h"
@@ -35,6 +37,8 @@ struct HotSpare {
   RequestSlot slot;
   control::Message ready;   // its kReady, accepted (ModelRuntime::AcceptSignature)
   uint64_t warm_up_us = 0;  // its warm-up batch, from the run sent to the answer
+  // A decoupled model's spare: the stream ring its warm-up gave it.
+  std::optional<control::Ring> ring;
 };
 
 // The keeper of one placement's hot spares: one thread that starts spares
@@ -92,6 +96,7 @@ class HotSpareKeeper {
   // answered what is no answer; an error answer of the model's is logged,
   // and the spare kept.
   Status WarmUp(HotSpare& spare);
+  Status WarmUpStreams(HotSpare& spare, const std::shared_ptr<Job>& job);
   void Wake();
   bool stopping() const;
 

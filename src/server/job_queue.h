@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "common/checked_size.h"
 #include "hearth/status.h"
 #include "server/inference_api.h"
@@ -40,6 +42,8 @@ class QueueClock {
 // not retried: it, not the workers, is at fault.
 inline constexpr int kPoisonCrashes = 3;
 
+struct StreamProgress;  // server/stream_runner.h
+
 struct Job {
   Clock::time_point received = Clock::now();
   Clock::time_point deadline = Clock::time_point::max();
@@ -53,6 +57,9 @@ struct Job {
   uint64_t priority = 0;
   int crashes = 0;     // workers taken down by batches this request was in (kPoisonCrashes)
   bool alone = false;  // its batch failed on its inputs: it runs alone now
+  // A decoupled model's request: what its stream has sent so far, kept
+  // when it goes on on another worker.
+  std::shared_ptr<StreamProgress> stream;
 };
 
 // How a model's queue forms batches (the config's dynamic_batching).
@@ -79,6 +86,7 @@ class JobQueue {
     while (at != jobs_.begin() && (*std::prev(at))->priority > job->priority) --at;
     jobs_.insert(at, std::move(job));
     WakeIdle();
+    PokeWakers();
     forming_.notify_all();
     return Status::Ok();
   }
@@ -86,6 +94,7 @@ class JobQueue {
     std::lock_guard lock(mu_);
     jobs_.push_front(std::move(job));
     WakeIdle();
+    PokeWakers();
     forming_.notify_all();
   }
   // Blocks for the next batch: the oldest request, then later ones while
@@ -177,6 +186,7 @@ class JobQueue {
     closed_ = true;
     forming_.notify_all();
     while (!idle_.empty()) WakeIdle();
+    PokeWakers();
   }
   // Makes every caller of PopBatch waiting idle return empty now, as if its
   // `idle` had passed (a worker has died: its supervisor looks at once).
@@ -184,6 +194,22 @@ class JobQueue {
     std::lock_guard lock(mu_);
     ++nudges_;
     while (!idle_.empty()) WakeIdle();
+    PokeWakers();
+  }
+  // An eventfd written whenever a job comes, the queue closes or is
+  // nudged: a supervisor busy with its worker's streams waits on it beside
+  // the worker's socket, and takes more when it has room.
+  void AddWaker(int fd) {
+    std::lock_guard lock(mu_);
+    wakers_.push_back(fd);
+  }
+  void RemoveWaker(int fd) {
+    std::lock_guard lock(mu_);
+    std::erase(wakers_, fd);
+  }
+  bool closed() {
+    std::lock_guard lock(mu_);
+    return closed_;
   }
   // Fails everything still queued (no worker left to run it).
   void FailAll(const Status& why) {
@@ -207,6 +233,10 @@ class JobQueue {
   };
 
   // mu_ held.
+  void PokeWakers() {
+    const uint64_t one = 1;
+    for (int fd : wakers_) (void)!::write(fd, &one, sizeof one);
+  }
   void WakeIdle() {
     if (idle_.empty()) return;
     IdleWaiter* w = idle_.back();
@@ -242,6 +272,7 @@ class JobQueue {
   const QueueClock* clock_;
   bool closed_ = false;
   uint64_t nudges_ = 0;
+  std::vector<int> wakers_;
 };
 
 }  // namespace hearth

@@ -21,6 +21,7 @@
 
 #include "common/datatype.h"
 #include "common/regular_file.h"
+#include "protocol/worker_protocol.h"
 
 namespace hearth {
 namespace {
@@ -618,6 +619,34 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
         return c.Error(p["standby_mode"], "parameters.standby_mode",
                        "hot keeps parameters.standby_workers processes started, and "
                        "parameters.standby_workers is 0 (give it 1 or more)");
+    }
+    if (m.parameters.count("max_streams")) {
+      ASSIGN_OR_RETURN(m.max_streams, Number<int>(c, p["max_streams"], "parameters.max_streams"));
+      if (m.max_streams < 1 || m.max_streams > static_cast<int>(control::kMaxStreams))
+        return c.Error(p["max_streams"], "parameters.max_streams",
+                       "must be from 1 to " + std::to_string(control::kMaxStreams));
+      if (!m.decoupled)
+        return c.Error(p["max_streams"], "parameters.max_streams",
+                       "streams are for decoupled models (model_transaction_policy: "
+                       "{decoupled: true}); this model answers batches");
+    }
+    if (m.parameters.count("resumable")) {
+      const std::string& v = m.parameters["resumable"];
+      if (v != "true" && v != "false")
+        return c.Error(p["resumable"], "parameters.resumable", Quote(v) + " is not true or false");
+      m.resumable = v == "true";
+      if (m.resumable && !m.decoupled)
+        return c.Error(p["resumable"], "parameters.resumable",
+                       "only a decoupled model's streams resume; this model answers batches");
+      if (m.resumable) {
+        auto t = std::find_if(m.outputs.begin(), m.outputs.end(),
+                              [](const IoConfig& o) { return o.name == "token_ids"; });
+        if (t == m.outputs.end() || t->dtype != DType::kI64 || t->dims != std::vector<int64_t>{-1})
+          return c.Error(p["resumable"], "parameters.resumable",
+                         "a stream resumes from the token ids its client has, which the model "
+                         "gives in an output token_ids of TYPE_INT64 and dims [-1]; this model "
+                         "has none such");
+      }
     }
   }
 

@@ -116,8 +116,14 @@ struct ModelConfig {
   std::string fault_kind;
   double fault_on_value = 0;
   // model_transaction_policy.decoupled: a request may get any number of
-  // responses (a stream); each runs alone on its worker.
+  // responses (a stream), and a worker holds up to parameters.max_streams
+  // of them at once (1 to control::kMaxStreams; 1 by default).
   bool decoupled = false;
+  int max_streams = 1;
+  // parameters.resumable: a stream whose worker died goes on on another from
+  // the token ids its client has (the model's token_ids output, INT64 [-1]),
+  // which the model is handed back; else it ends with an error.
+  bool resumable = false;
   uint64_t version = 0;  // the repository version served
   // DIR/<model>/<version>/model.safetensors, or, for a sharded checkpoint,
   // the version directory DIR/<model>/<version> (Checkpoint::Open takes both).

@@ -29,6 +29,11 @@ struct ModelStats {
   // the server measures it: the backend's time plus the protocol's.
   std::atomic<uint64_t> exchange_us{0};
   std::atomic<int64_t> pending{0};
+  // Decoupled models' streams: requests opened on a worker (a resumed one
+  // again), those that went on after their worker died, responses taken,
+  // and token ids in them (the model's token_ids output).
+  std::atomic<uint64_t> streams_opened{0}, streams_resumed{0}, stream_responses{0},
+      stream_tokens{0};
   // Triton's statistics: requests answered, by outcome, from arrival to
   // answer; when the last was; and per batch size (index: rows, 1 to
   // max_batch) how many batches ran and their input, run and output times.

@@ -151,6 +151,10 @@ Status Server::Impl::ResolveCudaSharedMemory(const ModelRuntime& m, InferRequest
     const std::string what = "input '" + in.name + "'";
     ASSIGN_OR_RETURN(std::shared_ptr<const CudaSharedMemoryEntry> entry, resolve(*in.shm, what));
     if (entry == nullptr) continue;
+    if (m.config().decoupled)
+      return InvalidArgument(what +
+                             ": a decoupled model's inputs cannot be in CUDA shared memory (each "
+                             "stream's inputs are copied into its worker's slot)");
     if (in.dtype == DType::kBytes)
       return InvalidArgument(what +
                              ": a BYTES input cannot be in CUDA shared memory (the server cannot "

@@ -154,7 +154,8 @@ Status StartHotSpareProcess(const ModelRuntime& model, const ModelPlacement& pla
   return StartWorkerProcess(model, placement, options, false, process, slot, control);
 }
 
-Status WorkerSupervisor::Spawn(UniqueFd* control, std::optional<control::Message>* adopted) {
+Status WorkerSupervisor::Spawn(UniqueFd* control, std::optional<control::Message>* adopted,
+                               std::optional<control::Ring>* ring) {
   if (placement_.hot_spares != nullptr) {
     // A spare that died since it was ready is found so by Loop, as any
     // worker that dies: reaped, and this supervisor starts another.
@@ -165,6 +166,7 @@ Status WorkerSupervisor::Spawn(UniqueFd* control, std::optional<control::Message
         slot_ = std::move(spare->slot);
         *control = std::move(spare->control);
         *adopted = std::move(spare->ready);
+        *ring = spare->ring;
         spdlog::info("{} worker {}: the hot spare (pid {}) takes over", model_.name, index_, pid);
         return Status::Ok();
       }
@@ -331,7 +333,6 @@ bool WorkerSupervisor::RunBatch(WorkerExchange& exchange,
     fail_all(sent.WithContext("model '" + model_.name + "'"));
     return true;
   }
-  if (sent.ok() && model_.config().decoupled) return RunStream(exchange, jobs[0], run, handed_over);
   const Answer answer = sent.ok() ? exchange.AwaitDone(run, deadline) : Answer::Failed(sent);
   if (answer.ending == Ending::kNoRoom) {
     spdlog::warn("{} worker {}: {}", model_.name, index_, answer.why.message());
@@ -482,137 +483,6 @@ bool WorkerSupervisor::RunBatch(WorkerExchange& exchange,
   return true;
 }
 
-bool WorkerSupervisor::RunStream(WorkerExchange& exchange, const std::shared_ptr<Job>& shared,
-                                 const control::Run& run, Clock::time_point handed_over) {
-  Job& job = *shared;
-  const bool streaming = static_cast<bool>(job.request.on_response);
-  const auto& wanted = job.request.outputs;
-  auto is_wanted = [&](const std::string& name) {
-    return wanted.empty() || std::any_of(wanted.begin(), wanted.end(),
-                                         [&](const RequestedOutput& o) { return o.name == name; });
-  };
-  std::vector<JoinedOutput> joined(model_.outputs.size());
-  // One response: its outputs as views into the slot (streaming), or
-  // joined into `joined` (the request's one answer); the join's status.
-  auto take = [&](const control::Done& d, InferResponse& response) {
-    response.model = model_.name;
-    response.version = std::to_string(model_.config().version);
-    response.id = job.request.id;
-    Status joined_ok = Status::Ok();
-    for (size_t i = 0; i < model_.outputs.size(); ++i) {
-      if ((!d.present.empty() && !d.present[i]) || !is_wanted(model_.outputs[i].name)) continue;
-      const std::span<const std::byte> bytes(slot_.data() + d.outputs[i].offset,
-                                             d.outputs[i].bytes);
-      if (!streaming) {
-        if (joined_ok.ok())
-          joined_ok = JoinPiece(joined[i], model_.outputs[i], d.outputs[i].shape, bytes);
-        continue;
-      }
-      InferTensor t;
-      t.name = model_.outputs[i].name;
-      t.dtype = model_.outputs[i].dtype;
-      t.shape = d.outputs[i].shape;
-      t.data = TensorData::Borrowed(bytes);
-      response.outputs.push_back(std::move(t));
-    }
-    return joined_ok;
-  };
-  StreamRequest request;
-  request.id = job.request.id;
-  request.deadline = job.deadline;
-  // One response before the last: to the client now (or joined).
-  request.take = [&](const control::Done& d) {
-    InferResponse response;
-    Taken taken;
-    taken.failed = take(d, response);
-    const bool go_on = !streaming || job.request.on_response(response);
-    taken.client_gone = !go_on || (job.request.cancelled && job.request.cancelled->load());
-    return taken;
-  };
-  const StreamEnd end = exchange.AwaitStream(run, options_.exec_timeout_ms, request);
-  const Answer& answer = end.answer;
-  if (answer.ending == Ending::kNoRoom) {
-    job.done(answer.why.WithContext("model '" + model_.name + "': a response's outputs"));
-    return false;
-  }
-  if (answer.ending == Ending::kBadResponse) {
-    spdlog::warn("{} worker {} (pid {}): {}; replacing it", model_.name, index_, process_.pid(),
-                 answer.why.message());
-    job.done(Internal("model '" + model_.name +
-                      "': the worker's response is malformed: " + answer.why.message()));
-    return false;
-  }
-  if (answer.ending != Ending::kAnswered) {
-    const std::string what = answer.ending == Ending::kTimedOut
-                                 ? "ran past --exec-timeout for one response"
-                             : answer.ending == Ending::kOtherRun ? "answered another batch"
-                             : answer.ending == Ending::kMalformed
-                                 ? "sent a malformed answer (" + answer.why.message() + ")"
-                                 : "died";
-    spdlog::warn("{} worker {} (pid {}) {} in a stream after {} responses", model_.name, index_,
-                 process_.pid(), what, end.responses);
-    if (end.replayable()) {
-      // Nothing reached the client: the request is retried, and counts
-      // towards poison like any batch that took a worker down.
-      RetryAfterCrash(shared, *model_.queue, model_.name, "poison request");
-    } else {
-      job.done(Internal("model '" + model_.name + "': the worker serving this stream " + what +
-                        " after " + std::to_string(end.responses) +
-                        " responses; the stream is not retried"));
-    }
-    return false;
-  }
-  const control::Done& d = answer.done;
-  model_.stats.exchange_us += Since(handed_over);
-  model_.stats.batches += 1;
-  model_.stats.CountBatch(1, 0, d.run_us, 0);
-  model_.stats.rows += 1;
-  model_.stats.run_us += d.run_us;
-  if (d.status_code != 0) {
-    job.done(!end.cancelled.ok() ? end.cancelled
-                                 : Status(static_cast<StatusCode>(d.status_code), d.text));
-    return true;
-  }
-  model_.stats.batch_bucket[0] += 1;  // NOLINT: a stream is a batch of 1
-  if (!end.cancelled.ok()) {
-    job.done(end.cancelled);
-    return true;
-  }
-  // The last response: its outputs are in the slot until the next run.
-  InferResponse response;
-  if (Status joined_ok = take(d, response); !joined_ok.ok()) {
-    job.done(joined_ok);
-    return true;
-  }
-  if (!streaming) {
-    for (size_t i = 0; i < model_.outputs.size(); ++i) {
-      JoinedOutput& j = joined[i];
-      if (!j.seen) continue;
-      InferTensor t;
-      t.name = model_.outputs[i].name;
-      t.dtype = model_.outputs[i].dtype;
-      t.shape = j.shape;
-      if (t.dtype == DType::kBytes) {
-        std::vector<std::byte> out;
-        for (const std::string& e : j.elements) {
-          const auto len = static_cast<uint32_t>(e.size());
-          const auto* l = reinterpret_cast<const std::byte*>(&len);
-          out.insert(out.end(), l, l + 4);
-          const auto* b = reinterpret_cast<const std::byte*>(e.data());
-          out.insert(out.end(), b, b + e.size());
-        }
-        t.data = std::move(out);
-      } else {
-        t.data = std::move(j.bytes);
-      }
-      response.outputs.push_back(std::move(t));
-    }
-  }
-  model_.stats.requests += 1;
-  model_.stats.request_us += Since(job.received);
-  job.done(std::move(response));
-  return true;
-}
 void WorkerSupervisor::NoteDeath(const std::string& why) {
   if (model_.stopping) return;
   if (placement_.health.OnDeath(Clock::now()) != PlacementHealth::Change::kFailed) return;
@@ -662,10 +532,11 @@ void WorkerSupervisor::Loop() {
     if (backoff.count() > 0 && !model_.WaitUnlessStopping(backoff)) break;
     UniqueFd control;
     std::optional<control::Message> adopted;  // a hot spare's kReady
+    std::optional<control::Ring> ring;        // and its stream ring
     // The start, as the ready line reports it: from before the spawn, so
     // that every phase the worker times lies inside it.
     const auto started = Clock::now();
-    if (Status spawned = Spawn(&control, &adopted); !spawned.ok()) {
+    if (Status spawned = Spawn(&control, &adopted, &ring); !spawned.ok()) {
       if (model_.published)
         spdlog::error("{} worker {}: {}", model_.name, index_, spawned.ToString());
       {
@@ -784,7 +655,12 @@ void WorkerSupervisor::Loop() {
     }
     bool alive = true;
     std::string death = "died while idle";
-    while (alive) {
+    if (model_.config().decoupled) {
+      bool answered = false;
+      alive = ServeStreams(control.get(), ready->ready, ring, &death, &answered);
+      if (answered) failures = 0;
+    }
+    while (alive && !model_.config().decoupled) {
       ReapDying(false);
       // A failed placement's work goes to the model's other placements
       // while one of them serves; its workers wait, but for one probe

@@ -77,13 +77,18 @@ class WorkerSupervisor {
   bool ready() const { return ready_.load(); }
   uint64_t restarts() const { return restarts_.load(); }
   uint64_t device_memory_bytes() const { return device_memory_bytes_.load(); }
+  // A decoupled model's worker: the streams it holds now.
+  uint64_t streams_in_flight() const { return streams_in_flight_.load(); }
 
  private:
   void Loop();
   // Starts this supervisor's worker process: a hot spare of its placement
   // if one is ready (then `adopted` is its kReady, already accepted), else a
   // cold standby if one waits, else a fresh process.
-  Status Spawn(UniqueFd* control, std::optional<control::Message>* adopted);
+  // `ring`: a hot spare's stream ring (a decoupled model's), given it in
+  // its warm-up.
+  Status Spawn(UniqueFd* control, std::optional<control::Message>* adopted,
+               std::optional<control::Ring>* ring);
   // Runs one batch of requests on the live worker; false if the worker is
   // gone (or was killed for a malformed answer).
   bool RunBatch(WorkerExchange& exchange, const std::vector<std::shared_ptr<Job>>& jobs);
@@ -91,11 +96,15 @@ class WorkerSupervisor {
   // all the model's first starts are over (a standby's loading would slow
   // theirs).
   void Replenish();
-  // A decoupled model's run (one request), once its run message is sent:
-  // each response to the request's on_response (or joined for one answer),
-  // acknowledged with a cancel when the request is over. False as RunBatch.
-  bool RunStream(WorkerExchange& exchange, const std::shared_ptr<Job>& job, const control::Run& run,
-                 Clock::time_point handed_over);
+  // A decoupled model's live worker: streams opened while it has room,
+  // their responses to their clients, until the queue closes and the last
+  // stream ends (true), or the worker is gone (false, `death` says how; its
+  // streams go on elsewhere or end). `answered`: a response came.
+  bool ServeStreams(int control, const control::Ready& ready, std::optional<control::Ring> ring,
+                    std::string* death, bool* answered);
+  // Whether no other ready worker of the model holds fewer streams: new
+  // streams go to the least busy worker first.
+  bool FewestStreams(uint64_t mine) const;
   // Tells the model how this worker's first start ended (once).
   void Settle();
   // The placement's health: a death of this worker (any kind), and a batch
@@ -118,7 +127,7 @@ class WorkerSupervisor {
   // Between a spawn and its ready message (not once it has served: a
   // worker winding down after serving is left to finish, e.g. finalize()).
   std::atomic<bool> starting_{false};
-  std::atomic<uint64_t> restarts_{0}, device_memory_bytes_{0};
+  std::atomic<uint64_t> restarts_{0}, device_memory_bytes_{0}, streams_in_flight_{0};
   bool settled_ = false;  // supervisor thread only
   WorkerProcess dying_;   // see ReapDying; supervisor thread only
   RequestSlot slot_;

@@ -98,7 +98,6 @@ Answer WorkerExchange::Await(const control::Run& run, std::initializer_list<cont
   }
   if (!m.ok()) return Answer::Failed(m.status());
   Answer a;
-  a.last = m->kind == control::Kind::kDone;
   a.done = std::move(m->done);
   a.ending = a.done.seq == run.seq ? Ending::kAnswered : Ending::kOtherRun;
   return a;
@@ -130,63 +129,6 @@ Status WorkerExchange::CheckAnswer(const control::Run& run, const control::Done&
           run.output_placed[i] ? std::optional(output_room[i]) : std::nullopt);
   }
   return checked;
-}
-
-Status WorkerExchange::CheckResponse(const control::Run& run, const control::Done& d) const {
-  const std::span<const TensorSpec> specs = outputs_.specs;
-  Status checked = d.outputs.size() == specs.size()
-                       ? Status::Ok()
-                       : InvalidArgument("a response for " + std::to_string(d.outputs.size()) +
-                                         " outputs of " + std::to_string(specs.size()));
-  for (size_t i = 0; checked.ok() && i < d.outputs.size(); ++i) {
-    if (!d.present.empty() && !d.present[i]) continue;
-    const TensorSpec& spec = specs[i];
-    const std::string what = "output " + Describe(spec);
-    checked = control::CheckShape(spec, outputs_.batching, 1, d.outputs[i].shape, what);
-    if (checked.ok())
-      checked = control::CheckSlotTensor(d.outputs[i], spec.dtype, run.free_offset, slot_.size(),
-                                         slot_.data(), what);
-  }
-  return checked;
-}
-
-StreamEnd WorkerExchange::AwaitStream(const control::Run& run, int response_timeout_ms,
-                                      const StreamRequest& request) {
-  StreamEnd end;
-  // The time limit bounds each response (a hung model), not the stream:
-  // generation takes as long as it takes, and its client or deadline ends it.
-  for (;;) {
-    end.answer = Await(run, {control::Kind::kPartial, control::Kind::kDone}, std::nullopt,
-                       response_timeout_ms);
-    Answer& a = end.answer;
-    if (a.ending != Ending::kAnswered) return end;
-    if (a.last && a.done.status_code != 0) return end;
-    // Checked like any answer before a byte is read.
-    if (Status checked = CheckResponse(run, a.done); !checked.ok()) {
-      a.ending = Ending::kBadResponse;
-      a.why = std::move(checked);
-      return end;
-    }
-    if (a.last) return end;
-    // One response before the last: to the request now, then the worker
-    // may go on, unless the request is over.
-    ++end.responses;
-    if (end.cancelled.ok()) {
-      const Taken taken = request.take(a.done);
-      if (taken.client_gone) {
-        end.cancelled =
-            Unavailable("request '" + request.id + "' was cancelled: its client went away");
-      } else if (clock_.Now() >= request.deadline) {
-        end.cancelled =
-            DeadlineExceeded("request '" + request.id + "' ran past its timeout after " +
-                             std::to_string(end.responses) + " responses");
-      } else if (!taken.failed.ok()) {
-        end.cancelled = taken.failed;
-      }
-    }
-    // A worker gone between its response and this: the next receive says how.
-    (void)control::SendAck(control_, control::Ack{run.seq, !end.cancelled.ok()});
-  }
 }
 
 }  // namespace hearth

@@ -41,22 +41,19 @@ class ExchangeClock {
 
 // How waiting for an answer ended.
 enum class Ending {
-  kAnswered,   // the run's kDone (or a stream's kPartial) came; a kDone may carry the model's error
+  kAnswered,   // the run's kDone came; it may carry the model's error
   kGone,       // the socket closed, or a send or receive on it failed: the worker died
   kTimedOut,   // nothing came within the run's time
   kMalformed,  // a message that is no answer: undecodable, of a kind not expected, or
                // room asked for that the slot had, or more than kMaxRoomRounds times
   kOtherRun,   // an answer with another run's sequence number
   kNoRoom,     // the slot cannot grow to what the worker asked for: it would wait for ever
-  kBadResponse,  // a stream's response whose outputs fail their checks
 };
 
 struct Answer {
   Ending ending = Ending::kAnswered;
-  // kAnswered and kOtherRun: what came, and whether it was a kDone (else a
-  // stream's kPartial).
+  // kAnswered and kOtherRun: what came.
   control::Done done;
-  bool last = true;
   // Every other ending: what went wrong (for kNoRoom, why the slot did not grow).
   Status why;
   // A failed send or receive as an ending: DeadlineExceeded is kTimedOut,
@@ -69,44 +66,6 @@ struct Answer {
 struct OutputSignature {
   std::span<const TensorSpec> specs;
   bool batching = false;
-};
-
-// What the request a stream answers made of one response before the last
-// (StreamRequest::take).
-struct Taken {
-  // Its client wants no more (it went away): the stream is cancelled.
-  bool client_gone = false;
-  // The responses cannot make the request's one answer (a non-streaming
-  // request's pieces that do not join): the stream is cancelled with this.
-  Status failed = Status::Ok();
-};
-
-// The one request of a decoupled model's run.
-struct StreamRequest {
-  std::string id;  // for the errors that end it
-  // Past it, after a response, the stream is cancelled.
-  Clock::time_point deadline = Clock::time_point::max();
-  // Each response before the last whose outputs passed their checks, while
-  // the request is not over; its outputs are views into the slot, valid
-  // until take returns (the acknowledgement frees their room).
-  std::function<Taken(const control::Done& response)> take;
-};
-
-// How a decoupled model's run ended.
-struct StreamEnd {
-  // kAnswered: `answer.done` is the worker's kDone (the last response, or
-  // the model's error); its outputs, checked, are in the slot until the
-  // next run.
-  Answer answer;
-  // Responses before the last that came, counted once the request was over too.
-  uint64_t responses = 0;
-  // The request was over before the worker's kDone (its client went away,
-  // its deadline passed, its pieces did not join): why, which is its answer.
-  Status cancelled = Status::Ok();
-  // A stream that failed with nothing sent to its client may run again
-  // (it counts towards poison as a batch does); half a stream never is:
-  // its client would see responses twice.
-  bool replayable() const { return responses == 0 && cancelled.ok(); }
 };
 
 // One ready worker's side of the conversation: its control socket and its
@@ -141,13 +100,6 @@ class WorkerExchange {
   // of it is read: one tensor per output, each where the run placed it or
   // inside the slot, of its shape and size.
   Status CheckAnswer(const control::Run& run, const control::Done& done, int64_t rows) const;
-  // After Send, for a decoupled model's run: its responses up to the
-  // worker's kDone, each given response_timeout_ms (-1: for ever) and
-  // checked, those before the last taken by `request` while it is not over,
-  // and each acknowledged (with a cancel once it is).
-  StreamEnd AwaitStream(const control::Run& run, int response_timeout_ms,
-                        const StreamRequest& request);
-
  private:
   // The next answer to `run` of one of `kinds`, serving requests for room
   // (in a kDone): waits up to timeout_ms each, or until `deadline` in all
@@ -156,7 +108,6 @@ class WorkerExchange {
                std::optional<Clock::time_point> deadline, int timeout_ms);
   Result<control::Message> Receive(std::initializer_list<control::Kind> kinds,
                                    std::optional<Clock::time_point> deadline, int timeout_ms);
-  Status CheckResponse(const control::Run& run, const control::Done& response) const;
 
   int control_;
   RequestSlot& slot_;

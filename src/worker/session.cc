@@ -14,6 +14,20 @@ namespace hearth {
 using control::SlotTensor;
 using control::TensorSpec;
 
+namespace {
+bool ParseStreams(const std::string& text, uint64_t* n) {
+  if (text.empty() || text.size() > 6) return false;
+  uint64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  if (v < 1 || v > control::kMaxStreams) return false;
+  *n = v;
+  return true;
+}
+}  // namespace
+
 Result<std::unique_ptr<WorkerSession>> WorkerSession::Open(int control_fd, int slot_fd,
                                                            int timeout_ms, SlotHooks hooks) {
   std::unique_ptr<WorkerSession> s(
@@ -21,6 +35,21 @@ Result<std::unique_ptr<WorkerSession>> WorkerSession::Open(int control_fd, int s
   auto m = control::ReceiveKind(control_fd, timeout_ms, {control::Kind::kSetup});
   if (!m.ok()) return m.status().WithContext("reading the model's setup");
   s->setup_ = std::move(m->setup);
+  if (s->setup_.decoupled) {
+    // The server checked the config's max_streams; checked again here,
+    // against the protocol's limit.
+    if (auto it = s->setup_.parameters.find("max_streams"); it != s->setup_.parameters.end()) {
+      uint64_t n = 0;
+      if (!ParseStreams(it->second, &n))
+        return InvalidArgument("parameters.max_streams '" + it->second.substr(0, 32) +
+                               "' is not a whole number from 1 to " +
+                               std::to_string(control::kMaxStreams));
+      s->streams_ = static_cast<uint32_t>(n);
+    }
+    // Room for a response per stream and a few more: a step of every stream
+    // is sent while the server takes the last.
+    s->window_ = std::min(control::kMaxWindow, std::max<uint32_t>(16, 2 * s->streams_));
+  }
   return s;
 }
 
@@ -63,8 +92,8 @@ Status WorkerSession::Ready(std::vector<TensorSpec> inputs, std::vector<TensorSp
   if (inputs.size() > control::kMaxTensors || outputs.size() > control::kMaxTensors)
     return InvalidArgument("more than " + std::to_string(control::kMaxTensors) +
                            " inputs or outputs");
-  control::Ready r{inputs,          outputs,      device_memory_bytes,
-                   std::move(text), device_ >= 0, std::move(phases_)};
+  control::Ready r{inputs,          outputs,      device_memory_bytes, std::move(text),
+                   device_ >= 0,    std::move(phases_), streams_, window_};
   phases_.clear();
   RETURN_IF_ERROR(control::SendReady(control_.get(), r));
   inputs_ = std::move(inputs);
@@ -155,6 +184,8 @@ Status CheckRunAgainst(const control::Run& run, const std::vector<TensorSpec>& i
 Result<bool> WorkerSession::Next() {
   if (!ready_) return FailedPrecondition("Next() before Ready()");
   if (in_batch_) return FailedPrecondition("Next() before the last batch's Done()");
+  if (decoupled())
+    return FailedPrecondition("a decoupled model's worker takes streams (NextStreamEvent), not batches");
   for (;;) {
     auto m =
         control::ReceiveKind(control_.get(), -1, {control::Kind::kRun, control::Kind::kRelease});
@@ -407,7 +438,7 @@ Status WorkerSession::Done(const Status& status, bool retry_alone) {
                                        std::chrono::steady_clock::now() - started_)
                                        .count());
   Status s = status;
-  for (size_t i = 0; s.ok() && !decoupled() && i < outputs_.size(); ++i) {
+  for (size_t i = 0; s.ok() && i < outputs_.size(); ++i) {
     if (!given_[i]) s = Internal("output " + Describe(outputs_[i]) + " was not given room");
   }
   if (s.ok()) {
@@ -421,8 +452,6 @@ Status WorkerSession::Done(const Status& status, bool retry_alone) {
   }
   if (s.ok()) {
     d.outputs = std::move(answer_);
-    if (decoupled())
-      for (bool g : given_) d.present.push_back(g ? 1 : 0);
   } else {
     d.status_code = static_cast<uint32_t>(s.code());
     d.text = s.message();
@@ -432,25 +461,6 @@ Status WorkerSession::Done(const Status& status, bool retry_alone) {
   answer_.clear();
   ReleaseRetired();
   return control::SendDone(control_.get(), d);
-}
-
-Result<bool> WorkerSession::Respond() {
-  if (!in_batch_) return FailedPrecondition("Respond() outside a batch");
-  if (!decoupled()) return FailedPrecondition("Respond() for a model that is not decoupled");
-  control::Done d;
-  d.seq = run_.seq;
-  d.outputs = answer_;
-  for (bool g : given_) d.present.push_back(g ? 1 : 0);
-  RETURN_IF_ERROR(control::SendPartial(control_.get(), d));
-  ASSIGN_OR_RETURN(control::Message ack,
-                   control::ReceiveKind(control_.get(), -1, {control::Kind::kAck}));
-  if (ack.ack.seq != run_.seq)
-    return InvalidArgument("an acknowledgement for another batch (" + std::to_string(ack.ack.seq) +
-                           ")");
-  answer_.assign(outputs_.size(), SlotTensor{});
-  given_.assign(outputs_.size(), false);
-  cursor_ = run_.free_offset;
-  return !ack.ack.cancel;
 }
 
 }  // namespace hearth

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
+#include <optional>
 #include <cstddef>
 #include <functional>
 #include <map>
@@ -42,8 +44,7 @@ class WorkerSession {
 
   const control::Setup& setup() const { return setup_; }
   bool batching() const { return setup_.max_batch_size > 0; }
-  // A decoupled model answers each batch (one request) with a stream of
-  // responses: Respond() for each but the last, then Done().
+  // A decoupled model holds streams (the Stream* calls below), not batches.
   bool decoupled() const { return setup_.decoupled; }
   int max_rows() const { return setup_.max_batch_size > 0 ? setup_.max_batch_size : 1; }
 
@@ -113,22 +114,57 @@ class WorkerSession {
   // Ends the batch: OK once every output has been given room and written,
   // else the error for all of its requests (`retry_alone`: the inputs caused
   // it; the server runs each request of the batch alone).
-  // For a decoupled model, the outputs given room since the last Respond()
-  // are the last response; outputs not given room are absent from it.
   Status Done(const Status& status, bool retry_alone = false);
-  // Decoupled models: sends the outputs given room since the batch began or
-  // the last Respond() as one response of the stream (outputs not given room
-  // are absent from it) and waits until the server has taken them; their
-  // room is then free for the next response. True: go on; false: the
-  // request is over (its client went away or its deadline passed): stop,
-  // and end the batch with Done().
-  Result<bool> Respond();
 
+  // ---- Streams: a decoupled model's requests (protocol/worker_protocol.h) ----
+  // How many requests it holds at once (the config's max_streams, 1 by
+  // default) and how many responses it may send before the server took
+  // them; sent with Ready().
+  uint32_t stream_capacity() const { return streams_; }
+  struct StreamEvent {
+    enum Type {
+      kNone,       // nothing came in time
+      kOpened,     // a new request: StreamInput() and the others name it by id
+      kCancelled,  // the request is over (client gone, deadline): it is already
+                   // ended on the server's side; send nothing more for it
+      kClosed,     // the server has closed the channel: exit
+    } type = kNone;
+    uint64_t id = 0;
+  };
+  // The next thing the server says, waiting up to timeout_ms (0: only looks;
+  // -1: for ever). Credits and the ring are looked after inside. An error
+  // is a malformed message: report it (Fail) and exit.
+  Result<StreamEvent> NextStreamEvent(int timeout_ms);
+  // An open request's input i (bytes in the slot, its shape), the client's
+  // id, its parameters (a JSON object's text, or empty) and, when it
+  // resumes a stream, the token ids its client already has. Valid until its
+  // final response or its cancellation; null (or empty) for an id that is
+  // not open.
+  const control::Open* StreamRequest(uint64_t id) const;
+  std::span<const std::byte> StreamInput(uint64_t id, size_t i) const;
+  std::span<const int64_t> StreamResume(uint64_t id) const;
+  // Room in the response ring for output i of the response being built for
+  // `id`, as Output() for a batch. The room is valid until that response is
+  // sent; one response is built at a time.
+  Result<std::byte*> StreamOutput(uint64_t id, size_t i, std::span<const int64_t> shape,
+                                  uint64_t bytes);
+  // Sends the response built for `id` (the outputs given room since its
+  // last response; the others absent), `final` to end the request, or with
+  // an error `status` (always final). Waits while Ready's window of
+  // responses is out. False: `id` is not open (it was cancelled): nothing
+  // was sent.
+  Result<bool> StreamRespond(uint64_t id, bool final, const Status& status = Status::Ok());
  private:
   WorkerSession(UniqueFd control, UniqueFd slot, SlotHooks hooks)
       : control_(std::move(control)), slot_fd_(std::move(slot)), hooks_(std::move(hooks)) {}
   Status MapSlot(uint64_t bytes);
   void ReleaseRetired();
+  // Streams: takes one message from the server that is not for the caller
+  // (credits, a ring, a request opened or cancelled: queued as events).
+  Status TakeStreamMessage(int timeout_ms, bool* nothing);
+  Status OpenStream(control::Open open);
+  Status EndCancelled(uint64_t id);
+  Status WaitForRing(uint64_t needed);
   Status CheckRun();
 
   // The batch's device copies: regions opened, inputs placed. An error
@@ -180,6 +216,25 @@ class WorkerSession {
   std::vector<DeviceStaging> input_staging_, output_staging_;
   std::vector<uint8_t> output_staged_;  // output i went to output_staging_[i]
   std::vector<int> queued_on_;          // devices with copies not yet waited for
+
+  // Streams.
+  uint32_t streams_ = 1, window_ = 1;
+  std::map<uint64_t, control::Open> requests_;  // open, by id
+  std::deque<StreamEvent> events_;              // requests opened, not yet told
+  std::deque<uint64_t> cancels_;                // requests cancelled, not yet ended
+  control::Ring ring_;                          // bytes 0: none yet
+  bool asked_ring_ = false;                     // kRingGrow sent, kRing not yet come
+  // The ring in bytes written since it was given: responses lie at
+  // [taken_, written_) of that count (modulo its size), oldest first; each
+  // response's end is in untaken_ until a credit frees it.
+  uint64_t written_ = 0, taken_ = 0;
+  std::deque<uint64_t> untaken_;
+  // The response being built: its request, where it began in the count, and
+  // its outputs so far.
+  std::optional<uint64_t> building_;
+  uint64_t building_from_ = 0;
+  std::vector<control::SlotTensor> built_;
+  std::vector<uint8_t> built_present_;
 };
 
 }  // namespace hearth

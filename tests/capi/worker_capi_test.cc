@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <string>
+#include <map>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -188,7 +189,7 @@ TEST(WorkerCApi, AStandbyWaitsForStartOrLeavesWhenTheServerDoes) {
     hearth_worker* w = nullptr;
     ASSERT_NO_FATAL_FAILURE(s.Open(control::Setup{}, &w));
     // Anything but kStart is refused.
-    ASSERT_TRUE(control::SendAck(s.control.get(), control::Ack{1, false}).ok());
+    ASSERT_TRUE(control::SendCredit(s.control.get(), control::Credit{1}).ok());
     EXPECT_EQ(hearth_worker_wait_start(w), HEARTH_ERROR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(hearth_last_error()).find("unexpected control message"),
               std::string::npos)
@@ -321,87 +322,142 @@ TEST(WorkerCApi, ABatchWhoseCudaRegionCannotBeOpenedIsAnsweredNotServed) {
 namespace hearth {
 namespace {
 
-// A decoupled model answers one request with a stream: each response is
-// taken (acknowledged) before the next is written into the same room, an
-// output may be absent from a response, and a cancel stops the stream.
-TEST(WorkerCApi, ADecoupledModelStreamsResponsesUntilCancelled) {
+// BYTES element `text` in KServe's form.
+std::string Element(const std::string& text) {
+  std::string e(4, '\0');
+  const auto len = static_cast<uint32_t>(text.size());
+  std::memcpy(e.data(), &len, 4);
+  return e + text;
+}
+
+// A decoupled model's worker holds several streams: requests opened while
+// others stream, responses for any of them in any order under the window,
+// each written into the ring and, once it wraps, only over bytes credited;
+// a response larger than the ring grows it; a cancelled request ends with
+// a final response of its own and is no longer open; resume tokens reach
+// the worker.
+TEST(WorkerCApi, ADecoupledWorkerHoldsManyStreams) {
   Server s;
+  s.Grow(1 << 16);
   control::Setup setup;
-  setup.max_batch_size = 0;
   setup.decoupled = true;
+  setup.parameters["max_streams"] = "2";
   ASSERT_TRUE(control::SendSetup(s.control.get(), setup).ok());
+  const std::string big(600, 'x');  // past the first ring's 512 bytes
 
   std::thread worker([&] {
     hearth_worker* w = nullptr;
     ASSERT_EQ(hearth_worker_open(s.worker_control, s.worker_slot, 1000, &w), HEARTH_OK)
         << hearth_last_error();
     EXPECT_EQ(hearth_worker_decoupled(w), 1);
+    EXPECT_EQ(hearth_worker_stream_capacity(w), 2);
     const int64_t one[] = {1};
     hearth_tensor_spec in[] = {{"text_input", HEARTH_BYTES, 1, one}};
-    hearth_tensor_spec out[] = {{"text_output", HEARTH_BYTES, 1, one},
-                                {"completion_tokens", HEARTH_I64, 1, one}};
-    ASSERT_EQ(hearth_worker_ready(w, in, 1, out, 2, 0, "test"), HEARTH_OK) << hearth_last_error();
-    ASSERT_EQ(hearth_worker_next(w), 1) << hearth_last_error();
-    EXPECT_STREQ(hearth_worker_parameters_json(w), R"({"max_tokens":3})");
-    int32_t go_on = 1;
-    int pieces = 0;
-    while (go_on == 1) {
-      const std::string piece = "tok" + std::to_string(pieces);
-      std::string element(4, '\0');
-      const auto len = static_cast<uint32_t>(piece.size());
-      std::memcpy(element.data(), &len, 4);
-      element += piece;
+    hearth_tensor_spec out[] = {{"text_output", HEARTH_BYTES, 1, one}};
+    ASSERT_EQ(hearth_worker_ready(w, in, 1, out, 1, 0, "test"), HEARTH_OK) << hearth_last_error();
+    auto respond = [&](uint64_t id, const std::string& text, bool final) {
+      const std::string e = Element(text);
       void* room = nullptr;
-      ASSERT_EQ(hearth_worker_output(w, 0, one, 1, element.size(), &room), HEARTH_OK)
+      EXPECT_EQ(hearth_worker_stream_output(w, id, 0, one, 1, e.size(), &room), HEARTH_OK)
           << hearth_last_error();
-      std::memcpy(room, element.data(), element.size());
-      go_on = hearth_worker_respond(w);
-      ++pieces;
+      std::memcpy(room, e.data(), e.size());
+      return hearth_worker_stream_respond(w, id, final ? 1 : 0, HEARTH_OK, nullptr);
+    };
+    uint64_t a = 0, b = 0;
+    ASSERT_EQ(hearth_worker_stream_next(w, -1, &a), 1) << hearth_last_error();
+    ASSERT_EQ(hearth_worker_stream_next(w, -1, &b), 1) << hearth_last_error();
+    const char *rid = nullptr, *params = nullptr;
+    const int64_t* resume = nullptr;
+    uint64_t resumed = 0;
+    ASSERT_EQ(hearth_worker_stream_request(w, b, &rid, &params, &resume, &resumed), HEARTH_OK);
+    EXPECT_STREQ(rid, "second");
+    EXPECT_STREQ(params, R"({"max_tokens":3})");
+    ASSERT_EQ(resumed, 2u);
+    EXPECT_EQ(resume[0], 11);
+    EXPECT_EQ(resume[1], 12);
+    const void* data = nullptr;
+    uint64_t bytes = 0;
+    const int64_t* shape = nullptr;
+    int32_t ndim = 0;
+    ASSERT_EQ(hearth_worker_stream_input(w, a, 0, &data, &bytes, &shape, &ndim), HEARTH_OK);
+    EXPECT_EQ(std::string(static_cast<const char*>(data) + 4, bytes - 4), "first");
+    // Interleaved, 40 responses: the ring (512 bytes) wraps many times.
+    for (int i = 0; i < 20; ++i) {
+      EXPECT_EQ(respond(b, "b" + std::to_string(i), false), 1) << hearth_last_error();
+      EXPECT_EQ(respond(a, "a" + std::to_string(i), false), 1) << hearth_last_error();
     }
-    EXPECT_EQ(go_on, 0) << hearth_last_error();
-    // The last response: the count alone.
-    void* room = nullptr;
-    ASSERT_EQ(hearth_worker_output(w, 1, one, 1, 8, &room), HEARTH_OK) << hearth_last_error();
-    const int64_t count = pieces;
-    std::memcpy(room, &count, 8);
-    ASSERT_EQ(hearth_worker_done(w, HEARTH_OK, nullptr, 0), HEARTH_OK) << hearth_last_error();
+    // Larger than the ring: it grows.
+    EXPECT_EQ(respond(a, big, true), 1) << hearth_last_error();
+    // b is cancelled: told, and then not open.
+    uint64_t id = 0;
+    ASSERT_EQ(hearth_worker_stream_next(w, -1, &id), 2) << hearth_last_error();
+    EXPECT_EQ(id, b);
+    EXPECT_EQ(hearth_worker_stream_respond(w, b, 0, HEARTH_OK, nullptr), 2);
+    ASSERT_EQ(hearth_worker_stream_next(w, -1, &id), 0);  // the server went away
     hearth_worker_close(w);
   });
 
-  auto ready = control::ReceiveKind(s.control.get(), 5000, {control::Kind::kReady});
-  ASSERT_TRUE(ready.ok()) << ready.status().ToString();
-  const std::string input = std::string("\x05\0\0\0hello", 9);
-  std::memcpy(s.data, input.data(), input.size());
-  control::Run run;
-  run.seq = 7;
-  run.rows = 1;
-  run.slot_bytes = s.size;
-  run.inputs = {{0, input.size(), {1}}};
-  run.outputs = {{}, {}};
-  run.output_placed = {0, 0};
-  run.free_offset = 64;
-  run.parameters_json = R"({"max_tokens":3})";
-  ASSERT_TRUE(control::SendRun(s.control.get(), run).ok());
-  std::vector<std::string> got;
-  for (int i = 0; i < 3; ++i) {
-    auto partial = control::ReceiveKind(s.control.get(), 5000, {control::Kind::kPartial});
-    ASSERT_TRUE(partial.ok()) << partial.status().ToString();
-    const control::Done& d = partial->done;
-    ASSERT_EQ(d.present, (std::vector<uint8_t>{1, 0}));
-    ASSERT_TRUE(
-        control::CheckSlotTensor(d.outputs[0], DType::kBytes, 64, s.size, s.data, "piece").ok());
-    got.emplace_back(reinterpret_cast<const char*>(s.data + d.outputs[0].offset + 4),
-                     d.outputs[0].bytes - 4);
-    ASSERT_TRUE(control::SendAck(s.control.get(), control::Ack{7, i == 2}).ok());
+  ASSERT_TRUE(control::ReceiveKind(s.control.get(), 5000, {control::Kind::kReady}).ok());
+  const control::Ring ring{4096, 512, s.size};
+  ASSERT_TRUE(control::SendRing(s.control.get(), ring).ok());
+  const std::string first = Element("first"), second = Element("second");
+  std::memcpy(s.data, first.data(), first.size());
+  std::memcpy(s.data + 64, second.data(), second.size());
+  const int64_t tokens[] = {11, 12};
+  std::memcpy(s.data + 128, tokens, sizeof tokens);
+  control::Open open;
+  open.id = 1;
+  open.slot_bytes = s.size;
+  open.inputs = {{0, first.size(), {1}}};
+  open.resume.shape = {0};
+  ASSERT_TRUE(control::SendOpen(s.control.get(), open).ok());
+  open.id = 2;
+  open.request_id = "second";
+  open.parameters_json = R"({"max_tokens":3})";
+  open.inputs = {{64, second.size(), {1}}};
+  open.resume = {128, sizeof tokens, {2}};
+  ASSERT_TRUE(control::SendOpen(s.control.get(), open).ok());
+  std::map<uint64_t, std::vector<std::string>> got;
+  control::Ring now = ring;
+  bool grew = false;
+  while (got[1].size() < 21) {
+    auto m = control::ReceiveKind(s.control.get(), 5000,
+                                  {control::Kind::kResponse, control::Kind::kRingGrow});
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    if (m->kind == control::Kind::kRingGrow) {
+      // Asked with every response taken; the new ring lies past the old.
+      ASSERT_GE(m->ring_grow.bytes, big.size() + 4);
+      s.Grow(1 << 17);
+      now = control::Ring{1 << 16, m->ring_grow.bytes, s.size};
+      ASSERT_TRUE(control::SendRing(s.control.get(), now).ok());
+      grew = true;
+      continue;
+    }
+    const control::Response& r = m->response;
+    ASSERT_EQ(r.present, (std::vector<uint8_t>{1}));
+    ASSERT_TRUE(control::CheckSlotTensor(r.outputs[0], DType::kBytes, now.offset,
+                                         now.offset + now.bytes, s.data, "piece")
+                    .ok());
+    got[r.id].emplace_back(reinterpret_cast<const char*>(s.data + r.outputs[0].offset + 4),
+                           r.outputs[0].bytes - 4);
+    EXPECT_EQ(r.final, r.id == 1 && got[1].size() == 21);
+    // Taken: credited at once, so that the ring's bytes are free again.
+    ASSERT_TRUE(control::SendCredit(s.control.get(), control::Credit{1}).ok());
   }
-  EXPECT_EQ(got, (std::vector<std::string>{"tok0", "tok1", "tok2"}));
-  auto done = control::ReceiveKind(s.control.get(), 5000, {control::Kind::kDone});
-  ASSERT_TRUE(done.ok()) << done.status().ToString();
-  ASSERT_EQ(done->done.status_code, 0u) << done->done.text;
-  ASSERT_EQ(done->done.present, (std::vector<uint8_t>{0, 1}));
-  int64_t count = 0;
-  std::memcpy(&count, s.data + done->done.outputs[1].offset, 8);
-  EXPECT_EQ(count, 3);
+  EXPECT_TRUE(grew);
+  ASSERT_EQ(got[2].size(), 20u);
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(got[1][static_cast<size_t>(i)], "a" + std::to_string(i));
+    EXPECT_EQ(got[2][static_cast<size_t>(i)], "b" + std::to_string(i));
+  }
+  EXPECT_EQ(got[1][20], big);
+  const std::vector<uint64_t> cancel = {2};
+  ASSERT_TRUE(control::SendCancel(s.control.get(), cancel).ok());
+  auto ended = control::ReceiveKind(s.control.get(), 5000, {control::Kind::kResponse});
+  ASSERT_TRUE(ended.ok()) << ended.status().ToString();
+  EXPECT_EQ(ended->response.id, 2u);
+  EXPECT_TRUE(ended->response.final);
+  s.control.Reset();
   worker.join();
 }
 

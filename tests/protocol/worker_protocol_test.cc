@@ -268,7 +268,7 @@ TEST(WorkerProtocol, MalformedMessagesAreRefusedNamingTheFault) {
 
   // A whole message with bytes after its end.
   const std::string bare_ready = ready + u32(0) + u32(0) + u64(0) + u32(0) + std::string(1, '\0');
-  p.Raw(bare_ready + u32(0) + "extra");
+  p.Raw(bare_ready + u32(0) + u32(1) + u32(1) + "extra");
   EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "5 bytes after the end"));
   // Start phases: too many, a name that is not one, a name too long.
   p.Raw(bare_ready + u32(17));
@@ -291,9 +291,9 @@ TEST(WorkerProtocol, MalformedMessagesAreRefusedNamingTheFault) {
   EXPECT_EQ(Receive(p.b.get(), 1000).status().code(), StatusCode::kUnavailable);
 }
 
-// A decoupled model's stream: partial responses with absent outputs, the
-// acknowledgements, the request's parameters in the run, the setup's flag;
-// and what a partial may not carry.
+// Streams: the ready message's capacity and window, the ring, a request
+// opened (with resume tokens) and answered, credits, cancels and a larger
+// ring asked for; and what each may not carry.
 TEST(WorkerProtocol, StreamMessagesRoundTripAndAreChecked) {
   Pair p;
   control::Setup setup;
@@ -303,42 +303,96 @@ TEST(WorkerProtocol, StreamMessagesRoundTripAndAreChecked) {
   ASSERT_TRUE(got_setup.ok()) << got_setup.status().ToString();
   EXPECT_TRUE(got_setup->setup.decoupled);
 
-  control::Run run;
-  run.seq = 3;
-  run.parameters_json = R"({"temperature":0.5,"stop":["\n"]})";
-  ASSERT_TRUE(SendRun(p.a.get(), run).ok());
-  auto got_run = Receive(p.b.get(), 1000);
-  ASSERT_TRUE(got_run.ok()) << got_run.status().ToString();
-  EXPECT_EQ(got_run->run.parameters_json, run.parameters_json);
-  run.parameters_json.assign(kMaxParametersBytes + 1, ' ');
-  EXPECT_TRUE(Contains(SendRun(p.a.get(), run), "over the limit"));
+  control::Ready ready;
+  ready.streams = 64;
+  ready.window = 128;
+  ASSERT_TRUE(SendReady(p.a.get(), ready).ok());
+  auto got_ready = Receive(p.b.get(), 1000);
+  ASSERT_TRUE(got_ready.ok()) << got_ready.status().ToString();
+  EXPECT_EQ(got_ready->ready.streams, 64u);
+  EXPECT_EQ(got_ready->ready.window, 128u);
+  ready.streams = 0;
+  ASSERT_TRUE(SendReady(p.a.get(), ready).ok());
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "0 streams"));
+  ready.streams = kMaxStreams + 1;
+  ASSERT_TRUE(SendReady(p.a.get(), ready).ok());
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "streams and a window"));
 
-  control::Done partial;
-  partial.seq = 3;
-  partial.outputs = {{64, 9, {1}}, {}};
-  partial.present = {1, 0};
-  ASSERT_TRUE(SendPartial(p.a.get(), partial).ok());
-  auto got = Receive(p.b.get(), 1000);
+  const Ring ring{1 << 20, 1 << 20, 4 << 20};
+  ASSERT_TRUE(SendRing(p.a.get(), ring).ok());
+  auto got_ring = ReceiveKind(p.b.get(), 1000, {Kind::kRing});
+  ASSERT_TRUE(got_ring.ok()) << got_ring.status().ToString();
+  EXPECT_EQ(got_ring->ring, ring);
+  ASSERT_TRUE(SendRing(p.a.get(), Ring{3 << 20, 2 << 20, 4 << 20}).ok());
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "outside the slot"));
+
+  Open open;
+  open.id = 7;
+  open.request_id = "r-1";
+  open.slot_bytes = 4 << 20;
+  open.inputs = {{0, 9, {1}}};
+  open.parameters_json = R"({"temperature":0.5,"stop":["\n"]})";
+  open.resume = {64, 24, {3}};
+  ASSERT_TRUE(SendOpen(p.a.get(), open).ok());
+  auto got_open = ReceiveKind(p.b.get(), 1000, {Kind::kOpen});
+  ASSERT_TRUE(got_open.ok()) << got_open.status().ToString();
+  EXPECT_EQ(got_open->open.id, 7u);
+  EXPECT_EQ(got_open->open.request_id, "r-1");
+  EXPECT_EQ(got_open->open.inputs, open.inputs);
+  EXPECT_EQ(got_open->open.parameters_json, open.parameters_json);
+  EXPECT_EQ(got_open->open.resume, open.resume);
+  // Resume tokens must be INT64 [n] of n * 8 bytes, inside the slot.
+  open.resume = {64, 20, {3}};
+  ASSERT_TRUE(SendOpen(p.a.get(), open).ok());
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "resume tokens"));
+  open.resume = {64, 16, {2, 1}};
+  ASSERT_TRUE(SendOpen(p.a.get(), open).ok());
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "INT64 [n]"));
+  open.resume = {};
+  open.resume.shape = {0};
+  open.parameters_json.assign(kMaxParametersBytes + 1, ' ');
+  EXPECT_TRUE(Contains(SendOpen(p.a.get(), open), "over the limit"));
+
+  Response response;
+  response.id = 7;
+  response.outputs = {{64, 9, {1}}, {}};
+  response.present = {1, 0};
+  ASSERT_TRUE(SendResponse(p.a.get(), response).ok());
+  auto got = ReceiveKind(p.b.get(), 1000, {Kind::kResponse});
   ASSERT_TRUE(got.ok()) << got.status().ToString();
-  EXPECT_EQ(got->kind, Kind::kPartial);
-  EXPECT_EQ(got->done.outputs, partial.outputs);
-  EXPECT_EQ(got->done.present, partial.present);
-
-  ASSERT_TRUE(SendAck(p.a.get(), Ack{3, true}).ok());
-  auto ack = ReceiveKind(p.b.get(), 1000, {Kind::kAck});
-  ASSERT_TRUE(ack.ok()) << ack.status().ToString();
-  EXPECT_EQ(ack->ack.seq, 3u);
-  EXPECT_TRUE(ack->ack.cancel);
-
-  // Presence flags for some outputs only.
-  partial.present = {1};
-  ASSERT_TRUE(SendPartial(p.a.get(), partial).ok());
+  EXPECT_EQ(got->response.id, 7u);
+  EXPECT_FALSE(got->response.final);
+  EXPECT_EQ(got->response.outputs, response.outputs);
+  EXPECT_EQ(got->response.present, response.present);
+  // Presence flags for every output, and an error is final.
+  response.present = {1};
+  ASSERT_TRUE(SendResponse(p.a.get(), response).ok());
   EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "presence flags for 1 of 2"));
-  // A partial cannot carry an error: only the last answer can.
-  partial.present = {};
-  partial.status_code = 13;
-  ASSERT_TRUE(SendPartial(p.a.get(), partial).ok());
-  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "partial message with an error"));
+  response.present = {0, 0};
+  response.status_code = 13;
+  ASSERT_TRUE(SendResponse(p.a.get(), response).ok());
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "an error that is not final"));
+
+  ASSERT_TRUE(SendCredit(p.a.get(), Credit{5}).ok());
+  auto credit = ReceiveKind(p.b.get(), 1000, {Kind::kCredit});
+  ASSERT_TRUE(credit.ok()) << credit.status().ToString();
+  EXPECT_EQ(credit->credit.responses, 5u);
+  ASSERT_TRUE(SendCredit(p.a.get(), Credit{0}).ok());
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "credit message for 0"));
+
+  const std::vector<uint64_t> ids = {3, 9};
+  ASSERT_TRUE(SendCancel(p.a.get(), ids).ok());
+  auto cancel = ReceiveKind(p.b.get(), 1000, {Kind::kCancel});
+  ASSERT_TRUE(cancel.ok()) << cancel.status().ToString();
+  EXPECT_EQ(cancel->cancel.ids, ids);
+  EXPECT_TRUE(Contains(SendCancel(p.a.get(), {}), "a cancel of 0"));
+
+  ASSERT_TRUE(SendRingGrow(p.a.get(), RingGrow{8 << 20}).ok());
+  auto grow = ReceiveKind(p.b.get(), 1000, {Kind::kRingGrow});
+  ASSERT_TRUE(grow.ok()) << grow.status().ToString();
+  EXPECT_EQ(grow->ring_grow.bytes, 8u << 20);
+  ASSERT_TRUE(SendRingGrow(p.a.get(), RingGrow{0}).ok());
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "ring-grow message for 0"));
 }
 
 TEST(WorkerProtocol, ShapesMatchTheSpecWithVariableDimensions) {

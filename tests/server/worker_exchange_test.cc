@@ -3,8 +3,8 @@
 // tests are plain code: what the fake worker says is queued on the socket
 // before the exchange waits for it, and where time matters the exchange
 // runs on a clock the test drives, so that nothing depends on how fast the
-// machine is. Two tests run a fake worker in a thread that reacts to what
-// it is sent (the slot grown under it, a stream cancelled).
+// machine is. One test runs a fake worker in a thread that reacts to what
+// it is sent (the slot grown under it). Streams: stream_runner_test.cc.
 #include "server/worker_exchange.h"
 
 #include <poll.h>
@@ -157,7 +157,6 @@ TEST(WorkerExchange, ABatchIsSentAndItsAnswerReadFromTheSlot) {
 
   const Answer answer = exchange.AwaitDone(run, clock.Now() + seconds(5));
   ASSERT_EQ(answer.ending, Ending::kAnswered) << answer.why.ToString();
-  EXPECT_TRUE(answer.last);
   EXPECT_EQ(answer.done.run_us, 42u);
   EXPECT_TRUE(exchange.CheckAnswer(run, answer.done, 1).ok());
   EXPECT_EQ(GetFloats(slot.data() + answer.done.outputs[0].offset, 2),
@@ -338,10 +337,12 @@ TEST(WorkerExchange, AMalformedAnswerIsReportedNotRead) {
   EXPECT_EQ(junk.ending, Ending::kMalformed);
   EXPECT_NE(junk.why.message().find("magic"), std::string::npos) << junk.why.message();
 
-  Answer partial = answer_to([](int fd, const control::Run& run) {
-    ASSERT_TRUE(control::SendPartial(fd, OneToken(run.seq, 128)).ok());
+  Answer response = answer_to([](int fd, const control::Run&) {
+    control::Response r;
+    r.id = 1;
+    ASSERT_TRUE(control::SendResponse(fd, r).ok());
   });
-  EXPECT_EQ(partial.ending, Ending::kMalformed);  // a batch is answered by kDone only
+  EXPECT_EQ(response.ending, Ending::kMalformed);  // a batch is answered by kDone only
 
   Answer other = answer_to([](int fd, const control::Run& run) {
     control::Done d;
@@ -440,239 +441,6 @@ TEST(WorkerExchange, ABatchHasOneDeadlineHoweverOftenItsSlotGrows) {
   EXPECT_GT(slot.size(), before);  // the room was served, at 3 s
   Expect(wire.worker.get(), control::Kind::kRun);
   EXPECT_EQ(Expect(wire.worker.get(), control::Kind::kRoom).room.slot_bytes, slot.size());
-}
-
-// The decoupled model's fake worker, queued ahead: `tokens` responses (one
-// float each, at the start of the worker's room), then kDone with none.
-void QueueStream(int fd, const control::Run& run, int tokens) {
-  for (int i = 0; i < tokens; ++i) {
-    ASSERT_TRUE(control::SendPartial(fd, OneToken(run.seq, run.free_offset)).ok());
-  }
-  control::Done last;
-  last.seq = run.seq;
-  last.outputs = {control::SlotTensor{}};
-  last.present = {0};
-  ASSERT_TRUE(control::SendDone(fd, last).ok());
-}
-
-std::vector<bool> Acks(int fd) {
-  std::vector<bool> cancels;
-  for (;;) {
-    Result<control::Message> m = control::ReceiveKind(fd, 0, {control::Kind::kAck});
-    if (!m.ok()) break;
-    cancels.push_back(m->ack.cancel);
-  }
-  return cancels;
-}
-
-// Each response is given the whole time; the stream as a whole has no
-// limit from it.
-TEST(WorkerExchange, AStreamGivesEachResponseItsOwnTime) {
-  Wire wire = Connect();
-  RequestSlot slot = MakeSlot();
-  FakeClock clock;
-  clock.set_arrival(seconds(3));
-  WorkerExchange exchange(wire.server.get(), slot, {kAnyLength, false}, 1u << 20, clock);
-  const control::Run run = AnyLengthRun(9, slot);
-  const auto handed_over = clock.Now();
-  ASSERT_TRUE(exchange.Send(run).ok());
-  Expect(wire.worker.get(), control::Kind::kRun);
-  QueueStream(wire.worker.get(), run, 2);
-  int taken = 0;
-  StreamRequest request;
-  request.id = "s";
-  request.take = [&](const control::Done&) {
-    ++taken;
-    return Taken{};
-  };
-  const StreamEnd end = exchange.AwaitStream(run, 5000, request);
-  ASSERT_EQ(end.answer.ending, Ending::kAnswered) << end.answer.why.ToString();
-  EXPECT_TRUE(end.answer.last);
-  EXPECT_EQ(end.responses, 2u);
-  EXPECT_EQ(taken, 2);
-  EXPECT_TRUE(end.cancelled.ok());
-  EXPECT_EQ(clock.Now() - handed_over, seconds(9));
-  EXPECT_EQ(Acks(wire.worker.get()), (std::vector<bool>{false, false}));
-
-  // A response that does not come in its time ends the stream.
-  const control::Run next = AnyLengthRun(10, slot);
-  ASSERT_TRUE(exchange.Send(next).ok());
-  Expect(wire.worker.get(), control::Kind::kRun);
-  ASSERT_TRUE(control::SendPartial(wire.worker.get(), OneToken(10, next.free_offset)).ok());
-  const StreamEnd hung = exchange.AwaitStream(next, 5000, request);
-  EXPECT_EQ(hung.answer.ending, Ending::kTimedOut);
-  EXPECT_EQ(hung.responses, 1u);
-  EXPECT_FALSE(hung.replayable());  // its client has seen a response
-}
-
-TEST(WorkerExchange, AStreamPastItsDeadlineIsCancelledAfterAResponse) {
-  Wire wire = Connect();
-  RequestSlot slot = MakeSlot();
-  FakeClock clock;
-  clock.set_arrival(seconds(3));
-  WorkerExchange exchange(wire.server.get(), slot, {kAnyLength, false}, 1u << 20, clock);
-  const control::Run run = AnyLengthRun(2, slot);
-  ASSERT_TRUE(exchange.Send(run).ok());
-  Expect(wire.worker.get(), control::Kind::kRun);
-  // The first response comes at 3 s, the second at 6 s: past the deadline.
-  QueueStream(wire.worker.get(), run, 2);
-  StreamRequest request;
-  request.id = "late";
-  request.deadline = clock.Now() + seconds(4);
-  int taken = 0;
-  request.take = [&](const control::Done&) {
-    ++taken;
-    return Taken{};
-  };
-  const StreamEnd end = exchange.AwaitStream(run, 5000, request);
-  ASSERT_EQ(end.answer.ending, Ending::kAnswered);
-  EXPECT_EQ(end.cancelled.code(), StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(end.cancelled.message(), "request 'late' ran past its timeout after 2 responses");
-  EXPECT_EQ(taken, 2);
-  EXPECT_EQ(Acks(wire.worker.get()), (std::vector<bool>{false, true}));
-}
-
-// A fake decoupled worker in a thread: a response per token until the
-// server cancels, then kDone; it records each acknowledgement.
-TEST(WorkerExchange, AStreamOfSeveralResponsesIsCancelledWhenItsClientGoes) {
-  Wire wire = Connect();
-  RequestSlot slot = MakeSlot();
-  WorkerExchange exchange(wire.server.get(), slot, {kAnyLength, false}, 1u << 20);
-  const control::Run run = AnyLengthRun(11, slot);
-  std::vector<bool> acks;
-  std::thread worker([&] {
-    const int fd = wire.worker.get();
-    const control::Message m = Expect(fd, control::Kind::kRun, 10000);
-    for (int i = 0; i < 100; ++i) {
-      PutFloats(slot.data() + m.run.free_offset, {static_cast<float>(i) * 10});
-      ASSERT_TRUE(control::SendPartial(fd, OneToken(m.run.seq, m.run.free_offset)).ok());
-      const control::Message ack = Expect(fd, control::Kind::kAck, 10000);
-      EXPECT_EQ(ack.ack.seq, m.run.seq);
-      acks.push_back(ack.ack.cancel);
-      if (ack.ack.cancel) break;
-    }
-    control::Done last;
-    last.seq = m.run.seq;
-    last.outputs = {control::SlotTensor{}};
-    last.present = {0};
-    ASSERT_TRUE(control::SendDone(fd, last).ok());
-  });
-  std::vector<float> seen;
-  StreamRequest request;
-  request.id = "chat";
-  request.take = [&](const control::Done& d) {
-    seen.push_back(GetFloats(slot.data() + d.outputs[0].offset, 1)[0]);
-    Taken taken;
-    taken.client_gone = seen.size() == 3;
-    return taken;
-  };
-  ASSERT_TRUE(exchange.Send(run).ok());
-  const StreamEnd end = exchange.AwaitStream(run, 600000, request);
-  worker.join();
-
-  ASSERT_EQ(end.answer.ending, Ending::kAnswered) << end.answer.why.ToString();
-  EXPECT_EQ(seen, (std::vector<float>{0, 10, 20}));
-  EXPECT_EQ(acks, (std::vector<bool>{false, false, true}));
-  EXPECT_EQ(end.responses, 3u);
-  EXPECT_EQ(end.cancelled.code(), StatusCode::kUnavailable);
-  EXPECT_EQ(end.cancelled.message(), "request 'chat' was cancelled: its client went away");
-  EXPECT_FALSE(end.replayable());
-}
-
-TEST(WorkerExchange, AStreamsPiecesThatDoNotJoinCancelIt) {
-  Wire wire = Connect();
-  RequestSlot slot = MakeSlot();
-  FakeClock clock;
-  WorkerExchange exchange(wire.server.get(), slot, {kAnyLength, false}, 1u << 20, clock);
-  const control::Run run = AnyLengthRun(6, slot);
-  ASSERT_TRUE(exchange.Send(run).ok());
-  Expect(wire.worker.get(), control::Kind::kRun);
-  QueueStream(wire.worker.get(), run, 3);
-  int taken = 0;
-  StreamRequest request;
-  request.id = "j";
-  request.take = [&](const control::Done&) {
-    ++taken;
-    Taken t;
-    if (taken == 2) t.failed = InvalidArgument("pieces of two shapes");
-    return t;
-  };
-  const StreamEnd end = exchange.AwaitStream(run, 5000, request);
-  ASSERT_EQ(end.answer.ending, Ending::kAnswered);
-  EXPECT_EQ(taken, 2);  // not taken once the request is over
-  EXPECT_EQ(end.responses, 3u);
-  EXPECT_EQ(end.cancelled.message(), "pieces of two shapes");
-  EXPECT_EQ(Acks(wire.worker.get()), (std::vector<bool>{false, true, true}));
-}
-
-TEST(WorkerExchange, AStreamIsReplayableOnlyIfItsWorkerDiedBeforeAnyResponse) {
-  StreamRequest request;
-  request.id = "s";
-  request.take = [](const control::Done&) { return Taken{}; };
-  for (int before_death : {0, 2}) {
-    Wire wire = Connect();
-    RequestSlot slot = MakeSlot();
-    FakeClock clock;
-    WorkerExchange exchange(wire.server.get(), slot, {kAnyLength, false}, 1u << 20, clock);
-    const control::Run run = AnyLengthRun(1, slot);
-    ASSERT_TRUE(exchange.Send(run).ok());
-    Expect(wire.worker.get(), control::Kind::kRun);
-    for (int i = 0; i < before_death; ++i)
-      ASSERT_TRUE(control::SendPartial(wire.worker.get(), OneToken(1, run.free_offset)).ok());
-    wire.worker.Reset();
-    const StreamEnd end = exchange.AwaitStream(run, 5000, request);
-    EXPECT_EQ(end.answer.ending, Ending::kGone) << before_death;
-    EXPECT_EQ(end.responses, static_cast<uint64_t>(before_death));
-    EXPECT_EQ(end.replayable(), before_death == 0);
-  }
-}
-
-TEST(WorkerExchange, AStreamResponseOutsideTheWorkersRoomIsBad) {
-  Wire wire = Connect();
-  RequestSlot slot = MakeSlot();
-  FakeClock clock;
-  WorkerExchange exchange(wire.server.get(), slot, {kAnyLength, false}, 1u << 20, clock);
-  const control::Run run = AnyLengthRun(8, slot);
-  ASSERT_TRUE(exchange.Send(run).ok());
-  Expect(wire.worker.get(), control::Kind::kRun);
-  // Over the run's inputs, below its free room.
-  ASSERT_TRUE(control::SendPartial(wire.worker.get(), OneToken(8, 0)).ok());
-  bool taken = false;
-  StreamRequest request;
-  request.id = "s";
-  request.take = [&](const control::Done&) {
-    taken = true;
-    return Taken{};
-  };
-  const StreamEnd end = exchange.AwaitStream(run, 5000, request);
-  EXPECT_EQ(end.answer.ending, Ending::kBadResponse);
-  EXPECT_EQ(end.answer.why.code(), StatusCode::kInvalidArgument);
-  EXPECT_FALSE(taken);
-  EXPECT_EQ(Acks(wire.worker.get()), std::vector<bool>{});
-}
-
-TEST(WorkerExchange, AStreamAnswersAModelErrorAsItsLast) {
-  Wire wire = Connect();
-  RequestSlot slot = MakeSlot();
-  FakeClock clock;
-  WorkerExchange exchange(wire.server.get(), slot, {kAnyLength, false}, 1u << 20, clock);
-  const control::Run run = AnyLengthRun(12, slot);
-  ASSERT_TRUE(exchange.Send(run).ok());
-  Expect(wire.worker.get(), control::Kind::kRun);
-  ASSERT_TRUE(control::SendPartial(wire.worker.get(), OneToken(12, run.free_offset)).ok());
-  control::Done failed;
-  failed.seq = 12;
-  failed.status_code = static_cast<uint32_t>(StatusCode::kInvalidArgument);
-  failed.text = "bad prompt";
-  ASSERT_TRUE(control::SendDone(wire.worker.get(), failed).ok());
-  StreamRequest request;
-  request.id = "s";
-  request.take = [](const control::Done&) { return Taken{}; };
-  const StreamEnd end = exchange.AwaitStream(run, 5000, request);
-  ASSERT_EQ(end.answer.ending, Ending::kAnswered);
-  EXPECT_TRUE(end.answer.last);
-  EXPECT_EQ(end.answer.done.text, "bad prompt");
-  EXPECT_EQ(end.responses, 1u);
 }
 
 }  // namespace
