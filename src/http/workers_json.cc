@@ -47,6 +47,7 @@ Result<PlacementWorkers> ParsePlacement(const json& p, const std::string& where)
     ASSIGN_OR_RETURN(info.ready, Member<bool>(w, "ready", at));
     ASSIGN_OR_RETURN(info.restarts, Member<uint64_t>(w, "restarts", at));
     ASSIGN_OR_RETURN(info.device_memory_bytes, Member<uint64_t>(w, "device_memory_bytes", at));
+    ASSIGN_OR_RETURN(info.streams, Member<uint64_t>(w, "streams", at));
     out.workers.push_back(info);
   }
   ASSIGN_OR_RETURN(const json* standbys, List(p, "standbys", where));
@@ -82,7 +83,8 @@ std::string WorkersJson(const std::vector<ModelWorkers>& models) {
                            {"pid", w.pid},
                            {"ready", w.ready},
                            {"restarts", w.restarts},
-                           {"device_memory_bytes", w.device_memory_bytes}});
+                           {"device_memory_bytes", w.device_memory_bytes},
+                           {"streams", w.streams}});
       for (const StandbyInfo& s : p.standbys) standbys.push_back({{"pid", s.pid}});
       for (const HotSpareInfo& s : p.hot_spares)
         spares.push_back({{"pid", s.pid},

@@ -274,6 +274,7 @@ struct WorkerInfo {
   bool ready = false;  // serving
   uint64_t restarts = 0;
   uint64_t device_memory_bytes = 0;  // its backend's own buffers, as it reported them
+  uint64_t streams = 0;              // a decoupled model's: the streams it holds now
 };
 
 // A standby worker (parameters.standby_mode: cold): started, waiting with

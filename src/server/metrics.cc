@@ -116,6 +116,21 @@ std::string PrometheusText(const std::vector<std::pair<std::string, const ModelR
   per_worker("hearth_worker_device_memory_bytes", "gauge",
              "Device memory the worker's backend allocated itself (its CUDA context not included).",
              [](const WorkerSupervisor& w) { return w.device_memory_bytes(); });
+  per_worker("hearth_worker_streams", "gauge",
+             "Streams the worker holds now (a decoupled model's; parameters.max_streams at most).",
+             [](const WorkerSupervisor& w) { return w.streams_in_flight(); });
+  per_model("hearth_streams_total", "counter",
+            "Streams opened on a worker, a resumed one counted again.",
+            [](const ModelRuntime& m) { return m.stats.streams_opened.load(); });
+  per_model("hearth_streams_resumed_total", "counter",
+            "Streams that went on on another worker after theirs died, from the token ids their "
+            "client had (parameters.resumable).",
+            [](const ModelRuntime& m) { return m.stats.streams_resumed.load(); });
+  per_model("hearth_stream_responses_total", "counter", "Stream responses sent or joined.",
+            [](const ModelRuntime& m) { return m.stats.stream_responses.load(); });
+  per_model("hearth_generated_tokens_total", "counter",
+            "Token ids in stream responses (the model's token_ids output).",
+            [](const ModelRuntime& m) { return m.stats.stream_tokens.load(); });
   auto per_placement = [&](const char* name, const char* type, const char* help, auto value) {
     family(name, type, help);
     for (const auto& [model, m] : served)

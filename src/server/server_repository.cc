@@ -116,7 +116,8 @@ std::vector<ModelWorkers> Server::Impl::Workers() const {
       for (const auto& w : m->workers) {
         if (&w->placement() != p.get()) continue;
         placement.workers.push_back(
-            {w->index(), w->pid(), w->ready(), w->restarts(), w->device_memory_bytes()});
+            {w->index(), w->pid(), w->ready(), w->restarts(), w->device_memory_bytes(),
+             w->streams_in_flight()});
       }
       {
         std::lock_guard lock(p->standby_mu);

@@ -42,7 +42,7 @@ instance_group:
 parameters:
 {parameters}"""
 
-_DTYPES = {"float32": "F32", "float16": "F16", "int64": "I64"}
+_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "int64": "I64"}
 
 
 def write_safetensors(path, tensors):
@@ -100,13 +100,17 @@ def make_weights(config, seed):
 
 def write(repo, name="tiny_decoder", workers=2, kind="KIND_CPU", python=None, seed=0,
           dim=64, layers=2, heads=4, max_positions=512, parameters=(), inputs=("text_input",),
-          max_streams=16):
-    """Writes REPO/<name>; returns the version directory."""
+          max_streams=16, dtype="float32"):
+    """Writes REPO/<name>; returns the version directory. dtype: the
+    weights' (float64 makes a batch of streams pick exactly what each picks
+    alone: their reduction orders differ by ~1e-14, not ~1e-6)."""
     version = pathlib.Path(repo) / name / "1"
     version.mkdir(parents=True, exist_ok=True)
     config = {"dim": dim, "layers": layers, "heads": heads, "max_positions": max_positions}
     (version / "config.json").write_text(json.dumps(config, indent=1) + "\n")
-    write_safetensors(version / "model.safetensors", make_weights(config, seed))
+    import torch
+    weights = {k: v.to(getattr(torch, dtype)) for k, v in make_weights(config, seed).items()}
+    write_safetensors(version / "model.safetensors", weights)
     shutil.copy(HERE / "model.py", version / "model.py")
     # resumable needs the token_ids output, which CONFIG always declares.
     entries = {"python": python or sys.executable, "torch_threads": "1",
