@@ -298,7 +298,13 @@ bool StreamRunner::HandleResponse(control::Response& r) {
         joined = JoinPiece(progress.joined[i], model_.outputs[i], outputs[i]->shape,
                            outputs[i]->data.bytes());
     if (!joined.ok()) {
-      Cancel(it->first, s, joined);
+      // Its last response ended it: there is nothing left to cancel.
+      if (r.final) {
+        job.done(joined);
+        Finish(it);
+      } else {
+        Cancel(it->first, s, joined);
+      }
       return true;
     }
     if (!r.final) return true;
