@@ -17,12 +17,20 @@
    exception mid-stream ends the stream with its last line; yields that fail
    their checks name the output; the request's parameters arrive as sent; a
    model whose execute does not match its transaction policy fails at start.
-3. examples/generate/llama: its detokenizer and stop strings here; where
+3. examples/generate/llama: its detokenizer and stop strings; its Model,
+   many streams decoded together, on a stand-in for a transformers causal
+   LM (here, without transformers): streams arriving at different steps,
+   more than its rows, ending or cancelled at different steps, each equal
+   token for token to a full forward per token; a stream resumed at any
+   response boundary sends exactly what the whole stream sent after it
+   (greedy, sampled, with stop strings); seeded draws the same alone and
+   among other streams; bad requests refused naming what is wrong. Where
    torch >= 2 and transformers are installed (the GPU machine:
-   HEARTH_TEST_DEVICE=cuda:0), a worker serving a Llama-architecture
-   checkpoint with random weights (save_pretrained, offline) streams token
-   for token what transformers' own generate() picks, greedy, for a prompt
-   and for a chat (the tokenizer's chat template).
+   HEARTH_TEST_DEVICE=cuda:0), on a Llama-architecture checkpoint with
+   random weights in float32 (save_pretrained, offline): one Model over the
+   store's weights decodes prompts of different lengths together, each
+   token for token what transformers' own generate() picks for it alone;
+   and a worker streams what generate() picks for a prompt and for a chat.
 
 The end-to-end tests under `hearth serve` are in tests/serve/test_generate.py.
 """
@@ -993,44 +1001,516 @@ def hearth_invalid_argument():
     return hearth.InvalidArgument
 
 
+def test_a_draw_seed_is_a_function_of_seed_and_position_alone():
+    seeds = {(seed, p): llama.draw_seed(seed, p) for seed in (0, 1, 7, 2**63 - 1) for p in range(64)}
+    assert len(set(seeds.values())) == len(seeds)
+    assert all(0 <= v < 2**64 for v in seeds.values())
+    assert llama.draw_seed(7, 3) == seeds[(7, 3)]
+    # splitmix64 from state 0: its first output, the published test value.
+    assert llama.draw_seed(0, 0) == 0xE220A8397B1DCDAF
+
+
+# The many-streams Model here, without transformers: a stand-in causal LM whose
+# attention layers call the function registered under config._attn_implementation
+# in (a stand-in of) transformers' AttentionInterface, with query, key and value
+# laid out as transformers gives them and the forward's keywords passed through.
+# Its "eager" attention is plain causal attention over the forward's own tokens:
+# the reference, a full forward per token, that the Model's batched, cached
+# decoding must equal token for token.
+
+BOS, EOS, VOCAB = 256, 257, 258
+
+
+class AttentionInterface:
+    """transformers.AttentionInterface's contract: register() is global."""
+
+    functions = {}
+
+    @classmethod
+    def register(cls, key, value):
+        cls.functions[key] = value
+
+
+def eager_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    group = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(group, 1), value.repeat_interleave(group, 1)
+    scores = query @ key.transpose(2, 3) * scaling
+    t = scores.shape[-1]
+    scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    return (scores.softmax(-1) @ value).transpose(1, 2), None
+
+
+AttentionInterface.functions["eager"] = eager_attention
+
+
+def reference_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                   enable_gqa=False):
+    """torch.nn.functional.scaled_dot_product_attention by its definition (torch < 2 lacks it)."""
+    if enable_gqa:
+        group = query.shape[-3] // key.shape[-3]
+        key, value = key.repeat_interleave(group, -3), value.repeat_interleave(group, -3)
+    scores = query @ key.transpose(-2, -1) * (query.shape[-1] ** -0.5 if scale is None else scale)
+    if is_causal:
+        q, k = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(q, k, dtype=torch.bool).triu(1), float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool \
+            else scores + attn_mask
+    return scores.softmax(-1) @ value
+
+
+def rotate(x, positions):
+    """Rotary positions: x [B, heads, T, head_dim] at positions [B, T]."""
+    half = x.shape[-1] // 2
+    angles = positions[:, None, :, None].float() / 10000 ** (torch.arange(half) / half)
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class StandInAttention(torch.nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.config, self.layer_idx = config, layer_idx
+        self.head_dim = config.head_dim
+        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
+        self.scaling = self.head_dim ** -0.5
+        self.q_proj = torch.nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim)
+        self.k_proj = torch.nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim)
+        self.v_proj = torch.nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim)
+        self.o_proj = torch.nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size)
+
+    def forward(self, x, position_ids, **kwargs):
+        b, t, _ = x.shape
+        shape = (b, t, -1, self.head_dim)
+        q = rotate(self.q_proj(x).view(shape).transpose(1, 2), position_ids)
+        k = rotate(self.k_proj(x).view(shape).transpose(1, 2), position_ids)
+        v = self.v_proj(x).view(shape).transpose(1, 2)
+        attend = AttentionInterface.functions[self.config._attn_implementation]
+        out, _ = attend(self, q, k, v, None, dropout=0.0, scaling=self.scaling,
+                        position_ids=position_ids, **kwargs)
+        return self.o_proj(out.reshape(b, t, -1))
+
+
+class StandInLlama(torch.nn.Module):
+    """A small grouped-query decoder (4 query heads on 2 key/value heads) with
+    random weights whose head writes printable ASCII only: one character a token
+    (seed 2: weights whose greedy text varies rather than repeating one character)."""
+
+    def __init__(self, seed=2, hidden=32, layers=2, heads=4, kv_heads=2, positions=512):
+        import types
+        super().__init__()
+        self.config = types.SimpleNamespace(
+            num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+            head_dim=hidden // heads, hidden_size=hidden, max_position_embeddings=positions,
+            _attn_implementation="eager")
+        self.generation_config = types.SimpleNamespace(eos_token_id=EOS)
+        self.embed_tokens = torch.nn.Embedding(VOCAB, hidden)
+        self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(hidden) for _ in range(layers + 1))
+        self.layers = torch.nn.ModuleList(StandInAttention(self.config, i) for i in range(layers))
+        self.lm_head = torch.nn.Linear(hidden, VOCAB)
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=g))
+            self.lm_head.bias[:] = -1e4
+            self.lm_head.bias[0x20:0x7f] = torch.randn(0x7f - 0x20, generator=g)
+
+    @property
+    def device(self):
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self):
+        return self.lm_head.weight.dtype
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_attn_implementation(self, name):
+        if name not in AttentionInterface.functions:
+            raise ValueError(f"no attention {name!r}")
+        self.config._attn_implementation = name
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
+                use_cache=None, logits_to_keep=0, **kwargs):
+        import types
+        assert past_key_values is None and not use_cache, "the Model keeps the cache itself"
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1]).expand(input_ids.shape[0], -1)
+        x = self.embed_tokens(input_ids)
+        for norm, layer in zip(self.norms, self.layers):
+            x = x + layer(norm(x), position_ids, **kwargs)
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]
+        return types.SimpleNamespace(logits=self.lm_head(self.norms[-1](x)))
+
+
+class AsciiTokenizer(ByteTokenizer):
+    """BOS, then the text's bytes; no chat template."""
+
+    eos_token_id = EOS
+    chat_template = None
+
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": ([BOS] if add_special_tokens else []) + list(text.encode())}
+
+
+def full_forward_tokens(model, prompt, n):
+    """Greedy decoding the plain way: the whole sequence through `model` per token."""
+    ids, out = [BOS] + list(prompt.encode()), []
+    with torch.no_grad():
+        for _ in range(n):
+            token = int(torch.argmax(model(torch.tensor([ids])).logits[0, -1]))
+            out.append(token)
+            if token == EOS:
+                break
+            ids.append(token)
+    return out
+
+
+class Request:
+    """A stand-in for hearth.Request, as the worker makes them: records what the model sends."""
+
+    def __init__(self, text, resume=(), messages=b"", **parameters):
+        self.id = ""
+        self.inputs = {"text_input": np.array([text.encode()], dtype=object),
+                       "messages": np.array([messages], dtype=object)}
+        self.parameters = parameters
+        self.resume_token_ids = list(resume)
+        self.responses, self.error, self.final, self.cancelled = [], None, False, False
+        self.sent_after_cancel = 0
+
+    def is_cancelled(self):
+        return self.cancelled
+
+    def send(self, outputs=None, final=False):
+        assert not self.final and self.error is None, "a response after the stream ended"
+        if self.cancelled:
+            self.sent_after_cancel += 1
+            return False
+        self.responses.append({k: v.tolist() for k, v in (outputs or {}).items()})
+        self.final = final
+        return True
+
+    def fail(self, exception):
+        assert not self.final and self.error is None and not self.responses
+        self.error = exception
+
+    @property
+    def done(self):
+        return self.final or self.error is not None or self.cancelled
+
+    def tokens(self):
+        return [t for r in self.responses for t in r.get("token_ids", [])]
+
+    def text(self):
+        return b"".join(r["text_output"][0] for r in self.responses).decode()
+
+
+def run(model, arrivals, cancel=None, max_steps=400):
+    """Drives `model` as the worker does: arrivals {step: [Request]} are given
+    to execute() before that step; step() is called while one is unfinished.
+    cancel {step: [Request]} cancels before a step. Checks after every step
+    that the active streams fill rows [0, B) of at most max_streams."""
+    given, cancel = [], cancel or {}
+    for i in range(max_steps):
+        for r in cancel.get(i, []):
+            r.cancelled = True
+        if i in arrivals:
+            model.execute(arrivals[i])
+            given += arrivals[i]
+        if all(r.done for r in given) and max(arrivals) <= i:
+            return i
+        model.step()
+        assert len(model.rows) <= model.max_streams
+        assert [s.row for s in model.rows] == list(range(len(model.rows)))
+    raise AssertionError(f"not done after {max_steps} steps")
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    """(reference, serve): the stand-in model, and serve(max_streams, **config
+    parameters) -> a Model bound to a copy of it, transformers stood in for."""
+    import copy
+    import types
+    fake = types.ModuleType("transformers")
+    fake.AttentionInterface = AttentionInterface
+    monkeypatch.setitem(sys.modules, "transformers", fake)
+    if not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", reference_sdpa,
+                            raising=False)
+    torch.set_num_threads(1)
+    reference = StandInLlama().eval()
+
+    def serve(max_streams, model=None, **parameters):
+        m = llama.Model()
+        m.bind(copy.deepcopy(model or reference), AsciiTokenizer(),
+               io_config("llama", 0, **TINY_IO, **parameters), max_streams)
+        return m
+
+    return reference, serve
+
+
+def test_llama_streams_decoded_together_each_equal_a_full_forward_per_token(stand_in):
+    reference, serve = stand_in
+    m = serve(max_streams=3)
+    asked = [("a", 20), ("Hello, world", 7), ("The quick brown fox jumps over the lazy dog", 25),
+             ("x" * 40, 12), ("many streams, one forward", 30), ("0123456789" * 3, 3)]
+    requests = [Request(p, max_tokens=n) for p, n in asked]
+    gone = Request("cancelled at step 4", max_tokens=50)
+    # More streams than rows: some wait; they end at different steps (the
+    # cancelled one in row 0), so rows move.
+    run(m, {0: [gone] + requests[:4], 2: requests[4:]}, cancel={4: [gone]})
+    for (prompt, n), r in zip(asked, requests):
+        want = full_forward_tokens(reference, prompt, n)
+        assert len(want) == n and EOS not in want, "pick prompts whose greedy runs do not end by themselves"
+        assert r.final and r.tokens() == want, (prompt, r.tokens(), want)
+        assert r.text() == bytes(want).decode()
+        assert all(len(x["token_ids"]) == 1 for x in r.responses[:-1])  # ASCII: a piece a token
+        last = r.responses[-1]
+        assert last["prompt_tokens"] == [len(prompt) + 1] and last["completion_tokens"] == [n]
+        assert last["finish_reason"] == [b"length"]
+    # The cancelled stream was dropped at the next step (nothing more computed
+    # or sent for it), and holds no row.
+    assert not gone.final and 0 < len(gone.responses) < 50 and gone.sent_after_cancel == 0
+    assert gone.tokens() == full_forward_tokens(reference, gone.inputs["text_input"][0].decode(),
+                                                len(gone.responses))
+    assert m.rows == [] and m.waiting == []
+
+
+def _cut_and_resumed(serve, prompt, **parameters):
+    """A stream run whole, then resumed at each of its response boundaries (all
+    together in one Model): (the whole run's responses, [(k, the stream
+    resumed after k responses)])."""
+    whole = Request(prompt, **parameters)
+    run(serve(max_streams=1), {0: [whole]})
+    assert len(whole.responses) > 3
+    resumed = [(k, Request(prompt, resume=[t for x in whole.responses[:k] for t in x["token_ids"]],
+                           **parameters)) for k in range(len(whole.responses))]
+    run(serve(max_streams=len(resumed)), {0: [r for _, r in resumed]})
+    return whole.responses, resumed
+
+
+@pytest.mark.parametrize("parameters", [
+    {"max_tokens": 24},
+    {"max_tokens": 40, "temperature": 0.8, "top_p": 0.9, "seed": 3},
+])
+def test_llama_a_resumed_stream_sends_what_the_whole_one_sent_after_the_cut(stand_in, parameters):
+    _, serve = stand_in
+    whole, resumed = _cut_and_resumed(serve, "Hello, world", **parameters)
+    for k, r in resumed:
+        # Its responses are the whole run's after the k its client had: no text
+        # again, the counts of the whole stream.
+        assert r.responses == whole[k:], k
+
+
+def test_llama_a_resumed_stream_keeps_its_stop_string_state(stand_in):
+    reference, serve = stand_in
+    text = bytes(full_forward_tokens(reference, "Hello, world", 40)).decode()
+    stop = text[20:23]
+    # The second stop string never completes (the model writes no \x01), but
+    # text[9:11] starts it: that text is held back until the next token.
+    whole, resumed = _cut_and_resumed(serve, "Hello, world", max_tokens=40,
+                                      stop=[stop, text[9:11] + "\x01"])
+    assert b"".join(x["text_output"][0] for x in whole).decode() == text[:text.find(stop)]
+    assert whole[-1]["finish_reason"] == [b"stop"]
+    # Some cuts fall where text is held back (sent tokens, their text not yet
+    # all sent): the resumed stream must hold it back too, then send it.
+    held = [k for k in range(len(whole))
+            if sum(len(x["text_output"][0]) for x in whole[:k]) <
+            sum(len(x["token_ids"]) for x in whole[:k])]
+    assert held, whole
+    for k, r in resumed:
+        assert r.responses == whole[k:], k
+
+
+def test_llama_resumed_tokens_that_end_the_stream_get_its_final_response_at_once(stand_in):
+    reference, serve = stand_in
+    want = full_forward_tokens(reference, "Hello, world", 10)
+    m = serve(max_streams=2)
+    r = Request("Hello, world", resume=want, max_tokens=10)
+    m.execute([r])
+    assert r.final and r.responses == [{"text_output": [b""], "token_ids": [], "prompt_tokens": [13],
+                                        "completion_tokens": [10], "finish_reason": [b"length"]}]
+    assert m.waiting == []
+    text = bytes(want).decode()
+    stop = next(text[-n:] for n in range(2, 11) if text.find(text[-n:]) == len(text) - n)
+    r = Request("Hello, world", resume=want, max_tokens=20, stop=stop)
+    m.execute([r])
+    assert r.final and r.responses[-1]["finish_reason"] == [b"stop"]
+    # Tokens past the end cannot be what a client got.
+    r = Request("Hello, world", resume=want + want, max_tokens=10)
+    m.execute([r])
+    assert isinstance(r.error, hearth_invalid_argument()) and "resume_token_ids" in str(r.error)
+
+
+def test_llama_seeded_sampling_draws_the_same_alone_and_among_other_streams(stand_in):
+    _, serve = stand_in
+    sampled = dict(max_tokens=30, temperature=1.0, seed=11)
+    alone = Request("Hello, world", **sampled)
+    run(serve(max_streams=1), {0: [alone]})
+    together = Request("Hello, world", **sampled)
+    others = [Request(p, max_tokens=n, temperature=t, seed=5) for p, n, t in
+              [("a", 8, 0.0), ("The quick brown fox", 40, 1.5), ("zz", 12, 0.0)]]
+    run(serve(max_streams=4), {0: others[:2], 3: [together, others[2]]})
+    assert together.tokens() == alone.tokens()
+    greedy = Request("Hello, world", max_tokens=30)
+    run(serve(max_streams=1), {0: [greedy]})
+    assert alone.tokens() != greedy.tokens(), "sampling at temperature 1 chose the greedy path"
+    again = Request("Hello, world", **dict(sampled, seed=12))
+    run(serve(max_streams=1), {0: [again]})
+    assert again.tokens() != alone.tokens()
+
+
+def test_llama_eos_ends_a_stream_as_a_stop(stand_in):
+    reference, serve = stand_in
+    import copy
+    eager = copy.deepcopy(reference)
+    with torch.no_grad():
+        eager.lm_head.bias[EOS] = 1e4  # EOS is always the most likely token
+    m = serve(max_streams=2, model=eager)
+    r = Request("Hello", max_tokens=10)
+    run(m, {0: [r]})
+    assert r.responses == [{"text_output": [b""], "token_ids": [EOS], "prompt_tokens": [6],
+                            "completion_tokens": [1], "finish_reason": [b"stop"]}]
+
+
+def test_llama_refuses_a_model_whose_attention_it_cannot_replace(stand_in):
+    import copy
+    import types
+    reference, serve = stand_in
+    stubborn = copy.deepcopy(reference)
+    for layer in stubborn.layers:  # their own config: "eager" whatever the model's says
+        layer.config = types.SimpleNamespace(**vars(reference.config))
+    with pytest.raises(RuntimeError, match="0 of its 2 layers"):
+        serve(max_streams=2, model=stubborn)
+
+
+@pytest.mark.parametrize("request_args, named", [
+    ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 2.5}, "max_tokens"),
+    ({"temperature": 5}, "temperature"), ({"top_p": 0}, "top_p"), ({"seed": -1}, "seed"),
+    ({"stop": [""]}, "stop"), ({"stop": ["a"] * 5}, "stop"),
+    ({"max_tokens": 600}, "positions"),  # the stand-in has 512
+    ({"resume": [VOCAB]}, "resume_token_ids"), ({"resume": [-1]}, "resume_token_ids"),
+    ({"resume": [True]}, "resume_token_ids"),
+    ({"text": ""}, "empty"), ({"messages": b'[{"role": "user", "content": "Hi"}]'}, "chat template"),
+    ({"messages": b"not json"}, "not JSON"),
+])
+def test_llama_refuses_a_bad_request_naming_it_and_serves_the_others(stand_in, request_args, named):
+    reference, serve = stand_in
+    m = serve(max_streams=2)
+    request_args = dict(request_args)
+    bad = Request(request_args.pop("text", "Hello"), resume=request_args.pop("resume", ()),
+                  messages=request_args.pop("messages", b""), **request_args)
+    good = Request("Hello", max_tokens=5)
+    run(m, {0: [bad, good]})
+    assert isinstance(bad.error, hearth_invalid_argument()) and named in str(bad.error), bad.error
+    assert bad.responses == []
+    assert good.tokens() == full_forward_tokens(reference, "Hello", 5)
+
+
+# ---- examples/generate/llama with transformers (the GPU machine) ----------------------------
+
+
 @pytest.fixture(scope="module")
 def llama_store(tmp_path_factory):
+    """A checkpoint with random weights in float32, and a store holding it.
+
+    float32, not the bf16 of make_checkpoint.py: the streams decoded together
+    go through other kernels (matrices of B rows, a masked attention over the
+    batch) than generate() decoding one prompt, and the sums round
+    differently; in bf16 that difference can flip the argmax of two logits
+    that nearly tie, in float32 (TF32 off) it is far below any gap seen."""
     if TRANSFORMERS_MISSING:
         pytest.skip(TRANSFORMERS_MISSING)
     tmp = tmp_path_factory.mktemp("llama")
     version = llama_repository.write(tmp / "repo", workers=1,
-                                     kind="KIND_GPU" if ht.ON_CUDA else "KIND_CPU")
+                                     kind="KIND_GPU" if ht.ON_CUDA else "KIND_CPU",
+                                     max_streams=4, dtype="float32")
     with ht.running_store({"llama": version}) as store:
         yield store, version
 
 
-def test_llama_streams_token_for_token_what_generate_picks(llama_store, tmp_path):
-    """Greedy: the worker's stream (token_ids, text) equals transformers'
-    generate(do_sample=False) of the same checkpoint loaded the usual way."""
+def _reference(version):
+    """transformers' own model of the checkpoint (from_pretrained, float32) and its tokenizer."""
     import transformers
+    device = "cuda:0" if ht.ON_CUDA else "cpu"
+    major_minor = tuple(int("".join(c for c in part if c.isdigit()) or 0)
+                        for part in transformers.__version__.split(".")[:2])
+    dtype_key = "dtype" if major_minor >= (4, 56) else "torch_dtype"  # renamed in 4.56
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(version), **{dtype_key: torch.float32}).to(device).eval()
+    return model, transformers.AutoTokenizer.from_pretrained(str(version))
+
+
+def _generate(model, tokenizer, ids, max_new_tokens):
+    ids = torch.tensor([ids], device=model.device)
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                             max_new_tokens=max_new_tokens, do_sample=False,
+                             pad_token_id=tokenizer.eos_token_id)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def test_llama_streams_decoded_together_each_equal_what_generate_picks(llama_store):
+    """One Model (a worker's) over the store's weights, built by initialize()
+    as the worker does: prompts of different lengths arriving at different
+    steps, more than its 4 rows, ending at different steps, one resumed, each
+    stream token for token what transformers' generate(do_sample=False)
+    picks for its prompt alone."""
+    import hearth
+    store, version = llama_store
+    reference, tokenizer = _reference(version)
+    m = llama.Model()
+    config = io_config("llama", 0, **TINY_IO, max_streams=4, resumable="true")
+    m.initialize({"model_repository": str(version), "model_config": config, "max_streams": 4,
+                  "weights": hearth.attach("llama", socket=store.socket)})
+    assert m.model.config._attn_implementation == llama.ROW_ATTENTION
+    asked = [("one copy of the weights", 24), ("a", 9),
+             ("hello hearth, hello world, hello again " * 6, 31),
+             ("The quick brown fox jumps over the lazy dog.", 16),
+             ("a worker that crashes loses nothing", 5), ("Large language models " * 3, 28)]
+    requests = [Request(p, max_tokens=n) for p, n in asked]
+    want = [_generate(reference, tokenizer, tokenizer(p)["input_ids"], n) for p, n in asked]
+    cut = 6
+    resumed = Request(asked[0][0], resume=want[0][:cut], max_tokens=asked[0][1])
+    run(m, {0: requests[:4], 3: requests[4:], 5: [resumed]})
+    for (prompt, n), r, w in zip(asked, requests, want):
+        assert r.final and r.tokens() == w, (prompt, r.tokens(), w)
+        assert r.text() == tokenizer.decode(w, skip_special_tokens=True,
+                                            clean_up_tokenization_spaces=False)
+        last = r.responses[-1]
+        assert last["prompt_tokens"] == [len(tokenizer(prompt)["input_ids"])]
+        assert last["completion_tokens"] == [len(w)]
+        eos = reference.generation_config.eos_token_id
+        ended = w[-1] in (eos if isinstance(eos, list) else [eos])
+        assert last["finish_reason"] == [b"stop" if ended else b"length"]
+    assert resumed.tokens() == want[0][cut:]
+    assert resumed.responses[-1]["completion_tokens"] == [len(want[0])]
+    assert m.rows == [] and m.waiting == []
+
+
+def test_llama_streams_token_for_token_what_generate_picks(llama_store, tmp_path):
+    """Greedy, through a worker process: the stream (token_ids, text) equals
+    transformers' generate(do_sample=False) of the same checkpoint loaded the
+    usual way, for a prompt and for a chat; sampling with a seed repeats itself."""
     store, version = llama_store
     outputs = TINY_IO["outputs"]
-    d = Driver(tmp_path, store, "llama", io_config("llama", 0, TINY_IO["inputs"], outputs), version)
+    d = Driver(tmp_path, store, "llama",
+               io_config("llama", 0, TINY_IO["inputs"], outputs, max_streams=4, resumable="true"),
+               version)
     assert d.ready, d.start_error
     try:
-        device = "cuda:0" if ht.ON_CUDA else "cpu"
-        major_minor = tuple(int("".join(c for c in part if c.isdigit()) or 0)
-                            for part in transformers.__version__.split(".")[:2])
-        dtype_key = "dtype" if major_minor >= (4, 56) else "torch_dtype"  # renamed in 4.56
-        reference = transformers.AutoModelForCausalLM.from_pretrained(
-            str(version), **{dtype_key: torch.bfloat16}).to(device).eval()
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(version))
+        reference, tokenizer = _reference(version)
         messages = [{"role": "user", "content": "hello hearth"}]
         chat = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         for prompt, inputs in [
                 ("one copy of the weights", {"text_input": [b"one copy of the weights"], "messages": [b""]}),
                 (None, {"text_input": [b""], "messages": [json.dumps(messages).encode()]})]:
-            ids = (tokenizer(prompt, return_tensors="pt") if prompt is not None else
-                   tokenizer(chat, add_special_tokens=False, return_tensors="pt"))["input_ids"].to(device)
-            with torch.inference_mode():
-                want = reference.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                          max_new_tokens=24, do_sample=False,
-                                          pad_token_id=tokenizer.eos_token_id)[0, ids.shape[1]:].tolist()
+            ids = (tokenizer(prompt) if prompt is not None else
+                   tokenizer(chat, add_special_tokens=False))["input_ids"]
+            want = _generate(reference, tokenizer, ids, 24)
             responses, done = d.stream(inputs, {"max_tokens": 24})
             assert done["status"] == 0, done["text"]
             got = [t for r in responses for t in r["token_ids"][0]]
@@ -1039,7 +1519,7 @@ def test_llama_streams_token_for_token_what_generate_picks(llama_store, tmp_path
             assert text == tokenizer.decode(want, skip_special_tokens=True,
                                             clean_up_tokenization_spaces=False)
             last = responses[-1]
-            assert last["prompt_tokens"][0] == [ids.shape[1]]
+            assert last["prompt_tokens"][0] == [len(ids)]
             assert last["completion_tokens"][0] == [len(want)]
             eos = reference.generation_config.eos_token_id
             ended = want[-1] in (eos if isinstance(eos, list) else [eos])

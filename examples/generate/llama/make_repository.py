@@ -46,17 +46,33 @@ parameters:
 {parameters}"""
 
 
-def _make_checkpoint(version, extra):
+def _make_checkpoint(version, extra, dtype=None):
     spec = importlib.util.spec_from_file_location("make_checkpoint", MAKE_CHECKPOINT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if module.main(["--out", str(version), *extra]) != 0:
         raise SystemExit("make_checkpoint.py failed")
     import transformers
+    if dtype is not None:
+        _resave(version, dtype)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(version), local_files_only=True)
     if not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = CHAT_TEMPLATE
         tokenizer.save_pretrained(str(version))
+
+
+def _resave(version, dtype):
+    """Writes the checkpoint's weights again in `dtype` (a torch dtype's name)."""
+    import torch
+    import transformers
+    major_minor = tuple(int("".join(c for c in part if c.isdigit()) or 0)
+                        for part in transformers.__version__.split(".")[:2])
+    dtype_key = "dtype" if major_minor >= (4, 56) else "torch_dtype"  # renamed in 4.56
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(version), local_files_only=True, **{dtype_key: getattr(torch, dtype)})
+    for old in version.glob("model*.safetensors*"):
+        old.unlink()
+    model.save_pretrained(str(version))
 
 
 def _link_checkpoint(version, checkpoint, copy):
@@ -76,16 +92,20 @@ def _link_checkpoint(version, checkpoint, copy):
 
 
 def write(repo, name="llama", workers=4, kind="KIND_GPU", python=None, checkpoint=None, copy=False,
-          make_args=(), parameters=(), inputs=("text_input",)):
-    """Writes REPO/<name>; returns the version directory."""
+          make_args=(), parameters=(), inputs=("text_input",), max_streams=64, dtype=None):
+    """Writes REPO/<name>; returns the version directory. `dtype` ("float32",
+    ...) writes a checkpoint made here in that dtype rather than bf16."""
     version = pathlib.Path(repo) / name / "1"
     version.mkdir(parents=True, exist_ok=True)
     if checkpoint:
+        if dtype is not None:
+            raise ValueError("dtype applies to a checkpoint made here, not to --checkpoint's")
         _link_checkpoint(version, checkpoint, copy)
     else:
-        _make_checkpoint(version, list(make_args))
+        _make_checkpoint(version, list(make_args), dtype)
     shutil.copy(HERE / "model.py", version / "model.py")
-    entries = {"python": python or sys.executable, **dict(parameters)}
+    entries = {"python": python or sys.executable, "max_streams": max_streams, "resumable": "true",
+               **dict(parameters)}
     lines = "".join(f"  {k}: {json.dumps(str(v))}\n" for k, v in entries.items())
     declared = "".join(f"  - {{name: {name}, data_type: TYPE_STRING, dims: [1]}}\n"
                        for name in inputs)
@@ -108,6 +128,10 @@ def main(argv=None):
     p.add_argument("--python", help="the workers' interpreter (default: this one)")
     p.add_argument("--checkpoint", help="a Hugging Face checkpoint directory to serve")
     p.add_argument("--copy", action="store_true", help="copy the checkpoint's files, not link them")
+    p.add_argument("--max-streams", type=int, default=64,
+                   help="the streams each worker decodes together (its KV cache's rows)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                   help="the dtype of a checkpoint made here (default: make_checkpoint.py's bf16)")
     p.add_argument("--inputs", default="text_input",
                    help="the inputs to declare, comma-separated: text_input (a prompt: /v1/completions, "
                         "generate), messages (a chat: /v1/chat/completions), or both (every request "
@@ -124,8 +148,12 @@ def main(argv=None):
     inputs = a.inputs.split(",")
     if not inputs or not set(inputs) <= {"text_input", "messages"} or len(set(inputs)) != len(inputs):
         p.error(f"--inputs {a.inputs!r}: text_input, messages, or both, comma-separated")
+    if a.max_streams < 1:
+        p.error(f"--max-streams {a.max_streams}: at least 1")
+    if a.dtype and a.checkpoint:
+        p.error("--dtype applies to a checkpoint made here, not to --checkpoint's")
     version = write(a.repo, a.name, a.workers, a.kind, a.python, a.checkpoint, a.copy, make_args,
-                    extra, inputs)
+                    extra, inputs, a.max_streams, a.dtype)
     print(f"wrote {version.parent}: hearth serve --model-repository {os.path.abspath(a.repo)} "
           f"--device {'cuda' if a.kind == 'KIND_GPU' else 'cpu'}")
     return 0
