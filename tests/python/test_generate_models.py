@@ -11,12 +11,19 @@
 2. A real `python3 -m hearth.backend_worker` process on a real store, driven
    through its control socket and request slot by `Driver` below, the
    server's side of the worker protocol written from its wire format
-   (src/protocol/worker_protocol.h): a decoupled model's stream, piece by
-   piece, equals the direct run; a cancelled request closes the model's
-   generator (its GeneratorExit runs) and the worker serves the next; an
-   exception mid-stream ends the stream with its last line; yields that fail
-   their checks name the output; the request's parameters arrive as sent; a
-   model whose execute does not match its transaction policy fails at start.
+   (src/protocol/worker_protocol.h: streams, a ring and credits): a
+   decoupled model's stream, piece by piece, equals the direct run, the
+   ring growing under it; two streams on a worker of max_streams 2 come
+   interleaved, each as it runs alone; responses not yet credited keep their
+   bytes; a request opened with the token ids of a run's first responses
+   goes on exactly where that run was; a cancelled stream ends with a final
+   response while the other goes on; a generator model's streams advance in
+   turn, a cancel closes its generator (its GeneratorExit runs) and the
+   worker serves the next; an exception mid-stream ends the stream with its
+   last line; yields that fail their checks name the output; the request's
+   parameters arrive as sent; a batch model still runs batches; a model
+   whose execute does not match its transaction policy (or a generator
+   model that says it is resumable) fails at start.
 3. examples/generate/llama: its detokenizer and stop strings; its Model,
    many streams decoded together, on a stand-in for a transformers causal
    LM (here, without transformers): streams arriving at different steps,
@@ -35,7 +42,9 @@
 The end-to-end tests under `hearth serve` are in tests/serve/test_generate.py.
 """
 
+import collections
 import json
+import math
 import mmap
 import os
 import pathlib
@@ -538,10 +547,16 @@ def test_seeded_sampling_is_the_same_alone_or_among_fifteen(exact):
 
 # ---- the backend's decoupled path, through a real worker process ----------------------
 
-KIND_SETUP, KIND_READY, KIND_RUN, KIND_DONE, KIND_ROOM, KIND_PARTIAL, KIND_ACK = 4, 1, 2, 3, 5, 6, 7
+# enum Kind (src/protocol/worker_protocol.h)
+KIND_READY, KIND_RUN, KIND_DONE, KIND_SETUP, KIND_ROOM = 1, 2, 3, 4, 5
+KIND_RING, KIND_OPEN, KIND_RESPONSE, KIND_CREDIT, KIND_CANCEL, KIND_RING_GROW = 10, 11, 12, 13, 14, 15
 MAGIC = 0x4B524F57
 BYTES, I64 = 12, 4
 TRITON = {"TYPE_STRING": BYTES, "TYPE_INT64": I64}
+
+
+def align(n):
+    return (n + 63) // 64 * 64
 
 
 def _str(b):
@@ -571,14 +586,24 @@ class _Reader:
         self.at += n
         return s
 
+    def dims(self):
+        n = self.take("<I")
+        dims = list(struct.unpack_from(f"<{n}q", self.b, self.at))
+        self.at += 8 * n
+        return dims
+
     def tensors(self):
         out = []
         for _ in range(self.take("<I")):
-            offset, nbytes, ndim = self.take("<QQI")
-            shape = list(struct.unpack_from(f"<{ndim}q", self.b, self.at))
-            self.at += 8 * ndim
-            out.append((offset, nbytes, shape))
+            offset, nbytes = self.take("<QQ")
+            out.append((offset, nbytes, self.dims()))
         return out
+
+    def specs(self):
+        return [(self.str().decode(), self.take("<B"), self.dims()) for _ in range(self.take("<I"))]
+
+    def end(self, what):
+        assert self.at == len(self.b), f"{len(self.b) - self.at} bytes after the end of a {what}"
 
 
 def bytes_tensor(elements):
@@ -596,18 +621,36 @@ def unbytes(raw):
 
 class Driver:
     """The server's side of one worker: a SOCK_SEQPACKET control socket and a
-    memfd request slot, handed to `python3 -m hearth.backend_worker`."""
+    memfd request slot, handed to `python3 -m hearth.backend_worker`.
+
+    A batch model's worker runs a batch of one request at a time (run()). A
+    decoupled model's worker holds streams: the slot's first INPUT_BYTES hold
+    the open requests' inputs (first fit, 64-byte aligned; once a request's
+    final response came its region is the driver's again, and is scribbled
+    over), and the ring lies right after them, `ring` bytes at first. A ring
+    the worker outgrows (kRingGrow) moves to the slot's end, the slot growing
+    for it. Every response is checked (its outputs in the ring, clear of
+    every response not yet credited) and its outputs copied out as it is
+    read; next() credits what it read in one kCredit, take() leaves that to
+    the test."""
 
     SLOT = 1 << 20
+    INPUT_BYTES = 256 << 10
 
-    def __init__(self, tmp, store, model, config, version_dir, decoupled=True):
+    def __init__(self, tmp, store, model, config, version_dir, decoupled=True, ring=256):
         self.config = config
+        self.outputs = config["output"]
         self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.slot = os.memfd_create("test-slot", os.MFD_CLOEXEC)
         os.ftruncate(self.slot, self.SLOT)
         self.size = self.SLOT
         self.mem = mmap.mmap(self.slot, self.size)
         self.seq = 0
+        self.next_id = 0
+        self.regions = {}      # open request id -> its inputs' (offset, bytes)
+        self.untaken = []      # responses read and not yet credited
+        self.queue = collections.deque()  # responses read (and credited) that next() has not returned
+        self.ring_grows = 0
         cfg = dict(config, model_transaction_policy={"decoupled": decoupled})
         params = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
         setup = struct.pack("<IIII", MAGIC, KIND_SETUP, cfg["max_batch_size"], len(params))
@@ -626,8 +669,17 @@ class Driver:
         kind, r = self.receive(timeout=180)
         self.ready = kind == KIND_READY
         if not self.ready:
-            assert kind == KIND_DONE
+            assert kind == KIND_DONE, kind
             self.start_error = self._done(r)
+            return
+        r.specs(), r.specs(), r.take("<Q"), r.str(), r.take("<B")  # signature, memory, text, ...
+        for _ in range(r.take("<I")):  # the phases of its start
+            r.str(), r.take("<Q")
+        self.streams, self.window = r.take("<II")
+        r.end("ready message")
+        if decoupled:
+            self.ring = (self.INPUT_BYTES, ring)  # right after the inputs' region
+            self._send_ring()
 
     def receive(self, timeout=60):
         ready, _, _ = select.select([self.control], [], [], timeout)
@@ -643,6 +695,13 @@ class Driver:
         self.log.flush()
         return pathlib.Path(self.log.name).read_text()[-4000:]
 
+    def _grow_slot(self, size):
+        self.size = size
+        os.ftruncate(self.slot, self.size)
+        self.mem = mmap.mmap(self.slot, self.size)
+
+    # -- batches (a model that is not decoupled)
+
     @staticmethod
     def _done(r):
         seq, status = r.take("<QI")
@@ -650,11 +709,13 @@ class Driver:
         retry_alone, _run_us, room_needed = r.take("<BQQ")
         outputs = r.tensors()
         present = [r.take("<B") for _ in range(r.take("<I"))]
+        r.end("done message")
         return {"seq": seq, "status": status, "text": text, "retry_alone": retry_alone,
                 "room_needed": room_needed, "outputs": outputs, "present": present}
 
-    def start(self, inputs, parameters=None):
-        """Sends a run of one request: inputs {name: [bytes, ...]} (BYTES)."""
+    def run(self, inputs):
+        """A batch of one request, inputs {name: [bytes, ...]} (BYTES): its
+        kDone, with its outputs decoded as `values`."""
         self.seq += 1
         lead = [1] if self.config["max_batch_size"] > 0 else []
         at, placed = 0, []
@@ -662,52 +723,171 @@ class Driver:
             raw = bytes_tensor(inputs[io["name"]])
             self.mem[at:at + len(raw)] = raw
             placed.append((at, len(raw), lead + [len(inputs[io["name"]])]))
-            at += (len(raw) + 63) // 64 * 64
-        n_out = len(self.config["output"])
+            at = align(at + len(raw))
+        n_out = len(self.outputs)
         run = struct.pack("<IIQqQ", MAGIC, KIND_RUN, self.seq, 1, self.size) + _tensors(placed)
         run += _tensors([(0, 0, [])] * n_out) + struct.pack("<I", n_out) + bytes(n_out)
-        run += struct.pack("<Q", max(at, 64))
-        run += _str(json.dumps(parameters) if parameters is not None else "")
+        run += struct.pack("<Q", max(at, 64)) + _str("")
         run += struct.pack("<IIB", 0, 0, 0)  # no CUDA shared-memory regions or device copies; not compact
         self.control.send(run)
-
-    def answer(self):
-        """The next response: ("partial" | "done", message with decoded outputs)."""
         while True:
             kind, r = self.receive()
-            assert kind in (KIND_PARTIAL, KIND_DONE), kind
+            assert kind == KIND_DONE, kind
             m = self._done(r)
             assert m["seq"] == self.seq
-            if m["room_needed"]:
-                self.size = max(m["room_needed"], 2 * self.size)
-                os.ftruncate(self.slot, self.size)
-                self.mem = mmap.mmap(self.slot, self.size)
-                self.control.send(struct.pack("<IIQQ", MAGIC, KIND_ROOM, self.seq, self.size))
-                continue
-            m["values"] = {}
-            for io, (offset, nbytes, shape), present in zip(self.config["output"], m["outputs"],
-                                                             m["present"] or [1] * len(m["outputs"])):
-                if not present:
-                    continue
-                raw = bytes(self.mem[offset:offset + nbytes])
-                value = unbytes(raw) if TRITON[io["data_type"]] == BYTES else \
-                    np.frombuffer(raw, dtype="<i8").tolist()
-                m["values"][io["name"]] = (value, shape)
-            return ("partial" if kind == KIND_PARTIAL else "done"), m
+            if not m["room_needed"]:
+                break
+            self._grow_slot(max(m["room_needed"], 2 * self.size))
+            self.control.send(struct.pack("<IIQQ", MAGIC, KIND_ROOM, self.seq, self.size))
+        m["values"] = {}
+        for io, (offset, nbytes, shape), present in zip(self.outputs, m["outputs"],
+                                                         m["present"] or [1] * n_out):
+            if present:
+                m["values"][io["name"]] = (self._value(io, offset, nbytes), shape)
+        return m
 
-    def ack(self, cancel=False):
-        self.control.send(struct.pack("<IIQB", MAGIC, KIND_ACK, self.seq, cancel))
+    def _value(self, io, offset, nbytes):
+        raw = bytes(self.mem[offset:offset + nbytes])
+        return unbytes(raw) if TRITON[io["data_type"]] == BYTES else np.frombuffer(raw, "<i8").tolist()
 
-    def stream(self, inputs, parameters=None):
-        """Runs a request to its end, acknowledging every response: (responses, done)."""
-        self.start(inputs, parameters)
-        responses = []
+    # -- streams (a decoupled model)
+
+    def _send_ring(self):
+        self.control.send(struct.pack("<IIQQQ", MAGIC, KIND_RING, *self.ring, self.size))
+
+    def _place(self, nbytes):
+        """First fit in the inputs' region."""
+        nbytes = align(max(nbytes, 1))
+        at = 0
+        for start, taken in sorted(self.regions.values()):
+            if start - at >= nbytes:
+                break
+            at = start + taken
+        assert at + nbytes <= self.INPUT_BYTES, "the open requests' inputs outgrew the driver's region"
+        return at, nbytes
+
+    def open(self, inputs, parameters=None, resume=()):
+        """Opens a request: its inputs {name: [bytes, ...]} (BYTES) placed in
+        the slot, its parameters as JSON (None: none) and the token ids it
+        resumes from. Returns its id."""
+        lead = [1] if self.config["max_batch_size"] > 0 else []
+        raws = [bytes_tensor(inputs[io["name"]]) for io in self.config["input"]]
+        resume_raw = np.asarray(resume, dtype="<i8").tobytes()
+        start, nbytes = self._place(sum(align(len(raw)) for raw in raws) + len(resume_raw))
+        self.next_id += 1
+        self.regions[self.next_id] = (start, nbytes)
+        at, placed = start, []
+        for io, raw in zip(self.config["input"], raws):
+            self.mem[at:at + len(raw)] = raw
+            placed.append((at, len(raw), lead + [len(inputs[io["name"]])]))
+            at += align(len(raw))
+        self.mem[at:at + len(resume_raw)] = resume_raw
+        tokens = (at, len(resume_raw), [len(resume)]) if len(resume) else (0, 0, [0])
+        message = struct.pack("<IIQ", MAGIC, KIND_OPEN, self.next_id) + _str(f"r{self.next_id}")
+        message += struct.pack("<Q", self.size) + _tensors(placed)
+        message += _str(json.dumps(parameters) if parameters is not None else "") + _tensors([tokens])
+        self.control.send(message)
+        return self.next_id
+
+    def cancel(self, *ids):
+        self.control.send(struct.pack(f"<III{len(ids)}Q", MAGIC, KIND_CANCEL, len(ids), *ids))
+
+    def _grow_ring(self, nbytes):
+        """A new ring at the slot's end, the slot grown for it: the old one is
+        the driver's again."""
+        assert not self.untaken, "kRingGrow before every response was taken"
+        assert nbytes > self.ring[1], f"kRingGrow to {nbytes} bytes from a ring of {self.ring[1]}"
+        self.ring = (align(self.size), align(nbytes))
+        self._grow_slot(sum(self.ring))
+        self._send_ring()
+        self.ring_grows += 1
+
+    def _read(self):
+        """The next response, answering kRingGrow on the way: checked, its
+        outputs copied out, and counted as not yet taken."""
         while True:
-            kind, m = self.answer()
-            if kind == "done":
-                return responses, m
-            responses.append(m["values"])
-            self.ack()
+            kind, r = self.receive()
+            if kind != KIND_RING_GROW:
+                break
+            nbytes = r.take("<Q")
+            r.end("ring-grow message")
+            self._grow_ring(nbytes)
+        assert kind == KIND_RESPONSE, f"a message of kind {kind} among streams"
+        rid, final, status = r.take("<QBI")
+        m = {"id": rid, "final": bool(final), "status": status, "text": r.str().decode(errors="replace")}
+        outputs = r.tensors()
+        m["present"] = [r.take("<B") for _ in range(r.take("<I"))]
+        r.end("response message")
+        assert rid in self.regions, f"a response to request {rid}, which is not open"
+        assert len(outputs) == len(m["present"]) == len(self.outputs), m
+        assert final or status == 0, "an error that is not final"
+        m["values"], m["places"] = {}, []
+        ring_at, ring_bytes = self.ring
+        untaken = [(at, n) for u in self.untaken for _, at, n, _ in u["places"] if n]
+        for io, (offset, nbytes, shape), present in zip(self.outputs, outputs, m["present"]):
+            if not present:
+                assert (offset, nbytes, shape) == (0, 0, []), (io["name"], offset, nbytes, shape)
+                continue
+            assert ring_at <= offset and offset + nbytes <= ring_at + ring_bytes, \
+                f"output {io['name']!r} at [{offset}, +{nbytes}) is outside the ring at {self.ring}"
+            if nbytes:
+                for at, n in untaken:
+                    assert offset + nbytes <= at or at + n <= offset, \
+                        f"output {io['name']!r} at [{offset}, +{nbytes}) overlaps untaken bytes at [{at}, +{n})"
+                untaken.append((offset, nbytes))
+            m["places"].append((io, offset, nbytes, shape))
+            m["values"][io["name"]] = (self._value(io, offset, nbytes), shape)
+        self.untaken.append(m)
+        if final:  # its inputs are the driver's again: the worker must not read them now
+            start, nbytes = self.regions.pop(rid)
+            self.mem[start:start + nbytes] = b"\xa5" * nbytes
+        return m
+
+    def take(self, n):
+        """The next n responses, read and left uncredited."""
+        assert not self.queue
+        return [self._read() for _ in range(n)]
+
+    def untaken_unchanged(self):
+        """Whether every response not yet credited still holds what was read."""
+        return all({io["name"]: (self._value(io, offset, nbytes), shape)
+                    for io, offset, nbytes, shape in m["places"]} == m["values"]
+                   for m in self.untaken)
+
+    def credit(self):
+        """Every response read is taken: their ring bytes go back in one
+        kCredit, once it is checked that the worker wrote none of them since."""
+        if self.untaken:
+            assert self.untaken_unchanged(), "the worker wrote over a response not yet taken"
+            self.control.send(struct.pack("<III", MAGIC, KIND_CREDIT, len(self.untaken)))
+            self.untaken = []
+
+    def next(self):
+        """The next response: what the worker has sent is read (waiting for
+        the first) and credited at once, as the server does."""
+        if not self.queue:
+            self.queue.append(self._read())
+            while select.select([self.control], [], [], 0)[0]:
+                self.queue.append(self._read())
+            self.credit()
+        return self.queue.popleft()
+
+    def finish(self, *ids):
+        """Reads responses until each of `ids` had its final one: ({id: its
+        responses}, the ids of every response in the order they came)."""
+        got, order = {i: [] for i in ids}, []
+        while not all(got[i] and got[i][-1]["final"] for i in ids):
+            m = self.next()
+            assert m["id"] in got, f"a response to request {m['id']}"
+            got[m["id"]].append(m)
+            order.append(m["id"])
+        return got, order
+
+    def stream(self, inputs, parameters=None, resume=()):
+        """A request run to its end: (the values of its responses that hold
+        an output, its final response)."""
+        rid = self.open(inputs, parameters, resume)
+        return outcome(self.finish(rid)[0][rid])
 
     def close(self):
         self.control.close()  # the worker's next wait ends: it exits
@@ -719,6 +899,25 @@ class Driver:
             code = "killed"
         self.log.close()
         return code
+
+
+def outcome(responses):
+    """A stream's responses: (the values of those that hold an output, the
+    final one). A generator model's return is a final response of none."""
+    assert responses[-1]["final"] and not any(m["final"] for m in responses[:-1])
+    return [m["values"] for m in responses if any(m["present"])], responses[-1]
+
+
+def sent(responses):
+    """A stream's responses read by Driver as the stand-in Request's sent()
+    has them: [({name: list}, final)]."""
+    assert all(m["status"] == 0 for m in responses), responses[-1]["text"]
+    return [({k: v for k, (v, _) in m["values"].items()}, m["final"]) for m in responses]
+
+
+def texts(values):
+    """Each response's text_output (None where it has none)."""
+    return [v["text_output"][0][0] if "text_output" in v else None for v in values]
 
 
 def io_config(name, max_batch_size, inputs, outputs, **parameters):
@@ -774,6 +973,12 @@ class Model:
 '''
 
 
+def echoed(text, parameters, pieces):
+    """The echo model's responses' text_output for a stream it ends itself."""
+    return [json.dumps(parameters, sort_keys=True).encode()] + \
+        [text + b"-%d" % i for i in range(pieces)] + [None]
+
+
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory, repo):
     """A store holding the tiny decoder's weights and some weights for the echo model."""
@@ -799,48 +1004,83 @@ def echo_worker(stores, tmp_path):
     assert d.close() == 0, d.log_text()
 
 
+def prompt(text):
+    return {"text_input": [text.encode()], "messages": [b""]}
+
+
+def least_margin(exact, text, max_tokens):
+    """How close the best two logits come over the greedy run of `text`, in float64."""
+    ids, least = tiny.prompt_tokens(text), math.inf
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            logits = exact(torch.tensor(ids, dtype=torch.long))[0][-1]
+            best, second = torch.topk(logits, 2).values.tolist()
+            least = min(least, best - second)
+            ids.append(int(torch.argmax(logits)))
+            if ids[-1] == tiny.EOS:
+                break
+    return least
+
+
+@pytest.fixture(scope="module")
+def steady(exact):
+    """Prompts whose greedy run of 40 tokens never has its best two logits
+    within 1e-3 of each other. The worker decodes in float32 like `decoder`,
+    but a forward over two streams, or a prefill of resumed tokens, adds
+    their terms in another order than the direct run alone: a few 1e-6, too
+    little to change a token of these (see `exact`)."""
+    found = [p for p in PROMPTS if least_margin(exact, p, 40) > 1e-3]
+    assert len(found) >= 4, found
+    return found
+
+
 def test_the_worker_streams_what_the_direct_run_generates(stores, repo, decoder, tmp_path):
     store, _ = stores
     d = Driver(tmp_path, store, "tiny", io_config("tiny", 0, **TINY_IO), repo)
     assert d.ready, d.start_error
+    assert d.streams == 1 and d.window >= 1  # max_streams: 1 unless the config says
     try:
-        for prompt, parameters in [("Hello", {"max_tokens": 24}),
-                                   ("The quick brown fox", {"max_tokens": 30, "stop": ["q", "zz"]}),
-                                   ("Hello", {"max_tokens": 20, "temperature": 0.9, "seed": 11})]:
-            responses, done = d.stream({"text_input": [prompt.encode()], "messages": [b""]}, parameters)
-            assert done["status"] == 0, done["text"]
-            assert done["present"] == [0] * 5  # the stream's last response was its last yield
-            want_pieces, want_last = direct(decoder, prompt, **parameters)
+        for text, parameters in [("Hello", {"max_tokens": 24}),
+                                 ("The quick brown fox", {"max_tokens": 30, "stop": ["q", "zz"]}),
+                                 ("Hello", {"max_tokens": 20, "temperature": 0.9, "seed": 11})]:
+            responses, final = d.stream(prompt(text), parameters)
+            assert final["status"] == 0, final["text"]
+            want_pieces, want_last = direct(decoder, text, **parameters)
             got = [r["text_output"][0][0] for r in responses]
-            assert got == want_pieces, (prompt, parameters)
+            assert got == want_pieces, (text, parameters)
             assert all(r["text_output"][1] == [1] for r in responses)
             # Token for token: the stream's token_ids are what the module generates directly.
-            ids = tiny.prompt_tokens(prompt)
+            ids = tiny.prompt_tokens(text)
             sampled = {k: parameters[k] for k in ("temperature", "seed") if k in parameters}
             generated = list(tiny.tokens(decoder, ids, parameters["max_tokens"], **sampled))
             streamed = [t for r in responses for t in r["token_ids"][0]]
             assert streamed == generated[:want_last["completion_tokens"][0]], (streamed, generated)
-            # Each response before the last is one piece and its tokens; the last adds the counts.
+            # Each response before the last is one piece and its tokens; the
+            # last, the final one, adds the counts.
             assert all(set(r) == {"text_output", "token_ids"} for r in responses[:-1])
             last = responses[-1]
             assert last["prompt_tokens"][0] == want_last["prompt_tokens"].tolist()
             assert last["completion_tokens"][0] == want_last["completion_tokens"].tolist()
             assert last["finish_reason"][0] == want_last["finish_reason"].tolist()
+        # The final response (five outputs of 64 bytes each at least) never
+        # fits the first ring of 256 bytes: the worker asked for a larger one
+        # while it was building it, and what it had built came along.
+        assert d.ring_grows >= 1
         # A chat: messages (JSON text) through the template, text_input ignored.
         messages = [{"role": "user", "content": "Hi"}]
-        responses, done = d.stream({"text_input": [b"ignored"],
-                                    "messages": [json.dumps(messages).encode()]}, {"max_tokens": 12})
-        assert done["status"] == 0, done["text"]
+        responses, final = d.stream({"text_input": [b"ignored"],
+                                     "messages": [json.dumps(messages).encode()]}, {"max_tokens": 12})
+        assert final["status"] == 0, final["text"]
         want = bytes(t for t in tiny.tokens(decoder, tiny.prompt_tokens(tiny.chat_prompt(messages)), 12)
                      if t < 256)
         assert b"".join(r["text_output"][0][0] for r in responses) == want
         assert responses[-1]["prompt_tokens"][0] == [len(tiny.chat_prompt(messages)) + 1]
         # A request the model refuses is the client's fault, and the worker serves on.
-        responses, done = d.stream({"text_input": [b"Hello"], "messages": [b""]}, {"temperature": 9})
-        assert responses == [] and done["status"] == INVALID_ARGUMENT, done
-        assert "temperature" in done["text"] and done["retry_alone"] == 0
-        responses, done = d.stream({"text_input": [b"Hello"], "messages": [b""]}, None)
-        assert done["status"] == 0 and responses[-1]["completion_tokens"][0] == [16]  # the default
+        responses, final = d.stream(prompt("Hello"), {"temperature": 9})
+        assert responses == [] and final["status"] == INVALID_ARGUMENT, final
+        assert "temperature" in final["text"]
+        responses, final = d.stream(prompt("Hello"), None)
+        assert final["status"] == 0 and responses[-1]["completion_tokens"][0] == [16]  # the default
     finally:
         assert d.close() == 0, d.log_text()
 
@@ -852,12 +1092,122 @@ def test_a_model_with_messages_alone_is_a_chat(stores, repo, decoder, tmp_path):
     assert d.ready, d.start_error
     try:
         messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-        responses, done = d.stream({"messages": [json.dumps(messages).encode()]}, {"max_tokens": 10})
-        assert done["status"] == 0, done["text"]
-        prompt = tiny.prompt_tokens(tiny.chat_prompt(messages))
-        assert [t for r in responses for t in r["token_ids"][0]] == list(tiny.tokens(decoder, prompt, 10))
-        responses, done = d.stream({"messages": [b""]}, {"max_tokens": 10})
-        assert done["status"] == INVALID_ARGUMENT and "messages is not JSON" in done["text"]
+        responses, final = d.stream({"messages": [json.dumps(messages).encode()]}, {"max_tokens": 10})
+        assert final["status"] == 0, final["text"]
+        ids = tiny.prompt_tokens(tiny.chat_prompt(messages))
+        assert [t for r in responses for t in r["token_ids"][0]] == list(tiny.tokens(decoder, ids, 10))
+        responses, final = d.stream({"messages": [b""]}, {"max_tokens": 10})
+        assert final["status"] == INVALID_ARGUMENT and "messages is not JSON" in final["text"]
+    finally:
+        assert d.close() == 0, d.log_text()
+
+
+def test_two_streams_on_one_worker_interleave_each_as_its_direct_run(stores, repo, decoder, steady,
+                                                                     tmp_path):
+    store, _ = stores
+    d = Driver(tmp_path, store, "tiny", io_config("tiny", 0, **TINY_IO, max_streams=2), repo)
+    assert d.ready, d.start_error
+    try:
+        assert d.streams == 2
+        cases = [(steady[0], {"max_tokens": 30}), (steady[1], {"max_tokens": 24})]
+        a, b = (d.open(prompt(text), parameters) for text, parameters in cases)
+        got, order = d.finish(a, b)
+        for (text, parameters), rid in zip(cases, (a, b)):
+            assert sent(got[rid]) == alone(decoder, text, parameters).sent(), (text, parameters)
+        # Answered together: b's first response came before a's last, and a
+        # sent responses while b was going. (Deterministic: the worker sends
+        # at most its window of responses before a credit, and b was opened
+        # before the first credit; a sends 31.)
+        b_first, b_last = order.index(b), len(order) - 1 - order[::-1].index(b)
+        assert b_first < len(order) - 1 - order[::-1].index(a), order
+        assert a in order[b_first:b_last], order
+    finally:
+        assert d.close() == 0, d.log_text()
+
+
+def test_responses_not_yet_taken_keep_their_bytes(stores, repo, decoder, steady, tmp_path):
+    store, _ = stores
+    d = Driver(tmp_path, store, "tiny", io_config("tiny", 0, **TINY_IO), repo, ring=64 << 10)
+    assert d.ready, d.start_error
+    try:
+        parameters = {"max_tokens": 40}
+        rid = d.open(prompt(steady[0]), parameters)
+        # As many as the worker may send before a credit, each in a place of
+        # its own in the ring: none was written over by a later one.
+        held = d.take(d.window)
+        assert d.untaken_unchanged()
+        d.credit()
+        got, _ = d.finish(rid)
+        assert sent(held + got[rid]) == alone(decoder, steady[0], parameters).sent()
+    finally:
+        assert d.close() == 0, d.log_text()
+
+
+@pytest.mark.parametrize("stop", [False, True], ids=["length", "stop"])
+def test_a_resumed_request_goes_on_where_the_direct_run_was(stores, repo, decoder, steady, tmp_path,
+                                                            stop):
+    store, _ = stores
+    config = io_config("tiny", 0, **TINY_IO, max_streams=4, resumable="true")
+    d = Driver(tmp_path, store, "tiny", config, repo)
+    assert d.ready, d.start_error
+    try:
+        text, parameters = steady[2], {"max_tokens": 30}
+        if stop:  # a stop string the uninterrupted run meets first at its 18th token or later
+            run = greedy_text(decoder, text, 40)
+            at = next(p for p in range(15, 37) if run.index(run[p:p + 3]) == p)
+            parameters = {"max_tokens": 40, "stop": run[at:at + 3]}
+        whole = alone(decoder, text, parameters).sent()
+        n = len(whole)
+        assert whole[-1][0]["finish_reason"] == [b"stop" if stop else b"length"] and n > 10
+        # Cut after the first response, half way, and right before the last;
+        # all resumed at once, beside a stream that starts afresh.
+        cuts = [1, n // 2, n - 1]
+        ids = [d.open(prompt(text), parameters,
+                      resume=[t for out, _ in whole[:k] for t in out["token_ids"]]) for k in cuts]
+        fresh = d.open(prompt(steady[3]), {"max_tokens": 20})
+        got, _ = d.finish(*ids, fresh)
+        for k, rid in zip(cuts, ids):
+            # Not a byte of the text sent before the cut comes again.
+            assert sent(got[rid]) == whole[k:], k
+        assert sent(got[fresh]) == alone(decoder, steady[3], {"max_tokens": 20}).sent()
+    finally:
+        assert d.close() == 0, d.log_text()
+
+
+def test_a_cancelled_stream_ends_and_the_other_goes_on(stores, repo, decoder, steady, tmp_path):
+    store, _ = stores
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    config = io_config("tiny", 0, **TINY_IO, max_streams=2, closed_marker_dir=markers)
+    d = Driver(tmp_path, store, "tiny", config, repo)
+    assert d.ready, d.start_error
+    try:
+        (a_text, a_parameters), (b_text, b_parameters) = cases = \
+            [(steady[0], {"max_tokens": 40}), (steady[1], {"max_tokens": 30})]
+        # Each of a's responses holds one token: the model's marker counts them.
+        assert all(len(out["token_ids"]) == 1
+                   for out, _ in alone(decoder, a_text, a_parameters).sent()[:-1])
+        a, b = (d.open(prompt(text), parameters) for text, parameters in cases)
+        got = {a: [], b: []}
+        while len(got[a]) < 3:
+            m = d.next()
+            got[m["id"]].append(m)
+        d.cancel(a)
+        more, _ = d.finish(a, b)
+        got = {k: got[k] + more[k] for k in got}
+        # a got a final response (after what it sent before it saw the
+        # cancel), long before its end.
+        whole = alone(decoder, a_text, a_parameters).sent()
+        assert got[a][-1]["final"] and got[a][-1]["status"] == 0
+        assert len(got[a]) < len(whole)
+        assert sent(got[a][:-1]) == whole[:len(got[a]) - 1]
+        assert sent(got[b]) == alone(decoder, b_text, b_parameters).sent()
+        # The model dropped a at its next step, b going on.
+        sent_by_a = sum(len(m["values"]["token_ids"][0]) for m in got[a][:-1])
+        assert [p.name for p in markers.iterdir()] == [f"closed-{d.proc.pid}-{sent_by_a}"]
+        # Its place went to the next.
+        c = d.open(prompt(steady[2]), {"max_tokens": 12})
+        assert sent(d.finish(c)[0][c]) == alone(decoder, steady[2], {"max_tokens": 12}).sent()
     finally:
         assert d.close() == 0, d.log_text()
 
@@ -865,36 +1215,64 @@ def test_a_model_with_messages_alone_is_a_chat(stores, repo, decoder, tmp_path):
 def test_cancel_closes_the_generator_and_frees_the_worker(echo_worker, stores):
     _, echo = stores
     d = echo_worker
-    d.start({"text_input": [b"x"]}, {"pieces": 100})
-    for _ in range(3):  # the parameters, then pieces 0 and 1
-        kind, m = d.answer()
-        assert kind == "partial"
-        d.ack()
-    kind, m = d.answer()
-    assert kind == "partial" and m["values"]["text_output"][0] == [b"x-2"]
-    d.ack(cancel=True)
-    kind, m = d.answer()
-    assert kind == "done" and m["status"] == 0, m
-    assert m["present"] == [0, 0]
-    # The generator was closed at its yield (GeneratorExit ran its handler)
-    # before the worker said done.
-    assert [p.name for p in echo.glob("closed-*")] == [f"closed-{d.proc.pid}-2"]
-    responses, done = d.stream({"text_input": [b"y"]}, {"pieces": 2})
-    assert done["status"] == 0
-    assert [r.get("text_output", [None])[0] for r in responses] == \
-        [[b'{"pieces": 2}'], [b"y-0"], [b"y-1"], None]
+    rid = d.open({"text_input": [b"x"]}, {"pieces": 100})
+    seen = [d.next()]
+    while texts([seen[-1]["values"]]) != [b"x-2"]:
+        seen.append(d.next())
+    d.cancel(rid)
+    seen += d.finish(rid)[0][rid]
+    assert seen[-1]["final"] and seen[-1]["status"] == 0
+    assert not any(m["final"] for m in seen[:-1])
+    pieces = texts([m["values"] for m in seen[1:-1]])
+    assert pieces == [b"x-%d" % i for i in range(len(pieces))]
+    y = d.open({"text_input": [b"y"]}, {"pieces": 2})
+    responses, final = outcome(d.finish(y)[0][y])
+    assert final["status"] == 0
+    assert texts(responses) == echoed(b"y", {"pieces": 2}, 2)
     assert responses[-1]["count"] == ([2], [1])
+    # The generator was closed at its yield after the last piece it sent
+    # (GeneratorExit ran its handler), before the worker took the next request.
+    assert [p.name for p in echo.glob("closed-*")] == [f"closed-{d.proc.pid}-{len(pieces) - 1}"]
+    # A cancel that crossed the final response on the wire changes nothing:
+    # no response to y comes (Driver checks each is to an open request).
+    d.cancel(y)
+    responses, final = d.stream({"text_input": [b"z"]}, {"pieces": 1})
+    assert final["status"] == 0 and texts(responses) == echoed(b"z", {"pieces": 1}, 1)
+
+
+def test_a_generator_models_streams_interleave_when_it_holds_two(stores, tmp_path):
+    store, echo = stores
+    d = Driver(tmp_path, store, "echo", io_config("echo", 0, **ECHO_IO, max_streams=2), echo)
+    assert d.ready, d.start_error
+    try:
+        assert d.streams == 2
+        a = d.open({"text_input": [b"a"]}, {"pieces": 40})
+        b = d.open({"text_input": [b"b"]}, {"pieces": 5})
+        got, order = d.finish(a, b)
+        for rid, text, pieces in [(a, b"a", 40), (b, b"b", 5)]:
+            responses, final = outcome(got[rid])
+            assert final["status"] == 0 and final["present"] == [0, 0]
+            assert texts(responses) == echoed(text, {"pieces": pieces}, pieces)
+            assert responses[-1]["count"] == ([pieces], [1])
+        # Each generator is advanced by one response in turn: from b's first
+        # response to its final one, a's and b's alternate. (b was opened
+        # before the first credit, so the worker saw it within its window
+        # of a's 43 responses.)
+        b_first, b_last = order.index(b), len(order) - 1 - order[::-1].index(b)
+        assert order[b_first:b_last + 1] == [b, a] * 7 + [b], order
+    finally:
+        assert d.close() == 0, d.log_text()
 
 
 def test_an_exception_mid_stream_ends_it_with_its_last_line(echo_worker):
     d = echo_worker
-    responses, done = d.stream({"text_input": [b"x"]}, {"pieces": 5, "raise_at": 2})
-    assert [r["text_output"][0] for r in responses[1:]] == [[b"x-0"], [b"x-1"]]
-    assert done["status"] == INTERNAL and done["retry_alone"] == 0
-    assert done["text"] == "RuntimeError: the model broke at piece 2"
+    responses, final = d.stream({"text_input": [b"x"]}, {"pieces": 5, "raise_at": 2})
+    assert texts(responses[1:]) == [b"x-0", b"x-1"]
+    assert final["status"] == INTERNAL and final["present"] == [0, 0]
+    assert final["text"] == "RuntimeError: the model broke at piece 2"
     assert "Traceback" in d.log_text()
-    responses, done = d.stream({"text_input": [b"x"]}, {"pieces": 1})
-    assert done["status"] == 0 and len(responses) == 3
+    responses, final = d.stream({"text_input": [b"x"]}, {"pieces": 1})
+    assert final["status"] == 0 and len(responses) == 3
 
 
 @pytest.mark.parametrize("bad, says", [
@@ -906,27 +1284,26 @@ def test_an_exception_mid_stream_ends_it_with_its_last_line(echo_worker):
 def test_a_yield_that_fails_its_checks_ends_the_stream_naming_it(echo_worker, stores, bad, says):
     _, echo = stores
     d = echo_worker
-    responses, done = d.stream({"text_input": [b"x"]}, {"bad": bad})
+    responses, final = d.stream({"text_input": [b"x"]}, {"bad": bad})
     assert len(responses) == 1  # the parameters
-    assert done["status"] == INVALID_ARGUMENT and says in done["text"], done["text"]
-    # The generator was closed, and the worker serves on.
+    assert final["status"] == INVALID_ARGUMENT and says in final["text"], final["text"]
+    _, final = d.stream({"text_input": [b"x"]}, {"pieces": 1})
+    assert final["status"] == 0
+    # The generator was closed, by the time the worker took the next request.
     assert [p.name for p in echo.glob("closed-*")] == [f"closed-{d.proc.pid}-0"]
-    _, done = d.stream({"text_input": [b"x"]}, {"pieces": 1})
-    assert done["status"] == 0
 
 
 def test_the_requests_parameters_arrive_as_sent(echo_worker):
     d = echo_worker
-    sent = {"max_tokens": 3, "temperature": 0.25, "stop": ["\n", "</s>"], "stream": True,
-            "custom": {"nested": [1, None]}, "name": "caf\u00e9", "pieces": 0}
-    responses, done = d.stream({"text_input": [b"x"]}, sent)
-    assert done["status"] == 0
-    assert json.loads(responses[0]["text_output"][0][0]) == sent
+    given = {"max_tokens": 3, "temperature": 0.25, "stop": ["\n", "</s>"], "stream": True,
+             "custom": {"nested": [1, None]}, "name": "caf\u00e9", "pieces": 0}
+    responses, final = d.stream({"text_input": [b"x"]}, given)
+    assert final["status"] == 0
+    assert json.loads(responses[0]["text_output"][0][0]) == given
     responses, _ = d.stream({"text_input": [b"x"]}, None)  # none: {}
     assert json.loads(responses[0]["text_output"][0][0]) == {}
-    d.start({"text_input": [b"x"]}, [1, 2])  # not an object
-    kind, m = d.answer()
-    assert kind == "done" and m["status"] == INVALID_ARGUMENT and "not an object" in m["text"]
+    responses, final = d.stream({"text_input": [b"x"]}, [1, 2])  # not an object
+    assert responses == [] and final["status"] == INVALID_ARGUMENT and "not an object" in final["text"]
 
 
 def test_a_batching_decoupled_model_has_a_batch_dimension_of_one(stores, tmp_path):
@@ -934,28 +1311,52 @@ def test_a_batching_decoupled_model_has_a_batch_dimension_of_one(stores, tmp_pat
     d = Driver(tmp_path, store, "echo", io_config("echo", 4, **ECHO_IO), echo)
     assert d.ready, d.start_error
     try:
-        responses, done = d.stream({"text_input": [b"x"]}, {"pieces": 1})
-        assert done["status"] == 0, done["text"]
+        responses, final = d.stream({"text_input": [b"x"]}, {"pieces": 1})
+        assert final["status"] == 0, final["text"]
         assert responses[1]["text_output"] == ([b"x-0"], [1, 1])
         assert responses[2]["count"] == ([1], [1, 1])
     finally:
         assert d.close() == 0
 
 
-@pytest.mark.parametrize("decoupled, code, says", [
+def test_a_batch_model_runs_batches(stores, tmp_path):
+    store, _ = stores
+    version = tmp_path / "1"
+    version.mkdir()
+    (version / "model.py").write_text(
+        "import numpy as np\n"
+        "class Model:\n    def initialize(self, args): pass\n"
+        "    def execute(self, inputs):\n"
+        "        t = inputs['text_input']\n"
+        "        return {'text_output': np.array([[e[::-1] for e in row] for row in t], dtype=object),\n"
+        "                'count': np.array([[len(row[0])] for row in t], dtype=np.int64)}\n")
+    d = Driver(tmp_path, store, "echo", io_config("echo", 4, **ECHO_IO), version, decoupled=False)
+    assert d.ready, d.start_error
+    try:
+        done = d.run({"text_input": [b"hearth"]})
+        assert done["status"] == 0, done["text"]
+        assert done["values"] == {"text_output": ([b"htraeh"], [1, 1]), "count": ([6], [1, 1])}
+    finally:
+        assert d.close() == 0, d.log_text()
+
+
+@pytest.mark.parametrize("decoupled, code, parameters, says", [
     (True, "class Model:\n    def initialize(self, args): pass\n"
-           "    def execute(self, inputs, parameters): return {}\n",
-     "Model.execute must be a generator function"),
+           "    def execute(self, inputs, parameters): return {}\n", {},
+     "this execute takes 2 arguments and does not yield"),
     (False, "class Model:\n    def initialize(self, args): pass\n"
-            "    def execute(self, inputs):\n        yield {}\n",
+            "    def execute(self, inputs):\n        yield {}\n", {},
      "Model.execute is a generator function (it yields), but the model is not decoupled"),
-])
-def test_execute_must_match_the_transaction_policy(stores, tmp_path, decoupled, code, says):
-    store, echo = stores
+    # A stream resumes through Request.resume_token_ids, which a generator never sees.
+    (True, ECHO_PY, {"resumable": "true"}, "parameters.resumable"),
+], ids=["decoupled-returns", "batched-yields", "resumable-generator"])
+def test_execute_must_match_the_transaction_policy(stores, tmp_path, decoupled, code, parameters, says):
+    store, _ = stores
     version = tmp_path / "1"
     version.mkdir()
     (version / "model.py").write_text(code)
-    d = Driver(tmp_path, store, "echo", io_config("echo", 0, **ECHO_IO), version, decoupled=decoupled)
+    config = io_config("echo", 0, **ECHO_IO, **parameters)
+    d = Driver(tmp_path, store, "echo", config, version, decoupled=decoupled)
     assert not d.ready
     assert d.start_error["status"] == INVALID_ARGUMENT
     assert says in d.start_error["text"], d.start_error["text"]
