@@ -206,8 +206,9 @@ struct InferRequest {
   // It returns false to stop the request (its client is gone, or cannot
   // keep up): the model is told to stop within one step, and `done` follows.
   // Unset: the request is answered once, by `done`, with each BYTES
-  // output's pieces joined in order (element by element) and every other
-  // output as its last response gave it.
+  // output's pieces joined in order (element by element), each vector
+  // output of any length (dims [-1], such as token ids) its pieces one
+  // after the other, and every other output as its last response gave it.
   std::function<bool(const InferResponse&)> on_response;
   // Set true (from any thread) when the client goes away: the server stops
   // the request, queued or running, within one step of the model.

@@ -122,6 +122,15 @@ InferTensor Classify(const InferTensor& t, uint32_t count, bool batching) {
 Status JoinPiece(JoinedOutput& j, const TensorSpec& spec, const std::vector<int64_t>& shape,
                  std::span<const std::byte> data) {
   if (spec.dtype != DType::kBytes) {
+    // A vector of any length (dims [-1], token ids): the pieces one after
+    // the other. Any other: as the last response gave it.
+    const bool vector = spec.dims == std::vector<int64_t>{-1};
+    if (vector && j.seen && !shape.empty() && j.shape.size() == shape.size() &&
+        std::equal(shape.begin(), shape.end() - 1, j.shape.begin())) {
+      j.shape.back() += shape.back();
+      j.bytes.insert(j.bytes.end(), data.begin(), data.end());
+      return Status::Ok();
+    }
     j.shape = shape;
     j.bytes.assign(data.begin(), data.end());
     j.seen = true;

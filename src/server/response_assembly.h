@@ -40,8 +40,10 @@ struct JoinedOutput {
   std::vector<std::byte> bytes;       // other types
 };
 
-// Adds one response's piece of output `spec` to `j`; InvalidArgument when a
-// BYTES output changes its shape between pieces.
+// Adds one response's piece of output `spec` to `j` (BYTES: element by
+// element; a vector of any length, dims [-1]: after the last piece; any
+// other: in its place); InvalidArgument when a BYTES output changes its
+// shape between pieces.
 Status JoinPiece(JoinedOutput& j, const TensorSpec& spec, const std::vector<int64_t>& shape,
                  std::span<const std::byte> data);
 

@@ -471,6 +471,8 @@ class Model:
         import hearth.torch
         with hearth.torch.meta_parameters():
             decoder = TinyDecoder.from_config(config)
+        # In the weights' dtype (float32, or float64 for exact comparisons).
+        decoder.to(args["weights"]["tok.weight"].dtype)
         hearth.torch.load_into(decoder, args["weights"])
         # Tests of cancellation: a file written when a cancelled stream is dropped.
         marker_dir = params.get("closed_marker_dir", {}).get("string_value")

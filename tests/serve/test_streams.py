@@ -1,0 +1,215 @@
+"""Many streams in one worker, and streams that outlive their worker, under `hearth serve`.
+
+The tiny decoder (examples/generate/tiny_decoder) with float64 weights, so
+that a stream decoded in a batch of 16 picks exactly what it picks alone
+(float32's reduction orders could tip a near-tie; see its make_repository):
+
+- 16 streams on one worker of max_streams 16 are held by it at once (it is
+  stopped, SIGSTOP, until the server says all 16 are open on it, so that
+  this holds on any machine), each equal to its prompt served alone. (That
+  the model's step then gives every stream its first token before any ends
+  is tested on the model itself, in tests/python/test_generate_models.py:
+  the order in which 16 client threads read their streams says nothing
+  sure about the order the server sent them in.)
+- a stream cancelled among others (its client gone) frees its place, and
+  the others stay equal;
+- SIGKILL of the worker while 16 greedy and 16 seeded streams are in
+  flight: all 32 complete, each equal to its uninterrupted run (no token
+  twice, none missing), and /metrics counts them resumed.
+"""
+
+import concurrent.futures
+import json
+import os
+import signal
+import threading
+
+import pytest
+import requests
+
+from serve_support import python_workers, start_serve, stop_serve, wait_for
+
+torch = pytest.importorskip("torch", reason="the tiny decoder is written in torch")
+
+import importlib.util  # noqa: E402
+import pathlib  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location(
+    "tiny_decoder_make_repository_streams",
+    ROOT / "examples" / "generate" / "tiny_decoder" / "make_repository.py")
+tiny_repository = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tiny_repository)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("streams")
+    root = tmp / "repo"
+    tiny_repository.write(root, "many", workers=1, max_streams=32, dtype="float64")
+    tiny_repository.write(root, "pair", workers=1, max_streams=2, dtype="float64")
+    state = start_serve(tmp, root)
+    for model in ("many", "pair"):
+        wait_for(lambda m=model: requests.get(f"{state['url']}/v2/models/{m}/ready").status_code
+                 == 200, f"{model} ready", timeout=120)
+    yield state
+    code, text = stop_serve(state)
+    assert code == 0, text[-3000:]
+
+
+def events(response):
+    data = []
+    for line in response.iter_lines(decode_unicode=False):
+        if line.startswith(b"data:"):
+            data.append(line[5:].lstrip(b" ").decode())
+        elif not line and data:
+            yield json.loads("\n".join(data))
+            data = []
+    if data:
+        yield json.loads("\n".join(data))
+
+
+def token_ids(event):
+    ids = event.get("token_ids", [])
+    return ids if isinstance(ids, list) else [ids]
+
+
+def alone(served, model, prompt, **parameters):
+    """The prompt served alone (joined): (text, token ids)."""
+    r = requests.post(f"{served['url']}/v2/models/{model}/generate",
+                      json={"text_input": prompt, "parameters": parameters}, timeout=120)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    ids = body.get("token_ids", [])
+    return body["text_output"], ids if isinstance(ids, list) else [ids]
+
+
+def open_stream(served, model, prompt, **parameters):
+    r = requests.post(f"{served['url']}/v2/models/{model}/generate_stream",
+                      json={"text_input": prompt, "parameters": parameters}, stream=True,
+                      timeout=120)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def streams_held(served, model):
+    r = requests.get(f"{served['url']}/v2/hearth/workers", timeout=10)
+    r.raise_for_status()
+    for m in r.json()["models"]:
+        if m["name"] == model:
+            return sum(w["streams"] for p in m["placements"] for w in p["workers"])
+    return 0
+
+
+def metric(served, name, model):
+    text = requests.get(f"{served['url']}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith(f'{name}{{model="{model}"'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+PROMPTS = [f"stream {i}: " + "abcdefghij"[: i % 10] for i in range(32)]
+
+
+def test_sixteen_streams_on_one_worker_are_decoded_together(served):
+    expected = [alone(served, "many", p, max_tokens=24) for p in PROMPTS[:16]]
+    [pid] = python_workers(served["proc"].pid, "many")
+    order, lock = [], threading.Lock()
+
+    def run(i):
+        # The response's head comes with its first event.
+        response = open_stream(served, "many", PROMPTS[i], max_tokens=24)
+        text, ids = "", []
+        for e in events(response):
+            assert "error" not in e, e
+            with lock:
+                if not text and not ids:
+                    order.append(("first", i))
+            text += e.get("text_output", "")
+            ids += token_ids(e)
+        with lock:
+            order.append(("end", i))
+        return text, ids
+
+    os.kill(pid, signal.SIGSTOP)
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        try:
+            futures = [pool.submit(run, i) for i in range(16)]
+            # All 16 are open on the stopped worker before it decodes a step.
+            wait_for(lambda: streams_held(served, "many") == 16, "16 streams open", timeout=30)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        got = [f.result(timeout=120) for f in futures]
+    assert got == expected
+    assert sorted(i for k, i in order if k == "first") == list(range(16))
+
+
+def test_a_cancelled_stream_frees_its_place_and_the_others_stay_equal(served):
+    keep_prompt, other_prompt = "keep going: ", "after the cancel: "
+    expected_keep = alone(served, "pair", keep_prompt, max_tokens=200)
+    expected_other = alone(served, "pair", other_prompt, max_tokens=8)
+    [pid] = python_workers(served["proc"].pid, "pair")
+
+    def read(prompt, max_tokens, leave=False):
+        response = open_stream(served, "pair", prompt, max_tokens=max_tokens)
+        if leave:
+            response.close()  # its client goes away after the first event
+            return None
+        text, ids = "", []
+        for e in events(response):
+            assert "error" not in e, e
+            text += e.get("text_output", "")
+            ids += token_ids(e)
+        return text, ids
+
+    os.kill(pid, signal.SIGSTOP)
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    try:
+        keep = pool.submit(read, keep_prompt, 200)
+        gone = pool.submit(read, "cancelled: ", 400, True)
+        wait_for(lambda: streams_held(served, "pair") == 2, "2 streams open", timeout=30)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    gone.result(timeout=60)
+    # Its place is free again while the other still streams (capacity 2).
+    wait_for(lambda: streams_held(served, "pair") <= 1, "the cancelled stream's place freed",
+             timeout=60)
+    assert alone(served, "pair", other_prompt, max_tokens=8) == expected_other
+    assert keep.result(timeout=120) == expected_keep
+    pool.shutdown()
+
+
+def test_streams_go_on_after_their_worker_is_killed(served):
+    greedy = [dict(max_tokens=60) for _ in range(16)]
+    seeded = [dict(max_tokens=60, temperature=0.8, seed=1000 + i) for i in range(16)]
+    parameters = greedy + seeded
+    expected = [alone(served, "many", p, **k) for p, k in zip(PROMPTS, parameters)]
+    resumed_before = metric(served, "hearth_streams_resumed_total", "many")
+    [pid] = python_workers(served["proc"].pid, "many")
+    started = threading.Barrier(33)
+
+    def run(i):
+        response = open_stream(served, "many", PROMPTS[i], **parameters[i])
+        text, ids, first = "", [], True
+        for e in events(response):
+            assert "error" not in e, e
+            text += e.get("text_output", "")
+            ids += token_ids(e)
+            if first:
+                first = False
+                started.wait(timeout=120)
+        if first:
+            started.wait(timeout=120)
+        return text, ids
+
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        futures = [pool.submit(run, i) for i in range(32)]
+        started.wait(timeout=120)  # every stream has had its first response
+        os.kill(pid, signal.SIGKILL)
+        got = [f.result(timeout=300) for f in futures]
+    for i, (g, e) in enumerate(zip(got, expected)):
+        assert g == e, f"stream {i} ({parameters[i]}): {g!r} != {e!r}"
+    assert python_workers(served["proc"].pid, "many") != [pid]
+    # Those still streaming when the worker died went on elsewhere.
+    assert metric(served, "hearth_streams_resumed_total", "many") > resumed_before
