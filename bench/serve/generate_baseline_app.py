@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import threading
 import time
 
 import numpy as np
@@ -40,6 +41,26 @@ def _load():
     tokenizer = transformers.AutoTokenizer.from_pretrained(CHECKPOINT, local_files_only=True)
     m.bind(model, tokenizer, {"output": [], "parameters": {}})
     state["model"] = m
+    state["lock"] = threading.Lock()
+
+
+class _Request:
+    """One request as hearth.Request gives it to the model: its responses kept here."""
+
+    def __init__(self, inputs, parameters):
+        self.id, self.inputs, self.parameters, self.resume_token_ids = "", inputs, parameters, []
+        self.responses, self.done, self.error = [], False, None
+
+    def is_cancelled(self):
+        return False
+
+    def send(self, outputs=None, final=False):
+        self.responses.append(outputs or {})
+        self.done = self.done or final
+        return True
+
+    def fail(self, error):
+        self.error, self.done = error, True
 
 
 @app.on_event("startup")
@@ -54,11 +75,26 @@ async def completions(request: Request):
     parameters = {k: body[k] for k in ("max_tokens", "temperature", "top_p", "seed", "stop") if k in body}
     inputs = {"text_input": np.array([body["prompt"].encode()], dtype=object)}
 
+    def outputs():
+        # One stream at a time in this process, as seed 003's worker runs it.
+        with state["lock"]:
+            r = _Request(inputs, parameters)
+            m.execute([r])
+            while True:
+                while r.responses:
+                    yield r.responses.pop(0)
+                if r.done:
+                    break
+                m.step()
+            if r.error is not None:
+                raise r.error
+
     def events():
         created = int(time.time())
-        for out in m.execute(inputs, parameters):
+        for out in outputs():
             chunk = {"object": "text_completion", "created": created, "model": body.get("model", ""),
-                     "choices": [{"index": 0, "text": out["text_output"].reshape(-1)[0].decode(),
+                     "choices": [{"index": 0, "text": out["text_output"].reshape(-1)[0].decode()
+                                  if "text_output" in out else "",
                                   "finish_reason": None}]}
             if "completion_tokens" in out:
                 chunk["usage"] = {"prompt_tokens": int(out["prompt_tokens"][0]),
