@@ -47,7 +47,10 @@ Result<PlacementWorkers> ParsePlacement(const json& p, const std::string& where)
     ASSIGN_OR_RETURN(info.ready, Member<bool>(w, "ready", at));
     ASSIGN_OR_RETURN(info.restarts, Member<uint64_t>(w, "restarts", at));
     ASSIGN_OR_RETURN(info.device_memory_bytes, Member<uint64_t>(w, "device_memory_bytes", at));
-    ASSIGN_OR_RETURN(info.streams, Member<uint64_t>(w, "streams", at));
+    // Absent from a server older than streams: none.
+    if (w.contains("streams")) {
+      ASSIGN_OR_RETURN(info.streams, Member<uint64_t>(w, "streams", at));
+    }
     out.workers.push_back(info);
   }
   ASSIGN_OR_RETURN(const json* standbys, List(p, "standbys", where));

@@ -524,10 +524,11 @@ TEST_F(StreamRunnerTest, ARequestNotStreamedIsAnsweredOnceWithItsTextJoined) {
   ASSERT_NE(text, nullptr);
   EXPECT_EQ(text->shape, (std::vector<int64_t>{2}));
   EXPECT_EQ(ElementsOf(text->data.bytes()), (std::vector<std::string>{"Hello!", "abc"}));
-  // Every other output as the last response that held it gave it.
+  // A vector of any length (token ids): its pieces one after the other.
   const InferTensor* ids = Output(**client->result, "token_ids");
   ASSERT_NE(ids, nullptr);
-  EXPECT_EQ(Int64s(ids->data.bytes()), std::vector<int64_t>{3});
+  EXPECT_EQ(ids->shape, (std::vector<int64_t>{3}));
+  EXPECT_EQ(Int64s(ids->data.bytes()), (std::vector<int64_t>{1, 2, 3}));
   EXPECT_EQ(job->stream->token_ids, (std::vector<int64_t>{1, 2, 3}));
   EXPECT_EQ(runner_->in_flight(), 0u);
 
