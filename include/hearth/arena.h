@@ -43,6 +43,11 @@ bool CudaAvailable(std::string* why = nullptr);
 // error saying why where CUDA cannot be used (no driver, no device, built
 // without CUDA).
 Result<int> CudaDeviceCount();
+// The PCI bus id of CUDA device `device` (an ordinal of this process, as
+// CUDA_VISIBLE_DEVICES numbers them), "dddddddd:bb:dd.0" in hex: how NVML
+// and nvidia-smi name that GPU. An error where CUDA cannot be used or
+// `device` is not an ordinal here.
+Result<std::string> CudaDevicePciBusId(int device);
 // The device `hearth store` uses when none is named: cuda:0 if CUDA is
 // available, else cpu.
 Device DefaultDevice();

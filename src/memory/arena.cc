@@ -2,6 +2,7 @@
 // Arena::Create and ArenaMapping::Map on the device kind.
 #include "hearth/arena.h"
 
+#include <cstdio>
 #include <string>
 
 #include "memory/arena_kinds.h"
@@ -69,6 +70,30 @@ Result<int> CudaDeviceCount() {
   int count = 0;
   RETURN_IF_ERROR(CuCheck(*cu, cu->DeviceGetCount(&count), "cuDeviceGetCount"));
   return count;
+#else
+  return Unavailable("built without CUDA support");
+#endif
+}
+
+Result<std::string> CudaDevicePciBusId(int device) {
+  std::string why;
+  if (!CudaAvailable(&why)) return Unavailable(why);
+#if HEARTH_HAVE_CUDA
+  ASSIGN_OR_RETURN(const CudaDriver* cu, CudaDriver::Get());
+  CUdevice dev = 0;
+  RETURN_IF_ERROR(
+      CuCheck(*cu, cu->DeviceGet(&dev, device), "cuDeviceGet(" + std::to_string(device) + ")"));
+  int domain = 0, bus = 0, slot = 0;
+  RETURN_IF_ERROR(CuCheck(
+      *cu, cu->DeviceGetAttribute(&domain, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, dev), "PCI domain"));
+  RETURN_IF_ERROR(
+      CuCheck(*cu, cu->DeviceGetAttribute(&bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev), "PCI bus"));
+  RETURN_IF_ERROR(CuCheck(
+      *cu, cu->DeviceGetAttribute(&slot, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, dev), "PCI device"));
+  char id[32];
+  std::snprintf(id, sizeof id, "%08x:%02x:%02x.0", static_cast<unsigned>(domain),
+                static_cast<unsigned>(bus), static_cast<unsigned>(slot));
+  return std::string(id);
 #else
   return Unavailable("built without CUDA support");
 #endif
