@@ -11,6 +11,7 @@
 #include <ctime>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -93,7 +94,9 @@ std::string MemoryText(uint64_t bytes) {
 }
 
 // `hearth status --url`: a table of the served models' worker processes,
-// standbys and hot spares, a line each, from GET /v2/hearth/workers.
+// standbys and hot spares, a line each, from GET /v2/hearth/workers: the
+// device memory each reported of its own buffers, and what the NVIDIA
+// driver accounts to its process ("-" where the server does not know).
 int ShowServerWorkers(const std::string& url) {
   Result<std::string> body = HttpGet(url, "/v2/hearth/workers");
   if (!body.ok()) return Fail(body.status());
@@ -105,40 +108,47 @@ int ShowServerWorkers(const std::string& url) {
     return 0;
   }
   struct Row {
-    std::string model, device, process, pid, ready, restarts, memory, warm_up;
+    std::string model, device, process, pid, ready, restarts, memory, driver_memory, warm_up;
   };
-  std::vector<Row> rows = {
-      {"MODEL", "DEVICE", "PROCESS", "PID", "READY", "RESTARTS", "DEVICE MEMORY", "WARM-UP"}};
+  std::vector<Row> rows = {{"MODEL", "DEVICE", "PROCESS", "PID", "READY", "RESTARTS", "OWN BUFFERS",
+                            "GPU MEMORY (DRIVER)", "WARM-UP"}};
+  auto driver_text = [](const std::optional<uint64_t>& bytes) {
+    return bytes.has_value() ? MemoryText(*bytes) : std::string("-");
+  };
   for (const ModelWorkers& m : *models) {
     const std::string model = m.name + " v" + m.version;
     for (const PlacementWorkers& p : m.placements) {
       for (const WorkerInfo& w : p.workers)
         rows.push_back({model, p.device, "worker " + std::to_string(w.index),
                         w.pid > 0 ? std::to_string(w.pid) : "-", w.ready ? "yes" : "no",
-                        std::to_string(w.restarts), MemoryText(w.device_memory_bytes), "-"});
+                        std::to_string(w.restarts), MemoryText(w.device_memory_bytes),
+                        driver_text(w.driver_device_memory_bytes), "-"});
       for (const StandbyInfo& sb : p.standbys)
-        rows.push_back({model, p.device, "standby", std::to_string(sb.pid), "-", "-", "-", "-"});
+        rows.push_back(
+            {model, p.device, "standby", std::to_string(sb.pid), "-", "-", "-", "-", "-"});
       for (const HotSpareInfo& h : p.hot_spares) {
         char warm_up[32];
         std::snprintf(warm_up, sizeof warm_up, "%.1f ms", h.warm_up_us / 1e3);
         rows.push_back({model, p.device, "hot spare", std::to_string(h.pid), "-", "-",
-                        MemoryText(h.device_memory_bytes), warm_up});
+                        MemoryText(h.device_memory_bytes),
+                        driver_text(h.driver_device_memory_bytes), warm_up});
       }
     }
   }
-  std::vector<size_t> width(8, 0);
+  std::vector<size_t> width(9, 0);
   for (const Row& r : rows) {
-    const std::string* cells[] = {&r.model, &r.device,   &r.process, &r.pid,
-                                  &r.ready, &r.restarts, &r.memory,  &r.warm_up};
-    for (size_t i = 0; i < 8; ++i) width[i] = std::max(width[i], cells[i]->size());
+    const std::string* cells[] = {&r.model,    &r.device, &r.process,       &r.pid,    &r.ready,
+                                  &r.restarts, &r.memory, &r.driver_memory, &r.warm_up};
+    for (size_t i = 0; i < 9; ++i) width[i] = std::max(width[i], cells[i]->size());
   }
   for (const Row& r : rows) {
-    std::printf("%-*s  %-*s  %-*s  %*s  %-*s  %*s  %*s  %*s\n", static_cast<int>(width[0]),
+    std::printf("%-*s  %-*s  %-*s  %*s  %-*s  %*s  %*s  %*s  %*s\n", static_cast<int>(width[0]),
                 r.model.c_str(), static_cast<int>(width[1]), r.device.c_str(),
                 static_cast<int>(width[2]), r.process.c_str(), static_cast<int>(width[3]),
                 r.pid.c_str(), static_cast<int>(width[4]), r.ready.c_str(),
                 static_cast<int>(width[5]), r.restarts.c_str(), static_cast<int>(width[6]),
-                r.memory.c_str(), static_cast<int>(width[7]), r.warm_up.c_str());
+                r.memory.c_str(), static_cast<int>(width[7]), r.driver_memory.c_str(),
+                static_cast<int>(width[8]), r.warm_up.c_str());
   }
   return 0;
 }

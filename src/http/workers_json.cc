@@ -1,6 +1,7 @@
 #include "http/workers_json.h"
 
 #include <nlohmann/json.hpp>
+#include <optional>
 
 namespace hearth {
 namespace {
@@ -24,6 +25,22 @@ Result<T> Member(const json& object, const char* key, const std::string& where) 
     if (!it->is_number_integer()) return InvalidArgument(field + ": not an integer");
   }
   return it->get<T>();
+}
+
+// The member `key` of `object` as a byte count, nullopt where it is absent
+// or null (unknown, or a server older than the member).
+Result<std::optional<uint64_t>> OptionalBytes(const json& object, const char* key,
+                                              const std::string& where) {
+  auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return std::optional<uint64_t>();
+  if (!it->is_number_unsigned())
+    return InvalidArgument(where + "." + key + ": not a non-negative integer or null");
+  return std::optional<uint64_t>(it->get<uint64_t>());
+}
+
+// A byte count, or null when unknown.
+json BytesOrNull(const std::optional<uint64_t>& bytes) {
+  return bytes.has_value() ? json(*bytes) : json(nullptr);
 }
 
 Result<const json*> List(const json& object, const char* key, const std::string& where) {
@@ -51,6 +68,8 @@ Result<PlacementWorkers> ParsePlacement(const json& p, const std::string& where)
     if (w.contains("streams")) {
       ASSIGN_OR_RETURN(info.streams, Member<uint64_t>(w, "streams", at));
     }
+    ASSIGN_OR_RETURN(info.driver_device_memory_bytes,
+                     OptionalBytes(w, "driver_device_memory_bytes", at));
     out.workers.push_back(info);
   }
   ASSIGN_OR_RETURN(const json* standbys, List(p, "standbys", where));
@@ -68,6 +87,8 @@ Result<PlacementWorkers> ParsePlacement(const json& p, const std::string& where)
     ASSIGN_OR_RETURN(info.pid, Member<int64_t>(s, "pid", at));
     ASSIGN_OR_RETURN(info.device_memory_bytes, Member<uint64_t>(s, "device_memory_bytes", at));
     ASSIGN_OR_RETURN(info.warm_up_us, Member<uint64_t>(s, "warm_up_us", at));
+    ASSIGN_OR_RETURN(info.driver_device_memory_bytes,
+                     OptionalBytes(s, "driver_device_memory_bytes", at));
     out.hot_spares.push_back(info);
   }
   return out;
@@ -82,17 +103,21 @@ std::string WorkersJson(const std::vector<ModelWorkers>& models) {
     for (const PlacementWorkers& p : m.placements) {
       json workers = json::array(), standbys = json::array(), spares = json::array();
       for (const WorkerInfo& w : p.workers)
-        workers.push_back({{"index", w.index},
-                           {"pid", w.pid},
-                           {"ready", w.ready},
-                           {"restarts", w.restarts},
-                           {"device_memory_bytes", w.device_memory_bytes},
-                           {"streams", w.streams}});
+        workers.push_back(
+            {{"index", w.index},
+             {"pid", w.pid},
+             {"ready", w.ready},
+             {"restarts", w.restarts},
+             {"device_memory_bytes", w.device_memory_bytes},
+             {"driver_device_memory_bytes", BytesOrNull(w.driver_device_memory_bytes)},
+             {"streams", w.streams}});
       for (const StandbyInfo& s : p.standbys) standbys.push_back({{"pid", s.pid}});
       for (const HotSpareInfo& s : p.hot_spares)
-        spares.push_back({{"pid", s.pid},
-                          {"device_memory_bytes", s.device_memory_bytes},
-                          {"warm_up_us", s.warm_up_us}});
+        spares.push_back(
+            {{"pid", s.pid},
+             {"device_memory_bytes", s.device_memory_bytes},
+             {"warm_up_us", s.warm_up_us},
+             {"driver_device_memory_bytes", BytesOrNull(s.driver_device_memory_bytes)}});
       placements.push_back({{"device", p.device},
                             {"workers", std::move(workers)},
                             {"standbys", std::move(standbys)},

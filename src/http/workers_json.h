@@ -4,9 +4,15 @@
 //
 //   {"models": [{"name", "version", "standby_mode", "standby_workers",
 //     "placements": [{"device",
-//       "workers": [{"index", "pid", "ready", "restarts", "device_memory_bytes"}],
+//       "workers": [{"index", "pid", "ready", "restarts", "device_memory_bytes",
+//                    "driver_device_memory_bytes"}],
 //       "standbys": [{"pid"}],
-//       "hot_spares": [{"pid", "device_memory_bytes", "warm_up_us"}]}]}]}
+//       "hot_spares": [{"pid", "device_memory_bytes", "warm_up_us",
+//                       "driver_device_memory_bytes"}]}]}]}
+//
+// device_memory_bytes is what the process reported of its own buffers;
+// driver_device_memory_bytes what the NVIDIA driver accounts to it (its CUDA
+// context included), null when unknown (server/device_process_memory.h).
 //
 // Pure functions, thread-safe, never throw.
 #pragma once

@@ -276,6 +276,10 @@ struct WorkerInfo {
   uint64_t restarts = 0;
   uint64_t device_memory_bytes = 0;  // its backend's own buffers, as it reported them
   uint64_t streams = 0;              // a decoupled model's: the streams it holds now
+  // What the NVIDIA driver accounts to its process (as nvidia-smi shows it:
+  // its CUDA context included); unknown off a GPU, without NVML, or where
+  // the driver does not list the pid (server/device_process_memory.h).
+  std::optional<uint64_t> driver_device_memory_bytes = std::nullopt;
 };
 
 // A standby worker (parameters.standby_mode: cold): started, waiting with
@@ -287,8 +291,9 @@ struct StandbyInfo {
 // A hot spare (parameters.standby_mode: hot): ready and warmed up.
 struct HotSpareInfo {
   int64_t pid = -1;
-  uint64_t device_memory_bytes = 0;
-  uint64_t warm_up_us = 0;  // its warm-up batch, from the run sent to the answer
+  uint64_t device_memory_bytes = 0;  // its backend's own buffers, as it reported them
+  uint64_t warm_up_us = 0;           // its warm-up batch, from the run sent to the answer
+  std::optional<uint64_t> driver_device_memory_bytes = std::nullopt;  // as WorkerInfo's
 };
 
 struct PlacementWorkers {

@@ -6,7 +6,7 @@
 namespace hearth {
 
 std::string PrometheusText(const std::vector<std::pair<std::string, const ModelRuntime*>>& served,
-                           const std::vector<StoreSample>& stores) {
+                           const std::vector<StoreSample>& stores, const DriverMemory& driver) {
   std::string out;
   auto family = [&](const char* name, const char* type, const char* help) {
     out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
@@ -62,10 +62,18 @@ std::string PrometheusText(const std::vector<std::pair<std::string, const ModelR
             "Hot spares ready (parameters.standby_mode: hot): worker processes started, attached "
             "and warmed up with one batch, each to take a dead worker's place at once.",
             [](const ModelRuntime& m) { return m.HotSpareCount(); });
+  // Which figure it is, said in its HELP: the driver's wherever NVML
+  // answered for a GPU of a served placement.
   per_model("hearth_hot_spare_device_memory_bytes", "gauge",
-            "Device memory the ready hot spares' backends allocated themselves, as each reported "
-            "it when ready (their CUDA contexts not included).",
-            [](const ModelRuntime& m) { return m.HotSpareDeviceMemoryBytes(); });
+            driver.answered()
+                ? "Device memory of the ready hot spares' processes as the NVIDIA driver accounts "
+                  "it (NVML, as nvidia-smi shows it: CUDA context, library workspaces and "
+                  "caching allocator included); a spare the driver does not list counts what it "
+                  "reported of its own buffers when ready."
+                : "Device memory the ready hot spares' backends allocated themselves, as each "
+                  "reported it when ready; their CUDA contexts not included (no per-process "
+                  "figures from the NVIDIA driver's NVML here).",
+            [&](const ModelRuntime& m) { return m.HotSpareDeviceMemoryBytes(driver); });
   per_model("hearth_hot_spare_takeovers_total", "counter",
             "Times a hot spare took a dead worker's place.",
             [](const ModelRuntime& m) { return m.HotSpareTakeovers(); });

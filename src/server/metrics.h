@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "server/device_process_memory.h"
 #include "server/model_runtime.h"
 
 namespace hearth {
@@ -17,8 +18,10 @@ struct StoreSample {
 };
 
 // One family per metric, a sample per model (and per worker, per
-// placement, per device's store).
+// placement, per device's store). `driver`: what the NVIDIA driver accounts
+// to the hot spares' processes, where NVML answered (ReadDriverMemory).
 std::string PrometheusText(const std::vector<std::pair<std::string, const ModelRuntime*>>& served,
-                           const std::vector<StoreSample>& stores = {});
+                           const std::vector<StoreSample>& stores = {},
+                           const DriverMemory& driver = {});
 
 }  // namespace hearth

@@ -24,10 +24,11 @@ int ModelRuntime::HotSpareCount() const {
   return n;
 }
 
-uint64_t ModelRuntime::HotSpareDeviceMemoryBytes() const {
+uint64_t ModelRuntime::HotSpareDeviceMemoryBytes(const DriverMemory& driver) const {
   uint64_t bytes = 0;
   for (const auto& p : placements)
-    if (p->hot_spares != nullptr) bytes += p->hot_spares->device_memory_bytes();
+    if (p->hot_spares != nullptr)
+      bytes += HotSpareDeviceMemory(driver, p->device_name, p->hot_spares->Describe());
   return bytes;
 }
 

@@ -16,6 +16,7 @@
 #include "hearth/device.h"
 #include "hearth/status.h"
 #include "protocol/worker_protocol.h"
+#include "server/device_process_memory.h"
 #include "server/hot_spares.h"
 #include "server/inference_api.h"
 #include "server/hangup_watcher.h"
@@ -103,10 +104,11 @@ struct ModelRuntime {
   }
   // One standby of `p`, if it keeps any and the runtime is not stopping.
   std::unique_ptr<StandbyWorker> TakeStandby(ModelPlacement& p);
-  // Of every placement: hot spares ready, the device memory they reported,
-  // and how many took a dead worker's place.
+  // Of every placement: hot spares ready, their device memory (the
+  // driver's figure for each where `driver` has it, else what each
+  // reported: HotSpareDeviceMemory), and how many took a dead worker's place.
   int HotSpareCount() const;
-  uint64_t HotSpareDeviceMemoryBytes() const;
+  uint64_t HotSpareDeviceMemoryBytes(const DriverMemory& driver) const;
   uint64_t HotSpareTakeovers() const;
   // Starts every placement's keeper of hot spares (once; later calls do
   // nothing). From a supervisor thread, once the first starts are over.

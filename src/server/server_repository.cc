@@ -1,3 +1,4 @@
+#include "server/device_process_memory.h"
 #include "server/server_impl.h"
 
 namespace hearth {
@@ -101,10 +102,20 @@ std::vector<RepositoryEntry> Server::Impl::RepositoryIndex(bool ready_only) cons
 
 std::vector<ModelWorkers> Server::Impl::Workers() const {
   std::vector<ModelWorkers> out;
-  std::shared_lock entries_lock(entries_mu_);
-  for (const auto& [name, entry] : entries_) {
-    const std::shared_ptr<ModelRuntime> m = entry->served.load();
-    if (m == nullptr) continue;
+  std::vector<std::pair<std::string, std::shared_ptr<ModelRuntime>>> served;
+  std::vector<const ModelRuntime*> runtimes;
+  {
+    std::shared_lock entries_lock(entries_mu_);
+    for (const auto& [name, entry] : entries_) {
+      if (std::shared_ptr<ModelRuntime> m = entry->served.load()) {
+        runtimes.push_back(m.get());
+        served.emplace_back(name, std::move(m));
+      }
+    }
+  }
+  // Read with no lock held: it may wait for NVML.
+  const DriverMemory driver = ReadDriverMemory(runtimes);
+  for (const auto& [name, m] : served) {
     ModelWorkers model;
     model.name = name;
     model.version = std::to_string(m->config().version);
@@ -115,15 +126,19 @@ std::vector<ModelWorkers> Server::Impl::Workers() const {
       placement.device = p->device_name;
       for (const auto& w : m->workers) {
         if (&w->placement() != p.get()) continue;
-        placement.workers.push_back(
-            {w->index(), w->pid(), w->ready(), w->restarts(), w->device_memory_bytes(),
-             w->streams_in_flight()});
+        WorkerInfo info{w->index(), w->pid(), w->ready(), w->restarts(),
+                        w->device_memory_bytes()};
+        info.streams = w->streams_in_flight();
+        info.driver_device_memory_bytes = driver.Of(p->device_name, w->pid());
+        placement.workers.push_back(info);
       }
       {
         std::lock_guard lock(p->standby_mu);
         for (const auto& s : p->standbys) placement.standbys.push_back({s->process.pid()});
       }
       if (p->hot_spares != nullptr) placement.hot_spares = p->hot_spares->Describe();
+      for (HotSpareInfo& s : placement.hot_spares)
+        s.driver_device_memory_bytes = driver.Of(p->device_name, s.pid);
       model.placements.push_back(std::move(placement));
     }
     out.push_back(std::move(model));
@@ -265,11 +280,18 @@ std::string Server::Impl::MetricsText() const {
   // Served models only: one that is not served has no workers or counters.
   std::vector<std::shared_ptr<ModelRuntime>> runtimes;  // alive while their text is written
   std::vector<std::pair<std::string, const ModelRuntime*>> served;
-  std::shared_lock entries_lock(entries_mu_);
-  for (const auto& [name, entry] : entries_) {
-    if (std::shared_ptr<ModelRuntime> m = entry->served.load()) {
-      served.emplace_back(name, m.get());
-      runtimes.push_back(std::move(m));
+  std::vector<const ModelRuntime*> read;
+  uint64_t retired = 0;
+  {
+    std::shared_lock entries_lock(entries_mu_);
+    for (const auto& [name, entry] : entries_) {
+      if (std::shared_ptr<ModelRuntime> m = entry->served.load()) {
+        served.emplace_back(name, m.get());
+        read.push_back(m.get());
+        runtimes.push_back(std::move(m));
+      }
+      std::lock_guard lock(entry->mu);
+      retired += entry->retired.size();
     }
   }
   std::vector<StoreSample> stores;
@@ -280,12 +302,8 @@ std::string Server::Impl::MetricsText() const {
       stores.push_back({device, held.arenas, held.bytes});
     }
   }
-  std::string text = PrometheusText(served, stores);
-  uint64_t retired = 0;
-  for (const auto& [name, entry] : entries_) {
-    std::lock_guard lock(entry->mu);
-    retired += entry->retired.size();
-  }
+  // Read with no lock held: it may wait for NVML.
+  std::string text = PrometheusText(served, stores, ReadDriverMemory(read));
   text +=
       "# HELP hearth_retired_runtimes Models' runtimes that a repository load or unload "
       "replaced and whose workers have not all exited yet.\n"

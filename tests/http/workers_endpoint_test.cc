@@ -41,8 +41,9 @@ std::vector<ModelWorkers> TwoModels() {
   cpu.hot_spares = {{4343, 1 << 20, 2500}};
   PlacementWorkers gpu;
   gpu.device = "cuda:1";
-  gpu.workers = {{2, 4444, true, 0, 64ull << 20}};
-  gpu.hot_spares = {{4545, 64ull << 20, 1200}};
+  // On the GPU, what the driver accounts to each process besides.
+  gpu.workers = {{2, 4444, true, 0, 64ull << 20, 3, 512ull << 20}};
+  gpu.hot_spares = {{4545, 64ull << 20, 1200, 322ull << 20}};
   hot.placements = {cpu, gpu};
   ModelWorkers cold;
   cold.name = "text";
@@ -114,12 +115,16 @@ TEST_F(WorkersEndpointTest, AnswersTheServicesProcessesAsJson) {
   ASSERT_EQ(scale["placements"].size(), 2u);
   EXPECT_EQ(scale["placements"][0]["workers"][0],
             json::parse(R"({"index": 0, "pid": 4242, "ready": true, "restarts": 2,
-                            "device_memory_bytes": 0})"));
+                            "device_memory_bytes": 0, "driver_device_memory_bytes": null,
+                            "streams": 0})"));
   EXPECT_EQ(scale["placements"][0]["workers"][1]["pid"], -1);
   EXPECT_EQ(scale["placements"][0]["standbys"], json::array());
   EXPECT_EQ(scale["placements"][1]["device"], "cuda:1");
+  EXPECT_EQ(scale["placements"][1]["workers"][0]["streams"], 3);
+  EXPECT_EQ(scale["placements"][1]["workers"][0]["driver_device_memory_bytes"], 536870912);
   EXPECT_EQ(scale["placements"][1]["hot_spares"][0],
-            json::parse(R"({"pid": 4545, "device_memory_bytes": 67108864, "warm_up_us": 1200})"));
+            json::parse(R"({"pid": 4545, "device_memory_bytes": 67108864, "warm_up_us": 1200,
+                            "driver_device_memory_bytes": 337641472})"));
   EXPECT_EQ(body["models"][1]["placements"][0]["standbys"],
             json::parse(R"([{"pid": 5001}, {"pid": 5002}])"));
 
@@ -143,6 +148,8 @@ TEST_F(WorkersEndpointTest, AnswersTheServicesProcessesAsJson) {
         EXPECT_EQ(got.workers[w].ready, sent.workers[w].ready);
         EXPECT_EQ(got.workers[w].restarts, sent.workers[w].restarts);
         EXPECT_EQ(got.workers[w].device_memory_bytes, sent.workers[w].device_memory_bytes);
+        EXPECT_EQ(got.workers[w].driver_device_memory_bytes,
+                  sent.workers[w].driver_device_memory_bytes);
       }
       ASSERT_EQ(got.standbys.size(), sent.standbys.size());
       for (size_t s = 0; s < sent.standbys.size(); ++s)
@@ -152,6 +159,8 @@ TEST_F(WorkersEndpointTest, AnswersTheServicesProcessesAsJson) {
         EXPECT_EQ(got.hot_spares[s].pid, sent.hot_spares[s].pid);
         EXPECT_EQ(got.hot_spares[s].device_memory_bytes, sent.hot_spares[s].device_memory_bytes);
         EXPECT_EQ(got.hot_spares[s].warm_up_us, sent.hot_spares[s].warm_up_us);
+        EXPECT_EQ(got.hot_spares[s].driver_device_memory_bytes,
+                  sent.hot_spares[s].driver_device_memory_bytes);
       }
     }
   }
@@ -199,6 +208,12 @@ TEST(WorkersJson, TheReaderNamesWhatIsWrong) {
            "standbys": [], "hot_spares": [{"pid": 8, "device_memory_bytes": -1,
            "warm_up_us": 3}]}]}]})",
        "models[0].placements[0].hot_spares[0].device_memory_bytes: not a non-negative integer"},
+      {R"({"models": [{"name": "m", "version": "1", "standby_mode": "hot",
+           "standby_workers": 1, "placements": [{"device": "cuda:0", "workers": [{"index": 0,
+           "pid": 7, "ready": true, "restarts": 0, "device_memory_bytes": 0,
+           "driver_device_memory_bytes": "512 MiB"}], "standbys": [], "hot_spares": []}]}]})",
+       "models[0].placements[0].workers[0].driver_device_memory_bytes: not a non-negative "
+       "integer or null"},
   };
   for (const Case& c : cases) {
     Result<std::vector<ModelWorkers>> read = ParseWorkersJson(c.text);
@@ -212,6 +227,15 @@ TEST(WorkersJson, TheReaderNamesWhatIsWrong) {
           "placements": [], "added_later": true}], "also": 1})");
   ASSERT_TRUE(newer.ok()) << newer.status().ToString();
   EXPECT_EQ((*newer)[0].name, "m");
+  // An older server's answer has no driver figures: unknown.
+  Result<std::vector<ModelWorkers>> older = ParseWorkersJson(
+      R"({"models": [{"name": "m", "version": "1", "standby_mode": "hot", "standby_workers": 1,
+          "placements": [{"device": "cuda:0", "workers": [{"index": 0, "pid": 7,
+          "ready": true, "restarts": 0, "device_memory_bytes": 0}], "standbys": [],
+          "hot_spares": [{"pid": 8, "device_memory_bytes": 5, "warm_up_us": 3}]}]}]})");
+  ASSERT_TRUE(older.ok()) << older.status().ToString();
+  EXPECT_EQ((*older)[0].placements[0].workers[0].driver_device_memory_bytes, std::nullopt);
+  EXPECT_EQ((*older)[0].placements[0].hot_spares[0].driver_device_memory_bytes, std::nullopt);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@ import http.server
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,7 +28,8 @@ import threading
 import pytest
 import requests
 
-from serve_support import CLI, KIND, SCALE_N, gone, metric, metrics, scale_config, wait_for, write_model
+from serve_support import (CLI, KIND, ON_GPU, SCALE_N, gone, metric, metrics, scale_config, wait_for,
+                           write_model)
 
 HOT = "parameters: {standby_workers: '1', standby_mode: hot}\n"
 DEMO_Y = 34.695457  # the demo weights (seed 1) on a row of ones
@@ -106,6 +108,65 @@ def hearth_status(url):
     return subprocess.run([CLI, "status", "--url", url], capture_output=True, text=True, timeout=60)
 
 
+def nvidia_smi_memory():
+    """pid -> MiB of device memory, summed over the GPUs, as nvidia-smi lists
+    its compute processes; None where there is no nvidia-smi."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    used = {}
+    for line in out.stdout.splitlines():
+        pid, mib = (field.strip() for field in line.split(","))
+        used[int(pid)] = used.get(int(pid), 0) + int(mib)
+    return used
+
+
+def memory_text(nbytes):
+    """As `hearth status` prints a byte count."""
+    return f"{nbytes} B" if nbytes < 1 << 20 else f"{nbytes / (1 << 20):.1f} MiB"
+
+
+def check_driver_memory(url, model, spare):
+    """The spare's device memory as the driver accounts it: in
+    /v2/hearth/workers (null where unknown), in `hearth status --url`, and in
+    hearth_hot_spare_device_memory_bytes, whose HELP says which figure it is.
+    On the CPU there is none; on a GPU it is what nvidia-smi lists for the
+    pid, where nvidia-smi lists it (not in a container with its own PID
+    namespace), CUDA context included."""
+    r = requests.get(f"{url}/metrics", timeout=10)
+    help_line = next(line for line in r.text.splitlines()
+                     if line.startswith("# HELP hearth_hot_spare_device_memory_bytes "))
+    m = workers_of(url, model)
+    for p in m["placements"]:
+        for w in p["workers"] + p["hot_spares"]:
+            assert "driver_device_memory_bytes" in w, w
+    [entry] = [s for p in m["placements"] for s in p["hot_spares"] if s["pid"] == spare]
+    driver = entry["driver_device_memory_bytes"]
+    smi = nvidia_smi_memory() if ON_GPU else None
+    if not ON_GPU:
+        assert driver is None, entry
+        assert "reported it when ready" in help_line and "contexts not included" in help_line, help_line
+        want = entry["device_memory_bytes"]
+    elif smi is not None and spare in smi:
+        assert driver is not None, f"nvidia-smi lists the spare (pid {spare}, {smi[spare]} MiB); hearth does not"
+        assert abs(driver / (1 << 20) - smi[spare]) <= 2, (driver, smi[spare])
+        assert driver > entry["device_memory_bytes"], "the driver's figure includes the CUDA context"
+        assert "as the NVIDIA driver accounts it" in help_line, help_line
+        want = driver
+    else:
+        # The driver's pids are not ours (or there is no nvidia-smi to say).
+        want = driver if driver is not None else entry["device_memory_bytes"]
+    assert metric(url, "hearth_hot_spare_device_memory_bytes", model) == want
+    status = hearth_status(url)
+    assert status.returncode == 0, status.stderr
+    assert "GPU MEMORY (DRIVER)" in status.stdout.splitlines()[0], status.stdout
+    driver_text = "-" if driver is None else re.escape(memory_text(driver))
+    assert re.search(rf"hot spare\s+{spare}\s+-\s+-\s+{re.escape(memory_text(entry['device_memory_bytes']))}"
+                     rf"\s+{driver_text}\s+[\d.]+ ms", status.stdout), status.stdout
+
+
 def under_load(url, model, act):
     """Sends requests of ones to `model` from 4 threads while `act()` runs
     (and until 20 more have been answered after it): every answer must be
@@ -181,6 +242,7 @@ def test_a_hot_spare_of_the_scale_backend_takes_over_with_no_request_failing(tmp
     state = serve(tmp_path / "repo")
     fresh = check_takeover(state, "scale")
     assert metrics(state["url"]).get('hearth_hot_spare_device_memory_bytes{model="scale"}') is not None
+    check_driver_memory(state["url"], "scale", fresh)
     # At shutdown no spare is left behind.
     proc = state["proc"]
     proc.send_signal(signal.SIGTERM)
