@@ -1570,7 +1570,7 @@ def full_forward_tokens(model, prompt, n):
     return out
 
 
-class Request:
+class LlamaRequest:
     """A stand-in for hearth.Request, as the worker makes them: records what the model sends."""
 
     def __init__(self, text, resume=(), messages=b"", **parameters):
@@ -1610,9 +1610,9 @@ class Request:
 
 
 def run(model, arrivals, cancel=None, max_steps=400):
-    """Drives `model` as the worker does: arrivals {step: [Request]} are given
+    """Drives `model` as the worker does: arrivals {step: [LlamaRequest]} are given
     to execute() before that step; step() is called while one is unfinished.
-    cancel {step: [Request]} cancels before a step. Checks after every step
+    cancel {step: [LlamaRequest]} cancels before a step. Checks after every step
     that the active streams fill rows [0, B) of at most max_streams."""
     given, cancel = [], cancel or {}
     for i in range(max_steps):
@@ -1658,8 +1658,8 @@ def test_llama_streams_decoded_together_each_equal_a_full_forward_per_token(stan
     m = serve(max_streams=3)
     asked = [("a", 20), ("Hello, world", 7), ("The quick brown fox jumps over the lazy dog", 25),
              ("x" * 40, 12), ("many streams, one forward", 30), ("0123456789" * 3, 3)]
-    requests = [Request(p, max_tokens=n) for p, n in asked]
-    gone = Request("cancelled at step 4", max_tokens=50)
+    requests = [LlamaRequest(p, max_tokens=n) for p, n in asked]
+    gone = LlamaRequest("cancelled at step 4", max_tokens=50)
     # More streams than rows: some wait; they end at different steps (the
     # cancelled one in row 0), so rows move.
     run(m, {0: [gone] + requests[:4], 2: requests[4:]}, cancel={4: [gone]})
@@ -1684,10 +1684,10 @@ def _cut_and_resumed(serve, prompt, **parameters):
     """A stream run whole, then resumed at each of its response boundaries (all
     together in one Model): (the whole run's responses, [(k, the stream
     resumed after k responses)])."""
-    whole = Request(prompt, **parameters)
+    whole = LlamaRequest(prompt, **parameters)
     run(serve(max_streams=1), {0: [whole]})
     assert len(whole.responses) > 3
-    resumed = [(k, Request(prompt, resume=[t for x in whole.responses[:k] for t in x["token_ids"]],
+    resumed = [(k, LlamaRequest(prompt, resume=[t for x in whole.responses[:k] for t in x["token_ids"]],
                            **parameters)) for k in range(len(whole.responses))]
     run(serve(max_streams=len(resumed)), {0: [r for _, r in resumed]})
     return whole.responses, resumed
@@ -1730,18 +1730,18 @@ def test_llama_resumed_tokens_that_end_the_stream_get_its_final_response_at_once
     reference, serve = stand_in
     want = full_forward_tokens(reference, "Hello, world", 10)
     m = serve(max_streams=2)
-    r = Request("Hello, world", resume=want, max_tokens=10)
+    r = LlamaRequest("Hello, world", resume=want, max_tokens=10)
     m.execute([r])
     assert r.final and r.responses == [{"text_output": [b""], "token_ids": [], "prompt_tokens": [13],
                                         "completion_tokens": [10], "finish_reason": [b"length"]}]
     assert m.waiting == []
     text = bytes(want).decode()
     stop = next(text[-n:] for n in range(2, 11) if text.find(text[-n:]) == len(text) - n)
-    r = Request("Hello, world", resume=want, max_tokens=20, stop=stop)
+    r = LlamaRequest("Hello, world", resume=want, max_tokens=20, stop=stop)
     m.execute([r])
     assert r.final and r.responses[-1]["finish_reason"] == [b"stop"]
     # Tokens past the end cannot be what a client got.
-    r = Request("Hello, world", resume=want + want, max_tokens=10)
+    r = LlamaRequest("Hello, world", resume=want + want, max_tokens=10)
     m.execute([r])
     assert isinstance(r.error, hearth_invalid_argument()) and "resume_token_ids" in str(r.error)
 
@@ -1749,17 +1749,17 @@ def test_llama_resumed_tokens_that_end_the_stream_get_its_final_response_at_once
 def test_llama_seeded_sampling_draws_the_same_alone_and_among_other_streams(stand_in):
     _, serve = stand_in
     sampled = dict(max_tokens=30, temperature=1.0, seed=11)
-    alone = Request("Hello, world", **sampled)
+    alone = LlamaRequest("Hello, world", **sampled)
     run(serve(max_streams=1), {0: [alone]})
-    together = Request("Hello, world", **sampled)
-    others = [Request(p, max_tokens=n, temperature=t, seed=5) for p, n, t in
+    together = LlamaRequest("Hello, world", **sampled)
+    others = [LlamaRequest(p, max_tokens=n, temperature=t, seed=5) for p, n, t in
               [("a", 8, 0.0), ("The quick brown fox", 40, 1.5), ("zz", 12, 0.0)]]
     run(serve(max_streams=4), {0: others[:2], 3: [together, others[2]]})
     assert together.tokens() == alone.tokens()
-    greedy = Request("Hello, world", max_tokens=30)
+    greedy = LlamaRequest("Hello, world", max_tokens=30)
     run(serve(max_streams=1), {0: [greedy]})
     assert alone.tokens() != greedy.tokens(), "sampling at temperature 1 chose the greedy path"
-    again = Request("Hello, world", **dict(sampled, seed=12))
+    again = LlamaRequest("Hello, world", **dict(sampled, seed=12))
     run(serve(max_streams=1), {0: [again]})
     assert again.tokens() != alone.tokens()
 
@@ -1771,7 +1771,7 @@ def test_llama_eos_ends_a_stream_as_a_stop(stand_in):
     with torch.no_grad():
         eager.lm_head.bias[EOS] = 1e4  # EOS is always the most likely token
     m = serve(max_streams=2, model=eager)
-    r = Request("Hello", max_tokens=10)
+    r = LlamaRequest("Hello", max_tokens=10)
     run(m, {0: [r]})
     assert r.responses == [{"text_output": [b""], "token_ids": [EOS], "prompt_tokens": [6],
                             "completion_tokens": [1], "finish_reason": [b"stop"]}]
@@ -1802,9 +1802,9 @@ def test_llama_refuses_a_bad_request_naming_it_and_serves_the_others(stand_in, r
     reference, serve = stand_in
     m = serve(max_streams=2)
     request_args = dict(request_args)
-    bad = Request(request_args.pop("text", "Hello"), resume=request_args.pop("resume", ()),
+    bad = LlamaRequest(request_args.pop("text", "Hello"), resume=request_args.pop("resume", ()),
                   messages=request_args.pop("messages", b""), **request_args)
-    good = Request("Hello", max_tokens=5)
+    good = LlamaRequest("Hello", max_tokens=5)
     run(m, {0: [bad, good]})
     assert isinstance(bad.error, hearth_invalid_argument()) and named in str(bad.error), bad.error
     assert bad.responses == []
@@ -1872,10 +1872,10 @@ def test_llama_streams_decoded_together_each_equal_what_generate_picks(llama_sto
              ("hello hearth, hello world, hello again " * 6, 31),
              ("The quick brown fox jumps over the lazy dog.", 16),
              ("a worker that crashes loses nothing", 5), ("Large language models " * 3, 28)]
-    requests = [Request(p, max_tokens=n) for p, n in asked]
+    requests = [LlamaRequest(p, max_tokens=n) for p, n in asked]
     want = [_generate(reference, tokenizer, tokenizer(p)["input_ids"], n) for p, n in asked]
     cut = 6
-    resumed = Request(asked[0][0], resume=want[0][:cut], max_tokens=asked[0][1])
+    resumed = LlamaRequest(asked[0][0], resume=want[0][:cut], max_tokens=asked[0][1])
     run(m, {0: requests[:4], 3: requests[4:], 5: [resumed]})
     for (prompt, n), r, w in zip(asked, requests, want):
         assert r.final and r.tokens() == w, (prompt, r.tokens(), w)
