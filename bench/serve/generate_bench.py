@@ -671,7 +671,11 @@ def main():
         if a.continuous_batching:
             continuous_batching_part(a, models, env, results)
         if a.baseline_workers:
-            baseline_part(a, models, env, results)
+            try:
+                baseline_part(a, models, env, results)
+            except Exception as e:  # noqa: BLE001  (reported; the chaos run still goes)
+                results["baseline"] = {"error": f"{type(e).__name__}: {e}"}
+                print(f"### uvicorn baseline failed: {type(e).__name__}: {e}", flush=True)
         if a.chaos_seconds:
             chaos_part(a, models, env, tmp, results)
         write_json(a, results)
