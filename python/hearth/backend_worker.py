@@ -32,27 +32,43 @@ that cause it: the server reruns the batch one request at a time, and each
 failing request gets the traceback's last line.
 
 Decoupled models (`model_transaction_policy: {decoupled: true}`) answer each
-request with a stream: every run holds one request, and execute is a
-generator function
+request with a stream of responses, and a worker holds up to
+`args["max_streams"]` requests at once (config parameters.max_streams, 1 by
+default). hearth._streams has the loop and hearth.Request:
 
-        def execute(self, inputs, parameters):   # parameters: the request's, a dict
-            yield {"text_output": np.array([b"Hel"], dtype=object)}
-            yield {"text_output": np.array([b"lo"], dtype=object)}
+        def execute(self, requests):  # new requests (hearth.Request)
+        def step(self):               # optional: advance every unfinished one
 
-`inputs` as above (batch dimension 1 where the model batches); `parameters`
-the request's parameters parsed from JSON (numbers, strings, booleans and
-lists as the client sent them; {} when none). Each yielded dict is one
-response, sent before the generator is resumed; it may hold any subset of
-the config's outputs (each checked as above; a name the config lacks is an
-error). Returning ends the stream; raising ends it with an error (its last
-line to the client, the traceback in the log), as does a yield that fails
-its checks. Raise hearth.InvalidArgument for a request the model refuses
-(bad parameters: the client's fault, HTTP 400); any other exception is the
-model's (500). When the request is over early (the client went away, its
-timeout passed) the generator is closed at its yield (GeneratorExit there:
-its `finally` blocks run) and the worker takes the next request. An
-execute that is not a generator function on a decoupled model, or one that
-is on a batched model, fails the model at start.
+A Request has `id`, `inputs` (as above, batch dimension 1 where the model
+batches; valid until its final response or its cancellation), `parameters`
+(the request's, parsed from JSON; {} when none), `resume_token_ids` ([] for a
+new stream), `send(outputs=None, final=False)` (one response: a dict of any
+subset of the config's outputs, each checked as above; False once the
+request is over: drop it), `fail(error)` (hearth.InvalidArgument: the
+client's fault, HTTP 400; anything else the model's, 500) and
+`is_cancelled()` (the client went away or its timeout passed: the server has
+ended it). The worker's loop, on one thread: take the requests opened and
+cancelled, call execute() with the new ones, call step() once if the model
+has one and a request it was given is unfinished, and start again (it
+waits for the server only when there is nothing to step). send() and fail()
+are called from that thread, inside execute() or step(). An exception in
+execute() fails the requests of that call not yet ended; one in step()
+every unfinished request. A model without step() ends each request inside
+the execute() that gave it.
+
+With config `parameters: {resumable: "true"}` (and an output token_ids,
+TYPE_INT64 [-1]) a stream whose worker died is opened again on another with
+`resume_token_ids`: the token ids of every response its client got, which
+the model goes on after without sending them again.
+
+`execute(self, inputs, parameters)` as a generator function still works:
+each request's generator is advanced by one response in turn, each yielded
+dict one response; returning ends the stream, raising ends it with an
+error, and a request over early closes the generator at its yield
+(GeneratorExit there). It cannot be resumable. On a decoupled model, an
+execute that is neither a generator function nor execute(self, requests),
+and on a batched model a generator function, fails the model at start.
+docs/python-backend.md has the whole contract.
 """
 
 import argparse
