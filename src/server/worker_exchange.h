@@ -1,11 +1,11 @@
 // The conversation with one ready worker over its control socket and its
 // request slot (protocol/worker_protocol.h): a run sent, the worker's
-// requests for room served, its answer (a batch's kDone, or a decoupled
-// model's responses, each acknowledged) received within its time and
+// requests for room served, its answer (a batch's kDone) received within its time and
 // checked before a byte of it is read, and a worker that closed its socket,
 // sent what is no answer or ran past its time reported as such. It knows no
 // process, queue or model: what becomes of the requests is its caller's
 // (server/supervisor.h), as is the layout of the slot (server/batch_layout.h).
+// A decoupled model's worker holds streams instead: server/stream_runner.h.
 #pragma once
 
 #include <chrono>
