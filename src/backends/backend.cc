@@ -14,6 +14,7 @@
 #include "backends/aoti/aoti_backend_abi.h"
 #include "backends/cpu/cpu_backends.h"
 #include "backends/cuda/cuda_backend_abi.h"
+#include "backends/engine.h"
 #include "backends/model_weights.h"
 #include "backends/registry.h"
 
@@ -296,6 +297,13 @@ std::vector<BackendKind> BuiltinBackendKinds() {
   aoti.create = CreateAoti;
   aoti.preload = [] { (void)GetAotiLibrary(); };
   kinds.push_back(std::move(aoti));
+  BackendKind count;
+  count.name = "count";
+  count.summary = "counts to a request's n, one number a response (decoupled models; tests)";
+  count.create_engine = [](const std::vector<TensorView>&, Device, const EngineOptions& options) {
+    return CreateCountEngine(options);
+  };
+  kinds.push_back(std::move(count));
   BackendKind python;
   python.name = "python";
   python.summary = "the model's model.py in a Python interpreter";
@@ -309,9 +317,13 @@ Result<std::unique_ptr<Backend>> CreateBackend(std::string_view kind,
                                                Device device, const BackendOptions& options) {
   const BackendKind* k = FindBackendKind(kind);
   if (k == nullptr) return UnknownBackendKind(kind);
-  if (!k->create)
+  if (k->program)
     return InvalidArgument("backend kind '" + std::string(kind) +
                            "' runs as its own program, not inside hearth-worker");
+  if (!k->create)
+    return FailedPrecondition("backend kind '" + std::string(kind) +
+                              "' serves decoupled models only (model_transaction_policy: "
+                              "{decoupled: true}): it has an engine, not a backend");
   // Validates the weights for both devices, before any GPU work.
   if (k->signature) RETURN_IF_ERROR(k->signature(weights).status());
   return k->create(weights, device, options);

@@ -27,8 +27,12 @@ Registry& Get() {
 
 Status Add(Registry& r, BackendKind kind) {
   if (kind.name.empty()) return InvalidArgument("a backend kind needs a name");
-  if (!kind.create && !kind.program)
-    return InvalidArgument("backend kind '" + kind.name + "' has neither create nor program");
+  if (!kind.create && !kind.create_engine && !kind.program)
+    return InvalidArgument("backend kind '" + kind.name +
+                           "' has neither create, create_engine nor program");
+  if (kind.program && (kind.create || kind.create_engine))
+    return InvalidArgument("backend kind '" + kind.name +
+                           "' is a program and is built in this process: one or the other");
   std::lock_guard lock(r.mu);
   if (r.kinds.count(kind.name))
     return InvalidArgument("backend kind '" + kind.name + "' is registered twice");

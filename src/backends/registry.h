@@ -4,7 +4,9 @@
 //  - built in this process: `create` makes the Backend from the attached
 //    weights (the CPU backends, the CUDA library's, which are loaded with
 //    dlopen when a model is on a GPU), and `signature` says what it takes
-//    and gives without building it; or
+//    and gives without building it; `create_engine` makes the Engine
+//    (backends/engine.h) that serves the kind's decoupled models. A kind
+//    has either or both; or
 //  - a program that serves the worker protocol itself (the Python backend):
 //    `program` says what to exec in place of hearth-worker, with the same
 //    descriptors and arguments.
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/engine.h"
 
 namespace hearth {
 
@@ -37,6 +40,9 @@ struct BackendKind {
   std::function<Result<std::pair<std::vector<IoSpec>, std::vector<IoSpec>>>(
       const std::vector<TensorView>& weights)>
       signature;
+  std::function<Result<std::unique_ptr<Engine>>(const std::vector<TensorView>& weights,
+                                                Device device, const EngineOptions& options)>
+      create_engine;
   std::function<Result<ProgramLaunch>(const BackendOptions& options)> program;
   // Optional, for a kind built in this process: loads ahead of `create`
   // what it will need (a plug-in library and what that links), without

@@ -4,7 +4,9 @@
 // descriptors and arguments. Otherwise attaches the model version read-only,
 // builds its backend, says ready with the backend's inputs and outputs, then
 // runs whatever batch the server puts in the slot, until the server goes
-// away (end-of-file on the control socket, or PR_SET_PDEATHSIG).
+// away (end-of-file on the control socket, or PR_SET_PDEATHSIG). A
+// decoupled model's kind builds an Engine instead, which serves the
+// requests the server opens (worker/engine_loop.h).
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -22,10 +24,12 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/engine.h"
 #include "backends/registry.h"
 #include "common/proc_stat.h"
 #include "hearth/attach.h"
 #include "protocol/worker_protocol.h"
+#include "worker/engine_loop.h"
 #include "worker/session.h"
 
 namespace hearth {
@@ -143,7 +147,7 @@ int Serve(const WorkerArgs& a) {
   if (a.parent_pid > 0 && ::getppid() != a.parent_pid) return 1;
   const BackendKind* kind = FindBackendKind(a.backend);
   if (kind == nullptr) return Die(a.control_fd, UnknownBackendKind(a.backend));
-  if (!kind->create) return ExecProgram(a, *kind);
+  if (kind->program) return ExecProgram(a, *kind);
   if (a.zygote)
     return Die(a.control_fd, InvalidArgument("--zygote: backend '" + a.backend +
                                              "' runs inside hearth-worker; only a program "
@@ -181,6 +185,16 @@ int Serve(const WorkerArgs& a) {
   };
   if (exec_us.has_value()) (void)session.AddStartPhase("exec", *exec_us);
   phase("setup");
+  if (session.decoupled() && !kind->create_engine)
+    return Die(a.control_fd,
+               FailedPrecondition("the model is decoupled, and backend kind '" + a.backend +
+                                  "' has no engine for decoupled models (it answers batches "
+                                  "only)"));
+  if (!session.decoupled() && !kind->create)
+    return Die(a.control_fd,
+               FailedPrecondition("backend kind '" + a.backend +
+                                  "' serves decoupled models only (model_transaction_policy: "
+                                  "{decoupled: true})"));
   // A standby does the host-side loading (libtorch for aoti, the CUDA
   // backend library) and nothing that touches the device, then waits: it
   // holds no context and no device memory until it is put to work.
@@ -207,7 +221,7 @@ int Serve(const WorkerArgs& a) {
   if (!attachment.ok()) return Die(a.control_fd, attachment.status());
   phase("attach");
   device = (*attachment)->device();
-  BackendOptions options;
+  EngineOptions options;
   options.max_batch_size = session.max_rows();
   options.allow_tf32 = a.allow_tf32;
   options.parameters = session.setup().parameters;
@@ -215,10 +229,17 @@ int Serve(const WorkerArgs& a) {
   options.inputs = session.setup().inputs;
   options.outputs = session.setup().outputs;
   options.batching = session.batching();
+  options.max_streams = session.stream_capacity();
   t = Clock::now();
-  auto backend = kind->create((*attachment)->tensors(), device, options);
+  Result<std::unique_ptr<Backend>> backend = std::unique_ptr<Backend>();
+  Result<std::unique_ptr<Engine>> engine = std::unique_ptr<Engine>();
+  if (session.decoupled())
+    engine = kind->create_engine((*attachment)->tensors(), device, options);
+  else
+    backend = kind->create((*attachment)->tensors(), device, options);
   const std::string backend_ms = ms_since(t);
   if (!backend.ok()) return Die(a.control_fd, backend.status());
+  if (!engine.ok()) return Die(a.control_fd, engine.status());
   phase("backend");
 
   // Where start-up time went: attach (on a GPU, includes creating the
@@ -228,6 +249,27 @@ int Serve(const WorkerArgs& a) {
       device.ToString() + " (attach " + attach_ms + " ms, backend " + backend_ms + " ms";
   if (a.standby) text += "; a standby, loaded " + standby_ms + " ms before";
   text += ")";
+  if (session.decoupled()) {
+    Engine& e = **engine;
+    if (e.capacity() < session.stream_capacity())
+      return Die(a.control_fd,
+                 FailedPrecondition("backend kind '" + a.backend + "': its engine holds " +
+                                    std::to_string(e.capacity()) +
+                                    " requests at once, fewer than parameters.max_streams " +
+                                    std::to_string(session.stream_capacity())));
+    if (Status s = session.Ready(e.inputs(), e.outputs(), e.device_memory_bytes(), text); !s.ok())
+      return Die(a.control_fd, s);
+    const Status served = ServeStreams(session, e);
+    if (served.ok()) return 0;
+    if (served.code() == StatusCode::kDeviceLost) {
+      // As for a batch (below): the server reruns what it can elsewhere.
+      std::fprintf(stderr, "hearth-worker %d: %s; exiting\n", ::getpid(),
+                   served.ToString().c_str());
+      std::fflush(stderr);
+      ::_exit(3);
+    }
+    return Die(a.control_fd, served);
+  }
   Backend& b = **backend;
   if (device.is_cuda() && b.takes_device_addresses())
     if (Status s = session.TakeDeviceAddresses(device.index); !s.ok()) return Die(a.control_fd, s);
