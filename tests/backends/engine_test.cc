@@ -1,0 +1,232 @@
+// The engine interface (backends/engine.h) through its reference, the
+// built-in "count" engine: requests added, stepped together, cancelled and
+// resumed, with a sink that records what a worker would send; and the
+// registry's view of kinds with an engine, a backend or both.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "backends/engine.h"
+#include "backends/registry.h"
+
+namespace hearth {
+namespace {
+
+// What a worker would send: per request, the numbers of its responses and
+// whether the last was final or an error.
+class RecordingSink final : public ResponseSink {
+ public:
+  struct Stream {
+    std::vector<int64_t> numbers;
+    std::vector<std::vector<int64_t>> shapes;
+    bool final = false;
+    Status error = Status::Ok();
+  };
+
+  Result<std::byte*> Output(uint64_t id, size_t i, std::span<const int64_t> shape,
+                            uint64_t bytes) override {
+    EXPECT_EQ(i, 0u);
+    EXPECT_EQ(bytes, sizeof(int64_t));
+    EXPECT_FALSE(streams[id].final) << "output after the final response of " << id;
+    streams[id].shapes.emplace_back(shape.begin(), shape.end());
+    building = id;
+    return reinterpret_cast<std::byte*>(&room);
+  }
+  Result<bool> End(uint64_t id, bool final, const Status& status) override {
+    Stream& s = streams[id];
+    if (closed.count(id) != 0) return false;
+    if (building == id) s.numbers.push_back(room);
+    building = 0;
+    s.final = final || !status.ok();
+    s.error = status;
+    ++responses;
+    return true;
+  }
+
+  std::map<uint64_t, Stream> streams;
+  std::map<uint64_t, bool> closed;  // ids the worker no longer holds (End says false)
+  uint64_t building = 0;
+  int64_t room = 0;
+  int responses = 0;
+};
+
+struct CountRequest {
+  int64_t n;
+  std::vector<int64_t> shape = {1};
+  std::vector<EngineInput> inputs;
+  std::string parameters;
+  std::vector<int64_t> resume;
+
+  explicit CountRequest(int64_t count, std::string params = "", std::vector<int64_t> tokens = {})
+      : n(count), parameters(std::move(params)), resume(std::move(tokens)) {}
+  EngineRequest view() {
+    inputs = {{std::as_bytes(std::span<const int64_t>(&n, 1)), shape}};
+    return {inputs, parameters, resume};
+  }
+};
+
+std::unique_ptr<Engine> MustCount(uint32_t max_streams = 8,
+                                  std::map<std::string, std::string> parameters = {}) {
+  EngineOptions options;
+  options.max_streams = max_streams;
+  options.batching = false;
+  options.parameters = std::move(parameters);
+  auto engine = CreateEngine("count", {}, Device::Host(), options);
+  EXPECT_TRUE(engine.ok()) << engine.status().ToString();
+  return engine.ok() ? std::move(engine).value() : nullptr;
+}
+
+TEST(CountEngine, SaysItsSignatureAndCapacity) {
+  auto e = MustCount(5);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->inputs(), (std::vector<IoSpec>{{"n", DType::kI64, {1}}}));
+  EXPECT_EQ(e->outputs(), (std::vector<IoSpec>{{"token_ids", DType::kI64, {-1}}}));
+  EXPECT_EQ(e->capacity(), 5u);
+  EXPECT_EQ(e->device_memory_bytes(), 0u);
+  EXPECT_FALSE(e->busy());
+  EXPECT_EQ(MustCount(5, {{"capacity", "2"}})->capacity(), 2u);
+  EngineOptions bad;
+  bad.parameters = {{"capacity", "two"}};
+  EXPECT_EQ(CreateEngine("count", {}, Device::Host(), bad).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// Every request held gets one response a step, the last final; requests
+// added between steps join the next one.
+TEST(CountEngine, StepsEveryRequestItHoldsTogether) {
+  auto e = MustCount();
+  CountRequest a(3), b(1, R"({"start": 10})"), c(2, R"({"start": "-4", "other": [1]})");
+  ASSERT_TRUE(e->Add(1, a.view()).ok());
+  ASSERT_TRUE(e->Add(2, b.view()).ok());
+  RecordingSink sink;
+  ASSERT_TRUE(e->Step(sink).ok());
+  EXPECT_EQ(sink.responses, 2);
+  EXPECT_TRUE(sink.streams[2].final);
+  EXPECT_FALSE(sink.streams[1].final);
+  ASSERT_TRUE(e->Add(3, c.view()).ok());
+  while (e->busy()) ASSERT_TRUE(e->Step(sink).ok());
+  EXPECT_EQ(sink.streams[1].numbers, (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(sink.streams[2].numbers, (std::vector<int64_t>{10}));
+  EXPECT_EQ(sink.streams[3].numbers, (std::vector<int64_t>{-4, -3}));
+  for (auto& [id, s] : sink.streams) {
+    EXPECT_TRUE(s.final) << id;
+    EXPECT_TRUE(s.error.ok()) << id;
+    for (const auto& shape : s.shapes) EXPECT_EQ(shape, (std::vector<int64_t>{1})) << id;
+  }
+  EXPECT_EQ(sink.responses, 6);
+  // Nothing held: a step sends nothing.
+  ASSERT_TRUE(e->Step(sink).ok());
+  EXPECT_EQ(sink.responses, 6);
+}
+
+TEST(CountEngine, ACancelledRequestGetsNothingMore) {
+  auto e = MustCount();
+  CountRequest a(5), b(5);
+  ASSERT_TRUE(e->Add(1, a.view()).ok());
+  ASSERT_TRUE(e->Add(2, b.view()).ok());
+  RecordingSink sink;
+  ASSERT_TRUE(e->Step(sink).ok());
+  e->Cancel(1);
+  e->Cancel(99);  // not held: ignored
+  while (e->busy()) ASSERT_TRUE(e->Step(sink).ok());
+  EXPECT_EQ(sink.streams[1].numbers, (std::vector<int64_t>{0}));
+  EXPECT_FALSE(sink.streams[1].final);
+  EXPECT_EQ(sink.streams[2].numbers, (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  // A request its worker no longer holds (End: false) is dropped.
+  CountRequest c(5);
+  ASSERT_TRUE(e->Add(3, c.view()).ok());
+  sink.closed[3] = true;
+  ASSERT_TRUE(e->Step(sink).ok());
+  EXPECT_FALSE(e->busy());
+}
+
+// A resumed request goes on after the tokens its client has, which must be
+// the count's first.
+TEST(CountEngine, AResumedRequestGoesOnAfterItsTokens) {
+  auto e = MustCount();
+  CountRequest a(5, R"({"start": 7})", {7, 8, 9});
+  ASSERT_TRUE(e->Add(1, a.view()).ok());
+  RecordingSink sink;
+  while (e->busy()) ASSERT_TRUE(e->Step(sink).ok());
+  EXPECT_EQ(sink.streams[1].numbers, (std::vector<int64_t>{10, 11}));
+  EXPECT_TRUE(sink.streams[1].final);
+
+  CountRequest wrong(5, "", {0, 2});
+  Status s = e->Add(2, wrong.view());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("token 1 is 2, not 1"), std::string::npos) << s.message();
+  CountRequest over(2, "", {0, 1});
+  EXPECT_EQ(e->Add(3, over.view()).code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(e->busy());  // refused requests are not held
+}
+
+TEST(CountEngine, RefusesBadRequestsAndChangesNothing) {
+  auto e = MustCount(2);
+  CountRequest zero(0), huge(int64_t{1} << 40), params(3, "[1]"), start(3, R"({"start": 1.5})");
+  EXPECT_EQ(e->Add(1, zero.view()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->Add(2, huge.view()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->Add(3, params.view()).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(e->Add(4, start.view()).code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(e->busy());
+  CountRequest a(1), b(1), c(1);
+  ASSERT_TRUE(e->Add(5, a.view()).ok());
+  EXPECT_EQ(e->Add(5, b.view()).code(), StatusCode::kInvalidArgument);  // held already
+  ASSERT_TRUE(e->Add(6, b.view()).ok());
+  EXPECT_EQ(e->Add(7, c.view()).code(), StatusCode::kResourceExhausted);  // past capacity
+}
+
+// With a batching config the shapes have the leading 1.
+TEST(CountEngine, BatchingShapesHaveTheLeadingOne) {
+  EngineOptions options;
+  options.batching = true;
+  auto e = CreateEngine("count", {}, Device::Host(), options);
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  CountRequest a(2);
+  a.shape = {1, 1};
+  ASSERT_TRUE((*e)->Add(1, a.view()).ok());
+  RecordingSink sink;
+  while ((*e)->busy()) ASSERT_TRUE((*e)->Step(sink).ok());
+  EXPECT_EQ(sink.streams[1].shapes, (std::vector<std::vector<int64_t>>{{1, 1}, {1, 1}}));
+}
+
+TEST(EngineRegistry, KindsProvideAnEngineABackendOrBoth) {
+  const BackendKind* count = FindBackendKind("count");
+  ASSERT_NE(count, nullptr);
+  EXPECT_TRUE(count->create_engine);
+  EXPECT_FALSE(count->create);
+  BackendOptions options;
+  Status s = CreateBackend("count", {}, Device::Host(), options).status();
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("decoupled models only"), std::string::npos) << s.message();
+
+  s = CreateEngine("scale", {}, Device::Host(), EngineOptions{}).status();
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("'scale' has no engine"), std::string::npos) << s.message();
+  EXPECT_EQ(CreateEngine("nope", {}, Device::Host(), EngineOptions{}).status().code(),
+            StatusCode::kInvalidArgument);
+
+  BackendKind both;
+  both.name = "engine_test_both";
+  both.create = [](const std::vector<TensorView>&, Device, const BackendOptions&) {
+    return Result<std::unique_ptr<Backend>>(Unimplemented("not in this test"));
+  };
+  both.create_engine = [](const std::vector<TensorView>&, Device, const EngineOptions& o) {
+    return CreateCountEngine(o);
+  };
+  ASSERT_TRUE(RegisterBackendKind(both).ok());
+  EXPECT_TRUE(CreateEngine("engine_test_both", {}, Device::Host(), EngineOptions{}).ok());
+  BackendKind neither;
+  neither.name = "engine_test_neither";
+  EXPECT_FALSE(RegisterBackendKind(neither).ok());
+  BackendKind program_and_engine = both;
+  program_and_engine.name = "engine_test_program";
+  program_and_engine.program = [](const BackendOptions&) {
+    return Result<ProgramLaunch>(ProgramLaunch{});
+  };
+  EXPECT_FALSE(RegisterBackendKind(program_and_engine).ok());
+}
+
+}  // namespace
+}  // namespace hearth
