@@ -10,8 +10,8 @@
 namespace hearth {
 
 Result<std::unique_ptr<Engine>> CreateEngine(std::string_view kind,
-                                             const std::vector<TensorView>& weights,
-                                             Device device, const EngineOptions& options) {
+                                             const std::vector<TensorView>& weights, Device device,
+                                             const EngineOptions& options) {
   const BackendKind* k = FindBackendKind(kind);
   if (k == nullptr) return UnknownBackendKind(kind);
   if (!k->create_engine)
@@ -124,8 +124,8 @@ Result<std::unique_ptr<Engine>> CreateCountEngine(const EngineOptions& options) 
   uint32_t capacity = options.max_streams;
   if (auto it = options.parameters.find("capacity"); it != options.parameters.end()) {
     const std::string& text = it->second;
-    if (text.empty() || text.size() > 6 || text.find_first_not_of("0123456789") != std::string::npos ||
-        std::stoul(text) < 1)
+    if (text.empty() || text.size() > 6 ||
+        text.find_first_not_of("0123456789") != std::string::npos || std::stoul(text) < 1)
       return InvalidArgument("parameters.capacity '" + text.substr(0, 32) +
                              "' is not a whole number from 1 to 999999");
     capacity = static_cast<uint32_t>(std::stoul(text));

@@ -112,8 +112,8 @@ class Engine {
 // the weights' device. The weights must outlive the engine.
 // FailedPrecondition naming the kind when it provides no engine.
 Result<std::unique_ptr<Engine>> CreateEngine(std::string_view kind,
-                                             const std::vector<TensorView>& weights,
-                                             Device device, const EngineOptions& options);
+                                             const std::vector<TensorView>& weights, Device device,
+                                             const EngineOptions& options);
 
 // The built-in engine "count", the reference of this interface and the
 // engine of tests. It needs no weights (it ignores whatever the version

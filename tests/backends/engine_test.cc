@@ -2,13 +2,16 @@
 // built-in "count" engine: requests added, stepped together, cancelled and
 // resumed, with a sink that records what a worker would send; and the
 // registry's view of kinds with an engine, a backend or both.
+#include "backends/engine.h"
+
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <vector>
 
-#include "backends/engine.h"
+#include "backends/c_engine.h"
 #include "backends/registry.h"
 
 namespace hearth {
@@ -226,6 +229,146 @@ TEST(EngineRegistry, KindsProvideAnEngineABackendOrBoth) {
     return Result<ProgramLaunch>(ProgramLaunch{});
   };
   EXPECT_FALSE(RegisterBackendKind(program_and_engine).ok());
+}
+
+// A plug-in's engine through the C table (backends/engine_abi.h): this
+// "library" forwards every C call to a count engine of its own, lending it a
+// ResponseSink over the C sink, so that what comes out of the wrapped engine
+// went through both directions of the ABI.
+namespace plugin {
+
+struct Handle {
+  std::unique_ptr<Engine> count;
+  std::vector<HearthEngineSpec> in, out;
+  bool* destroyed;
+};
+
+class CSink final : public ResponseSink {
+ public:
+  explicit CSink(const HearthEngineSink* c) : c_(c) {}
+  Result<std::byte*> Output(uint64_t id, size_t i, std::span<const int64_t> shape,
+                            uint64_t bytes) override {
+    void* room = nullptr;
+    char error[256] = {};
+    const int code =
+        c_->output(c_->context, id, i, shape.data(), static_cast<int32_t>(shape.size()), bytes,
+                   &room, error, sizeof error);
+    if (code != 0) return Status(static_cast<StatusCode>(code), error);
+    return static_cast<std::byte*>(room);
+  }
+  Result<bool> End(uint64_t id, bool final, const Status& status) override {
+    int32_t sent = 0;
+    char error[256] = {};
+    const int code = c_->end(c_->context, id, final ? 1 : 0, static_cast<int32_t>(status.code()),
+                             status.message().c_str(), &sent, error, sizeof error);
+    if (code != 0) return Status(static_cast<StatusCode>(code), error);
+    return sent != 0;
+  }
+
+ private:
+  const HearthEngineSink* c_;
+};
+
+Handle& H(void* h) { return *static_cast<Handle*>(h); }
+int Answer(const Status& s, char* error, size_t size) {
+  if (s.ok()) return 0;
+  std::snprintf(error, size, "%s", s.message().c_str());
+  return static_cast<int>(s.code());
+}
+
+const HearthEngineTable kTable = {
+    HEARTH_ENGINE_ABI_VERSION,
+    sizeof(HearthEngineTable),
+    [](void* h) {
+      *H(h).destroyed = true;
+      delete &H(h);
+    },
+    [](void* h, const HearthEngineSpec** specs, size_t* n) {
+      *specs = H(h).in.data();
+      *n = H(h).in.size();
+    },
+    [](void* h, const HearthEngineSpec** specs, size_t* n) {
+      *specs = H(h).out.data();
+      *n = H(h).out.size();
+    },
+    [](void* h) { return H(h).count->capacity(); },
+    [](void*) { return uint64_t{12345}; },
+    [](void* h, uint64_t id, const HearthEngineRequest* r, char* error, size_t size) {
+      std::vector<EngineInput> inputs;
+      for (size_t i = 0; i < r->num_inputs; ++i)
+        inputs.push_back({{static_cast<const std::byte*>(r->inputs[i].data), r->inputs[i].bytes},
+                          {r->inputs[i].shape, static_cast<size_t>(r->inputs[i].rank)}});
+      const EngineRequest request{
+          inputs, {r->parameters_json, r->parameters_bytes}, {r->resume, r->num_resume}};
+      return Answer(H(h).count->Add(id, request), error, size);
+    },
+    [](void* h, uint64_t id) { H(h).count->Cancel(id); },
+    [](void* h, const HearthEngineSink* sink, char* error, size_t size) {
+      CSink s(sink);
+      return Answer(H(h).count->Step(s), error, size);
+    },
+    [](void* h) { return H(h).count->busy() ? 1 : 0; },
+};
+
+void* Create(bool* destroyed) {
+  EngineOptions options;
+  options.max_streams = 3;
+  auto* h = new Handle{std::move(CreateCountEngine(options)).value(), {}, {}, destroyed};
+  for (const IoSpec& s : h->count->inputs())
+    h->in.push_back({s.name.c_str(), static_cast<int32_t>(s.dtype),
+                     static_cast<int32_t>(s.dims.size()), s.dims.data()});
+  for (const IoSpec& s : h->count->outputs())
+    h->out.push_back({s.name.c_str(), static_cast<int32_t>(s.dtype),
+                      static_cast<int32_t>(s.dims.size()), s.dims.data()});
+  return h;
+}
+
+}  // namespace plugin
+
+TEST(CEngine, APluginsEngineServesThroughTheCTable) {
+  bool destroyed = false;
+  {
+    auto e = WrapCEngine(&plugin::kTable, plugin::Create(&destroyed));
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    Engine& engine = **e;
+    EXPECT_EQ(engine.inputs(), (std::vector<IoSpec>{{"n", DType::kI64, {1}}}));
+    EXPECT_EQ(engine.outputs(), (std::vector<IoSpec>{{"token_ids", DType::kI64, {-1}}}));
+    EXPECT_EQ(engine.capacity(), 3u);
+    EXPECT_EQ(engine.device_memory_bytes(), 12345u);
+    CountRequest a(3, R"({"start": 5})"), b(4, "", {0, 1}), c(9), bad(0);
+    ASSERT_TRUE(engine.Add(1, a.view()).ok());
+    ASSERT_TRUE(engine.Add(2, b.view()).ok());
+    Status refused = engine.Add(4, bad.view());
+    EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.message().find("input n"), std::string::npos) << refused.message();
+    ASSERT_TRUE(engine.Add(3, c.view()).ok());
+    EXPECT_EQ(engine.Add(5, bad.view()).code(), StatusCode::kResourceExhausted);
+    RecordingSink sink;
+    ASSERT_TRUE(engine.Step(sink).ok());
+    engine.Cancel(3);
+    while (engine.busy()) ASSERT_TRUE(engine.Step(sink).ok());
+    EXPECT_EQ(sink.streams[1].numbers, (std::vector<int64_t>{5, 6, 7}));
+    EXPECT_EQ(sink.streams[2].numbers, (std::vector<int64_t>{2, 3}));
+    EXPECT_EQ(sink.streams[3].numbers, (std::vector<int64_t>{0}));
+    EXPECT_TRUE(sink.streams[1].final && sink.streams[2].final);
+    EXPECT_FALSE(destroyed);
+  }
+  EXPECT_TRUE(destroyed);
+
+  // Another version's table is refused, and its engine released.
+  HearthEngineTable old = plugin::kTable;
+  old.size = sizeof(HearthEngineTable) - sizeof(void*);
+  destroyed = false;
+  void* handle = plugin::Create(&destroyed);
+  EXPECT_EQ(WrapCEngine(&old, handle).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(destroyed);  // a table too short to trust is not called
+  plugin::kTable.destroy(handle);
+  HearthEngineTable missing = plugin::kTable;
+  missing.step = nullptr;
+  destroyed = false;
+  EXPECT_EQ(WrapCEngine(&missing, plugin::Create(&destroyed)).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(destroyed);
 }
 
 }  // namespace

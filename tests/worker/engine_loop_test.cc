@@ -3,6 +3,8 @@
 // socketpair and slot: four streams held at once and stepped together, a
 // cancel among them, a resumed stream, a request the engine refuses, and
 // the loop's end when the server goes away.
+#include "worker/engine_loop.h"
+
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -15,7 +17,6 @@
 #include "gtest/gtest.h"
 #include "hearth/unique_fd.h"
 #include "protocol/worker_protocol.h"
-#include "worker/engine_loop.h"
 #include "worker/session.h"
 
 namespace hearth {
