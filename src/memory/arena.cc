@@ -95,6 +95,7 @@ Result<std::string> CudaDevicePciBusId(int device) {
                 static_cast<unsigned>(bus), static_cast<unsigned>(slot));
   return std::string(id);
 #else
+  (void)device;
   return Unavailable("built without CUDA support");
 #endif
 }
