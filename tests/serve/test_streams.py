@@ -213,3 +213,62 @@ def test_streams_go_on_after_their_worker_is_killed(served):
     assert python_workers(served["proc"].pid, "many") != [pid]
     # Those still streaming when the worker died went on elsewhere.
     assert metric(served, "hearth_streams_resumed_total", "many") > resumed_before
+
+
+# ---- a C++ engine (backends/engine.h): the built-in "count" ---------------------
+
+
+COUNT_CONFIG = """backend: count
+max_batch_size: 0
+model_transaction_policy: {decoupled: true}
+input:
+  - {name: n, data_type: TYPE_INT64, dims: [1]}
+output:
+  - {name: token_ids, data_type: TYPE_INT64, dims: [-1]}
+instance_group:
+  - {count: 1, kind: KIND_CPU}
+parameters:
+  max_streams: "8"
+  resumable: "true"
+"""
+
+
+@pytest.fixture(scope="module")
+def counted(tmp_path_factory):
+    from serve_support import write_model
+    tmp = tmp_path_factory.mktemp("count")
+    write_model(tmp / "repo", "count", COUNT_CONFIG)
+    state = start_serve(tmp, tmp / "repo")
+    wait_for(lambda: requests.get(f"{state['url']}/v2/models/count/ready").status_code == 200,
+             "count ready", timeout=60)
+    yield state
+    code, text = stop_serve(state)
+    assert code == 0, text[-3000:]
+
+
+def count(served, n, start):
+    """A count answered once: the numbers joined (token_ids, piece after piece)."""
+    body = {"inputs": [{"name": "n", "datatype": "INT64", "shape": [1], "data": [n]}],
+            "parameters": {"start": start}}
+    r = requests.post(f"{served['url']}/v2/models/count/infer", json=body, timeout=300)
+    assert r.status_code == 200, r.text[:300]
+    [out] = [o for o in r.json()["outputs"] if o["name"] == "token_ids"]
+    return out["data"]
+
+
+def test_a_cpp_engine_holds_many_streams_and_they_outlive_its_worker(counted):
+    from serve_support import model_workers
+    # Long enough (a response a number) that none ends before the kill below.
+    asked = [(100_000 * i, 200_000) for i in range(8)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(count, counted, n, s) for s, n in asked]
+        wait_for(lambda: streams_held(counted, "count") == 8,
+                 lambda: f"8 streams open (held: {streams_held(counted, 'count')}, done: "
+                 f"{[repr(f.exception())[:200] for f in futures if f.done()]})", timeout=60)
+        [pid] = model_workers(counted["proc"].pid, "count")
+        os.kill(pid, signal.SIGKILL)
+        got = [f.result(timeout=300) for f in futures]
+    # Each counted on from where it was, on the replacement: none twice, none missing.
+    for (s, n), g in zip(asked, got):
+        assert g == list(range(s, s + n))
+    assert metric(counted, "hearth_streams_resumed_total", "count") > 0
