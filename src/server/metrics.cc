@@ -137,7 +137,7 @@ std::string PrometheusText(const std::vector<std::pair<std::string, const ModelR
   per_model("hearth_stream_responses_total", "counter", "Stream responses sent or joined.",
             [](const ModelRuntime& m) { return m.stats.stream_responses.load(); });
   per_model("hearth_generated_tokens_total", "counter",
-            "Token ids in stream responses (the model's token_ids output).",
+            "Token ids in stream responses (the model's token_ids output, INT64).",
             [](const ModelRuntime& m) { return m.stats.stream_tokens.load(); });
   auto per_placement = [&](const char* name, const char* type, const char* help, auto value) {
     family(name, type, help);

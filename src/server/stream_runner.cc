@@ -284,8 +284,10 @@ bool StreamRunner::HandleResponse(control::Response& r) {
     const size_t had = progress.token_ids.size();
     progress.token_ids.resize(had + n);
     if (n > 0) std::memcpy(progress.token_ids.data() + had, b.data(), n * sizeof(int64_t));
-    stats_.stream_tokens += n;
   }
+  if (model_.counted_tokens >= 0 && outputs[static_cast<size_t>(model_.counted_tokens)].has_value())
+    stats_.stream_tokens +=
+        outputs[static_cast<size_t>(model_.counted_tokens)]->data.size() / sizeof(int64_t);
   stats_.stream_responses += 1;
   ++progress.responses;
   const bool streaming = static_cast<bool>(job.request.on_response);

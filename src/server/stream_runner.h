@@ -68,6 +68,9 @@ struct StreamModel {
   // (parameters.resumable); -1: a stream whose worker died after it sent
   // something ends with an error.
   int token_ids = -1;
+  // The output `token_ids` of any model (INT64): its ids are counted
+  // (ModelStats::stream_tokens), whether or not the model resumes.
+  int counted_tokens = -1;
 };
 
 // The ring a runner gives its worker at first, and the most the slot may

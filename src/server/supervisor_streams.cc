@@ -43,9 +43,11 @@ bool WorkerSupervisor::ServeStreams(int control, const control::Ready& ready,
   model.inputs = model_.inputs;
   model.outputs = model_.outputs;
   model.batching = model_.batching();
-  if (model_.config().resumable)
-    for (size_t i = 0; i < model_.outputs.size(); ++i)
-      if (model_.outputs[i].name == "token_ids") model.token_ids = static_cast<int>(i);
+  for (size_t i = 0; i < model_.outputs.size(); ++i) {
+    if (model_.outputs[i].name != "token_ids" || model_.outputs[i].dtype != DType::kI64) continue;
+    model.counted_tokens = static_cast<int>(i);
+    if (model_.config().resumable) model.token_ids = static_cast<int>(i);
+  }
   StreamRunner runner(model, control, slot_, ready.streams, kMaxSlotBytes, model_.stats,
                       *model_.queue);
   const pid_t pid = process_.pid();
