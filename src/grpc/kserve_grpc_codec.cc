@@ -527,6 +527,14 @@ void EncodeModelStatistics(const std::vector<ModelStatistics>& statistics,
       duration(b.compute_infer, batch->mutable_compute_infer());
       duration(b.compute_output, batch->mutable_compute_output());
     }
+    if (s.streams.has_value()) {
+      inference::HearthStreamStatistics* t = m->mutable_hearth_streams();
+      for (uint64_t n : s.streams->in_flight) t->add_in_flight(n);
+      t->set_opened(s.streams->opened);
+      t->set_resumed(s.streams->resumed);
+      t->set_responses(s.streams->responses);
+      t->set_tokens(s.streams->tokens);
+    }
   }
 }
 

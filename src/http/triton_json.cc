@@ -54,6 +54,14 @@ std::string ModelStatisticsJson(const std::vector<ModelStatistics>& statistics) 
                       {"response_stats", json::object()},
                       {"batch_stats", std::move(batches)},
                       {"memory_usage", json::array()}});
+    if (s.streams.has_value()) {
+      const ModelStatistics::Streams& t = *s.streams;
+      models.back()["hearth_streams"] = {{"in_flight", t.in_flight},
+                                         {"opened", t.opened},
+                                         {"resumed", t.resumed},
+                                         {"responses", t.responses},
+                                         {"tokens", t.tokens}};
+    }
   }
   return json{{"model_stats", std::move(models)}}.dump(-1, ' ', false,
                                                        json::error_handler_t::replace);

@@ -241,6 +241,15 @@ struct ModelStatistics {
   uint64_t execution_count = 0;    // batches run
   DurationStatistics success, fail, queue, compute_input, compute_infer, compute_output;
   std::vector<BatchStatistics> batch_stats;  // batch sizes that ran, ascending
+  // A decoupled model's streams (hearth's own, beside Triton's fields): in
+  // flight now on each worker (by worker index), opened on a worker (a
+  // resumed one again), resumed after their worker died, responses taken,
+  // token ids in them.
+  struct Streams {
+    std::vector<uint64_t> in_flight;
+    uint64_t opened = 0, resumed = 0, responses = 0, tokens = 0;
+  };
+  std::optional<Streams> streams;  // set for a decoupled model
 };
 
 // A registered system shared-memory region (its status).

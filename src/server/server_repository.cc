@@ -72,6 +72,15 @@ Result<std::vector<ModelStatistics>> Server::Impl::Statistics(const std::string&
       st.batch_stats.push_back(
           {b, d(n, t.input_us.load()), d(n, t.infer_us.load()), d(n, t.output_us.load())});
     }
+    if (m->config().decoupled) {
+      ModelStatistics::Streams streams;
+      for (const auto& w : m->workers) streams.in_flight.push_back(w->streams_in_flight());
+      streams.opened = m->stats.streams_opened.load();
+      streams.resumed = m->stats.streams_resumed.load();
+      streams.responses = m->stats.stream_responses.load();
+      streams.tokens = m->stats.stream_tokens.load();
+      st.streams = std::move(streams);
+    }
     out.push_back(std::move(st));
   }
   return out;

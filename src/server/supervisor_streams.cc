@@ -135,6 +135,7 @@ bool WorkerSupervisor::ServeStreams(int control, const control::Ready& ready,
     }
     if (n > 0 && fds[0].revents != 0) {
       if (!runner.Pump(0)) return lost(runner.why());
+      streams_in_flight_ = runner.in_flight();
       if (!*answered && runner.responses() > 0) {
         *answered = true;
         NoteAnswered(false);

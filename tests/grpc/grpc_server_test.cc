@@ -189,6 +189,7 @@ std::vector<FakeModel> Models() {
   s.compute_infer = {5, 500};
   s.compute_output = {5, 60};
   s.batch_stats = {{1, {2, 10}, {2, 100}, {2, 20}}, {4, {3, 30}, {3, 400}, {3, 40}}};
+  s.streams = ModelStatistics::Streams{{3, 0}, 9, 2, 40, 120};
   models.push_back(std::move(scale));
   models.push_back(Scale("gated", -1));
   models.back().gated = true;
@@ -453,6 +454,13 @@ TEST_F(GrpcServerTest, ModelStatisticsCarryTritonsFields) {
     EXPECT_EQ(s.inference_stats().queue().ns(), 300u);
     EXPECT_EQ(s.inference_stats().compute_input().ns(), 40u);
     EXPECT_EQ(s.inference_stats().compute_infer().ns(), 500u);
+    ASSERT_TRUE(s.has_hearth_streams());
+    EXPECT_EQ(s.hearth_streams().in_flight_size(), 2);
+    EXPECT_EQ(s.hearth_streams().in_flight(0), 3u);
+    EXPECT_EQ(s.hearth_streams().opened(), 9u);
+    EXPECT_EQ(s.hearth_streams().resumed(), 2u);
+    EXPECT_EQ(s.hearth_streams().responses(), 40u);
+    EXPECT_EQ(s.hearth_streams().tokens(), 120u);
     EXPECT_EQ(s.inference_stats().compute_output().ns(), 60u);
     ASSERT_EQ(s.batch_stats_size(), 2);
     EXPECT_EQ(s.batch_stats(1).batch_size(), 4u);

@@ -272,3 +272,9 @@ def test_a_cpp_engine_holds_many_streams_and_they_outlive_its_worker(counted):
     for (s, n), g in zip(asked, got):
         assert g == list(range(s, s + n))
     assert metric(counted, "hearth_streams_resumed_total", "count") > 0
+    # Triton's statistics extension, with hearth's own stream counts beside its fields.
+    r = requests.get(f"{counted['url']}/v2/models/count/stats", timeout=10)
+    [stats] = r.json()["model_stats"]
+    streams = stats["hearth_streams"]
+    assert streams["resumed"] > 0 and streams["opened"] >= 8 + streams["resumed"]
+    assert streams["tokens"] == sum(n for _, n in asked) and len(streams["in_flight"]) == 1
