@@ -1,5 +1,6 @@
 #include "worker/engine_loop.h"
 
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -37,12 +38,18 @@ class SessionSink final : public ResponseSink {
     auto sent = session_.StreamRespond(id, final, status);
     if (!sent.ok()) return Fail(sent.status());
     building_.reset();
-    if (!*sent || final || !status.ok()) open_.erase(id);
+    if (!*sent || final || !status.ok()) Forget(id);
     return *sent;
   }
 
+  // The request's inputs, as the engine was given them: kept (the engine
+  // keeps views of them) until the request ends.
+  std::vector<EngineInput>& Inputs(uint64_t id) { return inputs_[id]; }
   void Added(uint64_t id) { open_.insert(id); }
-  void Cancelled(uint64_t id) { open_.erase(id); }
+  void Forget(uint64_t id) {
+    open_.erase(id);
+    inputs_.erase(id);
+  }
   const Status& broken() const { return broken_; }
   const std::optional<uint64_t>& building() const { return building_; }
   const std::set<uint64_t>& open() const { return open_; }
@@ -62,6 +69,7 @@ class SessionSink final : public ResponseSink {
       building_.reset();
     }
     open_.clear();
+    inputs_.clear();
     return Status::Ok();
   }
 
@@ -73,6 +81,7 @@ class SessionSink final : public ResponseSink {
 
   WorkerSession& session_;
   std::set<uint64_t> open_;
+  std::map<uint64_t, std::vector<EngineInput>> inputs_;
   std::optional<uint64_t> building_;
   Status broken_ = Status::Ok();
 };
@@ -80,7 +89,8 @@ class SessionSink final : public ResponseSink {
 Status Open(WorkerSession& session, Engine& engine, SessionSink& sink, uint64_t id) {
   const control::Open* open = session.StreamRequest(id);
   if (open == nullptr) return Internal("request " + std::to_string(id) + " was opened, not held");
-  std::vector<EngineInput> inputs(open->inputs.size());
+  std::vector<EngineInput>& inputs = sink.Inputs(id);
+  inputs.resize(open->inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i)
     inputs[i] = {session.StreamInput(id, i), open->inputs[i].shape};
   const EngineRequest request{inputs, open->parameters_json, session.StreamResume(id)};
@@ -90,6 +100,7 @@ Status Open(WorkerSession& session, Engine& engine, SessionSink& sink, uint64_t 
     sink.Added(id);
     return Status::Ok();
   }
+  sink.Forget(id);
   return session.StreamRespond(id, true, added).status();
 }
 
@@ -108,7 +119,7 @@ Status ServeStreams(WorkerSession& session, Engine& engine) {
         continue;
       case WorkerSession::StreamEvent::kCancelled:
         engine.Cancel(event.id);
-        sink.Cancelled(event.id);
+        sink.Forget(event.id);
         continue;
       case WorkerSession::StreamEvent::kNone:
         break;
