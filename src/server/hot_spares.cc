@@ -333,12 +333,7 @@ Status HotSpareKeeper::WarmUp(HotSpare& spare) {
 Status HotSpareKeeper::WarmUpStreams(HotSpare& spare, const std::shared_ptr<Job>& job) {
   const pid_t pid = spare.process.pid();
   auto lost = [](const std::string& what) { return Unavailable(what + " in its warm-up stream"); };
-  StreamModel model;
-  model.name = model_.name;
-  model.version = std::to_string(model_.config().version);
-  model.inputs = model_.inputs;
-  model.outputs = model_.outputs;
-  model.batching = model_.batching();
+  const StreamModel model = StreamModelOf(model_);
   // Not the model's: a warm-up counts nothing, and nothing of it is retried.
   ModelStats stats;
   JobQueue retries(1);

@@ -24,6 +24,7 @@
 #include "server/request_slot.h"
 #include "server/server_options.h"
 #include "server/shared_memory.h"
+#include "server/stream_runner.h"
 #include "server/worker_exchange.h"
 #include "server/worker_process.h"
 #include "server/zygote.h"
@@ -153,6 +154,11 @@ class WorkerSupervisor {
 // started; null where its workers are exec'd (its backend is not python, or
 // parameters.zygote is false).
 std::unique_ptr<WorkerZygote> MakeZygote(const ModelRuntime& model, const ServerOptions& options);
+
+// What a StreamRunner needs of a decoupled model: its name, version and
+// signature, and its token_ids output (kept for a resume where it is
+// resumable, counted wherever it is INT64).
+StreamModel StreamModelOf(const ModelRuntime& model);
 
 // The most a slot may grow to for one batch's inputs and outputs.
 inline constexpr uint64_t kMaxSlotBytes = 16ull << 30;

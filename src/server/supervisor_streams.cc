@@ -34,20 +34,25 @@ bool WorkerSupervisor::FewestStreams(uint64_t mine) const {
   return true;
 }
 
+StreamModel StreamModelOf(const ModelRuntime& m) {
+  StreamModel model;
+  model.name = m.name;
+  model.version = std::to_string(m.config().version);
+  model.inputs = m.inputs;
+  model.outputs = m.outputs;
+  model.batching = m.batching();
+  for (size_t i = 0; i < m.outputs.size(); ++i) {
+    if (m.outputs[i].name != "token_ids" || m.outputs[i].dtype != DType::kI64) continue;
+    model.counted_tokens = static_cast<int>(i);
+    if (m.config().resumable) model.token_ids = static_cast<int>(i);
+  }
+  return model;
+}
+
 bool WorkerSupervisor::ServeStreams(int control, const control::Ready& ready,
                                     std::optional<control::Ring> ring, std::string* death,
                                     bool* answered) {
-  StreamModel model;
-  model.name = model_.name;
-  model.version = std::to_string(model_.config().version);
-  model.inputs = model_.inputs;
-  model.outputs = model_.outputs;
-  model.batching = model_.batching();
-  for (size_t i = 0; i < model_.outputs.size(); ++i) {
-    if (model_.outputs[i].name != "token_ids" || model_.outputs[i].dtype != DType::kI64) continue;
-    model.counted_tokens = static_cast<int>(i);
-    if (model_.config().resumable) model.token_ids = static_cast<int>(i);
-  }
+  const StreamModel model = StreamModelOf(model_);
   StreamRunner runner(model, control, slot_, ready.streams, kMaxSlotBytes, model_.stats,
                       *model_.queue);
   const pid_t pid = process_.pid();

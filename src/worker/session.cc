@@ -381,20 +381,28 @@ std::span<const std::byte> WorkerSession::input(size_t i) const {
   return {slot_ + run_.inputs[i].offset, input_room_[i]};
 }
 
-Result<std::byte*> WorkerSession::Output(size_t i, std::span<const int64_t> shape, uint64_t bytes) {
-  if (!in_batch_) return FailedPrecondition("Output() outside a batch");
+Status WorkerSession::CheckOutput(size_t i, int64_t rows, std::span<const int64_t> shape,
+                                  uint64_t bytes) const {
   if (i >= outputs_.size())
     return InvalidArgument("output #" + std::to_string(i) + ": the model has " +
                            std::to_string(outputs_.size()) + " outputs");
   const TensorSpec& spec = outputs_[i];
   const std::string what = "output " + Describe(spec);
-  RETURN_IF_ERROR(control::CheckShape(spec, batching(), run_.rows, shape, what));
+  RETURN_IF_ERROR(control::CheckShape(spec, batching(), rows, shape, what));
   ASSIGN_OR_RETURN(std::optional<uint64_t> fixed, control::FixedBytes(spec.dtype, shape, what));
   if (fixed.has_value() && *fixed != bytes)
     return InvalidArgument(what + ": " + std::to_string(bytes) + " bytes for shape " +
                            ShapeString(shape) + ", which needs " + std::to_string(*fixed));
   if (bytes >= control::kMaxSlotBytes)
     return InvalidArgument(what + ": " + std::to_string(bytes) + " bytes is past the limit");
+  return Status::Ok();
+}
+
+Result<std::byte*> WorkerSession::Output(size_t i, std::span<const int64_t> shape, uint64_t bytes) {
+  if (!in_batch_) return FailedPrecondition("Output() outside a batch");
+  RETURN_IF_ERROR(CheckOutput(i, run_.rows, shape, bytes));
+  const TensorSpec& spec = outputs_[i];
+  const std::string what = "output " + Describe(spec);
   SlotTensor t;
   t.shape.assign(shape.begin(), shape.end());
   t.bytes = bytes;

@@ -159,6 +159,10 @@ class WorkerSession {
       : control_(std::move(control)), slot_fd_(std::move(slot)), hooks_(std::move(hooks)) {}
   Status MapSlot(uint64_t bytes);
   void ReleaseRetired();
+  // Output i of full `shape` (`rows` rows where the model batches) and
+  // `bytes`: a shape its spec allows, the bytes that shape needs (fixed
+  // types), under the slot's limit.
+  Status CheckOutput(size_t i, int64_t rows, std::span<const int64_t> shape, uint64_t bytes) const;
   // Streams: takes one message from the server that is not for the caller
   // (credits, a ring, a request opened or cancelled: queued as events).
   Status TakeStreamMessage(int timeout_ms, bool* nothing);

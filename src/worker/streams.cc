@@ -210,18 +210,8 @@ Result<std::byte*> WorkerSession::StreamOutput(uint64_t id, size_t i,
   if (building_ && *building_ != id)
     return FailedPrecondition("a response for request " + std::to_string(*building_) +
                               " is being built; send it first");
-  if (i >= outputs_.size())
-    return InvalidArgument("output #" + std::to_string(i) + ": the model has " +
-                           std::to_string(outputs_.size()) + " outputs");
-  const TensorSpec& spec = outputs_[i];
-  const std::string what = "output " + Describe(spec);
-  RETURN_IF_ERROR(control::CheckShape(spec, batching(), 1, shape, what));
-  ASSIGN_OR_RETURN(std::optional<uint64_t> fixed, control::FixedBytes(spec.dtype, shape, what));
-  if (fixed.has_value() && *fixed != bytes)
-    return InvalidArgument(what + ": " + std::to_string(bytes) + " bytes for shape " +
-                           ShapeString(shape) + ", which needs " + std::to_string(*fixed));
-  if (bytes >= control::kMaxSlotBytes)
-    return InvalidArgument(what + ": " + std::to_string(bytes) + " bytes is past the limit");
+  RETURN_IF_ERROR(CheckOutput(i, 1, shape, bytes));
+  const std::string what = "output " + Describe(outputs_[i]);
   if (!building_) {
     building_ = id;
     building_from_ = written_;
