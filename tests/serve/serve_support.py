@@ -359,3 +359,16 @@ def metrics(url):
 
 def metric(url, name, model):
     return metrics(url).get(f'{name}{{model="{model}"}}', 0.0)
+
+
+def events(response):
+    """The payloads of a server-sent event stream, as they arrive."""
+    data = []
+    for line in response.iter_lines(decode_unicode=False):
+        if line.startswith(b"data:"):
+            data.append(line[5:].lstrip(b" ").decode())
+        elif not line and data:
+            yield "\n".join(data)
+            data = []
+    if data:
+        yield "\n".join(data)

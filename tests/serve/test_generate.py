@@ -34,7 +34,7 @@ import time
 import pytest
 import requests
 
-from serve_support import CLI, ON_GPU, python_workers, start_serve, stop_serve, wait_for
+from serve_support import CLI, ON_GPU, events, python_workers, start_serve, stop_serve, wait_for
 
 
 torch = pytest.importorskip("torch", reason="the tiny decoder is written in torch")
@@ -146,19 +146,6 @@ def token_ids(event):
     """An event's token_ids: a one-element output is written as its value."""
     ids = event.get("token_ids", [])
     return ids if isinstance(ids, list) else [ids]
-
-
-def events(response):
-    """The payloads of a server-sent event stream, as they arrive."""
-    data = []
-    for line in response.iter_lines(decode_unicode=False):
-        if line.startswith(b"data:"):
-            data.append(line[5:].lstrip(b" ").decode())
-        elif not line and data:
-            yield "\n".join(data)
-            data = []
-    if data:
-        yield "\n".join(data)
 
 
 def post(served, path, body, stream=False, timeout=120):

@@ -27,7 +27,8 @@ import threading
 import pytest
 import requests
 
-from serve_support import python_workers, start_serve, stop_serve, wait_for
+from serve_support import events as sse_events
+from serve_support import metric, python_workers, start_serve, stop_serve, wait_for
 
 torch = pytest.importorskip("torch", reason="the tiny decoder is written in torch")
 
@@ -58,15 +59,8 @@ def served(tmp_path_factory):
 
 
 def events(response):
-    data = []
-    for line in response.iter_lines(decode_unicode=False):
-        if line.startswith(b"data:"):
-            data.append(line[5:].lstrip(b" ").decode())
-        elif not line and data:
-            yield json.loads("\n".join(data))
-            data = []
-    if data:
-        yield json.loads("\n".join(data))
+    """The stream's events, decoded."""
+    return (json.loads(e) for e in sse_events(response))
 
 
 def token_ids(event):
@@ -99,14 +93,6 @@ def streams_held(served, model):
         if m["name"] == model:
             return sum(w["streams"] for p in m["placements"] for w in p["workers"])
     return 0
-
-
-def metric(served, name, model):
-    text = requests.get(f"{served['url']}/metrics", timeout=10).text
-    for line in text.splitlines():
-        if line.startswith(f'{name}{{model="{model}"'):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 PROMPTS = [f"stream {i}: " + "abcdefghij"[: i % 10] for i in range(32)]
@@ -185,7 +171,7 @@ def test_streams_go_on_after_their_worker_is_killed(served):
     seeded = [dict(max_tokens=60, temperature=0.8, seed=1000 + i) for i in range(16)]
     parameters = greedy + seeded
     expected = [alone(served, "many", p, **k) for p, k in zip(PROMPTS, parameters)]
-    resumed_before = metric(served, "hearth_streams_resumed_total", "many")
+    resumed_before = metric(served["url"], "hearth_streams_resumed_total", "many")
     [pid] = python_workers(served["proc"].pid, "many")
     started = threading.Barrier(33)
 
@@ -212,7 +198,7 @@ def test_streams_go_on_after_their_worker_is_killed(served):
         assert g == e, f"stream {i} ({parameters[i]}): {g!r} != {e!r}"
     assert python_workers(served["proc"].pid, "many") != [pid]
     # Those still streaming when the worker died went on elsewhere.
-    assert metric(served, "hearth_streams_resumed_total", "many") > resumed_before
+    assert metric(served["url"], "hearth_streams_resumed_total", "many") > resumed_before
 
 
 # ---- a C++ engine (backends/engine.h): the built-in "count" ---------------------
@@ -271,7 +257,7 @@ def test_a_cpp_engine_holds_many_streams_and_they_outlive_its_worker(counted):
     # Each counted on from where it was, on the replacement: none twice, none missing.
     for (s, n), g in zip(asked, got):
         assert g == list(range(s, s + n))
-    assert metric(counted, "hearth_streams_resumed_total", "count") > 0
+    assert metric(counted["url"], "hearth_streams_resumed_total", "count") > 0
     # Triton's statistics extension, with hearth's own stream counts beside its fields.
     r = requests.get(f"{counted['url']}/v2/models/count/stats", timeout=10)
     [stats] = r.json()["model_stats"]
