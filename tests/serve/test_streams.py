@@ -15,7 +15,11 @@ that a stream decoded in a batch of 16 picks exactly what it picks alone
   the others stay equal;
 - SIGKILL of the worker while 16 greedy and 16 seeded streams are in
   flight: all 32 complete, each equal to its uninterrupted run (no token
-  twice, none missing), and /metrics counts them resumed.
+  twice, none missing), and /metrics counts them resumed. The worker kills
+  itself (model "doomed": the tiny decoder whose step sends SIGKILL to its
+  own process once, when 16 of its streams have 5 tokens), so that the kill
+  lands mid-stream on any machine however fast the worker or slow the
+  clients.
 """
 
 import concurrent.futures
@@ -43,14 +47,47 @@ tiny_repository = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(tiny_repository)
 
 
+# The tiny decoder (tiny.py beside it) whose worker sends itself SIGKILL once
+# (the flag file is there, and its unlink is the once), at the end of the
+# first step that leaves 16 streams with 5 tokens or more: their clients have
+# had tokens, and their streams are not over.
+DOOMED = """import importlib.util
+import os
+import pathlib
+import signal
+import sys
+
+_spec = importlib.util.spec_from_file_location(
+    "hearth_doomed_tiny", pathlib.Path(__file__).with_name("tiny.py"))
+tiny = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = tiny
+_spec.loader.exec_module(tiny)
+
+
+class Model(tiny.Model):
+    def step(self):
+        super().step()
+        if sum(s.count >= 5 for s in self.streams) >= 16:
+            try:
+                os.unlink({flag!r})
+            except FileNotFoundError:
+                return
+            os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("streams")
     root = tmp / "repo"
     tiny_repository.write(root, "many", workers=1, max_streams=32, dtype="float64")
     tiny_repository.write(root, "pair", workers=1, max_streams=2, dtype="float64")
+    doomed = tiny_repository.write(root, "doomed", workers=1, max_streams=32, dtype="float64")
+    (doomed / "model.py").rename(doomed / "tiny.py")
+    (doomed / "model.py").write_text(DOOMED.format(flag=str(tmp / "kill-once")))
     state = start_serve(tmp, root)
-    for model in ("many", "pair"):
+    state["kill_flag"] = tmp / "kill-once"
+    for model in ("many", "pair", "doomed"):
         wait_for(lambda m=model: requests.get(f"{state['url']}/v2/models/{m}/ready").status_code
                  == 200, f"{model} ready", timeout=120)
     yield state
@@ -170,35 +207,37 @@ def test_streams_go_on_after_their_worker_is_killed(served):
     greedy = [dict(max_tokens=60) for _ in range(16)]
     seeded = [dict(max_tokens=60, temperature=0.8, seed=1000 + i) for i in range(16)]
     parameters = greedy + seeded
-    expected = [alone(served, "many", p, **k) for p, k in zip(PROMPTS, parameters)]
-    resumed_before = metric(served["url"], "hearth_streams_resumed_total", "many")
-    [pid] = python_workers(served["proc"].pid, "many")
-    started = threading.Barrier(33)
+    expected = [alone(served, "doomed", p, **k) for p, k in zip(PROMPTS, parameters)]
+    # At least 16 of them outlast 5 tokens, so the worker's kill below will come.
+    assert sum(len(ids) > 5 for _, ids in expected) >= 16
+    resumed_before = metric(served["url"], "hearth_streams_resumed_total", "doomed")
+    [pid] = python_workers(served["proc"].pid, "doomed")
 
     def run(i):
-        response = open_stream(served, "many", PROMPTS[i], **parameters[i])
-        text, ids, first = "", [], True
+        response = open_stream(served, "doomed", PROMPTS[i], **parameters[i])
+        text, ids = "", []
         for e in events(response):
             assert "error" not in e, e
             text += e.get("text_output", "")
             ids += token_ids(e)
-            if first:
-                first = False
-                started.wait(timeout=120)
-        if first:
-            started.wait(timeout=120)
         return text, ids
 
+    served["kill_flag"].write_text("")
+    os.kill(pid, signal.SIGSTOP)
     with concurrent.futures.ThreadPoolExecutor(32) as pool:
-        futures = [pool.submit(run, i) for i in range(32)]
-        started.wait(timeout=120)  # every stream has had its first response
-        os.kill(pid, signal.SIGKILL)
+        try:
+            futures = [pool.submit(run, i) for i in range(32)]
+            # All 32 are open on the stopped worker before it decodes a step.
+            wait_for(lambda: streams_held(served, "doomed") == 32, "32 streams open", timeout=30)
+        finally:
+            os.kill(pid, signal.SIGCONT)
         got = [f.result(timeout=300) for f in futures]
+    assert not served["kill_flag"].exists(), "the worker never killed itself"
     for i, (g, e) in enumerate(zip(got, expected)):
         assert g == e, f"stream {i} ({parameters[i]}): {g!r} != {e!r}"
-    assert python_workers(served["proc"].pid, "many") != [pid]
+    assert python_workers(served["proc"].pid, "doomed") != [pid]
     # Those still streaming when the worker died went on elsewhere.
-    assert metric(served["url"], "hearth_streams_resumed_total", "many") > resumed_before
+    assert metric(served["url"], "hearth_streams_resumed_total", "doomed") > resumed_before
 
 
 # ---- a C++ engine (backends/engine.h): the built-in "count" ---------------------
