@@ -53,7 +53,7 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
-  bool qkv_bias = false;      // Qwen2
+  bool qkv_bias = false;       // Qwen2
   DType dtype = DType::kBF16;  // the checkpoint's (F32, F16 or BF16)
   // Token ids from config.json and generation_config.json (union; either
   // may give an int or a list). bos: -1 when none.
@@ -86,18 +86,18 @@ Result<ModelConfig> ParseModelConfig(std::string_view config_json,
 // model.layers.N.): views into the caller's tensors, valid while they are.
 // Shapes as in the checkpoint (out_features x in_features).
 struct LayerWeights {
-  const TensorView* input_norm = nullptr;     // input_layernorm.weight [hidden]
-  const TensorView* q = nullptr;              // self_attn.q_proj.weight [heads*head_dim, hidden]
-  const TensorView* k = nullptr;              // self_attn.k_proj.weight [kv_heads*head_dim, hidden]
-  const TensorView* v = nullptr;              // self_attn.v_proj.weight [kv_heads*head_dim, hidden]
-  const TensorView* q_bias = nullptr;         // Qwen2 only
+  const TensorView* input_norm = nullptr;  // input_layernorm.weight [hidden]
+  const TensorView* q = nullptr;           // self_attn.q_proj.weight [heads*head_dim, hidden]
+  const TensorView* k = nullptr;           // self_attn.k_proj.weight [kv_heads*head_dim, hidden]
+  const TensorView* v = nullptr;           // self_attn.v_proj.weight [kv_heads*head_dim, hidden]
+  const TensorView* q_bias = nullptr;      // Qwen2 only
   const TensorView* k_bias = nullptr;
   const TensorView* v_bias = nullptr;
-  const TensorView* o = nullptr;              // self_attn.o_proj.weight [hidden, heads*head_dim]
-  const TensorView* post_norm = nullptr;      // post_attention_layernorm.weight [hidden]
-  const TensorView* gate = nullptr;           // mlp.gate_proj.weight [intermediate, hidden]
-  const TensorView* up = nullptr;             // mlp.up_proj.weight [intermediate, hidden]
-  const TensorView* down = nullptr;           // mlp.down_proj.weight [hidden, intermediate]
+  const TensorView* o = nullptr;          // self_attn.o_proj.weight [hidden, heads*head_dim]
+  const TensorView* post_norm = nullptr;  // post_attention_layernorm.weight [hidden]
+  const TensorView* gate = nullptr;       // mlp.gate_proj.weight [intermediate, hidden]
+  const TensorView* up = nullptr;         // mlp.up_proj.weight [intermediate, hidden]
+  const TensorView* down = nullptr;       // mlp.down_proj.weight [hidden, intermediate]
 };
 
 struct ModelWeights {
@@ -146,8 +146,8 @@ HEARTH_LLM_HD inline uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 HEARTH_LLM_HD inline float GumbelUniform(uint64_t seed, int64_t position, int32_t token) {
-  const uint64_t h = SplitMix64(seed ^ SplitMix64((static_cast<uint64_t>(position) << 32) ^
-                                                  static_cast<uint32_t>(token)));
+  const uint64_t h = SplitMix64(
+      seed ^ SplitMix64((static_cast<uint64_t>(position) << 32) ^ static_cast<uint32_t>(token)));
   // 24 random bits, centred in their interval: never 0, never 1.
   return (static_cast<float>(h >> 40) + 0.5f) * (1.0f / 16777216.0f);
 }
@@ -167,9 +167,9 @@ struct StepBatch {
   std::span<const int32_t> starts;        // num_seqs
   std::span<const int32_t> block_tables;  // num_seqs x max_blocks, -1 where unused
   int32_t max_blocks = 0;
-  std::span<const uint8_t> sample;             // num_seqs
-  std::span<const SamplingParams> params;      // num_seqs
-  std::span<const int64_t> draw_positions;     // num_seqs
+  std::span<const uint8_t> sample;          // num_seqs
+  std::span<const SamplingParams> params;   // num_seqs
+  std::span<const int64_t> draw_positions;  // num_seqs
   size_t num_seqs() const { return starts.size(); }
 };
 
