@@ -458,6 +458,31 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
       return c.Error(t["decoupled"], "model_transaction_policy.decoupled", form);
     m.decoupled = v == "true";
   }
+  // backend: llm is a generation engine: decoupled, batching its streams
+  // itself, with the generate extension's input and outputs unless the
+  // config lists its own, and resumable.
+  if (m.backend == "llm") {
+    if (root["model_transaction_policy"] && !m.decoupled)
+      return c.Error(root["model_transaction_policy"]["decoupled"],
+                     "model_transaction_policy.decoupled",
+                     "backend llm streams its responses: true, or leave it out");
+    m.decoupled = true;
+    if (m.max_batch_size != 0)
+      return c.Error(root["max_batch_size"], "max_batch_size",
+                     "backend llm batches its streams itself (continuous batching): leave "
+                     "max_batch_size out or 0, and set parameters.max_streams");
+    if (m.inputs.empty()) {
+      m.inputs = {{"text_input", DType::kBytes, {1}}};
+      m.outputs = {{"text_output", DType::kBytes, {1}},
+                   {"token_ids", DType::kI64, {-1}},
+                   {"prompt_tokens", DType::kI64, {1}},
+                   {"completion_tokens", DType::kI64, {1}},
+                   {"finish_reason", DType::kBytes, {1}}};
+    }
+    m.resumable = std::any_of(m.outputs.begin(), m.outputs.end(), [](const IoConfig& o) {
+      return o.name == "token_ids" && o.dtype == DType::kI64 && o.dims == std::vector<int64_t>{-1};
+    });
+  }
   if (const YAML::Node g = root["instance_group"]) {
     if (!g.IsSequence() || g.size() == 0)
       return c.Error(g, "instance_group", "must be a list of {count, kind, gpus}");

@@ -642,3 +642,36 @@ TEST_F(ModelConfigTest, ListingTakesLinksAndLoopsAsModelsAndSkipsFiles) {
 
 }  // namespace
 }  // namespace hearth
+
+namespace hearth {
+namespace {
+
+TEST_F(ModelConfigTest, BackendLlmIsADecoupledResumableGeneratorInThreeLines) {
+  auto c = LoadModelConfig(Write("llama", R"(backend: llm
+instance_group: [{count: 2, kind: KIND_CPU}]
+parameters: {max_streams: "64"}
+)"));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->decoupled);
+  EXPECT_TRUE(c->resumable);
+  EXPECT_EQ(c->max_batch_size, 0);
+  EXPECT_EQ(c->max_streams, 64);
+  ASSERT_EQ(c->inputs.size(), 1u);
+  EXPECT_EQ(c->inputs[0].name, "text_input");
+  std::vector<std::string> outputs;
+  for (const IoConfig& o : c->outputs) outputs.push_back(o.name);
+  EXPECT_EQ(outputs, (std::vector<std::string>{"text_output", "token_ids", "prompt_tokens",
+                                               "completion_tokens", "finish_reason"}));
+
+  auto batched = LoadModelConfig(Write("llama_b", "backend: llm\nmax_batch_size: 8\n"));
+  ASSERT_FALSE(batched.ok());
+  EXPECT_NE(batched.status().message().find("max_streams"), std::string::npos)
+      << batched.status().ToString();
+  auto coupled = LoadModelConfig(
+      Write("llama_c", "backend: llm\nmodel_transaction_policy: {decoupled: false}\n"));
+  ASSERT_FALSE(coupled.ok());
+  EXPECT_NE(coupled.status().message().find("decoupled"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace hearth
