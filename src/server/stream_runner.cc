@@ -166,8 +166,8 @@ bool StreamRunner::Open(const std::shared_ptr<Job>& job) {
     open.inputs.push_back({at, data.size(), t->shape});
     at += data.size();
   }
-  open.resume = {*region + resume_at, resume_bytes,
-                 {static_cast<int64_t>(progress.token_ids.size())}};
+  open.resume = {
+      *region + resume_at, resume_bytes, {static_cast<int64_t>(progress.token_ids.size())}};
   if (resume_bytes > 0)
     std::memcpy(slot_.data() + open.resume.offset, progress.token_ids.data(), resume_bytes);
   if (progress.token_ids.empty()) open.resume.offset = 0;
@@ -289,6 +289,10 @@ bool StreamRunner::HandleResponse(control::Response& r) {
     stats_.stream_tokens +=
         outputs[static_cast<size_t>(model_.counted_tokens)]->data.size() / sizeof(int64_t);
   stats_.stream_responses += 1;
+  if (progress.responses == 0)
+    stats_.CountFirstResponse(static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - job.received)
+            .count()));
   ++progress.responses;
   const bool streaming = static_cast<bool>(job.request.on_response);
   if (!streaming) {
@@ -332,8 +336,7 @@ bool StreamRunner::HandleResponse(control::Response& r) {
     }
     stats_.requests += 1;
     stats_.request_us += static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - job.received)
-            .count());
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - job.received).count());
     job.done(StreamResponse(model_, job, whole));
     Finish(it);
     return true;
@@ -341,8 +344,7 @@ bool StreamRunner::HandleResponse(control::Response& r) {
   if (r.final) {
     stats_.requests += 1;
     stats_.request_us += static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - job.received)
-            .count());
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - job.received).count());
     job.done(StreamResponse(model_, job, outputs));
     Finish(it);
     return true;
@@ -390,6 +392,17 @@ bool StreamRunner::Pump(int timeout_ms) {
       case control::Kind::kRingGrow:
         ok = GrowRing(m->ring_grow.bytes);
         break;
+      case control::Kind::kEngineStats: {
+        // Preemptions count up over the worker's life: a smaller count is a
+        // broken worker's, and is not taken.
+        const uint64_t had = engine_stats_.preemptions;
+        engine_stats_ = m->engine_stats;
+        if (engine_stats_.preemptions > had)
+          stats_.preemptions += engine_stats_.preemptions - had;
+        else
+          engine_stats_.preemptions = had;
+        break;
+      }
       case control::Kind::kDone:
         // Fail(): the worker says why it stops.
         return Gone("stopped: " + m->done.text, false);

@@ -121,6 +121,8 @@ class StreamRunner {
 
   const std::string& why() const { return why_; }
   uint64_t responses() const { return responses_; }  // taken from this worker
+  // What the worker's engine last said it holds (kEngineStats; zero until it does).
+  const control::EngineStats& engine_stats() const { return engine_stats_; }
   bool malformed() const { return malformed_; }
 
  private:
@@ -154,6 +156,7 @@ class StreamRunner {
   Clock::time_point last_heard_ = Clock::now();
   std::string why_;
   bool malformed_ = false;
+  control::EngineStats engine_stats_;
   uint64_t responses_ = 0;
 };
 

@@ -297,6 +297,8 @@ def test_a_cpp_engine_holds_many_streams_and_they_outlive_its_worker(counted):
     for (s, n), g in zip(asked, got):
         assert g == list(range(s, s + n))
     assert metric(counted["url"], "hearth_streams_resumed_total", "count") > 0
+    # Each stream's first response timed once (a resumed one not again).
+    assert metric(counted["url"], "hearth_stream_first_response_seconds_count", "count") == 8
     # Triton's statistics extension, with hearth's own stream counts beside its fields.
     r = requests.get(f"{counted['url']}/v2/models/count/stats", timeout=10)
     [stats] = r.json()["model_stats"]
