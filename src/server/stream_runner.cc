@@ -136,10 +136,17 @@ bool StreamRunner::Open(const std::shared_ptr<Job>& job) {
   // Inputs one after the other, 64-byte aligned, then the resume tokens.
   std::vector<const InferTensor*> tensors;
   uint64_t bytes = 0;
-  for (const TensorSpec& spec : model_.inputs) {
+  for (size_t i = 0; i < model_.inputs.size(); ++i) {
+    const TensorSpec& spec = model_.inputs[i];
     auto it = std::find_if(job->request.inputs.begin(), job->request.inputs.end(),
                            [&](const InferTensor& t) { return t.name == spec.name; });
-    if (it == job->request.inputs.end() || (it->shm && it->shm->cuda))
+    if (it == job->request.inputs.end() && i < model_.optional.size() && model_.optional[i]) {
+      tensors.push_back(nullptr);  // absent
+      continue;
+    }
+    if (it == job->request.inputs.end())
+      return answer(InvalidArgument("input '" + spec.name + "' is missing"));
+    if (it->shm && it->shm->cuda)
       return answer(InvalidArgument("input '" + spec.name +
                                     "': a stream's inputs cannot be in CUDA shared memory"));
     tensors.push_back(&*it);
@@ -160,6 +167,10 @@ bool StreamRunner::Open(const std::shared_ptr<Job>& job) {
   open.parameters_json = job->request.parameters_json;
   uint64_t at = *region;
   for (const InferTensor* t : tensors) {
+    if (t == nullptr) {
+      open.inputs.push_back({0, 0, {}});
+      continue;
+    }
     at = AlignUp(at);
     const auto data = t->data.bytes();
     if (!data.empty()) std::memcpy(slot_.data() + at, data.data(), data.size());

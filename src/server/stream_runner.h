@@ -63,6 +63,9 @@ struct StreamModel {
   std::string name;
   std::string version;
   std::span<const TensorSpec> inputs, outputs;
+  // Per input: a request may leave it out (it reaches the worker absent:
+  // no bytes and no shape). Empty: none is optional.
+  std::vector<bool> optional;
   bool batching = false;  // tensors have a batch dimension (of 1)
   // The output `token_ids` (INT64 [-1]) of a model that resumes streams
   // (parameters.resumable); -1: a stream whose worker died after it sent

@@ -41,6 +41,7 @@ StreamModel StreamModelOf(const ModelRuntime& m) {
   model.inputs = m.inputs;
   model.outputs = m.outputs;
   model.batching = m.batching();
+  for (const TensorSpec& in : m.inputs) model.optional.push_back(m.IsOptionalInput(in.name));
   for (size_t i = 0; i < m.outputs.size(); ++i) {
     if (m.outputs[i].name != "token_ids" || m.outputs[i].dtype != DType::kI64) continue;
     model.counted_tokens = static_cast<int>(i);

@@ -28,6 +28,9 @@ Status WorkerSession::OpenStream(control::Open open) {
   RETURN_IF_ERROR(MapSlot(open.slot_bytes));
   for (size_t i = 0; i < inputs_.size(); ++i) {
     const std::string name = what + ": input " + Describe(inputs_[i]);
+    // An optional input the request left out: no bytes and no shape (no
+    // tensor has both: a scalar holds at least one element's bytes).
+    if (open.inputs[i].bytes == 0 && open.inputs[i].shape.empty()) continue;
     RETURN_IF_ERROR(control::CheckShape(inputs_[i], batching(), 1, open.inputs[i].shape, name));
     RETURN_IF_ERROR(
         control::CheckSlotTensor(open.inputs[i], inputs_[i].dtype, 0, mapped_bytes_, slot_, name));

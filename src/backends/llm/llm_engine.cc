@@ -217,6 +217,10 @@ class LlmEngine final : public Engine {
   uint32_t capacity() const override { return capacity_; }
   uint64_t device_memory_bytes() const override { return executor_->device_memory_bytes(); }
   bool busy() const override { return scheduler_->busy() || !ending_.empty(); }
+  EngineCounters counters() const override {
+    return {static_cast<uint64_t>(scheduler_->blocks_used()),
+            static_cast<uint64_t>(scheduler_->limits().num_blocks), scheduler_->preemptions()};
+  }
 
   void Cancel(uint64_t id) override {
     scheduler_->Remove(id);
@@ -332,10 +336,17 @@ class LlmEngine final : public Engine {
     if (r.inputs.size() != s_.inputs.size())
       return InvalidArgument("the request has " + std::to_string(r.inputs.size()) +
                              " inputs; the model takes " + std::to_string(s_.inputs.size()));
+    const auto present = [&](int index) {
+      return index >= 0 && !(r.inputs[static_cast<size_t>(index)].bytes.empty() &&
+                             r.inputs[static_cast<size_t>(index)].shape.empty());
+    };
+    if (present(s_.text_input) == present(s_.messages_input))
+      return InvalidArgument(present(s_.text_input)
+                                 ? "give text_input or messages, not both"
+                                 : "give text_input (a prompt) or messages (a chat)");
     std::optional<std::string_view> messages;
-    if (s_.messages_input >= 0) {
-      ASSIGN_OR_RETURN(const std::string_view m, element(s_.messages_input));
-      if (!m.empty() || s_.text_input < 0) messages = m;
+    if (present(s_.messages_input)) {
+      ASSIGN_OR_RETURN(messages, element(s_.messages_input));
     }
     if (messages.has_value()) {
       if (!s_.chat_template.has_value())
