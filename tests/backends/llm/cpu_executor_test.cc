@@ -157,12 +157,11 @@ TEST_P(CpuExecutorTest, ChunkedPrefillMatchesWhole) {
   std::map<int, std::vector<float>> whole;
   for (int end = 1; end <= 13; ++end) {
     auto e = Load(c);
-    whole[end] = StepLogits(*e->executor, {{Slice(prompt, 0, end), 0, Blocks(0, 4)}},
-                            c.vocab_size)[0];
+    whole[end] =
+        StepLogits(*e->executor, {{Slice(prompt, 0, end), 0, Blocks(0, 4)}}, c.vocab_size)[0];
   }
-  for (const std::vector<int>& cuts :
-       std::vector<std::vector<int>>{{5, 10, 13}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13},
-                                     {4, 8, 12, 13}, {3, 13}}) {
+  for (const std::vector<int>& cuts : std::vector<std::vector<int>>{
+           {5, 10, 13}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}, {4, 8, 12, 13}, {3, 13}}) {
     auto chunked = Load(c);
     int begin = 0;
     for (int end : cuts) {
@@ -180,11 +179,11 @@ TEST_P(CpuExecutorTest, BatchMatchesEachAlone) {
   // Step 1: three prefills together; step 2: a decodes one, b feeds a
   // chunk of three, d is left out; step 3: d decodes, a feeds two.
   auto batched = Load(c);
-  auto s1 = StepLogits(*batched->executor,
-                       {{a, 0, Blocks(0, 4)}, {b, 0, Blocks(4, 2)}, {d, 0, Blocks(8, 5)}},
+  auto s1 =
+      StepLogits(*batched->executor,
+                 {{a, 0, Blocks(0, 4)}, {b, 0, Blocks(4, 2)}, {d, 0, Blocks(8, 5)}}, c.vocab_size);
+  auto s2 = StepLogits(*batched->executor, {{{5}, 9, Blocks(0, 4)}, {{7, 8, 9}, 1, Blocks(4, 2)}},
                        c.vocab_size);
-  auto s2 = StepLogits(*batched->executor,
-                       {{{5}, 9, Blocks(0, 4)}, {{7, 8, 9}, 1, Blocks(4, 2)}}, c.vocab_size);
   auto s3 = StepLogits(*batched->executor, {{{11}, 14, Blocks(8, 5)}, {{1, 2}, 10, Blocks(0, 4)}},
                        c.vocab_size);
 
@@ -210,10 +209,10 @@ TEST_P(CpuExecutorTest, BlockTablesNeedNotBeContiguous) {
   const ModelConfig c = TinyConfig(GetParam());
   const std::vector<int32_t> a = Tokens(11, 4), b = Tokens(7, 5);
   auto ordered = Load(c, 7, 3);
-  auto o1 = StepLogits(*ordered->executor, {{a, 0, Blocks(0, 4)}, {b, 0, Blocks(4, 3)}},
+  auto o1 =
+      StepLogits(*ordered->executor, {{a, 0, Blocks(0, 4)}, {b, 0, Blocks(4, 3)}}, c.vocab_size);
+  auto o2 = StepLogits(*ordered->executor, {{{3}, 11, Blocks(0, 4)}, {{4, 5}, 7, Blocks(4, 3)}},
                        c.vocab_size);
-  auto o2 = StepLogits(*ordered->executor,
-                       {{{3}, 11, Blocks(0, 4)}, {{4, 5}, 7, Blocks(4, 3)}}, c.vocab_size);
   // The same steps with the two sequences' blocks interleaved and reversed.
   auto scattered = Load(c, 7, 3);
   const std::vector<int32_t> ta = {20, 2, 13, 5}, tb = {9, 0, 17};
@@ -258,8 +257,7 @@ TEST_P(CpuExecutorTest, SixteenBitWeightsAreWidenedExactly) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CpuExecutorTest,
-                         ::testing::Values(Family::kLlama, Family::kQwen2),
-                         [](const auto& p) {
+                         ::testing::Values(Family::kLlama, Family::kQwen2), [](const auto& p) {
                            return p.param == Family::kQwen2 ? "Qwen2" : "Llama";
                          });
 
@@ -319,8 +317,9 @@ TEST(CpuExecutor, RefusesBadStepsAndChangesNothing) {
   refused({{prompt, 0, {0, -1, 3}}}, "sequence 0's block 1 is -1");
   refused({{prompt, 0, {0, 1}}, {prompt, 0, {2, 1}}},
           "block 1 is written by sequences 0 and 1 in one step");
-  refused({{prompt, 125, Blocks(0, 33)}}, "feeds positions 125 to 130, past the executor's "
-                                          "max_positions 128");
+  refused({{prompt, 125, Blocks(0, 33)}},
+          "feeds positions 125 to 130, past the executor's "
+          "max_positions 128");
   refused({{prompt, 0, Blocks(0, 2)}, {prompt, 0, Blocks(2, 2)}, {prompt, 0, Blocks(4, 2)}},
           "a step of 3 sequences (1 to 2)");
   refused({{{}, 0, Blocks(0, 2)}}, "a step of 0 tokens");

@@ -293,8 +293,9 @@ TEST(LlmConfig, QwenInstructGeneration) {
   EXPECT_FLOAT_EQ(c.default_top_p, 0.8f);
   EXPECT_EQ(c.default_top_k, 20);
   ASSERT_EQ(c.notes.size(), 1u);
-  EXPECT_EQ(c.notes[0], "generation_config.json: repetition_penalty 1.1 is not applied "
-                        "(not implemented)");
+  EXPECT_EQ(c.notes[0],
+            "generation_config.json: repetition_penalty 1.1 is not applied "
+            "(not implemented)");
 }
 
 TEST(LlmConfig, GenerationDetails) {
@@ -335,8 +336,8 @@ TEST(LlmConfig, HeadDimKeyAndDefaults) {
   std::string dtype = With(kLlama31Config, "torch_dtype", "DELETE");
   EXPECT_EQ(MustParse(With(dtype, "dtype", "\"float32\"")).dtype, DType::kF32);
   // rope_type "default" is no scaling; "type" is the older spelling.
-  EXPECT_FALSE(
-      MustParse(With(kLlama2Config, "rope_scaling", R"({"rope_type": "default"})")).rope_scaling.llama3);
+  EXPECT_FALSE(MustParse(With(kLlama2Config, "rope_scaling", R"({"rope_type": "default"})"))
+                   .rope_scaling.llama3);
   EXPECT_TRUE(MustParse(With(kLlama31Config, "rope_scaling",
                              R"({"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                  "high_freq_factor": 4.0,
@@ -353,9 +354,9 @@ TEST(LlmConfig, HeadDimKeyAndDefaults) {
   EXPECT_TRUE(p.rope_scaling.llama3);
   EXPECT_DOUBLE_EQ(p.rope_theta, 500000.0);
   // Qwen2's layer_types, all full attention.
-  EXPECT_EQ(MustParse(With(kQwenConfig, "layer_types", R"(["full_attention", "full_attention"])"))
-                .family,
-            Family::kQwen2);
+  EXPECT_EQ(
+      MustParse(With(kQwenConfig, "layer_types", R"(["full_attention", "full_attention"])")).family,
+      Family::kQwen2);
 }
 
 TEST(LlmConfig, RefusesWhatChangesTheMath) {
@@ -401,9 +402,9 @@ TEST(LlmConfig, RefusesWhatChangesTheMath) {
                 {"config.json: partial_rotary_factor 0.5"});
   ExpectRefused(With(kLlama31Config, "num_key_value_heads", "5"),
                 {"config.json: num_key_value_heads 5", "does not divide", "32"});
-  ExpectRefused(With(kLlama31Config, "quantization_config",
-                     R"({"quant_method": "awq", "bits": 4})"),
-                {"config.json: quantization_config", "awq", "not implemented"});
+  ExpectRefused(
+      With(kLlama31Config, "quantization_config", R"({"quant_method": "awq", "bits": 4})"),
+      {"config.json: quantization_config", "awq", "not implemented"});
   ExpectRefused(With(kLlama2Config, "pretraining_tp", "2"), {"config.json: pretraining_tp 2"});
   ExpectRefused(With(kQwenConfig, "use_sliding_window", "true"),
                 {"config.json: use_sliding_window true"});
@@ -417,9 +418,9 @@ TEST(LlmConfig, RefusesWhatIsMalformed) {
                 {"config.json: architectures [\"MixtralForCausalLM\"]", "not implemented"});
   ExpectRefused(With(kLlama31Config, "architectures", "DELETE"),
                 {"config.json: architectures is missing"});
-  ExpectRefused(With(kLlama31Config, "architectures",
-                     R"(["LlamaForCausalLM", "MistralForCausalLM"])"),
-                {"config.json: architectures", "not a list of one"});
+  ExpectRefused(
+      With(kLlama31Config, "architectures", R"(["LlamaForCausalLM", "MistralForCausalLM"])"),
+      {"config.json: architectures", "not a list of one"});
   ExpectRefused(With(kLlama31Config, "model_type", "\"mistral\""),
                 {"config.json: model_type \"mistral\"", "contradicts"});
   ExpectRefused(With(kLlama31Config, "torch_dtype", "\"int8\""),
@@ -531,24 +532,70 @@ TEST_F(LlmConfigFiles, ReadsBothFiles) {
 //       smoothed = (1 - smooth) * inv_freq_llama / factor + smooth * inv_freq_llama
 //       is_medium = ~(wavelen < high_wl) * ~(wavelen > low_wl)
 //       return torch.where(is_medium, smoothed, inv_freq_llama)
-constexpr double kFloat64[] = {
-    1.0, 0.6636012376960885, 0.44036660267178046, 0.2922278225730151,
-    0.19392274474868576, 0.12868737343265052, 0.08539710028576561, 0.056669621445291044,
-    0.03760603093086393, 0.024955408670558694, 0.016560440080994446, 0.010989528534539826,
-    0.0072926647372171085, 0.004839421345719893, 0.0032114459947525913, 0.0012905479282092638,
-    0.00042955679655936815, 9.70828780262767e-05, 1.9461638184831125e-05, 1.291476718704739e-05,
-    8.570255489881478e-06, 5.687232150457046e-06, 3.7740542941082826e-06, 2.5044671007024935e-06,
-    1.661967467795309e-06, 1.102883668639601e-06, 7.318749675440419e-07, 4.856731343010108e-07,
-    3.2229329303788936e-07, 2.138742281610915e-07, 1.4192720251899592e-07, 9.418306725434909e-08};
-constexpr float kFloat32[] = {
-    1.0, 0.663601279258728, 0.44036662578582764, 0.2922278344631195,
-    0.193922758102417, 0.12868738174438477, 0.08539710193872452, 0.05666961893439293,
-    0.03760603070259094, 0.02495540864765644, 0.016560440883040428, 0.010989529080688953,
-    0.00729266507551074, 0.00483942124992609, 0.0032114461064338684, 0.0012905480107292533,
-    0.000429556705057621, 9.708286233944818e-05, 1.9461638657958247e-05, 1.291476746700937e-05,
-    8.570255886297673e-06, 5.687232260243036e-06, 3.7740544485131977e-06, 2.504467147446121e-06,
-    1.6619674170215148e-06, 1.1028836297555245e-06, 7.318749339901842e-07, 4.856731266045244e-07,
-    3.2229328894572973e-07, 2.1387423032592778e-07, 1.4192720243499934e-07, 9.418306490260875e-08};
+constexpr double kFloat64[] = {1.0,
+                               0.6636012376960885,
+                               0.44036660267178046,
+                               0.2922278225730151,
+                               0.19392274474868576,
+                               0.12868737343265052,
+                               0.08539710028576561,
+                               0.056669621445291044,
+                               0.03760603093086393,
+                               0.024955408670558694,
+                               0.016560440080994446,
+                               0.010989528534539826,
+                               0.0072926647372171085,
+                               0.004839421345719893,
+                               0.0032114459947525913,
+                               0.0012905479282092638,
+                               0.00042955679655936815,
+                               9.70828780262767e-05,
+                               1.9461638184831125e-05,
+                               1.291476718704739e-05,
+                               8.570255489881478e-06,
+                               5.687232150457046e-06,
+                               3.7740542941082826e-06,
+                               2.5044671007024935e-06,
+                               1.661967467795309e-06,
+                               1.102883668639601e-06,
+                               7.318749675440419e-07,
+                               4.856731343010108e-07,
+                               3.2229329303788936e-07,
+                               2.138742281610915e-07,
+                               1.4192720251899592e-07,
+                               9.418306725434909e-08};
+constexpr float kFloat32[] = {1.0,
+                              0.663601279258728,
+                              0.44036662578582764,
+                              0.2922278344631195,
+                              0.193922758102417,
+                              0.12868738174438477,
+                              0.08539710193872452,
+                              0.05666961893439293,
+                              0.03760603070259094,
+                              0.02495540864765644,
+                              0.016560440883040428,
+                              0.010989529080688953,
+                              0.00729266507551074,
+                              0.00483942124992609,
+                              0.0032114461064338684,
+                              0.0012905480107292533,
+                              0.000429556705057621,
+                              9.708286233944818e-05,
+                              1.9461638657958247e-05,
+                              1.291476746700937e-05,
+                              8.570255886297673e-06,
+                              5.687232260243036e-06,
+                              3.7740544485131977e-06,
+                              2.504467147446121e-06,
+                              1.6619674170215148e-06,
+                              1.1028836297555245e-06,
+                              7.318749339901842e-07,
+                              4.856731266045244e-07,
+                              3.2229328894572973e-07,
+                              2.1387423032592778e-07,
+                              1.4192720243499934e-07,
+                              9.418306490260875e-08};
 
 TEST(LlmConfig, InverseFrequenciesLlama3) {
   std::string llama32 = With(kLlama31Config, "hidden_size", "2048");

@@ -52,7 +52,8 @@ struct HostModel {
     size_t n = 1;
     for (int64_t d : shape) n *= static_cast<size_t>(d);
     std::uniform_real_distribution<float> dist(mean - bound, mean + bound);
-    Tensor t{std::move(name), dtype, std::move(shape), std::vector<std::byte>(n * DTypeSize(dtype))};
+    Tensor t{std::move(name), dtype, std::move(shape),
+             std::vector<std::byte>(n * DTypeSize(dtype))};
     for (size_t i = 0; i < n; ++i) {
       const float v = dist(rng);
       if (dtype == DType::kF32) {

@@ -29,7 +29,9 @@ TEST(LlmWeights, BindsEveryRole) {
   const ModelConfig c = TinyConfig(Family::kLlama, DType::kBF16);
   HostModel m = MakeModel(c, 1);
   // An old checkpoint's buffer, not a weight: ignored.
-  m.tensors.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq", DType::kF32, {4},
+  m.tensors.push_back({"model.layers.0.self_attn.rotary_emb.inv_freq",
+                       DType::kF32,
+                       {4},
                        std::vector<std::byte>(16)});
   const std::vector<TensorView>& views = m.Views();
   auto w = BindWeights(c, views);
