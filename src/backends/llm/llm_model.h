@@ -48,22 +48,33 @@ struct ModelConfig {
   int64_t num_kv_heads = 0;  // num_heads % num_kv_heads == 0 (GQA)
   int64_t head_dim = 0;      // head_dim, or hidden_size / num_heads
   int64_t vocab_size = 0;
-  int64_t max_positions = 0;  // max_position_embeddings (Mistral: at most sliding_window)
+  // max_position_embeddings; MistralForCausalLM with a sliding_window below
+  // it: sliding_window (every position then sees all earlier ones, so the
+  // window never masks anything), said in `notes`.
+  int64_t max_positions = 0;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
   bool qkv_bias = false;       // Qwen2
-  DType dtype = DType::kBF16;  // the checkpoint's (F32, F16 or BF16)
+  DType dtype = DType::kBF16;  // torch_dtype (or dtype): F32, F16 or BF16
   // Token ids from config.json and generation_config.json (union; either
   // may give an int or a list). bos: -1 when none.
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;
   // generation_config.json's sampling defaults (when it sets do_sample;
-  // else greedy): a request's parameters override them.
+  // else greedy): a request's parameters override them. Where do_sample is
+  // true and a field is unset, transformers' GenerationConfig defaults:
+  // temperature 1, top_p 1, top_k 50.
   float default_temperature = 0.0f;
   float default_top_p = 1.0f;
   int32_t default_top_k = 0;
+  // Sentences for the engine to log when it loads the model, each naming the
+  // file, field and value: what was adjusted (a Mistral sliding_window that
+  // caps max_positions) or is not applied (generation_config.json's
+  // repetition_penalty, num_beams, ...: defaults of transformers' generate
+  // that this engine does not implement; a request cannot ask for them).
+  std::vector<std::string> notes;
 
   // head_dim / 2 inverse frequencies of RoPE (rotate-half form, as
   // transformers' Llama), rope_scaling applied. In double; executors round.
@@ -74,9 +85,9 @@ struct ModelConfig {
 // InvalidArgument naming the file and the field (and its value) for anything
 // malformed, inconsistent or that would change the math and is not
 // implemented (hidden_act other than silu, attention_bias on Llama,
-// rope_scaling of another type, a sliding window narrower than the
-// positions that Mistral/Qwen2 would use, ...). NotFound for a missing
-// config.json.
+// rope_scaling of another type, Qwen2's use_sliding_window, ...). A Mistral
+// sliding_window narrower than max_position_embeddings is not refused: it
+// caps max_positions (see there). NotFound for a missing config.json.
 Result<ModelConfig> ReadModelConfig(const std::string& version_dir);
 // The same from the texts (tests); generation_config may be empty.
 Result<ModelConfig> ParseModelConfig(std::string_view config_json,
@@ -121,6 +132,9 @@ Result<ModelWeights> BindWeights(const ModelConfig& config, const std::vector<Te
 // logits / temperature over those kept) whose probabilities sum to at least
 // top_p: every token whose probability is at least the largest threshold t
 // for which the sum of probabilities >= t is >= top_p.
+// Arithmetic, which executors share so that they draw the same tokens: the
+// scaled logit is the float32 quotient logit / temperature, Gumbel(u) is
+// computed in float32 and added to it in float32; ties go to the first index.
 struct SamplingParams {
   float temperature = 0.0f;
   float top_p = 1.0f;
@@ -152,6 +166,15 @@ HEARTH_LLM_HD inline float GumbelUniform(uint64_t seed, int64_t position, int32_
   return (static_cast<float>(h >> 40) + 0.5f) * (1.0f / 16777216.0f);
 }
 #undef HEARTH_LLM_HD
+
+// The draw above on the host, over one row of `logits` (vocab floats), for
+// the token number `position` of its stream: what the CPU executor's Step
+// does, and the reference other executors' draws are tested against.
+// Parameters are taken as valid (temperature >= 0, top_p in (0, 1], top_k
+// >= 0; Step refuses others). NaN logits are never kept by top_k or top_p,
+// and never drawn; greedy takes a NaN as larger than any number, as
+// torch.argmax does. Where nothing can be kept, greedy.
+int32_t SampleToken(std::span<const float> logits, const SamplingParams& params, int64_t position);
 
 // One forward step over a batch of sequences. Sequence i feeds
 // tokens[offsets[i] .. offsets[i+1]) at positions starts[i] ... (its
@@ -206,7 +229,11 @@ class Executor {
 };
 
 // The CPU executor: float32 math (OpenBLAS) over the checkpoint's F32, F16
-// or BF16 weights, a float32 KV pool in host memory.
+// or BF16 weights, a float32 KV pool in host memory. F32 weights are used in
+// place; F16 and BF16 ones are widened once, here, into a private float32
+// copy (twice the checkpoint's bytes, per executor). The weights must be in
+// host memory and outlive the executor. options.kv_pool_bytes 0: 64 MiB;
+// max_positions 0: config.max_positions. device_memory_bytes() is 0.
 Result<std::unique_ptr<Executor>> CreateCpuExecutor(const ModelConfig& config,
                                                     const ModelWeights& weights,
                                                     const ExecutorOptions& options);
