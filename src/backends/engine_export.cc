@@ -162,6 +162,15 @@ int32_t Busy(void* handle) {
   return Answer(e, "busy", int32_t{1}, [&] { return e.engine->busy() ? int32_t{1} : int32_t{0}; });
 }
 
+void Counters(void* handle, uint64_t* used, uint64_t* total, uint64_t* preemptions) {
+  Exported& e = Of(handle);
+  const EngineCounters c =
+      Answer(e, "counters", EngineCounters{}, [&] { return e.engine->counters(); });
+  *used = c.kv_blocks_used;
+  *total = c.kv_blocks_total;
+  *preemptions = c.preemptions;
+}
+
 void Cancel(void* handle, uint64_t id) {
   Exported& e = Of(handle);
   Answer(e, "cancel", 0, [&] {
@@ -232,6 +241,7 @@ constexpr HearthEngineTable kTable = {
     Cancel,
     Step,
     Busy,
+    Counters,
 };
 
 // The weights as views, checked: each well formed and on `device`.

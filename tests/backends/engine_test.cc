@@ -258,6 +258,11 @@ const HearthEngineTable kTable = {
       return Answer(H(h).count->Step(s), error, size);
     },
     [](void* h) { return H(h).count->busy() ? 1 : 0; },
+    [](void*, uint64_t* used, uint64_t* total, uint64_t* preemptions) {
+      *used = 3;
+      *total = 64;
+      *preemptions = 1;
+    },
 };
 
 void* Create(bool* destroyed) {
@@ -285,6 +290,7 @@ TEST(CEngine, APluginsEngineServesThroughTheCTable) {
     EXPECT_EQ(engine.outputs(), (std::vector<IoSpec>{{"token_ids", DType::kI64, {-1}}}));
     EXPECT_EQ(engine.capacity(), 3u);
     EXPECT_EQ(engine.device_memory_bytes(), 12345u);
+    EXPECT_EQ(engine.counters(), (EngineCounters{3, 64, 1}));
     CountRequest a(3, R"({"start": 5})"), b(4, "", {0, 1}), c(9), bad(0);
     ASSERT_TRUE(engine.Add(1, a.view()).ok());
     ASSERT_TRUE(engine.Add(2, b.view()).ok());
