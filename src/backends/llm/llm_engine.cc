@@ -193,8 +193,7 @@ struct Setup {
   ModelConfig config;
   ModelWeights weights;
   std::unique_ptr<Tokenizer> tokenizer;
-  std::optional<ChatTemplate> chat_template;
-  std::string bos_token, eos_token;
+  ChatTemplateConfig prompting;  // tokenizer_config.json's template and special tokens
   std::set<int32_t> eos_ids;
   std::vector<IoSpec> inputs, outputs;
   std::vector<Out> output_kinds;
@@ -253,7 +252,7 @@ class LlmEngine final : public Engine {
     seq->sampling = p.sampling;
     seq->max_tokens = p.max_tokens;
     Stream stream;
-    stream.detokenizer = std::make_unique<Detokenizer>(*s_.tokenizer);
+    stream.detokenizer = std::make_unique<Detokenizer>(*s_.tokenizer, /*skip_special_tokens=*/true);
     stream.stops = StopStrings(p.stops);
     stream.prompt_tokens = static_cast<int64_t>(prompt.size());
     stream.max_tokens = p.max_tokens;
@@ -269,7 +268,7 @@ class LlmEngine final : public Engine {
       if (!stream.finish.empty())
         return InvalidArgument("the resumed tokens go on after the stream had ended");
       seq->tokens.push_back(static_cast<int32_t>(t));
-      Accept(stream, static_cast<int32_t>(t));
+      RETURN_IF_ERROR(Accept(stream, static_cast<int32_t>(t)));
     }
     stream.text.clear();
     stream.since.clear();
@@ -311,7 +310,11 @@ class LlmEngine final : public Engine {
         Drop(id);
         continue;
       }
-      Accept(stream, next_[i]);
+      if (Status accepted = Accept(stream, next_[i]); !accepted.ok()) {
+        RETURN_IF_ERROR(sink.End(id, true, accepted).status());
+        Drop(id);
+        continue;
+      }
       const bool final = !stream.finish.empty();
       if (final) Finish(stream);
       ASSIGN_OR_RETURN(const bool sent, SendResult(sink, id, stream, final));
@@ -349,19 +352,21 @@ class LlmEngine final : public Engine {
       ASSIGN_OR_RETURN(messages, element(s_.messages_input));
     }
     if (messages.has_value()) {
-      if (!s_.chat_template.has_value())
+      const ChatTemplate* chat = s_.prompting.Select(/*has_tools=*/false);
+      if (chat == nullptr)
         return FailedPrecondition(
-            "the checkpoint has no chat template (tokenizer_config.json "
-            "has no chat_template)");
-      Json listed = Json::parse(*messages, nullptr, false);
+            "the checkpoint has no chat template (tokenizer_config.json has no chat_template)");
+      nlohmann::ordered_json listed = nlohmann::ordered_json::parse(*messages, nullptr, false);
       if (!listed.is_array() || listed.empty())
         return InvalidArgument("messages must be a non-empty JSON list");
-      Json context = {{"messages", std::move(listed)},
-                      {"add_generation_prompt", true},
-                      {"bos_token", s_.bos_token},
-                      {"eos_token", s_.eos_token}};
-      auto text = s_.chat_template->Render(context);
-      if (!text.ok()) return InvalidArgument("the chat template: " + text.status().message());
+      nlohmann::ordered_json context = s_.prompting.SpecialTokens();
+      context["messages"] = std::move(listed);
+      context["tools"] = nullptr;
+      context["documents"] = nullptr;
+      context["add_generation_prompt"] = true;
+      auto text = chat->Render(context);
+      if (!text.ok())
+        return Status(text.status().code(), "the chat template: " + text.status().message());
       // The template writes the special tokens itself.
       return s_.tokenizer->Encode(*text, /*add_special_tokens=*/false, /*parse_special=*/true);
     }
@@ -372,17 +377,20 @@ class LlmEngine final : public Engine {
     return s_.tokenizer->Encode(text, /*add_special_tokens=*/true, /*parse_special=*/true);
   }
 
-  // Takes the stream's next token.
-  void Accept(Stream& stream, int32_t token) {
+  // Takes the stream's next token. An error (a token the tokenizer cannot
+  // decode) is the stream's.
+  Status Accept(Stream& stream, int32_t token) {
     stream.since.push_back(token);
     ++stream.generated;
     if (s_.eos_ids.count(token) != 0) {
       stream.finish = "stop";
     } else {
-      stream.text += stream.stops.Push(stream.detokenizer->Push(token));
+      ASSIGN_OR_RETURN(const std::string piece, stream.detokenizer->Push(token));
+      stream.text += stream.stops.Push(piece);
       if (stream.stops.stopped()) stream.finish = "stop";
     }
     if (stream.finish.empty() && stream.generated >= stream.max_tokens) stream.finish = "length";
+    return Status::Ok();
   }
 
   // The text held back, for the last response.
@@ -521,19 +529,14 @@ Result<std::unique_ptr<Engine>> CreateLlmEngine(const std::vector<TensorView>& w
   std::error_code ec;
   const fs::path tokenizer_config = dir / "tokenizer_config.json";
   if (fs::exists(tokenizer_config, ec)) {
-    ASSIGN_OR_RETURN(ChatTemplateConfig tc, ReadTokenizerConfig(tokenizer_config.string()));
-    s.bos_token = tc.bos_token;
-    s.eos_token = tc.eos_token;
-    if (tc.chat_template.has_value()) {
-      auto parsed = ChatTemplate::Parse(*tc.chat_template);
-      if (!parsed.ok())
-        return parsed.status().WithContext(tokenizer_config.string() + ": chat_template");
-      s.chat_template = std::move(*parsed);
-    }
-    if (!tc.eos_token.empty())
-      if (std::optional<int32_t> id = s.tokenizer->TokenId(tc.eos_token)) s.eos_ids.insert(*id);
+    ASSIGN_OR_RETURN(s.prompting, ReadTokenizerConfig(tokenizer_config.string()));
+    // transformers' generate stops at the tokenizer's EOS too.
+    if (s.prompting.eos_token.has_value())
+      if (std::optional<int32_t> id = s.tokenizer->TokenId(*s.prompting.eos_token))
+        s.eos_ids.insert(*id);
   }
-  if (s.messages_input >= 0 && !s.chat_template.has_value())
+  if (s.messages_input >= 0 && s.prompting.Select(false) == nullptr && !options.inputs.empty() &&
+      s.text_input < 0)
     return FailedPrecondition("input messages needs a chat template, and " +
                               tokenizer_config.string() + " has none");
   for (int64_t id : s.config.eos_token_ids) s.eos_ids.insert(static_cast<int32_t>(id));
