@@ -2,18 +2,12 @@
 // merge_all (models/bpe/{model,word}.rs), over open-addressing tables built
 // once at load.
 #include <algorithm>
-#include <functional>
 #include <string>
 
 #include "backends/llm/tokenizer_internal.h"
 
 namespace hearth::llm::tokenizer_internal {
 namespace {
-
-uint32_t HashString(std::string_view s) {
-  const size_t h = std::hash<std::string_view>{}(s);
-  return static_cast<uint32_t>(h ^ (h >> 32));
-}
 
 uint64_t MixPair(uint64_t key) {
   key ^= key >> 33;
@@ -28,9 +22,10 @@ uint64_t PairKey(int32_t left, int32_t right) {
   return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
 }
 
+// Open addressing at a load of at most 3/4.
 size_t CapacityFor(size_t n) {
   size_t capacity = 16;
-  while (capacity < 2 * n) capacity *= 2;
+  while (capacity * 3 < n * 4) capacity *= 2;
   return capacity;
 }
 
@@ -65,22 +60,22 @@ void StringIdMap::Reset(const std::vector<std::string>* tokens, size_t expected)
 
 void StringIdMap::Grow() {
   std::vector<Slot> old = std::move(slots_);
-  slots_.assign(old.size() * 2, Slot{});
+  slots_.assign(old.empty() ? 16 : old.size() * 2, Slot{});
   const size_t mask = slots_.size() - 1;
   for (const Slot& slot : old) {
     if (slot.id < 0) continue;
-    size_t i = slot.hash & mask;
+    size_t i = Spread(slot.hash) & mask;
     while (slots_[i].id >= 0) i = (i + 1) & mask;
     slots_[i] = slot;
   }
 }
 
 int32_t StringIdMap::Insert(int32_t id) {
-  if (2 * (size_ + 1) > slots_.size()) Grow();
+  if (4 * (size_ + 1) > 3 * slots_.size()) Grow();
   const std::string& s = (*tokens_)[id];
-  const uint32_t hash = HashString(s);
+  const uint32_t hash = Hash(s);
   const size_t mask = slots_.size() - 1;
-  size_t i = hash & mask;
+  size_t i = Spread(hash) & mask;
   for (; slots_[i].id >= 0; i = (i + 1) & mask) {
     if (slots_[i].hash == hash && (*tokens_)[slots_[i].id] == s) return slots_[i].id;
   }
@@ -89,12 +84,17 @@ int32_t StringIdMap::Insert(int32_t id) {
   return -1;
 }
 
-int32_t StringIdMap::Find(std::string_view s) const {
+int32_t StringIdMap::Find(std::string_view first, std::string_view second, uint32_t hash) const {
   if (slots_.empty()) return -1;
-  const uint32_t hash = HashString(s);
   const size_t mask = slots_.size() - 1;
-  for (size_t i = hash & mask; slots_[i].id >= 0; i = (i + 1) & mask) {
-    if (slots_[i].hash == hash && (*tokens_)[slots_[i].id] == s) return slots_[i].id;
+  const size_t size = first.size() + second.size();
+  for (size_t i = Spread(hash) & mask; slots_[i].id >= 0; i = (i + 1) & mask) {
+    if (slots_[i].hash != hash) continue;
+    const std::string& token = (*tokens_)[slots_[i].id];
+    if (token.size() == size && token.compare(0, first.size(), first) == 0 &&
+        token.compare(first.size(), second.size(), second) == 0) {
+      return slots_[i].id;
+    }
   }
   return -1;
 }
@@ -119,7 +119,7 @@ void MergeMap::Grow() {
 }
 
 void MergeMap::Insert(int32_t left, int32_t right, Value value) {
-  if (2 * (size_ + 1) > slots_.size()) Grow();
+  if (4 * (size_ + 1) > 3 * slots_.size()) Grow();
   const uint64_t key = PairKey(left, right);
   const size_t mask = slots_.size() - 1;
   size_t i = MixPair(key) & mask;
@@ -131,6 +131,12 @@ void MergeMap::Insert(int32_t left, int32_t right, Value value) {
   }
   slots_[i] = Slot{key, value};
   ++size_;
+}
+
+void MergeMap::Prefetch(int32_t left, int32_t right) const {
+  if (!slots_.empty()) {
+    __builtin_prefetch(&slots_[MixPair(PairKey(left, right)) & (slots_.size() - 1)]);
+  }
 }
 
 const MergeMap::Value* MergeMap::Find(int32_t left, int32_t right) const {

@@ -175,30 +175,36 @@ Status ReadVocab(const Reader& r, dom::object model, std::vector<VocabEntry>* en
   return Status::Ok();
 }
 
-// "a b" (merges.txt's form) or ["a", "b"].
-Status ReadMerge(const Reader& r, dom::element merge, const std::string& path,
-                 std::string_view* left, std::string_view* right, bool* skip) {
+// "a b" (merges.txt's form) or ["a", "b"]; model.merges[index] in messages,
+// built only for one.
+Status ReadMerge(const Reader& r, dom::element merge, size_t index, std::string_view* left,
+                 std::string_view* right, bool* skip) {
   *skip = false;
-  if (merge.is_string()) {
-    ASSIGN_OR_RETURN(std::string_view line, r.String(merge, path));
-    if (line.starts_with("#version")) {
-      *skip = true;
+  dom::array pair;
+  if (merge.get(pair) == simdjson::SUCCESS) {
+    if (pair.size() == 2 && pair.at(0).get(*left) == simdjson::SUCCESS &&
+        pair.at(1).get(*right) == simdjson::SUCCESS) {
       return Status::Ok();
     }
-    const size_t space = line.find(' ');
-    if (space == std::string_view::npos || line.find(' ', space + 1) != std::string_view::npos) {
-      return r.Error(path, Quote(line) + " is not two tokens separated by one space");
+    const std::string path = Reader::Index("model.merges", index);
+    if (pair.size() != 2) {
+      return r.Error(path, "expected two tokens, found " + std::to_string(pair.size()));
     }
-    *left = line.substr(0, space);
-    *right = line.substr(space + 1);
+    RETURN_IF_ERROR(r.String(pair.at(0).value_unsafe(), path + "[0]").status());
+    return r.String(pair.at(1).value_unsafe(), path + "[1]").status();
+  }
+  ASSIGN_OR_RETURN(std::string_view line, r.String(merge, Reader::Index("model.merges", index)));
+  if (line.starts_with("#version")) {
+    *skip = true;
     return Status::Ok();
   }
-  ASSIGN_OR_RETURN(dom::array pair, r.Array(merge, path));
-  if (pair.size() != 2) {
-    return r.Error(path, "expected two tokens, found " + std::to_string(pair.size()));
+  const size_t space = line.find(' ');
+  if (space == std::string_view::npos || line.find(' ', space + 1) != std::string_view::npos) {
+    return r.Error(Reader::Index("model.merges", index),
+                   Quote(line) + " is not two tokens separated by one space");
   }
-  ASSIGN_OR_RETURN(*left, r.String(pair.at(0).value_unsafe(), path + "[0]"));
-  ASSIGN_OR_RETURN(*right, r.String(pair.at(1).value_unsafe(), path + "[1]"));
+  *left = line.substr(0, space);
+  *right = line.substr(space + 1);
   return Status::Ok();
 }
 
@@ -206,27 +212,58 @@ Status ReadMerges(const Reader& r, dom::object model, TokenizerData* data) {
   ASSIGN_OR_RETURN(dom::element merges_value, r.Required(model, "model", "merges"));
   ASSIGN_OR_RETURN(dom::array merges, r.Array(merges_value, "model.merges"));
   BpeModel& bpe = data->model;
-  bpe.merges.Reserve(merges.size());
-  std::string joined;
-  int32_t rank = 0;
-  size_t i = 0;
-  for (dom::element merge : merges) {
-    const std::string path = Reader::Index("model.merges", i++);
+  // Three passes, so that the lookups of each can be prefetched ahead.
+  struct Merge {
     std::string_view left;
     std::string_view right;
+    uint32_t left_hash;
+    uint32_t right_hash;
+    uint32_t merged_hash;
+    int32_t left_id;
+    int32_t right_id;
+    int32_t merged_id;
+    size_t index;  // in model.merges, for messages
+  };
+  std::vector<Merge> list;
+  list.reserve(merges.size());
+  size_t index = 0;
+  for (dom::element element : merges) {
+    Merge m{};
     bool skip = false;
-    RETURN_IF_ERROR(ReadMerge(r, merge, path, &left, &right, &skip));
+    RETURN_IF_ERROR(ReadMerge(r, element, index, &m.left, &m.right, &skip));
+    m.index = index++;
     if (skip) continue;
-    const int32_t left_id = bpe.vocab.Find(left);
-    const int32_t right_id = bpe.vocab.Find(right);
-    joined.assign(left).append(right);
-    const int32_t merged_id = bpe.vocab.Find(joined);
-    for (const auto& [token, id] : {std::pair<std::string_view, int32_t>{left, left_id},
-                                    {right, right_id},
-                                    {joined, merged_id}}) {
-      if (id < 0) return r.Error(path, "token " + Quote(token) + " is not in model.vocab");
+    m.left_hash = StringIdMap::Hash(m.left);
+    m.right_hash = StringIdMap::Hash(m.right);
+    m.merged_hash = StringIdMap::Hash(m.right, m.left_hash);
+    list.push_back(m);
+  }
+  constexpr size_t kAhead = 16;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (i + kAhead < list.size()) {
+      const Merge& next = list[i + kAhead];
+      bpe.vocab.Prefetch(next.left_hash);
+      bpe.vocab.Prefetch(next.right_hash);
+      bpe.vocab.Prefetch(next.merged_hash);
     }
-    bpe.merges.Insert(left_id, right_id, MergeMap::Value{rank++, merged_id});
+    Merge& m = list[i];
+    m.left_id = bpe.vocab.Find(m.left, {}, m.left_hash);
+    m.right_id = bpe.vocab.Find(m.right, {}, m.right_hash);
+    m.merged_id = bpe.vocab.Find(m.left, m.right, m.merged_hash);
+    if (m.left_id < 0 || m.right_id < 0 || m.merged_id < 0) {
+      const std::string token = m.left_id < 0    ? std::string(m.left)
+                                : m.right_id < 0 ? std::string(m.right)
+                                                 : std::string(m.left) + std::string(m.right);
+      return r.Error(Reader::Index("model.merges", m.index),
+                     "token " + Quote(token) + " is not in model.vocab");
+    }
+  }
+  bpe.merges.Reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (i + kAhead < list.size())
+      bpe.merges.Prefetch(list[i + kAhead].left_id, list[i + kAhead].right_id);
+    bpe.merges.Insert(list[i].left_id, list[i].right_id,
+                      MergeMap::Value{static_cast<int32_t>(i), list[i].merged_id});
   }
   return Status::Ok();
 }
