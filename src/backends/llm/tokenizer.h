@@ -72,9 +72,11 @@ class Tokenizer {
   // The ids of `text`, as `tokenizers`' encode(text, add_special_tokens)
   // gives them. parse_special: whether special added tokens written in the
   // text ("<|eot_id|>") become their ids; when false they are encoded as
-  // plain text and the model's merges never produce a special id, so a
-  // request's text cannot inject control tokens. Added tokens that are not
-  // special are matched either way.
+  // plain text and the BPE model makes no special id from them (where
+  // `tokenizers` would let them), so a request's text cannot inject control
+  // tokens; only an unk_token marked special can still stand for characters
+  // the vocab cannot spell (never with byte_fallback). Added tokens that are
+  // not special are matched either way.
   //
   // Any bytes are accepted: text that is not valid UTF-8 is first made
   // valid by replacing each maximal ill-formed subsequence with U+FFFD (as

@@ -64,8 +64,10 @@ inline std::string ByteLevelChar(int b) {
   return s;
 }
 
+// merges_as_strings: "a b" (as Llama 3's own file has them) instead of ["a", "b"].
 inline SyntheticTokenizer MakeSyntheticTokenizer(size_t vocab_tokens = 128000,
-                                                 size_t merge_count = 280000, uint32_t seed = 1) {
+                                                 size_t merge_count = 280000, uint32_t seed = 1,
+                                                 bool merges_as_strings = false) {
   std::mt19937 rng(seed);
   std::vector<std::string> tokens;
   std::unordered_set<std::string> seen;
@@ -135,6 +137,10 @@ inline SyntheticTokenizer MakeSyntheticTokenizer(size_t vocab_tokens = 128000,
   j += R"(},"merges":[)";
   for (size_t i = 0; i < merges.size(); ++i) {
     if (i > 0) j += ',';
+    if (merges_as_strings) {
+      AppendJsonString(merges[i].first + " " + merges[i].second, &j);
+      continue;
+    }
     j += '[';
     AppendJsonString(merges[i].first, &j);
     j += ',';
