@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "backends/llm/tokenizer_internal.h"
@@ -331,6 +332,12 @@ Status ReadAddedTokens(const Reader& r, dom::object root, TokenizerData* data) {
   std::optional<dom::element> value = Reader::Optional(root, "added_tokens");
   if (!value) return Status::Ok();
   ASSIGN_OR_RETURN(dom::array array, r.Array(*value, "added_tokens"));
+  // `tokenizers` does not take the ids written here: a token in the vocab
+  // has its vocab id, the others the next ids after the vocab's count, in
+  // order (it warns when they differ). A file whose ids are not those is
+  // refused rather than read two ways.
+  int64_t next_id = static_cast<int64_t>(data->model.vocab.size());
+  std::unordered_map<std::string, int32_t> seen;
   size_t i = 0;
   for (dom::element element : array) {
     const std::string path = Reader::Index("added_tokens", i++);
@@ -358,6 +365,18 @@ Status ReadAddedTokens(const Reader& r, dom::object root, TokenizerData* data) {
       return r.Error(path, Quote(token.content) + " has id " + std::to_string(token.id) +
                                " but model.vocab gives it " + std::to_string(vocab_id));
     }
+    if (const auto [it, fresh] = seen.emplace(token.content, token.id); !fresh) {
+      return r.Error(path, Quote(token.content) + " is already the added token with id " +
+                               std::to_string(it->second));
+    }
+    if (vocab_id < 0 && token.id != next_id) {
+      return r.Error(path, Quote(token.content) + " has id " + std::to_string(token.id) +
+                               " but `tokenizers` gives it " + std::to_string(next_id) +
+                               " (the next after the vocab's " +
+                               std::to_string(data->model.vocab.size()) +
+                               " tokens and the added ones before it)");
+    }
+    if (vocab_id < 0) ++next_id;
     if (static_cast<size_t>(token.id) >= data->tokens.size()) {
       data->tokens.resize(static_cast<size_t>(token.id) + 1);
       data->kinds.resize(data->tokens.size(), kNoToken);

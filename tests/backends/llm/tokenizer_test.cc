@@ -188,17 +188,18 @@ class TokenizerByteLevelTest : public ::testing::Test {
 // Ids of the fixture: byte b is token b (its GPT-2 character); then
 // he 256, ll 257, hell 258, hello 259, Ġw 260, or 261, Ġwor 262, ld 263,
 // Ġworld 264, ĠĠ 265, yz 266, xy 267, aa 268, ĊĊ 269, abc 270 (no merge makes
-// it); added: <|begin_of_text|> 300, <|eot_id|> 301, <tool> 302 (not
-// special), <mask> 303 (lstrip, rstrip), cat 304 (single_word, not special).
+// it); added (the next ids, as `tokenizers` numbers them): <|begin_of_text|>
+// 271, <|eot_id|> 272, <tool> 273 (not special), <mask> 274 (lstrip,
+// rstrip), cat 275 (single_word, not special).
 TEST_F(TokenizerByteLevelTest, Sizes) {
-  EXPECT_EQ(tok_->vocab_size(), 305);
-  EXPECT_EQ(tok_->TokenId("<|eot_id|>"), 301);
+  EXPECT_EQ(tok_->vocab_size(), 276);
+  EXPECT_EQ(tok_->TokenId("<|eot_id|>"), 272);
   EXPECT_EQ(tok_->TokenId("\xC4\xA0world"), 264);  // Ġworld
   EXPECT_EQ(tok_->TokenId("nope"), std::nullopt);
   EXPECT_EQ(tok_->TokenText(259), "hello");
-  EXPECT_EQ(tok_->TokenText(280), std::nullopt);  // a hole
-  EXPECT_TRUE(tok_->IsSpecial(300));
-  EXPECT_FALSE(tok_->IsSpecial(302));
+  EXPECT_EQ(tok_->TokenText(276), std::nullopt);
+  EXPECT_TRUE(tok_->IsSpecial(271));
+  EXPECT_FALSE(tok_->IsSpecial(273));
   EXPECT_FALSE(tok_->IsSpecial(259));
   EXPECT_FALSE(tok_->IsSpecial(-1));
   EXPECT_FALSE(tok_->IsSpecial(100000));
@@ -245,31 +246,31 @@ TEST_F(TokenizerByteLevelTest, Llama3RegexPieces) {
 }
 
 TEST_F(TokenizerByteLevelTest, SpecialTokens) {
-  EXPECT_EQ(Encode(*tok_, "hello", /*add_special=*/true), (Ids{300, 259}));
-  EXPECT_EQ(Encode(*tok_, "<|begin_of_text|>hi<|eot_id|>"), (Ids{300, 'h', 'i', 301}));
+  EXPECT_EQ(Encode(*tok_, "hello", /*add_special=*/true), (Ids{271, 259}));
+  EXPECT_EQ(Encode(*tok_, "<|begin_of_text|>hi<|eot_id|>"), (Ids{271, 'h', 'i', 272}));
   // As plain text: "<|", "begin", "_of", "_text", "|>", "hi", "<|", "eot",
   // "_id", "|>" (Llama 3's regex), none merged.
   const Ids plain = {'<', '|', 'b', 'e', 'g', 'i', 'n', '_', 'o', 'f', '_', 't', 'e', 'x', 't',
                      '|', '>', 'h', 'i', '<', '|', 'e', 'o', 't', '_', 'i', 'd', '|', '>'};
   EXPECT_EQ(Encode(*tok_, "<|begin_of_text|>hi<|eot_id|>", false, /*parse_special=*/false), plain);
   // <tool> is not special: matched either way.
-  EXPECT_EQ(Encode(*tok_, "a<tool>b", false, false), (Ids{'a', 302, 'b'}));
+  EXPECT_EQ(Encode(*tok_, "a<tool>b", false, false), (Ids{'a', 273, 'b'}));
   // <mask> takes the spaces on both sides (lstrip, rstrip).
-  EXPECT_EQ(Encode(*tok_, "a <mask> b"), (Ids{'a', 303, 'b'}));
+  EXPECT_EQ(Encode(*tok_, "a <mask> b"), (Ids{'a', 274, 'b'}));
   // cat: single_word, so not inside "cats"; ". " after it is fine.
-  EXPECT_EQ(Encode(*tok_, "a cat."), (Ids{'a', ' ', 304, '.'}));
+  EXPECT_EQ(Encode(*tok_, "a cat."), (Ids{'a', ' ', 275, '.'}));
   EXPECT_EQ(Encode(*tok_, "cats"), (Ids{'c', 'a', 't', 's'}));
 }
 
 TEST_F(TokenizerByteLevelTest, Decode) {
-  EXPECT_EQ(Decode(*tok_, {300, 259, 264, 301}), "<|begin_of_text|>hello world<|eot_id|>");
-  EXPECT_EQ(Decode(*tok_, {300, 259, 264, 301}, /*skip_special=*/true), "hello world");
-  EXPECT_EQ(Decode(*tok_, {302}, true), "<tool>");  // not special: kept
+  EXPECT_EQ(Decode(*tok_, {271, 259, 264, 272}), "<|begin_of_text|>hello world<|eot_id|>");
+  EXPECT_EQ(Decode(*tok_, {271, 259, 264, 272}, /*skip_special=*/true), "hello world");
+  EXPECT_EQ(Decode(*tok_, {273}, true), "<tool>");  // not special: kept
   EXPECT_EQ(Decode(*tok_, {0xC3, 0xA9}), "\xC3\xA9");
   EXPECT_EQ(Decode(*tok_, {0xC3}), ti::kReplacementChar);
   EXPECT_EQ(Decode(*tok_, {0xC3, 'a'}), std::string(ti::kReplacementChar) + "a");
   EXPECT_EQ(Decode(*tok_, {}), "");
-  for (const int32_t bad : {-1, 280, 305, 1 << 30}) {
+  for (const int32_t bad : {-1, 276, 1 << 30}) {
     auto text = tok_->Decode(Ids{259, bad}, false);
     ASSERT_FALSE(text.ok()) << bad;
     EXPECT_EQ(text.status().code(), StatusCode::kInvalidArgument);
@@ -304,7 +305,7 @@ TEST_F(TokenizerByteLevelTest, DetokenizerHoldsPartialCharacters) {
   EXPECT_EQ(*stream.Push(0xE4), "");
   EXPECT_EQ(stream.Flush(), ti::kReplacementChar);
   EXPECT_FALSE(stream.Push(-5).ok());
-  EXPECT_FALSE(stream.Push(280).ok());
+  EXPECT_FALSE(stream.Push(276).ok());
 }
 
 TEST_F(TokenizerByteLevelTest, InvalidUtf8IsReplacedNotFatal) {
@@ -533,20 +534,53 @@ TEST_F(TokenizerSentencePieceTest, MetaspaceDecoder) {
 // ---------------------------------------------------------------- NFC
 
 TEST(TokenizerNfc, ComposesBeforeTheModel) {
-  // Qwen2's normalizer: NFC. "e" + U+0301 becomes "é" (C3 A9), whose two
-  // bytes merge here.
+  // Qwen2's normalizer: NFC. "e" + U+0301 becomes "é", C3 A9 (tokens 195,
+  // 169); without NFC it is e, CC, 81.
   Json json = Fixture("byte_level_tiny.json");
+  auto plain = Make(json);
+  ASSERT_NE(plain, nullptr);
+  EXPECT_EQ(Encode(*plain, "e\xCC\x81"), (Ids{'e', 0xCC, 0x81}));
   json["normalizer"] = Json::parse(R"({"type":"NFC"})");
-  json["model"]["vocab"]["\xC3\x83\xC2\xA9"] = 271;  // "Ã©", the byte-level form of é
-  json["model"]["merges"].push_back(Json::array({"\xC3\x83", "\xC2\xA9"}));
   auto tok = Make(json);
   ASSERT_NE(tok, nullptr);
-  EXPECT_EQ(Encode(*tok, "e\xCC\x81"), (Ids{271}));
-  EXPECT_EQ(Encode(*tok, "\xC3\xA9"), (Ids{271}));
-  EXPECT_EQ(Decode(*tok, {271}), "\xC3\xA9");
+  EXPECT_EQ(Encode(*tok, "e\xCC\x81"), (Ids{0xC3, 0xA9}));
+  EXPECT_EQ(Encode(*tok, "\xC3\xA9"), (Ids{0xC3, 0xA9}));
+  // Hangul jamo compose too; text already in NFC is left as it is.
+  EXPECT_EQ(Encode(*tok, "\xE1\x84\x92\xE1\x85\xA1\xE1\x86\xAB"),
+            Encode(*tok, "\xED\x95\x9C"));                           // 한
+  EXPECT_EQ(Encode(*tok, "\xEF\xAC\x81"), (Ids{0xEF, 0xAC, 0x81}));  // ﬁ: NFKC only
   // Special tokens are matched before normalizing; the text after them is
   // normalized by itself.
-  EXPECT_EQ(Encode(*tok, "<|eot_id|>e\xCC\x81"), (Ids{301, 271}));
+  EXPECT_EQ(Encode(*tok, "<|eot_id|>e\xCC\x81"), (Ids{272, 0xC3, 0xA9}));
+}
+
+TEST(TokenizerVocab, HolesAreUnknownIds) {
+  // Without byte 0x01's token: id 1 is a hole in the vocabulary.
+  Json json = Fixture("byte_level_tiny.json");
+  json["model"]["vocab"].erase("\xC4\x81");  // ā, the byte-level form of 0x01
+  json["added_tokens"] = Json::array();
+  json["post_processor"] = nullptr;
+  auto tok = Make(json);
+  ASSERT_NE(tok, nullptr);
+  EXPECT_EQ(tok->vocab_size(), 271);
+  EXPECT_EQ(tok->TokenText(1), std::nullopt);
+  auto text = tok->Decode(Ids{'a', 1}, false);
+  ASSERT_FALSE(text.ok());
+  EXPECT_NE(text.status().message().find("token id 1 is not in the vocabulary"), std::string::npos)
+      << text.status().message();
+  EXPECT_EQ(Encode(*tok,
+                   "a\x01"
+                   "b"),
+            (Ids{'a', 'b'}));  // no token for it: dropped
+  // Added tokens after a vocab with a hole: `tokenizers` numbers them from
+  // the vocab's count (270), which is not the id written.
+  json = Fixture("byte_level_tiny.json");
+  json["model"]["vocab"].erase("\xC4\x81");
+  auto refused = Tokenizer::Parse(json.dump(), "holes.json");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("has id 271 but `tokenizers` gives it 270"),
+            std::string::npos)
+      << refused.status().message();
 }
 
 // ---------------------------------------------------------------- bad input
@@ -651,11 +685,14 @@ TEST(TokenizerBadInput, RefusedWithFieldNames) {
        },
        "decoder.stop: only 0"},
       {"added id mismatch", [](Json* j) { (*j)["added_tokens"][0]["content"] = "a"; },
-       "added_tokens[0]: \"a\" has id 300 but model.vocab gives it 97"},
+       "added_tokens[0]: \"a\" has id 271 but model.vocab gives it 97"},
       {"added id collides", [](Json* j) { (*j)["added_tokens"][0]["id"] = 97; },
-       "added_tokens[0]: id 97 of \"<|begin_of_text|>\" is already \"a\""},
-      {"added id twice", [](Json* j) { (*j)["added_tokens"][1]["id"] = 300; },
-       "added_tokens[1]: id 300 of \"<|eot_id|>\" is already \"<|begin_of_text|>\""},
+       "added_tokens[0]: \"<|begin_of_text|>\" has id 97 but `tokenizers` gives it 271"},
+      {"added id twice", [](Json* j) { (*j)["added_tokens"][1]["id"] = 271; },
+       "added_tokens[1]: \"<|eot_id|>\" has id 271 but `tokenizers` gives it 272"},
+      {"added content twice",
+       [](Json* j) { (*j)["added_tokens"][1]["content"] = "<|begin_of_text|>"; },
+       "added_tokens[1]: \"<|begin_of_text|>\" is already the added token with id 271"},
       {"added content missing", [](Json* j) { (*j)["added_tokens"][2].erase("content"); },
        "added_tokens[2].content: missing"},
       {"version", [](Json* j) { (*j)["version"] = "2.0"; }, "version: \"2.0\" is not supported"},
@@ -711,7 +748,7 @@ TEST(TokenizerBadInput, Files) {
       << directory.status().message();
   auto loaded = Tokenizer::Load(kDataDir + "/byte_level_tiny.json");
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
-  EXPECT_EQ((*loaded)->vocab_size(), 305);
+  EXPECT_EQ((*loaded)->vocab_size(), 276);
 }
 
 TEST(TokenizerBadInput, MergesInStringForm) {
