@@ -22,7 +22,10 @@
 // Llama 3 and Qwen2 (byte-level BPE), Llama 2 and Mistral (SentencePiece
 // BPE with byte fallback, in both the Prepend/Replace and the Metaspace
 // forms) are covered. truncation and padding are ignored: they are batch
-// options of the Python API, not of a token sequence.
+// options of the Python API, not of a token sequence. Added tokens with
+// normalized: true decode to their normalized form, as `tokenizers` 0.23
+// does (0.22 and before gave their content). No cache of merged pieces:
+// Encode takes no lock.
 //
 // Regular expressions are PCRE2's (UTF, UCP, JIT where available);
 // `tokenizers` uses Oniguruma. \s and \S in a pattern are read as
@@ -60,7 +63,9 @@ class Tokenizer {
   // exist; InvalidArgument naming the file, the field and the value for
   // malformed JSON, a missing or mistyped field, a type this tokenizer does
   // not implement, a merge naming a token missing from the vocab, ids that
-  // collide or are negative.
+  // collide, are negative or past 2^24, an added token whose id is not the
+  // one `tokenizers` would give it (it renumbers added tokens: its vocab id,
+  // else the next after the vocab's count; real files agree).
   static Result<std::unique_ptr<Tokenizer>> Load(const std::string& path);
   // The same from the text; `name` is what messages call it.
   static Result<std::unique_ptr<Tokenizer>> Parse(std::string_view json, std::string_view name);
