@@ -49,6 +49,14 @@ bool ApplyTest(std::string_view name, const Value& v, const Args& args, const Kw
       Fail("test '" + std::string(name) + "' takes one argument");
     return args.empty() ? kwargs[0].second : args[0];
   };
+  static const char* const kOneArgument[] = {
+      "eq", "equalto", "==",          "ne", "!=", "lt", "lessthan", "<",      "le",
+      "<=", "gt",      "greaterthan", ">",  "ge", ">=", "in",       "sameas", "divisibleby"};
+  if (std::find(std::begin(kOneArgument), std::end(kOneArgument), name) == std::end(kOneArgument) &&
+      (!args.empty() || !kwargs.empty())) {
+    Fail("test_" + std::string(name) + "() takes 1 positional argument but " +
+         std::to_string(1 + args.size() + kwargs.size()) + " were given");
+  }
   if (name == "defined") return !v.is_undefined();
   if (name == "undefined") return v.is_undefined();
   if (name == "none") return v.is_none();
@@ -244,6 +252,19 @@ std::optional<Value> CallMethod(const Value& obj, std::string_view name, const A
     return std::nullopt;
   }
   if (obj.kind() == Kind::kList) {
+    if (name == "count" || name == "index") {
+      CheckSignature(std::string(TypeName(obj)) + "." + std::string(name), args, kwargs, 1, {});
+      if (args.empty()) Fail(std::string(name) + "() takes exactly one argument (0 given)");
+      const auto& items = obj.list().items;
+      int64_t n = 0;
+      for (size_t i = 0; i < items.size(); ++i) {
+        if (!Equal(items[i], args[0])) continue;
+        if (name == "index") return Value::Int(static_cast<int64_t>(i));
+        ++n;
+      }
+      if (name == "index") Fail(PyRepr(args[0], state) + " is not in " + TypeName(obj));
+      return Value::Int(n);
+    }
     static const char* const kMutators[] = {"append", "extend", "insert", "pop",
                                             "remove", "clear",  "sort",   "reverse"};
     for (const char* m : kMutators) {

@@ -246,7 +246,7 @@ class Renderer {
       }
       case Expr::Type::kSlice: {
         const Value obj = Eval(*e.children[0], frame);
-        Value parts[3];
+        Value parts[3] = {Value::None(), Value::None(), Value::None()};  // omitted: None
         for (int i = 0; i < 3; ++i) {
           if (e.children[i + 1]) parts[i] = Eval(*e.children[i + 1], frame);
         }

@@ -91,6 +91,19 @@ Value Select(const Value& seq, const Args& args, const Kwargs& kwargs, bool attr
 Value Round(const Value& v, int64_t precision, const std::string& method) {
   if (!v.is_number()) Fail("round: a number is required, not " + TypeName(v));
   const double x = v.number();
+  if (method == "common" && IsIntLike(v)) {
+    // round(int, n) stays an int.
+    if (precision >= 0) return Value::Int(v.integer());
+    if (precision < -18) return Value::Int(0);
+    int64_t scale = 1;
+    for (int64_t i = 0; i < -precision; ++i) scale *= 10;
+    const int64_t q = v.integer() / scale;
+    const int64_t r = v.integer() % scale;
+    int64_t rounded = q;  // half to even, as Python
+    if (2 * std::abs(r) > scale || (2 * std::abs(r) == scale && (q % 2 != 0)))
+      rounded += v.integer() < 0 ? -1 : 1;
+    return Value::Int(rounded * scale);
+  }
   if (method == "common") {
     if (!std::isfinite(x)) return Value::Float(x);
     if (precision >= 0) {
@@ -234,11 +247,19 @@ Value ApplyFilter(std::string_view name, const Value& v, const Args& args, const
   }
   if (name == "indent") {
     CheckSignature(name, args, kwargs, 3, {"width", "first", "blank"});
+    // jinja2 appends a newline to the value itself: only strings indent.
+    if (v.is_undefined()) Fail(v.undefined_message());
+    if (!v.is_string()) {
+      Fail("unsupported operand type(s) for +=: '" + TypeName(v) + "' and 'str'");
+    }
     const std::optional<Value> width = Arg(args, kwargs, 0, "width");
     const std::optional<Value> first = Arg(args, kwargs, 1, "first");
     const std::optional<Value> blank = Arg(args, kwargs, 2, "blank");
     return Value::String(Indent(str(), width ? *width : Value::Int(4), first && Truthy(*first),
                                 blank && Truthy(*blank)));
+  }
+  if ((name == "int" || name == "float") && v.is_undefined()) {
+    Fail(v.undefined_message());  // int(Undefined) raises; jinja2 catches only TypeError/ValueError
   }
   if (name == "int") {
     CheckSignature(name, args, kwargs, 2, {"default", "base"});

@@ -228,6 +228,8 @@ Value Negate(const Value& v, bool minus);
 // gives an undefined value naming it; using an undefined object is an error.
 Value GetAttr(const Value& obj, std::string_view name);
 Value GetItem(const Value& obj, const Value& key);
+// obj[start:stop:step]; omitted parts are None. Python's own slicing: an error
+// for what is not a str, list or tuple.
 Value GetSlice(const Value& obj, const Value& start, const Value& stop, const Value& step);
 
 // Whether `s` is UTF-8 (no stray bytes, surrogates or overlong forms);

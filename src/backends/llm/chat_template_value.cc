@@ -223,7 +223,7 @@ Value LoopAttribute(const LoopState& loop, std::string_view name) {
 std::vector<int64_t> SliceIndices(int64_t length, const Value& start_v, const Value& stop_v,
                                   const Value& step_v, bool* ok) {
   *ok = true;
-  auto given = [](const Value& v) { return !v.is_undefined() && !v.is_none(); };
+  auto given = [](const Value& v) { return !v.is_none(); };
   auto as_int = [ok](const Value& v) -> int64_t {
     if (v.kind() != Kind::kInt && v.kind() != Kind::kBool) {
       *ok = false;
@@ -730,26 +730,34 @@ Value GetItem(const Value& obj, const Value& key) {
 }
 
 Value GetSlice(const Value& obj, const Value& start, const Value& stop, const Value& step) {
+  // jinja2 compiles slices to Python's own subscript, without the fallbacks
+  // of getitem: slicing what is not a sequence is an error.
   if (obj.is_undefined()) Fail(obj.undefined_message());
-  if (obj.kind() != Kind::kList && obj.kind() != Kind::kString) {
-    return Value::Undefined(ObjectTypeRepr(obj) + " has no element slice");
+  if (obj.kind() == Kind::kDict) Fail("unhashable type: 'slice'");
+  if (obj.kind() != Kind::kList && !obj.is_string()) {
+    Fail("'" + TypeName(obj) + "' object is not subscriptable");
+  }
+  for (const Value* part : {&start, &stop, &step}) {
+    if (part->is_undefined()) Fail(part->undefined_message());
   }
   bool ok = true;
+  std::vector<int64_t> at;
+  std::vector<size_t> offsets;
+  if (obj.kind() == Kind::kList) {
+    at = SliceIndices(static_cast<int64_t>(obj.list().items.size()), start, stop, step, &ok);
+  } else {
+    offsets = CodepointOffsets(obj.str());
+    at = SliceIndices(static_cast<int64_t>(offsets.size()) - 1, start, stop, step, &ok);
+  }
+  if (!ok) Fail("slice indices must be integers or None or have an __index__ method");
   if (obj.kind() == Kind::kList) {
     const auto& items = obj.list().items;
-    std::vector<int64_t> at =
-        SliceIndices(static_cast<int64_t>(items.size()), start, stop, step, &ok);
-    if (!ok) return Value::Undefined(ObjectTypeRepr(obj) + " has no element slice");
     std::vector<Value> out;
     out.reserve(at.size());
     for (int64_t i : at) out.push_back(items[i]);
     return Value::MakeList(std::move(out), obj.list().tuple);
   }
   const std::string& s = obj.str();
-  const std::vector<size_t> offsets = CodepointOffsets(s);
-  std::vector<int64_t> at =
-      SliceIndices(static_cast<int64_t>(offsets.size()) - 1, start, stop, step, &ok);
-  if (!ok) return Value::Undefined("str object has no element slice");
   std::string out;
   for (int64_t i : at) out.append(s, offsets[i], offsets[i + 1] - offsets[i]);
   return Value::String(std::move(out));

@@ -372,6 +372,9 @@ LANGUAGE = [
     ("methods_dict", "{{ d.get('a') }}|{{ d.get('zz') }}|{{ d.get('zz', 5) }}|{{ d.keys()|list }}"
      "|{{ d.values()|list }}|{{ d.items()|list }}|{% for k, v in d.items() %}{{ k }}{{ v }}{% endfor %}",
      {"d": {"a": 1, "b": [2]}}),
+    ("methods_list", "{{ l.count(2) }}{{ l.index(2) }}{{ t.count('a') }}", {"l": [1, 2, 2], "t": ["a"]}),
+    ("filter_round_int", "{{ 5|round }}{{ 1250|round(-2) }}{{ 1350|round(-2) }}{{ -1250|round(-2) }}"
+     "{{ true|round }}{{ 7|round(1) }}", {}),
     ("globals", "{{ range(3)|list }}{{ range(1, 10, 3)|list }}{{ range(3, 0, -1)|list }}"
      "{{ dict(a=1, b=2) }}{{ dict({'z': 1}, y=2) }}{{ strftime_now('%d %b %Y %H:%M') }}"
      "{{ strftime_now is defined }}{{ raise_exception is defined }}{{ namespace is defined }}", {}),
@@ -408,6 +411,15 @@ LANGUAGE = [
     ("error_unary", "{{ -'a' }}", {}),
     ("error_items_none", "{{ none|items|list }}", {}),
     ("error_str_times_str", "{{ 'a' * 'b' }}", {}),
+    ("error_slice_int", "{{ i[1:] }}", {"i": 5}),
+    ("error_slice_none", "{{ n[:1] }}", {"n": None}),
+    ("error_slice_dict", "{{ d[1:] }}", {"d": {"a": 1}}),
+    ("error_slice_index_type", "{{ l['a':] }}", {"l": [1]}),
+    ("error_undefined_int", "{{ missing|int }}", {}),
+    ("error_undefined_float", "{{ d.x|float }}", {"d": {}}),
+    ("error_indent_int", "{{ 5|indent }}", {}),
+    ("error_test_argument", "{{ 1 is none 2 }}", {}),
+    ("error_list_index_missing", "{{ [1].index(3) }}", {}),
     ("error_concat_binds_tighter_than_plus", "{{ 'a' ~ 1 + 2 }}", {}),
 ]
 
