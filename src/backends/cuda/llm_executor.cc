@@ -171,6 +171,9 @@ class CudaLlmExecutor final : public CudaExecutor {
   // `combine_rows`, the attention on `attention_grid` blocks.
   Status Enqueue(int32_t rows, int32_t logit_rows, int32_t combine_rows, int attention_grid);
   Result<cudaGraphExec_t> DecodeGraph(int32_t bucket);
+  // Uploads the step's inputs, runs it (graph or eager), copies its tokens
+  // or logits back and waits for all of it.
+  Status Queue(const StepPlan& p, std::span<float> logits, bool want_logits);
   int32_t Bucket(int32_t seqs) const;
 
   template <typename T>
@@ -510,9 +513,9 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
 
 Status CudaLlmExecutor::Validate(const StepBatch& batch) const {
   const size_t n = batch.num_seqs();
-  if (n > static_cast<size_t>(max_seqs_)) {
-    return InvalidArgument("the step holds " + std::to_string(n) + " sequences, the executor " +
-                           std::to_string(max_seqs_) + " at most");
+  if (n < 1 || n > static_cast<size_t>(max_seqs_)) {
+    return InvalidArgument("the step holds " + std::to_string(n) +
+                           " sequences, the executor 1 to " + std::to_string(max_seqs_));
   }
   if (batch.tokens.size() > static_cast<size_t>(max_tokens_)) {
     return InvalidArgument("the step feeds " + std::to_string(batch.tokens.size()) +
@@ -538,6 +541,8 @@ Status CudaLlmExecutor::Validate(const StepBatch& batch) const {
                              std::to_string(vocab_));
     }
   }
+  // The blocks each sequence writes, to refuse two sequences writing one.
+  std::vector<std::pair<int32_t, int32_t>> written;  // (block, sequence)
   for (size_t i = 0; i < n; ++i) {
     const std::string seq = "sequence " + std::to_string(i);
     const int64_t q_len = int64_t{batch.offsets[i + 1]} - batch.offsets[i];
@@ -561,6 +566,7 @@ Status CudaLlmExecutor::Validate(const StepBatch& batch) const {
                                std::to_string(b) + ") is not in the pool of " +
                                std::to_string(num_blocks_));
       }
+      if (b >= start / block_size_) written.emplace_back(id, static_cast<int32_t>(i));
     }
     if (batch.sample[i] != 0) {
       const SamplingParams& p = batch.params[i];
@@ -571,6 +577,14 @@ Status CudaLlmExecutor::Validate(const StepBatch& batch) const {
                                std::to_string(p.top_k) +
                                " (temperature >= 0, 0 < top_p <= 1, top_k >= 0)");
       }
+    }
+  }
+  std::sort(written.begin(), written.end());
+  for (size_t j = 1; j < written.size(); ++j) {
+    if (written[j].first == written[j - 1].first && written[j].second != written[j - 1].second) {
+      return InvalidArgument("block " + std::to_string(written[j].first) +
+                             " is written by sequences " + std::to_string(written[j - 1].second) +
+                             " and " + std::to_string(written[j].second) + " in one step");
     }
   }
   return Status::Ok();
@@ -823,20 +837,8 @@ Result<cudaGraphExec_t> CudaLlmExecutor::DecodeGraph(int32_t bucket) {
   return exec;
 }
 
-Status CudaLlmExecutor::Run(const StepBatch& batch, std::span<int32_t> next,
-                            std::span<float> logits, bool want_logits) {
-  RETURN_IF_ERROR(Validate(batch));
-  size_t sampled = 0;
-  for (uint8_t s : batch.sample) sampled += s != 0 ? 1 : 0;
-  if (want_logits && logits.size() != sampled * static_cast<size_t>(vocab_)) {
-    return InvalidArgument("StepLogits: logits hold " + std::to_string(logits.size()) +
-                           " floats for " + std::to_string(sampled) + " sampled sequences of " +
-                           std::to_string(vocab_));
-  }
-  if (batch.num_seqs() == 0) return Status::Ok();
-  RETURN_IF_ERROR(MakeContextCurrent(device_));
+Status CudaLlmExecutor::Queue(const StepPlan& p, std::span<float> logits, bool want_logits) {
   const cudaStream_t s = stream_.get();
-  ASSIGN_OR_RETURN(const StepPlan p, Build(batch));
   RETURN_IF_ERROR(
       CudaCheck(cudaMemcpyAsync(meta_dev_.get(), meta_host_.get(),
                                 static_cast<size_t>(p.upload_bytes), cudaMemcpyHostToDevice, s),
@@ -865,7 +867,28 @@ Status CudaLlmExecutor::Run(const StepBatch& batch, std::span<int32_t> next,
           "copy the sampled tokens to the host"));
     }
   }
-  RETURN_IF_ERROR(CudaCheck(cudaStreamSynchronize(s), "llm step"));
+  return CudaCheck(cudaStreamSynchronize(s), "llm step");
+}
+
+Status CudaLlmExecutor::Run(const StepBatch& batch, std::span<int32_t> next,
+                            std::span<float> logits, bool want_logits) {
+  RETURN_IF_ERROR(Validate(batch));
+  size_t sampled = 0;
+  for (uint8_t s : batch.sample) sampled += s != 0 ? 1 : 0;
+  if (want_logits && logits.size() != sampled * static_cast<size_t>(vocab_)) {
+    return InvalidArgument("StepLogits: logits hold " + std::to_string(logits.size()) +
+                           " floats for " + std::to_string(sampled) + " sampled sequences of " +
+                           std::to_string(vocab_));
+  }
+  RETURN_IF_ERROR(MakeContextCurrent(device_));
+  ASSIGN_OR_RETURN(const StepPlan p, Build(batch));
+  const Status queued = Queue(p, logits, want_logits);
+  if (!queued.ok()) {
+    // What was queued before the failure may still read the step's inputs
+    // and write the cache: it ends before the buffers serve another step.
+    cuda::LogIfError(cudaStreamSynchronize(stream_.get()), "finishing a failed llm step");
+    return queued;
+  }
   if (cuda_options_.profile) RETURN_IF_ERROR(CollectKernelTimes());
   if (!want_logits) {
     const auto* drawn = static_cast<const int32_t*>(sampled_host_.get());
