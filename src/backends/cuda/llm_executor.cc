@@ -132,8 +132,10 @@ class CudaLlmExecutor final : public CudaExecutor {
         max_tokens_(options.max_tokens_per_step),
         token_rows_(std::max(options.max_tokens_per_step, options.max_seqs)),
         block_size_(options.block_size),
-        max_positions_(options.max_positions > 0 ? options.max_positions
-                                                 : static_cast<int32_t>(config.max_positions)),
+        max_positions_(options.max_positions > 0
+                           ? options.max_positions
+                           : static_cast<int32_t>(std::min<int64_t>(
+                                 config.max_positions, std::numeric_limits<int32_t>::max()))),
         max_blocks_per_seq_(
             static_cast<int32_t>(CeilDiv(max_positions_, std::max(1, options.block_size)))) {
     attn_shape_ = {heads_, kv_heads_, head_dim_, block_size_, bf16_};
@@ -272,6 +274,11 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
                            ", block_size " + std::to_string(block_size_) + ", max_positions " +
                            std::to_string(max_positions_) +
                            " (each at least 1, block_size at most 4096)");
+  }
+  if (options.max_positions > config.max_positions) {
+    return InvalidArgument("executor options: max_positions " +
+                           std::to_string(options.max_positions) + " is past the model's " +
+                           std::to_string(config.max_positions));
   }
   if (options.kv_pool_fraction < 0 || options.kv_pool_fraction > 1 ||
       std::isnan(options.kv_pool_fraction)) {

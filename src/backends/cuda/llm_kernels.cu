@@ -357,10 +357,15 @@ __device__ __forceinline__ int Swizzle(int r, int c) {
 struct FoldScales {
   float run, add;
 };
+// The scale of the larger side is 1 exactly (not exp2f(0)): folding a split
+// into the empty state (-inf, 0, 0) must give back its bits, so that a
+// partial written by one work item and folded again by the combine kernel
+// equals the split folded in place.
+__device__ __forceinline__ float Exp2Diff(float a, float b) { return a == b ? 1.0f : exp2f(a - b); }
 __device__ __forceinline__ FoldScales FoldScale(float big_m, float m) {
   const float mx = fmaxf(big_m, m);
   if (mx == -INFINITY) return {1.0f, 0.0f};  // both empty: the running state stays
-  return {exp2f(big_m - mx), exp2f(m - mx)};
+  return {Exp2Diff(big_m, mx), Exp2Diff(m, mx)};
 }
 __device__ __forceinline__ float FoldValue(float running, float value, FoldScales s) {
   return __fadd_rn(__fmul_rn(running, s.run), __fmul_rn(value, s.add));
@@ -533,7 +538,9 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttention(AttnArgs a) {
           tile_max[i] = fmaxf(tile_max[i], __shfl_xor_sync(kFullMask, tile_max[i], 2));
           const float m_new = fmaxf(m[i], tile_max[i]);
           m_use[i] = m_new == -INFINITY ? 0.0f : m_new;
-          alpha[i] = exp2f(m[i] - m_use[i]);  // 1 exactly when the max stays
+          // 1 exactly when the max stays: a step whose keys are all masked
+          // for this row (a prefill tile's later rows) changes nothing.
+          alpha[i] = Exp2Diff(m[i], m_use[i]);
           m[i] = m_new;
         }
         // P = exp2(S - m), rounded to T for the P V product; the row sums add
