@@ -893,7 +893,11 @@ Status CudaLlmExecutor::Run(const StepBatch& batch, std::span<int32_t> next,
   if (!queued.ok()) {
     // What was queued before the failure may still read the step's inputs
     // and write the cache: it ends before the buffers serve another step.
-    cuda::LogIfError(cudaStreamSynchronize(stream_.get()), "finishing a failed llm step");
+    // A lost context shows as DeviceLost whichever call saw it first (a
+    // cuBLASLt call reports its own status).
+    const cudaError_t drained = cudaStreamSynchronize(stream_.get());
+    if (cuda::IsSticky(drained)) return CudaCheck(drained, queued.message());
+    cuda::LogIfError(drained, "finishing a failed llm step");
     return queued;
   }
   if (cuda_options_.profile) RETURN_IF_ERROR(CollectKernelTimes());

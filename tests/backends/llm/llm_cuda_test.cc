@@ -307,15 +307,13 @@ struct PagedCache {
         ((int64_t{block} * shape.num_kv_heads + head) * shape.block_size + offset) *
         shape.head_dim);
   }
-  // Key (or value) of sequence s at position p, KV head h, as floats.
-  std::vector<double> Row(const std::vector<uint16_t>& cache, int s, int32_t p, int32_t h) const {
+  std::vector<float> k_float, v_float;  // the same, widened (filled by MakeCache)
+
+  // Key (or value) of sequence s at position p, KV head h.
+  const float* Row(const std::vector<float>& cache, int s, int32_t p, int32_t h) const {
     const int32_t block =
         tables[static_cast<size_t>(table_offsets[static_cast<size_t>(s)] + p / shape.block_size)];
-    const size_t at = At(block, h, p % shape.block_size);
-    std::vector<double> r(static_cast<size_t>(shape.head_dim));
-    for (int32_t i = 0; i < shape.head_dim; ++i)
-      r[static_cast<size_t>(i)] = From16(cache[at + i], shape.bf16);
-    return r;
+    return cache.data() + At(block, h, p % shape.block_size);
   }
 };
 
@@ -352,6 +350,8 @@ PagedCache MakeCache(const AttnShape& shape, const std::vector<int32_t>& context
       }
     }
   }
+  for (const uint16_t x : c.k) c.k_float.push_back(From16(x, shape.bf16));
+  for (const uint16_t x : c.v) c.v_float.push_back(From16(x, shape.bf16));
   return c;
 }
 
@@ -400,6 +400,80 @@ std::vector<uint16_t> RunAttention(const PagedCache& cache, const DeviceMemory& 
   return out.Read<uint16_t>(out_elems);
 }
 
+// The host plan alone (no GPU): every (token, head) row of a step gets its
+// output from exactly one writer (a fold-path item, or a combine row whose
+// partials the split-path items all wrote), within the capacities given.
+TEST(LlmCudaAttentionPlan, CoversEveryRowOnce) {
+  std::mt19937_64 rng(17);
+  for (const AttnShape shape : {AttnShape{8, 2, 64, 16, true}, AttnShape{14, 2, 128, 16, true},
+                                AttnShape{64, 1, 128, 16, true}, AttnShape{4, 4, 64, 1, true}}) {
+    const int32_t heads = shape.num_heads, group = heads / shape.num_kv_heads;
+    const int32_t per_tile = cuda::kAttnTileRows / group;
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<AttnSeq> seqs;
+      int32_t tokens = 0;
+      const int n = 1 + static_cast<int>(rng() % 9);
+      for (int i = 0; i < n; ++i) {
+        const int32_t q_len = rng() % 3 == 0 ? 1 + static_cast<int32_t>(rng() % 150)
+                                             : 1 + static_cast<int32_t>(rng() % 4);
+        const int32_t start = static_cast<int32_t>(rng() % 3000);
+        seqs.push_back({tokens, q_len, start, 0});
+        tokens += q_len;
+      }
+      const int64_t min_items = cuda::MaxFoldItems(shape, tokens, n);
+      for (const int64_t partials : {int64_t{0}, int64_t{1} << 30, int64_t{3000}}) {
+        AttnPlan plan;
+        const int64_t max_items = min_items + (partials > 0 ? 200 : 0);
+        ASSERT_TRUE(cuda::PlanPagedAttention(shape, seqs, max_items, partials, &plan));
+        ASSERT_LE(static_cast<int64_t>(plan.items.size()), max_items);
+        ASSERT_LE(plan.partial_entries, partials);
+        std::vector<int> writers(static_cast<size_t>(tokens) * heads, 0);
+        std::vector<int> partial_writes(static_cast<size_t>(plan.partial_entries), 0);
+        for (const AttnWorkItem& it : plan.items) {
+          const AttnSeq& q = seqs[static_cast<size_t>(it.seq)];
+          const int32_t positions = std::min(per_tile, q.q_len - it.q_first);
+          ASSERT_GT(positions, 0);
+          ASSERT_GE(it.split_lo, 0);
+          ASSERT_LT(it.split_lo, it.split_hi);
+          // No split starts past the tile's last key.
+          ASSERT_LT(int64_t{it.split_lo} * cuda::kAttnSplitKeys,
+                    int64_t{q.start} + it.q_first + positions);
+          for (int32_t r = 0; r < positions * group; ++r) {
+            const int32_t qi = it.q_first + r / group, head = it.kv_head * group + r % group;
+            if (it.partial_base < 0) {
+              // The fold path runs every split of its last row.
+              ASSERT_EQ(it.split_lo, 0);
+              ASSERT_EQ(it.split_hi, (q.start + it.q_first + positions + cuda::kAttnSplitKeys - 1) /
+                                         cuda::kAttnSplitKeys);
+              ++writers[static_cast<size_t>(q.q_offset + qi) * heads + static_cast<size_t>(head)];
+            } else {
+              ASSERT_EQ(it.split_hi, it.split_lo + 1);
+              const int64_t entry =
+                  it.partial_base + (int64_t{it.split_lo} * q.q_len + qi) * heads + head;
+              ASSERT_LT(entry, plan.partial_entries);
+              ++partial_writes[static_cast<size_t>(entry)];
+            }
+          }
+        }
+        for (const AttnCombineRow& c : plan.combine) {
+          ++writers[static_cast<size_t>(c.out_row)];
+          for (int32_t j = 0; j < c.num_splits; ++j) {
+            const int64_t entry = c.entry0 + int64_t{j} * c.split_stride;
+            ASSERT_LT(entry, plan.partial_entries);
+            ASSERT_EQ(partial_writes[static_cast<size_t>(entry)], 1) << "entry " << entry;
+          }
+        }
+        for (size_t row = 0; row < writers.size(); ++row) {
+          ASSERT_EQ(writers[row], 1) << "row " << row << " with " << partials << " partials";
+        }
+        if (partials == 0) {
+          EXPECT_TRUE(plan.combine.empty());
+        }
+      }
+    }
+  }
+}
+
 struct AttnCase {
   int32_t heads, kv_heads, head_dim, block_size;
   bool bf16;
@@ -443,14 +517,16 @@ TEST_P(LlmCudaAttentionTest, MatchesFloatLoopAndIsBatchInvariant) {
       const int32_t pos = seqs[s].start + qi;
       for (int32_t h = 0; h < p.heads; ++h) {
         const size_t q_at = (static_cast<size_t>(seqs[s].q_offset + qi) * p.heads + h) * p.head_dim;
+        std::vector<double> q_row(static_cast<size_t>(p.head_dim));
+        for (int32_t i = 0; i < p.head_dim; ++i) {
+          q_row[static_cast<size_t>(i)] = From16(q[q_at + static_cast<size_t>(i)], p.bf16);
+        }
         std::vector<double> scores(static_cast<size_t>(pos + 1));
         double top = -INFINITY;
         for (int32_t j = 0; j <= pos; ++j) {
-          const auto k = cache.Row(cache.k, static_cast<int>(s), j, h / group);
+          const float* k = cache.Row(cache.k_float, static_cast<int>(s), j, h / group);
           double dot = 0;
-          for (int32_t i = 0; i < p.head_dim; ++i) {
-            dot += From16(q[q_at + static_cast<size_t>(i)], p.bf16) * k[static_cast<size_t>(i)];
-          }
+          for (int32_t i = 0; i < p.head_dim; ++i) dot += q_row[static_cast<size_t>(i)] * k[i];
           scores[static_cast<size_t>(j)] = dot * scale;
           top = std::max(top, dot * scale);
         }
@@ -459,7 +535,7 @@ TEST_P(LlmCudaAttentionTest, MatchesFloatLoopAndIsBatchInvariant) {
         for (int32_t j = 0; j <= pos; ++j) {
           const double w = std::exp(scores[static_cast<size_t>(j)] - top);
           sum += w;
-          const auto v = cache.Row(cache.v, static_cast<int>(s), j, h / group);
+          const float* v = cache.Row(cache.v_float, static_cast<int>(s), j, h / group);
           for (int32_t i = 0; i < p.head_dim; ++i)
             want[static_cast<size_t>(i)] += w * v[static_cast<size_t>(i)];
         }
