@@ -1007,10 +1007,10 @@ TEST_P(LlmCudaExecutorTest, GraphDecodeEqualsEagerDecode) {
   ASSERT_NE(g, nullptr);
   ASSERT_NE(e, nullptr);
   const int64_t v = c.vocab_size;
+  // Prompts of 452 tokens in all; the first past the first attention split.
   std::vector<Feed> feeds;
-  for (int i = 0; i < 5; ++i) {
-    feeds.push_back({Tokens(20 + 61 * i, i), 0, Blocks(30 * i, 30)});
-  }
+  const int lengths[] = {300, 5, 40, 17, 90};
+  for (int i = 0; i < 5; ++i) feeds.push_back({Tokens(lengths[i], i), 0, Blocks(30 * i, 30)});
   EXPECT_EQ(StepLogits(*g, feeds, v), StepLogits(*e, feeds, v));
   // Decode steps of 5, 3 (bucket 4, one padding row), 1 and 8 sequences,
   // logits then drawn tokens.
