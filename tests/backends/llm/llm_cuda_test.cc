@@ -15,11 +15,13 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "backends/cuda/llm_executor.h"
+#include "backends/cuda/llm_gemm.h"
 #include "backends/cuda/llm_kernels.h"
 #include "backends/llm/llm_model.h"
 #include "common/float16.h"
@@ -173,6 +175,95 @@ TEST_F(LlmCudaTest, EmbedGathersRowsExactly) {
     for (int64_t j = 0; j < hidden; ++j) {
       ASSERT_EQ(x[r * hidden + static_cast<size_t>(j)],
                 BFloat16ToFloat(table[static_cast<size_t>(tokens[r] * hidden + j)]));
+    }
+  }
+}
+
+// ---- GEMMs: y = x w^T with one cuBLASLt algorithm per shape, a row's bits
+// the same whatever the row count (what batch invariance rests on).
+
+TEST_F(LlmCudaTest, GemmRowsDoNotDependOnTheRowCount) {
+  struct Case {
+    int64_t n, k;
+    bool bias, f32_out, time, split_k;
+  };
+  const int64_t max_m = 300;
+  for (const bool bf16 : {true, false}) {
+    for (const Case c :
+         {Case{2048, 2048, false, false, true, true}, Case{512, 2048, true, false, true, true},
+          Case{8192, 2048, false, false, false, true}, Case{2048, 8192, false, false, true, false},
+          Case{1000, 256, false, true, true, true}}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16 " : "f16 ") + std::to_string(c.n) + "x" +
+                   std::to_string(c.k) + (c.bias ? " bias" : "") + (c.f32_out ? " f32" : "") +
+                   (c.time ? " timed" : "") + (c.split_k ? " split-k" : ""));
+      std::mt19937_64 rng(static_cast<uint64_t>(c.n * 7 + c.k) + bf16);
+      const float w_scale = 1.0f / std::sqrt(static_cast<float>(c.k));
+      const auto w = Random16(rng, static_cast<size_t>(c.n * c.k), w_scale, bf16);
+      const auto bias = Random16(rng, static_cast<size_t>(c.n), 0.5f, bf16);
+      const auto x = Random16(rng, static_cast<size_t>(max_m * c.k), 1.0f, bf16);
+      const size_t y_elem = c.f32_out ? 4 : 2;
+      DeviceMemory dw(w), db(bias), dx(x), dy(static_cast<size_t>(max_m * c.n) * y_elem);
+      cudaStream_t stream = nullptr;
+      ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      uint64_t bytes = 0;
+      auto set = GemmSet::Create(bf16, stream, &bytes);
+      ASSERT_TRUE(set.ok()) << set.status().ToString();
+      GemmShapeSpec spec;
+      spec.name = "test";
+      spec.n = c.n;
+      spec.k = c.k;
+      spec.max_m = max_m;
+      spec.bias = c.bias;
+      spec.f32_out = c.f32_out;
+      spec.weights = {dw.get()};
+      if (c.bias) spec.biases = {db.get()};
+      spec.x_scratch = dx.get();
+      spec.y_scratch = dy.get();
+      GemmTuning tuning;
+      tuning.time_candidates = c.time;
+      tuning.allow_split_k = c.split_k;
+      tuning.timed_rows = {8, 64};
+      auto shape = (*set)->AddShape(spec, tuning);
+      ASSERT_TRUE(shape.ok()) << shape.status().ToString();
+      SCOPED_TRACE((*set)->Describe());
+      auto run = [&](int64_t m) {
+        EXPECT_EQ(
+            cudaMemsetAsync(dy.get(), 0xFF, static_cast<size_t>(max_m * c.n) * y_elem, stream),
+            cudaSuccess);
+        const Status st =
+            (*set)->Run(*shape, dw.get(), c.bias ? db.get() : nullptr, dx.get(), dy.get(), m);
+        EXPECT_TRUE(st.ok()) << st.ToString();
+        EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        return dy.Read<uint8_t>(static_cast<size_t>(m * c.n) * y_elem);
+      };
+      const auto full = run(max_m);
+      // Against a float64 loop: the layout (row-major x, w and y) is right.
+      for (int64_t r : {int64_t{0}, int64_t{1}, max_m - 1}) {
+        for (int64_t j = 0; j < c.n; j += 97) {
+          double want = c.bias ? From16(bias[static_cast<size_t>(j)], bf16) : 0.0;
+          for (int64_t i = 0; i < c.k; ++i) {
+            want += static_cast<double>(From16(x[static_cast<size_t>(r * c.k + i)], bf16)) *
+                    From16(w[static_cast<size_t>(j * c.k + i)], bf16);
+          }
+          const size_t at = static_cast<size_t>(r * c.n + j);
+          float got = 0;
+          if (c.f32_out) {
+            std::memcpy(&got, full.data() + 4 * at, 4);
+          } else {
+            uint16_t h = 0;
+            std::memcpy(&h, full.data() + 2 * at, 2);
+            got = From16(h, bf16);
+          }
+          ASSERT_NEAR(got, want, 1e-2 * std::fabs(want) + 2e-3) << "row " << r << " column " << j;
+        }
+      }
+      for (const int64_t m : {1, 2, 3, 7, 16, 64, 255}) {
+        const auto part = run(m);
+        ASSERT_TRUE(std::equal(part.begin(), part.end(), full.begin()))
+            << "the first " << m << " rows differ from the same rows among " << max_m;
+      }
+      set->reset();
+      cudaStreamDestroy(stream);
     }
   }
 }
@@ -479,6 +570,13 @@ struct AttnCase {
   bool bf16;
 };
 
+std::string Name(const AttnCase& c) {
+  return std::to_string(c.heads) + "h" + std::to_string(c.kv_heads) + "kv" +
+         std::to_string(c.head_dim) + "d" + std::to_string(c.block_size) + "b_" +
+         (c.bf16 ? "bf16" : "f16");
+}
+void PrintTo(const AttnCase& c, std::ostream* os) { *os << Name(c); }
+
 class LlmCudaAttentionTest : public LlmCudaTest, public ::testing::WithParamInterface<AttnCase> {};
 
 TEST_P(LlmCudaAttentionTest, MatchesFloatLoopAndIsBatchInvariant) {
@@ -589,12 +687,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(AttnCase{8, 2, 64, 16, true}, AttnCase{8, 2, 128, 16, true},
                       AttnCase{4, 4, 64, 7, true}, AttnCase{14, 2, 64, 16, true},
                       AttnCase{16, 2, 128, 32, false}, AttnCase{64, 1, 128, 16, true}),
-    [](const ::testing::TestParamInfo<AttnCase>& p) {
-      const AttnCase& c = p.param;
-      return std::to_string(c.heads) + "h" + std::to_string(c.kv_heads) + "kv" +
-             std::to_string(c.head_dim) + "d" + std::to_string(c.block_size) + "b" +
-             (c.bf16 ? "bf16" : "f16");
-    });
+    [](const ::testing::TestParamInfo<AttnCase>& p) { return Name(p.param); });
 
 // ---- Sampling.
 
@@ -897,6 +990,10 @@ struct ExecutorCase {
   DType dtype;
 };
 
+void PrintTo(const ExecutorCase& c, std::ostream* os) {
+  *os << (c.family == Family::kQwen2 ? "Qwen2 " : "Llama ") << DTypeName(c.dtype);
+}
+
 class LlmCudaExecutorTest : public LlmCudaTest,
                             public ::testing::WithParamInterface<ExecutorCase> {};
 
@@ -934,6 +1031,7 @@ TEST_P(LlmCudaExecutorTest, ChunkedPrefillEqualsWhole) {
   TwoCopies m(c, 22);
   auto e = Cuda(m);
   ASSERT_NE(e, nullptr);
+  SCOPED_TRACE(e->DescribeGemms());
   const std::vector<int32_t> prompt = Tokens(300, 3);
   const auto whole = StepLogits(*e, {{prompt, 0, Blocks(0, 20)}}, c.vocab_size);
   for (const std::vector<int>& cuts :
@@ -960,6 +1058,7 @@ TEST_P(LlmCudaExecutorTest, BatchEqualsEachAlone) {
   TwoCopies m(c, 23);
   auto e = Cuda(m);
   ASSERT_NE(e, nullptr);
+  SCOPED_TRACE(e->DescribeGemms());
   const int64_t v = c.vocab_size;
   const std::vector<int32_t> a = Tokens(37, 1), b = Tokens(260, 2), d = Tokens(5, 3);
   // Alone, on blocks 0..39.
