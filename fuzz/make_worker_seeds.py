@@ -4,7 +4,7 @@
 Each seed is one control packet as a worker sends it to the server
 (src/protocol/worker_protocol.h): ready (with start phases, and for a
 decoupled model its streams and window), done answers, room, a decoupled
-model's responses and ring requests, and the server's own kinds (among them
+model's responses, ring requests and engine statistics, and the server's own kinds (among them
 the streams' ring, open, credit and cancel), which a worker never sends and
 the server must still decode or refuse cleanly. "partial" and "ack" are
 kinds (6, 7) the protocol no longer has.
@@ -18,7 +18,7 @@ import struct
 MAGIC = 0x4B524F57  # "WORK"
 KINDS = {"ready": 1, "run": 2, "done": 3, "setup": 4, "room": 5, "partial": 6, "ack": 7, "start": 8,
          "release": 9, "ring": 10, "open": 11, "response": 12, "credit": 13, "cancel": 14,
-         "ring-grow": 15}
+         "ring-grow": 15, "engine-stats": 16}
 F32 = 1
 MIB = 1 << 20
 
@@ -88,6 +88,8 @@ SEEDS = {
     "credit-zero": head("credit") + u32(0),
     "cancel": head("cancel") + u32(2) + u64(1) + u64(2),
     "ring-grow": head("ring-grow") + u64(4 * MIB),
+    "engine-stats": head("engine-stats") + u64(120) + u64(4096) + u64(3),
+    "engine-stats-overfull": head("engine-stats") + u64(4097) + u64(4096) + u64(0),
 }
 
 

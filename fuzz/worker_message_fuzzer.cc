@@ -172,6 +172,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       Require(again.ring_grow.bytes == m->ring_grow.bytes, "ring-grow round trip");
       break;
     }
+    case Kind::kEngineStats: {
+      Require(m->engine_stats.kv_blocks_used <= m->engine_stats.kv_blocks_total &&
+                  m->engine_stats.kv_blocks_total <= kMaxKvBlocks,
+              "engine statistics within the limits");
+      const Message again = Again(
+          p, Kind::kEngineStats, [&](int fd) { return SendEngineStats(fd, m->engine_stats); },
+          "engine-stats encodes again");
+      Require(again.engine_stats == m->engine_stats, "engine-stats round trip");
+      break;
+    }
     default:
       break;
   }

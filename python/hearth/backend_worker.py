@@ -330,6 +330,8 @@ def _read_inputs(w, np, torch, inputs_spec, key=None):
             lib.hearth_worker_stream_input(h, key, i, *where)
         shape = tuple(shape_p[k] for k in range(ndim.value))
         n = nbytes.value
+        if key is not None and n == 0 and not shape:
+            continue  # an optional input the request left out
         if dtype == _BYTES:
             inputs[name] = _decode_bytes(np, ctypes.string_at(data.value, n) if n else b"", shape)
             continue

@@ -1,6 +1,5 @@
 #include "backends/backend.h"
 
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 #include "backends/cuda/cuda_backend_abi.h"
 #include "backends/engine.h"
 #include "backends/model_weights.h"
+#include "backends/plugin.h"
 #include "backends/registry.h"
 
 namespace hearth {
@@ -27,49 +27,8 @@ struct CudaLibrary {
   HearthCreateCudaBackendFn create = nullptr;
   HearthCudaHostRegisterFn host_register = nullptr;
   HearthCudaHostUnregisterFn host_unregister = nullptr;
+  Plugin plugin;  // its engines: hearth_create_engine, when it has one
 };
-
-// The running executable's directory; empty if /proc cannot say.
-std::string ExecutableDir() {
-  std::error_code ec;
-  return std::filesystem::read_symlink("/proc/self/exe", ec).parent_path().string();
-}
-
-// Opens a plug-in library and resolves its entry points, trying in order:
-// next to the running executable (an installed worker), the build tree
-// (`build_path`, for tests and uninstalled builds), then the plain name
-// through the loader's search path. The handle is never closed (backends it
-// made point into it). Unavailable with every loader error otherwise.
-Result<std::vector<void*>> OpenPlugin(const std::string& name, const char* build_path,
-                                      const std::vector<const char*>& symbols) {
-  std::vector<std::string> candidates;
-  if (const std::string dir = ExecutableDir(); !dir.empty()) candidates.push_back(dir + "/" + name);
-  std::error_code ec;
-  if (build_path != nullptr) candidates.emplace_back(build_path);
-  candidates.push_back(name);
-
-  std::string errors;
-  for (const std::string& path : candidates) {
-    // A path with a '/' that does not exist gives a dull dlerror; skip it.
-    if (path.find('/') != std::string::npos && !std::filesystem::exists(path, ec)) continue;
-    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) {
-      const char* e = dlerror();
-      errors += std::string(errors.empty() ? "" : "; ") + (e != nullptr ? e : path);
-      continue;
-    }
-    std::vector<void*> found;
-    for (const char* symbol : symbols) found.push_back(dlsym(handle, symbol));
-    if (std::find(found.begin(), found.end(), nullptr) != found.end()) {
-      errors += (errors.empty() ? "" : "; ") + path + ": missing hearth entry points";
-      dlclose(handle);
-      continue;
-    }
-    return found;
-  }
-  return Unavailable("cannot load " + name + ": " +
-                     (errors.empty() ? std::string("not found") : errors));
-}
 
 Result<CudaLibrary> OpenCudaLibrary() {
 #ifdef HEARTH_BACKENDS_CUDA_BUILD_PATH
@@ -77,14 +36,14 @@ Result<CudaLibrary> OpenCudaLibrary() {
 #else
   const char* build_path = nullptr;
 #endif
-  ASSIGN_OR_RETURN(std::vector<void*> entry,
-                   OpenPlugin(HEARTH_CUDA_BACKEND_LIBRARY, build_path,
-                              {HEARTH_CREATE_CUDA_BACKEND, HEARTH_CUDA_HOST_REGISTER,
-                               HEARTH_CUDA_HOST_UNREGISTER}));
+  ASSIGN_OR_RETURN(Plugin plugin, OpenPlugin(HEARTH_CUDA_BACKEND_LIBRARY, build_path,
+                                             {HEARTH_CREATE_CUDA_BACKEND, HEARTH_CUDA_HOST_REGISTER,
+                                              HEARTH_CUDA_HOST_UNREGISTER}));
   CudaLibrary lib;
-  lib.create = reinterpret_cast<HearthCreateCudaBackendFn>(entry[0]);
-  lib.host_register = reinterpret_cast<HearthCudaHostRegisterFn>(entry[1]);
-  lib.host_unregister = reinterpret_cast<HearthCudaHostUnregisterFn>(entry[2]);
+  lib.create = reinterpret_cast<HearthCreateCudaBackendFn>(plugin.entry[0]);
+  lib.host_register = reinterpret_cast<HearthCudaHostRegisterFn>(plugin.entry[1]);
+  lib.host_unregister = reinterpret_cast<HearthCudaHostUnregisterFn>(plugin.entry[2]);
+  lib.plugin = std::move(plugin);
   return lib;
 }
 
@@ -102,29 +61,14 @@ Status FromC(int code, const std::array<char, N>& error) {
                 std::string(error.data(), strnlen(error.data(), error.size())));
 }
 
-// The weights and options as the plug-in libraries' C entry points take
-// them; views into `weights` and `options`, which must outlive it.
-struct CArguments {
-  std::vector<HearthCudaTensor> tensors;
-  std::vector<const char*> keys, values;
-  HearthCudaOptions options{};
-
-  CArguments(const std::vector<TensorView>& weights, const BackendOptions& o) {
-    tensors.reserve(weights.size());
-    for (const TensorView& t : weights) {
-      tensors.push_back({t.name.c_str(), static_cast<int32_t>(t.dtype),
-                         static_cast<int32_t>(t.shape.size()), t.shape.data(), t.data, t.nbytes,
-                         static_cast<int32_t>(t.device.kind), t.device.index});
-    }
-    for (const auto& [k, v] : o.parameters) {
-      keys.push_back(k.c_str());
-      values.push_back(v.c_str());
-    }
-    options = {o.max_batch_size, o.allow_tf32 ? 1 : 0, keys.size(), keys.data(), values.data()};
-  }
-  CArguments(const CArguments&) = delete;
-  CArguments& operator=(const CArguments&) = delete;
-};
+// The engine of `kind` from the CUDA library's hearth_create_engine, for a
+// model on a GPU.
+Result<std::unique_ptr<Engine>> CreateCudaEngine(std::string_view kind,
+                                                 const std::vector<TensorView>& weights,
+                                                 Device device, const EngineOptions& options) {
+  ASSIGN_OR_RETURN(CudaLibrary lib, GetCudaLibrary());
+  return CreatePluginEngine(lib.plugin, kind, weights, device, options);
+}
 
 Result<std::unique_ptr<Backend>> CreateCudaBackend(std::string_view kind,
                                                    const std::vector<TensorView>& weights,
@@ -178,7 +122,7 @@ Result<AotiLibrary> GetAotiLibrary() {
 #endif
     auto entry = OpenPlugin(HEARTH_AOTI_BACKEND_LIBRARY, build_path, {HEARTH_CREATE_AOTI_BACKEND});
     library = entry.ok() ? new Result<AotiLibrary>(AotiLibrary{
-                               reinterpret_cast<HearthCreateAotiBackendFn>((*entry)[0])})
+                               reinterpret_cast<HearthCreateAotiBackendFn>(entry->entry[0])})
                          : new Result<AotiLibrary>(
                                Unavailable("backend: aoti needs " HEARTH_AOTI_BACKEND_LIBRARY
                                            ", which this hearth was built without (configure "
@@ -300,7 +244,10 @@ std::vector<BackendKind> BuiltinBackendKinds() {
   BackendKind count;
   count.name = "count";
   count.summary = "counts to a request's n, one number a response (decoupled models; tests)";
-  count.create_engine = [](const std::vector<TensorView>&, Device, const EngineOptions& options) {
+  count.create_engine = [](const std::vector<TensorView>& weights, Device device,
+                           const EngineOptions& options) {
+    // On a GPU, the CUDA library's (cuda/cuda_engines.cc), as any kind's.
+    if (device.is_cuda()) return CreateCudaEngine("count", weights, device, options);
     return CreateCountEngine(options);
   };
   kinds.push_back(std::move(count));

@@ -83,6 +83,11 @@ class CEngine final : public Engine {
   uint32_t capacity() const override { return table_->capacity(handle_); }
   uint64_t device_memory_bytes() const override { return table_->device_memory_bytes(handle_); }
   bool busy() const override { return table_->busy(handle_) != 0; }
+  EngineCounters counters() const override {
+    EngineCounters c;
+    table_->counters(handle_, &c.kv_blocks_used, &c.kv_blocks_total, &c.preemptions);
+    return c;
+  }
   void Cancel(uint64_t id) override { table_->cancel(handle_, id); }
 
   Status Add(uint64_t id, const EngineRequest& r) override {
@@ -130,7 +135,7 @@ Result<std::unique_ptr<Engine>> WrapCEngine(const HearthEngineTable* table, void
   if (table->destroy == nullptr || table->inputs == nullptr || table->outputs == nullptr ||
       table->capacity == nullptr || table->device_memory_bytes == nullptr ||
       table->add == nullptr || table->cancel == nullptr || table->step == nullptr ||
-      table->busy == nullptr)
+      table->busy == nullptr || table->counters == nullptr)
     return refuse("a function is missing");
   return std::unique_ptr<Engine>(new CEngine(table, handle));
 }

@@ -76,6 +76,16 @@ class ResponseSink {
   virtual Result<bool> End(uint64_t id, bool final, const Status& status = Status::Ok()) = 0;
 };
 
+// What an engine holds now, for the server's metrics: the blocks of its KV
+// cache in use and in all, and the streams it has preempted (given their
+// cache back, to go on later) in its life. Zero where it has none.
+struct EngineCounters {
+  uint64_t kv_blocks_used = 0;
+  uint64_t kv_blocks_total = 0;
+  uint64_t preemptions = 0;
+  bool operator==(const EngineCounters&) const = default;
+};
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -106,6 +116,7 @@ class Engine {
   virtual Status Step(ResponseSink& sink) = 0;
   // It holds requests that need a Step.
   virtual bool busy() const = 0;
+  virtual EngineCounters counters() const { return {}; }
 };
 
 // Builds the engine of `kind` (through the registry, as CreateBackend) on

@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define HEARTH_ENGINE_ABI_VERSION 1u
+#define HEARTH_ENGINE_ABI_VERSION 2u
 
 typedef struct HearthEngineSpec {
   const char* name;
@@ -96,6 +96,10 @@ typedef struct HearthEngineTable {
   void (*cancel)(void* engine, uint64_t id);
   int (*step)(void* engine, const HearthEngineSink* sink, char* error, size_t error_size);
   int32_t (*busy)(void* engine);
+  /* hearth::Engine::counters: its KV blocks in use and in all, and the
+   * streams it has preempted (zeros where it has none). */
+  void (*counters)(void* engine, uint64_t* kv_blocks_used, uint64_t* kv_blocks_total,
+                   uint64_t* preemptions);
 } HearthEngineTable;
 
 typedef int (*HearthCreateEngineFn)(uint32_t abi_version, const char* kind,

@@ -337,8 +337,8 @@ Status SendCredit(int fd, const Credit& m) {
 
 Status SendCancel(int fd, std::span<const uint64_t> ids) {
   if (ids.empty() || ids.size() > kMaxCancelIds)
-    return InvalidArgument("a cancel of " + std::to_string(ids.size()) +
-                           " requests (1 to " + std::to_string(kMaxCancelIds) + ")");
+    return InvalidArgument("a cancel of " + std::to_string(ids.size()) + " requests (1 to " +
+                           std::to_string(kMaxCancelIds) + ")");
   Writer w(Kind::kCancel);
   w.U32(static_cast<uint32_t>(ids.size()));
   for (uint64_t id : ids) w.U64(id);
@@ -349,6 +349,14 @@ Status SendRingGrow(int fd, const RingGrow& m) {
   Writer w(Kind::kRingGrow);
   w.U64(m.bytes);
   return SendPacket(fd, w.bytes(), kMaxMessageBytes, "ring-grow");
+}
+
+Status SendEngineStats(int fd, const EngineStats& m) {
+  Writer w(Kind::kEngineStats);
+  w.U64(m.kv_blocks_used);
+  w.U64(m.kv_blocks_total);
+  w.U64(m.preemptions);
+  return SendPacket(fd, w.bytes(), kMaxMessageBytes, "engine-stats");
 }
 
 Status SendStart(int fd) {
@@ -522,7 +530,8 @@ Result<Message> ReceiveWith(int fd, int timeout_ms, int flags) {
       if (m.ring.slot_bytes >= kMaxSlotBytes || m.ring.bytes == 0)
         return InvalidArgument("ring message: a ring of " + std::to_string(m.ring.bytes) +
                                " bytes in a slot of " + std::to_string(m.ring.slot_bytes));
-      RETURN_IF_ERROR(CheckRange(m.ring.offset, m.ring.bytes, 0, m.ring.slot_bytes, "ring message"));
+      RETURN_IF_ERROR(
+          CheckRange(m.ring.offset, m.ring.bytes, 0, m.ring.slot_bytes, "ring message"));
       break;
     case Kind::kOpen: {
       m.open.id = r.U64();
@@ -585,6 +594,17 @@ Result<Message> ReceiveWith(int fd, int timeout_ms, int flags) {
       if (m.ring_grow.bytes == 0 || m.ring_grow.bytes >= kMaxSlotBytes)
         return InvalidArgument("ring-grow message for " + std::to_string(m.ring_grow.bytes) +
                                " bytes");
+      break;
+    case Kind::kEngineStats:
+      m.engine_stats.kv_blocks_used = r.U64();
+      m.engine_stats.kv_blocks_total = r.U64();
+      m.engine_stats.preemptions = r.U64();
+      RETURN_IF_ERROR(r.Finish("engine-stats"));
+      if (m.engine_stats.kv_blocks_total > kMaxKvBlocks ||
+          m.engine_stats.kv_blocks_used > m.engine_stats.kv_blocks_total)
+        return InvalidArgument(
+            "engine-stats message: " + std::to_string(m.engine_stats.kv_blocks_used) + " of " +
+            std::to_string(m.engine_stats.kv_blocks_total) + " KV blocks");
       break;
     case Kind::kStart:
       RETURN_IF_ERROR(r.Finish("start"));

@@ -56,6 +56,10 @@
 //   worker -> server  kRingGrow a response needs a ring of `bytes`; sent only
 //                               when every response sent was taken; answered
 //                               by kRing (the old ring is the server's again).
+//   worker -> server  kEngineStats what the worker's engine holds now (its KV
+//                               cache's blocks in use and in all) and how many
+//                               streams it has preempted in its life; sent
+//                               now and then, when they changed.
 // A worker has at most Ready::window responses not yet taken, and writes
 // each response after the last one not yet taken, wrapping to the ring's
 // start, never over bytes not yet taken. A request's inputs are the
@@ -101,6 +105,7 @@ enum class Kind : uint32_t {
   kCredit = 13,
   kCancel = 14,
   kRingGrow = 15,
+  kEngineStats = 16,
 };
 
 // Limits every message is checked against before anything is allocated.
@@ -286,6 +291,15 @@ struct RingGrow {
   uint64_t bytes = 0;
 };
 
+// kv_blocks_used <= kv_blocks_total <= kMaxKvBlocks.
+inline constexpr uint64_t kMaxKvBlocks = uint64_t{1} << 40;
+struct EngineStats {
+  uint64_t kv_blocks_used = 0;
+  uint64_t kv_blocks_total = 0;
+  uint64_t preemptions = 0;
+  bool operator==(const EngineStats&) const = default;
+};
+
 // Registration ids of CUDA regions to close; none: all of them.
 inline constexpr size_t kMaxReleaseIds = 1024;
 struct Release {
@@ -308,6 +322,7 @@ Status SendResponse(int fd, const Response& m);
 Status SendCredit(int fd, const Credit& m);
 Status SendCancel(int fd, std::span<const uint64_t> ids);
 Status SendRingGrow(int fd, const RingGrow& m);
+Status SendEngineStats(int fd, const EngineStats& m);
 Status SendStart(int fd);
 // Between batches: close the client CUDA regions of `ids` kept open (they
 // were unregistered); no ids: every one.
@@ -328,6 +343,7 @@ struct Message {
   Credit credit;
   Cancel cancel;
   RingGrow ring_grow;
+  EngineStats engine_stats;
 };
 
 // Waits up to timeout_ms (-1: forever; 0: only looks) for the next message and decodes it,

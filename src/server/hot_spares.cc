@@ -23,14 +23,21 @@ namespace {
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
 // The warm-up batch's one request: one row (where the model batches), each
-// input zeros of its dtype and shape, a variable dimension as 1, a BYTES
+// required input zeros of its dtype and shape, a variable dimension as 1, a BYTES
 // element empty (its 4-byte length 0); every output asked for.
 Result<std::shared_ptr<Job>> WarmUpJob(const ModelRuntime& model) {
   auto job = std::make_shared<Job>();
   job->request.model = model.name;
   job->request.id = "hot-spare-warm-up";
   job->done = [](const Result<InferResponse>&) {};
+  // Optional inputs are left out, unless all are optional: then the first
+  // is given (a model of optional inputs wants one of them).
+  bool all_optional = true;
+  for (const TensorSpec& spec : model.inputs) all_optional &= model.IsOptionalInput(spec.name);
+  bool given_one = false;
   for (const TensorSpec& spec : model.inputs) {
+    if (model.IsOptionalInput(spec.name) && !(all_optional && !given_one)) continue;
+    given_one = true;
     std::vector<int64_t> shape;
     if (model.batching()) shape.push_back(1);
     for (int64_t d : spec.dims) shape.push_back(d < 0 ? 1 : d);
@@ -81,8 +88,8 @@ HotSpareKeeper::~HotSpareKeeper() {
 Status HotSpareKeeper::Start() {
   std::lock_guard lock(mu_);
   if (started_ || stopping_) return Status::Ok();
-  RETURN_IF_ERROR(
-      model_.StartThread(thread_, finished_, [this] { Loop(); }, "the keeper of the hot spares"));
+  RETURN_IF_ERROR(model_.StartThread(
+      thread_, finished_, [this] { Loop(); }, "the keeper of the hot spares"));
   started_ = true;
   return Status::Ok();
 }

@@ -28,6 +28,7 @@ struct TensorMetadata {
   // Full shape as KServe reports it: -1 for the batch dimension when the
   // model batches (max_batch_size > 0), then the config's dims.
   std::vector<int64_t> shape;
+  bool optional = false;  // an input a request may leave out
 };
 
 struct ModelMetadata {

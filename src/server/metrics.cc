@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <map>
+#include <sstream>
 
 namespace hearth {
 
@@ -139,6 +140,34 @@ std::string PrometheusText(const std::vector<std::pair<std::string, const ModelR
   per_model("hearth_generated_tokens_total", "counter",
             "Token ids in stream responses (the model's token_ids output, INT64).",
             [](const ModelRuntime& m) { return m.stats.stream_tokens.load(); });
+  per_model("hearth_preemptions_total", "counter",
+            "Streams the workers' engines preempted (their KV cache given back; they go on "
+            "later, prefilled again).",
+            [](const ModelRuntime& m) { return m.stats.preemptions.load(); });
+  per_worker("hearth_kv_cache_blocks_used", "gauge",
+             "Blocks of the worker's engine's KV cache in use (backend llm).",
+             [](const WorkerSupervisor& w) { return w.kv_blocks_used(); });
+  per_worker("hearth_kv_cache_blocks", "gauge",
+             "Blocks in the worker's engine's KV cache (backend llm).",
+             [](const WorkerSupervisor& w) { return w.kv_blocks_total(); });
+  family("hearth_stream_first_response_seconds", "histogram",
+         "From a stream's arrival to its first response (time to first token for generation; "
+         "resumed streams not counted).");
+  for (const auto& [model, m] : served) {
+    for (size_t b = 0; b < std::size(ModelStats::kFirstResponseBuckets); ++b) {
+      std::ostringstream le;
+      le << ModelStats::kFirstResponseBuckets[b];
+      sample("hearth_stream_first_response_seconds_bucket",
+             "model=\"" + model + "\",le=\"" + le.str() + "\"",
+             static_cast<double>(m->stats.first_response_bucket[b].load()));
+    }
+    sample("hearth_stream_first_response_seconds_bucket", "model=\"" + model + "\",le=\"+Inf\"",
+           static_cast<double>(m->stats.first_response_count.load()));
+    sample("hearth_stream_first_response_seconds_sum", "model=\"" + model + "\"",
+           static_cast<double>(m->stats.first_response_us.load()) / 1e6);
+    sample("hearth_stream_first_response_seconds_count", "model=\"" + model + "\"",
+           static_cast<double>(m->stats.first_response_count.load()));
+  }
   auto per_placement = [&](const char* name, const char* type, const char* help, auto value) {
     family(name, type, help);
     for (const auto& [model, m] : served)

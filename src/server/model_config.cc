@@ -96,7 +96,8 @@ Result<std::vector<IoConfig>> Ios(const Ctx& c, const YAML::Node& n, const std::
     if (!e.IsMap()) return c.Error(e, f, "must be a map with name, data_type, dims");
     for (const auto& kv : e) {
       ASSIGN_OR_RETURN(std::string key, Key(c, kv.first, f));
-      if (key != "name" && key != "data_type" && key != "dims")
+      if (key != "name" && key != "data_type" && key != "dims" &&
+          (key != "optional" || field != "input"))
         return c.Error(kv.first, f, "unknown field " + Quote(key));
     }
     if (!e["name"] || !e["data_type"] || !e["dims"])
@@ -109,6 +110,12 @@ Result<std::vector<IoConfig>> Ios(const Ctx& c, const YAML::Node& n, const std::
       return c.Error(e["data_type"], f + ".data_type", Quote(type) + " is not a known TYPE_*");
     io.dtype = *dtype;
     ASSIGN_OR_RETURN(io.dims, Dims(c, e["dims"], f + ".dims"));
+    if (e["optional"]) {
+      const YAML::Node o = e["optional"];
+      if (!o.IsScalar() || (o.Scalar() != "true" && o.Scalar() != "false"))
+        return c.Error(o, f + ".optional", "must be true or false");
+      io.optional = o.Scalar() == "true";
+    }
     if (io.name.empty() || io.name.size() > kMaxTensorNameBytes)
       return c.Error(e["name"], f + ".name",
                      "must have 1 to " + std::to_string(kMaxTensorNameBytes) + " bytes");
@@ -458,6 +465,38 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
       return c.Error(t["decoupled"], "model_transaction_policy.decoupled", form);
     m.decoupled = v == "true";
   }
+  // backend: llm is a generation engine: decoupled, batching its streams
+  // itself, with the generate extension's input and outputs unless the
+  // config lists its own, and resumable.
+  if (m.backend == "llm") {
+    if (root["model_transaction_policy"] && !m.decoupled)
+      return c.Error(root["model_transaction_policy"]["decoupled"],
+                     "model_transaction_policy.decoupled",
+                     "backend llm streams its responses: true, or leave it out");
+    m.decoupled = true;
+    if (m.max_batch_size != 0)
+      return c.Error(root["max_batch_size"], "max_batch_size",
+                     "backend llm batches its streams itself (continuous batching): leave "
+                     "max_batch_size out or 0, and set parameters.max_streams");
+    if (m.inputs.empty()) {
+      // A prompt (completions, generate) or a chat (chat completions): each
+      // request gives one of them.
+      m.inputs = {{"text_input", DType::kBytes, {1}, true}, {"messages", DType::kBytes, {1}, true}};
+      m.outputs = {{"text_output", DType::kBytes, {1}},
+                   {"token_ids", DType::kI64, {-1}},
+                   {"prompt_tokens", DType::kI64, {1}},
+                   {"completion_tokens", DType::kI64, {1}},
+                   {"finish_reason", DType::kBytes, {1}}};
+    }
+    m.resumable = std::any_of(m.outputs.begin(), m.outputs.end(), [](const IoConfig& o) {
+      return o.name == "token_ids" && o.dtype == DType::kI64 && o.dims == std::vector<int64_t>{-1};
+    });
+  }
+  for (size_t i = 0; i < m.inputs.size(); ++i)
+    if (m.inputs[i].optional && !m.decoupled)
+      return c.Error(root["input"][i]["optional"], "input[" + std::to_string(i) + "].optional",
+                     "only a decoupled model's inputs may be optional (a batch needs every "
+                     "input of every request)");
   if (const YAML::Node g = root["instance_group"]) {
     if (!g.IsSequence() || g.size() == 0)
       return c.Error(g, "instance_group", "must be a list of {count, kind, gpus}");

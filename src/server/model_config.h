@@ -67,6 +67,10 @@ struct IoConfig {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> dims;  // per sample; -1: any size
+  // An input a request may leave out (Triton's `optional: true`); the model
+  // gets it absent. Decoupled models only: a batch needs every input of
+  // every request.
+  bool optional = false;
 };
 
 // The longest a batch may wait to fill: a request waits at most this long for

@@ -10,10 +10,12 @@ std::string ModelConfigJson(const ModelConfig& c) {
   using nlohmann::json;
   auto ios = [](const std::vector<IoConfig>& list) {
     json out = json::array();
-    for (const IoConfig& io : list)
+    for (const IoConfig& io : list) {
       out.push_back({{"name", io.name},
                      {"data_type", std::string(TritonDataTypeName(io.dtype))},
                      {"dims", io.dims}});
+      if (io.optional) out.back()["optional"] = true;
+    }
     return out;
   };
   json j = {{"name", c.name},

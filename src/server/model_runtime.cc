@@ -145,7 +145,7 @@ ModelMetadata ModelRuntime::metadata() const {
   md.max_batch_size = config().max_batch_size;
   auto convert = [&](const std::vector<TensorSpec>& specs, std::vector<TensorMetadata>* out) {
     for (const TensorSpec& s : specs) {
-      TensorMetadata t{s.name, s.dtype, {}};
+      TensorMetadata t{s.name, s.dtype, {}, out == &md.inputs && IsOptionalInput(s.name)};
       if (md.max_batch_size > 0) t.shape.push_back(-1);
       t.shape.insert(t.shape.end(), s.dims.begin(), s.dims.end());
       out->push_back(std::move(t));

@@ -17,9 +17,9 @@
 #include "hearth/status.h"
 #include "protocol/worker_protocol.h"
 #include "server/device_process_memory.h"
+#include "server/hangup_watcher.h"
 #include "server/hot_spares.h"
 #include "server/inference_api.h"
-#include "server/hangup_watcher.h"
 #include "server/job_queue.h"
 #include "server/model_config.h"
 #include "server/model_stats.h"
@@ -76,6 +76,12 @@ struct ModelRuntime {
   // worker reports, or that worker's where the config lists none. Fixed
   // (under state_mu) before the model is published; read freely after.
   std::vector<TensorSpec> inputs, outputs;
+  // The config lists input `name` as optional (a request may leave it out).
+  bool IsOptionalInput(const std::string& input) const {
+    for (const IoConfig& io : config().inputs)
+      if (io.name == input) return io.optional;
+    return false;
+  }
   bool signature_known = false;
   std::unique_ptr<JobQueue> queue;
   std::vector<std::unique_ptr<WorkerSupervisor>> workers;  // of every placement

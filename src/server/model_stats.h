@@ -34,6 +34,21 @@ struct ModelStats {
   // and token ids in them (the model's token_ids output).
   std::atomic<uint64_t> streams_opened{0}, streams_resumed{0}, stream_responses{0},
       stream_tokens{0};
+  // Streams an engine preempted (gave their KV cache back, to go on later),
+  // as the workers' engines report them (kEngineStats).
+  std::atomic<uint64_t> preemptions{0};
+  // Time from a stream's arrival to its first response (not a resumed
+  // stream's), in seconds: cumulative buckets as Prometheus wants them.
+  static constexpr double kFirstResponseBuckets[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                     0.5,   1,    2.5,   5,    10,  30};
+  std::atomic<uint64_t> first_response_bucket[std::size(kFirstResponseBuckets)] = {};
+  std::atomic<uint64_t> first_response_count{0}, first_response_us{0};
+  void CountFirstResponse(uint64_t us) {
+    first_response_count += 1;
+    first_response_us += us;
+    for (size_t b = 0; b < std::size(kFirstResponseBuckets); ++b)
+      if (static_cast<double>(us) <= kFirstResponseBuckets[b] * 1e6) first_response_bucket[b] += 1;
+  }
   // Triton's statistics: requests answered, by outcome, from arrival to
   // answer; when the last was; and per batch size (index: rows, 1 to
   // max_batch) how many batches ran and their input, run and output times.

@@ -296,7 +296,7 @@ Status ValidateInferRequest(const InferRequest& request, const ModelMetadata& me
     }
   }
   for (const TensorMetadata& expected : metadata.inputs) {
-    if (seen.count(expected.name) == 0) {
+    if (seen.count(expected.name) == 0 && !expected.optional) {
       return InvalidArgument("missing " + InputLabel(expected.name) + " for model " + model);
     }
   }

@@ -63,6 +63,11 @@ void Server::Impl::InferOn(InferRequest request,
     auto it = std::find_if(request.inputs.begin(), request.inputs.end(),
                            [&](const InferTensor& t) { return t.name == spec.name; });
     const std::string what = "input '" + spec.name + "'";
+    if (it == request.inputs.end()) {
+      // An optional input left out (admission let nothing else through).
+      job->shape_key.push_back(-2);
+      continue;
+    }
     if (i == 0) batch = batching ? it->shape[0] : 1;
     control::SlotTensor t{0, SlotBytesOf(*it), it->shape};
     if (Status s =

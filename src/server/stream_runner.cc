@@ -136,10 +136,17 @@ bool StreamRunner::Open(const std::shared_ptr<Job>& job) {
   // Inputs one after the other, 64-byte aligned, then the resume tokens.
   std::vector<const InferTensor*> tensors;
   uint64_t bytes = 0;
-  for (const TensorSpec& spec : model_.inputs) {
+  for (size_t i = 0; i < model_.inputs.size(); ++i) {
+    const TensorSpec& spec = model_.inputs[i];
     auto it = std::find_if(job->request.inputs.begin(), job->request.inputs.end(),
                            [&](const InferTensor& t) { return t.name == spec.name; });
-    if (it == job->request.inputs.end() || (it->shm && it->shm->cuda))
+    if (it == job->request.inputs.end() && i < model_.optional.size() && model_.optional[i]) {
+      tensors.push_back(nullptr);  // absent
+      continue;
+    }
+    if (it == job->request.inputs.end())
+      return answer(InvalidArgument("input '" + spec.name + "' is missing"));
+    if (it->shm && it->shm->cuda)
       return answer(InvalidArgument("input '" + spec.name +
                                     "': a stream's inputs cannot be in CUDA shared memory"));
     tensors.push_back(&*it);
@@ -160,14 +167,18 @@ bool StreamRunner::Open(const std::shared_ptr<Job>& job) {
   open.parameters_json = job->request.parameters_json;
   uint64_t at = *region;
   for (const InferTensor* t : tensors) {
+    if (t == nullptr) {
+      open.inputs.push_back({0, 0, {}});
+      continue;
+    }
     at = AlignUp(at);
     const auto data = t->data.bytes();
     if (!data.empty()) std::memcpy(slot_.data() + at, data.data(), data.size());
     open.inputs.push_back({at, data.size(), t->shape});
     at += data.size();
   }
-  open.resume = {*region + resume_at, resume_bytes,
-                 {static_cast<int64_t>(progress.token_ids.size())}};
+  open.resume = {
+      *region + resume_at, resume_bytes, {static_cast<int64_t>(progress.token_ids.size())}};
   if (resume_bytes > 0)
     std::memcpy(slot_.data() + open.resume.offset, progress.token_ids.data(), resume_bytes);
   if (progress.token_ids.empty()) open.resume.offset = 0;
@@ -289,6 +300,10 @@ bool StreamRunner::HandleResponse(control::Response& r) {
     stats_.stream_tokens +=
         outputs[static_cast<size_t>(model_.counted_tokens)]->data.size() / sizeof(int64_t);
   stats_.stream_responses += 1;
+  if (progress.responses == 0)
+    stats_.CountFirstResponse(static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - job.received)
+            .count()));
   ++progress.responses;
   const bool streaming = static_cast<bool>(job.request.on_response);
   if (!streaming) {
@@ -332,8 +347,7 @@ bool StreamRunner::HandleResponse(control::Response& r) {
     }
     stats_.requests += 1;
     stats_.request_us += static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - job.received)
-            .count());
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - job.received).count());
     job.done(StreamResponse(model_, job, whole));
     Finish(it);
     return true;
@@ -341,8 +355,7 @@ bool StreamRunner::HandleResponse(control::Response& r) {
   if (r.final) {
     stats_.requests += 1;
     stats_.request_us += static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - job.received)
-            .count());
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - job.received).count());
     job.done(StreamResponse(model_, job, outputs));
     Finish(it);
     return true;
@@ -390,6 +403,17 @@ bool StreamRunner::Pump(int timeout_ms) {
       case control::Kind::kRingGrow:
         ok = GrowRing(m->ring_grow.bytes);
         break;
+      case control::Kind::kEngineStats: {
+        // Preemptions count up over the worker's life: a smaller count is a
+        // broken worker's, and is not taken.
+        const uint64_t had = engine_stats_.preemptions;
+        engine_stats_ = m->engine_stats;
+        if (engine_stats_.preemptions > had)
+          stats_.preemptions += engine_stats_.preemptions - had;
+        else
+          engine_stats_.preemptions = had;
+        break;
+      }
       case control::Kind::kDone:
         // Fail(): the worker says why it stops.
         return Gone("stopped: " + m->done.text, false);

@@ -63,6 +63,9 @@ struct StreamModel {
   std::string name;
   std::string version;
   std::span<const TensorSpec> inputs, outputs;
+  // Per input: a request may leave it out (it reaches the worker absent:
+  // no bytes and no shape). Empty: none is optional.
+  std::vector<bool> optional;
   bool batching = false;  // tensors have a batch dimension (of 1)
   // The output `token_ids` (INT64 [-1]) of a model that resumes streams
   // (parameters.resumable); -1: a stream whose worker died after it sent
@@ -121,6 +124,8 @@ class StreamRunner {
 
   const std::string& why() const { return why_; }
   uint64_t responses() const { return responses_; }  // taken from this worker
+  // What the worker's engine last said it holds (kEngineStats; zero until it does).
+  const control::EngineStats& engine_stats() const { return engine_stats_; }
   bool malformed() const { return malformed_; }
 
  private:
@@ -154,6 +159,7 @@ class StreamRunner {
   Clock::time_point last_heard_ = Clock::now();
   std::string why_;
   bool malformed_ = false;
+  control::EngineStats engine_stats_;
   uint64_t responses_ = 0;
 };
 

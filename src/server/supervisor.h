@@ -80,6 +80,9 @@ class WorkerSupervisor {
   uint64_t device_memory_bytes() const { return device_memory_bytes_.load(); }
   // A decoupled model's worker: the streams it holds now.
   uint64_t streams_in_flight() const { return streams_in_flight_.load(); }
+  // The blocks of its engine's KV cache in use and in all (0 without one).
+  uint64_t kv_blocks_used() const { return kv_blocks_used_.load(); }
+  uint64_t kv_blocks_total() const { return kv_blocks_total_.load(); }
 
  private:
   void Loop();
@@ -129,6 +132,7 @@ class WorkerSupervisor {
   // worker winding down after serving is left to finish, e.g. finalize()).
   std::atomic<bool> starting_{false};
   std::atomic<uint64_t> restarts_{0}, device_memory_bytes_{0}, streams_in_flight_{0};
+  std::atomic<uint64_t> kv_blocks_used_{0}, kv_blocks_total_{0};
   bool settled_ = false;  // supervisor thread only
   WorkerProcess dying_;   // see ReapDying; supervisor thread only
   RequestSlot slot_;

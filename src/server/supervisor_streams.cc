@@ -41,6 +41,7 @@ StreamModel StreamModelOf(const ModelRuntime& m) {
   model.inputs = m.inputs;
   model.outputs = m.outputs;
   model.batching = m.batching();
+  for (const TensorSpec& in : m.inputs) model.optional.push_back(m.IsOptionalInput(in.name));
   for (size_t i = 0; i < m.outputs.size(); ++i) {
     if (m.outputs[i].name != "token_ids" || m.outputs[i].dtype != DType::kI64) continue;
     model.counted_tokens = static_cast<int>(i);
@@ -62,6 +63,8 @@ bool WorkerSupervisor::ServeStreams(int control, const control::Ready& ready,
                  what, runner.in_flight());
     runner.Abandon(what);
     streams_in_flight_ = 0;
+    kv_blocks_used_ = 0;
+    kv_blocks_total_ = 0;
     return false;
   };
   if (!runner.Begin(ring)) return lost(runner.why());
@@ -90,8 +93,8 @@ bool WorkerSupervisor::ServeStreams(int control, const control::Ready& ready,
     while (!held_back && runner.has_room()) {
       const uint64_t mine = runner.in_flight();
       if (mine > 0 && !FewestStreams(mine)) break;
-      std::vector<std::shared_ptr<Job>> jobs = model_.queue->PopBatch(
-          model_.policy, std::chrono::milliseconds(mine == 0 ? 100 : 0));
+      std::vector<std::shared_ptr<Job>> jobs =
+          model_.queue->PopBatch(model_.policy, std::chrono::milliseconds(mine == 0 ? 100 : 0));
       if (jobs.empty()) {
         drained = model_.stopping && model_.queue->closed() && model_.queue->size() == 0;
         break;
@@ -117,6 +120,8 @@ bool WorkerSupervisor::ServeStreams(int control, const control::Ready& ready,
       pollfd p{control, POLLIN, 0};
       if (::poll(&p, 1, held_back ? 100 : 0) > 0) {
         if (!runner.Pump(0)) return lost(runner.why() == "died" ? "died while idle" : runner.why());
+        kv_blocks_used_ = runner.engine_stats().kv_blocks_used;
+        kv_blocks_total_ = runner.engine_stats().kv_blocks_total;
       }
       continue;
     }
@@ -125,10 +130,11 @@ bool WorkerSupervisor::ServeStreams(int control, const control::Ready& ready,
     const auto now = Clock::now();
     int timeout = std::min(kCancelCheckMs, MillisUntil(runner.NextDeadline(), now));
     if (options_.exec_timeout_ms > 0) {
-      const auto hung_at = runner.last_heard() + std::chrono::milliseconds(options_.exec_timeout_ms);
+      const auto hung_at =
+          runner.last_heard() + std::chrono::milliseconds(options_.exec_timeout_ms);
       if (now >= hung_at)
-        return lost("said nothing for --exec-timeout (" +
-                    std::to_string(options_.exec_timeout_ms) + " ms)");
+        return lost("said nothing for --exec-timeout (" + std::to_string(options_.exec_timeout_ms) +
+                    " ms)");
       timeout = std::min(timeout, MillisUntil(hung_at, now));
     }
     pollfd fds[2] = {{control, POLLIN, 0}, {wake.valid() ? wake.get() : -1, POLLIN, 0}};
@@ -141,6 +147,8 @@ bool WorkerSupervisor::ServeStreams(int control, const control::Ready& ready,
     if (n > 0 && fds[0].revents != 0) {
       if (!runner.Pump(0)) return lost(runner.why());
       streams_in_flight_ = runner.in_flight();
+      kv_blocks_used_ = runner.engine_stats().kv_blocks_used;
+      kv_blocks_total_ = runner.engine_stats().kv_blocks_total;
       if (!*answered && runner.responses() > 0) {
         *answered = true;
         NoteAnswered(false);

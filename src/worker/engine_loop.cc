@@ -104,10 +104,27 @@ Status Open(WorkerSession& session, Engine& engine, SessionSink& sink, uint64_t 
   return session.StreamRespond(id, true, added).status();
 }
 
+// The engine's counters go to the server when they changed, at most once
+// every kStatsEvery steps while it is busy, and when it falls idle.
+constexpr int kStatsEvery = 32;
+
+Status MaybeSendCounters(WorkerSession& session, const Engine& engine, EngineCounters& sent,
+                         int& steps) {
+  const EngineCounters now = engine.counters();
+  if (now == sent) return Status::Ok();
+  if (engine.busy() && ++steps < kStatsEvery) return Status::Ok();
+  steps = 0;
+  sent = now;
+  return session.SendEngineStats({now.kv_blocks_used, now.kv_blocks_total, now.preemptions});
+}
+
 }  // namespace
 
 Status ServeStreams(WorkerSession& session, Engine& engine) {
   SessionSink sink(session);
+  EngineCounters sent;
+  int steps = 0;
+  RETURN_IF_ERROR(MaybeSendCounters(session, engine, sent, steps));
   for (;;) {
     ASSIGN_OR_RETURN(const WorkerSession::StreamEvent event,
                      session.NextStreamEvent(engine.busy() ? 0 : -1));
@@ -132,6 +149,7 @@ Status ServeStreams(WorkerSession& session, Engine& engine) {
       stepped = Internal("the engine's step left its response to request " +
                          std::to_string(*sink.building()) + " unsent");
     if (!stepped.ok()) RETURN_IF_ERROR(sink.EndAll(engine, stepped));
+    RETURN_IF_ERROR(MaybeSendCounters(session, engine, sent, steps));
   }
 }
 

@@ -8,12 +8,12 @@
 #pragma once
 
 #include <chrono>
-#include <deque>
-#include <optional>
 #include <cstddef>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -146,6 +146,8 @@ class WorkerSession {
   // Room in the response ring for output i of the response being built for
   // `id`, as Output() for a batch. The room is valid until that response is
   // sent; one response is built at a time.
+  // The engine's counters, for the server's metrics (kEngineStats).
+  Status SendEngineStats(const control::EngineStats& stats);
   Result<std::byte*> StreamOutput(uint64_t id, size_t i, std::span<const int64_t> shape,
                                   uint64_t bytes);
   // Sends the response built for `id` (the outputs given room since its
@@ -154,6 +156,7 @@ class WorkerSession {
   // responses is out. False: `id` is not open (it was cancelled): nothing
   // was sent.
   Result<bool> StreamRespond(uint64_t id, bool final, const Status& status = Status::Ok());
+
  private:
   WorkerSession(UniqueFd control, UniqueFd slot, SlotHooks hooks)
       : control_(std::move(control)), slot_fd_(std::move(slot)), hooks_(std::move(hooks)) {}

@@ -28,9 +28,12 @@ Status WorkerSession::OpenStream(control::Open open) {
   RETURN_IF_ERROR(MapSlot(open.slot_bytes));
   for (size_t i = 0; i < inputs_.size(); ++i) {
     const std::string name = what + ": input " + Describe(inputs_[i]);
+    // An optional input the request left out: no bytes and no shape (no
+    // tensor has both: a scalar holds at least one element's bytes).
+    if (open.inputs[i].bytes == 0 && open.inputs[i].shape.empty()) continue;
     RETURN_IF_ERROR(control::CheckShape(inputs_[i], batching(), 1, open.inputs[i].shape, name));
-    RETURN_IF_ERROR(control::CheckSlotTensor(open.inputs[i], inputs_[i].dtype, 0, mapped_bytes_,
-                                             slot_, name));
+    RETURN_IF_ERROR(
+        control::CheckSlotTensor(open.inputs[i], inputs_[i].dtype, 0, mapped_bytes_, slot_, name));
   }
   if (open.resume.bytes > 0)
     RETURN_IF_ERROR(control::CheckSlotTensor(open.resume, DType::kI64, 0, mapped_bytes_, slot_,
@@ -85,13 +88,13 @@ Status WorkerSession::TakeStreamMessage(int timeout_ms, bool* nothing) {
     case control::Kind::kCancel:
       // Ended from NextStreamEvent, where no response is being built.
       for (uint64_t id : m->cancel.ids)
-        if (requests_.count(id) != 0 && cancels_.size() < control::kMaxStreams) cancels_.push_back(id);
+        if (requests_.count(id) != 0 && cancels_.size() < control::kMaxStreams)
+          cancels_.push_back(id);
       return Status::Ok();
     case control::Kind::kCredit:
       if (m->credit.responses > untaken_.size())
         return InvalidArgument("a credit for " + std::to_string(m->credit.responses) +
-                               " responses; " + std::to_string(untaken_.size()) +
-                               " are not taken");
+                               " responses; " + std::to_string(untaken_.size()) + " are not taken");
       for (uint32_t i = 0; i < m->credit.responses; ++i) {
         taken_ = untaken_.front();
         untaken_.pop_front();
@@ -177,7 +180,8 @@ Status WorkerSession::WaitForRing(uint64_t needed) {
     std::vector<std::byte> kept;
     for (size_t i = 0; i < built_.size(); ++i)
       if (built_present_[i])
-        kept.insert(kept.end(), slot_ + built_[i].offset, slot_ + built_[i].offset + built_[i].bytes);
+        kept.insert(kept.end(), slot_ + built_[i].offset,
+                    slot_ + built_[i].offset + built_[i].bytes);
     RETURN_IF_ERROR(control::SendRingGrow(control_.get(), control::RingGrow{want}));
     asked_ring_ = true;
     while (asked_ring_) RETURN_IF_ERROR(TakeStreamMessage(-1, &nothing));
@@ -200,6 +204,10 @@ Status WorkerSession::WaitForRing(uint64_t needed) {
     building_from_ = 0;
     written_ = at_new;
   }
+}
+
+Status WorkerSession::SendEngineStats(const control::EngineStats& stats) {
+  return control::SendEngineStats(control_.get(), stats);
 }
 
 Result<std::byte*> WorkerSession::StreamOutput(uint64_t id, size_t i,

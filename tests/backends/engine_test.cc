@@ -7,68 +7,18 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <cstring>
 #include <map>
 #include <vector>
 
 #include "backends/c_engine.h"
 #include "backends/registry.h"
+#include "engine_test_support.h"
 
 namespace hearth {
 namespace {
 
-// What a worker would send: per request, the numbers of its responses and
-// whether the last was final or an error.
-class RecordingSink final : public ResponseSink {
- public:
-  struct Stream {
-    std::vector<int64_t> numbers;
-    std::vector<std::vector<int64_t>> shapes;
-    bool final = false;
-    Status error = Status::Ok();
-  };
-
-  Result<std::byte*> Output(uint64_t id, size_t i, std::span<const int64_t> shape,
-                            uint64_t bytes) override {
-    EXPECT_EQ(i, 0u);
-    EXPECT_EQ(bytes, sizeof(int64_t));
-    EXPECT_FALSE(streams[id].final) << "output after the final response of " << id;
-    streams[id].shapes.emplace_back(shape.begin(), shape.end());
-    building = id;
-    return reinterpret_cast<std::byte*>(&room);
-  }
-  Result<bool> End(uint64_t id, bool final, const Status& status) override {
-    Stream& s = streams[id];
-    if (closed.count(id) != 0) return false;
-    if (building == id) s.numbers.push_back(room);
-    building = 0;
-    s.final = final || !status.ok();
-    s.error = status;
-    ++responses;
-    return true;
-  }
-
-  std::map<uint64_t, Stream> streams;
-  std::map<uint64_t, bool> closed;  // ids the worker no longer holds (End says false)
-  uint64_t building = 0;
-  int64_t room = 0;
-  int responses = 0;
-};
-
-struct CountRequest {
-  int64_t n;
-  std::vector<int64_t> shape = {1};
-  std::vector<EngineInput> inputs;
-  std::string parameters;
-  std::vector<int64_t> resume;
-
-  explicit CountRequest(int64_t count, std::string params = "", std::vector<int64_t> tokens = {})
-      : n(count), parameters(std::move(params)), resume(std::move(tokens)) {}
-  EngineRequest view() {
-    inputs = {{std::as_bytes(std::span<const int64_t>(&n, 1)), shape}};
-    return {inputs, parameters, resume};
-  }
-};
+using testing::CountRequest;
+using testing::RecordingSink;
 
 std::unique_ptr<Engine> MustCount(uint32_t max_streams = 8,
                                   std::map<std::string, std::string> parameters = {}) {
@@ -308,6 +258,11 @@ const HearthEngineTable kTable = {
       return Answer(H(h).count->Step(s), error, size);
     },
     [](void* h) { return H(h).count->busy() ? 1 : 0; },
+    [](void*, uint64_t* used, uint64_t* total, uint64_t* preemptions) {
+      *used = 3;
+      *total = 64;
+      *preemptions = 1;
+    },
 };
 
 void* Create(bool* destroyed) {
@@ -335,6 +290,7 @@ TEST(CEngine, APluginsEngineServesThroughTheCTable) {
     EXPECT_EQ(engine.outputs(), (std::vector<IoSpec>{{"token_ids", DType::kI64, {-1}}}));
     EXPECT_EQ(engine.capacity(), 3u);
     EXPECT_EQ(engine.device_memory_bytes(), 12345u);
+    EXPECT_EQ(engine.counters(), (EngineCounters{3, 64, 1}));
     CountRequest a(3, R"({"start": 5})"), b(4, "", {0, 1}), c(9), bad(0);
     ASSERT_TRUE(engine.Add(1, a.view()).ok());
     ASSERT_TRUE(engine.Add(2, b.view()).ok());

@@ -393,6 +393,13 @@ TEST(WorkerProtocol, StreamMessagesRoundTripAndAreChecked) {
   EXPECT_EQ(grow->ring_grow.bytes, 8u << 20);
   ASSERT_TRUE(SendRingGrow(p.a.get(), RingGrow{0}).ok());
   EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "ring-grow message for 0"));
+
+  ASSERT_TRUE(SendEngineStats(p.a.get(), EngineStats{120, 4096, 3}).ok());
+  auto stats = ReceiveKind(p.b.get(), 1000, {Kind::kEngineStats});
+  ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+  EXPECT_EQ(stats->engine_stats, (EngineStats{120, 4096, 3}));
+  ASSERT_TRUE(SendEngineStats(p.a.get(), EngineStats{4097, 4096, 0}).ok());
+  EXPECT_TRUE(Contains(Receive(p.b.get(), 1000).status(), "4097 of 4096 KV blocks"));
 }
 
 TEST(WorkerProtocol, ShapesMatchTheSpecWithVariableDimensions) {

@@ -118,10 +118,13 @@ def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("generate")
     root = tmp / "repo"
     version = tiny_repository.write(root, "tiny", workers=2, kind=KIND)
-    tiny_repository.write(root, "tiny_chat", workers=1, kind=KIND, inputs=("messages",))
+    # Both inputs, each optional: the chat and the completions endpoints both serve it.
+    tiny_repository.write(root, "tiny_chat", workers=1, kind=KIND,
+                          inputs=("text_input", "messages"))
+    tiny_repository.write(root, "chat_only", workers=1, kind=KIND, inputs=("messages",))
     paced = {name: write_paced(root, name) for name in ("paced_a", "paced_b", "paced_one")}
     state = start_serve(tmp, root)
-    for model in ("tiny", "tiny_chat", *paced):
+    for model in ("tiny", "tiny_chat", "chat_only", *paced):
         wait_for(lambda m=model: requests.get(f"{state['url']}/v2/models/{m}/ready").status_code == 200,
                  f"{model} ready", timeout=120)
     config = json.loads((version / "config.json").read_text())
@@ -296,13 +299,26 @@ def test_openai_chat_completions_field_by_field(served):
     assert choice["finish_reason"] == "stop"
 
 
+def test_optional_inputs_let_one_model_serve_prompts_and_chats(served):
+    want = list(tiny.tokens(served["decoder"], tiny.prompt_tokens("Hello"), 8))
+    r = post(served, "/v1/completions", {"model": "tiny_chat", "prompt": "Hello", "max_tokens": 8})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == text_of(want)
+    # The model config says which inputs are optional, as Triton's does.
+    config = requests.get(f"{served['url']}/v2/models/tiny_chat/config", timeout=10).json()
+    assert [i.get("optional") for i in config["input"]] == [True, True]
+    # A required input left out is still refused by name.
+    r = post(served, "/v2/models/tiny/infer", {"inputs": [], "parameters": {"max_tokens": 2}})
+    assert r.status_code == 400 and "text_input" in r.text, r.text
+
+
 def test_a_model_lacking_messages_gets_a_400_naming_it_on_chat(served):
     r = post(served, "/v1/chat/completions",
              {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}]})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert "messages" in error["message"] and error["type"] == "invalid_request_error"
-    r = post(served, "/v1/completions", {"model": "tiny_chat", "prompt": "Hi"})
+    r = post(served, "/v1/completions", {"model": "chat_only", "prompt": "Hi"})
     assert r.status_code == 400, r.text
     assert "text_input" in r.json()["error"]["message"]
 

@@ -25,6 +25,7 @@ that a stream decoded in a batch of 16 picks exactly what it picks alone
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import threading
 
@@ -258,14 +259,24 @@ parameters:
 """
 
 
-@pytest.fixture(scope="module")
-def counted(tmp_path_factory):
-    from serve_support import write_model
+# On the CPU, the engine is hearth-worker's own; for a KIND_GPU model the
+# worker gets it from libhearth_backends_cuda.so's hearth_create_engine.
+@pytest.fixture(scope="module", params=["KIND_CPU", "KIND_GPU"])
+def counted(request, tmp_path_factory):
+    from serve_support import ON_GPU, write_model
+    kind = request.param
+    if kind == "KIND_GPU" and not ON_GPU:
+        pytest.skip("the KIND_GPU count model runs the CUDA library's count engine: it needs a "
+                    "GPU and HEARTH_TEST_DEVICE=cuda")
     tmp = tmp_path_factory.mktemp("count")
-    write_model(tmp / "repo", "count", COUNT_CONFIG)
+    write_model(tmp / "repo", "count", COUNT_CONFIG.replace("KIND_CPU", kind))
     state = start_serve(tmp, tmp / "repo")
     wait_for(lambda: requests.get(f"{state['url']}/v2/models/count/ready").status_code == 200,
              "count ready", timeout=60)
+    # The worker says where it runs the model.
+    device = "cuda:" if kind == "KIND_GPU" else "cpu"
+    assert re.search(rf"count worker 0 ready: pid \d+ on {device}", state["log"].read_text()), \
+        state["log"].read_text()[-3000:]
     yield state
     code, text = stop_serve(state)
     assert code == 0, text[-3000:]
@@ -297,6 +308,8 @@ def test_a_cpp_engine_holds_many_streams_and_they_outlive_its_worker(counted):
     for (s, n), g in zip(asked, got):
         assert g == list(range(s, s + n))
     assert metric(counted["url"], "hearth_streams_resumed_total", "count") > 0
+    # Each stream's first response timed once (a resumed one not again).
+    assert metric(counted["url"], "hearth_stream_first_response_seconds_count", "count") == 8
     # Triton's statistics extension, with hearth's own stream counts beside its fields.
     r = requests.get(f"{counted['url']}/v2/models/count/stats", timeout=10)
     [stats] = r.json()["model_stats"]

@@ -642,3 +642,71 @@ TEST_F(ModelConfigTest, ListingTakesLinksAndLoopsAsModelsAndSkipsFiles) {
 
 }  // namespace
 }  // namespace hearth
+
+namespace hearth {
+namespace {
+
+TEST_F(ModelConfigTest, BackendLlmIsADecoupledResumableGeneratorInThreeLines) {
+  auto c = LoadModelConfig(Write("llama", R"(backend: llm
+instance_group: [{count: 2, kind: KIND_CPU}]
+parameters: {max_streams: "64"}
+)"));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->decoupled);
+  EXPECT_TRUE(c->resumable);
+  EXPECT_EQ(c->max_batch_size, 0);
+  EXPECT_EQ(c->max_streams, 64);
+  // A prompt or a chat: a request gives one of them.
+  ASSERT_EQ(c->inputs.size(), 2u);
+  EXPECT_EQ(c->inputs[0].name, "text_input");
+  EXPECT_EQ(c->inputs[1].name, "messages");
+  EXPECT_TRUE(c->inputs[0].optional && c->inputs[1].optional);
+  std::vector<std::string> outputs;
+  for (const IoConfig& o : c->outputs) outputs.push_back(o.name);
+  EXPECT_EQ(outputs, (std::vector<std::string>{"text_output", "token_ids", "prompt_tokens",
+                                               "completion_tokens", "finish_reason"}));
+
+  auto batched = LoadModelConfig(Write("llama_b", "backend: llm\nmax_batch_size: 8\n"));
+  ASSERT_FALSE(batched.ok());
+  EXPECT_NE(batched.status().message().find("max_streams"), std::string::npos)
+      << batched.status().ToString();
+  auto coupled = LoadModelConfig(
+      Write("llama_c", "backend: llm\nmodel_transaction_policy: {decoupled: false}\n"));
+  ASSERT_FALSE(coupled.ok());
+  EXPECT_NE(coupled.status().message().find("decoupled"), std::string::npos);
+}
+
+TEST_F(ModelConfigTest, OptionalInputsAreForDecoupledModels) {
+  const std::string io = R"(input:
+  - {name: a, data_type: TYPE_STRING, dims: [1], optional: true}
+  - {name: b, data_type: TYPE_STRING, dims: [1]}
+output:
+  - {name: c, data_type: TYPE_STRING, dims: [1]}
+)";
+  auto streams = LoadModelConfig(
+      Write("opt", "backend: python\nmodel_transaction_policy: {decoupled: true}\n" + io));
+  ASSERT_TRUE(streams.ok()) << streams.status().ToString();
+  EXPECT_TRUE(streams->inputs[0].optional);
+  EXPECT_FALSE(streams->inputs[1].optional);
+  auto batches = LoadModelConfig(Write("opt_b", "backend: python\n" + io));
+  ASSERT_FALSE(batches.ok());
+  EXPECT_NE(batches.status().message().find("input[0].optional"), std::string::npos)
+      << batches.status().ToString();
+  auto output = LoadModelConfig(
+      Write("opt_o",
+            "backend: python\nmodel_transaction_policy: {decoupled: true}\n"
+            "input: [{name: a, data_type: TYPE_STRING, dims: [1]}]\n"
+            "output: [{name: c, data_type: TYPE_STRING, dims: [1], optional: true}]\n"));
+  ASSERT_FALSE(output.ok());
+  EXPECT_NE(output.status().message().find("unknown field 'optional'"), std::string::npos)
+      << output.status().ToString();
+  auto word =
+      LoadModelConfig(Write("opt_w",
+                            "backend: python\nmodel_transaction_policy: {decoupled: true}\n"
+                            "input: [{name: a, data_type: TYPE_STRING, dims: [1], optional: yes}]\n"
+                            "output: [{name: c, data_type: TYPE_STRING, dims: [1]}]\n"));
+  ASSERT_FALSE(word.ok());
+}
+
+}  // namespace
+}  // namespace hearth

@@ -818,6 +818,21 @@ TEST_F(StreamRunnerTest, AWorkerThatAsksForALargerRingGetsOneInsideTheSlot) {
             std::vector<std::string>{"big"});
 }
 
+TEST_F(StreamRunnerTest, TheEnginesStatisticsAreKeptAndItsPreemptionsCounted) {
+  Start();
+  ASSERT_TRUE(control::SendEngineStats(worker(), {10, 64, 2}).ok());
+  EXPECT_TRUE(runner_->Pump(0)) << runner_->why();
+  EXPECT_EQ(runner_->engine_stats(), (control::EngineStats{10, 64, 2}));
+  EXPECT_EQ(stats_.preemptions.load(), 2u);
+  ASSERT_TRUE(control::SendEngineStats(worker(), {3, 64, 5}).ok());
+  // A count that goes down is not taken as preemptions.
+  ASSERT_TRUE(control::SendEngineStats(worker(), {3, 64, 1}).ok());
+  EXPECT_TRUE(runner_->Pump(0)) << runner_->why();
+  EXPECT_EQ(stats_.preemptions.load(), 5u);
+  EXPECT_EQ(runner_->engine_stats().kv_blocks_used, 3u);
+  EXPECT_TRUE(Quiet(worker()));
+}
+
 TEST_F(StreamRunnerTest, ARingPastTheLimitIsMalformed) {
   Start(8u << 20);
   ASSERT_TRUE(control::SendRingGrow(worker(), control::RingGrow{(4u << 20) + 64}).ok());

@@ -116,7 +116,9 @@ def write(repo, name="tiny_decoder", workers=2, kind="KIND_CPU", python=None, se
     entries = {"python": python or sys.executable, "torch_threads": "1",
                "max_streams": max_streams, "resumable": "true", **dict(parameters)}
     lines = "".join(f"  {k}: {json.dumps(str(v))}\n" for k, v in entries.items())
-    declared = "".join(f"  - {{name: {name}, data_type: TYPE_STRING, dims: [1]}}\n"
+    # Both: each optional, a request gives one of them (a prompt or a chat).
+    optional = ", optional: true" if len(inputs) > 1 else ""
+    declared = "".join(f"  - {{name: {name}, data_type: TYPE_STRING, dims: [1]{optional}}}\n"
                        for name in inputs)
     (version.parent / "config.yaml").write_text(CONFIG.format(workers=workers, kind=kind,
                                                               inputs=declared, parameters=lines))
@@ -140,7 +142,7 @@ def main(argv=None):
     p.add_argument("--inputs", default="text_input",
                    help="the inputs to declare, comma-separated: text_input (a prompt: /v1/completions, "
                         "generate), messages (a chat: /v1/chat/completions), or both (every request "
-                        "must then give both)")
+                        "declares both optional: a request gives one or the other)")
     p.add_argument("--parameter", action="append", default=[], metavar="KEY=VALUE",
                    help="another entry of the config's parameters (repeatable)")
     a = p.parse_args(argv)

@@ -404,6 +404,8 @@ def request_prompt(inputs, max_tokens, max_positions):
         prompt = prompt_tokens(chat_prompt(listed))
         check(len(prompt))
         return prompt
+    if "text_input" not in inputs:
+        raise RequestError("give text_input (a prompt) or messages (a chat)")
     text = inputs["text_input"].reshape(-1)[0]
     check(len(text) + 1)  # before making a list of it
     return prompt_tokens(text)

@@ -1,0 +1,226 @@
+#include "backends/llm/llm_scheduler.h"
+
+#include <algorithm>
+#include <string>
+
+namespace hearth::llm {
+
+StepBatch PlannedStep::batch() const {
+  StepBatch b;
+  b.tokens = tokens;
+  b.offsets = offsets;
+  b.starts = starts;
+  b.block_tables = block_tables;
+  b.max_blocks = max_blocks;
+  b.sample = sample;
+  b.params = params;
+  b.draw_positions = draw_positions;
+  return b;
+}
+
+void PlannedStep::Clear() {
+  tokens.clear();
+  offsets.assign(1, 0);
+  starts.clear();
+  block_tables.clear();
+  max_blocks = 0;
+  sample.clear();
+  params.clear();
+  draw_positions.clear();
+  sequences.clear();
+  fed.clear();
+}
+
+Result<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerLimits& limits) {
+  const auto bad = [](const std::string& what) {
+    return InvalidArgument("llm scheduler: " + what);
+  };
+  if (limits.block_size < 1 || limits.block_size > 4096)
+    return bad("block_size " + std::to_string(limits.block_size) + " is not from 1 to 4096");
+  if (limits.num_blocks < 1) return bad("the KV pool holds no block");
+  if (limits.max_seqs < 1) return bad("max_seqs " + std::to_string(limits.max_seqs) + " < 1");
+  if (limits.max_tokens_per_step < limits.max_seqs)
+    return bad("max_tokens_per_step " + std::to_string(limits.max_tokens_per_step) +
+               " is under max_seqs " + std::to_string(limits.max_seqs) +
+               " (every running sequence decodes a token a step)");
+  if (limits.max_positions < 2)
+    return bad("max_positions " + std::to_string(limits.max_positions) + " < 2");
+  return std::unique_ptr<Scheduler>(new Scheduler(limits));
+}
+
+Scheduler::Scheduler(const SchedulerLimits& limits) : limits_(limits) {
+  free_.reserve(static_cast<size_t>(limits.num_blocks));
+  // A stack: block 0 is handed out first.
+  for (int32_t b = limits.num_blocks - 1; b >= 0; --b) free_.push_back(b);
+}
+
+int32_t Scheduler::BlocksFor(int64_t tokens) const {
+  return static_cast<int32_t>((tokens + limits_.block_size - 1) / limits_.block_size);
+}
+
+Status Scheduler::Add(std::unique_ptr<Sequence> s) {
+  if (s == nullptr || s->tokens.empty())
+    return InvalidArgument("a sequence needs at least one token");
+  if (sequences_.count(s->id) != 0)
+    return InvalidArgument("sequence " + std::to_string(s->id) + " is held already");
+  if (s->max_tokens < 1 || s->generated() > s->max_tokens)
+    return InvalidArgument("max_tokens " + std::to_string(s->max_tokens) + " for a sequence with " +
+                           std::to_string(s->generated()) + " generated");
+  // The last token drawn is never fed: it needs no position in the cache.
+  const int64_t longest = static_cast<int64_t>(s->prompt_length) + s->max_tokens;
+  if (longest > limits_.max_positions)
+    return InvalidArgument("the prompt's " + std::to_string(s->prompt_length) +
+                           " tokens and max_tokens " + std::to_string(s->max_tokens) +
+                           " come to more than the model's " +
+                           std::to_string(limits_.max_positions) + " positions");
+  if (BlocksFor(longest - 1) > limits_.num_blocks)
+    return InvalidArgument("the prompt's " + std::to_string(s->prompt_length) +
+                           " tokens and max_tokens " + std::to_string(s->max_tokens) + " need " +
+                           std::to_string(BlocksFor(longest - 1)) + " KV blocks of " +
+                           std::to_string(limits_.block_size) + " tokens; the pool has " +
+                           std::to_string(limits_.num_blocks));
+  s->cached = 0;
+  s->blocks.clear();
+  s->running = false;
+  waiting_.push_back(s.get());
+  sequences_.emplace(s->id, std::move(s));
+  return Status::Ok();
+}
+
+Sequence* Scheduler::Find(uint64_t id) {
+  auto it = sequences_.find(id);
+  return it == sequences_.end() ? nullptr : it->second.get();
+}
+
+void Scheduler::Release(Sequence& s) {
+  for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) free_.push_back(*it);
+  s.blocks.clear();
+  s.cached = 0;
+}
+
+void Scheduler::Remove(uint64_t id) {
+  auto it = sequences_.find(id);
+  if (it == sequences_.end()) return;
+  Sequence* s = it->second.get();
+  Release(*s);
+  running_.erase(std::remove(running_.begin(), running_.end(), s), running_.end());
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), s), waiting_.end());
+  sequences_.erase(it);
+}
+
+void Scheduler::Preempt(Sequence& s) {
+  Release(s);
+  s.running = false;
+  running_.erase(std::remove(running_.begin(), running_.end(), &s), running_.end());
+  waiting_.push_front(&s);
+  ++preemptions_;
+}
+
+bool Scheduler::Reserve(Sequence& s, int64_t tokens) {
+  const int32_t need = BlocksFor(tokens) - static_cast<int32_t>(s.blocks.size());
+  if (need <= 0) return true;
+  if (need > static_cast<int32_t>(free_.size())) return false;
+  for (int32_t i = 0; i < need; ++i) {
+    s.blocks.push_back(free_.back());
+    free_.pop_back();
+  }
+  return true;
+}
+
+bool Scheduler::Plan(PlannedStep& step) {
+  for (;;) {
+    step.Clear();
+    int32_t budget = limits_.max_tokens_per_step;
+    std::vector<std::pair<Sequence*, int32_t>> chosen;  // sequence, tokens fed
+
+    // Decodes: every running sequence with one token left to feed. When
+    // the pool runs dry, the latest admitted gives its blocks back.
+    for (size_t i = 0; i < running_.size();) {
+      Sequence* s = running_[i];
+      if (s->tokens.size() - s->cached != 1) {
+        ++i;
+        continue;
+      }
+      bool fits = Reserve(*s, static_cast<int64_t>(s->tokens.size()));
+      while (!fits) {
+        Sequence* victim = running_.back();
+        Preempt(*victim);
+        if (victim == s) break;
+        fits = Reserve(*s, static_cast<int64_t>(s->tokens.size()));
+      }
+      if (!fits) continue;  // s itself waits now; running_[i] is the next one
+      chosen.emplace_back(s, 1);
+      --budget;
+      ++i;
+    }
+
+    // Prefill chunks: those part way through first, then the queue in order.
+    const auto chunk_for = [&](Sequence& s) -> int32_t {
+      const int64_t left = static_cast<int64_t>(s.tokens.size() - s.cached);
+      const int64_t room =
+          (static_cast<int64_t>(s.blocks.size()) + static_cast<int64_t>(free_.size())) *
+              limits_.block_size -
+          static_cast<int64_t>(s.cached);
+      return static_cast<int32_t>(std::max<int64_t>(0, std::min({left, room, int64_t{budget}})));
+    };
+    for (Sequence* s : running_) {
+      if (budget <= 0) break;
+      if (s->tokens.size() - s->cached <= 1) continue;
+      const int32_t chunk = chunk_for(*s);
+      if (chunk == 0) continue;
+      Reserve(*s, static_cast<int64_t>(s->cached) + chunk);
+      chosen.emplace_back(s, chunk);
+      budget -= chunk;
+    }
+    while (budget > 0 && !waiting_.empty() &&
+           static_cast<int32_t>(running_.size()) < limits_.max_seqs) {
+      Sequence* s = waiting_.front();
+      const int32_t chunk = chunk_for(*s);
+      if (chunk == 0) break;  // first come, first served: the head waits for blocks
+      waiting_.pop_front();
+      s->running = true;
+      s->order = next_order_++;
+      running_.push_back(s);
+      Reserve(*s, static_cast<int64_t>(s->cached) + chunk);
+      chosen.emplace_back(s, chunk);
+      budget -= chunk;
+    }
+
+    if (chosen.empty()) {
+      // Blocks held by sequences part way through their prefill, none able
+      // to go on: the latest admitted gives its blocks back, and we plan
+      // again (a sequence alone always fits: Add checked it).
+      if (running_.empty()) return false;
+      Preempt(*running_.back());
+      continue;
+    }
+
+    for (const auto& [s, n] : chosen)
+      step.max_blocks = std::max(step.max_blocks, static_cast<int32_t>(s->blocks.size()));
+    for (const auto& [s, n] : chosen) {
+      step.sequences.push_back(s);
+      step.fed.push_back(n);
+      step.tokens.insert(step.tokens.end(), s->tokens.begin() + static_cast<ptrdiff_t>(s->cached),
+                         s->tokens.begin() + static_cast<ptrdiff_t>(s->cached) + n);
+      step.offsets.push_back(static_cast<int32_t>(step.tokens.size()));
+      step.starts.push_back(static_cast<int32_t>(s->cached));
+      step.block_tables.insert(step.block_tables.end(), s->blocks.begin(), s->blocks.end());
+      step.block_tables.resize(step.block_tables.size() + step.max_blocks - s->blocks.size(), -1);
+      const bool sample = s->cached + static_cast<size_t>(n) == s->tokens.size();
+      step.sample.push_back(sample ? 1 : 0);
+      step.params.push_back(s->sampling);
+      step.draw_positions.push_back(s->generated());
+    }
+    return true;
+  }
+}
+
+void Scheduler::Commit(const PlannedStep& step, std::span<const int32_t> next) {
+  for (size_t i = 0; i < step.sequences.size(); ++i) {
+    Sequence* s = step.sequences[i];
+    s->cached += static_cast<size_t>(step.fed[i]);
+    if (step.sample[i] != 0) s->tokens.push_back(next[i]);
+  }
+}
+
+}  // namespace hearth::llm

@@ -1,0 +1,115 @@
+// The continuous-batching scheduler of backend: llm: which sequences run in
+// the next step, and which of their tokens, over a pool of KV blocks.
+//
+// Each step decodes one token of every running sequence that has all its
+// tokens but the last in its blocks, and spends what is left of the step's
+// token budget on prompts (chunked prefill): sequences part way through
+// their prefill first, then waiting ones in the order they came. When the
+// pool has no block for a running sequence's next token, the sequence
+// admitted last is preempted: its blocks go back to the pool and it waits
+// at the head of the queue, keeping its tokens, to be prefilled again (prompt
+// and generated tokens together) when blocks free up. A preempted sequence
+// is never failed: a request is refused at Add if even the whole pool could
+// not hold it.
+//
+// Device-independent: it plans a StepBatch (llm_model.h) for an Executor and
+// takes back the tokens drawn. Thread-safety: one thread uses a Scheduler.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backends/llm/llm_model.h"
+#include "hearth/status.h"
+
+namespace hearth::llm {
+
+// A stream being generated, as the scheduler sees it.
+struct Sequence {
+  uint64_t id = 0;
+  std::vector<int32_t> tokens;  // the prompt, then every token generated (resumed ones too)
+  size_t prompt_length = 0;
+  size_t cached = 0;            // tokens whose keys and values are in `blocks`
+  std::vector<int32_t> blocks;  // block ids of positions 0, block_size, ...
+  SamplingParams sampling;
+  int64_t max_tokens = 1;  // tokens it may generate in all
+  uint64_t order = 0;      // when it was last admitted (preemption takes the latest)
+  bool running = false;    // admitted: it may hold blocks and is in steps
+
+  int64_t generated() const { return static_cast<int64_t>(tokens.size() - prompt_length); }
+};
+
+struct SchedulerLimits {
+  int32_t block_size = 16;
+  int32_t num_blocks = 0;             // in the pool
+  int32_t max_seqs = 1;               // sequences in one step
+  int32_t max_tokens_per_step = 512;  // tokens fed in one step, >= max_seqs
+  int32_t max_positions = 0;          // the longest sequence
+};
+
+// What one step runs: the StepBatch's storage, and the sequences in its order.
+struct PlannedStep {
+  std::vector<int32_t> tokens, offsets, starts, block_tables;
+  int32_t max_blocks = 0;
+  std::vector<uint8_t> sample;
+  std::vector<SamplingParams> params;
+  std::vector<int64_t> draw_positions;
+  std::vector<Sequence*> sequences;
+  std::vector<int32_t> fed;  // tokens fed per sequence
+
+  StepBatch batch() const;
+  void Clear();
+};
+
+class Scheduler {
+ public:
+  // InvalidArgument for limits that cannot work (no blocks, a budget under
+  // max_seqs, ...).
+  static Result<std::unique_ptr<Scheduler>> Create(const SchedulerLimits& limits);
+
+  const SchedulerLimits& limits() const { return limits_; }
+  // The blocks a sequence of `tokens` tokens holds.
+  int32_t BlocksFor(int64_t tokens) const;
+  // Queues a sequence (its tokens: the prompt and any resumed ones; it has
+  // at least one). InvalidArgument if the id is held, if it has no token,
+  // or if its prompt and max_tokens could never fit the positions or the
+  // whole pool (the message gives the numbers).
+  Status Add(std::unique_ptr<Sequence> sequence);
+  // Drops a sequence (ended, cancelled), its blocks back to the pool. Ids
+  // not held are ignored.
+  void Remove(uint64_t id);
+  Sequence* Find(uint64_t id);
+
+  // Plans the next step into `step`; false when nothing can run.
+  bool Plan(PlannedStep& step);
+  // After the executor ran `step`: the tokens fed are cached, and each
+  // sampled sequence gets its token (next[i], in the step's order).
+  void Commit(const PlannedStep& step, std::span<const int32_t> next);
+
+  bool busy() const { return !sequences_.empty(); }
+  size_t held() const { return sequences_.size(); }
+  int32_t blocks_used() const { return limits_.num_blocks - static_cast<int32_t>(free_.size()); }
+  uint64_t preemptions() const { return preemptions_; }
+
+ private:
+  explicit Scheduler(const SchedulerLimits& limits);
+  void Preempt(Sequence& s);
+  // Grows s's blocks to cover `tokens` tokens; false (nothing taken) when
+  // the pool has too few.
+  bool Reserve(Sequence& s, int64_t tokens);
+  void Release(Sequence& s);
+
+  SchedulerLimits limits_;
+  std::vector<int32_t> free_;  // free block ids (a stack)
+  std::map<uint64_t, std::unique_ptr<Sequence>> sequences_;
+  std::vector<Sequence*> running_;  // in admission order
+  std::deque<Sequence*> waiting_;
+  uint64_t next_order_ = 0;
+  uint64_t preemptions_ = 0;
+};
+
+}  // namespace hearth::llm
