@@ -1,5 +1,7 @@
 #include "backends/cuda/llm_executor.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -824,8 +826,6 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
 }
 
 Result<cudaGraphExec_t> CudaLlmExecutor::DecodeGraph(int32_t bucket) {
-  GraphExec& slot = graphs_[bucket];
-  if (slot) return slot.get();
   const cudaStream_t s = stream_.get();
   // Thread-local capture: other threads' CUDA calls (other executors, the
   // worker) stay legal meanwhile.
@@ -840,7 +840,7 @@ Result<cudaGraphExec_t> CudaLlmExecutor::DecodeGraph(int32_t bucket) {
   RETURN_IF_ERROR(CudaCheck(ended, what));
   cudaGraphExec_t exec = nullptr;
   RETURN_IF_ERROR(CudaCheck(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate"));
-  slot.reset(exec);
+  graphs_[bucket].reset(exec);
   return exec;
 }
 
@@ -851,8 +851,26 @@ Status CudaLlmExecutor::Queue(const StepPlan& p, std::span<float> logits, bool w
                                 static_cast<size_t>(p.upload_bytes), cudaMemcpyHostToDevice, s),
                 "copy the step's inputs to the device"));
   if (p.bucket > 0) {
-    ASSIGN_OR_RETURN(cudaGraphExec_t graph, DecodeGraph(p.bucket));
-    RETURN_IF_ERROR(CudaCheck(cudaGraphLaunch(graph, s), "cudaGraphLaunch"));
+    const auto captured = graphs_.find(p.bucket);
+    if (captured != graphs_.end() && captured->second) {
+      RETURN_IF_ERROR(CudaCheck(cudaGraphLaunch(captured->second.get(), s), "cudaGraphLaunch"));
+    } else {
+      // A bucket's first step runs eagerly with the graph's shapes (the same
+      // kernels, so the same results), which loads every kernel and lets the
+      // libraries set themselves up outside a capture; then the capture,
+      // which runs nothing, serves the bucket's later steps.
+      RETURN_IF_ERROR(Enqueue(p.bucket, p.bucket, p.bucket * heads_, attention_grid_));
+      if (captured == graphs_.end()) {
+        const Result<cudaGraphExec_t> graph = DecodeGraph(p.bucket);
+        if (!graph.ok()) {
+          if (graph.status().code() == StatusCode::kDeviceLost) return graph.status();
+          // This step is done; the bucket's later ones run eagerly too.
+          spdlog::warn("llm executor on cuda:{}: {}; steps of {} sequences run without a graph",
+                       device_, graph.status().ToString(), p.bucket);
+          graphs_[p.bucket];
+        }
+      }
+    }
   } else {
     profiling_ = cuda_options_.profile;
     next_event_ = 0;

@@ -14,8 +14,9 @@
 //
 // Decode steps (one token per sequence) replay a CUDA graph captured once per
 // batch-size bucket (1, 2, 4, ... up to max_seqs; a step pads to its bucket),
-// after one copy of the step's inputs into the graph's device buffers. Other
-// steps run eagerly. The KV pool (ExecutorOptions) holds blocks of
+// after one copy of the step's inputs into the graph's device buffers; a
+// bucket's first step runs eagerly with the graph's shapes, then the graph
+// is captured. Other steps run eagerly. The KV pool (ExecutorOptions) holds blocks of
 // block_size tokens in the weights' dtype for every layer.
 //
 // Errors: out of device memory is ResourceExhausted; a sticky CUDA error
