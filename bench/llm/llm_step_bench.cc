@@ -329,6 +329,7 @@ int Main(int argc, char** argv) {
           full_floor / median, seqs / (median * 1e-3));
       std::fflush(stdout);
     }
+    std::printf("decode graphs captured: %d\n", e.captured_graphs());
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
   }

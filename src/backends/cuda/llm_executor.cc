@@ -152,6 +152,10 @@ class CudaLlmExecutor final : public CudaExecutor {
   cudaStream_t stream() const override { return stream_.get(); }
   std::vector<KernelTime> LastStepKernelTimes() const override { return kernel_times_; }
   std::string DescribeGemms() const override { return gemms_->Describe(); }
+  int captured_graphs() const override {
+    return static_cast<int>(std::count_if(graphs_.begin(), graphs_.end(),
+                                          [](const auto& g) { return g.second != nullptr; }));
+  }
 
   Status Step(const StepBatch& batch, std::span<int32_t> next) override {
     if (next.size() != batch.num_seqs()) {

@@ -63,6 +63,8 @@ class CudaExecutor : public Executor {
   virtual std::vector<KernelTime> LastStepKernelTimes() const = 0;
   // The cuBLASLt algorithm of each weight shape, one line each.
   virtual std::string DescribeGemms() const = 0;
+  // Decode graphs captured so far (one per batch-size bucket used).
+  virtual int captured_graphs() const = 0;
 };
 
 // The weights are device addresses on device_index in config.dtype (F16 or

@@ -1141,6 +1141,9 @@ TEST_P(LlmCudaExecutorTest, GraphDecodeEqualsEagerDecode) {
     }
     EXPECT_EQ(StepTokens(*g, step), StepTokens(*e, step)) << n << " sequences";
   }
+  // Buckets 8, 4 and 1, each replayed at least once above.
+  EXPECT_EQ(g->captured_graphs(), 3);
+  EXPECT_EQ(e->captured_graphs(), 0);
 }
 
 TEST_P(LlmCudaExecutorTest, RefusesBadStepsAndReportsItsMemory) {
