@@ -14,6 +14,7 @@
 #include "backends/cpu/cpu_backends.h"
 #include "backends/cuda/cuda_backend_abi.h"
 #include "backends/engine.h"
+#include "backends/llm/llm_engine.h"
 #include "backends/model_weights.h"
 #include "backends/plugin.h"
 #include "backends/registry.h"
@@ -251,6 +252,21 @@ std::vector<BackendKind> BuiltinBackendKinds() {
     return CreateCountEngine(options);
   };
   kinds.push_back(std::move(count));
+  BackendKind llm;
+  llm.name = "llm";
+  llm.summary =
+      "generates text from a Hugging Face Llama, Mistral or Qwen2 checkpoint (decoupled; "
+      "continuous batching over a paged KV cache)";
+  llm.create_engine = [](const std::vector<TensorView>& weights, Device device,
+                         const EngineOptions& options) -> Result<std::unique_ptr<Engine>> {
+    if (device.is_cuda()) return CreateCudaEngine("llm", weights, device, options);
+    return llm::CreateLlmEngine(weights, options, /*on_gpu=*/false,
+                                [](const llm::ModelConfig& c, const llm::ModelWeights& w,
+                                   const llm::ExecutorOptions& o) {
+                                  return llm::CreateCpuExecutor(c, w, o);
+                                });
+  };
+  kinds.push_back(std::move(llm));
   BackendKind python;
   python.name = "python";
   python.summary = "the model's model.py in a Python interpreter";

@@ -1,6 +1,7 @@
 #include "backends/llm/llm_engine.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -522,6 +523,9 @@ Result<std::unique_ptr<Engine>> CreateLlmEngine(const std::vector<TensorView>& w
   Setup s;
   s.batching = options.batching;
   ASSIGN_OR_RETURN(s.config, ReadModelConfig(options.version_dir));
+  // What the config reading decided, for the worker's log (its stderr).
+  for (const std::string& note : s.config.notes)
+    std::fprintf(stderr, "backend llm: %s: %s\n", (dir / "config.json").c_str(), note.c_str());
   ASSIGN_OR_RETURN(s.weights, BindWeights(s.config, weights));
   RETURN_IF_ERROR(ChooseSignature(options, s));
   ASSIGN_OR_RETURN(s.tokenizer, Tokenizer::Load((dir / "tokenizer.json").string()));
