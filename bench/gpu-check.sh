@@ -13,11 +13,11 @@
 # grpc_cpp_plugin: -DHEARTH_GRPC_ROOT). bench/gpu-deps.sh makes them all.
 #
 # SECTIONS picks what runs after the build (default: all of them):
-#   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart coldstart multigpu gemm startup suite
+#   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart coldstart multigpu gemm llm-step startup suite
 # (multigpu runs only where nvidia-smi lists 2 GPUs or more.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart coldstart multigpu gemm startup suite"}
+SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart coldstart multigpu gemm llm-step startup suite"}
 want() { case " $SECTIONS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -169,6 +169,11 @@ if want gemm; then
   timeout 200 python3 bench/gemm/torch_mlp.py --iterations 30 >> "$OUT/gemm.log" 2>&1
   grep -E "^(forward|torch)" "$OUT/gemm.log" | grep -E "rows=(1|16|32|64) " 
   grep -E "^kernel" "$OUT/gemm.log" | grep -E "rows=(1|16|32) "
+fi
+if want llm-step; then
+  echo "== the CUDA llm executor: a decode step of a 1B Llama shape by batch size, each kernel at 64 sequences"
+  timeout 400 "$BUILD/bench/llm/llm_step_bench" --iterations 30 > "$OUT/llm-step.log" 2>&1
+  grep -E "^(executor|prefill|decode|kernel)" "$OUT/llm-step.log"
 fi
 if want suite; then
   echo "== throughput and resilience suite beside the torch.multiprocessing baseline"

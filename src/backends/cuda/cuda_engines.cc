@@ -8,6 +8,8 @@
 #include "backends/engine.h"
 #include "backends/engine_abi.h"
 #include "backends/engine_export.h"
+#include "backends/llm/llm_engine.h"
+#include "backends/cuda/llm_executor.h"
 
 namespace hearth {
 namespace {
@@ -17,6 +19,16 @@ constexpr ExportedEngineKind kEngines[] = {
     // touches no device, so that the plug-in path is tested without a model.
     {"count", [](const std::vector<TensorView>&, Device,
                  const EngineOptions& options) { return CreateCountEngine(options); }},
+    // backend: llm (backends/llm/llm_engine.h) with the CUDA executor.
+    {"llm",
+     [](const std::vector<TensorView>& weights, Device device, const EngineOptions& options) {
+       return llm::CreateLlmEngine(
+           weights, options, /*on_gpu=*/true,
+           [index = device.index](const llm::ModelConfig& c, const llm::ModelWeights& w,
+                                  const llm::ExecutorOptions& o) {
+             return llm::CreateCudaExecutor(c, w, index, o);
+           });
+     }},
 };
 
 constexpr ExportedEngines kCudaEngines{HEARTH_CUDA_BACKEND_LIBRARY, kEngines, /*on_host=*/false,

@@ -1,0 +1,376 @@
+// One decode step of the CUDA llm executor on a Llama 3.2 1B shape (hidden
+// 2048, 16 layers, 32 heads, 8 KV heads of 64, intermediate 8192, vocabulary
+// 128256, tied embeddings, bf16), random weights in device memory.
+//
+//   llm_step_bench [--seqs 1,16,64,256] [--context 512] [--iterations 50]
+//                  [--profile-seqs 64] [--temperature 0]
+//
+// Every sequence is prefilled with --context tokens (steps of up to 2048
+// tokens, timed: the prefill rate), then each batch size runs decode steps
+// (CUDA graphs) of one token per sequence, greedy unless --temperature. It
+// prints, per batch size, the median of CUDA-event times around Step (the
+// inputs' upload, the graph, the tokens' download and the host's planning
+// between them) against two floors at 4.0e12 B/s: the weights read once
+// (the step's bytes at batch 1) and the weights plus every sequence's KV
+// cache. Then one step at --profile-seqs sequences kernel by kernel (an
+// eager step with events around each launch), each against the bytes it
+// must move.
+//
+// Lines:
+//   decode seqs=64 context=512 ms=1.234 weight_floor_ms=0.618 of_weight_floor=0.50 ...
+//   kernel seqs=64 name="gemm gate_proj" launches=16 ms=0.321 floor_ms=0.134 of_floor=0.42
+#include <cuda_runtime_api.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/llm_executor.h"
+#include "backends/cuda/llm_kernels.h"
+#include "backends/llm/llm_model.h"
+#include "hearth/arena.h"
+
+namespace hearth::llm {
+namespace {
+
+constexpr double kBandwidth = 4.0e12;  // B/s: the H200's HBM3e, the floor's yardstick
+
+[[noreturn]] void Fail(const std::string& what) {
+  std::fprintf(stderr, "llm_step_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+void Check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) Fail(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+void Check(const Status& s) {
+  if (!s.ok()) Fail(s.ToString());
+}
+
+std::vector<int64_t> ParseList(const std::string& s) {
+  std::vector<int64_t> v;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');) v.push_back(std::stoll(item));
+  return v;
+}
+
+ModelConfig Llama1B() {
+  ModelConfig c;
+  c.family = Family::kLlama;
+  c.architecture = "LlamaForCausalLM";
+  c.hidden_size = 2048;
+  c.intermediate_size = 8192;
+  c.num_layers = 16;
+  c.num_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = 64;
+  c.vocab_size = 128256;
+  c.max_positions = 131072;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 500000.0;
+  c.rope_scaling = {true, 32.0, 1.0, 4.0, 8192};
+  c.tie_word_embeddings = true;
+  c.dtype = DType::kBF16;
+  return c;
+}
+
+// Random device tensors under transformers' names.
+class DeviceModel {
+ public:
+  explicit DeviceModel(const ModelConfig& c) {
+    const int64_t h = c.hidden_size, q = c.num_heads * c.head_dim, kv = c.num_kv_heads * c.head_dim,
+                  im = c.intermediate_size;
+    Add("model.embed_tokens.weight", {c.vocab_size, h}, 0.5f);
+    Add("model.norm.weight", {h}, 1.0f);
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      Add(p + "input_layernorm.weight", {h}, 1.0f);
+      Add(p + "self_attn.q_proj.weight", {q, h}, 0.03f);
+      Add(p + "self_attn.k_proj.weight", {kv, h}, 0.03f);
+      Add(p + "self_attn.v_proj.weight", {kv, h}, 0.03f);
+      Add(p + "self_attn.o_proj.weight", {h, q}, 0.03f);
+      Add(p + "post_attention_layernorm.weight", {h}, 1.0f);
+      Add(p + "mlp.gate_proj.weight", {im, h}, 0.03f);
+      Add(p + "mlp.up_proj.weight", {im, h}, 0.03f);
+      Add(p + "mlp.down_proj.weight", {h, im}, 0.015f);
+    }
+    Check(cudaDeviceSynchronize(), "filling the weights");
+  }
+  ~DeviceModel() {
+    for (const TensorView& t : views_) cudaFree(const_cast<void*>(t.data));
+  }
+  DeviceModel(const DeviceModel&) = delete;
+  DeviceModel& operator=(const DeviceModel&) = delete;
+  const std::vector<TensorView>& views() const { return views_; }
+
+ private:
+  void Add(std::string name, std::vector<int64_t> shape, float scale) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    void* p = nullptr;
+    Check(cudaMalloc(&p, static_cast<size_t>(n) * 2), "cudaMalloc");
+    Check(cuda::LaunchFillRandom(p, n, cuda::ElemType::kBF16, scale, views_.size() + 1, nullptr),
+          "fill");
+    views_.push_back(TensorView{std::move(name), DType::kBF16, std::move(shape), p, 0,
+                                static_cast<uint64_t>(n) * 2, Device::Cuda(0)});
+  }
+  std::vector<TensorView> views_;
+};
+
+// The sequences' state: tokens fed so far and their blocks.
+struct Sequences {
+  int32_t block_size = 16;
+  int32_t blocks_per_seq = 0;
+  std::vector<int32_t> length;
+  std::vector<int32_t> last_token;
+
+  std::vector<int32_t> Table(int i) const {
+    std::vector<int32_t> t(static_cast<size_t>(blocks_per_seq));
+    for (int b = 0; b < blocks_per_seq; ++b) t[static_cast<size_t>(b)] = i * blocks_per_seq + b;
+    return t;
+  }
+};
+
+// A step's arrays.
+struct Step {
+  std::vector<int32_t> tokens, offsets{0}, starts, tables;
+  std::vector<uint8_t> sample;
+  std::vector<SamplingParams> params;
+  std::vector<int64_t> draws;
+  int32_t max_blocks = 0;
+
+  void Add(const std::vector<int32_t>& t, int32_t start, const std::vector<int32_t>& table,
+           bool draw, const SamplingParams& p) {
+    max_blocks = static_cast<int32_t>(table.size());
+    tokens.insert(tokens.end(), t.begin(), t.end());
+    offsets.push_back(static_cast<int32_t>(tokens.size()));
+    starts.push_back(start);
+    tables.insert(tables.end(), table.begin(), table.end());
+    sample.push_back(draw);
+    params.push_back(p);
+    draws.push_back(start);
+  }
+  StepBatch View() const {
+    StepBatch b;
+    b.tokens = tokens;
+    b.offsets = offsets;
+    b.starts = starts;
+    b.block_tables = tables;
+    b.max_blocks = max_blocks;
+    b.sample = sample;
+    b.params = params;
+    b.draw_positions = draws;
+    return b;
+  }
+};
+
+constexpr int32_t kPrefillTokens = 2048;
+
+// Prefills sequences [0, n) with `context` tokens each; returns the seconds.
+double Prefill(Executor& e, Sequences& s, int n, int context, std::mt19937& rng, int64_t vocab) {
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
+  const auto start = std::chrono::steady_clock::now();
+  int i = 0;
+  while (i < n) {
+    Step step;
+    int32_t fed = 0;
+    while (i < n && (fed == 0 || fed + context <= kPrefillTokens)) {
+      std::vector<int32_t> t(static_cast<size_t>(context));
+      for (int32_t& x : t) x = token(rng);
+      step.Add(t, 0, s.Table(i), false, {});
+      s.length[static_cast<size_t>(i)] = context;
+      s.last_token[static_cast<size_t>(i)] = t.back();
+      fed += context;
+      ++i;
+    }
+    std::vector<int32_t> next(step.starts.size());
+    Check(e.Step(step.View(), next));
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// One decode step of sequences [0, n): feeds each its last token.
+void Decode(Executor& e, Sequences& s, int n, const SamplingParams& p) {
+  Step step;
+  for (int i = 0; i < n; ++i) {
+    step.Add({s.last_token[static_cast<size_t>(i)]}, s.length[static_cast<size_t>(i)], s.Table(i),
+             true, p);
+  }
+  std::vector<int32_t> next(static_cast<size_t>(n));
+  Check(e.Step(step.View(), next));
+  for (int i = 0; i < n; ++i) {
+    ++s.length[static_cast<size_t>(i)];
+    s.last_token[static_cast<size_t>(i)] = next[static_cast<size_t>(i)];
+  }
+}
+
+// Bytes each kernel kind must move in one decode step of `seqs` sequences
+// at `context` keys (every launch of the step together).
+double FloorBytes(const std::string& name, const ModelConfig& c, double seqs, double context) {
+  const double h = static_cast<double>(c.hidden_size),
+               im = static_cast<double>(c.intermediate_size),
+               layers = static_cast<double>(c.num_layers), v = static_cast<double>(c.vocab_size),
+               q = static_cast<double>(c.num_heads * c.head_dim),
+               kv = static_cast<double>(c.num_kv_heads * c.head_dim);
+  auto gemm = [&](double n, double k) { return layers * (n * k * 2 + seqs * (n + k) * 2); };
+  if (name == "embed") return seqs * h * 6;
+  if (name == "rmsnorm") return 2 * layers * (seqs * h * 12 + h * 2);
+  if (name == "gemm q_proj") return gemm(q, h);
+  if (name == "gemm k_proj" || name == "gemm v_proj") return gemm(kv, h);
+  if (name == "rope + kv write") return layers * seqs * (2 * q + 3 * kv) * 2;
+  if (name == "attention") return layers * seqs * (context * kv * 2 * 2 + 2 * q * 2);
+  if (name == "attention combine") return layers * seqs * q * (context / 256.0 * 4 + 2);
+  if (name == "gemm o_proj") return gemm(h, q);
+  if (name == "gemm gate_proj" || name == "gemm up_proj") return gemm(im, h);
+  if (name == "swiglu") return layers * seqs * im * 6;
+  if (name == "gemm down_proj") return gemm(h, im);
+  if (name == "final rmsnorm") return seqs * h * 8 + h * 2;
+  if (name == "gemm lm_head") return v * h * 2 + seqs * (h * 2 + v * 4);
+  if (name == "sampling") return seqs * v * 4;
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  std::string seqs_text = "1,16,64,256";
+  int context = 512, iterations = 50, profile_seqs = 64;
+  float temperature = 0.0f;
+  CLI::App app{"llm_step_bench: one decode step of the CUDA llm executor, 1B Llama shape"};
+  app.add_option("--seqs", seqs_text, "batch sizes");
+  app.add_option("--context", context, "tokens prefilled per sequence")->check(CLI::PositiveNumber);
+  app.add_option("--iterations", iterations, "timed steps per batch size")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--profile-seqs", profile_seqs, "batch size of the per-kernel step (0: none)");
+  app.add_option("--temperature", temperature, "0: greedy; else top_p 0.9 sampling");
+  CLI11_PARSE(app, argc, argv);
+  const std::vector<int64_t> seqs_list = ParseList(seqs_text);
+  if (seqs_list.empty() || *std::min_element(seqs_list.begin(), seqs_list.end()) < 1) {
+    Fail("--seqs needs positive batch sizes");
+  }
+  std::string why;
+  if (!CudaAvailable(&why)) Fail("no CUDA device: " + why);
+  Check(cudaSetDevice(0), "cudaSetDevice");
+
+  const ModelConfig config = Llama1B();
+  const DeviceModel model(config);
+  auto bound = BindWeights(config, model.views());
+  if (!bound.ok()) Fail(bound.status().ToString());
+  const ModelWeights& weights = *bound;
+  double weight_bytes = 0;
+  for (const TensorView& t : model.views()) {
+    // The embedding table is read whole by the tied lm_head; the norms too.
+    weight_bytes += static_cast<double>(t.nbytes);
+  }
+  const double kv_bytes_per_token = static_cast<double>(config.num_layers) * 2 *
+                                    static_cast<double>(config.num_kv_heads * config.head_dim) * 2;
+  const SamplingParams params{temperature, temperature > 0 ? 0.9f : 1.0f, 0, 1};
+  const int warmup = 3;
+  const int max_seqs = static_cast<int>(*std::max_element(seqs_list.begin(), seqs_list.end()));
+  std::mt19937 rng(7);
+
+  {
+    Sequences s;
+    // Sequence 0 takes every batch size's steps.
+    const int positions = context + (warmup + iterations) * static_cast<int>(seqs_list.size());
+    s.blocks_per_seq = positions / s.block_size + 1;
+    s.length.assign(static_cast<size_t>(max_seqs), 0);
+    s.last_token.assign(static_cast<size_t>(max_seqs), 0);
+    ExecutorOptions o;
+    o.max_seqs = max_seqs;
+    o.max_tokens_per_step = std::max(kPrefillTokens, context);
+    o.block_size = s.block_size;
+    o.kv_pool_bytes = static_cast<uint64_t>(max_seqs) * static_cast<uint64_t>(s.blocks_per_seq) *
+                      static_cast<uint64_t>(s.block_size) *
+                      static_cast<uint64_t>(kv_bytes_per_token);
+    const auto created = std::chrono::steady_clock::now();
+    auto executor = CreateCudaExecutor(config, weights, 0, o, CudaExecutorOptions{});
+    if (!executor.ok()) Fail(executor.status().ToString());
+    CudaExecutor& e = **executor;
+    std::printf("executor created in %.2f s, device memory %.2f GiB (KV pool %d blocks of %d)\n",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count(),
+                static_cast<double>(e.device_memory_bytes()) / (1 << 30), e.num_blocks(),
+                e.block_size());
+    std::printf("%s", e.DescribeGemms().c_str());
+    const double prefill_s = Prefill(e, s, max_seqs, context, rng, config.vocab_size);
+    std::printf("prefill seqs=%d context=%d s=%.3f tokens_per_s=%.0f\n", max_seqs, context,
+                prefill_s, max_seqs * static_cast<double>(context) / prefill_s);
+    cudaEvent_t start = nullptr, stop = nullptr;
+    Check(cudaEventCreate(&start), "cudaEventCreate");
+    Check(cudaEventCreate(&stop), "cudaEventCreate");
+    for (int64_t n : seqs_list) {
+      const int seqs = static_cast<int>(n);
+      for (int i = 0; i < warmup; ++i) Decode(e, s, seqs, params);
+      std::vector<double> ms;
+      for (int i = 0; i < iterations; ++i) {
+        Check(cudaEventRecord(start, e.stream()), "cudaEventRecord");
+        Decode(e, s, seqs, params);
+        Check(cudaEventRecord(stop, e.stream()), "cudaEventRecord");
+        Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+        float elapsed = 0;
+        Check(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime");
+        ms.push_back(elapsed);
+      }
+      std::sort(ms.begin(), ms.end());
+      const double median = ms[ms.size() / 2];
+      double keys = 0;
+      for (int i = 0; i < seqs; ++i) keys += s.length[static_cast<size_t>(i)];
+      const double weight_floor = weight_bytes / kBandwidth * 1e3;
+      const double full_floor = (weight_bytes + keys * kv_bytes_per_token) / kBandwidth * 1e3;
+      std::printf(
+          "decode seqs=%d context=%d ms=%.4f weight_floor_ms=%.4f of_weight_floor=%.2f "
+          "weight_kv_floor_ms=%.4f of_weight_kv_floor=%.2f tokens_per_s=%.0f\n",
+          seqs, context, median, weight_floor, weight_floor / median, full_floor,
+          full_floor / median, seqs / (median * 1e-3));
+      std::fflush(stdout);
+    }
+    std::printf("decode graphs captured: %d\n", e.captured_graphs());
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+
+  if (profile_seqs > 0) {
+    // A second executor, every step eager with events around each kernel.
+    Sequences s;
+    s.blocks_per_seq = (context + warmup) / s.block_size + 1;
+    s.length.assign(static_cast<size_t>(profile_seqs), 0);
+    s.last_token.assign(static_cast<size_t>(profile_seqs), 0);
+    ExecutorOptions o;
+    o.max_seqs = profile_seqs;
+    o.max_tokens_per_step = std::max(kPrefillTokens, context);
+    o.block_size = s.block_size;
+    o.kv_pool_bytes =
+        static_cast<uint64_t>(profile_seqs) * static_cast<uint64_t>(s.blocks_per_seq) *
+        static_cast<uint64_t>(s.block_size) * static_cast<uint64_t>(kv_bytes_per_token);
+    CudaExecutorOptions co;
+    co.profile = true;
+    auto executor = CreateCudaExecutor(config, weights, 0, o, co);
+    if (!executor.ok()) Fail(executor.status().ToString());
+    CudaExecutor& e = **executor;
+    Prefill(e, s, profile_seqs, context, rng, config.vocab_size);
+    for (int i = 0; i < warmup; ++i) Decode(e, s, profile_seqs, params);
+    double total = 0, total_floor = 0;
+    for (const KernelTime& k : e.LastStepKernelTimes()) {
+      const double floor =
+          FloorBytes(k.name, config, profile_seqs, context + warmup) / kBandwidth * 1e3;
+      total += k.ms;
+      total_floor += floor;
+      std::printf("kernel seqs=%d name=\"%s\" launches=%d ms=%.4f floor_ms=%.4f of_floor=%.2f\n",
+                  profile_seqs, k.name.c_str(), k.launches, k.ms, floor,
+                  k.ms > 0 ? floor / k.ms : 0.0);
+    }
+    std::printf("kernel seqs=%d name=\"all\" ms=%.4f floor_ms=%.4f of_floor=%.2f\n", profile_seqs,
+                total, total_floor, total > 0 ? total_floor / total : 0.0);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace hearth::llm
+
+int main(int argc, char** argv) { return hearth::llm::Main(argc, argv); }

@@ -1,0 +1,82 @@
+// The CUDA executor of backend: llm (llm_model.h): Llama-family decoders
+// (Llama 2/3.x, Mistral, Qwen2; GQA) with F16 or BF16 weights on one GPU.
+// Built into libhearth_backends_cuda.so.
+//
+// A step: embedding gather; per layer RMSNorm (fused with the residual add;
+// the residual stream is float32), the q, k and v GEMMs (three cuBLASLt
+// calls: the weights are the store's read-only mapping, so no fused QKV
+// copy), RoPE fused with the KV cache write, paged attention, the o GEMM,
+// RMSNorm, the gate and up GEMMs, SwiGLU, the down GEMM; then the final
+// RMSNorm and the lm_head GEMM of the sampled rows only, and sampling.
+// llm_kernels.h and llm_gemm.h say how each stays batch invariant: a
+// sequence's tokens and logits do not depend on the other sequences of its
+// step or on how its prompt was chunked.
+//
+// Decode steps (one token per sequence) replay a CUDA graph captured once per
+// batch-size bucket (1, 2, 4, ... up to max_seqs; a step pads to its bucket),
+// after one copy of the step's inputs into the graph's device buffers; a
+// bucket's first step runs eagerly with the graph's shapes, then the graph
+// is captured. Other steps run eagerly. The KV pool (ExecutorOptions) holds blocks of
+// block_size tokens in the weights' dtype for every layer.
+//
+// Errors: out of device memory is ResourceExhausted; a sticky CUDA error
+// DeviceLost (the context is gone: every later call fails the same way).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/llm/llm_model.h"
+
+namespace hearth::llm {
+
+struct CudaExecutorOptions {
+  // Decode steps through captured graphs (else every step runs eagerly).
+  bool cuda_graphs = true;
+  // Time cuBLASLt's candidate algorithms at creation and keep the fastest
+  // over the row counts; else the heuristic's first valid candidate, the
+  // same on every run (tests that compare two executors bit for bit).
+  bool time_gemms = true;
+  // Allow split-K GEMM algorithms (their split count is fixed per weight
+  // shape, so they stay batch invariant).
+  bool allow_split_k = true;
+  // Every step eager, with an event pair around each kernel
+  // (LastStepKernelTimes).
+  bool profile = false;
+};
+
+struct KernelTime {
+  std::string name;  // "attention", "gemm gate_proj", ...
+  int launches = 0;
+  double ms = 0;  // summed over the launches of the last step
+};
+
+class CudaExecutor : public Executor {
+ public:
+  // The stream every step runs on (for events around Step).
+  virtual cudaStream_t stream() const = 0;
+  // With CudaExecutorOptions::profile: the last step's time per kernel, in
+  // the order of their first launch.
+  virtual std::vector<KernelTime> LastStepKernelTimes() const = 0;
+  // The cuBLASLt algorithm of each weight shape, one line each.
+  virtual std::string DescribeGemms() const = 0;
+  // Decode graphs captured so far (one per batch-size bucket used).
+  virtual int captured_graphs() const = 0;
+};
+
+// The weights are device addresses on device_index in config.dtype (F16 or
+// BF16; F32 checkpoints are refused as Unimplemented), read only; they must
+// outlive the executor. head_dim must be 64 or 128.
+Result<std::unique_ptr<Executor>> CreateCudaExecutor(const ModelConfig& config,
+                                                     const ModelWeights& weights, int device_index,
+                                                     const ExecutorOptions& options);
+Result<std::unique_ptr<CudaExecutor>> CreateCudaExecutor(const ModelConfig& config,
+                                                         const ModelWeights& weights,
+                                                         int device_index,
+                                                         const ExecutorOptions& options,
+                                                         const CudaExecutorOptions& cuda_options);
+
+}  // namespace hearth::llm

@@ -1,0 +1,303 @@
+#include "backends/cuda/llm_gemm.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <limits>
+#include <set>
+
+namespace hearth::llm {
+namespace {
+
+using cuda::CudaCheck;
+using cuda::LtCheck;
+
+// 32 MiB: cuBLASLt's recommendation for Hopper; room for the split-K
+// algorithms of the skinny decode GEMMs.
+constexpr uint64_t kWorkspaceBytes = uint64_t{32} << 20;
+constexpr int kCandidatesPerRowCount = 8;
+// Timed runs per candidate and row count, after one warm-up run.
+constexpr int kTimedRuns = 3;
+
+template <typename T>
+Status SetAttr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
+  return LtCheck(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)),
+                 "cublasLtMatmulDescSetAttribute");
+}
+
+// The largest power of two (up to 256) dividing the address.
+uint32_t Alignment(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && address % a != 0) a /= 2;
+  return a;
+}
+
+template <typename T>
+T AlgoConfig(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  T value{};
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, sizeof(value), &written) !=
+      CUBLAS_STATUS_SUCCESS) {
+    return T{};
+  }
+  return value;
+}
+
+bool SameAlgo(const cublasLtMatmulAlgo_t& a, const cublasLtMatmulAlgo_t& b) {
+  return std::memcmp(&a, &b, sizeof(a)) == 0;
+}
+
+std::string ShapeName(const GemmShapeSpec& s) {
+  return s.name + " (" + std::to_string(s.n) + "x" + std::to_string(s.k) + ", up to " +
+         std::to_string(s.max_m) + " rows)";
+}
+
+}  // namespace
+
+Result<std::unique_ptr<GemmSet>> GemmSet::Create(bool bf16, cudaStream_t stream,
+                                                 uint64_t* device_bytes) {
+  std::unique_ptr<GemmSet> set(new GemmSet(bf16, stream));
+  cublasLtHandle_t lt = nullptr;
+  RETURN_IF_ERROR(LtCheck(cublasLtCreate(&lt), "cublasLtCreate"));
+  set->lt_.reset(lt);
+  ASSIGN_OR_RETURN(set->workspace_,
+                   cuda::AllocateDevice(kWorkspaceBytes, "cuBLASLt workspace", device_bytes));
+  return set;
+}
+
+GemmSet::~GemmSet() = default;
+
+Result<cublasLtMatrixLayout_t> GemmSet::Layout(bool f32, uint64_t rows, uint64_t cols) {
+  const auto key = std::make_tuple(f32, rows, cols);
+  const auto it = layouts_.find(key);
+  if (it != layouts_.end()) return it->second.get();
+  const cudaDataType type = f32 ? CUDA_R_32F : bf16_ ? CUDA_R_16BF : CUDA_R_16F;
+  ASSIGN_OR_RETURN(cuda::LtLayout layout,
+                   cuda::CreateLayout(type, rows, cols, static_cast<int64_t>(rows)));
+  cublasLtMatrixLayout_t raw = layout.get();
+  layouts_.emplace(key, std::move(layout));
+  return raw;
+}
+
+Result<int> GemmSet::AddShape(const GemmShapeSpec& spec, const GemmTuning& tuning) {
+  if (spec.n < 1 || spec.k < 1 || spec.max_m < 1 || spec.weights.empty() ||
+      spec.bias != !spec.biases.empty() || spec.x_scratch == nullptr || spec.y_scratch == nullptr) {
+    return Internal("GEMM shape " + ShapeName(spec) + " is malformed");
+  }
+  auto s = std::make_unique<Shape>();
+  s->spec = spec;
+  const cudaDataType ab = bf16_ ? CUDA_R_16BF : CUDA_R_16F;
+  cublasLtMatmulDesc_t desc = nullptr;
+  RETURN_IF_ERROR(LtCheck(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                          "cublasLtMatmulDescCreate"));
+  s->desc.reset(desc);
+  RETURN_IF_ERROR(SetAttr(desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T));
+  RETURN_IF_ERROR(SetAttr(desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N));
+  if (spec.bias) {
+    RETURN_IF_ERROR(SetAttr(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS));
+    // A 16-bit output takes a bias of its own type.
+    RETURN_IF_ERROR(
+        SetAttr(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, spec.f32_out ? CUDA_R_32F : ab));
+    RETURN_IF_ERROR(SetAttr(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, spec.biases.front()));
+  }
+  ASSIGN_OR_RETURN(s->a, cuda::CreateLayout(ab, static_cast<uint64_t>(spec.k),
+                                            static_cast<uint64_t>(spec.n), spec.k));
+  RETURN_IF_ERROR(Choose(*s, tuning).WithContext("GEMM " + ShapeName(spec)));
+  shapes_.push_back(std::move(s));
+  return static_cast<int>(shapes_.size() - 1);
+}
+
+Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
+  const GemmShapeSpec& spec = s.spec;
+  const auto k = static_cast<uint64_t>(spec.k), n = static_cast<uint64_t>(spec.n);
+  const int64_t max_m = spec.max_m;
+  // Row counts whose heuristics propose candidates (and that are timed): the
+  // decode batch sizes first, so that without timing the first valid
+  // candidate is the one the heuristic made for them.
+  std::vector<int64_t> timed;
+  for (int64_t m : tuning.timed_rows) {
+    if (m >= 1 && m <= max_m) timed.push_back(m);
+  }
+  timed.push_back(1);
+  timed.push_back(max_m);
+  {
+    std::vector<int64_t> unique;
+    for (int64_t m : timed) {
+      if (std::find(unique.begin(), unique.end(), m) == unique.end()) unique.push_back(m);
+    }
+    timed = std::move(unique);
+  }
+  // Row counts an algorithm must be valid for: a sample of 1 .. max_m (the
+  // layouts differ only in their column count, which tile-based kernels
+  // take at any size; a failure at a row count not sampled would show as an
+  // error of that step, never as a silently different algorithm).
+  std::set<int64_t> checked(timed.begin(), timed.end());
+  for (int64_t m : {1, 2, 3, 5, 8, 16, 17, 33, 64, 127, 128, 255, 256, 511, 512, 1024, 2048}) {
+    if (m <= max_m) checked.insert(m);
+  }
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  RETURN_IF_ERROR(LtCheck(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate"));
+  cuda::LtPreference owned_pref(pref);
+  uint32_t weight_alignment = 256;
+  for (const void* w : spec.weights) weight_alignment = std::min(weight_alignment, Alignment(w));
+  // x and y are always the executor's buffers (cudaMalloc: 256-byte aligned).
+  const uint32_t buffer_alignment = std::min(Alignment(spec.x_scratch), Alignment(spec.y_scratch));
+  const std::array<std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t>, 4> alignments{{
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, weight_alignment},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, buffer_alignment},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, buffer_alignment},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, buffer_alignment},
+  }};
+  for (const auto& [attr, value] : alignments) {
+    RETURN_IF_ERROR(LtCheck(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)),
+                            "cublasLtMatmulPreferenceSetAttribute"));
+  }
+  const uint64_t workspace = kWorkspaceBytes;
+  RETURN_IF_ERROR(
+      LtCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                   &workspace, sizeof(workspace)),
+              "cublasLtMatmulPreferenceSetAttribute"));
+
+  std::vector<cublasLtMatmulAlgo_t> candidates;
+  for (int64_t m : timed) {
+    ASSIGN_OR_RETURN(cublasLtMatrixLayout_t b, Layout(false, k, static_cast<uint64_t>(m)));
+    ASSIGN_OR_RETURN(cublasLtMatrixLayout_t d, Layout(spec.f32_out, n, static_cast<uint64_t>(m)));
+    std::array<cublasLtMatmulHeuristicResult_t, kCandidatesPerRowCount> results{};
+    int found = 0;
+    RETURN_IF_ERROR(
+        LtCheck(cublasLtMatmulAlgoGetHeuristic(lt_.get(), s.desc.get(), s.a.get(), b, d, d, pref,
+                                               kCandidatesPerRowCount, results.data(), &found),
+                "cublasLtMatmulAlgoGetHeuristic"));
+    for (int i = 0; i < found; ++i) {
+      const auto& r = results[static_cast<size_t>(i)];
+      if (r.state != CUBLAS_STATUS_SUCCESS) continue;
+      if (!tuning.allow_split_k &&
+          AlgoConfig<int32_t>(r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1) {
+        continue;
+      }
+      const bool seen = std::any_of(candidates.begin(), candidates.end(),
+                                    [&](const auto& c) { return SameAlgo(c, r.algo); });
+      if (!seen) candidates.push_back(r.algo);
+    }
+  }
+  std::vector<cublasLtMatmulAlgo_t> valid;
+  for (const auto& algo : candidates) {
+    bool ok = true;
+    for (int64_t m : checked) {
+      ASSIGN_OR_RETURN(cublasLtMatrixLayout_t b, Layout(false, k, static_cast<uint64_t>(m)));
+      ASSIGN_OR_RETURN(cublasLtMatrixLayout_t d, Layout(spec.f32_out, n, static_cast<uint64_t>(m)));
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoCheck(lt_.get(), s.desc.get(), s.a.get(), b, d, d, &algo, &check) !=
+              CUBLAS_STATUS_SUCCESS ||
+          check.workspaceSize > kWorkspaceBytes) {
+        ok = false;
+        break;
+      }
+    }
+    if (ok) valid.push_back(algo);
+  }
+  if (valid.empty()) {
+    return Unimplemented("cuBLASLt offers no algorithm valid for every row count from 1 to " +
+                         std::to_string(max_m) + " (" + std::to_string(candidates.size()) +
+                         " candidates)");
+  }
+  s.algo = valid.front();
+  if (!tuning.time_candidates || valid.size() == 1) return Status::Ok();
+
+  cudaEvent_t start = nullptr, stop = nullptr;
+  RETURN_IF_ERROR(CudaCheck(cudaEventCreate(&start), "cudaEventCreate"));
+  cuda::CudaEvent owned_start(start);
+  RETURN_IF_ERROR(CudaCheck(cudaEventCreate(&stop), "cudaEventCreate"));
+  cuda::CudaEvent owned_stop(stop);
+  const void* weight = spec.weights.front();
+  const void* bias = spec.bias ? spec.biases.front() : nullptr;
+  constexpr double kFailed = std::numeric_limits<double>::infinity();
+  // ms[c][r]: candidate c at row count timed[r].
+  std::vector<std::vector<double>> ms(valid.size(), std::vector<double>(timed.size(), kFailed));
+  for (size_t r = 0; r < timed.size(); ++r) {
+    for (size_t c = 0; c < valid.size(); ++c) {
+      // A candidate that fails to run is never chosen.
+      if (!Matmul(s, valid[c], weight, bias, spec.x_scratch, spec.y_scratch, timed[r]).ok()) {
+        continue;
+      }
+      RETURN_IF_ERROR(CudaCheck(cudaEventRecord(start, stream_), "cudaEventRecord"));
+      for (int i = 0; i < kTimedRuns; ++i) {
+        RETURN_IF_ERROR(
+            Matmul(s, valid[c], weight, bias, spec.x_scratch, spec.y_scratch, timed[r]));
+      }
+      RETURN_IF_ERROR(CudaCheck(cudaEventRecord(stop, stream_), "cudaEventRecord"));
+      RETURN_IF_ERROR(CudaCheck(cudaEventSynchronize(stop), "timing cuBLASLt candidates"));
+      float elapsed = 0;
+      RETURN_IF_ERROR(
+          CudaCheck(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime"));
+      ms[c][r] = elapsed;
+    }
+  }
+  // The summed slowdown against each row count's best.
+  double best_score = kFailed;
+  for (size_t c = 0; c < valid.size(); ++c) {
+    double score = 0;
+    for (size_t r = 0; r < timed.size(); ++r) {
+      double best = kFailed;
+      for (size_t o = 0; o < valid.size(); ++o) best = std::min(best, ms[o][r]);
+      score += ms[c][r] / std::max(best, 1e-6);
+    }
+    if (score < best_score) {
+      best_score = score;
+      s.algo = valid[c];
+    }
+  }
+  return Status::Ok();
+}
+
+Status GemmSet::Matmul(Shape& s, const cublasLtMatmulAlgo_t& algo, const void* weight,
+                       const void* bias, const void* x, void* y, int64_t m) {
+  if (bias != nullptr) {
+    RETURN_IF_ERROR(SetAttr(s.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias));
+  }
+  ASSIGN_OR_RETURN(cublasLtMatrixLayout_t b,
+                   Layout(false, static_cast<uint64_t>(s.spec.k), static_cast<uint64_t>(m)));
+  ASSIGN_OR_RETURN(cublasLtMatrixLayout_t d, Layout(s.spec.f32_out, static_cast<uint64_t>(s.spec.n),
+                                                    static_cast<uint64_t>(m)));
+  const float one = 1.0f, zero = 0.0f;
+  return LtCheck(cublasLtMatmul(lt_.get(), s.desc.get(), &one, weight, s.a.get(), x, b, &zero, y, d,
+                                y, d, &algo, workspace_.get(), kWorkspaceBytes, stream_),
+                 "cublasLtMatmul");
+}
+
+Status GemmSet::Run(int shape, const void* weight, const void* bias, const void* x, void* y,
+                    int64_t m) {
+  if (shape < 0 || static_cast<size_t>(shape) >= shapes_.size()) {
+    return Internal("no GEMM shape #" + std::to_string(shape));
+  }
+  Shape& s = *shapes_[static_cast<size_t>(shape)];
+  if (m < 1 || m > s.spec.max_m || (bias != nullptr) != s.spec.bias) {
+    return Internal("GEMM " + ShapeName(s.spec) + " run with " + std::to_string(m) + " rows" +
+                    (bias != nullptr ? " and a bias" : ""));
+  }
+  return Matmul(s, s.algo, weight, bias, x, y, m).WithContext("GEMM " + s.spec.name);
+}
+
+std::string GemmSet::Describe() const {
+  std::string out;
+  for (const auto& s : shapes_) {
+    out += ShapeName(s->spec) + ": algo " +
+           std::to_string(AlgoConfig<int32_t>(s->algo, CUBLASLT_ALGO_CONFIG_ID)) + " tile " +
+           std::to_string(AlgoConfig<uint32_t>(s->algo, CUBLASLT_ALGO_CONFIG_TILE_ID)) +
+           " stages " +
+           std::to_string(AlgoConfig<uint32_t>(s->algo, CUBLASLT_ALGO_CONFIG_STAGES_ID)) +
+           " split-k " +
+           std::to_string(AlgoConfig<int32_t>(s->algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM)) +
+           " reduction " +
+           std::to_string(AlgoConfig<uint32_t>(s->algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME)) +
+           " swizzle " +
+           std::to_string(AlgoConfig<uint32_t>(s->algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING)) +
+           " custom " +
+           std::to_string(AlgoConfig<uint32_t>(s->algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION)) + "\n";
+  }
+  return out;
+}
+
+}  // namespace hearth::llm

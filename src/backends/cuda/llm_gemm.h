@@ -1,0 +1,113 @@
+// The GEMMs of the CUDA llm executor on cuBLASLt, one algorithm per weight
+// shape for every row count:
+//   y[m, n] = x[m, k] * w[n, k]^T (+ bias[n]),  1 <= m <= max_m,
+// with w a row-major checkpoint weight (out_features x in_features), x and y
+// row-major, F16 or BF16 inputs, F32 accumulation, y in the input type or F32.
+//
+// Layout: cuBLASLt is column-major, and a row-major [R, C] matrix is the
+// column-major [C, R] matrix of its transpose, so the product is run as
+// y^T [n, m] = op_T(w as col-major [k, n]) * (x^T as col-major [k, m]): a TN
+// GEMM whose column-major output is exactly row-major y (as mlp_cuda.cc).
+//
+// Batch invariance: a row of y must have the same bits whatever m is, so
+// that a sequence's tokens do not depend on the batch it runs in. cuBLASLt's
+// own choice varies with m (tile, split-K), so each shape gets one algorithm
+// (tile, stages, split-K count and reduction scheme fixed in it) checked valid
+// for row counts 1 .. max_m and used for all of them. Within one algorithm
+// each output element is one dot product reduced in an order that the
+// algorithm fixes, whatever the other columns of the tile hold. The cost:
+// the algorithm is a compromise over m (chosen by the summed slowdown against
+// each row count's best candidate, timed at a few row counts).
+//
+// Floor: a decode step's GEMMs read their weights once, n * k * 2 bytes over
+// ~4.0e12 B/s (the 1B Llama's 2.47 GB of weights with the tied lm_head:
+// 0.62 ms); from a few hundred rows on, the tensor cores bind instead
+// (2 * m * n * k flops at ~800 TFLOP/s dense bf16).
+//
+// Thread-safety: one thread.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backends/cuda/cuda_util.h"
+#include "hearth/status.h"
+
+namespace hearth::llm {
+
+struct GemmShapeSpec {
+  std::string name;  // for messages and profiles: "q_proj", ...
+  int64_t n = 0, k = 0;
+  int64_t max_m = 0;
+  bool bias = false;
+  bool f32_out = false;  // y in F32 (the logits) instead of the input type
+  // Every weight (and bias) this shape will run with: their alignment bounds
+  // the algorithms, the first is timed.
+  std::vector<const void*> weights;
+  std::vector<const void*> biases;
+  // Scratch of at least max_m x k inputs and max_m x n outputs, for timing.
+  const void* x_scratch = nullptr;
+  void* y_scratch = nullptr;
+};
+
+struct GemmTuning {
+  // Time the candidates (else the heuristic's first valid one: the same on
+  // every run, which tests comparing two executors need).
+  bool time_candidates = true;
+  // Allow split-K algorithms (a fixed split count is still batch invariant).
+  bool allow_split_k = true;
+  // The row counts timed besides 1 and max_m (decode batch sizes).
+  std::vector<int64_t> timed_rows;
+};
+
+class GemmSet {
+ public:
+  // `bf16`: the input type (else F16). The workspace is allocated here and
+  // added to *device_bytes.
+  static Result<std::unique_ptr<GemmSet>> Create(bool bf16, cudaStream_t stream,
+                                                 uint64_t* device_bytes);
+  ~GemmSet();
+  GemmSet(const GemmSet&) = delete;
+  GemmSet& operator=(const GemmSet&) = delete;
+
+  // Adds a shape and chooses its algorithm; returns its index.
+  Result<int> AddShape(const GemmShapeSpec& spec, const GemmTuning& tuning);
+
+  // Queues y = x w^T (+ bias) for m rows on the set's stream. bias must be
+  // given exactly when the shape has one.
+  Status Run(int shape, const void* weight, const void* bias, const void* x, void* y, int64_t m);
+
+  // "q_proj: algo 21 tile 15 stages 8 splitK 1 ..." per shape, for logs.
+  std::string Describe() const;
+
+ private:
+  struct Shape {
+    GemmShapeSpec spec;
+    cuda::LtMatmulDesc desc;
+    cuda::LtLayout a;
+    cublasLtMatmulAlgo_t algo{};
+  };
+
+  GemmSet(bool bf16, cudaStream_t stream) : bf16_(bf16), stream_(stream) {}
+  Result<cublasLtMatrixLayout_t> Layout(bool f32, uint64_t rows, uint64_t cols);
+  Status Matmul(Shape& s, const cublasLtMatmulAlgo_t& algo, const void* weight, const void* bias,
+                const void* x, void* y, int64_t m);
+  Status Choose(Shape& s, const GemmTuning& tuning);
+
+  const bool bf16_;
+  const cudaStream_t stream_;
+  cuda::LtHandle lt_;
+  cuda::DeviceBuffer workspace_;
+  std::vector<std::unique_ptr<Shape>> shapes_;
+  // Column-major layouts by (F32?, rows, cols); ld = rows.
+  std::map<std::tuple<bool, uint64_t, uint64_t>, cuda::LtLayout> layouts_;
+};
+
+}  // namespace hearth::llm
