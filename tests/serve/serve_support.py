@@ -361,6 +361,13 @@ def metric(url, name, model):
     return metrics(url).get(f'{name}{{model="{model}"}}', 0.0)
 
 
+def metric_sum(url, name, model):
+    """The sum of `name` over every sample of `model` (per worker, per device, ...)."""
+    prefix, label = name + "{", f'model="{model}"'
+    return sum(v for k, v in metrics(url).items()
+               if k.startswith(prefix) and label in k[len(prefix):-1].split(","))
+
+
 def events(response):
     """The payloads of a server-sent event stream, as they arrive."""
     data = []
