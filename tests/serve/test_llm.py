@@ -133,6 +133,13 @@ def read(response):
     return text, ids
 
 
+def streams_held(served, model):
+    r = requests.get(f"{served['url']}/v2/hearth/workers", timeout=10)
+    r.raise_for_status()
+    return sum(w["streams"] for m in r.json()["models"] if m["name"] == model
+               for p in m["placements"] for w in p["workers"])
+
+
 def reference_greedy(model, ids, n):
     ids = list(ids)
     out = []
@@ -169,9 +176,18 @@ def test_a_small_kv_pool_preempts_and_every_stream_still_equals_alone(served):
     cases = prompts(8)
     alone = [generate(served, "small", t, max_tokens=48) for t, _ in cases]
     before = metric(served["url"], "hearth_preemptions_total", "small")
+    [pid] = model_workers(served["proc"].pid, "small")
+    # All 8 open on the stopped worker, so that they start together and
+    # outgrow the pool (8 x 4 blocks, of 12).
+    os.kill(pid, signal.SIGSTOP)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        together = list(pool.map(lambda c: read(stream(served, "small", c[0], max_tokens=48)),
-                                 cases))
+        try:
+            futures = [pool.submit(lambda c=c: read(stream(served, "small", c[0], max_tokens=48)))
+                       for c in cases]
+            wait_for(lambda: streams_held(served, "small") == 8, "8 streams open", timeout=60)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        together = [f.result(timeout=300) for f in futures]
     assert together == alone
     # The engine reports its counters when it falls idle.
     wait_for(lambda: metric(served["url"], "hearth_preemptions_total", "small") > before,
