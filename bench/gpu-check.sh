@@ -43,6 +43,7 @@ GRPC_FLAGS=()
 if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHEARTH_CUDA=ON \
         -DHEARTH_CUDA_ARCHITECTURES="90-real;90-virtual" \
         -DHEARTH_XXHASH_INCLUDE_DIR="$PWD/.deps/root/usr/include" -DHEARTH_SIMDJSON_ROOT="$PWD/.deps/simdjson/usr" \
+        -DHEARTH_TEXT_DEPS_ROOT="$PWD/.deps/text" \
         "${GRPC_FLAGS[@]}" &&
       cmake --build "$BUILD" -j "$JOBS"; } > "$OUT/build.log" 2>&1; then
   tail -60 "$OUT/build.log"

@@ -12,9 +12,10 @@
 #              soname (abseil, re2, c-ares); the build takes it with
 #              -DHEARTH_GRPC_ROOT=.gpu/grpc and the binaries find the libraries
 #              there through their RPATH
-#   deps       .deps/root (libxxhash-dev: xxhash.h, for -DHEARTH_XXHASH_INCLUDE_DIR)
-#              and .deps/simdjson (libsimdjson-dev, libsimdjson14, for
-#              -DHEARTH_SIMDJSON_ROOT)
+#   deps       .deps/root (libxxhash-dev: xxhash.h, for -DHEARTH_XXHASH_INCLUDE_DIR),
+#              .deps/simdjson (libsimdjson-dev, libsimdjson14, for
+#              -DHEARTH_SIMDJSON_ROOT) and .deps/text (libpcre2-dev, libutf8proc-dev,
+#              for -DHEARTH_TEXT_DEPS_ROOT)
 #   pyroot     .gpu/pyroot: flask, gunicorn and requests with what they import,
 #              for the Python package's tests and bench/python/gunicorn_gpu.py
 #              (pure Python but markupsafe, which falls back to Python where its
@@ -89,6 +90,11 @@ make_deps() {
   unpack "$ROOT/.deps/root" libxxhash-dev
   find "$ROOT/.deps/root" -name '*.a' -delete
   unpack "$ROOT/.deps/simdjson" libsimdjson-dev libsimdjson14
+  # backend: llm's tokenizer: PCRE2 (with its runtime, which the -dev
+  # package's link points to) and utf8proc, for -DHEARTH_TEXT_DEPS_ROOT.
+  unpack "$ROOT/.deps/text" libpcre2-dev libpcre2-8-0 libutf8proc-dev
+  find "$ROOT/.deps/text" \( -name 'libpcre2-*.a' -o -name 'libpcre2-16*' -o -name 'libpcre2-32*' \
+    -o -name 'libpcre2-posix*' \) -delete
 }
 
 make_pyroot() {
