@@ -36,13 +36,19 @@
 // default Undefined: they print as nothing, are false, iterate as empty, and
 // are an error where a value is needed (arithmetic, attributes, tojson).
 //
-// Known differences from CPython, none of which the chat templates of
-// Llama 2/3/3.1/3.2, Mistral, Qwen2/2.5 or ChatML meet: integers are 64-bit
-// (overflow is an error); upper/lower/title/capitalize change ASCII letters
-// only; repr() of non-ASCII strings escapes a fixed set of non-printable
-// characters; dict.items() gives a list; `str % args` formatting, str.format,
-// recursive loops, call blocks, includes and template inheritance are not
-// supported (parse or render error, never a silent difference).
+// Known differences from jinja2 on CPython, none of which the chat templates
+// of Llama 2/3/3.1/3.2, Mistral, Qwen2/2.5 or ChatML meet: integers are
+// 64-bit (overflow is an error); upper/lower/title/capitalize change ASCII
+// letters only; repr() of non-ASCII strings escapes a fixed set of
+// non-printable characters; map/select/reject/items and dict.items()/keys()/
+// values() give lists (jinja2: generators and views, which print as
+// "<generator object ...>" and fail only when consumed); a subscript of a
+// literal number is an error (jinja2 folds it to an undefined value); a
+// filter or test outside the subset fails the parse even inside an `if`
+// (jinja2 fails only if that branch runs); `str % args` formatting,
+// str.format, recursive loops, call blocks, includes and template
+// inheritance are not supported (parse or render error, never a silent
+// difference).
 #pragma once
 
 #include <cstddef>

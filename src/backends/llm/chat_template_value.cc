@@ -549,8 +549,11 @@ int64_t Length(const Value& v) {
   switch (v.kind()) {
     case Kind::kUndefined:
       return 0;
-    case Kind::kString:
-      return static_cast<int64_t>(CodepointOffsets(v.str()).size() - 1);
+    case Kind::kString: {
+      int64_t n = 0;  // code points: the bytes that do not continue a sequence
+      for (char c : v.str()) n += (static_cast<unsigned char>(c) & 0xc0) != 0x80;
+      return n;
+    }
     case Kind::kList:
       return static_cast<int64_t>(v.list().items.size());
     case Kind::kDict:
