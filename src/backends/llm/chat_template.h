@@ -45,7 +45,8 @@
 // "<generator object ...>" and fail only when consumed); a subscript of a
 // literal number is an error (jinja2 folds it to an undefined value); a
 // filter or test outside the subset fails the parse even inside an `if`
-// (jinja2 fails only if that branch runs); `str % args` formatting,
+// (jinja2 fails only if that branch runs); dict literal keys are strings
+// only; `str % args` formatting,
 // str.format, recursive loops, call blocks, includes and template
 // inheritance are not supported (parse or render error, never a silent
 // difference).
