@@ -178,7 +178,8 @@ Result<ChatTemplateConfig> ParseTokenizerConfig(std::string_view json_text,
 Result<ChatTemplateConfig> ReadTokenizerConfig(const std::string& path) {
   ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path));
   ASSIGN_OR_RETURN(ChatTemplateConfig config, ParseTokenizerConfig(text, path));
-  if (config.chat_template || !config.named_templates.empty()) return config;
+  // transformers reads chat_template.jinja beside the config and lets it
+  // replace whatever template the config holds.
   const size_t slash = path.rfind('/');
   const std::string jinja_path =
       (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) +
@@ -188,6 +189,7 @@ Result<ChatTemplateConfig> ReadTokenizerConfig(const std::string& path) {
   ASSIGN_OR_RETURN(std::string source, ReadWholeFile(jinja_path));
   ASSIGN_OR_RETURN(ChatTemplate parsed, ParseNamed(source, jinja_path, "template"));
   config.chat_template = std::move(parsed);
+  config.named_templates.clear();
   config.template_file = "chat_template.jinja";
   return config;
 }

@@ -31,18 +31,25 @@
 // startswith/endswith upper/lower/title/capitalize replace find/rfind/index
 // count join is*, the dict methods items/keys/values/get, loop.cycle, and
 // the globals range (at most 100000 items, as the sandbox), dict, namespace,
-// raise_exception and strftime_now. A template using a filter or test outside
-// the subset fails to parse, naming it. Undefined values behave as jinja2's
-// default Undefined: they print as nothing, are false, iterate as empty, and
-// are an error where a value is needed (arithmetic, attributes, tojson).
+// raise_exception and strftime_now. Strings made by |safe or |escape are
+// markupsafe's Markup: adding a plain string to one HTML-escapes the plain
+// string, as in Python. A template using a filter or test outside the subset
+// fails to parse, naming it. Undefined values behave as jinja2's default
+// Undefined: they print as nothing, are false, iterate as empty, and are an
+// error where a value is needed (arithmetic, attributes, tojson).
 //
-// Known differences from CPython, none of which the chat templates of
-// Llama 2/3/3.1/3.2, Mistral, Qwen2/2.5 or ChatML meet: integers are 64-bit
-// (overflow is an error); upper/lower/title/capitalize change ASCII letters
-// only; repr() of non-ASCII strings escapes a fixed set of non-printable
-// characters; dict.items() gives a list; `str % args` formatting, str.format,
-// recursive loops, call blocks, includes and template inheritance are not
-// supported (parse or render error, never a silent difference).
+// Known differences from jinja2 on CPython, none of which the chat templates
+// of Llama 2/3/3.1/3.2, Mistral, Qwen2/2.5 or ChatML meet: integers are
+// 64-bit (overflow is an error); upper/lower/title/capitalize change ASCII
+// letters only; repr() of non-ASCII strings escapes a fixed set of
+// non-printable characters; map/select/reject/items and
+// dict.items()/keys()/values() give lists (jinja2 gives generators and views,
+// which print differently and fail only when consumed); a subscript of a
+// literal number is an error (jinja2 folds it to an undefined value); a filter
+// or test outside the subset fails the parse even inside an `if` (jinja2 fails
+// only if that branch runs); dict literal keys are strings only. `str % args`
+// formatting, str.format, recursive loops, call blocks, includes and template
+// inheritance are not supported: they fail the parse or the render.
 #pragma once
 
 #include <cstddef>
@@ -155,9 +162,9 @@ struct ChatTemplateConfig {
   nlohmann::ordered_json SpecialTokens() const;
 };
 
-// Reads tokenizer_config.json at `path`. When it has no "chat_template", a
-// chat_template.jinja in the same directory is used (newer transformers save
-// the template there). NotFound when the file is missing; InvalidArgument
+// Reads tokenizer_config.json at `path`. A chat_template.jinja in the same
+// directory replaces the config's template(s), as in transformers (which
+// saves templates there since 4.50). NotFound when the file is missing; InvalidArgument
 // naming the file and the field for malformed JSON, fields of the wrong
 // type, or a template that fails to parse ("tokenizer_config.json:
 // chat_template: line 3, column 9: unexpected '}'").

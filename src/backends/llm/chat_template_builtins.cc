@@ -121,22 +121,33 @@ std::optional<Value> CallMethod(const Value& obj, std::string_view name, const A
   if (obj.is_string()) {
     const std::string& s = obj.str();
     const std::string what = "str." + std::string(name);
+    // Markup's methods escape their string arguments and give Markup.
+    auto escaped = [&](const std::optional<Value>& a) -> std::optional<Value> {
+      if (!obj.is_markup() || !a || !a->is_string() || a->is_markup()) return a;
+      return Value::Markup(HtmlEscape(a->str()));
+    };
+    auto like = [&](Value list) {
+      if (!obj.is_markup()) return list;
+      std::vector<Value> items;
+      for (const Value& item : list.list().items) items.push_back(Value::Markup(item.str()));
+      return Value::MakeList(std::move(items));
+    };
     if (name == "strip" || name == "lstrip" || name == "rstrip") {
       CheckSignature(what, args, kwargs, 1, {});
-      return Value::String(
-          Strip(s, Arg(args, kwargs, 0, "chars"), name != "rstrip", name != "lstrip"));
+      return Value::StringLike(obj, Strip(s, escaped(Arg(args, kwargs, 0, "chars")),
+                                          name != "rstrip", name != "lstrip"));
     }
     if (name == "split" || name == "rsplit") {
       CheckSignature(what, args, kwargs, 2, {"sep", "maxsplit"});
       const std::optional<Value> maxsplit = Arg(args, kwargs, 1, "maxsplit");
       if (maxsplit && !IsIntLike(*maxsplit)) Fail(what + ": maxsplit must be an int");
-      return StringList(Split(s, Arg(args, kwargs, 0, "sep"), maxsplit ? maxsplit->integer() : -1,
-                              name == "rsplit"));
+      return like(StringList(Split(s, Arg(args, kwargs, 0, "sep"),
+                                   maxsplit ? maxsplit->integer() : -1, name == "rsplit")));
     }
     if (name == "splitlines") {
       CheckSignature(what, args, kwargs, 1, {"keepends"});
       const std::optional<Value> keepends = Arg(args, kwargs, 0, "keepends");
-      return StringList(SplitLines(s, keepends && Truthy(*keepends)));
+      return like(StringList(SplitLines(s, keepends && Truthy(*keepends))));
     }
     if (name == "startswith" || name == "endswith") {
       CheckSignature(what, args, kwargs, 1, {});
@@ -145,15 +156,15 @@ std::optional<Value> CallMethod(const Value& obj, std::string_view name, const A
     }
     if (name == "upper" || name == "lower") {
       CheckSignature(what, args, kwargs, 0, {});
-      return Value::String(MapCase(s, name == "upper" ? ToUpper : ToLower));
+      return Value::StringLike(obj, MapCase(s, name == "upper" ? ToUpper : ToLower));
     }
     if (name == "title") {
       CheckSignature(what, args, kwargs, 0, {});
-      return Value::String(PyTitle(s));
+      return Value::StringLike(obj, PyTitle(s));
     }
     if (name == "capitalize") {
       CheckSignature(what, args, kwargs, 0, {});
-      return Value::String(Capitalize(s));
+      return Value::StringLike(obj, Capitalize(s));
     }
     if (name == "replace") {
       CheckSignature(what, args, kwargs, 3, {"count"});
@@ -162,8 +173,8 @@ std::optional<Value> CallMethod(const Value& obj, std::string_view name, const A
       }
       const std::optional<Value> count = Arg(args, kwargs, 2, "count");
       if (count && !IsIntLike(*count)) Fail(what + ": count must be an int");
-      return Value::String(
-          Replace(s, args[0].str(), args[1].str(), count ? count->integer() : -1, state));
+      return Value::StringLike(obj, Replace(s, escaped(args[0])->str(), escaped(args[1])->str(),
+                                            count ? count->integer() : -1, state));
     }
     if (name == "find" || name == "rfind" || name == "index" || name == "rindex") {
       CheckSignature(what, args, kwargs, 1, {});

@@ -67,6 +67,8 @@ Value FirstOrLast(const Value& v, bool last, RenderState& state) {
 Value Select(const Value& seq, const Args& args, const Kwargs& kwargs, bool attr, bool keep,
              RenderState& state) {
   std::vector<Value> out;
+  // jinja2 looks at nothing when the value is false: none|selectattr(...) is empty.
+  if (!Truthy(seq)) return Value::MakeList({});
   size_t next = 0;
   std::optional<Value> attribute;
   if (attr) {
@@ -177,7 +179,7 @@ Value ApplyFilter(std::string_view name, const Value& v, const Args& args, const
   if (name == "tojson") return ToJsonFilter(v, args, kwargs, state);
   if (name == "trim") {
     CheckSignature(name, args, kwargs, 1, {"chars"});
-    return Value::String(Strip(str(), Arg(args, kwargs, 0, "chars"), true, true));
+    return Value::StringLike(v, Strip(str(), Arg(args, kwargs, 0, "chars"), true, true));
   }
   if (name == "length" || name == "count") {
     CheckSignature(name, args, kwargs, 0, {});
@@ -185,11 +187,11 @@ Value ApplyFilter(std::string_view name, const Value& v, const Args& args, const
   }
   if (name == "upper" || name == "lower") {
     CheckSignature(name, args, kwargs, 0, {});
-    return Value::String(MapCase(str(), name == "upper" ? ToUpper : ToLower));
+    return Value::StringLike(v, MapCase(str(), name == "upper" ? ToUpper : ToLower));
   }
   if (name == "capitalize") {
     CheckSignature(name, args, kwargs, 0, {});
-    return Value::String(Capitalize(str()));
+    return Value::StringLike(v, Capitalize(str()));
   }
   if (name == "title") {
     CheckSignature(name, args, kwargs, 0, {});
@@ -199,8 +201,10 @@ Value ApplyFilter(std::string_view name, const Value& v, const Args& args, const
     CheckSignature(name, args, kwargs, 0, {});
     return v.is_string() ? v : Value::String(str());
   }
-  if (name == "safe") return v;
-  if (name == "e" || name == "escape") return Value::String(HtmlEscape(str()));
+  if (name == "safe") return v.is_markup() ? v : Value::Markup(str());
+  if (name == "e" || name == "escape") {
+    return v.is_markup() ? v : Value::Markup(HtmlEscape(str()));
+  }
   if (name == "items") {
     CheckSignature(name, args, kwargs, 0, {});
     return Items(v);
@@ -255,8 +259,8 @@ Value ApplyFilter(std::string_view name, const Value& v, const Args& args, const
     const std::optional<Value> width = Arg(args, kwargs, 0, "width");
     const std::optional<Value> first = Arg(args, kwargs, 1, "first");
     const std::optional<Value> blank = Arg(args, kwargs, 2, "blank");
-    return Value::String(Indent(str(), width ? *width : Value::Int(4), first && Truthy(*first),
-                                blank && Truthy(*blank)));
+    return Value::StringLike(v, Indent(str(), width ? *width : Value::Int(4),
+                                       first && Truthy(*first), blank && Truthy(*blank)));
   }
   if ((name == "int" || name == "float") && v.is_undefined()) {
     Fail(v.undefined_message());  // int(Undefined) raises; jinja2 catches only TypeError/ValueError
@@ -384,6 +388,7 @@ Value ApplyFilter(std::string_view name, const Value& v, const Args& args, const
   }
   if (name == "map") {
     std::vector<Value> out;
+    if (!Truthy(v)) return Value::MakeList({});  // as select: a false value maps to nothing
     std::optional<Value> attribute;
     std::optional<Value> fallback;
     for (const auto& [key, value] : kwargs) {

@@ -282,7 +282,9 @@ void ReprInto(std::string& out, const Value& v, RenderState& state) {
       out += "Undefined";
       return;
     case Kind::kString:
+      if (v.is_markup()) out += "Markup(";
       out += ReprString(v.str());
+      if (v.is_markup()) out += ")";
       break;
     case Kind::kList: {
       const List& list = v.list();

@@ -112,6 +112,11 @@ class Value {
   static Value Int(int64_t i);
   static Value Float(double f);
   static Value String(std::string s);
+  // markupsafe's Markup (what |safe and |escape give): a string that
+  // escapes the plain strings added to it.
+  static Value Markup(std::string s);
+  // `s` as a string that is Markup when `like` is.
+  static Value StringLike(const Value& like, std::string s);
   static Value MakeList(std::vector<Value> items, bool tuple = false);
   static Value MakeDict(Dict dict);
   static Value MakeNamespace(std::shared_ptr<Namespace> ns);
@@ -122,6 +127,7 @@ class Value {
   bool is_undefined() const { return kind_ == Kind::kUndefined; }
   bool is_none() const { return kind_ == Kind::kNone; }
   bool is_string() const { return kind_ == Kind::kString; }
+  bool is_markup() const { return kind_ == Kind::kString && b_; }
   bool is_number() const {
     return kind_ == Kind::kInt || kind_ == Kind::kFloat || kind_ == Kind::kBool;
   }
@@ -144,7 +150,7 @@ class Value {
 
  private:
   Kind kind_ = Kind::kUndefined;
-  bool b_ = false;
+  bool b_ = false;  // a bool's value; for a string, whether it is Markup
   int64_t i_ = 0;
   double f_ = 0;
   std::variant<std::monostate, std::shared_ptr<const std::string>, std::shared_ptr<const List>,

@@ -65,7 +65,6 @@ std::string JinjaTitle(const std::string& s) {
 }
 
 std::string Strip(const std::string& s, const std::optional<Value>& chars, bool left, bool right) {
-  std::vector<char32_t> cps = Decode(s);
   std::vector<char32_t> set;
   const bool whitespace = !chars || chars->is_none() || chars->is_undefined();
   if (!whitespace) {
@@ -75,15 +74,22 @@ std::string Strip(const std::string& s, const std::optional<Value>& chars, bool 
   auto strip = [&](char32_t c) {
     return whitespace ? IsPySpace(c) : std::find(set.begin(), set.end(), c) != set.end();
   };
+  // Walks the UTF-8 from both ends, without decoding the middle.
   size_t from = 0;
-  size_t to = cps.size();
-  if (left) {
-    while (from < to && strip(cps[from])) ++from;
+  size_t to = s.size();
+  while (left && from < to) {
+    size_t next = from;
+    if (!strip(DecodeAt(s, next))) break;
+    from = next;
   }
-  if (right) {
-    while (to > from && strip(cps[to - 1])) --to;
+  while (right && to > from) {
+    size_t start = to - 1;
+    while (start > from && (static_cast<unsigned char>(s[start]) & 0xc0) == 0x80) --start;
+    size_t end = start;
+    if (!strip(DecodeAt(s, end)) || end != to) break;
+    to = start;
   }
-  return Encode(cps, from, to);
+  return s.substr(from, to - from);
 }
 
 Value StringList(std::vector<std::string> parts) {

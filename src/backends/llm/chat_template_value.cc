@@ -76,6 +76,16 @@ Value Value::String(std::string s) {
   return v;
 }
 
+Value Value::Markup(std::string s) {
+  Value v = String(std::move(s));
+  v.b_ = true;
+  return v;
+}
+
+Value Value::StringLike(const Value& like, std::string s) {
+  return like.is_markup() ? Markup(std::move(s)) : String(std::move(s));
+}
+
 Value Value::MakeList(std::vector<Value> items, bool tuple) {
   Value v;
   v.kind_ = Kind::kList;
@@ -279,7 +289,7 @@ Value Repeat(const Value& seq, int64_t times, RenderState& state) {
     std::string out;
     out.reserve(s.size() * times);
     for (int64_t i = 0; i < times; ++i) out += s;
-    return Value::String(std::move(out));
+    return Value::StringLike(seq, std::move(out));
   }
   const List& list = seq.list();
   if (!list.items.empty()) {
@@ -411,7 +421,7 @@ std::string TypeName(const Value& v) {
     case Kind::kFloat:
       return "float";
     case Kind::kString:
-      return "str";
+      return v.is_markup() ? "Markup" : "str";
     case Kind::kList:
       return v.list().tuple ? "tuple" : "list";
     case Kind::kDict:
@@ -549,8 +559,11 @@ int64_t Length(const Value& v) {
   switch (v.kind()) {
     case Kind::kUndefined:
       return 0;
-    case Kind::kString:
-      return static_cast<int64_t>(CodepointOffsets(v.str()).size() - 1);
+    case Kind::kString: {
+      int64_t n = 0;  // code points: the bytes that do not continue a sequence
+      for (char c : v.str()) n += (static_cast<unsigned char>(c) & 0xc0) != 0x80;
+      return n;
+    }
     case Kind::kList:
       return static_cast<int64_t>(v.list().items.size());
     case Kind::kDict:
@@ -633,6 +646,14 @@ Value Arithmetic(BinaryOp op, const Value& a, const Value& b, RenderState& state
   }
   switch (op) {
     case BinaryOp::kAdd:
+      if ((a.is_markup() || b.is_markup()) && a.is_string() && b.is_string()) {
+        // Markup + str escapes the str (markupsafe's __add__ / __radd__).
+        std::string out = a.is_markup() ? a.str() : HtmlEscape(a.str());
+        out += b.is_markup() ? b.str() : HtmlEscape(b.str());
+        state.CheckSize(out.size());
+        return Value::Markup(std::move(out));
+      }
+      if (a.is_markup()) FailOperands(symbol, a, b);
       if (a.is_string()) {
         if (!b.is_string()) {
           Fail("can only concatenate str (not \"" + TypeName(b) + "\") to str");
@@ -722,7 +743,7 @@ Value GetItem(const Value& obj, const Value& key) {
     int64_t i = key.integer();
     if (i < 0) i += n;
     if (i >= 0 && i < n)
-      return Value::String(obj.str().substr(offsets[i], offsets[i + 1] - offsets[i]));
+      return Value::StringLike(obj, obj.str().substr(offsets[i], offsets[i + 1] - offsets[i]));
   } else if (key.is_string()) {
     return MissingAttribute(obj, key.str());
   }
@@ -760,7 +781,7 @@ Value GetSlice(const Value& obj, const Value& start, const Value& stop, const Va
   const std::string& s = obj.str();
   std::string out;
   for (int64_t i : at) out.append(s, offsets[i], offsets[i + 1] - offsets[i]);
-  return Value::String(std::move(out));
+  return Value::StringLike(obj, std::move(out));
 }
 
 }  // namespace hearth::llm::jinja

@@ -513,6 +513,15 @@ TEST_F(TokenizerConfigFiles, ChatTemplateJinjaBeside) {
   ASSERT_TRUE(c->chat_template.has_value());
   ExpectOutput(c->chat_template->Render(Json{{"messages", Json::array({1, 2})}}), "J2");
 
+  // The file replaces the config's templates.
+  Json config = {{"chat_template", Json::array({{{"name", "default"}, {"template", "D"}},
+                                                {{"name", "tool_use"}, {"template", "T"}}})}};
+  c = ReadTokenizerConfig(Write("tokenizer_config.json", config.dump()));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->template_file, "chat_template.jinja");
+  EXPECT_TRUE(c->named_templates.empty());
+  ExpectOutput(c->Select(true)->Render(Json{{"messages", Json::array()}}), "J0");
+
   Write("chat_template.jinja", "{{ unclosed");
   c = ReadTokenizerConfig(dir_ + "/tokenizer_config.json");
   ASSERT_FALSE(c.ok());

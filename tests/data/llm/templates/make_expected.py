@@ -341,6 +341,9 @@ LANGUAGE = [
      "{{ ms|join(', ', attribute='role') }}{{ ms|sum(attribute='n', start=10) }}",
      {"ms": [{"role": "user", "content": "hi", "n": 1}, {"role": "assistant", "content": "yo", "name": "b", "n": 2},
              {"role": "user", "content": "bye", "n": 3}]}),
+    ("filter_select_map_false_values", "{{ none|selectattr('type', 'equalto', 'x')|list }}"
+     "{{ ''|map('upper')|list }}{{ 0|select|list }}{{ []|rejectattr('a')|list }}{{ missing|map(attribute='a')|list }}"
+     "{{ tools|selectattr('type', 'equalto', 'code_interpreter')|list|length > 0 }}", {"tools": None}),
     ("filter_items_default", "{{ d|items|list }}{{ missing|items|list }}{{ missing|default('x') }}"
      "{{ ''|default('x') }}{{ ''|default('x', true) }}{{ none|default('x') }}{{ 0|d(5, true) }}",
      {"d": {"a": 1}}),
@@ -352,6 +355,14 @@ LANGUAGE = [
      "[{{ 'a\\n\\nb'|indent(2, blank=true) }}][{{ 'a\\nb'|indent('> ') }}]", {}),
     ("filter_chain_precedence", "{{ 'a' ~ ' b '|trim ~ 'c' }}|{{ -3|abs }}|{{ [3, 1]|sort|first + 1 }}"
      "|{{ 'x' + m.content|trim + 'y' }}", {"m": {"content": "  mid  "}}),
+    ("markup", "{{ 'a<'|safe + '<b\"' }}|{{ '<x>' + 'y'|safe }}|{{ 'a'|safe ~ '<' ~ 1 }}|{{ ('<'|safe) * 2 + '<' }}"
+     "|{{ ['<'|safe] }}|{{ '<'|e }}{{ '<'|e|e }}|{{ ('<a>'|safe)|upper + '>' }}|{{ ('<a> '|safe)|trim + '<' }}"
+     "|{{ ('x'|safe)|string + '<' }}|{{ ('x'|safe).upper() + '<' }}|{{ ('x'|safe)|replace('x', '<') + '<' }}"
+     "|{{ ('x'|safe)|join + '<' }}|{{ ['a'|safe, '<']|join('&') }}|{{ ('\"'|safe)|tojson }}|{{ 'a'|safe is string }}"
+     "|{{ ('x'|safe)|indent + '<' }}|{{ ('a'|safe)|first + '<' }}|{{ ('a<b'|safe)[1:] + '<' }}"
+     "|{{ ('a b'|safe).split()[0] + '<' }}|{{ ('x'|safe).replace('x', '<') }}|{{ 5|safe + '<' }}"
+     "|{{ \"Use '\"|safe + t.name + \"'\\n\"|safe + t|tojson }}", {"t": {"name": "f<", "d": "\"q\""}}),
+    ("error_markup_plus_int", "{{ 'x'|safe + 1 }}", {}),
     # tests
     ("tests", "{{ 'a' is string }}{{ 1 is number }}{{ true is number }}{{ true is integer }}"
      "{{ 1.0 is float }}{{ {} is mapping }}{{ 'x' is iterable }}{{ 1 is iterable }}{{ 'x' is sequence }}"
