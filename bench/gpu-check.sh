@@ -116,6 +116,7 @@ if want aoti; then
   grep -E "^(exported|aoti|builtin|baseline|resnet50)" "$OUT/aoti-bench.log" | cut -c1-600
 fi
 if want generate; then
+  # GEN_BACKEND: python (the Llama example) or llm (backend: llm, native);
   # GEN_WORKERS, GEN_STREAMS: hearth's worker counts and concurrent streams; GEN_MAX_STREAMS: the
   # config's max_streams (0: unset); GEN_CB: prompt counts for transformers' generate_batch (empty:
   # skipped); GEN_BASELINE_WORKERS: the uvicorn baseline (0: skipped); GEN_CHAOS_SECONDS: 64 streams
@@ -124,7 +125,7 @@ if want generate; then
   echo "== text generation: a 1 B Llama, hearth ($GEN_WORKERS workers on one copy, $GEN_STREAMS streams) beside generate_batch, uvicorn workers with a copy each, and a chaos run"
   WEBROOT=$PWD/.gpu/webroot/usr/lib/python3/dist-packages
   PYTHONUNBUFFERED=1 timeout ${GEN_TIMEOUT:-590} python3 bench/serve/generate_bench.py --build "$BUILD" --out "$OUT" \
-    --webroot "$WEBROOT" --seconds ${GEN_SECONDS:-10} --workers "$GEN_WORKERS" --streams "$GEN_STREAMS" \
+    --backend ${GEN_BACKEND:-python} --webroot "$WEBROOT" --seconds ${GEN_SECONDS:-10} --workers "$GEN_WORKERS" --streams "$GEN_STREAMS" \
     --max-streams ${GEN_MAX_STREAMS:-256} --continuous-batching "${GEN_CB-16,64,256}" \
     --baseline-workers ${GEN_BASELINE_WORKERS:-4} --chaos-seconds ${GEN_CHAOS_SECONDS:-60} \
     --json "$OUT/generate.json" > "$OUT/generate-bench.log" 2>&1

@@ -293,6 +293,18 @@ class Models:
     def repository(self, workers, max_streams, resumable):
         self._count += 1
         repo = self._tmp / f"repo-{self._count}"
+        if self._a.backend == "llm":
+            # The checkpoint's files as they are, and the three lines a user writes.
+            version = repo / self.name / "1"
+            version.mkdir(parents=True)
+            for f in self.checkpoint.iterdir():
+                if f.name != "model.py":
+                    (version / f.name).symlink_to(f)
+            (repo / self.name / "config.yaml").write_text(
+                f"backend: llm\ninstance_group: [{{count: {workers}, kind: KIND_GPU}}]\n"
+                f"parameters: {{max_streams: \"{max_streams or 256}\", "
+                f"resumable: \"{'true' if resumable else 'false'}\"}}\n")
+            return repo
         if self.checkpoint is not None:
             self._run("llama", repo, "--workers", str(workers), "--checkpoint", str(self.checkpoint))
         else:
@@ -625,6 +637,8 @@ def main():
     ap.add_argument("--webroot", default=".gpu/webroot/usr/lib/python3/dist-packages")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="cpu: the tiny decoder, a dry run of everything but the baseline")
+    ap.add_argument("--backend", default="python", choices=["python", "llm"],
+                    help="serve the checkpoint with the Python Llama example or backend: llm")
     ap.add_argument("--seconds", type=float, default=10, help="each load's length")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--workers", type=numbers, default=[4], help="hearth's worker counts, e.g. 1,2")

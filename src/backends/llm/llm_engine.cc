@@ -386,7 +386,12 @@ class LlmEngine final : public Engine {
     if (s_.eos_ids.count(token) != 0) {
       stream.finish = "stop";
     } else {
-      ASSIGN_OR_RETURN(const std::string piece, stream.detokenizer->Push(token));
+      // An id past the tokenizer's vocabulary (models whose embeddings have
+      // padding rows) has no text, as transformers' decode gives it none.
+      std::string piece;
+      if (s_.tokenizer->TokenText(token).has_value()) {
+        ASSIGN_OR_RETURN(piece, stream.detokenizer->Push(token));
+      }
       stream.text += stream.stops.Push(piece);
       if (stream.stops.stopped()) stream.finish = "stop";
     }

@@ -1,0 +1,156 @@
+"""backend: llm on a GPU against transformers' generate: random bf16
+checkpoints of the three families (Llama 3 style with rope_scaling llama3
+and tied embeddings, Qwen2 style with q/k/v biases, Mistral style with a
+head of 128), written by transformers' save_pretrained, served by
+`hearth serve --device cuda`, greedy for 64 tokens.
+
+The tokens must equal transformers' until the end, or until a step where
+transformers' own top two logits are within bf16's noise of each other (a
+pick that a different but equally right order of sums may take either way);
+there, hearth's token must be one of those two. The logits themselves are
+compared with the CPU executor in tests/backends/llm/llm_cuda_test.cc.
+
+Needs a GPU (HEARTH_TEST_DEVICE=cuda) and transformers; skips saying why
+otherwise.
+"""
+
+import json
+import os
+import pathlib
+import shutil
+
+import pytest
+import requests
+
+from serve_support import start_serve, stop_serve, wait_for
+
+if not os.environ.get("HEARTH_TEST_DEVICE", "").startswith("cuda"):
+    pytest.skip("needs a GPU (HEARTH_TEST_DEVICE=cuda)", allow_module_level=True)
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers", reason="compares with transformers' generate")
+if not torch.cuda.is_available():
+    pytest.skip("torch sees no GPU", allow_module_level=True)
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data" / "llm"
+NEW_TOKENS = 64
+# Where transformers' top two logits are this close (bf16 keeps 8 bits of
+# mantissa: ~0.4% of a logit's size), either pick is right.
+def noise(logits):
+    return 0.02 * float(logits.abs().max()) + 0.02
+
+
+FAMILIES = {
+    "llama3": ("npm_llama3_style", "llama3.jinja", "<|begin_of_text|>", "<|eot_id|>",
+               lambda v: transformers.LlamaConfig(
+                   vocab_size=v, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+                   num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096,
+                   rope_theta=500000.0, tie_word_embeddings=True, initializer_range=0.08,
+                   rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0,
+                                 "original_max_position_embeddings": 1024})),
+    "qwen2": ("npm_qwen2_style", "qwen2.jinja", None, "<|im_end|>",
+              lambda v: transformers.Qwen2Config(
+                  vocab_size=v, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+                  num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=4096,
+                  tie_word_embeddings=True, use_sliding_window=False, initializer_range=0.08)),
+    "mistral": ("npm_mistral_style", "mistral-v0.2.jinja", "<s>", "</s>",
+                lambda v: transformers.MistralConfig(
+                    vocab_size=v, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+                    max_position_embeddings=4096, sliding_window=None, initializer_range=0.08)),
+}
+
+
+def special_id(tokenizer_json, text):
+    for t in tokenizer_json["added_tokens"]:
+        if t["content"] == text:
+            return t["id"]
+    return tokenizer_json["model"]["vocab"][text]
+
+
+def write_family(root, name):
+    fixture, template, bos, eos, make_config = FAMILIES[name]
+    version = root / name / "1"
+    version.mkdir(parents=True)
+    tokenizer = json.loads((DATA / "tokenizers" / fixture / "tokenizer.json").read_text())
+    vocab = json.loads((DATA / "tokenizers" / fixture / "expected.json").read_text())["vocab_size"]
+    config = make_config(vocab)
+    config.eos_token_id = special_id(tokenizer, eos)
+    if bos is not None:
+        config.bos_token_id = special_id(tokenizer, bos)
+    torch.manual_seed({"llama3": 1, "qwen2": 2, "mistral": 3}[name])
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    if name == "qwen2":
+        for layer in model.model.layers:  # biases that matter
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                torch.nn.init.normal_(proj.bias, std=0.3)
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.do_sample = False
+    model.save_pretrained(version, safe_serialization=True)
+    shutil.copy(DATA / "tokenizers" / fixture / "tokenizer.json", version / "tokenizer.json")
+    tc = {"eos_token": eos, "chat_template": (DATA / "templates" / template).read_text()}
+    if bos is not None:
+        tc["bos_token"] = bos
+    (version / "tokenizer_config.json").write_text(json.dumps(tc))
+    (root / name / "config.yaml").write_text(
+        "backend: llm\ninstance_group: [{count: 1, kind: KIND_GPU}]\n"
+        "parameters: {max_streams: \"16\"}\n")
+    return model, config.eos_token_id
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("llm_gpu")
+    root = tmp / "repo"
+    models = {name: write_family(root, name) for name in FAMILIES}
+    state = start_serve(tmp, root, device="cuda")
+    for name in FAMILIES:
+        wait_for(lambda m=name: requests.get(f"{state['url']}/v2/models/{m}/ready").status_code
+                 == 200, f"{name} ready", timeout=300)
+    state["models"] = models
+    yield state
+    code, text = stop_serve(state)
+    assert code == 0, text[-3000:]
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_greedy_tokens_equal_transformers_generate(served, name):
+    fixture = FAMILIES[name][0]
+    expected = json.loads((DATA / "tokenizers" / fixture / "expected.json").read_text())
+    cases = [e for e in expected["encode"] if len(e["ids"]) >= 4][:6]
+    model, eos = served["models"][name]
+    model = model.to("cuda").eval()
+    report = []
+    for case in cases:
+        r = requests.post(f"{served['url']}/v2/models/{name}/generate",
+                          json={"text_input": case["text"],
+                                "parameters": {"max_tokens": NEW_TOKENS}}, timeout=300)
+        assert r.status_code == 200, r.text
+        got = r.json().get("token_ids", [])
+        got = got if isinstance(got, list) else [got]
+        ids = torch.tensor([case["ids_add_special"]], device="cuda")
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                 eos_token_id=eos, pad_token_id=eos, output_logits=True,
+                                 return_dict_in_generate=True)
+        want = out.sequences[0, ids.shape[1]:].tolist()
+        equal = 0
+        while equal < min(len(got), len(want)) and got[equal] == want[equal]:
+            equal += 1
+        if got == want:
+            report.append(f"{len(got)} equal")
+            continue
+        assert equal < min(len(got), len(want)), \
+            f"{case['text']!r}: one stops early: hearth {len(got)}, transformers {len(want)} tokens"
+        logits = out.logits[equal][0].float()
+        top2 = torch.topk(logits, 2)
+        margin = float(top2.values[0] - top2.values[1])
+        assert margin <= noise(logits), (
+            f"{case['text']!r}: token {equal} is {got[equal]}, transformers' {want[equal]} "
+            f"leads its next by {margin:.4f} (noise {noise(logits):.4f})")
+        assert got[equal] in top2.indices.tolist(), (
+            f"{case['text']!r}: token {equal} is {got[equal]}, not one of transformers' top two "
+            f"{top2.indices.tolist()}")
+        report.append(f"{equal} equal, then a near tie ({margin:.4f})")
+    print(f"{name}: " + "; ".join(report))
