@@ -24,12 +24,16 @@ import requests
 
 from serve_support import start_serve, stop_serve, wait_for
 
+try:
+    import torch
+    import transformers
+    WHY = None if torch.cuda.is_available() else "torch sees no GPU"
+except ImportError as e:
+    torch = transformers = None
+    WHY = f"compares with transformers' generate, and {e.name} is missing"
 if not os.environ.get("HEARTH_TEST_DEVICE", "").startswith("cuda"):
-    pytest.skip("needs a GPU (HEARTH_TEST_DEVICE=cuda)", allow_module_level=True)
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers", reason="compares with transformers' generate")
-if not torch.cuda.is_available():
-    pytest.skip("torch sees no GPU", allow_module_level=True)
+    WHY = "needs a GPU (HEARTH_TEST_DEVICE=cuda)"
+pytestmark = pytest.mark.skipif(WHY is not None, reason=WHY or "")
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "llm"
