@@ -260,11 +260,11 @@ std::vector<BackendKind> BuiltinBackendKinds() {
   llm.create_engine = [](const std::vector<TensorView>& weights, Device device,
                          const EngineOptions& options) -> Result<std::unique_ptr<Engine>> {
     if (device.is_cuda()) return CreateCudaEngine("llm", weights, device, options);
-    return llm::CreateLlmEngine(weights, options, /*on_gpu=*/false,
-                                [](const llm::ModelConfig& c, const llm::ModelWeights& w,
-                                   const llm::ExecutorOptions& o) {
-                                  return llm::CreateCpuExecutor(c, w, o);
-                                });
+    return llm::CreateLlmEngine(
+        weights, options, /*on_gpu=*/false,
+        [](const llm::ModelConfig& c, const llm::ModelWeights& w, const llm::ExecutorOptions& o) {
+          return llm::CreateCpuExecutor(c, w, o);
+        });
   };
   kinds.push_back(std::move(llm));
   BackendKind python;

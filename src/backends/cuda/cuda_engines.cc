@@ -5,11 +5,11 @@
 #include <type_traits>
 
 #include "backends/cuda/cuda_backend_abi.h"
+#include "backends/cuda/llm_executor.h"
 #include "backends/engine.h"
 #include "backends/engine_abi.h"
 #include "backends/engine_export.h"
 #include "backends/llm/llm_engine.h"
-#include "backends/cuda/llm_executor.h"
 
 namespace hearth {
 namespace {

@@ -1,0 +1,478 @@
+// The engine of backend: llm (llm_engine.h) over a real version directory
+// (config.json, the Llama 3-shaped tokenizer.json of tests/data/llm, a
+// tokenizer_config.json with Llama 3's chat template) and an executor that
+// draws a scripted token for each position: what the engine makes of
+// requests, parameters, tokens, text, stop strings, EOS, resumed streams,
+// cancellation and its limits, without any model math.
+#include "backends/llm/llm_engine.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+
+namespace hearth::llm {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+const fs::path kData = HEARTH_LLM_TEST_DATA_DIR;
+constexpr int32_t kEot = 1490;  // <|eot_id|>
+constexpr int32_t kBos = 1481;  // <|begin_of_text|>
+
+// "hello world" as the fixture's tokenizer encodes it.
+const std::vector<int32_t> kHelloWorld = {58, 55, 163, 65, 510};
+
+// Draws script[draw position] (the script repeating), for every sampled
+// sequence; checks that the fed tokens fit the pool it reports.
+std::vector<int32_t> g_script = kHelloWorld;
+int g_steps = 0;
+
+class ScriptedExecutor final : public Executor {
+ public:
+  explicit ScriptedExecutor(const ExecutorOptions& o)
+      : block_size_(o.block_size), blocks_(static_cast<int32_t>(o.kv_pool_bytes / 4096)) {}
+  int32_t block_size() const override { return block_size_; }
+  int32_t num_blocks() const override { return blocks_; }
+  uint64_t device_memory_bytes() const override { return 0; }
+  Status Step(const StepBatch& b, std::span<int32_t> next) override {
+    ++g_steps;
+    for (size_t i = 0; i < b.num_seqs(); ++i) {
+      for (int32_t k = 0; k < b.max_blocks; ++k) {
+        const int32_t block = b.block_tables[i * static_cast<size_t>(b.max_blocks) + k];
+        if (block >= blocks_) return Internal("block past the pool");
+      }
+      next[i] = b.sample[i] != 0
+                    ? g_script[static_cast<size_t>(b.draw_positions[i]) % g_script.size()]
+                    : -1;
+    }
+    return Status::Ok();
+  }
+  Status StepLogits(const StepBatch&, std::span<float>) override {
+    return Unimplemented("scripted");
+  }
+
+ private:
+  int32_t block_size_, blocks_;
+};
+
+struct Response {
+  std::string text;
+  std::vector<int64_t> token_ids;
+  std::optional<int64_t> prompt_tokens, completion_tokens;
+  std::optional<std::string> finish_reason;
+  bool final = false;
+  Status status = Status::Ok();
+};
+
+class RecordingSink final : public ResponseSink {
+ public:
+  explicit RecordingSink(const std::vector<IoSpec>& outputs) : outputs_(outputs) {}
+  Result<std::byte*> Output(uint64_t id, size_t i, std::span<const int64_t>,
+                            uint64_t bytes) override {
+    building_[id].resize(outputs_.size());
+    building_[id][i].assign(bytes, std::byte{0});
+    return building_[id][i].data();
+  }
+  Result<bool> End(uint64_t id, bool final, const Status& status) override {
+    if (closed_.count(id) != 0) return false;
+    Response r;
+    r.final = final;
+    r.status = status;
+    auto& outs = building_[id];
+    outs.resize(outputs_.size());
+    for (size_t i = 0; i < outputs_.size(); ++i) {
+      const auto& b = outs[i];
+      if (b.empty()) continue;
+      const std::string& name = outputs_[i].name;
+      if (outputs_[i].dtype == DType::kBytes) {
+        uint32_t n = 0;
+        std::memcpy(&n, b.data(), 4);
+        std::string s(reinterpret_cast<const char*>(b.data()) + 4, n);
+        if (name == "text_output") r.text = s;
+        if (name == "finish_reason") r.finish_reason = s;
+      } else {
+        std::vector<int64_t> v(b.size() / 8);
+        if (!v.empty()) std::memcpy(v.data(), b.data(), b.size());
+        if (name == "token_ids") r.token_ids = v;
+        if (name == "prompt_tokens") r.prompt_tokens = v.at(0);
+        if (name == "completion_tokens") r.completion_tokens = v.at(0);
+      }
+    }
+    building_.erase(id);
+    responses[id].push_back(r);
+    if (final) closed_.insert(id);
+    return true;
+  }
+  void Close(uint64_t id) { closed_.insert(id); }
+
+  std::map<uint64_t, std::vector<Response>> responses;
+
+  std::string Text(uint64_t id) const {
+    std::string t;
+    for (const Response& r : responses.at(id)) t += r.text;
+    return t;
+  }
+  std::vector<int64_t> Tokens(uint64_t id) const {
+    std::vector<int64_t> t;
+    for (const Response& r : responses.at(id))
+      t.insert(t.end(), r.token_ids.begin(), r.token_ids.end());
+    return t;
+  }
+  const Response& Last(uint64_t id) const { return responses.at(id).back(); }
+
+ private:
+  const std::vector<IoSpec>& outputs_;
+  std::map<uint64_t, std::vector<std::vector<std::byte>>> building_;
+  std::set<uint64_t> closed_;
+};
+
+// A request's inputs: text_input and messages (either absent).
+struct Request {
+  std::vector<std::vector<std::byte>> storage;
+  std::vector<EngineInput> inputs;
+  std::vector<std::vector<int64_t>> shapes;
+  std::string parameters;
+  std::vector<int64_t> resume;
+
+  Request(std::optional<std::string> text, std::optional<std::string> messages,
+          std::string params = "", std::vector<int64_t> resumed = {})
+      : parameters(std::move(params)), resume(std::move(resumed)) {
+    for (const auto& value : {text, messages}) {
+      std::vector<std::byte> b;
+      std::vector<int64_t> shape;
+      if (value.has_value()) {
+        const uint32_t n = static_cast<uint32_t>(value->size());
+        b.resize(4 + n);
+        std::memcpy(b.data(), &n, 4);
+        std::memcpy(b.data() + 4, value->data(), n);
+        shape = {1};
+      }
+      storage.push_back(std::move(b));
+      shapes.push_back(std::move(shape));
+    }
+    for (size_t i = 0; i < storage.size(); ++i) inputs.push_back({storage[i], shapes[i]});
+  }
+  EngineRequest view() const { return {inputs, parameters, resume}; }
+};
+
+class LlmEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    storage_.clear();
+    weights_.clear();
+    g_script = kHelloWorld;
+    g_steps = 0;
+    dir_ = fs::temp_directory_path() /
+           ("hearth-llm-engine-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    Json config = {{"architectures", {"LlamaForCausalLM"}},
+                   {"model_type", "llama"},
+                   {"hidden_size", 8},
+                   {"intermediate_size", 16},
+                   {"num_hidden_layers", 1},
+                   {"num_attention_heads", 2},
+                   {"num_key_value_heads", 1},
+                   {"vocab_size", kVocab},
+                   {"max_position_embeddings", 128},
+                   {"rms_norm_eps", 1e-5},
+                   {"rope_theta", 10000.0},
+                   {"hidden_act", "silu"},
+                   {"tie_word_embeddings", true},
+                   {"torch_dtype", "float32"},
+                   {"bos_token_id", kBos},
+                   {"eos_token_id", kEot}};
+    Write("config.json", config.dump());
+    fs::copy_file(kData / "tokenizers" / "npm_llama3_style" / "tokenizer.json",
+                  dir_ / "tokenizer.json");
+    std::ifstream t(kData / "templates" / "llama3.jinja");
+    const std::string tmpl((std::istreambuf_iterator<char>(t)), std::istreambuf_iterator<char>());
+    Write("tokenizer_config.json", Json({{"bos_token", "<|begin_of_text|>"},
+                                         {"eos_token", "<|eot_id|>"},
+                                         {"chat_template", tmpl}})
+                                       .dump());
+    // Weights of the right names and shapes (the scripted executor reads none).
+    const auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      storage_.emplace_back(static_cast<size_t>(n), 0.0f);
+      TensorView v;
+      v.name = name;
+      v.dtype = DType::kF32;
+      v.shape = std::move(shape);
+      v.data = storage_.back().data();
+      v.nbytes = static_cast<uint64_t>(n) * 4;
+      weights_.push_back(std::move(v));
+    };
+    add("model.embed_tokens.weight", {kVocab, 8});
+    add("model.norm.weight", {8});
+    add("model.layers.0.input_layernorm.weight", {8});
+    add("model.layers.0.post_attention_layernorm.weight", {8});
+    add("model.layers.0.self_attn.q_proj.weight", {8, 8});
+    add("model.layers.0.self_attn.k_proj.weight", {4, 8});
+    add("model.layers.0.self_attn.v_proj.weight", {4, 8});
+    add("model.layers.0.self_attn.o_proj.weight", {8, 8});
+    add("model.layers.0.mlp.gate_proj.weight", {16, 8});
+    add("model.layers.0.mlp.up_proj.weight", {16, 8});
+    add("model.layers.0.mlp.down_proj.weight", {8, 16});
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  void Write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name) << text;
+  }
+
+  Result<std::unique_ptr<Engine>> Make(std::map<std::string, std::string> parameters = {},
+                                       uint32_t streams = 4) {
+    EngineOptions o;
+    o.version_dir = dir_.string();
+    o.max_streams = streams;
+    o.batching = false;
+    o.parameters = std::move(parameters);
+    if (o.parameters.count("kv_cache_bytes") == 0) o.parameters["kv_cache_bytes"] = "409600";
+    o.inputs = {{"text_input", DType::kBytes, {1}}, {"messages", DType::kBytes, {1}}};
+    return CreateLlmEngine(
+        weights_, o, false, [](const ModelConfig&, const ModelWeights&, const ExecutorOptions& eo) {
+          return Result<std::unique_ptr<Executor>>(std::make_unique<ScriptedExecutor>(eo));
+        });
+  }
+
+  // Steps until the engine holds nothing (or a bound is passed).
+  static void Drain(Engine& e, RecordingSink& sink) {
+    for (int i = 0; e.busy() && i < 10000; ++i) ASSERT_TRUE(e.Step(sink).ok());
+    ASSERT_FALSE(e.busy());
+  }
+
+  static constexpr int64_t kVocab = 1500;  // the tokenizer's 1492, and rows past it
+  fs::path dir_;
+  std::vector<std::vector<float>> storage_;
+  std::vector<TensorView> weights_;
+};
+
+TEST_F(LlmEngineTest, APromptGeneratesItsTokensTheirTextAndTheCounts) {
+  auto engine = Make();
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Engine& e = **engine;
+  RecordingSink sink(e.outputs());
+  Request r("hello world", std::nullopt, R"({"max_tokens": 5})");
+  ASSERT_TRUE(e.Add(1, r.view()).ok());
+  Drain(e, sink);
+  EXPECT_EQ(sink.Tokens(1), (std::vector<int64_t>(kHelloWorld.begin(), kHelloWorld.end())));
+  EXPECT_EQ(sink.Text(1), "hello world");
+  const Response& last = sink.Last(1);
+  EXPECT_TRUE(last.final);
+  EXPECT_EQ(last.finish_reason, "length");
+  EXPECT_EQ(last.completion_tokens, 5);
+  EXPECT_EQ(last.prompt_tokens, 6);         // <|begin_of_text|> and the 5
+  EXPECT_EQ(sink.responses[1].size(), 5u);  // one a step
+  EXPECT_EQ(e.counters().kv_blocks_used, 0u);
+  EXPECT_GT(e.counters().kv_blocks_total, 0u);
+}
+
+TEST_F(LlmEngineTest, AStopStringEndsTheTextBeforeIt) {
+  auto engine = Make();
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Engine& e = **engine;
+  RecordingSink sink(e.outputs());
+  Request r("hi", std::nullopt, R"({"max_tokens": 20, "stop": ["lo w", "zzz"]})");
+  ASSERT_TRUE(e.Add(1, r.view()).ok());
+  Drain(e, sink);
+  EXPECT_EQ(sink.Text(1), "hel");
+  EXPECT_EQ(sink.Last(1).finish_reason, "stop");
+  EXPECT_LT(sink.Tokens(1).size(), 20u);
+}
+
+TEST_F(LlmEngineTest, EosEndsTheStreamWithoutItsText) {
+  g_script = {58, 55, kEot, 163};
+  auto engine = Make();
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Engine& e = **engine;
+  RecordingSink sink(e.outputs());
+  Request r("hi", std::nullopt, R"({"max_tokens": 20})");
+  ASSERT_TRUE(e.Add(1, r.view()).ok());
+  Drain(e, sink);
+  EXPECT_EQ(sink.Tokens(1), (std::vector<int64_t>{58, 55, kEot}));
+  EXPECT_EQ(sink.Text(1), "he");
+  EXPECT_EQ(sink.Last(1).finish_reason, "stop");
+  EXPECT_EQ(sink.Last(1).completion_tokens, 3);
+}
+
+TEST_F(LlmEngineTest, AResumedStreamGoesOnAfterTheTokensItsClientHas) {
+  g_script = {58, 55, 163, 65, 510, 34, 55, 163};
+  auto engine = Make();
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Engine& e = **engine;
+  RecordingSink whole(e.outputs());
+  Request r("hi", std::nullopt, R"({"max_tokens": 8, "stop": "o wo"})");
+  ASSERT_TRUE(e.Add(1, r.view()).ok());
+  Drain(e, whole);
+  // Every cut: the text and tokens after it are the whole run's rest.
+  const std::vector<int64_t> tokens = whole.Tokens(1);
+  for (size_t cut = 0; cut <= tokens.size(); ++cut) {
+    RecordingSink sink(e.outputs());
+    // What the client had: the tokens, and the text the responses carried.
+    std::string had;
+    size_t n = 0;
+    for (const Response& resp : whole.responses[1]) {
+      if (n + resp.token_ids.size() > cut) break;
+      n += resp.token_ids.size();
+      had += resp.text;
+    }
+    Request resumed("hi", std::nullopt, r.parameters,
+                    std::vector<int64_t>(tokens.begin(), tokens.begin() + static_cast<long>(n)));
+    ASSERT_TRUE(e.Add(100 + cut, resumed.view()).ok());
+    Drain(e, sink);
+    EXPECT_EQ(had + sink.Text(100 + cut), whole.Text(1)) << "cut " << cut;
+    std::vector<int64_t> all(tokens.begin(), tokens.begin() + static_cast<long>(n));
+    const auto rest = sink.Tokens(100 + cut);
+    all.insert(all.end(), rest.begin(), rest.end());
+    EXPECT_EQ(all, tokens) << "cut " << cut;
+    EXPECT_EQ(sink.Last(100 + cut).finish_reason, whole.Last(1).finish_reason);
+  }
+}
+
+TEST_F(LlmEngineTest, MessagesGoThroughTheChatTemplate) {
+  auto engine = Make();
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Engine& e = **engine;
+  RecordingSink sink(e.outputs());
+  Request chat(std::nullopt, R"([{"role": "user", "content": "hello world"}])",
+               R"({"max_tokens": 2})");
+  ASSERT_TRUE(e.Add(1, chat.view()).ok());
+  Drain(e, sink);
+  // <|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhello world<|eot_id|>
+  // <|start_header_id|>assistant<|end_header_id|>\n\n: far more than the 6 of the bare prompt.
+  EXPECT_GT(*sink.Last(1).prompt_tokens, 12);
+  Request bad(std::nullopt, R"({"not": "a list"})");
+  Status s = e.Add(2, bad.view());
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("messages"), std::string::npos) << s.message();
+}
+
+TEST_F(LlmEngineTest, BadRequestsAreRefusedNamingTheFieldAndChangeNothing) {
+  auto engine = Make();
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Engine& e = **engine;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"max_tokens": 0})", "max_tokens"},
+      {R"({"max_tokens": 100000})", "max_tokens"},
+      {R"({"max_tokens": 1.5})", "max_tokens"},
+      {R"({"temperature": -1})", "temperature"},
+      {R"({"temperature": "hot"})", "temperature"},
+      {R"({"top_p": 0})", "top_p"},
+      {R"({"top_k": -2})", "top_k"},
+      {R"({"seed": "x"})", "seed"},
+      {R"({"stop": 3})", "stop"},
+      {R"({"stop": [""]})", "stop"},
+      {R"({"repetition_penalty": 1.1})", "repetition_penalty"},
+      {R"({"n": 2})", "n"},
+      {R"([1, 2])", "JSON object"},
+  };
+  uint64_t id = 1;
+  for (const auto& [parameters, field] : cases) {
+    Request r("hi", std::nullopt, parameters);
+    Status s = e.Add(id++, r.view());
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << parameters;
+    EXPECT_NE(s.message().find(field), std::string::npos) << parameters << ": " << s.message();
+  }
+  Request both("hi", "[]");
+  EXPECT_NE(e.Add(id++, both.view()).message().find("not both"), std::string::npos);
+  Request neither(std::nullopt, std::nullopt);
+  EXPECT_NE(e.Add(id++, neither.view()).message().find("text_input"), std::string::npos);
+  // 120 tokens of prompt and 16 to generate pass the 128 positions.
+  std::string long_prompt;
+  for (int i = 0; i < 60; ++i) long_prompt += "hello world ";
+  Request too_long(long_prompt, std::nullopt, R"({"max_tokens": 16})");
+  Status s = e.Add(id++, too_long.view());
+  EXPECT_NE(s.message().find("positions"), std::string::npos) << s.message();
+  Request resume_bad("hi", std::nullopt, "", {99999});
+  EXPECT_NE(e.Add(id++, resume_bad.view()).message().find("vocabulary"), std::string::npos);
+  EXPECT_FALSE(e.busy());
+  // And it still serves.
+  RecordingSink sink(e.outputs());
+  Request fine("hi", std::nullopt, R"({"max_tokens": 3})");
+  ASSERT_TRUE(e.Add(id, fine.view()).ok());
+  Drain(e, sink);
+  EXPECT_EQ(sink.Tokens(id).size(), 3u);
+}
+
+TEST_F(LlmEngineTest, CancelFreesTheStreamAndItsBlocks) {
+  auto engine = Make({}, 2);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Engine& e = **engine;
+  RecordingSink sink(e.outputs());
+  Request a("hello world", std::nullopt, R"({"max_tokens": 50})");
+  Request b("hi", std::nullopt, R"({"max_tokens": 50})");
+  ASSERT_TRUE(e.Add(1, a.view()).ok());
+  ASSERT_TRUE(e.Add(2, b.view()).ok());
+  Request c("hi", std::nullopt, R"({"max_tokens": 5})");
+  EXPECT_EQ(e.Add(3, c.view()).code(), StatusCode::kResourceExhausted);  // capacity 2
+  ASSERT_TRUE(e.Step(sink).ok());
+  ASSERT_TRUE(e.Step(sink).ok());
+  EXPECT_GT(e.counters().kv_blocks_used, 0u);
+  e.Cancel(1);
+  sink.Close(1);
+  e.Cancel(2);
+  sink.Close(2);
+  EXPECT_FALSE(e.busy());
+  EXPECT_EQ(e.counters().kv_blocks_used, 0u);
+  ASSERT_TRUE(e.Add(3, c.view()).ok());
+  Drain(e, sink);
+  EXPECT_EQ(sink.Tokens(3).size(), 5u);
+}
+
+TEST_F(LlmEngineTest, TokensPastTheTokenizersVocabularyHaveNoText) {
+  g_script = {58, 1495, 55};  // 1495: a row of the model's, no token of the tokenizer's
+  auto engine = Make();
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Engine& e = **engine;
+  RecordingSink sink(e.outputs());
+  Request r("hi", std::nullopt, R"({"max_tokens": 3})");
+  ASSERT_TRUE(e.Add(1, r.view()).ok());
+  Drain(e, sink);
+  EXPECT_EQ(sink.Tokens(1), (std::vector<int64_t>{58, 1495, 55}));
+  EXPECT_EQ(sink.Text(1), "he");
+  EXPECT_TRUE(sink.Last(1).status.ok());
+}
+
+TEST_F(LlmEngineTest, BadFilesFailTheModelNamingTheFileAndField) {
+  Write("config.json", R"({"architectures": ["GPT2LMHeadModel"]})");
+  auto engine = Make();
+  ASSERT_FALSE(engine.ok());
+  EXPECT_NE(engine.status().message().find("config.json"), std::string::npos)
+      << engine.status().ToString();
+  SetUp();
+  Write("tokenizer.json", "{\"model\": ");
+  engine = Make();
+  ASSERT_FALSE(engine.ok());
+  EXPECT_NE(engine.status().message().find("tokenizer.json"), std::string::npos)
+      << engine.status().ToString();
+  SetUp();
+  Write("tokenizer_config.json", R"({"chat_template": "{% if %}"})");
+  engine = Make();
+  ASSERT_FALSE(engine.ok());
+  EXPECT_NE(engine.status().message().find("chat_template"), std::string::npos)
+      << engine.status().ToString();
+  SetUp();
+  auto bad = Make({{"block_size", "0"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("block_size"), std::string::npos);
+  bad = Make({{"kv_cache_fraction", "0.5"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("kv_cache_fraction"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace hearth::llm
