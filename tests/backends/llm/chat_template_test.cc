@@ -53,6 +53,8 @@ struct JinjaCase {
   std::string name;
   Json entry;
 };
+// How gtest (and ctest's list) names a case: by its name, not its bytes.
+void PrintTo(const JinjaCase& c, std::ostream* os) { *os << c.name; }
 
 std::vector<JinjaCase> LoadCases(const std::string& file) {
   std::vector<JinjaCase> cases;
