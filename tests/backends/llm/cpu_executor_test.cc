@@ -317,9 +317,10 @@ TEST_P(CpuExecutorInvarianceTest, BatchMatchesEachAlone) {
   ExpectSameBits(s3[1], a3[0], "a, step 3");
 }
 
-// The uninterrupted run of ResumedStream...: stream a (a prompt of 6, then
-// `draws` tokens) beside b (a prompt of 45 in chunks of 20, then decoding)
-// and c (3, then decoding, sampled).
+// The run that ResumedStreamDrawsWhatItWouldHaveDrawn interrupts and
+// ThreadCountChangesNoBit repeats: stream a (a prompt of 6, then `draws`
+// tokens) beside b (a prompt of 45 in chunks of 20, then decoding) and c
+// (3, then decoding, sampled).
 struct Uninterrupted {
   Stream a, b, c;
 };
