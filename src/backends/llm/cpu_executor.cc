@@ -8,19 +8,16 @@
 // and pays with a widened copy of 16-bit weights instead (and F16 has no
 // OpenBLAS GEMM at all in that version).
 //
-// Chunking and batching. Every row (token) goes through the same per-row
-// code: RMSNorm, RoPE, SwiGLU and the softmax are computed row by row, and a
-// row's attention reads its keys and values from the KV cache (written for
-// the whole step first) and reduces over them in position order, 0 to its
-// own. So a token's attention does not depend on how the step was composed.
-// The projections are sgemm over all rows of the step, and OpenBLAS does not
-// give a row the same bits whatever the other rows are: measured with 0.3.21
-// (SkylakeX kernels), a row of A * B^T alone (M = 1) differs from the same
-// row inside M >= 5 in the last bits (4e-6 absolute on sums of magnitude ~2,
-// K = 777), as its kernels for M tails and small matrices accumulate in
-// other orders. Chunked, batched and whole prefills therefore agree to float
-// reassociation, not bit for bit; the same step composed the same way gives
-// the same bits.
+// Batch invariance. A row's (token's) logits are bitwise the same whatever
+// else is in its step: other sequences, the rest of its own prompt's chunk,
+// a prefill or a decode, and OpenBLAS's thread count. A stream resumed on
+// another worker is prefilled again and then draws, bit for bit, what it
+// would have drawn. Every row goes through the same per-row code: RMSNorm,
+// RoPE, SwiGLU and the softmax row by row, in one order; a row's attention
+// reads its keys and values from the KV cache (written for the whole step
+// first) and reduces over them in position order, 0 to its own. The
+// projections are InvariantGemm (invariant_gemm.h), sgemm called so that a
+// row's bits do not depend on the other rows or the thread count.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -30,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/blas.h"
+#include "backends/llm/invariant_gemm.h"
 #include "backends/llm/llm_model.h"
 #include "common/float16.h"
 
@@ -75,22 +72,6 @@ class F32Tensor {
 struct Layer {
   F32Tensor input_norm, q, k, v, q_bias, k_bias, v_bias, o, post_norm, gate, up, down;
 };
-
-// y[rows, out] = x[rows, in] * w[out, in]^T (+ y when accumulate).
-void Project(int64_t rows, int64_t out, int64_t in, const float* x, const F32Tensor& w, float* y,
-             bool accumulate) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows),
-              static_cast<int>(out), static_cast<int>(in), 1.0f, x, static_cast<int>(in), w.data(),
-              static_cast<int>(in), accumulate ? 1.0f : 0.0f, y, static_cast<int>(out));
-}
-
-// The same from a bias broadcast over the rows (as torch's addmm).
-void ProjectWithBias(int64_t rows, int64_t out, int64_t in, const float* x, const F32Tensor& w,
-                     const F32Tensor& bias, float* y) {
-  if (bias.data() == nullptr) return Project(rows, out, in, x, w, y, false);
-  for (int64_t r = 0; r < rows; ++r) std::copy_n(bias.data(), out, y + r * out);
-  Project(rows, out, in, x, w, y, true);
-}
 
 // transformers' LlamaRMSNorm in float32: x * rsqrt(mean(x^2) + eps), then
 // times the weight. The mean is summed in double (one order, any batch).
@@ -201,6 +182,20 @@ class CpuExecutor final : public Executor {
   }
 
  private:
+  // y[rows, out] = x[rows, in] * w[out, in]^T (+ y when accumulate).
+  void Project(int64_t rows, int64_t out, int64_t in, const float* x, const F32Tensor& w, float* y,
+               bool accumulate) {
+    gemm_.Run(rows, out, in, x, w.data(), y, accumulate);
+  }
+
+  // The same from a bias broadcast over the rows (as torch's addmm).
+  void ProjectWithBias(int64_t rows, int64_t out, int64_t in, const float* x, const F32Tensor& w,
+                       const F32Tensor& bias, float* y) {
+    if (bias.data() == nullptr) return Project(rows, out, in, x, w, y, false);
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(bias.data(), out, y + r * out);
+    Project(rows, out, in, x, w, y, true);
+  }
+
   // Floats of one block: every layer's keys and values of block_size tokens,
   // laid out [layer][key, value][kv head][slot][head_dim].
   size_t BlockFloats() const {
@@ -435,6 +430,7 @@ class CpuExecutor final : public Executor {
   std::vector<int32_t> positions_;
   std::vector<float> last_norm_, logits_;
   std::unique_ptr<float[]> kv_;  // [num_blocks][BlockFloats()]
+  InvariantGemm gemm_;
 };
 
 Status CheckHost(const TensorView* t) {

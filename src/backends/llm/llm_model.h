@@ -234,6 +234,11 @@ class Executor {
 // copy (twice the checkpoint's bytes, per executor). The weights must be in
 // host memory and outlive the executor. options.kv_pool_bytes 0: 64 MiB;
 // max_positions 0: config.max_positions. device_memory_bytes() is 0.
+// Batch-invariant, bit for bit: a token's logits do not depend on the other
+// sequences of its step, on how its sequence's tokens were split into steps
+// (one prefill, chunks, or one token a step) or on OpenBLAS's thread count;
+// so a stream prefilled again with the tokens it had drawn draws what it
+// would have drawn (tested with OpenBLAS 0.3.21: invariant_gemm.h).
 Result<std::unique_ptr<Executor>> CreateCpuExecutor(const ModelConfig& config,
                                                     const ModelWeights& weights,
                                                     const ExecutorOptions& options);

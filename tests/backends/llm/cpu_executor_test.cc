@@ -1,6 +1,7 @@
 // The CPU executor against itself composed differently (chunked, batched,
-// other block tables, other dtypes), its checks, and the draw of
-// SampleToken. The comparison with torch is test_llm_reference.py.
+// resumed, on other thread counts: the same bits; other block tables, other
+// dtypes), its checks, and the draw of SampleToken. The comparison with
+// torch is test_llm_reference.py.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,9 +10,14 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "backends/llm/llm_model.h"
+#include "blas_threads.h"
 #include "llm_test_model.h"
 
 namespace hearth::llm {
@@ -137,54 +143,160 @@ std::vector<int32_t> Slice(const std::vector<int32_t>& v, int begin, int end) {
   return {v.begin() + begin, v.begin() + end};
 }
 
-// Within float reassociation: 1e-5 of the row's largest magnitude.
-void ExpectClose(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  float scale = 1e-3f;
-  for (float v : b) scale = std::max(scale, std::fabs(v));
-  for (size_t i = 0; i < a.size(); ++i) {
-    ASSERT_NEAR(a[i], b[i], 1e-5f * scale) << what << " at " << i;
+// Bit for bit, with the first difference named.
+void ExpectSameBits(const std::vector<float>& got, const std::vector<float>& want,
+                    const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0)
+        << what << ": logit " << i << " is " << got[i] << ", not " << want[i] << " (differs by "
+        << got[i] - want[i] << ")";
   }
 }
 
-class CpuExecutorTest : public ::testing::TestWithParam<Family> {};
+// ---- batch invariance: a row's logits are bitwise the same whatever else
+// its step holds, however its sequence was chunked, prefilled or decoded,
+// and on 1 or 2 OpenBLAS threads.
 
-TEST_P(CpuExecutorTest, ChunkedPrefillMatchesWhole) {
+// The models these tests run on: the tiny Llama and Qwen2 (projections of
+// 32 to 64 outputs, which OpenBLAS hands to its small-matrix kernel up to
+// 1200 / out rows), and a wider Llama whose products OpenBLAS threads (its
+// lm_head is 2000 x 136 per row) and whose down_proj sums 600, which its
+// single- and multi-threaded drivers block differently.
+enum class Shape { kTinyLlama, kTinyQwen2, kWideLlama };
+
+const char* NameOf(Shape s) {
+  return s == Shape::kTinyLlama ? "TinyLlama" : s == Shape::kTinyQwen2 ? "TinyQwen2" : "WideLlama";
+}
+void PrintTo(Shape s, std::ostream* os) { *os << NameOf(s); }
+
+ModelConfig ConfigOf(Shape s) {
+  if (s == Shape::kTinyQwen2) return TinyConfig(Family::kQwen2);
+  ModelConfig c = TinyConfig(Family::kLlama);
+  if (s == Shape::kWideLlama) {
+    c.hidden_size = 136;
+    c.intermediate_size = 600;
+    c.head_dim = 34;
+    c.vocab_size = 2000;
+  }
+  return c;
+}
+
+// A stream fed step by step: its prompt in chunks of `chunk`, then, one a
+// step, the token it drew last. `drawn` may start with tokens drawn before
+// it was interrupted (the end of its prompt); its next draw is then number
+// drawn.size() of the stream.
+struct Stream {
+  Stream(std::vector<int32_t> p, int32_t c, std::vector<int32_t> b, SamplingParams sp,
+         std::vector<int32_t> before = {})
+      : prompt(std::move(p)),
+        chunk(c),
+        blocks(std::move(b)),
+        params(sp),
+        drawn(std::move(before)) {}
+  std::vector<int32_t> prompt;
+  int32_t chunk;
+  std::vector<int32_t> blocks;
+  SamplingParams params;
+  std::vector<int32_t> drawn;
+  int32_t fed = 0;
+  std::map<int64_t, std::vector<float>> logits;  // by draw number, when stepped with logits
+
+  Feed Next() const {
+    const auto length = static_cast<int32_t>(prompt.size());
+    if (fed < length) {
+      const int32_t end = std::min(length, fed + chunk);
+      return Feed(Slice(prompt, fed, end), fed, blocks, end == length, params,
+                  static_cast<int64_t>(drawn.size()));
+    }
+    return Feed({drawn.back()}, fed, blocks, true, params, static_cast<int64_t>(drawn.size()));
+  }
+};
+
+// One step of `streams`: by StepLogits, each sampled stream drawing with
+// SampleToken from its logits (kept), or by Step.
+void StepStreams(Executor& e, const std::vector<Stream*>& streams, int64_t vocab,
+                 bool with_logits) {
+  std::vector<Feed> feeds;
+  for (const Stream* s : streams) feeds.push_back(s->Next());
+  std::vector<std::vector<float>> logits;
+  std::vector<int32_t> next(streams.size(), -1);
+  if (with_logits) {
+    logits = StepLogits(e, feeds, vocab);
+  } else {
+    const Batch b(feeds);
+    const Status status = e.Step(b.View(), next);
+    ASSERT_TRUE(status.ok()) << status.ToString();
+  }
+  size_t row = 0;
+  for (size_t i = 0; i < streams.size(); ++i) {
+    Stream& s = *streams[i];
+    s.fed += static_cast<int32_t>(feeds[i].tokens.size());
+    if (!feeds[i].sample) continue;
+    const auto number = static_cast<int64_t>(s.drawn.size());
+    if (with_logits) {
+      ASSERT_LT(row, logits.size());
+      s.drawn.push_back(SampleToken(logits[row], s.params, number));
+      s.logits[number] = std::move(logits[row++]);
+    } else {
+      ASSERT_GE(next[i], 0);
+      s.drawn.push_back(next[i]);
+    }
+  }
+}
+
+class CpuExecutorInvarianceTest : public ::testing::TestWithParam<std::tuple<Shape, int>> {
+ protected:
+  void SetUp() override { threads_.emplace(std::get<1>(GetParam())); }
+  void TearDown() override { threads_.reset(); }
+  ModelConfig Config() const { return ConfigOf(std::get<0>(GetParam())); }
+
+ private:
+  std::optional<testing::BlasThreads> threads_;
+};
+
+TEST_P(CpuExecutorInvarianceTest, ChunkedPrefillMatchesWhole) {
   // The logits after each chunk are those of a prefill of the prompt up to
-  // there, in one step of a fresh executor.
-  const ModelConfig c = TinyConfig(GetParam());
-  const std::vector<int32_t> prompt = Tokens(13, 1);
+  // there, in one step of a fresh executor. 50 tokens in one step take
+  // the projections of 32 to 64 outputs past 1200 / out rows; chunks of
+  // 1 to 17 stay below.
+  const ModelConfig c = Config();
+  const int n = 50;
+  const std::vector<int32_t> prompt = Tokens(n, 1);
   std::map<int, std::vector<float>> whole;
-  for (int end = 1; end <= 13; ++end) {
+  for (int end = 1; end <= n; ++end) {
     auto e = Load(c);
     whole[end] =
-        StepLogits(*e->executor, {{Slice(prompt, 0, end), 0, Blocks(0, 4)}}, c.vocab_size)[0];
+        StepLogits(*e->executor, {{Slice(prompt, 0, end), 0, Blocks(0, 13)}}, c.vocab_size)[0];
   }
+  std::vector<int> one_by_one(n);
+  std::iota(one_by_one.begin(), one_by_one.end(), 1);
   for (const std::vector<int>& cuts : std::vector<std::vector<int>>{
-           {5, 10, 13}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}, {4, 8, 12, 13}, {3, 13}}) {
+           {5, 10, 13, 30, 50}, one_by_one, {4, 8, 12, 40, 44, 50}, {3, 50}, {17, 34, 49, 50}}) {
     auto chunked = Load(c);
     int begin = 0;
     for (int end : cuts) {
       const auto last = StepLogits(
-          *chunked->executor, {{Slice(prompt, begin, end), begin, Blocks(0, 4)}}, c.vocab_size);
-      ExpectClose(last[0], whole[end], "chunk");
+          *chunked->executor, {{Slice(prompt, begin, end), begin, Blocks(0, 13)}}, c.vocab_size);
+      ExpectSameBits(last[0], whole[end],
+                     "chunk " + std::to_string(begin) + " to " + std::to_string(end));
       begin = end;
     }
   }
 }
 
-TEST_P(CpuExecutorTest, BatchMatchesEachAlone) {
-  const ModelConfig c = TinyConfig(GetParam());
-  const std::vector<int32_t> a = Tokens(9, 1), b = Tokens(1, 2), d = Tokens(14, 3);
-  // Step 1: three prefills together; step 2: a decodes one, b feeds a
-  // chunk of three, d is left out; step 3: d decodes, a feeds two.
+TEST_P(CpuExecutorInvarianceTest, BatchMatchesEachAlone) {
+  const ModelConfig c = Config();
+  const std::vector<int32_t> a = Tokens(9, 1), b = Tokens(1, 2), d = Tokens(40, 3);
+  // Step 1: three prefills together (50 rows); step 2: a decodes one, b
+  // feeds a chunk of three, d is left out; step 3: d decodes, a feeds two.
   auto batched = Load(c);
   auto s1 =
       StepLogits(*batched->executor,
-                 {{a, 0, Blocks(0, 4)}, {b, 0, Blocks(4, 2)}, {d, 0, Blocks(8, 5)}}, c.vocab_size);
+                 {{a, 0, Blocks(0, 4)}, {b, 0, Blocks(4, 2)}, {d, 0, Blocks(8, 11)}}, c.vocab_size);
   auto s2 = StepLogits(*batched->executor, {{{5}, 9, Blocks(0, 4)}, {{7, 8, 9}, 1, Blocks(4, 2)}},
                        c.vocab_size);
-  auto s3 = StepLogits(*batched->executor, {{{11}, 14, Blocks(8, 5)}, {{1, 2}, 10, Blocks(0, 4)}},
+  auto s3 = StepLogits(*batched->executor, {{{11}, 40, Blocks(8, 11)}, {{1, 2}, 10, Blocks(0, 4)}},
                        c.vocab_size);
 
   auto alone_a = Load(c), alone_b = Load(c), alone_d = Load(c);
@@ -193,17 +305,118 @@ TEST_P(CpuExecutorTest, BatchMatchesEachAlone) {
   auto a3 = StepLogits(*alone_a->executor, {{{1, 2}, 10, Blocks(0, 4)}}, c.vocab_size);
   auto b1 = StepLogits(*alone_b->executor, {{b, 0, Blocks(0, 2)}}, c.vocab_size);
   auto b2 = StepLogits(*alone_b->executor, {{{7, 8, 9}, 1, Blocks(0, 2)}}, c.vocab_size);
-  auto d1 = StepLogits(*alone_d->executor, {{d, 0, Blocks(0, 5)}}, c.vocab_size);
-  auto d3 = StepLogits(*alone_d->executor, {{{11}, 14, Blocks(0, 5)}}, c.vocab_size);
+  auto d1 = StepLogits(*alone_d->executor, {{d, 0, Blocks(0, 11)}}, c.vocab_size);
+  auto d3 = StepLogits(*alone_d->executor, {{{11}, 40, Blocks(0, 11)}}, c.vocab_size);
 
-  ExpectClose(s1[0], a1[0], "a, step 1");
-  ExpectClose(s1[1], b1[0], "b, step 1");
-  ExpectClose(s1[2], d1[0], "d, step 1");
-  ExpectClose(s2[0], a2[0], "a, step 2");
-  ExpectClose(s2[1], b2[0], "b, step 2");
-  ExpectClose(s3[0], d3[0], "d, step 3");
-  ExpectClose(s3[1], a3[0], "a, step 3");
+  ExpectSameBits(s1[0], a1[0], "a, step 1");
+  ExpectSameBits(s1[1], b1[0], "b, step 1");
+  ExpectSameBits(s1[2], d1[0], "d, step 1");
+  ExpectSameBits(s2[0], a2[0], "a, step 2");
+  ExpectSameBits(s2[1], b2[0], "b, step 2");
+  ExpectSameBits(s3[0], d3[0], "d, step 3");
+  ExpectSameBits(s3[1], a3[0], "a, step 3");
 }
+
+// The run that ResumedStreamDrawsWhatItWouldHaveDrawn interrupts and
+// ThreadCountChangesNoBit repeats: stream a (a prompt of 6, then `draws`
+// tokens) beside b (a prompt of 45 in chunks of 20, then decoding) and c
+// (3, then decoding, sampled).
+struct Uninterrupted {
+  Stream a, b, c;
+};
+Uninterrupted RunUninterrupted(Executor& e, int64_t vocab, const SamplingParams& params,
+                               int draws) {
+  Uninterrupted u{{Tokens(6, 1), 6, Blocks(0, 8), params},
+                  {Tokens(45, 2), 20, Blocks(8, 20), {}},
+                  {Tokens(3, 3), 3, Blocks(28, 8), {0.7f, 1.0f, 0, 5}}};
+  while (static_cast<int>(u.a.drawn.size()) < draws) {
+    StepStreams(e, {&u.a, &u.b, &u.c}, vocab, true);
+    if (::testing::Test::HasFatalFailure()) break;
+  }
+  return u;
+}
+
+TEST_P(CpuExecutorInvarianceTest, ResumedStreamDrawsWhatItWouldHaveDrawn) {
+  // A stream interrupted after j draws is prefilled again (its prompt and
+  // the j tokens, in one chunk or in chunks of 5, beside another stream),
+  // and draws the rest: the logits of every later draw are those of the
+  // uninterrupted run, bit for bit, and so are the tokens.
+  const ModelConfig c = Config();
+  const int draws = 24;
+  for (const SamplingParams& params : {SamplingParams{}, SamplingParams{0.9f, 0.95f, 20, 77}}) {
+    auto u_run = Load(c);
+    const Uninterrupted u = RunUninterrupted(*u_run->executor, c.vocab_size, params, draws);
+    ASSERT_FALSE(HasFatalFailure());
+    for (int j : {1, 9, 20}) {
+      for (int32_t chunk : {1000, 5}) {
+        for (bool with_logits : {true, false}) {
+          const std::string what = "resumed after " + std::to_string(j) + " draws, chunks of " +
+                                   std::to_string(chunk) + (with_logits ? "" : ", by Step") +
+                                   ", temperature " + std::to_string(params.temperature);
+          std::vector<int32_t> resumed_prompt = u.a.prompt;
+          resumed_prompt.insert(resumed_prompt.end(), u.a.drawn.begin(), u.a.drawn.begin() + j);
+          Stream a{resumed_prompt, chunk, Blocks(0, 8), params,
+                   std::vector<int32_t>(u.a.drawn.begin(), u.a.drawn.begin() + j)};
+          Stream other{Tokens(30, 9), 30, Blocks(40, 20), {}};
+          auto r = Load(c);
+          while (static_cast<int>(a.drawn.size()) < draws) {
+            StepStreams(*r->executor, {&other, &a}, c.vocab_size, with_logits);
+            ASSERT_FALSE(HasFatalFailure()) << what;
+          }
+          EXPECT_EQ(a.drawn, u.a.drawn) << what;
+          for (const auto& [number, logits] : a.logits) {
+            ExpectSameBits(logits, u.a.logits.at(number),
+                           what + ", draw " + std::to_string(number));
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CpuExecutorInvarianceTest,
+                         ::testing::Combine(::testing::Values(Shape::kTinyLlama, Shape::kTinyQwen2,
+                                                              Shape::kWideLlama),
+                                            ::testing::Values(1, 2)),
+                         [](const auto& p) {
+                           return std::string(NameOf(std::get<0>(p.param))) + "_" +
+                                  std::to_string(std::get<1>(p.param)) + "threads";
+                         });
+
+class CpuExecutorThreadsTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(CpuExecutorThreadsTest, ThreadCountChangesNoBit) {
+  // The uninterrupted run of three streams on 1, 2 and 3 OpenBLAS threads.
+  const ModelConfig c = ConfigOf(GetParam());
+  const SamplingParams hot{0.9f, 0.95f, 20, 77};
+  std::vector<Uninterrupted> runs;
+  for (int threads : {1, 2, 3}) {
+    const testing::BlasThreads t(threads);
+    auto e = Load(c);
+    runs.push_back(RunUninterrupted(*e->executor, c.vocab_size, hot, 16));
+    ASSERT_FALSE(HasFatalFailure());
+  }
+  for (size_t i = 1; i < runs.size(); ++i) {
+    const std::string what = std::to_string(i + 1) + " threads against 1";
+    EXPECT_EQ(runs[i].a.drawn, runs[0].a.drawn) << what;
+    EXPECT_EQ(runs[i].b.drawn, runs[0].b.drawn) << what;
+    EXPECT_EQ(runs[i].c.drawn, runs[0].c.drawn) << what;
+    for (Stream Uninterrupted::*s : {&Uninterrupted::a, &Uninterrupted::b, &Uninterrupted::c}) {
+      for (const auto& [number, logits] : (runs[i].*s).logits) {
+        ExpectSameBits(logits, (runs[0].*s).logits.at(number),
+                       what + ", draw " + std::to_string(number));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CpuExecutorThreadsTest,
+                         ::testing::Values(Shape::kTinyLlama, Shape::kTinyQwen2, Shape::kWideLlama),
+                         [](const auto& p) { return std::string(NameOf(p.param)); });
+
+// ---- the executor composed otherwise, and its dtypes
+
+class CpuExecutorTest : public ::testing::TestWithParam<Family> {};
 
 TEST_P(CpuExecutorTest, BlockTablesNeedNotBeContiguous) {
   const ModelConfig c = TinyConfig(GetParam());

@@ -3,7 +3,7 @@
 // test_llm_reference.py, which compares what it writes with torch.
 //
 //   llm_probe DIR OUT --prompt 1,2,3 [--prompt 4,5 ...] [--chunk N]
-//             [--block-size N] [--scatter] [--generate N]
+//             [--block-size N] [--scatter] [--generate N] [--drawn N]
 //             [--temperature T] [--top-k K] [--top-p P] [--seed S]
 //
 // All prompts are one batch. Each step, every sequence feeds the next
@@ -16,6 +16,9 @@
 // end of its prompt); OUT gets them as int32, [sequence][N].
 // --scatter deals the KV blocks out shuffled and interleaved between the
 // sequences instead of in order.
+// --drawn N: the last N tokens of every prompt are tokens its stream drew
+// before it was interrupted (a resumed stream): its draws are numbered from
+// N, not 0.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -36,7 +39,7 @@ namespace {
 struct Args {
   std::string dir, out;
   std::vector<std::vector<int32_t>> prompts;
-  int32_t chunk = 0, block_size = 4, generate = 0;
+  int32_t chunk = 0, block_size = 4, generate = 0, drawn = 0;
   bool scatter = false;
   SamplingParams params;
 };
@@ -77,6 +80,8 @@ Result<Args> Parse(int argc, char** argv) {
       a.block_size = std::stoi(v);
     } else if (flag == "--generate") {
       a.generate = std::stoi(v);
+    } else if (flag == "--drawn") {
+      a.drawn = std::stoi(v);
     } else if (flag == "--temperature") {
       a.params.temperature = std::stof(v);
     } else if (flag == "--top-k") {
@@ -195,7 +200,7 @@ Status Run(const Args& a) {
       s.fed += static_cast<int32_t>(feed.size());
       sample.push_back(a.generate == 0 || s.fed >= prompt_len);
       params.push_back(a.params);
-      draws.push_back(static_cast<int64_t>(s.drawn.size()));
+      draws.push_back(static_cast<int64_t>(a.drawn + s.drawn.size()));
     }
     if (in_step.empty()) break;
     StepBatch b;
