@@ -13,7 +13,8 @@
 # grpc_cpp_plugin: -DHEARTH_GRPC_ROOT). bench/gpu-deps.sh makes them all.
 #
 # SECTIONS picks what runs after the build (default: all of them):
-#   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart coldstart multigpu gemm llm-step startup suite
+#   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart coldstart multigpu gemm tokenizer-fixtures llm-step startup suite
+# (GEN_BACKEND=llm runs the generate section on backend: llm instead of the Python example.)
 # (multigpu runs only where nvidia-smi lists 2 GPUs or more.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -171,6 +172,11 @@ if want gemm; then
   timeout 200 python3 bench/gemm/torch_mlp.py --iterations 30 >> "$OUT/gemm.log" 2>&1
   grep -E "^(forward|torch)" "$OUT/gemm.log" | grep -E "rows=(1|16|32|64) " 
   grep -E "^kernel" "$OUT/gemm.log" | grep -E "rows=(1|16|32) "
+fi
+if want tokenizer-fixtures; then
+  echo "== backend llm's tokenizer fixtures from the Python tokenizers package (commit them into tests/data/llm/tokenizers)"
+  timeout 120 python3 tests/data/llm/make_tokenizer_fixtures.py --out "$OUT/fixtures" > "$OUT/fixtures.log" 2>&1
+  tail -3 "$OUT/fixtures.log"
 fi
 if want llm-step; then
   echo "== the CUDA llm executor: a decode step of a 1B Llama shape by batch size, each kernel at 64 sequences"
