@@ -106,7 +106,7 @@ def test_log_settings_change_live_and_agree_with_rest(server):
     request.settings["log_verbose_level"].uint32_param = 1
     assert stub.LogSettings(request, timeout=30).settings["log_verbose_level"].uint32_param == 1
     assert requests.get(f"{url}/v2/logging", timeout=30).json()["log_verbose_level"] == 1
-    # Verbose: the server logs its debug lines from here on.
+    # Refused whole, on both.
     r = requests.post(f"{url}/v2/logging", json={"log_verbose_level": 0, "log_file": "/tmp/x"}, timeout=30)
     assert r.status_code == 400 and "log_file '/tmp/x' cannot be set" in r.json()["error"]
     request = pb.LogSettingsRequest()
