@@ -336,14 +336,8 @@ def test_there_are_no_cuda_shared_memory_regions(server):
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "of 64 bytes, not 0" in e.details(), e.details()
 
 
-def test_what_hearth_does_not_do_yet_is_unimplemented_with_a_reason(server):
+def test_sequences_are_refused_not_ignored(server):
     stub = server["stub"]
-    for call, request, says in (
-            (stub.TraceSetting, pb.TraceSettingRequest(), "tracing"),
-            (stub.LogSettings, pb.LogSettingsRequest(), "log settings")):
-        e = rpc_error(call, request, timeout=30)
-        assert e.code() == grpc.StatusCode.UNIMPLEMENTED and says in e.details(), e.details()
-    # Sequences are refused, not ignored.
     for key, set_value in (("sequence_id", lambda p: setattr(p, "int64_param", 7)),
                            ("sequence_start", lambda p: setattr(p, "bool_param", True)),
                            ("sequence_end", lambda p: setattr(p, "bool_param", True))):
