@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "common/log_settings.h"
 
 int main(int argc, char** argv) {
   using namespace hearth::cli;
@@ -30,7 +31,7 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(spdlog::level::from_str(log_level));
-  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%n %P] [%l] %v");
+  spdlog::set_pattern(hearth::kDefaultLogPattern);
 
   for (const Subcommand& subcommand : subcommands)
     if (subcommand.command->parsed()) return subcommand.run();

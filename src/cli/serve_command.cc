@@ -172,6 +172,7 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
     grpc_options.streams_per_second = grpc.streams_per_second;
     grpc_options.resets_per_second = grpc.resets_per_second;
     grpc_options.drain_timeout = http_options.drain_timeout;
+    grpc_options.server_name = http_options.server_name;
     auto created = GrpcServer::Create(server->get(), std::move(grpc_options));
     if (!created.ok()) return Fail(created.status());
     grpc_server = std::move(*created);
@@ -328,13 +329,16 @@ struct ServeFlags {
   HttpOptions http;
   int head_timeout_ms = 10000, body_timeout_ms = 10000, idle_timeout_ms = 60000,
       drain_timeout_ms = 20000;
+  std::string server_name = "hearth";
 };
 
 int RunServeCommand(ServeFlags& f) {
   if (f.http_port < 0 || f.http_port > 65535) {
     return Fail(InvalidArgument("--http-port must be in [0, 65535]"));
   }
+  if (f.server_name.empty()) return Fail(InvalidArgument("--server-name must not be empty"));
   f.http.host = f.host;
+  f.http.server_name = f.server_name;
   f.http.port = static_cast<uint16_t>(f.http_port);
   f.http.head_timeout = std::chrono::milliseconds(f.head_timeout_ms);
   f.http.body_timeout = std::chrono::milliseconds(f.body_timeout_ms);
@@ -379,6 +383,10 @@ Subcommand AddServeCommand(CLI::App& app) {
       ->required();
   serve->add_option("--host", f.host, "address to listen on")->capture_default_str();
   serve->add_option("--http-port", f.http_port, "port (0 = any free port)")->capture_default_str();
+  serve
+      ->add_option("--server-name", f.server_name,
+                   "the name server metadata gives (REST GET /v2, gRPC ServerMetadata)")
+      ->capture_default_str();
   serve
       ->add_option("--strict-readiness", f.strict_readiness,
                    "ready (/v2/health/ready, ServerReady) only while every model of the repository "

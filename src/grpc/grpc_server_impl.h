@@ -59,10 +59,6 @@ inline Result<grpc::ByteBuffer> Serialized(const google::protobuf::Message& mess
   return out;
 }
 
-inline grpc::Status NotYet(const std::string& message) {
-  return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, message);
-}
-
 // Answers a quick RPC inside its handler.
 inline grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, grpc::Status status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -227,23 +223,18 @@ class GrpcServer::Impl final : public Service {
                                        const inference::ModelReadyRequest* request,
                                        inference::ModelReadyResponse* response) override {
     const Result<bool> ready = service_->ModelReady(request->name(), request->version());
-    if (!ready.ok()) {
-      // Known but not ready (Unavailable, with its reason): not ready, as
-      // REST's 503. Unknown: NOT_FOUND, as REST's 404.
-      if (ready.status().code() != StatusCode::kUnavailable) {
-        return Answer(context, ToGrpcStatus(ready.status()));
-      }
-      response->set_ready(false);
-    } else {
-      response->set_ready(*ready);
-    }
+    // Not ready, unknown or not served alike: `ready: false`, as Triton
+    // answers (its ModelReady fails only when the server is not ready).
+    // REST's /ready tells them apart by status (404, 503).
+    response->set_ready(ready.ok() && *ready);
     return Answer(context, grpc::Status::OK);
   }
 
   grpc::ServerUnaryReactor* ServerMetadata(grpc::CallbackServerContext* context,
                                            const inference::ServerMetadataRequest*,
                                            inference::ServerMetadataResponse* response) override {
-    response->set_name(service_->ServerName());
+    response->set_name(options_.server_name.empty() ? service_->ServerName()
+                                                    : options_.server_name);
     response->set_version(service_->ServerVersion());
     for (const std::string& extension : service_->Extensions()) {
       response->add_extensions(extension);
@@ -390,17 +381,35 @@ class GrpcServer::Impl final : public Service {
     return Answer(context, ToGrpcStatus(service_->UnregisterCudaSharedMemory(request->name())));
   }
 
+  // Tracing is off and stays so (common/trace_settings.h); a model's
+  // settings are the server's, for a model the server knows.
   grpc::ServerUnaryReactor* TraceSetting(grpc::CallbackServerContext* context,
-                                         const inference::TraceSettingRequest*,
-                                         inference::TraceSettingResponse*) override {
-    return Answer(context, NotYet("hearth has no request tracing yet: there are no trace "
-                                  "settings to read or change"));
+                                         const inference::TraceSettingRequest* request,
+                                         inference::TraceSettingResponse* response) override {
+    if (!request->model_name().empty()) {
+      const Result<hearth::ModelMetadata> metadata = service_->Metadata(request->model_name(), "");
+      if (!metadata.ok() && metadata.status().code() == StatusCode::kNotFound) {
+        return Answer(context, ToGrpcStatus(metadata.status()));
+      }
+    }
+    if (Status valid = CheckTraceSettingRequest(*request); !valid.ok()) {
+      return Answer(context, ToGrpcStatus(valid));
+    }
+    EncodeTraceSettings(CurrentTraceSettings(), response);
+    return Answer(context, grpc::Status::OK);
   }
+  // This process's log settings (common/log_settings.h): changed whole or
+  // not at all, then answered as they are.
   grpc::ServerUnaryReactor* LogSettings(grpc::CallbackServerContext* context,
-                                        const inference::LogSettingsRequest*,
-                                        inference::LogSettingsResponse*) override {
-    return Answer(context, NotYet("hearth's log settings cannot be read or changed over "
-                                  "the API yet: start hearth with --log-level"));
+                                        const inference::LogSettingsRequest* request,
+                                        inference::LogSettingsResponse* response) override {
+    Result<LogSettingsUpdate> update = ParseLogSettingsRequest(*request);
+    if (!update.ok()) return Answer(context, ToGrpcStatus(update.status()));
+    if (Status applied = UpdateLogSettings(*update); !applied.ok()) {
+      return Answer(context, ToGrpcStatus(applied));
+    }
+    EncodeLogSettings(CurrentLogSettings(), response);
+    return Answer(context, grpc::Status::OK);
   }
 
  private:

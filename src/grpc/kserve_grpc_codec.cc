@@ -570,4 +570,59 @@ grpc::Status ToGrpcStatus(const Status& status) {
   return grpc::Status(GrpcCodeFor(status.code()), status.message());
 }
 
+Result<LogSettingsUpdate> ParseLogSettingsRequest(const inference::LogSettingsRequest& request) {
+  using Value = inference::LogSettingsRequest::SettingValue;
+  LogSettingsUpdate update;
+  for (const auto& [key, value] : request.settings()) {
+    auto expect = [&key = key, &value = value](Value::ParameterChoiceCase want,
+                                               const char* kind) -> Status {
+      if (value.parameter_choice_case() == want) return Status::Ok();
+      return InvalidArgument("log settings: '" + key + "' must be a " + kind);
+    };
+    if (key == "log_verbose_level") {
+      RETURN_IF_ERROR(expect(Value::kUint32Param, "uint32_param"));
+      update.verbose_level = value.uint32_param();
+    } else if (key == "log_info" || key == "log_warning" || key == "log_error") {
+      RETURN_IF_ERROR(expect(Value::kBoolParam, "bool_param"));
+      (key == "log_info"      ? update.info
+       : key == "log_warning" ? update.warning
+                              : update.error) = value.bool_param();
+    } else if (key == "log_format" || key == "log_file") {
+      RETURN_IF_ERROR(expect(Value::kStringParam, "string_param"));
+      (key == "log_format" ? update.format : update.file) = value.string_param();
+    } else {
+      return InvalidArgument("log settings: unknown setting '" + key +
+                             "' (Triton's: log_file, log_info, log_warning, log_error, "
+                             "log_verbose_level, log_format)");
+    }
+  }
+  return update;
+}
+
+void EncodeLogSettings(const LogSettings& settings, inference::LogSettingsResponse* out) {
+  auto& map = *out->mutable_settings();
+  map["log_file"].set_string_param(settings.file);
+  map["log_info"].set_bool_param(settings.info);
+  map["log_warning"].set_bool_param(settings.warning);
+  map["log_error"].set_bool_param(settings.error);
+  map["log_verbose_level"].set_uint32_param(settings.verbose_level);
+  map["log_format"].set_string_param(settings.format);
+}
+
+Status CheckTraceSettingRequest(const inference::TraceSettingRequest& request) {
+  for (const auto& [key, value] : request.settings()) {
+    const std::vector<std::string> values(value.value().begin(), value.value().end());
+    RETURN_IF_ERROR(CheckTraceSettingUpdate(key, values, values.empty()));
+  }
+  return Status::Ok();
+}
+
+void EncodeTraceSettings(const std::vector<TraceSetting>& settings,
+                         inference::TraceSettingResponse* out) {
+  for (const TraceSetting& s : settings) {
+    auto& value = (*out->mutable_settings())[s.name];
+    for (const std::string& v : s.value) value.add_value(v);
+  }
+}
+
 }  // namespace hearth

@@ -15,6 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/log_settings.h"
+#include "common/trace_settings.h"
 #include "grpc_service.pb.h"
 #include "hearth/status.h"
 #include "server/inference_api.h"
@@ -93,6 +95,19 @@ void EncodeSystemSharedMemoryStatus(const std::vector<SharedMemoryRegion>& regio
                                     inference::SystemSharedMemoryStatusResponse* out);
 
 // As the REST front-end maps codes to HTTP: InvalidArgument INVALID_ARGUMENT,
+// Triton's log settings: log_verbose_level a uint32_param, log_info,
+// log_warning and log_error bool_params, log_format and log_file
+// string_params; InvalidArgument naming an unknown setting or a value of
+// another kind.
+Result<LogSettingsUpdate> ParseLogSettingsRequest(const inference::LogSettingsRequest& request);
+void EncodeLogSettings(const LogSettings& settings, inference::LogSettingsResponse* out);
+
+// Triton's trace settings: each setting's values checked by
+// CheckTraceSettingUpdate (a setting with no values is cleared).
+Status CheckTraceSettingRequest(const inference::TraceSettingRequest& request);
+void EncodeTraceSettings(const std::vector<TraceSetting>& settings,
+                         inference::TraceSettingResponse* out);
+
 // FailedPrecondition FAILED_PRECONDITION, NotFound NOT_FOUND, ResourceExhausted
 // RESOURCE_EXHAUSTED, Unavailable UNAVAILABLE, DeadlineExceeded
 // DEADLINE_EXCEEDED, Unimplemented UNIMPLEMENTED, AlreadyExists

@@ -14,7 +14,8 @@
 // CUDA shared memory, outputs optionally classified); ModelStreamInfer (each request of the stream
 // is one Infer, answered in the order the answers come: a decoupled model's responses each as it
 // comes, `triton_final_response` true on the last; a request's error in `error_message`, after
-// which the stream goes on). The trace and log RPCs answer UNIMPLEMENTED with a message saying so.
+// which the stream goes on). LogSettings reads and changes this process's log settings
+// (common/log_settings.h); TraceSetting answers that tracing is off (common/trace_settings.h).
 //
 // Limits (every resource a client can make the front-end hold):
 // - message size: a received message over max_message_bytes is refused
@@ -104,6 +105,8 @@ struct GrpcOptions {
   int max_connections = 1024;
   double streams_per_second = 100000;
   double resets_per_second = 200;
+  // The name ServerMetadata answers with; empty: the service's (ServerName()).
+  std::string server_name;
 };
 
 // What the front-end holds now; thread-safe snapshots for tests.

@@ -25,6 +25,11 @@ void ServeMetrics(Session& session, const Request& request);
 // GET /v2/hearth/workers: http/workers_json.h.
 void ServeWorkers(Session& session, const Request& request);
 
+// settings_endpoints.cc: Triton's log and trace settings (GET reads, POST
+// changes; common/log_settings.h, common/trace_settings.h).
+void ServeLogging(Session& session, const Request& request);
+void ServeTraceSetting(Session& session, const Request& request, const Route& route);
+
 // infer_endpoint.cc: KServe v2 inference.
 void ServeInfer(Session& session, Request request, const Route& route);
 

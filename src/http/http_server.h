@@ -137,6 +137,8 @@ struct HttpOptions {
   // Stop(): how long requests in progress and open connections get before
   // the connections are closed.
   std::chrono::milliseconds drain_timeout{20'000};
+  // The name GET /v2 answers with; empty: the service's (ServerName()).
+  std::string server_name;
 };
 
 // A body is read, budgeted and timed in chunks of this size.

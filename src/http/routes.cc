@@ -157,13 +157,8 @@ void Dispatch(Session& session, Request request) {
   const bool either = route->kind == Route::Kind::kTraceSetting ||
                       route->kind == Route::Kind::kLogging;  // GET reads, POST changes
   if (either && (method == http::verb::get || method == http::verb::post)) {
-    return session.Send(ErrorResponse(
-        501,
-        route->kind == Route::Kind::kTraceSetting
-            ? "hearth has no request tracing yet: there are no trace settings to read or change"
-            : "hearth's log settings cannot be read or changed over the API yet: start hearth "
-              "with --log-level",
-        version, keep_alive));
+    return route->kind == Route::Kind::kTraceSetting ? ServeTraceSetting(session, request, *route)
+                                                     : ServeLogging(session, request);
   }
   if (method != route->method()) {
     const std::string message = "method " + std::string(request.method_string()) +

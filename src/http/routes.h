@@ -38,8 +38,8 @@ struct Route {
     kCudaShmRegister,
     kCudaShmUnregister,
     kCudaShmStatus,
-    kTraceSetting,  // Triton's trace settings (GET or POST): not supported
-    kLogging,       // Triton's log settings (GET or POST): not supported
+    kTraceSetting,  // Triton's trace settings (GET or POST): tracing off
+    kLogging,       // Triton's log settings (GET or POST)
     kWorkers,       // hearth's own (/v2/hearth/workers): the worker processes
   };
   Kind kind = Kind::kNone;

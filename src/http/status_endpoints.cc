@@ -83,11 +83,13 @@ void ServeReady(Session& session, const Request& request) {
 }
 
 void ServeServerMetadata(Session& session, const Request& request) {
-  InferenceService& service = *session.core()->service;
+  const ServerCore& core = *session.core();
+  const InferenceService& service = *core.service;
+  const std::string name =
+      core.options.server_name.empty() ? service.ServerName() : core.options.server_name;
   return session.Send(MakeResponse(
       http::status::ok, request.version(), request.keep_alive(),
-      ServerMetadataJson(service.ServerName(), service.ServerVersion(), service.Extensions()),
-      "application/json"));
+      ServerMetadataJson(name, service.ServerVersion(), service.Extensions()), "application/json"));
 }
 
 void ServeModelMetadata(Session& session, const Request& request, const Route& route) {

@@ -235,4 +235,83 @@ Result<CudaSharedMemoryRegistration> ParseCudaSharedMemoryRegisterBody(std::stri
   return r;
 }
 
+std::string LogSettingsJson(const LogSettings& settings) {
+  return json{{"log_file", settings.file},
+              {"log_info", settings.info},
+              {"log_warning", settings.warning},
+              {"log_error", settings.error},
+              {"log_verbose_level", settings.verbose_level},
+              {"log_format", settings.format}}
+      .dump();
+}
+
+Result<LogSettingsUpdate> ParseLogSettingsBody(std::string_view body) {
+  Result<json> parsed = ObjectBody(body, "log settings");
+  if (!parsed.ok()) return parsed.status();
+  LogSettingsUpdate update;
+  for (const auto& [key, value] : parsed->items()) {
+    if (key == "log_verbose_level") {
+      if (!value.is_number_unsigned() || value.get<uint64_t>() > UINT32_MAX) {
+        return InvalidArgument("log settings: 'log_verbose_level' must be an integer from 0 to " +
+                               std::to_string(UINT32_MAX) + ", got " + value.dump());
+      }
+      update.verbose_level = value.get<uint32_t>();
+    } else if (key == "log_info" || key == "log_warning" || key == "log_error") {
+      if (!value.is_boolean()) {
+        return InvalidArgument("log settings: '" + key + "' must be a boolean, got " +
+                               value.dump());
+      }
+      (key == "log_info"      ? update.info
+       : key == "log_warning" ? update.warning
+                              : update.error) = value.get<bool>();
+    } else if (key == "log_format" || key == "log_file") {
+      if (!value.is_string()) {
+        return InvalidArgument("log settings: '" + key + "' must be a string, got " + value.dump());
+      }
+      (key == "log_format" ? update.format : update.file) = value.get<std::string>();
+    } else {
+      return InvalidArgument("log settings: unknown field '" + key +
+                             "' (Triton's: log_file, log_info, log_warning, log_error, "
+                             "log_verbose_level, log_format)");
+    }
+  }
+  return update;
+}
+
+std::string TraceSettingsJson(const std::vector<TraceSetting>& settings) {
+  json out = json::object();
+  for (const TraceSetting& s : settings) {
+    if (s.name == "trace_level") {
+      out[s.name] = s.value;
+    } else {
+      out[s.name] = s.value.empty() ? std::string() : s.value.front();
+    }
+  }
+  return out.dump();
+}
+
+Status CheckTraceSettingsBody(std::string_view body) {
+  Result<json> parsed = ObjectBody(body, "trace settings");
+  if (!parsed.ok()) return parsed.status();
+  for (const auto& [key, value] : parsed->items()) {
+    std::vector<std::string> values;
+    if (value.is_string()) {
+      values.push_back(value.get<std::string>());
+    } else if (value.is_array()) {
+      for (const json& v : value) {
+        if (!v.is_string()) {
+          return InvalidArgument("trace settings: '" + key +
+                                 "' must be a string or a list of strings, got " + value.dump());
+        }
+        values.push_back(v.get<std::string>());
+      }
+    } else if (!value.is_null()) {
+      return InvalidArgument("trace settings: '" + key +
+                             "' must be a string, a list of strings or null, got " + value.dump());
+    }
+    RETURN_IF_ERROR(CheckTraceSettingUpdate(key, values, value.is_null()));
+  }
+  return Status::Ok();
+}
+
 }  // namespace hearth

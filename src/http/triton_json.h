@@ -1,5 +1,6 @@
 // The JSON of Triton's REST extensions that are not inference: statistics,
-// the repository index and control, and system and CUDA shared memory. Pure
+// the repository index and control, system and CUDA shared memory, and the
+// log and trace settings. Pure
 // functions, thread-safe, never throw (bodies are parsed with ParseJsonBody:
 // strictly, every failure an InvalidArgument that names the field).
 #pragma once
@@ -9,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/log_settings.h"
+#include "common/trace_settings.h"
 #include "hearth/status.h"
 #include "server/inference_api.h"
 
@@ -66,5 +69,24 @@ Result<CudaSharedMemoryRegistration> ParseCudaSharedMemoryRegisterBody(std::stri
 // other character, a length not a multiple of 4, or bits left over in the
 // last group are an InvalidArgument naming `what`.
 Result<std::vector<std::byte>> DecodeBase64(std::string_view text, std::string_view what);
+
+// {"log_file", "log_info", "log_warning", "log_error", "log_verbose_level",
+// "log_format"}: Triton's GET /v2/logging.
+std::string LogSettingsJson(const LogSettings& settings);
+
+// The body of POST /v2/logging: an object of any of those fields
+// (log_verbose_level a non-negative integer, the three log_* kinds
+// booleans, log_format and log_file strings); InvalidArgument naming an
+// unknown field or a value of the wrong type.
+Result<LogSettingsUpdate> ParseLogSettingsBody(std::string_view body);
+
+// {"trace_level": ["OFF"], "trace_rate": "1000", ...}: Triton's GET
+// /v2/trace/setting (trace_level a list, the others strings).
+std::string TraceSettingsJson(const std::vector<TraceSetting>& settings);
+
+// Checks the body of POST /v2/trace/setting: an object of settings, each a
+// string, a list of strings, or null (cleared), against what hearth can
+// set (CheckTraceSettingUpdate).
+Status CheckTraceSettingsBody(std::string_view body);
 
 }  // namespace hearth

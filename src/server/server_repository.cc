@@ -10,7 +10,9 @@ Result<std::shared_ptr<ModelRuntime>> Server::Impl::Find(const std::string& mode
                                                          const std::string& version) const {
   std::shared_lock entries_lock(entries_mu_);
   auto it = entries_.find(model);
-  if (it == entries_.end()) return NotFound("unknown model '" + model + "'");
+  // Worded as Triton's, which its clients match.
+  if (it == entries_.end())
+    return NotFound("Request for unknown model: '" + model + "' is not found");
   const ModelEntry& entry = *it->second;
   std::shared_ptr<ModelRuntime> m = entry.served.load();
   if (m == nullptr) {
@@ -21,7 +23,9 @@ Result<std::shared_ptr<ModelRuntime>> Server::Impl::Find(const std::string& mode
       return Unavailable("model '" + model + "' is not served: " + entry.status.message());
   }
   if (!version.empty() && version != std::to_string(m->config().version))
-    return NotFound("model '" + model + "' has no served version '" + version + "'");
+    return NotFound("Request for unknown model: '" + model + "' version " + version +
+                    " is not found (the served version is " + std::to_string(m->config().version) +
+                    ")");
   return m;
 }
 
@@ -135,8 +139,7 @@ std::vector<ModelWorkers> Server::Impl::Workers() const {
       placement.device = p->device_name;
       for (const auto& w : m->workers) {
         if (&w->placement() != p.get()) continue;
-        WorkerInfo info{w->index(), w->pid(), w->ready(), w->restarts(),
-                        w->device_memory_bytes()};
+        WorkerInfo info{w->index(), w->pid(), w->ready(), w->restarts(), w->device_memory_bytes()};
         info.streams = w->streams_in_flight();
         info.driver_device_memory_bytes = driver.Of(p->device_name, w->pid());
         placement.workers.push_back(info);
@@ -265,7 +268,8 @@ Status Server::Impl::UnloadModel(const std::string& name) {
   {
     std::shared_lock lock(entries_mu_);
     auto it = entries_.find(name);
-    if (it == entries_.end()) return NotFound("unknown model '" + name + "'");
+    if (it == entries_.end())
+      return NotFound("Request for unknown model: '" + name + "' is not found");
     entry = it->second.get();
   }
   std::lock_guard build(entry->build_mu);

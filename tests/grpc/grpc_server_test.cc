@@ -5,6 +5,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <atomic>
@@ -389,7 +390,110 @@ TEST_F(GrpcServerTest, ModelReady) {
   EXPECT_TRUE(response.ready());
   ASSERT_TRUE(ready("unready", &response).ok());
   EXPECT_FALSE(response.ready());
-  EXPECT_EQ(ready("nope", &response).error_code(), grpc::StatusCode::NOT_FOUND);
+  // Unknown models and versions are not ready, as Triton answers: no error.
+  response.set_ready(true);
+  ASSERT_TRUE(ready("nope", &response).ok());
+  EXPECT_FALSE(response.ready());
+  inference::ModelReadyRequest version;
+  version.set_name("scale");
+  version.set_version("7");
+  response.set_ready(true);
+  ASSERT_TRUE(stub_->ModelReady(Context().get(), version, &response).ok());
+  EXPECT_FALSE(response.ready());
+}
+
+TEST_F(GrpcServerTest, ServerMetadataGivesTheNameItIsToldToGive) {
+  GrpcOptions options;
+  options.server_name = "triton";
+  StartServer(options);
+  inference::ServerMetadataResponse server;
+  ASSERT_TRUE(stub_->ServerMetadata(Context().get(), {}, &server).ok());
+  EXPECT_EQ(server.name(), "triton");
+}
+
+TEST_F(GrpcServerTest, LogSettingsAreReadAndChangedLive) {
+  const spdlog::level::level_enum before = spdlog::get_level();
+  spdlog::set_level(spdlog::level::info);
+  StartServer();
+  auto settings = [&](inference::LogSettingsRequest request,
+                      inference::LogSettingsResponse* response) {
+    return stub_->LogSettings(Context().get(), request, response);
+  };
+  inference::LogSettingsResponse now;
+  ASSERT_TRUE(settings({}, &now).ok());
+  EXPECT_EQ(now.settings().at("log_file").string_param(), "");
+  EXPECT_TRUE(now.settings().at("log_info").bool_param());
+  EXPECT_TRUE(now.settings().at("log_warning").bool_param());
+  EXPECT_TRUE(now.settings().at("log_error").bool_param());
+  EXPECT_EQ(now.settings().at("log_verbose_level").uint32_param(), 0u);
+  EXPECT_EQ(now.settings().at("log_format").string_param(), "default");
+  inference::LogSettingsRequest verbose;
+  (*verbose.mutable_settings())["log_verbose_level"].set_uint32_param(2);
+  ASSERT_TRUE(settings(verbose, &now).ok());
+  EXPECT_EQ(spdlog::get_level(), spdlog::level::trace);
+  EXPECT_EQ(now.settings().at("log_verbose_level").uint32_param(), 2u);
+  inference::LogSettingsRequest errors_only;
+  (*errors_only.mutable_settings())["log_warning"].set_bool_param(false);
+  ASSERT_TRUE(settings(errors_only, &now).ok());
+  EXPECT_EQ(spdlog::get_level(), spdlog::level::err);
+  EXPECT_FALSE(now.settings().at("log_info").bool_param());
+  EXPECT_EQ(now.settings().at("log_verbose_level").uint32_param(), 0u);
+  // Refused whole: nothing changes.
+  inference::LogSettingsRequest file;
+  (*file.mutable_settings())["log_info"].set_bool_param(true);
+  (*file.mutable_settings())["log_file"].set_string_param("/tmp/hearth.log");
+  grpc::Status refused = settings(file, &now);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.error_message().find("log_file '/tmp/hearth.log' cannot be set"),
+            std::string::npos)
+      << refused.error_message();
+  EXPECT_EQ(spdlog::get_level(), spdlog::level::err);
+  inference::LogSettingsRequest wrong_kind;
+  (*wrong_kind.mutable_settings())["log_verbose_level"].set_bool_param(true);
+  refused = settings(wrong_kind, &now);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.error_message().find("uint32_param"), std::string::npos);
+  inference::LogSettingsRequest unknown;
+  (*unknown.mutable_settings())["log_colour"].set_bool_param(true);
+  EXPECT_EQ(settings(unknown, &now).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  inference::LogSettingsRequest back;
+  (*back.mutable_settings())["log_info"].set_bool_param(true);
+  ASSERT_TRUE(settings(back, &now).ok());
+  EXPECT_EQ(spdlog::get_level(), spdlog::level::info);
+  spdlog::set_level(before);
+}
+
+TEST_F(GrpcServerTest, TraceSettingsSayTracingIsOffAndRefuseTurningItOn) {
+  StartServer();
+  auto trace = [&](inference::TraceSettingRequest request,
+                   inference::TraceSettingResponse* response) {
+    return stub_->TraceSetting(Context().get(), request, response);
+  };
+  auto value = [](const inference::TraceSettingResponse& r, const std::string& name) {
+    const auto& v = r.settings().at(name).value();
+    return std::vector<std::string>(v.begin(), v.end());
+  };
+  inference::TraceSettingResponse now;
+  ASSERT_TRUE(trace({}, &now).ok());
+  EXPECT_EQ(value(now, "trace_level"), (std::vector<std::string>{"OFF"}));
+  EXPECT_EQ(value(now, "trace_rate"), (std::vector<std::string>{"1000"}));
+  EXPECT_EQ(value(now, "trace_count"), (std::vector<std::string>{"-1"}));
+  EXPECT_EQ(value(now, "log_frequency"), (std::vector<std::string>{"0"}));
+  EXPECT_EQ(value(now, "trace_mode"), (std::vector<std::string>{"triton"}));
+  inference::TraceSettingRequest on;
+  (*on.mutable_settings())["trace_level"].add_value("TIMESTAMPS");
+  grpc::Status refused = trace(on, &now);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.error_message().find("hearth does not trace requests"), std::string::npos)
+      << refused.error_message();
+  inference::TraceSettingRequest off;
+  (*off.mutable_settings())["trace_level"].add_value("OFF");
+  (*off.mutable_settings())["trace_rate"];  // no values: cleared
+  off.set_model_name("scale");
+  ASSERT_TRUE(trace(off, &now).ok());
+  EXPECT_EQ(value(now, "trace_level"), (std::vector<std::string>{"OFF"}));
+  off.set_model_name("nope");
+  EXPECT_EQ(trace(off, &now).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
 TEST_F(GrpcServerTest, ModelConfigFromTheConfigsJson) {
@@ -536,16 +640,7 @@ TEST_F(GrpcServerTest, UnimplementedRpcsSaySo) {
     inference::CudaSharedMemoryRegisterResponse r;
     answers.emplace_back("cuda", stub_->CudaSharedMemoryRegister(Context().get(), {}, &r));
   }
-  {
-    inference::TraceSettingResponse r;
-    answers.emplace_back("trac", stub_->TraceSetting(Context().get(), {}, &r));
-  }
-  {
-    inference::LogSettingsResponse r;
-    answers.emplace_back("log", stub_->LogSettings(Context().get(), {}, &r));
-  }
-  const std::map<std::string, std::string> says = {
-      {"cuda", "CUDA shared memory"}, {"trac", "tracing"}, {"log", "log settings"}};
+  const std::map<std::string, std::string> says = {{"cuda", "CUDA shared memory"}};
   for (const auto& [what, status] : answers) {
     EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED) << what;
     EXPECT_NE(status.error_message().find(says.at(what)), std::string::npos)

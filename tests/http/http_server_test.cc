@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <spdlog/spdlog.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -33,6 +34,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/log_settings.h"
 #include "support/eventually.h"
 #include "support/fake_service.h"
 
@@ -268,6 +270,15 @@ TEST_F(HttpServerTest, MetricsAreServedAsPrometheusText) {
     EXPECT_NE(r.body().find(line), std::string::npos) << line;
   }
   EXPECT_EQ(client.Post("/metrics", "").result_int(), 405);
+}
+
+TEST_F(HttpServerTest, ServerMetadataGivesTheNameItIsToldToGive) {
+  server_->Stop();
+  HttpOptions options;
+  options.server_name = "triton";
+  StartServer(options);
+  Client client(port());
+  EXPECT_EQ(json::parse(client.Get("/v2").body())["name"], "triton");
 }
 
 TEST_F(HttpServerTest, ServerAndModelMetadata) {
@@ -1610,22 +1621,95 @@ TEST_F(HttpServerTest, CudaSharedMemoryRegisterStatusUnregister) {
   EXPECT_EQ(client.Post("/v2/cudasharedmemory/register", "{}").result_int(), 404);
 }
 
-TEST_F(HttpServerTest, TraceAndLogSettingsAreRefusedSayingSo) {
-  Client client(port());
-  for (const char* target :
-       {"/v2/trace/setting", "/v2/models/scale/trace/setting", "/v2/logging"}) {
-    for (http::verb method : {http::verb::get, http::verb::post}) {
-      Response r = client.Send(method, target, "{}");
-      EXPECT_EQ(r.result_int(), 501) << target;
-      EXPECT_NE(ErrorOf(r).find("hearth"), std::string::npos) << target;
-      EXPECT_NE(ErrorOf(r).find(std::string(target) == "/v2/logging" ? "log settings" : "tracing"),
-                std::string::npos)
-          << ErrorOf(r);
-    }
+// Puts spdlog's level and pattern back as a test found them.
+class LogLevelGuard {
+ public:
+  LogLevelGuard() : level_(spdlog::get_level()) {}
+  ~LogLevelGuard() {
+    spdlog::set_level(level_);
+    LogSettingsUpdate format;
+    format.format = "default";
+    (void)UpdateLogSettings(format);
   }
+
+ private:
+  spdlog::level::level_enum level_;
+};
+
+TEST_F(HttpServerTest, LogSettingsAreReadAndChangedLive) {
+  LogLevelGuard guard;
+  spdlog::set_level(spdlog::level::info);
+  Client client(port());
+  Response get = client.Get("/v2/logging");
+  ASSERT_EQ(get.result_int(), 200) << get.body();
+  EXPECT_EQ(json::parse(get.body()), json::parse(R"({"log_file":"","log_info":true,
+      "log_warning":true,"log_error":true,"log_verbose_level":0,"log_format":"default"})"));
+  // Verbose messages on: spdlog's debug level, and the answer says so.
+  Response verbose = client.Post("/v2/logging", R"({"log_verbose_level":1})");
+  ASSERT_EQ(verbose.result_int(), 200) << verbose.body();
+  EXPECT_EQ(spdlog::get_level(), spdlog::level::debug);
+  EXPECT_EQ(json::parse(verbose.body())["log_verbose_level"], 1);
+  // Warnings off: info and verbose go with them, errors stay.
+  Response quiet = client.Post("/v2/logging", R"({"log_warning":false})");
+  ASSERT_EQ(quiet.result_int(), 200) << quiet.body();
+  EXPECT_EQ(spdlog::get_level(), spdlog::level::err);
+  const json q = json::parse(quiet.body());
+  EXPECT_EQ(q["log_info"], false);
+  EXPECT_EQ(q["log_verbose_level"], 0);
+  EXPECT_EQ(q["log_error"], true);
+  EXPECT_EQ(client.Post("/v2/logging", R"({"log_error":false})").result_int(), 200);
+  EXPECT_EQ(spdlog::get_level(), spdlog::level::off);
+  EXPECT_EQ(client.Post("/v2/logging", R"({"log_info":true})").result_int(), 200);
+  EXPECT_EQ(spdlog::get_level(), spdlog::level::info);
+  Response iso = client.Post("/v2/logging", R"({"log_format":"ISO8601"})");
+  ASSERT_EQ(iso.result_int(), 200) << iso.body();
+  EXPECT_EQ(json::parse(client.Get("/v2/logging").body())["log_format"], "ISO8601");
+  // Refused whole, each naming what is wrong, and nothing changes.
+  const std::pair<const char*, const char*> refused[] = {
+      {R"({"log_file":"/tmp/x.log"})", "log_file '/tmp/x.log' cannot be set"},
+      {R"({"log_info":true,"log_warning":false})", "log_warning"},
+      {R"({"log_format":"json"})", "log_format 'json'"},
+      {R"({"log_verbose_level":-1})", "'log_verbose_level' must be an integer"},
+      {R"({"log_info":"yes"})", "'log_info' must be a boolean"},
+      {R"({"log_colour":true})", "unknown field 'log_colour'"},
+      {R"({"log_verbose_level":2,"log_file":"x"})", "log_file"},
+  };
+  for (const auto& [body, says] : refused) {
+    Response r = client.Post("/v2/logging", body);
+    EXPECT_EQ(r.result_int(), 400) << body;
+    EXPECT_NE(ErrorOf(r).find(says), std::string::npos) << body << ": " << ErrorOf(r);
+  }
+  EXPECT_EQ(spdlog::get_level(), spdlog::level::info);
+  EXPECT_EQ(client.Post("/v2/logging", R"({"log_file":""})").result_int(), 200);
   Response del = client.Send(http::verb::delete_, "/v2/logging");
   EXPECT_EQ(del.result_int(), 405);
   EXPECT_EQ(del[http::field::allow], "GET, POST");
+}
+
+TEST_F(HttpServerTest, TraceSettingsSayTracingIsOffAndRefuseTurningItOn) {
+  Client client(port());
+  const json off = json::parse(R"({"trace_level":["OFF"],"trace_rate":"1000",
+      "trace_count":"-1","log_frequency":"0","trace_file":"","trace_mode":"triton"})");
+  for (const char* target : {"/v2/trace/setting", "/v2/models/scale/trace/setting"}) {
+    Response get = client.Get(target);
+    ASSERT_EQ(get.result_int(), 200) << target << ": " << get.body();
+    EXPECT_EQ(json::parse(get.body()), off) << target;
+    Response on = client.Post(target, R"({"trace_level":["TIMESTAMPS"]})");
+    EXPECT_EQ(on.result_int(), 400) << target;
+    EXPECT_NE(ErrorOf(on).find("hearth does not trace requests"), std::string::npos) << ErrorOf(on);
+    EXPECT_NE(ErrorOf(on).find("TIMESTAMPS"), std::string::npos) << ErrorOf(on);
+    Response stays = client.Post(target, R"({"trace_level":["OFF"],"trace_rate":null})");
+    EXPECT_EQ(stays.result_int(), 200) << stays.body();
+    EXPECT_EQ(json::parse(stays.body()), off);
+  }
+  EXPECT_NE(ErrorOf(client.Post("/v2/trace/setting", R"({"trace_rate":"5"})")).find("trace_rate"),
+            std::string::npos);
+  Response unknown_setting = client.Post("/v2/trace/setting", R"({"trace_colour":"red"})");
+  EXPECT_EQ(unknown_setting.result_int(), 400);
+  EXPECT_NE(ErrorOf(unknown_setting).find("unknown trace setting 'trace_colour'"),
+            std::string::npos);
+  EXPECT_EQ(client.Post("/v2/trace/setting", R"({"trace_level":7})").result_int(), 400);
+  EXPECT_EQ(client.Get("/v2/models/nope/trace/setting").result_int(), 404);
 }
 
 TEST_F(HttpServerTest, InferParametersPriorityClassificationAndTheModelsOwn) {

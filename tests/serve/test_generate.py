@@ -201,6 +201,9 @@ def test_a_request_that_is_not_streamed_gets_the_pieces_joined(served):
     assert body["text_output"] == want
     assert body["finish_reason"] == "stop"
     assert body["completion_tokens"] == len(want) + len(stop)
+    # Every response's token ids, one piece after another (the last
+    # response, which holds the counts, has none of its own).
+    assert token_ids(body) == direct_tokens(served, "Hello", 48)[:body["completion_tokens"]]
     # The KServe infer endpoint answers a decoupled model once, joined, too
     # (it passes no parameters to the model: its default max_tokens, 16).
     r = requests.post(f"{served['url']}/v2/models/tiny/infer", timeout=120, json={
@@ -509,3 +512,40 @@ def test_llama_two_workers_on_one_copy_stream_what_generate_picks(tmp_path):
         code, text = stop_serve(state)
     assert code == 0, text[-3000:]
 
+
+
+# ---- the same streams over gRPC: which response is final ---------------------------
+
+
+def test_grpc_stream_marks_the_last_response_with_outputs_final(served):
+    """Triton's rule (its decoupled-models docs): the response that ends a
+    request carries triton_final_response true, outputs and all; an empty
+    final response comes only to a client that set
+    triton_enable_empty_final_response and a request whose end had no
+    outputs. The tiny decoder ends a request with its counts: no empty one."""
+    grpc_support = pytest.importorskip("grpc_support")
+    channel, stub = grpc_support.connect(grpc_support.grpc_port(served["log"].read_text()))
+    pb = grpc_support.pb
+    want = direct_tokens(served, "Hello", 3)
+
+    def int64_outputs(response):
+        import numpy as np
+        return {o.name: np.frombuffer(raw, dtype="<i8").tolist()
+                for o, raw in zip(response.outputs, response.raw_output_contents) if o.datatype == "INT64"}
+
+    try:
+        for empty_final in (False, True):
+            request = pb.ModelInferRequest(model_name="tiny", id=f"f{empty_final}")
+            text = request.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+            text.contents.bytes_contents.append(b"Hello")
+            request.parameters["max_tokens"].int64_param = 3
+            if empty_final:
+                request.parameters["triton_enable_empty_final_response"].bool_param = True
+            got = list(stub.ModelStreamInfer(iter([request]), timeout=60))
+            assert [m.error_message for m in got] == [""] * 4
+            finals = [m.infer_response.parameters["triton_final_response"].bool_param for m in got]
+            assert finals == [False, False, False, True], empty_final
+            assert int64_outputs(got[-1].infer_response)["completion_tokens"] == [3]
+            assert [t for m in got for t in int64_outputs(m.infer_response)["token_ids"]] == want
+    finally:
+        channel.close()

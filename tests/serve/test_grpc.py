@@ -42,7 +42,8 @@ from serve_support import (CLI, KIND, MLP, SCALE_N, infer_binary, infer_json, ml
 def server():
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="hearth-grpc-test-"))
     write_repository(tmp / "repo")
-    state = start_serve(tmp, tmp / "repo", ["--grpc-max-message-bytes", str(MAX_MESSAGE)])
+    state = start_serve(tmp, tmp / "repo", ["--grpc-max-message-bytes", str(MAX_MESSAGE),
+                                            "--server-name", "triton"])
     state["grpc_port"] = grpc_port(state["log"].read_text())
     state["channel"], state["stub"] = connect(state["grpc_port"])
     state["weights"] = {
@@ -65,6 +66,7 @@ def test_health_and_metadata_agree_with_rest(server):
     rest = requests.get(f"{url}/v2", timeout=30).json()
     meta = stub.ServerMetadata(pb.ServerMetadataRequest(), timeout=30)
     assert (meta.name, meta.version, list(meta.extensions)) == (rest["name"], rest["version"], rest["extensions"])
+    assert meta.name == "triton"  # --server-name
     for model in ("mlp", "scale"):
         rest = requests.get(f"{url}/v2/models/{model}", timeout=30).json()
         m = stub.ModelMetadata(pb.ModelMetadataRequest(name=model), timeout=30)
@@ -73,13 +75,60 @@ def test_health_and_metadata_agree_with_rest(server):
             assert [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in got] == want
     assert stub.ModelReady(pb.ModelReadyRequest(name="mlp"), timeout=30).ready
     assert stub.ModelReady(pb.ModelReadyRequest(name="mlp", version="1"), timeout=30).ready
-    # Known but not served (REST: 503): not ready. Unknown (REST: 404): NOT_FOUND.
+    # Known but not served (REST: 503): not ready. Unknown model or version
+    # (REST: 404): not ready too, with status OK, as Triton answers.
     assert requests.get(f"{url}/v2/models/broken/ready", timeout=30).status_code == 503
     assert not stub.ModelReady(pb.ModelReadyRequest(name="broken"), timeout=30).ready
-    assert rpc_error(stub.ModelReady, pb.ModelReadyRequest(name="nope"), timeout=30).code() == grpc.StatusCode.NOT_FOUND
+    assert requests.get(f"{url}/v2/models/nope/ready", timeout=30).status_code == 404
+    assert not stub.ModelReady(pb.ModelReadyRequest(name="nope"), timeout=30).ready
+    assert not stub.ModelReady(pb.ModelReadyRequest(name="mlp", version="7"), timeout=30).ready
+    # Unknown models and versions are worded as Triton's, which its clients match.
     e = rpc_error(stub.ModelMetadata, pb.ModelMetadataRequest(name="mlp", version="7"), timeout=30)
     assert e.code() == grpc.StatusCode.NOT_FOUND
     assert e.details() == requests.get(f"{url}/v2/models/mlp/versions/7", timeout=30).json()["error"]
+    assert e.details().startswith("Request for unknown model: 'mlp' version 7 is not found"), e.details()
+    e = rpc_error(stub.ModelMetadata, pb.ModelMetadataRequest(name="nope"), timeout=30)
+    assert e.code() == grpc.StatusCode.NOT_FOUND
+    assert e.details() == "Request for unknown model: 'nope' is not found"
+    e = rpc_error(stub.ModelInfer, infer_request("nope", "x", np.ones((1, SCALE_N), np.float32)), timeout=30)
+    assert e.code() == grpc.StatusCode.NOT_FOUND
+    assert e.details().startswith("Request for unknown model: 'nope' is not found"), e.details()
+
+
+def test_log_settings_change_live_and_agree_with_rest(server):
+    stub, url = server["stub"], server["url"]
+    rest = requests.get(f"{url}/v2/logging", timeout=30).json()
+    assert rest == {"log_file": "", "log_info": True, "log_warning": True, "log_error": True,
+                    "log_verbose_level": 0, "log_format": "default"}
+    settings = stub.LogSettings(pb.LogSettingsRequest(), timeout=30).settings
+    assert {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in settings.items()} == rest
+    request = pb.LogSettingsRequest()
+    request.settings["log_verbose_level"].uint32_param = 1
+    assert stub.LogSettings(request, timeout=30).settings["log_verbose_level"].uint32_param == 1
+    assert requests.get(f"{url}/v2/logging", timeout=30).json()["log_verbose_level"] == 1
+    # Refused whole, on both.
+    r = requests.post(f"{url}/v2/logging", json={"log_verbose_level": 0, "log_file": "/tmp/x"}, timeout=30)
+    assert r.status_code == 400 and "log_file '/tmp/x' cannot be set" in r.json()["error"]
+    request = pb.LogSettingsRequest()
+    request.settings["log_file"].string_param = "/tmp/x"
+    assert rpc_error(stub.LogSettings, request, timeout=30).code() == grpc.StatusCode.INVALID_ARGUMENT
+    r = requests.post(f"{url}/v2/logging", json={"log_verbose_level": 0}, timeout=30)
+    assert r.status_code == 200 and r.json() == rest
+
+
+def test_trace_settings_say_tracing_is_off_and_stays_off(server):
+    stub, url = server["stub"], server["url"]
+    rest = requests.get(f"{url}/v2/trace/setting", timeout=30).json()
+    assert rest["trace_level"] == ["OFF"]
+    settings = stub.TraceSetting(pb.TraceSettingRequest(), timeout=30).settings
+    assert {k: list(v.value) for k, v in settings.items()} == \
+        {k: v if isinstance(v, list) else [v] for k, v in rest.items()}
+    request = pb.TraceSettingRequest(model_name="mlp")
+    request.settings["trace_level"].value.append("TIMESTAMPS")
+    e = rpc_error(stub.TraceSetting, request, timeout=30)
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "hearth does not trace requests" in e.details()
+    r = requests.post(f"{url}/v2/models/mlp/trace/setting", json={"trace_level": ["TIMESTAMPS"]}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"] == e.details()
 
 
 def test_mlp_matches_rest_and_numpy(server):
@@ -287,14 +336,8 @@ def test_there_are_no_cuda_shared_memory_regions(server):
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "of 64 bytes, not 0" in e.details(), e.details()
 
 
-def test_what_hearth_does_not_do_yet_is_unimplemented_with_a_reason(server):
+def test_sequences_are_refused_not_ignored(server):
     stub = server["stub"]
-    for call, request, says in (
-            (stub.TraceSetting, pb.TraceSettingRequest(), "tracing"),
-            (stub.LogSettings, pb.LogSettingsRequest(), "log settings")):
-        e = rpc_error(call, request, timeout=30)
-        assert e.code() == grpc.StatusCode.UNIMPLEMENTED and says in e.details(), e.details()
-    # Sequences are refused, not ignored.
     for key, set_value in (("sequence_id", lambda p: setattr(p, "int64_param", 7)),
                            ("sequence_start", lambda p: setattr(p, "bool_param", True)),
                            ("sequence_end", lambda p: setattr(p, "bool_param", True))):

@@ -206,6 +206,15 @@ def test_scale_matches_numpy(server):
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-3)
 
 
+def test_unknown_models_are_worded_as_tritons(server):
+    # Triton's clients match these words.
+    r = infer_json(server["url"], "nope", [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0]}])
+    assert r.status_code == 404 and r.json()["error"] == "Request for unknown model: 'nope' is not found"
+    r = requests.get(f"{server['url']}/v2/models/mlp/versions/9", timeout=10)
+    assert r.status_code == 404
+    assert r.json()["error"].startswith("Request for unknown model: 'mlp' version 9 is not found"), r.text
+
+
 @pytest.mark.parametrize("case", [
     ("malformed json", lambda u: requests.post(f"{u}/v2/models/mlp/infer", data=b"{not json", timeout=10), 400),
     ("unknown input", lambda u: infer_json(u, "mlp", [{"name": "nope", "datatype": "FP32", "shape": [1, MLP[0]], "data": [0.0] * MLP[0]}]), 400),
