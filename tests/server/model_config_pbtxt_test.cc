@@ -275,6 +275,25 @@ version_policy: {specific: {versions: [3]}}
   EXPECT_EQ(p->version, y->version);
 }
 
+TEST_F(ModelConfigPbtxtTest, EmptyMessagesAndDefaultValuesMeanTheDefaults) {
+  auto c = LoadModelConfig(Write("defaults", R"(backend: "scale"
+max_batch_size: 0
+instance_group [ { }, { count: 2 kind: KIND_AUTO } ]
+dynamic_batching { }
+model_transaction_policy { }
+version_policy { latest { num_versions: 1 } }
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] optional: false } ]
+output [ { name: "y" data_type: TYPE_STRING dims: [ 1 ] } ]
+)"));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->instance_groups, (std::vector<InstanceGroup>{{1, true, {}}, {2, true, {}}}));
+  EXPECT_EQ(c->max_queue_delay_us, 0u);
+  EXPECT_FALSE(c->decoupled);
+  EXPECT_FALSE(c->inputs[0].optional);
+  EXPECT_EQ(c->outputs[0].dtype, DType::kBytes);
+  EXPECT_EQ(c->version, 3u);
+}
+
 TEST_F(ModelConfigPbtxtTest, ADirectoryWithBothConfigsIsRefusedNamingBoth) {
   const std::string dir = Write("both", kAddSub);
   std::ofstream(dir + "/config.yaml") << "backend: python\n";
