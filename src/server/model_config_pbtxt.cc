@@ -517,7 +517,13 @@ Result<PbtxtAsYaml> PbtxtToYaml(const std::string& path, const std::string& text
     return InvalidArgument(where + ": " + (e.empty() ? "not a valid config.pbtxt" : e));
   }
   RETURN_IF_ERROR(CheckImplemented(path, config, &tree, "", ""));
-  return Write(path, config, &tree);
+  ASSIGN_OR_RETURN(PbtxtAsYaml yaml, Write(path, config, &tree));
+  if (yaml.yaml.empty()) {
+    // Nothing set: an empty map, which then lacks its backend (not an empty YAML document).
+    yaml.yaml = "{}\n";
+    yaml.origins = {""};
+  }
+  return yaml;
 }
 
 #endif  // HEARTH_HAVE_PROTOBUF

@@ -397,6 +397,8 @@ TEST_F(ModelConfigPbtxtTest, HearthsChecksNameThePlaceInThePbtxt) {
       {h + "parameters { key: \"max_streams\" value: { string_value: \"2\" } }\n",
        "parameters.max_streams: streams are for decoupled models"},
       {"max_batch_size: 4\n", "config.pbtxt: backend: missing"},
+      {"", "config.pbtxt: backend: missing"},
+      {"# a comment only\n", "config.pbtxt: backend: missing"},
       {"backend: \"python\"\nmax_batch_size: -1\n",
        "config.pbtxt:2:1: max_batch_size: must be in [0, 4096]"},
   });
