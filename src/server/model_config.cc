@@ -22,6 +22,7 @@
 #include "common/datatype.h"
 #include "common/regular_file.h"
 #include "protocol/worker_protocol.h"
+#include "server/model_config_pbtxt.h"
 
 namespace hearth {
 namespace {
@@ -30,9 +31,19 @@ namespace fs = std::filesystem;
 
 struct Ctx {
   std::string file;
+  // A config.pbtxt read as YAML (model_config_pbtxt.h): where each line of
+  // the YAML came from in the file, which errors name instead of the line.
+  const std::vector<std::string>* origins = nullptr;
+
+  // "FILE:LINE" for yaml-cpp's 0-based `line` (-1: none).
+  std::string Where(int line) const {
+    if (origins == nullptr) return file + ":" + std::to_string(line >= 0 ? line + 1 : 0);
+    if (line >= 0 && static_cast<size_t>(line) < origins->size() && !(*origins)[line].empty())
+      return file + ":" + (*origins)[line];
+    return file;
+  }
   Status Error(const YAML::Node& node, const std::string& field, const std::string& what) const {
-    const int line = node.Mark().line >= 0 ? node.Mark().line + 1 : 0;
-    return InvalidArgument(file + ":" + std::to_string(line) + ": " + field + ": " + what);
+    return InvalidArgument(Where(node.Mark().line) + ": " + field + ": " + what);
   }
 };
 
@@ -137,7 +148,8 @@ Result<std::string> ReadConfigFile(const std::string& path) {
   Result<UniqueFd> fd = OpenRegularFile(path, &st);
   if (!fd.ok()) {
     if (fd.status().code() == StatusCode::kNotFound)
-      return NotFound(path + ": missing (every model directory needs a config.yaml)");
+      return NotFound(path +
+                      ": missing (every model directory needs a config.yaml or a config.pbtxt)");
     return fd.status();
   }
   auto too_large = [&](uint64_t bytes) {
@@ -349,9 +361,8 @@ class ConfigEvents final : public YAML::EventHandler {
 
   [[noreturn]] void Refuse(const YAML::Mark& mark, const std::string& field,
                            const std::string& what) {
-    const int line = mark.line >= 0 ? mark.line + 1 : 0;
-    status_ = InvalidArgument(c_.file + ":" + std::to_string(line) + ": " +
-                              (field.empty() ? "" : field + ": ") + what);
+    status_ =
+        InvalidArgument(c_.Where(mark.line) + ": " + (field.empty() ? "" : field + ": ") + what);
     throw Refused{};
   }
 
@@ -398,17 +409,17 @@ Status NoDuplicateKeys(const Ctx& c, const YAML::Node& node, const std::string& 
 
 // Everything but reading the file; may throw yaml-cpp's exceptions (the caller catches them).
 Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::string& text,
-                                    ModelConfig m) {
-  Ctx c{m.config_path};
+                                    ModelConfig m, const std::vector<std::string>* origins) {
+  Ctx c{m.config_path, origins};
   YAML::Node root;
   try {
     RETURN_IF_ERROR(CheckConfigEvents(c, text));
     root = YAML::Load(text);
   } catch (const YAML::DeepRecursion& e) {
-    return InvalidArgument(m.config_path + ":" + std::to_string(e.mark.line + 1) + ": nested " +
-                           std::to_string(e.depth()) + " levels deep, past the parser's limit");
+    return InvalidArgument(c.Where(e.mark.line) + ": nested " + std::to_string(e.depth()) +
+                           " levels deep, past the parser's limit");
   } catch (const YAML::ParserException& e) {
-    return InvalidArgument(m.config_path + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
+    return InvalidArgument(c.Where(e.mark.line) + ": " + e.msg);
   }
   if (!root.IsMap()) return InvalidArgument(m.config_path + ": must be a YAML map");
   RETURN_IF_ERROR(NoDuplicateKeys(c, root, ""));
@@ -724,25 +735,52 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
 
 }  // namespace
 
-Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::string& text) {
+namespace {
+
+// `text` as the YAML of `file` (config.yaml, or config.pbtxt with the
+// origins of its YAML's lines).
+Result<ModelConfig> ParseYaml(const std::string& model_dir, const std::string& file,
+                              const std::string& text, const std::vector<std::string>* origins) {
   ModelConfig m;
   m.name = fs::path(model_dir).filename().string();
-  m.config_path = (fs::path(model_dir) / "config.yaml").string();
+  m.config_path = (fs::path(model_dir) / file).string();
   try {
-    return ParseConfigText(model_dir, text, std::move(m));
+    return ParseConfigText(model_dir, text, std::move(m), origins);
   } catch (const YAML::Exception& e) {
     // Conversions and lookups on a document of an unexpected shape, or one
     // nested past yaml-cpp's depth limit.
-    const std::string where = e.mark.line >= 0 ? ":" + std::to_string(e.mark.line + 1) : "";
-    return InvalidArgument(model_dir + "/config.yaml" + where + ": " + e.msg);
+    return InvalidArgument(Ctx{model_dir + "/" + file, origins}.Where(e.mark.line) + ": " + e.msg);
   } catch (const std::exception& e) {
-    return InvalidArgument(model_dir + "/config.yaml: " + e.what());
+    return InvalidArgument(model_dir + "/" + file + ": " + e.what());
   }
 }
 
+}  // namespace
+
+Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::string& text) {
+  return ParseYaml(model_dir, "config.yaml", text, nullptr);
+}
+
+Result<ModelConfig> ParseModelConfigPbtxt(const std::string& model_dir, const std::string& text) {
+  ASSIGN_OR_RETURN(PbtxtAsYaml yaml,
+                   PbtxtToYaml((fs::path(model_dir) / "config.pbtxt").string(), text));
+  return ParseYaml(model_dir, "config.pbtxt", yaml.yaml, &yaml.origins);
+}
+
 Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {
-  ASSIGN_OR_RETURN(std::string text,
-                   ReadConfigFile((fs::path(model_dir) / "config.yaml").string()));
+  const fs::path yaml = fs::path(model_dir) / "config.yaml";
+  const fs::path pbtxt = fs::path(model_dir) / "config.pbtxt";
+  // A dangling link counts as absent here; reading it says what it is.
+  ASSIGN_OR_RETURN(bool has_yaml, Exists(yaml));
+  ASSIGN_OR_RETURN(bool has_pbtxt, Exists(pbtxt));
+  if (has_yaml && has_pbtxt)
+    return InvalidArgument(yaml.string() + " and " + pbtxt.string() +
+                           ": a model directory holds one config, not both (remove one)");
+  if (has_pbtxt) {
+    ASSIGN_OR_RETURN(std::string text, ReadConfigFile(pbtxt.string()));
+    return ParseModelConfigPbtxt(model_dir, text);
+  }
+  ASSIGN_OR_RETURN(std::string text, ReadConfigFile(yaml.string()));
   return ParseModelConfig(model_dir, text);
 }
 

@@ -1,4 +1,6 @@
-// The model repository: DIR/<model>/config.yaml and DIR/<model>/<version>/
+// The model repository: DIR/<model>/config.yaml (or config.pbtxt, Triton's
+// text format of the same fields: server/model_config_pbtxt.h; never both)
+// and DIR/<model>/<version>/
 // holding the version's checkpoint, by one rule: if the version directory
 // holds model.safetensors.index.json, the version directory itself is a
 // sharded checkpoint directory (as save_pretrained writes it: the index and
@@ -158,11 +160,15 @@ struct RepositoryModel {
 // LoadModelConfig for each). Fails only if `dir` itself cannot be read.
 Result<std::vector<RepositoryModel>> ScanRepository(const std::string& dir);
 
-// Reads DIR/<model>/config.yaml and picks the version to serve. Never throws;
-// every error names the file (and line and field where there is one).
+// Reads DIR/<model>/config.yaml or DIR/<model>/config.pbtxt (a directory
+// holding both is refused) and picks the version to serve. Never throws;
+// every error names the file (and line and field where there is one; the
+// line and column in a config.pbtxt).
 Result<ModelConfig> LoadModelConfig(const std::string& model_dir);
 // The same for a config's text, as if read from model_dir/config.yaml (the
 // versions are still looked up in model_dir).
 Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::string& text);
+// The same for the text of a config.pbtxt, as if read from model_dir/config.pbtxt.
+Result<ModelConfig> ParseModelConfigPbtxt(const std::string& model_dir, const std::string& text);
 
 }  // namespace hearth

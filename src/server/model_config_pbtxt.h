@@ -1,0 +1,34 @@
+// DIR/<model>/config.pbtxt: Triton's model configuration in protobuf's text
+// format (the message inference.ModelConfig of proto/model_config.proto),
+// for models brought from a Triton repository. It is read with protobuf's
+// TextFormat parser and written out as the config.yaml that means the same,
+// which model_config.cc then reads like any other: one set of checks and
+// one meaning for both forms. Every field set in the file is either one
+// hearth implements (name, backend or platform, max_batch_size, input and
+// output, instance_group, dynamic_batching, parameters' string_value,
+// model_transaction_policy, version_policy latest or specific) or an error
+// naming it; none is dropped. Fields of Triton's configuration that
+// proto/model_config.proto leaves out (sequence_batching, ensemble_scheduling,
+// model_warmup, optimization, ...) are refused by the parser, named as such.
+// A hearth built without protobuf refuses every config.pbtxt, saying so.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "hearth/status.h"
+
+namespace hearth {
+
+struct PbtxtAsYaml {
+  std::string yaml;
+  // Per line of `yaml`: where in the config.pbtxt it came from, as
+  // "LINE:COLUMN" (1-based), or "" where no one place did.
+  std::vector<std::string> origins;
+};
+
+// `text` is the content of the config.pbtxt at `path` (which errors name,
+// with the line and column, and the field).
+Result<PbtxtAsYaml> PbtxtToYaml(const std::string& path, const std::string& text);
+
+}  // namespace hearth
