@@ -68,6 +68,10 @@ error, and a request over early closes the generator at its yield
 (GeneratorExit there). It cannot be resumable. On a decoupled model, an
 execute that is neither a generator function nor execute(self, requests),
 and on a batched model a generator function, fails the model at start.
+A model.py written for Triton's Python backend (a class TritonPythonModel and
+no Model) is served through hearth._triton's adapters, with
+`triton_python_backend_utils` importable; a version directory without a
+checkpoint (model.py alone) attaches nothing and gets weights {}.
 docs/python-backend.md has the whole contract.
 """
 
