@@ -68,6 +68,10 @@ error, and a request over early closes the generator at its yield
 (GeneratorExit there). It cannot be resumable. On a decoupled model, an
 execute that is neither a generator function nor execute(self, requests),
 and on a batched model a generator function, fails the model at start.
+A model.py written for Triton's Python backend (a class TritonPythonModel and
+no Model) is served through hearth._triton's adapters, with
+`triton_python_backend_utils` importable; a version directory without a
+checkpoint (model.py alone) attaches nothing and gets weights {}.
 docs/python-backend.md has the whole contract.
 """
 
@@ -197,7 +201,10 @@ def _signature(config, which):
     return entries
 
 
-def _load_model_class(version_dir):
+def _load_model_class(version_dir, decoupled=False):
+    """model.py's class Model, or its Triton TritonPythonModel behind
+    hearth._triton's adapter (a hearth Model): a model.py written for
+    Triton's Python backend runs unchanged."""
     path = os.path.join(version_dir, "model.py")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no model.py (backend: python runs its Model class)")
@@ -207,9 +214,19 @@ def _load_model_class(version_dir):
     # model.py may import modules that live beside it.
     sys.path.insert(0, version_dir)
     spec.loader.exec_module(module)
-    if not hasattr(module, "Model"):
-        raise AttributeError(f"{path} defines no class Model")
-    return module.Model
+    if hasattr(module, "Model"):
+        return module.Model
+    if hasattr(module, "TritonPythonModel"):
+        from hearth import _triton
+        return _triton.adapter(module.TritonPythonModel, decoupled, path)
+    raise AttributeError(f"{path} defines no class Model (nor Triton's TritonPythonModel)")
+
+
+def _holds_weights(version_dir):
+    """Whether the version directory holds a checkpoint; a backend: python
+    version without one (model.py alone) has nothing in the store."""
+    return any(os.path.exists(os.path.join(version_dir, name))
+               for name in ("model.safetensors", "model.safetensors.index.json"))
 
 
 def _decode_bytes(np, raw, shape):
@@ -417,9 +434,10 @@ def _serve(w, model, inputs_spec, outputs_spec, tensor_type, fault=None):
                 print(f"hearth.backend_worker: pid {os.getpid()}: its first batch ran in "
                       f"{time.monotonic() - began:.3f} s", file=sys.stderr, flush=True)
         except Exception as e:  # the model's fault: fail these requests, serve on
-            traceback.print_exc()
+            if _message(e) == _last_line(e):  # not a Triton model's error response
+                traceback.print_exc()
             _exit_if_cuda_is_lost()
-            lib.hearth_worker_done(h, _capi.ERROR_INTERNAL, _last_line(e).encode(errors="replace"), 1)
+            lib.hearth_worker_done(h, _error_code(e), _message(e).encode(errors="replace"), 1)
             continue
         try:
             if not isinstance(outputs, dict):
@@ -455,11 +473,24 @@ def _request_parameters(text):
 
 def _error_code(e):
     """hearth.InvalidArgument from a model: the request is at fault (a
-    front-end's 400); anything else is the model's (500)."""
+    front-end's 400); anything else is the model's (500). A Triton model's
+    TritonError says which by its code."""
     hearth = sys.modules.get("hearth")
     if hearth is not None and isinstance(e, hearth.InvalidArgument):
         return _capi.ERROR_INVALID_ARGUMENT
+    triton = sys.modules.get("hearth._triton")
+    if triton is not None and triton.status_of(e) is not None:
+        return triton.status_of(e)[0]
     return _capi.ERROR_INTERNAL
+
+
+def _message(e):
+    """What the client is told of an exception: its last line, or a Triton
+    model's TritonError's message."""
+    triton = sys.modules.get("hearth._triton")
+    if triton is not None and triton.status_of(e) is not None:
+        return triton.status_of(e)[1]
+    return _last_line(e)
 
 
 def _serve_decoupled(w, model, inputs_spec, outputs_spec, tensor_type, fault=None):
@@ -470,7 +501,7 @@ def _serve_decoupled(w, model, inputs_spec, outputs_spec, tensor_type, fault=Non
     if tensor_type == "torch":
         import torch
     sw = _streams.StreamWorker(w, np, torch, inputs_spec, outputs_spec, _give_outputs, _read_inputs,
-                               _error_code, _last_line, _BatchError)
+                               _error_code, _message, _BatchError)
     check = None
     if fault is not None:
         def check(inputs):
@@ -593,7 +624,7 @@ def _import_model(w, decoupled, phases):
     except ImportError:
         pass
     phases.done("imports")
-    Model = _load_model_class(w.version_dir)
+    Model = _load_model_class(w.version_dir, decoupled)
     _check_execute(Model, decoupled, os.path.join(w.version_dir, "model.py"))
     phases.done("model.py")
     return Model
@@ -629,7 +660,7 @@ def _zygote_main(a):
     try:
         w = _Worker(lib, handle)
         phases.done("setup")
-        _import_model(w, _decoupled(lib, handle), phases)
+        Model = _import_model(w, _decoupled(lib, handle), phases)
     except BaseException:
         text = traceback.format_exc()
         print(text, file=sys.stderr, end="")
@@ -649,7 +680,6 @@ def _zygote_main(a):
     handlers = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
     zygote.send("ready", *(f"{name}={seconds:.3f}" for name, seconds in phases.times),
                 f"threads={_zygote.native_threads()}")
-    Model = sys.modules["hearth_user_model"].Model
 
     def run_worker(args):
         for number, handler in handlers.items():
@@ -720,11 +750,14 @@ def _worker_main(a, phases, Model):
                     raise OSError(w.error())
                 phases.skip()
             profile = _start_profile()
-            weights = hearth.attach(a.model, socket=a.store_socket, version=a.version or None)
-            device = weights.device
-            phases.done("attach")
-            tensors = hearth_torch.state_dict(weights) if hearth_torch is not None else weights
-            phases.done("tensors")
+            if _holds_weights(w.version_dir):
+                weights = hearth.attach(a.model, socket=a.store_socket, version=a.version or None)
+                device = weights.device
+                phases.done("attach")
+                tensors = hearth_torch.state_dict(weights) if hearth_torch is not None else weights
+                phases.done("tensors")
+            else:
+                device, tensors = a.device or "cpu", {}
             model = Model()
             args = {"model_config": w.config, "model_name": a.model,
                     "model_version": str(w.config.get("version_policy", {})

@@ -179,8 +179,9 @@ Result<std::string> ReadConfigFile(const std::string& path) {
 
 struct Version {
   uint64_t number = 0;
-  std::string dir;       // its directory's name, as written ("007" is version 7)
-  bool sharded = false;  // holds model.safetensors.index.json
+  std::string dir;          // its directory's name, as written ("007" is version 7)
+  bool sharded = false;     // holds model.safetensors.index.json
+  bool weightless = false;  // (backend: python) model.py and no checkpoint
 };
 
 // What a version directory's checkpoint is named: the index, if there is
@@ -202,9 +203,11 @@ Result<bool> Exists(const fs::path& path) {
   return true;
 }
 
-// Numeric subdirectories holding a checkpoint (kCheckpointFiles). Symbolic
-// links are followed once per entry (no recursion), so a loop is an error naming it.
-Result<std::vector<Version>> FindVersions(const std::string& model_dir) {
+// Numeric subdirectories holding a checkpoint (kCheckpointFiles), or, with
+// `code_only` (backend: python), a model.py without one: a model that
+// needs no weights. Symbolic links are followed once per entry (no
+// recursion), so a loop is an error naming it.
+Result<std::vector<Version>> FindVersions(const std::string& model_dir, bool code_only) {
   std::vector<Version> versions;
   std::error_code ec;
   fs::directory_iterator it(model_dir, ec);
@@ -236,7 +239,11 @@ Result<std::vector<Version>> FindVersions(const std::string& model_dir) {
     ASSIGN_OR_RETURN(v.sharded, Exists(path / "model.safetensors.index.json"));
     if (!v.sharded) {
       ASSIGN_OR_RETURN(bool single, Exists(path / "model.safetensors"));
-      if (!single) continue;
+      if (!single) {
+        if (!code_only) continue;
+        ASSIGN_OR_RETURN(v.weightless, Exists(path / "model.py"));
+        if (!v.weightless) continue;
+      }
     }
     for (const Version& other : versions)
       if (other.number == v.number)
@@ -702,11 +709,15 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
 
   // Versions: numeric subdirectories with a checkpoint; the highest
   // unless version_policy: {specific: {versions: [N]}}.
-  ASSIGN_OR_RETURN(std::vector<Version> versions, FindVersions(model_dir));
+  const bool code_only = m.backend == "python";
+  ASSIGN_OR_RETURN(std::vector<Version> versions, FindVersions(model_dir, code_only));
   if (versions.empty())
-    return NotFound(model_dir + ": no version directory holding " + std::string(kCheckpointFiles) +
-                    " (expected " + model_dir + "/1/model.safetensors, or " + model_dir +
-                    "/1/model.safetensors.index.json and the shards it names)");
+    return NotFound(
+        model_dir + ": no version directory holding " + std::string(kCheckpointFiles) +
+        (code_only ? " or model.py" : "") + " (expected " + model_dir +
+        "/1/model.safetensors, or " + model_dir +
+        "/1/model.safetensors.index.json and the shards it names" +
+        (code_only ? ", or " + model_dir + "/1/model.py for a model without weights" : "") + ")");
   const Version* chosen = &versions.back();
   if (const YAML::Node vp = root["version_policy"]) {
     const YAML::Node specific = vp.IsMap() ? vp["specific"] : YAML::Node();
@@ -720,7 +731,7 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
     if (it == versions.end())
       return c.Error(specific["versions"][0], "version_policy.specific.versions",
                      "version " + std::to_string(want) + " has no directory holding " +
-                         std::string(kCheckpointFiles));
+                         std::string(kCheckpointFiles) + (code_only ? " or model.py" : ""));
     chosen = &*it;
   }
   m.version = chosen->number;
@@ -728,8 +739,10 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
   // that what the store reports for it does not change.
   const fs::path version_dir = fs::path(model_dir) / chosen->dir;
   m.version_dir = version_dir.string();
-  m.checkpoint_path =
-      chosen->sharded ? version_dir.string() : (version_dir / "model.safetensors").string();
+  // Empty for a version without weights: the stores hold nothing for it.
+  m.checkpoint_path = chosen->weightless ? std::string()
+                      : chosen->sharded  ? version_dir.string()
+                                         : (version_dir / "model.safetensors").string();
   return m;
 }
 

@@ -122,8 +122,12 @@ Status Server::Impl::Prepare(ModelEntry& entry, ModelRuntime& m, bool keep_loade
   m.setup.version_dir = c.version_dir;
   m.setup.decoupled = c.decoupled;
   ASSIGN_OR_RETURN(std::vector<Placement> placed, Place(c));
+  // A version without weights (backend: python, model.py alone): the stores
+  // hold nothing for it, and its workers attach nothing.
+  const bool weightless = c.checkpoint_path.empty();
   std::error_code ec;
-  const std::string absolute = std::filesystem::absolute(c.checkpoint_path, ec).string();
+  const std::string absolute =
+      weightless ? std::string() : std::filesystem::absolute(c.checkpoint_path, ec).string();
   if (ec) return InvalidArgument(c.checkpoint_path + ": " + ec.message());
   m.worker_count = 0;
   for (const Placement& where : placed) {
@@ -140,7 +144,7 @@ Status Server::Impl::Prepare(ModelEntry& entry, ModelRuntime& m, bool keep_loade
   // (or placed on another store) goes, unless it is still served.
   for (auto it = entry.loaded.begin(); it != entry.loaded.end();) {
     const bool placed_there =
-        std::any_of(m.placements.begin(), m.placements.end(), [&](const auto& p) {
+        !weightless && std::any_of(m.placements.begin(), m.placements.end(), [&](const auto& p) {
           return p->device_name == it->first && p->store_socket == it->second.socket;
         });
     if (placed_there) {
@@ -181,6 +185,7 @@ Status Server::Impl::Prepare(ModelEntry& entry, ModelRuntime& m, bool keep_loade
   std::vector<ModelPlacement*> to_load;
   std::vector<uint64_t> reuse;
   for (const auto& p : m.placements) {
+    if (weightless) break;
     auto held = entry.loaded.find(p->device_name);
     if (!keep_loaded && held != entry.loaded.end()) continue;  // reused above
     to_load.push_back(p.get());
@@ -220,6 +225,7 @@ Status Server::Impl::Prepare(ModelEntry& entry, ModelRuntime& m, bool keep_loade
                  std::chrono::duration<double>(Clock::now() - load_started).count(),
                  read > 1 ? " (at once)" : "");
   for (const auto& p : m.placements) {
+    if (weightless) break;  // store_version 0, arena_bytes 0
     const ModelEntry::Loaded& l = entry.loaded.at(p->device_name);
     p->store_version = l.version;
     p->arena_bytes = l.arena_bytes;

@@ -68,7 +68,10 @@ std::vector<std::string> WorkerArguments(const ModelRuntime& model,
                                    "4",
                                    "--parent-pid",
                                    std::to_string(::getpid())};
-  if (standby) args.insert(args.end(), {"--standby", "--device", placement.memory.ToString()});
+  // The device: a standby's hint, and where a worker that attaches no
+  // weights (a backend: python model without them) learns it.
+  args.insert(args.end(), {"--device", placement.memory.ToString()});
+  if (standby) args.push_back("--standby");
   if (c.allow_tf32) args.push_back("--allow-tf32");
   if (!c.fault_kind.empty()) {
     char value[64];

@@ -708,5 +708,47 @@ output:
   ASSERT_FALSE(word.ok());
 }
 
+// A backend: python version directory with model.py and no checkpoint is a
+// model without weights; for every other backend it is no version at all.
+TEST_F(ModelConfigTest, APythonVersionWithoutACheckpointHasNoWeights) {
+  const std::string py = "backend: python\nmax_batch_size: 2\n";
+  const std::string dir = Write("codeonly", py, false);
+  std::ofstream(dir + "/3/model.py") << "class Model: pass\n";
+  auto c = LoadModelConfig(dir);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->version, 3u);
+  EXPECT_EQ(c->version_dir, dir + "/3");
+  EXPECT_EQ(c->checkpoint_path, "");
+  // The highest version wins, with or without weights.
+  std::filesystem::create_directories(dir + "/2");
+  std::ofstream(dir + "/2/model.safetensors") << "x";
+  std::filesystem::create_directories(dir + "/4");
+  std::ofstream(dir + "/4/model.safetensors") << "x";
+  c = LoadModelConfig(dir);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->version, 4u);
+  EXPECT_EQ(c->checkpoint_path, dir + "/4/model.safetensors");
+
+  // Another backend: model.py alone is no version.
+  const std::string mlp = Write("mlpcode", kGood, false);
+  std::ofstream(mlp + "/3/model.py") << "class Model: pass\n";
+  auto refused = LoadModelConfig(mlp);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(refused.status().message().find(": no version directory holding model.safetensors, "
+                                            "or model.safetensors.index.json with its shards ("),
+            std::string::npos)
+      << refused.status().message();
+  EXPECT_EQ(refused.status().message().find("model.py"), std::string::npos)
+      << refused.status().message();
+
+  // backend: python with neither: the error names model.py too.
+  auto empty = LoadModelConfig(Write("pyempty", py, false));
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.status().message().find("or model.py for a model without weights"),
+            std::string::npos)
+      << empty.status().message();
+}
+
 }  // namespace
 }  // namespace hearth
