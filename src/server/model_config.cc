@@ -714,7 +714,7 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
   if (versions.empty())
     return NotFound(
         model_dir + ": no version directory holding " + std::string(kCheckpointFiles) +
-        (code_only ? " or model.py" : "") + " (expected " + model_dir +
+        (code_only ? ", or model.py" : "") + " (expected " + model_dir +
         "/1/model.safetensors, or " + model_dir +
         "/1/model.safetensors.index.json and the shards it names" +
         (code_only ? ", or " + model_dir + "/1/model.py for a model without weights" : "") + ")");
@@ -731,7 +731,7 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
     if (it == versions.end())
       return c.Error(specific["versions"][0], "version_policy.specific.versions",
                      "version " + std::to_string(want) + " has no directory holding " +
-                         std::string(kCheckpointFiles) + (code_only ? " or model.py" : ""));
+                         std::string(kCheckpointFiles) + (code_only ? ", or model.py" : ""));
     chosen = &*it;
   }
   m.version = chosen->number;

@@ -745,7 +745,10 @@ TEST_F(ModelConfigTest, APythonVersionWithoutACheckpointHasNoWeights) {
   // backend: python with neither: the error names model.py too.
   auto empty = LoadModelConfig(Write("pyempty", py, false));
   ASSERT_FALSE(empty.ok());
-  EXPECT_NE(empty.status().message().find("or model.py for a model without weights"),
+  EXPECT_NE(empty.status().message().find("with its shards, or model.py (expected "),
+            std::string::npos)
+      << empty.status().message();
+  EXPECT_NE(empty.status().message().find("/1/model.py for a model without weights)"),
             std::string::npos)
       << empty.status().message();
 }
