@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "backends/engine.h"
 #include "backends/engine_abi.h"
@@ -13,5 +14,16 @@ namespace hearth {
 // table's version, its size and that each function is there:
 // FailedPrecondition otherwise.
 Result<std::unique_ptr<Engine>> WrapCEngine(const HearthEngineTable* table, void* handle);
+
+// Specs as the C ABI passes them: views of `specs`' names and dims, valid
+// while `specs` lives unchanged.
+inline std::vector<HearthEngineSpec> EngineSpecs(const std::vector<IoSpec>& specs) {
+  std::vector<HearthEngineSpec> out;
+  out.reserve(specs.size());
+  for (const IoSpec& s : specs)
+    out.push_back({s.name.c_str(), static_cast<int32_t>(s.dtype),
+                   static_cast<int32_t>(s.dims.size()), s.dims.data()});
+  return out;
+}
 
 }  // namespace hearth

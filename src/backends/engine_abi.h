@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define HEARTH_ENGINE_ABI_VERSION 2u
+#define HEARTH_ENGINE_ABI_VERSION 3u
 
 typedef struct HearthEngineSpec {
   const char* name;
@@ -50,6 +50,11 @@ typedef struct HearthEngineOptions {
   const char* version_dir;
   int32_t batching;     /* the config's max_batch_size > 0: shapes have a leading 1 */
   uint32_t max_streams; /* the requests the worker holds at once */
+  /* The inputs and outputs the config lists (none: the engine chooses). */
+  const HearthEngineSpec* inputs;
+  size_t num_inputs;
+  const HearthEngineSpec* outputs;
+  size_t num_outputs;
 } HearthEngineOptions;
 
 typedef struct HearthEngineInput {

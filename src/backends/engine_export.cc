@@ -9,6 +9,8 @@
 #include <map>
 #include <string>
 
+#include "backends/c_engine.h"
+
 namespace hearth {
 namespace {
 
@@ -43,12 +45,24 @@ std::string Describe(std::exception_ptr thrown) {
   }
 }
 
-std::vector<HearthEngineSpec> CSpecs(const std::vector<IoSpec>& specs) {
-  std::vector<HearthEngineSpec> out;
-  out.reserve(specs.size());
-  for (const IoSpec& s : specs)
-    out.push_back({s.name.c_str(), static_cast<int32_t>(s.dtype),
-                   static_cast<int32_t>(s.dims.size()), s.dims.data()});
+// The config's inputs or outputs as the caller gave them, checked.
+Result<std::vector<IoSpec>> IoSpecs(const HearthEngineSpec* specs, size_t count,
+                                    std::string_view what) {
+  std::vector<IoSpec> out;
+  if (count == 0) return out;
+  if (specs == nullptr) return InvalidArgument("hearth_create_engine: null " + std::string(what) + "s");
+  if (count > 4096)
+    return InvalidArgument("hearth_create_engine: " + std::to_string(count) + " " +
+                           std::string(what) + "s");
+  out.reserve(count);
+  for (size_t i = 0; i < count; ++i) {
+    const HearthEngineSpec& s = specs[i];
+    if (s.name == nullptr || s.rank < 0 || s.rank > 64 || (s.rank > 0 && s.dims == nullptr) ||
+        s.dtype < 0 || s.dtype > 255)
+      return InvalidArgument("hearth_create_engine: " + std::string(what) + " #" +
+                             std::to_string(i) + " is malformed");
+    out.push_back({s.name, static_cast<DType>(s.dtype), std::vector<int64_t>(s.dims, s.dims + s.rank)});
+  }
   return out;
 }
 
@@ -319,6 +333,8 @@ Status Create(const ExportedEngines& engines, uint32_t abi_version, const char* 
   options.version_dir = c->version_dir != nullptr ? c->version_dir : "";
   options.batching = c->batching != 0;
   options.max_streams = c->max_streams;
+  ASSIGN_OR_RETURN(options.inputs, IoSpecs(c->inputs, c->num_inputs, "input"));
+  ASSIGN_OR_RETURN(options.outputs, IoSpecs(c->outputs, c->num_outputs, "output"));
 
   Result<std::unique_ptr<Engine>> built = Internal("not built");
   try {
@@ -341,8 +357,8 @@ Status ExportEngine(std::unique_ptr<Engine> engine, std::string_view name,
   try {
     auto e = std::make_unique<Exported>();
     e->name = name;
-    e->inputs = CSpecs(engine->inputs());
-    e->outputs = CSpecs(engine->outputs());
+    e->inputs = EngineSpecs(engine->inputs());
+    e->outputs = EngineSpecs(engine->outputs());
     e->engine = std::move(engine);
     *table = &kTable;
     *handle = e.release();

@@ -80,6 +80,12 @@ Result<std::unique_ptr<Engine>> CreatePluginEngine(const Plugin& plugin, std::st
   o.version_dir = options.version_dir.c_str();
   o.batching = options.batching ? 1 : 0;
   o.max_streams = options.max_streams;
+  const std::vector<HearthEngineSpec> inputs = EngineSpecs(options.inputs);
+  const std::vector<HearthEngineSpec> outputs = EngineSpecs(options.outputs);
+  o.inputs = inputs.data();
+  o.num_inputs = inputs.size();
+  o.outputs = outputs.data();
+  o.num_outputs = outputs.size();
   const std::string c_kind(kind);
   const HearthEngineTable* table = nullptr;
   void* engine = nullptr;

@@ -338,7 +338,17 @@ TEST(CreateExportedEngine, BuildsTheKindWithTheCallersOptions) {
   call.options.version_dir = "/models/m/3";
   call.options.batching = 1;
   call.options.max_streams = 9;
+  const std::vector<IoSpec> inputs = {{"text_input", DType::kBytes, {1}},
+                                      {"messages", DType::kBytes, {1}}};
+  const std::vector<IoSpec> outputs = {{"token_ids", DType::kI64, {-1}}};
+  const std::vector<HearthEngineSpec> c_inputs = EngineSpecs(inputs), c_outputs = EngineSpecs(outputs);
+  call.options.inputs = c_inputs.data();
+  call.options.num_inputs = c_inputs.size();
+  call.options.outputs = c_outputs.data();
+  call.options.num_outputs = c_outputs.size();
   ASSERT_TRUE(call.Run("probe").ok()) << call.error.data();
+  EXPECT_EQ(probed.inputs, inputs);
+  EXPECT_EQ(probed.outputs, outputs);
   EXPECT_EQ(probed.max_batch_size, 4);
   EXPECT_TRUE(probed.allow_tf32);
   EXPECT_EQ(probed.parameters,
@@ -409,6 +419,19 @@ TEST(CreateExportedEngine, NamesWhatIsWrong) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(st.message(), "malformed weight #0");
   call.weights[0].shape = shape.data();
+
+  // The config's inputs, malformed.
+  HearthEngineSpec bad{"x", static_cast<int32_t>(DType::kF32), 2, nullptr};
+  call.options.inputs = &bad;
+  call.options.num_inputs = 1;
+  st = call.Run("count");
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(), "hearth_create_engine: input #0 is malformed");
+  call.options.inputs = nullptr;
+  st = call.Run("count");
+  EXPECT_EQ(st.message(), "hearth_create_engine: null inputs");
+  call.options.num_inputs = 0;
+
   ASSERT_TRUE(call.Run("count").ok()) << call.error.data();
   call.table->destroy(call.engine);
 

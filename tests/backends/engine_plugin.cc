@@ -5,6 +5,7 @@
 // HEARTH_TEST_PLUGIN_WITHOUT_ENGINES) exports the entry point only, as a
 // library that serves its kinds as backends.
 #include <stdexcept>
+#include <string>
 
 #include "backends/engine.h"
 #include "backends/engine_abi.h"
@@ -28,6 +29,18 @@ constexpr ExportedEngineKind kKinds[] = {
     {"plugin_throws",
      [](const std::vector<TensorView>&, Device, const EngineOptions&)
          -> Result<std::unique_ptr<Engine>> { throw std::runtime_error("thrown in the plug-in"); }},
+    // Refuses, naming the config's inputs and outputs as they crossed the ABI.
+    {"plugin_signature",
+     [](const std::vector<TensorView>&, Device,
+        const EngineOptions& options) -> Result<std::unique_ptr<Engine>> {
+       std::string seen;
+       for (const auto* list : {&options.inputs, &options.outputs}) {
+         seen += list == &options.inputs ? "inputs:" : "; outputs:";
+         for (const IoSpec& s : *list)
+           seen += " " + s.name + " " + std::string(DTypeName(s.dtype)) + " " + ShapeString(s.dims);
+       }
+       return InvalidArgument(seen);
+     }},
 };
 
 constexpr ExportedEngines kEngines{"libhearth_test_engine_plugin.so", kKinds};

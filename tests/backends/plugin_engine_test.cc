@@ -90,12 +90,19 @@ TEST(PluginEngines, ALibraryWithTheSymbolProvidesEngines) {
   EXPECT_EQ(st.message(),
             "libhearth_test_engine_plugin.so: creating engine 'plugin_throws' threw: thrown in "
             "the plug-in");
+  // The config's inputs and outputs reach the library's factory.
+  Register("plugin_signature", p);
+  options.inputs = {{"text_input", DType::kBytes, {1}}, {"messages", DType::kBytes, {1}}};
+  options.outputs = {{"token_ids", DType::kI64, {-1}}};
+  st = CreateEngine("plugin_signature", {}, Device::Host(), options).status();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(), "inputs: text_input BYTES [1] messages BYTES [1]; outputs: token_ids I64 [-1]");
   // A kind the library does not have.
   st = CreatePluginEngine(p, "llm", {}, Device::Host(), options).status();
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(st.message(),
             "libhearth_test_engine_plugin.so has no engine 'llm' (its engines: plugin_count, "
-            "plugin_throws)");
+            "plugin_throws, plugin_signature)");
 }
 
 TEST(PluginEngines, ALibraryWithoutTheSymbolServesItsKindsWithoutEngines) {

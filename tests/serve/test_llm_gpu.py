@@ -110,8 +110,13 @@ def served(tmp_path_factory):
     models = {name: write_family(root, name) for name in FAMILIES}
     state = start_serve(tmp, root, device="cuda")
     for name in FAMILIES:
-        wait_for(lambda m=name: requests.get(f"{state['url']}/v2/models/{m}/ready").status_code
-                 == 200, f"{name} ready", timeout=300)
+        try:
+            wait_for(lambda m=name: requests.get(f"{state['url']}/v2/models/{m}/ready").status_code
+                     == 200, lambda m=name: f"{m} ready; the server's log:\n"
+                     + state["log"].read_text()[-6000:], timeout=120)
+        except BaseException:
+            stop_serve(state)
+            raise
     state["models"] = models
     yield state
     code, text = stop_serve(state)

@@ -17,6 +17,7 @@
 #include <numeric>
 #include <ostream>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -726,16 +727,33 @@ TEST_F(LlmCudaTest, SampleGreedyTakesTheFirstLargest) {
   std::vector<float> nan = l;
   nan[2500] = NAN;
   EXPECT_EQ(Sample({l, nan}, {{}, {}}, {0, 0}), (std::vector<int32_t>{17, 2500}));
-  // top_k 1 is greedy at any temperature and seed (ties: the first).
+  // top_k 1 is greedy at any temperature and seed where the largest logit
+  // is alone; where it is tied, the tied ones are all kept (as on the host)
+  // and the draw is the host's, one of them.
+  std::vector<float> alone = l;
+  alone[4000] = 2.5f;
+  alone[4999] = 2.5f;
   std::vector<std::vector<float>> rows;
   std::vector<SamplingParams> params;
   std::vector<int64_t> positions;
   for (uint64_t seed = 0; seed < 40; ++seed) {
-    rows.push_back(l);
+    rows.push_back(seed % 2 == 0 ? alone : l);
     params.push_back({0.5f + 0.1f * static_cast<float>(seed), 1.0f, 1, seed});
     positions.push_back(static_cast<int64_t>(seed) * 3);
   }
-  for (int32_t t : Sample(rows, params, positions)) EXPECT_EQ(t, 17);
+  const std::vector<int32_t> drawn = Sample(rows, params, positions);
+  ASSERT_EQ(drawn.size(), rows.size());
+  std::set<int32_t> tied_drawn;
+  for (size_t i = 0; i < drawn.size(); ++i) {
+    if (i % 2 == 0) {
+      EXPECT_EQ(drawn[i], 17) << "row " << i;
+    } else {
+      EXPECT_TRUE(drawn[i] == 17 || drawn[i] == 4000 || drawn[i] == 4999) << "row " << i << ": " << drawn[i];
+      EXPECT_EQ(drawn[i], SampleToken(rows[i], params[i], positions[i])) << "row " << i;
+      tied_drawn.insert(drawn[i]);
+    }
+  }
+  EXPECT_GT(tied_drawn.size(), 1u) << "20 seeds over three tied logits drew one token only";
 }
 
 TEST_F(LlmCudaTest, SampleDrawsWhatSampleTokenDraws) {
