@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -16,6 +17,11 @@ using cuda::LtCheck;
 // algorithms of the skinny decode GEMMs.
 constexpr uint64_t kWorkspaceBytes = uint64_t{32} << 20;
 constexpr int kCandidatesPerRowCount = 8;
+// Rows per cuBLASLt call: a larger m runs as chunks of this many rows, each
+// row's bits the same in any chunk (batch invariance). Bounding m bounds the
+// split-K workspace (splits x rows x n x 4 bytes), so that split-K
+// candidates stay valid for every row count.
+constexpr int64_t kChunkRows = 512;
 // Timed runs per candidate and row count, after one warm-up run.
 constexpr int kTimedRuns = 3;
 
@@ -42,6 +48,48 @@ T AlgoConfig(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttribute
     return T{};
   }
   return value;
+}
+
+template <typename T>
+T AlgoCap(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoCapAttributes_t attr) {
+  T value{};
+  size_t written = 0;
+  if (cublasLtMatmulAlgoCapGetAttribute(&algo, attr, &value, sizeof(value), &written) !=
+      CUBLAS_STATUS_SUCCESS) {
+    return T{};
+  }
+  return value;
+}
+
+// A split-K algorithm is deterministic (and its rows independent of the row
+// count) only when its partial sums are reduced in a separate pass; the
+// in-place scheme adds them with atomics, in whatever order they land.
+bool Deterministic(const cublasLtMatmulAlgo_t& algo) {
+  return AlgoConfig<int32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) <= 1 ||
+         AlgoConfig<uint32_t>(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) !=
+             CUBLASLT_REDUCTION_SCHEME_INPLACE;
+}
+
+// Variants of a candidate that split K into `splits` parts reduced in the
+// compute type: the heuristics rarely propose them for the weight shapes of
+// a decode step, whose few output tiles leave most SMs idle at a few rows.
+std::vector<cublasLtMatmulAlgo_t> SplitKVariants(const cublasLtMatmulAlgo_t& algo) {
+  std::vector<cublasLtMatmulAlgo_t> out;
+  if (AlgoCap<int32_t>(algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT) == 0) return out;
+  const auto schemes = AlgoCap<uint32_t>(algo, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK);
+  if ((schemes & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE) == 0) return out;
+  for (int32_t splits : {2, 4, 8}) {
+    cublasLtMatmulAlgo_t v = algo;
+    const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    if (cublasLtMatmulAlgoConfigSetAttribute(&v, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                             sizeof(splits)) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoConfigSetAttribute(&v, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                             sizeof(scheme)) != CUBLAS_STATUS_SUCCESS) {
+      continue;
+    }
+    out.push_back(v);
+  }
+  return out;
 }
 
 bool SameAlgo(const cublasLtMatmulAlgo_t& a, const cublasLtMatmulAlgo_t& b) {
@@ -111,7 +159,7 @@ Result<int> GemmSet::AddShape(const GemmShapeSpec& spec, const GemmTuning& tunin
 Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
   const GemmShapeSpec& spec = s.spec;
   const auto k = static_cast<uint64_t>(spec.k), n = static_cast<uint64_t>(spec.n);
-  const int64_t max_m = spec.max_m;
+  const int64_t max_m = std::min(spec.max_m, kChunkRows);
   // Row counts whose heuristics propose candidates (and that are timed): the
   // decode batch sizes first, so that without timing the first valid
   // candidate is the one the heuristic made for them.
@@ -172,14 +220,18 @@ Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
                 "cublasLtMatmulAlgoGetHeuristic"));
     for (int i = 0; i < found; ++i) {
       const auto& r = results[static_cast<size_t>(i)];
-      if (r.state != CUBLAS_STATUS_SUCCESS) continue;
-      if (!tuning.allow_split_k &&
-          AlgoConfig<int32_t>(r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1) {
+      if (r.state != CUBLAS_STATUS_SUCCESS || !Deterministic(r.algo)) continue;
+      std::vector<cublasLtMatmulAlgo_t> proposed = {r.algo};
+      if (tuning.allow_split_k) {
+        for (const auto& v : SplitKVariants(r.algo)) proposed.push_back(v);
+      } else if (AlgoConfig<int32_t>(r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1) {
         continue;
       }
-      const bool seen = std::any_of(candidates.begin(), candidates.end(),
-                                    [&](const auto& c) { return SameAlgo(c, r.algo); });
-      if (!seen) candidates.push_back(r.algo);
+      for (const auto& algo : proposed) {
+        const bool seen = std::any_of(candidates.begin(), candidates.end(),
+                                      [&](const auto& c) { return SameAlgo(c, algo); });
+        if (!seen) candidates.push_back(algo);
+      }
     }
   }
   std::vector<cublasLtMatmulAlgo_t> valid;
@@ -277,7 +329,13 @@ Status GemmSet::Run(int shape, const void* weight, const void* bias, const void*
     return Internal("GEMM " + ShapeName(s.spec) + " run with " + std::to_string(m) + " rows" +
                     (bias != nullptr ? " and a bias" : ""));
   }
-  return Matmul(s, s.algo, weight, bias, x, y, m).WithContext("GEMM " + s.spec.name);
+  const int64_t x_row = s.spec.k * 2, y_row = s.spec.n * (s.spec.f32_out ? 4 : 2);
+  for (int64_t at = 0; at < m; at += kChunkRows) {
+    RETURN_IF_ERROR(Matmul(s, s.algo, weight, bias, static_cast<const std::byte*>(x) + at * x_row,
+                           static_cast<std::byte*>(y) + at * y_row, std::min(kChunkRows, m - at))
+                        .WithContext("GEMM " + s.spec.name));
+  }
+  return Status::Ok();
 }
 
 std::string GemmSet::Describe() const {

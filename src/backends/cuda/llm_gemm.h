@@ -13,11 +13,14 @@
 // that a sequence's tokens do not depend on the batch it runs in. cuBLASLt's
 // own choice varies with m (tile, split-K), so each shape gets one algorithm
 // (tile, stages, split-K count and reduction scheme fixed in it) checked valid
-// for row counts 1 .. max_m and used for all of them. Within one algorithm
-// each output element is one dot product reduced in an order that the
-// algorithm fixes, whatever the other columns of the tile hold. The cost:
-// the algorithm is a compromise over m (chosen by the summed slowdown against
-// each row count's best candidate, timed at a few row counts).
+// for row counts 1 .. 512 and used for all of them; more rows run as chunks
+// of 512. Within one algorithm each output element is one dot product
+// reduced in an order that the algorithm fixes, whatever the other columns
+// of the tile hold; split-K candidates (the heuristics' own, and each
+// candidate split 2, 4 or 8 ways) reduce their parts in a separate pass,
+// never with atomics. The cost: the algorithm is a compromise over m (chosen
+// by the summed slowdown against each row count's best candidate, timed at a
+// few row counts).
 //
 // Floor: a decode step's GEMMs read their weights once, n * k * 2 bytes over
 // ~4.0e12 B/s (the 1B Llama's 2.47 GB of weights with the tied lm_head:
