@@ -61,6 +61,22 @@ std::vector<int64_t> ParseList(const std::string& s) {
   return v;
 }
 
+ModelConfig Llama1B();
+
+// The 1B shape, or the 8B Llama-3 one (hidden 4096, 32 layers, 32 heads, 8
+// KV heads, intermediate 14336, untied lm_head).
+ModelConfig LlamaShape(const std::string& shape) {
+  ModelConfig c = Llama1B();
+  if (shape == "8b") {
+    c.hidden_size = 4096;
+    c.intermediate_size = 14336;
+    c.num_layers = 32;
+    c.head_dim = 128;
+    c.tie_word_embeddings = false;
+  }
+  return c;
+}
+
 ModelConfig Llama1B() {
   ModelConfig c;
   c.family = Family::kLlama;
@@ -89,6 +105,7 @@ class DeviceModel {
                   im = c.intermediate_size;
     Add("model.embed_tokens.weight", {c.vocab_size, h}, 0.5f);
     Add("model.norm.weight", {h}, 1.0f);
+    if (!c.tie_word_embeddings) Add("lm_head.weight", {c.vocab_size, h}, 0.03f);
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
       Add(p + "input_layernorm.weight", {h}, 1.0f);
@@ -241,7 +258,10 @@ int Main(int argc, char** argv) {
   std::string seqs_text = "1,16,64,256";
   int context = 512, iterations = 50, profile_seqs = 64;
   float temperature = 0.0f;
-  CLI::App app{"llm_step_bench: one decode step of the CUDA llm executor, 1B Llama shape"};
+  std::string shape = "1b";
+  CLI::App app{"llm_step_bench: one decode step of the CUDA llm executor on a Llama shape"};
+  app.add_option("--shape", shape, "1b (Llama 3.2 1B) or 8b (Llama 3 8B), random bf16 weights")
+      ->check(CLI::IsMember({"1b", "8b"}));
   app.add_option("--seqs", seqs_text, "batch sizes");
   app.add_option("--context", context, "tokens prefilled per sequence")->check(CLI::PositiveNumber);
   app.add_option("--iterations", iterations, "timed steps per batch size")
@@ -257,14 +277,16 @@ int Main(int argc, char** argv) {
   if (!CudaAvailable(&why)) Fail("no CUDA device: " + why);
   Check(cudaSetDevice(0), "cudaSetDevice");
 
-  const ModelConfig config = Llama1B();
+  const ModelConfig config = LlamaShape(shape);
   const DeviceModel model(config);
   auto bound = BindWeights(config, model.views());
   if (!bound.ok()) Fail(bound.status().ToString());
   const ModelWeights& weights = *bound;
   double weight_bytes = 0;
   for (const TensorView& t : model.views()) {
-    // The embedding table is read whole by the tied lm_head; the norms too.
+    // The lm_head (the embedding table where tied) is read whole, the norms
+    // too; an untied embedding table only in the rows the step gathers.
+    if (!config.tie_word_embeddings && t.name == "model.embed_tokens.weight") continue;
     weight_bytes += static_cast<double>(t.nbytes);
   }
   const double kv_bytes_per_token = static_cast<double>(config.num_layers) * 2 *
