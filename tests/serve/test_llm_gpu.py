@@ -5,9 +5,9 @@ head of 128), written by transformers' save_pretrained, served by
 `hearth serve --device cuda`, greedy for 64 tokens.
 
 The tokens must equal transformers' until the end, or until a step where
-transformers' own top two logits are within bf16's noise of each other (a
-pick that a different but equally right order of sums may take either way);
-there, hearth's token must be one of those two. The logits themselves are
+hearth's token has a logit in transformers within bf16's noise of
+transformers' largest (a near tie, which a different but equally right order
+of sums may break either way; two or more tokens may be tied). The logits themselves are
 compared with the CPU executor in tests/backends/llm/llm_cuda_test.cc.
 
 Needs a GPU (HEARTH_TEST_DEVICE=cuda) and transformers; skips saying why
@@ -153,13 +153,10 @@ def test_greedy_tokens_equal_transformers_generate(served, name):
         assert equal < min(len(got), len(want)), \
             f"{case['text']!r}: one stops early: hearth {len(got)}, transformers {len(want)} tokens"
         logits = out.logits[equal][0].float()
-        top2 = torch.topk(logits, 2)
-        margin = float(top2.values[0] - top2.values[1])
-        assert margin <= noise(logits), (
-            f"{case['text']!r}: token {equal} is {got[equal]}, transformers' {want[equal]} "
-            f"leads its next by {margin:.4f} (noise {noise(logits):.4f})")
-        assert got[equal] in top2.indices.tolist(), (
-            f"{case['text']!r}: token {equal} is {got[equal]}, not one of transformers' top two "
-            f"{top2.indices.tolist()}")
-        report.append(f"{equal} equal, then a near tie ({margin:.4f})")
+        best = float(logits.max())
+        behind = best - float(logits[got[equal]])
+        assert behind <= noise(logits), (
+            f"{case['text']!r}: token {equal} is {got[equal]}, whose logit in transformers is "
+            f"{behind:.4f} behind its {want[equal]} (noise {noise(logits):.4f})")
+        report.append(f"{equal} equal, then a near tie ({behind:.4f} behind)")
     print(f"{name}: " + "; ".join(report))
