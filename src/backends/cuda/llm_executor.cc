@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -389,7 +391,23 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
     RETURN_IF_ERROR(
         CudaCheck(cuda::LaunchFillRandom(p, static_cast<int64_t>(n), et, 1.0f, seed++, s), "fill"));
   }
+  // Held (locked) until every shape has its algorithm.
+  std::optional<PlanCache> cache;
+  if (!cuda_options_.plan_cache_path.empty() && cuda_options_.time_gemms) {
+    Result<PlanCache> opened = PlanCache::Open(cuda_options_.plan_cache_path);
+    if (opened.ok()) {
+      cache.emplace(std::move(opened).value());
+      for (const std::string& note : cache->notes())
+        std::fprintf(stderr, "backend llm: %s\n", note.c_str());
+    } else {
+      std::fprintf(stderr,
+                   "backend llm: no GEMM plan cache (%s): this worker times its own GEMM "
+                   "algorithms, and a stream resumed on it may draw other tokens\n",
+                   opened.status().message().c_str());
+    }
+  }
   GemmTuning tuning;
+  tuning.cache = cache.has_value() ? &*cache : nullptr;
   tuning.time_candidates = cuda_options_.time_gemms;
   tuning.allow_split_k = cuda_options_.allow_split_k;
   for (int32_t m : {max_seqs_, 16, 64}) tuning.timed_rows.push_back(m);
@@ -436,6 +454,13 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
                                    gate_.get(), delta_.get()));
   ASSIGN_OR_RETURN(lm_head_gemm_, add("lm_head", vocab_, hidden_, max_seqs_, true, {lm_head_}, {},
                                       xf_.get(), logits_.get()));
+  if (cache.has_value()) {
+    if (Status saved = cache->Save(); !saved.ok())
+      std::fprintf(stderr, "backend llm: %s\n", saved.message().c_str());
+    std::fprintf(stderr, "backend llm: GEMM algorithms of %d of 6 weight shapes from %s\n",
+                 gemms_->cached_shapes(), cache->path().c_str());
+    cache.reset();  // the next worker's turn
+  }
   // Initialised activations: a graph bucket's padding rows read rows no step
   // wrote (their results are dropped).
   for (const Workspace& w : workspaces) {
@@ -948,9 +973,10 @@ Result<std::unique_ptr<CudaExecutor>> CreateCudaExecutor(const ModelConfig& conf
 Result<std::unique_ptr<Executor>> CreateCudaExecutor(const ModelConfig& config,
                                                      const ModelWeights& weights, int device_index,
                                                      const ExecutorOptions& options) {
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<CudaExecutor> executor,
-      CreateCudaExecutor(config, weights, device_index, options, CudaExecutorOptions{}));
+  CudaExecutorOptions cuda_options;
+  cuda_options.plan_cache_path = DefaultPlanCachePath("gemm-plans").value_or("");
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> executor,
+                   CreateCudaExecutor(config, weights, device_index, options, cuda_options));
   return std::unique_ptr<Executor>(std::move(executor));
 }
 

@@ -46,6 +46,12 @@ struct CudaExecutorOptions {
   // Every step eager, with an event pair around each kernel
   // (LastStepKernelTimes).
   bool profile = false;
+  // The plan cache (backends/llm/plan_cache.h) that keeps the timed GEMM
+  // algorithms, so that every executor of this GPU model runs the same ones
+  // (a stream resumed on another worker then draws the same tokens) and
+  // later ones skip the timing; empty: none. A cache that cannot be opened
+  // is said on stderr and the executor times on its own.
+  std::string plan_cache_path;
 };
 
 struct KernelTime {

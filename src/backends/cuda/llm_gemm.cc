@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <string_view>
 #include <set>
 
 namespace hearth::llm {
@@ -92,6 +94,35 @@ std::vector<cublasLtMatmulAlgo_t> SplitKVariants(const cublasLtMatmulAlgo_t& alg
   return out;
 }
 
+// An algorithm as the plan cache keeps it: its 64 bytes in hex.
+std::string AlgoHex(const cublasLtMatmulAlgo_t& algo) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&algo);
+  std::string out;
+  for (size_t i = 0; i < sizeof(algo); ++i) {
+    out += kDigits[bytes[i] >> 4];
+    out += kDigits[bytes[i] & 15];
+  }
+  return out;
+}
+
+std::optional<cublasLtMatmulAlgo_t> AlgoFromHex(std::string_view hex) {
+  cublasLtMatmulAlgo_t algo{};
+  if (hex.size() != 2 * sizeof(algo)) return std::nullopt;
+  auto* bytes = reinterpret_cast<unsigned char*>(&algo);
+  const auto digit = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < sizeof(algo); ++i) {
+    const int hi = digit(hex[2 * i]), lo = digit(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    bytes[i] = static_cast<unsigned char>(hi * 16 + lo);
+  }
+  return algo;
+}
+
 bool SameAlgo(const cublasLtMatmulAlgo_t& a, const cublasLtMatmulAlgo_t& b) {
   return std::memcmp(&a, &b, sizeof(a)) == 0;
 }
@@ -109,6 +140,18 @@ Result<std::unique_ptr<GemmSet>> GemmSet::Create(bool bf16, cudaStream_t stream,
   cublasLtHandle_t lt = nullptr;
   RETURN_IF_ERROR(LtCheck(cublasLtCreate(&lt), "cublasLtCreate"));
   set->lt_.reset(lt);
+  int device = 0;
+  RETURN_IF_ERROR(CudaCheck(cudaGetDevice(&device), "cudaGetDevice"));
+  cudaDeviceProp prop{};
+  RETURN_IF_ERROR(CudaCheck(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties"));
+  int runtime = 0;
+  RETURN_IF_ERROR(CudaCheck(cudaRuntimeGetVersion(&runtime), "cudaRuntimeGetVersion"));
+  std::string name = prop.name;
+  for (char& c : name)
+    if (c < 0x20 || c > 0x7e || c == '\t') c = '_';
+  set->device_key_ = name + " sm" + std::to_string(prop.major) + std::to_string(prop.minor) +
+                     " cublasLt " + std::to_string(cublasLtGetVersion()) + " cudart " +
+                     std::to_string(runtime);
   ASSIGN_OR_RETURN(set->workspace_,
                    cuda::AllocateDevice(kWorkspaceBytes, "cuBLASLt workspace", device_bytes));
   return set;
@@ -208,6 +251,36 @@ Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
                                                    &workspace, sizeof(workspace)),
               "cublasLtMatmulPreferenceSetAttribute"));
 
+  // An algorithm every row count takes.
+  const auto valid_for_all = [&](const cublasLtMatmulAlgo_t& algo) -> Result<bool> {
+    for (int64_t m : checked) {
+      ASSIGN_OR_RETURN(cublasLtMatrixLayout_t b, Layout(false, k, static_cast<uint64_t>(m)));
+      ASSIGN_OR_RETURN(cublasLtMatrixLayout_t d, Layout(spec.f32_out, n, static_cast<uint64_t>(m)));
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoCheck(lt_.get(), s.desc.get(), s.a.get(), b, d, d, &algo, &check) !=
+              CUBLAS_STATUS_SUCCESS ||
+          check.workspaceSize > kWorkspaceBytes) {
+        return false;
+      }
+    }
+    return true;
+  };
+  const std::string cache_key = CacheKey(s, weight_alignment);
+  if (tuning.cache != nullptr && tuning.time_candidates) {
+    if (const std::optional<std::string> kept = tuning.cache->Get(cache_key)) {
+      const std::optional<cublasLtMatmulAlgo_t> algo = AlgoFromHex(*kept);
+      if (algo.has_value() && Deterministic(*algo)) {
+        ASSIGN_OR_RETURN(const bool valid, valid_for_all(*algo));
+        if (valid) {
+          s.algo = *algo;
+          ++cached_shapes_;
+          return Status::Ok();
+        }
+      }
+      // Not one this library takes (any more): timed again, and replaced.
+    }
+  }
+
   std::vector<cublasLtMatmulAlgo_t> candidates;
   for (int64_t m : timed) {
     ASSIGN_OR_RETURN(cublasLtMatrixLayout_t b, Layout(false, k, static_cast<uint64_t>(m)));
@@ -236,18 +309,7 @@ Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
   }
   std::vector<cublasLtMatmulAlgo_t> valid;
   for (const auto& algo : candidates) {
-    bool ok = true;
-    for (int64_t m : checked) {
-      ASSIGN_OR_RETURN(cublasLtMatrixLayout_t b, Layout(false, k, static_cast<uint64_t>(m)));
-      ASSIGN_OR_RETURN(cublasLtMatrixLayout_t d, Layout(spec.f32_out, n, static_cast<uint64_t>(m)));
-      cublasLtMatmulHeuristicResult_t check{};
-      if (cublasLtMatmulAlgoCheck(lt_.get(), s.desc.get(), s.a.get(), b, d, d, &algo, &check) !=
-              CUBLAS_STATUS_SUCCESS ||
-          check.workspaceSize > kWorkspaceBytes) {
-        ok = false;
-        break;
-      }
-    }
+    ASSIGN_OR_RETURN(const bool ok, valid_for_all(algo));
     if (ok) valid.push_back(algo);
   }
   if (valid.empty()) {
@@ -256,7 +318,9 @@ Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
                          " candidates)");
   }
   s.algo = valid.front();
-  if (!tuning.time_candidates || valid.size() == 1) return Status::Ok();
+  if (!tuning.time_candidates) return Status::Ok();
+  if (valid.size() == 1)
+    return tuning.cache != nullptr ? tuning.cache->Put(cache_key, AlgoHex(s.algo)) : Status::Ok();
 
   cudaEvent_t start = nullptr, stop = nullptr;
   RETURN_IF_ERROR(CudaCheck(cudaEventCreate(&start), "cudaEventCreate"));
@@ -301,7 +365,16 @@ Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
       s.algo = valid[c];
     }
   }
+  if (tuning.cache != nullptr) RETURN_IF_ERROR(tuning.cache->Put(cache_key, AlgoHex(s.algo)));
   return Status::Ok();
+}
+
+std::string GemmSet::CacheKey(const Shape& s, uint32_t weight_alignment) const {
+  const GemmShapeSpec& spec = s.spec;
+  return device_key_ + (bf16_ ? " bf16 " : " f16 ") + std::to_string(spec.n) + "x" +
+         std::to_string(spec.k) + " rows " + std::to_string(std::min(spec.max_m, kChunkRows)) +
+         (spec.bias ? " bias" : "") + (spec.f32_out ? " f32-out" : "") + " align " +
+         std::to_string(weight_alignment);
 }
 
 Status GemmSet::Matmul(Shape& s, const cublasLtMatmulAlgo_t& algo, const void* weight,

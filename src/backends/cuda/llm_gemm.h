@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_util.h"
+#include "backends/llm/plan_cache.h"
 #include "hearth/status.h"
 
 namespace hearth::llm {
@@ -68,6 +69,10 @@ struct GemmTuning {
   bool allow_split_k = true;
   // The row counts timed besides 1 and max_m (decode batch sizes).
   std::vector<int64_t> timed_rows;
+  // Where a timed choice is kept and looked up first (plan_cache.h), so that
+  // every worker of this GPU model and cuBLASLt version runs the same
+  // algorithm; null: none.
+  PlanCache* cache = nullptr;
 };
 
 class GemmSet {
@@ -89,6 +94,8 @@ class GemmSet {
 
   // "q_proj: algo 21 tile 15 stages 8 splitK 1 ..." per shape, for logs.
   std::string Describe() const;
+  // Shapes whose algorithm came from the plan cache.
+  int cached_shapes() const { return cached_shapes_; }
 
  private:
   struct Shape {
@@ -99,6 +106,9 @@ class GemmSet {
   };
 
   GemmSet(bool bf16, cudaStream_t stream) : bf16_(bf16), stream_(stream) {}
+  // The plan cache's key of a shape: the GPU, the library versions, the
+  // shape, its types and alignments.
+  std::string CacheKey(const Shape& s, uint32_t weight_alignment) const;
   Result<cublasLtMatrixLayout_t> Layout(bool f32, uint64_t rows, uint64_t cols);
   Status Matmul(Shape& s, const cublasLtMatmulAlgo_t& algo, const void* weight, const void* bias,
                 const void* x, void* y, int64_t m);
@@ -109,6 +119,8 @@ class GemmSet {
   cuda::LtHandle lt_;
   cuda::DeviceBuffer workspace_;
   std::vector<std::unique_ptr<Shape>> shapes_;
+  std::string device_key_;  // "NVIDIA H200 sm90 cublasLt 130000 cudart 13000"
+  int cached_shapes_ = 0;
   // Column-major layouts by (F32?, rows, cols); ld = rows.
   std::map<std::tuple<bool, uint64_t, uint64_t>, cuda::LtLayout> layouts_;
 };
