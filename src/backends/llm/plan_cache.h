@@ -17,6 +17,7 @@
 // Thread-safety: one thread per PlanCache.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
