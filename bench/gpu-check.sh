@@ -179,8 +179,10 @@ if want tokenizer-fixtures; then
   tail -3 "$OUT/fixtures.log"
 fi
 if want llm-step; then
-  echo "== the CUDA llm executor: a decode step of a 1B Llama shape by batch size, each kernel at 64 sequences"
-  timeout 400 "$BUILD/bench/llm/llm_step_bench" --iterations 30 > "$OUT/llm-step.log" 2>&1
+  echo "== the CUDA llm executor: a decode step of the 1B and 8B Llama shapes by batch size, each kernel at one sequence"
+  timeout 400 "$BUILD/bench/llm/llm_step_bench" --iterations 30 --profile-seqs 1 > "$OUT/llm-step.log" 2>&1
+  timeout 300 "$BUILD/bench/llm/llm_step_bench" --shape 8b --iterations 20 --seqs 1,16,64 --profile-seqs 1 \
+    >> "$OUT/llm-step.log" 2>&1
   grep -E "^(executor|prefill|decode|kernel)" "$OUT/llm-step.log"
 fi
 if want suite; then
