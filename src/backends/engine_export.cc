@@ -50,7 +50,8 @@ Result<std::vector<IoSpec>> IoSpecs(const HearthEngineSpec* specs, size_t count,
                                     std::string_view what) {
   std::vector<IoSpec> out;
   if (count == 0) return out;
-  if (specs == nullptr) return InvalidArgument("hearth_create_engine: null " + std::string(what) + "s");
+  if (specs == nullptr)
+    return InvalidArgument("hearth_create_engine: null " + std::string(what) + "s");
   if (count > 4096)
     return InvalidArgument("hearth_create_engine: " + std::to_string(count) + " " +
                            std::string(what) + "s");
@@ -61,7 +62,8 @@ Result<std::vector<IoSpec>> IoSpecs(const HearthEngineSpec* specs, size_t count,
         s.dtype < 0 || s.dtype > 255)
       return InvalidArgument("hearth_create_engine: " + std::string(what) + " #" +
                              std::to_string(i) + " is malformed");
-    out.push_back({s.name, static_cast<DType>(s.dtype), std::vector<int64_t>(s.dims, s.dims + s.rank)});
+    out.push_back(
+        {s.name, static_cast<DType>(s.dtype), std::vector<int64_t>(s.dims, s.dims + s.rank)});
   }
   return out;
 }

@@ -341,7 +341,8 @@ TEST(CreateExportedEngine, BuildsTheKindWithTheCallersOptions) {
   const std::vector<IoSpec> inputs = {{"text_input", DType::kBytes, {1}},
                                       {"messages", DType::kBytes, {1}}};
   const std::vector<IoSpec> outputs = {{"token_ids", DType::kI64, {-1}}};
-  const std::vector<HearthEngineSpec> c_inputs = EngineSpecs(inputs), c_outputs = EngineSpecs(outputs);
+  const std::vector<HearthEngineSpec> c_inputs = EngineSpecs(inputs),
+                                      c_outputs = EngineSpecs(outputs);
   call.options.inputs = c_inputs.data();
   call.options.num_inputs = c_inputs.size();
   call.options.outputs = c_outputs.data();

@@ -96,7 +96,8 @@ TEST(PluginEngines, ALibraryWithTheSymbolProvidesEngines) {
   options.outputs = {{"token_ids", DType::kI64, {-1}}};
   st = CreateEngine("plugin_signature", {}, Device::Host(), options).status();
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(st.message(), "inputs: text_input BYTES [1] messages BYTES [1]; outputs: token_ids I64 [-1]");
+  EXPECT_EQ(st.message(),
+            "inputs: text_input BYTES [1] messages BYTES [1]; outputs: token_ids I64 [-1]");
   // A kind the library does not have.
   st = CreatePluginEngine(p, "llm", {}, Device::Host(), options).status();
   EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);

@@ -6,8 +6,8 @@
 #include <cstring>
 #include <limits>
 #include <optional>
-#include <string_view>
 #include <set>
+#include <string_view>
 
 namespace hearth::llm {
 namespace {

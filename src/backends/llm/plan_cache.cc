@@ -99,8 +99,8 @@ Result<PlanCache> PlanCache::Open(const std::string& path) {
     const std::string_view l(text.data() + at, (end == std::string::npos ? text.size() : end) - at);
     at = end == std::string::npos ? text.size() : end + 1;
     const size_t tab = l.find('\t');
-    if (end == std::string::npos || tab == std::string_view::npos ||
-        !Printable(l.substr(0, tab)) || !Printable(l.substr(tab + 1))) {
+    if (end == std::string::npos || tab == std::string_view::npos || !Printable(l.substr(0, tab)) ||
+        !Printable(l.substr(tab + 1))) {
       cache.notes_.push_back(path + " line " + std::to_string(line) +
                              " is not a key<TAB>value entry: dropped");
       cache.changed_ = true;

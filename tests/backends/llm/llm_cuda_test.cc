@@ -748,7 +748,8 @@ TEST_F(LlmCudaTest, SampleGreedyTakesTheFirstLargest) {
     if (i % 2 == 0) {
       EXPECT_EQ(drawn[i], 17) << "row " << i;
     } else {
-      EXPECT_TRUE(drawn[i] == 17 || drawn[i] == 4000 || drawn[i] == 4999) << "row " << i << ": " << drawn[i];
+      EXPECT_TRUE(drawn[i] == 17 || drawn[i] == 4000 || drawn[i] == 4999)
+          << "row " << i << ": " << drawn[i];
       EXPECT_EQ(drawn[i], SampleToken(rows[i], params[i], positions[i])) << "row " << i;
       tied_drawn.insert(drawn[i]);
     }
