@@ -1,21 +1,16 @@
-// Host arenas: a sealed memfd.
+// Host arenas: a platform::Section (a sealed memfd on Linux).
 //
-// Create: memfd_create + ftruncate + one read-write MAP_SHARED mapping that
-// writers fill in place. Seal: munmap, then seal against every change.
-// Export: a fresh O_RDONLY open file description of the memfd.
-#include <fcntl.h>
-#include <spdlog/spdlog.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
+// Create: a section mapped read-write, which writers fill in place. Seal:
+// the section unmaps its writable view and seals itself against every
+// change. Export: a read-only handle of it (platform/section.h).
+#include <sys/types.h>
 
 #include <atomic>
-#include <cerrno>
-#include <cstring>
 #include <limits>
 #include <string>
 
 #include "memory/arena_kinds.h"
+#include "platform/section.h"
 
 namespace hearth {
 namespace {
@@ -64,30 +59,20 @@ class HostArenaWriter final : public ArenaWriter {
 
 class HostArena final : public Arena {
  public:
-  HostArena(UniqueFd fd, uint64_t size) : fd_(std::move(fd)), size_(size) {
+  explicit HostArena(platform::Section section) : section_(std::move(section)) {
     shared_ = std::make_shared<HostArenaShared>();
-    shared_->size = size;
+    shared_->size = section_.size();
+    shared_->base = section_.writable().data();
   }
 
-  ~HostArena() override { Unmap(); }
+  ~HostArena() override { shared_->sealed.store(true, std::memory_order_release); }
 
   HostArena(const HostArena&) = delete;
   HostArena& operator=(const HostArena&) = delete;
 
-  Status MapReadWrite() {
-    if (size_ == 0) return Status::Ok();
-    void* addr = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ | PROT_WRITE, MAP_SHARED,
-                        fd_.get(), 0);
-    if (addr == MAP_FAILED) {
-      return ErrnoError("mmap of a " + std::to_string(size_) + "-byte host arena", errno);
-    }
-    shared_->base = static_cast<std::byte*>(addr);
-    return Status::Ok();
-  }
-
   Device device() const override { return Device::Host(); }
-  uint64_t size() const override { return size_; }
-  uint64_t allocation_size() const override { return size_; }
+  uint64_t size() const override { return section_.size(); }
+  uint64_t allocation_size() const override { return section_.size(); }
 
   Result<std::unique_ptr<ArenaWriter>> OpenWriter(int threads, uint64_t max_chunk) override {
     if (sealed_) return FailedPrecondition("cannot open a writer on a sealed host arena");
@@ -101,51 +86,21 @@ class HostArena final : public Arena {
 
   Status Seal() override {
     if (sealed_) return FailedPrecondition("host arena is already sealed");
-    Unmap();
-    // munmap first: F_SEAL_WRITE fails with EBUSY while any writable shared
-    // mapping of the memfd exists.
-    constexpr int kSeals = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
-    if (::fcntl(fd_.get(), F_ADD_SEALS, kSeals) != 0) {
-      return ErrnoError("sealing the host arena memfd (F_ADD_SEALS)", errno);
-    }
+    shared_->sealed.store(true, std::memory_order_release);
+    shared_->base = nullptr;
+    RETURN_IF_ERROR(section_.Seal().WithContext("sealing the host arena"));
     sealed_ = true;
     return Status::Ok();
   }
 
   Result<UniqueFd> Export() const override {
     if (!sealed_) return FailedPrecondition("cannot export a host arena before Seal()");
-    // Reopening through /proc gives the importer its own read-only open file
-    // description: mmap(PROT_WRITE, MAP_SHARED) of it fails with EACCES
-    // whatever the seals say, and it cannot be turned writable by fcntl.
-    std::string path = "/proc/self/fd/" + std::to_string(fd_.get());
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) return UniqueFd(fd);
-    int open_errno = errno;
-    if (open_errno != ENOENT && open_errno != EACCES) {
-      return ErrnoError("reopening the host arena read-only through " + path, open_errno);
-    }
-    // No /proc (or not allowed to reopen): share the writable description.
-    // The seals still forbid every write, resize and writable shared mapping.
-    spdlog::debug("{} unavailable ({}); exporting a dup of the sealed memfd", path,
-                  std::strerror(open_errno));
-    fd = ::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0);
-    if (fd < 0) return ErrnoError("duplicating the host arena memfd", errno);
+    ASSIGN_OR_RETURN(const platform::NativeHandle fd, section_.ShareReadOnly(0));
     return UniqueFd(fd);
   }
 
  private:
-  void Unmap() noexcept {
-    shared_->sealed.store(true, std::memory_order_release);
-    if (shared_->base != nullptr) {
-      if (::munmap(shared_->base, static_cast<size_t>(size_)) != 0) {
-        spdlog::error("munmap of a {}-byte host arena failed: {}", size_, std::strerror(errno));
-      }
-      shared_->base = nullptr;
-    }
-  }
-
-  UniqueFd fd_;
-  uint64_t size_;
+  platform::Section section_;
   bool sealed_ = false;
   std::shared_ptr<HostArenaShared> shared_;
 };
@@ -156,15 +111,9 @@ Result<std::unique_ptr<Arena>> CreateHostArena(uint64_t size) {
   if (size > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
     return InvalidArgument("host arena size " + std::to_string(size) + " is too large");
   }
-  int fd = ::memfd_create("hearth-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) return ErrnoError("memfd_create for a host arena", errno);
-  UniqueFd owned(fd);
-  if (::ftruncate(owned.get(), static_cast<off_t>(size)) != 0) {
-    return ErrnoError("sizing a host arena to " + std::to_string(size) + " bytes", errno);
-  }
-  auto arena = std::make_unique<HostArena>(std::move(owned), size);
-  RETURN_IF_ERROR(arena->MapReadWrite());
-  return std::unique_ptr<Arena>(std::move(arena));
+  Result<platform::Section> section = platform::Section::Create(size, "hearth-arena");
+  if (!section.ok()) return section.status().WithContext("creating a host arena");
+  return std::unique_ptr<Arena>(std::make_unique<HostArena>(std::move(section).value()));
 }
 
 }  // namespace hearth

@@ -1,0 +1,191 @@
+// Sections on Windows: pagefile-backed file mappings (section.h).
+#include <sddl.h>
+#include <windows.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "platform/section.h"
+#include "platform/windows_error.h"
+
+namespace hearth::platform {
+
+namespace {
+
+// "S-1-5-21-...": this process's user.
+Result<std::wstring> UserSid() {
+  HANDLE token = nullptr;
+  if (!::OpenProcessToken(::GetCurrentProcess(), TOKEN_QUERY, &token))
+    return Internal(LastError("OpenProcessToken"));
+  DWORD bytes = 0;
+  ::GetTokenInformation(token, TokenUser, nullptr, 0, &bytes);
+  std::unique_ptr<std::byte[]> info(new std::byte[bytes > 0 ? bytes : 1]);
+  const BOOL ok = ::GetTokenInformation(token, TokenUser, info.get(), bytes, &bytes);
+  ::CloseHandle(token);
+  if (!ok) return Internal(LastError("GetTokenInformation(TokenUser)"));
+  wchar_t* text = nullptr;
+  if (!::ConvertSidToStringSidW(reinterpret_cast<TOKEN_USER*>(info.get())->User.Sid, &text))
+    return Internal(LastError("ConvertSidToStringSidW"));
+  std::wstring sid(text);
+  ::LocalFree(text);
+  return sid;
+}
+
+// A section's security descriptor: read (map for reading, query) for its
+// user and its owner, nothing else for anyone.
+struct SectionSecurity {
+  PSECURITY_DESCRIPTOR descriptor = nullptr;
+  ~SectionSecurity() { ::LocalFree(descriptor); }
+};
+
+Status MakeSectionSecurity(SectionSecurity& out) {
+  ASSIGN_OR_RETURN(const std::wstring sid, UserSid());
+  const std::wstring read = std::to_wstring(SECTION_MAP_READ | SECTION_QUERY);
+  const std::wstring sddl = L"D:P(A;;" + read + L";;;OW)(A;;" + read + L";;;" + sid + L")";
+  if (!::ConvertStringSecurityDescriptorToSecurityDescriptorW(sddl.c_str(), SDDL_REVISION_1,
+                                                              &out.descriptor, nullptr))
+    return Internal(LastError("ConvertStringSecurityDescriptorToSecurityDescriptorW"));
+  return Status::Ok();
+}
+
+}  // namespace
+
+void CloseHandle(NativeHandle h) {
+  if (h != kNoHandle) ::CloseHandle(h);
+}
+
+Result<Section> Section::Create(uint64_t bytes, std::string_view /*name*/) {
+  if (bytes == 0) return InvalidArgument("a section needs at least one byte");
+  SectionSecurity security;
+  RETURN_IF_ERROR(MakeSectionSecurity(security));
+  SECURITY_ATTRIBUTES attributes{sizeof(attributes), security.descriptor, FALSE};
+  const HANDLE h = ::CreateFileMappingW(INVALID_HANDLE_VALUE, &attributes, PAGE_READWRITE,
+                                        static_cast<DWORD>(bytes >> 32),
+                                        static_cast<DWORD>(bytes & 0xffffffffu), nullptr);
+  if (h == nullptr)
+    return ResourceExhausted(
+        LastError("CreateFileMappingW of " + std::to_string(bytes) + " bytes"));
+  Section s;
+  s.handle_ = h;
+  s.size_ = bytes;
+  void* p = ::MapViewOfFile(h, FILE_MAP_WRITE, 0, 0, static_cast<SIZE_T>(bytes));
+  if (p == nullptr) return ResourceExhausted(LastError("MapViewOfFile (read-write)"));
+  s.base_ = static_cast<std::byte*>(p);
+  return s;
+}
+
+Section::Section(Section&& other) noexcept
+    : handle_(std::exchange(other.handle_, kNoHandle)),
+      base_(std::exchange(other.base_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      sealed_(std::exchange(other.sealed_, false)) {}
+
+Section& Section::operator=(Section&& other) noexcept {
+  if (this != &other) {
+    Release();
+    handle_ = std::exchange(other.handle_, kNoHandle);
+    base_ = std::exchange(other.base_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    sealed_ = std::exchange(other.sealed_, false);
+  }
+  return *this;
+}
+
+Section::~Section() { Release(); }
+
+void Section::Release() {
+  if (base_ != nullptr) ::UnmapViewOfFile(base_);
+  base_ = nullptr;
+  CloseHandle(handle_);
+  handle_ = kNoHandle;
+}
+
+Status Section::Seal() {
+  if (sealed_) return Status::Ok();
+  if (base_ != nullptr && !::UnmapViewOfFile(base_)) return Internal(LastError("UnmapViewOfFile"));
+  base_ = nullptr;
+  sealed_ = true;
+  return Status::Ok();
+}
+
+Result<NativeHandle> Section::ShareReadOnly(uint32_t peer_pid) const {
+  if (!sealed_) return FailedPrecondition("a section is shared only once sealed");
+  const HANDLE peer = ::OpenProcess(PROCESS_DUP_HANDLE, FALSE, peer_pid);
+  if (peer == nullptr)
+    return Unavailable(LastError("OpenProcess of the peer " + std::to_string(peer_pid)));
+  HANDLE dup = nullptr;
+  // FILE_MAP_READ only: the peer's handle maps nothing writable, and a
+  // duplicate of it can ask for no more access than it has.
+  const BOOL ok =
+      ::DuplicateHandle(::GetCurrentProcess(), handle_, peer, &dup, FILE_MAP_READ, FALSE, 0);
+  const std::string error = ok ? "" : LastError("DuplicateHandle into the peer");
+  ::CloseHandle(peer);
+  if (!ok) return Internal(error);
+  return dup;
+}
+
+Result<ReadOnlyView> ReadOnlyView::Map(NativeHandle handle, uint64_t bytes) {
+  ReadOnlyView v;
+  v.handle_ = handle;  // closed by v on every return
+  if (handle == kNoHandle) return InvalidArgument("no section handle");
+  void* p = ::MapViewOfFile(handle, FILE_MAP_READ, 0, 0, 0);
+  if (p == nullptr) return InvalidArgument(LastError("MapViewOfFile (read-only)"));
+  v.base_ = static_cast<const std::byte*>(p);
+  MEMORY_BASIC_INFORMATION info{};
+  if (::VirtualQuery(p, &info, sizeof(info)) == 0) return Internal(LastError("VirtualQuery"));
+  if (info.RegionSize < bytes)
+    return InvalidArgument("the section holds " + std::to_string(info.RegionSize) +
+                           " bytes, fewer than the " + std::to_string(bytes) + " expected");
+  v.size_ = bytes;
+  return v;
+}
+
+ReadOnlyView::ReadOnlyView(ReadOnlyView&& other) noexcept
+    : handle_(std::exchange(other.handle_, kNoHandle)),
+      base_(std::exchange(other.base_, nullptr)),
+      size_(std::exchange(other.size_, 0)) {}
+
+ReadOnlyView& ReadOnlyView::operator=(ReadOnlyView&& other) noexcept {
+  if (this != &other) {
+    Release();
+    handle_ = std::exchange(other.handle_, kNoHandle);
+    base_ = std::exchange(other.base_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+ReadOnlyView::~ReadOnlyView() { Release(); }
+
+void ReadOnlyView::Release() {
+  if (base_ != nullptr) ::UnmapViewOfFile(base_);
+  base_ = nullptr;
+  CloseHandle(handle_);
+  handle_ = kNoHandle;
+}
+
+ReadOnlyView::WriteAttempts ReadOnlyView::TryToWrite() const {
+  WriteAttempts tried;
+  if (void* w = ::MapViewOfFile(handle_, FILE_MAP_WRITE, 0, 0, 0)) {
+    ::UnmapViewOfFile(w);
+    tried.mapped_writable = true;
+  }
+  if (base_ != nullptr && size_ > 0) {
+    DWORD old = 0;
+    if (::VirtualProtect(const_cast<std::byte*>(base_), static_cast<SIZE_T>(size_), PAGE_READWRITE,
+                         &old)) {
+      ::VirtualProtect(const_cast<std::byte*>(base_), static_cast<SIZE_T>(size_), old, &old);
+      tried.protection_raised = true;
+    }
+  }
+  HANDLE more = nullptr;
+  if (::DuplicateHandle(::GetCurrentProcess(), handle_, ::GetCurrentProcess(), &more,
+                        FILE_MAP_READ | FILE_MAP_WRITE, FALSE, 0)) {
+    ::CloseHandle(more);
+    tried.handle_upgraded = true;
+  }
+  return tried;
+}
+
+}  // namespace hearth::platform
