@@ -4,7 +4,7 @@ FUZZ_SECONDS ?= 20
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DHEARTH_WERROR=ON
 
-.PHONY: all setup build serve demo test fuzz clean
+.PHONY: all setup build serve demo test fuzz windows clean
 
 all: build
 
@@ -31,5 +31,14 @@ test: build
 fuzz: setup
 	@bash scripts/fuzz $(BUILD)-fuzz $(FUZZ_SECONDS)
 
+# The Windows cross build and its tests under Wine (docs/windows.md); needs
+# g++-mingw-w64-x86-64-posix, wine and wine64 (scripts/setup-windows).
+windows:
+	@bash scripts/setup-windows
+	cmake -S . -B $(BUILD)-windows -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  -DCMAKE_TOOLCHAIN_FILE=$(CURDIR)/cmake/mingw-w64.cmake
+	cmake --build $(BUILD)-windows -j $(JOBS)
+	cd $(BUILD)-windows && ctest --output-on-failure --timeout 300
+
 clean:
-	rm -rf $(BUILD) $(BUILD)-fuzz
+	rm -rf $(BUILD) $(BUILD)-fuzz $(BUILD)-windows

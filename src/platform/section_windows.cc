@@ -1,6 +1,7 @@
 // Sections on Windows: pagefile-backed file mappings (section.h).
-#include <sddl.h>
 #include <windows.h>
+// after windows.h, which it needs
+#include <sddl.h>
 
 #include <memory>
 #include <string>
