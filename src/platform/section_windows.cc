@@ -7,31 +7,13 @@
 #include <string>
 #include <utility>
 
+#include "platform/identity.h"
 #include "platform/section.h"
 #include "platform/windows_error.h"
 
 namespace hearth::platform {
 
 namespace {
-
-// "S-1-5-21-...": this process's user.
-Result<std::wstring> UserSid() {
-  HANDLE token = nullptr;
-  if (!::OpenProcessToken(::GetCurrentProcess(), TOKEN_QUERY, &token))
-    return Internal(LastError("OpenProcessToken"));
-  DWORD bytes = 0;
-  ::GetTokenInformation(token, TokenUser, nullptr, 0, &bytes);
-  std::unique_ptr<std::byte[]> info(new std::byte[bytes > 0 ? bytes : 1]);
-  const BOOL ok = ::GetTokenInformation(token, TokenUser, info.get(), bytes, &bytes);
-  ::CloseHandle(token);
-  if (!ok) return Internal(LastError("GetTokenInformation(TokenUser)"));
-  wchar_t* text = nullptr;
-  if (!::ConvertSidToStringSidW(reinterpret_cast<TOKEN_USER*>(info.get())->User.Sid, &text))
-    return Internal(LastError("ConvertSidToStringSidW"));
-  std::wstring sid(text);
-  ::LocalFree(text);
-  return sid;
-}
 
 // A section's security descriptor: read (map for reading, query) for its
 // user and its owner, nothing else for anyone.
@@ -41,12 +23,12 @@ struct SectionSecurity {
 };
 
 Status MakeSectionSecurity(SectionSecurity& out) {
-  ASSIGN_OR_RETURN(const std::wstring sid, UserSid());
-  const std::wstring read = std::to_wstring(SECTION_MAP_READ | SECTION_QUERY);
-  const std::wstring sddl = L"D:P(A;;" + read + L";;;OW)(A;;" + read + L";;;" + sid + L")";
-  if (!::ConvertStringSecurityDescriptorToSecurityDescriptorW(sddl.c_str(), SDDL_REVISION_1,
+  ASSIGN_OR_RETURN(const std::string sid, CurrentUser());
+  const std::string read = std::to_string(SECTION_MAP_READ | SECTION_QUERY);
+  const std::string sddl = "D:P(A;;" + read + ";;;OW)(A;;" + read + ";;;" + sid + ")";
+  if (!::ConvertStringSecurityDescriptorToSecurityDescriptorA(sddl.c_str(), SDDL_REVISION_1,
                                                               &out.descriptor, nullptr))
-    return Internal(LastError("ConvertStringSecurityDescriptorToSecurityDescriptorW"));
+    return Internal(LastError("ConvertStringSecurityDescriptorToSecurityDescriptorA"));
   return Status::Ok();
 }
 
