@@ -6,6 +6,7 @@ add_library(hearth_platform STATIC
   ${PROJECT_SOURCE_DIR}/src/common/status.cc
   ${PROJECT_SOURCE_DIR}/src/platform/identity_windows.cc
   ${PROJECT_SOURCE_DIR}/src/platform/local_channel_windows.cc
+  ${PROJECT_SOURCE_DIR}/src/platform/section.cc
   ${PROJECT_SOURCE_DIR}/src/platform/section_windows.cc)
 target_include_directories(hearth_platform PUBLIC ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
 target_compile_options(hearth_platform PUBLIC -Wall -Wextra -Wpedantic -Werror)

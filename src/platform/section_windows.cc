@@ -58,25 +58,6 @@ Result<Section> Section::Create(uint64_t bytes, std::string_view /*name*/) {
   return s;
 }
 
-Section::Section(Section&& other) noexcept
-    : handle_(std::exchange(other.handle_, kNoHandle)),
-      base_(std::exchange(other.base_, nullptr)),
-      size_(std::exchange(other.size_, 0)),
-      sealed_(std::exchange(other.sealed_, false)) {}
-
-Section& Section::operator=(Section&& other) noexcept {
-  if (this != &other) {
-    Release();
-    handle_ = std::exchange(other.handle_, kNoHandle);
-    base_ = std::exchange(other.base_, nullptr);
-    size_ = std::exchange(other.size_, 0);
-    sealed_ = std::exchange(other.sealed_, false);
-  }
-  return *this;
-}
-
-Section::~Section() { Release(); }
-
 void Section::Release() {
   if (base_ != nullptr) ::UnmapViewOfFile(base_);
   base_ = nullptr;
@@ -123,23 +104,6 @@ Result<ReadOnlyView> ReadOnlyView::Map(NativeHandle handle, uint64_t bytes) {
   v.size_ = bytes;
   return v;
 }
-
-ReadOnlyView::ReadOnlyView(ReadOnlyView&& other) noexcept
-    : handle_(std::exchange(other.handle_, kNoHandle)),
-      base_(std::exchange(other.base_, nullptr)),
-      size_(std::exchange(other.size_, 0)) {}
-
-ReadOnlyView& ReadOnlyView::operator=(ReadOnlyView&& other) noexcept {
-  if (this != &other) {
-    Release();
-    handle_ = std::exchange(other.handle_, kNoHandle);
-    base_ = std::exchange(other.base_, nullptr);
-    size_ = std::exchange(other.size_, 0);
-  }
-  return *this;
-}
-
-ReadOnlyView::~ReadOnlyView() { Release(); }
 
 void ReadOnlyView::Release() {
   if (base_ != nullptr) ::UnmapViewOfFile(base_);

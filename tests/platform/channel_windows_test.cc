@@ -15,22 +15,11 @@
 
 #include "platform/local_channel.h"
 #include "platform/section.h"
+#include "windows_check.h"
 
 using namespace hearth::platform;
 
 namespace {
-
-int failures = 0;
-
-#define CHECK(cond, ...)                                                      \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      std::fprintf(stderr, "%s:%d: failed: %s: ", __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                      \
-      std::fprintf(stderr, "\n");                                             \
-      ++failures;                                                             \
-    }                                                                         \
-  } while (0)
 
 constexpr uint64_t kBytes = 300000;
 
@@ -182,7 +171,8 @@ int main(int argc, char** argv) {
   Serve(*listener, *made, expected, {c.dwProcessId});
   CHECK(Wait(c) == 0, "a client after the bad one");
 
-  std::printf("channel_windows_test: %s (%d failures)\n", failures == 0 ? "passed" : "FAILED",
-              failures);
-  return failures == 0 ? 0 : 1;
+  std::printf("channel_windows_test: %s (%d failures)\n",
+              hearth::platform::test::failures == 0 ? "passed" : "FAILED",
+              hearth::platform::test::failures);
+  return hearth::platform::test::failures == 0 ? 0 : 1;
 }

@@ -13,24 +13,13 @@
 #include <vector>
 
 #include "platform/section.h"
+#include "windows_check.h"
 
 using hearth::platform::NativeHandle;
 using hearth::platform::ReadOnlyView;
 using hearth::platform::Section;
 
 namespace {
-
-int failures = 0;
-
-#define CHECK(cond, ...)                                                      \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      std::fprintf(stderr, "%s:%d: failed: %s: ", __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                      \
-      std::fprintf(stderr, "\n");                                             \
-      ++failures;                                                             \
-    }                                                                         \
-  } while (0)
 
 constexpr uint64_t kBytes = (uint64_t{1} << 20) + 123;
 
@@ -176,7 +165,8 @@ int main(int argc, char** argv) {
   // A process that does not exist gets no handle.
   CHECK(!section.ShareReadOnly(0xfffffff0u).ok(), "a peer that does not exist");
 
-  std::printf("section_windows_test: %s (%d failures)\n", failures == 0 ? "passed" : "FAILED",
-              failures);
-  return failures == 0 ? 0 : 1;
+  std::printf("section_windows_test: %s (%d failures)\n",
+              hearth::platform::test::failures == 0 ? "passed" : "FAILED",
+              hearth::platform::test::failures);
+  return hearth::platform::test::failures == 0 ? 0 : 1;
 }
