@@ -51,7 +51,7 @@ void CheckManifest(const Manifest& m) {
     const ManifestTensor& t = m.tensors[i];
     Require(!t.name.empty(), "tensor name");
     Require(i == 0 || m.tensors[i - 1].name < t.name, "tensors sorted by unique name");
-    Require(static_cast<int>(t.dtype) < kDTypeCount, "known dtype");
+    Require(IsStoredDType(static_cast<int>(t.dtype)), "known dtype");
     Require(t.shape.size() <= 32, "at most 32 dimensions");
     const std::optional<uint64_t> bytes = TensorBytes(t.dtype, t.shape);
     Require(bytes && *bytes == t.nbytes, "nbytes == numel * dtype size");

@@ -25,11 +25,21 @@ enum class DType : uint8_t {
   kF8E5M2,
   // Variable-length byte strings (KServe BYTES): in requests, responses and
   // model signatures only, never in a checkpoint or an arena. Size 0, and
-  // past kDTypeCount, so that every check of a stored tensor's dtype refuses it.
+  // refused by IsStoredDType, so that every check of a stored tensor's dtype
+  // refuses it.
   kBytes,
+  kU16,
+  kU32,
+  kU64,
 };
-// The dtypes a stored tensor may have.
-inline constexpr int kDTypeCount = 12;
+// One past the largest DType value.
+inline constexpr int kDTypeLimit = 16;
+// Whether a number is a DType, BYTES included.
+constexpr bool IsDType(int value) { return value >= 0 && value < kDTypeLimit; }
+// Whether a number is a dtype a stored tensor may have: every DType but BYTES.
+constexpr bool IsStoredDType(int value) {
+  return IsDType(value) && value != static_cast<int>(DType::kBytes);
+}
 
 // Bytes per element.
 size_t DTypeSize(DType dtype);

@@ -32,8 +32,9 @@ extern "C" {
  * many streams (hearth_worker_stream_*); for it hearth_worker_next,
  * hearth_worker_respond and hearth_worker_parameters_json of version 4 no
  * longer serve (the worker and the server of one release speak one
- * protocol). Everything else of earlier versions is unchanged. */
-#define HEARTH_ABI_VERSION 7
+ * protocol). 8: adds HEARTH_U16, HEARTH_U32 and HEARTH_U64. Everything
+ * else of earlier versions is unchanged. */
+#define HEARTH_ABI_VERSION 8
 
 enum hearth_status {
   HEARTH_OK = 0,
@@ -63,6 +64,10 @@ enum hearth_dtype {
    * inputs and outputs only. Their bytes are KServe's binary form: per
    * element a 4-byte little-endian length, then that many bytes. */
   HEARTH_BYTES,
+  /* Since version 8: unsigned integers, the safetensors U16, U32 and U64. */
+  HEARTH_U16,
+  HEARTH_U32,
+  HEARTH_U64,
 };
 
 enum hearth_device_type { HEARTH_DEVICE_CPU = 0, HEARTH_DEVICE_CUDA = 1 };

@@ -267,7 +267,7 @@ Result<std::vector<TensorView>> Views(const HearthCudaTensor* weights, size_t nu
   for (size_t i = 0; i < num_weights; ++i) {
     const HearthCudaTensor& t = weights[i];
     if (t.name == nullptr || t.rank < 0 || (t.rank > 0 && t.shape == nullptr) || t.dtype < 0 ||
-        t.dtype >= kDTypeCount ||
+        !IsStoredDType(t.dtype) ||
         (t.device_kind != static_cast<int32_t>(DeviceKind::kHost) &&
          t.device_kind != static_cast<int32_t>(DeviceKind::kCuda)) ||
         (t.nbytes > 0 && t.data == nullptr))

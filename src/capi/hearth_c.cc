@@ -11,6 +11,13 @@
 #include "hearth/hearth.h"
 #include "worker/session.h"
 
+// enum hearth_dtype is DType's numbering.
+static_assert(HEARTH_BOOL == static_cast<int>(hearth::DType::kBool));
+static_assert(HEARTH_F8_E5M2 == static_cast<int>(hearth::DType::kF8E5M2));
+static_assert(HEARTH_BYTES == static_cast<int>(hearth::DType::kBytes));
+static_assert(HEARTH_U64 == static_cast<int>(hearth::DType::kU64));
+static_assert(HEARTH_U64 + 1 == hearth::kDTypeLimit);
+
 namespace {
 
 thread_local std::string g_last_error;
@@ -253,7 +260,7 @@ hearth::Result<std::vector<hearth::TensorSpec>> Specs(const hearth_tensor_spec* 
     if (s.name == nullptr) return hearth::InvalidArgument(at + ": no name");
     if (s.ndim < 0 || s.ndim > 15 || (s.ndim > 0 && s.dims == nullptr))
       return hearth::InvalidArgument(at + ": ndim " + std::to_string(s.ndim) + " not in [0, 15]");
-    if ((s.dtype < 0 || s.dtype >= hearth::kDTypeCount) && s.dtype != HEARTH_BYTES)
+    if (!hearth::IsDType(s.dtype))
       return hearth::InvalidArgument(at + ": unknown dtype " + std::to_string(s.dtype));
     out.push_back({s.name, static_cast<hearth::DType>(s.dtype), {s.dims, s.dims + s.ndim}});
   }

@@ -38,7 +38,7 @@ Result<uint64_t> CheckNewTensor(std::string_view name, DType dtype,
                                 std::span<const int64_t> shape) {
   if (name.empty()) return InvalidArgument("tensor name is empty");
   if (name == "__metadata__") return TensorArgumentError(name, "name is reserved");
-  if (static_cast<int>(dtype) >= kDTypeCount) {
+  if (!IsStoredDType(static_cast<int>(dtype))) {
     return TensorArgumentError(name, "invalid dtype " + std::to_string(static_cast<int>(dtype)));
   }
   for (int64_t dim : shape) {

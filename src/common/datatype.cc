@@ -11,9 +11,12 @@ struct Names {
   std::string_view triton;
 };
 
-constexpr std::array<Names, 11> kNames = {{
+constexpr std::array<Names, 14> kNames = {{
     {DType::kBool, "BOOL", "TYPE_BOOL"},
     {DType::kU8, "UINT8", "TYPE_UINT8"},
+    {DType::kU16, "UINT16", "TYPE_UINT16"},
+    {DType::kU32, "UINT32", "TYPE_UINT32"},
+    {DType::kU64, "UINT64", "TYPE_UINT64"},
     {DType::kI8, "INT8", "TYPE_INT8"},
     {DType::kI16, "INT16", "TYPE_INT16"},
     {DType::kI32, "INT32", "TYPE_INT32"},

@@ -10,7 +10,8 @@ struct DTypeEntry {
   size_t size;
 };
 
-constexpr std::array<DTypeEntry, kDTypeCount> kDTypes = {{
+// Indexed by DType. BYTES has no safetensors name and no fixed size.
+constexpr std::array<DTypeEntry, kDTypeLimit> kDTypes = {{
     {"F64", 8},
     {"F32", 4},
     {"F16", 2},
@@ -23,6 +24,10 @@ constexpr std::array<DTypeEntry, kDTypeCount> kDTypes = {{
     {"BOOL", 1},
     {"F8_E4M3", 1},
     {"F8_E5M2", 1},
+    {"", 0},
+    {"U16", 2},
+    {"U32", 4},
+    {"U64", 8},
 }};
 
 }  // namespace
@@ -33,13 +38,13 @@ size_t DTypeSize(DType dtype) {
 }
 
 std::string_view DTypeName(DType dtype) {
+  if (dtype == DType::kBytes) return "BYTES";
   const auto i = static_cast<size_t>(dtype);
-  if (i < kDTypes.size()) return kDTypes[i].name;
-  return dtype == DType::kBytes ? "BYTES" : "?";
+  return i < kDTypes.size() ? kDTypes[i].name : "?";
 }
 
 std::optional<uint64_t> TensorBytes(DType dtype, std::span<const int64_t> shape) {
-  if (static_cast<int>(dtype) >= kDTypeCount) return std::nullopt;  // BYTES: no fixed size
+  if (!IsStoredDType(static_cast<int>(dtype))) return std::nullopt;  // BYTES: no fixed size
   uint64_t bytes = DTypeSize(dtype);
   for (int64_t dim : shape) {
     if (dim < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(dim), &bytes)) {
@@ -60,7 +65,7 @@ std::string ShapeString(std::span<const int64_t> shape) {
 
 std::optional<DType> ParseDType(std::string_view name) {
   for (size_t i = 0; i < kDTypes.size(); ++i) {
-    if (kDTypes[i].name == name) return static_cast<DType>(i);
+    if (!kDTypes[i].name.empty() && kDTypes[i].name == name) return static_cast<DType>(i);
   }
   return std::nullopt;
 }

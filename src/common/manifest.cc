@@ -17,7 +17,7 @@ Status ValidateManifest(const Manifest& m) {
       return InvalidArgument(where + ": tensor " + std::to_string(i) + " has no name");
     if (i > 0 && !(m.tensors[i - 1].name < t.name))
       return InvalidArgument(at + ": names are not unique and sorted");
-    if (static_cast<int>(t.dtype) >= kDTypeCount) return InvalidArgument(at + ": unknown dtype");
+    if (!IsStoredDType(static_cast<int>(t.dtype))) return InvalidArgument(at + ": unknown dtype");
     for (int64_t d : t.shape) {
       if (d < 0) return InvalidArgument(at + ": negative dimension");
     }

@@ -52,7 +52,11 @@ ContentsField FieldFor(DType dtype) {
     case DType::kI64:
       return ContentsField::kInt64;
     case DType::kU8:
+    case DType::kU16:
+    case DType::kU32:
       return ContentsField::kUint;
+    case DType::kU64:
+      return ContentsField::kUint64;
     case DType::kF32:
       return ContentsField::kFp32;
     case DType::kF64:
@@ -182,6 +186,15 @@ Status ReadContents(const InferTensorContents& contents, DType dtype, uint64_t c
       break;
     case DType::kU8:
       RETURN_IF_ERROR(CopyNarrowed<uint8_t>(contents.uint_contents(), label, name, bytes));
+      break;
+    case DType::kU16:
+      RETURN_IF_ERROR(CopyNarrowed<uint16_t>(contents.uint_contents(), label, name, bytes));
+      break;
+    case DType::kU32:
+      RETURN_IF_ERROR(CopyNarrowed<uint32_t>(contents.uint_contents(), label, name, bytes));
+      break;
+    case DType::kU64:
+      RETURN_IF_ERROR(CopyNarrowed<uint64_t>(contents.uint64_contents(), label, name, bytes));
       break;
     case DType::kF32:
       RETURN_IF_ERROR(CopyNarrowed<float>(contents.fp32_contents(), label, name, bytes));

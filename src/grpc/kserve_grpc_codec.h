@@ -45,7 +45,7 @@ struct GrpcInferRequest {
 //     (has no shared_memory_region parameter), in input order, for all of
 //     them or for none (BYTES serialised as common/bytes_tensor.h);
 //   - the typed field of its datatype in `contents` (values range-checked
-//     for INT8, INT16, UINT8; FP16 and BF16 only raw);
+//     for INT8, INT16, UINT8, UINT16, UINT32; FP16 and BF16 only raw);
 //   - a registered system shared-memory region: the input has no data, and
 //     the service reads the region its parameters name.
 // The request's, inputs' and outputs' parameters go to the service as they

@@ -95,6 +95,12 @@ Status AppendElement(std::vector<std::byte>& out, DType dtype, const Json& value
       return Status::Ok();
     case DType::kU8:
       return integer(uint8_t{});
+    case DType::kU16:
+      return integer(uint16_t{});
+    case DType::kU32:
+      return integer(uint32_t{});
+    case DType::kU64:
+      return integer(uint64_t{});
     case DType::kI8:
       return integer(int8_t{});
     case DType::kI16:

@@ -67,6 +67,29 @@ struct IntegerElement {
   }
 };
 
+// UINT64 reaches past int64's range: read as unsigned.
+struct Uint64Element {
+  static constexpr size_t kSize = sizeof(uint64_t);
+  static error_code Read(ondemand::value& value, std::byte* out) {
+    uint64_t raw = 0;
+    const error_code e = value.get_uint64().get(raw);
+    if (e == simdjson::SUCCESS) [[likely]] {
+      std::memcpy(out, &raw, sizeof(raw));
+      return simdjson::SUCCESS;
+    }
+    if (e == simdjson::INCORRECT_TYPE || e == simdjson::NUMBER_ERROR ||
+        e == simdjson::NUMBER_OUT_OF_RANGE) {
+      // A negative integer, 2^64 and 1.5 all fail get_uint64.
+      const std::string_view token = Token(value);
+      if (IsJsonNumber(token)) {
+        return token.find_first_of(".eE") == std::string_view::npos ? simdjson::NUMBER_OUT_OF_RANGE
+                                                                    : simdjson::INCORRECT_TYPE;
+      }
+    }
+    return e;
+  }
+};
+
 error_code ReadDouble(ondemand::value& value, double* out) {
   const error_code e = value.get_double().get(*out);
   if (e == simdjson::SUCCESS) [[likely]] {
@@ -274,6 +297,12 @@ Status ReadDataAs(const DataTarget& target, std::byte* out, ondemand::array& arr
       return ReadData<BoolElement>(target, out, array, nested);
     case DType::kU8:
       return ReadData<IntegerElement<uint8_t>>(target, out, array, nested);
+    case DType::kU16:
+      return ReadData<IntegerElement<uint16_t>>(target, out, array, nested);
+    case DType::kU32:
+      return ReadData<IntegerElement<uint32_t>>(target, out, array, nested);
+    case DType::kU64:
+      return ReadData<Uint64Element>(target, out, array, nested);
     case DType::kI8:
       return ReadData<IntegerElement<int8_t>>(target, out, array, nested);
     case DType::kI16:

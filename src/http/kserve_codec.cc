@@ -166,6 +166,15 @@ void AppendData(std::string& out, const InferTensor& tensor, uint64_t count) {
     case DType::kU8:
       AppendElements<uint8_t>(out, data, count, same);
       break;
+    case DType::kU16:
+      AppendElements<uint16_t>(out, data, count, same);
+      break;
+    case DType::kU32:
+      AppendElements<uint32_t>(out, data, count, same);
+      break;
+    case DType::kU64:
+      AppendElements<uint64_t>(out, data, count, same);
+      break;
     case DType::kI8:
       AppendElements<int8_t>(out, data, count, same);
       break;

@@ -119,7 +119,7 @@ Result<Manifest> DecodeManifest(std::span<const std::byte> payload) {
     t.name = r.Str("tensor.name");
     const uint8_t dtype = r.U8("tensor.dtype");
     const uint8_t ndim = r.U8("tensor.ndim");
-    if (dtype >= kDTypeCount)
+    if (!IsStoredDType(dtype))
       return InvalidArgument("manifest message: tensor '" + t.name + "' has unknown dtype " +
                              std::to_string(dtype));
     if (ndim > kMaxDims)

@@ -95,7 +95,7 @@ class Reader {
       TensorSpec s;
       s.name = Str(kMaxNameBytes, "a tensor name");
       const uint8_t dtype = U8();
-      if (dtype >= kDTypeCount && dtype != static_cast<uint8_t>(DType::kBytes))
+      if (!IsDType(dtype))
         Fail("unknown dtype " + std::to_string(dtype));
       s.dtype = static_cast<DType>(dtype);
       s.dims = Dims();

@@ -35,6 +35,12 @@ double ElementAt(const std::byte* p, DType dtype, size_t e) {
       return get(int8_t{});
     case DType::kU8:
       return get(uint8_t{});
+    case DType::kU16:
+      return get(uint16_t{});
+    case DType::kU32:
+      return get(uint32_t{});
+    case DType::kU64:
+      return static_cast<double>(get(uint64_t{}));
     case DType::kBool:
       return get(uint8_t{}) != 0 ? 1.0 : 0.0;
     default:

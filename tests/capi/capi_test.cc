@@ -75,7 +75,7 @@ TEST(CApi, ErrorsAreCodesAndMessagesNeverExceptions) {
 
 TEST(CApi, OptionsAreCheckedAndAttachWithOptionsWorksAsAttach) {
   EXPECT_EQ(hearth_abi_version(), HEARTH_ABI_VERSION);
-  EXPECT_EQ(HEARTH_ABI_VERSION, 7);
+  EXPECT_EQ(HEARTH_ABI_VERSION, 8);
   testing::TempDir dir;
   const std::string model = dir.File("m.safetensors");
   testing::WriteTestCheckpoint(model, 2, 100, 3);

@@ -94,7 +94,8 @@ TEST(KserveDatatype, NamesRoundTrip) {
       {DType::kBool, "BOOL"}, {DType::kU8, "UINT8"},   {DType::kI8, "INT8"},
       {DType::kI16, "INT16"}, {DType::kI32, "INT32"},  {DType::kI64, "INT64"},
       {DType::kF16, "FP16"},  {DType::kBF16, "BF16"},  {DType::kF32, "FP32"},
-      {DType::kF64, "FP64"},  {DType::kBytes, "BYTES"}};
+      {DType::kF64, "FP64"},  {DType::kBytes, "BYTES"}, {DType::kU16, "UINT16"},
+      {DType::kU32, "UINT32"}, {DType::kU64, "UINT64"}};
   for (const auto& [dtype, name] : names) {
     EXPECT_EQ(KserveDatatypeName(dtype), name);
     EXPECT_EQ(ParseKserveDatatype(name), dtype);
@@ -152,6 +153,52 @@ TEST(KserveCodec, ParsesNestedJsonAndHalfTypes) {
   EXPECT_TRUE(r->inputs[4].data.empty());
   EXPECT_TRUE(r->outputs.empty());
   EXPECT_FALSE(r->binary_data_output);
+}
+
+TEST(KserveCodec, UnsignedTypesTakeTheirWholeRange) {
+  Result<InferRequest> r = Parse(
+      R"({"inputs":[{"name":"a","datatype":"UINT16","shape":[2],"data":[0,65535]},
+                    {"name":"b","datatype":"UINT32","shape":[2],"data":[1,4294967295]},
+                    {"name":"c","datatype":"UINT64","shape":[3],
+                     "data":[0,9223372036854775808,18446744073709551615]}]})");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->inputs[0].dtype, DType::kU16);
+  EXPECT_EQ(Values<uint16_t>(r->inputs[0]), (std::vector<uint16_t>{0, 65535}));
+  EXPECT_EQ(Values<uint32_t>(r->inputs[1]), (std::vector<uint32_t>{1, 4294967295u}));
+  EXPECT_EQ(Values<uint64_t>(r->inputs[2]),
+            (std::vector<uint64_t>{0, 1ull << 63, std::numeric_limits<uint64_t>::max()}));
+
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"UINT16","shape":[1],"data":[65536]}]})",
+                   {"input \"x\"", "out of range for UINT16"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"UINT32","shape":[1],"data":[-1]}]})",
+                   {"input \"x\"", "out of range for UINT32"});
+  ExpectParseError(
+      R"({"inputs":[{"name":"x","datatype":"UINT64","shape":[1],"data":[18446744073709551616]}]})",
+      {"input \"x\"", "out of range for UINT64"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"UINT64","shape":[1],"data":[-1]}]})",
+                   {"input \"x\"", "out of range for UINT64"});
+  ExpectParseError(R"({"inputs":[{"name":"x","datatype":"UINT64","shape":[1],"data":[1.5]}]})",
+                   {"input \"x\"", "UINT64 needs integers"});
+
+  InferResponse response;
+  response.model = "scale";
+  response.version = "1";
+  InferTensor a("a", DType::kU16, {1});
+  a.data = Bytes(std::vector<uint16_t>{65535});
+  InferTensor b("b", DType::kU32, {1});
+  b.data = Bytes(std::vector<uint32_t>{4294967295u});
+  InferTensor c("c", DType::kU64, {2});
+  c.data = Bytes(std::vector<uint64_t>{0, std::numeric_limits<uint64_t>::max()});
+  response.outputs = {a, b, c};
+  Result<EncodedInferResponse> encoded = EncodeInferResponse(response, {});
+  ASSERT_TRUE(encoded.ok()) << encoded.status().ToString();
+  const json j = json::parse(encoded->body);
+  EXPECT_EQ(j["outputs"][0]["datatype"], "UINT16");
+  EXPECT_EQ(j["outputs"][0]["data"], json::parse("[65535]"));
+  EXPECT_EQ(j["outputs"][1]["datatype"], "UINT32");
+  EXPECT_EQ(j["outputs"][1]["data"], json::parse("[4294967295]"));
+  EXPECT_EQ(j["outputs"][2]["datatype"], "UINT64");
+  EXPECT_EQ(j["outputs"][2]["data"][1].get<uint64_t>(), std::numeric_limits<uint64_t>::max());
 }
 
 TEST(KserveCodec, DataErrorsNameTheInput) {

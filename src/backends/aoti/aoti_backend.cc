@@ -56,6 +56,12 @@ std::optional<at::ScalarType> ToTorch(DType d) {
       return at::kChar;
     case DType::kU8:
       return at::kByte;
+    case DType::kU16:
+      return at::kUInt16;
+    case DType::kU32:
+      return at::kUInt32;
+    case DType::kU64:
+      return at::kUInt64;
     case DType::kBool:
       return at::kBool;
     case DType::kF8E4M3:

@@ -53,7 +53,7 @@ Status Create(const char* kind, const HearthCudaTensor* weights, size_t num_weig
   for (size_t i = 0; i < num_weights; ++i) {
     const HearthCudaTensor& t = weights[i];
     if (t.name == nullptr || t.rank < 0 || (t.rank > 0 && t.shape == nullptr) || t.dtype < 0 ||
-        t.dtype >= kDTypeCount) {
+        !IsStoredDType(t.dtype)) {
       return InvalidArgument("malformed weight #" + std::to_string(i));
     }
     views[i].name = t.name;
