@@ -88,11 +88,17 @@ import traceback
 from hearth import _capi
 
 # enum hearth_dtype -> NumPy dtype string; BF16 has no NumPy type.
-_NUMPY = {0: "<f8", 1: "<f4", 2: "<f2", 4: "<i8", 5: "<i4", 6: "<i2", 7: "i1", 8: "u1", 9: "?"}
+_NUMPY = {0: "<f8", 1: "<f4", 2: "<f2", 4: "<i8", 5: "<i4", 6: "<i2", 7: "i1", 8: "u1", 9: "?",
+          13: "<u2", 14: "<u4", 15: "<u8"}
 _BYTES = 12
 _TRITON = {"TYPE_FP64": 0, "TYPE_FP32": 1, "TYPE_FP16": 2, "TYPE_BF16": 3, "TYPE_INT64": 4,
            "TYPE_INT32": 5, "TYPE_INT16": 6, "TYPE_INT8": 7, "TYPE_UINT8": 8, "TYPE_BOOL": 9,
-           "TYPE_STRING": _BYTES}
+           "TYPE_STRING": _BYTES, "TYPE_UINT16": 13, "TYPE_UINT32": 14, "TYPE_UINT64": 15}
+# The torch dtype of each hearth dtype; UINT16, UINT32 and UINT64 only where
+# torch has them (2.3 and later); elsewhere those tensors stay NumPy arrays.
+_TORCH_NAMES = {0: "float64", 1: "float32", 2: "float16", 3: "bfloat16", 4: "int64", 5: "int32",
+                6: "int16", 7: "int8", 8: "uint8", 9: "bool", 13: "uint16", 14: "uint32",
+                15: "uint64"}
 
 
 class TensorSpec(ctypes.Structure):
@@ -191,13 +197,34 @@ class _Worker:
         return out
 
 
+# A control input's type, by the field that gives its false and true values.
+_CONTROL_TYPES = {"int32_false_true": 5, "fp32_false_true": 1, "bool_false_true": 9}
+
+
 def _signature(config, which):
+    """The config's inputs or outputs, then, for a model with
+    sequence_batching, the control and state inputs the server adds to each
+    request and the state outputs it takes back (as the server's
+    WorkerInputs and WorkerOutputs list them)."""
     entries = []
     for io in config.get(which, []):
         dtype = _TRITON.get(io["data_type"])
         if dtype is None:
             raise ValueError(f"{which} {io['name']!r}: data_type {io['data_type']} is not supported")
         entries.append((io["name"], dtype, [int(d) for d in io["dims"]]))
+    sequence = config.get("sequence_batching")
+    if sequence:
+        if which == "input":
+            for control_input in sequence.get("control_input", []):
+                control = control_input["control"][0]
+                if "data_type" in control:
+                    dtype = _TRITON[control["data_type"]]
+                else:
+                    dtype = next(t for k, t in _CONTROL_TYPES.items() if k in control)
+                entries.append((control_input["name"], dtype, [1]))
+        for state in sequence.get("state", []):
+            name = state["input_name"] if which == "input" else state["output_name"]
+            entries.append((name, _TRITON[state["data_type"]], [int(d) for d in state["dims"]]))
     return entries
 
 
@@ -263,9 +290,10 @@ def _to_numpy(np, name, value, dtype):
     """An output as a C-contiguous NumPy array of the config's dtype."""
     if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor, on any device
         import torch
-        want = {0: torch.float64, 1: torch.float32, 2: torch.float16, 3: torch.bfloat16,
-                4: torch.int64, 5: torch.int32, 6: torch.int16, 7: torch.int8, 8: torch.uint8,
-                9: torch.bool}[dtype]
+        want = getattr(torch, _TORCH_NAMES[dtype], None)
+        if want is None:
+            raise _BatchError(f"output {name!r} is {_TORCH_NAMES[dtype]}, which torch "
+                              f"{torch.__version__} lacks: return a NumPy array")
         if value.dtype != want:
             raise _BatchError(f"output {name!r} is a {value.dtype} tensor; the config says {want}")
         value = value.detach().cpu().contiguous()
@@ -361,7 +389,7 @@ def _read_inputs(w, np, torch, inputs_spec, key=None):
             continue
         arr = np.frombuffer(raw, dtype=_NUMPY[dtype]).reshape(shape)
         arr.flags.writeable = False
-        if torch is not None:
+        if torch is not None and hasattr(torch, _TORCH_NAMES[dtype]):
             import warnings
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # read-only: torch warns, the view is fine

@@ -24,6 +24,7 @@
 #include <deque>
 #include <functional>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -294,12 +295,16 @@ class GrpcServer::Impl final : public Service {
       grpc::CallbackServerContext* context, const inference::RepositoryModelLoadRequest* request,
       inference::RepositoryModelLoadResponse*) override {
     if (Status valid = CheckRepositoryRequest(request->repository_name(), request->model_name(),
-                                              request->parameters(), {});
+                                              std::map<std::string, int>(), {});
         !valid.ok()) {
       return Answer(context, ToGrpcStatus(valid));
     }
-    return RunControl(context, [this, name = request->model_name()](auto done) {
-      service_->LoadModel(name, std::move(done));
+    Result<ModelLoadOverrides> overrides = LoadOverrides(request->parameters());
+    if (!overrides.ok()) return Answer(context, ToGrpcStatus(overrides.status()));
+    return RunControl(context, [this, name = request->model_name(),
+                                overrides = std::make_shared<ModelLoadOverrides>(
+                                    std::move(*overrides))](auto done) {
+      service_->LoadModelWith(name, std::move(*overrides), std::move(done));
     });
   }
   grpc::ServerUnaryReactor* RepositoryModelUnload(
@@ -413,9 +418,35 @@ class GrpcServer::Impl final : public Service {
   }
 
  private:
+  // Triton's overrides of a load: "config" (string_param: the config as
+  // Triton's JSON) and "file:PATH" (bytes_param). Their limits are the
+  // service's to check.
+  template <typename Parameters>
+  static Result<ModelLoadOverrides> LoadOverrides(const Parameters& parameters) {
+    ModelLoadOverrides overrides;
+    for (const auto& [key, value] : parameters) {
+      const bool file = key.rfind("file:", 0) == 0;
+      const std::string name = "parameter '" + key.substr(0, 64) + "'";
+      if (key == "config") {
+        if (value.parameter_choice_case() != value.kStringParam)
+          return InvalidArgument(name + " must be a string_param (the config as JSON)");
+        overrides.config_json = value.string_param();
+      } else if (file) {
+        if (value.parameter_choice_case() != value.kBytesParam)
+          return InvalidArgument(name + " must be a bytes_param (the file's content)");
+        if (overrides.files.size() == kMaxOverrideFiles)
+          return InvalidArgument("more than " + std::to_string(kMaxOverrideFiles) +
+                                 " file overrides");
+        overrides.files.emplace_back(key.substr(5), value.bytes_param());
+      } else {
+        return InvalidArgument(name + " is not one a load takes ('config', 'file:PATH')");
+      }
+    }
+    return overrides;
+  }
+
   // A repository request names a model of this server's one repository and
-  // no parameters but `allowed` (Triton's `config` and `file:` overrides of
-  // a load are not supported: the model's directory is what is loaded).
+  // no parameters but `allowed`.
   template <typename Parameters>
   static Status CheckRepositoryRequest(const std::string& repository, const std::string& model,
                                        const Parameters& parameters, std::string_view allowed) {

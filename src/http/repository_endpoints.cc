@@ -16,7 +16,7 @@ namespace {
 // serves on meanwhile), and answers it on this connection's strand. Stop()
 // waits for the answer (the InFlightInfer).
 void RunControl(Session& session, bool load, const std::string& model, unsigned version,
-                bool keep_alive) {
+                bool keep_alive, ModelLoadOverrides overrides = {}) {
   auto in_flight = std::make_shared<InFlightInfer>(session.core());
   auto answer = [self = session.shared_from_this(), version, keep_alive,
                  in_flight](Status status) mutable {
@@ -26,7 +26,7 @@ void RunControl(Session& session, bool load, const std::string& model, unsigned 
     in_flight.reset();
   };
   if (load) {
-    session.core()->service->LoadModel(model, std::move(answer));
+    session.core()->service->LoadModelWith(model, std::move(overrides), std::move(answer));
   } else {
     session.core()->service->UnloadModel(model, std::move(answer));
   }
@@ -51,12 +51,15 @@ void ServeRepositoryControl(Session& session, const Request& request, const Rout
                             bool load) {
   const unsigned version = request.version();
   const bool keep_alive = request.keep_alive();
+  if (load) {
+    Result<ModelLoadOverrides> overrides = ParseRepositoryLoadBody(request.body());
+    if (!overrides.ok()) return session.Send(StatusResponse(overrides.status(), version, keep_alive));
+    return RunControl(session, load, route.model, version, keep_alive, std::move(*overrides));
+  }
   // Triton's unload_dependents: hearth has no ensembles, nothing depends
   // on another model.
-  if (Status valid = CheckRepositoryControlBody(request.body(), load ? "" : "unload_dependents");
-      !valid.ok()) {
+  if (Status valid = CheckRepositoryControlBody(request.body(), "unload_dependents"); !valid.ok())
     return session.Send(StatusResponse(valid, version, keep_alive));
-  }
   return RunControl(session, load, route.model, version, keep_alive);
 }
 

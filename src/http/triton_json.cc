@@ -123,6 +123,41 @@ Status CheckRepositoryControlBody(std::string_view body, std::string_view allowe
   return Status::Ok();
 }
 
+Result<ModelLoadOverrides> ParseRepositoryLoadBody(std::string_view body) {
+  Result<json> parsed = ObjectBody(body, "repository load");
+  if (!parsed.ok()) return parsed.status();
+  ModelLoadOverrides overrides;
+  for (const auto& [key, value] : parsed->items()) {
+    if (key != "parameters")
+      return InvalidArgument("repository load: unknown field '" + key + "' (only 'parameters')");
+    if (!value.is_object())
+      return InvalidArgument("repository load: 'parameters' must be an object");
+    for (const auto& [name, parameter] : value.items()) {
+      const bool file = name.rfind("file:", 0) == 0;
+      if (name != "config" && !file)
+        return InvalidArgument("parameter '" + name.substr(0, 64) +
+                               "' is not one a load takes ('config', 'file:PATH')");
+      if (!parameter.is_string())
+        return InvalidArgument("parameter '" + name.substr(0, 64) + "' must be a string" +
+                               (file ? " (the file's bytes in base64)" : " (JSON text)"));
+      const std::string& text = parameter.get_ref<const std::string&>();
+      if (!file) {
+        overrides.config_json = text;
+        continue;
+      }
+      if (overrides.files.size() == kMaxOverrideFiles)
+        return InvalidArgument("repository load: more than " +
+                               std::to_string(kMaxOverrideFiles) + " file overrides");
+      ASSIGN_OR_RETURN(std::vector<std::byte> bytes,
+                       DecodeBase64(text, "parameter '" + name.substr(0, 64) + "'"));
+      overrides.files.emplace_back(name.substr(5),
+                                   std::string(reinterpret_cast<const char*>(bytes.data()),
+                                               bytes.size()));
+    }
+  }
+  return overrides;
+}
+
 Result<SystemSharedMemoryRegistration> ParseSystemSharedMemoryRegisterBody(std::string_view body) {
   Result<json> parsed = ObjectBody(body, "shared memory registration");
   if (!parsed.ok()) return parsed.status();

@@ -38,10 +38,14 @@ std::string SystemSharedMemoryStatusJson(const std::vector<SharedMemoryRegion>& 
 Result<bool> ParseRepositoryIndexBody(std::string_view body);
 
 // The body of a repository load or unload: empty, or an object whose only
-// member is "parameters", holding no parameter but `allowed` (Triton's
-// `config` and `file:` overrides of a load are refused: the model's
-// directory is loaded as it is).
+// member is "parameters", holding no parameter but `allowed`.
 Status CheckRepositoryControlBody(std::string_view body, std::string_view allowed);
+
+// The body of a repository load: as CheckRepositoryControlBody, with
+// Triton's overrides among the parameters: "config" (a string: the model's
+// config as Triton's JSON) and "file:PATH" (a string: the file's bytes in
+// base64). Their limits are the service's to check.
+Result<ModelLoadOverrides> ParseRepositoryLoadBody(std::string_view body);
 
 struct SystemSharedMemoryRegistration {
   std::string key;

@@ -41,6 +41,8 @@ struct ModelMetadata {
   // The config's model_transaction_policy.decoupled: any number of
   // responses per request (a stream), each request run alone.
   bool decoupled = false;
+  // The config has sequence_batching: every request names its sequence.
+  bool sequence = false;
 };
 
 // The bytes of one tensor, row-major, little-endian, held in one of three ways:
@@ -190,6 +192,15 @@ struct InferRequest {
   // model's default (dynamic_batching.default_priority_level). Requests of
   // a higher level are run first; within a level, in order of arrival.
   uint64_t priority = 0;
+  // Triton's sequence parameters (a model with sequence_batching): the
+  // sequence's id, an unsigned integer or a string (sequence_id, which
+  // Triton's clients send as either; empty: none), and whether this request
+  // starts or ends it.
+  std::string sequence_id;
+  bool sequence_id_is_string = false;
+  uint64_t sequence_number = 0;  // sequence_id as an integer (0 when a string)
+  bool sequence_start = false;
+  bool sequence_end = false;
   // The request's parameters as the client sent them (see Parameter). The
   // service takes timeout, priority and the sequence_* ones from them and
   // adds every other one to parameters_json.
@@ -215,6 +226,21 @@ struct InferRequest {
   // the request, queued or running, within one step of the model.
   std::shared_ptr<std::atomic<bool>> cancelled;
 };
+
+// Triton's load with overrides (the "config" and "file:" parameters of a
+// repository load): the model's config as Triton's JSON form, in place of
+// its config file; and files, each by its path in the model's directory
+// ("1/model.py", "config.pbtxt" excluded), which then stand for the whole
+// directory (the config is needed with them). Checked by the service
+// (ModelLoadOverrides' limits below).
+struct ModelLoadOverrides {
+  std::string config_json;  // empty: none
+  std::vector<std::pair<std::string, std::string>> files;  // path, bytes
+  bool empty() const { return config_json.empty() && files.empty(); }
+};
+inline constexpr size_t kMaxOverrideFiles = 256;
+inline constexpr uint64_t kMaxOverrideBytes = 64ull << 20;  // the files together
+inline constexpr size_t kMaxOverridePathBytes = 1024;
 
 struct InferResponse {
   std::string model;
@@ -401,6 +427,16 @@ class InferenceService {
   // serving). NotFound for a name with no directory in the repository.
   virtual void LoadModel(const std::string& model, std::function<void(Status)> done) {
     done(Unimplemented("no repository control here (load " + model + ")"));
+  }
+  // The same with Triton's overrides (none: as LoadModel above). The model
+  // is served from them until its next load, which goes back to its
+  // directory unless it gives overrides again. InvalidArgument naming what
+  // is wrong with them; NotFound for a model the repository lacks (only a
+  // model of the repository may be overridden).
+  virtual void LoadModelWith(const std::string& model, ModelLoadOverrides overrides,
+                             std::function<void(Status)> done) {
+    if (overrides.empty()) return LoadModel(model, std::move(done));
+    done(Unimplemented("no load with overrides here (load " + model + ")"));
   }
   // UnloadModel stops serving the model: new requests are refused
   // (Unavailable), the queued ones still run; its weights are freed when

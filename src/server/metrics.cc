@@ -55,6 +55,10 @@ std::string PrometheusText(const std::vector<std::pair<std::string, const ModelR
   per_model("hearth_inference_queued_request_count", "gauge",
             "Requests waiting in the queue for a worker.",
             [](const ModelRuntime& m) { return m.queue->size(); });
+  per_model("hearth_live_sequences", "gauge",
+            "Sequences of a model with sequence_batching that are live (started, not ended, not "
+            "freed when idle), their state held by the server.",
+            [](const ModelRuntime& m) { return m.sequences ? m.sequences->size() : 0; });
   per_model("hearth_standby_workers", "gauge",
             "Standby worker processes started and waiting (parameters.standby_workers); one that "
             "died while it waited counts until it is needed and found gone.",

@@ -23,78 +23,14 @@
 #include "common/regular_file.h"
 #include "protocol/worker_protocol.h"
 #include "server/model_config_pbtxt.h"
+#include "server/model_config_yaml.h"
+#include "server/sequence_config.h"
 
 namespace hearth {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct Ctx {
-  std::string file;
-  // A config.pbtxt read as YAML (model_config_pbtxt.h): where each line of
-  // the YAML came from in the file, which errors name instead of the line.
-  const std::vector<std::string>* origins = nullptr;
-
-  // "FILE:LINE" for yaml-cpp's 0-based `line` (-1: none).
-  std::string Where(int line) const {
-    if (origins == nullptr) return file + ":" + std::to_string(line >= 0 ? line + 1 : 0);
-    if (line >= 0 && static_cast<size_t>(line) < origins->size() && !(*origins)[line].empty())
-      return file + ":" + (*origins)[line];
-    return file;
-  }
-  Status Error(const YAML::Node& node, const std::string& field, const std::string& what) const {
-    return InvalidArgument(Where(node.Mark().line) + ": " + field + ": " + what);
-  }
-};
-
-// A value as it may appear in a message: quoted, at most 64 characters.
-std::string Quote(std::string_view text) {
-  if (text.size() > 64) return "'" + std::string(text.substr(0, 61)) + "...'";
-  return "'" + std::string(text) + "'";
-}
-
-Result<std::string> String(const Ctx& c, const YAML::Node& n, const std::string& field) {
-  if (!n.IsScalar()) return c.Error(n, field, "must be a single value");
-  return n.Scalar();
-}
-
-// Decimal digits only, checked: no wrap-around ("-1" is not 2^64-1), no
-// exponent or hex forms, out of range is an error.
-template <typename T>
-Result<T> Number(const Ctx& c, const YAML::Node& n, const std::string& field) {
-  if (!n.IsScalar()) return c.Error(n, field, "must be a single value");
-  const std::string& text = n.Scalar();
-  T value{};
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec == std::errc::result_out_of_range)
-    return c.Error(n, field, Quote(text) + " is out of range");
-  if (ec != std::errc() || end != text.data() + text.size())
-    return c.Error(n, field, Quote(text) + " is not a valid value");
-  if constexpr (std::is_floating_point_v<T>) {
-    if (!std::isfinite(value)) return c.Error(n, field, Quote(text) + " is not a finite number");
-  }
-  return value;
-}
-
-// A map key: a single value (a list or a map as a key is an error, not an abort).
-Result<std::string> Key(const Ctx& c, const YAML::Node& key, const std::string& field) {
-  if (!key.IsScalar()) return c.Error(key, field, "keys must be single values");
-  return key.Scalar();
-}
-
-Result<std::vector<int64_t>> Dims(const Ctx& c, const YAML::Node& n, const std::string& field) {
-  if (!n.IsSequence() || n.size() == 0)
-    return c.Error(n, field, "must be a non-empty list of positive integers (-1: any size)");
-  std::vector<int64_t> dims;
-  for (const auto& d : n) {
-    ASSIGN_OR_RETURN(int64_t v, Number<int64_t>(c, d, field));
-    if (v <= 0 && v != -1)
-      return c.Error(d, field,
-                     "dimension " + std::to_string(v) + " must be positive, or -1 for any size");
-    dims.push_back(v);
-  }
-  return dims;
-}
+using namespace config_yaml;  // NOLINT(google-build-using-namespace): the config's own helpers
 
 Result<std::vector<IoConfig>> Ios(const Ctx& c, const YAML::Node& n, const std::string& field) {
   if (!n.IsSequence() || n.size() == 0) return c.Error(n, field, "must be a non-empty list");
@@ -439,7 +375,8 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
                                  "dynamic_batching",
                                  "parameters",
                                  "version_policy",
-                                 "model_transaction_policy"};
+                                 "model_transaction_policy",
+                                 "sequence_batching"};
   for (const auto& kv : root) {
     ASSIGN_OR_RETURN(std::string key, Key(c, kv.first, "(top level)"));
     if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown))
@@ -612,6 +549,13 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
       }
     }
   }
+  if (const YAML::Node sequence = root["sequence_batching"]) {
+    if (root["dynamic_batching"])
+      return c.Error(sequence, "sequence_batching",
+                     "a model has dynamic_batching or sequence_batching, not both (a sequence "
+                     "model batches as its strategy, direct or oldest, says)");
+    RETURN_IF_ERROR(ReadSequenceBatching(c, sequence, m));
+  }
   if (const YAML::Node p = root["parameters"]) {
     if (!p.IsMap()) return c.Error(p, "parameters", "must be a map");
     size_t parameter_bytes = 0;
@@ -676,6 +620,16 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
         return c.Error(p["standby_mode"], "parameters.standby_mode",
                        "hot keeps parameters.standby_workers processes started, and "
                        "parameters.standby_workers is 0 (give it 1 or more)");
+    }
+    if (m.parameters.count("max_sequences")) {
+      ASSIGN_OR_RETURN(m.max_sequences,
+                       Number<int>(c, p["max_sequences"], "parameters.max_sequences"));
+      if (m.max_sequences < 1 || m.max_sequences > kMaxMaxSequences)
+        return c.Error(p["max_sequences"], "parameters.max_sequences",
+                       "must be from 1 to " + std::to_string(kMaxMaxSequences));
+      if (!m.sequence)
+        return c.Error(p["max_sequences"], "parameters.max_sequences",
+                       "sequences are for models with sequence_batching");
     }
     if (m.parameters.count("max_streams")) {
       ASSIGN_OR_RETURN(m.max_streams, Number<int>(c, p["max_streams"], "parameters.max_streams"));

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,50 @@ struct IoConfig {
   // gets it absent. Decoupled models only: a batch needs every input of
   // every request.
   bool optional = false;
+};
+
+// sequence_batching, with Triton's meaning: a request names its sequence
+// (the parameters sequence_id, sequence_start, sequence_end), the requests
+// of one sequence run one at a time in the order they came, and the server
+// hands the model control inputs and the sequence's state as inputs it
+// adds to each request (server/sequences.h).
+inline constexpr size_t kMaxSequenceControls = 4;  // one per kind
+inline constexpr size_t kMaxSequenceStates = 64;
+// parameters.max_sequences: live sequences of one model at most (the default).
+inline constexpr int kDefaultMaxSequences = 1024;
+inline constexpr int kMaxMaxSequences = 1 << 20;
+// A sequence's state tensors together, at most.
+inline constexpr uint64_t kMaxSequenceStateBytes = 64ull << 20;
+
+struct SequenceControl {
+  enum class Kind { kStart, kReady, kEnd, kCorrid };
+  Kind kind = Kind::kStart;
+  std::string input;
+  // Of the input: INT32, FP32 or BOOL for START, READY and END (by which of
+  // int32_false_true, fp32_false_true, bool_false_true gives the values);
+  // UINT64, INT64, UINT32, INT32 or BYTES for CORRID (a 32-bit type takes the
+  // id's low 32 bits; BYTES, a sequence id given as a string).
+  DType dtype = DType::kI32;
+  double false_value = 0, true_value = 1;
+};
+
+struct SequenceState {
+  std::string input, output;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> dims;  // per sample; -1: as the model's output gives it
+  // The state a sequence starts with: zeros of these dims (initial_state's
+  // zero_data, or the state's own dims when it has no -1), or, where the
+  // dims have a -1 and no initial_state is given, an empty tensor (that
+  // dimension 0).
+  std::vector<int64_t> initial_dims;
+};
+
+struct SequenceBatching {
+  bool oldest = false;  // strategy: direct (the default) or oldest
+  // max_sequence_idle_microseconds (0 in a config: Triton's default, 1 s).
+  uint64_t max_idle_us = 1'000'000;
+  std::vector<SequenceControl> controls;
+  std::vector<SequenceState> states;
 };
 
 // The longest a batch may wait to fill: a request waits at most this long for
@@ -130,12 +175,23 @@ struct ModelConfig {
   // the token ids its client has (the model's token_ids output, INT64 [-1]),
   // which the model is handed back; else it ends with an error.
   bool resumable = false;
+  // sequence_batching (never with dynamic_batching, as in Triton: its
+  // strategy's max_queue_delay_microseconds and preferred_batch_size are
+  // the batching's), and parameters.max_sequences.
+  std::optional<SequenceBatching> sequence;
+  int max_sequences = kDefaultMaxSequences;
   uint64_t version = 0;  // the repository version served
   // DIR/<model>/<version>/model.safetensors, or, for a sharded checkpoint,
   // the version directory DIR/<model>/<version> (Checkpoint::Open takes both).
   std::string version_dir;  // DIR/<model>/<version>: model.py and the like live here
   std::string checkpoint_path;
 };
+
+// What the workers take and give: the config's inputs, then a sequence
+// model's control inputs and state inputs; the config's outputs, then its
+// state outputs. Requests name only the config's own (ModelConfig::inputs).
+std::vector<IoConfig> WorkerInputs(const ModelConfig& config);
+std::vector<IoConfig> WorkerOutputs(const ModelConfig& config);
 
 // One entry of the repository that stands for a model: a directory, or a
 // symbolic link (which may turn out to be a loop or dangling: then `status`

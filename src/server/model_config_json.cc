@@ -36,7 +36,50 @@ std::string ModelConfigJson(const ModelConfig& c) {
   if (c.default_priority_level > 0) batching["default_priority_level"] = c.default_priority_level;
   if (c.default_timeout_us > 0)
     batching["default_queue_policy"] = {{"default_timeout_microseconds", c.default_timeout_us}};
-  j["dynamic_batching"] = batching;
+  if (!c.sequence) {
+    j["dynamic_batching"] = batching;
+  } else {
+    // Triton's sequence_batching, whose strategy holds the batching.
+    const SequenceBatching& q = *c.sequence;
+    json strategy = {{"max_queue_delay_microseconds", c.max_queue_delay_us}};
+    if (q.oldest) {
+      strategy["preferred_batch_size"] = c.preferred_batch_sizes;
+      strategy["max_candidate_sequences"] = c.max_sequences;
+    }
+    json sequence = {{"max_sequence_idle_microseconds", q.max_idle_us},
+                     {q.oldest ? "oldest" : "direct", strategy}};
+    json controls = json::array();
+    for (const SequenceControl& k : q.controls) {
+      static const char* kKinds[] = {"CONTROL_SEQUENCE_START", "CONTROL_SEQUENCE_READY",
+                                     "CONTROL_SEQUENCE_END", "CONTROL_SEQUENCE_CORRID"};
+      json control = {{"kind", kKinds[static_cast<int>(k.kind)]}};
+      if (k.kind == SequenceControl::Kind::kCorrid) {
+        control["data_type"] = std::string(TritonDataTypeName(k.dtype));
+      } else if (k.dtype == DType::kI32) {
+        control["int32_false_true"] = {static_cast<int32_t>(k.false_value),
+                                       static_cast<int32_t>(k.true_value)};
+      } else if (k.dtype == DType::kF32) {
+        control["fp32_false_true"] = {k.false_value, k.true_value};
+      } else {
+        control["bool_false_true"] = {k.false_value != 0, k.true_value != 0};
+      }
+      controls.push_back({{"name", k.input}, {"control", json::array({control})}});
+    }
+    sequence["control_input"] = controls;
+    json states = json::array();
+    for (const SequenceState& st : q.states) {
+      const std::string type(TritonDataTypeName(st.dtype));
+      states.push_back(
+          {{"input_name", st.input},
+           {"output_name", st.output},
+           {"data_type", type},
+           {"dims", st.dims},
+           {"initial_state",
+            json::array({{{"data_type", type}, {"dims", st.initial_dims}, {"zero_data", true}}})}});
+    }
+    sequence["state"] = states;
+    j["sequence_batching"] = sequence;
+  }
   json parameters = json::object();
   for (const auto& [k, v] : c.parameters) parameters[k] = {{"string_value", v}};
   j["parameters"] = parameters;

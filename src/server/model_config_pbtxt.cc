@@ -5,6 +5,7 @@
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/message.h>
 #include <google/protobuf/text_format.h>
+#include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -25,6 +26,12 @@ Result<PbtxtAsYaml> PbtxtToYaml(const std::string& path, const std::string&) {
                        ": this hearth was built without protobuf, which reads config.pbtxt "
                        "(install libprotobuf-dev and protobuf-compiler and build again), or "
                        "write the model's config as config.yaml");
+}
+
+Result<std::string> ModelConfigJsonToPbtxt(const std::string&) {
+  return Unimplemented(
+      "a config override needs protobuf, which this hearth was built without (install "
+      "libprotobuf-dev and protobuf-compiler and build again)");
 }
 
 #else
@@ -76,6 +83,34 @@ const std::set<std::string_view>& Implemented() {
       "parameters.value.string_value",
       "model_transaction_policy",
       "model_transaction_policy.decoupled",
+      "sequence_batching",
+      "sequence_batching.max_sequence_idle_microseconds",
+      "sequence_batching.direct",
+      "sequence_batching.direct.max_queue_delay_microseconds",
+      "sequence_batching.direct.minimum_slot_utilization",
+      "sequence_batching.oldest",
+      "sequence_batching.oldest.max_candidate_sequences",
+      "sequence_batching.oldest.preferred_batch_size",
+      "sequence_batching.oldest.max_queue_delay_microseconds",
+      "sequence_batching.oldest.preserve_ordering",
+      "sequence_batching.control_input",
+      "sequence_batching.control_input.name",
+      "sequence_batching.control_input.control",
+      "sequence_batching.control_input.control.kind",
+      "sequence_batching.control_input.control.int32_false_true",
+      "sequence_batching.control_input.control.fp32_false_true",
+      "sequence_batching.control_input.control.bool_false_true",
+      "sequence_batching.control_input.control.data_type",
+      "sequence_batching.state",
+      "sequence_batching.state.input_name",
+      "sequence_batching.state.output_name",
+      "sequence_batching.state.data_type",
+      "sequence_batching.state.dims",
+      "sequence_batching.state.initial_state",
+      "sequence_batching.state.initial_state.data_type",
+      "sequence_batching.state.initial_state.dims",
+      "sequence_batching.state.initial_state.zero_data",
+      "sequence_batching.state.initial_state.name",
   };
   return fields;
 }
@@ -86,11 +121,14 @@ const std::set<std::string_view>& Implemented() {
 const std::map<std::string_view, std::set<std::string_view> >& TritonOnly() {
   static const std::map<std::string_view, std::set<std::string_view> > fields = {
       {"inference.ModelConfig",
-       {"runtime", "batch_input", "batch_output", "optimization", "sequence_batching",
+       {"runtime", "batch_input", "batch_output", "optimization",
         "ensemble_scheduling", "cc_model_filenames", "metric_tags", "model_warmup",
         "model_operations", "model_repository_agents", "model_metrics"}},
       {"inference.ModelInstanceGroup",
        {"rate_limiter", "secondary_devices", "profile", "passive", "host_policy"}},
+      {"inference.ModelSequenceBatching", {"iterative_sequence"}},
+      {"inference.ModelSequenceBatching.State",
+       {"use_same_buffer_for_input_output", "use_growable_memory"}},
       {"inference.ModelInput", {"is_non_linear_format_io"}},
       {"inference.ModelOutput", {"is_non_linear_format_io"}},
   };
@@ -322,6 +360,131 @@ Status WriteIos(Writer& w, const char* list, const pb::RepeatedPtrField<Io>& ios
   return Status::Ok();
 }
 
+// A list of numbers as a YAML flow list: [a, b].
+template <typename List>
+std::string FlowList(const List& values) {
+  std::string out = "[";
+  for (int k = 0; k < values.size(); ++k) {
+    if (k > 0) out += ", ";
+    if constexpr (std::is_same_v<std::decay_t<decltype(values.Get(k))>, bool>) {
+      out += values.Get(k) ? "true" : "false";
+    } else if constexpr (std::is_floating_point_v<std::decay_t<decltype(values.Get(k))>>) {
+      char buffer[32];
+      std::snprintf(buffer, sizeof buffer, "%.9g", static_cast<double>(values.Get(k)));
+      out += buffer;
+    } else {
+      out += std::to_string(values.Get(k));
+    }
+  }
+  return out + "]";
+}
+
+// sequence_batching, its fields as the YAML reader takes them
+// (server/sequence_config.h), which checks them.
+Status WriteSequence(Writer& w, const inference::ModelSequenceBatching& s,
+                     const ParseInfoTree* tree) {
+  using Sequence = inference::ModelSequenceBatching;
+  const pb::Descriptor* top = inference::ModelConfig::descriptor();
+  const pb::Descriptor* d = Sequence::descriptor();
+  const ParseInfoTree* t = Nested(tree, top, "sequence_batching");
+  w.Line(0, "sequence_batching:", At(tree, top, "sequence_batching"));
+  // An empty map, whatever follows.
+  w.Line(2, "max_sequence_idle_microseconds: " + std::to_string(s.max_sequence_idle_microseconds()),
+         At(t, d, "max_sequence_idle_microseconds"));
+  if (s.has_direct()) {
+    const auto& direct = s.direct();
+    const ParseInfoTree* st = Nested(t, d, "direct");
+    const pb::Descriptor* sd = Sequence::StrategyDirect::descriptor();
+    w.Line(2, "direct:", At(t, d, "direct"));
+    w.Line(4, "max_queue_delay_microseconds: " + std::to_string(direct.max_queue_delay_microseconds()),
+           At(st, sd, "max_queue_delay_microseconds"));
+    char buffer[32];
+    std::snprintf(buffer, sizeof buffer, "%.9g",
+                  static_cast<double>(direct.minimum_slot_utilization()));
+    w.Line(4, std::string("minimum_slot_utilization: ") + buffer,
+           At(st, sd, "minimum_slot_utilization"));
+  } else if (s.has_oldest()) {
+    const auto& oldest = s.oldest();
+    const ParseInfoTree* st = Nested(t, d, "oldest");
+    const pb::Descriptor* sd = Sequence::StrategyOldest::descriptor();
+    w.Line(2, "oldest:", At(t, d, "oldest"));
+    w.Line(4, "max_queue_delay_microseconds: " + std::to_string(oldest.max_queue_delay_microseconds()),
+           At(st, sd, "max_queue_delay_microseconds"));
+    if (oldest.max_candidate_sequences() != 0)
+      w.Line(4, "max_candidate_sequences: " + std::to_string(oldest.max_candidate_sequences()),
+             At(st, sd, "max_candidate_sequences"));
+    if (oldest.preferred_batch_size_size() > 0)
+      w.Line(4, "preferred_batch_size: " + FlowList(oldest.preferred_batch_size()),
+             At(st, sd, "preferred_batch_size"));
+    w.Line(4, std::string("preserve_ordering: ") + (oldest.preserve_ordering() ? "true" : "false"),
+           At(st, sd, "preserve_ordering"));
+  }
+  if (s.control_input_size() > 0) {
+    const pb::Descriptor* cd = Sequence::ControlInput::descriptor();
+    const pb::Descriptor* kd = Sequence::Control::descriptor();
+    w.Line(2, "control_input:", At(t, d, "control_input"));
+    for (int i = 0; i < s.control_input_size(); ++i) {
+      const auto& input = s.control_input(i);
+      const ParseInfoTree* it = Nested(t, d, "control_input", i);
+      const std::string field = "sequence_batching.control_input[" + std::to_string(i) + "]";
+      ASSIGN_OR_RETURN(std::string name,
+                       w.Quote(input.name(), At(it, cd, "name"), field + ".name"));
+      w.Line(4, "- name: " + name, At(t, d, "control_input", i));
+      w.Line(4, "  control:", At(it, cd, "control"));
+      for (int k = 0; k < input.control_size(); ++k) {
+        const auto& control = input.control(k);
+        const ParseInfoTree* kt = Nested(it, cd, "control", k);
+        w.Line(8, "- kind: " + Sequence::Control::Kind_Name(control.kind()),
+               At(it, cd, "control", k));
+        if (control.int32_false_true_size() > 0)
+          w.Line(8, "  int32_false_true: " + FlowList(control.int32_false_true()),
+                 At(kt, kd, "int32_false_true"));
+        if (control.fp32_false_true_size() > 0)
+          w.Line(8, "  fp32_false_true: " + FlowList(control.fp32_false_true()),
+                 At(kt, kd, "fp32_false_true"));
+        if (control.bool_false_true_size() > 0)
+          w.Line(8, "  bool_false_true: " + FlowList(control.bool_false_true()),
+                 At(kt, kd, "bool_false_true"));
+        if (control.data_type() != inference::TYPE_INVALID)
+          w.Line(8, "  data_type: " + inference::DataType_Name(control.data_type()),
+                 At(kt, kd, "data_type"));
+      }
+    }
+  }
+  if (s.state_size() > 0) {
+    const pb::Descriptor* sd = Sequence::State::descriptor();
+    const pb::Descriptor* id = Sequence::InitialState::descriptor();
+    w.Line(2, "state:", At(t, d, "state"));
+    for (int i = 0; i < s.state_size(); ++i) {
+      const auto& state = s.state(i);
+      const ParseInfoTree* st = Nested(t, d, "state", i);
+      const std::string field = "sequence_batching.state[" + std::to_string(i) + "]";
+      ASSIGN_OR_RETURN(std::string in, w.Quote(state.input_name(), At(st, sd, "input_name"),
+                                               field + ".input_name"));
+      ASSIGN_OR_RETURN(std::string out, w.Quote(state.output_name(), At(st, sd, "output_name"),
+                                                field + ".output_name"));
+      w.Line(4, "- input_name: " + in, At(t, d, "state", i));
+      w.Line(4, "  output_name: " + out, At(st, sd, "output_name"));
+      w.Line(4, "  data_type: " + inference::DataType_Name(state.data_type()),
+             At(st, sd, "data_type"));
+      w.Line(4, "  dims: " + FlowList(state.dims()), At(st, sd, "dims"));
+      if (state.initial_state_size() > 0) {
+        w.Line(4, "  initial_state:", At(st, sd, "initial_state"));
+        for (int k = 0; k < state.initial_state_size(); ++k) {
+          const auto& initial = state.initial_state(k);
+          const ParseInfoTree* it = Nested(st, sd, "initial_state", k);
+          w.Line(8, "- data_type: " + inference::DataType_Name(initial.data_type()),
+                 At(st, sd, "initial_state", k));
+          w.Line(8, "  dims: " + FlowList(initial.dims()), At(it, id, "dims"));
+          if (initial.has_zero_data())
+            w.Line(8, "  zero_data: true", At(it, id, "zero_data"));
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 Result<PbtxtAsYaml> Write(const std::string& path, const inference::ModelConfig& mc,
                           const ParseInfoTree* tree) {
   Writer w(path);
@@ -455,6 +618,8 @@ Result<PbtxtAsYaml> Write(const std::string& path, const inference::ModelConfig&
                      : At(tree, top, "model_transaction_policy"));
   }
 
+  if (mc.has_sequence_batching()) RETURN_IF_ERROR(WriteSequence(w, mc.sequence_batching(), tree));
+
   if (mc.has_version_policy()) {
     const inference::ModelVersionPolicy& v = mc.version_policy();
     const pb::Descriptor* d = inference::ModelVersionPolicy::descriptor();
@@ -524,6 +689,20 @@ Result<PbtxtAsYaml> PbtxtToYaml(const std::string& path, const std::string& text
     yaml.origins = {""};
   }
   return yaml;
+}
+
+Result<std::string> ModelConfigJsonToPbtxt(const std::string& json) {
+  inference::ModelConfig config;
+  pb::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  const auto parsed = pb::util::JsonStringToMessage(json, &config, options);
+  if (!parsed.ok())
+    return InvalidArgument("the config override is not a model configuration hearth reads: " +
+                           std::string(parsed.message()));
+  std::string text;
+  if (!pb::TextFormat::PrintToString(config, &text))
+    return Internal("the config override could not be written as config.pbtxt");
+  return text;
 }
 
 #endif  // HEARTH_HAVE_PROTOBUF

@@ -5,11 +5,12 @@
 // which model_config.cc then reads like any other: one set of checks and
 // one meaning for both forms. Every field set in the file is either one
 // hearth implements (name, backend or platform, max_batch_size, input and
-// output, instance_group, dynamic_batching, parameters' string_value,
-// model_transaction_policy, version_policy latest or specific) or an error
-// naming it; none is dropped. Fields of Triton's configuration that
-// proto/model_config.proto leaves out (sequence_batching, ensemble_scheduling,
-// model_warmup, optimization, ...) are refused by the parser, named as such.
+// output, instance_group, dynamic_batching, sequence_batching, parameters'
+// string_value, model_transaction_policy, version_policy latest or
+// specific) or an error naming it; none is dropped. Fields of Triton's
+// configuration that proto/model_config.proto leaves out
+// (ensemble_scheduling, model_warmup, optimization, ...) are refused by the
+// parser, named as such.
 // A hearth built without protobuf refuses every config.pbtxt, saying so.
 #pragma once
 
@@ -30,5 +31,11 @@ struct PbtxtAsYaml {
 // `text` is the content of the config.pbtxt at `path` (which errors name,
 // with the line and column, and the field).
 Result<PbtxtAsYaml> PbtxtToYaml(const std::string& path, const std::string& text);
+
+// A model's config as Triton's JSON form (protobuf's JSON mapping of
+// ModelConfig: what a repository load's "config" override gives) written
+// as config.pbtxt text. A field proto/model_config.proto lacks is refused,
+// named; so is everything without protobuf.
+Result<std::string> ModelConfigJsonToPbtxt(const std::string& json);
 
 }  // namespace hearth

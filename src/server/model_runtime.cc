@@ -154,6 +154,20 @@ ModelMetadata ModelRuntime::metadata() const {
   convert(inputs, &md.inputs);
   convert(outputs, &md.outputs);
   md.decoupled = config().decoupled;
+  // A sequence model's control and state tensors are the server's to give
+  // and take, not a request's.
+  if (const auto& sequence = config().sequence) {
+    md.sequence = true;
+    auto implicit = [&](const TensorMetadata& t) {
+      for (const SequenceControl& c : sequence->controls)
+        if (c.input == t.name) return true;
+      for (const SequenceState& s : sequence->states)
+        if (s.input == t.name || s.output == t.name) return true;
+      return false;
+    };
+    std::erase_if(md.inputs, implicit);
+    std::erase_if(md.outputs, implicit);
+  }
   return md;
 }
 

@@ -24,6 +24,7 @@
 #include "server/model_config.h"
 #include "server/model_stats.h"
 #include "server/placement.h"
+#include "server/sequences.h"
 #include "server/shared_memory.h"
 #include "server/supervisor.h"
 
@@ -84,6 +85,9 @@ struct ModelRuntime {
   }
   bool signature_known = false;
   std::unique_ptr<JobQueue> queue;
+  // A model with sequence_batching: its live sequences, through which its
+  // requests reach the queue (server/sequences.h).
+  std::shared_ptr<SequenceTable> sequences;
   std::vector<std::unique_ptr<WorkerSupervisor>> workers;  // of every placement
   std::atomic<int> ready_workers{0};                       // of every placement
   std::atomic<bool> stopping{false};

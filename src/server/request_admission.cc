@@ -206,12 +206,31 @@ Status AdmitParameters(InferRequest& request) {
             "level, 0 the model's default), got " +
             DescribeParameter(p));
       request.priority = *level;
-    } else if (p.name == "sequence_id" || p.name == "sequence_start" || p.name == "sequence_end") {
-      if (IsSet(p))
+    } else if (p.name == kSequenceIdParameter) {
+      if (const std::optional<uint64_t> id = NonNegative(p)) {
+        request.sequence_number = *id;
+        request.sequence_id = *id == 0 ? "" : std::to_string(*id);
+        request.sequence_id_is_string = false;
+      } else if (const auto* text = std::get_if<std::string>(&p.value)) {
+        if (text->size() > kMaxSequenceIdBytes)
+          return InvalidArgument("request: parameter 'sequence_id' is a string of " +
+                                 std::to_string(text->size()) + " bytes, over the limit of " +
+                                 std::to_string(kMaxSequenceIdBytes));
+        request.sequence_id = *text;
+        request.sequence_id_is_string = true;
+        request.sequence_number = 0;
+      } else if (IsSet(p)) {
         return InvalidArgument(
-            "request: parameter " + Quote(p.name) +
-            " is not supported: " + "hearth has no sequence batching; send requests without " +
-            "sequence_id, sequence_start and sequence_end (it is " + DescribeParameter(p) + ")");
+            "request: parameter 'sequence_id' must be a non-negative integer or a string, got " +
+            DescribeParameter(p));
+      }
+    } else if (p.name == kSequenceStartParameter || p.name == kSequenceEndParameter) {
+      const auto* flag = std::get_if<bool>(&p.value);
+      if (flag == nullptr && IsSet(p))
+        return InvalidArgument("request: parameter " + Quote(p.name) +
+                               " must be true or false, got " + DescribeParameter(p));
+      (p.name == kSequenceStartParameter ? request.sequence_start : request.sequence_end) =
+          flag != nullptr && *flag;
     } else {
       ASSIGN_OR_RETURN(const std::string value, JsonOf(p));
       model_parameters += model_parameters.empty() ? "{" : ",";
@@ -252,6 +271,19 @@ Status AdmitInferRequest(InferRequest& request, const ModelMetadata& metadata) {
 
 Status ValidateInferRequest(const InferRequest& request, const ModelMetadata& metadata) {
   const std::string model = Quote(metadata.name);
+  if (!metadata.sequence && (!request.sequence_id.empty() || request.sequence_start ||
+                             request.sequence_end)) {
+    const char* given = !request.sequence_id.empty() ? "sequence_id"
+                        : request.sequence_start      ? "sequence_start"
+                                                      : "sequence_end";
+    return InvalidArgument("model " + model + " has no sequence_batching: send its requests " +
+                           "without sequence_id, sequence_start and sequence_end (this one " +
+                           "sets " + given + ")");
+  }
+  if (metadata.sequence && request.sequence_id.empty())
+    return InvalidArgument("inference request to model " + model +
+                           " must specify a non-zero or non-empty correlation ID (the "
+                           "parameter sequence_id): the model serves sequences");
   std::set<std::string> seen;
   std::optional<int64_t> batch;
   std::string batch_input;

@@ -24,9 +24,11 @@ inline constexpr size_t kMaxTensorRank = 32;
 //   timeout    a non-negative integer: microseconds (InferRequest::timeout_us)
 //   priority   a non-negative integer: the level (InferRequest::priority;
 //              checked against the model's priority_levels when it runs)
-// Refused (InvalidArgument) when set to anything but 0/false/""/null:
-// sequence_id, sequence_start, sequence_end (hearth has no sequence
-// batching), so that a client never believes they took effect.
+//   sequence_id     a non-negative integer or a string of at most
+//                   kMaxSequenceIdBytes (0 and "": none)
+//   sequence_start, sequence_end   true or false
+//                   (InferRequest::sequence_*; the service refuses them for
+//                   a model without sequence_batching)
 // A tensor's parameters: shared_memory_region (a string), _offset (a
 // non-negative integer, default 0) and _byte_size (one, required) put it in
 // a registered region (InferTensor::shm, RequestedOutput::shm); an output's
@@ -35,6 +37,10 @@ inline constexpr size_t kMaxTensorRank = 32;
 inline constexpr std::string_view kTimeoutParameter = "timeout";
 inline constexpr std::string_view kPriorityParameter = "priority";
 inline constexpr std::string_view kClassificationParameter = "classification";
+inline constexpr std::string_view kSequenceIdParameter = "sequence_id";
+inline constexpr std::string_view kSequenceStartParameter = "sequence_start";
+inline constexpr std::string_view kSequenceEndParameter = "sequence_end";
+inline constexpr size_t kMaxSequenceIdBytes = 256;
 inline constexpr std::string_view kRegionParameter = "shared_memory_region";
 inline constexpr std::string_view kOffsetParameter = "shared_memory_offset";
 inline constexpr std::string_view kByteSizeParameter = "shared_memory_byte_size";

@@ -175,6 +175,7 @@ bool Server::Impl::Shutdown(std::optional<std::chrono::milliseconds> builder_gra
     const std::shared_ptr<ModelRuntime> m = entry->served.load();
     if (m == nullptr) continue;
     m->JoinWorkers();
+    if (m->sequences) m->sequences->FailAll(Unavailable("the server is shutting down"));
     m->queue->FailAll(Unavailable("the server is shutting down"));
     if (const uint64_t n = m->stats.batches.load(), r = m->stats.requests.load(); n > 0 && r > 0) {
       spdlog::info(
@@ -196,6 +197,10 @@ bool Server::Impl::Shutdown(std::optional<std::chrono::milliseconds> builder_gra
   }
   // Only what this server made: the directory, if it created it, and only
   // once it is empty.
+  if (!run_dir_.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(run_dir_ + "/overrides", ec);
+  }
   if (made_run_dir_ && ::rmdir(run_dir_.c_str()) != 0)
     spdlog::warn("cannot remove the run directory {}: {}", run_dir_, std::strerror(errno));
   return true;
@@ -278,8 +283,10 @@ void Server::Impl::ReaperLoop() {
       r->JoinWorkers();
       // Anything its workers left (they all died): answered, and the
       // requests' references to the runtime go with them.
-      r->queue->FailAll(
-          Unavailable("model '" + r->name + "' was replaced or unloaded before the request ran"));
+      const Status gone =
+          Unavailable("model '" + r->name + "' was replaced or unloaded before the request ran");
+      if (r->sequences) r->sequences->FailAll(gone);
+      r->queue->FailAll(gone);
     }
     runtimes_freed_ += finished.size();
     finished.clear();
@@ -302,7 +309,14 @@ void Server::Impl::Discard(ModelEntry& entry, std::shared_ptr<ModelRuntime> m) {
 // an error naming the path and the reason otherwise.
 Result<std::unique_ptr<ModelRuntime>> Server::Impl::TryBuild(ModelEntry& entry, bool keep_loaded) {
   RETURN_IF_ERROR(entry.dir.status);
-  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(entry.dir.path));
+  // A load's overrides, when it gave some, stand for the directory's config
+  // and files.
+  const std::string& dir = entry.override_dir.empty() ? entry.dir.path : entry.override_dir;
+  const bool config_only = entry.config_override && entry.override_dir.empty();
+  Result<ModelConfig> loaded = config_only ? ParseModelConfigPbtxt(dir, *entry.config_override)
+                                           : LoadModelConfig(dir);
+  if (config_only && !loaded.ok()) return loaded.status().WithContext("the load's config override");
+  ASSIGN_OR_RETURN(ModelConfig config, std::move(loaded));
   auto m = std::make_unique<ModelRuntime>();
   m->name = entry.dir.name;
   m->config_ = std::move(config);
@@ -512,6 +526,13 @@ Result<std::vector<ModelWorkers>> Server::Workers() const { return impl_->Worker
 Status Server::LoadModel(const std::string& m) { return impl_->LoadModel(m); }
 void Server::LoadModel(const std::string& m, std::function<void(Status)> done) {
   impl_->OnRepositoryPool([m](Server::Impl& impl) { return impl.LoadModel(m); }, std::move(done));
+}
+void Server::LoadModelWith(const std::string& m, ModelLoadOverrides overrides,
+                           std::function<void(Status)> done) {
+  auto shared = std::make_shared<ModelLoadOverrides>(std::move(overrides));
+  impl_->OnRepositoryPool(
+      [m, shared](Server::Impl& impl) { return impl.LoadModel(m, shared.get()); },
+      std::move(done));
 }
 namespace {
 

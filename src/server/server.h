@@ -76,6 +76,8 @@ class Server : public InferenceService {
   Result<std::vector<ModelWorkers>> Workers() const override;
   // On the server's pool of repository calls (at most 4 queued or running).
   void LoadModel(const std::string& model, std::function<void(Status)> done) override;
+  void LoadModelWith(const std::string& model, ModelLoadOverrides overrides,
+                     std::function<void(Status)> done) override;
   void UnloadModel(const std::string& model, std::function<void(Status)> done) override;
   // The same, on the caller's thread: returns when done.
   Status LoadModel(const std::string& model);

@@ -35,6 +35,29 @@ void Server::Impl::InferOn(InferRequest request,
       return done_once(InvalidArgument("output '" + o.name +
                                        "': a decoupled model's outputs cannot go to shared "
                                        "memory (each response has its own)"));
+  if (m.sequences) {
+    // Through its sequence, which adds the model's control and state
+    // inputs and lets it run once the sequence's earlier requests have.
+    if (m.batching() && !request.inputs.empty() && request.inputs[0].shape[0] != 1)
+      return done_once(InvalidArgument(
+          "model '" + m.name + "' serves sequences: each request is one step of one sequence, " +
+          "of batch 1, not " + std::to_string(request.inputs[0].shape[0])));
+    SequenceTable::Dispatch dispatch = [this, runtime](InferRequest r,
+                                                       SequenceTable::Done d) {
+      Enqueue(runtime, std::move(r), std::move(d), -1);
+    };
+    if (Status s = m.sequences->Submit(request, done_once, dispatch); !s.ok()) done_once(s);
+    return;
+  }
+  Enqueue(runtime, std::move(request), std::move(done_once), attempt);
+}
+
+// The request, admitted, into the model's queue. `attempt` as InferOn's;
+// -1: a request of a sequence, which a retired runtime fails (its
+// sequence's state went with it).
+void Server::Impl::Enqueue(const std::shared_ptr<ModelRuntime>& runtime, InferRequest request,
+                           std::function<void(Result<InferResponse>)> done_once, int attempt) {
+  ModelRuntime& m = *runtime;
   ++m.stats.pending;
   auto original =
       std::make_shared<std::function<void(Result<InferResponse>)>>(std::move(done_once));
@@ -126,7 +149,7 @@ void Server::Impl::InferOn(InferRequest request,
   if (Status s = m.queue->Push(job); !s.ok()) {
     // Retired between Find() and here: the model's new runtime takes it
     // (a bounded number of times: loads do not come that fast).
-    if (m.stopping && !stopping_ && attempt < 3) {
+    if (m.stopping && !stopping_ && attempt >= 0 && attempt < 3) {
       --m.stats.pending;
       return InferOn(std::move(job->request), std::move(*original), attempt + 1);
     }

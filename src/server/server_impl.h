@@ -34,6 +34,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <shared_mutex>
 #include <system_error>
@@ -50,6 +51,7 @@
 #include "protocol/worker_protocol.h"
 #include "server/batch_layout.h"
 #include "server/hangup_watcher.h"
+#include "server/load_overrides.h"
 #include "server/metrics.h"
 #include "server/model_config.h"
 #include "server/model_config_json.h"
@@ -103,6 +105,14 @@ struct ModelEntry {
     friend bool operator==(const Loaded&, const Loaded&) = default;
   };
   std::map<std::string, Loaded> loaded;
+
+  // A repository load's overrides (Triton's config and file: parameters),
+  // under build_mu: the config as config.pbtxt text, in place of the
+  // directory's config file; the directory made of the files, in place of
+  // the model's (and the one before it, which a draining runtime may still
+  // read). Empty: none; the next load without overrides clears them.
+  std::optional<std::string> config_override;
+  std::string override_dir, previous_override_dir;
 };
 
 class Server::Impl {
@@ -151,7 +161,7 @@ class Server::Impl {
     if (!queued.ok()) (*answer)(std::move(queued));
   }
 
-  Status LoadModel(const std::string& name);
+  Status LoadModel(const std::string& name, const ModelLoadOverrides* overrides = nullptr);
   Status UnloadModel(const std::string& name);
   std::string MetricsText() const;
   std::vector<int> WorkerPids(const std::string& model) const;
@@ -181,6 +191,8 @@ class Server::Impl {
   // ---- a request's way in (server_admission.cc) ----------------------------
   void InferOn(InferRequest request, std::function<void(Result<InferResponse>)> done_once,
                int attempt);
+  void Enqueue(const std::shared_ptr<ModelRuntime>& runtime, InferRequest request,
+               std::function<void(Result<InferResponse>)> done_once, int attempt);
   Status ResolveCudaSharedMemory(const ModelRuntime& m, InferRequest& request) const;
   static Status CheckCudaPlacement(const ModelRuntime& m, const InferRequest& request,
                                    int64_t batch);
@@ -209,6 +221,8 @@ class Server::Impl {
   SharedMemoryRegistry shared_memory_;
   std::string run_dir_;
   bool made_run_dir_ = false;
+  // Load overrides' files go under run_dir_/overrides, one directory per load.
+  std::atomic<uint64_t> override_serial_{0};
   // Held by Start() while it makes the run directory, the entries and the
   // builders, and by Shutdown() from the moment it has set stopping_.
   std::mutex lifecycle_mu_;

@@ -196,10 +196,42 @@ Result<bool> Server::Impl::ModelReady(const std::string& model, const std::strin
   return true;
 }
 
-Status Server::Impl::LoadModel(const std::string& name) {
+Status Server::Impl::LoadModel(const std::string& name, const ModelLoadOverrides* overrides) {
   if (stopping_ || !started_) return Unavailable("the server is not serving");
   ASSIGN_OR_RETURN(ModelEntry * entry, EntryFor(name));
   std::lock_guard build(entry->build_mu);
+  // This load's overrides (none: the model's directory as it is), checked
+  // and written before anything changes; put back as they were if it fails.
+  PreparedOverrides prepared;
+  const bool overridden = overrides != nullptr && !overrides->empty();
+  if (overridden) {
+    Result<PreparedOverrides> made =
+        PrepareLoadOverrides(*overrides, name, run_dir_ + "/overrides", ++override_serial_);
+    if (!made.ok()) return made.status().WithContext("model '" + name + "'");
+    prepared = std::move(made).value();
+  }
+  const std::optional<std::string> config_before = entry->config_override;
+  const std::string dir_before = entry->override_dir;
+  entry->config_override =
+      overridden ? std::optional<std::string>(prepared.pbtxt) : std::nullopt;
+  entry->override_dir = prepared.dir;
+  // What is left of the overrides once this load is over: a failed one puts
+  // back what was there; a served one keeps the directory served until now
+  // (its runtime may still be draining, and a worker of it restarting reads
+  // it) and removes the one before that.
+  auto settle = [&](bool served) {
+    if (!served) {
+      if (!prepared.dir.empty()) RemoveOverrideDirectory(prepared.dir);
+      entry->config_override = config_before;
+      entry->override_dir = dir_before;
+      return;
+    }
+    if (dir_before != entry->override_dir && !dir_before.empty()) {
+      if (!entry->previous_override_dir.empty())
+        RemoveOverrideDirectory(entry->previous_override_dir);
+      entry->previous_override_dir = dir_before;
+    }
+  };
   {
     std::lock_guard lock(entry->mu);
     entry->unloaded = false;
@@ -224,12 +256,14 @@ Status Server::Impl::LoadModel(const std::string& name) {
       entry->settled = true;
     }
     spdlog::error("model {}: load failed: {}", name, built.status().message());
+    settle(false);
     return built.status();
   }
   if (old == nullptr) {
     Publish(*entry, std::move(built).value());
-    return entry->served.load() != nullptr ? Status::Ok()
-                                           : Unavailable("the server is shutting down");
+    const bool served = entry->served.load() != nullptr;
+    settle(served);
+    return served ? Status::Ok() : Unavailable("the server is shutting down");
   }
   // The swap: new requests go to the new runtime at once; the old one
   // runs what it has queued and its workers exit.
@@ -252,8 +286,10 @@ Status Server::Impl::LoadModel(const std::string& name) {
     Discard(*entry, std::move(fresh));
     DropChanged(name, entry->loaded, previous);
     entry->loaded = previous;
+    settle(false);
     return Unavailable("the server is shutting down");
   }
+  settle(true);
   old->RequestStop(false);
   DropChanged(name, previous, entry->loaded);  // its arenas go with the old workers' leases
   spdlog::info("model {}: version {} replaces version {} ({} workers); the old workers drain", name,

@@ -116,8 +116,8 @@ Status Server::Impl::Prepare(ModelEntry& entry, ModelRuntime& m, bool keep_loade
   };
   m.setup.max_batch_size = c.max_batch_size;
   m.setup.parameters = c.parameters;
-  m.setup.inputs = specs(c.inputs);
-  m.setup.outputs = specs(c.outputs);
+  m.setup.inputs = specs(WorkerInputs(c));
+  m.setup.outputs = specs(WorkerOutputs(c));
   m.setup.config_json = hearth::ModelConfigJson(c);
   m.setup.version_dir = c.version_dir;
   m.setup.decoupled = c.decoupled;
@@ -233,6 +233,9 @@ Status Server::Impl::Prepare(ModelEntry& entry, ModelRuntime& m, bool keep_loade
   m.shared_memory = &shared_memory_;
   m.hangups = &hangups_;
   m.queue = std::make_unique<JobQueue>(std::max<uint64_t>(1, c.max_queue_size));
+  if (c.sequence)
+    m.sequences =
+        std::make_shared<SequenceTable>(m.name, *c.sequence, c.max_sequences, c.max_batch_size > 0);
   // A decoupled model's worker serves one request (one stream) at a time.
   m.policy.max_batch = c.decoupled ? 1 : m.max_batch();
   m.stats.max_batch = m.max_batch();

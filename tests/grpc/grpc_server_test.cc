@@ -75,7 +75,8 @@ std::string RawOf(const std::vector<T>& values) {
 //   scale      x FP32 [-1,4] -> y FP32 [-1,1] (row sums), z FP32 [-1,1] (their
 //              negation); max batch 8; a config and statistics
 //   echo_<DT>  in <DT> [-1,-1] -> out, the same bytes (DT: BOOL, INT8, INT16,
-//              INT32, INT64, UINT8, FP16, BF16, FP32, FP64, BYTES)
+//              INT32, INT64, UINT8, UINT16, UINT32, UINT64, FP16, BF16, FP32,
+//              FP64, BYTES)
 //   gated      as scale with x [-1,-1], parked in the service until OpenGate()
 //   busy, gone, late, broken, away: Infer fails with ResourceExhausted,
 //              NotFound, DeadlineExceeded, Internal, Unavailable
@@ -206,8 +207,8 @@ std::vector<FakeModel> Models() {
   }
   models.push_back(Scale("unready"));
   models.back().ready = Unavailable("model 'unready': no worker is ready");
-  for (const char* type : {"BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "FP16", "BF16",
-                           "FP32", "FP64", "BYTES"}) {
+  for (const char* type : {"BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32",
+                           "UINT64", "FP16", "BF16", "FP32", "FP64", "BYTES"}) {
     const DType dtype = ParseKserveDatatype(type).value();
     models.push_back(MakeModel(std::string("echo_") + type, "hearth_fake", 8,
                                {{"in", dtype, {-1, -1}}}, {{"out", dtype, {-1, -1}}}, Echo("out")));
@@ -684,16 +685,23 @@ TEST_F(GrpcServerTest, RepositoryLoadAndUnloadCallTheService) {
   status = load("scale", other);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(status.error_message().find("one model repository"), std::string::npos);
+  inference::RepositoryModelLoadRequest with_file;
+  (*with_file.mutable_parameters())["file:1/model.py"].set_string_param("hi");
+  status = load("scale", with_file);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("parameter 'file:1/model.py' must be a bytes_param"),
+            std::string::npos)
+      << status.error_message();
   inference::RepositoryModelLoadRequest with_config;
   (*with_config.mutable_parameters())["config"].set_string_param("{}");
-  status = load("scale", with_config);
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(status.error_message().find("parameter 'config' is not supported"), std::string::npos)
-      << status.error_message();
+  (*with_config.mutable_parameters())["file:1/model.py"].set_bytes_param(std::string("\0x", 2));
+  EXPECT_TRUE(load("scale", with_config).ok());
+  EXPECT_EQ(service_.load_overrides(),
+            (std::vector<std::string>{"config {}", std::string("file 1/model.py=\0x", 18)}));
   inference::RepositoryModelUnloadRequest unload_config;
   (*unload_config.mutable_parameters())["config"].set_string_param("{}");
   EXPECT_EQ(unload("scale", unload_config).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(service_.control_calls().size(), 5u);
+  EXPECT_EQ(service_.control_calls().size(), 6u);
 }
 
 // A load waits for workers: it runs on the service's pool, never on a
@@ -903,6 +911,24 @@ TEST_F(GrpcServerTest, TypedContentsOfEachDatatype) {
          c->add_uint_contents(255);
        },
        RawOf(std::vector<uint8_t>{0, 255})},
+      {"UINT16",
+       [](auto* c) {
+         c->add_uint_contents(0);
+         c->add_uint_contents(65535);
+       },
+       RawOf(std::vector<uint16_t>{0, 65535})},
+      {"UINT32",
+       [](auto* c) {
+         c->add_uint_contents(7);
+         c->add_uint_contents(4294967295u);
+       },
+       RawOf(std::vector<uint32_t>{7, 4294967295u})},
+      {"UINT64",
+       [](auto* c) {
+         c->add_uint64_contents(uint64_t{1} << 63);
+         c->add_uint64_contents(~uint64_t{0});
+       },
+       RawOf(std::vector<uint64_t>{uint64_t{1} << 63, ~uint64_t{0}})},
       {"FP32",
        [](auto* c) {
          c->add_fp32_contents(1.5f);
@@ -1048,6 +1074,13 @@ TEST_F(GrpcServerTest, MalformedRequestsAreInvalidArgument) {
       {"uint8 range",
        echo("UINT8", [](auto&, auto* input) { input->mutable_contents()->add_uint_contents(256); }),
        "input \"in\": element 0 (256) is out of range for UINT8"},
+      {"uint16 range",
+       echo("UINT16",
+            [](auto&, auto* input) { input->mutable_contents()->add_uint_contents(65536); }),
+       "input \"in\": element 0 (65536) is out of range for UINT16"},
+      {"uint64 field",
+       echo("UINT64", [](auto&, auto* input) { input->mutable_contents()->add_uint_contents(1); }),
+       "input \"in\": datatype UINT64 takes its data in contents.uint64_contents, not contents.uint_contents"},
       {"raw bytes",
        echo("BYTES",
             [](auto& r, auto*) { r.add_raw_input_contents(std::string("\x09\0\0\0ab", 6)); }),
@@ -1163,10 +1196,15 @@ TEST_F(GrpcServerTest, MalformedRequestsAreInvalidArgument) {
        "output \"y\": parameter 'shared_memory_byte_size' must be given with "
        "'shared_memory_region'"},
       {"sequence", [](auto& r) { (*r.mutable_parameters())["sequence_id"].set_uint64_param(5); },
-       "request: parameter \"sequence_id\" is not supported: hearth has no sequence batching"},
+       "model \"scale\" has no sequence_batching: send its requests without sequence_id, "
+       "sequence_start and sequence_end (this one sets sequence_id)"},
       {"sequence start",
        [](auto& r) { (*r.mutable_parameters())["sequence_start"].set_bool_param(true); },
-       "request: parameter \"sequence_start\" is not supported: hearth has no sequence batching"},
+       "has no sequence_batching: send its requests without sequence_id, sequence_start and "
+       "sequence_end (this one sets sequence_start)"},
+      {"sequence id of a kind",
+       [](auto& r) { (*r.mutable_parameters())["sequence_id"].set_double_param(1.5); },
+       "request: parameter 'sequence_id' must be a non-negative integer or a string, got 1.5"},
       {"negative priority",
        [](auto& r) { (*r.mutable_parameters())["priority"].set_int64_param(-1); },
        "request: parameter 'priority' must be a non-negative integer (1 is the highest level, "

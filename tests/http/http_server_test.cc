@@ -1465,17 +1465,28 @@ TEST_F(HttpServerTest, LoadAndUnloadRunOffTheIoThreads) {
   EXPECT_NE(ErrorOf(unknown).find("no model 'nope'"), std::string::npos);
 }
 
-TEST_F(HttpServerTest, LoadWithParametersIsRefused) {
+TEST_F(HttpServerTest, LoadOverridesReachTheServiceDecoded) {
   Client client(port());
-  for (const char* body : {R"({"parameters":{"config":"{}"}})",
-                           R"({"parameters":{"file:1/model.safetensors":"AAAA"}})"}) {
+  const std::pair<const char*, const char*> bad[] = {
+      {R"({"parameters": 3})", "'parameters' must be an object"},
+      {R"({"parameters":{"unload_dependents":true}})", "is not one a load takes"},
+      {R"({"parameters":{"config":{}}})", "must be a string (JSON text)"},
+      {R"({"parameters":{"file:1/m.py":"AAA"}})", "is not base64"},
+      {R"({"other":{}})", "unknown field 'other'"},
+  };
+  for (const auto& [body, says] : bad) {
     Response r = client.Post("/v2/repository/models/scale/load", body);
     EXPECT_EQ(r.result_int(), 400) << body;
-    EXPECT_NE(ErrorOf(r).find("is not supported"), std::string::npos) << ErrorOf(r);
+    EXPECT_NE(ErrorOf(r).find(says), std::string::npos) << ErrorOf(r);
   }
-  EXPECT_EQ(client.Post("/v2/repository/models/scale/load", R"({"parameters": 3})").result_int(),
-            400);
   EXPECT_TRUE(service_.control_calls().empty());
+  Response ok = client.Post("/v2/repository/models/scale/load",
+                            R"({"parameters":{"config":"{\"backend\":\"python\"}",)"
+                            R"("file:1/model.py":"aGk="}})");
+  EXPECT_EQ(ok.result_int(), 200) << ok.body();
+  EXPECT_EQ(service_.load_overrides(),
+            (std::vector<std::string>{R"(config {"backend":"python"})", "file 1/model.py=hi"}));
+  EXPECT_EQ(service_.control_calls(), (std::vector<std::string>{"load scale"}));
 }
 
 TEST_F(HttpServerTest, SystemSharedMemoryRegisterStatusUnregister) {

@@ -120,7 +120,7 @@ def infer_request(model, name, x, id="", outputs=(), parameters=None, typed=Fals
 
 def outputs_of(response):
     """{name: array} from raw_output_contents, as tritonclient reads them."""
-    dtypes = {"FP32": "<f4", "INT64": "<i8"}
+    dtypes = {"FP32": "<f4", "INT64": "<i8", "INT32": "<i4", "UINT64": "<u8"}
     return {o.name: np.frombuffer(raw, dtype=dtypes[o.datatype]).reshape(list(o.shape))
             for o, raw in zip(response.outputs, response.raw_output_contents)}
 

@@ -77,11 +77,11 @@ def served(tmp_path_factory):
     write_model(root, "add_sub", "", ADD_SUB_PY)
     (root / "add_sub" / "config.yaml").unlink()
     (root / "add_sub" / "config.pbtxt").write_text(ADD_SUB_PBTXT)
-    write_model(root, "sequences", "", ADD_SUB_PY)
-    (root / "sequences" / "config.yaml").unlink()
-    (root / "sequences" / "config.pbtxt").write_text(
-        ADD_SUB_PBTXT.replace('"add_sub"', '"sequences"') +
-        "sequence_batching {\n  max_sequence_idle_microseconds: 5000000\n}\n")
+    write_model(root, "warmup", "", ADD_SUB_PY)
+    (root / "warmup" / "config.yaml").unlink()
+    (root / "warmup" / "config.pbtxt").write_text(
+        ADD_SUB_PBTXT.replace('"add_sub"', '"warmup"') +
+        "model_warmup [ { name: \"w\" batch_size: 1 } ]\n")
     write_model(root, "both", "backend: python\n", ADD_SUB_PY)
     (root / "both" / "config.pbtxt").write_text(ADD_SUB_PBTXT.replace('"add_sub"', '"both"'))
     state = start_serve(tmp, root)
@@ -120,8 +120,8 @@ def test_models_whose_config_pbtxt_is_refused_fail_alone(served):
     assert r.status_code == 200, r.text
     index = {m["name"]: m for m in r.json()}
     assert index["add_sub"]["state"] == "READY"
-    assert index["sequences"]["state"] == "UNAVAILABLE"
-    assert "config.pbtxt:36:1: sequence_batching: hearth does not implement" in \
-        index["sequences"]["reason"], index["sequences"]["reason"]
+    assert index["warmup"]["state"] == "UNAVAILABLE"
+    assert "config.pbtxt:36:1: model_warmup: hearth does not implement" in \
+        index["warmup"]["reason"], index["warmup"]["reason"]
     assert index["both"]["state"] == "UNAVAILABLE"
     assert "config.yaml and" in index["both"]["reason"] and "not both" in index["both"]["reason"]

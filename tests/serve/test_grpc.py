@@ -227,7 +227,7 @@ def test_unknown_models_versions_and_wrong_data_sizes(server):
     sequence = infer_request("mlp", "input", x)
     sequence.parameters["sequence_id"].uint64_param = 3
     e = rpc_error(stub.ModelInfer, sequence, timeout=30)
-    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "sequence batching" in e.details()
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "has no sequence_batching" in e.details()
 
 
 def test_timeout_parameter_answers_deadline_exceeded_as_rest_answers_504(server):
@@ -344,7 +344,8 @@ def test_sequences_are_refused_not_ignored(server):
         request = infer_request("mlp", "input", np.zeros((1, MLP[0]), np.float32))
         set_value(request.parameters[key])
         e = rpc_error(stub.ModelInfer, request, timeout=30)
-        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "no sequence batching" in e.details(), key
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "has no sequence_batching" in e.details() \
+            and f"this one sets {key}" in e.details(), (key, e.details())
 
 
 def scale_reference(server, x):
@@ -604,9 +605,9 @@ def test_repository_control(server):
     e = rpc_error(stub.RepositoryModelUnload, pb.RepositoryModelUnloadRequest(model_name="nope"), timeout=60)
     assert e.code() == grpc.StatusCode.NOT_FOUND
     request = pb.RepositoryModelLoadRequest(model_name="swap")
-    request.parameters["config"].string_param = "{}"
+    request.parameters["file:1/model.safetensors"].bytes_param = b"x"
     e = rpc_error(stub.RepositoryModelLoad, request, timeout=60)
-    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "'config'" in e.details()
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "need the model's config" in e.details()
 
 
 def test_oversize_messages_are_refused_and_the_server_goes_on(server):

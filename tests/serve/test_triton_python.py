@@ -123,7 +123,7 @@ max_batch_size: 0
 model_transaction_policy: {decoupled: true}
 input:
   - {name: IN, data_type: TYPE_INT32, dims: [-1]}
-  - {name: DELAY, data_type: TYPE_INT32, dims: [-1]}
+  - {name: DELAY, data_type: TYPE_UINT32, dims: [-1]}
 output:
   - {name: OUT, data_type: TYPE_INT32, dims: [1]}
   - {name: IDX, data_type: TYPE_INT32, dims: [1]}

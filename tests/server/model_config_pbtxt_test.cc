@@ -107,9 +107,7 @@ TEST_F(ModelConfigPbtxtTest, ReadsTritonsAddSubPythonExample) {
   EXPECT_EQ(c->version, 3u);
 }
 
-// Triton's decoupled example (examples/decoupled/repeat_config.pbtxt), with
-// its DELAY and WAIT inputs as TYPE_INT32: hearth has no unsigned types
-// beyond TYPE_UINT8.
+// Triton's decoupled example (examples/decoupled/repeat_config.pbtxt).
 constexpr const char* kRepeat = R"(name: "repeat_int32"
 backend: "python"
 max_batch_size: 0
@@ -124,12 +122,12 @@ input [
   },
   {
     name: "DELAY"
-    data_type: TYPE_INT32
+    data_type: TYPE_UINT32
     dims: [ -1 ]
   },
   {
     name: "WAIT"
-    data_type: TYPE_INT32
+    data_type: TYPE_UINT32
     dims: [ 1 ]
     optional: true
   }
@@ -158,6 +156,8 @@ TEST_F(ModelConfigPbtxtTest, ReadsADecoupledRepeatModel) {
   ASSERT_EQ(c->inputs.size(), 3u);
   EXPECT_EQ(c->inputs[0].dims, (std::vector<int64_t>{-1}));
   EXPECT_EQ(c->inputs[0].dtype, DType::kI32);
+  EXPECT_EQ(c->inputs[1].dtype, DType::kU32);
+  EXPECT_EQ(c->inputs[2].dtype, DType::kU32);
   EXPECT_FALSE(c->inputs[1].optional);
   EXPECT_TRUE(c->inputs[2].optional);
   ASSERT_EQ(c->outputs.size(), 2u);
@@ -316,8 +316,8 @@ TEST_F(ModelConfigPbtxtTest, FieldsHearthDoesNotImplementAreErrorsNamingThem) {
   const std::string no = "hearth does not implement this field of Triton's model configuration";
   ExpectErrors({
       // In Triton's configuration, not in hearth's proto: refused by the parser.
-      {h + "sequence_batching {\n  max_sequence_idle_microseconds: 5000000\n}\n",
-       "config.pbtxt:5:1: sequence_batching: " + no},
+      {h + "sequence_batching {\n  max_sequence_idle_microseconds: 5000000\n  iterative_sequence: true\n}\n",
+       "config.pbtxt:7:3: iterative_sequence: " + no},
       {h + "ensemble_scheduling { step [ { model_name: \"a\" model_version: -1 } ] }\n",
        "config.pbtxt:5:1: ensemble_scheduling: " + no},
       {h + "model_warmup [ { name: \"w\" batch_size: 1 } ]\n",

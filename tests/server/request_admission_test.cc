@@ -49,19 +49,57 @@ TEST(RequestAdmission, TimeoutAndPriorityAreCountsOfEitherKind) {
   ExpectRefused(WithParameters({{"priority", true}}), "got true");
 }
 
-TEST(RequestAdmission, SequencesAreRefusedUnlessUnset) {
+TEST(RequestAdmission, SequenceParametersAreReadAndCheckedAgainstTheModel) {
   for (const Parameter& unset :
        {Parameter{"sequence_id", int64_t{0}}, Parameter{"sequence_start", false},
         Parameter{"sequence_end", std::string()}, Parameter{"sequence_id", JsonText{"null"}},
-        Parameter{"sequence_id", 0.0}, Parameter{"sequence_end", std::monostate{}}}) {
+        Parameter{"sequence_id", 0.0}, Parameter{"sequence_end", std::monostate{}},
+        Parameter{"sequence_id", std::string()}}) {
     InferRequest request = WithParameters({unset});
     EXPECT_TRUE(AdmitParameters(request).ok()) << unset.name << " " << DescribeParameter(unset);
+    EXPECT_TRUE(request.sequence_id.empty());
+    EXPECT_FALSE(request.sequence_start || request.sequence_end);
   }
-  ExpectRefused(WithParameters({{"sequence_id", uint64_t{5}}}),
-                "request: parameter \"sequence_id\" is not supported: hearth has no sequence "
-                "batching");
-  ExpectRefused(WithParameters({{"sequence_start", true}}), "\"sequence_start\" is not supported");
-  ExpectRefused(WithParameters({{"sequence_end", JsonText{"[1]"}}}), "(it is [1])");
+  InferRequest numbered =
+      WithParameters({{"sequence_id", uint64_t{5}}, {"sequence_start", true}});
+  ASSERT_TRUE(AdmitParameters(numbered).ok());
+  EXPECT_EQ(numbered.sequence_id, "5");
+  EXPECT_EQ(numbered.sequence_number, 5u);
+  EXPECT_FALSE(numbered.sequence_id_is_string);
+  EXPECT_TRUE(numbered.sequence_start);
+  EXPECT_FALSE(numbered.sequence_end);
+  EXPECT_TRUE(numbered.parameters_json.empty()) << "the model does not get them as parameters";
+  InferRequest named =
+      WithParameters({{"sequence_id", std::string("abc")}, {"sequence_end", true}});
+  ASSERT_TRUE(AdmitParameters(named).ok());
+  EXPECT_EQ(named.sequence_id, "abc");
+  EXPECT_TRUE(named.sequence_id_is_string);
+  EXPECT_TRUE(named.sequence_end);
+  ExpectRefused(WithParameters({{"sequence_end", JsonText{"[1]"}}}),
+                "parameter \"sequence_end\" must be true or false, got [1]");
+  ExpectRefused(WithParameters({{"sequence_id", int64_t{-3}}}),
+                "'sequence_id' must be a non-negative integer or a string, got -3");
+  ExpectRefused(WithParameters({{"sequence_id", std::string(300, 'x')}}),
+                "over the limit of 256");
+
+  // Against the model: a model without sequence_batching refuses them; one
+  // with it needs a sequence id.
+  ModelMetadata plain;
+  plain.name = "plain";
+  InferRequest stray = WithParameters({{"sequence_start", true}});
+  ASSERT_TRUE(AdmitParameters(stray).ok());
+  Status refused = ValidateInferRequest(stray, plain);
+  EXPECT_NE(refused.message().find("has no sequence_batching"), std::string::npos)
+      << refused.message();
+  EXPECT_NE(refused.message().find("this one sets sequence_start"), std::string::npos);
+  ModelMetadata sequenced = plain;
+  sequenced.sequence = true;
+  InferRequest bare = WithParameters({});
+  Status unnamed = ValidateInferRequest(bare, sequenced);
+  EXPECT_NE(unnamed.message().find("must specify a non-zero or non-empty correlation ID"),
+            std::string::npos)
+      << unnamed.message();
+  EXPECT_TRUE(ValidateInferRequest(numbered, sequenced).ok());
 }
 
 TEST(RequestAdmission, TheModelGetsEveryOtherParameterAsJson) {

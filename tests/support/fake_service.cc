@@ -169,6 +169,17 @@ void FakeService::LoadModel(const std::string& model, std::function<void(Status)
   OnRepositoryPool([this, model] { return Load(model); }, std::move(done));
 }
 
+void FakeService::LoadModelWith(const std::string& model, ModelLoadOverrides overrides,
+                                std::function<void(Status)> done) {
+  {
+    std::lock_guard lock(mu_);
+    if (!overrides.config_json.empty()) load_overrides_.push_back("config " + overrides.config_json);
+    for (const auto& [path, bytes] : overrides.files)
+      load_overrides_.push_back("file " + path + "=" + bytes);
+  }
+  LoadModel(model, std::move(done));
+}
+
 void FakeService::UnloadModel(const std::string& model, std::function<void(Status)> done) {
   OnRepositoryPool([this, model] { return Unload(model); }, std::move(done));
 }

@@ -125,6 +125,9 @@ class FakeService : public InferenceService {
   Result<std::vector<ModelWorkers>> Workers() const override;
   // On the fake's pool of repository calls (FakeSettings::repository_calls).
   void LoadModel(const std::string& model, std::function<void(Status)> done) override;
+  // Records the overrides ("config JSON", "file PATH=BYTES"), then loads as LoadModel.
+  void LoadModelWith(const std::string& model, ModelLoadOverrides overrides,
+                     std::function<void(Status)> done) override;
   void UnloadModel(const std::string& model, std::function<void(Status)> done) override;
   Status RegisterSystemSharedMemory(const ClientConnection& client, const std::string& name,
                                     const std::string& key, uint64_t offset,
@@ -175,6 +178,7 @@ class FakeService : public InferenceService {
   int arrived() const { return Get(arrived_); }                           // requests given to Infer
   ClientConnection LastClient() const { return Get(last_client_); }  // of the last registration
   std::vector<std::string> control_calls() const { return Get(control_calls_); }  // "load NAME"
+  std::vector<std::string> load_overrides() const { return Get(load_overrides_); }
   int loads_done() const { return Get(loads_done_); }
   // A system region's bytes, and writing into them (the client's side).
   std::vector<std::byte> Region(const std::string& name) const;
@@ -234,6 +238,7 @@ class FakeService : public InferenceService {
   bool last_input_was_view_ = false;
   std::vector<Seen> finished_;
   std::vector<std::string> control_calls_;
+  std::vector<std::string> load_overrides_;
   ClientConnection last_client_;
   std::map<std::string, SystemRegion> regions_;
   std::map<std::string, CudaRegion> cuda_regions_;

@@ -1,0 +1,133 @@
+"""Triton's load with overrides under `hearth serve`: a repository load whose
+parameters give the model's config as JSON ("config") and its files
+("file:PATH", base64 over REST, bytes over gRPC), as tritonclient's
+load_model(config=..., files=...) sends them. The model is served from
+them until a load without overrides goes back to its directory; bad
+overrides are refused by name and the served model goes on. Workers run
+/usr/bin/python3 on the CPU."""
+
+import base64
+import json
+import os
+import sys
+
+import pytest
+import requests
+
+from serve_support import start_serve, stop_serve, write_model
+
+SCALED_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FACTOR = {factor}
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
+            "y", (pb_utils.get_input_tensor_by_name(r, "x").as_numpy() * FACTOR).astype(np.float32))])
+            for r in requests]
+"""
+
+CONFIG = """backend: python
+max_batch_size: 4
+input:
+  - {name: x, data_type: TYPE_FP32, dims: [2]}
+output:
+  - {name: y, data_type: TYPE_FP32, dims: [2]}
+"""
+
+
+def config_json(**changes):
+    config = {"name": "scaled", "backend": "python", "max_batch_size": 4,
+              "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [2]}],
+              "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [2]}]}
+    config.update(changes)
+    return json.dumps(config)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("overrides")
+    repo = tmp / "repo"
+    write_model(repo, "scaled", CONFIG, SCALED_PY.format(factor=1), weights=False)
+    state = start_serve(tmp, repo, env={**os.environ, "HEARTH_PYTHON": sys.executable})
+    yield state
+    code, text = stop_serve(state)
+    assert code == 0, text[-3000:]
+
+
+def infer(url):
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+    r = requests.post(f"{url}/v2/models/scaled/infer", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["outputs"][0]["data"]
+
+
+def load(url, parameters=None):
+    body = {} if parameters is None else {"parameters": parameters}
+    return requests.post(f"{url}/v2/repository/models/scaled/load", json=body, timeout=120)
+
+
+def test_files_and_config_override_the_directory_until_the_next_load(served):
+    url = served["url"]
+    assert infer(url) == [1, 2]
+    code = SCALED_PY.format(factor=10).encode()
+    r = load(url, {"config": config_json(), "file:1/model.py": base64.b64encode(code).decode()})
+    assert r.status_code == 200, r.text
+    assert infer(url) == [10, 20]
+    # A load without overrides goes back to the model's directory.
+    assert load(url).status_code == 200
+    assert infer(url) == [1, 2]
+
+
+def test_a_config_override_alone_keeps_the_directorys_files(served):
+    url = served["url"]
+    r = load(url, {"config": config_json(max_batch_size=2)})
+    assert r.status_code == 200, r.text
+    config = requests.get(f"{url}/v2/models/scaled/config", timeout=10).json()
+    assert config["max_batch_size"] == 2
+    assert infer(url) == [1, 2]
+    assert load(url).status_code == 200
+    assert requests.get(f"{url}/v2/models/scaled/config", timeout=10).json()["max_batch_size"] == 4
+
+
+def test_bad_overrides_are_refused_and_the_model_goes_on(served):
+    url = served["url"]
+    code = base64.b64encode(b"x = 1\n").decode()
+    cases = [
+        ({"file:1/model.py": code}, "file overrides need the model's config too"),
+        ({"config": config_json(), "file:../escape.py": code}, "'..'"),
+        ({"config": config_json(), "file:1/model.py": "not base64!"}, "is not base64"),
+        ({"config": config_json(optimization={})}, "optimization"),
+        ({"config": "{"}, "the config override is not a model configuration"),
+        ({"config": config_json(backend="")}, "backend"),
+        ({"config": 5}, "must be a string"),
+        ({"unload_dependents": True}, "is not one a load takes"),
+    ]
+    for parameters, says in cases:
+        r = load(url, parameters)
+        assert r.status_code == 400, (parameters, r.text)
+        assert says in r.json()["error"], (says, r.text)
+        assert infer(url) == [1, 2]
+
+
+def test_overrides_over_grpc(served):
+    from grpc_support import connect, grpc_port, pb
+    channel, stub = connect(grpc_port(served["log"].read_text()))
+    try:
+        request = pb.RepositoryModelLoadRequest(model_name="scaled")
+        request.parameters["config"].string_param = config_json()
+        request.parameters["file:1/model.py"].bytes_param = SCALED_PY.format(factor=3).encode()
+        stub.RepositoryModelLoad(request, timeout=120)
+        assert infer(served["url"]) == [3, 6]
+        bad = pb.RepositoryModelLoadRequest(model_name="scaled")
+        bad.parameters["file:1/model.py"].string_param = "x = 1"
+        from grpc_support import grpc, rpc_error
+        e = rpc_error(stub.RepositoryModelLoad, bad, timeout=60)
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "must be a bytes_param" in e.details()
+        stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="scaled"), timeout=120)
+        assert infer(served["url"]) == [1, 2]
+    finally:
+        channel.close()
