@@ -301,11 +301,12 @@ class GrpcServer::Impl final : public Service {
     }
     Result<ModelLoadOverrides> overrides = LoadOverrides(request->parameters());
     if (!overrides.ok()) return Answer(context, ToGrpcStatus(overrides.status()));
-    return RunControl(context, [this, name = request->model_name(),
-                                overrides = std::make_shared<ModelLoadOverrides>(
-                                    std::move(*overrides))](auto done) {
-      service_->LoadModelWith(name, std::move(*overrides), std::move(done));
-    });
+    return RunControl(
+        context,
+        [this, name = request->model_name(),
+         overrides = std::make_shared<ModelLoadOverrides>(std::move(*overrides))](auto done) {
+          service_->LoadModelWith(name, std::move(*overrides), std::move(done));
+        });
   }
   grpc::ServerUnaryReactor* RepositoryModelUnload(
       grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,

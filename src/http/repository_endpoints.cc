@@ -53,7 +53,8 @@ void ServeRepositoryControl(Session& session, const Request& request, const Rout
   const bool keep_alive = request.keep_alive();
   if (load) {
     Result<ModelLoadOverrides> overrides = ParseRepositoryLoadBody(request.body());
-    if (!overrides.ok()) return session.Send(StatusResponse(overrides.status(), version, keep_alive));
+    if (!overrides.ok())
+      return session.Send(StatusResponse(overrides.status(), version, keep_alive));
     return RunControl(session, load, route.model, version, keep_alive, std::move(*overrides));
   }
   // Triton's unload_dependents: hearth has no ensembles, nothing depends

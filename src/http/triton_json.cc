@@ -146,13 +146,12 @@ Result<ModelLoadOverrides> ParseRepositoryLoadBody(std::string_view body) {
         continue;
       }
       if (overrides.files.size() == kMaxOverrideFiles)
-        return InvalidArgument("repository load: more than " +
-                               std::to_string(kMaxOverrideFiles) + " file overrides");
+        return InvalidArgument("repository load: more than " + std::to_string(kMaxOverrideFiles) +
+                               " file overrides");
       ASSIGN_OR_RETURN(std::vector<std::byte> bytes,
                        DecodeBase64(text, "parameter '" + name.substr(0, 64) + "'"));
-      overrides.files.emplace_back(name.substr(5),
-                                   std::string(reinterpret_cast<const char*>(bytes.data()),
-                                               bytes.size()));
+      overrides.files.emplace_back(
+          name.substr(5), std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
     }
   }
   return overrides;

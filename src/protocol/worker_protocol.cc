@@ -95,8 +95,7 @@ class Reader {
       TensorSpec s;
       s.name = Str(kMaxNameBytes, "a tensor name");
       const uint8_t dtype = U8();
-      if (!IsDType(dtype))
-        Fail("unknown dtype " + std::to_string(dtype));
+      if (!IsDType(dtype)) Fail("unknown dtype " + std::to_string(dtype));
       s.dtype = static_cast<DType>(dtype);
       s.dims = Dims();
       specs.push_back(std::move(s));

@@ -234,7 +234,7 @@ struct InferRequest {
 // directory (the config is needed with them). Checked by the service
 // (ModelLoadOverrides' limits below).
 struct ModelLoadOverrides {
-  std::string config_json;  // empty: none
+  std::string config_json;                                 // empty: none
   std::vector<std::pair<std::string, std::string>> files;  // path, bytes
   bool empty() const { return config_json.empty() && files.empty(); }
 };

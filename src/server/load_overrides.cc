@@ -28,9 +28,8 @@ Status CheckPath(const std::string& path) {
   size_t start = 0;
   for (;;) {
     const size_t end = path.find('/', start);
-    const std::string_view part =
-        std::string_view(path).substr(start, end == std::string::npos ? std::string::npos
-                                                                        : end - start);
+    const std::string_view part = std::string_view(path).substr(
+        start, end == std::string::npos ? std::string::npos : end - start);
     if (part.empty() || part == "." || part == "..")
       return InvalidArgument(what + ": the path has an empty, '.' or '..' component");
     if (end == std::string::npos) break;

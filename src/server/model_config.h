@@ -105,11 +105,14 @@ struct SequenceState {
   std::string input, output;
   DType dtype = DType::kF32;
   std::vector<int64_t> dims;  // per sample; -1: as the model's output gives it
-  // The state a sequence starts with: zeros of these dims (initial_state's
-  // zero_data, or the state's own dims when it has no -1), or, where the
-  // dims have a -1 and no initial_state is given, an empty tensor (that
-  // dimension 0).
+  // The state a sequence starts with, of these dims: zeros (initial_state's
+  // zero_data, or the state's own dims when it has no -1; where the dims
+  // have a -1 and no initial_state is given, an empty tensor: that
+  // dimension 0), or initial_data, read from initial_state's data_file
+  // (DIR/<model>/initial_state/<file>, exactly the tensor's bytes).
   std::vector<int64_t> initial_dims;
+  std::vector<std::byte> initial_data;  // empty: zeros
+  std::string initial_data_file;        // as the config names it
 };
 
 struct SequenceBatching {

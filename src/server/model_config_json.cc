@@ -75,7 +75,12 @@ std::string ModelConfigJson(const ModelConfig& c) {
            {"data_type", type},
            {"dims", st.dims},
            {"initial_state",
-            json::array({{{"data_type", type}, {"dims", st.initial_dims}, {"zero_data", true}}})}});
+            json::array(
+                {st.initial_data_file.empty()
+                     ? json{{"data_type", type}, {"dims", st.initial_dims}, {"zero_data", true}}
+                     : json{{"data_type", type},
+                            {"dims", st.initial_dims},
+                            {"data_file", st.initial_data_file}}})}});
     }
     sequence["state"] = states;
     j["sequence_batching"] = sequence;

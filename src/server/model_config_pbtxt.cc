@@ -110,6 +110,7 @@ const std::set<std::string_view>& Implemented() {
       "sequence_batching.state.initial_state.data_type",
       "sequence_batching.state.initial_state.dims",
       "sequence_batching.state.initial_state.zero_data",
+      "sequence_batching.state.initial_state.data_file",
       "sequence_batching.state.initial_state.name",
   };
   return fields;
@@ -121,9 +122,9 @@ const std::set<std::string_view>& Implemented() {
 const std::map<std::string_view, std::set<std::string_view> >& TritonOnly() {
   static const std::map<std::string_view, std::set<std::string_view> > fields = {
       {"inference.ModelConfig",
-       {"runtime", "batch_input", "batch_output", "optimization",
-        "ensemble_scheduling", "cc_model_filenames", "metric_tags", "model_warmup",
-        "model_operations", "model_repository_agents", "model_metrics"}},
+       {"runtime", "batch_input", "batch_output", "optimization", "ensemble_scheduling",
+        "cc_model_filenames", "metric_tags", "model_warmup", "model_operations",
+        "model_repository_agents", "model_metrics"}},
       {"inference.ModelInstanceGroup",
        {"rate_limiter", "secondary_devices", "profile", "passive", "host_policy"}},
       {"inference.ModelSequenceBatching", {"iterative_sequence"}},
@@ -368,7 +369,7 @@ std::string FlowList(const List& values) {
     if (k > 0) out += ", ";
     if constexpr (std::is_same_v<std::decay_t<decltype(values.Get(k))>, bool>) {
       out += values.Get(k) ? "true" : "false";
-    } else if constexpr (std::is_floating_point_v<std::decay_t<decltype(values.Get(k))>>) {
+    } else if constexpr (std::is_floating_point_v<std::decay_t<decltype(values.Get(k))> >) {
       char buffer[32];
       std::snprintf(buffer, sizeof buffer, "%.9g", static_cast<double>(values.Get(k)));
       out += buffer;
@@ -396,7 +397,8 @@ Status WriteSequence(Writer& w, const inference::ModelSequenceBatching& s,
     const ParseInfoTree* st = Nested(t, d, "direct");
     const pb::Descriptor* sd = Sequence::StrategyDirect::descriptor();
     w.Line(2, "direct:", At(t, d, "direct"));
-    w.Line(4, "max_queue_delay_microseconds: " + std::to_string(direct.max_queue_delay_microseconds()),
+    w.Line(4,
+           "max_queue_delay_microseconds: " + std::to_string(direct.max_queue_delay_microseconds()),
            At(st, sd, "max_queue_delay_microseconds"));
     char buffer[32];
     std::snprintf(buffer, sizeof buffer, "%.9g",
@@ -408,7 +410,8 @@ Status WriteSequence(Writer& w, const inference::ModelSequenceBatching& s,
     const ParseInfoTree* st = Nested(t, d, "oldest");
     const pb::Descriptor* sd = Sequence::StrategyOldest::descriptor();
     w.Line(2, "oldest:", At(t, d, "oldest"));
-    w.Line(4, "max_queue_delay_microseconds: " + std::to_string(oldest.max_queue_delay_microseconds()),
+    w.Line(4,
+           "max_queue_delay_microseconds: " + std::to_string(oldest.max_queue_delay_microseconds()),
            At(st, sd, "max_queue_delay_microseconds"));
     if (oldest.max_candidate_sequences() != 0)
       w.Line(4, "max_candidate_sequences: " + std::to_string(oldest.max_candidate_sequences()),
@@ -476,8 +479,12 @@ Status WriteSequence(Writer& w, const inference::ModelSequenceBatching& s,
           w.Line(8, "- data_type: " + inference::DataType_Name(initial.data_type()),
                  At(st, sd, "initial_state", k));
           w.Line(8, "  dims: " + FlowList(initial.dims()), At(it, id, "dims"));
-          if (initial.has_zero_data())
-            w.Line(8, "  zero_data: true", At(it, id, "zero_data"));
+          if (initial.has_zero_data()) w.Line(8, "  zero_data: true", At(it, id, "zero_data"));
+          if (initial.has_data_file()) {
+            ASSIGN_OR_RETURN(std::string file, w.Quote(initial.data_file(), At(it, id, "data_file"),
+                                                       field + ".initial_state.data_file"));
+            w.Line(8, "  data_file: " + file, At(it, id, "data_file"));
+          }
         }
       }
     }

@@ -70,7 +70,8 @@ inline Result<std::string> Key(const Ctx& c, const YAML::Node& key, const std::s
   return key.Scalar();
 }
 
-inline Result<std::vector<int64_t>> Dims(const Ctx& c, const YAML::Node& n, const std::string& field) {
+inline Result<std::vector<int64_t>> Dims(const Ctx& c, const YAML::Node& n,
+                                         const std::string& field) {
   if (!n.IsSequence() || n.size() == 0)
     return c.Error(n, field, "must be a non-empty list of positive integers (-1: any size)");
   std::vector<int64_t> dims;

@@ -271,11 +271,11 @@ Status AdmitInferRequest(InferRequest& request, const ModelMetadata& metadata) {
 
 Status ValidateInferRequest(const InferRequest& request, const ModelMetadata& metadata) {
   const std::string model = Quote(metadata.name);
-  if (!metadata.sequence && (!request.sequence_id.empty() || request.sequence_start ||
-                             request.sequence_end)) {
+  if (!metadata.sequence &&
+      (!request.sequence_id.empty() || request.sequence_start || request.sequence_end)) {
     const char* given = !request.sequence_id.empty() ? "sequence_id"
-                        : request.sequence_start      ? "sequence_start"
-                                                      : "sequence_end";
+                        : request.sequence_start     ? "sequence_start"
+                                                     : "sequence_end";
     return InvalidArgument("model " + model + " has no sequence_batching: send its requests " +
                            "without sequence_id, sequence_start and sequence_end (this one " +
                            "sets " + given + ")");

@@ -1,6 +1,12 @@
 #include "server/sequence_config.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <initializer_list>
 #include <set>
 #include <string>
@@ -8,6 +14,7 @@
 #include <vector>
 
 #include "common/datatype.h"
+#include "common/regular_file.h"
 
 namespace hearth {
 namespace {
@@ -62,8 +69,8 @@ Status ReadStrategy(const Ctx& c, const YAML::Node& s, bool oldest, ModelConfig&
                               {"max_candidate_sequences", "preferred_batch_size",
                                "max_queue_delay_microseconds", "preserve_ordering"}));
   } else {
-    RETURN_IF_ERROR(CheckKeys(c, s, field,
-                              {"max_queue_delay_microseconds", "minimum_slot_utilization"}));
+    RETURN_IF_ERROR(
+        CheckKeys(c, s, field, {"max_queue_delay_microseconds", "minimum_slot_utilization"}));
   }
   if (s["max_queue_delay_microseconds"]) {
     const std::string f = field + ".max_queue_delay_microseconds";
@@ -124,8 +131,9 @@ const char* KindName(SequenceControl::Kind kind) {
 }
 
 Result<SequenceControl> ReadControl(const Ctx& c, const YAML::Node& e, const std::string& field) {
-  RETURN_IF_ERROR(CheckKeys(
-      c, e, field, {"kind", "int32_false_true", "fp32_false_true", "bool_false_true", "data_type"}));
+  RETURN_IF_ERROR(
+      CheckKeys(c, e, field,
+                {"kind", "int32_false_true", "fp32_false_true", "bool_false_true", "data_type"}));
   SequenceControl control;
   // Triton's default kind is START (its enum's 0).
   if (e["kind"]) {
@@ -152,8 +160,7 @@ Result<SequenceControl> ReadControl(const Ctx& c, const YAML::Node& e, const std
     if (!l) continue;
     ++given;
     const std::string f = field + "." + lists[i];
-    if (!l.IsSequence() || l.size() != 2)
-      return c.Error(l, f, "must be [false value, true value]");
+    if (!l.IsSequence() || l.size() != 2) return c.Error(l, f, "must be [false value, true value]");
     control.dtype = types[i];
     if (i == 2) {
       ASSIGN_OR_RETURN(bool f0, Bool(c, l[0], f));
@@ -200,7 +207,8 @@ Result<SequenceControl> ReadControl(const Ctx& c, const YAML::Node& e, const std
   return control;
 }
 
-Result<SequenceState> ReadState(const Ctx& c, const YAML::Node& e, const std::string& field) {
+Result<SequenceState> ReadState(const Ctx& c, const YAML::Node& e, const std::string& field,
+                                const std::string& model_dir) {
   RETURN_IF_ERROR(CheckKeys(c, e, field,
                             {"input_name", "output_name", "data_type", "dims", "initial_state"},
                             {"use_same_buffer_for_input_output", "use_growable_memory"}));
@@ -231,10 +239,17 @@ Result<SequenceState> ReadState(const Ctx& c, const YAML::Node& e, const std::st
       return c.Error(list, f, "must be a list of one initial state");
     const YAML::Node i = list[0];
     const std::string fi = f + "[0]";
-    RETURN_IF_ERROR(
-        CheckKeys(c, i, fi, {"data_type", "dims", "zero_data", "name"}, {"data_file"}));
-    if (!i["data_type"] || !i["dims"] || !i["zero_data"])
-      return c.Error(i, fi, "needs data_type, dims and zero_data: true");
+    RETURN_IF_ERROR(CheckKeys(c, i, fi, {"data_type", "dims", "zero_data", "data_file", "name"}));
+    if (!i["data_type"] || !i["dims"] || (!i["zero_data"] == !i["data_file"]))
+      return c.Error(i, fi, "needs data_type, dims and one of zero_data: true or data_file");
+    if (i["data_file"]) {
+      ASSIGN_OR_RETURN(state.initial_data_file, String(c, i["data_file"], fi + ".data_file"));
+      const std::string& file = state.initial_data_file;
+      if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
+          file.find('\0') != std::string::npos)
+        return c.Error(i["data_file"], fi + ".data_file",
+                       Quote(file) + " is not a file name (a file in the model's initial_state/)");
+    }
     ASSIGN_OR_RETURN(DType dtype, DataType(c, i["data_type"], fi + ".data_type"));
     if (dtype != state.dtype)
       return c.Error(i["data_type"], fi + ".data_type",
@@ -246,15 +261,41 @@ Result<SequenceState> ReadState(const Ctx& c, const YAML::Node& e, const std::st
       agrees = state.initial_dims[k] > 0 &&
                (state.dims[k] < 0 || state.dims[k] == state.initial_dims[k]);
     if (!agrees)
-      return c.Error(i["dims"], fi + ".dims",
-                     "must be the state's dims " + ShapeString(state.dims) +
-                         " with each -1 given a size");
+      return c.Error(
+          i["dims"], fi + ".dims",
+          "must be the state's dims " + ShapeString(state.dims) + " with each -1 given a size");
   }
   const std::optional<uint64_t> bytes = TensorBytes(state.dtype, state.initial_dims);
   if (!bytes || *bytes > kMaxSequenceStateBytes)
     return c.Error(e["dims"], field + ".dims",
                    "the initial state is over the limit of " +
                        std::to_string(kMaxSequenceStateBytes) + " bytes");
+  if (!state.initial_data_file.empty()) {
+    const std::string path = model_dir + "/initial_state/" + state.initial_data_file;
+    const std::string f = field + ".initial_state[0].data_file";
+    struct stat st {};
+    Result<UniqueFd> fd = OpenRegularFile(path, &st);
+    if (!fd.ok()) return c.Error(e["initial_state"][0]["data_file"], f, fd.status().message());
+    if (static_cast<uint64_t>(st.st_size) != *bytes)
+      return c.Error(e["initial_state"][0]["data_file"], f,
+                     path + " has " + std::to_string(st.st_size) + " bytes; the initial state " +
+                         ShapeString(state.initial_dims) + " of " +
+                         std::string(TritonDataTypeName(state.dtype)) + " takes " +
+                         std::to_string(*bytes));
+    state.initial_data.resize(*bytes);
+    size_t got = 0;
+    while (got < state.initial_data.size()) {
+      const ssize_t n =
+          ::read(fd->get(), state.initial_data.data() + got, state.initial_data.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        return c.Error(
+            e["initial_state"][0]["data_file"], f,
+            "reading " + path +
+                (n == 0 ? ": it ended early" : ": " + std::string(std::strerror(errno))));
+      got += static_cast<size_t>(n);
+    }
+  }
   return state;
 }
 
@@ -262,10 +303,10 @@ Result<SequenceState> ReadState(const Ctx& c, const YAML::Node& e, const std::st
 
 Status ReadSequenceBatching(const Ctx& c, const YAML::Node& node, ModelConfig& m) {
   const std::string field = "sequence_batching";
-  RETURN_IF_ERROR(CheckKeys(
-      c, node, field,
-      {"max_sequence_idle_microseconds", "control_input", "state", "direct", "oldest"},
-      {"iterative_sequence"}));
+  RETURN_IF_ERROR(
+      CheckKeys(c, node, field,
+                {"max_sequence_idle_microseconds", "control_input", "state", "direct", "oldest"},
+                {"iterative_sequence"}));
   if (m.decoupled)
     return c.Error(node, field,
                    "hearth runs sequences of models that answer each request once; this "
@@ -277,6 +318,8 @@ Status ReadSequenceBatching(const Ctx& c, const YAML::Node& node, ModelConfig& m
   if (node["direct"] && node["oldest"])
     return c.Error(node["oldest"], field + ".oldest", "give one strategy: direct or oldest");
   SequenceBatching s;
+  // The model's directory, where initial_state/ is.
+  const std::string model_dir = std::filesystem::path(m.config_path).parent_path().string();
   if (const YAML::Node idle = node["max_sequence_idle_microseconds"]) {
     ASSIGN_OR_RETURN(s.max_idle_us,
                      Number<uint64_t>(c, idle, field + ".max_sequence_idle_microseconds"));
@@ -304,8 +347,7 @@ Status ReadSequenceBatching(const Ctx& c, const YAML::Node& node, ModelConfig& m
         return c.Error(e["name"], fi + ".name",
                        "must have 1 to " + std::to_string(kMaxTensorNameBytes) + " bytes");
       if (!names.insert(name).second)
-        return c.Error(e["name"], fi + ".name",
-                       Quote(name) + " is already an input of the model");
+        return c.Error(e["name"], fi + ".name", Quote(name) + " is already an input of the model");
       const YAML::Node controls = e["control"];
       if (!controls.IsSequence() || controls.size() != 1)
         return c.Error(controls, fi + ".control",
@@ -326,7 +368,7 @@ Status ReadSequenceBatching(const Ctx& c, const YAML::Node& node, ModelConfig& m
     uint64_t total = 0;
     for (size_t i = 0; i < list.size(); ++i) {
       const std::string fi = f + "[" + std::to_string(i) + "]";
-      ASSIGN_OR_RETURN(SequenceState state, ReadState(c, list[i], fi));
+      ASSIGN_OR_RETURN(SequenceState state, ReadState(c, list[i], fi, model_dir));
       if (!names.insert(state.input).second)
         return c.Error(list[i]["input_name"], fi + ".input_name",
                        Quote(state.input) + " is already an input of the model");

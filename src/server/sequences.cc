@@ -78,12 +78,11 @@ Status SequenceTable::Submit(InferRequest& request, Done& done, const Dispatch& 
   auto it = sequences_.find(key);
   if (!request.sequence_start) {
     if (it == sequences_.end())
-      return InvalidArgument("inference request for sequence " + Describe(request) +
-                             " to model '" + model_ +
-                             "' must specify the START flag on the first request of the "
-                             "sequence (sequence_start: true); a sequence idle for " +
-                             std::to_string(config_.max_idle_us) +
-                             " us or past its END is no longer live");
+      return InvalidArgument(
+          "inference request for sequence " + Describe(request) + " to model '" + model_ +
+          "' must specify the START flag on the first request of the "
+          "sequence (sequence_start: true); a sequence idle for " +
+          std::to_string(config_.max_idle_us) + " us or past its END is no longer live");
     if (it->second.ended)
       return InvalidArgument("sequence " + Describe(request) + " of model '" + model_ +
                              "' has ended (its END request came): start it again with "
@@ -135,7 +134,10 @@ std::vector<SequenceTable::State> SequenceTable::Initial() const {
   std::vector<State> states;
   for (const SequenceState& s : config_.states) {
     const uint64_t bytes = TensorBytes(s.dtype, s.initial_dims).value_or(0);
-    states.push_back({s.initial_dims, std::make_shared<const std::vector<std::byte>>(bytes)});
+    states.push_back(
+        {s.initial_dims, s.initial_data.empty()
+                             ? std::make_shared<const std::vector<std::byte>>(bytes)
+                             : std::make_shared<const std::vector<std::byte>>(s.initial_data)});
   }
   return states;
 }
@@ -168,8 +170,7 @@ SequenceTable::Done SequenceTable::Prepare(const std::string& key, Sequence& seq
     const State& state = sequence.states[i];
     std::vector<int64_t> shape = one;
     shape.insert(shape.end(), state.shape.begin(), state.shape.end());
-    request.inputs.emplace_back(config_.states[i].input, config_.states[i].dtype,
-                                std::move(shape),
+    request.inputs.emplace_back(config_.states[i].input, config_.states[i].dtype, std::move(shape),
                                 TensorData::Shared(*state.bytes, state.bytes));
   }
   // Asked for some outputs only: the states too, which the answer then loses.
@@ -193,10 +194,9 @@ SequenceTable::Done SequenceTable::Prepare(const std::string& key, Sequence& seq
           continue;
         }
         const std::span<const std::byte> bytes = at->data.bytes();
-        states.push_back({std::vector<int64_t>(at->shape.begin() + (batching ? 1 : 0),
-                                               at->shape.end()),
-                          std::make_shared<const std::vector<std::byte>>(bytes.begin(),
-                                                                         bytes.end())});
+        states.push_back(
+            {std::vector<int64_t>(at->shape.begin() + (batching ? 1 : 0), at->shape.end()),
+             std::make_shared<const std::vector<std::byte>>(bytes.begin(), bytes.end())});
         r->outputs.erase(at);
       }
     }
@@ -242,8 +242,8 @@ void SequenceTable::Finish(const std::string& key, bool end, std::vector<State> 
 }
 
 void SequenceTable::FreeIdle(Clock::time_point now) {
-  const auto idle = std::chrono::microseconds(
-      std::min<uint64_t>(config_.max_idle_us, uint64_t{1} << 50));
+  const auto idle =
+      std::chrono::microseconds(std::min<uint64_t>(config_.max_idle_us, uint64_t{1} << 50));
   std::erase_if(sequences_, [&](const auto& entry) {
     const Sequence& s = entry.second;
     return !s.running && s.waiting.empty() && now - s.last_used > idle;

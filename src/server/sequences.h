@@ -38,8 +38,9 @@ class SequenceTable : public std::enable_shared_from_this<SequenceTable> {
   // `done` is how it is to be answered.
   using Dispatch = std::function<void(InferRequest, Done)>;
 
-  SequenceTable(std::string model, SequenceBatching config, int max_sequences, bool batching,
-                std::function<Clock::time_point()> now = [] { return Clock::now(); });
+  SequenceTable(
+      std::string model, SequenceBatching config, int max_sequences, bool batching,
+      std::function<Clock::time_point()> now = [] { return Clock::now(); });
 
   // Takes `request` (admitted and validated: it names its sequence) into
   // its sequence, and dispatches it now, or once the sequence's earlier

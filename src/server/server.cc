@@ -313,8 +313,8 @@ Result<std::unique_ptr<ModelRuntime>> Server::Impl::TryBuild(ModelEntry& entry, 
   // and files.
   const std::string& dir = entry.override_dir.empty() ? entry.dir.path : entry.override_dir;
   const bool config_only = entry.config_override && entry.override_dir.empty();
-  Result<ModelConfig> loaded = config_only ? ParseModelConfigPbtxt(dir, *entry.config_override)
-                                           : LoadModelConfig(dir);
+  Result<ModelConfig> loaded =
+      config_only ? ParseModelConfigPbtxt(dir, *entry.config_override) : LoadModelConfig(dir);
   if (config_only && !loaded.ok()) return loaded.status().WithContext("the load's config override");
   ASSIGN_OR_RETURN(ModelConfig config, std::move(loaded));
   auto m = std::make_unique<ModelRuntime>();
@@ -531,8 +531,7 @@ void Server::LoadModelWith(const std::string& m, ModelLoadOverrides overrides,
                            std::function<void(Status)> done) {
   auto shared = std::make_shared<ModelLoadOverrides>(std::move(overrides));
   impl_->OnRepositoryPool(
-      [m, shared](Server::Impl& impl) { return impl.LoadModel(m, shared.get()); },
-      std::move(done));
+      [m, shared](Server::Impl& impl) { return impl.LoadModel(m, shared.get()); }, std::move(done));
 }
 namespace {
 

@@ -42,8 +42,7 @@ void Server::Impl::InferOn(InferRequest request,
       return done_once(InvalidArgument(
           "model '" + m.name + "' serves sequences: each request is one step of one sequence, " +
           "of batch 1, not " + std::to_string(request.inputs[0].shape[0])));
-    SequenceTable::Dispatch dispatch = [this, runtime](InferRequest r,
-                                                       SequenceTable::Done d) {
+    SequenceTable::Dispatch dispatch = [this, runtime](InferRequest r, SequenceTable::Done d) {
       Enqueue(runtime, std::move(r), std::move(d), -1);
     };
     if (Status s = m.sequences->Submit(request, done_once, dispatch); !s.ok()) done_once(s);

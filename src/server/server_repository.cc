@@ -212,8 +212,7 @@ Status Server::Impl::LoadModel(const std::string& name, const ModelLoadOverrides
   }
   const std::optional<std::string> config_before = entry->config_override;
   const std::string dir_before = entry->override_dir;
-  entry->config_override =
-      overridden ? std::optional<std::string>(prepared.pbtxt) : std::nullopt;
+  entry->config_override = overridden ? std::optional<std::string>(prepared.pbtxt) : std::nullopt;
   entry->override_dir = prepared.dir;
   // What is left of the overrides once this load is over: a failed one puts
   // back what was there; a served one keeps the directory served until now

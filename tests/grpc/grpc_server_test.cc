@@ -1080,7 +1080,8 @@ TEST_F(GrpcServerTest, MalformedRequestsAreInvalidArgument) {
        "input \"in\": element 0 (65536) is out of range for UINT16"},
       {"uint64 field",
        echo("UINT64", [](auto&, auto* input) { input->mutable_contents()->add_uint_contents(1); }),
-       "input \"in\": datatype UINT64 takes its data in contents.uint64_contents, not contents.uint_contents"},
+       "input \"in\": datatype UINT64 takes its data in contents.uint64_contents, not "
+       "contents.uint_contents"},
       {"raw bytes",
        echo("BYTES",
             [](auto& r, auto*) { r.add_raw_input_contents(std::string("\x09\0\0\0ab", 6)); }),

@@ -91,10 +91,10 @@ ModelMetadata FixedModel() {
 
 TEST(KserveDatatype, NamesRoundTrip) {
   const std::vector<std::pair<DType, std::string>> names = {
-      {DType::kBool, "BOOL"}, {DType::kU8, "UINT8"},   {DType::kI8, "INT8"},
-      {DType::kI16, "INT16"}, {DType::kI32, "INT32"},  {DType::kI64, "INT64"},
-      {DType::kF16, "FP16"},  {DType::kBF16, "BF16"},  {DType::kF32, "FP32"},
-      {DType::kF64, "FP64"},  {DType::kBytes, "BYTES"}, {DType::kU16, "UINT16"},
+      {DType::kBool, "BOOL"},  {DType::kU8, "UINT8"},    {DType::kI8, "INT8"},
+      {DType::kI16, "INT16"},  {DType::kI32, "INT32"},   {DType::kI64, "INT64"},
+      {DType::kF16, "FP16"},   {DType::kBF16, "BF16"},   {DType::kF32, "FP32"},
+      {DType::kF64, "FP64"},   {DType::kBytes, "BYTES"}, {DType::kU16, "UINT16"},
       {DType::kU32, "UINT32"}, {DType::kU64, "UINT64"}};
   for (const auto& [dtype, name] : names) {
     EXPECT_EQ(KserveDatatypeName(dtype), name);

@@ -15,10 +15,9 @@
 namespace hearth {
 namespace {
 
-constexpr const char* kConfig =
-    R"({"name":"m","backend":"python","max_batch_size":4,)"
-    R"("input":[{"name":"x","data_type":"TYPE_FP32","dims":[2]}],)"
-    R"("output":[{"name":"y","data_type":"TYPE_FP32","dims":[2]}]})";
+constexpr const char* kConfig = R"({"name":"m","backend":"python","max_batch_size":4,)"
+                                R"("input":[{"name":"x","data_type":"TYPE_FP32","dims":[2]}],)"
+                                R"("output":[{"name":"y","data_type":"TYPE_FP32","dims":[2]}]})";
 
 std::string Read(const std::string& path) {
   std::ifstream in(path);

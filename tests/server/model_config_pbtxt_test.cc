@@ -316,7 +316,8 @@ TEST_F(ModelConfigPbtxtTest, FieldsHearthDoesNotImplementAreErrorsNamingThem) {
   const std::string no = "hearth does not implement this field of Triton's model configuration";
   ExpectErrors({
       // In Triton's configuration, not in hearth's proto: refused by the parser.
-      {h + "sequence_batching {\n  max_sequence_idle_microseconds: 5000000\n  iterative_sequence: true\n}\n",
+      {h + "sequence_batching {\n  max_sequence_idle_microseconds: 5000000\n  iterative_sequence: "
+           "true\n}\n",
        "config.pbtxt:7:3: iterative_sequence: " + no},
       {h + "ensemble_scheduling { step [ { model_name: \"a\" model_version: -1 } ] }\n",
        "config.pbtxt:5:1: ensemble_scheduling: " + no},

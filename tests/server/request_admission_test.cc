@@ -60,8 +60,7 @@ TEST(RequestAdmission, SequenceParametersAreReadAndCheckedAgainstTheModel) {
     EXPECT_TRUE(request.sequence_id.empty());
     EXPECT_FALSE(request.sequence_start || request.sequence_end);
   }
-  InferRequest numbered =
-      WithParameters({{"sequence_id", uint64_t{5}}, {"sequence_start", true}});
+  InferRequest numbered = WithParameters({{"sequence_id", uint64_t{5}}, {"sequence_start", true}});
   ASSERT_TRUE(AdmitParameters(numbered).ok());
   EXPECT_EQ(numbered.sequence_id, "5");
   EXPECT_EQ(numbered.sequence_number, 5u);
@@ -79,8 +78,7 @@ TEST(RequestAdmission, SequenceParametersAreReadAndCheckedAgainstTheModel) {
                 "parameter \"sequence_end\" must be true or false, got [1]");
   ExpectRefused(WithParameters({{"sequence_id", int64_t{-3}}}),
                 "'sequence_id' must be a non-negative integer or a string, got -3");
-  ExpectRefused(WithParameters({{"sequence_id", std::string(300, 'x')}}),
-                "over the limit of 256");
+  ExpectRefused(WithParameters({{"sequence_id", std::string(300, 'x')}}), "over the limit of 256");
 
   // Against the model: a model without sequence_batching refuses them; one
   // with it needs a sequence id.

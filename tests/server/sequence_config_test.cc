@@ -1,6 +1,7 @@
 // sequence_batching read from config.yaml and from Triton's config.pbtxt to
 // the same ModelConfig::sequence; its errors name the field; the workers'
 // signature gains the control and state tensors.
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -148,8 +149,15 @@ output: [{name: Y, data_type: TYPE_FP32, dims: [1]}]
        "dims: [1]}]}\n",
        "a state is a tensor of numbers"},
       {"sequence_batching: {state: [{input_name: I, output_name: O, data_type: TYPE_FP32, "
-       "dims: [1], initial_state: [{data_type: TYPE_FP32, dims: [1], data_file: f}]}]}\n",
-       "initial_state[0].data_file: hearth does not implement"},
+       "dims: [1], initial_state: [{data_type: TYPE_FP32, dims: [1], data_file: missing}]}]}\n",
+       "initial_state[0].data_file: "},
+      {"sequence_batching: {state: [{input_name: I, output_name: O, data_type: TYPE_FP32, "
+       "dims: [1], initial_state: [{data_type: TYPE_FP32, dims: [1], data_file: ../x}]}]}\n",
+       "is not a file name"},
+      {"sequence_batching: {state: [{input_name: I, output_name: O, data_type: TYPE_FP32, "
+       "dims: [1], initial_state: [{data_type: TYPE_FP32, dims: [1], zero_data: true, "
+       "data_file: f}]}]}\n",
+       "one of zero_data: true or data_file"},
       {"sequence_batching: {state: [{input_name: I, output_name: O, data_type: TYPE_FP32, "
        "dims: [2], initial_state: [{data_type: TYPE_FP32, dims: [3], zero_data: true}]}]}\n",
        "must be the state's dims [2]"},
@@ -166,6 +174,40 @@ output: [{name: Y, data_type: TYPE_FP32, dims: [1]}]
     EXPECT_NE(c.status().message().find(expect), std::string::npos)
         << "got: " << c.status().message() << "\nwant: " << expect;
   }
+}
+
+TEST_F(SequenceConfigTest, AnInitialStateFromAFileOfTheModel) {
+  const std::string yaml = R"(backend: python
+input: [{name: X, data_type: TYPE_INT32, dims: [1]}]
+output: [{name: Y, data_type: TYPE_INT32, dims: [1]}]
+sequence_batching:
+  state:
+    - input_name: S
+      output_name: T
+      data_type: TYPE_INT32
+      dims: [-1]
+      initial_state: [{data_type: TYPE_INT32, dims: [2], data_file: start.bin}]
+)";
+  const std::string dir = Write("config.yaml", yaml);
+  std::filesystem::create_directories(dir + "/initial_state");
+  const int32_t values[2] = {7, -3};
+  std::ofstream(dir + "/initial_state/start.bin", std::ios::binary)
+      .write(reinterpret_cast<const char*>(values), sizeof values);
+  auto c = LoadModelConfig(dir);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const SequenceState& s = c->sequence->states.at(0);
+  ASSERT_EQ(s.initial_data.size(), sizeof values);
+  EXPECT_EQ(std::memcmp(s.initial_data.data(), values, sizeof values), 0);
+  EXPECT_NE(ModelConfigJson(*c).find("\"data_file\":\"start.bin\""), std::string::npos);
+
+  // A file of another size than the tensor's is refused, naming both.
+  std::ofstream(dir + "/initial_state/start.bin", std::ios::binary) << "abc";
+  auto wrong = LoadModelConfig(dir);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(
+      wrong.status().message().find("has 3 bytes; the initial state [2] of TYPE_INT32 takes 8"),
+      std::string::npos)
+      << wrong.status().message();
 }
 
 #ifdef HEARTH_HAVE_PROTOBUF

@@ -84,7 +84,8 @@ InferResponse Answer(const InferRequest& r) {
 class SequencesTest : public ::testing::Test {
  protected:
   SequencesTest()
-      : table_(std::make_shared<SequenceTable>("acc", Config(), 2, true, [this] { return now_; })) {}
+      : table_(std::make_shared<SequenceTable>("acc", Config(), 2, true, [this] { return now_; })) {
+  }
 
   // Submits; the answer (or the refusal) lands in *got.
   Status Submit(InferRequest r, std::optional<Result<InferResponse>>* got) {

@@ -173,7 +173,8 @@ void FakeService::LoadModelWith(const std::string& model, ModelLoadOverrides ove
                                 std::function<void(Status)> done) {
   {
     std::lock_guard lock(mu_);
-    if (!overrides.config_json.empty()) load_overrides_.push_back("config " + overrides.config_json);
+    if (!overrides.config_json.empty())
+      load_overrides_.push_back("config " + overrides.config_json);
     for (const auto& [path, bytes] : overrides.files)
       load_overrides_.push_back("file " + path + "=" + bytes);
   }
