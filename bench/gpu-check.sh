@@ -183,7 +183,7 @@ if want llm-step; then
   timeout 400 "$BUILD/bench/llm/llm_step_bench" --iterations 30 --profile-seqs 1 > "$OUT/llm-step.log" 2>&1
   timeout 300 "$BUILD/bench/llm/llm_step_bench" --shape 8b --iterations 20 --seqs 1,16,64 --profile-seqs 1 \
     >> "$OUT/llm-step.log" 2>&1
-  grep -E "^(executor|prefill|decode|kernel)" "$OUT/llm-step.log"
+  grep -E "^(pairing|prefill|decode|kernel)" "$OUT/llm-step.log"
 fi
 if want suite; then
   echo "== throughput and resilience suite beside the torch.multiprocessing baseline"

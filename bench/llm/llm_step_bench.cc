@@ -118,11 +118,27 @@ class DeviceModel {
       Add(p + "mlp.up_proj.weight", {im, h}, 0.03f);
       Add(p + "mlp.down_proj.weight", {h, im}, 0.015f);
     }
+    // One allocation, the tensors packed in name order at 256 bytes, as the
+    // store's arena holds a checkpoint.
+    std::sort(views_.begin(), views_.end(),
+              [](const TensorView& a, const TensorView& b) { return a.name < b.name; });
+    uint64_t total = 0;
+    std::vector<uint64_t> offsets;
+    for (const TensorView& t : views_) {
+      offsets.push_back(total);
+      total += (t.nbytes + 255) / 256 * 256;
+    }
+    Check(cudaMalloc(&base_, total), "cudaMalloc");
+    for (size_t i = 0; i < views_.size(); ++i) {
+      views_[i].data = static_cast<char*>(base_) + offsets[i];
+      Check(cuda::LaunchFillRandom(const_cast<void*>(views_[i].data),
+                                   static_cast<int64_t>(views_[i].nbytes / 2),
+                                   cuda::ElemType::kBF16, scales_[views_[i].name], i + 1, nullptr),
+            "fill");
+    }
     Check(cudaDeviceSynchronize(), "filling the weights");
   }
-  ~DeviceModel() {
-    for (const TensorView& t : views_) cudaFree(const_cast<void*>(t.data));
-  }
+  ~DeviceModel() { cudaFree(base_); }
   DeviceModel(const DeviceModel&) = delete;
   DeviceModel& operator=(const DeviceModel&) = delete;
   const std::vector<TensorView>& views() const { return views_; }
@@ -131,14 +147,13 @@ class DeviceModel {
   void Add(std::string name, std::vector<int64_t> shape, float scale) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
-    void* p = nullptr;
-    Check(cudaMalloc(&p, static_cast<size_t>(n) * 2), "cudaMalloc");
-    Check(cuda::LaunchFillRandom(p, n, cuda::ElemType::kBF16, scale, views_.size() + 1, nullptr),
-          "fill");
-    views_.push_back(TensorView{std::move(name), DType::kBF16, std::move(shape), p, 0,
+    scales_[name] = scale;
+    views_.push_back(TensorView{std::move(name), DType::kBF16, std::move(shape), nullptr, 0,
                                 static_cast<uint64_t>(n) * 2, Device::Cuda(0)});
   }
   std::vector<TensorView> views_;
+  std::map<std::string, float> scales_;
+  void* base_ = nullptr;
 };
 
 // The sequences' state: tokens fed so far and their blocks.
@@ -241,11 +256,13 @@ double FloorBytes(const std::string& name, const ModelConfig& c, double seqs, do
   if (name == "rmsnorm") return 2 * layers * (seqs * h * 12 + h * 2);
   if (name == "gemm q_proj") return gemm(q, h);
   if (name == "gemm k_proj" || name == "gemm v_proj") return gemm(kv, h);
+  if (name == "gemm k_proj+v_proj") return 2 * gemm(kv, h) - layers * seqs * h * 2;
   if (name == "rope + kv write") return layers * seqs * (2 * q + 3 * kv) * 2;
   if (name == "attention") return layers * seqs * (context * kv * 2 * 2 + 2 * q * 2);
   if (name == "attention combine") return layers * seqs * q * (context / 256.0 * 4 + 2);
   if (name == "gemm o_proj") return gemm(h, q);
   if (name == "gemm gate_proj" || name == "gemm up_proj") return gemm(im, h);
+  if (name == "gemm gate_proj+up_proj") return 2 * gemm(im, h) - layers * seqs * h * 2;
   if (name == "swiglu") return layers * seqs * im * 6;
   if (name == "gemm down_proj") return gemm(h, im);
   if (name == "final rmsnorm") return seqs * h * 8 + h * 2;
@@ -268,6 +285,10 @@ int Main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--profile-seqs", profile_seqs, "batch size of the per-kernel step (0: none)");
   app.add_option("--temperature", temperature, "0: greedy; else top_p 0.9 sampling");
+  std::string pairing = "both";
+  app.add_option("--pairing", pairing,
+                 "k/v and gate/up GEMMs as strided pairs: on, off, or both (each timed in turn)")
+      ->check(CLI::IsMember({"on", "off", "both"}));
   CLI11_PARSE(app, argc, argv);
   const std::vector<int64_t> seqs_list = ParseList(seqs_text);
   if (seqs_list.empty() || *std::min_element(seqs_list.begin(), seqs_list.end()) < 1) {
@@ -296,7 +317,10 @@ int Main(int argc, char** argv) {
   const int max_seqs = static_cast<int>(*std::max_element(seqs_list.begin(), seqs_list.end()));
   std::mt19937 rng(7);
 
-  {
+  std::vector<bool> pair_modes;
+  if (pairing != "off") pair_modes.push_back(true);
+  if (pairing != "on") pair_modes.push_back(false);
+  for (const bool pair : pair_modes) {
     Sequences s;
     // Sequence 0 takes every batch size's steps.
     const int positions = context + (warmup + iterations) * static_cast<int>(seqs_list.size());
@@ -311,14 +335,18 @@ int Main(int argc, char** argv) {
                       static_cast<uint64_t>(s.block_size) *
                       static_cast<uint64_t>(kv_bytes_per_token);
     const auto created = std::chrono::steady_clock::now();
-    auto executor = CreateCudaExecutor(config, weights, 0, o, CudaExecutorOptions{});
+    CudaExecutorOptions options;
+    options.pair_gemms = pair;
+    auto executor = CreateCudaExecutor(config, weights, 0, o, options);
     if (!executor.ok()) Fail(executor.status().ToString());
     CudaExecutor& e = **executor;
-    std::printf("executor created in %.2f s, device memory %.2f GiB (KV pool %d blocks of %d)\n",
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count(),
+    std::printf("pairing=%s: executor created in %.2f s, device memory %.2f GiB (KV pool %d "
+                "blocks of %d)\n",
+                pair ? "on" : "off", std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count(),
                 static_cast<double>(e.device_memory_bytes()) / (1 << 30), e.num_blocks(),
                 e.block_size());
     std::printf("%s", e.DescribeGemms().c_str());
+    const char* mode = pair ? "on" : "off";
     const double prefill_s = Prefill(e, s, max_seqs, context, rng, config.vocab_size);
     std::printf("prefill seqs=%d context=%d s=%.3f tokens_per_s=%.0f\n", max_seqs, context,
                 prefill_s, max_seqs * static_cast<double>(context) / prefill_s);
@@ -345,9 +373,10 @@ int Main(int argc, char** argv) {
       const double weight_floor = weight_bytes / kBandwidth * 1e3;
       const double full_floor = (weight_bytes + keys * kv_bytes_per_token) / kBandwidth * 1e3;
       std::printf(
-          "decode seqs=%d context=%d ms=%.4f weight_floor_ms=%.4f of_weight_floor=%.2f "
-          "weight_kv_floor_ms=%.4f of_weight_kv_floor=%.2f tokens_per_s=%.0f\n",
-          seqs, context, median, weight_floor, weight_floor / median, full_floor,
+          "decode pairing=%s seqs=%d context=%d ms=%.4f weight_floor_ms=%.4f "
+          "of_weight_floor=%.2f weight_kv_floor_ms=%.4f of_weight_kv_floor=%.2f "
+          "tokens_per_s=%.0f\n",
+          mode, seqs, context, median, weight_floor, weight_floor / median, full_floor,
           full_floor / median, seqs / (median * 1e-3));
       std::fflush(stdout);
     }

@@ -238,8 +238,16 @@ class CudaLlmExecutor final : public CudaExecutor {
   // that no buffer is freed while queued work could still touch it.
   cuda::CudaStream stream_;
   std::unique_ptr<GemmSet> gemms_;
-  cuda::DeviceBuffer resid_, xn_, q_, k_, v_, attn_, delta_, gate_, up_, xf_, logits_, sampled_,
-      inv_freq_, partial_acc_, partial_ml_, meta_dev_, pool_;
+  cuda::DeviceBuffer resid_, xn_, q_, kv_, attn_, delta_, gu_, xf_, logits_, sampled_, inv_freq_,
+      partial_acc_, partial_ml_, meta_dev_, pool_;
+  // Keys and values, gate and up activations: each pair in one buffer, the
+  // second at a fixed offset, so that a pair of GEMMs can run as one strided
+  // batch (pair_kv_, pair_gate_up_: the weights are packed for it).
+  void* k_ = nullptr;
+  void* v_ = nullptr;
+  void* gate_ = nullptr;
+  void* up_ = nullptr;
+  bool pair_kv_ = false, pair_gate_up_ = false;
   PinnedBuffer meta_host_, sampled_host_;
   MetaLayout meta_;
   cuda::AttnPlan plan_;
@@ -359,12 +367,10 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
       {&resid_, rows * h * 4, "residual stream"},
       {&xn_, rows * h * e, "normalised activations"},
       {&q_, rows * qo * e, "queries"},
-      {&k_, rows * kvo * e, "keys"},
-      {&v_, rows * kvo * e, "values"},
+      {&kv_, 2 * rows * kvo * e, "keys and values"},
       {&attn_, rows * qo * e, "attention output"},
       {&delta_, rows * h * e, "layer outputs"},
-      {&gate_, rows * im * e, "gate activations"},
-      {&up_, rows * im * e, "up activations"},
+      {&gu_, 2 * rows * im * e, "gate and up activations"},
       {&xf_, seqs * h * e, "final normalised rows"},
       {&logits_, seqs * static_cast<uint64_t>(vocab_) * 4, "logits"},
       {&sampled_, seqs * 4, "sampled tokens"},
@@ -373,6 +379,10 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
   for (const Workspace& w : workspaces) {
     ASSIGN_OR_RETURN(*w.buffer, cuda::AllocateDevice(w.bytes, w.what, &device_bytes_));
   }
+  k_ = kv_.get();
+  v_ = static_cast<char*>(kv_.get()) + rows * kvo * e;
+  gate_ = gu_.get();
+  up_ = static_cast<char*>(gu_.get()) + rows * im * e;
   std::vector<float> inv_freq_f32(inv_freq.begin(), inv_freq.end());
   RETURN_IF_ERROR(CudaCheck(cudaMemcpyAsync(inv_freq_.get(), inv_freq_f32.data(),
                                             inv_freq_f32.size() * 4, cudaMemcpyHostToDevice, s),
@@ -384,7 +394,7 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
   const cuda::ElemType et = bf16_ ? cuda::ElemType::kBF16 : cuda::ElemType::kF16;
   const std::pair<void*, uint64_t> inputs[] = {{xn_.get(), rows * h},
                                                {attn_.get(), rows * qo},
-                                               {gate_.get(), rows * im},
+                                               {gate_, rows * im},
                                                {xf_.get(), seqs * h}};
   uint64_t seed = 1;
   for (const auto& [p, n] : inputs) {
@@ -444,14 +454,64 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
   }
   ASSIGN_OR_RETURN(q_gemm_,
                    add("q_proj", q_out, hidden_, token_rows_, false, wq, bq, xn_.get(), q_.get()));
-  ASSIGN_OR_RETURN(kv_gemm_, add("k_proj/v_proj", kv_out, hidden_, token_rows_, false, wkv, bkv,
-                                 xn_.get(), k_.get()));
+  // A layer's second weight of a pair (v_proj after k_proj, up_proj after
+  // gate_proj) at the same distance from its first in every layer, as the
+  // arena packs them in name order: the pair runs as one strided batch.
+  const auto uniform_stride = [&](auto first, auto second, int64_t min_elements) -> int64_t {
+    if (!cuda_options_.pair_gemms || layers_.empty()) return 0;
+    const auto distance = [&](const LayerPointers& l) {
+      return static_cast<const char*>(l.*second) - static_cast<const char*>(l.*first);
+    };
+    const std::ptrdiff_t bytes = distance(layers_.front());
+    for (const LayerPointers& l : layers_)
+      if (distance(l) != bytes) return 0;
+    if (bytes % 2 != 0 || bytes / 2 < min_elements) return 0;
+    return bytes / 2;
+  };
+  const int64_t kv_stride = uniform_stride(&LayerPointers::k, &LayerPointers::v, kv_out * hidden_);
+  const int64_t kv_bias_stride =
+      config.qkv_bias ? uniform_stride(&LayerPointers::k_bias, &LayerPointers::v_bias, kv_out) : 1;
+  pair_kv_ = kv_stride > 0 && kv_bias_stride > 0;
+  const int64_t gu_stride =
+      uniform_stride(&LayerPointers::gate, &LayerPointers::up, intermediate_ * hidden_);
+  pair_gate_up_ = gu_stride > 0;
+  auto add_pair = [&](const char* name, int64_t n, std::vector<const void*> ws,
+                      std::vector<const void*> biases, int64_t w_stride, int64_t b_stride,
+                      void* y) -> Result<int> {
+    GemmShapeSpec spec;
+    spec.name = name;
+    spec.n = n;
+    spec.k = hidden_;
+    spec.max_m = token_rows_;
+    spec.bias = !biases.empty();
+    spec.weights = std::move(ws);
+    spec.biases = std::move(biases);
+    spec.x_scratch = xn_.get();
+    spec.y_scratch = y;
+    spec.batch = 2;
+    spec.weight_stride = w_stride;
+    spec.bias_stride = spec.bias ? b_stride : 0;
+    spec.y_stride = token_rows_ * n;
+    return gemms_->AddShape(spec, tuning);
+  };
+  if (pair_kv_) {
+    ASSIGN_OR_RETURN(kv_gemm_, add_pair("k_proj+v_proj", kv_out, wkv, bkv, kv_stride,
+                                        kv_bias_stride, k_));
+  } else {
+    ASSIGN_OR_RETURN(kv_gemm_, add("k_proj/v_proj", kv_out, hidden_, token_rows_, false, wkv, bkv,
+                                   xn_.get(), k_));
+  }
   ASSIGN_OR_RETURN(o_gemm_, add("o_proj", hidden_, q_out, token_rows_, false, wo, {}, attn_.get(),
                                 delta_.get()));
-  ASSIGN_OR_RETURN(gate_up_gemm_, add("gate_proj/up_proj", intermediate_, hidden_, token_rows_,
-                                      false, wgu, {}, xn_.get(), gate_.get()));
+  if (pair_gate_up_) {
+    ASSIGN_OR_RETURN(gate_up_gemm_,
+                     add_pair("gate_proj+up_proj", intermediate_, wgu, {}, gu_stride, 0, gate_));
+  } else {
+    ASSIGN_OR_RETURN(gate_up_gemm_, add("gate_proj/up_proj", intermediate_, hidden_, token_rows_,
+                                        false, wgu, {}, xn_.get(), gate_));
+  }
   ASSIGN_OR_RETURN(down_gemm_, add("down_proj", hidden_, intermediate_, token_rows_, false, wd, {},
-                                   gate_.get(), delta_.get()));
+                                   gate_, delta_.get()));
   ASSIGN_OR_RETURN(lm_head_gemm_, add("lm_head", vocab_, hidden_, max_seqs_, true, {lm_head_}, {},
                                       xf_.get(), logits_.get()));
   if (cache.has_value()) {
@@ -791,13 +851,17 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
                                     rows, hidden_, eps_, bf, xn_.get(), s);
     }));
     RETURN_IF_ERROR(Gemm(q_gemm_, "gemm q_proj", w.q, w.q_bias, xn_.get(), q_.get(), rows));
-    RETURN_IF_ERROR(Gemm(kv_gemm_, "gemm k_proj", w.k, w.k_bias, xn_.get(), k_.get(), rows));
-    RETURN_IF_ERROR(Gemm(kv_gemm_, "gemm v_proj", w.v, w.v_bias, xn_.get(), v_.get(), rows));
+    if (pair_kv_) {
+      RETURN_IF_ERROR(Gemm(kv_gemm_, "gemm k_proj+v_proj", w.k, w.k_bias, xn_.get(), k_, rows));
+    } else {
+      RETURN_IF_ERROR(Gemm(kv_gemm_, "gemm k_proj", w.k, w.k_bias, xn_.get(), k_, rows));
+      RETURN_IF_ERROR(Gemm(kv_gemm_, "gemm v_proj", w.v, w.v_bias, xn_.get(), v_, rows));
+    }
     RETURN_IF_ERROR(Timed("rope + kv write", [&] {
       cuda::RopeKvArgs a;
       a.q = q_.get();
-      a.k = k_.get();
-      a.v = v_.get();
+      a.k = k_;
+      a.v = v_;
       a.positions = DeviceArray<const int32_t>(meta_.positions);
       a.slots = DeviceArray<const int32_t>(meta_.slots);
       a.inv_freq = static_cast<const float*>(inv_freq_.get());
@@ -829,15 +893,18 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
       return cuda::LaunchAddRmsNorm(resid, delta_.get(), w.post_norm, nullptr, rows, hidden_, eps_,
                                     bf, xn_.get(), s);
     }));
-    RETURN_IF_ERROR(
-        Gemm(gate_up_gemm_, "gemm gate_proj", w.gate, nullptr, xn_.get(), gate_.get(), rows));
-    RETURN_IF_ERROR(Gemm(gate_up_gemm_, "gemm up_proj", w.up, nullptr, xn_.get(), up_.get(), rows));
+    if (pair_gate_up_) {
+      RETURN_IF_ERROR(
+          Gemm(gate_up_gemm_, "gemm gate_proj+up_proj", w.gate, nullptr, xn_.get(), gate_, rows));
+    } else {
+      RETURN_IF_ERROR(
+          Gemm(gate_up_gemm_, "gemm gate_proj", w.gate, nullptr, xn_.get(), gate_, rows));
+      RETURN_IF_ERROR(Gemm(gate_up_gemm_, "gemm up_proj", w.up, nullptr, xn_.get(), up_, rows));
+    }
     RETURN_IF_ERROR(Timed("swiglu", [&] {
-      return cuda::LaunchSwiGlu(gate_.get(), up_.get(), gate_.get(), int64_t{rows} * intermediate_,
-                                bf, s);
+      return cuda::LaunchSwiGlu(gate_, up_, gate_, int64_t{rows} * intermediate_, bf, s);
     }));
-    RETURN_IF_ERROR(
-        Gemm(down_gemm_, "gemm down_proj", w.down, nullptr, gate_.get(), delta_.get(), rows));
+    RETURN_IF_ERROR(Gemm(down_gemm_, "gemm down_proj", w.down, nullptr, gate_, delta_.get(), rows));
   }
   if (logit_rows == 0) return Status::Ok();
   RETURN_IF_ERROR(Timed("final rmsnorm", [&] {

@@ -43,6 +43,11 @@ struct CudaExecutorOptions {
   // Allow split-K GEMM algorithms (their split count is fixed per weight
   // shape, so they stay batch invariant).
   bool allow_split_k = true;
+  // Run k_proj and v_proj, and gate_proj and up_proj, each as one strided
+  // batch of two where every layer has the second weight at the same
+  // distance from the first (as the store's arena packs them); else as two
+  // GEMMs each.
+  bool pair_gemms = true;
   // Every step eager, with an event pair around each kernel
   // (LastStepKernelTimes).
   bool profile = false;

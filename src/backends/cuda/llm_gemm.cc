@@ -159,21 +159,44 @@ Result<std::unique_ptr<GemmSet>> GemmSet::Create(bool bf16, cudaStream_t stream,
 
 GemmSet::~GemmSet() = default;
 
-Result<cublasLtMatrixLayout_t> GemmSet::Layout(bool f32, uint64_t rows, uint64_t cols) {
-  const auto key = std::make_tuple(f32, rows, cols);
+static Status SetBatch(cublasLtMatrixLayout_t layout, int32_t batch, int64_t stride) {
+  RETURN_IF_ERROR(LtCheck(cublasLtMatrixLayoutSetAttribute(
+                              layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)),
+                          "cublasLtMatrixLayoutSetAttribute"));
+  return LtCheck(cublasLtMatrixLayoutSetAttribute(
+                     layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
+                 "cublasLtMatrixLayoutSetAttribute");
+}
+
+Result<cublasLtMatrixLayout_t> GemmSet::Layout(bool f32, uint64_t rows, uint64_t cols,
+                                               int32_t batch, int64_t stride) {
+  const auto key = std::make_tuple(f32, rows, cols, batch, batch > 1 ? stride : 0);
   const auto it = layouts_.find(key);
   if (it != layouts_.end()) return it->second.get();
   const cudaDataType type = f32 ? CUDA_R_32F : bf16_ ? CUDA_R_16BF : CUDA_R_16F;
   ASSIGN_OR_RETURN(cuda::LtLayout layout,
                    cuda::CreateLayout(type, rows, cols, static_cast<int64_t>(rows)));
+  if (batch > 1) RETURN_IF_ERROR(SetBatch(layout.get(), batch, stride));
   cublasLtMatrixLayout_t raw = layout.get();
   layouts_.emplace(key, std::move(layout));
   return raw;
 }
 
+Result<cublasLtMatrixLayout_t> GemmSet::XLayout(const Shape& s, int64_t m) {
+  return Layout(false, static_cast<uint64_t>(s.spec.k), static_cast<uint64_t>(m), s.spec.batch, 0);
+}
+
+Result<cublasLtMatrixLayout_t> GemmSet::YLayout(const Shape& s, int64_t m) {
+  return Layout(s.spec.f32_out, static_cast<uint64_t>(s.spec.n), static_cast<uint64_t>(m),
+                s.spec.batch, s.spec.y_stride);
+}
+
 Result<int> GemmSet::AddShape(const GemmShapeSpec& spec, const GemmTuning& tuning) {
   if (spec.n < 1 || spec.k < 1 || spec.max_m < 1 || spec.weights.empty() ||
-      spec.bias != !spec.biases.empty() || spec.x_scratch == nullptr || spec.y_scratch == nullptr) {
+      spec.bias != !spec.biases.empty() || spec.x_scratch == nullptr || spec.y_scratch == nullptr ||
+      spec.batch < 1 ||
+      (spec.batch > 1 && (spec.weight_stride < spec.n * spec.k || spec.y_stride < spec.max_m * spec.n ||
+                          (spec.bias && spec.bias_stride < spec.n)))) {
     return Internal("GEMM shape " + ShapeName(spec) + " is malformed");
   }
   auto s = std::make_unique<Shape>();
@@ -191,9 +214,12 @@ Result<int> GemmSet::AddShape(const GemmShapeSpec& spec, const GemmTuning& tunin
     RETURN_IF_ERROR(
         SetAttr(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, spec.f32_out ? CUDA_R_32F : ab));
     RETURN_IF_ERROR(SetAttr(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, spec.biases.front()));
+    if (spec.batch > 1)
+      RETURN_IF_ERROR(SetAttr(desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, spec.bias_stride));
   }
   ASSIGN_OR_RETURN(s->a, cuda::CreateLayout(ab, static_cast<uint64_t>(spec.k),
                                             static_cast<uint64_t>(spec.n), spec.k));
+  if (spec.batch > 1) RETURN_IF_ERROR(SetBatch(s->a.get(), spec.batch, spec.weight_stride));
   RETURN_IF_ERROR(Choose(*s, tuning).WithContext("GEMM " + ShapeName(spec)));
   shapes_.push_back(std::move(s));
   return static_cast<int>(shapes_.size() - 1);
@@ -201,7 +227,6 @@ Result<int> GemmSet::AddShape(const GemmShapeSpec& spec, const GemmTuning& tunin
 
 Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
   const GemmShapeSpec& spec = s.spec;
-  const auto k = static_cast<uint64_t>(spec.k), n = static_cast<uint64_t>(spec.n);
   const int64_t max_m = std::min(spec.max_m, kChunkRows);
   // Row counts whose heuristics propose candidates (and that are timed): the
   // decode batch sizes first, so that without timing the first valid
@@ -254,8 +279,8 @@ Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
   // An algorithm every row count takes.
   const auto valid_for_all = [&](const cublasLtMatmulAlgo_t& algo) -> Result<bool> {
     for (int64_t m : checked) {
-      ASSIGN_OR_RETURN(cublasLtMatrixLayout_t b, Layout(false, k, static_cast<uint64_t>(m)));
-      ASSIGN_OR_RETURN(cublasLtMatrixLayout_t d, Layout(spec.f32_out, n, static_cast<uint64_t>(m)));
+      ASSIGN_OR_RETURN(cublasLtMatrixLayout_t b, XLayout(s, m));
+      ASSIGN_OR_RETURN(cublasLtMatrixLayout_t d, YLayout(s, m));
       cublasLtMatmulHeuristicResult_t check{};
       if (cublasLtMatmulAlgoCheck(lt_.get(), s.desc.get(), s.a.get(), b, d, d, &algo, &check) !=
               CUBLAS_STATUS_SUCCESS ||
@@ -283,8 +308,8 @@ Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
 
   std::vector<cublasLtMatmulAlgo_t> candidates;
   for (int64_t m : timed) {
-    ASSIGN_OR_RETURN(cublasLtMatrixLayout_t b, Layout(false, k, static_cast<uint64_t>(m)));
-    ASSIGN_OR_RETURN(cublasLtMatrixLayout_t d, Layout(spec.f32_out, n, static_cast<uint64_t>(m)));
+    ASSIGN_OR_RETURN(cublasLtMatrixLayout_t b, XLayout(s, m));
+    ASSIGN_OR_RETURN(cublasLtMatrixLayout_t d, YLayout(s, m));
     std::array<cublasLtMatmulHeuristicResult_t, kCandidatesPerRowCount> results{};
     int found = 0;
     RETURN_IF_ERROR(
@@ -374,7 +399,12 @@ std::string GemmSet::CacheKey(const Shape& s, uint32_t weight_alignment) const {
   return device_key_ + (bf16_ ? " bf16 " : " f16 ") + std::to_string(spec.n) + "x" +
          std::to_string(spec.k) + " rows " + std::to_string(std::min(spec.max_m, kChunkRows)) +
          (spec.bias ? " bias" : "") + (spec.f32_out ? " f32-out" : "") + " align " +
-         std::to_string(weight_alignment);
+         std::to_string(weight_alignment) +
+         (spec.batch > 1 ? " batch " + std::to_string(spec.batch) + " strides " +
+                               std::to_string(spec.weight_stride) + "/" +
+                               std::to_string(spec.bias_stride) + "/" +
+                               std::to_string(spec.y_stride)
+                         : std::string());
 }
 
 Status GemmSet::Matmul(Shape& s, const cublasLtMatmulAlgo_t& algo, const void* weight,
@@ -382,10 +412,8 @@ Status GemmSet::Matmul(Shape& s, const cublasLtMatmulAlgo_t& algo, const void* w
   if (bias != nullptr) {
     RETURN_IF_ERROR(SetAttr(s.desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias));
   }
-  ASSIGN_OR_RETURN(cublasLtMatrixLayout_t b,
-                   Layout(false, static_cast<uint64_t>(s.spec.k), static_cast<uint64_t>(m)));
-  ASSIGN_OR_RETURN(cublasLtMatrixLayout_t d, Layout(s.spec.f32_out, static_cast<uint64_t>(s.spec.n),
-                                                    static_cast<uint64_t>(m)));
+  ASSIGN_OR_RETURN(cublasLtMatrixLayout_t b, XLayout(s, m));
+  ASSIGN_OR_RETURN(cublasLtMatrixLayout_t d, YLayout(s, m));
   const float one = 1.0f, zero = 0.0f;
   return LtCheck(cublasLtMatmul(lt_.get(), s.desc.get(), &one, weight, s.a.get(), x, b, &zero, y, d,
                                 y, d, &algo, workspace_.get(), kWorkspaceBytes, stream_),

@@ -59,6 +59,13 @@ struct GemmShapeSpec {
   // Scratch of at least max_m x k inputs and max_m x n outputs, for timing.
   const void* x_scratch = nullptr;
   void* y_scratch = nullptr;
+  // A pair of weights run as one strided batch (k_proj and v_proj, gate_proj
+  // and up_proj: one launch instead of two): batch 2, the second weight (and
+  // bias) at weight_stride (bias_stride) elements past the first, as the
+  // arena packs a layer's tensors; both read the same x; the second output
+  // at y_stride elements past the first (y_scratch must hold both).
+  int32_t batch = 1;
+  int64_t weight_stride = 0, bias_stride = 0, y_stride = 0;
 };
 
 struct GemmTuning {
@@ -109,7 +116,12 @@ class GemmSet {
   // The plan cache's key of a shape: the GPU, the library versions, the
   // shape, its types and alignments.
   std::string CacheKey(const Shape& s, uint32_t weight_alignment) const;
-  Result<cublasLtMatrixLayout_t> Layout(bool f32, uint64_t rows, uint64_t cols);
+  // batch > 1: a strided batch of `stride` elements (0: one matrix for all).
+  Result<cublasLtMatrixLayout_t> Layout(bool f32, uint64_t rows, uint64_t cols, int32_t batch = 1,
+                                        int64_t stride = 0);
+  // x's and y's layouts of a shape at m rows.
+  Result<cublasLtMatrixLayout_t> XLayout(const Shape& s, int64_t m);
+  Result<cublasLtMatrixLayout_t> YLayout(const Shape& s, int64_t m);
   Status Matmul(Shape& s, const cublasLtMatmulAlgo_t& algo, const void* weight, const void* bias,
                 const void* x, void* y, int64_t m);
   Status Choose(Shape& s, const GemmTuning& tuning);
@@ -121,8 +133,8 @@ class GemmSet {
   std::vector<std::unique_ptr<Shape>> shapes_;
   std::string device_key_;  // "NVIDIA H200 sm90 cublasLt 130000 cudart 13000"
   int cached_shapes_ = 0;
-  // Column-major layouts by (F32?, rows, cols); ld = rows.
-  std::map<std::tuple<bool, uint64_t, uint64_t>, cuda::LtLayout> layouts_;
+  // Column-major layouts by (F32?, rows, cols, batch, stride); ld = rows.
+  std::map<std::tuple<bool, uint64_t, uint64_t, int32_t, int64_t>, cuda::LtLayout> layouts_;
 };
 
 }  // namespace hearth::llm

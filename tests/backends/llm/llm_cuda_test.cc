@@ -269,6 +269,80 @@ TEST_F(LlmCudaTest, GemmRowsDoNotDependOnTheRowCount) {
   }
 }
 
+// A pair of weights as one strided batch (k_proj and v_proj, gate_proj and
+// up_proj, packed in one arena): each output is its own weight's product,
+// with its own bias, and a row's bits do not depend on the row count.
+TEST_F(LlmCudaTest, PairedGemmsAreTwoProductsInOneLaunch) {
+  const bool bf16 = true;
+  for (const bool bias : {false, true}) {
+    SCOPED_TRACE(bias ? "with biases" : "without biases");
+    const int64_t n = 512, k = 1024, max_m = 128;
+    // The second weight 3 matrices past the first (others lie between, as in an arena).
+    const int64_t w_stride = 3 * n * k, b_stride = 2 * n, y_stride = max_m * n;
+    std::mt19937_64 rng(42 + bias);
+    const auto w = Random16(rng, static_cast<size_t>(w_stride + n * k), 0.03f, bf16);
+    const auto b = Random16(rng, static_cast<size_t>(b_stride + n), 0.5f, bf16);
+    const auto x = Random16(rng, static_cast<size_t>(max_m * k), 1.0f, bf16);
+    DeviceMemory dw(w), db(b), dx(x), dy(static_cast<size_t>(2 * y_stride) * 2);
+    cudaStream_t stream = nullptr;
+    ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    uint64_t bytes = 0;
+    auto set = GemmSet::Create(bf16, stream, &bytes);
+    ASSERT_TRUE(set.ok()) << set.status().ToString();
+    GemmShapeSpec spec;
+    spec.name = "pair";
+    spec.n = n;
+    spec.k = k;
+    spec.max_m = max_m;
+    spec.bias = bias;
+    spec.weights = {dw.get()};
+    if (bias) spec.biases = {db.get()};
+    spec.x_scratch = dx.get();
+    spec.y_scratch = dy.get();
+    spec.batch = 2;
+    spec.weight_stride = w_stride;
+    spec.bias_stride = bias ? b_stride : 0;
+    spec.y_stride = y_stride;
+    GemmTuning tuning;
+    tuning.timed_rows = {8};
+    auto shape = (*set)->AddShape(spec, tuning);
+    ASSERT_TRUE(shape.ok()) << shape.status().ToString();
+    auto run = [&](int64_t m) {
+      EXPECT_EQ(cudaMemsetAsync(dy.get(), 0xFF, static_cast<size_t>(2 * y_stride) * 2, stream),
+                cudaSuccess);
+      const Status st =
+          (*set)->Run(*shape, dw.get(), bias ? db.get() : nullptr, dx.get(), dy.get(), m);
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      return dy.Read<uint16_t>(static_cast<size_t>(2 * y_stride));
+    };
+    const auto full = run(max_m);
+    for (int64_t pair = 0; pair < 2; ++pair) {
+      for (int64_t r : {int64_t{0}, max_m - 1}) {
+        for (int64_t j = 0; j < n; j += 37) {
+          double want = bias ? From16(b[static_cast<size_t>(pair * b_stride + j)], bf16) : 0.0;
+          for (int64_t i = 0; i < k; ++i)
+            want += static_cast<double>(From16(x[static_cast<size_t>(r * k + i)], bf16)) *
+                    From16(w[static_cast<size_t>(pair * w_stride + j * k + i)], bf16);
+          const float got = From16(full[static_cast<size_t>(pair * y_stride + r * n + j)], bf16);
+          ASSERT_NEAR(got, want, 1e-2 * std::fabs(want) + 2e-3)
+              << "weight " << pair << " row " << r << " column " << j;
+        }
+      }
+    }
+    for (const int64_t m : {1, 3, 64}) {
+      const auto part = run(m);
+      for (int64_t pair = 0; pair < 2; ++pair) {
+        const auto at = static_cast<std::ptrdiff_t>(pair * y_stride);
+        ASSERT_TRUE(std::equal(part.begin() + at, part.begin() + at + m * n, full.begin() + at))
+            << "weight " << pair << ": the first " << m << " rows differ among " << max_m;
+      }
+    }
+    set->reset();
+    cudaStreamDestroy(stream);
+  }
+}
+
 // ---- RoPE fused with the KV cache write.
 
 TEST_F(LlmCudaTest, RopeKvWriteMatchesCpu) {
@@ -865,6 +939,8 @@ ModelConfig ExecutorConfig(Family family, DType dtype) {
 }
 
 // A random model in host memory, its copy in device memory, both bound.
+// The copy is one allocation with the tensors packed in order at 256 bytes,
+// as the store's arena holds them (so that the executor pairs its GEMMs).
 struct TwoCopies {
   ModelConfig config;
   testing::HostModel host;
@@ -874,14 +950,21 @@ struct TwoCopies {
 
   TwoCopies(const ModelConfig& c, uint64_t seed) : config(c), host(testing::MakeModel(c, seed)) {
     host_views = host.Views();
+    std::vector<size_t> offsets;
+    size_t total = 0;
     for (const TensorView& v : host_views) {
-      DeviceMemory m(v.nbytes);
-      EXPECT_EQ(cudaMemcpy(m.get(), v.data, v.nbytes, cudaMemcpyHostToDevice), cudaSuccess);
+      offsets.push_back(total);
+      total += (static_cast<size_t>(v.nbytes) + 255) / 256 * 256;
+    }
+    memory.emplace_back(total);
+    for (size_t i = 0; i < host_views.size(); ++i) {
+      const TensorView& v = host_views[i];
       TensorView d = v;
-      d.data = m.get();
+      d.data = static_cast<char*>(memory.front().get()) + offsets[i];
       d.device = Device::Cuda(0);
+      EXPECT_EQ(cudaMemcpy(const_cast<void*>(d.data), v.data, v.nbytes, cudaMemcpyHostToDevice),
+                cudaSuccess);
       device_views.push_back(d);
-      memory.push_back(std::move(m));
     }
     auto h = BindWeights(c, host_views);
     auto d = BindWeights(c, device_views);
@@ -1069,6 +1152,35 @@ TEST_P(LlmCudaExecutorTest, ChunkedPrefillEqualsWhole) {
                 StepLogits(*e, {{t, 300 + s, Blocks(20, 20)}}, c.vocab_size))
           << "decode " << s;
     }
+  }
+}
+
+TEST_P(LlmCudaExecutorTest, PairedGemmsAgreeWithSeparateOnes) {
+  const ModelConfig c = ExecutorConfig(GetParam().family, GetParam().dtype);
+  TwoCopies m(c, 24);
+  auto paired = Cuda(m);
+  CudaExecutorOptions apart;
+  apart.pair_gemms = false;
+  auto separate = Cuda(m, apart);
+  ASSERT_NE(paired, nullptr);
+  ASSERT_NE(separate, nullptr);
+  // The weights are packed as an arena packs them: the pairs are taken.
+  EXPECT_NE(paired->DescribeGemms().find("k_proj+v_proj"), std::string::npos)
+      << paired->DescribeGemms();
+  EXPECT_NE(paired->DescribeGemms().find("gate_proj+up_proj"), std::string::npos);
+  EXPECT_NE(separate->DescribeGemms().find("k_proj/v_proj"), std::string::npos)
+      << separate->DescribeGemms();
+  const double tolerance = c.dtype == DType::kBF16 ? 4e-2 : 8e-3;
+  const std::vector<int32_t> prompt = Tokens(40, 5);
+  auto a = StepLogits(*paired, {{prompt, 0, Blocks(0, 4)}}, c.vocab_size);
+  auto b = StepLogits(*separate, {{prompt, 0, Blocks(0, 4)}}, c.vocab_size);
+  for (int s = 0; s < 3; ++s) {
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_LT(RelativeError(a[i], b[i]), tolerance) << "step " << s;
+    const std::vector<int32_t> t = {Tokens(1, 50 + s)[0]};
+    a = StepLogits(*paired, {{t, 40 + s, Blocks(0, 4)}}, c.vocab_size);
+    b = StepLogits(*separate, {{t, 40 + s, Blocks(0, 4)}}, c.vocab_size);
   }
 }
 
