@@ -160,15 +160,24 @@ def test_every_library_comes_from_a_debian_package(image):
         ldd = subprocess.run(["chroot", str(rootfs), "ldd", inside], capture_output=True, text=True)
         assert ldd.returncode == 0 and "not found" not in ldd.stdout, f"{inside}:\n{ldd.stdout}{ldd.stderr}"
         for lib in re.findall(r"=> (/\S+)", ldd.stdout):
-            owner = subprocess.run(["chroot", str(rootfs), "dpkg-query", "-S", lib], capture_output=True, text=True)
-            if owner.returncode != 0:  # usrmerge: dpkg may know it under /lib rather than /usr/lib
-                alternate = lib[4:] if lib.startswith("/usr/") else "/usr" + lib
-                owner = subprocess.run(["chroot", str(rootfs), "dpkg-query", "-S", alternate], capture_output=True,
-                                       text=True)
-            assert owner.returncode == 0, f"{inside} loads {lib}, which no Debian package of the image holds"
-            owners[lib] = owner.stdout.split(":")[0]
+            owners[lib] = package_of(rootfs, lib)
+            assert owners[lib], f"{inside} loads {lib}, which no Debian package of the image holds"
     assert "libc6" in owners.values(), owners
     assert (image["out"] / "packages").read_text().count("python3-torch") == 1
+
+
+def package_of(rootfs, path):
+    """The package of the image that holds `path` (through links such as
+    Debian's alternatives, and under /lib or /usr/lib: usrmerge), or None."""
+    real = subprocess.run(["chroot", str(rootfs), "readlink", "-f", path], capture_output=True,
+                          text=True).stdout.strip()
+    for p in (path, real):
+        for candidate in (p, p[4:] if p.startswith("/usr/") else "/usr" + p):
+            owner = subprocess.run(["chroot", str(rootfs), "dpkg-query", "-S", candidate], capture_output=True,
+                                   text=True)
+            if owner.returncode == 0:
+                return owner.stdout.split(":")[0]
+    return None
 
 
 def write_repository(root):
