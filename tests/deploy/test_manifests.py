@@ -11,6 +11,7 @@ consistently; the pod's grace period outlasts hearth's drain.
 Paths: $HEARTH_CLI (default build/bin/hearth).
 """
 
+import json
 import os
 import pathlib
 import re
@@ -277,3 +278,21 @@ instance_group:
                 proc.kill()
                 code = proc.wait()
         assert code == 0, f"{where}: exit {code}\n{log_path.read_text()[-3000:]}"
+
+
+def test_the_gpu_containerfile_matches_the_cpu_image():
+    """deploy/gpu/Containerfile is not built here (no container engine or
+    GPU): its entry point, arguments, user and ports are checked as text."""
+    text = (DEPLOY / "gpu" / "Containerfile").read_text()
+    entry = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", text, re.M).group(1))
+    cmd = json.loads(re.search(r"^CMD (\[.*\])$", text, re.M).group(1))
+    assert entry == ["/opt/hearth/bin/hearth", "serve"]
+    flags = serve_flags()
+    given = dict(zip(cmd[::2], cmd[1::2]))
+    assert set(given) <= flags, set(given) - flags
+    assert given["--model-repository"] == "/mnt/models" and given["--host"] == "0.0.0.0"
+    assert {int(given["--http-port"]), int(given["--grpc-port"])} == image_ports()
+    assert given["--device"] == "cuda"
+    assert re.search(r"^EXPOSE 8080/tcp 8081/tcp$", text, re.M)
+    assert re.search(rf"^USER {image_user()}:{image_user()}$", text, re.M)
+    assert "scripts/image-packages" in text
