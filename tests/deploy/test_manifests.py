@@ -1,6 +1,7 @@
 """The manifests in deploy/ checked against what hearth and its image really
 do, field by field (no cluster runs here, and no schema of KServe's
-resources is packaged in Debian or npm): every argument is a flag of
+resources is packaged in Debian or npm; the Kubernetes kinds are also
+checked against Kubernetes' schemas, from npm's kubernetes-models): every argument is a flag of
 `hearth serve --help`, and the arguments start a real `hearth serve`; the
 ports agree with each other, with the probes, the Prometheus annotations and
 the image's (scripts/image); the probe and metrics paths answer 200 on that
@@ -15,12 +16,14 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import subprocess
 import time
 import urllib.error
 import urllib.request
 
+import pytest
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -296,3 +299,34 @@ def test_the_gpu_containerfile_matches_the_cpu_image():
     assert re.search(r"^EXPOSE 8080/tcp 8081/tcp$", text, re.M)
     assert re.search(rf"^USER {image_user()}:{image_user()}$", text, re.M)
     assert "scripts/image-packages" in text
+
+
+SCHEMA_PACKAGES = ["kubernetes-models@4.5.1", "js-yaml@5.5.0"]
+
+
+def test_kubernetes_kinds_match_kubernetes_schemas(tmp_path):
+    """The Deployment, Service and HPA against Kubernetes' schemas, bundled by
+    npm's kubernetes-models (installed once into the build directory); a
+    document broken on purpose must fail, so the check is known to bite."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.skip("needs node and npm (for npm's kubernetes-models, Kubernetes' schemas)")
+    prefix = pathlib.Path(CLI).resolve().parent.parent / "deploy-schemas"
+    modules = prefix / "node_modules"
+    if not (modules / "kubernetes-models").is_dir() or not (modules / "js-yaml").is_dir():
+        r = subprocess.run([npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--silent",
+                            *SCHEMA_PACKAGES], capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            pytest.skip(f"npm install {' '.join(SCHEMA_PACKAGES)} failed (no network to the npm registry?): "
+                        f"{r.stderr.strip()[-500:]}")
+    script = pathlib.Path(__file__).resolve().parent / "kubernetes_schemas.js"
+    env = dict(os.environ, NODE_PATH=str(modules))
+    files = sorted(str(p) for p in (DEPLOY / "kubernetes").glob("*.yaml"))
+    r = subprocess.run([node, str(script), *files], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count("valid: ") == 3, r.stdout
+    broken = tmp_path / "broken.yaml"
+    broken.write_text((DEPLOY / "kubernetes" / "hearth.yaml").read_text()
+                      .replace("containerPort: 8080", "containerPort: http-port", 1))
+    r = subprocess.run([node, str(script), str(broken)], capture_output=True, text=True, env=env)
+    assert r.returncode == 1 and "INVALID" in r.stdout and "containerPort" in r.stdout, r.stdout + r.stderr
