@@ -17,6 +17,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -75,7 +76,8 @@ def wait_for(condition, what, timeout):
 
 @pytest.fixture(scope="module")
 def image(tmp_path_factory):
-    """Builds the image and unpacks its archive; returns the paths."""
+    """Builds the image and unpacks its archive; yields the paths, and
+    removes what it unpacked afterwards."""
     if os.geteuid() != 0:
         pytest.skip("needs root: the image's root filesystem is built by mmdebstrap in root mode and run with "
                     "mounts and chroot")
@@ -105,8 +107,11 @@ def image(tmp_path_factory):
     bundle = tmp / "bundle"
     subprocess.run(["umoci", "unpack", "--image", f"{layout}:{tags[0]}", str(bundle)], check=True,
                    capture_output=True)
-    return {"out": out, "layout": layout, "tag": tags[0], "bundle": bundle, "rootfs": bundle / "rootfs",
-            "log": log.read_text()}
+    yield {"out": out, "layout": layout, "tag": tags[0], "bundle": bundle, "rootfs": bundle / "rootfs",
+           "log": log.read_text()}
+    # 2 GB unpacked: not left for pytest's kept temporary directories.
+    shutil.rmtree(layout)
+    shutil.rmtree(bundle)
 
 
 def blob(layout, digest):
