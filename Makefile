@@ -4,7 +4,7 @@ FUZZ_SECONDS ?= 20
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DHEARTH_WERROR=ON
 
-.PHONY: all setup build serve demo test fuzz windows clean
+.PHONY: all setup build serve demo test fuzz windows image clean
 
 all: build
 
@@ -39,6 +39,13 @@ windows:
 	  -DCMAKE_TOOLCHAIN_FILE=$(CURDIR)/cmake/mingw-w64.cmake
 	cmake --build $(BUILD)-windows -j $(JOBS)
 	cd $(BUILD)-windows && ctest --output-on-failure --timeout 300
+
+# The CPU container image (docs/deploy.md), built without a container daemon:
+# its root filesystem from Debian packages (mmdebstrap), the OCI layout and
+# archive (umoci) in $(BUILD)/image/; scripts/setup-image installs both.
+image: build
+	@bash scripts/setup-image
+	@bash scripts/image $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-fuzz $(BUILD)-windows
