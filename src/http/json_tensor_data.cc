@@ -37,6 +37,22 @@ struct BoolElement {
   }
 };
 
+// Why an integer element failed to read: simdjson says INCORRECT_TYPE for
+// 1.5 and for 2^63 alike (and fails get_uint64 for -1, 2^64 and 1.5); a JSON
+// number without a fraction or exponent is out of range, one with them is
+// not an integer.
+error_code IntegerFault(ondemand::value& value, error_code e) {
+  if (e == simdjson::INCORRECT_TYPE || e == simdjson::NUMBER_ERROR ||
+      e == simdjson::NUMBER_OUT_OF_RANGE) {
+    const std::string_view token = Token(value);
+    if (IsJsonNumber(token)) {
+      return token.find_first_of(".eE") == std::string_view::npos ? simdjson::NUMBER_OUT_OF_RANGE
+                                                                  : simdjson::INCORRECT_TYPE;
+    }
+  }
+  return e;
+}
+
 template <typename T>
 struct IntegerElement {
   static constexpr size_t kSize = sizeof(T);
@@ -54,16 +70,7 @@ struct IntegerElement {
       std::memcpy(out, &narrow, sizeof(T));
       return simdjson::SUCCESS;
     }
-    if (e == simdjson::INCORRECT_TYPE || e == simdjson::NUMBER_ERROR ||
-        e == simdjson::NUMBER_OUT_OF_RANGE) {
-      // simdjson says INCORRECT_TYPE for 1.5 and for 2^63 alike.
-      const std::string_view token = Token(value);
-      if (IsJsonNumber(token)) {
-        return token.find_first_of(".eE") == std::string_view::npos ? simdjson::NUMBER_OUT_OF_RANGE
-                                                                    : simdjson::INCORRECT_TYPE;
-      }
-    }
-    return e;
+    return IntegerFault(value, e);
   }
 };
 
@@ -77,16 +84,7 @@ struct Uint64Element {
       std::memcpy(out, &raw, sizeof(raw));
       return simdjson::SUCCESS;
     }
-    if (e == simdjson::INCORRECT_TYPE || e == simdjson::NUMBER_ERROR ||
-        e == simdjson::NUMBER_OUT_OF_RANGE) {
-      // A negative integer, 2^64 and 1.5 all fail get_uint64.
-      const std::string_view token = Token(value);
-      if (IsJsonNumber(token)) {
-        return token.find_first_of(".eE") == std::string_view::npos ? simdjson::NUMBER_OUT_OF_RANGE
-                                                                    : simdjson::INCORRECT_TYPE;
-      }
-    }
-    return e;
+    return IntegerFault(value, e);
   }
 };
 

@@ -30,7 +30,7 @@ import pytest
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "serve"))
-from serve_support import mlp_reference, read_safetensors  # noqa: E402
+from serve_support import mlp_reference, read_safetensors, wait_for  # noqa: E402
 
 CLI = os.environ.get("HEARTH_CLI") or str(ROOT / "build" / "bin" / "hearth")
 BUILD = pathlib.Path(CLI).resolve().parent.parent
@@ -61,17 +61,6 @@ def debian_suite():
     text = pathlib.Path("/etc/os-release").read_text()
     m = re.search(r"^VERSION_CODENAME=(\S+)", text, re.M)
     return m.group(1) if m else None
-
-
-def wait_for(condition, what, timeout):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what() if callable(what) else what}")
-        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
