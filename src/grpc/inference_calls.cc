@@ -123,9 +123,14 @@ class GrpcServer::Impl::StreamCall final
       ++inflight_;  // the stream cannot finish before this request's end
       // Read as a drain began: answered, not run.
       unrun = draining_;
-      MaybeReadLocked();
     }
+    // The next read starts only once this request is in the service, so
+    // that a stream's requests reach it in the order they were sent (a
+    // sequence's steps depend on it).
+    const std::shared_ptr<StreamCall> keep = shared_from_this();  // past the request's end
     Submit(message, unrun);
+    std::lock_guard lock(mu_);
+    MaybeReadLocked();
   }
 
   void OnWriteDone(bool ok) override {

@@ -216,3 +216,34 @@ def test_sequences_over_grpc(served):
         assert got["CORRID_OUT"].ravel().tolist() == [41]
     finally:
         channel.close()
+
+
+def test_a_grpc_streams_sequence_steps_run_in_the_order_sent(served):
+    # Every step of 6 interleaved sequences is written at once on one
+    # ModelStreamInfer stream; each answer must be its sequence's running
+    # total so far, as if the steps had run one by one in the order sent.
+    from grpc_support import connect, grpc_port, infer_request, outputs_of
+    import numpy as np
+    port = grpc_port(served["log"].read_text())
+    channel, stub = connect(port)
+    sequences, steps = [9001 + i for i in range(6)], 8
+    sent = []  # (sequence, value, request id, request), in the order written
+    for n in range(steps):
+        for s in sequences:
+            parameters = {"sequence_id": s, "sequence_start": n == 0, "sequence_end": n == steps - 1}
+            value = float(s % 7 + n)
+            request = infer_request("accumulate", "INPUT", np.array([[value]], np.float32),
+                                    id=f"{s}-{n}", outputs=("OUTPUT",), parameters=parameters)
+            sent.append((s, value, f"{s}-{n}", request))
+    try:
+        answers = {}
+        for message in stub.ModelStreamInfer(iter([r for *_, r in sent]), timeout=120):
+            assert message.error_message == "", message.error_message
+            answers[message.infer_response.id] = \
+                outputs_of(message.infer_response)["OUTPUT"].ravel().tolist()
+        totals = {s: 0.0 for s in sequences}
+        for s, value, request_id, _ in sent:
+            totals[s] += value
+            assert answers[request_id] == [totals[s]], (request_id, answers[request_id], totals[s])
+    finally:
+        channel.close()
