@@ -5,7 +5,7 @@ seed 003's own pattern and transformers' continuous batching, in one run.
         --workers 1,2 --streams 1,16,64,256 --max-streams 256 --continuous-batching 16,64,256 \\
         --chaos-seconds 60 --json gpu-out/generate.json
 
-A Llama-architecture checkpoint of about 1 B parameters in bf16 (random
+A Llama-architecture checkpoint of about 1 B parameters in bf16 (--dtype; random
 weights, made offline: hidden 2048, 16 layers, 32 heads, 8 KV heads,
 intermediate 8192). Every stream is POST /v1/completions, stream: true,
 greedy, max_tokens 128 (--max-tokens); the prompt is numbered ("Request 7:
@@ -281,7 +281,8 @@ class Models:
         if a.device == "cuda":
             base = tmp / "checkpoint"
             t0 = time.time()
-            self._run("llama", base, "--workers", "1", "--", *LLAMA_SHAPE)
+            dtype = [] if a.dtype == "bfloat16" else ["--dtype", a.dtype]
+            self._run("llama", base, "--workers", "1", *dtype, "--", *LLAMA_SHAPE)
             self.checkpoint = base / "llama" / "1"
             size = sum(f.stat().st_size for f in self.checkpoint.glob("*.safetensors")) / 2**20
             self.made = {"checkpoint_mib": size, "made_s": time.time() - t0}
@@ -419,7 +420,7 @@ def continuous_batching_part(a, models, env, results):
     checkpoint = models.checkpoint or "(none: the tiny decoder is no transformers checkpoint)"
     command = [sys.executable, __file__, "--continuous-batching-child", str(checkpoint),
                "--continuous-batching", ",".join(map(str, a.continuous_batching)),
-               "--max-tokens", str(a.max_tokens), "--device", a.device]
+               "--max-tokens", str(a.max_tokens), "--device", a.device, "--dtype", a.dtype]
     if a.cb_num_blocks:
         command += ["--cb-num-blocks", str(a.cb_num_blocks)]
     if a.cb_max_batch_tokens:
@@ -450,7 +451,7 @@ def continuous_batching_child(a):
     checkpoint = a.continuous_batching_child
     tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        checkpoint, torch_dtype=torch.bfloat16, local_files_only=True).to(a.device).eval()
+        checkpoint, torch_dtype=getattr(torch, a.dtype), local_files_only=True).to(a.device).eval()
     inputs = [tokenizer(prompt(i))["input_ids"] for i in range(max(a.continuous_batching))]
     eos = model.generation_config.eos_token_id
     if eos is None:
@@ -663,6 +664,8 @@ def main():
                     help="length of the chaos run (0: skipped), e.g. 60")
     ap.add_argument("--chaos-streams", type=int, default=64)
     ap.add_argument("--chaos-workers", type=int, default=2)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                    help="the dtype of the Llama checkpoint made for the run (GPU)")
     ap.add_argument("--chaos-every", type=float, default=5, help="seconds between SIGKILLs of worker 0")
     a = ap.parse_args()
     if a.continuous_batching_child:
