@@ -98,7 +98,7 @@ Status Server::Impl::WaitForModels() {
   std::shared_lock entries_lock(entries_mu_);
   for (auto& [name, entry] : entries_) {
     const std::shared_ptr<ModelRuntime> m = entry->served.load();
-    if (m == nullptr) continue;
+    if (m == nullptr || m->is_ensemble()) continue;
     spdlog::info("model {}: {} of {} workers ready {:.3f} s after start-up began", name,
                  m->ready_workers.load(), m->worker_count,
                  std::chrono::duration<double>(Clock::now() - started_at_).count());
@@ -177,7 +177,8 @@ bool Server::Impl::Shutdown(std::optional<std::chrono::milliseconds> builder_gra
     m->JoinWorkers();
     if (m->sequences) m->sequences->FailAll(Unavailable("the server is shutting down"));
     m->queue->FailAll(Unavailable("the server is shutting down"));
-    if (const uint64_t n = m->stats.batches.load(), r = m->stats.requests.load(); n > 0 && r > 0) {
+    if (const uint64_t n = m->stats.batches.load(), r = m->stats.requests.load();
+        n > 0 && r > 0 && !m->is_ensemble()) {
       spdlog::info(
           "model {}: {} requests in {} batches; mean {:.3f} ms per batch in the backend, "
           "{:.3f} ms from request to answer in the server",

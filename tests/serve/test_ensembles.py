@@ -300,3 +300,22 @@ def test_ensembles_over_grpc(served):
         assert "step 3 (model 'postprocess')" in e.details() and "over 1000" in e.details(), e.details()
     finally:
         channel.close()
+
+
+def test_loading_an_ensemble_loads_the_models_it_uses(served):
+    # As Triton's explicit model control does: the models its steps name
+    # that are not served are loaded with it.
+    url = served["url"]
+    r = requests.post(f"{url}/v2/repository/models/stats/unload", json={}, timeout=60)
+    assert r.status_code == 200, r.text
+    r = infer(url, RAW[:1])
+    assert r.status_code == 503, r.text
+    assert "ensemble 'pipeline' step 2 (model 'stats')" in r.text and "unloaded" in r.text, r.text
+    r = requests.post(f"{url}/v2/repository/models/pipeline/load", json={}, timeout=120)
+    assert r.status_code == 200, r.text
+    index = {m["name"]: m for m in requests.post(f"{url}/v2/repository/index", json={}, timeout=10).json()}
+    assert index["stats"]["state"] == "READY" and index["pipeline"]["state"] == "READY"
+    np.testing.assert_allclose(outputs(infer(url, RAW))["SCORE"], expected(RAW)["SCORE"])
+    # A model the repository lacks cannot be loaded for it.
+    r = requests.post(f"{url}/v2/repository/models/unknown_step/load", json={}, timeout=60)
+    assert r.status_code != 200 and "loading model 'nowhere' for the ensemble" in r.text, r.text
