@@ -62,10 +62,9 @@ class EnsembleRun : public std::enable_shared_from_this<EnsembleRun> {
       }
       if (answer) return done_(std::move(*answer));
       if (!failed_ok()) continue;
-      run_step_(std::move(step_request),
-                [self = shared_from_this(), i](Result<InferResponse> r) {
-                  self->StepDone(i, std::move(r));
-                });
+      run_step_(std::move(step_request), [self = shared_from_this(), i](Result<InferResponse> r) {
+        self->StepDone(i, std::move(r));
+      });
     }
   }
 
@@ -100,9 +99,11 @@ class EnsembleRun : public std::enable_shared_from_this<EnsembleRun> {
     const std::shared_ptr<const void> owner = shared_from_this();
     for (const auto& [step_tensor, tensor] : step.inputs) {
       const InferTensor& t = tensors_.at(tensor);
-      r.inputs.emplace_back(step_tensor, t.dtype, t.shape, TensorData::Shared(t.data.bytes(), owner));
+      r.inputs.emplace_back(step_tensor, t.dtype, t.shape,
+                            TensorData::Shared(t.data.bytes(), owner));
     }
-    for (const auto& [step_tensor, tensor] : step.outputs) r.outputs.emplace_back(step_tensor, true);
+    for (const auto& [step_tensor, tensor] : step.outputs)
+      r.outputs.emplace_back(step_tensor, true);
     return r;
   }
 

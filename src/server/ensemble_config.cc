@@ -36,8 +36,7 @@ Result<std::vector<std::pair<std::string, std::string>>> TensorMap(const Ctx& c,
 
 std::string Shape(const std::vector<int64_t>& dims) {
   std::string out = "[";
-  for (size_t i = 0; i < dims.size(); ++i)
-    out += (i > 0 ? ", " : "") + std::to_string(dims[i]);
+  for (size_t i = 0; i < dims.size(); ++i) out += (i > 0 ? ", " : "") + std::to_string(dims[i]);
   return out + "]";
 }
 
@@ -205,8 +204,8 @@ Result<std::vector<std::string>> CheckEnsembleSteps(const ModelConfig& m,
       return error(field, what + " is " + std::string(TritonDataTypeName(t.dtype)) + " but " +
                               k.from + " is " + std::string(TritonDataTypeName(k.dtype)));
     if (!ShapesAgree(t.shape, k.shape))
-      return error(field, what + " has shape " + Shape(t.shape) + " but " + k.from +
-                              " has shape " + Shape(k.shape));
+      return error(field, what + " has shape " + Shape(t.shape) + " but " + k.from + " has shape " +
+                              Shape(k.shape));
     return Status::Ok();
   };
   std::set<std::string> reaches;
@@ -221,8 +220,8 @@ Result<std::vector<std::string>> CheckEnsembleSteps(const ModelConfig& m,
     const std::string served = md.versions.empty() ? "" : md.versions.front();
     if (step.version != -1 && std::to_string(step.version) != served)
       return error(f + ".model_version", "version " + std::to_string(step.version) + " of " +
-                                             model + " is not served (it serves version " +
-                                             served + "; -1 takes the served one)");
+                                             model + " is not served (it serves version " + served +
+                                             "; -1 takes the served one)");
     if (md.decoupled)
       return error(f + ".model_name",
                    model +
@@ -233,10 +232,10 @@ Result<std::vector<std::string>> CheckEnsembleSteps(const ModelConfig& m,
                                           " serves sequences (sequence_batching); an ensemble "
                                           "does not pass sequences on to its steps");
     if (m.max_batch_size > 0 && md.max_batch_size < m.max_batch_size)
-      return error(f + ".model_name",
-                   model + " batches at most " + std::to_string(md.max_batch_size) +
-                       " rows, fewer than the ensemble's max_batch_size " +
-                       std::to_string(m.max_batch_size));
+      return error(f + ".model_name", model + " batches at most " +
+                                          std::to_string(md.max_batch_size) +
+                                          " rows, fewer than the ensemble's max_batch_size " +
+                                          std::to_string(m.max_batch_size));
     for (const std::string& r : found->reaches) {
       if (r == m.name)
         return error(f + ".model_name",
@@ -249,8 +248,7 @@ Result<std::vector<std::string>> CheckEnsembleSteps(const ModelConfig& m,
       auto t = std::find_if(md.inputs.begin(), md.inputs.end(),
                             [&](const TensorMetadata& x) { return x.name == step_tensor; });
       if (t == md.inputs.end()) return error(field, model + " has no input '" + step_tensor + "'");
-      RETURN_IF_ERROR(
-          agree(field, model + "'s input '" + step_tensor + "'", *t, known.at(tensor)));
+      RETURN_IF_ERROR(agree(field, model + "'s input '" + step_tensor + "'", *t, known.at(tensor)));
     }
     for (const TensorMetadata& t : md.inputs) {
       const bool mapped = std::any_of(step.inputs.begin(), step.inputs.end(),
@@ -266,9 +264,9 @@ Result<std::vector<std::string>> CheckEnsembleSteps(const ModelConfig& m,
         return error(field, model + " has no output '" + step_tensor + "'");
       const std::string what = model + "'s output '" + step_tensor + "'";
       if (auto out = outputs.find(tensor); out != outputs.end())
-        RETURN_IF_ERROR(agree(field, what, *t,
-                              {out->second->dtype, full(*out->second),
-                               "the ensemble's output '" + tensor + "'"}));
+        RETURN_IF_ERROR(agree(
+            field, what, *t,
+            {out->second->dtype, full(*out->second), "the ensemble's output '" + tensor + "'"}));
       known[tensor] = {t->dtype, t->shape, what + " (step " + std::to_string(i) + ")"};
     }
   }

@@ -397,8 +397,8 @@ Status PickVersion(const Ctx& c, const YAML::Node& root, const std::string& mode
   m.version_dir = version_dir.string();
   // Empty for a version without weights: the stores hold nothing for it.
   m.checkpoint_path = chosen->weightless || ensemble ? std::string()
-                      : chosen->sharded  ? version_dir.string()
-                                         : (version_dir / "model.safetensors").string();
+                      : chosen->sharded              ? version_dir.string()
+                                                     : (version_dir / "model.safetensors").string();
   return Status::Ok();
 }
 
@@ -413,14 +413,16 @@ Result<ModelConfig> ParseEnsemble(const Ctx& c, const YAML::Node& root,
   ASSIGN_OR_RETURN(std::string kind, String(c, platform, "platform"));
   if (kind != "ensemble")
     return c.Error(platform, "platform",
-                   Quote(kind) + ": the only platform a config.yaml names is ensemble (give the "
-                                 "model's backend instead)");
+                   Quote(kind) +
+                       ": the only platform a config.yaml names is ensemble (give the "
+                       "model's backend instead)");
   for (const char* field : {"backend", "instance_group", "dynamic_batching", "sequence_batching",
                             "parameters", "model_transaction_policy"})
     if (root[field])
       return c.Error(root[field], field,
                      "an ensemble has no workers of its own: its steps' models have their "
-                     "own " + std::string(field) + " (remove it)");
+                     "own " +
+                         std::string(field) + " (remove it)");
   if (!root["ensemble_scheduling"])
     return InvalidArgument(m.config_path + ": ensemble_scheduling: missing (platform: ensemble)");
   if (!root["input"] || !root["output"])

@@ -132,8 +132,9 @@ const std::set<std::string_view>& Implemented() {
 const std::map<std::string_view, std::set<std::string_view> >& TritonOnly() {
   static const std::map<std::string_view, std::set<std::string_view> > fields = {
       {"inference.ModelConfig",
-       {"runtime", "batch_input", "batch_output", "optimization", "cc_model_filenames", "metric_tags", "model_warmup", "model_operations",
-        "model_repository_agents", "model_metrics"}},
+       {"runtime", "batch_input", "batch_output", "optimization", "cc_model_filenames",
+        "metric_tags", "model_warmup", "model_operations", "model_repository_agents",
+        "model_metrics"}},
       {"inference.ModelInstanceGroup",
        {"rate_limiter", "secondary_devices", "profile", "passive", "host_policy"}},
       {"inference.ModelSequenceBatching", {"iterative_sequence"}},
@@ -516,8 +517,8 @@ Status WriteEnsemble(Writer& w, const inference::ModelEnsembling& e, const Parse
     const Step& step = e.step(i);
     const ParseInfoTree* st = Nested(t, d, "step", i);
     const std::string field = "ensemble_scheduling.step[" + std::to_string(i) + "]";
-    ASSIGN_OR_RETURN(std::string name, w.Quote(step.model_name(), At(st, sd, "model_name"),
-                                               field + ".model_name"));
+    ASSIGN_OR_RETURN(std::string name,
+                     w.Quote(step.model_name(), At(st, sd, "model_name"), field + ".model_name"));
     w.Line(4, "- model_name: " + name, At(t, d, "step", i));
     if (step.model_version() != 0)
       w.Line(4, "  model_version: " + std::to_string(step.model_version()),

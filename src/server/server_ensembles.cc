@@ -17,7 +17,8 @@ Result<ComposingModel> Server::Impl::FindComposing(const std::string& model,
     if (it == entries_.end()) return NotFound("the repository has no such model");
     const ModelEntry& entry = *it->second;
     std::lock_guard lock(entry.mu);
-    loading = entry.served.load() == nullptr && !entry.settled && !entry.unloaded && !entry.deferred;
+    loading =
+        entry.served.load() == nullptr && !entry.settled && !entry.unloaded && !entry.deferred;
   }
   if (loading) {
     // Not under the other entry's lock: two ensembles may look at each other.
@@ -46,8 +47,8 @@ Result<std::unique_ptr<ModelRuntime>> Server::Impl::BuildEnsemble(
   if (load_chain != nullptr) {
     for (size_t i = 0; i < steps.size(); ++i) {
       const std::string& model = steps[i].model;
-      const std::string field = config.config_path + ": ensemble_scheduling.step[" +
-                                std::to_string(i) + "].model_name";
+      const std::string field =
+          config.config_path + ": ensemble_scheduling.step[" + std::to_string(i) + "].model_name";
       if (std::find(load_chain->begin(), load_chain->end(), model) != load_chain->end())
         return InvalidArgument(field + ": model '" + model +
                                "' is an ensemble being loaded for this one (a cycle)");
@@ -70,8 +71,7 @@ Result<std::unique_ptr<ModelRuntime>> Server::Impl::BuildEnsemble(
   m->shared_memory = &shared_memory_;
   m->hangups = &hangups_;
   for (const IoConfig& io : m->config().inputs) m->inputs.push_back({io.name, io.dtype, io.dims});
-  for (const IoConfig& io : m->config().outputs)
-    m->outputs.push_back({io.name, io.dtype, io.dims});
+  for (const IoConfig& io : m->config().outputs) m->outputs.push_back({io.name, io.dtype, io.dims});
   m->signature_known = true;
   m->stats.max_batch = m->max_batch();
   {

@@ -1,11 +1,12 @@
 // Ensembles (platform: ensemble): their config read from config.pbtxt and
 // config.yaml, the checks of their steps as a graph, and the checks against
 // the models the steps name (with a fake lookup standing for the server).
+#include "server/ensemble_config.h"
+
 #include <filesystem>
 #include <fstream>
 
 #include "gtest/gtest.h"
-#include "server/ensemble_config.h"
 #include "server/model_config.h"
 #include "server/model_config_json.h"
 #include "support/test_store.h"
@@ -120,8 +121,7 @@ ensemble_scheduling { step [ { model_name: "m"
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("config.pbtxt:6:"), std::string::npos)
       << c.status().message();
-  EXPECT_NE(c.status().message().find("is given twice"), std::string::npos)
-      << c.status().message();
+  EXPECT_NE(c.status().message().find("is given twice"), std::string::npos) << c.status().message();
 }
 #endif
 
@@ -140,8 +140,9 @@ output: [{name: y, data_type: TYPE_FP32, dims: [1]}]
 ensemble_scheduling:
   step:
 )";
-  ExpectError(head + "    - {model_name: a, input_map: {i: x}, output_map: {o: y}}\n"
-                     "    - {model_name: b, input_map: {i: x}, output_map: {o: y}}\n",
+  ExpectError(head +
+                  "    - {model_name: a, input_map: {i: x}, output_map: {o: y}}\n"
+                  "    - {model_name: b, input_map: {i: x}, output_map: {o: y}}\n",
               "ensemble_scheduling.step[1].output_map['o']: ensemble tensor 'y' is produced twice "
               "(also by ensemble_scheduling.step[0].output_map['o'])");
   ExpectError(head + "    - {model_name: a, input_map: {i: x}, output_map: {o: x}}\n",
@@ -151,9 +152,10 @@ ensemble_scheduling:
               "produced");
   ExpectError(head + "    - {model_name: a, input_map: {i: x}, output_map: {o: z}}\n",
               "output: 'y' is produced by no step");
-  ExpectError(head + "    - {model_name: a, input_map: {i: x, j: q}, output_map: {o: p}}\n"
-                     "    - {model_name: b, input_map: {i: p}, output_map: {o: q}}\n"
-                     "    - {model_name: c, input_map: {i: x}, output_map: {o: y}}\n",
+  ExpectError(head +
+                  "    - {model_name: a, input_map: {i: x, j: q}, output_map: {o: p}}\n"
+                  "    - {model_name: b, input_map: {i: p}, output_map: {o: q}}\n"
+                  "    - {model_name: c, input_map: {i: x}, output_map: {o: y}}\n",
               "ensemble_scheduling.step: steps 0 (a), 1 (b) wait on each other's outputs (a "
               "cycle)");
   ExpectError(R"(platform: ensemble
@@ -166,13 +168,14 @@ ensemble_scheduling: {step: [{model_name: a, input_map: {i: x}, output_map: {o: 
               "ensemble_scheduling.step[0].output_map: missing");
   ExpectError(head + "    - {model_name: a, input_map: {}, output_map: {o: y}}\n",
               "ensemble_scheduling.step[0].input_map: must be a non-empty map");
-  ExpectError(head + "    - {model_name: a, model_version: 0, input_map: {i: x}, output_map: {o: "
-                     "y}}\n",
+  ExpectError(head +
+                  "    - {model_name: a, model_version: 0, input_map: {i: x}, output_map: {o: "
+                  "y}}\n",
               "ensemble_scheduling.step[0].model_version: must be -1");
   ExpectError(head + "    - {model_name: a, input_map: {i: x}, output_map: {o: y}, extra: 1}\n",
               "ensemble_scheduling.step[0].extra: unknown field");
-  ExpectError(std::string(kDiamond).replace(std::string(kDiamond).find("model_name: left"),
-                                            16, "model_name: e" + std::to_string(models_)),
+  ExpectError(std::string(kDiamond).replace(std::string(kDiamond).find("model_name: left"), 16,
+                                            "model_name: e" + std::to_string(models_)),
               "names the ensemble itself (a cycle)");
 }
 
@@ -181,18 +184,20 @@ TEST_F(EnsembleConfigTest, FieldsOfWorkersAreRefused) {
 output: [{name: y, data_type: TYPE_FP32, dims: [1]}]
 ensemble_scheduling: {step: [{model_name: a, input_map: {i: x}, output_map: {o: y}}]}
 )";
-  ExpectError("platform: ensemble\nbackend: python\n" + body, "backend: an ensemble has no workers");
+  ExpectError("platform: ensemble\nbackend: python\n" + body,
+              "backend: an ensemble has no workers");
   ExpectError("platform: ensemble\ninstance_group: [{count: 2}]\n" + body,
               "instance_group: an ensemble has no workers");
   ExpectError("platform: ensemble\ndynamic_batching: {}\n" + body, "dynamic_batching: an ensemble");
   ExpectError("backend: python\n" + body, "ensemble_scheduling: is for a model with platform");
   ExpectError("platform: onnxruntime_onnx\n" + body,
               "platform: 'onnxruntime_onnx': the only platform a config.yaml names is ensemble");
-  ExpectError("platform: ensemble\n"
-              "input: [{name: x, data_type: TYPE_FP32, dims: [1]}]\n"
-              "ensemble_scheduling: {step: [{model_name: a, input_map: {i: x}, output_map: {o: "
-              "y}}]}\n",
-              "output: missing");
+  ExpectError(
+      "platform: ensemble\n"
+      "input: [{name: x, data_type: TYPE_FP32, dims: [1]}]\n"
+      "ensemble_scheduling: {step: [{model_name: a, input_map: {i: x}, output_map: {o: "
+      "y}}]}\n",
+      "output: missing");
   // An ensemble needs a version directory, as in Triton (empty).
   const std::string dir = tmp_.File("noversion");
   std::filesystem::create_directories(dir);
@@ -206,8 +211,8 @@ ensemble_scheduling: {step: [{model_name: a, input_map: {i: x}, output_map: {o: 
 class FakeRepository {
  public:
   FakeRepository() {
-    Add("pre", 4, {{"IN", DType::kF32, {-1, 4}}}, {{"A", DType::kF32, {-1, 2}},
-                                                   {"B", DType::kF32, {-1, 2}}});
+    Add("pre", 4, {{"IN", DType::kF32, {-1, 4}}},
+        {{"A", DType::kF32, {-1, 2}}, {"B", DType::kF32, {-1, 2}}});
     Add("left", 8, {{"IN", DType::kF32, {-1, 2}}}, {{"OUT", DType::kF32, {-1, 1}}});
     Add("right", 8, {{"IN", DType::kF32, {-1, -1}}}, {{"OUT", DType::kF32, {-1, 1}}});
     Add("join", 4, {{"L", DType::kF32, {-1, 1}}, {"R", DType::kF32, {-1, 1}}},
@@ -259,10 +264,14 @@ TEST_F(EnsembleConfigTest, StepsDisagreeingWithTheirModelsAreErrorsNamingTheFiel
       {[](FakeRepository& r) { r.models["pre"].metadata.inputs[0].dtype = DType::kI64; },
        "ensemble_scheduling.step[0].input_map['IN']: model 'pre''s input 'IN' is TYPE_INT64 but "
        "the ensemble's input 'x' is TYPE_FP32"},
-      {[](FakeRepository& r) { r.models["left"].metadata.inputs[0].shape = {-1, 3}; },
+      {[](FakeRepository& r) {
+         r.models["left"].metadata.inputs[0].shape = {-1, 3};
+       },
        "ensemble_scheduling.step[1].input_map['IN']: model 'left''s input 'IN' has shape [-1, 3] "
        "but model 'pre''s output 'A' (step 0) has shape [-1, 2]"},
-      {[](FakeRepository& r) { r.models["join"].metadata.outputs[0].shape = {-1, 2}; },
+      {[](FakeRepository& r) {
+         r.models["join"].metadata.outputs[0].shape = {-1, 2};
+       },
        "ensemble_scheduling.step[3].output_map['OUT']: model 'join''s output 'OUT' has shape "
        "[-1, 2] but the ensemble's output 'y' has shape [-1, 1]"},
       {[](FakeRepository& r) { r.models["left"].metadata.decoupled = true; },
