@@ -311,8 +311,8 @@ class GrpcServer::Impl final : public Service {
   grpc::ServerUnaryReactor* RepositoryModelUnload(
       grpc::CallbackServerContext* context, const inference::RepositoryModelUnloadRequest* request,
       inference::RepositoryModelUnloadResponse*) override {
-    // Triton's unload_dependents: hearth has no ensembles, so no model
-    // depends on another and there is nothing more to unload.
+    // Triton's unload_dependents: accepted; an ensemble's unload leaves
+    // the models its steps name served, with it or without it.
     if (Status valid = CheckRepositoryRequest(request->repository_name(), request->model_name(),
                                               request->parameters(), "unload_dependents");
         !valid.ok()) {

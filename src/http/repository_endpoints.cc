@@ -57,8 +57,8 @@ void ServeRepositoryControl(Session& session, const Request& request, const Rout
       return session.Send(StatusResponse(overrides.status(), version, keep_alive));
     return RunControl(session, load, route.model, version, keep_alive, std::move(*overrides));
   }
-  // Triton's unload_dependents: hearth has no ensembles, nothing depends
-  // on another model.
+  // Triton's unload_dependents: accepted; an ensemble's unload leaves the
+  // models its steps name served, with it or without it.
   if (Status valid = CheckRepositoryControlBody(request.body(), "unload_dependents"); !valid.ok())
     return session.Send(StatusResponse(valid, version, keep_alive));
   return RunControl(session, load, route.model, version, keep_alive);

@@ -22,6 +22,7 @@
 #include "common/datatype.h"
 #include "common/regular_file.h"
 #include "protocol/worker_protocol.h"
+#include "server/ensemble_config.h"
 #include "server/model_config_pbtxt.h"
 #include "server/model_config_yaml.h"
 #include "server/sequence_config.h"
@@ -141,9 +142,11 @@ Result<bool> Exists(const fs::path& path) {
 
 // Numeric subdirectories holding a checkpoint (kCheckpointFiles), or, with
 // `code_only` (backend: python), a model.py without one: a model that
-// needs no weights. Symbolic links are followed once per entry (no
+// needs no weights; with `any` (an ensemble, which has no files of its
+// own), every numeric directory. Symbolic links are followed once per entry (no
 // recursion), so a loop is an error naming it.
-Result<std::vector<Version>> FindVersions(const std::string& model_dir, bool code_only) {
+Result<std::vector<Version>> FindVersions(const std::string& model_dir, bool code_only,
+                                          bool any = false) {
   std::vector<Version> versions;
   std::error_code ec;
   fs::directory_iterator it(model_dir, ec);
@@ -172,8 +175,10 @@ Result<std::vector<Version>> FindVersions(const std::string& model_dir, bool cod
     if (perr != std::errc() || end != name.data() + name.size())
       return InvalidArgument(path.string() + ": version directory name " + Quote(name) +
                              " is not a number below 2^64");
-    ASSIGN_OR_RETURN(v.sharded, Exists(path / "model.safetensors.index.json"));
-    if (!v.sharded) {
+    if (!any) {
+      ASSIGN_OR_RETURN(v.sharded, Exists(path / "model.safetensors.index.json"));
+    }
+    if (!any && !v.sharded) {
       ASSIGN_OR_RETURN(bool single, Exists(path / "model.safetensors"));
       if (!single) {
         if (!code_only) continue;
@@ -350,6 +355,95 @@ Status NoDuplicateKeys(const Ctx& c, const YAML::Node& node, const std::string& 
   return Status::Ok();
 }
 
+// Versions: numeric subdirectories with a checkpoint (any, for an
+// ensemble); the highest unless version_policy: {specific: {versions: [N]}}.
+Status PickVersion(const Ctx& c, const YAML::Node& root, const std::string& model_dir,
+                   ModelConfig& m) {
+  const bool code_only = m.backend == "python";
+  const bool ensemble = m.ensemble.has_value();
+  ASSIGN_OR_RETURN(std::vector<Version> versions, FindVersions(model_dir, code_only, ensemble));
+  if (versions.empty() && ensemble)
+    return NotFound(model_dir + ": no version directory (an ensemble has no files, but a version " +
+                    "directory all the same, as in Triton: make " + model_dir + "/1, empty)");
+  if (versions.empty())
+    return NotFound(
+        model_dir + ": no version directory holding " + std::string(kCheckpointFiles) +
+        (code_only ? ", or model.py" : "") + " (expected " + model_dir +
+        "/1/model.safetensors, or " + model_dir +
+        "/1/model.safetensors.index.json and the shards it names" +
+        (code_only ? ", or " + model_dir + "/1/model.py for a model without weights" : "") + ")");
+  const Version* chosen = &versions.back();
+  if (const YAML::Node vp = root["version_policy"]) {
+    const YAML::Node specific = vp.IsMap() ? vp["specific"] : YAML::Node();
+    if (!specific || !specific.IsMap() || !specific["versions"] ||
+        !specific["versions"].IsSequence() || specific["versions"].size() != 1)
+      return c.Error(vp, "version_policy", "only {specific: {versions: [N]}} is supported");
+    ASSIGN_OR_RETURN(uint64_t want, Number<uint64_t>(c, specific["versions"][0],
+                                                     "version_policy.specific.versions"));
+    auto it = std::find_if(versions.begin(), versions.end(),
+                           [&](const Version& v) { return v.number == want; });
+    if (it == versions.end())
+      return c.Error(specific["versions"][0], "version_policy.specific.versions",
+                     "version " + std::to_string(want) + " has no directory" +
+                         (ensemble ? std::string()
+                                   : " holding " + std::string(kCheckpointFiles) +
+                                         (code_only ? ", or model.py" : "")));
+    chosen = &*it;
+  }
+  m.version = chosen->number;
+  // A sharded checkpoint is its directory; one file is named as before, so
+  // that what the store reports for it does not change.
+  const fs::path version_dir = fs::path(model_dir) / chosen->dir;
+  m.version_dir = version_dir.string();
+  // Empty for a version without weights: the stores hold nothing for it.
+  m.checkpoint_path = chosen->weightless || ensemble ? std::string()
+                      : chosen->sharded              ? version_dir.string()
+                                                     : (version_dir / "model.safetensors").string();
+  return Status::Ok();
+}
+
+// platform: ensemble: its name, max_batch_size, inputs, outputs, steps
+// and version policy; nothing of workers or batching, which are its steps'.
+Result<ModelConfig> ParseEnsemble(const Ctx& c, const YAML::Node& root,
+                                  const std::string& model_dir, ModelConfig m) {
+  const YAML::Node platform = root["platform"];
+  if (!platform)
+    return c.Error(root["ensemble_scheduling"], "ensemble_scheduling",
+                   "is for a model with platform: ensemble");
+  ASSIGN_OR_RETURN(std::string kind, String(c, platform, "platform"));
+  if (kind != "ensemble")
+    return c.Error(platform, "platform",
+                   Quote(kind) +
+                       ": the only platform a config.yaml names is ensemble (give the "
+                       "model's backend instead)");
+  for (const char* field : {"backend", "instance_group", "dynamic_batching", "sequence_batching",
+                            "parameters", "model_transaction_policy"})
+    if (root[field])
+      return c.Error(root[field], field,
+                     "an ensemble has no workers of its own: its steps' models have their "
+                     "own " +
+                         std::string(field) + " (remove it)");
+  if (!root["ensemble_scheduling"])
+    return InvalidArgument(m.config_path + ": ensemble_scheduling: missing (platform: ensemble)");
+  if (!root["input"] || !root["output"])
+    return InvalidArgument(m.config_path + ": " + (root["input"] ? "output" : "input") +
+                           ": missing (an ensemble lists its inputs and outputs)");
+  if (root["max_batch_size"]) {
+    ASSIGN_OR_RETURN(m.max_batch_size, Number<int>(c, root["max_batch_size"], "max_batch_size"));
+    if (m.max_batch_size < 0 || m.max_batch_size > 4096)
+      return c.Error(root["max_batch_size"], "max_batch_size", "must be in [0, 4096]");
+  }
+  ASSIGN_OR_RETURN(m.inputs, Ios(c, root["input"], "input"));
+  ASSIGN_OR_RETURN(m.outputs, Ios(c, root["output"], "output"));
+  for (size_t i = 0; i < m.inputs.size(); ++i)
+    if (m.inputs[i].optional)
+      return c.Error(root["input"][i]["optional"], "input[" + std::to_string(i) + "].optional",
+                     "an ensemble's inputs are all required");
+  RETURN_IF_ERROR(ReadEnsembleScheduling(c, root["ensemble_scheduling"], m));
+  RETURN_IF_ERROR(PickVersion(c, root, model_dir, m));
+  return m;
+}
+
 // Everything but reading the file; may throw yaml-cpp's exceptions (the caller catches them).
 Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::string& text,
                                     ModelConfig m, const std::vector<std::string>* origins) {
@@ -376,7 +470,9 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
                                  "parameters",
                                  "version_policy",
                                  "model_transaction_policy",
-                                 "sequence_batching"};
+                                 "sequence_batching",
+                                 "platform",
+                                 "ensemble_scheduling"};
   for (const auto& kv : root) {
     ASSIGN_OR_RETURN(std::string key, Key(c, kv.first, "(top level)"));
     if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown))
@@ -388,6 +484,7 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
       return c.Error(root["name"], "name",
                      Quote(name) + " differs from the directory name " + Quote(m.name));
   }
+  if (root["platform"] || root["ensemble_scheduling"]) return ParseEnsemble(c, root, model_dir, m);
   if (!root["backend"])
     return InvalidArgument(m.config_path + ": backend: missing (mlp, scale, python, ...)");
   ASSIGN_OR_RETURN(m.backend, String(c, root["backend"], "backend"));
@@ -661,42 +758,7 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
     }
   }
 
-  // Versions: numeric subdirectories with a checkpoint; the highest
-  // unless version_policy: {specific: {versions: [N]}}.
-  const bool code_only = m.backend == "python";
-  ASSIGN_OR_RETURN(std::vector<Version> versions, FindVersions(model_dir, code_only));
-  if (versions.empty())
-    return NotFound(
-        model_dir + ": no version directory holding " + std::string(kCheckpointFiles) +
-        (code_only ? ", or model.py" : "") + " (expected " + model_dir +
-        "/1/model.safetensors, or " + model_dir +
-        "/1/model.safetensors.index.json and the shards it names" +
-        (code_only ? ", or " + model_dir + "/1/model.py for a model without weights" : "") + ")");
-  const Version* chosen = &versions.back();
-  if (const YAML::Node vp = root["version_policy"]) {
-    const YAML::Node specific = vp.IsMap() ? vp["specific"] : YAML::Node();
-    if (!specific || !specific.IsMap() || !specific["versions"] ||
-        !specific["versions"].IsSequence() || specific["versions"].size() != 1)
-      return c.Error(vp, "version_policy", "only {specific: {versions: [N]}} is supported");
-    ASSIGN_OR_RETURN(uint64_t want, Number<uint64_t>(c, specific["versions"][0],
-                                                     "version_policy.specific.versions"));
-    auto it = std::find_if(versions.begin(), versions.end(),
-                           [&](const Version& v) { return v.number == want; });
-    if (it == versions.end())
-      return c.Error(specific["versions"][0], "version_policy.specific.versions",
-                     "version " + std::to_string(want) + " has no directory holding " +
-                         std::string(kCheckpointFiles) + (code_only ? ", or model.py" : ""));
-    chosen = &*it;
-  }
-  m.version = chosen->number;
-  // A sharded checkpoint is its directory; one file is named as before, so
-  // that what the store reports for it does not change.
-  const fs::path version_dir = fs::path(model_dir) / chosen->dir;
-  m.version_dir = version_dir.string();
-  // Empty for a version without weights: the stores hold nothing for it.
-  m.checkpoint_path = chosen->weightless ? std::string()
-                      : chosen->sharded  ? version_dir.string()
-                                         : (version_dir / "model.safetensors").string();
+  RETURN_IF_ERROR(PickVersion(c, root, model_dir, m));
   return m;
 }
 

@@ -123,6 +123,19 @@ struct SequenceBatching {
   std::vector<SequenceState> states;
 };
 
+// ensemble_scheduling (platform: ensemble), with Triton's meaning: a model
+// with no workers and no weights whose requests run its steps inside the
+// server (server/ensemble.h), each step a request to another model. Its
+// steps' maps pair a tensor of the step's model (first) with a tensor of
+// the ensemble (second): one of its inputs, or one a step produces.
+inline constexpr size_t kMaxEnsembleSteps = 256;
+
+struct EnsembleStep {
+  std::string model;
+  int64_t version = -1;  // -1: the version the model serves
+  std::vector<std::pair<std::string, std::string>> inputs, outputs;  // in the config's order
+};
+
 // The longest a batch may wait to fill: a request waits at most this long for
 // others to join it (and never past its own deadline).
 inline constexpr uint64_t kMaxQueueDelayUs = 60'000'000;
@@ -183,6 +196,10 @@ struct ModelConfig {
   // the batching's), and parameters.max_sequences.
   std::optional<SequenceBatching> sequence;
   int max_sequences = kDefaultMaxSequences;
+  // platform: ensemble (backend empty, one default instance group, no
+  // batching policy of its own): its steps, checked as a graph
+  // (server/ensemble_config.h) but not yet against the models they name.
+  std::optional<std::vector<EnsembleStep>> ensemble;
   uint64_t version = 0;  // the repository version served
   // DIR/<model>/<version>/model.safetensors, or, for a sharded checkpoint,
   // the version directory DIR/<model>/<version> (Checkpoint::Open takes both).

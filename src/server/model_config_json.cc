@@ -23,6 +23,24 @@ std::string ModelConfigJson(const ModelConfig& c) {
             {"max_batch_size", c.max_batch_size},
             {"input", ios(c.inputs)},
             {"output", ios(c.outputs)}};
+  if (c.ensemble) {
+    // As Triton shows an ensemble: its platform and steps, and nothing of
+    // workers or batching (its steps' models have those).
+    j["platform"] = "ensemble";
+    json steps = json::array();
+    for (const EnsembleStep& step : *c.ensemble) {
+      json in = json::object(), out = json::object();
+      for (const auto& [k, v] : step.inputs) in[k] = v;
+      for (const auto& [k, v] : step.outputs) out[k] = v;
+      steps.push_back({{"model_name", step.model},
+                       {"model_version", step.version},
+                       {"input_map", in},
+                       {"output_map", out}});
+    }
+    j["ensemble_scheduling"] = {{"step", steps}};
+    j["version_policy"] = {{"specific", {{"versions", {c.version}}}}};
+    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
   json groups = json::array();
   for (const InstanceGroup& g : c.instance_groups) {
     json group = {{"count", g.count}, {"kind", g.kind_gpu ? "KIND_GPU" : "KIND_CPU"}};

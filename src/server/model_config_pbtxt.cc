@@ -112,6 +112,16 @@ const std::set<std::string_view>& Implemented() {
       "sequence_batching.state.initial_state.zero_data",
       "sequence_batching.state.initial_state.data_file",
       "sequence_batching.state.initial_state.name",
+      "ensemble_scheduling",
+      "ensemble_scheduling.step",
+      "ensemble_scheduling.step.model_name",
+      "ensemble_scheduling.step.model_version",
+      "ensemble_scheduling.step.input_map",
+      "ensemble_scheduling.step.input_map.key",
+      "ensemble_scheduling.step.input_map.value",
+      "ensemble_scheduling.step.output_map",
+      "ensemble_scheduling.step.output_map.key",
+      "ensemble_scheduling.step.output_map.value",
   };
   return fields;
 }
@@ -122,9 +132,9 @@ const std::set<std::string_view>& Implemented() {
 const std::map<std::string_view, std::set<std::string_view> >& TritonOnly() {
   static const std::map<std::string_view, std::set<std::string_view> > fields = {
       {"inference.ModelConfig",
-       {"runtime", "batch_input", "batch_output", "optimization", "ensemble_scheduling",
-        "cc_model_filenames", "metric_tags", "model_warmup", "model_operations",
-        "model_repository_agents", "model_metrics"}},
+       {"runtime", "batch_input", "batch_output", "optimization", "cc_model_filenames",
+        "metric_tags", "model_warmup", "model_operations", "model_repository_agents",
+        "model_metrics"}},
       {"inference.ModelInstanceGroup",
        {"rate_limiter", "secondary_devices", "profile", "passive", "host_policy"}},
       {"inference.ModelSequenceBatching", {"iterative_sequence"}},
@@ -313,14 +323,11 @@ Result<std::string> BackendOfPlatform(const std::string& path, const std::string
   };
   const auto it = kPlatforms.find(platform);
   if (it != kPlatforms.end()) return std::string(it->second);
-  if (platform == "ensemble")
-    return ErrorAt(path, place, "platform",
-                   "'ensemble': hearth does not implement ensembles of models");
   return ErrorAt(path, place, "platform",
                  "'" + platform.substr(0, 64) +
-                     "' is not a platform hearth knows (onnxruntime_onnx, pytorch_libtorch, "
-                     "tensorflow_graphdef, tensorflow_savedmodel, tensorrt_plan); give the "
-                     "model's backend instead");
+                     "' is not a platform hearth knows (ensemble, onnxruntime_onnx, "
+                     "pytorch_libtorch, tensorflow_graphdef, tensorflow_savedmodel, "
+                     "tensorrt_plan); give the model's backend instead");
 }
 
 // The fields every entry of input and output has.
@@ -492,6 +499,55 @@ Status WriteSequence(Writer& w, const inference::ModelSequenceBatching& s,
   return Status::Ok();
 }
 
+// ensemble_scheduling, its maps' entries in the file's order (read through
+// reflection, so that a key written twice is seen, as in parameters).
+Status WriteEnsemble(Writer& w, const inference::ModelEnsembling& e, const ParseInfoTree* tree) {
+  using Step = inference::ModelEnsembling::Step;
+  const pb::Descriptor* top = inference::ModelConfig::descriptor();
+  const pb::Descriptor* d = inference::ModelEnsembling::descriptor();
+  const pb::Descriptor* sd = Step::descriptor();
+  const ParseInfoTree* t = Nested(tree, top, "ensemble_scheduling");
+  if (e.step_size() == 0) {
+    w.Line(0, "ensemble_scheduling: {}", At(tree, top, "ensemble_scheduling"));
+    return Status::Ok();
+  }
+  w.Line(0, "ensemble_scheduling:", At(tree, top, "ensemble_scheduling"));
+  w.Line(2, "step:", At(t, d, "step"));
+  for (int i = 0; i < e.step_size(); ++i) {
+    const Step& step = e.step(i);
+    const ParseInfoTree* st = Nested(t, d, "step", i);
+    const std::string field = "ensemble_scheduling.step[" + std::to_string(i) + "]";
+    ASSIGN_OR_RETURN(std::string name,
+                     w.Quote(step.model_name(), At(st, sd, "model_name"), field + ".model_name"));
+    w.Line(4, "- model_name: " + name, At(t, d, "step", i));
+    if (step.model_version() != 0)
+      w.Line(4, "  model_version: " + std::to_string(step.model_version()),
+             At(st, sd, "model_version"));
+    for (const char* map : {"input_map", "output_map"}) {
+      const pb::Reflection* r = step.GetReflection();
+      const pb::FieldDescriptor* f = sd->FindFieldByName(map);
+      const int n = r->FieldSize(step, f);
+      if (n == 0) continue;
+      w.Line(4, std::string("  ") + map + ":", At(st, sd, map));
+      for (int k = 0; k < n; ++k) {
+        const pb::Message& entry = r->GetRepeatedMessage(step, f, k);
+        const pb::Descriptor* ed = entry.GetDescriptor();
+        const pb::Reflection* er = entry.GetReflection();
+        const ParseInfoTree* et = Nested(st, sd, map, k);
+        const std::string place = et != nullptr ? At(et, ed, "key") : At(st, sd, map, k);
+        const std::string entry_field = field + "." + map + "[" + std::to_string(k) + "]";
+        ASSIGN_OR_RETURN(std::string key, w.Quote(er->GetString(entry, ed->FindFieldByName("key")),
+                                                  place, entry_field + ".key"));
+        ASSIGN_OR_RETURN(std::string value,
+                         w.Quote(er->GetString(entry, ed->FindFieldByName("value")), place,
+                                 entry_field + ".value"));
+        w.Line(8, key + ": " + value, place);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 Result<PbtxtAsYaml> Write(const std::string& path, const inference::ModelConfig& mc,
                           const ParseInfoTree* tree) {
   Writer w(path);
@@ -504,6 +560,8 @@ Result<PbtxtAsYaml> Write(const std::string& path, const inference::ModelConfig&
     ASSIGN_OR_RETURN(std::string backend,
                      w.Quote(mc.backend(), At(tree, top, "backend"), "backend"));
     w.Line(0, "backend: " + backend, At(tree, top, "backend"));
+  } else if (mc.platform() == "ensemble") {
+    w.Line(0, "platform: ensemble", At(tree, top, "platform"));
   } else if (!mc.platform().empty()) {
     ASSIGN_OR_RETURN(std::string backend,
                      BackendOfPlatform(path, At(tree, top, "platform"), mc.platform()));
@@ -626,6 +684,8 @@ Result<PbtxtAsYaml> Write(const std::string& path, const inference::ModelConfig&
   }
 
   if (mc.has_sequence_batching()) RETURN_IF_ERROR(WriteSequence(w, mc.sequence_batching(), tree));
+  if (mc.has_ensemble_scheduling())
+    RETURN_IF_ERROR(WriteEnsemble(w, mc.ensemble_scheduling(), tree));
 
   if (mc.has_version_policy()) {
     const inference::ModelVersionPolicy& v = mc.version_policy();

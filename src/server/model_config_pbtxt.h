@@ -7,9 +7,10 @@
 // hearth implements (name, backend or platform, max_batch_size, input and
 // output, instance_group, dynamic_batching, sequence_batching, parameters'
 // string_value, model_transaction_policy, version_policy latest or
-// specific) or an error naming it; none is dropped. Fields of Triton's
-// configuration that proto/model_config.proto leaves out
-// (ensemble_scheduling, model_warmup, optimization, ...) are refused by the
+// specific, platform "ensemble" with ensemble_scheduling) or an error naming
+// it; none is dropped. Fields of Triton's configuration that
+// proto/model_config.proto leaves out (model_warmup, optimization, ...) are
+// refused by the
 // parser, named as such.
 // A hearth built without protobuf refuses every config.pbtxt, saying so.
 #pragma once

@@ -141,7 +141,7 @@ ModelMetadata ModelRuntime::metadata() const {
   ModelMetadata md;
   md.name = name;
   md.versions = {std::to_string(config().version)};
-  md.platform = "hearth_" + config().backend;
+  md.platform = is_ensemble() ? "ensemble" : "hearth_" + config().backend;
   md.max_batch_size = config().max_batch_size;
   auto convert = [&](const std::vector<TensorSpec>& specs, std::vector<TensorMetadata>* out) {
     for (const TensorSpec& s : specs) {

@@ -172,6 +172,15 @@ struct ModelRuntime {
   std::unique_ptr<WorkerZygote> zygote;
 
   const ModelConfig& config() const { return config_; }
+  // platform: ensemble: no placements, workers or weights (its queue stays
+  // empty and its worker_count 0); its requests run its steps
+  // (server/ensemble.h). Every model its steps reach, sorted, fixed before
+  // it is published.
+  bool is_ensemble() const { return config().ensemble.has_value(); }
+  std::vector<std::string> ensemble_reaches;
+  // Can take requests: with a ready worker, or an ensemble (its steps'
+  // models answer for themselves).
+  bool serving() const { return is_ensemble() || ready_workers.load() > 0; }
   // What the request API tells of it (InferenceService::Metadata).
   ModelMetadata metadata() const;
   int max_batch() const { return std::max(1, config().max_batch_size); }

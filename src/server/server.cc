@@ -98,7 +98,7 @@ Status Server::Impl::WaitForModels() {
   std::shared_lock entries_lock(entries_mu_);
   for (auto& [name, entry] : entries_) {
     const std::shared_ptr<ModelRuntime> m = entry->served.load();
-    if (m == nullptr) continue;
+    if (m == nullptr || m->is_ensemble()) continue;
     spdlog::info("model {}: {} of {} workers ready {:.3f} s after start-up began", name,
                  m->ready_workers.load(), m->worker_count,
                  std::chrono::duration<double>(Clock::now() - started_at_).count());
@@ -177,7 +177,8 @@ bool Server::Impl::Shutdown(std::optional<std::chrono::milliseconds> builder_gra
     m->JoinWorkers();
     if (m->sequences) m->sequences->FailAll(Unavailable("the server is shutting down"));
     m->queue->FailAll(Unavailable("the server is shutting down"));
-    if (const uint64_t n = m->stats.batches.load(), r = m->stats.requests.load(); n > 0 && r > 0) {
+    if (const uint64_t n = m->stats.batches.load(), r = m->stats.requests.load();
+        n > 0 && r > 0 && !m->is_ensemble()) {
       spdlog::info(
           "model {}: {} requests in {} batches; mean {:.3f} ms per batch in the backend, "
           "{:.3f} ms from request to answer in the server",
@@ -215,7 +216,7 @@ bool Server::Impl::Ready() const {
   std::shared_lock entries_lock(entries_mu_);
   for (const auto& [name, entry] : entries_) {
     const std::shared_ptr<ModelRuntime> m = entry->served.load();
-    if (m != nullptr && m->ready_workers.load() == 0) return false;
+    if (m != nullptr && !m->serving()) return false;
     if (m == nullptr && (options_.strict_readiness || loading)) {
       std::lock_guard lock(entry->mu);
       if (options_.strict_readiness && !entry->unloaded) return false;  // configured, not serving
@@ -307,7 +308,8 @@ void Server::Impl::Discard(ModelEntry& entry, std::shared_ptr<ModelRuntime> m) {
 // One attempt: config, checkpoint, store, workers. Returns the runtime once
 // one of its workers is ready (its other workers may still be starting);
 // an error naming the path and the reason otherwise.
-Result<std::unique_ptr<ModelRuntime>> Server::Impl::TryBuild(ModelEntry& entry, bool keep_loaded) {
+Result<std::unique_ptr<ModelRuntime>> Server::Impl::TryBuild(ModelEntry& entry, bool keep_loaded,
+                                                             std::vector<std::string>* load_chain) {
   RETURN_IF_ERROR(entry.dir.status);
   // A load's overrides, when it gave some, stand for the directory's config
   // and files.
@@ -317,6 +319,7 @@ Result<std::unique_ptr<ModelRuntime>> Server::Impl::TryBuild(ModelEntry& entry, 
       config_only ? ParseModelConfigPbtxt(dir, *entry.config_override) : LoadModelConfig(dir);
   if (config_only && !loaded.ok()) return loaded.status().WithContext("the load's config override");
   ASSIGN_OR_RETURN(ModelConfig config, std::move(loaded));
+  if (config.ensemble) return BuildEnsemble(entry, std::move(config), load_chain);
   auto m = std::make_unique<ModelRuntime>();
   m->name = entry.dir.name;
   m->config_ = std::move(config);
@@ -395,11 +398,19 @@ void Server::Impl::BuilderLoop() {
     builder_work_[std::this_thread::get_id()] = entry->dir.name;
     lock.unlock();
     const bool again = BuildOnce(*entry);
+    bool deferred = false;
+    {
+      std::lock_guard entry_lock(entry->mu);
+      deferred = entry->deferred;
+    }
     lock.lock();
     builder_work_.erase(std::this_thread::get_id());
     events_cv_.notify_all();  // Shutdown() may wait for the builders' work to end
     if (again && !stopping_) {
-      build_queue_.emplace(Clock::now() + RetryDelay(entry->failed_attempts - 1), entry);
+      // An ensemble waits for the first attempts of the models it uses.
+      const auto delay =
+          deferred ? std::chrono::milliseconds(100) : RetryDelay(entry->failed_attempts - 1);
+      build_queue_.emplace(Clock::now() + delay, entry);
       events_cv_.notify_all();  // it may be due before what the others wait for
     }
   }
@@ -430,6 +441,10 @@ bool Server::Impl::BuildOnce(ModelEntry& entry) {
   if (built.ok()) {
     Publish(entry, std::move(built).value());
     return false;
+  }
+  {
+    std::lock_guard lock(entry.mu);
+    if (entry.deferred && !stopping_) return true;
   }
   if (stopping_) {
     NotifySettled(entry);
@@ -471,8 +486,9 @@ void Server::Impl::Publish(ModelEntry& entry, std::unique_ptr<ModelRuntime> buil
     return;
   }
   const ModelConfig& c = m->config();
-  spdlog::info("model {} version {}: {} on {}{}", c.name, c.version, c.backend,
-               m->DescribePlacements(),
+  spdlog::info("model {} version {}: {}{}", c.name, c.version,
+               m->is_ensemble() ? "an ensemble of " + std::to_string(c.ensemble->size()) + " steps"
+                                : c.backend + " on " + m->DescribePlacements(),
                entry.failed_attempts > 0
                    ? ", served after " + std::to_string(entry.failed_attempts + 1) + " attempts"
                    : "");

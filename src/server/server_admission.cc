@@ -30,6 +30,8 @@ void Server::Impl::InferOn(InferRequest request,
     if (!bytes.ok()) return done_once(bytes.status().WithContext("input '" + in.name + "'"));
     in.data = std::move(bytes).value();
   }
+  // An ensemble's request runs its steps, each through this way in again.
+  if (m.is_ensemble()) return RunEnsembleRequest(runtime, std::move(request), std::move(done_once));
   for (const RequestedOutput& o : request.outputs)
     if (o.shm && o.class_count == 0 && m.config().decoupled)
       return done_once(InvalidArgument("output '" + o.name +
@@ -51,28 +53,35 @@ void Server::Impl::InferOn(InferRequest request,
   Enqueue(runtime, std::move(request), std::move(done_once), attempt);
 }
 
+// `done` counting the request in the model's statistics once it is
+// answered (it is counted pending until then).
+std::function<void(Result<InferResponse>)> Server::Impl::Counted(
+    const std::shared_ptr<ModelRuntime>& runtime,
+    std::shared_ptr<std::function<void(Result<InferResponse>)>> done) {
+  ++runtime->stats.pending;
+  return [runtime, done = std::move(done), arrived = Clock::now()](Result<InferResponse> r) {
+    ModelRuntime& model = *runtime;
+    (r.ok() ? model.stats.success : model.stats.failure) += 1;
+    (r.ok() ? model.stats.success_us : model.stats.failure_us) += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - arrived).count());
+    model.stats.last_inference_ms =
+        static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::chrono::system_clock::now().time_since_epoch())
+                                  .count());
+    --model.stats.pending;
+    (*done)(std::move(r));
+  };
+}
+
 // The request, admitted, into the model's queue. `attempt` as InferOn's;
 // -1: a request of a sequence, which a retired runtime fails (its
 // sequence's state went with it).
 void Server::Impl::Enqueue(const std::shared_ptr<ModelRuntime>& runtime, InferRequest request,
                            std::function<void(Result<InferResponse>)> done_once, int attempt) {
   ModelRuntime& m = *runtime;
-  ++m.stats.pending;
   auto original =
       std::make_shared<std::function<void(Result<InferResponse>)>>(std::move(done_once));
-  std::function<void(Result<InferResponse>)> done =
-      [runtime, original, arrived = Clock::now()](Result<InferResponse> r) {
-        ModelRuntime& model = *runtime;
-        (r.ok() ? model.stats.success : model.stats.failure) += 1;
-        (r.ok() ? model.stats.success_us : model.stats.failure_us) += static_cast<uint64_t>(
-            std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - arrived).count());
-        model.stats.last_inference_ms =
-            static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                      std::chrono::system_clock::now().time_since_epoch())
-                                      .count());
-        --model.stats.pending;
-        (*original)(std::move(r));
-      };
+  std::function<void(Result<InferResponse>)> done = Counted(runtime, original);
   auto job = std::make_shared<Job>();
   // Never trust sizes: every input's bytes must be what its shape says
   // (BYTES: exactly that many well-formed elements).

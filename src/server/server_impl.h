@@ -8,7 +8,10 @@
 //                         statistics, readiness, the index, /metrics) and
 //                         repository loads and unloads;
 //   server_stores.cc      the run directory, the stores that hold the
-//                         weights, and a model's placements on devices.
+//                         weights, and a model's placements on devices;
+//   server_ensembles.cc   ensembles: building one against the models its
+//                         steps name, and handing its requests to its
+//                         scheduler (server/ensemble.h).
 #pragma once
 
 #include <fcntl.h>
@@ -50,6 +53,7 @@
 #include "hearth/store.h"
 #include "protocol/worker_protocol.h"
 #include "server/batch_layout.h"
+#include "server/ensemble_config.h"
 #include "server/hangup_watcher.h"
 #include "server/load_overrides.h"
 #include "server/metrics.h"
@@ -106,6 +110,11 @@ struct ModelEntry {
   };
   std::map<std::string, Loaded> loaded;
 
+  // An ensemble whose attempt found a model it uses still on its first
+  // attempt: tried again shortly, neither settled nor counted as failed
+  // (under mu: other ensembles' builders read it, and do not wait on it).
+  bool deferred = false;
+
   // A repository load's overrides (Triton's config and file: parameters),
   // under build_mu: the config as config.pbtxt text, in place of the
   // directory's config file; the directory made of the files, in place of
@@ -161,7 +170,10 @@ class Server::Impl {
     if (!queued.ok()) (*answer)(std::move(queued));
   }
 
-  Status LoadModel(const std::string& name, const ModelLoadOverrides* overrides = nullptr);
+  // `chain`: the ensembles whose loads asked for this one (loading an
+  // ensemble loads the models its steps name that are not served).
+  Status LoadModel(const std::string& name, const ModelLoadOverrides* overrides = nullptr,
+                   std::vector<std::string>* chain = nullptr);
   Status UnloadModel(const std::string& name);
   std::string MetricsText() const;
   std::vector<int> WorkerPids(const std::string& model) const;
@@ -183,7 +195,8 @@ class Server::Impl {
   void WakeReaper();
   void ReaperLoop();
   void Discard(ModelEntry& entry, std::shared_ptr<ModelRuntime> m);
-  Result<std::unique_ptr<ModelRuntime>> TryBuild(ModelEntry& entry, bool keep_loaded = false);
+  Result<std::unique_ptr<ModelRuntime>> TryBuild(ModelEntry& entry, bool keep_loaded = false,
+                                                 std::vector<std::string>* load_chain = nullptr);
   void BuilderLoop();
   bool BuildOnce(ModelEntry& entry);
   void Publish(ModelEntry& entry, std::unique_ptr<ModelRuntime> built);
@@ -193,7 +206,17 @@ class Server::Impl {
                int attempt);
   void Enqueue(const std::shared_ptr<ModelRuntime>& runtime, InferRequest request,
                std::function<void(Result<InferResponse>)> done_once, int attempt);
+  static std::function<void(Result<InferResponse>)> Counted(
+      const std::shared_ptr<ModelRuntime>& runtime,
+      std::shared_ptr<std::function<void(Result<InferResponse>)>> done);
   Status ResolveCudaSharedMemory(const ModelRuntime& m, InferRequest& request) const;
+
+  // ---- ensembles (server_ensembles.cc) -------------------------------------
+  Result<std::unique_ptr<ModelRuntime>> BuildEnsemble(ModelEntry& entry, ModelConfig config,
+                                                      std::vector<std::string>* load_chain);
+  Result<ComposingModel> FindComposing(const std::string& model, ModelEntry& ensemble) const;
+  void RunEnsembleRequest(const std::shared_ptr<ModelRuntime>& runtime, InferRequest request,
+                          std::function<void(Result<InferResponse>)> done);
   static Status CheckCudaPlacement(const ModelRuntime& m, const InferRequest& request,
                                    int64_t batch);
 

@@ -97,7 +97,7 @@ std::vector<RepositoryEntry> Server::Impl::RepositoryIndex(bool ready_only) cons
     RepositoryEntry e;
     e.name = name;
     const std::shared_ptr<ModelRuntime> m = entry->served.load();
-    if (m != nullptr && m->ready_workers.load() > 0) {
+    if (m != nullptr && m->serving()) {
       e.version = std::to_string(m->config().version);
       e.state = "READY";
     } else {
@@ -188,7 +188,7 @@ std::vector<std::string> Server::Impl::ModelNames() const {
 Result<bool> Server::Impl::ModelReady(const std::string& model, const std::string& version) const {
   ASSIGN_OR_RETURN(std::shared_ptr<ModelRuntime> m, Find(model, version));
   if (shut_down_) return Unavailable("the server is shutting down");
-  if (m->ready_workers.load() == 0) {
+  if (!m->serving()) {
     const std::string last = m->LastWorkerError();
     return Unavailable("model '" + model + "' has no worker ready" +
                        (last.empty() ? "" : ": " + last));
@@ -196,7 +196,8 @@ Result<bool> Server::Impl::ModelReady(const std::string& model, const std::strin
   return true;
 }
 
-Status Server::Impl::LoadModel(const std::string& name, const ModelLoadOverrides* overrides) {
+Status Server::Impl::LoadModel(const std::string& name, const ModelLoadOverrides* overrides,
+                               std::vector<std::string>* chain) {
   if (stopping_ || !started_) return Unavailable("the server is not serving");
   ASSIGN_OR_RETURN(ModelEntry * entry, EntryFor(name));
   std::lock_guard build(entry->build_mu);
@@ -237,13 +238,17 @@ Status Server::Impl::LoadModel(const std::string& name, const ModelLoadOverrides
   }
   const std::shared_ptr<ModelRuntime> old = entry->served.load();
   const std::map<std::string, ModelEntry::Loaded> previous = entry->loaded;
+  std::vector<std::string> own_chain;
+  if (chain == nullptr) chain = &own_chain;
+  chain->push_back(name);
   Result<std::unique_ptr<ModelRuntime>> built = [&]() -> Result<std::unique_ptr<ModelRuntime>> {
     try {
-      return TryBuild(*entry, /*keep_loaded=*/old != nullptr);
+      return TryBuild(*entry, /*keep_loaded=*/old != nullptr, chain);
     } catch (const std::exception& e) {
       return Internal("model '" + name + "': " + e.what());
     }
   }();
+  chain->pop_back();
   if (!built.ok()) {
     if (old != nullptr) {
       // The served version goes on; what this attempt loaded goes.

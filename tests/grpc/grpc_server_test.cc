@@ -669,7 +669,7 @@ TEST_F(GrpcServerTest, RepositoryLoadAndUnloadCallTheService) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(status.error_message(), "no model 'nope' in the repository");
   EXPECT_EQ(unload("nope").error_code(), grpc::StatusCode::NOT_FOUND);
-  // hearth has no ensembles: unload_dependents asks for nothing more.
+  // unload_dependents is accepted; it unloads nothing more.
   inference::RepositoryModelUnloadRequest dependents;
   (*dependents.mutable_parameters())["unload_dependents"].set_bool_param(true);
   EXPECT_TRUE(unload("scale", dependents).ok());

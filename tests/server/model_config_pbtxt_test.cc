@@ -319,8 +319,9 @@ TEST_F(ModelConfigPbtxtTest, FieldsHearthDoesNotImplementAreErrorsNamingThem) {
       {h + "sequence_batching {\n  max_sequence_idle_microseconds: 5000000\n  iterative_sequence: "
            "true\n}\n",
        "config.pbtxt:7:3: iterative_sequence: " + no},
-      {h + "ensemble_scheduling { step [ { model_name: \"a\" model_version: -1 } ] }\n",
-       "config.pbtxt:5:1: ensemble_scheduling: " + no},
+      {"platform: \"ensemble\"\nensemble_scheduling { step [ { model_name: \"a\" "
+       "model_namespace: \"n\" } ] }\n",
+       "ensemble_scheduling.step[0].model_namespace: " + no},
       {h + "model_warmup [ { name: \"w\" batch_size: 1 } ]\n",
        "config.pbtxt:5:1: model_warmup: " + no},
       {h + "optimization { cuda { graphs: true } }\n", "config.pbtxt:5:1: optimization: " + no},
@@ -352,8 +353,7 @@ TEST_F(ModelConfigPbtxtTest, FieldsHearthDoesNotImplementAreErrorsNamingThem) {
        "config.pbtxt:5:27: version_policy.latest.num_versions: hearth serves one version"},
       {h + "version_policy { specific { versions: [ 1, 3 ] } }\n",
        "version_policy.specific.versions: hearth serves one version of a model"},
-      {"platform: \"ensemble\"\n",
-       "config.pbtxt:1:1: platform: 'ensemble': hearth does not implement ensembles"},
+      {"platform: \"ensemble\"\n", "ensemble_scheduling: missing (platform: ensemble)"},
       {"platform: \"caffe2_netdef\"\n",
        "config.pbtxt:1:1: platform: 'caffe2_netdef' is not a platform hearth knows"},
   });
