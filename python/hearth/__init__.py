@@ -38,6 +38,16 @@ store --device cuda:0,cuda:1`, runs one store per device), that device's
 store's socket: SOCKET-cuda1.sock for store.sock and cuda:1 (see
 device_socket()), and the attachment must be on that device.
 
+On Windows (_platform.py holds every difference): the library is hearth.dll
+($HEARTH_LIBRARY, else build-windows/bin or build/bin of the repository,
+this package's folder, beside hearth.exe on PATH, then PATH), and the store's
+address, in `socket` and $HEARTH_SOCKET, is its pipe name (1 to 64 of
+[A-Za-z0-9._-], as `hearth store --socket NAME` takes it): a path there is a
+ValueError saying so. There is no fork: uvicorn's and torch.multiprocessing's
+workers are spawned interpreters, each attaching on first use; a write
+through a mapping is an access violation rather than SIGSEGV. `store_uid` is
+Linux's: a Windows store's pipe admits only its own user.
+
 Trust: before it believes a manifest or maps a descriptor, the library checks
 who listens on the socket. A store running as another uid than this process's
 (or root) is refused with PermissionDenied naming the socket, the store's uid
@@ -54,6 +64,7 @@ import threading
 
 from . import _capi
 from . import _dlpack
+from . import _platform
 from ._streams import Request  # noqa: F401  (a decoupled model's requests)
 
 __all__ = [
@@ -413,10 +424,18 @@ class Weights(collections.abc.Mapping):
 
     def _attach(self):
         lib = _load_library()
-        socket = self._socket or lib.hearth_default_socket().decode()
+        platform = _platform.current()
+        socket = self._socket
+        if not socket:
+            socket = lib.hearth_default_socket().decode()
+            try:
+                socket = platform.check_address(socket, "the library's default store address")
+            except ValueError as e:
+                raise InvalidArgument(f"hearth: {e}", _capi.ERROR_INVALID_ARGUMENT) from None
         if self._device is not None:
-            socket = device_socket(socket, self._device)
+            socket = _device_address(platform, socket, self._device)
         what = self._model + (f"@{self._version}" if self._version else "")
+        where = platform.describe_address(socket)
         handle = ctypes.c_void_p()
         if self._store_uids:
             if not _capi.has_attach_options(lib):
@@ -432,21 +451,21 @@ class Weights(collections.abc.Mapping):
             rc = lib.hearth_attach(socket.encode(), self._model.encode(), self._version or 0,
                                    ctypes.byref(handle))
         if rc != _capi.OK:
-            err = _error(rc, f"attach {what} from {socket}", lib)
+            err = _error(rc, f"attach {what} from {where}", lib)
             if _forked_after_cuda:
                 err.args = (f"{err.args[0]} (note: {_FORK_ADVICE})",)
             raise err
         device_type = lib.hearth_device_type(handle)
         if device_type == _capi.DEVICE_CUDA and _forked_after_cuda:
             # Not detached: detaching would call into a CUDA driver that is unusable here.
-            raise HearthError(f"hearth: attach {what} from {socket}: the model is on a GPU and "
+            raise HearthError(f"hearth: attach {what} from {where}: the model is on a GPU and "
                               + _FORK_ADVICE, _capi.ERROR_INVALID_ARGUMENT)
         att = _Attachment(lib, handle, socket, device_type, lib.hearth_device_index(handle))
         if self._device is not None:
             want_cuda = self._device.startswith("cuda:")
             on = f"cuda:{att.device_index}" if att.is_cuda else "cpu"
             if want_cuda != att.is_cuda or (want_cuda and on != self._device):
-                raise HearthError(f"hearth: attach {what} from {socket}: that store holds it on {on}, "
+                raise HearthError(f"hearth: attach {what} from {where}: that store holds it on {on}, "
                                   f"not on {self._device}", _capi.ERROR_INVALID_ARGUMENT)
         return att
 
@@ -505,6 +524,9 @@ class Weights(collections.abc.Mapping):
 def _store_uids(store_uid):
     if store_uid is None:
         return ()
+    unsupported = _platform.current().store_uid_unsupported()
+    if unsupported:
+        raise ValueError(f"hearth.attach: {unsupported}")
     uids = (store_uid,) if isinstance(store_uid, int) else tuple(store_uid)
     for uid in uids:
         if isinstance(uid, bool) or not isinstance(uid, int) or not 0 <= uid < 2**32 - 1:
@@ -538,15 +560,18 @@ def device_socket(socket, device):
     A,B --socket SOCKET` binds them: "-" and the device's name without its ':'
     before a final ".sock" of the file name, or after it
     (device_socket("/run/h/store.sock", "cuda:1") == "/run/h/store-cuda1.sock").
-    hearth serve's stores are <run dir>/store-cpu.sock, store-cuda0.sock, ..."""
-    socket = os.fspath(socket)
-    suffix = "-" + _device_name(device).replace(":", "")
-    head, sep, name = socket.rpartition("/")
-    if name.endswith(".sock") and len(name) > len(".sock"):
-        name = name[:-len(".sock")] + suffix + ".sock"
-    else:
-        name += suffix
-    return head + sep + name
+    hearth serve's stores are <run dir>/store-cpu.sock, store-cuda0.sock, ...
+    On Windows `socket` is the store's pipe name and so is the result
+    (device_socket("store", "cuda:1") == "store-cuda1"); ValueError for a path
+    or for a result longer than a pipe name's 64 characters."""
+    return _platform.current().device_address(socket, _device_name(device))
+
+
+def _device_address(platform, socket, device):
+    try:
+        return platform.device_address(socket, device)
+    except ValueError as e:
+        raise InvalidArgument(f"hearth: {e}", _capi.ERROR_INVALID_ARGUMENT) from None
 
 
 def attach(model, socket=None, version=None, store_uid=None, device=None):
@@ -568,5 +593,16 @@ def attach(model, socket=None, version=None, store_uid=None, device=None):
         raise ValueError("hearth.attach: version must be a non-negative integer or None")
     uids = _store_uids(store_uid)
     device = _device_name(device) if device is not None else None
-    socket = os.fspath(socket) if socket is not None else os.environ.get("HEARTH_SOCKET") or None
+    platform = _platform.current()
+    try:
+        if socket is not None:
+            socket = platform.check_address(socket, "socket")
+        elif os.environ.get("HEARTH_SOCKET"):
+            socket = platform.check_address(os.environ["HEARTH_SOCKET"], "$HEARTH_SOCKET")
+        else:
+            socket = None
+        if device is not None and socket:
+            platform.device_address(socket, device)  # a name too long for a pipe: said now
+    except ValueError as e:
+        raise ValueError(f"hearth.attach: {e}") from None
     return Weights(model, socket, version, uids, device)

@@ -5,10 +5,10 @@ first call to `library()`, so `import hearth` works without it.
 """
 
 import ctypes
-import ctypes.util
 import os
-import pathlib
 import threading
+
+from . import _platform
 
 # enum hearth_status
 OK = 0
@@ -56,14 +56,9 @@ _lock = threading.Lock()
 _lib = None
 
 
-def _repository_library():
-    # python/hearth/_capi.py -> repository root is three levels up.
-    root = pathlib.Path(__file__).resolve().parent.parent.parent
-    return root / "build" / "src" / "capi" / "libhearth.so"
-
-
 def candidates():
-    """The places searched for libhearth, in order, as (source, path) pairs.
+    """The places searched for libhearth (hearth.dll on Windows), in order, as
+    (source, path) pairs; _platform says where each system looks.
 
     An explicit $HEARTH_LIBRARY is the only candidate: a broken setting is
     reported rather than silently replaced by another build.
@@ -71,14 +66,7 @@ def candidates():
     env = os.environ.get("HEARTH_LIBRARY")
     if env:
         return [("$HEARTH_LIBRARY", env)]
-    found = []
-    repo = _repository_library()
-    if repo.exists():
-        found.append(("repository build", str(repo)))
-    system = ctypes.util.find_library("hearth")
-    if system:
-        found.append(("system library path", system))
-    return found
+    return _platform.current().library_candidates()
 
 
 def _declare(lib):
@@ -125,22 +113,20 @@ def library():
     with _lock:
         if _lib is not None:
             return _lib
+        platform = _platform.current()
         tried = []
         for source, path in candidates():
             try:
-                lib = ctypes.CDLL(path)
+                lib = platform.load(path)
             except OSError as e:
                 tried.append(f"{source} {path}: {e}")
                 continue
             _declare(lib)
             _lib = lib
             return lib
-        searched = "; ".join(tried) if tried else (
-            f"$HEARTH_LIBRARY is unset, {_repository_library()} does not exist, "
-            "and ctypes.util.find_library('hearth') found nothing")
-        raise OSError(
-            "hearth: cannot load libhearth (" + searched + "). Build it with "
-            "`cmake --build build --target hearth` or set HEARTH_LIBRARY to libhearth.so")
+        searched = "; ".join(tried) if tried else platform.not_found()
+        raise OSError(f"hearth: cannot load {platform.library_name} ({searched}). "
+                      + platform.build_advice())
 
 
 def has_attach_options(lib):

@@ -86,6 +86,7 @@ import time
 import traceback
 
 from hearth import _capi
+from hearth import _platform
 
 # enum hearth_dtype -> NumPy dtype string; BF16 has no NumPy type.
 _NUMPY = {0: "<f8", 1: "<f4", 2: "<f2", 4: "<i8", 5: "<i4", 6: "<i2", 7: "i1", 8: "u1", 9: "?",
@@ -663,6 +664,10 @@ def _decoupled(lib, handle):
 
 
 def main(argv=None):
+    unsupported = _platform.current().serve_worker_unsupported()
+    if unsupported:
+        print(f"hearth.backend_worker: {unsupported}", file=sys.stderr)
+        return 2
     a = _parser().parse_args(argv)
     if a.zygote:
         return _zygote_main(a)
