@@ -39,8 +39,8 @@ store's socket: SOCKET-cuda1.sock for store.sock and cuda:1 (see
 device_socket()), and the attachment must be on that device.
 
 On Windows (_platform.py holds every difference): the library is hearth.dll
-($HEARTH_LIBRARY, else build-windows/bin or build/bin of the repository,
-this package's folder, beside hearth.exe on PATH, then PATH), and the store's
+($HEARTH_LIBRARY, else the repository's build-windows or build folder, this
+package's folder, beside hearth.exe on PATH, then PATH), and the store's
 address, in `socket` and $HEARTH_SOCKET, is its pipe name (1 to 64 of
 [A-Za-z0-9._-], as `hearth store --socket NAME` takes it): a path there is a
 ValueError saying so. There is no fork: uvicorn's and torch.multiprocessing's

@@ -124,9 +124,11 @@ class Windows:
         self._pointer_bytes = pointer_bytes or struct.calcsize("P")
 
     def repository_libraries(self):
-        # The cross build (make windows) and a native build, each next to hearth.exe.
-        return [self._root / "build-windows" / "bin" / "hearth.dll",
-                self._root / "build" / "bin" / "hearth.dll"]
+        # The cross build (make windows), then a build made on Windows: beside
+        # hearth.exe in bin, or where the target's folder is (as on Linux).
+        return [self._root / build / folder / "hearth.dll"
+                for build in ("build-windows", "build")
+                for folder in (pathlib.Path("bin"), pathlib.Path("src", "capi"))]
 
     def library_candidates(self):
         """The places searched when $HEARTH_LIBRARY is unset, as (source, path) pairs:

@@ -67,6 +67,7 @@ def test_the_platform_follows_sys_platform(monkeypatch, name, kind):
 
 def test_windows_searches_hearth_dll_in_order(tmp_path):
     repo_build = touch(tmp_path / "repo" / "build-windows" / "bin" / "hearth.dll")
+    target_folder = touch(tmp_path / "repo" / "build-windows" / "src" / "capi" / "hearth.dll")
     native_build = touch(tmp_path / "repo" / "build" / "bin" / "hearth.dll")
     package = touch(tmp_path / "site" / "hearth" / "hearth.dll").parent
     beside_exe = touch(tmp_path / "Program Files" / "hearth" / "hearth.dll")
@@ -77,6 +78,7 @@ def test_windows_searches_hearth_dll_in_order(tmp_path):
                           find_library=find_library)
     assert w.library_candidates() == [
         ("repository build", str(repo_build)),
+        ("repository build", str(target_folder)),
         ("repository build", str(native_build)),
         ("package folder", str(package / "hearth.dll")),
         ("beside hearth.exe on PATH", str(beside_exe)),
