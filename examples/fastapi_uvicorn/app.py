@@ -9,7 +9,8 @@ to the one copy a `hearth store` holds (read-only, no copy): the supervisor
 process imports nothing of the model and maps nothing.
 
 Environment:
-    HEARTH_SOCKET   the store's socket (else the library's default path)
+    HEARTH_SOCKET   the store's socket (else the library's default path); on Windows
+                    the store's pipe name, the NAME of `hearth store --socket NAME`
     HEARTH_MODEL    the model name (default "tiny"), an `mlp` checkpoint:
                     encoder.weight [H, I], encoder.bias [H], head.weight [O, H], head.bias [O]
                     (`hearth make-model mlp --dims 256,64,256` makes one whose input and
@@ -27,7 +28,8 @@ POST /generate {"prompt": str, "max_new_tokens": k}  ->  {"tokens": [...], "text
         context.append(token); tokens.append(token)
     "text" is bytes(t % 256 for t in tokens) decoded as latin-1.
 
-GET /health  ->  {"status": "ok", "pid", "model", "version", "device"}
+GET /health  ->  {"status": "ok", "pid", "model", "version", "device", "checksum"}
+    (checksum: the store's, as `hearth inspect` prints it for the checkpoint)
 """
 
 import inspect
@@ -127,4 +129,5 @@ def health():
     if weights is None:
         raise HTTPException(503, "weights not attached")
     return {"status": "ok", "pid": os.getpid(), "model": weights.model,
-            "version": weights.version, "device": weights.device}
+            "version": weights.version, "device": weights.device,
+            "checksum": f"{weights.checksum:016x}"}

@@ -14,7 +14,8 @@ model. The model runs on the store's device.
 Environment:
     HEARTH_CHECKPOINT   the checkpoint directory (config.json, tokenizer files); required
     HEARTH_MODEL        the store's model name (default "llama")
-    HEARTH_SOCKET       the store's socket (else the library's default path)
+    HEARTH_SOCKET       the store's socket (else the library's default path); on Windows
+                        the store's pipe name, the NAME of `hearth store --socket NAME`
     MAX_NEW_TOKENS      the largest max_new_tokens a request may ask for (default 256)
     MAX_PROMPT_TOKENS   the longest prompt, in tokens (default 2048)
     MAX_CONCURRENT      generations running at once in one worker (default 1)

@@ -342,6 +342,12 @@ def test_uvicorn_fastapi_workers(examples_store, tmp_path):
         assert len({tuple(b["tokens"]) for _, _, b in answers}) > 1, "every answer is the same"
         status, _ = http(base + "/generate", {"prompt": "x", "max_new_tokens": 10**6})
         assert status == 400
+        inspected = subprocess.run([CLI, "inspect", str(examples_store.files["tiny"])],
+                                   check=True, capture_output=True, text=True).stdout
+        checksum = next(line for line in inspected.splitlines()
+                        if line.startswith("checksum:")).split()[1]
+        status, body = http(base + "/health")
+        assert (status, body["model"], body["checksum"]) == (200, "tiny", checksum), body
 
         pids = {b["pid"] for _, _, b in answers}
         assert len(pids) >= 2, f"only worker(s) {pids} answered {len(answers)} requests"
