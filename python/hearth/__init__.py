@@ -465,8 +465,8 @@ class Weights(collections.abc.Mapping):
             want_cuda = self._device.startswith("cuda:")
             on = f"cuda:{att.device_index}" if att.is_cuda else "cpu"
             if want_cuda != att.is_cuda or (want_cuda and on != self._device):
-                raise HearthError(f"hearth: attach {what} from {where}: that store holds it on {on}, "
-                                  f"not on {self._device}", _capi.ERROR_INVALID_ARGUMENT)
+                raise HearthError(f"hearth: attach {what} from {where}: that store holds it on "
+                                  f"{on}, not on {self._device}", _capi.ERROR_INVALID_ARGUMENT)
         return att
 
     @property

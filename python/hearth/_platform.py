@@ -49,9 +49,7 @@ def _device_suffixed(name, suffix):
 class Linux:
     """libhearth.so, Unix socket paths, descriptors over SCM_RIGHTS, fork."""
 
-    name = "linux"
     library_name = "libhearth"
-    address_kind = "socket"
 
     def __init__(self, root=_ROOT, find_library=None, loader=None):
         self._root = pathlib.Path(root)
@@ -110,9 +108,7 @@ _PIPE_PREFIX = "\\\\.\\pipe\\"
 class Windows:
     """hearth.dll, named pipes of one user, section handles duplicated by the store."""
 
-    name = "windows"
     library_name = "hearth.dll"
-    address_kind = "pipe name"
 
     def __init__(self, root=_ROOT, package=_PACKAGE, find_library=None, which=None,
                  loader=None, pointer_bytes=None):
@@ -147,8 +143,11 @@ class Windows:
         system = self._find_library("hearth")
         if system:
             found.append(("PATH", system))
-        seen = set()
-        return [c for c in found if not (c[1] in seen or seen.add(c[1]))]
+        unique = []
+        for source, path in found:
+            if all(path != p for _, p in unique):
+                unique.append((source, path))
+        return unique
 
     def not_found(self):
         return ("$HEARTH_LIBRARY is unset, and no hearth.dll is in "
@@ -161,11 +160,11 @@ class Windows:
                 "path of hearth.dll")
 
     def load(self, path):
-        """Loads hearth.dll by its full path. x64 has one C calling convention,
-        so CDLL is right (WinDLL is for 32-bit stdcall). By a full path,
-        Python 3.8+ makes a name with a folder in it a full path and also
-        searches that folder for the DLL's dependencies (a MinGW build linked
-        without -static needs its runtime DLLs there)."""
+        """Loads hearth.dll with CDLL: x64 has one C calling convention (WinDLL
+        is for 32-bit stdcall). Given a path with a folder in it, Python 3.8+
+        loads it by its full path and searches that folder for the DLL's
+        dependencies too (a MinGW build linked without -static needs its
+        runtime DLLs there); a bare name is searched in the system's folders."""
         if self._pointer_bytes != 8:
             raise OSError(f"hearth.dll is built for 64-bit Windows; this Python is "
                           f"{self._pointer_bytes * 8}-bit (install the 64-bit Python)")

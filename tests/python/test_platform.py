@@ -107,7 +107,8 @@ def test_linux_search_is_unchanged(tmp_path):
     assert linux.library_candidates() == [("repository build", str(so)),
                                           ("system library path", "libhearth.so.1")]
     assert find_library.calls == [("hearth",)]
-    assert _platform.Linux().repository_library() == ROOT / "build" / "src" / "capi" / "libhearth.so"
+    repository = _platform.Linux().repository_library()
+    assert repository == ROOT / "build" / "src" / "capi" / "libhearth.so"
 
 
 def test_windows_loads_the_dll_by_its_path_with_cdll():
@@ -140,7 +141,8 @@ def test_library_error_on_windows_names_hearth_dll(windows, monkeypatch):
     with pytest.raises(OSError) as info:
         _capi.library()
     message = str(info.value)
-    assert message.startswith("hearth: cannot load hearth.dll ($HEARTH_LIBRARY C:\\nowhere\\hearth.dll:")
+    assert message.startswith("hearth: cannot load hearth.dll "
+                              "($HEARTH_LIBRARY C:\\nowhere\\hearth.dll:")
     assert "make windows" in message and "HEARTH_LIBRARY" in message
     assert "libhearth.so" not in message
     assert _capi._lib is None
