@@ -580,7 +580,9 @@ def attach(model, socket=None, version=None, store_uid=None, device=None):
     Only records the request: the first use attaches in the calling process
     (see the module docstring). `version` None or 0 means the latest.
     `store_uid` (a uid or a list of uids) trusts a store run by that account
-    besides this process's own uid and root ($HEARTH_STORE_UID does the same).
+    besides this process's own uid and root ($HEARTH_STORE_UID does the same);
+    Linux only. On Windows `socket` is the store's pipe name (ValueError for a
+    path).
     `device` ("cuda:1", 1, "cpu", ...) picks that device's store of a store
     run with several devices (its socket: device_socket(socket, device)); the
     attachment must then be on that device (HearthError if not). Errors
