@@ -1,13 +1,36 @@
+#include <charconv>
+#include <optional>
+
 #include "server/device_process_memory.h"
 #include "server/server_impl.h"
 
 namespace hearth {
+namespace {
 
-// The served model, or why there is none: NotFound for an unknown model or
-// a version other than the served one, Unavailable naming the path and the
-// reason for a model whose directory, config, checkpoint or workers fail.
+// A request's version string: empty (the served version) or a decimal
+// integer. Anything else is malformed (InvalidArgument), in Triton's words,
+// which its clients match; Triton reads it before it looks for the model.
+Result<std::optional<int64_t>> ParseRequestedVersion(const std::string& version) {
+  if (version.empty()) return std::optional<int64_t>();
+  int64_t number = 0;
+  const char* end = version.data() + version.size();
+  const auto [ptr, ec] = std::from_chars(version.data(), end, number);
+  if (ec != std::errc() || ptr != end) {
+    return InvalidArgument("failed to get model version from specified version string '" + version +
+                           "'");
+  }
+  return std::optional<int64_t>(number);
+}
+
+}  // namespace
+
+// The served model, or why there is none: InvalidArgument for a version
+// that is not a number, NotFound for an unknown model or a version other
+// than the served one, Unavailable naming the path and the reason for a
+// model whose directory, config, checkpoint or workers fail.
 Result<std::shared_ptr<ModelRuntime>> Server::Impl::Find(const std::string& model,
                                                          const std::string& version) const {
+  ASSIGN_OR_RETURN(const std::optional<int64_t> wanted, ParseRequestedVersion(version));
   std::shared_lock entries_lock(entries_mu_);
   auto it = entries_.find(model);
   // Worded as Triton's, which its clients match.
@@ -22,7 +45,7 @@ Result<std::shared_ptr<ModelRuntime>> Server::Impl::Find(const std::string& mode
     if (m == nullptr)
       return Unavailable("model '" + model + "' is not served: " + entry.status.message());
   }
-  if (!version.empty() && version != std::to_string(m->config().version))
+  if (wanted.has_value() && (*wanted < 0 || static_cast<uint64_t>(*wanted) != m->config().version))
     return NotFound("Request for unknown model: '" + model + "' version " + version +
                     " is not found (the served version is " + std::to_string(m->config().version) +
                     ")");
