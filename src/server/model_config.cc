@@ -355,6 +355,18 @@ Status NoDuplicateKeys(const Ctx& c, const YAML::Node& node, const std::string& 
   return Status::Ok();
 }
 
+// Whether a version directory (a numeric subdirectory) of `model_dir`
+// holds model.py. Errors only for a directory that cannot be read.
+Result<bool> HoldsModelPy(const std::string& model_dir) {
+  ASSIGN_OR_RETURN(std::vector<Version> versions,
+                   FindVersions(model_dir, /*code_only=*/true, /*ensemble=*/false));
+  for (const Version& v : versions) {
+    ASSIGN_OR_RETURN(const bool has, Exists(fs::path(model_dir) / v.dir / "model.py"));
+    if (has) return true;
+  }
+  return false;
+}
+
 // Versions: numeric subdirectories with a checkpoint (any, for an
 // ensemble); the highest unless version_policy: {specific: {versions: [N]}}.
 Status PickVersion(const Ctx& c, const YAML::Node& root, const std::string& model_dir,
@@ -485,9 +497,17 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
                      Quote(name) + " differs from the directory name " + Quote(m.name));
   }
   if (root["platform"] || root["ensemble_scheduling"]) return ParseEnsemble(c, root, model_dir, m);
-  if (!root["backend"])
-    return InvalidArgument(m.config_path + ": backend: missing (mlp, scale, python, ...)");
-  ASSIGN_OR_RETURN(m.backend, String(c, root["backend"], "backend"));
+  if (!root["backend"]) {
+    // Triton's form (config.pbtxt, a load's override) finds the backend
+    // from the model's files, as Triton does: model.py is the python
+    // backend's.
+    ASSIGN_OR_RETURN(const bool python, origins != nullptr ? HoldsModelPy(model_dir) : false);
+    if (!python)
+      return InvalidArgument(m.config_path + ": backend: missing (mlp, scale, python, ...)");
+    m.backend = "python";
+  } else {
+    ASSIGN_OR_RETURN(m.backend, String(c, root["backend"], "backend"));
+  }
   // The kinds are the workers' (the backend registry): an unknown one fails
   // the model when its first worker says so. Here only its form is checked.
   if (m.backend.empty() || m.backend.size() > 64 ||
@@ -768,32 +788,41 @@ namespace {
 
 // `text` as the YAML of `file` (config.yaml, or config.pbtxt with the
 // origins of its YAML's lines).
-Result<ModelConfig> ParseYaml(const std::string& model_dir, const std::string& file,
+// `label`: how errors name the config (its path, or kConfigOverrideLabel).
+Result<ModelConfig> ParseYaml(const std::string& model_dir, const std::string& label,
                               const std::string& text, const std::vector<std::string>* origins) {
   ModelConfig m;
   m.name = fs::path(model_dir).filename().string();
-  m.config_path = (fs::path(model_dir) / file).string();
+  m.config_path = label;
   try {
     return ParseConfigText(model_dir, text, std::move(m), origins);
   } catch (const YAML::Exception& e) {
     // Conversions and lookups on a document of an unexpected shape, or one
     // nested past yaml-cpp's depth limit.
-    return InvalidArgument(Ctx{model_dir + "/" + file, origins}.Where(e.mark.line) + ": " + e.msg);
+    return InvalidArgument(Ctx{label, origins}.Where(e.mark.line) + ": " + e.msg);
   } catch (const std::exception& e) {
-    return InvalidArgument(model_dir + "/" + file + ": " + e.what());
+    return InvalidArgument(label + ": " + e.what());
   }
 }
 
 }  // namespace
 
 Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::string& text) {
-  return ParseYaml(model_dir, "config.yaml", text, nullptr);
+  return ParseYaml(model_dir, (fs::path(model_dir) / "config.yaml").string(), text, nullptr);
 }
 
 Result<ModelConfig> ParseModelConfigPbtxt(const std::string& model_dir, const std::string& text) {
-  ASSIGN_OR_RETURN(PbtxtAsYaml yaml,
-                   PbtxtToYaml((fs::path(model_dir) / "config.pbtxt").string(), text));
-  return ParseYaml(model_dir, "config.pbtxt", yaml.yaml, &yaml.origins);
+  const std::string path = (fs::path(model_dir) / "config.pbtxt").string();
+  ASSIGN_OR_RETURN(PbtxtAsYaml yaml, PbtxtToYaml(path, text));
+  return ParseYaml(model_dir, path, yaml.yaml, &yaml.origins);
+}
+
+Result<ModelConfig> ParseModelConfigOverride(const std::string& model_dir,
+                                             const std::string& pbtxt) {
+  // Empty origins: the client's JSON has no lines to name (Ctx::Where then
+  // names the label alone).
+  ASSIGN_OR_RETURN(PbtxtAsYaml yaml, PbtxtToYamlNamed(kConfigOverrideLabel, pbtxt));
+  return ParseYaml(model_dir, kConfigOverrideLabel, yaml.yaml, &yaml.origins);
 }
 
 Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {

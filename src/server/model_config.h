@@ -246,5 +246,13 @@ Result<ModelConfig> LoadModelConfig(const std::string& model_dir);
 Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::string& text);
 // The same for the text of a config.pbtxt, as if read from model_dir/config.pbtxt.
 Result<ModelConfig> ParseModelConfigPbtxt(const std::string& model_dir, const std::string& text);
+// The same for a repository load's config override (config.pbtxt text
+// made from the JSON the client sent; load_overrides.h): its errors name
+// kConfigOverrideLabel, not a file, and no line, since the client wrote no
+// file. The versions are looked up in model_dir (the model's directory, or
+// the one its file overrides were written to).
+inline constexpr const char* kConfigOverrideLabel = "the load's config override";
+Result<ModelConfig> ParseModelConfigOverride(const std::string& model_dir,
+                                             const std::string& pbtxt);
 
 }  // namespace hearth

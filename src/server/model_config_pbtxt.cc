@@ -774,4 +774,21 @@ Result<std::string> ModelConfigJsonToPbtxt(const std::string& json) {
 
 #endif  // HEARTH_HAVE_PROTOBUF
 
+Result<PbtxtAsYaml> PbtxtToYamlNamed(const std::string& label, const std::string& text) {
+  Result<PbtxtAsYaml> yaml = PbtxtToYaml(label, text);
+  if (yaml.ok()) {
+    yaml->origins.assign(yaml->origins.size(), "");
+    return yaml;
+  }
+  // "LABEL:LINE:COLUMN: ..." -> "LABEL: ...".
+  std::string message = yaml.status().message();
+  if (message.compare(0, label.size(), label) == 0 && message.size() > label.size() &&
+      message[label.size()] == ':') {
+    const size_t digits = message.find_first_not_of("0123456789:", label.size());
+    if (digits != std::string::npos && digits > label.size() + 1 && message[digits] == ' ')
+      message.erase(label.size(), digits - 1 - label.size());
+  }
+  return Status(yaml.status().code(), std::move(message));
+}
+
 }  // namespace hearth
