@@ -15,7 +15,8 @@ it may call).
 
 What Triton has and hearth does not (BLS: InferenceRequest.exec,
 async_exec; request rescheduling; models that change their config in
-auto_complete_config) raises TritonModelException naming it.
+auto_complete_config, beyond the inputs and outputs of a config that lists
+none) raises TritonModelException naming it.
 """
 
 import json
@@ -407,15 +408,50 @@ def _differences(before, after, where=""):
     return []
 
 
-def _check_auto_complete(cls, config, path):
-    """Calls cls.auto_complete_config, if it has one, on the config hearth
-    read; refuses any change (hearth serves the config file as written)."""
+def _run_auto_complete(cls, config):
     hook = getattr(cls, "auto_complete_config", None)
     if hook is None:
-        return
+        return None
     given = ModelConfig(config)
     result = hook(given)
-    got = result.as_dict() if isinstance(result, ModelConfig) else given.as_dict()
+    return result.as_dict() if isinstance(result, ModelConfig) else given.as_dict()
+
+
+def _lists_no_io(config):
+    return not config.get("input") and not config.get("output")
+
+
+def _complete_config(cls, config, path):
+    """A config that lists no input and no output (a load's partial config
+    override, say) completed as Triton completes it: the inputs and outputs
+    that cls.auto_complete_config adds become the model's, and the server
+    takes them as the model's signature. Any other change is refused, as in
+    _check_auto_complete. Without the hook, the config as it is."""
+    if not _lists_no_io(config):
+        return config
+    got = _run_auto_complete(cls, config)
+    if got is None:
+        return config
+    completed = dict(config)
+    for which in ("input", "output"):
+        if got.get(which):
+            completed[which] = got[which]
+    changes = _differences(completed, got)
+    if changes:
+        raise TritonModelException(
+            f"{path}: TritonPythonModel.auto_complete_config changed more of the model's config "
+            "than its inputs and outputs (which hearth takes from it when the config lists none): "
+            "write the rest into the config. Changes: " + "; ".join(changes))
+    return completed
+
+
+def _check_auto_complete(cls, config, path):
+    """Calls cls.auto_complete_config, if it has one, on the config hearth
+    read (completed by _complete_config where it listed no input or output);
+    refuses any change (hearth serves the config file as written)."""
+    got = _run_auto_complete(cls, config)
+    if got is None:
+        return
     changes = _differences(config, got)
     if changes:
         raise TritonModelException(
@@ -613,9 +649,13 @@ def status_of(error):
 
 
 def adapter(triton_class, decoupled, path):
-    """A hearth Model class serving `triton_class` (model.py's TritonPythonModel)."""
+    """A hearth Model class serving `triton_class` (model.py's TritonPythonModel).
+    Its complete_config(config) is _complete_config for that class."""
     base = _DecoupledModel if decoupled else _BatchedModel
-    return type("Model", (base,), {"triton_class": triton_class, "path": path})
+    return type("Model", (base,), {
+        "triton_class": triton_class, "path": path,
+        "complete_config": staticmethod(lambda config: _complete_config(triton_class, config, path)),
+    })
 
 
 __all__ = [

@@ -753,10 +753,6 @@ def _worker_main(a, phases, Model):
             return 1
         standby_ms = None
         try:
-            inputs_spec = _signature(w.config, "input")
-            outputs_spec = _signature(w.config, "output")
-            if not inputs_spec or not outputs_spec:
-                raise ValueError("backend: python needs the config to list its input and output")
             # Imports first (torch, model.py and what it imports: the slow part
             # of a start), which a standby does before it is needed. Nothing
             # here may touch the device: a standby holds no device context.
@@ -764,6 +760,15 @@ def _worker_main(a, phases, Model):
             phases.done("setup")
             if Model is None:
                 Model = _import_model(w, decoupled, phases)
+            # A Triton model completes a config that lists no input or output
+            # (its auto_complete_config); the server takes what it reports.
+            if hasattr(Model, "complete_config"):
+                w.config = Model.complete_config(w.config)
+            inputs_spec = _signature(w.config, "input")
+            outputs_spec = _signature(w.config, "output")
+            if not inputs_spec or not outputs_spec:
+                raise ValueError("backend: python needs the config to list its input and output "
+                                 "(or, for a Triton model, an auto_complete_config that adds them)")
             if w.parameters.get("resumable") == "true" and \
                     inspect.isgeneratorfunction(getattr(Model, "execute", None)):
                 raise TypeError("parameters.resumable: a stream resumes through "

@@ -225,8 +225,11 @@ class GrpcServer::Impl final : public Service {
                                        inference::ModelReadyResponse* response) override {
     const Result<bool> ready = service_->ModelReady(request->name(), request->version());
     // Not ready, unknown or not served alike: `ready: false`, as Triton
-    // answers (its ModelReady fails only when the server is not ready).
-    // REST's /ready tells them apart by status (404, 503).
+    // answers (its ModelReady fails only when the server is not ready or
+    // the version is not a number). REST's /ready tells them apart by
+    // status (404, 503).
+    if (!ready.ok() && ready.status().code() == StatusCode::kInvalidArgument)
+      return Answer(context, ToGrpcStatus(ready.status()));
     response->set_ready(ready.ok() && *ready);
     return Answer(context, grpc::Status::OK);
   }

@@ -322,10 +322,7 @@ Status ReadInput(const ModelInferRequest::InferInputTensor& input, const std::st
   }
   if (raw == nullptr)
     return ReadContents(input.contents(), tensor.dtype, count, label, tensor.data);
-  if (has_contents) {
-    return InvalidArgument(label +
-                           " has data in both 'contents' and raw_input_contents; give it once");
-  }
+  // Parse refused contents beside raw_input_contents, in Triton's words.
   const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(raw->data()),
                                          raw->size());
   if (tensor.dtype == DType::kBytes) {
@@ -362,6 +359,16 @@ Result<GrpcInferRequest> Parse(const ModelInferRequest& proto,
   int outside = 0;
   for (const auto& input : proto.inputs()) outside += InSharedMemory(input) ? 0 : 1;
   const int raw_count = proto.raw_input_contents_size();
+  // Worded as Triton's, which its clients match; checked per input before
+  // the counts, as Triton does.
+  for (const auto& input : proto.inputs()) {
+    if (raw_count > 0 && !InSharedMemory(input) && input.has_contents() &&
+        input.contents().ByteSizeLong() > 0) {
+      return InvalidArgument(
+          "contents field must not be specified when using raw_input_contents for '" +
+          input.name() + "' for model '" + proto.model_name() + "'");
+    }
+  }
   if (raw_count > 0 && raw_count != outside) {
     return InvalidArgument(
         "the request has " + std::to_string(raw_count) + " raw_input_contents for " +

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <filesystem>
 #include <set>
 #include <string_view>
@@ -32,6 +33,9 @@ Status CheckPath(const std::string& path) {
         start, end == std::string::npos ? std::string::npos : end - start);
     if (part.empty() || part == "." || part == "..")
       return InvalidArgument(what + ": the path has an empty, '.' or '..' component");
+    if (part.size() > NAME_MAX)
+      return InvalidArgument(what + ": a component of its path is " + std::to_string(part.size()) +
+                             " bytes, over NAME_MAX (" + std::to_string(NAME_MAX) + ")");
     if (end == std::string::npos) break;
     start = end + 1;
   }
@@ -116,6 +120,9 @@ Result<PreparedOverrides> PrepareLoadOverrides(const ModelLoadOverrides& overrid
   }
   PreparedOverrides prepared;
   ASSIGN_OR_RETURN(prepared.pbtxt, ModelConfigJsonToPbtxt(overrides.config_json));
+  // The config's fields are checked before any file is written (what needs
+  // the model's files, its versions, is checked by the build).
+  RETURN_IF_ERROR(PbtxtToYamlNamed(kConfigOverrideLabel, prepared.pbtxt).status());
   if (overrides.files.empty()) return prepared;
   if (model.empty() || model.find('/') != std::string::npos || model == "." || model == "..")
     return InvalidArgument("'" + model.substr(0, 64) + "' is not a model directory's name");

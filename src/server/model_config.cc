@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -45,7 +46,8 @@ Result<std::vector<IoConfig>> Ios(const Ctx& c, const YAML::Node& n, const std::
     for (const auto& kv : e) {
       ASSIGN_OR_RETURN(std::string key, Key(c, kv.first, f));
       if (key != "name" && key != "data_type" && key != "dims" &&
-          (key != "optional" || field != "input"))
+          ((key != "optional" && key != "format") || field != "input") &&
+          (key != "label_filename" || field != "output"))
         return c.Error(kv.first, f, "unknown field " + Quote(key));
     }
     if (!e["name"] || !e["data_type"] || !e["dims"])
@@ -64,6 +66,21 @@ Result<std::vector<IoConfig>> Ios(const Ctx& c, const YAML::Node& n, const std::
         return c.Error(o, f + ".optional", "must be true or false");
       io.optional = o.Scalar() == "true";
     }
+    if (e["format"]) {
+      ASSIGN_OR_RETURN(io.format, String(c, e["format"], f + ".format"));
+      if (io.format != "FORMAT_NONE" && io.format != "FORMAT_NCHW" && io.format != "FORMAT_NHWC")
+        return c.Error(e["format"], f + ".format",
+                       Quote(io.format) + " is not FORMAT_NONE, FORMAT_NCHW or FORMAT_NHWC");
+      if (io.format == "FORMAT_NONE") io.format.clear();
+    }
+    if (e["label_filename"]) {
+      ASSIGN_OR_RETURN(io.label_filename, String(c, e["label_filename"], f + ".label_filename"));
+      const std::string& l = io.label_filename;
+      if (l.empty() || l == "." || l == ".." || l.find('/') != std::string::npos ||
+          l.find('\0') != std::string::npos || l.size() > NAME_MAX)
+        return c.Error(e["label_filename"], f + ".label_filename",
+                       Quote(l) + " is not the name of a file in the model's directory");
+    }
     if (io.name.empty() || io.name.size() > kMaxTensorNameBytes)
       return c.Error(e["name"], f + ".name",
                      "must have 1 to " + std::to_string(kMaxTensorNameBytes) + " bytes");
@@ -78,40 +95,65 @@ Result<std::vector<IoConfig>> Ios(const Ctx& c, const YAML::Node& n, const std::
   return ios;
 }
 
-// The whole config file, refused unless it is a regular file of at most
-// kMaxConfigBytes (never opened if it is a FIFO, a device or a directory).
-Result<std::string> ReadConfigFile(const std::string& path) {
+// A whole small file, refused unless it is a regular file of at most
+// `limit` bytes (never opened if it is a FIFO, a device or a directory);
+// `what` names it in the error for one too large ("a config").
+Result<std::string> ReadSmallFile(const std::string& path, uint64_t limit, const char* what) {
   struct stat st {};
-  Result<UniqueFd> fd = OpenRegularFile(path, &st);
-  if (!fd.ok()) {
-    if (fd.status().code() == StatusCode::kNotFound)
-      return NotFound(path +
-                      ": missing (every model directory needs a config.yaml or a config.pbtxt)");
-    return fd.status();
-  }
+  ASSIGN_OR_RETURN(UniqueFd fd, OpenRegularFile(path, &st));
   auto too_large = [&](uint64_t bytes) {
     return InvalidArgument(path + ": " + std::to_string(bytes) + " bytes, over the limit of " +
-                           std::to_string(kMaxConfigBytes) + " bytes for a config");
+                           std::to_string(limit) + " bytes for " + what);
   };
-  if (static_cast<uint64_t>(st.st_size) > kMaxConfigBytes) return too_large(st.st_size);
+  if (static_cast<uint64_t>(st.st_size) > limit) return too_large(st.st_size);
   std::string text(static_cast<size_t>(st.st_size) + 1, '\0');
   size_t got = 0;
   // Read until end of file, one byte past the size seen: a file growing
   // under us is still held to the limit.
   for (;;) {
     if (got == text.size()) {
-      if (text.size() > kMaxConfigBytes) return too_large(text.size());
-      text.resize(std::min<size_t>(text.size() * 2 + 1, kMaxConfigBytes + 1));
+      if (text.size() > limit) return too_large(text.size());
+      text.resize(std::min<size_t>(text.size() * 2 + 1, limit + 1));
     }
-    const ssize_t n = ::read(fd->get(), text.data() + got, text.size() - got);
+    const ssize_t n = ::read(fd.get(), text.data() + got, text.size() - got);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return ErrnoError("reading " + path, errno);
     if (n == 0) break;
     got += static_cast<size_t>(n);
   }
-  if (got > kMaxConfigBytes) return too_large(got);
+  if (got > limit) return too_large(got);
   text.resize(got);
   return text;
+}
+
+// The whole config file (ReadSmallFile, at most kMaxConfigBytes).
+Result<std::string> ReadConfigFile(const std::string& path) {
+  Result<std::string> text = ReadSmallFile(path, kMaxConfigBytes, "a config");
+  if (!text.ok() && text.status().code() == StatusCode::kNotFound)
+    return NotFound(path +
+                    ": missing (every model directory needs a config.yaml or a config.pbtxt)");
+  return text;
+}
+
+// Each output's labels, read from its label_filename in `model_dir`: one
+// label a line (a final newline ends the last; "\r\n" ends a line too).
+Status ReadLabels(const std::string& model_dir, std::vector<IoConfig>& outputs) {
+  for (IoConfig& io : outputs) {
+    if (io.label_filename.empty()) continue;
+    const std::string path = (fs::path(model_dir) / io.label_filename).string();
+    Result<std::string> text = ReadSmallFile(path, kMaxLabelFileBytes, "a labels file");
+    if (!text.ok()) return text.status().WithContext("output '" + io.name + "': label_filename");
+    size_t start = 0;
+    while (start < text->size()) {
+      size_t end = text->find('\n', start);
+      if (end == std::string::npos) end = text->size();
+      size_t stop = end;
+      if (stop > start && (*text)[stop - 1] == '\r') --stop;
+      io.labels.emplace_back(*text, start, stop - start);
+      start = end + 1;
+    }
+  }
+  return Status::Ok();
 }
 
 struct Version {
@@ -355,6 +397,18 @@ Status NoDuplicateKeys(const Ctx& c, const YAML::Node& node, const std::string& 
   return Status::Ok();
 }
 
+// Whether a version directory (a numeric subdirectory) of `model_dir`
+// holds model.py. Errors only for a directory that cannot be read.
+Result<bool> HoldsModelPy(const std::string& model_dir) {
+  ASSIGN_OR_RETURN(std::vector<Version> versions,
+                   FindVersions(model_dir, /*code_only=*/true, /*ensemble=*/false));
+  for (const Version& v : versions) {
+    ASSIGN_OR_RETURN(const bool has, Exists(fs::path(model_dir) / v.dir / "model.py"));
+    if (has) return true;
+  }
+  return false;
+}
+
 // Versions: numeric subdirectories with a checkpoint (any, for an
 // ensemble); the highest unless version_policy: {specific: {versions: [N]}}.
 Status PickVersion(const Ctx& c, const YAML::Node& root, const std::string& model_dir,
@@ -435,6 +489,7 @@ Result<ModelConfig> ParseEnsemble(const Ctx& c, const YAML::Node& root,
   }
   ASSIGN_OR_RETURN(m.inputs, Ios(c, root["input"], "input"));
   ASSIGN_OR_RETURN(m.outputs, Ios(c, root["output"], "output"));
+  RETURN_IF_ERROR(ReadLabels(model_dir, m.outputs));
   for (size_t i = 0; i < m.inputs.size(); ++i)
     if (m.inputs[i].optional)
       return c.Error(root["input"][i]["optional"], "input[" + std::to_string(i) + "].optional",
@@ -485,9 +540,17 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
                      Quote(name) + " differs from the directory name " + Quote(m.name));
   }
   if (root["platform"] || root["ensemble_scheduling"]) return ParseEnsemble(c, root, model_dir, m);
-  if (!root["backend"])
-    return InvalidArgument(m.config_path + ": backend: missing (mlp, scale, python, ...)");
-  ASSIGN_OR_RETURN(m.backend, String(c, root["backend"], "backend"));
+  if (!root["backend"]) {
+    // Triton's form (config.pbtxt, a load's override) finds the backend
+    // from the model's files, as Triton does: model.py is the python
+    // backend's.
+    ASSIGN_OR_RETURN(const bool python, origins != nullptr ? HoldsModelPy(model_dir) : false);
+    if (!python)
+      return InvalidArgument(m.config_path + ": backend: missing (mlp, scale, python, ...)");
+    m.backend = "python";
+  } else {
+    ASSIGN_OR_RETURN(m.backend, String(c, root["backend"], "backend"));
+  }
   // The kinds are the workers' (the backend registry): an unknown one fails
   // the model when its first worker says so. Here only its form is checked.
   if (m.backend.empty() || m.backend.size() > 64 ||
@@ -507,6 +570,7 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
   if (root["input"]) {
     ASSIGN_OR_RETURN(m.inputs, Ios(c, root["input"], "input"));
     ASSIGN_OR_RETURN(m.outputs, Ios(c, root["output"], "output"));
+    RETURN_IF_ERROR(ReadLabels(model_dir, m.outputs));
   }
   if (const YAML::Node t = root["model_transaction_policy"]) {
     const char* form = "must be {decoupled: true|false}";
@@ -768,32 +832,41 @@ namespace {
 
 // `text` as the YAML of `file` (config.yaml, or config.pbtxt with the
 // origins of its YAML's lines).
-Result<ModelConfig> ParseYaml(const std::string& model_dir, const std::string& file,
+// `label`: how errors name the config (its path, or kConfigOverrideLabel).
+Result<ModelConfig> ParseYaml(const std::string& model_dir, const std::string& label,
                               const std::string& text, const std::vector<std::string>* origins) {
   ModelConfig m;
   m.name = fs::path(model_dir).filename().string();
-  m.config_path = (fs::path(model_dir) / file).string();
+  m.config_path = label;
   try {
     return ParseConfigText(model_dir, text, std::move(m), origins);
   } catch (const YAML::Exception& e) {
     // Conversions and lookups on a document of an unexpected shape, or one
     // nested past yaml-cpp's depth limit.
-    return InvalidArgument(Ctx{model_dir + "/" + file, origins}.Where(e.mark.line) + ": " + e.msg);
+    return InvalidArgument(Ctx{label, origins}.Where(e.mark.line) + ": " + e.msg);
   } catch (const std::exception& e) {
-    return InvalidArgument(model_dir + "/" + file + ": " + e.what());
+    return InvalidArgument(label + ": " + e.what());
   }
 }
 
 }  // namespace
 
 Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::string& text) {
-  return ParseYaml(model_dir, "config.yaml", text, nullptr);
+  return ParseYaml(model_dir, (fs::path(model_dir) / "config.yaml").string(), text, nullptr);
 }
 
 Result<ModelConfig> ParseModelConfigPbtxt(const std::string& model_dir, const std::string& text) {
-  ASSIGN_OR_RETURN(PbtxtAsYaml yaml,
-                   PbtxtToYaml((fs::path(model_dir) / "config.pbtxt").string(), text));
-  return ParseYaml(model_dir, "config.pbtxt", yaml.yaml, &yaml.origins);
+  const std::string path = (fs::path(model_dir) / "config.pbtxt").string();
+  ASSIGN_OR_RETURN(PbtxtAsYaml yaml, PbtxtToYaml(path, text));
+  return ParseYaml(model_dir, path, yaml.yaml, &yaml.origins);
+}
+
+Result<ModelConfig> ParseModelConfigOverride(const std::string& model_dir,
+                                             const std::string& pbtxt) {
+  // Empty origins: the client's JSON has no lines to name (Ctx::Where then
+  // names the label alone).
+  ASSIGN_OR_RETURN(PbtxtAsYaml yaml, PbtxtToYamlNamed(kConfigOverrideLabel, pbtxt));
+  return ParseYaml(model_dir, kConfigOverrideLabel, yaml.yaml, &yaml.origins);
 }
 
 Result<ModelConfig> LoadModelConfig(const std::string& model_dir) {

@@ -74,7 +74,18 @@ struct IoConfig {
   // gets it absent. Decoupled models only: a batch needs every input of
   // every request.
   bool optional = false;
+  // An input's `format` (Triton's FORMAT_NONE, FORMAT_NCHW, FORMAT_NHWC):
+  // the layout of an image input, which clients read from the config; the
+  // server does nothing with it. Empty: not given (FORMAT_NONE).
+  std::string format{};
+  // An output's `label_filename`: a file in the model's directory, one
+  // label per line, read when the config is (at most kMaxLabelFileBytes).
+  // Classification answers "value:index:label" where line `index` has one.
+  std::string label_filename{};
+  std::vector<std::string> labels{};
 };
+
+inline constexpr uint64_t kMaxLabelFileBytes = 4ull << 20;
 
 // sequence_batching, with Triton's meaning: a request names its sequence
 // (the parameters sequence_id, sequence_start, sequence_end), the requests
@@ -246,5 +257,13 @@ Result<ModelConfig> LoadModelConfig(const std::string& model_dir);
 Result<ModelConfig> ParseModelConfig(const std::string& model_dir, const std::string& text);
 // The same for the text of a config.pbtxt, as if read from model_dir/config.pbtxt.
 Result<ModelConfig> ParseModelConfigPbtxt(const std::string& model_dir, const std::string& text);
+// The same for a repository load's config override (config.pbtxt text
+// made from the JSON the client sent; load_overrides.h): its errors name
+// kConfigOverrideLabel, not a file, and no line, since the client wrote no
+// file. The versions are looked up in model_dir (the model's directory, or
+// the one its file overrides were written to).
+inline constexpr const char* kConfigOverrideLabel = "the load's config override";
+Result<ModelConfig> ParseModelConfigOverride(const std::string& model_dir,
+                                             const std::string& pbtxt);
 
 }  // namespace hearth

@@ -8,21 +8,25 @@ namespace hearth {
 
 std::string ModelConfigJson(const ModelConfig& c) {
   using nlohmann::json;
-  auto ios = [](const std::vector<IoConfig>& list) {
+  // An input's format is always given (FORMAT_NONE where the config has
+  // none), as Triton's JSON gives it: clients read it without a default.
+  auto ios = [](const std::vector<IoConfig>& list, bool inputs) {
     json out = json::array();
     for (const IoConfig& io : list) {
       out.push_back({{"name", io.name},
                      {"data_type", std::string(TritonDataTypeName(io.dtype))},
                      {"dims", io.dims}});
       if (io.optional) out.back()["optional"] = true;
+      if (inputs) out.back()["format"] = io.format.empty() ? "FORMAT_NONE" : io.format;
+      if (!io.label_filename.empty()) out.back()["label_filename"] = io.label_filename;
     }
     return out;
   };
   json j = {{"name", c.name},
             {"backend", c.backend},
             {"max_batch_size", c.max_batch_size},
-            {"input", ios(c.inputs)},
-            {"output", ios(c.outputs)}};
+            {"input", ios(c.inputs, true)},
+            {"output", ios(c.outputs, false)}};
   if (c.ensemble) {
     // As Triton shows an ensemble: its platform and steps, and nothing of
     // workers or batching (its steps' models have those).

@@ -60,10 +60,12 @@ const std::set<std::string_view>& Implemented() {
       "input.data_type",
       "input.dims",
       "input.optional",
+      "input.format",
       "output",
       "output.name",
       "output.data_type",
       "output.dims",
+      "output.label_filename",
       "instance_group",
       "instance_group.name",
       "instance_group.count",
@@ -362,6 +364,15 @@ Status WriteIos(Writer& w, const char* list, const pb::RepeatedPtrField<Io>& ios
     }
     if constexpr (std::is_same_v<Io, inference::ModelInput>) {
       if (io.optional()) w.Line(2, lead() + "optional: true", At(t, d, "optional"));
+      if (io.format() != inference::ModelInput::FORMAT_NONE)
+        w.Line(2, lead() + "format: " + inference::ModelInput::Format_Name(io.format()),
+               At(t, d, "format"));
+    } else {
+      if (!io.label_filename().empty()) {
+        ASSIGN_OR_RETURN(std::string file, w.Quote(io.label_filename(), At(t, d, "label_filename"),
+                                                   field + ".label_filename"));
+        w.Line(2, lead() + "label_filename: " + file, At(t, d, "label_filename"));
+      }
     }
     if (first) w.Line(2, "- {}", At(tree, top, list, i));
   }
@@ -773,5 +784,22 @@ Result<std::string> ModelConfigJsonToPbtxt(const std::string& json) {
 }
 
 #endif  // HEARTH_HAVE_PROTOBUF
+
+Result<PbtxtAsYaml> PbtxtToYamlNamed(const std::string& label, const std::string& text) {
+  Result<PbtxtAsYaml> yaml = PbtxtToYaml(label, text);
+  if (yaml.ok()) {
+    yaml->origins.assign(yaml->origins.size(), "");
+    return yaml;
+  }
+  // "LABEL:LINE:COLUMN: ..." -> "LABEL: ...".
+  std::string message = yaml.status().message();
+  if (message.compare(0, label.size(), label) == 0 && message.size() > label.size() &&
+      message[label.size()] == ':') {
+    const size_t digits = message.find_first_not_of("0123456789:", label.size());
+    if (digits != std::string::npos && digits > label.size() + 1 && message[digits] == ' ')
+      message.erase(label.size(), digits - 1 - label.size());
+  }
+  return Status(yaml.status().code(), std::move(message));
+}
 
 }  // namespace hearth

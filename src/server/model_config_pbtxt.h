@@ -33,6 +33,11 @@ struct PbtxtAsYaml {
 // with the line and column, and the field).
 Result<PbtxtAsYaml> PbtxtToYaml(const std::string& path, const std::string& text);
 
+// The same for text that is no file of the user's (a load's config
+// override, made from JSON): errors name `label` without a line and
+// column, and the origins are empty.
+Result<PbtxtAsYaml> PbtxtToYamlNamed(const std::string& label, const std::string& text);
+
 // A model's config as Triton's JSON form (protobuf's JSON mapping of
 // ModelConfig: what a repository load's "config" override gives) written
 // as config.pbtxt text. A field proto/model_config.proto lacks is refused,

@@ -89,8 +89,10 @@ std::optional<std::vector<std::span<const std::byte>>> SplitRows(
 
 // Triton's classification: per row (the batch dimension, or the whole
 // tensor for a model that does not batch), the `count` largest elements
-// as BYTES "value:index", largest first (ties: the lower index first).
-InferTensor Classify(const InferTensor& t, uint32_t count, bool batching) {
+// as BYTES "value:index[:label]", largest first (ties: the lower index
+// first).
+InferTensor Classify(const InferTensor& t, uint32_t count, bool batching,
+                     const std::vector<std::string>* labels) {
   const int64_t rows = batching && !t.shape.empty() ? t.shape[0] : 1;
   const size_t width =
       rows > 0 ? t.data.size() / DTypeSize(t.dtype) / static_cast<size_t>(rows) : 0;
@@ -112,8 +114,10 @@ InferTensor Classify(const InferTensor& t, uint32_t count, bool batching) {
                         return va > vb || (va == vb && a < b);
                       });
     for (size_t k = 0; k < n; ++k) {
-      const std::string e = std::to_string(ElementAt(t.data.data(), t.dtype, base + order[k])) +
-                            ":" + std::to_string(order[k]);
+      std::string e = std::to_string(ElementAt(t.data.data(), t.dtype, base + order[k])) + ":" +
+                      std::to_string(order[k]);
+      if (labels != nullptr && order[k] < labels->size() && !(*labels)[order[k]].empty())
+        e += ":" + (*labels)[order[k]];
       const auto len = static_cast<uint32_t>(e.size());
       const auto* l = reinterpret_cast<const std::byte*>(&len);
       bytes.insert(bytes.end(), l, l + 4);

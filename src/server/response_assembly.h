@@ -28,7 +28,10 @@ std::optional<std::vector<std::span<const std::byte>>> SplitRows(
     const std::vector<int64_t>& rows_per_job);
 
 // Triton's classification of an output tensor (RequestedOutput::class_count).
-InferTensor Classify(const InferTensor& t, uint32_t count, bool batching);
+// With `labels` (the output's label_filename, read with the config), an
+// element whose index has a label answers "value:index:label", as Triton's.
+InferTensor Classify(const InferTensor& t, uint32_t count, bool batching,
+                     const std::vector<std::string>* labels = nullptr);
 
 // A non-streaming request to a decoupled model is answered once: each BYTES
 // output's pieces joined element by element, in order; every other output

@@ -314,11 +314,9 @@ Result<std::unique_ptr<ModelRuntime>> Server::Impl::TryBuild(ModelEntry& entry, 
   // A load's overrides, when it gave some, stand for the directory's config
   // and files.
   const std::string& dir = entry.override_dir.empty() ? entry.dir.path : entry.override_dir;
-  const bool config_only = entry.config_override && entry.override_dir.empty();
-  Result<ModelConfig> loaded =
-      config_only ? ParseModelConfigPbtxt(dir, *entry.config_override) : LoadModelConfig(dir);
-  if (config_only && !loaded.ok()) return loaded.status().WithContext("the load's config override");
-  ASSIGN_OR_RETURN(ModelConfig config, std::move(loaded));
+  ASSIGN_OR_RETURN(ModelConfig config, entry.config_override
+                                           ? ParseModelConfigOverride(dir, *entry.config_override)
+                                           : LoadModelConfig(dir));
   if (config.ensemble) return BuildEnsemble(entry, std::move(config), load_chain);
   auto m = std::make_unique<ModelRuntime>();
   m->name = entry.dir.name;
@@ -539,15 +537,22 @@ std::vector<RepositoryEntry> Server::RepositoryIndex(bool ready_only) const {
   return impl_->RepositoryIndex(ready_only);
 }
 Result<std::vector<ModelWorkers>> Server::Workers() const { return impl_->Workers(); }
-Status Server::LoadModel(const std::string& m) { return impl_->LoadModel(m); }
+Status Server::LoadModel(const std::string& m) {
+  return impl_->LoadFailureForClient(m, impl_->LoadModel(m));
+}
 void Server::LoadModel(const std::string& m, std::function<void(Status)> done) {
-  impl_->OnRepositoryPool([m](Server::Impl& impl) { return impl.LoadModel(m); }, std::move(done));
+  impl_->OnRepositoryPool(
+      [m](Server::Impl& impl) { return impl.LoadFailureForClient(m, impl.LoadModel(m)); },
+      std::move(done));
 }
 void Server::LoadModelWith(const std::string& m, ModelLoadOverrides overrides,
                            std::function<void(Status)> done) {
   auto shared = std::make_shared<ModelLoadOverrides>(std::move(overrides));
   impl_->OnRepositoryPool(
-      [m, shared](Server::Impl& impl) { return impl.LoadModel(m, shared.get()); }, std::move(done));
+      [m, shared](Server::Impl& impl) {
+        return impl.LoadFailureForClient(m, impl.LoadModel(m, shared.get()));
+      },
+      std::move(done));
 }
 namespace {
 

@@ -172,6 +172,11 @@ class Server::Impl {
 
   // `chain`: the ensembles whose loads asked for this one (loading an
   // ensemble loads the models its steps name that are not served).
+  // A repository load's failure as its client is told it: Triton's prefix
+  // ("failed to load 'NAME': "), which Triton's clients match, and no path
+  // of the server's (the repository's and the run directory's are cut to
+  // the part inside them). OK stays OK.
+  Status LoadFailureForClient(const std::string& name, Status status) const;
   Status LoadModel(const std::string& name, const ModelLoadOverrides* overrides = nullptr,
                    std::vector<std::string>* chain = nullptr);
   Status UnloadModel(const std::string& name);

@@ -1,13 +1,36 @@
+#include <charconv>
+#include <optional>
+
 #include "server/device_process_memory.h"
 #include "server/server_impl.h"
 
 namespace hearth {
+namespace {
 
-// The served model, or why there is none: NotFound for an unknown model or
-// a version other than the served one, Unavailable naming the path and the
-// reason for a model whose directory, config, checkpoint or workers fail.
+// A request's version string: empty (the served version) or a decimal
+// integer. Anything else is malformed (InvalidArgument), in Triton's words,
+// which its clients match; Triton reads it before it looks for the model.
+Result<std::optional<int64_t>> ParseRequestedVersion(const std::string& version) {
+  if (version.empty()) return std::optional<int64_t>();
+  int64_t number = 0;
+  const char* end = version.data() + version.size();
+  const auto [ptr, ec] = std::from_chars(version.data(), end, number);
+  if (ec != std::errc() || ptr != end) {
+    return InvalidArgument("failed to get model version from specified version string '" + version +
+                           "'");
+  }
+  return std::optional<int64_t>(number);
+}
+
+}  // namespace
+
+// The served model, or why there is none: InvalidArgument for a version
+// that is not a number, NotFound for an unknown model or a version other
+// than the served one, Unavailable naming the path and the reason for a
+// model whose directory, config, checkpoint or workers fail.
 Result<std::shared_ptr<ModelRuntime>> Server::Impl::Find(const std::string& model,
                                                          const std::string& version) const {
+  ASSIGN_OR_RETURN(const std::optional<int64_t> wanted, ParseRequestedVersion(version));
   std::shared_lock entries_lock(entries_mu_);
   auto it = entries_.find(model);
   // Worded as Triton's, which its clients match.
@@ -22,7 +45,7 @@ Result<std::shared_ptr<ModelRuntime>> Server::Impl::Find(const std::string& mode
     if (m == nullptr)
       return Unavailable("model '" + model + "' is not served: " + entry.status.message());
   }
-  if (!version.empty() && version != std::to_string(m->config().version))
+  if (wanted.has_value() && (*wanted < 0 || static_cast<uint64_t>(*wanted) != m->config().version))
     return NotFound("Request for unknown model: '" + model + "' version " + version +
                     " is not found (the served version is " + std::to_string(m->config().version) +
                     ")");
@@ -38,7 +61,15 @@ Result<ModelMetadata> Server::Impl::Metadata(const std::string& model,
 Result<std::string> Server::Impl::ModelConfigJsonOf(const std::string& model,
                                                     const std::string& version) const {
   ASSIGN_OR_RETURN(std::shared_ptr<ModelRuntime> m, Find(model, version));
-  return hearth::ModelConfigJson(m->config());
+  const ModelConfig& config = m->config();
+  if (!config.inputs.empty() || !config.outputs.empty() || config.sequence || m->is_ensemble())
+    return hearth::ModelConfigJson(config);
+  // A config that lists no input or output takes the backend's (a Triton
+  // model's auto_complete_config, say): the served config says what they are.
+  ModelConfig completed = config;
+  for (const TensorSpec& t : m->inputs) completed.inputs.push_back({t.name, t.dtype, t.dims});
+  for (const TensorSpec& t : m->outputs) completed.outputs.push_back({t.name, t.dtype, t.dims});
+  return hearth::ModelConfigJson(completed);
 }
 
 Result<std::vector<ModelStatistics>> Server::Impl::Statistics(const std::string& model,
@@ -196,6 +227,45 @@ Result<bool> Server::Impl::ModelReady(const std::string& model, const std::strin
   return true;
 }
 
+namespace {
+
+// `text` with every `path` + "/" cut out, and `path` itself said as `as`.
+// Then, past each cut of `path`, `skip` more path components (the serial
+// directory of an override's files) go too.
+std::string CutPath(std::string text, const std::string& path, const std::string& as,
+                    int skip = 0) {
+  if (path.empty()) return text;
+  for (size_t at = text.find(path); at != std::string::npos; at = text.find(path, at)) {
+    size_t end = at + path.size();
+    if (end < text.size() && text[end] == '/') {
+      ++end;
+      for (int i = 0; i < skip; ++i) {
+        const size_t slash = text.find('/', end);
+        if (slash == std::string::npos) break;
+        end = slash + 1;
+      }
+      text.replace(at, end - at, "");
+    } else {
+      text.replace(at, end - at, as);
+      at += as.size();
+    }
+  }
+  return text;
+}
+
+}  // namespace
+
+Status Server::Impl::LoadFailureForClient(const std::string& name, Status status) const {
+  if (status.ok()) return status;
+  std::string message = status.message();
+  message = CutPath(std::move(message), run_dir_ + "/overrides", "the load's files", 1);
+  message = CutPath(std::move(message), run_dir_, "the server's run directory");
+  std::string repository = options_.repository;
+  while (repository.size() > 1 && repository.back() == '/') repository.pop_back();
+  message = CutPath(std::move(message), repository, "the repository");
+  return Status(status.code(), "failed to load '" + name + "': " + message);
+}
+
 Status Server::Impl::LoadModel(const std::string& name, const ModelLoadOverrides* overrides,
                                std::vector<std::string>* chain) {
   if (stopping_ || !started_) return Unavailable("the server is not serving");
@@ -208,7 +278,7 @@ Status Server::Impl::LoadModel(const std::string& name, const ModelLoadOverrides
   if (overridden) {
     Result<PreparedOverrides> made =
         PrepareLoadOverrides(*overrides, name, run_dir_ + "/overrides", ++override_serial_);
-    if (!made.ok()) return made.status().WithContext("model '" + name + "'");
+    if (!made.ok()) return made.status();
     prepared = std::move(made).value();
   }
   const std::optional<std::string> config_before = entry->config_override;
@@ -392,8 +462,7 @@ Result<ModelEntry*> Server::Impl::EntryFor(const std::string& name) {
   ASSIGN_OR_RETURN(std::vector<ModelDirectory> dirs, ListModelDirectories(options_.repository));
   auto d = std::find_if(dirs.begin(), dirs.end(),
                         [&](const ModelDirectory& e) { return e.name == name; });
-  if (d == dirs.end())
-    return NotFound("no model directory '" + name + "' in the repository " + options_.repository);
+  if (d == dirs.end()) return NotFound("no model directory '" + name + "' in the repository");
   std::unique_lock lock(entries_mu_);
   auto [it, added] = entries_.try_emplace(name);
   if (added) {

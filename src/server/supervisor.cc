@@ -457,8 +457,12 @@ bool WorkerSupervisor::RunBatch(WorkerExchange& exchange,
         continue;
       }
       t.data = TensorData::Borrowed(parts[i][j]);
-      if (asked != wanted.end() && asked->class_count > 0)
-        t = Classify(t, asked->class_count, batching);
+      if (asked != wanted.end() && asked->class_count > 0) {
+        const std::vector<std::string>* labels = nullptr;
+        for (const IoConfig& io : model_.config().outputs)
+          if (io.name == spec.name && !io.labels.empty()) labels = &io.labels;
+        t = Classify(t, asked->class_count, batching, labels);
+      }
       if (asked != wanted.end() && asked->shm) {
         Status written = model_.shared_memory != nullptr
                              ? model_.shared_memory->Write(*asked->shm, t.data.bytes())

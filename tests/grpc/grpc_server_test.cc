@@ -1058,7 +1058,15 @@ TEST_F(GrpcServerTest, MalformedRequestsAreInvalidArgument) {
        "input order, or none"},
       {"raw and contents",
        [](auto& r) { r.mutable_inputs(0)->mutable_contents()->add_fp32_contents(1); },
-       "input \"x\" has data in both 'contents' and raw_input_contents; give it once"},
+       "contents field must not be specified when using raw_input_contents for 'x' for "
+       "model 'scale'"},
+      {"raw and contents, counts differ too",
+       [](auto& r) {
+         r.add_raw_input_contents("extra");
+         r.mutable_inputs(0)->mutable_contents()->add_fp32_contents(1);
+       },
+       "contents field must not be specified when using raw_input_contents for 'x' for "
+       "model 'scale'"},
       {"no data", [](auto& r) { r.clear_raw_input_contents(); },
        "input \"x\": contents.fp32_contents has 0 elements but the shape needs 8"},
       {"wrong field",

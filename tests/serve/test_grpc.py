@@ -95,6 +95,37 @@ def test_health_and_metadata_agree_with_rest(server):
     assert e.details().startswith("Request for unknown model: 'nope' is not found"), e.details()
 
 
+def test_version_that_is_not_a_number_is_invalid_argument(server):
+    # Triton's wording and status, which its clients match: a malformed
+    # version is the request's fault, not an unknown version.
+    stub, url = server["stub"], server["url"]
+    want = "failed to get model version from specified version string 'wrong_specification'"
+    x = np.ones((1, SCALE_N), np.float32)
+    calls = [(stub.ModelReady, pb.ModelReadyRequest(name="scale", version="wrong_specification")),
+             (stub.ModelMetadata, pb.ModelMetadataRequest(name="scale", version="wrong_specification")),
+             (stub.ModelConfig, pb.ModelConfigRequest(name="scale", version="wrong_specification")),
+             (stub.ModelInfer, infer_request("scale", "x", x))]
+    calls[-1][1].model_version = "wrong_specification"
+    for call, request in calls:
+        e = rpc_error(call, request, timeout=30)
+        assert (e.code(), e.details()) == (grpc.StatusCode.INVALID_ARGUMENT, want), call
+    base = f"{url}/v2/models/scale/versions/wrong_specification"
+    for r in (requests.get(f"{base}/ready", timeout=30), requests.get(base, timeout=30),
+              requests.get(f"{base}/config", timeout=30),
+              requests.post(f"{base}/infer", json={"inputs": [{"name": "x", "datatype": "FP32",
+                                                               "shape": [1, SCALE_N], "data": x.ravel().tolist()}]},
+                            timeout=30)):
+        assert r.status_code == 400 and r.json()["error"] == want, (r.url, r.text)
+    # Numbers are versions, written as a number may be: "01" is version 1.
+    assert stub.ModelReady(pb.ModelReadyRequest(name="scale", version="01"), timeout=30).ready
+    for version, code in (("-1", grpc.StatusCode.NOT_FOUND), ("7", grpc.StatusCode.NOT_FOUND),
+                          ("99999999999999999999", grpc.StatusCode.INVALID_ARGUMENT),
+                          ("1x", grpc.StatusCode.INVALID_ARGUMENT), (" 1", grpc.StatusCode.INVALID_ARGUMENT)):
+        e = rpc_error(stub.ModelMetadata, pb.ModelMetadataRequest(name="scale", version=version), timeout=30)
+        assert e.code() == code, (version, e.details())
+    assert requests.get(f"{url}/v2/models/scale/versions/1x", timeout=30).status_code == 400
+
+
 def test_log_settings_change_live_and_agree_with_rest(server):
     stub, url = server["stub"], server["url"]
     rest = requests.get(f"{url}/v2/logging", timeout=30).json()

@@ -339,8 +339,8 @@ TEST_F(ModelConfigPbtxtTest, FieldsHearthDoesNotImplementAreErrorsNamingThem) {
        "config.pbtxt:3:55: input[0].is_shape_tensor: " + no},
       {"backend: \"python\"\ninput [ { name: \"x\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n"
        "output [ { name: \"y\" data_type: TYPE_FP32 dims: [ 1 ] },\n"
-       "  { name: \"z\" data_type: TYPE_FP32 dims: [ 1 ] label_filename: \"labels.txt\" } ]\n",
-       "config.pbtxt:4:48: output[1].label_filename: " + no},
+       "  { name: \"z\" data_type: TYPE_FP32 dims: [ 1 ] is_shape_tensor: true } ]\n",
+       "config.pbtxt:4:48: output[1].is_shape_tensor: " + no},
       {h + "dynamic_batching { preserve_ordering: true }\n",
        "config.pbtxt:5:20: dynamic_batching.preserve_ordering: " + no},
       {h + "dynamic_batching {\n  default_queue_policy { timeout_action: DELAY }\n}\n",
