@@ -13,6 +13,11 @@
 //
 // The CUDA driver is resolved at run time (dlopen of libcuda.so.1), so these
 // binaries start on machines without a GPU or driver.
+//
+// On Windows (docs/windows.md) host arenas are pagefile-backed sections
+// (platform/section.h) and an export is a handle duplicated into the
+// importer's process with read access only: Export() and Map(UniqueFd) give
+// way to ExportTo(pid) and MapHandle(). CUDA arenas are not built there.
 #pragma once
 
 #include <cstddef>
@@ -87,8 +92,15 @@ class Arena {
   // Ends loading: no writes afterwards (host: seals the memfd and unmaps it;
   // cuda: unmaps the store's read-write mapping).
   virtual Status Seal() = 0;
+#ifdef _WIN32
+  // A read-only handle to the arena made in the process `peer_pid` (the
+  // importer's, as the kernel names it): its value, valid in that process
+  // only, which the caller sends it. Only after Seal().
+  virtual Result<uint64_t> ExportTo(uint32_t peer_pid) const = 0;
+#else
   // One descriptor for one importer; the caller owns it. Only after Seal().
   virtual Result<UniqueFd> Export() const = 0;
+#endif
 };
 
 // Importer side: a read-only mapping of an exported arena. Owns the mapping
@@ -100,7 +112,15 @@ class ArenaMapping {
   // Maps `fd` read-only. `size` is the size the store claims; it is checked
   // against the real region before anything is mapped. For CUDA the calling
   // process gets (or reuses) the device's primary context.
+#ifdef _WIN32
+  // Maps the section handle `handle` (a value valid in this process, which
+  // the store made with ExportTo; taken: closed by the mapping, or on
+  // failure) read-only; `size` is checked against the section first.
+  static Result<std::unique_ptr<ArenaMapping>> MapHandle(uint64_t handle, Device device,
+                                                         uint64_t size);
+#else
   static Result<std::unique_ptr<ArenaMapping>> Map(UniqueFd fd, Device device, uint64_t size);
+#endif
 
   // Host pointer, or the device address (a CUdeviceptr) for CUDA.
   virtual const void* data() const = 0;

@@ -21,6 +21,12 @@
 #include "hearth/status.h"
 #include "hearth/unique_fd.h"
 
+#ifdef _WIN32
+namespace hearth::platform {
+class Channel;
+}  // namespace hearth::platform
+#endif
+
 namespace hearth {
 
 struct TensorView {
@@ -55,9 +61,15 @@ class Attachment {
 
  private:
   friend class AttachClient;
-  Attachment(UniqueFd connection, std::unique_ptr<ArenaMapping> mapping, Manifest manifest);
+#ifdef _WIN32
+  // The pipe to the store (platform/local_channel.h) is the lease there.
+  using Connection = std::unique_ptr<platform::Channel>;
+#else
+  using Connection = UniqueFd;
+#endif
+  Attachment(Connection connection, std::unique_ptr<ArenaMapping> mapping, Manifest manifest);
 
-  UniqueFd connection_;
+  Connection connection_;
   std::unique_ptr<ArenaMapping> mapping_;
   Manifest manifest_;
   std::vector<TensorView> tensors_;
@@ -90,6 +102,14 @@ struct AttachOptions {
 // Talks to a store at one socket path. Each call opens its own connection;
 // Attach keeps its connection as the lease. Thread-safe.
 //
+// On Windows (attach_client_windows.cc) the socket path is the store's pipe
+// name (platform/local_channel.h; default $HEARTH_SOCKET, else "store"), and
+// the store must run as this process's user: the pipe admits only it, and
+// the client checks the server's process user before it sends anything.
+// There is no list of other trusted users (trusted_store_uids and
+// $HEARTH_STORE_UID are refused), and receive_timeout is not applied: a
+// read waits until the store answers or closes.
+//
 // Before it sends a request or believes an answer, every connection checks
 // who is listening (SO_PEERCRED): a store running as another uid than ours,
 // root, or one trusted in AttachOptions / $HEARTH_STORE_UID is refused with
@@ -107,13 +127,16 @@ class AttachClient {
 
   // $HEARTH_SOCKET if set, else $XDG_RUNTIME_DIR/hearth/store.sock if
   // XDG_RUNTIME_DIR is set, else /tmp/hearth-<uid>/store.sock ($TMPDIR is
-  // never used: a store under systemd and a shell must agree).
+  // never used: a store under systemd and a shell must agree). On Windows:
+  // $HEARTH_SOCKET if set, else "store".
   static std::string DefaultSocketPath();
   // The uids in $HEARTH_STORE_UID (empty if unset or set to ""); InvalidArgument
   // naming the variable if it is not a comma-separated list of uids.
   static Result<std::vector<uint32_t>> StoreUidsFromEnvironment();
+#ifndef _WIN32
   // /proc/sys/kernel/overflowuid (65534 if it cannot be read).
   static uint32_t OverflowUid();
+#endif
 
   const std::string& socket_path() const { return socket_path_; }
   // Ours and root are always trusted besides these.
@@ -139,8 +162,10 @@ class AttachClient {
   Result<uint32_t> Unload(std::string_view model, uint64_t version = 0) const;
 
  private:
+#ifndef _WIN32
   Result<UniqueFd> Connect() const;
   Status CheckStoreCredentials(int fd) const;
+#endif
   std::string socket_path_;
   std::vector<uint32_t> trusted_uids_;
   std::chrono::milliseconds receive_timeout_;

@@ -97,7 +97,14 @@ int32_t hearth_abi_version(void);
  * the socket (SO_PEERCRED): the store must run as this process's uid, as
  * root, or as a uid listed in $HEARTH_STORE_UID (comma-separated);
  * otherwise HEARTH_ERROR_PERMISSION_DENIED, naming the socket and the
- * peer's uid and pid. hearth_attach_with_options can trust more uids. */
+ * peer's uid and pid. hearth_attach_with_options can trust more uids.
+ *
+ * Windows (hearth.dll): `socket_path` is the store's pipe name (1 to 64 of
+ * [A-Za-z0-9._-]; NULL or "" = $HEARTH_SOCKET, then "store"); the store
+ * must run as this process's user, and no other uids can be trusted; the
+ * tensors are a read-only view of a section the store shared with this
+ * process. The worker interface below runs on Linux only: there
+ * hearth_worker_open fails with HEARTH_ERROR_UNAVAILABLE. */
 int32_t hearth_attach(const char* socket_path, const char* model, uint64_t version,
                       hearth_attachment** out);
 

@@ -20,6 +20,15 @@
 //
 // Threading: Run() is the event loop and must be called from one thread;
 // Stop() may be called from any thread or a signal handler.
+//
+// On Windows (store_windows.cc, docs/windows.md) the store listens on a
+// per-user named pipe (platform/local_channel.h) whose name, 1 to 64 of
+// [A-Za-z0-9._-], is socket_path; each client is served by a thread of its
+// own, at most max_connections of them, and an attach's answer carries a
+// section handle duplicated into the client's process with read access
+// only. Only host arenas are served there; the per-connection descriptor
+// and queue limits have nothing to bound (nothing is queued in the store),
+// and a client's message is at most max_partial_bytes / max_connections.
 #pragma once
 
 #include <sys/types.h>
@@ -40,11 +49,13 @@
 namespace hearth {
 
 struct StoreOptions {
-  std::string socket_path;
+  std::string socket_path;  // on Windows, the pipe's name
+#ifndef _WIN32
   mode_t socket_mode = 0660;
   // Peers allowed besides the store's own uid (and root).
   std::vector<uid_t> allow_uids;
   std::vector<gid_t> allow_gids;
+#endif
   Device device;
   // Loaded before Run() accepts anything: (name, checkpoint path).
   std::vector<std::pair<std::string, std::string>> models;
@@ -55,7 +66,8 @@ struct StoreOptions {
 
   // Connections served at once. A connection past it is answered
   // RESOURCE_EXHAUSTED and closed at once. 0 = automatic: half of what the
-  // descriptor limit (RLIMIT_NOFILE) leaves after a reserve of 64, at most 4096.
+  // descriptor limit (RLIMIT_NOFILE) leaves after a reserve of 64, at most 4096
+  // (on Windows: 64).
   size_t max_connections = 0;
   // Exported descriptors a peer has not read yet (queued in the store, or
   // sent and still in its socket). At this many the store stops reading the

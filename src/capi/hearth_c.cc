@@ -9,7 +9,9 @@
 
 #include "hearth/attach.h"
 #include "hearth/hearth.h"
+#ifndef _WIN32
 #include "worker/session.h"
+#endif
 
 // enum hearth_dtype is DType's numbering.
 static_assert(HEARTH_BOOL == static_cast<int>(hearth::DType::kBool));
@@ -243,15 +245,81 @@ const char* hearth_last_error(void) { return g_last_error.c_str(); }
 
 }  // extern "C"
 
+#ifdef _WIN32
+// The worker interface serves `hearth serve`, which runs on Linux only
+// (docs/windows.md): hearth.dll exports it so that its ABI is libhearth.so's,
+// but no worker can be opened; the rest is unreachable without one.
+extern "C" {
+
+int32_t hearth_worker_open(int, int, int32_t, hearth_worker**) {
+  return Fail(hearth::Unavailable("the worker interface (hearth_worker_*) runs on Linux only"));
+}
+const char* hearth_worker_config_json(const hearth_worker*) { return ""; }
+const char* hearth_worker_version_dir(const hearth_worker*) { return ""; }
+int32_t hearth_worker_max_batch_size(const hearth_worker*) { return HEARTH_ERROR_UNAVAILABLE; }
+size_t hearth_worker_parameter_count(const hearth_worker*) { return 0; }
+int32_t hearth_worker_parameter(const hearth_worker*, size_t, const char**, size_t*, const char**,
+                                size_t*) {
+  return HEARTH_ERROR_UNAVAILABLE;
+}
+int32_t hearth_worker_ready(hearth_worker*, const hearth_tensor_spec*, size_t,
+                            const hearth_tensor_spec*, size_t, uint64_t, const char*) {
+  return HEARTH_ERROR_UNAVAILABLE;
+}
+int32_t hearth_worker_start_phase(hearth_worker*, const char*, uint64_t) {
+  return HEARTH_ERROR_UNAVAILABLE;
+}
+int32_t hearth_worker_fail(hearth_worker*, int32_t, const char*) {
+  return HEARTH_ERROR_UNAVAILABLE;
+}
+int32_t hearth_worker_next(hearth_worker*) { return HEARTH_ERROR_UNAVAILABLE; }
+int64_t hearth_worker_rows(const hearth_worker*) { return 0; }
+int32_t hearth_worker_input(const hearth_worker*, size_t, const void**, uint64_t*, const int64_t**,
+                            int32_t*) {
+  return HEARTH_ERROR_UNAVAILABLE;
+}
+int32_t hearth_worker_output(hearth_worker*, size_t, const int64_t*, int32_t, uint64_t, void**) {
+  return HEARTH_ERROR_UNAVAILABLE;
+}
+int32_t hearth_worker_done(hearth_worker*, int32_t, const char*, int32_t) {
+  return HEARTH_ERROR_UNAVAILABLE;
+}
+int32_t hearth_worker_decoupled(const hearth_worker*) { return HEARTH_ERROR_UNAVAILABLE; }
+const char* hearth_worker_parameters_json(const hearth_worker*) { return ""; }
+int32_t hearth_worker_respond(hearth_worker*) { return HEARTH_ERROR_UNAVAILABLE; }
+int32_t hearth_worker_stream_capacity(const hearth_worker*) { return HEARTH_ERROR_UNAVAILABLE; }
+int32_t hearth_worker_stream_next(hearth_worker*, int32_t, uint64_t*) {
+  return HEARTH_ERROR_UNAVAILABLE;
+}
+int32_t hearth_worker_stream_input(const hearth_worker*, uint64_t, size_t, const void**, uint64_t*,
+                                   const int64_t**, int32_t*) {
+  return HEARTH_ERROR_UNAVAILABLE;
+}
+int32_t hearth_worker_stream_request(const hearth_worker*, uint64_t, const char**, const char**,
+                                     const int64_t**, uint64_t*) {
+  return HEARTH_ERROR_UNAVAILABLE;
+}
+int32_t hearth_worker_stream_output(hearth_worker*, uint64_t, size_t, const int64_t*, int32_t,
+                                    uint64_t, void**) {
+  return HEARTH_ERROR_UNAVAILABLE;
+}
+int32_t hearth_worker_stream_respond(hearth_worker*, uint64_t, int32_t, int32_t, const char*) {
+  return HEARTH_ERROR_UNAVAILABLE;
+}
+int32_t hearth_worker_wait_start(hearth_worker*) { return HEARTH_ERROR_UNAVAILABLE; }
+void hearth_worker_close(hearth_worker*) {}
+
+}  // extern "C"
+#else
 struct hearth_worker {
   std::unique_ptr<hearth::WorkerSession> session;
-  std::vector<std::pair<std::string, std::string>> parameters;
+  std::vector<std::pair<std::string, std::string> > parameters;
 };
 
 namespace {
 
-hearth::Result<std::vector<hearth::TensorSpec>> Specs(const hearth_tensor_spec* specs, size_t n,
-                                                      const char* what) {
+hearth::Result<std::vector<hearth::TensorSpec> > Specs(const hearth_tensor_spec* specs, size_t n,
+                                                       const char* what) {
   if (n > 0 && specs == nullptr) return hearth::InvalidArgument(std::string(what) + ": NULL");
   std::vector<hearth::TensorSpec> out;
   for (size_t i = 0; i < n; ++i) {
@@ -518,3 +586,4 @@ int32_t hearth_worker_wait_start(hearth_worker* w) {
 void hearth_worker_close(hearth_worker* w) { delete w; }
 
 }  // extern "C"
+#endif  // _WIN32

@@ -12,6 +12,7 @@
 #include "checkpoint/safetensors_file.h"
 #include "checkpoint/safetensors_format.h"
 #include "common/regular_file.h"
+#include "platform/file_io.h"
 
 namespace hearth {
 namespace {
@@ -19,6 +20,92 @@ namespace {
 // Names of other files listed in a message, at most.
 constexpr size_t kMaxNamesInMessage = 4;
 
+#ifdef _WIN32
+// On Windows a path is resolved as it is opened (there is no O_PATH, and no
+// descriptor of a directory): each helper takes the full path `shown` and
+// ignores `dir_fd`; a directory's "descriptor" is an invalid UniqueFd. A
+// file's identity is its size and times (st_ino is 0 there, and st_dev
+// differs between stat and fstat).
+constexpr int AT_FDCWD = -100;
+constexpr int O_DIRECTORY = 0x10000000;
+
+std::string Identity(const struct stat& st) {
+  return std::to_string(st.st_size) + ":" + std::to_string(static_cast<int64_t>(st.st_mtime)) +
+         ":" + std::to_string(static_cast<int64_t>(st.st_ctime));
+}
+
+Result<UniqueFd> OpenPath(int /*dir_fd*/, const std::string& /*name*/, const std::string& shown,
+                          struct stat* st) {
+  if (::stat(shown.c_str(), st) != 0) return ErrnoError(shown, errno);
+  return UniqueFd();
+}
+
+Result<UniqueFd> Reopen(const UniqueFd& /*handle*/, const struct stat& checked, int flags,
+                        const std::string& shown, struct stat* st) {
+  if ((flags & O_DIRECTORY) != 0) {
+    *st = checked;
+    return UniqueFd();
+  }
+  UniqueFd fd(::open(shown.c_str(), flags | O_CLOEXEC));
+  if (!fd) return ErrnoError("open " + shown, errno);
+  if (::fstat(fd.get(), st) != 0) return ErrnoError("fstat " + shown, errno);
+  if (!S_ISREG(st->st_mode) || Identity(*st) != Identity(checked))
+    return InvalidArgument(shown + ": changed while it was opened");
+  return fd;
+}
+
+Result<UniqueFd> OpenRegularFileAt(int dir_fd, const std::string& name, const std::string& shown,
+                                   struct stat* st) {
+  struct stat checked {};
+  ASSIGN_OR_RETURN(UniqueFd handle, OpenPath(dir_fd, name, shown, &checked));
+  if (!S_ISREG(checked.st_mode))
+    return InvalidArgument(shown + ": is " + FileTypeName(checked.st_mode) +
+                           ", not a regular file");
+  return Reopen(handle, checked, O_RDONLY, shown, st);
+}
+
+Result<CheckpointFile> OpenFileAt(int dir_fd, const std::string& name, const std::string& shown) {
+  struct stat st {};
+  CheckpointFile file;
+  ASSIGN_OR_RETURN(file.fd, OpenRegularFileAt(dir_fd, name, shown, &st));
+  file.name = name;
+  file.path = shown;
+  file.size = static_cast<uint64_t>(st.st_size);
+  file.identity = Identity(st);
+  return file;
+}
+
+Result<bool> HasEntry(int /*dir_fd*/, const std::string& /*name*/, const std::string& shown) {
+  struct stat st {};
+  if (::stat(shown.c_str(), &st) == 0) return true;
+  if (errno == ENOENT) return false;
+  return ErrnoError("stat " + shown, errno);
+}
+
+Result<std::vector<std::string>> ListSafetensors(int /*dir_fd*/, const std::string& shown) {
+  static constexpr std::string_view kSuffix = ".safetensors";
+  DIR* dir = ::opendir(shown.c_str());
+  if (dir == nullptr) return ErrnoError("reading the directory " + shown, errno);
+  std::vector<std::string> names;
+  size_t entries = 0;
+  Status status;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (++entries > kMaxCheckpointDirectoryEntries) {
+      status =
+          InvalidArgument(shown + ": more than " + std::to_string(kMaxCheckpointDirectoryEntries) +
+                          " entries (and no " + std::string(kSafetensorsIndexFileName) + ")");
+      break;
+    }
+    const std::string_view name = entry->d_name;
+    if (name.size() > kSuffix.size() && name.ends_with(kSuffix)) names.emplace_back(name);
+  }
+  ::closedir(dir);
+  RETURN_IF_ERROR(status);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+#else
 std::string Identity(const struct stat& st) {
   auto time = [](const timespec& t) {
     return std::to_string(t.tv_sec) + "." + std::to_string(t.tv_nsec);
@@ -122,6 +209,7 @@ Result<std::vector<std::string>> ListSafetensors(int dir_fd, const std::string& 
   std::sort(names.begin(), names.end());
   return names;
 }
+#endif
 
 std::string QuotedList(const std::vector<std::string>& names) {
   std::string out;

@@ -10,6 +10,7 @@
 #include "checkpoint/safetensors_format.h"
 #include "checkpoint/strict_json.h"
 #include "hearth/checkpoint.h"
+#include "platform/file_io.h"
 
 namespace hearth {
 namespace {
@@ -210,7 +211,7 @@ Result<size_t> PreadFull(int fd, void* buffer, size_t size, uint64_t offset,
   auto* out = static_cast<char*>(buffer);
   size_t done = 0;
   while (done < size) {
-    const ssize_t n = ::pread(fd, out + done, size - done, static_cast<off_t>(offset + done));
+    const ssize_t n = platform::ReadAt(fd, out + done, size - done, offset + done);
     if (n < 0) {
       if (errno == EINTR) continue;
       return ErrnoError("read " + path + " at byte " + std::to_string(offset + done), errno);

@@ -18,6 +18,7 @@
 
 #include "checkpoint/safetensors_format.h"
 #include "hearth/checkpoint.h"
+#include "platform/file_io.h"
 
 namespace hearth {
 namespace {
@@ -73,7 +74,7 @@ Status PwriteFull(int fd, const void* data, size_t size, uint64_t offset, const 
   const auto* bytes = static_cast<const char*>(data);
   size_t done = 0;
   while (done < size) {
-    const ssize_t n = ::pwrite(fd, bytes + done, size - done, static_cast<off_t>(offset + done));
+    const ssize_t n = platform::WriteAt(fd, bytes + done, size - done, offset + done);
     if (n < 0) {
       if (errno == EINTR) continue;
       return ErrnoError("write " + path + " at byte " + std::to_string(offset + done), errno);
@@ -260,7 +261,7 @@ Status CheckpointWriter::Write(const std::string& path, int threads) const {
   RETURN_IF_ERROR(PwriteFull(fd.get(), header.data(), header.size(), 8, tmp_path));
   RETURN_IF_ERROR(WriteChunks(fd.get(), chunks, threads, path, tmp_path));
   if (::close(fd.Release()) != 0) return ErrnoError("close " + tmp_path, errno);
-  if (::rename(tmp_path.c_str(), path.c_str()) != 0) {
+  if (platform::RenameReplacing(tmp_path.c_str(), path.c_str()) != 0) {
     return ErrnoError("rename " + tmp_path + " to " + path, errno);
   }
   cleanup.Disarm();
@@ -269,7 +270,8 @@ Status CheckpointWriter::Write(const std::string& path, int threads) const {
 
 Status CheckpointWriter::WriteDirectory(const std::string& dir, uint64_t max_shard_bytes,
                                         int threads) const {
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) return ErrnoError("mkdir " + dir, errno);
+  if (platform::MakeDirectory(dir.c_str()) != 0 && errno != EEXIST)
+    return ErrnoError("mkdir " + dir, errno);
   std::vector<std::vector<size_t>> shards;
   uint64_t shard_bytes = 0, total = 0;
   for (size_t i = 0; i < tensors_.size(); ++i) {
@@ -316,7 +318,7 @@ Status CheckpointWriter::WriteDirectory(const std::string& dir, uint64_t max_sha
   TempFileCleanup cleanup(tmp_path);
   RETURN_IF_ERROR(PwriteFull(fd.get(), text.data(), text.size(), 0, tmp_path));
   if (::close(fd.Release()) != 0) return ErrnoError("close " + tmp_path, errno);
-  if (::rename(tmp_path.c_str(), path.c_str()) != 0) {
+  if (platform::RenameReplacing(tmp_path.c_str(), path.c_str()) != 0) {
     return ErrnoError("rename " + tmp_path + " to " + path, errno);
   }
   cleanup.Disarm();

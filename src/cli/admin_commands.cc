@@ -21,8 +21,10 @@
 #include "common/run_together.h"
 #include "hearth/attach.h"
 #include "hearth/checksum.h"
+#ifndef _WIN32
 #include "http/workers_json.h"
 #include "loadgen/load_generator.h"
+#endif
 
 namespace hearth::cli {
 namespace {
@@ -30,7 +32,11 @@ namespace {
 std::string TimeText(int64_t unix_ms) {
   const time_t t = static_cast<time_t>(unix_ms / 1000);
   tm local{};
+#ifdef _WIN32
+  localtime_s(&local, &t);
+#else
   localtime_r(&t, &local);
+#endif
   char text[32];
   std::strftime(text, sizeof text, "%Y-%m-%d %H:%M:%S", &local);
   return text;
@@ -83,6 +89,7 @@ int ShowStatus(const AttachOptions& store) {
   return 0;
 }
 
+#ifndef _WIN32
 std::string MemoryText(uint64_t bytes) {
   char text[32];
   if (bytes < (1u << 20)) {
@@ -93,6 +100,14 @@ std::string MemoryText(uint64_t bytes) {
   return text;
 }
 
+#endif
+
+#ifdef _WIN32
+// hearth serve runs on Linux only (docs/windows.md).
+int ShowServerWorkers(const std::string&) {
+  return Fail(Unavailable("status --url asks a hearth serve, which runs on Linux only"));
+}
+#else
 // `hearth status --url`: a table of the served models' worker processes,
 // standbys and hot spares, a line each, from GET /v2/hearth/workers: the
 // device memory each reported of its own buffers, and what the NVIDIA
@@ -152,6 +167,7 @@ int ShowServerWorkers(const std::string& url) {
   }
   return 0;
 }
+#endif
 
 // `hearth load` into each device's store, all at once (each store reads the
 // checkpoint into its own staging); one line per device, in order.
@@ -160,8 +176,13 @@ int LoadEverywhere(const NamedStores& stores, const std::string& arg) {
   if (eq == std::string::npos || eq == 0 || eq + 1 == arg.size())
     return Fail(InvalidArgument("'" + arg + "' is not NAME=PATH"));
   std::string path = arg.substr(eq + 1);
+#ifdef _WIN32
+  char resolved[_MAX_PATH];
+  if (::_fullpath(resolved, path.c_str(), sizeof resolved) != nullptr) path = resolved;
+#else
   char resolved[PATH_MAX];
   if (::realpath(path.c_str(), resolved) != nullptr) path = resolved;
+#endif
   std::vector<Result<ModelSummary>> loaded(stores.size(), Internal("not loaded"));
   std::vector<std::function<void()>> loads;
   for (size_t i = 0; i < stores.size(); ++i)

@@ -1,8 +1,13 @@
 #include "cli/cli_common.h"
 
+#ifdef _WIN32
+#include <windows.h>
+#else
 #include <pwd.h>
-#include <signal.h>
 #include <unistd.h>
+#endif
+#include <signal.h>
+#include <string.h>
 
 #include <algorithm>
 #include <charconv>
@@ -40,6 +45,28 @@ int Fail(const Status& s) {
   return 1;
 }
 
+#ifdef _WIN32
+namespace {
+HANDLE g_hold_event = ::CreateEventA(nullptr, TRUE, FALSE, nullptr);
+
+// Runs in a thread of its own, which Windows starts for the event.
+BOOL WINAPI OnConsoleControl(DWORD) {
+  OnStopSignal(SIGINT);
+  ::SetEvent(g_hold_event);
+  return TRUE;
+}
+}  // namespace
+
+void InstallStopHandlers() { ::SetConsoleCtrlHandler(OnConsoleControl, TRUE); }
+
+void WaitForStopSignal() { ::WaitForSingleObject(g_hold_event, INFINITE); }
+
+std::string StopSignalName(int signal_number) {
+  return signal_number == SIGINT ? "Interrupt" : "Terminated";
+}
+#else
+std::string StopSignalName(int signal_number) { return strsignal(signal_number); }
+
 void InstallStopHandlers() {
   struct sigaction sa {};
   sa.sa_handler = OnStopSignal;
@@ -49,12 +76,15 @@ void InstallStopHandlers() {
   signal(SIGPIPE, SIG_IGN);
 }
 
+#endif
+
 std::atomic<bool>& StopRequested() { return g_stop; }
 
 int StopSignalNumber() { return g_stop_signal; }
 
 void SetStopTarget(size_t slot, Store* store) { g_stores[slot].store(store); }
 
+#ifndef _WIN32
 void WaitForStopSignal() {
   while (!g_hold_done) ::pause();
 }
@@ -85,8 +115,14 @@ Result<std::vector<uid_t>> ParseUsers(const std::string& text) {
   return users;
 }
 
+#endif
+
 void AddSocketOption(CLI::App* cmd, std::string* socket) {
+#ifdef _WIN32
+  cmd->add_option("--socket", *socket, "the store's pipe name ($HEARTH_SOCKET)")
+#else
   cmd->add_option("--socket", *socket, "the store's Unix socket ($HEARTH_SOCKET)")
+#endif
       ->capture_default_str();
 }
 

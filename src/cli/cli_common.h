@@ -24,8 +24,10 @@ namespace hearth::cli {
 // Prints "hearth: error: MESSAGE" on stderr and returns 1, the exit status.
 int Fail(const Status& s);
 
+#ifndef _WIN32
 // --shared-memory-users: "none", or users by name or uid, comma-separated.
 Result<std::vector<uid_t>> ParseUsers(const std::string& text);
+#endif
 
 // ---- SIGTERM and SIGINT ----------------------------------------------------
 //
@@ -33,7 +35,9 @@ Result<std::vector<uid_t>> ParseUsers(const std::string& text);
 // InstallStopHandlers, sets StopRequested(), stops the stores given to
 // SetStopTarget and ends WaitForStopSignal.
 
-// Installs the handler for SIGTERM and SIGINT; ignores SIGPIPE.
+// Installs the handler for SIGTERM and SIGINT; ignores SIGPIPE. On Windows:
+// a console control handler (Ctrl+C, Ctrl+Break, the console closing), which
+// reports SIGINT.
 void InstallStopHandlers();
 
 // Set by the handler; the loads in Store::Create watch it (StoreOptions::cancel).
@@ -41,6 +45,8 @@ std::atomic<bool>& StopRequested();
 
 // The signal that set StopRequested(): 0 before one.
 int StopSignalNumber();
+// Its name for messages ("Terminated", "Interrupt").
+std::string StopSignalName(int signal_number);
 
 // The running store of `slot` (< kMaxStoreDevices, one per device), which
 // the handler stops; nullptr: none. Set it before looking at StopRequested()
@@ -53,7 +59,7 @@ void WaitForStopSignal();
 // ---- a store's clients -----------------------------------------------------
 
 // Adds --socket, the store's Unix socket (default: $HEARTH_SOCKET, else the
-// default path).
+// default path); on Windows, the store's pipe name.
 void AddSocketOption(CLI::App* cmd, std::string* socket);
 
 // The options of the commands that talk to a running store (inspect --model,

@@ -43,6 +43,12 @@ int RunStore(const std::string& socket, const std::vector<std::string>& model_ar
   options.socket_path = socket;
   options.load_threads = load_threads;
   options.cancel = &StopRequested();
+#ifdef _WIN32
+  // The pipe admits this user only (docs/windows.md): nothing to widen.
+  (void)mode_text;
+  (void)allow_uids;
+  (void)allow_gids;
+#else
   options.allow_uids.assign(allow_uids.begin(), allow_uids.end());
   options.allow_gids.assign(allow_gids.begin(), allow_gids.end());
   unsigned mode = 0;
@@ -51,6 +57,7 @@ int RunStore(const std::string& socket, const std::vector<std::string>& model_ar
     return Fail(
         InvalidArgument("--socket-mode '" + mode_text + "' is not an octal mode like 0660"));
   options.socket_mode = mode;
+#endif
   Result<std::vector<StoreDevice>> devices = StoreDevicesOf(device_text);
   if (!devices.ok()) return Fail(devices.status());
   for (const std::string& arg : model_args) {
@@ -84,8 +91,8 @@ int RunStore(const std::string& socket, const std::vector<std::string>& model_ar
         several ? made[i].status().WithContext((*devices)[i].name) : made[i].status();
     if (StopRequested().load()) {
       const int sig = StopSignalNumber();
-      std::fprintf(stderr, "hearth store: %s before the store was ready: %s\n", strsignal(sig),
-                   why.message().c_str());
+      std::fprintf(stderr, "hearth store: %s before the store was ready: %s\n",
+                   StopSignalName(sig).c_str(), why.message().c_str());
       return 128 + sig;
     }
     return Fail(why);  // the stores made are destroyed, removing their sockets
@@ -94,8 +101,13 @@ int RunStore(const std::string& socket, const std::vector<std::string>& model_ar
   for (size_t i = 0; i < made.size(); ++i) {
     SetStopTarget(i, made[i]->get());
     const std::string path = several ? DeviceSocketPath(socket, (*devices)[i].name) : socket;
-    ready += (ready.empty() ? "" : ", ") + ("socket " + path) +
-             (several ? " for " + (*devices)[i].name : "");
+#ifdef _WIN32
+    const std::string kind = "pipe ";
+#else
+    const std::string kind = "socket ";
+#endif
+    ready +=
+        (ready.empty() ? "" : ", ") + (kind + path) + (several ? " for " + (*devices)[i].name : "");
   }
   if (StopRequested().load())  // a signal that came before SetStopTarget
     for (auto& m : made) (*m)->Stop();
@@ -154,12 +166,14 @@ Subcommand AddStoreCommand(CLI::App& app) {
                     "them); repeatable");
   store->add_option("--device", flags->device,
                     "cpu or cuda:N (default: cuda:0 if a GPU is usable, else cpu)");
+#ifndef _WIN32
   store->add_option("--socket-mode", flags->socket_mode, "permissions of the socket file (octal)")
       ->capture_default_str();
   store->add_option("--allow-uid", flags->allow_uids,
                     "also accept peers with this uid; repeatable");
   store->add_option("--allow-gid", flags->allow_gids,
                     "also accept peers with this gid; repeatable");
+#endif
   store
       ->add_option("--load-threads", flags->load_threads, "reader threads per load (0 = automatic)")
       ->capture_default_str();

@@ -22,13 +22,16 @@ inline const char* FileTypeName(mode_t mode) {
   if (S_ISREG(mode)) return "a regular file";
   if (S_ISDIR(mode)) return "a directory";
   if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISSOCK(mode)) return "a socket";
   if (S_ISCHR(mode)) return "a character device";
+#ifndef _WIN32
+  if (S_ISSOCK(mode)) return "a socket";
   if (S_ISBLK(mode)) return "a block device";
   if (S_ISLNK(mode)) return "a symbolic link";
+#endif
   return "not a regular file";
 }
 
+#ifndef _WIN32
 // Opens `path` read-only and close-on-exec if it is a regular file; else
 // InvalidArgument naming the path and what it is, without having opened it.
 // The path is resolved once, by an O_PATH open (which runs no driver's open
@@ -56,5 +59,6 @@ inline Result<UniqueFd> OpenRegularFile(const std::string& path, struct stat* st
     return InvalidArgument(path + ": changed while it was opened");
   return fd;
 }
+#endif
 
 }  // namespace hearth

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "memory/arena_kinds.h"
+#include "platform/section.h"
 
 #if HEARTH_HAVE_CUDA
 #include "memory/cuda_driver.h"
@@ -112,6 +113,15 @@ Result<std::unique_ptr<Arena>> Arena::Create(Device device, uint64_t size) {
   return InvalidArgument("unknown device kind " + std::to_string(static_cast<int>(device.kind)));
 }
 
+#ifdef _WIN32
+Result<std::unique_ptr<ArenaMapping>> ArenaMapping::MapHandle(uint64_t handle, Device device,
+                                                              uint64_t size) {
+  if (device.kind == DeviceKind::kHost) return MapHostArena(handle, size);
+  platform::CloseHandle(reinterpret_cast<platform::NativeHandle>(static_cast<uintptr_t>(handle)));
+  return Unavailable("cannot map an arena on " + device.ToString() +
+                     ": CUDA arenas are not built on Windows (docs/windows.md)");
+}
+#else
 Result<std::unique_ptr<ArenaMapping>> ArenaMapping::Map(UniqueFd fd, Device device, uint64_t size) {
   if (!fd.valid()) return InvalidArgument("cannot map an arena from an invalid descriptor");
   switch (device.kind) {
@@ -122,6 +132,7 @@ Result<std::unique_ptr<ArenaMapping>> ArenaMapping::Map(UniqueFd fd, Device devi
   }
   return InvalidArgument("unknown device kind " + std::to_string(static_cast<int>(device.kind)));
 }
+#endif
 
 #if !HEARTH_HAVE_CUDA
 Result<std::unique_ptr<Arena>> CreateCudaArena(int device, uint64_t) {
@@ -129,10 +140,12 @@ Result<std::unique_ptr<Arena>> CreateCudaArena(int device, uint64_t) {
                      ": built without CUDA support");
 }
 
+#ifndef _WIN32
 Result<std::unique_ptr<ArenaMapping>> MapCudaArena(UniqueFd, int device, uint64_t) {
   return Unavailable("cannot map an arena on cuda:" + std::to_string(device) +
                      ": built without CUDA support");
 }
+#endif
 #endif
 
 }  // namespace hearth

@@ -12,11 +12,17 @@
 namespace hearth {
 
 Result<std::unique_ptr<Arena>> CreateHostArena(uint64_t size);
+#ifdef _WIN32
+Result<std::unique_ptr<ArenaMapping>> MapHostArena(uint64_t handle, uint64_t size);
+#else
 Result<std::unique_ptr<ArenaMapping>> MapHostArena(UniqueFd fd, uint64_t size);
+#endif
 
 // Without HEARTH_HAVE_CUDA these return Unavailable("built without CUDA support").
 Result<std::unique_ptr<Arena>> CreateCudaArena(int device, uint64_t size);
+#ifndef _WIN32
 Result<std::unique_ptr<ArenaMapping>> MapCudaArena(UniqueFd fd, int device, uint64_t size);
+#endif
 
 // Rounds `value` up to a multiple of `alignment` (a power of two); false on overflow.
 inline bool AlignUp(uint64_t value, uint64_t alignment, uint64_t* out) {

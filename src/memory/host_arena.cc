@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <cstdint>
 #include <limits>
 #include <string>
 
@@ -93,11 +94,19 @@ class HostArena final : public Arena {
     return Status::Ok();
   }
 
+#ifdef _WIN32
+  Result<uint64_t> ExportTo(uint32_t peer_pid) const override {
+    if (!sealed_) return FailedPrecondition("cannot export a host arena before Seal()");
+    ASSIGN_OR_RETURN(const platform::NativeHandle h, section_.ShareReadOnly(peer_pid));
+    return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(h));
+  }
+#else
   Result<UniqueFd> Export() const override {
     if (!sealed_) return FailedPrecondition("cannot export a host arena before Seal()");
     ASSIGN_OR_RETURN(const platform::NativeHandle fd, section_.ShareReadOnly(0));
     return UniqueFd(fd);
   }
+#endif
 
  private:
   platform::Section section_;
@@ -108,7 +117,7 @@ class HostArena final : public Arena {
 }  // namespace
 
 Result<std::unique_ptr<Arena>> CreateHostArena(uint64_t size) {
-  if (size > static_cast<uint64_t>(std::numeric_limits<off_t>::max())) {
+  if (size > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
     return InvalidArgument("host arena size " + std::to_string(size) + " is too large");
   }
   Result<platform::Section> section = platform::Section::Create(size, "hearth-arena");

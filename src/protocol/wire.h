@@ -9,6 +9,12 @@
 //
 // A descriptor (SCM_RIGHTS) may travel with a message's first frame only.
 // Integers are little-endian; strings are u32 length + bytes.
+//
+// On Windows the transport is a platform::Channel (a per-user named pipe,
+// platform/local_channel.h): each frame above is one channel frame, after a
+// u64 handle value (0: none). Only a message's first frame may carry one: a
+// section handle the sender has already duplicated into the receiver's
+// process (SCM_RIGHTS does that step on Linux).
 #pragma once
 
 #include <sys/types.h>
@@ -23,6 +29,12 @@
 
 #include "hearth/status.h"
 #include "hearth/unique_fd.h"
+
+#ifdef _WIN32
+namespace hearth::platform {
+class Channel;
+}  // namespace hearth::platform
+#endif
 
 namespace hearth::protocol {
 
@@ -62,6 +74,9 @@ struct Message {
   MessageType type = MessageType::kError;
   std::vector<std::byte> payload;
   UniqueFd fd;  // received with SCM_RIGHTS, if any
+#ifdef _WIN32
+  uint64_t handle = 0;  // a handle value valid in this process, if any (0: none)
+#endif
 };
 
 // Appends little-endian fields to a payload.
@@ -110,6 +125,21 @@ class PayloadReader {
   Status status_;
 };
 
+#ifdef _WIN32
+// The transport on Windows (wire_pipe.cc). A channel frame is 8 bytes of
+// handle value and one frame of the protocol.
+inline constexpr uint32_t kMaxChannelFrame = 8 + kFrameHeaderBytes + kMaxFramePayload;
+// Sends one message; `handle` (0: none) rides with its first frame.
+// (Not SendMessage: windows.h makes that name a macro.)
+Status Send(platform::Channel& channel, MessageType type, std::span<const std::byte> payload,
+            uint64_t handle = 0);
+// Receives channel frames until a whole message has arrived. A channel frame
+// over kMaxChannelFrame, a bad header, a message declaring more than
+// `max_message_bytes`, or a handle on a later frame fails with
+// InvalidArgument naming it (the channel is then no longer usable); a peer
+// that closed gives Unavailable.
+Result<Message> Receive(platform::Channel& channel, uint32_t max_message_bytes = kMaxMessageBytes);
+#else
 // Sends one message (as many frames as it needs). `pass_fd` >= 0 travels with
 // the first frame. Blocking; EINTR is retried; MSG_NOSIGNAL. A peer that has
 // closed gives Unavailable (its last words may still be there to receive).
@@ -119,6 +149,7 @@ Status SendMessage(int socket, MessageType type, std::span<const std::byte> payl
 // One sendmsg(2) of one frame, with `pass_fd` (>= 0) attached by SCM_RIGHTS;
 // MSG_NOSIGNAL is added to `flags`. Returns what sendmsg returns (errno set).
 ssize_t SendFrameOnce(int socket, std::span<const std::byte> frame, int pass_fd, int flags);
+#endif
 
 // Splits a message into frames, for senders that queue them (the store).
 std::vector<std::vector<std::byte>> EncodeFrames(MessageType type,
@@ -153,6 +184,7 @@ class FrameAssembler {
   uint32_t total_ = 0;
 };
 
+#ifndef _WIN32
 // Receives one frame (non-blocking sockets return Unavailable("would block")
 // via *would_block). A peer that closed gives Unavailable "connection closed",
 // or "connection reset" if it closed with input of ours unread (what it sent
@@ -167,5 +199,6 @@ Result<size_t> ReceiveFrame(int socket, std::span<std::byte> buffer, UniqueFd* f
 // arrived within it.
 Result<Message> ReceiveMessage(int socket,
                                std::chrono::milliseconds timeout = std::chrono::milliseconds(-1));
+#endif
 
 }  // namespace hearth::protocol
