@@ -33,9 +33,11 @@ Status CheckPath(const std::string& path) {
         start, end == std::string::npos ? std::string::npos : end - start);
     if (part.empty() || part == "." || part == "..")
       return InvalidArgument(what + ": the path has an empty, '.' or '..' component");
+    // Triton's status and words for this one (its clients check both).
     if (part.size() > NAME_MAX)
-      return InvalidArgument(what + ": a component of its path is " + std::to_string(part.size()) +
-                             " bytes, over NAME_MAX (" + std::to_string(NAME_MAX) + ")");
+      return Internal("failed to poll from model repository: " + what +
+                      ": a component of its path is " + std::to_string(part.size()) +
+                      " bytes, over NAME_MAX (" + std::to_string(NAME_MAX) + ")");
     if (end == std::string::npos) break;
     start = end + 1;
   }

@@ -1,4 +1,5 @@
 #include "server/ensemble.h"
+#include "server/response_assembly.h"
 #include "server/server_impl.h"
 
 namespace hearth {
@@ -81,6 +82,29 @@ Result<std::unique_ptr<ModelRuntime>> Server::Impl::BuildEnsemble(
   return m;
 }
 
+// The labels that classify ensemble output `name`: the ensemble's own
+// label_filename's, else those of the output of the step's model that
+// produces it (empty: none).
+std::vector<std::string> Server::Impl::EnsembleOutputLabels(const ModelRuntime& ensemble,
+                                                            const std::string& name) const {
+  const ModelConfig& config = ensemble.config();
+  for (const IoConfig& io : config.outputs)
+    if (io.name == name && !io.labels.empty()) return io.labels;
+  if (!config.ensemble) return {};
+  for (const EnsembleStep& step : *config.ensemble) {
+    for (const auto& [step_tensor, tensor] : step.outputs) {
+      if (tensor != name) continue;
+      const std::string version = step.version > 0 ? std::to_string(step.version) : "";
+      Result<std::shared_ptr<ModelRuntime>> m = Find(step.model, version);
+      if (!m.ok()) return {};
+      for (const IoConfig& io : (*m)->config().outputs)
+        if (io.name == step_tensor) return io.labels;
+      return {};
+    }
+  }
+  return {};
+}
+
 // An admitted request of an ensemble (InferOn's checks made against the
 // ensemble's own inputs and outputs): its steps run, each through InferOn
 // as a client's request would.
@@ -93,13 +117,22 @@ void Server::Impl::RunEnsembleRequest(const std::shared_ptr<ModelRuntime>& runti
       return done(InvalidArgument("input '" + in.name + "': " + model +
                                   " takes its inputs in the request or in system shared memory, "
                                   "not in CUDA shared memory"));
-  for (const RequestedOutput& o : request.outputs) {
+  // Outputs asked for as classes are classified once the ensemble answers,
+  // with the labels of the ensemble's output, else those of the step's model
+  // output that produced it (as Triton's ensembles answer them).
+  struct Classified {
+    std::string name;
+    uint32_t count;
+    std::vector<std::string> labels;
+  };
+  std::vector<Classified> classified;
+  for (RequestedOutput& o : request.outputs) {
     if (o.shm)
       return done(InvalidArgument("output '" + o.name + "': " + model +
                                   " answers its outputs in the response, not in shared memory"));
-    if (o.class_count > 0)
-      return done(InvalidArgument("output '" + o.name + "': " + model +
-                                  " does not classify its outputs (ask for the tensor)"));
+    if (o.class_count == 0) continue;
+    classified.push_back({o.name, o.class_count, EnsembleOutputLabels(*runtime, o.name)});
+    o.class_count = 0;
   }
   // Of batch 1 as its steps are, when it does not batch.
   const uint64_t rows =
@@ -109,8 +142,13 @@ void Server::Impl::RunEnsembleRequest(const std::shared_ptr<ModelRuntime>& runti
   request.on_response = nullptr;
   auto original = std::make_shared<std::function<void(Result<InferResponse>)>>(std::move(done));
   std::function<void(Result<InferResponse>)> counted = Counted(runtime, original);
-  InferDone answer = [runtime, rows, counted = std::move(counted)](Result<InferResponse> r) {
+  InferDone answer = [runtime, rows, classified = std::move(classified),
+                      counted = std::move(counted)](Result<InferResponse> r) {
     if (r.ok()) {
+      for (const Classified& c : classified)
+        for (InferTensor& t : r->outputs)
+          if (t.name == c.name)
+            t = Classify(t, c.count, runtime->batching(), c.labels.empty() ? nullptr : &c.labels);
       runtime->stats.rows += rows;
       runtime->stats.requests += 1;
       runtime->stats.batches += 1;

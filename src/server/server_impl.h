@@ -220,6 +220,8 @@ class Server::Impl {
   Result<std::unique_ptr<ModelRuntime>> BuildEnsemble(ModelEntry& entry, ModelConfig config,
                                                       std::vector<std::string>* load_chain);
   Result<ComposingModel> FindComposing(const std::string& model, ModelEntry& ensemble) const;
+  std::vector<std::string> EnsembleOutputLabels(const ModelRuntime& ensemble,
+                                                const std::string& name) const;
   void RunEnsembleRequest(const std::shared_ptr<ModelRuntime>& runtime, InferRequest request,
                           std::function<void(Result<InferResponse>)> done);
   static Status CheckCudaPlacement(const ModelRuntime& m, const InferRequest& request,

@@ -115,6 +115,24 @@ ensemble_scheduling {
 }
 """
 
+# The classifier's logits as an ensemble output, which clients may ask for as
+# classes: labelled by the classifier's label_filename.
+CLASSES = """name: "classes"
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "RAW" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "SCORES" data_type: TYPE_FP32 dims: [ 3 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "preprocess" model_version: -1
+      input_map { key: "RAW" value: "RAW" } output_map { key: "FEATURES" value: "features" } },
+    { model_name: "classifier" model_version: -1
+      input_map { key: "X" value: "features" } output_map { key: "LOGITS" value: "SCORES" } }
+  ]
+}
+"""
+LABELS = ["cat", "dog", "bird"]
+
 # Steps that disagree with their models: each fails alone.
 BROKEN = {
     "unknown_step": PIPELINE.replace('"postprocess"', '"nowhere"'),
@@ -135,11 +153,17 @@ def served(tmp_path_factory):
         "postprocess": python_model("postprocess", [("LOGITS", "TYPE_FP32", 3), ("TOTAL", "TYPE_FP32", 1)],
                                     [("LABEL", "TYPE_INT64", 1), ("SCORE", "TYPE_FP32", 1)]),
     }
+    models["classifier"] = models["classifier"].replace(
+        'name: "LOGITS" data_type: TYPE_FP32 dims: [ 3 ] }',
+        'name: "LOGITS" data_type: TYPE_FP32 dims: [ 3 ] label_filename: "labels.txt" }')
+    assert "labels.txt" in models["classifier"]
+    (repo / "classifier").mkdir(parents=True)
+    (repo / "classifier" / "labels.txt").write_text("\n".join(LABELS) + "\n")
     for name, config in models.items():
-        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1").mkdir(parents=True, exist_ok=name == "classifier")
         (repo / name / "config.pbtxt").write_text(config)
         (repo / name / "1" / "model.py").write_text(MODEL_PY)
-    for name, config in {"pipeline": PIPELINE, **BROKEN}.items():
+    for name, config in {"pipeline": PIPELINE, "classes": CLASSES, **BROKEN}.items():
         (repo / name / "1").mkdir(parents=True)  # empty, as Triton wants it
         (repo / name / "config.pbtxt").write_text(config.replace('name: "pipeline"', f'name: "{name}"'))
     state = start_serve(tmp, repo, env={**os.environ, "HEARTH_PYTHON": sys.executable})
@@ -214,6 +238,23 @@ def test_only_the_requested_outputs_are_answered(served):
     np.testing.assert_allclose(got["SCORE"], expected(RAW[1:])["SCORE"])
     r = infer(url, RAW[:1], ["logits"])  # a tensor between steps, not an output
     assert r.status_code == 400 and "logits" in r.text, r.text
+
+
+def test_an_output_asked_for_as_classes_is_labelled_by_the_step_that_made_it(served):
+    body = {"inputs": [{"name": "RAW", "datatype": "FP32", "shape": list(RAW.shape),
+                        "data": RAW.ravel().tolist()}],
+            "outputs": [{"name": "SCORES", "parameters": {"classification": 2}}]}
+    r = requests.post(f"{served['url']}/v2/models/classes/infer", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    [out] = r.json()["outputs"]
+    assert out["datatype"] == "BYTES" and out["shape"] == [3, 2], out
+    logits = (RAW * 2) @ W
+    want = []
+    for row in logits:
+        top = sorted(range(3), key=lambda i: (-row[i], i))[:2]
+        want += [(float(row[i]), i, LABELS[i]) for i in top]
+    got = [e.split(":") for e in out["data"]]
+    assert [(float(v), int(i), label) for v, i, label in got] == want, out["data"]
 
 
 def test_a_failing_step_fails_the_request_naming_its_model_and_cause(served):

@@ -189,10 +189,13 @@ def test_load_failures_are_worded_as_tritons_without_the_servers_paths(served):
         error = r.json()["error"]
         assert r.status_code == 400 and error.startswith("failed to load 'scaled': "), r.text
         assert says in error and "config.pbtxt" not in error and "config.yaml" not in error, r.text
-    # A file override's path component over NAME_MAX: the client's fault,
-    # refused before anything is written.
+    # A file override's path component over NAME_MAX, refused before anything
+    # is written, with Triton's status (500) and words.
     r = load(url, {"config": "{}", "file:" + "A" * 256: base64.b64encode(b"a").decode()})
-    assert r.status_code == 400 and "over NAME_MAX" in r.json()["error"], r.text
+    error = r.json()["error"]
+    assert r.status_code == 500 and "failed to poll from model repository" in error, r.text
+    assert "over NAME_MAX" in error, r.text
+    assert requests.get(f"{url}/v2/health/live").status_code == 200
     # The config is checked before any file is written.
     r = load(url, {"config": config_json(optimization={}), "file:1/model.py": base64.b64encode(b"x").decode()})
     assert r.status_code == 400 and "the config override is not a model configuration hearth reads: " \
@@ -208,7 +211,7 @@ def test_load_failures_are_worded_as_tritons_without_the_servers_paths(served):
     assert requests.get(f"{url}/v2/health/live", timeout=10).status_code == 200
 
 
-def test_name_max_over_grpc_is_invalid_argument(served):
+def test_name_max_over_grpc_is_internal_in_tritons_words(served):
     from grpc_support import connect, grpc, grpc_port, pb, rpc_error
     channel, stub = connect(grpc_port(served["log"].read_text()))
     try:
@@ -216,8 +219,10 @@ def test_name_max_over_grpc_is_invalid_argument(served):
         request.parameters["config"].string_param = "{}"
         request.parameters["file:" + "A" * 256].bytes_param = b"a"
         e = rpc_error(stub.RepositoryModelLoad, request, timeout=60)
-        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e.details()
-        assert e.details().startswith("failed to load 'scaled': file override 'AAAA"), e.details()
+        # Triton's status and words, which its clients check.
+        assert e.code() == grpc.StatusCode.INTERNAL, e.details()
+        assert e.details().startswith("failed to load 'scaled': failed to poll from model "
+                                      "repository: file override 'AAAA"), e.details()
         assert str(served["run_dir"]) not in e.details()
         assert infer(served["url"]) == [1, 2]
     finally:
