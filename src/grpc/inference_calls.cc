@@ -109,13 +109,14 @@ class GrpcServer::Impl::StreamCall final
     bool unrun = false;
     {
       std::lock_guard lock(mu_);
-      reading_ = false;
       if (!ok) {
+        reading_ = false;
         read_closed_ = true;  // the client is done writing, or gone
         MaybeFinishLocked();
         return;
       }
       if (cancelled_ || finished_) {
+        reading_ = false;
         MaybeFinishLocked();
         return;
       }
@@ -126,11 +127,14 @@ class GrpcServer::Impl::StreamCall final
     }
     // The next read starts only once this request is in the service, so
     // that a stream's requests reach it in the order they were sent (a
-    // sequence's steps depend on it).
+    // sequence's steps depend on it): reading_ stays set until then, so
+    // that an answer finishing meanwhile (OnFinal) starts no read.
     const std::shared_ptr<StreamCall> keep = shared_from_this();  // past the request's end
     Submit(message, unrun);
     std::lock_guard lock(mu_);
+    reading_ = false;
     MaybeReadLocked();
+    MaybeFinishLocked();
   }
 
   void OnWriteDone(bool ok) override {

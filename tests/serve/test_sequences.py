@@ -226,24 +226,31 @@ def test_a_grpc_streams_sequence_steps_run_in_the_order_sent(served):
     import numpy as np
     port = grpc_port(served["log"].read_text())
     channel, stub = connect(port)
-    sequences, steps = [9001 + i for i in range(6)], 8
-    sent = []  # (sequence, value, request id, request), in the order written
-    for n in range(steps):
-        for s in sequences:
-            parameters = {"sequence_id": s, "sequence_start": n == 0, "sequence_end": n == steps - 1}
-            value = float(s % 7 + n)
-            request = infer_request("accumulate", "INPUT", np.array([[value]], np.float32),
-                                    id=f"{s}-{n}", outputs=("OUTPUT",), parameters=parameters)
-            sent.append((s, value, f"{s}-{n}", request))
+    steps = 8
     try:
-        answers = {}
-        for message in stub.ModelStreamInfer(iter([r for *_, r in sent]), timeout=120):
-            assert message.error_message == "", message.error_message
-            answers[message.infer_response.id] = \
-                outputs_of(message.infer_response)["OUTPUT"].ravel().tolist()
-        totals = {s: 0.0 for s in sequences}
-        for s, value, request_id, _ in sent:
-            totals[s] += value
-            assert answers[request_id] == [totals[s]], (request_id, answers[request_id], totals[s])
+        # Rounds of new sequences: a request answered while the stream hands
+        # the next one to the service must not let a later one overtake it.
+        for first in range(9001, 9001 + 5 * 6, 6):
+            sequences = [first + i for i in range(6)]
+            sent = []  # (sequence, value, request id, request), in the order written
+            for n in range(steps):
+                for s in sequences:
+                    parameters = {"sequence_id": s, "sequence_start": n == 0,
+                                  "sequence_end": n == steps - 1}
+                    value = float(s % 7 + n)
+                    request = infer_request("accumulate", "INPUT", np.array([[value]], np.float32),
+                                            id=f"{s}-{n}", outputs=("OUTPUT",),
+                                            parameters=parameters)
+                    sent.append((s, value, f"{s}-{n}", request))
+            answers = {}
+            for message in stub.ModelStreamInfer(iter([r for *_, r in sent]), timeout=120):
+                assert message.error_message == "", message.error_message
+                answers[message.infer_response.id] = \
+                    outputs_of(message.infer_response)["OUTPUT"].ravel().tolist()
+            totals = {s: 0.0 for s in sequences}
+            for s, value, request_id, _ in sent:
+                totals[s] += value
+                assert answers[request_id] == [totals[s]], \
+                    (request_id, answers[request_id], totals[s])
     finally:
         channel.close()
