@@ -51,6 +51,29 @@ add_library(hearth_core STATIC
   ${src}/store/store_windows.cc
   ${src}/attach/attachment.cc ${src}/attach/attach_client_windows.cc)
 set_source_files_properties(${src}/common/checksum_avx2.cc PROPERTIES COMPILE_OPTIONS "-mavx2")
+
+# CUDA arenas (CU_MEM_HANDLE_TYPE_WIN32): compiled, never run here
+# (docs/windows.md). nvcuda.dll is loaded at run time, so nothing links
+# against CUDA; only the driver API's two headers, cuda.h and cudaTypedefs.h,
+# are taken from the toolkit, one by one as above (the rest of its include
+# folder is the runtime's, which hearth does not use).
+set(HEARTH_CUDA_INCLUDE /usr/local/cuda/include CACHE PATH
+    "Where cuda.h and cudaTypedefs.h are (CUDA 12 or later); empty: CUDA arenas not built")
+if(HEARTH_CUDA_INCLUDE AND EXISTS ${HEARTH_CUDA_INCLUDE}/cuda.h)
+  set(HEARTH_CUDA_HEADERS ${CMAKE_BINARY_DIR}/cuda-headers)
+  file(MAKE_DIRECTORY ${HEARTH_CUDA_HEADERS})
+  foreach(entry cuda.h cudaTypedefs.h)
+    file(CREATE_LINK ${HEARTH_CUDA_INCLUDE}/${entry} ${HEARTH_CUDA_HEADERS}/${entry} SYMBOLIC)
+  endforeach()
+  target_sources(hearth_core PRIVATE
+    ${src}/memory/cuda_driver.cc ${src}/memory/cuda_driver_windows.cc
+    ${src}/memory/cuda_arena.cc ${src}/memory/cuda_arena_windows.cc ${src}/memory/cuda_mapping.cc)
+  target_include_directories(hearth_core SYSTEM PRIVATE ${HEARTH_CUDA_HEADERS})
+  target_compile_definitions(hearth_core PRIVATE HEARTH_HAVE_CUDA=1)
+  message(STATUS "CUDA arenas: built, with the driver API headers of ${HEARTH_CUDA_INCLUDE}")
+else()
+  message(STATUS "CUDA arenas: not built (no cuda.h in HEARTH_CUDA_INCLUDE='${HEARTH_CUDA_INCLUDE}')")
+endif()
 # GCC 12's -Wrestrict misfires on std::string at -O3 (GCC bug 105329).
 target_compile_options(hearth_core PRIVATE -Wno-restrict)
 target_link_libraries(hearth_core PUBLIC hearth_platform)

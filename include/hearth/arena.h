@@ -11,13 +11,16 @@
 //    importers cuMemImportFromShareableHandle + cuMemMap + cuMemSetAccess with
 //    CU_MEM_ACCESS_FLAGS_PROT_READ.
 //
-// The CUDA driver is resolved at run time (dlopen of libcuda.so.1), so these
-// binaries start on machines without a GPU or driver.
+// The CUDA driver is resolved at run time (dlopen of libcuda.so.1, or
+// LoadLibrary of nvcuda.dll), so these binaries start on machines without a
+// GPU or driver.
 //
 // On Windows (docs/windows.md) host arenas are pagefile-backed sections
 // (platform/section.h) and an export is a handle duplicated into the
 // importer's process with read access only: Export() and Map(UniqueFd) give
-// way to ExportTo(pid) and MapHandle(). CUDA arenas are not built there.
+// way to ExportTo(pid) and MapHandle(). CUDA arenas there are created with
+// CU_MEM_HANDLE_TYPE_WIN32 and exported as NT handles duplicated the same
+// way (memory/cuda_shareable.h); importers map them with PROT_READ access.
 #pragma once
 
 #include <cstddef>
@@ -113,9 +116,10 @@ class ArenaMapping {
   // against the real region before anything is mapped. For CUDA the calling
   // process gets (or reuses) the device's primary context.
 #ifdef _WIN32
-  // Maps the section handle `handle` (a value valid in this process, which
-  // the store made with ExportTo; taken: closed by the mapping, or on
-  // failure) read-only; `size` is checked against the section first.
+  // Maps the handle `handle` (a section's, or a CUDA allocation's NT handle:
+  // a value valid in this process, which the store made with ExportTo;
+  // taken: closed by the mapping, or on failure) read-only; `size` is
+  // checked against the region first.
   static Result<std::unique_ptr<ArenaMapping>> MapHandle(uint64_t handle, Device device,
                                                          uint64_t size);
 #else

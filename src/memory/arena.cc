@@ -116,10 +116,14 @@ Result<std::unique_ptr<Arena>> Arena::Create(Device device, uint64_t size) {
 #ifdef _WIN32
 Result<std::unique_ptr<ArenaMapping>> ArenaMapping::MapHandle(uint64_t handle, Device device,
                                                               uint64_t size) {
-  if (device.kind == DeviceKind::kHost) return MapHostArena(handle, size);
+  switch (device.kind) {
+    case DeviceKind::kHost:
+      return MapHostArena(handle, size);
+    case DeviceKind::kCuda:
+      return MapCudaArena(handle, device.index, size);
+  }
   platform::CloseHandle(reinterpret_cast<platform::NativeHandle>(static_cast<uintptr_t>(handle)));
-  return Unavailable("cannot map an arena on " + device.ToString() +
-                     ": CUDA arenas are not built on Windows (docs/windows.md)");
+  return InvalidArgument("unknown device kind " + std::to_string(static_cast<int>(device.kind)));
 }
 #else
 Result<std::unique_ptr<ArenaMapping>> ArenaMapping::Map(UniqueFd fd, Device device, uint64_t size) {
@@ -140,7 +144,13 @@ Result<std::unique_ptr<Arena>> CreateCudaArena(int device, uint64_t) {
                      ": built without CUDA support");
 }
 
-#ifndef _WIN32
+#ifdef _WIN32
+Result<std::unique_ptr<ArenaMapping>> MapCudaArena(uint64_t handle, int device, uint64_t) {
+  platform::CloseHandle(reinterpret_cast<platform::NativeHandle>(static_cast<uintptr_t>(handle)));
+  return Unavailable("cannot map an arena on cuda:" + std::to_string(device) +
+                     ": built without CUDA support");
+}
+#else
 Result<std::unique_ptr<ArenaMapping>> MapCudaArena(UniqueFd, int device, uint64_t) {
   return Unavailable("cannot map an arena on cuda:" + std::to_string(device) +
                      ": built without CUDA support");

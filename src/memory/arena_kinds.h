@@ -20,7 +20,10 @@ Result<std::unique_ptr<ArenaMapping>> MapHostArena(UniqueFd fd, uint64_t size);
 
 // Without HEARTH_HAVE_CUDA these return Unavailable("built without CUDA support").
 Result<std::unique_ptr<Arena>> CreateCudaArena(int device, uint64_t size);
-#ifndef _WIN32
+#ifdef _WIN32
+// Takes `handle` (an NT handle of this process): closed on every return.
+Result<std::unique_ptr<ArenaMapping>> MapCudaArena(uint64_t handle, int device, uint64_t size);
+#else
 Result<std::unique_ptr<ArenaMapping>> MapCudaArena(UniqueFd fd, int device, uint64_t size);
 #endif
 

@@ -1,4 +1,5 @@
-// CUDA arenas: one cuMemCreate allocation, exportable as a POSIX descriptor.
+// CUDA arenas: one cuMemCreate allocation, exportable as a POSIX descriptor
+// (or, on Windows, as an NT handle: cuda_shareable.h).
 //
 // The store maps it read-write (cuMemAddressReserve + cuMemMap +
 // cuMemSetAccess(READWRITE)) only while loading; writers stage chunks in
@@ -6,8 +7,11 @@
 // thread slot. Seal() waits for every copy, unmaps the store's mapping and
 // frees its address range, keeping only the allocation handle, which each
 // Export() turns into a new descriptor.
-#include <fcntl.h>
 #include <spdlog/spdlog.h>
+
+#ifndef _WIN32
+#include <fcntl.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -15,12 +19,13 @@
 #include <cerrno>
 #include <cstdlib>
 #include <mutex>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "memory/arena_kinds.h"
 #include "memory/cuda_driver.h"
+#include "memory/cuda_shareable.h"
 
 namespace hearth {
 namespace {
@@ -321,29 +326,31 @@ class CudaArena final : public Arena {
     CUdevice dev = 0;
     RETURN_IF_ERROR(CuCheck(*cu_, cu_->DeviceGet(&dev, device_), "cuDeviceGet"));
     int vmm = 0;
-    int posix_fd = 0;
+    int shareable = 0;
     RETURN_IF_ERROR(CuCheck(
         *cu_,
         cu_->DeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev),
         "cuDeviceGetAttribute"));
-    RETURN_IF_ERROR(CuCheck(
-        *cu_,
-        cu_->DeviceGetAttribute(
-            &posix_fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev),
-        "cuDeviceGetAttribute"));
+    RETURN_IF_ERROR(CuCheck(*cu_,
+                            cu_->DeviceGetAttribute(&shareable, kCudaShareableHandleSupported, dev),
+                            "cuDeviceGetAttribute"));
     if (vmm == 0) {
       return Unavailable(DeviceName(device_) +
                          " does not support CUDA virtual memory management (cuMemCreate)");
     }
-    if (posix_fd == 0) {
-      return Unavailable(DeviceName(device_) + " cannot export memory as POSIX file descriptors");
+    if (shareable == 0) {
+      return Unavailable(DeviceName(device_) + " cannot export memory as " +
+                         kCudaShareableHandleKind);
     }
 
-    CUmemAllocationProp prop{};  // win32HandleMetaData and allocFlags must stay zero
+    CUmemAllocationProp prop{};  // allocFlags must stay zero
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = device_;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    prop.requestedHandleTypes = kCudaShareableHandleType;
+#ifdef _WIN32
+    ASSIGN_OR_RETURN(prop.win32HandleMetaData, CudaWin32HandleMetadata());
+#endif
     size_t minimum = 0;
     size_t recommended = 0;
     RETURN_IF_ERROR(CuCheck(
@@ -424,6 +431,13 @@ class CudaArena final : public Arena {
     return Status::Ok();
   }
 
+#ifdef _WIN32
+  Result<uint64_t> ExportTo(uint32_t peer_pid) const override {
+    if (!sealed_) return FailedPrecondition("cannot export a CUDA arena before Seal()");
+    RETURN_IF_ERROR(MakeContextCurrent(device_));
+    return ExportCudaAllocationTo(*cu_, handle_, peer_pid);
+  }
+#else
   Result<UniqueFd> Export() const override {
     if (!sealed_) return FailedPrecondition("cannot export a CUDA arena before Seal()");
     RETURN_IF_ERROR(MakeContextCurrent(device_));
@@ -442,6 +456,7 @@ class CudaArena final : public Arena {
     }
     return owned;
   }
+#endif
 
  private:
   // Stops every writer and waits for its copies; the first copy error.

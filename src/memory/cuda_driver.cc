@@ -1,6 +1,5 @@
 #include "memory/cuda_driver.h"
 
-#include <dlfcn.h>
 #include <spdlog/spdlog.h>
 
 #include <cerrno>
@@ -9,6 +8,8 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+
+#include "memory/cuda_driver_library.h"
 
 namespace hearth {
 namespace {
@@ -51,29 +52,23 @@ void Resolve(PFN_cuGetProcAddress_v12000 get_proc, const char* symbol, Fn* out,
 }
 
 Result<const CudaDriver*> LoadDriver() {
-  // The handle is never dlclose()d: pointers into the driver are used until
-  // exit, from destructors of static objects too.
-  void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) {
-    const char* error = ::dlerror();
-    return Unavailable(std::string("libcuda.so.1 not found: no NVIDIA driver on this machine (") +
-                       (error != nullptr ? error : "dlopen failed") + ")");
-  }
+  ASSIGN_OR_RETURN(void* lib, OpenCudaDriverLibrary());
 
   static CudaDriver driver;
-  // cuInit, the error helpers and cuGetProcAddress_v2 are taken with dlsym:
+  // cuInit, the error helpers and cuGetProcAddress_v2 are taken by name:
   // they are needed before (or to report) initialisation, and these exact
   // names are exported by every driver since CUDA 12.0.
-  driver.Init = reinterpret_cast<PFN_cuInit_v2000>(::dlsym(lib, "cuInit"));
-  driver.GetErrorName = reinterpret_cast<PFN_cuGetErrorName_v6000>(::dlsym(lib, "cuGetErrorName"));
+  driver.Init = reinterpret_cast<PFN_cuInit_v2000>(CudaDriverSymbol(lib, "cuInit"));
+  driver.GetErrorName =
+      reinterpret_cast<PFN_cuGetErrorName_v6000>(CudaDriverSymbol(lib, "cuGetErrorName"));
   driver.GetErrorString =
-      reinterpret_cast<PFN_cuGetErrorString_v6000>(::dlsym(lib, "cuGetErrorString"));
+      reinterpret_cast<PFN_cuGetErrorString_v6000>(CudaDriverSymbol(lib, "cuGetErrorString"));
   auto get_proc =
-      reinterpret_cast<PFN_cuGetProcAddress_v12000>(::dlsym(lib, "cuGetProcAddress_v2"));
+      reinterpret_cast<PFN_cuGetProcAddress_v12000>(CudaDriverSymbol(lib, "cuGetProcAddress_v2"));
   if (driver.Init == nullptr || get_proc == nullptr) {
-    return Unavailable(
-        "libcuda.so.1 has no cuInit or cuGetProcAddress_v2: the NVIDIA driver is older than "
-        "CUDA 12.0");
+    return Unavailable(std::string(kCudaDriverLibrary) +
+                       " has no cuInit or cuGetProcAddress_v2: the NVIDIA driver is older than "
+                       "CUDA 12.0");
   }
 
   CUresult init = driver.Init(0);
@@ -134,7 +129,7 @@ Result<const CudaDriver*> LoadDriver() {
   Resolve(get_proc, "cuIpcOpenMemHandle", &d.IpcOpenMemHandle, &missing);
   Resolve(get_proc, "cuIpcCloseMemHandle", &d.IpcCloseMemHandle, &missing);
   if (!missing.empty()) {
-    return Unavailable("libcuda.so.1 lacks " + missing + " at the CUDA " +
+    return Unavailable(std::string(kCudaDriverLibrary) + " lacks " + missing + " at the CUDA " +
                        std::to_string(kCudaDriverAbiVersion / 1000) +
                        ".0 ABI: the NVIDIA driver is too old");
   }
@@ -170,7 +165,7 @@ struct PrimaryContexts {
 
 Result<const CudaDriver*> CudaDriver::Get() {
   // A function-local static: initialised once, thread-safely; a failure is
-  // remembered too, so a machine without a driver pays for one dlopen only.
+  // remembered too, so a machine without a driver pays for one attempt to load it only.
   static const Result<const CudaDriver*> driver = LoadDriver();
   return driver;
 }

@@ -1,7 +1,8 @@
 // CudaDriver: the CUDA driver API, resolved at run time.
 //
 // hearth never links libcuda: the same binary must start on a machine without
-// an NVIDIA driver. CudaDriver::Get() dlopens libcuda.so.1 once per process,
+// an NVIDIA driver. CudaDriver::Get() loads the driver's library once per
+// process (libcuda.so.1, or nvcuda.dll on Windows: cuda_driver_library.h),
 // calls cuInit(0), and resolves every entry point below through
 // cuGetProcAddress at the ABI of CUDA 12.0 (kCudaDriverAbiVersion), so each
 // pointer has exactly the signature of the PFN_*_vNNNN typedef it is stored as
@@ -31,7 +32,7 @@ namespace hearth {
 // every call hearth uses, and any driver that can run CUDA 12 code serves it.
 inline constexpr int kCudaDriverAbiVersion = 12000;
 
-// Function pointers into libcuda.so.1. Member X is the driver's cuX at the ABI
+// Function pointers into the driver. Member X is the driver's cuX at the ABI
 // named in its type (e.g. MemcpyHtoDAsync is cuMemcpyHtoDAsync_v2, 64-bit
 // sizes). Calls that take no explicit stream use the legacy default stream.
 struct CudaDriver {
@@ -95,7 +96,7 @@ struct CudaDriver {
 
   // The driver, loaded and initialised (cuInit(0)) on the first call; later
   // calls return the same pointer, or the same error. Unavailable when
-  // libcuda.so.1 is missing, too old, or cuInit fails (e.g. no device).
+  // the driver's library is missing, too old, or cuInit fails (e.g. no device).
   static Result<const CudaDriver*> Get();
 };
 

@@ -9,6 +9,7 @@
 
 #include "memory/arena_kinds.h"
 #include "memory/cuda_driver.h"
+#include "memory/cuda_shareable.h"
 
 namespace hearth {
 namespace {
@@ -38,7 +39,8 @@ class CudaArenaMapping final : public ArenaMapping {
   CudaArenaMapping(const CudaArenaMapping&) = delete;
   CudaArenaMapping& operator=(const CudaArenaMapping&) = delete;
 
-  Status Import(UniqueFd fd) {
+  // `shareable` stays the caller's (cuda_shareable.h).
+  Status Import(void* shareable, const std::string& what) {
     RETURN_IF_ERROR(MakeContextCurrent(device_));
     CUdevice dev = 0;
     RETURN_IF_ERROR(CuCheck(*cu_, cu_->DeviceGet(&dev, device_), "cuDeviceGet"));
@@ -50,20 +52,14 @@ class CudaArenaMapping final : public ArenaMapping {
                              " bytes of memory");
     }
 
-    // Driver quirk: for CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR the
-    // descriptor itself is passed in the pointer argument, by value (export
-    // takes a pointer to an int instead).
-    CUresult imported = cu_->MemImportFromShareableHandle(
-        &handle_, reinterpret_cast<void*>(static_cast<uintptr_t>(fd.get())),
-        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    CUresult imported =
+        cu_->MemImportFromShareableHandle(&handle_, shareable, kCudaShareableHandleType);
     if (imported != CUDA_SUCCESS) {
       Status status = CuCheck(*cu_, imported, "cuMemImportFromShareableHandle");
-      return InvalidArgument("descriptor " + std::to_string(fd.get()) +
+      return InvalidArgument(what +
                              " is not an exported CUDA arena of this machine: " + status.message());
     }
     has_handle_ = true;
-    // The imported handle holds the allocation; the descriptor is not needed.
-    fd.Reset();
 
     CUmemAllocationProp prop{};
     RETURN_IF_ERROR(CuCheck(*cu_, cu_->MemGetAllocationPropertiesFromHandle(&prop, handle_),
@@ -142,15 +138,27 @@ class CudaArenaMapping final : public ArenaMapping {
 
 }  // namespace
 
-Result<std::unique_ptr<ArenaMapping>> MapCudaArena(UniqueFd fd, int device, uint64_t size) {
+Result<std::unique_ptr<ArenaMapping>> ImportCudaArena(void* shareable, const std::string& what,
+                                                      int device, uint64_t size) {
   if (size == 0) {
     return InvalidArgument("a CUDA arena mapping cannot be empty (claimed size 0 on " +
                            DeviceName(device) + ")");
   }
   ASSIGN_OR_RETURN(const CudaDriver* cu, CudaDriver::Get());
   auto mapping = std::make_unique<CudaArenaMapping>(cu, device, size);
-  RETURN_IF_ERROR(mapping->Import(std::move(fd)));
+  RETURN_IF_ERROR(mapping->Import(shareable, what));
   return std::unique_ptr<ArenaMapping>(std::move(mapping));
 }
+
+#ifndef _WIN32
+Result<std::unique_ptr<ArenaMapping>> MapCudaArena(UniqueFd fd, int device, uint64_t size) {
+  // Driver quirk: for CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR the
+  // descriptor itself is passed in the pointer argument, by value (export
+  // takes a pointer to an int instead). `fd` is closed on return: the
+  // imported handle holds the allocation.
+  return ImportCudaArena(reinterpret_cast<void*>(static_cast<uintptr_t>(fd.get())),
+                         "descriptor " + std::to_string(fd.get()), device, size);
+}
+#endif
 
 }  // namespace hearth

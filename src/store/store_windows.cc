@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "hearth/arena.h"
 #include "hearth/checkpoint.h"
 #include "hearth/store.h"
 #include "platform/local_channel.h"
@@ -256,9 +257,11 @@ class Store::Impl {
 
   Status Init() {
     const StoreOptions& o = shared_->options;
-    if (o.device.kind != DeviceKind::kHost)
-      return Unavailable("a store on Windows holds host memory only, not " + o.device.ToString() +
-                         " (docs/windows.md)");
+    // A CUDA store without a usable driver fails here, before its pipe
+    // exists, saying why (no nvcuda.dll, no device).
+    std::string no_cuda;
+    if (o.device.kind == DeviceKind::kCuda && !CudaAvailable(&no_cuda))
+      return Unavailable("a store on " + o.device.ToString() + " needs CUDA: " + no_cuda);
     // The pipe is made before loading, so that a name taken already (by
     // another store, or an impostor) fails at once, and is ours from then
     // on; a client that connects while the store loads waits for its

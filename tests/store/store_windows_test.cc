@@ -12,6 +12,9 @@
 //     attaches after it);
 //   - a name another process listens on already (an impostor that came
 //     first) is refused by Store::Create; a bad pipe name is refused;
+//   - a cuda:0 store where CUDA cannot be used (no nvcuda.dll under Wine)
+//     is refused by Store::Create, naming why, and a CUDA arena's handle
+//     is closed by the mapping that refuses it;
 //   - bad frames (not the protocol's, over the frame limit, over the
 //     message limit, carrying a handle) drop that client alone: the store
 //     answers the next one.
@@ -33,6 +36,7 @@
 #include <vector>
 
 #include "checkpoint/synthetic.h"
+#include "hearth/arena.h"
 #include "hearth/attach.h"
 #include "hearth/checksum.h"
 #include "hearth/hearth.h"
@@ -254,6 +258,39 @@ int main(int argc, char** argv) {
     CHECK(Wait(squatter) == 0, "the squatter");
     // A client of the impostor's pipe checks whose it is: ours here (Wine
     // has one user), so only the refusal of a bad name is run.
+  }
+
+  // A CUDA store where CUDA cannot be used (Wine has no nvcuda.dll) fails
+  // at Create, saying why; the store below then serves from this same
+  // process. Mapping a CUDA arena fails the same way, and closes the handle
+  // it was given, as a mapping of any handle must.
+  {
+    std::string why;
+    if (CudaAvailable(&why)) {
+      std::printf("store_windows_test: CUDA is usable here; its refusal is not run\n");
+    } else {
+      std::printf("store_windows_test: CUDA is not usable here: %s\n", why.c_str());
+      CHECK(why.find("nvcuda.dll could not be loaded") != std::string::npos ||
+                why.find("cuInit") != std::string::npos ||
+                why == "built without CUDA support",
+            "the reason names neither nvcuda.dll nor cuInit: %s", why.c_str());
+      StoreOptions o;
+      o.socket_path = pipe + "-cuda";
+      o.device = Device::Cuda(0);
+      o.models = {{"mlp", file}};
+      o.show_progress = false;
+      auto s = Store::Create(o);
+      CHECK(!s.ok() && s.status().code() == StatusCode::kUnavailable &&
+                s.status().message().find(why) != std::string::npos,
+            "a cuda:0 store: %s", s.ok() ? "made" : s.status().ToString().c_str());
+      const HANDLE event = ::CreateEventA(nullptr, TRUE, FALSE, nullptr);
+      auto m = ArenaMapping::MapHandle(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(event)),
+                                       Device::Cuda(0), 4096);
+      CHECK(!m.ok() && m.status().message().find(why) != std::string::npos,
+            "mapping a cuda:0 arena: %s", m.ok() ? "mapped" : m.status().ToString().c_str());
+      DWORD flags = 0;
+      CHECK(!::GetHandleInformation(event, &flags), "the handle given to MapHandle is still open");
+    }
   }
 
   StoreOptions options;
