@@ -245,8 +245,9 @@ Result<std::vector<std::string>> CheckEnsembleSteps(const ModelConfig& m,
     reaches.insert(step.model);
     for (const auto& [step_tensor, tensor] : step.inputs) {
       const std::string field = f + ".input_map['" + step_tensor + "']";
+      const std::string& name = step_tensor;  // a lambda captures no structured binding (clang)
       auto t = std::find_if(md.inputs.begin(), md.inputs.end(),
-                            [&](const TensorMetadata& x) { return x.name == step_tensor; });
+                            [&](const TensorMetadata& x) { return x.name == name; });
       if (t == md.inputs.end()) return error(field, model + " has no input '" + step_tensor + "'");
       RETURN_IF_ERROR(agree(field, model + "'s input '" + step_tensor + "'", *t, known.at(tensor)));
     }
@@ -258,8 +259,9 @@ Result<std::vector<std::string>> CheckEnsembleSteps(const ModelConfig& m,
     }
     for (const auto& [step_tensor, tensor] : step.outputs) {
       const std::string field = f + ".output_map['" + step_tensor + "']";
+      const std::string& name = step_tensor;  // a lambda captures no structured binding (clang)
       auto t = std::find_if(md.outputs.begin(), md.outputs.end(),
-                            [&](const TensorMetadata& x) { return x.name == step_tensor; });
+                            [&](const TensorMetadata& x) { return x.name == name; });
       if (t == md.outputs.end())
         return error(field, model + " has no output '" + step_tensor + "'");
       const std::string what = model + "'s output '" + step_tensor + "'";
