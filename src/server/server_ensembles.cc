@@ -84,12 +84,13 @@ Result<std::unique_ptr<ModelRuntime>> Server::Impl::BuildEnsemble(
 
 // The labels that classify ensemble output `name`: the ensemble's own
 // label_filename's, else those of the output of the step's model that
-// produces it (empty: none).
-std::vector<std::string> Server::Impl::EnsembleOutputLabels(const ModelRuntime& ensemble,
-                                                            const std::string& name) const {
-  const ModelConfig& config = ensemble.config();
+// produces it; null when none. They live in the runtime returned with them
+// (held while they are used), so that no request copies them.
+EnsembleLabels Server::Impl::EnsembleOutputLabels(const std::shared_ptr<ModelRuntime>& ensemble,
+                                                  const std::string& name) const {
+  const ModelConfig& config = ensemble->config();
   for (const IoConfig& io : config.outputs)
-    if (io.name == name && !io.labels.empty()) return io.labels;
+    if (io.name == name && !io.labels.empty()) return {ensemble, &io.labels};
   if (!config.ensemble) return {};
   for (const EnsembleStep& step : *config.ensemble) {
     for (const auto& [step_tensor, tensor] : step.outputs) {
@@ -98,7 +99,7 @@ std::vector<std::string> Server::Impl::EnsembleOutputLabels(const ModelRuntime& 
       Result<std::shared_ptr<ModelRuntime>> m = Find(step.model, version);
       if (!m.ok()) return {};
       for (const IoConfig& io : (*m)->config().outputs)
-        if (io.name == step_tensor) return io.labels;
+        if (io.name == step_tensor && !io.labels.empty()) return {*m, &io.labels};
       return {};
     }
   }
@@ -123,7 +124,7 @@ void Server::Impl::RunEnsembleRequest(const std::shared_ptr<ModelRuntime>& runti
   struct Classified {
     std::string name;
     uint32_t count;
-    std::vector<std::string> labels;
+    EnsembleLabels labels;
   };
   std::vector<Classified> classified;
   for (RequestedOutput& o : request.outputs) {
@@ -131,7 +132,7 @@ void Server::Impl::RunEnsembleRequest(const std::shared_ptr<ModelRuntime>& runti
       return done(InvalidArgument("output '" + o.name + "': " + model +
                                   " answers its outputs in the response, not in shared memory"));
     if (o.class_count == 0) continue;
-    classified.push_back({o.name, o.class_count, EnsembleOutputLabels(*runtime, o.name)});
+    classified.push_back({o.name, o.class_count, EnsembleOutputLabels(runtime, o.name)});
     o.class_count = 0;
   }
   // Of batch 1 as its steps are, when it does not batch.
@@ -148,7 +149,7 @@ void Server::Impl::RunEnsembleRequest(const std::shared_ptr<ModelRuntime>& runti
       for (const Classified& c : classified)
         for (InferTensor& t : r->outputs)
           if (t.name == c.name)
-            t = Classify(t, c.count, runtime->batching(), c.labels.empty() ? nullptr : &c.labels);
+            t = Classify(t, c.count, runtime->batching(), c.labels.labels);
       runtime->stats.rows += rows;
       runtime->stats.requests += 1;
       runtime->stats.batches += 1;

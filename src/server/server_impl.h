@@ -124,6 +124,12 @@ struct ModelEntry {
   std::string override_dir, previous_override_dir;
 };
 
+// Labels of a classified ensemble output, and the runtime that holds them.
+struct EnsembleLabels {
+  std::shared_ptr<const ModelRuntime> owner;
+  const std::vector<std::string>* labels = nullptr;
+};
+
 class Server::Impl {
  public:
   explicit Impl(ServerOptions options)
@@ -220,8 +226,8 @@ class Server::Impl {
   Result<std::unique_ptr<ModelRuntime>> BuildEnsemble(ModelEntry& entry, ModelConfig config,
                                                       std::vector<std::string>* load_chain);
   Result<ComposingModel> FindComposing(const std::string& model, ModelEntry& ensemble) const;
-  std::vector<std::string> EnsembleOutputLabels(const ModelRuntime& ensemble,
-                                                const std::string& name) const;
+  EnsembleLabels EnsembleOutputLabels(const std::shared_ptr<ModelRuntime>& ensemble,
+                                      const std::string& name) const;
   void RunEnsembleRequest(const std::shared_ptr<ModelRuntime>& runtime, InferRequest request,
                           std::function<void(Result<InferResponse>)> done);
   static Status CheckCudaPlacement(const ModelRuntime& m, const InferRequest& request,
