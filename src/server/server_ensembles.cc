@@ -148,8 +148,7 @@ void Server::Impl::RunEnsembleRequest(const std::shared_ptr<ModelRuntime>& runti
     if (r.ok()) {
       for (const Classified& c : classified)
         for (InferTensor& t : r->outputs)
-          if (t.name == c.name)
-            t = Classify(t, c.count, runtime->batching(), c.labels.labels);
+          if (t.name == c.name) t = Classify(t, c.count, runtime->batching(), c.labels.labels);
       runtime->stats.rows += rows;
       runtime->stats.requests += 1;
       runtime->stats.batches += 1;
