@@ -180,7 +180,7 @@ if want tokenizer-fixtures; then
 fi
 if want llm-step; then
   echo "== the CUDA llm executor: a decode step of the 1B and 8B Llama shapes by batch size, each kernel at one sequence"
-  timeout 400 "$BUILD/bench/llm/llm_step_bench" --iterations 30 --profile-seqs 1 > "$OUT/llm-step.log" 2>&1
+  timeout 400 "$BUILD/bench/llm/llm_step_bench" --iterations 30 --profile-seqs 1 --pairing on --gemm compare > "$OUT/llm-step.log" 2>&1
   timeout 300 "$BUILD/bench/llm/llm_step_bench" --shape 8b --iterations 20 --seqs 1,16,64 --profile-seqs 1 \
     >> "$OUT/llm-step.log" 2>&1
   grep -E "^(pairing|prefill|decode|kernel)" "$OUT/llm-step.log"

@@ -420,6 +420,7 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
   tuning.cache = cache.has_value() ? &*cache : nullptr;
   tuning.time_candidates = cuda_options_.time_gemms;
   tuning.allow_split_k = cuda_options_.allow_split_k;
+  tuning.engine = cuda_options_.gemm_engine;
   for (int32_t m : {max_seqs_, 16, 64}) tuning.timed_rows.push_back(m);
   auto add = [&](const char* name, int64_t n, int64_t k, int64_t max_m, bool f32_out,
                  std::vector<const void*> ws, std::vector<const void*> biases, const void* x,

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/llm_gemm.h"
 #include "backends/llm/llm_model.h"
 
 namespace hearth::llm {
@@ -48,6 +49,9 @@ struct CudaExecutorOptions {
   // distance from the first (as the store's arena packs them); else as two
   // GEMMs each.
   bool pair_gemms = true;
+  // Which GEMM engine each weight shape may run on (llm_gemm.h): the faster
+  // of cuBLASLt and hearth's own kernel, or one of them.
+  GemmEngine gemm_engine = GemmEngine::kAny;
   // Every step eager, with an event pair around each kernel
   // (LastStepKernelTimes).
   bool profile = false;

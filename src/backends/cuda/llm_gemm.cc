@@ -9,6 +9,8 @@
 #include <set>
 #include <string_view>
 
+#include "backends/cuda/tc_gemm.h"
+
 namespace hearth::llm {
 namespace {
 
@@ -26,6 +28,8 @@ constexpr int kCandidatesPerRowCount = 8;
 constexpr int64_t kChunkRows = 512;
 // Timed runs per candidate and row count, after one warm-up run.
 constexpr int kTimedRuns = 3;
+// The plan cache's word for hearth's own kernel.
+constexpr std::string_view kOwnPlan = "hearth-tc";
 
 template <typename T>
 Status SetAttr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
@@ -154,6 +158,13 @@ Result<std::unique_ptr<GemmSet>> GemmSet::Create(bool bf16, cudaStream_t stream,
                      std::to_string(runtime);
   ASSIGN_OR_RETURN(set->workspace_,
                    cuda::AllocateDevice(kWorkspaceBytes, "cuBLASLt workspace", device_bytes));
+  ASSIGN_OR_RETURN(set->own_workspace_, cuda::AllocateDevice(cuda::kTcMaxWorkspaceBytes,
+                                                             "GEMM part sums", device_bytes));
+  ASSIGN_OR_RETURN(set->own_counters_, cuda::AllocateDevice(cuda::kTcMaxCounters * sizeof(uint32_t),
+                                                            "GEMM counters", device_bytes));
+  RETURN_IF_ERROR(CudaCheck(
+      cudaMemsetAsync(set->own_counters_.get(), 0, cuda::kTcMaxCounters * sizeof(uint32_t), stream),
+      "cudaMemsetAsync"));
   return set;
 }
 
@@ -195,8 +206,9 @@ Result<int> GemmSet::AddShape(const GemmShapeSpec& spec, const GemmTuning& tunin
   if (spec.n < 1 || spec.k < 1 || spec.max_m < 1 || spec.weights.empty() ||
       spec.bias != !spec.biases.empty() || spec.x_scratch == nullptr || spec.y_scratch == nullptr ||
       spec.batch < 1 ||
-      (spec.batch > 1 && (spec.weight_stride < spec.n * spec.k || spec.y_stride < spec.max_m * spec.n ||
-                          (spec.bias && spec.bias_stride < spec.n)))) {
+      (spec.batch > 1 &&
+       (spec.weight_stride < spec.n * spec.k || spec.y_stride < spec.max_m * spec.n ||
+        (spec.bias && spec.bias_stride < spec.n)))) {
     return Internal("GEMM shape " + ShapeName(spec) + " is malformed");
   }
   auto s = std::make_unique<Shape>();
@@ -291,8 +303,31 @@ Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
     return true;
   };
   const std::string cache_key = CacheKey(s, weight_alignment);
+  // hearth's kernel: 16-byte loads of w and x, pairs of y (and bias) elements.
+  const cuda::TcGemmShape own_shape{spec.n, spec.k, spec.batch};
+  uint32_t bias_alignment = 256;
+  for (const void* b : spec.biases) bias_alignment = std::min(bias_alignment, Alignment(b));
+  const bool own_ok =
+      tuning.engine != GemmEngine::kCublasLt && bias_alignment >= 8 &&
+      cuda::TcGemmSplits(own_shape) > 0 && weight_alignment >= 16 && buffer_alignment >= 16 &&
+      (spec.batch == 1 ||
+       (spec.weight_stride % 8 == 0 && spec.y_stride % 2 == 0 && spec.bias_stride % 2 == 0));
+  if (tuning.engine == GemmEngine::kOwn) {
+    if (!own_ok) {
+      return Unimplemented(
+          "hearth's GEMM kernel takes k a multiple of 64, n of 8 and 16-byte "
+          "aligned weights");
+    }
+    s.own = true;
+    return Status::Ok();
+  }
   if (tuning.cache != nullptr && tuning.time_candidates) {
     if (const std::optional<std::string> kept = tuning.cache->Get(cache_key)) {
+      if (*kept == kOwnPlan && own_ok) {
+        s.own = true;
+        ++cached_shapes_;
+        return Status::Ok();
+      }
       const std::optional<cublasLtMatmulAlgo_t> algo = AlgoFromHex(*kept);
       if (algo.has_value() && Deterministic(*algo)) {
         ASSIGN_OR_RETURN(const bool valid, valid_for_all(*algo));
@@ -337,15 +372,26 @@ Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
     ASSIGN_OR_RETURN(const bool ok, valid_for_all(algo));
     if (ok) valid.push_back(algo);
   }
-  if (valid.empty()) {
+  if (valid.empty() && !own_ok) {
     return Unimplemented("cuBLASLt offers no algorithm valid for every row count from 1 to " +
                          std::to_string(max_m) + " (" + std::to_string(candidates.size()) +
                          " candidates)");
   }
-  s.algo = valid.front();
+  // Candidate c < valid.size() is cuBLASLt's valid[c]; c == valid.size() is
+  // hearth's kernel (where it can run the shape).
+  const size_t count = valid.size() + (own_ok ? 1 : 0);
+  const auto choose = [&](size_t c) {
+    s.own = c == valid.size();
+    if (!s.own) s.algo = valid[c];
+  };
+  choose(0);
   if (!tuning.time_candidates) return Status::Ok();
-  if (valid.size() == 1)
-    return tuning.cache != nullptr ? tuning.cache->Put(cache_key, AlgoHex(s.algo)) : Status::Ok();
+  const auto keep = [&] {
+    return tuning.cache != nullptr
+               ? tuning.cache->Put(cache_key, s.own ? std::string(kOwnPlan) : AlgoHex(s.algo))
+               : Status::Ok();
+  };
+  if (count == 1) return keep();
 
   cudaEvent_t start = nullptr, stop = nullptr;
   RETURN_IF_ERROR(CudaCheck(cudaEventCreate(&start), "cudaEventCreate"));
@@ -354,22 +400,21 @@ Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
   cuda::CudaEvent owned_stop(stop);
   const void* weight = spec.weights.front();
   const void* bias = spec.bias ? spec.biases.front() : nullptr;
+  const auto run = [&](size_t c, int64_t m) {
+    if (c == valid.size()) return RunOwn(s, weight, bias, spec.x_scratch, spec.y_scratch, m);
+    return Matmul(s, valid[c], weight, bias, spec.x_scratch, spec.y_scratch, m);
+  };
   constexpr double kFailed = std::numeric_limits<double>::infinity();
   // ms[c][r]: candidate c at row count timed[r].
-  std::vector<std::vector<double>> ms(valid.size(), std::vector<double>(timed.size(), kFailed));
+  std::vector<std::vector<double>> ms(count, std::vector<double>(timed.size(), kFailed));
   for (size_t r = 0; r < timed.size(); ++r) {
-    for (size_t c = 0; c < valid.size(); ++c) {
+    for (size_t c = 0; c < count; ++c) {
       // A candidate that fails to run is never chosen.
-      if (!Matmul(s, valid[c], weight, bias, spec.x_scratch, spec.y_scratch, timed[r]).ok()) {
-        continue;
-      }
+      if (!run(c, timed[r]).ok()) continue;
       RETURN_IF_ERROR(CudaCheck(cudaEventRecord(start, stream_), "cudaEventRecord"));
-      for (int i = 0; i < kTimedRuns; ++i) {
-        RETURN_IF_ERROR(
-            Matmul(s, valid[c], weight, bias, spec.x_scratch, spec.y_scratch, timed[r]));
-      }
+      for (int i = 0; i < kTimedRuns; ++i) RETURN_IF_ERROR(run(c, timed[r]));
       RETURN_IF_ERROR(CudaCheck(cudaEventRecord(stop, stream_), "cudaEventRecord"));
-      RETURN_IF_ERROR(CudaCheck(cudaEventSynchronize(stop), "timing cuBLASLt candidates"));
+      RETURN_IF_ERROR(CudaCheck(cudaEventSynchronize(stop), "timing GEMM candidates"));
       float elapsed = 0;
       RETURN_IF_ERROR(
           CudaCheck(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime"));
@@ -378,20 +423,19 @@ Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
   }
   // The summed slowdown against each row count's best.
   double best_score = kFailed;
-  for (size_t c = 0; c < valid.size(); ++c) {
+  for (size_t c = 0; c < count; ++c) {
     double score = 0;
     for (size_t r = 0; r < timed.size(); ++r) {
       double best = kFailed;
-      for (size_t o = 0; o < valid.size(); ++o) best = std::min(best, ms[o][r]);
+      for (size_t o = 0; o < count; ++o) best = std::min(best, ms[o][r]);
       score += ms[c][r] / std::max(best, 1e-6);
     }
     if (score < best_score) {
       best_score = score;
-      s.algo = valid[c];
+      choose(c);
     }
   }
-  if (tuning.cache != nullptr) RETURN_IF_ERROR(tuning.cache->Put(cache_key, AlgoHex(s.algo)));
-  return Status::Ok();
+  return keep();
 }
 
 std::string GemmSet::CacheKey(const Shape& s, uint32_t weight_alignment) const {
@@ -400,11 +444,11 @@ std::string GemmSet::CacheKey(const Shape& s, uint32_t weight_alignment) const {
          std::to_string(spec.k) + " rows " + std::to_string(std::min(spec.max_m, kChunkRows)) +
          (spec.bias ? " bias" : "") + (spec.f32_out ? " f32-out" : "") + " align " +
          std::to_string(weight_alignment) +
-         (spec.batch > 1 ? " batch " + std::to_string(spec.batch) + " strides " +
-                               std::to_string(spec.weight_stride) + "/" +
-                               std::to_string(spec.bias_stride) + "/" +
-                               std::to_string(spec.y_stride)
-                         : std::string());
+         (spec.batch > 1
+              ? " batch " + std::to_string(spec.batch) + " strides " +
+                    std::to_string(spec.weight_stride) + "/" + std::to_string(spec.bias_stride) +
+                    "/" + std::to_string(spec.y_stride)
+              : std::string());
 }
 
 Status GemmSet::Matmul(Shape& s, const cublasLtMatmulAlgo_t& algo, const void* weight,
@@ -430,6 +474,7 @@ Status GemmSet::Run(int shape, const void* weight, const void* bias, const void*
     return Internal("GEMM " + ShapeName(s.spec) + " run with " + std::to_string(m) + " rows" +
                     (bias != nullptr ? " and a bias" : ""));
   }
+  if (s.own) return RunOwn(s, weight, bias, x, y, m).WithContext("GEMM " + s.spec.name);
   const int64_t x_row = s.spec.k * 2, y_row = s.spec.n * (s.spec.f32_out ? 4 : 2);
   for (int64_t at = 0; at < m; at += kChunkRows) {
     RETURN_IF_ERROR(Matmul(s, s.algo, weight, bias, static_cast<const std::byte*>(x) + at * x_row,
@@ -439,9 +484,38 @@ Status GemmSet::Run(int shape, const void* weight, const void* bias, const void*
   return Status::Ok();
 }
 
+Status GemmSet::RunOwn(const Shape& s, const void* weight, const void* bias, const void* x, void* y,
+                       int64_t m) {
+  cuda::TcGemmArgs a;
+  a.shape = {s.spec.n, s.spec.k, s.spec.batch};
+  a.bf16 = bf16_;
+  a.f32_out = s.spec.f32_out;
+  a.x = x;
+  a.w = weight;
+  a.bias = bias;
+  a.y = y;
+  a.m = m;
+  a.w_stride = s.spec.weight_stride;
+  a.bias_stride = s.spec.bias_stride;
+  a.y_stride = s.spec.y_stride;
+  a.workspace = static_cast<float*>(own_workspace_.get());
+  a.counters = static_cast<uint32_t*>(own_counters_.get());
+  return CudaCheck(cuda::LaunchTcGemm(a, stream_), "hearth's GEMM kernel");
+}
+
+int GemmSet::own_shapes() const {
+  return static_cast<int>(
+      std::count_if(shapes_.begin(), shapes_.end(), [](const auto& s) { return s->own; }));
+}
+
 std::string GemmSet::Describe() const {
   std::string out;
   for (const auto& s : shapes_) {
+    if (s->own) {
+      out += ShapeName(s->spec) + ": hearth's tensor-core kernel, k in " +
+             std::to_string(cuda::TcGemmSplits({s->spec.n, s->spec.k, s->spec.batch})) + " parts\n";
+      continue;
+    }
     out += ShapeName(s->spec) + ": algo " +
            std::to_string(AlgoConfig<int32_t>(s->algo, CUBLASLT_ALGO_CONFIG_ID)) + " tile " +
            std::to_string(AlgoConfig<uint32_t>(s->algo, CUBLASLT_ALGO_CONFIG_TILE_ID)) +

@@ -22,6 +22,12 @@
 // by the summed slowdown against each row count's best candidate, timed at a
 // few row counts).
 //
+// Two engines: cuBLASLt, and hearth's own tensor-core kernel (tc_gemm.h),
+// which streams the weights at a few rows where cuBLASLt's tiles do not and
+// fixes its order of sums by construction. Each shape runs on one of them
+// for every row count, chosen like cuBLASLt's algorithms (the summed
+// slowdown over the timed row counts), so a row's bits never depend on m.
+//
 // Floor: a decode step's GEMMs read their weights once, n * k * 2 bytes over
 // ~4.0e12 B/s (the 1B Llama's 2.47 GB of weights with the tied lm_head:
 // 0.62 ms); from a few hundred rows on, the tensor cores bind instead
@@ -68,7 +74,14 @@ struct GemmShapeSpec {
   int64_t weight_stride = 0, bias_stride = 0, y_stride = 0;
 };
 
+enum class GemmEngine {
+  kAny,       // the faster of the two, timed (else cuBLASLt's first valid)
+  kCublasLt,  // cuBLASLt only
+  kOwn,       // hearth's kernel only (an error for a shape it cannot run)
+};
+
 struct GemmTuning {
+  GemmEngine engine = GemmEngine::kAny;
   // Time the candidates (else the heuristic's first valid one: the same on
   // every run, which tests comparing two executors need).
   bool time_candidates = true;
@@ -101,6 +114,8 @@ class GemmSet {
 
   // "q_proj: algo 21 tile 15 stages 8 splitK 1 ..." per shape, for logs.
   std::string Describe() const;
+  // Shapes that run on hearth's own kernel.
+  int own_shapes() const;
   // Shapes whose algorithm came from the plan cache.
   int cached_shapes() const { return cached_shapes_; }
 
@@ -110,6 +125,7 @@ class GemmSet {
     cuda::LtMatmulDesc desc;
     cuda::LtLayout a;
     cublasLtMatmulAlgo_t algo{};
+    bool own = false;  // hearth's kernel (tc_gemm.h) instead of algo
   };
 
   GemmSet(bool bf16, cudaStream_t stream) : bf16_(bf16), stream_(stream) {}
@@ -125,11 +141,16 @@ class GemmSet {
   Status Matmul(Shape& s, const cublasLtMatmulAlgo_t& algo, const void* weight, const void* bias,
                 const void* x, void* y, int64_t m);
   Status Choose(Shape& s, const GemmTuning& tuning);
+  Status RunOwn(const Shape& s, const void* weight, const void* bias, const void* x, void* y,
+                int64_t m);
 
   const bool bf16_;
   const cudaStream_t stream_;
   cuda::LtHandle lt_;
   cuda::DeviceBuffer workspace_;
+  // The own kernel's part sums and counters (zeroed once), shared by its
+  // launches, which the stream orders.
+  cuda::DeviceBuffer own_workspace_, own_counters_;
   std::vector<std::unique_ptr<Shape>> shapes_;
   std::string device_key_;  // "NVIDIA H200 sm90 cublasLt 130000 cudart 13000"
   int cached_shapes_ = 0;

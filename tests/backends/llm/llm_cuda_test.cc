@@ -47,6 +47,10 @@ using cuda::AttnWorkItem;
 
 // ---- Host helpers.
 
+const char* EngineName(GemmEngine e) {
+  return e == GemmEngine::kOwn ? "OwnGemm" : e == GemmEngine::kCublasLt ? "CublasLt" : "";
+}
+
 uint16_t To16(float v, bool bf16) { return bf16 ? FloatToBFloat16(v) : FloatToHalf(v); }
 float From16(uint16_t h, bool bf16) { return bf16 ? BFloat16ToFloat(h) : HalfToFloat(h); }
 // A NaN of the 16-bit type: what outputs are poisoned with before a kernel
@@ -189,84 +193,123 @@ TEST_F(LlmCudaTest, GemmRowsDoNotDependOnTheRowCount) {
     bool bias, f32_out, time, split_k;
   };
   const int64_t max_m = 300;
-  for (const bool bf16 : {true, false}) {
-    for (const Case c :
-         {Case{2048, 2048, false, false, true, true}, Case{512, 2048, true, false, true, true},
-          Case{8192, 2048, false, false, false, true}, Case{2048, 8192, false, false, true, false},
-          Case{1000, 256, false, true, true, true}}) {
-      SCOPED_TRACE(std::string(bf16 ? "bf16 " : "f16 ") + std::to_string(c.n) + "x" +
-                   std::to_string(c.k) + (c.bias ? " bias" : "") + (c.f32_out ? " f32" : "") +
-                   (c.time ? " timed" : "") + (c.split_k ? " split-k" : ""));
-      std::mt19937_64 rng(static_cast<uint64_t>(c.n * 7 + c.k) + bf16);
-      const float w_scale = 1.0f / std::sqrt(static_cast<float>(c.k));
-      const auto w = Random16(rng, static_cast<size_t>(c.n * c.k), w_scale, bf16);
-      const auto bias = Random16(rng, static_cast<size_t>(c.n), 0.5f, bf16);
-      const auto x = Random16(rng, static_cast<size_t>(max_m * c.k), 1.0f, bf16);
-      const size_t y_elem = c.f32_out ? 4 : 2;
-      DeviceMemory dw(w), db(bias), dx(x), dy(static_cast<size_t>(max_m * c.n) * y_elem);
-      cudaStream_t stream = nullptr;
-      ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-      uint64_t bytes = 0;
-      auto set = GemmSet::Create(bf16, stream, &bytes);
-      ASSERT_TRUE(set.ok()) << set.status().ToString();
-      GemmShapeSpec spec;
-      spec.name = "test";
-      spec.n = c.n;
-      spec.k = c.k;
-      spec.max_m = max_m;
-      spec.bias = c.bias;
-      spec.f32_out = c.f32_out;
-      spec.weights = {dw.get()};
-      if (c.bias) spec.biases = {db.get()};
-      spec.x_scratch = dx.get();
-      spec.y_scratch = dy.get();
-      GemmTuning tuning;
-      tuning.time_candidates = c.time;
-      tuning.allow_split_k = c.split_k;
-      tuning.timed_rows = {8, 64};
-      auto shape = (*set)->AddShape(spec, tuning);
-      ASSERT_TRUE(shape.ok()) << shape.status().ToString();
-      SCOPED_TRACE((*set)->Describe());
-      auto run = [&](int64_t m) {
-        EXPECT_EQ(
-            cudaMemsetAsync(dy.get(), 0xFF, static_cast<size_t>(max_m * c.n) * y_elem, stream),
-            cudaSuccess);
-        const Status st =
-            (*set)->Run(*shape, dw.get(), c.bias ? db.get() : nullptr, dx.get(), dy.get(), m);
-        EXPECT_TRUE(st.ok()) << st.ToString();
-        EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-        return dy.Read<uint8_t>(static_cast<size_t>(m * c.n) * y_elem);
-      };
-      const auto full = run(max_m);
-      // Against a float64 loop: the layout (row-major x, w and y) is right.
-      for (int64_t r : {int64_t{0}, int64_t{1}, max_m - 1}) {
-        for (int64_t j = 0; j < c.n; j += 97) {
-          double want = c.bias ? From16(bias[static_cast<size_t>(j)], bf16) : 0.0;
-          for (int64_t i = 0; i < c.k; ++i) {
-            want += static_cast<double>(From16(x[static_cast<size_t>(r * c.k + i)], bf16)) *
-                    From16(w[static_cast<size_t>(j * c.k + i)], bf16);
+  for (const GemmEngine engine : {GemmEngine::kCublasLt, GemmEngine::kOwn}) {
+    SCOPED_TRACE(EngineName(engine));
+    for (const bool bf16 : {true, false}) {
+      for (const Case c :
+           {Case{2048, 2048, false, false, true, true}, Case{512, 2048, true, false, true, true},
+            Case{8192, 2048, false, false, false, true},
+            Case{2048, 8192, false, false, true, false},
+            Case{1000, 256, false, true, true, true}}) {
+        SCOPED_TRACE(std::string(bf16 ? "bf16 " : "f16 ") + std::to_string(c.n) + "x" +
+                     std::to_string(c.k) + (c.bias ? " bias" : "") + (c.f32_out ? " f32" : "") +
+                     (c.time ? " timed" : "") + (c.split_k ? " split-k" : ""));
+        std::mt19937_64 rng(static_cast<uint64_t>(c.n * 7 + c.k) + bf16);
+        const float w_scale = 1.0f / std::sqrt(static_cast<float>(c.k));
+        const auto w = Random16(rng, static_cast<size_t>(c.n * c.k), w_scale, bf16);
+        const auto bias = Random16(rng, static_cast<size_t>(c.n), 0.5f, bf16);
+        const auto x = Random16(rng, static_cast<size_t>(max_m * c.k), 1.0f, bf16);
+        const size_t y_elem = c.f32_out ? 4 : 2;
+        DeviceMemory dw(w), db(bias), dx(x), dy(static_cast<size_t>(max_m * c.n) * y_elem);
+        cudaStream_t stream = nullptr;
+        ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        uint64_t bytes = 0;
+        auto set = GemmSet::Create(bf16, stream, &bytes);
+        ASSERT_TRUE(set.ok()) << set.status().ToString();
+        GemmShapeSpec spec;
+        spec.name = "test";
+        spec.n = c.n;
+        spec.k = c.k;
+        spec.max_m = max_m;
+        spec.bias = c.bias;
+        spec.f32_out = c.f32_out;
+        spec.weights = {dw.get()};
+        if (c.bias) spec.biases = {db.get()};
+        spec.x_scratch = dx.get();
+        spec.y_scratch = dy.get();
+        GemmTuning tuning;
+        tuning.time_candidates = c.time;
+        tuning.allow_split_k = c.split_k;
+        tuning.timed_rows = {8, 64};
+        tuning.engine = engine;
+        auto shape = (*set)->AddShape(spec, tuning);
+        ASSERT_TRUE(shape.ok()) << shape.status().ToString();
+        SCOPED_TRACE((*set)->Describe());
+        EXPECT_EQ((*set)->own_shapes(), engine == GemmEngine::kOwn ? 1 : 0);
+        auto run = [&](int64_t m) {
+          EXPECT_EQ(
+              cudaMemsetAsync(dy.get(), 0xFF, static_cast<size_t>(max_m * c.n) * y_elem, stream),
+              cudaSuccess);
+          const Status st =
+              (*set)->Run(*shape, dw.get(), c.bias ? db.get() : nullptr, dx.get(), dy.get(), m);
+          EXPECT_TRUE(st.ok()) << st.ToString();
+          EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+          return dy.Read<uint8_t>(static_cast<size_t>(m * c.n) * y_elem);
+        };
+        const auto full = run(max_m);
+        // Against a float64 loop: the layout (row-major x, w and y) is right.
+        for (int64_t r : {int64_t{0}, int64_t{1}, max_m - 1}) {
+          for (int64_t j = 0; j < c.n; j += 97) {
+            double want = c.bias ? From16(bias[static_cast<size_t>(j)], bf16) : 0.0;
+            for (int64_t i = 0; i < c.k; ++i) {
+              want += static_cast<double>(From16(x[static_cast<size_t>(r * c.k + i)], bf16)) *
+                      From16(w[static_cast<size_t>(j * c.k + i)], bf16);
+            }
+            const size_t at = static_cast<size_t>(r * c.n + j);
+            float got = 0;
+            if (c.f32_out) {
+              std::memcpy(&got, full.data() + 4 * at, 4);
+            } else {
+              uint16_t h = 0;
+              std::memcpy(&h, full.data() + 2 * at, 2);
+              got = From16(h, bf16);
+            }
+            ASSERT_NEAR(got, want, 1e-2 * std::fabs(want) + 2e-3) << "row " << r << " column " << j;
           }
-          const size_t at = static_cast<size_t>(r * c.n + j);
-          float got = 0;
-          if (c.f32_out) {
-            std::memcpy(&got, full.data() + 4 * at, 4);
-          } else {
-            uint16_t h = 0;
-            std::memcpy(&h, full.data() + 2 * at, 2);
-            got = From16(h, bf16);
-          }
-          ASSERT_NEAR(got, want, 1e-2 * std::fabs(want) + 2e-3) << "row " << r << " column " << j;
         }
+        for (const int64_t m : {1, 2, 3, 7, 16, 64, 255}) {
+          const auto part = run(m);
+          ASSERT_TRUE(std::equal(part.begin(), part.end(), full.begin()))
+              << "the first " << m << " rows differ from the same rows among " << max_m;
+        }
+        set->reset();
+        cudaStreamDestroy(stream);
       }
-      for (const int64_t m : {1, 2, 3, 7, 16, 64, 255}) {
-        const auto part = run(m);
-        ASSERT_TRUE(std::equal(part.begin(), part.end(), full.begin()))
-            << "the first " << m << " rows differ from the same rows among " << max_m;
-      }
-      set->reset();
-      cudaStreamDestroy(stream);
     }
   }
+}
+
+// hearth's GEMM kernel refuses shapes it cannot run, naming why; cuBLASLt
+// takes them when either engine may run.
+TEST_F(LlmCudaTest, OwnGemmRefusesShapesItCannotRun) {
+  const int64_t n = 96, k = 100, max_m = 4;
+  DeviceMemory dw(static_cast<size_t>(n * k) * 2), dx(static_cast<size_t>(max_m * k) * 2),
+      dy(static_cast<size_t>(max_m * n) * 2);
+  cudaStream_t stream = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  uint64_t bytes = 0;
+  auto set = GemmSet::Create(true, stream, &bytes);
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  GemmShapeSpec spec;
+  spec.name = "odd";
+  spec.n = n;
+  spec.k = k;
+  spec.max_m = max_m;
+  spec.weights = {dw.get()};
+  spec.x_scratch = dx.get();
+  spec.y_scratch = dy.get();
+  GemmTuning tuning;
+  tuning.engine = GemmEngine::kOwn;
+  const auto refused = (*set)->AddShape(spec, tuning);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("multiple of 64"), std::string::npos)
+      << refused.status().ToString();
+  tuning.engine = GemmEngine::kAny;
+  const auto taken = (*set)->AddShape(spec, tuning);
+  ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+  EXPECT_EQ((*set)->own_shapes(), 0);
+  set->reset();
+  cudaStreamDestroy(stream);
 }
 
 // A pair of weights as one strided batch (k_proj and v_proj, gate_proj and
@@ -274,73 +317,75 @@ TEST_F(LlmCudaTest, GemmRowsDoNotDependOnTheRowCount) {
 // with its own bias, and a row's bits do not depend on the row count.
 TEST_F(LlmCudaTest, PairedGemmsAreTwoProductsInOneLaunch) {
   const bool bf16 = true;
-  for (const bool bias : {false, true}) {
-    SCOPED_TRACE(bias ? "with biases" : "without biases");
-    const int64_t n = 512, k = 1024, max_m = 128;
-    // The second weight 3 matrices past the first (others lie between, as in an arena).
-    const int64_t w_stride = 3 * n * k, b_stride = 2 * n, y_stride = max_m * n;
-    std::mt19937_64 rng(42 + bias);
-    const auto w = Random16(rng, static_cast<size_t>(w_stride + n * k), 0.03f, bf16);
-    const auto b = Random16(rng, static_cast<size_t>(b_stride + n), 0.5f, bf16);
-    const auto x = Random16(rng, static_cast<size_t>(max_m * k), 1.0f, bf16);
-    DeviceMemory dw(w), db(b), dx(x), dy(static_cast<size_t>(2 * y_stride) * 2);
-    cudaStream_t stream = nullptr;
-    ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    uint64_t bytes = 0;
-    auto set = GemmSet::Create(bf16, stream, &bytes);
-    ASSERT_TRUE(set.ok()) << set.status().ToString();
-    GemmShapeSpec spec;
-    spec.name = "pair";
-    spec.n = n;
-    spec.k = k;
-    spec.max_m = max_m;
-    spec.bias = bias;
-    spec.weights = {dw.get()};
-    if (bias) spec.biases = {db.get()};
-    spec.x_scratch = dx.get();
-    spec.y_scratch = dy.get();
-    spec.batch = 2;
-    spec.weight_stride = w_stride;
-    spec.bias_stride = bias ? b_stride : 0;
-    spec.y_stride = y_stride;
-    GemmTuning tuning;
-    tuning.timed_rows = {8};
-    auto shape = (*set)->AddShape(spec, tuning);
-    ASSERT_TRUE(shape.ok()) << shape.status().ToString();
-    auto run = [&](int64_t m) {
-      EXPECT_EQ(cudaMemsetAsync(dy.get(), 0xFF, static_cast<size_t>(2 * y_stride) * 2, stream),
-                cudaSuccess);
-      const Status st =
-          (*set)->Run(*shape, dw.get(), bias ? db.get() : nullptr, dx.get(), dy.get(), m);
-      EXPECT_TRUE(st.ok()) << st.ToString();
-      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-      return dy.Read<uint16_t>(static_cast<size_t>(2 * y_stride));
-    };
-    const auto full = run(max_m);
-    for (int64_t pair = 0; pair < 2; ++pair) {
-      for (int64_t r : {int64_t{0}, max_m - 1}) {
-        for (int64_t j = 0; j < n; j += 37) {
-          double want = bias ? From16(b[static_cast<size_t>(pair * b_stride + j)], bf16) : 0.0;
-          for (int64_t i = 0; i < k; ++i)
-            want += static_cast<double>(From16(x[static_cast<size_t>(r * k + i)], bf16)) *
-                    From16(w[static_cast<size_t>(pair * w_stride + j * k + i)], bf16);
-          const float got = From16(full[static_cast<size_t>(pair * y_stride + r * n + j)], bf16);
-          ASSERT_NEAR(got, want, 1e-2 * std::fabs(want) + 2e-3)
-              << "weight " << pair << " row " << r << " column " << j;
+  for (const GemmEngine engine : {GemmEngine::kCublasLt, GemmEngine::kOwn})
+    for (const bool bias : {false, true}) {
+      SCOPED_TRACE(std::string(bias ? "with biases " : "without biases ") + EngineName(engine));
+      const int64_t n = 512, k = 1024, max_m = 128;
+      // The second weight 3 matrices past the first (others lie between, as in an arena).
+      const int64_t w_stride = 3 * n * k, b_stride = 2 * n, y_stride = max_m * n;
+      std::mt19937_64 rng(42 + bias);
+      const auto w = Random16(rng, static_cast<size_t>(w_stride + n * k), 0.03f, bf16);
+      const auto b = Random16(rng, static_cast<size_t>(b_stride + n), 0.5f, bf16);
+      const auto x = Random16(rng, static_cast<size_t>(max_m * k), 1.0f, bf16);
+      DeviceMemory dw(w), db(b), dx(x), dy(static_cast<size_t>(2 * y_stride) * 2);
+      cudaStream_t stream = nullptr;
+      ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      uint64_t bytes = 0;
+      auto set = GemmSet::Create(bf16, stream, &bytes);
+      ASSERT_TRUE(set.ok()) << set.status().ToString();
+      GemmShapeSpec spec;
+      spec.name = "pair";
+      spec.n = n;
+      spec.k = k;
+      spec.max_m = max_m;
+      spec.bias = bias;
+      spec.weights = {dw.get()};
+      if (bias) spec.biases = {db.get()};
+      spec.x_scratch = dx.get();
+      spec.y_scratch = dy.get();
+      spec.batch = 2;
+      spec.weight_stride = w_stride;
+      spec.bias_stride = bias ? b_stride : 0;
+      spec.y_stride = y_stride;
+      GemmTuning tuning;
+      tuning.timed_rows = {8};
+      tuning.engine = engine;
+      auto shape = (*set)->AddShape(spec, tuning);
+      ASSERT_TRUE(shape.ok()) << shape.status().ToString();
+      auto run = [&](int64_t m) {
+        EXPECT_EQ(cudaMemsetAsync(dy.get(), 0xFF, static_cast<size_t>(2 * y_stride) * 2, stream),
+                  cudaSuccess);
+        const Status st =
+            (*set)->Run(*shape, dw.get(), bias ? db.get() : nullptr, dx.get(), dy.get(), m);
+        EXPECT_TRUE(st.ok()) << st.ToString();
+        EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        return dy.Read<uint16_t>(static_cast<size_t>(2 * y_stride));
+      };
+      const auto full = run(max_m);
+      for (int64_t pair = 0; pair < 2; ++pair) {
+        for (int64_t r : {int64_t{0}, max_m - 1}) {
+          for (int64_t j = 0; j < n; j += 37) {
+            double want = bias ? From16(b[static_cast<size_t>(pair * b_stride + j)], bf16) : 0.0;
+            for (int64_t i = 0; i < k; ++i)
+              want += static_cast<double>(From16(x[static_cast<size_t>(r * k + i)], bf16)) *
+                      From16(w[static_cast<size_t>(pair * w_stride + j * k + i)], bf16);
+            const float got = From16(full[static_cast<size_t>(pair * y_stride + r * n + j)], bf16);
+            ASSERT_NEAR(got, want, 1e-2 * std::fabs(want) + 2e-3)
+                << "weight " << pair << " row " << r << " column " << j;
+          }
         }
       }
-    }
-    for (const int64_t m : {1, 3, 64}) {
-      const auto part = run(m);
-      for (int64_t pair = 0; pair < 2; ++pair) {
-        const auto at = static_cast<std::ptrdiff_t>(pair * y_stride);
-        ASSERT_TRUE(std::equal(part.begin() + at, part.begin() + at + m * n, full.begin() + at))
-            << "weight " << pair << ": the first " << m << " rows differ among " << max_m;
+      for (const int64_t m : {1, 3, 64}) {
+        const auto part = run(m);
+        for (int64_t pair = 0; pair < 2; ++pair) {
+          const auto at = static_cast<std::ptrdiff_t>(pair * y_stride);
+          ASSERT_TRUE(std::equal(part.begin() + at, part.begin() + at + m * n, full.begin() + at))
+              << "weight " << pair << ": the first " << m << " rows differ among " << max_m;
+        }
       }
+      set->reset();
+      cudaStreamDestroy(stream);
     }
-    set->reset();
-    cudaStreamDestroy(stream);
-  }
 }
 
 // ---- RoPE fused with the KV cache write.
@@ -1090,19 +1135,27 @@ double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
 struct ExecutorCase {
   Family family;
   DType dtype;
+  GemmEngine engine = GemmEngine::kAny;
 };
 
 void PrintTo(const ExecutorCase& c, std::ostream* os) {
-  *os << (c.family == Family::kQwen2 ? "Qwen2 " : "Llama ") << DTypeName(c.dtype);
+  *os << (c.family == Family::kQwen2 ? "Qwen2 " : "Llama ") << DTypeName(c.dtype) << " "
+      << EngineName(c.engine);
 }
 
-class LlmCudaExecutorTest : public LlmCudaTest,
-                            public ::testing::WithParamInterface<ExecutorCase> {};
+class LlmCudaExecutorTest : public LlmCudaTest, public ::testing::WithParamInterface<ExecutorCase> {
+ protected:
+  // An executor on the case's GEMM engine.
+  std::unique_ptr<CudaExecutor> Gpu(const TwoCopies& m, CudaExecutorOptions co = {}) {
+    co.gemm_engine = GetParam().engine;
+    return Cuda(m, co);
+  }
+};
 
 TEST_P(LlmCudaExecutorTest, MatchesTheCpuExecutor) {
   const ModelConfig c = ExecutorConfig(GetParam().family, GetParam().dtype);
   TwoCopies m(c, 21);
-  auto gpu = Cuda(m);
+  auto gpu = Gpu(m);
   ASSERT_NE(gpu, nullptr);
   ExecutorOptions o = Options();
   o.kv_pool_bytes = uint64_t{16} << 20;
@@ -1131,7 +1184,7 @@ TEST_P(LlmCudaExecutorTest, MatchesTheCpuExecutor) {
 TEST_P(LlmCudaExecutorTest, ChunkedPrefillEqualsWhole) {
   const ModelConfig c = ExecutorConfig(GetParam().family, GetParam().dtype);
   TwoCopies m(c, 22);
-  auto e = Cuda(m);
+  auto e = Gpu(m);
   ASSERT_NE(e, nullptr);
   SCOPED_TRACE(e->DescribeGemms());
   const std::vector<int32_t> prompt = Tokens(300, 3);
@@ -1158,10 +1211,10 @@ TEST_P(LlmCudaExecutorTest, ChunkedPrefillEqualsWhole) {
 TEST_P(LlmCudaExecutorTest, PairedGemmsAgreeWithSeparateOnes) {
   const ModelConfig c = ExecutorConfig(GetParam().family, GetParam().dtype);
   TwoCopies m(c, 24);
-  auto paired = Cuda(m);
+  auto paired = Gpu(m);
   CudaExecutorOptions apart;
   apart.pair_gemms = false;
-  auto separate = Cuda(m, apart);
+  auto separate = Gpu(m, apart);
   ASSERT_NE(paired, nullptr);
   ASSERT_NE(separate, nullptr);
   // The weights are packed as an arena packs them: the pairs are taken.
@@ -1187,7 +1240,7 @@ TEST_P(LlmCudaExecutorTest, PairedGemmsAgreeWithSeparateOnes) {
 TEST_P(LlmCudaExecutorTest, BatchEqualsEachAlone) {
   const ModelConfig c = ExecutorConfig(GetParam().family, GetParam().dtype);
   TwoCopies m(c, 23);
-  auto e = Cuda(m);
+  auto e = Gpu(m);
   ASSERT_NE(e, nullptr);
   SCOPED_TRACE(e->DescribeGemms());
   const int64_t v = c.vocab_size;
@@ -1233,7 +1286,7 @@ TEST_P(LlmCudaExecutorTest, GraphDecodeEqualsEagerDecode) {
   CudaExecutorOptions graphs, eager;
   graphs.time_gemms = eager.time_gemms = false;
   eager.cuda_graphs = false;
-  auto g = Cuda(m, graphs), e = Cuda(m, eager);
+  auto g = Gpu(m, graphs), e = Gpu(m, eager);
   ASSERT_NE(g, nullptr);
   ASSERT_NE(e, nullptr);
   const int64_t v = c.vocab_size;
@@ -1280,7 +1333,7 @@ TEST_P(LlmCudaExecutorTest, GraphDecodeEqualsEagerDecode) {
 TEST_P(LlmCudaExecutorTest, RefusesBadStepsAndReportsItsMemory) {
   const ModelConfig c = ExecutorConfig(GetParam().family, GetParam().dtype);
   TwoCopies m(c, 25);
-  auto e = Cuda(m);
+  auto e = Gpu(m);
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->block_size(), 16);
   const uint64_t block_bytes = uint64_t{2} * 2 * static_cast<uint64_t>(c.num_kv_heads) * 16 *
@@ -1312,15 +1365,18 @@ TEST_P(LlmCudaExecutorTest, RefusesBadStepsAndReportsItsMemory) {
   EXPECT_FALSE(std::any_of(x[0].begin(), x[0].end(), [](float f) { return std::isnan(f); }));
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, LlmCudaExecutorTest,
-                         ::testing::Values(ExecutorCase{Family::kLlama, DType::kBF16},
-                                           ExecutorCase{Family::kQwen2, DType::kBF16},
-                                           ExecutorCase{Family::kLlama, DType::kF16}),
-                         [](const ::testing::TestParamInfo<ExecutorCase>& p) {
-                           return std::string(p.param.family == Family::kQwen2 ? "Qwen2"
-                                                                               : "Llama") +
-                                  (p.param.dtype == DType::kBF16 ? "Bf16" : "F16");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, LlmCudaExecutorTest,
+    ::testing::Values(ExecutorCase{Family::kLlama, DType::kBF16},
+                      ExecutorCase{Family::kQwen2, DType::kBF16},
+                      ExecutorCase{Family::kLlama, DType::kF16},
+                      ExecutorCase{Family::kLlama, DType::kBF16, GemmEngine::kOwn},
+                      ExecutorCase{Family::kQwen2, DType::kBF16, GemmEngine::kOwn},
+                      ExecutorCase{Family::kLlama, DType::kF16, GemmEngine::kOwn}),
+    [](const ::testing::TestParamInfo<ExecutorCase>& p) {
+      return std::string(p.param.family == Family::kQwen2 ? "Qwen2" : "Llama") +
+             (p.param.dtype == DType::kBF16 ? "Bf16" : "F16") + EngineName(p.param.engine);
+    });
 
 TEST_F(LlmCudaTest, ExecutorRefusesWhatItCannotRun) {
   ModelConfig c = ExecutorConfig(Family::kLlama, DType::kBF16);

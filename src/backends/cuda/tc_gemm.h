@@ -1,0 +1,91 @@
+// hearth's own tensor-core GEMM for the llm executor, batch invariant by
+// construction:
+//   y[m, n] = x[m, k] * w[n, k]^T (+ bias[n]),
+// with w a row-major checkpoint weight, x and y row-major, F16 or BF16
+// inputs, F32 accumulation, y in the input type or F32 (the bias in y's
+// type, as cuBLASLt's epilogue takes it). A strided batch of two weights
+// (k_proj and v_proj, gate_proj and up_proj packed in one arena) runs in the
+// same launch, each product its own.
+//
+// Why: a decode step of a few sequences reads every weight once for little
+// arithmetic. cuBLASLt's tiles, made for large matrices, take ~10 us per
+// call on the q, k, v and o projections of a 1B Llama, whose weights take
+// 1-4 us to read on an H200, and one cuBLASLt algorithm must serve every
+// row count (llm_gemm.h says why). This kernel streams the weights at any
+// row count and still computes each output element the same way.
+//
+// The order of sums, fixed per shape (n, k, batch) and never by m:
+//   - k is cut into `splits` equal parts of k / splits (a multiple of 64);
+//   - within a part, 64-wide blocks in order, each 4 mma.m16n8k16 steps
+//     accumulated into an F32 sum that starts at 0 for the part; step s of
+//     a block takes, for the lane pair (r, q), the elements
+//     q * 16 + 4 * s + {0, 1, 2, 3} of the block (a fixed permutation of k
+//     that lets every lane load 32 contiguous bytes of a weight row);
+//   - the parts are added in order: ((p0 + p1) + p2) + ...; then the bias;
+//     then one rounding to y's type.
+// Each element depends on its own row of x and column of w only, so a row's
+// bits do not depend on the row count, the tile it fell in or the mode.
+//
+// Two modes, the same bits:
+//   - few rows (m <= kTcSplitRows): one warp per (8 columns, part); each
+//     writes its part's sums to a workspace, and the last warp of a column
+//     group to finish (an atomic counter, reset by it for the next launch
+//     and CUDA graph replay) adds the parts in order. Every warp streams its
+//     weights once with 16-byte loads, enough of them in flight to near the
+//     memory's bandwidth.
+//   - more rows: one warp per (16 columns, 64 rows) walks the parts in order
+//     and adds them in registers.
+//
+// Thread-safety: a launch uses the workspace and counters; launches sharing
+// them must be ordered (one stream).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace hearth::cuda {
+
+// Rows up to which a launch runs in the split mode.
+inline constexpr int64_t kTcSplitRows = 64;
+
+struct TcGemmShape {
+  int64_t n = 0, k = 0;
+  int32_t batch = 1;
+};
+
+// The number of parts k is cut into for this shape: enough warps at one row
+// to keep the memory busy, a function of the shape alone. 0 when the kernel
+// cannot run the shape (k not a multiple of 64, n not of 8).
+int32_t TcGemmSplits(const TcGemmShape& shape);
+
+// Workspace bytes (F32 part sums) and counter slots (uint32, zeroed once
+// before the first launch) a shape needs. A shape is cut only while it has
+// fewer than 2048 warps, so no shape needs more than the bounds below
+// (parts x column groups < 4096, 2 KiB each).
+uint64_t TcGemmWorkspaceBytes(const TcGemmShape& shape);
+uint64_t TcGemmCounters(const TcGemmShape& shape);
+inline constexpr uint64_t kTcMaxWorkspaceBytes = uint64_t{8} << 20;
+inline constexpr uint64_t kTcMaxCounters = 2048;
+
+struct TcGemmArgs {
+  TcGemmShape shape;
+  bool bf16 = true;            // else F16
+  bool f32_out = false;        // y (and the bias) in F32
+  const void* x = nullptr;     // [m, k], 16-byte aligned
+  const void* w = nullptr;     // [n, k], 16-byte aligned
+  const void* bias = nullptr;  // [n], or null
+  void* y = nullptr;           // [m, n]
+  int64_t m = 0;
+  // The second weight, bias and output of a batch of two, in elements.
+  int64_t w_stride = 0, bias_stride = 0, y_stride = 0;
+  float* workspace = nullptr;
+  uint32_t* counters = nullptr;
+};
+
+// Queues the product. cudaErrorInvalidValue for a shape TcGemmSplits
+// refuses, misaligned pointers or strides, or no workspace where the shape
+// needs one; else the launch's cudaGetLastError().
+cudaError_t LaunchTcGemm(const TcGemmArgs& args, cudaStream_t stream);
+
+}  // namespace hearth::cuda
