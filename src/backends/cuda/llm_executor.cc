@@ -532,7 +532,7 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
   RETURN_IF_ERROR(CudaCheck(cudaStreamSynchronize(s), "executor set-up"));
 
   // ---- The KV pool, and what grows with it: the attention's partials (a
-  // decode row at position p has p / 256 + 1 splits) and work items.
+  // decode row at position p has p / kAttnSplitKeys + 1 splits) and work items.
   const uint64_t block_bytes =
       static_cast<uint64_t>(layers_count_) * 2 * kvo * static_cast<uint64_t>(block_size_) * e;
   const double per_block_extra =

@@ -75,7 +75,7 @@ cudaError_t LaunchSwiGlu(const void* gate, const void* up, void* out, int64_t n,
 // read once for its group. Row at position p attends keys 0..p (causal).
 //
 // Fixed reduction order: the keys of a row are cut into splits of
-// kAttnSplitKeys keys at absolute positions (0, 256, 512, ...), each split
+// kAttnSplitKeys keys at absolute positions (0, 128, 256, ...), each split
 // into steps of kAttnTileKeys keys (an online softmax over the steps); the
 // splits' (max, sum, accumulator) are then folded in split order, by one
 // function, either inside the work item that ran them all (fold path) or by
@@ -85,7 +85,7 @@ cudaError_t LaunchSwiGlu(const void* gate, const void* up, void* out, int64_t n,
 // chunking of its prompt or the path its step took.
 inline constexpr int kAttnTileRows = 64;
 inline constexpr int kAttnTileKeys = 64;
-inline constexpr int kAttnSplitKeys = 256;
+inline constexpr int kAttnSplitKeys = 128;
 static_assert(kAttnSplitKeys % kAttnTileKeys == 0);
 
 struct AttnShape {
