@@ -303,6 +303,9 @@ Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
     return true;
   };
   const std::string cache_key = CacheKey(s, weight_alignment);
+  // The plan cache holds the choice among both engines: an executor held to
+  // one of them neither reads nor replaces it.
+  PlanCache* const cache = tuning.engine == GemmEngine::kAny ? tuning.cache : nullptr;
   // hearth's kernel: 16-byte loads of w and x, pairs of y (and bias) elements.
   const cuda::TcGemmShape own_shape{spec.n, spec.k, spec.batch};
   uint32_t bias_alignment = 256;
@@ -321,8 +324,8 @@ Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
     s.own = true;
     return Status::Ok();
   }
-  if (tuning.cache != nullptr && tuning.time_candidates) {
-    if (const std::optional<std::string> kept = tuning.cache->Get(cache_key)) {
+  if (cache != nullptr && tuning.time_candidates) {
+    if (const std::optional<std::string> kept = cache->Get(cache_key)) {
       if (*kept == kOwnPlan && own_ok) {
         s.own = true;
         ++cached_shapes_;
@@ -387,9 +390,8 @@ Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
   choose(0);
   if (!tuning.time_candidates) return Status::Ok();
   const auto keep = [&] {
-    return tuning.cache != nullptr
-               ? tuning.cache->Put(cache_key, s.own ? std::string(kOwnPlan) : AlgoHex(s.algo))
-               : Status::Ok();
+    return cache != nullptr ? cache->Put(cache_key, s.own ? std::string(kOwnPlan) : AlgoHex(s.algo))
+                            : Status::Ok();
   };
   if (count == 1) return keep();
 

@@ -10,8 +10,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -25,6 +28,7 @@
 #include "backends/cuda/llm_gemm.h"
 #include "backends/cuda/llm_kernels.h"
 #include "backends/llm/llm_model.h"
+#include "backends/llm/plan_cache.h"
 #include "common/float16.h"
 #include "hearth/arena.h"
 #include "llm_test_model.h"
@@ -277,6 +281,63 @@ TEST_F(LlmCudaTest, GemmRowsDoNotDependOnTheRowCount) {
       }
     }
   }
+}
+
+// The engine and algorithm a timed set chose are kept in the plan cache and
+// read back by the next set (whichever engine won); a set held to one engine
+// neither reads nor replaces them.
+TEST_F(LlmCudaTest, GemmChoiceIsKeptInThePlanCache) {
+  const int64_t n = 2048, k = 2048, max_m = 8;
+  std::mt19937_64 rng(5);
+  const auto w = Random16(rng, static_cast<size_t>(n * k), 0.02f, true);
+  DeviceMemory dw(w), dx(static_cast<size_t>(max_m * k) * 2),
+      dy(static_cast<size_t>(max_m * n) * 2);
+  cudaStream_t stream = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // A folder of our own (mkdtemp: 0700), as the cache requires.
+  std::string folder = ::testing::TempDir() + "/hearth-gemm-plans-XXXXXX";
+  ASSERT_NE(mkdtemp(folder.data()), nullptr) << std::strerror(errno);
+  auto cache = PlanCache::Open(folder + "/gemm-plans");
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  GemmShapeSpec spec;
+  spec.name = "q_proj";
+  spec.n = n;
+  spec.k = k;
+  spec.max_m = max_m;
+  spec.weights = {dw.get()};
+  spec.x_scratch = dx.get();
+  spec.y_scratch = dy.get();
+  struct Chosen {
+    int own = -1, cached = -1;
+    std::string described;
+  };
+  const auto add = [&](GemmEngine engine) {
+    uint64_t bytes = 0;
+    auto set = GemmSet::Create(true, stream, &bytes);
+    EXPECT_TRUE(set.ok()) << set.status().ToString();
+    if (!set.ok()) return Chosen{};
+    GemmTuning tuning;
+    tuning.engine = engine;
+    tuning.timed_rows = {1, 4};
+    tuning.cache = &*cache;
+    const auto shape = (*set)->AddShape(spec, tuning);
+    EXPECT_TRUE(shape.ok()) << shape.status().ToString();
+    return Chosen{(*set)->own_shapes(), (*set)->cached_shapes(), (*set)->Describe()};
+  };
+  const Chosen first = add(GemmEngine::kAny);
+  EXPECT_EQ(first.cached, 0);
+  const Chosen again = add(GemmEngine::kAny);
+  EXPECT_EQ(again.cached, 1);
+  EXPECT_EQ(again.own, first.own);
+  EXPECT_EQ(again.described, first.described);
+  const Chosen held = add(GemmEngine::kCublasLt);
+  EXPECT_EQ(held.cached, 0);
+  EXPECT_EQ(held.own, 0);
+  const Chosen after = add(GemmEngine::kAny);
+  EXPECT_EQ(after.cached, 1);
+  EXPECT_EQ(after.described, first.described) << "the held set replaced the kept choice";
+  cudaStreamDestroy(stream);
+  std::filesystem::remove_all(folder);
 }
 
 // hearth's GEMM kernel refuses shapes it cannot run, naming why; cuBLASLt
