@@ -139,6 +139,19 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* w, int
   }
 }
 
+// Calls f(i, h, row) for each row the lane holds (row tile i, half h) that
+// exists.
+template <int MT, typename F>
+__device__ __forceinline__ void ForLaneRows(int64_t row0, int r, int64_t m, F&& f) {
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = row0 + i * 16 + h * 8 + r;
+      if (row < m) f(i, h, row);
+    }
+}
+
 // Adds the bias and stores two adjacent columns of one row.
 template <bool kBf16, bool kF32Out>
 __device__ __forceinline__ void Store(const Params& p, int b, int64_t row, int64_t col, float2 v) {
@@ -182,28 +195,18 @@ __global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p) {
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
   const int64_t col = col0 + 2 * q;
   if (p.splits == 1) {
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t row = i * 16 + h * 8 + r;
-        if (row < p.m)
-          Store<kBf16, kF32Out>(p, b, row, col, {acc[i][0][2 * h], acc[i][0][2 * h + 1]});
-      }
+    ForLaneRows<MT>(0, r, p.m, [&](int i, int h, int64_t row) {
+      Store<kBf16, kF32Out>(p, b, row, col, {acc[i][0][2 * h], acc[i][0][2 * h + 1]});
+    });
     return;
   }
   // Part sums of (part, b) at ws[((part * batch + b) * kTcSplitRows + row) * n + col].
   const auto at = [&](int s, int64_t row) {
     return p.ws + ((int64_t{s} * p.batch + b) * kTcSplitRows + row) * p.n + col;
   };
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = i * 16 + h * 8 + r;
-      if (row < p.m)
-        __stcg(reinterpret_cast<float2*>(at(part, row)), {acc[i][0][2 * h], acc[i][0][2 * h + 1]});
-    }
+  ForLaneRows<MT>(0, r, p.m, [&](int i, int h, int64_t row) {
+    __stcg(reinterpret_cast<float2*>(at(part, row)), {acc[i][0][2 * h], acc[i][0][2 * h + 1]});
+  });
   __threadfence();
   __syncwarp();
   uint32_t before = 0;
@@ -212,20 +215,15 @@ __global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p) {
   if (before != static_cast<uint32_t>(p.splits - 1)) return;
   // The last of the column group's warps: every part is written.
   __threadfence();
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = i * 16 + h * 8 + r;
-      if (row >= p.m) continue;
-      float2 t = __ldcg(reinterpret_cast<const float2*>(at(0, row)));
-      for (int s = 1; s < p.splits; ++s) {
-        const float2 v = __ldcg(reinterpret_cast<const float2*>(at(s, row)));
-        t.x += v.x;
-        t.y += v.y;
-      }
-      Store<kBf16, kF32Out>(p, b, row, col, t);
+  ForLaneRows<MT>(0, r, p.m, [&](int, int, int64_t row) {
+    float2 t = __ldcg(reinterpret_cast<const float2*>(at(0, row)));
+    for (int s = 1; s < p.splits; ++s) {
+      const float2 v = __ldcg(reinterpret_cast<const float2*>(at(s, row)));
+      t.x += v.x;
+      t.y += v.y;
     }
+    Store<kBf16, kF32Out>(p, b, row, col, t);
+  });
   if (lane == 0) p.counters[g] = 0;
 }
 
@@ -251,17 +249,12 @@ __global__ void __launch_bounds__(kWarps * 32) SeqKernel(Params p) {
           total[i][j][e] = part == 0 ? acc[i][j][e] : total[i][j][e] + acc[i][j][e];
   }
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
+  ForLaneRows<kSeqTiles>(row0, r, p.m, [&](int i, int h, int64_t row) {
 #pragma unroll
-  for (int i = 0; i < kSeqTiles; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = row0 + i * 16 + h * 8 + r;
-      if (row >= p.m) continue;
-#pragma unroll
-      for (int j = 0; j < R; ++j)
-        Store<kBf16, kF32Out>(p, b, row, col0 + j * 8 + 2 * q,
-                              {total[i][j][2 * h], total[i][j][2 * h + 1]});
-    }
+    for (int j = 0; j < R; ++j)
+      Store<kBf16, kF32Out>(p, b, row, col0 + j * 8 + 2 * q,
+                            {total[i][j][2 * h], total[i][j][2 * h + 1]});
+  });
 }
 
 template <bool kBf16, bool kF32Out>

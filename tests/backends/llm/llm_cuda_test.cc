@@ -103,6 +103,20 @@ class DeviceMemory {
   void* p_ = nullptr;
 };
 
+// A GEMM shape over buffers of the test (w its weight, x and y its scratch).
+GemmShapeSpec TestShape(const char* name, int64_t n, int64_t k, int64_t max_m,
+                        const DeviceMemory& w, const DeviceMemory& x, const DeviceMemory& y) {
+  GemmShapeSpec spec;
+  spec.name = name;
+  spec.n = n;
+  spec.k = k;
+  spec.max_m = max_m;
+  spec.weights = {w.get()};
+  spec.x_scratch = x.get();
+  spec.y_scratch = y.get();
+  return spec;
+}
+
 class LlmCudaTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -220,17 +234,10 @@ TEST_F(LlmCudaTest, GemmRowsDoNotDependOnTheRowCount) {
         uint64_t bytes = 0;
         auto set = GemmSet::Create(bf16, stream, &bytes);
         ASSERT_TRUE(set.ok()) << set.status().ToString();
-        GemmShapeSpec spec;
-        spec.name = "test";
-        spec.n = c.n;
-        spec.k = c.k;
-        spec.max_m = max_m;
+        GemmShapeSpec spec = TestShape("test", c.n, c.k, max_m, dw, dx, dy);
         spec.bias = c.bias;
         spec.f32_out = c.f32_out;
-        spec.weights = {dw.get()};
         if (c.bias) spec.biases = {db.get()};
-        spec.x_scratch = dx.get();
-        spec.y_scratch = dy.get();
         GemmTuning tuning;
         tuning.time_candidates = c.time;
         tuning.allow_split_k = c.split_k;
@@ -299,14 +306,7 @@ TEST_F(LlmCudaTest, GemmChoiceIsKeptInThePlanCache) {
   ASSERT_NE(mkdtemp(folder.data()), nullptr) << std::strerror(errno);
   auto cache = PlanCache::Open(folder + "/gemm-plans");
   ASSERT_TRUE(cache.ok()) << cache.status().ToString();
-  GemmShapeSpec spec;
-  spec.name = "q_proj";
-  spec.n = n;
-  spec.k = k;
-  spec.max_m = max_m;
-  spec.weights = {dw.get()};
-  spec.x_scratch = dx.get();
-  spec.y_scratch = dy.get();
+  const GemmShapeSpec spec = TestShape("q_proj", n, k, max_m, dw, dx, dy);
   struct Chosen {
     int own = -1, cached = -1;
     std::string described;
@@ -351,14 +351,7 @@ TEST_F(LlmCudaTest, OwnGemmRefusesShapesItCannotRun) {
   uint64_t bytes = 0;
   auto set = GemmSet::Create(true, stream, &bytes);
   ASSERT_TRUE(set.ok()) << set.status().ToString();
-  GemmShapeSpec spec;
-  spec.name = "odd";
-  spec.n = n;
-  spec.k = k;
-  spec.max_m = max_m;
-  spec.weights = {dw.get()};
-  spec.x_scratch = dx.get();
-  spec.y_scratch = dy.get();
+  const GemmShapeSpec spec = TestShape("odd", n, k, max_m, dw, dx, dy);
   GemmTuning tuning;
   tuning.engine = GemmEngine::kOwn;
   const auto refused = (*set)->AddShape(spec, tuning);
@@ -394,16 +387,9 @@ TEST_F(LlmCudaTest, PairedGemmsAreTwoProductsInOneLaunch) {
       uint64_t bytes = 0;
       auto set = GemmSet::Create(bf16, stream, &bytes);
       ASSERT_TRUE(set.ok()) << set.status().ToString();
-      GemmShapeSpec spec;
-      spec.name = "pair";
-      spec.n = n;
-      spec.k = k;
-      spec.max_m = max_m;
+      GemmShapeSpec spec = TestShape("pair", n, k, max_m, dw, dx, dy);
       spec.bias = bias;
-      spec.weights = {dw.get()};
       if (bias) spec.biases = {db.get()};
-      spec.x_scratch = dx.get();
-      spec.y_scratch = dy.get();
       spec.batch = 2;
       spec.weight_stride = w_stride;
       spec.bias_stride = bias ? b_stride : 0;
