@@ -162,6 +162,9 @@ class AttachClient {
   Result<uint32_t> Unload(std::string_view model, uint64_t version = 0) const;
 
  private:
+  // Whether this system lets a client trust the stores of `uids` (those of
+  // AttachOptions and $HEARTH_STORE_UID): Linux does; Windows refuses any.
+  static Status CheckTrustedStoreUids(const std::vector<uint32_t>& uids);
 #ifndef _WIN32
   Result<UniqueFd> Connect() const;
   Status CheckStoreCredentials(int fd) const;
@@ -169,7 +172,9 @@ class AttachClient {
   std::string socket_path_;
   std::vector<uint32_t> trusted_uids_;
   std::chrono::milliseconds receive_timeout_;
-  Status environment_;  // a malformed $HEARTH_STORE_UID, reported by every call
+  // A malformed $HEARTH_STORE_UID, or trusted uids this system refuses,
+  // reported by every call.
+  Status environment_;
 };
 
 }  // namespace hearth

@@ -17,23 +17,6 @@ namespace hearth {
 
 using protocol::MessageType;
 
-AttachClient::AttachClient(std::string socket_path)
-    : AttachClient(AttachOptions{std::move(socket_path), {}}) {}
-
-AttachClient::AttachClient(AttachOptions options)
-    : socket_path_(options.socket_path.empty() ? DefaultSocketPath()
-                                               : std::move(options.socket_path)),
-      trusted_uids_(std::move(options.trusted_store_uids)),
-      receive_timeout_(options.receive_timeout) {
-  Result<std::vector<uint32_t>> env = StoreUidsFromEnvironment();
-  if (!env.ok()) {
-    environment_ = env.status();
-  } else if (!trusted_uids_.empty()) {
-    environment_ = InvalidArgument(
-        "trusted store uids are not supported on Windows: the store must run as this user");
-  }
-}
-
 std::string AttachClient::DefaultSocketPath() {
   if (const char* s = std::getenv("HEARTH_SOCKET"); s != nullptr && *s != '\0') return s;
   return "store";
@@ -44,6 +27,12 @@ Result<std::vector<uint32_t>> AttachClient::StoreUidsFromEnvironment() {
   if (env == nullptr || *env == '\0') return std::vector<uint32_t>{};
   return InvalidArgument("HEARTH_STORE_UID='" + std::string(env) +
                          "' is not supported on Windows: the store must run as this user");
+}
+
+Status AttachClient::CheckTrustedStoreUids(const std::vector<uint32_t>& uids) {
+  if (uids.empty()) return Status::Ok();
+  return InvalidArgument(
+      "trusted store uids are not supported on Windows: the store must run as this user");
 }
 
 namespace {

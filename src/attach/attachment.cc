@@ -1,7 +1,8 @@
-// Attachment (hearth/attach.h): the tensors of a mapped arena, on every
-// system; what connects and maps is attach_client.cc (Linux) and
-// attach_client_windows.cc.
+// Attachment (hearth/attach.h): the tensors of a mapped arena, and how an
+// AttachClient is made, on every system; what connects and maps is
+// attach_client.cc (Linux) and attach_client_windows.cc.
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "hearth/attach.h"
@@ -11,6 +12,23 @@
 #endif
 
 namespace hearth {
+
+AttachClient::AttachClient(std::string socket_path)
+    : AttachClient(AttachOptions{std::move(socket_path), {}}) {}
+
+AttachClient::AttachClient(AttachOptions options)
+    : socket_path_(options.socket_path.empty() ? DefaultSocketPath()
+                                               : std::move(options.socket_path)),
+      trusted_uids_(std::move(options.trusted_store_uids)),
+      receive_timeout_(options.receive_timeout) {
+  Result<std::vector<uint32_t>> env = StoreUidsFromEnvironment();
+  if (!env.ok()) {
+    environment_ = env.status();
+    return;
+  }
+  trusted_uids_.insert(trusted_uids_.end(), env->begin(), env->end());
+  environment_ = CheckTrustedStoreUids(trusted_uids_);
+}
 
 Attachment::Attachment(Connection connection, std::unique_ptr<ArenaMapping> mapping,
                        Manifest manifest)
