@@ -54,27 +54,6 @@ Result<UniqueFd> Reopen(const UniqueFd& /*handle*/, const struct stat& checked, 
   return fd;
 }
 
-Result<UniqueFd> OpenRegularFileAt(int dir_fd, const std::string& name, const std::string& shown,
-                                   struct stat* st) {
-  struct stat checked {};
-  ASSIGN_OR_RETURN(UniqueFd handle, OpenPath(dir_fd, name, shown, &checked));
-  if (!S_ISREG(checked.st_mode))
-    return InvalidArgument(shown + ": is " + FileTypeName(checked.st_mode) +
-                           ", not a regular file");
-  return Reopen(handle, checked, O_RDONLY, shown, st);
-}
-
-Result<CheckpointFile> OpenFileAt(int dir_fd, const std::string& name, const std::string& shown) {
-  struct stat st {};
-  CheckpointFile file;
-  ASSIGN_OR_RETURN(file.fd, OpenRegularFileAt(dir_fd, name, shown, &st));
-  file.name = name;
-  file.path = shown;
-  file.size = static_cast<uint64_t>(st.st_size);
-  file.identity = Identity(st);
-  return file;
-}
-
 Result<bool> HasEntry(int /*dir_fd*/, const std::string& /*name*/, const std::string& shown) {
   struct stat st {};
   if (::stat(shown.c_str(), &st) == 0) return true;
@@ -143,28 +122,6 @@ Result<UniqueFd> Reopen(const UniqueFd& handle, const struct stat& checked, int 
   return fd;
 }
 
-// common/regular_file.h's OpenRegularFile, relative to a directory's descriptor.
-Result<UniqueFd> OpenRegularFileAt(int dir_fd, const std::string& name, const std::string& shown,
-                                   struct stat* st) {
-  struct stat checked {};
-  ASSIGN_OR_RETURN(UniqueFd handle, OpenPath(dir_fd, name, shown, &checked));
-  if (!S_ISREG(checked.st_mode))
-    return InvalidArgument(shown + ": is " + FileTypeName(checked.st_mode) +
-                           ", not a regular file");
-  return Reopen(handle, checked, O_RDONLY, shown, st);
-}
-
-Result<CheckpointFile> OpenFileAt(int dir_fd, const std::string& name, const std::string& shown) {
-  struct stat st {};
-  CheckpointFile file;
-  ASSIGN_OR_RETURN(file.fd, OpenRegularFileAt(dir_fd, name, shown, &st));
-  file.name = name;
-  file.path = shown;
-  file.size = static_cast<uint64_t>(st.st_size);
-  file.identity = Identity(st);
-  return file;
-}
-
 // Whether the directory has an entry `name` of any kind (a dangling link
 // counts: opening it then says what is wrong).
 Result<bool> HasEntry(int dir_fd, const std::string& name, const std::string& shown) {
@@ -210,6 +167,28 @@ Result<std::vector<std::string>> ListSafetensors(int dir_fd, const std::string& 
   return names;
 }
 #endif
+
+// common/regular_file.h's OpenRegularFile, relative to a directory's descriptor.
+Result<UniqueFd> OpenRegularFileAt(int dir_fd, const std::string& name, const std::string& shown,
+                                   struct stat* st) {
+  struct stat checked {};
+  ASSIGN_OR_RETURN(UniqueFd handle, OpenPath(dir_fd, name, shown, &checked));
+  if (!S_ISREG(checked.st_mode))
+    return InvalidArgument(shown + ": is " + FileTypeName(checked.st_mode) +
+                           ", not a regular file");
+  return Reopen(handle, checked, O_RDONLY, shown, st);
+}
+
+Result<CheckpointFile> OpenFileAt(int dir_fd, const std::string& name, const std::string& shown) {
+  struct stat st {};
+  CheckpointFile file;
+  ASSIGN_OR_RETURN(file.fd, OpenRegularFileAt(dir_fd, name, shown, &st));
+  file.name = name;
+  file.path = shown;
+  file.size = static_cast<uint64_t>(st.st_size);
+  file.identity = Identity(st);
+  return file;
+}
 
 std::string QuotedList(const std::vector<std::string>& names) {
   std::string out;
