@@ -16,12 +16,16 @@
 #include "platform/local_channel.h"
 #include "platform/section.h"
 #include "windows_check.h"
+#include "windows_child.h"
 
 using namespace hearth::platform;
+using hearth::platform::test::SpawnSelf;
+using hearth::platform::test::WaitForChild;
 
 namespace {
 
 constexpr uint64_t kBytes = 300000;
+constexpr DWORD kWaitMs = 60000;  // for a child to end
 
 uint64_t Checksum(const std::byte* p, uint64_t n) {
   uint64_t h = 1469598103934665603ull;
@@ -70,32 +74,6 @@ int BigFrame(const std::string& name) {
   std::vector<std::byte> big(2048, std::byte{1});
   (void)channel->Send(big);  // over the server's limit of 1024
   return 0;
-}
-
-PROCESS_INFORMATION Spawn(const std::string& mode, const std::string& name) {
-  STARTUPINFOA si{};
-  si.cb = sizeof(si);
-  PROCESS_INFORMATION pi{};
-  char self[MAX_PATH] = {};
-  ::GetModuleFileNameA(nullptr, self, MAX_PATH);
-  std::string line = std::string("\"") + self + "\" " + mode + " " + name;
-  std::vector<char> cmd(line.begin(), line.end());
-  cmd.push_back('\0');
-  if (!::CreateProcessA(nullptr, cmd.data(), nullptr, nullptr, FALSE, 0, nullptr, nullptr, &si,
-                        &pi)) {
-    std::fprintf(stderr, "CreateProcess failed: %lu\n", ::GetLastError());
-    std::exit(1);
-  }
-  return pi;
-}
-
-DWORD Wait(PROCESS_INFORMATION& pi) {
-  ::WaitForSingleObject(pi.hProcess, 60000);
-  DWORD code = 1;
-  ::GetExitCodeProcess(pi.hProcess, &code);
-  ::CloseHandle(pi.hProcess);
-  ::CloseHandle(pi.hThread);
-  return code;
 }
 
 // Serves one client: its hello, the section, its checksum.
@@ -150,14 +128,14 @@ int main(int argc, char** argv) {
   CHECK(made->Seal().ok(), "seal");
 
   // Two clients at once.
-  PROCESS_INFORMATION a = Spawn("client", name), b = Spawn("client", name);
+  PROCESS_INFORMATION a = SpawnSelf("client " + name), b = SpawnSelf("client " + name);
   Serve(*listener, *made, expected, {a.dwProcessId, b.dwProcessId});
   Serve(*listener, *made, expected, {a.dwProcessId, b.dwProcessId});
-  const DWORD code_a = Wait(a), code_b = Wait(b);
+  const DWORD code_a = WaitForChild(a, kWaitMs), code_b = WaitForChild(b, kWaitMs);
   CHECK(code_a == 0 && code_b == 0, "clients exited %lu and %lu", code_a, code_b);
 
   // A frame over the limit fails that channel alone; the next client is served.
-  PROCESS_INFORMATION big = Spawn("bigframe", name);
+  PROCESS_INFORMATION big = SpawnSelf("bigframe " + name);
   auto bad = listener->Accept();
   CHECK(bad.ok(), "%s", bad.status().ToString().c_str());
   if (bad.ok()) {
@@ -166,10 +144,10 @@ int main(int argc, char** argv) {
               frame.status().message() == "a frame of 2048 bytes, more than the limit of 1024",
           "%s", frame.status().ToString().c_str());
   }
-  Wait(big);
-  PROCESS_INFORMATION c = Spawn("client", name);
+  WaitForChild(big, kWaitMs);
+  PROCESS_INFORMATION c = SpawnSelf("client " + name);
   Serve(*listener, *made, expected, {c.dwProcessId});
-  CHECK(Wait(c) == 0, "a client after the bad one");
+  CHECK(WaitForChild(c, kWaitMs) == 0, "a client after the bad one");
 
   std::printf("channel_windows_test: %s (%d failures)\n",
               hearth::platform::test::failures == 0 ? "passed" : "FAILED",

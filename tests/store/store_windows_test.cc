@@ -45,10 +45,15 @@
 #include "protocol/messages.h"
 #include "protocol/wire.h"
 #include "tests/platform/windows_check.h"
+#include "tests/platform/windows_child.h"
 
 using namespace hearth;
+using hearth::platform::test::SpawnSelf;
+using hearth::platform::test::WaitForChild;
 
 namespace {
+
+constexpr DWORD kWaitMs = 120000;  // for a child to end
 
 std::string EventName(const std::string& pipe, const char* what) {
   return "Local\\" + pipe + "-" + what;
@@ -154,32 +159,6 @@ int Squat(const std::string& pipe) {
   return ::WaitForSingleObject(done, 120000) == WAIT_OBJECT_0 ? 0 : 5;
 }
 
-PROCESS_INFORMATION Spawn(const std::string& args) {
-  STARTUPINFOA si{};
-  si.cb = sizeof(si);
-  PROCESS_INFORMATION pi{};
-  char self[MAX_PATH] = {};
-  ::GetModuleFileNameA(nullptr, self, MAX_PATH);
-  std::string line = std::string("\"") + self + "\" " + args;
-  std::vector<char> cmd(line.begin(), line.end());
-  cmd.push_back('\0');
-  if (!::CreateProcessA(nullptr, cmd.data(), nullptr, nullptr, FALSE, 0, nullptr, nullptr, &si,
-                        &pi)) {
-    std::fprintf(stderr, "CreateProcess failed: %lu\n", ::GetLastError());
-    std::exit(1);
-  }
-  return pi;
-}
-
-DWORD Wait(PROCESS_INFORMATION& pi) {
-  ::WaitForSingleObject(pi.hProcess, 120000);
-  DWORD code = 1;
-  ::GetExitCodeProcess(pi.hProcess, &code);
-  ::CloseHandle(pi.hProcess);
-  ::CloseHandle(pi.hThread);
-  return code;
-}
-
 std::string TempPath(const std::string& leaf) {
   char dir[MAX_PATH] = {};
   ::GetTempPathA(MAX_PATH, dir);
@@ -247,7 +226,7 @@ int main(int argc, char** argv) {
     const std::string squatted = pipe + "-squatted";
     const HANDLE ready = MakeEvent(EventName(squatted, "squat"));
     const HANDLE done = MakeEvent(EventName(squatted, "unsquat"));
-    PROCESS_INFORMATION squatter = Spawn("squat " + squatted);
+    PROCESS_INFORMATION squatter = SpawnSelf("squat " + squatted);
     ::WaitForSingleObject(ready, 120000);
     o.socket_path = squatted;
     o.models = {{"mlp", file}};
@@ -255,7 +234,7 @@ int main(int argc, char** argv) {
     CHECK(!s.ok() && s.status().code() == StatusCode::kFailedPrecondition, "%s",
           s.status().ToString().c_str());
     ::SetEvent(done);
-    CHECK(Wait(squatter) == 0, "the squatter");
+    CHECK(WaitForChild(squatter, kWaitMs) == 0, "the squatter");
     // A client of the impostor's pipe checks whose it is: ours here (Wine
     // has one user), so only the refusal of a bad name is run.
   }
@@ -271,8 +250,7 @@ int main(int argc, char** argv) {
     } else {
       std::printf("store_windows_test: CUDA is not usable here: %s\n", why.c_str());
       CHECK(why.find("nvcuda.dll could not be loaded") != std::string::npos ||
-                why.find("cuInit") != std::string::npos ||
-                why == "built without CUDA support",
+                why.find("cuInit") != std::string::npos || why == "built without CUDA support",
             "the reason names neither nvcuda.dll nor cuInit: %s", why.c_str());
       StoreOptions o;
       o.socket_path = pipe + "-cuda";
@@ -316,11 +294,12 @@ int main(int argc, char** argv) {
 
   // Two clients at once, of each model.
   {
-    PROCESS_INFORMATION a = Spawn("attach " + pipe + " mlp " + mlp_sum);
-    PROCESS_INFORMATION b = Spawn("attach " + pipe + " mlp " + mlp_sum);
-    PROCESS_INFORMATION c = Spawn("attach " + pipe + " sharded " + sharded_sum);
-    PROCESS_INFORMATION d = Spawn("capi " + pipe + " mlp " + mlp_sum);
-    const DWORD ca = Wait(a), cb = Wait(b), cc = Wait(c), cd = Wait(d);
+    PROCESS_INFORMATION a = SpawnSelf("attach " + pipe + " mlp " + mlp_sum);
+    PROCESS_INFORMATION b = SpawnSelf("attach " + pipe + " mlp " + mlp_sum);
+    PROCESS_INFORMATION c = SpawnSelf("attach " + pipe + " sharded " + sharded_sum);
+    PROCESS_INFORMATION d = SpawnSelf("capi " + pipe + " mlp " + mlp_sum);
+    const DWORD ca = WaitForChild(a, kWaitMs), cb = WaitForChild(b, kWaitMs),
+                cc = WaitForChild(c, kWaitMs), cd = WaitForChild(d, kWaitMs);
     CHECK(ca == 0 && cb == 0 && cc == 0 && cd == 0, "attaches exited %lu, %lu, %lu, %lu", ca, cb,
           cc, cd);
   }
@@ -329,16 +308,17 @@ int main(int argc, char** argv) {
   {
     const HANDLE held = MakeEvent(EventName(pipe, "held"));
     const HANDLE gone = MakeEvent(EventName(pipe, "gone"));
-    PROCESS_INFORMATION holder = Spawn("hold " + pipe + " mlp " + mlp_sum);
+    PROCESS_INFORMATION holder = SpawnSelf("hold " + pipe + " mlp " + mlp_sum);
     CHECK(::WaitForSingleObject(held, 120000) == WAIT_OBJECT_0, "the holder attached");
-    PROCESS_INFORMATION writer = Spawn("write " + pipe + " mlp");
-    const DWORD wrote = Wait(writer);
+    PROCESS_INFORMATION writer = SpawnSelf("write " + pipe + " mlp");
+    const DWORD wrote = WaitForChild(writer, kWaitMs);
     CHECK(wrote == EXCEPTION_ACCESS_VIOLATION,
           "the writer exited %#lx, not with an access violation", wrote);
     ::SetEvent(gone);
-    CHECK(Wait(holder) == 0, "the holder read its view again after the writer died");
-    PROCESS_INFORMATION after = Spawn("attach " + pipe + " mlp " + mlp_sum);
-    CHECK(Wait(after) == 0, "a client after the writer");
+    CHECK(WaitForChild(holder, kWaitMs) == 0,
+          "the holder read its view again after the writer died");
+    PROCESS_INFORMATION after = SpawnSelf("attach " + pipe + " mlp " + mlp_sum);
+    CHECK(WaitForChild(after, kWaitMs) == 0, "a client after the writer");
   }
 
   // Bad frames drop their client alone.
@@ -355,8 +335,8 @@ int main(int argc, char** argv) {
     SendBad(pipe, std::vector<std::byte>(protocol::kMaxChannelFrame + 1), "");
     auto unknown = protocol::EncodeFrames(protocol::MessageType::kManifest, {});
     SendBad(pipe, Framed(0, unknown[0]), "may not send");
-    PROCESS_INFORMATION next = Spawn("attach " + pipe + " mlp " + mlp_sum);
-    CHECK(Wait(next) == 0, "a client after the bad frames");
+    PROCESS_INFORMATION next = SpawnSelf("attach " + pipe + " mlp " + mlp_sum);
+    CHECK(WaitForChild(next, kWaitMs) == 0, "a client after the bad frames");
   }
 
   auto status = client.GetStatus();
