@@ -417,6 +417,17 @@ def _run_auto_complete(cls, config):
     return result.as_dict() if isinstance(result, ModelConfig) else given.as_dict()
 
 
+def _refuse_changes(path, before, after, what):
+    """TritonModelException if auto_complete_config turned `before` into a
+    different `after`: it names the model's path, `what` it changed (and
+    what to do instead), and each change."""
+    changes = _differences(before, after)
+    if changes:
+        raise TritonModelException(
+            f"{path}: TritonPythonModel.auto_complete_config changed {what}. Changes: "
+            + "; ".join(changes))
+
+
 def _lists_no_io(config):
     return not config.get("input") and not config.get("output")
 
@@ -436,12 +447,9 @@ def _complete_config(cls, config, path):
     for which in ("input", "output"):
         if got.get(which):
             completed[which] = got[which]
-    changes = _differences(completed, got)
-    if changes:
-        raise TritonModelException(
-            f"{path}: TritonPythonModel.auto_complete_config changed more of the model's config "
-            "than its inputs and outputs (which hearth takes from it when the config lists none): "
-            "write the rest into the config. Changes: " + "; ".join(changes))
+    _refuse_changes(path, completed, got,
+                    "more of the model's config than its inputs and outputs (which hearth takes "
+                    "from it when the config lists none): write the rest into the config")
     return completed
 
 
@@ -452,12 +460,9 @@ def _check_auto_complete(cls, config, path):
     got = _run_auto_complete(cls, config)
     if got is None:
         return
-    changes = _differences(config, got)
-    if changes:
-        raise TritonModelException(
-            f"{path}: TritonPythonModel.auto_complete_config changed the model's config, which "
-            "hearth serves as its config file says (it cannot apply changes made at load): write "
-            "them into the config file. Changes: " + "; ".join(changes))
+    _refuse_changes(path, config, got,
+                    "the model's config, which hearth serves as its config file says (it cannot "
+                    "apply changes made at load): write them into the config file")
 
 
 def _triton_args(args, decoupled):
