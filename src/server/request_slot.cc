@@ -9,7 +9,11 @@
 #include <cerrno>
 #include <utility>
 
+#include "protocol/life_lock.h"
+
 namespace hearth {
+
+using control::kSlotHeaderBytes;
 
 Result<RequestSlot> RequestSlot::Create(const std::string& name) {
   // memfd names are at most 249 bytes; the name is only for /proc listings.
@@ -19,13 +23,19 @@ Result<RequestSlot> RequestSlot::Create(const std::string& name) {
   slot.fd_.Reset(fd);
   if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) != 0)
     return ErrnoError("sealing a request slot", errno);
+  if (::ftruncate(fd, static_cast<off_t>(kSlotHeaderBytes)) != 0)
+    return ErrnoError("sizing a request slot's header", errno);
+  void* header = ::mmap(nullptr, kSlotHeaderBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (header == MAP_FAILED) return ErrnoError("mapping a request slot's header", errno);
+  slot.header_ = std::shared_ptr<void>(header, [](void* p) { ::munmap(p, kSlotHeaderBytes); });
   return slot;
 }
 
 RequestSlot::RequestSlot(RequestSlot&& other) noexcept
     : fd_(std::move(other.fd_)),
       data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)) {}
+      size_(std::exchange(other.size_, 0)),
+      header_(std::move(other.header_)) {}
 
 RequestSlot& RequestSlot::operator=(RequestSlot&& other) noexcept {
   if (this != &other) {
@@ -33,6 +43,7 @@ RequestSlot& RequestSlot::operator=(RequestSlot&& other) noexcept {
     fd_ = std::move(other.fd_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    header_ = std::move(other.header_);
   }
   return *this;
 }
@@ -40,7 +51,7 @@ RequestSlot& RequestSlot::operator=(RequestSlot&& other) noexcept {
 RequestSlot::~RequestSlot() { Unmap(); }
 
 void RequestSlot::Unmap() {
-  if (data_ != nullptr) ::munmap(data_, size_);
+  if (data_ != nullptr) ::munmap(data_ - kSlotHeaderBytes, kSlotHeaderBytes + size_);
   data_ = nullptr;
   size_ = 0;
 }
@@ -56,13 +67,14 @@ Status RequestSlot::Reserve(uint64_t bytes, uint64_t limit) {
   // (the seal would refuse), map what is there.
   struct stat st {};
   if (::fstat(fd_.get(), &st) != 0) return ErrnoError("fstat of a request slot", errno);
-  if (static_cast<uint64_t>(st.st_size) < want &&
-      ::ftruncate(fd_.get(), static_cast<off_t>(want)) != 0)
+  const uint64_t file = kSlotHeaderBytes + want;
+  if (static_cast<uint64_t>(st.st_size) < file &&
+      ::ftruncate(fd_.get(), static_cast<off_t>(file)) != 0)
     return ErrnoError("growing a request slot to " + std::to_string(want) + " bytes", errno);
-  void* p = ::mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_SHARED, fd_.get(), 0);
+  void* p = ::mmap(nullptr, file, PROT_READ | PROT_WRITE, MAP_SHARED, fd_.get(), 0);
   if (p == MAP_FAILED) return ErrnoError("mapping a request slot", errno);
   Unmap();
-  data_ = static_cast<std::byte*>(p);
+  data_ = static_cast<std::byte*>(p) + kSlotHeaderBytes;
   size_ = want;
   return Status::Ok();
 }

@@ -1,11 +1,14 @@
 // A worker's request slot: a memfd that holds a batch's inputs and outputs,
 // mapped by the server and by its worker. Only the server makes it larger;
 // it is sealed against shrinking, so that no worker can truncate it under
-// the server's mapping (which would make the server's reads fault).
+// the server's mapping (which would make the server's reads fault). Its
+// first control::kSlotHeaderBytes hold the worker's life lock
+// (protocol/life_lock.h); the data, which every offset counts from, follow.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "hearth/status.h"
@@ -30,12 +33,15 @@ class RequestSlot {
   std::byte* data() const { return data_; }
   uint64_t size() const { return size_; }
   int fd() const { return fd_.get(); }
+  // The life lock's page, mapped for as long as a holder of it keeps it.
+  const std::shared_ptr<void>& header() const { return header_; }
 
  private:
   void Unmap();
   UniqueFd fd_;
-  std::byte* data_ = nullptr;
+  std::byte* data_ = nullptr;  // the mapping starts kSlotHeaderBytes before
   uint64_t size_ = 0;
+  std::shared_ptr<void> header_;
 };
 
 }  // namespace hearth

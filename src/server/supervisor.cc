@@ -24,7 +24,8 @@ Status WorkerSupervisor::Init() {
 }
 
 Status WorkerSupervisor::Start() {
-  return model_.StartThread(thread_, finished_, [this] { Loop(); }, "a worker's supervisor thread");
+  return model_.StartThread(
+      thread_, finished_, [this] { Loop(); }, "a worker's supervisor thread");
 }
 
 void WorkerSupervisor::Settle() {
@@ -47,8 +48,7 @@ namespace {
 
 // hearth-worker's arguments for a worker of `model` on `placement` (a
 // zygote's: the first placement's, which it never attaches).
-std::vector<std::string> WorkerArguments(const ModelRuntime& model,
-                                         const ModelPlacement& placement,
+std::vector<std::string> WorkerArguments(const ModelRuntime& model, const ModelPlacement& placement,
                                          const ServerOptions& options, bool standby) {
   const ModelConfig& c = model.config();
   std::vector<std::string> args = {options.worker_path,
@@ -86,8 +86,7 @@ std::vector<std::string> WorkerArguments(const ModelRuntime& model,
 // (whose size is limited, and which any local user can read in /proc). A
 // fresh slot for each process: whatever an earlier one did to its slot
 // (grown it, say) goes with it.
-Status OpenChannel(const ModelRuntime& model, RequestSlot& slot, UniqueFd* mine,
-                   UniqueFd* theirs) {
+Status OpenChannel(const ModelRuntime& model, RequestSlot& slot, UniqueFd* mine, UniqueFd* theirs) {
   ASSIGN_OR_RETURN(slot, RequestSlot::Create("hearth-slot-" + model.name));
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
@@ -117,8 +116,8 @@ Status StartWorkerProcess(const ModelRuntime& model, const ModelPlacement& place
     if (forked.ok()) {
       // Not ours to kill by pid: closing its socket makes it exit, and it
       // is reaped as an orphan if it is this process's child at all.
-      spdlog::warn("{}: a worker forked from the zygote (pid {}) cannot be adopted: {}",
-                   model.name, *forked, adopted.message());
+      spdlog::warn("{}: a worker forked from the zygote (pid {}) cannot be adopted: {}", model.name,
+                   *forked, adopted.message());
     } else if (adopted.code() != StatusCode::kUnavailable) {
       spdlog::warn("{}: {}; exec'ing a worker instead", model.name, adopted.message());
     }
@@ -654,12 +653,13 @@ void WorkerSupervisor::Loop() {
     // idle workers', which look and wait again).
     std::optional<HangupWatcher::Id> watched;
     if (model_.hangups != nullptr) {
-      if (auto id = model_.hangups->Watch(control.get(), [queue = model_.queue.get()] {
-            queue->Nudge();
-          });
+      if (auto id = model_.hangups->Watch(control.get(),
+                                          [queue = model_.queue.get()] { queue->Nudge(); });
           id.ok())
         watched = *id;
     }
+    life_ = std::make_unique<control::LifeWatch>(slot_.header(), pid,
+                                                 [queue = model_.queue.get()] { queue->Nudge(); });
     bool alive = true;
     std::string death = "died while idle";
     if (model_.config().decoupled) {
@@ -676,7 +676,8 @@ void WorkerSupervisor::Loop() {
       if (placement_.health.failed() && !model_.stopping && model_.ServedElsewhere(placement_)) {
         probe = placement_.health.ClaimProbe(Clock::now());
         if (!probe) {
-          if (exchange.GoneWhileIdle(100) || !ReleaseRegionsIfUnregistered(exchange)) {
+          if (life_->dead() || exchange.GoneWhileIdle(100) ||
+              !ReleaseRegionsIfUnregistered(exchange)) {
             spdlog::warn("{} worker {} (pid {}) on {} died while held back", model_.name, index_,
                          pid, placement_.device_name);
             death = "died while held back";
@@ -692,7 +693,7 @@ void WorkerSupervisor::Loop() {
         if (model_.stopping) break;
         // Idle: a worker that died between batches (end-of-file on its
         // control socket) is replaced now, not when the next request finds it.
-        if (exchange.GoneWhileIdle(0) || !ReleaseRegionsIfUnregistered(exchange)) {
+        if (life_->dead() || exchange.GoneWhileIdle(0) || !ReleaseRegionsIfUnregistered(exchange)) {
           spdlog::warn("{} worker {} (pid {}) died while idle", model_.name, index_, pid);
           alive = false;
         }
@@ -731,6 +732,7 @@ void WorkerSupervisor::Loop() {
     --model_.ready_workers;
     ready_ = false;
     if (watched) model_.hangups->Forget(*watched, control.get());
+    life_.reset();
     control.Reset();  // end-of-file: a live worker exits by itself
     if (alive) {
       process_.Reap(false);

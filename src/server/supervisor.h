@@ -17,6 +17,7 @@
 #include "common/tensor_spec.h"
 #include "hearth/device.h"
 #include "hearth/status.h"
+#include "protocol/life_lock.h"
 #include "protocol/worker_protocol.h"
 #include "server/job_queue.h"
 #include "server/model_config.h"
@@ -136,6 +137,9 @@ class WorkerSupervisor {
   bool settled_ = false;  // supervisor thread only
   WorkerProcess dying_;   // see ReapDying; supervisor thread only
   RequestSlot slot_;
+  // The serving worker's life lock, watched (protocol/life_lock.h): its
+  // death is known before its end-of-file.
+  std::unique_ptr<control::LifeWatch> life_;
   uint64_t seq_ = 0;
   // The registry's count of CUDA unregistrations when this worker's
   // regions were last looked at: when it moves on, they are looked at again.

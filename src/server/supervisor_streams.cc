@@ -122,6 +122,8 @@ bool WorkerSupervisor::ServeStreams(int control, const control::Ready& ready,
         if (!runner.Pump(0)) return lost(runner.why() == "died" ? "died while idle" : runner.why());
         kv_blocks_used_ = runner.engine_stats().kv_blocks_used;
         kv_blocks_total_ = runner.engine_stats().kv_blocks_total;
+      } else if (life_ && life_->dead()) {
+        return lost("died while idle");
       }
       continue;
     }
@@ -144,6 +146,8 @@ bool WorkerSupervisor::ServeStreams(int control, const control::Ready& ready,
       uint64_t count = 0;
       (void)!::read(wake.get(), &count, sizeof count);
     }
+    // Its death, known from its life lock, once what it sent before is read.
+    if ((n <= 0 || fds[0].revents == 0) && life_ && life_->dead()) return lost("died");
     if (n > 0 && fds[0].revents != 0) {
       if (!runner.Pump(0)) return lost(runner.why());
       streams_in_flight_ = runner.in_flight();

@@ -8,6 +8,7 @@
 
 #include "common/bytes_tensor.h"
 #include "common/checked_size.h"
+#include "protocol/life_lock.h"
 
 namespace hearth {
 
@@ -32,6 +33,24 @@ Result<std::unique_ptr<WorkerSession>> WorkerSession::Open(int control_fd, int s
                                                            int timeout_ms, SlotHooks hooks) {
   std::unique_ptr<WorkerSession> s(
       new WorkerSession(UniqueFd(control_fd), UniqueFd(slot_fd), std::move(hooks)));
+  // The life lock first, by the thread that opens the session: the server
+  // watches it to learn of this process's death before its memory is torn
+  // down. Without it the server learns later, from the socket.
+  {
+    struct stat st {};
+    if (::fstat(s->slot_fd_.get(), &st) == 0 &&
+        static_cast<uint64_t>(st.st_size) >= control::kSlotHeaderBytes) {
+      void* p = ::mmap(nullptr, control::kSlotHeaderBytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                       s->slot_fd_.get(), 0);
+      if (p != MAP_FAILED) {
+        if (control::HoldLifeLock(p).ok()) {
+          s->life_ = p;
+        } else {
+          ::munmap(p, control::kSlotHeaderBytes);
+        }
+      }
+    }
+  }
   auto m = control::ReceiveKind(control_fd, timeout_ms, {control::Kind::kSetup});
   if (!m.ok()) return m.status().WithContext("reading the model's setup");
   s->setup_ = std::move(m->setup);
@@ -57,14 +76,18 @@ WorkerSession::~WorkerSession() {
   ReleaseRetired();
   if (slot_ != nullptr) {
     if (hooks_.unmapping) hooks_.unmapping(slot_);
-    ::munmap(slot_, mapped_bytes_);
+    ::munmap(slot_ - control::kSlotHeaderBytes, control::kSlotHeaderBytes + mapped_bytes_);
+  }
+  if (life_ != nullptr) {
+    control::ReleaseLifeLock(life_);
+    ::munmap(life_, control::kSlotHeaderBytes);
   }
 }
 
 void WorkerSession::ReleaseRetired() {
   for (const auto& [data, bytes] : retired_) {
     if (hooks_.unmapping) hooks_.unmapping(data);
-    ::munmap(data, bytes);
+    ::munmap(data - control::kSlotHeaderBytes, control::kSlotHeaderBytes + bytes);
   }
   retired_.clear();
 }
@@ -92,8 +115,9 @@ Status WorkerSession::Ready(std::vector<TensorSpec> inputs, std::vector<TensorSp
   if (inputs.size() > control::kMaxTensors || outputs.size() > control::kMaxTensors)
     return InvalidArgument("more than " + std::to_string(control::kMaxTensors) +
                            " inputs or outputs");
-  control::Ready r{inputs,          outputs,      device_memory_bytes, std::move(text),
-                   device_ >= 0,    std::move(phases_), streams_, window_};
+  control::Ready r{inputs,          outputs,      device_memory_bytes,
+                   std::move(text), device_ >= 0, std::move(phases_),
+                   streams_,        window_};
   phases_.clear();
   RETURN_IF_ERROR(control::SendReady(control_.get(), r));
   inputs_ = std::move(inputs);
@@ -126,13 +150,15 @@ Status WorkerSession::MapSlot(uint64_t bytes) {
   if (bytes <= mapped_bytes_) return Status::Ok();
   struct stat st {};
   if (::fstat(slot_fd_.get(), &st) != 0) return ErrnoError("fstat of the request slot", errno);
-  if (static_cast<uint64_t>(st.st_size) < bytes)
+  if (static_cast<uint64_t>(st.st_size) < control::kSlotHeaderBytes + bytes)
     return InvalidArgument("the server says the slot has " + std::to_string(bytes) +
-                           " bytes; it has " + std::to_string(st.st_size));
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, slot_fd_.get(), 0);
+                           " bytes of data; it has " + std::to_string(st.st_size) +
+                           " bytes with its header");
+  void* p = ::mmap(nullptr, control::kSlotHeaderBytes + bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                   slot_fd_.get(), 0);
   if (p == MAP_FAILED) return ErrnoError("mapping the request slot", errno);
   if (slot_ != nullptr) retired_.emplace_back(slot_, mapped_bytes_);
-  slot_ = static_cast<std::byte*>(p);
+  slot_ = static_cast<std::byte*>(p) + control::kSlotHeaderBytes;
   mapped_bytes_ = bytes;
   if (hooks_.mapped) RETURN_IF_ERROR(hooks_.mapped(slot_, bytes));
   return Status::Ok();
@@ -185,7 +211,8 @@ Result<bool> WorkerSession::Next() {
   if (!ready_) return FailedPrecondition("Next() before Ready()");
   if (in_batch_) return FailedPrecondition("Next() before the last batch's Done()");
   if (decoupled())
-    return FailedPrecondition("a decoupled model's worker takes streams (NextStreamEvent), not batches");
+    return FailedPrecondition(
+        "a decoupled model's worker takes streams (NextStreamEvent), not batches");
   for (;;) {
     auto m =
         control::ReceiveKind(control_.get(), -1, {control::Kind::kRun, control::Kind::kRelease});

@@ -195,8 +195,9 @@ class WorkerSession {
   std::vector<control::TensorSpec> inputs_, outputs_;
   std::vector<control::StartPhase> phases_;  // until Ready
   bool ready_ = false;
-  std::byte* slot_ = nullptr;
+  std::byte* slot_ = nullptr;  // the data: the mapping starts kSlotHeaderBytes before
   uint64_t mapped_bytes_ = 0;
+  void* life_ = nullptr;  // the slot's header page, its life lock held (life_lock.h)
   // Mappings replaced by a larger one during the current batch.
   std::vector<std::pair<std::byte*, uint64_t>> retired_;
   control::Run run_;

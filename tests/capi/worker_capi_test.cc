@@ -7,13 +7,14 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <string>
 #include <map>
+#include <string>
 #include <thread>
 
 #include "gtest/gtest.h"
 #include "hearth/hearth.h"
 #include "hearth/unique_fd.h"
+#include "protocol/life_lock.h"
 #include "protocol/worker_protocol.h"
 
 namespace hearth {
@@ -37,7 +38,8 @@ struct Server {
     Grow(4096);
   }
   ~Server() {
-    if (data != nullptr) ::munmap(data, size);
+    if (data != nullptr)
+      ::munmap(data - control::kSlotHeaderBytes, control::kSlotHeaderBytes + size);
   }
   // Queues `setup` and opens the worker's end (as a worker process does).
   void Open(const control::Setup& setup, hearth_worker** w) {
@@ -45,12 +47,15 @@ struct Server {
     ASSERT_EQ(hearth_worker_open(worker_control, worker_slot, 1000, w), HEARTH_OK)
         << hearth_last_error();
   }
+  // The slot's data after its header (the worker's life lock), as the server lays it out.
   void Grow(uint64_t bytes) {
-    if (data != nullptr) ::munmap(data, size);
-    ASSERT_EQ(::ftruncate(slot.get(), static_cast<off_t>(bytes)), 0);
-    data = static_cast<std::byte*>(
-        ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, slot.get(), 0));
-    ASSERT_NE(data, MAP_FAILED);
+    if (data != nullptr)
+      ::munmap(data - control::kSlotHeaderBytes, control::kSlotHeaderBytes + size);
+    const uint64_t file = control::kSlotHeaderBytes + bytes;
+    ASSERT_EQ(::ftruncate(slot.get(), static_cast<off_t>(file)), 0);
+    void* p = ::mmap(nullptr, file, PROT_READ | PROT_WRITE, MAP_SHARED, slot.get(), 0);
+    ASSERT_NE(p, MAP_FAILED);
+    data = static_cast<std::byte*>(p) + control::kSlotHeaderBytes;
     size = bytes;
   }
 };

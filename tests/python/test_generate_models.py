@@ -551,6 +551,7 @@ def test_seeded_sampling_is_the_same_alone_or_among_fifteen(exact):
 KIND_READY, KIND_RUN, KIND_DONE, KIND_SETUP, KIND_ROOM = 1, 2, 3, 4, 5
 KIND_RING, KIND_OPEN, KIND_RESPONSE, KIND_CREDIT, KIND_CANCEL, KIND_RING_GROW = 10, 11, 12, 13, 14, 15
 MAGIC = 0x4B524F57
+SLOT_HEADER = 4096  # control::kSlotHeaderBytes (protocol/life_lock.h)
 BYTES, I64 = 12, 4
 TRITON = {"TYPE_STRING": BYTES, "TYPE_INT64": I64}
 
@@ -642,9 +643,10 @@ class Driver:
         self.outputs = config["output"]
         self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.slot = os.memfd_create("test-slot", os.MFD_CLOEXEC)
-        os.ftruncate(self.slot, self.SLOT)
+        # The slot's data follow its header page (the worker's life lock), as the server lays it out.
+        os.ftruncate(self.slot, SLOT_HEADER + self.SLOT)
         self.size = self.SLOT
-        self.mem = mmap.mmap(self.slot, self.size)
+        self.mem = mmap.mmap(self.slot, self.size, offset=SLOT_HEADER)
         self.seq = 0
         self.next_id = 0
         self.regions = {}      # open request id -> its inputs' (offset, bytes)
@@ -697,8 +699,8 @@ class Driver:
 
     def _grow_slot(self, size):
         self.size = size
-        os.ftruncate(self.slot, self.size)
-        self.mem = mmap.mmap(self.slot, self.size)
+        os.ftruncate(self.slot, SLOT_HEADER + self.size)
+        self.mem = mmap.mmap(self.slot, self.size, offset=SLOT_HEADER)
 
     # -- batches (a model that is not decoupled)
 

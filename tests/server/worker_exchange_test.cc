@@ -21,6 +21,7 @@
 
 #include "gtest/gtest.h"
 #include "hearth/unique_fd.h"
+#include "protocol/life_lock.h"
 #include "server/crash_retry.h"
 #include "server/job_queue.h"
 
@@ -190,10 +191,11 @@ TEST(WorkerExchange, AWorkerThatAsksForRoomGetsTheSlotGrownUnderIt) {
     struct stat st {};
     ASSERT_EQ(::fstat(slot.fd(), &st), 0);
     seen_size = st.st_size;
-    void* p = ::mmap(nullptr, room->slot_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, slot.fd(), 0);
+    const uint64_t mapped = control::kSlotHeaderBytes + room->slot_bytes;
+    void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, slot.fd(), 0);
     ASSERT_NE(p, MAP_FAILED);
-    PutFloats(static_cast<std::byte*>(p) + m.run.slot_bytes, tokens);
-    ::munmap(p, room->slot_bytes);
+    PutFloats(static_cast<std::byte*>(p) + control::kSlotHeaderBytes + m.run.slot_bytes, tokens);
+    ::munmap(p, mapped);
     control::Done done;
     done.seq = m.run.seq;
     done.outputs = {control::SlotTensor{m.run.slot_bytes, bytes, {2048}}};

@@ -16,6 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "hearth/unique_fd.h"
+#include "protocol/life_lock.h"
 #include "protocol/worker_protocol.h"
 #include "worker/session.h"
 
@@ -35,12 +36,14 @@ struct Server {
     worker_control = sv[1];
     slot.Reset(::memfd_create("engine-loop-slot", MFD_CLOEXEC));
     worker_slot = ::dup(slot.get());
-    EXPECT_EQ(::ftruncate(slot.get(), static_cast<off_t>(size)), 0);
-    data = static_cast<std::byte*>(
-        ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, slot.get(), 0));
-    EXPECT_NE(data, MAP_FAILED);
+    // The slot's data after its header (the worker's life lock), as the server lays it out.
+    const uint64_t file = control::kSlotHeaderBytes + size;
+    EXPECT_EQ(::ftruncate(slot.get(), static_cast<off_t>(file)), 0);
+    void* p = ::mmap(nullptr, file, PROT_READ | PROT_WRITE, MAP_SHARED, slot.get(), 0);
+    EXPECT_NE(p, MAP_FAILED);
+    data = static_cast<std::byte*>(p) + control::kSlotHeaderBytes;
   }
-  ~Server() { ::munmap(data, size); }
+  ~Server() { ::munmap(data - control::kSlotHeaderBytes, control::kSlotHeaderBytes + size); }
 
   // Request `id` counting to `n` from slot offset id * 64, with `resume`
   // tokens after it.
