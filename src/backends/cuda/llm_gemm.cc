@@ -313,6 +313,9 @@ Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
   const bool own_ok =
       tuning.engine != GemmEngine::kCublasLt && bias_alignment >= 8 &&
       cuda::TcGemmSplits(own_shape) > 0 && weight_alignment >= 16 && buffer_alignment >= 16 &&
+      // The set's part sums and counters, allocated once for every shape.
+      cuda::TcGemmWorkspaceBytes(own_shape) <= cuda::kTcMaxWorkspaceBytes &&
+      cuda::TcGemmCounters(own_shape) <= cuda::kTcMaxCounters &&
       (spec.batch == 1 ||
        (spec.weight_stride % 8 == 0 && spec.y_stride % 2 == 0 && spec.bias_stride % 2 == 0));
   if (tuning.engine == GemmEngine::kOwn) {
