@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/dependent_launch.h"
 #include "backends/cuda/llm_executor.h"
 #include "backends/cuda/llm_kernels.h"
 #include "backends/llm/llm_model.h"
@@ -294,7 +295,15 @@ int Main(int argc, char** argv) {
                  "GEMM engine: any (the faster per shape, timed), cublaslt, own (hearth's "
                  "kernel), or compare (cublaslt, own and any, each timed in turn)")
       ->check(CLI::IsMember({"any", "cublaslt", "own", "compare"}));
+  std::string dependent = "on";
+  app.add_option("--dependent", dependent,
+                 "kernels as programmatic dependent launches (each may start before the one "
+                 "before it ends): on, off, or both (each timed in turn)")
+      ->check(CLI::IsMember({"on", "off", "both"}));
   CLI11_PARSE(app, argc, argv);
+  std::vector<bool> dependent_modes;
+  if (dependent != "off") dependent_modes.push_back(true);
+  if (dependent != "on") dependent_modes.push_back(false);
   std::vector<std::pair<std::string, GemmEngine>> engines;
   if (gemm == "cublaslt" || gemm == "compare")
     engines.emplace_back("cublaslt", GemmEngine::kCublasLt);
@@ -330,73 +339,78 @@ int Main(int argc, char** argv) {
   std::vector<bool> pair_modes;
   if (pairing != "off") pair_modes.push_back(true);
   if (pairing != "on") pair_modes.push_back(false);
-  for (const auto& [engine_name, engine] : engines)
-    for (const bool pair : pair_modes) {
-      Sequences s;
-      // Sequence 0 takes every batch size's steps.
-      const int positions = context + (warmup + iterations) * static_cast<int>(seqs_list.size());
-      s.blocks_per_seq = positions / s.block_size + 1;
-      s.length.assign(static_cast<size_t>(max_seqs), 0);
-      s.last_token.assign(static_cast<size_t>(max_seqs), 0);
-      ExecutorOptions o;
-      o.max_seqs = max_seqs;
-      o.max_tokens_per_step = std::max(kPrefillTokens, context);
-      o.block_size = s.block_size;
-      o.kv_pool_bytes = static_cast<uint64_t>(max_seqs) * static_cast<uint64_t>(s.blocks_per_seq) *
-                        static_cast<uint64_t>(s.block_size) *
-                        static_cast<uint64_t>(kv_bytes_per_token);
-      const auto created = std::chrono::steady_clock::now();
-      CudaExecutorOptions options;
-      options.pair_gemms = pair;
-      options.gemm_engine = engine;
-      auto executor = CreateCudaExecutor(config, weights, 0, o, options);
-      if (!executor.ok()) Fail(executor.status().ToString());
-      CudaExecutor& e = **executor;
-      std::printf(
-          "pairing=%s gemm=%s: executor created in %.2f s, device memory %.2f GiB (KV pool %d "
-          "blocks of %d)\n",
-          pair ? "on" : "off", engine_name.c_str(),
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count(),
-          static_cast<double>(e.device_memory_bytes()) / (1 << 30), e.num_blocks(), e.block_size());
-      std::printf("%s", e.DescribeGemms().c_str());
-      const char* mode = pair ? "on" : "off";
-      const double prefill_s = Prefill(e, s, max_seqs, context, rng, config.vocab_size);
-      std::printf("prefill seqs=%d context=%d s=%.3f tokens_per_s=%.0f\n", max_seqs, context,
-                  prefill_s, max_seqs * static_cast<double>(context) / prefill_s);
-      cudaEvent_t start = nullptr, stop = nullptr;
-      Check(cudaEventCreate(&start), "cudaEventCreate");
-      Check(cudaEventCreate(&stop), "cudaEventCreate");
-      for (int64_t n : seqs_list) {
-        const int seqs = static_cast<int>(n);
-        for (int i = 0; i < warmup; ++i) Decode(e, s, seqs, params);
-        std::vector<double> ms;
-        for (int i = 0; i < iterations; ++i) {
-          Check(cudaEventRecord(start, e.stream()), "cudaEventRecord");
-          Decode(e, s, seqs, params);
-          Check(cudaEventRecord(stop, e.stream()), "cudaEventRecord");
-          Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-          float elapsed = 0;
-          Check(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime");
-          ms.push_back(elapsed);
-        }
-        std::sort(ms.begin(), ms.end());
-        const double median = ms[ms.size() / 2];
-        double keys = 0;
-        for (int i = 0; i < seqs; ++i) keys += s.length[static_cast<size_t>(i)];
-        const double weight_floor = weight_bytes / kBandwidth * 1e3;
-        const double full_floor = (weight_bytes + keys * kv_bytes_per_token) / kBandwidth * 1e3;
+  for (const bool dependent_on : dependent_modes)
+    for (const auto& [engine_name, engine] : engines)
+      for (const bool pair : pair_modes) {
+        cuda::SetDependentLaunch(dependent_on);
+        Sequences s;
+        // Sequence 0 takes every batch size's steps.
+        const int positions = context + (warmup + iterations) * static_cast<int>(seqs_list.size());
+        s.blocks_per_seq = positions / s.block_size + 1;
+        s.length.assign(static_cast<size_t>(max_seqs), 0);
+        s.last_token.assign(static_cast<size_t>(max_seqs), 0);
+        ExecutorOptions o;
+        o.max_seqs = max_seqs;
+        o.max_tokens_per_step = std::max(kPrefillTokens, context);
+        o.block_size = s.block_size;
+        o.kv_pool_bytes =
+            static_cast<uint64_t>(max_seqs) * static_cast<uint64_t>(s.blocks_per_seq) *
+            static_cast<uint64_t>(s.block_size) * static_cast<uint64_t>(kv_bytes_per_token);
+        const auto created = std::chrono::steady_clock::now();
+        CudaExecutorOptions options;
+        options.pair_gemms = pair;
+        options.gemm_engine = engine;
+        auto executor = CreateCudaExecutor(config, weights, 0, o, options);
+        if (!executor.ok()) Fail(executor.status().ToString());
+        CudaExecutor& e = **executor;
         std::printf(
-            "decode pairing=%s gemm=%s seqs=%d context=%d ms=%.4f weight_floor_ms=%.4f "
-            "of_weight_floor=%.2f weight_kv_floor_ms=%.4f of_weight_kv_floor=%.2f "
-            "tokens_per_s=%.0f\n",
-            mode, engine_name.c_str(), seqs, context, median, weight_floor, weight_floor / median,
-            full_floor, full_floor / median, seqs / (median * 1e-3));
-        std::fflush(stdout);
+            "pairing=%s gemm=%s dependent=%s: executor created in %.2f s, device memory %.2f GiB "
+            "(KV pool %d blocks of %d)\n",
+            pair ? "on" : "off", engine_name.c_str(), dependent_on ? "on" : "off",
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count(),
+            static_cast<double>(e.device_memory_bytes()) / (1 << 30), e.num_blocks(),
+            e.block_size());
+        std::printf("%s", e.DescribeGemms().c_str());
+        const char* mode = pair ? "on" : "off";
+        const double prefill_s = Prefill(e, s, max_seqs, context, rng, config.vocab_size);
+        std::printf("prefill gemm=%s dependent=%s seqs=%d context=%d s=%.3f tokens_per_s=%.0f\n",
+                    engine_name.c_str(), dependent_on ? "on" : "off", max_seqs, context, prefill_s,
+                    max_seqs * static_cast<double>(context) / prefill_s);
+        cudaEvent_t start = nullptr, stop = nullptr;
+        Check(cudaEventCreate(&start), "cudaEventCreate");
+        Check(cudaEventCreate(&stop), "cudaEventCreate");
+        for (int64_t n : seqs_list) {
+          const int seqs = static_cast<int>(n);
+          for (int i = 0; i < warmup; ++i) Decode(e, s, seqs, params);
+          std::vector<double> ms;
+          for (int i = 0; i < iterations; ++i) {
+            Check(cudaEventRecord(start, e.stream()), "cudaEventRecord");
+            Decode(e, s, seqs, params);
+            Check(cudaEventRecord(stop, e.stream()), "cudaEventRecord");
+            Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+            float elapsed = 0;
+            Check(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime");
+            ms.push_back(elapsed);
+          }
+          std::sort(ms.begin(), ms.end());
+          const double median = ms[ms.size() / 2];
+          double keys = 0;
+          for (int i = 0; i < seqs; ++i) keys += s.length[static_cast<size_t>(i)];
+          const double weight_floor = weight_bytes / kBandwidth * 1e3;
+          const double full_floor = (weight_bytes + keys * kv_bytes_per_token) / kBandwidth * 1e3;
+          std::printf(
+              "decode pairing=%s gemm=%s dependent=%s seqs=%d context=%d ms=%.4f "
+              "weight_floor_ms=%.4f of_weight_floor=%.2f weight_kv_floor_ms=%.4f "
+              "of_weight_kv_floor=%.2f tokens_per_s=%.0f\n",
+              mode, engine_name.c_str(), dependent_on ? "on" : "off", seqs, context, median,
+              weight_floor, weight_floor / median, full_floor, full_floor / median,
+              seqs / (median * 1e-3));
+          std::fflush(stdout);
+        }
+        std::printf("decode graphs captured: %d\n", e.captured_graphs());
+        cudaEventDestroy(start);
+        cudaEventDestroy(stop);
       }
-      std::printf("decode graphs captured: %d\n", e.captured_graphs());
-      cudaEventDestroy(start);
-      cudaEventDestroy(stop);
-    }
 
   if (profile_seqs > 0) {
     // A second executor, every step eager with events around each kernel.

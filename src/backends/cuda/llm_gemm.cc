@@ -505,6 +505,8 @@ Status GemmSet::RunOwn(const Shape& s, const void* weight, const void* bias, con
   a.y_stride = s.spec.y_stride;
   a.workspace = static_cast<float*>(own_workspace_.get());
   a.counters = static_cast<uint32_t*>(own_counters_.get());
+  a.workspace_bytes = cuda::kTcMaxWorkspaceBytes;
+  a.counter_slots = cuda::kTcMaxCounters;
   return CudaCheck(cuda::LaunchTcGemm(a, stream_), "hearth's GEMM kernel");
 }
 

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "backends/cuda/dependent_launch.h"
 #include "backends/cuda/llm_kernels.h"
 #include "backends/llm/llm_model.h"
 
@@ -131,6 +132,8 @@ __global__ void FillRandom(void* p, int64_t n, ElemType type, float scale, uint6
 
 template <typename T>
 __global__ void Embed(const int32_t* tokens, const T* table, int64_t hidden, float* resid) {
+  DependentWait();  // dependent_launch.h
+  DependentRelease();
   const int64_t row = blockIdx.x;
   const T* src = table + static_cast<int64_t>(tokens[row]) * hidden;
   float* dst = resid + row * hidden;
@@ -151,6 +154,8 @@ __global__ void Embed(const int32_t* tokens, const T* table, int64_t hidden, flo
 template <typename T>
 __global__ void AddRmsNorm(float* resid, const T* delta, const T* weight, const int32_t* gather,
                            int64_t hidden, float eps, T* out) {
+  DependentWait();  // dependent_launch.h
+  DependentRelease();
   __shared__ float scratch[32];
   const int64_t i = blockIdx.x;
   const int64_t r = gather != nullptr ? gather[i] : i;
@@ -209,6 +214,8 @@ __global__ void AddRmsNorm(float* resid, const T* delta, const T* weight, const 
 // on an H200 at one token).
 template <typename T>
 __global__ void RopeKvWrite(RopeKvArgs a) {
+  DependentWait();  // dependent_launch.h
+  DependentRelease();
   const int t = blockIdx.x;
   const int d = a.head_dim, half = d / 2;
   const int h = blockIdx.y * (blockDim.x / half) + threadIdx.x / half, j = threadIdx.x % half;
@@ -249,6 +256,8 @@ __global__ void RopeKvWrite(RopeKvArgs a) {
 
 template <typename T>
 __global__ void SwiGlu(const T* gate, const T* up, T* out, int64_t n8) {
+  DependentWait();  // dependent_launch.h
+  DependentRelease();
   for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; c < n8;
        c += int64_t{gridDim.x} * blockDim.x) {
     float g[8], u[8];
@@ -369,6 +378,8 @@ __device__ __forceinline__ float Normalize(float acc, float sum) {
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kAttnThreads) PagedAttention(AttnArgs a) {
+  DependentWait();  // dependent_launch.h
+  DependentRelease();
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   constexpr int kDTiles = D / 8;  // n-tiles of the output
   constexpr int kTile = kAttnTileRows * D;
@@ -622,6 +633,8 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttention(AttnArgs a) {
 template <typename T, int D>
 __global__ void AttnCombine(const float* partial_acc, const float* partial_ml, const AttnStep* st,
                             T* out) {
+  DependentWait();  // dependent_launch.h
+  DependentRelease();
   constexpr int kPerLane = D / 32;
   const int row = static_cast<int>(blockIdx.x) * 4 + static_cast<int>(threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
@@ -672,17 +685,15 @@ cudaError_t PrepareAttentionT(int* grid) {
 
 template <typename T, int D>
 cudaError_t LaunchAttentionT(const AttnArgs& args, int grid, cudaStream_t stream) {
-  PagedAttention<T, D>
-      <<<static_cast<unsigned>(grid), kAttnThreads, AttentionSmem<T, D>(), stream>>>(args);
-  return cudaGetLastError();
+  return LaunchDependent(PagedAttention<T, D>, static_cast<unsigned>(grid), kAttnThreads,
+                         AttentionSmem<T, D>(), stream, args);
 }
 
 template <typename T, int D>
 cudaError_t LaunchCombineT(const float* pacc, const float* pml, const AttnStep* step, int32_t rows,
                            void* out, cudaStream_t stream) {
-  AttnCombine<T, D><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(
-      pacc, pml, step, static_cast<T*>(out));
-  return cudaGetLastError();
+  return LaunchDependent(AttnCombine<T, D>, static_cast<unsigned>((rows + 3) / 4), 128, 0, stream,
+                         pacc, pml, step, static_cast<T*>(out));
 }
 
 // ---- Sampling.
@@ -925,6 +936,8 @@ __device__ uint32_t RadixSelect(const float* x, int64_t vocab, bool weighted, fl
 // logits are never kept nor drawn; where nothing can be kept, greedy.
 __global__ void __launch_bounds__(kSampleThreads)
     SampleRows(const float* logits, int64_t vocab, const SampleRow* params, int32_t* tokens) {
+  DependentWait();  // dependent_launch.h
+  DependentRelease();
   __shared__ SampleShared sh;
   const int row = blockIdx.x;
   const SampleRow p = params[row];
@@ -1004,12 +1017,11 @@ cudaError_t LaunchEmbed(const int32_t* tokens, int32_t rows, const void* table, 
   if (hidden % 8 != 0) return cudaErrorInvalidValue;
   const unsigned threads = static_cast<unsigned>(std::clamp<int64_t>(hidden / 8, 32, 256));
   if (bf16) {
-    Embed<<<rows, threads, 0, stream>>>(tokens, static_cast<const __nv_bfloat16*>(table), hidden,
-                                        resid);
-  } else {
-    Embed<<<rows, threads, 0, stream>>>(tokens, static_cast<const __half*>(table), hidden, resid);
+    return LaunchDependent(Embed<__nv_bfloat16>, rows, threads, 0, stream, tokens,
+                           static_cast<const __nv_bfloat16*>(table), hidden, resid);
   }
-  return cudaGetLastError();
+  return LaunchDependent(Embed<__half>, rows, threads, 0, stream, tokens,
+                         static_cast<const __half*>(table), hidden, resid);
 }
 
 cudaError_t LaunchAddRmsNorm(float* resid, const void* delta, const void* weight,
@@ -1021,15 +1033,14 @@ cudaError_t LaunchAddRmsNorm(float* resid, const void* delta, const void* weight
   const unsigned threads =
       static_cast<unsigned>(std::clamp<int64_t>((hidden / 8 + 31) / 32 * 32, 32, 1024));
   if (bf16) {
-    AddRmsNorm<<<rows, threads, 0, stream>>>(resid, static_cast<const __nv_bfloat16*>(delta),
-                                             static_cast<const __nv_bfloat16*>(weight), gather,
-                                             hidden, eps, static_cast<__nv_bfloat16*>(out));
-  } else {
-    AddRmsNorm<<<rows, threads, 0, stream>>>(resid, static_cast<const __half*>(delta),
-                                             static_cast<const __half*>(weight), gather, hidden,
-                                             eps, static_cast<__half*>(out));
+    return LaunchDependent(AddRmsNorm<__nv_bfloat16>, rows, threads, 0, stream, resid,
+                           static_cast<const __nv_bfloat16*>(delta),
+                           static_cast<const __nv_bfloat16*>(weight), gather, hidden, eps,
+                           static_cast<__nv_bfloat16*>(out));
   }
-  return cudaGetLastError();
+  return LaunchDependent(AddRmsNorm<__half>, rows, threads, 0, stream, resid,
+                         static_cast<const __half*>(delta), static_cast<const __half*>(weight),
+                         gather, hidden, eps, static_cast<__half*>(out));
 }
 
 cudaError_t LaunchRopeKvWrite(const RopeKvArgs& args, cudaStream_t stream) {
@@ -1044,11 +1055,9 @@ cudaError_t LaunchRopeKvWrite(const RopeKvArgs& args, cudaStream_t stream) {
                                         heads_per_block));
   const unsigned threads = static_cast<unsigned>(heads_per_block * half);
   if (args.bf16) {
-    RopeKvWrite<__nv_bfloat16><<<grid, threads, 0, stream>>>(args);
-  } else {
-    RopeKvWrite<__half><<<grid, threads, 0, stream>>>(args);
+    return LaunchDependent(RopeKvWrite<__nv_bfloat16>, grid, threads, 0, stream, args);
   }
-  return cudaGetLastError();
+  return LaunchDependent(RopeKvWrite<__half>, grid, threads, 0, stream, args);
 }
 
 cudaError_t LaunchSwiGlu(const void* gate, const void* up, void* out, int64_t n, bool bf16,
@@ -1057,15 +1066,14 @@ cudaError_t LaunchSwiGlu(const void* gate, const void* up, void* out, int64_t n,
   if (n % 8 != 0) return cudaErrorInvalidValue;
   const int64_t n8 = n / 8;
   if (bf16) {
-    SwiGlu<<<GridFor(n8, 256), 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(gate),
-                                                 static_cast<const __nv_bfloat16*>(up),
-                                                 static_cast<__nv_bfloat16*>(out), n8);
-  } else {
-    SwiGlu<<<GridFor(n8, 256), 256, 0, stream>>>(static_cast<const __half*>(gate),
-                                                 static_cast<const __half*>(up),
-                                                 static_cast<__half*>(out), n8);
+    return LaunchDependent(SwiGlu<__nv_bfloat16>, GridFor(n8, 256), 256, 0, stream,
+                           static_cast<const __nv_bfloat16*>(gate),
+                           static_cast<const __nv_bfloat16*>(up), static_cast<__nv_bfloat16*>(out),
+                           n8);
   }
-  return cudaGetLastError();
+  return LaunchDependent(SwiGlu<__half>, GridFor(n8, 256), 256, 0, stream,
+                         static_cast<const __half*>(gate), static_cast<const __half*>(up),
+                         static_cast<__half*>(out), n8);
 }
 
 bool AttentionSupported(const AttnShape& shape) {
@@ -1182,8 +1190,8 @@ cudaError_t LaunchSample(const float* logits, int32_t rows, int64_t vocab, const
                          int32_t* tokens, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   if (vocab < 1 || vocab > 0x7fffffff) return cudaErrorInvalidValue;
-  SampleRows<<<rows, kSampleThreads, 0, stream>>>(logits, vocab, params, tokens);
-  return cudaGetLastError();
+  return LaunchDependent(SampleRows, rows, kSampleThreads, 0, stream, logits, vocab, params,
+                         tokens);
 }
 
 }  // namespace hearth::cuda

@@ -1,6 +1,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+
+#include "backends/cuda/dependent_launch.h"
 #include "backends/cuda/tc_gemm.h"
 
 namespace hearth::cuda {
@@ -13,8 +16,8 @@ constexpr int kWarps = 4;  // per CTA
 constexpr int64_t kTargetWarps = 2048;
 // 64-wide k blocks whose weights a lane loads before it multiplies them.
 constexpr int kUnroll = 4;
-// Row tiles of 16 per warp in the many-rows mode.
-constexpr int kSeqTiles = 4;
+// CTAs a many-rows launch aims for: two per SM of an H100/H200.
+constexpr int64_t kTileTargetCtas = 264;
 
 struct Params {
   const uint16_t* x;
@@ -60,19 +63,15 @@ __device__ __forceinline__ uint32_t Word(const uint4 (&v)[2], int i) {
   }
 }
 
-template <bool kStream>
+// A weight's 16 bytes, read once: streamed past the caches.
 __device__ __forceinline__ uint4 LoadWeight(const uint16_t* p) {
-  if constexpr (kStream) {
-    return __ldcs(reinterpret_cast<const uint4*>(p));
-  } else {
-    return __ldg(reinterpret_cast<const uint4*>(p));
-  }
+  return __ldcs(reinterpret_cast<const uint4*>(p));
 }
 
 // One part's sums for MT row tiles of 16 (from row0) and R column tiles of 8
 // (w points at the first column's row): acc[i][j] is the mma fragment of
 // tile (i, j): {row r, col 2q}, {r, 2q + 1}, {r + 8, 2q}, {r + 8, 2q + 1}.
-template <bool kBf16, int MT, int R, bool kStream>
+template <bool kBf16, int MT, int R>
 __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* w, int64_t row0,
                                          int64_t k0, float (&acc)[MT][R][4]) {
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
@@ -102,10 +101,16 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* w, int
 #pragma unroll
         for (int j = 0; j < R; ++j) {
           const uint16_t* at = wl + j * 8 * p.k + kb + u * 64;
-          wv[u][j][0] = LoadWeight<kStream>(at);
-          wv[u][j][1] = LoadWeight<kStream>(at + 8);
+          wv[u][j][0] = LoadWeight(at);
+          wv[u][j][1] = LoadWeight(at + 8);
         }
       }
+    }
+    // x (an earlier kernel's output) only after it is done; the first
+    // weights are in flight meanwhile.
+    if (kb == 0) {
+      DependentWait();
+      DependentRelease();
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -186,12 +191,15 @@ __device__ __forceinline__ void Store(const Params& p, int b, int64_t row, int64
 template <bool kBf16, int MT, bool kF32Out>
 __global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p) {
   const int64_t g = int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5);
-  if (g >= p.groups * p.batch) return;
+  if (g >= p.groups * p.batch) {
+    DependentWait();
+    return;
+  }
   const int b = static_cast<int>(g / p.groups);
   const int64_t col0 = (g % p.groups) * 8;
   const int part = static_cast<int>(blockIdx.z);
   float acc[MT][1][4];
-  PartSums<kBf16, MT, 1, true>(p, p.w + b * p.w_stride + col0 * p.k, 0, part * p.part, acc);
+  PartSums<kBf16, MT, 1>(p, p.w + b * p.w_stride + col0 * p.k, 0, part * p.part, acc);
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
   const int64_t col = col0 + 2 * q;
   if (p.splits == 1) {
@@ -227,61 +235,285 @@ __global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p) {
   if (lane == 0) p.counters[g] = 0;
 }
 
-// Many rows: a warp per (8 * R columns, 64 rows), the parts in order.
-template <bool kBf16, int R, bool kF32Out>
-__global__ void __launch_bounds__(kWarps * 32) SeqKernel(Params p) {
-  const int64_t g = int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5);
-  if (g >= p.groups * p.batch) return;
-  const int b = static_cast<int>(g / p.groups);
-  const int64_t col0 = (g % p.groups) * 8 * R;
-  const int64_t row0 = int64_t{blockIdx.y} * 16 * kSeqTiles;
-  const uint16_t* w = p.w + b * p.w_stride + col0 * p.k;
-  float total[kSeqTiles][R][4];
-  for (int part = 0; part < p.splits; ++part) {
-    float acc[kSeqTiles][R][4];
-    PartSums<kBf16, kSeqTiles, R, false>(p, w, row0, part * p.part, acc);
+// Many rows: a CTA per (kTileRows x kTileCols tile, group of parts), the
+// tiles of x and w staged in shared memory by cp.async, kStages deep. Each
+// warp holds a 32 x 32 piece of the tile. Within the CTA the parts of its
+// group run in order, each summed from 0 and added to the running total as it
+// ends; so the group of parts 0 .. P-1 has their ordered sum, and every other
+// group writes each of its parts alone; ReduceKernel then adds the group-0
+// total and the later parts in order: ((p0 + p1) + p2) + ..., the same bits
+// as the split mode.
+constexpr int kTileRows = 64;
+constexpr int kTileCols = 128;
+constexpr int kTileWarps = 8;  // 2 (rows) x 4 (columns) warps of 32 x 32
+constexpr int kTileThreads = kTileWarps * 32;
+// 16-byte chunks of one stage: a 64-wide k block of the tile's rows of x and
+// of its columns (rows of w).
+constexpr int kStageChunks = (kTileRows + kTileCols) * 8;
+// Stages in flight: 4 (96 KiB, two CTAs an SM) where the tiles fill the
+// GPU; 6 (144 KiB, one CTA an SM, more weight bytes in flight) for up to
+// kDeepRows rows, where a launch has about one CTA an SM and is bound by
+// the weights' stream.
+constexpr int kDeepRows = 128;
+template <int kStages>
+constexpr int kTileSmemBytes = kStages* kStageChunks * 16;
+
+struct TileParams {
+  int64_t col_tiles;  // per batch entry
+  int32_t groups;     // groups of parts, one CTA each
+  int32_t parts;      // parts per group
+};
+
+__device__ __forceinline__ void CpAsync16(void* smem, const void* global, bool valid) {
+  const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int bytes = valid ? 16 : 0;  // 0: the chunk is zero-filled
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(global),
+               "r"(bytes));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Chunk c (of 8) of a staged row lies at c ^ (row & 7): the 8 lanes of one
+// 16-byte shared load (rows r and r + 1, chunks 2q or 2q + 1) hit 8 distinct
+// bank groups.
+__device__ __forceinline__ int Swz(int row, int chunk) { return row * 8 + (chunk ^ (row & 7)); }
+
+// Where the part sums of slot `slot` (0: the group-0 total; s > 0: part
+// parts - 1 + s) of batch entry b lie.
+__device__ __forceinline__ float* TileSlot(const Params& p, int slot, int b, int64_t row,
+                                           int64_t col) {
+  return p.ws + ((int64_t{slot} * p.batch + b) * p.m + row) * p.n + col;
+}
+
+template <bool kBf16, bool kF32Out, int kStages>
+__global__ void __launch_bounds__(kTileThreads, kStages <= 4 ? 2 : 1)
+    TileKernel(Params p, TileParams t) {
+  extern __shared__ uint4 smem[];
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  const int r = lane >> 2, q = lane & 3;
+  const int wm = warp >> 2, wn = warp & 3;  // the warp's 32 x 32 piece
+  const int b = static_cast<int>(blockIdx.y / t.col_tiles);
+  const int64_t row0 = int64_t{blockIdx.x} * kTileRows;
+  const int64_t col0 = (blockIdx.y % t.col_tiles) * kTileCols;
+  const int group = static_cast<int>(blockIdx.z);
+  const uint16_t* w = p.w + b * p.w_stride;
+  const int64_t k_begin = int64_t{group} * t.parts * p.part;
+  const int blocks_per_part = static_cast<int>(p.part / 64);
+  const int blocks = blocks_per_part * t.parts;
+
+  // Stage s's chunks: x rows at [0, kTileRows * 8), w rows after them.
+  const auto load_x = [&](int stage, int block) {
+    uint4* st = smem + stage * kStageChunks;
+    const int64_t k0 = k_begin + int64_t{block} * 64;
 #pragma unroll
-    for (int i = 0; i < kSeqTiles; ++i)
+    for (int i = 0; i < kTileRows * 8 / kTileThreads; ++i) {
+      const int c = tid + i * kTileThreads, row = c >> 3, ch = c & 7;
+      const int64_t g = row0 + row;
+      const bool ok = g < p.m;
+      CpAsync16(st + Swz(row, ch), p.x + (ok ? g : 0) * p.k + k0 + ch * 8, ok);
+    }
+  };
+  const auto load_w = [&](int stage, int block) {
+    uint4* st = smem + stage * kStageChunks + kTileRows * 8;
+    const int64_t k0 = k_begin + int64_t{block} * 64;
 #pragma unroll
-      for (int j = 0; j < R; ++j)
+    for (int i = 0; i < kTileCols * 8 / kTileThreads; ++i) {
+      const int c = tid + i * kTileThreads, col = c >> 3, ch = c & 7;
+      const int64_t g = col0 + col;
+      const bool ok = g < p.n;
+      CpAsync16(st + Swz(col, ch), w + (ok ? g : 0) * p.k + k0 + ch * 8, ok);
+    }
+  };
+
+  float acc[2][4][4], total[2][4][4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          total[i][j][e] = part == 0 ? acc[i][j][e] : total[i][j][e] + acc[i][j][e];
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = total[i][j][e] = 0.0f;
+
+        // The first stages' weights before the wait (no kernel writes them), x
+        // after it; the first commit group holds them all with x's first block.
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < blocks) load_w(s, s);
   }
-  const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
-  ForLaneRows<kSeqTiles>(row0, r, p.m, [&](int i, int h, int64_t row) {
+  DependentWait();
+  DependentRelease();
 #pragma unroll
-    for (int j = 0; j < R; ++j)
-      Store<kBf16, kF32Out>(p, b, row, col0 + j * 8 + 2 * q,
-                            {total[i][j][2 * h], total[i][j][2 * h + 1]});
-  });
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < blocks) load_x(s, s);
+    CpAsyncCommit();
+  }
+  int part_in_group = 0;
+  for (int blk = 0; blk < blocks; ++blk) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    // The stage read last iteration is free now: every warp passed the barrier.
+    if (blk + kStages - 1 < blocks) {
+      load_x((blk + kStages - 1) % kStages, blk + kStages - 1);
+      load_w((blk + kStages - 1) % kStages, blk + kStages - 1);
+    }
+    CpAsyncCommit();
+    const uint4* st = smem + (blk % kStages) * kStageChunks;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      // Chunk 2q + half of the lane's rows and columns: k elements
+      // q * 16 + half * 8 + 0 .. 7 of the block, steps 2 * half and 2 * half + 1.
+      uint4 a[2][2], bw[4];
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) a[i][h] = st[Swz(wm * 32 + i * 16 + h * 8 + r, 2 * q + half)];
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        bw[j] = st[kTileRows * 8 + Swz(wn * 32 + j * 8 + r, 2 * q + half)];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const uint32_t af[4] = {e == 0 ? a[i][0].x : a[i][0].z, e == 0 ? a[i][1].x : a[i][1].z,
+                                  e == 0 ? a[i][0].y : a[i][0].w, e == 0 ? a[i][1].y : a[i][1].w};
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            Mma<kBf16>(acc[i][j], af, e == 0 ? bw[j].x : bw[j].z, e == 0 ? bw[j].y : bw[j].w);
+        }
+      }
+    }
+    if ((blk + 1) % blocks_per_part != 0) continue;
+    // A part ends: group 0 adds it to its running total; another group
+    // writes it alone (slot part_in_group, 1-based after group 0's total).
+    const bool write = group > 0;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (write) {
+          const int64_t col = col0 + wn * 32 + j * 8 + 2 * q;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int64_t row = row0 + wm * 32 + i * 16 + h * 8 + r;
+            if (row < p.m && col < p.n) {
+              const int slot = (group - 1) * t.parts + part_in_group + 1;
+              __stcg(reinterpret_cast<float2*>(TileSlot(p, slot, b, row, col)),
+                     {acc[i][j][2 * h], acc[i][j][2 * h + 1]});
+            }
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            total[i][j][e] = part_in_group == 0 ? acc[i][j][e] : total[i][j][e] + acc[i][j][e];
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+      }
+    ++part_in_group;
+  }
+  CpAsyncWait<0>();
+
+  if (t.groups == 1) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t col = col0 + wn * 32 + j * 8 + 2 * q;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t row = row0 + wm * 32 + i * 16 + h * 8 + r;
+          if (row < p.m && col < p.n)
+            Store<kBf16, kF32Out>(p, b, row, col, {total[i][j][2 * h], total[i][j][2 * h + 1]});
+        }
+      }
+    return;
+  }
+  // Group 0's total goes to slot 0; ReduceKernel adds the slots in order.
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t col = col0 + wn * 32 + j * 8 + 2 * q;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t row = row0 + wm * 32 + i * 16 + h * 8 + r;
+        if (group == 0 && row < p.m && col < p.n)
+          __stcg(reinterpret_cast<float2*>(TileSlot(p, 0, b, row, col)),
+                 {total[i][j][2 * h], total[i][j][2 * h + 1]});
+      }
+    }
+}
+
+// The many-rows mode's groups of parts, added in order: slot 0 (group 0's
+// total), then every later part alone. A thread per two columns of a row;
+// all the GPU's SMs share the work.
+template <bool kBf16, bool kF32Out>
+__global__ void __launch_bounds__(256) ReduceKernel(Params p, int32_t slots) {
+  DependentWait();
+  DependentRelease();
+  const int64_t pairs = p.n / 2, all = p.batch * p.m * pairs;
+  for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < all;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t col = (e % pairs) * 2, rest = e / pairs, row = rest % p.m;
+    const int b = static_cast<int>(rest / p.m);
+    float2 v = __ldcg(reinterpret_cast<const float2*>(TileSlot(p, 0, b, row, col)));
+#pragma unroll 8
+    for (int s = 1; s < slots; ++s) {
+      const float2 u = __ldcg(reinterpret_cast<const float2*>(TileSlot(p, s, b, row, col)));
+      v.x += u.x;
+      v.y += u.y;
+    }
+    Store<kBf16, kF32Out>(p, b, row, col, v);
+  }
 }
 
 template <bool kBf16, bool kF32Out>
-void Launch(const Params& base, cudaStream_t stream) {
+cudaError_t Launch(const Params& base, const TcGemmArgs& args, cudaStream_t stream) {
   Params p = base;
   if (p.m <= kTcSplitRows) {
     p.groups = p.n / 8;
     const dim3 grid(static_cast<unsigned>((p.groups * p.batch + kWarps - 1) / kWarps), 1,
                     static_cast<unsigned>(p.splits));
-    if (p.m <= 16) {
-      SplitKernel<kBf16, 1, kF32Out><<<grid, kWarps * 32, 0, stream>>>(p);
-    } else if (p.m <= 32) {
-      SplitKernel<kBf16, 2, kF32Out><<<grid, kWarps * 32, 0, stream>>>(p);
-    } else {
-      SplitKernel<kBf16, 4, kF32Out><<<grid, kWarps * 32, 0, stream>>>(p);
-    }
-    return;
+    static_assert(kTcSplitRows == 16, "the split mode holds one 16-row tile");
+    return LaunchDependent(SplitKernel<kBf16, 1, kF32Out>, grid, kWarps * 32, 0, stream, p);
   }
-  const bool wide = p.n % 16 == 0;
-  p.groups = p.n / (wide ? 16 : 8);
-  const dim3 grid(static_cast<unsigned>((p.groups * p.batch + kWarps - 1) / kWarps),
-                  static_cast<unsigned>((p.m + 16 * kSeqTiles - 1) / (16 * kSeqTiles)), 1);
-  if (wide) {
-    SeqKernel<kBf16, 2, kF32Out><<<grid, kWarps * 32, 0, stream>>>(p);
-  } else {
-    SeqKernel<kBf16, 1, kF32Out><<<grid, kWarps * 32, 0, stream>>>(p);
+  TileParams t{};
+  t.col_tiles = (p.n + kTileCols - 1) / kTileCols;
+  const int64_t tiles = t.col_tiles * p.batch * ((p.m + kTileRows - 1) / kTileRows);
+  // Groups of parts in flight at once: enough CTAs for two waves of a
+  // 132-SM GPU where the part sums fit the workspace and the tiles the
+  // counters. The bits do not depend on it.
+  t.groups = 1;
+  while (t.groups < p.splits && tiles * t.groups < kTileTargetCtas) {
+    const int32_t next = t.groups * 2;
+    const uint64_t slot_bytes = static_cast<uint64_t>(p.batch) * p.m * p.n * sizeof(float);
+    const uint64_t slots = static_cast<uint64_t>(p.splits - p.splits / next + 1);
+    if (slots * slot_bytes > args.workspace_bytes) break;
+    t.groups = next;
   }
+  t.parts = p.splits / t.groups;
+  const dim3 grid(static_cast<unsigned>((p.m + kTileRows - 1) / kTileRows),
+                  static_cast<unsigned>(t.col_tiles * p.batch), static_cast<unsigned>(t.groups));
+  static const cudaError_t deep_set =
+      cudaFuncSetAttribute(TileKernel<kBf16, kF32Out, 6>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, kTileSmemBytes<6>);
+  static const cudaError_t wide_set =
+      cudaFuncSetAttribute(TileKernel<kBf16, kF32Out, 4>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, kTileSmemBytes<4>);
+  if (deep_set != cudaSuccess) return deep_set;
+  if (wide_set != cudaSuccess) return wide_set;
+  const cudaError_t e = p.m <= kDeepRows
+                            ? LaunchDependent(TileKernel<kBf16, kF32Out, 6>, grid, kTileThreads,
+                                              kTileSmemBytes<6>, stream, p, t)
+                            : LaunchDependent(TileKernel<kBf16, kF32Out, 4>, grid, kTileThreads,
+                                              kTileSmemBytes<4>, stream, p, t);
+  if (e != cudaSuccess || t.groups == 1) return e;
+  const int64_t pairs = p.batch * p.m * p.n / 2;
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((pairs + 255) / 256, 132 * 8));
+  return LaunchDependent(ReduceKernel<kBf16, kF32Out>, blocks, 256, 0, stream, p,
+                         (t.groups - 1) * t.parts + 1);
 }
 
 bool Aligned(const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; }
@@ -318,7 +550,10 @@ cudaError_t LaunchTcGemm(const TcGemmArgs& a, cudaStream_t stream) {
       (a.bias != nullptr && !Aligned(a.bias, static_cast<uintptr_t>(2 * elem))) ||
       (a.shape.batch > 1 &&
        (a.w_stride % 8 != 0 || a.y_stride % 2 != 0 || a.bias_stride % 2 != 0)) ||
-      (splits > 1 && (a.workspace == nullptr || a.counters == nullptr))) {
+      (a.workspace_bytes > 0 && a.workspace == nullptr) ||
+      (a.counter_slots > 0 && a.counters == nullptr) ||
+      (a.m <= kTcSplitRows && (TcGemmWorkspaceBytes(a.shape) > a.workspace_bytes ||
+                               TcGemmCounters(a.shape) > a.counter_slots))) {
     return cudaErrorInvalidValue;
   }
   if (a.m == 0) return cudaSuccess;
@@ -338,17 +573,13 @@ cudaError_t LaunchTcGemm(const TcGemmArgs& a, cudaStream_t stream) {
   p.w_stride = a.w_stride;
   p.bias_stride = a.bias_stride;
   p.y_stride = a.y_stride;
+  cudaError_t set = cudaSuccess;
   if (a.bf16) {
-    if (a.f32_out) {
-      Launch<true, true>(p, stream);
-    } else {
-      Launch<true, false>(p, stream);
-    }
-  } else if (a.f32_out) {
-    Launch<false, true>(p, stream);
+    set = a.f32_out ? Launch<true, true>(p, a, stream) : Launch<true, false>(p, a, stream);
   } else {
-    Launch<false, false>(p, stream);
+    set = a.f32_out ? Launch<false, true>(p, a, stream) : Launch<false, false>(p, a, stream);
   }
+  if (set != cudaSuccess) return set;
   return cudaGetLastError();
 }
 

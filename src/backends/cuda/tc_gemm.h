@@ -33,8 +33,11 @@
 //     and CUDA graph replay) adds the parts in order. Every warp streams its
 //     weights once with 16-byte loads, enough of them in flight to near the
 //     memory's bandwidth.
-//   - more rows: one warp per (16 columns, 64 rows) walks the parts in order
-//     and adds them in registers.
+//   - more rows: a CTA per 64 x 128 tile of y and group of consecutive
+//     parts, x and w staged through shared memory by cp.async. The first
+//     group adds its parts in registers; where a shape has too few tiles to
+//     fill the GPU, the other groups write each part alone to the workspace
+//     and a second kernel adds them in order.
 //
 // Thread-safety: a launch uses the workspace and counters; launches sharing
 // them must be ordered (one stream).
@@ -47,7 +50,7 @@
 namespace hearth::cuda {
 
 // Rows up to which a launch runs in the split mode.
-inline constexpr int64_t kTcSplitRows = 64;
+inline constexpr int64_t kTcSplitRows = 16;
 
 struct TcGemmShape {
   int64_t n = 0, k = 0;
@@ -60,12 +63,14 @@ struct TcGemmShape {
 int32_t TcGemmSplits(const TcGemmShape& shape);
 
 // Workspace bytes (F32 part sums) and counter slots (uint32, zeroed once
-// before the first launch) a shape needs. A shape is cut only while it has
-// fewer than 2048 warps, so no shape needs more than the bounds below
-// (parts x column groups < 4096, 2 KiB each).
+// before the first launch) the split mode needs for a shape. A shape is cut
+// only while it has fewer than 2048 warps, so no shape needs more than 2 MiB
+// (parts x column groups < 4096, 512 bytes each) or 2048 counters. The
+// many-rows mode runs with any workspace (more of it, more CTAs at once for
+// shapes with few tiles) and no counters.
 uint64_t TcGemmWorkspaceBytes(const TcGemmShape& shape);
 uint64_t TcGemmCounters(const TcGemmShape& shape);
-inline constexpr uint64_t kTcMaxWorkspaceBytes = uint64_t{8} << 20;
+inline constexpr uint64_t kTcMaxWorkspaceBytes = uint64_t{32} << 20;
 inline constexpr uint64_t kTcMaxCounters = 2048;
 
 struct TcGemmArgs {
@@ -81,6 +86,10 @@ struct TcGemmArgs {
   int64_t w_stride = 0, bias_stride = 0, y_stride = 0;
   float* workspace = nullptr;
   uint32_t* counters = nullptr;
+  // Their sizes (bytes; uint32 slots); the many-rows mode keeps its part
+  // sums within workspace_bytes.
+  uint64_t workspace_bytes = 0;
+  uint64_t counter_slots = 0;
 };
 
 // Queues the product. cudaErrorInvalidValue for a shape TcGemmSplits

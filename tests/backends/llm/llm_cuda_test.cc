@@ -27,6 +27,7 @@
 #include "backends/cuda/llm_executor.h"
 #include "backends/cuda/llm_gemm.h"
 #include "backends/cuda/llm_kernels.h"
+#include "backends/cuda/tc_gemm.h"
 #include "backends/llm/llm_model.h"
 #include "backends/llm/plan_cache.h"
 #include "common/float16.h"
@@ -278,7 +279,7 @@ TEST_F(LlmCudaTest, GemmRowsDoNotDependOnTheRowCount) {
             ASSERT_NEAR(got, want, 1e-2 * std::fabs(want) + 2e-3) << "row " << r << " column " << j;
           }
         }
-        for (const int64_t m : {1, 2, 3, 7, 16, 64, 255}) {
+        for (const int64_t m : {1, 2, 3, 7, 16, 64, 65, 128, 255}) {
           const auto part = run(m);
           ASSERT_TRUE(std::equal(part.begin(), part.end(), full.begin()))
               << "the first " << m << " rows differ from the same rows among " << max_m;
@@ -364,6 +365,59 @@ TEST_F(LlmCudaTest, OwnGemmRefusesShapesItCannotRun) {
   EXPECT_EQ((*set)->own_shapes(), 0);
   set->reset();
   cudaStreamDestroy(stream);
+}
+
+// hearth's kernel at many rows spreads a shape with few tiles over groups of
+// parts as its workspace allows; the bits are those of one group, and of the
+// few-rows mode for the same rows.
+TEST_F(LlmCudaTest, OwnGemmGroupsOfPartsGiveTheSameBits) {
+  const int64_t n = 512, k = 4096, max_m = 200;
+  const cuda::TcGemmShape shape{n, k, 1};
+  ASSERT_GT(cuda::TcGemmSplits(shape), 2);
+  std::mt19937_64 rng(5);
+  const auto w = Random16(rng, static_cast<size_t>(n * k), 1.0f / 64, true);
+  const auto x = Random16(rng, static_cast<size_t>(max_m * k), 1.0f, true);
+  DeviceMemory dw(w), dx(x), dy(static_cast<size_t>(max_m * n) * 2), ws(cuda::kTcMaxWorkspaceBytes),
+      counters(cuda::kTcMaxCounters * sizeof(uint32_t));
+  ASSERT_CUDA(cudaMemset(counters.get(), 0, cuda::kTcMaxCounters * sizeof(uint32_t)));
+  const auto run = [&](int64_t m, uint64_t workspace_bytes) {
+    cuda::TcGemmArgs a;
+    a.shape = shape;
+    a.x = dx.get();
+    a.w = dw.get();
+    a.y = dy.get();
+    a.m = m;
+    a.workspace = static_cast<float*>(ws.get());
+    a.counters = static_cast<uint32_t*>(counters.get());
+    a.workspace_bytes = workspace_bytes;
+    a.counter_slots = cuda::kTcMaxCounters;
+    EXPECT_EQ(cudaMemset(dy.get(), 0xFF, static_cast<size_t>(max_m * n) * 2), cudaSuccess);
+    EXPECT_EQ(cuda::LaunchTcGemm(a, nullptr), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return dy.Read<uint16_t>(static_cast<size_t>(m * n));
+  };
+  // One group (no workspace beyond the few-rows mode's) against as many as
+  // the full workspace allows.
+  const auto one_group = run(max_m, cuda::TcGemmWorkspaceBytes(shape));
+  const auto groups = run(max_m, cuda::kTcMaxWorkspaceBytes);
+  EXPECT_EQ(one_group, groups);
+  const auto few = run(cuda::kTcSplitRows, cuda::kTcMaxWorkspaceBytes);
+  EXPECT_TRUE(std::equal(few.begin(), few.end(), groups.begin()));
+  // Up to 128 rows the tiles stream through more stages; the same bits.
+  const auto deep = run(100, cuda::kTcMaxWorkspaceBytes);
+  EXPECT_TRUE(std::equal(deep.begin(), deep.end(), groups.begin()));
+  // A launch that lacks the few-rows mode's workspace is refused.
+  cuda::TcGemmArgs bad;
+  bad.shape = shape;
+  bad.x = dx.get();
+  bad.w = dw.get();
+  bad.y = dy.get();
+  bad.m = 1;
+  bad.workspace = static_cast<float*>(ws.get());
+  bad.counters = static_cast<uint32_t*>(counters.get());
+  bad.workspace_bytes = 1024;
+  bad.counter_slots = cuda::kTcMaxCounters;
+  EXPECT_EQ(cuda::LaunchTcGemm(bad, nullptr), cudaErrorInvalidValue);
 }
 
 // A pair of weights as one strided batch (k_proj and v_proj, gate_proj and
