@@ -10,7 +10,9 @@ another).
 Each line is JSON: for the server, the seconds from its start to the
 weights loaded, to the zygote ready, and to the last worker ready (its log's
 "N of N workers ready"); for the contexts, the seconds from the forks to the
-last context made, and one context alone.
+last context made, and one context alone; for each of --orders, N processes
+forked before `import torch` making their context before or after importing
+it (or through the driver alone).
 """
 import argparse
 import json
@@ -46,6 +48,57 @@ for pid in pids:
     _, status = os.waitpid(pid, 0)
     if status != 0:
         sys.exit(f"a context failed: status {{status}}")
+print(time.monotonic() - began)
+"""
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+# What a process forked before `import torch` does in contexts_in_order():
+# "driver": its primary context through libcuda alone; "import-first": import
+# torch, then its first tensor; "context-first": the primary context through
+# libcuda, then import torch, whose runtime takes that context, then its
+# first tensor. context-first against import-first says whether a worker
+# that makes its context while it imports (instead of after a zygote has
+# imported) can be ready sooner.
+ORDERS = ("driver", "import-first", "context-first")
+
+
+def contexts_in_order(n, device, order):
+    """Seconds for n processes forked at once from a Python that has not
+    imported torch to each be done with `order` (ORDERS)."""
+    index = int(device.split(":")[1]) if ":" in device else 0
+    code = f"""
+import ctypes, os, sys, time
+def context():
+    cuda = ctypes.CDLL("libcuda.so.1")
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    for call, args in (("cuInit", (0,)), ("cuDeviceGet", (ctypes.byref(dev), {index})),
+                       ("cuDevicePrimaryCtxRetain", (ctypes.byref(ctx), dev)),
+                       ("cuCtxSetCurrent", (ctx,))):
+        rc = getattr(cuda, call)(*args)
+        if rc != 0:
+            sys.exit(f"{{call}}: CUresult {{rc}}")
+def tensor():
+    import torch
+    torch.empty(1, device="cuda:{index}")
+    torch.cuda.synchronize()
+order = {order!r}
+began = time.monotonic()
+pids = []
+for _ in range({n}):
+    pid = os.fork()
+    if pid == 0:
+        if order != "import-first":
+            context()
+        if order != "driver":
+            tensor()
+        os._exit(0)
+    pids.append(pid)
+for pid in pids:
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        sys.exit(f"a process failed: status {{status}}")
 print(time.monotonic() - began)
 """
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
@@ -108,10 +161,20 @@ def main():
     ap.add_argument("--workers", type=int, default=24)
     ap.add_argument("--dims", default="16384,16384,12800", help="the MLP's in,hidden,out (default the seed's)")
     ap.add_argument("--modes", default="zygote,exec")
+    ap.add_argument("--orders", default=",".join(ORDERS),
+                    help="on a GPU, N processes forked before `import torch`, each timed doing: driver (its "
+                         "context through libcuda alone), import-first (import torch, then a tensor), "
+                         "context-first (the context through libcuda, then import torch and a tensor); "
+                         "empty: none")
     a = ap.parse_args()
     if a.device.startswith("cuda"):
         print(json.dumps({"contexts": 1, "seconds": round(contexts(1, a.device), 3)}), flush=True)
         print(json.dumps({"contexts": a.workers, "seconds": round(contexts(a.workers, a.device), 3)}), flush=True)
+        for order in a.orders.split(",") if a.orders else []:
+            if order not in ORDERS:
+                sys.exit(f"--orders: {order!r} is none of {', '.join(ORDERS)}")
+            print(json.dumps({"processes": a.workers, "order": order,
+                              "seconds": round(contexts_in_order(a.workers, a.device, order), 3)}), flush=True)
     for mode in a.modes.split(","):
         print(json.dumps(serve(a, mode == "zygote")), flush=True)
 
