@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <optional>
 #include <random>
@@ -533,22 +534,27 @@ Result<std::unique_ptr<Engine>> CreateLlmEngine(const std::vector<TensorView>& w
     std::fprintf(stderr, "backend llm: %s: %s\n", (dir / "config.json").c_str(), note.c_str());
   ASSIGN_OR_RETURN(s.weights, BindWeights(s.config, weights));
   RETURN_IF_ERROR(ChooseSignature(options, s));
-  ASSIGN_OR_RETURN(s.tokenizer, Tokenizer::Load((dir / "tokenizer.json").string()));
 
-  std::error_code ec;
+  // tokenizer.json and tokenizer_config.json are read on a second thread
+  // while the executor is made (on a GPU: cuBLASLt, the GEMM plans, the KV
+  // pool): neither needs the other, and a Llama 3 tokenizer takes ~60 ms,
+  // which a replacement worker would otherwise add to its start. The
+  // future's destructor waits for the thread on every return below.
   const fs::path tokenizer_config = dir / "tokenizer_config.json";
-  if (fs::exists(tokenizer_config, ec)) {
-    ASSIGN_OR_RETURN(s.prompting, ReadTokenizerConfig(tokenizer_config.string()));
-    // transformers' generate stops at the tokenizer's EOS too.
-    if (s.prompting.eos_token.has_value())
-      if (std::optional<int32_t> id = s.tokenizer->TokenId(*s.prompting.eos_token))
-        s.eos_ids.insert(*id);
-  }
-  if (s.messages_input >= 0 && s.prompting.Select(false) == nullptr && !options.inputs.empty() &&
-      s.text_input < 0)
-    return FailedPrecondition("input messages needs a chat template, and " +
-                              tokenizer_config.string() + " has none");
-  for (int64_t id : s.config.eos_token_ids) s.eos_ids.insert(static_cast<int32_t>(id));
+  struct TextSide {
+    std::unique_ptr<Tokenizer> tokenizer;
+    ChatTemplateConfig prompting;
+  };
+  std::future<Result<TextSide>> text_side =
+      std::async(std::launch::async, [&dir, &tokenizer_config]() -> Result<TextSide> {
+        TextSide t;
+        ASSIGN_OR_RETURN(t.tokenizer, Tokenizer::Load((dir / "tokenizer.json").string()));
+        std::error_code ec;
+        if (fs::exists(tokenizer_config, ec)) {
+          ASSIGN_OR_RETURN(t.prompting, ReadTokenizerConfig(tokenizer_config.string()));
+        }
+        return t;
+      });
 
   // The engine's limits, from the config's parameters.
   ASSIGN_OR_RETURN(auto block_size, IntParameter(options, "block_size", 1, 1024));
@@ -586,7 +592,23 @@ Result<std::unique_ptr<Engine>> CreateLlmEngine(const std::vector<TensorView>& w
   s.defaults.sampling.top_p = s.config.default_top_p;
   s.defaults.sampling.top_k = s.config.default_top_k;
 
-  ASSIGN_OR_RETURN(std::unique_ptr<Executor> executor, make_executor(s.config, s.weights, eo));
+  Result<std::unique_ptr<Executor>> made = make_executor(s.config, s.weights, eo);
+  // A file's error first, as when the files were read before the executor.
+  Result<TextSide> text = text_side.get();
+  if (!text.ok()) return text.status();
+  if (!made.ok()) return made.status();
+  std::unique_ptr<Executor> executor = std::move(*made);
+  s.tokenizer = std::move(text->tokenizer);
+  s.prompting = std::move(text->prompting);
+  // transformers' generate stops at the tokenizer's EOS too.
+  if (s.prompting.eos_token.has_value())
+    if (std::optional<int32_t> id = s.tokenizer->TokenId(*s.prompting.eos_token))
+      s.eos_ids.insert(*id);
+  if (s.messages_input >= 0 && s.prompting.Select(false) == nullptr && !options.inputs.empty() &&
+      s.text_input < 0)
+    return FailedPrecondition("input messages needs a chat template, and " +
+                              tokenizer_config.string() + " has none");
+  for (int64_t id : s.config.eos_token_ids) s.eos_ids.insert(static_cast<int32_t>(id));
   SchedulerLimits limits;
   limits.block_size = executor->block_size();
   limits.num_blocks = executor->num_blocks();
