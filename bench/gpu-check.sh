@@ -16,6 +16,10 @@
 #   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart coldstart multigpu gemm tokenizer-fixtures llm-step startup suite
 # (GEN_BACKEND=llm runs the generate section on backend: llm instead of the Python example.)
 # (multigpu runs only where nvidia-smi lists 2 GPUs or more.)
+# (SERVE_PART=1 or 2 runs the first or second half of tests/serve's files in
+# the serve-tests section, each half within one 10-minute device call;
+# SERVE_TIMEOUT, default 500 s, bounds it. Each test's result is logged as it
+# ends, so a run cut short still names its failures.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart coldstart multigpu gemm llm-step startup suite"}
@@ -66,10 +70,18 @@ if want cuda-tests; then
 fi
 if want serve-tests; then
   echo "== hearth serve test suite with the models on the GPU"
-  HEARTH_TEST_DEVICE=cuda HEARTH_TEST_LOG_DIR=$OUT HEARTH_CLI=$PWD/$BUILD/bin/hearth timeout 500 python3 -m pytest -q -rs tests/serve \
+  mapfile -t serve_files < <(ls tests/serve/test_*.py)
+  half=$(( (${#serve_files[@]} + 1) / 2 ))
+  case ${SERVE_PART:-all} in
+    1) serve_files=("${serve_files[@]:0:$half}") ;;
+    2) serve_files=("${serve_files[@]:$half}") ;;
+  esac
+  HEARTH_TEST_DEVICE=cuda HEARTH_TEST_LOG_DIR=$OUT HEARTH_CLI=$PWD/$BUILD/bin/hearth timeout "${SERVE_TIMEOUT:-500}" \
+    python3 -m pytest -v -rfEs --tb=short --durations=15 "${serve_files[@]}" \
     -p no:cacheprovider > "$OUT/pytest-serve-cuda.log" 2>&1
   serve_rc=$?
-  tail -12 "$OUT/pytest-serve-cuda.log"
+  grep -E "(FAILED|ERROR)( |$)" "$OUT/pytest-serve-cuda.log" | head -20
+  tail -4 "$OUT/pytest-serve-cuda.log"
 fi
 if want serve; then
   echo "== hearth serve on the GPU beside the torch.multiprocessing baseline"
