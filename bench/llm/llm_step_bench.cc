@@ -29,6 +29,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/dependent_launch.h"
@@ -206,6 +207,23 @@ struct Step {
 
 constexpr int32_t kPrefillTokens = 2048;
 
+// `seqs` sequences of room for `positions` tokens each, and the executor
+// options that hold exactly them.
+std::pair<Sequences, ExecutorOptions> Room(int seqs, int positions, int context,
+                                           double kv_bytes_per_token) {
+  Sequences s;
+  s.blocks_per_seq = positions / s.block_size + 1;
+  s.length.assign(static_cast<size_t>(seqs), 0);
+  s.last_token.assign(static_cast<size_t>(seqs), 0);
+  ExecutorOptions o;
+  o.max_seqs = seqs;
+  o.max_tokens_per_step = std::max(kPrefillTokens, context);
+  o.block_size = s.block_size;
+  o.kv_pool_bytes = static_cast<uint64_t>(seqs) * static_cast<uint64_t>(s.blocks_per_seq) *
+                    static_cast<uint64_t>(s.block_size) * static_cast<uint64_t>(kv_bytes_per_token);
+  return {std::move(s), o};
+}
+
 // Prefills sequences [0, n) with `context` tokens each; returns the seconds.
 double Prefill(Executor& e, Sequences& s, int n, int context, std::mt19937& rng, int64_t vocab) {
   std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
@@ -343,19 +361,10 @@ int Main(int argc, char** argv) {
     for (const auto& [engine_name, engine] : engines)
       for (const bool pair : pair_modes) {
         cuda::SetDependentLaunch(dependent_on);
-        Sequences s;
         // Sequence 0 takes every batch size's steps.
-        const int positions = context + (warmup + iterations) * static_cast<int>(seqs_list.size());
-        s.blocks_per_seq = positions / s.block_size + 1;
-        s.length.assign(static_cast<size_t>(max_seqs), 0);
-        s.last_token.assign(static_cast<size_t>(max_seqs), 0);
-        ExecutorOptions o;
-        o.max_seqs = max_seqs;
-        o.max_tokens_per_step = std::max(kPrefillTokens, context);
-        o.block_size = s.block_size;
-        o.kv_pool_bytes =
-            static_cast<uint64_t>(max_seqs) * static_cast<uint64_t>(s.blocks_per_seq) *
-            static_cast<uint64_t>(s.block_size) * static_cast<uint64_t>(kv_bytes_per_token);
+        auto [s, o] =
+            Room(max_seqs, context + (warmup + iterations) * static_cast<int>(seqs_list.size()),
+                 context, kv_bytes_per_token);
         const auto created = std::chrono::steady_clock::now();
         CudaExecutorOptions options;
         options.pair_gemms = pair;
@@ -414,17 +423,7 @@ int Main(int argc, char** argv) {
 
   if (profile_seqs > 0) {
     // A second executor, every step eager with events around each kernel.
-    Sequences s;
-    s.blocks_per_seq = (context + warmup) / s.block_size + 1;
-    s.length.assign(static_cast<size_t>(profile_seqs), 0);
-    s.last_token.assign(static_cast<size_t>(profile_seqs), 0);
-    ExecutorOptions o;
-    o.max_seqs = profile_seqs;
-    o.max_tokens_per_step = std::max(kPrefillTokens, context);
-    o.block_size = s.block_size;
-    o.kv_pool_bytes =
-        static_cast<uint64_t>(profile_seqs) * static_cast<uint64_t>(s.blocks_per_seq) *
-        static_cast<uint64_t>(s.block_size) * static_cast<uint64_t>(kv_bytes_per_token);
+    auto [s, o] = Room(profile_seqs, context + warmup, context, kv_bytes_per_token);
     CudaExecutorOptions co;
     co.profile = true;
     co.gemm_engine = engines.back().second;
