@@ -392,10 +392,8 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
 
   // ---- GEMM algorithms, timed on random activations (never on zeros).
   const cuda::ElemType et = bf16_ ? cuda::ElemType::kBF16 : cuda::ElemType::kF16;
-  const std::pair<void*, uint64_t> inputs[] = {{xn_.get(), rows * h},
-                                               {attn_.get(), rows * qo},
-                                               {gate_, rows * im},
-                                               {xf_.get(), seqs * h}};
+  const std::pair<void*, uint64_t> inputs[] = {
+      {xn_.get(), rows * h}, {attn_.get(), rows * qo}, {gate_, rows * im}, {xf_.get(), seqs * h}};
   uint64_t seed = 1;
   for (const auto& [p, n] : inputs) {
     RETURN_IF_ERROR(
@@ -496,8 +494,8 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
     return gemms_->AddShape(spec, tuning);
   };
   if (pair_kv_) {
-    ASSIGN_OR_RETURN(kv_gemm_, add_pair("k_proj+v_proj", kv_out, wkv, bkv, kv_stride,
-                                        kv_bias_stride, k_));
+    ASSIGN_OR_RETURN(kv_gemm_,
+                     add_pair("k_proj+v_proj", kv_out, wkv, bkv, kv_stride, kv_bias_stride, k_));
   } else {
     ASSIGN_OR_RETURN(kv_gemm_, add("k_proj/v_proj", kv_out, hidden_, token_rows_, false, wkv, bkv,
                                    xn_.get(), k_));
@@ -1043,6 +1041,10 @@ Result<std::unique_ptr<Executor>> CreateCudaExecutor(const ModelConfig& config,
                                                      const ExecutorOptions& options) {
   CudaExecutorOptions cuda_options;
   cuda_options.plan_cache_path = DefaultPlanCachePath("gemm-plans").value_or("");
+  cuda_options.gemm_engine = options.gemms == ExecutorOptions::Gemms::kCublasLt
+                                 ? GemmEngine::kCublasLt
+                             : options.gemms == ExecutorOptions::Gemms::kHearth ? GemmEngine::kOwn
+                                                                                : GemmEngine::kAny;
   ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> executor,
                    CreateCudaExecutor(config, weights, device_index, options, cuda_options));
   return std::unique_ptr<Executor>(std::move(executor));

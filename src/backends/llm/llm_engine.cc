@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <random>
@@ -85,6 +86,20 @@ Result<std::optional<double>> FractionParameter(const EngineOptions& options, co
     return InvalidArgument("parameters." + std::string(name) + ": '" + text.substr(0, 64) +
                            "' is not a number between 0 and 1");
   return std::optional<double>(v);
+}
+
+// One of `choices` (the first is said first in the error).
+Result<std::optional<std::string>> ChoiceParameter(const EngineOptions& options, const char* name,
+                                                   std::initializer_list<const char*> choices) {
+  auto it = options.parameters.find(name);
+  if (it == options.parameters.end()) return std::optional<std::string>();
+  std::string listed;
+  for (const char* c : choices) {
+    if (it->second == c) return std::optional<std::string>(it->second);
+    listed += (listed.empty() ? "" : ", ") + std::string(c);
+  }
+  return InvalidArgument("parameters." + std::string(name) + ": '" + it->second.substr(0, 64) +
+                         "' is none of " + listed);
 }
 
 // ---- a request's parameters -------------------------------------------------
@@ -586,6 +601,14 @@ Result<std::unique_ptr<Engine>> CreateLlmEngine(const std::vector<TensorView>& w
     return InvalidArgument(
         "parameters.kv_cache_fraction is for a GPU; on the CPU give "
         "kv_cache_bytes");
+  ASSIGN_OR_RETURN(auto gemms,
+                   ChoiceParameter(options, "gemm_engine", {"timed", "cublaslt", "hearth"}));
+  if (gemms.has_value()) {
+    if (!on_gpu) return InvalidArgument("parameters.gemm_engine is for a GPU");
+    eo.gemms = *gemms == "cublaslt" ? ExecutorOptions::Gemms::kCublasLt
+               : *gemms == "hearth" ? ExecutorOptions::Gemms::kHearth
+                                    : ExecutorOptions::Gemms::kTimed;
+  }
 
   s.defaults.max_tokens = std::min<int64_t>(default_max_tokens.value_or(16), eo.max_positions);
   s.defaults.sampling.temperature = s.config.default_temperature;

@@ -208,6 +208,11 @@ struct ExecutorOptions {
   double kv_pool_fraction = 0.0;
   // The longest sequence (prompt + generated), for block tables and workspaces.
   int32_t max_positions = 0;
+  // What a GPU executor's GEMMs run on: each weight shape on the faster of
+  // cuBLASLt and hearth's kernel over the batch sizes it serves (kTimed), or
+  // every shape on one of them. The CPU executor has one kind.
+  enum class Gemms { kTimed, kCublasLt, kHearth };
+  Gemms gemms = Gemms::kTimed;
 };
 
 // Thread-safety: one thread uses an Executor.

@@ -472,6 +472,16 @@ TEST_F(LlmEngineTest, BadFilesFailTheModelNamingTheFileAndField) {
   bad = Make({{"kv_cache_fraction", "0.5"}});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("kv_cache_fraction"), std::string::npos);
+  // The GEMM engine: one of three names, and a GPU's choice.
+  bad = Make({{"gemm_engine", "fastest"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'fastest' is none of timed, cublaslt, hearth"),
+            std::string::npos)
+      << bad.status().ToString();
+  bad = Make({{"gemm_engine", "hearth"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("gemm_engine is for a GPU"), std::string::npos)
+      << bad.status().ToString();
 }
 
 }  // namespace
