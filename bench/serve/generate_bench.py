@@ -301,10 +301,11 @@ class Models:
             for f in self.checkpoint.iterdir():
                 if f.name != "model.py":
                     (version / f.name).symlink_to(f)
+            engine = f", gemm_engine: \"{self._a.gemm_engine}\"" if self._a.gemm_engine else ""
             (repo / self.name / "config.yaml").write_text(
                 f"backend: llm\ninstance_group: [{{count: {workers}, kind: KIND_GPU}}]\n"
                 f"parameters: {{max_streams: \"{max_streams or 256}\", "
-                f"resumable: \"{'true' if resumable else 'false'}\"}}\n")
+                f"resumable: \"{'true' if resumable else 'false'}\"{engine}}}\n")
             return repo
         if self.checkpoint is not None:
             self._run("llama", repo, "--workers", str(workers), "--checkpoint", str(self.checkpoint))
@@ -640,6 +641,8 @@ def main():
                     help="cpu: the tiny decoder, a dry run of everything but the baseline")
     ap.add_argument("--backend", default="python", choices=["python", "llm"],
                     help="serve the checkpoint with the Python Llama example or backend: llm")
+    ap.add_argument("--gemm-engine", choices=["timed", "cublaslt", "hearth"],
+                    help="backend: llm's parameters.gemm_engine (default: left out, which is timed)")
     ap.add_argument("--seconds", type=float, default=10, help="each load's length")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--workers", type=numbers, default=[4], help="hearth's worker counts, e.g. 1,2")
