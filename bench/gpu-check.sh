@@ -76,6 +76,7 @@ if want serve-tests; then
     1) serve_files=("${serve_files[@]:0:$half}") ;;
     2) serve_files=("${serve_files[@]:$half}") ;;
   esac
+  [ ${#serve_files[@]} -gt 0 ] || { echo "SERVE_PART=${SERVE_PART:-}: no files" >&2; exit 2; }
   HEARTH_TEST_DEVICE=cuda HEARTH_TEST_LOG_DIR=$OUT HEARTH_CLI=$PWD/$BUILD/bin/hearth timeout "${SERVE_TIMEOUT:-500}" \
     python3 -m pytest -v -rfEs --tb=short --durations=15 "${serve_files[@]}" \
     -p no:cacheprovider > "$OUT/pytest-serve-cuda.log" 2>&1

@@ -101,7 +101,9 @@ for pid in pids:
         sys.exit(f"a process failed: status {{status}}")
 print(time.monotonic() - began)
 """
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"{order}: {out.stderr.strip()[-2000:]}")
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -167,12 +169,13 @@ def main():
                          "context-first (the context through libcuda, then import torch and a tensor); "
                          "empty: none")
     a = ap.parse_args()
+    unknown = [o for o in (a.orders.split(",") if a.orders else []) if o not in ORDERS]
+    if unknown:
+        ap.error(f"--orders: {', '.join(unknown)} is none of {', '.join(ORDERS)}")
     if a.device.startswith("cuda"):
         print(json.dumps({"contexts": 1, "seconds": round(contexts(1, a.device), 3)}), flush=True)
         print(json.dumps({"contexts": a.workers, "seconds": round(contexts(a.workers, a.device), 3)}), flush=True)
         for order in a.orders.split(",") if a.orders else []:
-            if order not in ORDERS:
-                sys.exit(f"--orders: {order!r} is none of {', '.join(ORDERS)}")
             print(json.dumps({"processes": a.workers, "order": order,
                               "seconds": round(contexts_in_order(a.workers, a.device, order), 3)}), flush=True)
     for mode in a.modes.split(","):

@@ -8,6 +8,10 @@ namespace {
 
 std::atomic<bool>& Flag() {
   static std::atomic<bool> on{[] {
+#if !HEARTH_DEPENDENT_LAUNCH
+    // Built for a GPU before sm_90: its kernels' waits compile to nothing.
+    return false;
+#endif
     const char* v = std::getenv("HEARTH_CUDA_DEPENDENT_LAUNCH");
     return v == nullptr || std::strcmp(v, "0") != 0;
   }()};
@@ -18,6 +22,8 @@ std::atomic<bool>& Flag() {
 
 bool DependentLaunchEnabled() { return Flag().load(std::memory_order_relaxed); }
 
-void SetDependentLaunch(bool on) { Flag().store(on, std::memory_order_relaxed); }
+void SetDependentLaunch(bool on) {
+  Flag().store(on && HEARTH_DEPENDENT_LAUNCH != 0, std::memory_order_relaxed);
+}
 
 }  // namespace hearth::cuda

@@ -23,11 +23,15 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <utility>
 
 namespace hearth::cuda {
 
-// On by default; HEARTH_CUDA_DEPENDENT_LAUNCH=0 in the environment turns it
-// off (read once), as does SetDependentLaunch(false) for launches after it.
+// On by default where every kernel is built for sm_90 or later (the build's
+// HEARTH_CUDA_ARCHITECTURES); HEARTH_CUDA_DEPENDENT_LAUNCH=0 in the
+// environment turns it off (read once), as does SetDependentLaunch(false)
+// for launches after it (true turns it on only in a build where it is on by
+// default).
 bool DependentLaunchEnabled();
 void SetDependentLaunch(bool on);
 
@@ -59,7 +63,7 @@ cudaError_t LaunchDependent(void (*kernel)(Params...), dim3 grid, dim3 block, si
   config.stream = stream;
   config.attrs = attr;
   config.numAttrs = DependentLaunchEnabled() ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 #endif
 

@@ -1041,10 +1041,10 @@ Result<std::unique_ptr<Executor>> CreateCudaExecutor(const ModelConfig& config,
                                                      const ExecutorOptions& options) {
   CudaExecutorOptions cuda_options;
   cuda_options.plan_cache_path = DefaultPlanCachePath("gemm-plans").value_or("");
-  cuda_options.gemm_engine = options.gemms == ExecutorOptions::Gemms::kCublasLt
-                                 ? GemmEngine::kCublasLt
-                             : options.gemms == ExecutorOptions::Gemms::kHearth ? GemmEngine::kOwn
-                                                                                : GemmEngine::kAny;
+  cuda_options.gemm_engine =
+      options.gemms == ExecutorOptions::Gemms::kCublasLt ? GemmEngine::kCublasLt
+      : options.gemms == ExecutorOptions::Gemms::kHearth ? GemmEngine::kOwnFirst
+                                                         : GemmEngine::kAny;
   ASSIGN_OR_RETURN(std::unique_ptr<CudaExecutor> executor,
                    CreateCudaExecutor(config, weights, device_index, options, cuda_options));
   return std::unique_ptr<Executor>(std::move(executor));

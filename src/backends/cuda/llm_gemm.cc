@@ -302,24 +302,19 @@ Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
     }
     return true;
   };
-  const std::string cache_key = CacheKey(s, weight_alignment);
-  // The plan cache holds the choice among both engines: an executor held to
-  // one of them neither reads nor replaces it.
-  PlanCache* const cache = tuning.engine == GemmEngine::kAny ? tuning.cache : nullptr;
   // hearth's kernel: 16-byte loads of w and x, pairs of y (and bias) elements.
   const cuda::TcGemmShape own_shape{spec.n, spec.k, spec.batch};
   uint32_t bias_alignment = 256;
   for (const void* b : spec.biases) bias_alignment = std::min(bias_alignment, Alignment(b));
-  const bool own_ok =
-      tuning.engine != GemmEngine::kCublasLt && bias_alignment >= 8 &&
-      cuda::TcGemmSplits(own_shape) > 0 && weight_alignment >= 16 && buffer_alignment >= 16 &&
-      // The set's part sums and counters, allocated once for every shape.
-      cuda::TcGemmWorkspaceBytes(own_shape) <= cuda::kTcMaxWorkspaceBytes &&
-      cuda::TcGemmCounters(own_shape) <= cuda::kTcMaxCounters &&
-      (spec.batch == 1 ||
-       (spec.weight_stride % 8 == 0 && spec.y_stride % 2 == 0 && spec.bias_stride % 2 == 0));
-  if (tuning.engine == GemmEngine::kOwn) {
-    if (!own_ok) {
+  const bool own_runs = bias_alignment >= 8 && cuda::TcGemmSplits(own_shape) > 0 &&
+                        weight_alignment >= 16 && buffer_alignment >= 16 &&
+                        // The set's part sums and counters, allocated once for every shape.
+                        cuda::TcGemmWorkspaceBytes(own_shape) <= cuda::kTcMaxWorkspaceBytes &&
+                        cuda::TcGemmCounters(own_shape) <= cuda::kTcMaxCounters &&
+                        (spec.batch == 1 || (spec.weight_stride % 8 == 0 &&
+                                             spec.y_stride % 2 == 0 && spec.bias_stride % 2 == 0));
+  if (tuning.engine == GemmEngine::kOwn || (tuning.engine == GemmEngine::kOwnFirst && own_runs)) {
+    if (!own_runs) {
       return Unimplemented(
           "hearth's GEMM kernel takes k a multiple of 64, n of 8 and 16-byte "
           "aligned weights");
@@ -327,6 +322,16 @@ Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
     s.own = true;
     return Status::Ok();
   }
+  // From here the choice is among cuBLASLt's algorithms, with hearth's kernel
+  // too where either engine may run.
+  const bool own_ok = own_runs && tuning.engine == GemmEngine::kAny;
+  // The plan cache keeps a choice among both engines under the shape's key,
+  // and a choice among cuBLASLt's alone under its own: every worker of a
+  // model then runs the same algorithm (a stream resumed on another draws
+  // the same tokens) whichever engines its config allows.
+  const std::string cache_key =
+      CacheKey(s, weight_alignment) + (tuning.engine == GemmEngine::kAny ? "" : " cublaslt-only");
+  PlanCache* const cache = tuning.cache;
   if (cache != nullptr && tuning.time_candidates) {
     if (const std::optional<std::string> kept = cache->Get(cache_key)) {
       if (*kept == kOwnPlan && own_ok) {

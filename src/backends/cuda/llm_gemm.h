@@ -78,6 +78,7 @@ enum class GemmEngine {
   kAny,       // the faster of the two, timed (else cuBLASLt's first valid)
   kCublasLt,  // cuBLASLt only
   kOwn,       // hearth's kernel only (an error for a shape it cannot run)
+  kOwnFirst,  // hearth's kernel where it runs the shape, else cuBLASLt only
 };
 
 struct GemmTuning {

@@ -2,6 +2,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "backends/cuda/dependent_launch.h"
 #include "backends/cuda/tc_gemm.h"
@@ -122,8 +123,10 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* w, int
         for (int h = 0; h < 2; ++h) {
           if (ok[i][h]) {
             const auto* at = reinterpret_cast<const uint4*>(xl[i][h] + kb + u * 64);
-            xv[i][h][0] = __ldg(at);
-            xv[i][h][1] = __ldg(at + 1);
+            // Through L2 (coherent): an earlier kernel wrote x while this
+            // one was already resident (dependent_launch.h).
+            xv[i][h][0] = __ldcg(at);
+            xv[i][h][1] = __ldcg(at + 1);
           } else {
             xv[i][h][0] = xv[i][h][1] = make_uint4(0, 0, 0, 0);
           }
@@ -469,6 +472,24 @@ __global__ void __launch_bounds__(256) ReduceKernel(Params p, int32_t slots) {
   }
 }
 
+// Launches a TileKernel, first letting it have its shared memory on the
+// current device (an attribute of the function in each device's context;
+// `devices` has a bit per device where it is set).
+template <typename Kernel>
+cudaError_t LaunchTile(Kernel kernel, int smem, std::atomic<uint64_t>& devices, dim3 grid,
+                       const Params& p, const TileParams& t, cudaStream_t stream) {
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (bit == 0 || (devices.load(std::memory_order_relaxed) & bit) == 0) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    devices.fetch_or(bit, std::memory_order_relaxed);
+  }
+  return LaunchDependent(kernel, grid, kTileThreads, smem, stream, p, t);
+}
+
 template <bool kBf16, bool kF32Out>
 cudaError_t Launch(const Params& base, const TcGemmArgs& args, cudaStream_t stream) {
   Params p = base;
@@ -496,19 +517,12 @@ cudaError_t Launch(const Params& base, const TcGemmArgs& args, cudaStream_t stre
   t.parts = p.splits / t.groups;
   const dim3 grid(static_cast<unsigned>((p.m + kTileRows - 1) / kTileRows),
                   static_cast<unsigned>(t.col_tiles * p.batch), static_cast<unsigned>(t.groups));
-  static const cudaError_t deep_set =
-      cudaFuncSetAttribute(TileKernel<kBf16, kF32Out, 6>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, kTileSmemBytes<6>);
-  static const cudaError_t wide_set =
-      cudaFuncSetAttribute(TileKernel<kBf16, kF32Out, 4>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, kTileSmemBytes<4>);
-  if (deep_set != cudaSuccess) return deep_set;
-  if (wide_set != cudaSuccess) return wide_set;
+  static std::atomic<uint64_t> deep_devices{0}, wide_devices{0};
   const cudaError_t e = p.m <= kDeepRows
-                            ? LaunchDependent(TileKernel<kBf16, kF32Out, 6>, grid, kTileThreads,
-                                              kTileSmemBytes<6>, stream, p, t)
-                            : LaunchDependent(TileKernel<kBf16, kF32Out, 4>, grid, kTileThreads,
-                                              kTileSmemBytes<4>, stream, p, t);
+                            ? LaunchTile(TileKernel<kBf16, kF32Out, 6>, kTileSmemBytes<6>,
+                                         deep_devices, grid, p, t, stream)
+                            : LaunchTile(TileKernel<kBf16, kF32Out, 4>, kTileSmemBytes<4>,
+                                         wide_devices, grid, p, t, stream);
   if (e != cudaSuccess || t.groups == 1) return e;
   const int64_t pairs = p.batch * p.m * p.n / 2;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((pairs + 255) / 256, 132 * 8));
@@ -579,7 +593,10 @@ cudaError_t LaunchTcGemm(const TcGemmArgs& a, cudaStream_t stream) {
   } else {
     set = a.f32_out ? Launch<false, true>(p, a, stream) : Launch<false, false>(p, a, stream);
   }
-  if (set != cudaSuccess) return set;
+  if (set != cudaSuccess) {
+    (void)cudaGetLastError();  // not left for the next call to find
+    return set;
+  }
   return cudaGetLastError();
 }
 

@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <system_error>
 #include <utility>
 
 #include "backends/llm/chat_template.h"
@@ -560,16 +561,22 @@ Result<std::unique_ptr<Engine>> CreateLlmEngine(const std::vector<TensorView>& w
     std::unique_ptr<Tokenizer> tokenizer;
     ChatTemplateConfig prompting;
   };
-  std::future<Result<TextSide>> text_side =
-      std::async(std::launch::async, [&dir, &tokenizer_config]() -> Result<TextSide> {
-        TextSide t;
-        ASSIGN_OR_RETURN(t.tokenizer, Tokenizer::Load((dir / "tokenizer.json").string()));
-        std::error_code ec;
-        if (fs::exists(tokenizer_config, ec)) {
-          ASSIGN_OR_RETURN(t.prompting, ReadTokenizerConfig(tokenizer_config.string()));
-        }
-        return t;
-      });
+  const auto read_text_side = [&dir, &tokenizer_config]() -> Result<TextSide> {
+    TextSide t;
+    ASSIGN_OR_RETURN(t.tokenizer, Tokenizer::Load((dir / "tokenizer.json").string()));
+    std::error_code ec;
+    if (fs::exists(tokenizer_config, ec)) {
+      ASSIGN_OR_RETURN(t.prompting, ReadTokenizerConfig(tokenizer_config.string()));
+    }
+    return t;
+  };
+  std::future<Result<TextSide>> text_side;
+  try {
+    text_side = std::async(std::launch::async, read_text_side);
+  } catch (const std::system_error&) {
+    // No thread to be had (the user's process limit): read them in turn.
+    text_side = std::async(std::launch::deferred, read_text_side);
+  }
 
   // The engine's limits, from the config's parameters.
   ASSIGN_OR_RETURN(auto block_size, IntParameter(options, "block_size", 1, 1024));
@@ -619,18 +626,18 @@ Result<std::unique_ptr<Engine>> CreateLlmEngine(const std::vector<TensorView>& w
   // A file's error first, as when the files were read before the executor.
   Result<TextSide> text = text_side.get();
   if (!text.ok()) return text.status();
-  if (!made.ok()) return made.status();
-  std::unique_ptr<Executor> executor = std::move(*made);
   s.tokenizer = std::move(text->tokenizer);
   s.prompting = std::move(text->prompting);
-  // transformers' generate stops at the tokenizer's EOS too.
-  if (s.prompting.eos_token.has_value())
-    if (std::optional<int32_t> id = s.tokenizer->TokenId(*s.prompting.eos_token))
-      s.eos_ids.insert(*id);
   if (s.messages_input >= 0 && s.prompting.Select(false) == nullptr && !options.inputs.empty() &&
       s.text_input < 0)
     return FailedPrecondition("input messages needs a chat template, and " +
                               tokenizer_config.string() + " has none");
+  if (!made.ok()) return made.status();
+  std::unique_ptr<Executor> executor = std::move(*made);
+  // transformers' generate stops at the tokenizer's EOS too.
+  if (s.prompting.eos_token.has_value())
+    if (std::optional<int32_t> id = s.tokenizer->TokenId(*s.prompting.eos_token))
+      s.eos_ids.insert(*id);
   for (int64_t id : s.config.eos_token_ids) s.eos_ids.insert(static_cast<int32_t>(id));
   SchedulerLimits limits;
   limits.block_size = executor->block_size();

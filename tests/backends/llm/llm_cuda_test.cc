@@ -292,8 +292,8 @@ TEST_F(LlmCudaTest, GemmRowsDoNotDependOnTheRowCount) {
 }
 
 // The engine and algorithm a timed set chose are kept in the plan cache and
-// read back by the next set (whichever engine won); a set held to one engine
-// neither reads nor replaces them.
+// read back by the next set (whichever engine won); a set held to cuBLASLt
+// keeps its choice apart, neither reading nor replacing them.
 TEST_F(LlmCudaTest, GemmChoiceIsKeptInThePlanCache) {
   const int64_t n = 2048, k = 2048, max_m = 8;
   std::mt19937_64 rng(5);
@@ -334,6 +334,10 @@ TEST_F(LlmCudaTest, GemmChoiceIsKeptInThePlanCache) {
   const Chosen held = add(GemmEngine::kCublasLt);
   EXPECT_EQ(held.cached, 0);
   EXPECT_EQ(held.own, 0);
+  // A set held to cuBLASLt keeps its own choice, which the next one reads.
+  const Chosen held_again = add(GemmEngine::kCublasLt);
+  EXPECT_EQ(held_again.cached, 1);
+  EXPECT_EQ(held_again.described, held.described);
   const Chosen after = add(GemmEngine::kAny);
   EXPECT_EQ(after.cached, 1);
   EXPECT_EQ(after.described, first.described) << "the held set replaced the kept choice";
@@ -342,7 +346,7 @@ TEST_F(LlmCudaTest, GemmChoiceIsKeptInThePlanCache) {
 }
 
 // hearth's GEMM kernel refuses shapes it cannot run, naming why; cuBLASLt
-// takes them when either engine may run.
+// takes them when either engine may run, or when hearth's is only preferred.
 TEST_F(LlmCudaTest, OwnGemmRefusesShapesItCannotRun) {
   const int64_t n = 96, k = 100, max_m = 4;
   DeviceMemory dw(static_cast<size_t>(n * k) * 2), dx(static_cast<size_t>(max_m * k) * 2),
@@ -363,6 +367,16 @@ TEST_F(LlmCudaTest, OwnGemmRefusesShapesItCannotRun) {
   const auto taken = (*set)->AddShape(spec, tuning);
   ASSERT_TRUE(taken.ok()) << taken.status().ToString();
   EXPECT_EQ((*set)->own_shapes(), 0);
+  // hearth's kernel first: cuBLASLt takes what it cannot run.
+  tuning.engine = GemmEngine::kOwnFirst;
+  const auto fallen_back = (*set)->AddShape(spec, tuning);
+  ASSERT_TRUE(fallen_back.ok()) << fallen_back.status().ToString();
+  EXPECT_EQ((*set)->own_shapes(), 0);
+  DeviceMemory w2(128 * 128 * 2), x2(static_cast<size_t>(max_m) * 128 * 2),
+      y2(static_cast<size_t>(max_m) * 128 * 2);
+  const auto own = (*set)->AddShape(TestShape("even", 128, 128, max_m, w2, x2, y2), tuning);
+  ASSERT_TRUE(own.ok()) << own.status().ToString();
+  EXPECT_EQ((*set)->own_shapes(), 1);
   set->reset();
   cudaStreamDestroy(stream);
 }
