@@ -504,8 +504,8 @@ cudaError_t Launch(const Params& base, const TcGemmArgs& args, cudaStream_t stre
   t.col_tiles = (p.n + kTileCols - 1) / kTileCols;
   const int64_t tiles = t.col_tiles * p.batch * ((p.m + kTileRows - 1) / kTileRows);
   // Groups of parts in flight at once: enough CTAs for two waves of a
-  // 132-SM GPU where the part sums fit the workspace and the tiles the
-  // counters. The bits do not depend on it.
+  // 132-SM GPU where the part sums fit the workspace. The bits do not
+  // depend on it.
   t.groups = 1;
   while (t.groups < p.splits && tiles * t.groups < kTileTargetCtas) {
     const int32_t next = t.groups * 2;
