@@ -16,7 +16,6 @@ it (or through the driver alone).
 """
 import argparse
 import json
-import os
 import pathlib
 import re
 import subprocess
@@ -29,33 +28,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from generate_bench import stop, wait_port  # noqa: E402
 
 
-def contexts(n, device):
-    """Seconds for n processes, forked at once, to each have a CUDA context."""
-    code = f"""
-import os, sys, time
-import torch
-n = {n}
-began = time.monotonic()
-pids = []
-for _ in range(n):
-    pid = os.fork()
-    if pid == 0:
-        torch.empty(1, device="{device}")
-        torch.cuda.synchronize()
-        os._exit(0)
-    pids.append(pid)
-for pid in pids:
-    _, status = os.waitpid(pid, 0)
-    if status != 0:
-        sys.exit(f"a context failed: status {{status}}")
-print(time.monotonic() - began)
-"""
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
-    return float(out.stdout.strip().splitlines()[-1])
-
-
-# What a process forked before `import torch` does in contexts_in_order():
-# "driver": its primary context through libcuda alone; "import-first": import
+# What each of the processes forked at once does in contexts_in_order().
+# "imported": forked from a Python that has imported torch, its first tensor
+# (what the driver alone takes to create N contexts, the goal's measure).
+# Forked before `import torch`: "driver": its primary context through libcuda
+# alone; "import-first": import
 # torch, then its first tensor; "context-first": the primary context through
 # libcuda, then import torch, whose runtime takes that context, then its
 # first tensor. context-first against import-first says whether a worker
@@ -65,8 +42,8 @@ ORDERS = ("driver", "import-first", "context-first")
 
 
 def contexts_in_order(n, device, order):
-    """Seconds for n processes forked at once from a Python that has not
-    imported torch to each be done with `order` (ORDERS)."""
+    """Seconds for n processes forked at once to each be done with `order`
+    ("imported" or one of ORDERS)."""
     index = int(device.split(":")[1]) if ":" in device else 0
     code = f"""
 import ctypes, os, sys, time
@@ -84,12 +61,14 @@ def tensor():
     torch.empty(1, device="cuda:{index}")
     torch.cuda.synchronize()
 order = {order!r}
+if order == "imported":
+    import torch
 began = time.monotonic()
 pids = []
 for _ in range({n}):
     pid = os.fork()
     if pid == 0:
-        if order != "import-first":
+        if order in ("driver", "context-first"):
             context()
         if order != "driver":
             tensor()
@@ -173,8 +152,9 @@ def main():
     if unknown:
         ap.error(f"--orders: {', '.join(unknown)} is none of {', '.join(ORDERS)}")
     if a.device.startswith("cuda"):
-        print(json.dumps({"contexts": 1, "seconds": round(contexts(1, a.device), 3)}), flush=True)
-        print(json.dumps({"contexts": a.workers, "seconds": round(contexts(a.workers, a.device), 3)}), flush=True)
+        for n in (1, a.workers):
+            print(json.dumps({"contexts": n, "seconds": round(contexts_in_order(n, a.device, "imported"), 3)}),
+                  flush=True)
         for order in a.orders.split(",") if a.orders else []:
             print(json.dumps({"processes": a.workers, "order": order,
                               "seconds": round(contexts_in_order(a.workers, a.device, order), 3)}), flush=True)
