@@ -69,42 +69,32 @@ __device__ __forceinline__ uint4 LoadWeight(const uint16_t* p) {
   return __ldcs(reinterpret_cast<const uint4*>(p));
 }
 
-// One part's sums for MT row tiles of 16 (from row0) and R column tiles of 8
-// (w points at the first column's row): acc[i][j] is the mma fragment of
-// tile (i, j): {row r, col 2q}, {r, 2q + 1}, {r + 8, 2q}, {r + 8, 2q + 1}.
-template <bool kBf16, int MT, int R>
-__device__ __forceinline__ void PartSums(const Params& p, const uint16_t* w, int64_t row0,
-                                         int64_t k0, float (&acc)[MT][R][4]) {
+// One part's sums for the 16 rows from 0 and the 8 columns from w (which
+// points at the first column's row): acc is the mma fragment {row r, col 2q},
+// {r, 2q + 1}, {r + 8, 2q}, {r + 8, 2q + 1}.
+template <bool kBf16>
+__device__ __forceinline__ void PartSums(const Params& p, const uint16_t* w, int64_t k0,
+                                         float (&acc)[4]) {
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
 #pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < R; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+  for (int e = 0; e < 4; ++e) acc[e] = 0.0f;
   const uint16_t* wl = w + r * p.k + k0 + q * 16;
-  const uint16_t* xl[MT][2];
-  bool ok[MT][2];
+  const uint16_t* xl[2];
+  bool ok[2];
 #pragma unroll
-  for (int i = 0; i < MT; ++i) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = row0 + i * 16 + h * 8 + r;
-      ok[i][h] = row < p.m;
-      xl[i][h] = p.x + (ok[i][h] ? row : 0) * p.k + k0 + q * 16;
-    }
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = int64_t{h} * 8 + r;
+    ok[h] = row < p.m;
+    xl[h] = p.x + (ok[h] ? row : 0) * p.k + k0 + q * 16;
   }
   for (int64_t kb = 0; kb < p.part; kb += 64 * kUnroll) {
-    uint4 wv[kUnroll][R][2];
+    uint4 wv[kUnroll][2];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (kb + u * 64 < p.part) {
-#pragma unroll
-        for (int j = 0; j < R; ++j) {
-          const uint16_t* at = wl + j * 8 * p.k + kb + u * 64;
-          wv[u][j][0] = LoadWeight(at);
-          wv[u][j][1] = LoadWeight(at + 8);
-        }
+        const uint16_t* at = wl + kb + u * 64;
+        wv[u][0] = LoadWeight(at);
+        wv[u][1] = LoadWeight(at + 8);
       }
     }
     // x (an earlier kernel's output) only after it is done; the first
@@ -116,48 +106,37 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* w, int
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (kb + u * 64 >= p.part) continue;
-      uint4 xv[MT][2][2];
+      uint4 xv[2][2];
 #pragma unroll
-      for (int i = 0; i < MT; ++i) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (ok[i][h]) {
-            const auto* at = reinterpret_cast<const uint4*>(xl[i][h] + kb + u * 64);
-            // Through L2 (coherent): an earlier kernel wrote x while this
-            // one was already resident (dependent_launch.h).
-            xv[i][h][0] = __ldcg(at);
-            xv[i][h][1] = __ldcg(at + 1);
-          } else {
-            xv[i][h][0] = xv[i][h][1] = make_uint4(0, 0, 0, 0);
-          }
+      for (int h = 0; h < 2; ++h) {
+        if (ok[h]) {
+          const auto* at = reinterpret_cast<const uint4*>(xl[h] + kb + u * 64);
+          // Through L2 (coherent): an earlier kernel wrote x while this
+          // one was already resident (dependent_launch.h).
+          xv[h][0] = __ldcg(at);
+          xv[h][1] = __ldcg(at + 1);
+        } else {
+          xv[h][0] = xv[h][1] = make_uint4(0, 0, 0, 0);
         }
       }
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
-#pragma unroll
-        for (int i = 0; i < MT; ++i) {
-          const uint32_t a[4] = {Word(xv[i][0], 2 * s), Word(xv[i][1], 2 * s),
-                                 Word(xv[i][0], 2 * s + 1), Word(xv[i][1], 2 * s + 1)};
-#pragma unroll
-          for (int j = 0; j < R; ++j)
-            Mma<kBf16>(acc[i][j], a, Word(wv[u][j], 2 * s), Word(wv[u][j], 2 * s + 1));
-        }
+        const uint32_t a[4] = {Word(xv[0], 2 * s), Word(xv[1], 2 * s), Word(xv[0], 2 * s + 1),
+                               Word(xv[1], 2 * s + 1)};
+        Mma<kBf16>(acc, a, Word(wv[u], 2 * s), Word(wv[u], 2 * s + 1));
       }
     }
   }
 }
 
-// Calls f(i, h, row) for each row the lane holds (row tile i, half h) that
-// exists.
-template <int MT, typename F>
-__device__ __forceinline__ void ForLaneRows(int64_t row0, int r, int64_t m, F&& f) {
+// Calls f(h, row) for each of the lane's two rows (half h) that exists.
+template <typename F>
+__device__ __forceinline__ void ForLaneRows(int r, int64_t m, F&& f) {
 #pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = row0 + i * 16 + h * 8 + r;
-      if (row < m) f(i, h, row);
-    }
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = int64_t{h} * 8 + r;
+    if (row < m) f(h, row);
+  }
 }
 
 // Adds the bias and stores two adjacent columns of one row.
@@ -191,7 +170,7 @@ __device__ __forceinline__ void Store(const Params& p, int b, int64_t row, int64
 }
 
 // Few rows: a warp per (8 columns, part); blockIdx.z is the part.
-template <bool kBf16, int MT, bool kF32Out>
+template <bool kBf16, bool kF32Out>
 __global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p) {
   const int64_t g = int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5);
   if (g >= p.groups * p.batch) {
@@ -201,13 +180,13 @@ __global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p) {
   const int b = static_cast<int>(g / p.groups);
   const int64_t col0 = (g % p.groups) * 8;
   const int part = static_cast<int>(blockIdx.z);
-  float acc[MT][1][4];
-  PartSums<kBf16, MT, 1>(p, p.w + b * p.w_stride + col0 * p.k, 0, part * p.part, acc);
+  float acc[4];
+  PartSums<kBf16>(p, p.w + b * p.w_stride + col0 * p.k, part * p.part, acc);
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
   const int64_t col = col0 + 2 * q;
   if (p.splits == 1) {
-    ForLaneRows<MT>(0, r, p.m, [&](int i, int h, int64_t row) {
-      Store<kBf16, kF32Out>(p, b, row, col, {acc[i][0][2 * h], acc[i][0][2 * h + 1]});
+    ForLaneRows(r, p.m, [&](int h, int64_t row) {
+      Store<kBf16, kF32Out>(p, b, row, col, {acc[2 * h], acc[2 * h + 1]});
     });
     return;
   }
@@ -215,8 +194,8 @@ __global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p) {
   const auto at = [&](int s, int64_t row) {
     return p.ws + ((int64_t{s} * p.batch + b) * kTcSplitRows + row) * p.n + col;
   };
-  ForLaneRows<MT>(0, r, p.m, [&](int i, int h, int64_t row) {
-    __stcg(reinterpret_cast<float2*>(at(part, row)), {acc[i][0][2 * h], acc[i][0][2 * h + 1]});
+  ForLaneRows(r, p.m, [&](int h, int64_t row) {
+    __stcg(reinterpret_cast<float2*>(at(part, row)), {acc[2 * h], acc[2 * h + 1]});
   });
   __threadfence();
   __syncwarp();
@@ -226,7 +205,7 @@ __global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p) {
   if (before != static_cast<uint32_t>(p.splits - 1)) return;
   // The last of the column group's warps: every part is written.
   __threadfence();
-  ForLaneRows<MT>(0, r, p.m, [&](int, int, int64_t row) {
+  ForLaneRows(r, p.m, [&](int, int64_t row) {
     float2 t = __ldcg(reinterpret_cast<const float2*>(at(0, row)));
     for (int s = 1; s < p.splits; ++s) {
       const float2 v = __ldcg(reinterpret_cast<const float2*>(at(s, row)));
@@ -498,7 +477,7 @@ cudaError_t Launch(const Params& base, const TcGemmArgs& args, cudaStream_t stre
     const dim3 grid(static_cast<unsigned>((p.groups * p.batch + kWarps - 1) / kWarps), 1,
                     static_cast<unsigned>(p.splits));
     static_assert(kTcSplitRows == 16, "the split mode holds one 16-row tile");
-    return LaunchDependent(SplitKernel<kBf16, 1, kF32Out>, grid, kWarps * 32, 0, stream, p);
+    return LaunchDependent(SplitKernel<kBf16, kF32Out>, grid, kWarps * 32, 0, stream, p);
   }
   TileParams t{};
   t.col_tiles = (p.n + kTileCols - 1) / kTileCols;
