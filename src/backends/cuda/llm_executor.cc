@@ -10,12 +10,12 @@
 #include <map>
 #include <optional>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "backends/cuda/cuda_util.h"
 #include "backends/cuda/llm_gemm.h"
+#include "backends/cuda/llm_kernel_timer.h"
 #include "backends/cuda/llm_kernels.h"
 #include "memory/cuda_driver.h"
 
@@ -195,14 +195,14 @@ class CudaLlmExecutor final : public CudaExecutor {
     return reinterpret_cast<T*>(static_cast<char*>(meta_dev_.get()) + offset);
   }
 
-  // Runs `launch` (returning cudaError_t or Status), with an event pair
-  // around it while profiling.
+  // Runs `launch` (returning cudaError_t or Status) on the stream, timed
+  // while profiling.
   template <typename Launch>
-  Status Timed(const char* name, Launch&& launch);
+  Status Timed(const char* name, Launch&& launch) {
+    return timer_.Time(name, stream_.get(), std::forward<Launch>(launch));
+  }
   Status Gemm(int shape, const char* name, const void* w, const void* bias, const void* x, void* y,
               int32_t m);
-  Result<cudaEvent_t> NextEvent();
-  Status CollectKernelTimes();
 
   void* KCache(int64_t layer) const {
     return static_cast<char*>(pool_.get()) + (2 * layer) * layer_cache_bytes_;
@@ -253,15 +253,8 @@ class CudaLlmExecutor final : public CudaExecutor {
   cuda::AttnPlan plan_;
   std::map<int32_t, GraphExec> graphs_;
 
-  // Profiling.
-  bool profiling_ = false;
-  struct Mark {
-    const char* name;
-    cudaEvent_t start, stop;
-  };
-  std::vector<cuda::CudaEvent> events_;
-  size_t next_event_ = 0;
-  std::vector<Mark> marks_;
+  // Profiling: eager steps are timed kernel by kernel.
+  KernelTimer timer_;
   std::vector<KernelTime> kernel_times_;
 };
 
@@ -779,58 +772,9 @@ Result<StepPlan> CudaLlmExecutor::Build(const StepBatch& batch) {
   return p;
 }
 
-template <typename Launch>
-Status CudaLlmExecutor::Timed(const char* name, Launch&& launch) {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  if (profiling_) {
-    ASSIGN_OR_RETURN(start, NextEvent());
-    ASSIGN_OR_RETURN(stop, NextEvent());
-    RETURN_IF_ERROR(CudaCheck(cudaEventRecord(start, stream_.get()), "cudaEventRecord"));
-  }
-  using R = decltype(launch());
-  if constexpr (std::is_same_v<R, cudaError_t>) {
-    RETURN_IF_ERROR(CudaCheck(launch(), name));
-  } else {
-    RETURN_IF_ERROR(launch());
-  }
-  if (profiling_) {
-    RETURN_IF_ERROR(CudaCheck(cudaEventRecord(stop, stream_.get()), "cudaEventRecord"));
-    marks_.push_back({name, start, stop});
-  }
-  return Status::Ok();
-}
-
 Status CudaLlmExecutor::Gemm(int shape, const char* name, const void* w, const void* bias,
                              const void* x, void* y, int32_t m) {
   return Timed(name, [&] { return gemms_->Run(shape, w, bias, x, y, m); });
-}
-
-Result<cudaEvent_t> CudaLlmExecutor::NextEvent() {
-  if (next_event_ == events_.size()) {
-    cudaEvent_t event = nullptr;
-    RETURN_IF_ERROR(CudaCheck(cudaEventCreate(&event), "cudaEventCreate"));
-    events_.emplace_back(event);
-  }
-  return events_[next_event_++].get();
-}
-
-Status CudaLlmExecutor::CollectKernelTimes() {
-  kernel_times_.clear();
-  for (const Mark& mark : marks_) {
-    float ms = 0;
-    RETURN_IF_ERROR(
-        CudaCheck(cudaEventElapsedTime(&ms, mark.start, mark.stop), "cudaEventElapsedTime"));
-    auto it = std::find_if(kernel_times_.begin(), kernel_times_.end(),
-                           [&](const KernelTime& k) { return k.name == mark.name; });
-    if (it == kernel_times_.end()) {
-      kernel_times_.push_back({mark.name, 0, 0});
-      it = kernel_times_.end() - 1;
-    }
-    ++it->launches;
-    it->ms += ms;
-  }
-  marks_.clear();
-  return Status::Ok();
 }
 
 Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combine_rows,
@@ -967,12 +911,10 @@ Status CudaLlmExecutor::Queue(const StepPlan& p, std::span<float> logits, bool w
       }
     }
   } else {
-    profiling_ = cuda_options_.profile;
-    next_event_ = 0;
-    marks_.clear();
+    timer_.Begin(cuda_options_.profile);
     const Status enqueued =
         Enqueue(p.tokens, p.logit_rows, p.combine, std::min(attention_grid_, std::max(p.items, 1)));
-    profiling_ = false;
+    timer_.End();
     RETURN_IF_ERROR(enqueued);
   }
   if (p.logit_rows > 0) {
@@ -1013,7 +955,9 @@ Status CudaLlmExecutor::Run(const StepBatch& batch, std::span<int32_t> next,
     cuda::LogIfError(drained, "finishing a failed llm step");
     return queued;
   }
-  if (cuda_options_.profile) RETURN_IF_ERROR(CollectKernelTimes());
+  if (cuda_options_.profile) {
+    ASSIGN_OR_RETURN(kernel_times_, timer_.Collect());
+  }
   if (!want_logits) {
     const auto* drawn = static_cast<const int32_t*>(sampled_host_.get());
     size_t j = 0;
