@@ -1,11 +1,13 @@
 #include "backends/llm/llm_engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <future>
 #include <initializer_list>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -26,6 +28,9 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr size_t kMaxStops = 16;
+// Levels of objects and lists within one chat message (tool calls and
+// their arguments are a few).
+constexpr int kMaxMessageDepth = 32;
 constexpr size_t kMaxStopBytes = 256;
 
 constexpr std::string_view kTextInput = "text_input";
@@ -107,10 +112,25 @@ Result<std::optional<std::string>> ChoiceParameter(const EngineOptions& options,
 
 struct RequestParameters {
   int64_t max_tokens = 16;
+  bool max_tokens_given = false;  // else the default, cut to the room the prompt leaves
   SamplingParams sampling;
   bool seeded = false;
   std::vector<std::string> stops;
 };
+
+// A temperature below this draws as 0 (greedy), as vLLM's does: dividing a
+// logit by it could overflow float32 (1e-45 would make every logit inf).
+constexpr float kGreedyBelow = 1e-5f;
+
+// The sampling controls as the executors take them: a temperature below
+// kGreedyBelow is 0; a top_p that float32 rounds to 0 (0 included: the most
+// likely token alone) is the smallest normal float, which keeps that token
+// alone just the same.
+SamplingParams Normalized(SamplingParams p) {
+  if (p.temperature < kGreedyBelow) p.temperature = 0.0f;
+  p.top_p = std::max(p.top_p, std::numeric_limits<float>::min());
+  return p;
+}
 
 Status BadParameter(const std::string& name, const std::string& why) {
   return InvalidArgument("parameter " + name + ": " + why);
@@ -123,10 +143,12 @@ Result<RequestParameters> ParseRequestParameters(std::string_view text,
   if (text.empty()) return p;
   const Json doc = Json::parse(text, nullptr, false);
   if (!doc.is_object()) return InvalidArgument("the request's parameters are not a JSON object");
-  // Sampling controls this engine does not implement: refused, never ignored.
+  // Controls this engine does not implement (the OpenAI endpoints pass
+  // them on when a request sets them): refused, never ignored.
   for (const char* unsupported :
        {"repetition_penalty", "frequency_penalty", "presence_penalty", "min_p", "logprobs",
-        "top_logprobs", "best_of", "logit_bias", "min_tokens"}) {
+        "top_logprobs", "best_of", "logit_bias", "min_tokens", "echo", "suffix", "response_format",
+        "tools", "tool_choice", "functions", "function_call"}) {
     auto it = doc.find(unsupported);
     if (it != doc.end() && !it->is_null())
       return BadParameter(unsupported, "is not supported by backend llm");
@@ -144,6 +166,7 @@ Result<RequestParameters> ParseRequestParameters(std::string_view text,
                                             std::to_string(max_positions) + ", not " +
                                             v->dump().substr(0, 64));
     p.max_tokens = v->get<int64_t>();
+    p.max_tokens_given = true;
   }
   if (const Json* v = number("temperature")) {
     if (!v->is_number() || v->is_boolean() ||
@@ -153,9 +176,8 @@ Result<RequestParameters> ParseRequestParameters(std::string_view text,
     p.sampling.temperature = static_cast<float>(v->get<double>());
   }
   if (const Json* v = number("top_p")) {
-    if (!v->is_number() || v->is_boolean() || !(v->get<double>() > 0.0 && v->get<double>() <= 1.0))
-      return BadParameter("top_p",
-                          "must be a number above 0 and at most 1, not " + v->dump().substr(0, 64));
+    if (!v->is_number() || v->is_boolean() || !(v->get<double>() >= 0.0 && v->get<double>() <= 1.0))
+      return BadParameter("top_p", "must be a number from 0 to 1, not " + v->dump().substr(0, 64));
     p.sampling.top_p = static_cast<float>(v->get<double>());
   }
   if (const Json* v = number("top_k")) {
@@ -190,6 +212,7 @@ Result<RequestParameters> ParseRequestParameters(std::string_view text,
                             "each must be 1 to " + std::to_string(kMaxStopBytes) + " bytes");
     p.stops = std::move(stops);
   }
+  p.sampling = Normalized(p.sampling);
   return p;
 }
 
@@ -216,6 +239,9 @@ struct Setup {
   std::vector<IoSpec> inputs, outputs;
   std::vector<Out> output_kinds;
   int text_input = -1, messages_input = -1;
+  // Whether the text of a special token in a message is read as that
+  // token (parameters.special_text_in_messages: parse) or refused.
+  bool parse_special_in_messages = false;
   RequestParameters defaults;
   bool batching = false;
 };
@@ -257,6 +283,15 @@ class LlmEngine final : public Engine {
     if (p.sampling.temperature > 0 && !p.seeded) p.sampling.seed = random_();
     ASSIGN_OR_RETURN(std::vector<int32_t> prompt, Prompt(r));
     if (prompt.empty()) return InvalidArgument("the prompt has no token");
+    if (!p.max_tokens_given) {
+      const int64_t positions = scheduler_->limits().max_positions;
+      const int64_t room = positions - static_cast<int64_t>(prompt.size());
+      if (room < 1)
+        return InvalidArgument("the prompt's " + std::to_string(prompt.size()) +
+                               " tokens fill the model's " + std::to_string(positions) +
+                               " positions: none is left to generate");
+      p.max_tokens = std::min(p.max_tokens, room);
+    }
     for (int32_t t : prompt)
       if (t < 0 || t >= s_.config.vocab_size)
         return InvalidArgument("the prompt holds token " + std::to_string(t) +
@@ -377,6 +412,7 @@ class LlmEngine final : public Engine {
       nlohmann::ordered_json listed = nlohmann::ordered_json::parse(*messages, nullptr, false);
       if (!listed.is_array() || listed.empty())
         return InvalidArgument("messages must be a non-empty JSON list");
+      RETURN_IF_ERROR(CheckMessages(listed));
       nlohmann::ordered_json context = s_.prompting.SpecialTokens();
       context["messages"] = std::move(listed);
       context["tools"] = nullptr;
@@ -391,8 +427,88 @@ class LlmEngine final : public Engine {
     ASSIGN_OR_RETURN(const std::string_view text, element(s_.text_input));
     if (text.size() > static_cast<size_t>(scheduler_->limits().max_positions) * 64)
       return InvalidArgument("text_input of " + std::to_string(text.size()) +
-                             " bytes is longer than the model's positions could hold");
+                             " bytes is longer than the model's " +
+                             std::to_string(scheduler_->limits().max_positions) +
+                             " positions could hold (at most 64 bytes a token)");
     return s_.tokenizer->Encode(text, /*add_special_tokens=*/true, /*parse_special=*/true);
+  }
+
+  // Readies an OpenAI messages list for a text-only chat template, in
+  // place: a content given as a list of text parts becomes their texts
+  // joined by newlines (as vLLM gives them to such templates); a null
+  // content (an assistant's turn with tool calls) becomes empty. Refused,
+  // naming the message: a part that is not text, a content of another
+  // type, and (unless the model parses them) the text of a special token
+  // in any string of a message, which the template's output, encoded with
+  // its special tokens parsed, would turn into that token: a user could
+  // otherwise end their turn and write another role's.
+  Status CheckMessages(nlohmann::ordered_json& messages) const {
+    for (size_t i = 0; i < messages.size(); ++i) {
+      nlohmann::ordered_json& message = messages[i];
+      const std::string where = "messages[" + std::to_string(i) + "]";
+      if (!message.is_object()) return InvalidArgument(where + " must be an object");
+      auto content = message.find("content");
+      if (content != message.end()) {
+        if (content->is_null()) {
+          *content = "";
+        } else if (content->is_array()) {
+          std::string joined;
+          for (size_t j = 0; j < content->size(); ++j) {
+            const nlohmann::ordered_json& part = (*content)[j];
+            const std::string at = where + ".content[" + std::to_string(j) + "]";
+            if (!part.is_object()) return InvalidArgument(at + " must be an object");
+            auto type = part.find("type");
+            auto text = part.find("text");
+            if (type == part.end() || !type->is_string())
+              return InvalidArgument(at + " needs a string 'type'");
+            if (*type != "text")
+              return InvalidArgument(at + " is a part of type '" +
+                                     type->get<std::string>().substr(0, 64) +
+                                     "': backend llm takes text parts only");
+            if (text == part.end() || !text->is_string())
+              return InvalidArgument(at + " needs a string 'text'");
+            if (j > 0) joined += '\n';
+            joined += text->get<std::string>();
+          }
+          *content = std::move(joined);
+        } else if (!content->is_string()) {
+          return InvalidArgument(where + ".content must be a string, a list of text parts or null");
+        }
+      }
+      if (!s_.parse_special_in_messages) RETURN_IF_ERROR(RefuseSpecialText(message, where, 0));
+    }
+    return Status::Ok();
+  }
+
+  // InvalidArgument when a string in `value` (keys included) holds the text
+  // of a special token, or when it nests deeper than a message needs.
+  Status RefuseSpecialText(const nlohmann::ordered_json& value, const std::string& where,
+                           int depth) const {
+    if (depth > kMaxMessageDepth)
+      return InvalidArgument(where + " nests deeper than " + std::to_string(kMaxMessageDepth) +
+                             " levels");
+    const auto check = [&](const std::string& text, const std::string& at) -> Status {
+      ASSIGN_OR_RETURN(const std::optional<std::string> special,
+                       s_.tokenizer->FirstSpecialToken(text));
+      if (!special.has_value()) return Status::Ok();
+      return InvalidArgument(at + " holds \"" + special->substr(0, 64) +
+                             "\", the text of a special token, which the chat template's output "
+                             "would read as that token (the model's "
+                             "parameters.special_text_in_messages: parse allows it)");
+    };
+    if (value.is_string()) return check(value.get<std::string>(), where);
+    if (value.is_object()) {
+      for (auto it = value.begin(); it != value.end(); ++it) {
+        RETURN_IF_ERROR(check(it.key(), where));
+        RETURN_IF_ERROR(
+            RefuseSpecialText(it.value(), where + "." + it.key().substr(0, 64), depth + 1));
+      }
+    } else if (value.is_array()) {
+      for (size_t i = 0; i < value.size(); ++i)
+        RETURN_IF_ERROR(
+            RefuseSpecialText(value[i], where + "[" + std::to_string(i) + "]", depth + 1));
+    }
+    return Status::Ok();
   }
 
   // Takes the stream's next token. An error (a token the tokenizer cannot
@@ -578,6 +694,26 @@ Result<std::unique_ptr<Engine>> CreateLlmEngine(const std::vector<TensorView>& w
     text_side = std::async(std::launch::deferred, read_text_side);
   }
 
+  // The config's parameters: the engine's, and those the server reads for
+  // every model (server/model_config.cc). Another name is a typo or a
+  // parameter of another backend: refused, never ignored.
+  static constexpr std::string_view kParameters[] = {
+      "block_size",        "max_tokens_per_step", "max_positions", "kv_cache_bytes",
+      "kv_cache_fraction", "default_max_tokens",  "gemm_engine",   "special_text_in_messages"};
+  static constexpr std::string_view kServerParameters[] = {
+      "max_streams", "resumable",     "standby_workers", "standby_mode",
+      "zygote",      "max_sequences", "allow_tf32"};
+  for (const auto& [name, value] : options.parameters) {
+    const auto known = [&name](const auto& names) {
+      return std::find(std::begin(names), std::end(names), name) != std::end(names);
+    };
+    if (known(kParameters) || known(kServerParameters)) continue;
+    std::string listed;
+    for (std::string_view n : kParameters) listed += (listed.empty() ? "" : ", ") + std::string(n);
+    return InvalidArgument("parameters." + name.substr(0, 64) +
+                           ": backend llm has no such parameter (its own are " + listed + ")");
+  }
+
   // The engine's limits, from the config's parameters.
   ASSIGN_OR_RETURN(auto block_size, IntParameter(options, "block_size", 1, 1024));
   ASSIGN_OR_RETURN(auto step_tokens, IntParameter(options, "max_tokens_per_step", 1, 1 << 20));
@@ -608,6 +744,9 @@ Result<std::unique_ptr<Engine>> CreateLlmEngine(const std::vector<TensorView>& w
     return InvalidArgument(
         "parameters.kv_cache_fraction is for a GPU; on the CPU give "
         "kv_cache_bytes");
+  ASSIGN_OR_RETURN(auto special_text,
+                   ChoiceParameter(options, "special_text_in_messages", {"refuse", "parse"}));
+  s.parse_special_in_messages = special_text == std::optional<std::string>("parse");
   ASSIGN_OR_RETURN(auto gemms,
                    ChoiceParameter(options, "gemm_engine", {"timed", "cublaslt", "hearth"}));
   if (gemms.has_value()) {
@@ -621,6 +760,7 @@ Result<std::unique_ptr<Engine>> CreateLlmEngine(const std::vector<TensorView>& w
   s.defaults.sampling.temperature = s.config.default_temperature;
   s.defaults.sampling.top_p = s.config.default_top_p;
   s.defaults.sampling.top_k = s.config.default_top_k;
+  s.defaults.sampling = Normalized(s.defaults.sampling);
 
   Result<std::unique_ptr<Executor>> made = make_executor(s.config, s.weights, eo);
   // A file's error first, as when the files were read before the executor.

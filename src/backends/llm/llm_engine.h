@@ -18,7 +18,9 @@
 // default 64 MiB on the CPU and 0.5 on a GPU), block_size (tokens per KV
 // block, 16), max_tokens_per_step (the prefill budget of one step, 2048),
 // max_positions (at most the model's; default the model's, capped at
-// 32768), default_max_tokens (16).
+// 32768), default_max_tokens (16), gemm_engine (GPU: timed, cublaslt or
+// hearth), special_text_in_messages (refuse or parse). Any other name but
+// those the server reads for every model fails the model.
 #pragma once
 
 #include <functional>

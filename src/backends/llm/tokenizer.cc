@@ -262,6 +262,38 @@ Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add_s
   return ids;
 }
 
+Result<std::optional<std::string>> Tokenizer::FirstSpecialToken(std::string_view text) const {
+  const TokenizerData& data = *data_;
+  std::string repaired;
+  if (!tokenizer_internal::IsValidUtf8(text)) {
+    tokenizer_internal::AppendUtf8Lossy(text, &repaired);
+    text = repaired;
+  }
+  // Encode's two passes: the added tokens of the raw text, then those of
+  // each normalized piece between them.
+  const auto special = [&](const std::vector<Segment>& segments) -> const AddedToken* {
+    for (const Segment& segment : segments) {
+      if (segment.id < 0) continue;
+      for (const AddedToken& token : data.added)
+        if (token.id == segment.id && token.special) return &token;
+    }
+    return nullptr;
+  };
+  std::vector<Segment> raw_segments;
+  std::vector<Segment> segments;
+  std::string normalized;
+  SplitAdded(text, data.raw_matcher, data.added, /*parse_special=*/true, &raw_segments);
+  if (const AddedToken* token = special(raw_segments)) return std::optional(token->content);
+  for (const Segment& raw : raw_segments) {
+    if (raw.id >= 0 || raw.text.empty()) continue;
+    normalized.assign(raw.text);
+    RETURN_IF_ERROR(tokenizer_internal::Normalize(data.normalizer, &normalized));
+    SplitAdded(normalized, data.normalized_matcher, data.added, /*parse_special=*/true, &segments);
+    if (const AddedToken* token = special(segments)) return std::optional(token->content);
+  }
+  return std::optional<std::string>();
+}
+
 Result<std::string> Tokenizer::Decode(std::span<const int32_t> ids,
                                       bool skip_special_tokens) const {
   const TokenizerData& data = *data_;

@@ -91,6 +91,13 @@ class Tokenizer {
   Result<std::vector<int32_t>> Encode(std::string_view text, bool add_special_tokens,
                                       bool parse_special) const;
 
+  // The first special added token that Encode(text, ..., parse_special =
+  // true) would make of `text` (its content, "<|eot_id|>"); nullopt when
+  // there is none: then the text encodes the same either way. For text a
+  // request brings into a prompt that is otherwise encoded with its special
+  // tokens parsed (a chat template's output).
+  Result<std::optional<std::string>> FirstSpecialToken(std::string_view text) const;
+
   // The text of `ids`, as `tokenizers`' decode(ids, skip_special_tokens)
   // gives it (bytes that are not valid UTF-8 become U+FFFD as `tokenizers`
   // does). InvalidArgument naming the first id that is negative, at least
