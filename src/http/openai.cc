@@ -1,6 +1,9 @@
 #include "http/openai.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <new>
 #include <nlohmann/json.hpp>
@@ -63,6 +66,53 @@ std::optional<int64_t> IntegerOf(const Json& value) {
   return std::nullopt;
 }
 
+// Fields a request may set that change what the model generates, beyond
+// those read below: passed on to the model's parameters under their own
+// names when set to anything but their neutral value (what OpenAI's clients
+// send when the user set nothing), so that the model uses or refuses them
+// (backend llm refuses all but top_k by name). vLLM's sampling extras too.
+struct PassedOn {
+  const char* name;
+  bool (*neutral)(const Json&);
+};
+
+bool IsFalse(const Json& v) { return v.is_boolean() && !v.get<bool>(); }
+bool IsZero(const Json& v) { return v.is_number() && v.get<double>() == 0.0; }
+bool IsOne(const Json& v) { return v.is_number() && v.get<double>() == 1.0; }
+bool IsEmpty(const Json& v) {
+  return (v.is_object() || v.is_array() || v.is_string()) && v.empty();
+}
+bool IsTextFormat(const Json& v) {
+  return v.is_object() && v.size() == 1 && v.contains("type") && v["type"] == "text";
+}
+bool IsNone(const Json& v) { return v == "none"; }
+bool Never(const Json&) { return false; }
+
+constexpr PassedOn kPassedOn[] = {
+    {"top_k", Never},
+    {"logprobs", IsFalse},
+    {"top_logprobs", IsZero},
+    {"best_of", IsOne},
+    {"logit_bias", IsEmpty},
+    {"presence_penalty", IsZero},
+    {"frequency_penalty", IsZero},
+    {"echo", IsFalse},
+    {"suffix", IsEmpty},
+    {"response_format", IsTextFormat},
+    {"tools", IsEmpty},
+    {"tool_choice", IsNone},
+    {"functions", IsEmpty},
+    {"function_call", IsNone},
+    {"min_p", IsZero},
+    {"repetition_penalty", IsOne},
+    {"min_tokens", IsZero},
+};
+
+// Fields that change nothing a model computes: read (stream_options) or
+// taken and not used, as OpenAI's own service does not use them to answer.
+constexpr const char* kNoEffect[] = {
+    "user", "metadata", "store", "service_tier", "parallel_tool_calls", "stream_options"};
+
 Result<OpenAiRequest> Parse(std::string_view body, OpenAiEndpoint endpoint, std::string* param) {
   ASSIGN_OR_RETURN(const Json doc, ParseJsonBody(body));
   if (!doc.is_object()) {
@@ -122,11 +172,18 @@ Result<OpenAiRequest> Parse(std::string_view body, OpenAiEndpoint endpoint, std:
   }
 
   Ordered parameters = Ordered::object();
-  if (const Json* max_tokens = Field(doc, "max_tokens")) {
-    request.max_tokens = IntegerOf(*max_tokens);
-    if (!request.max_tokens.has_value() || *request.max_tokens < 1) {
-      return bad("max_tokens", "'max_tokens' must be a positive integer");
+  // max_completion_tokens: the chat API's newer name for max_tokens.
+  for (const char* name : {"max_tokens", "max_completion_tokens"}) {
+    const Json* max_tokens = Field(doc, name);
+    if (max_tokens == nullptr) continue;
+    const std::optional<int64_t> value = IntegerOf(*max_tokens);
+    if (!value.has_value() || *value < 1) {
+      return bad(name, "'" + std::string(name) + "' must be a positive integer");
     }
+    if (request.max_tokens.has_value() && request.max_tokens != value) {
+      return bad(name, "'max_tokens' and 'max_completion_tokens' differ; give one");
+    }
+    request.max_tokens = value;
     parameters["max_tokens"] = *max_tokens;
   }
   if (const Json* temperature = Field(doc, "temperature")) {
@@ -150,8 +207,30 @@ Result<OpenAiRequest> Parse(std::string_view body, OpenAiEndpoint endpoint, std:
     parameters["stop"] = *stop;
   }
   if (const Json* seed = Field(doc, "seed")) {
-    if (!IntegerOf(*seed).has_value()) return bad("seed", "'seed' must be an integer");
+    if (!seed->is_number_integer()) return bad("seed", "'seed' must be an integer");
     parameters["seed"] = *seed;
+  }
+  for (const PassedOn& field : kPassedOn) {
+    const Json* value = Field(doc, field.name);
+    if (value != nullptr && !field.neutral(*value)) parameters[field.name] = *value;
+  }
+  // A field of no name above is refused, as OpenAI's service does: a typo
+  // or a control this server does not have must not pass unnoticed.
+  const char* const input = endpoint == OpenAiEndpoint::kCompletions ? "prompt" : "messages";
+  static constexpr const char* kRead[] = {
+      "model",       "stream", "n",    "max_tokens", "max_completion_tokens",
+      "temperature", "top_p",  "stop", "seed"};
+  for (const auto& item : doc.items()) {
+    const std::string& key = item.key();
+    const auto named = [&key](const char* name) { return key == name; };
+    if (key == input || std::any_of(std::begin(kRead), std::end(kRead), named) ||
+        std::any_of(std::begin(kNoEffect), std::end(kNoEffect), named) ||
+        std::any_of(std::begin(kPassedOn), std::end(kPassedOn),
+                    [&key](const PassedOn& p) { return key == p.name; })) {
+      continue;
+    }
+    *param = key.substr(0, 64);
+    return InvalidArgument("unrecognized request argument supplied: " + Quote(*param));
   }
   if (!parameters.empty()) request.parameters_json = Dump(parameters);
   return request;
@@ -192,6 +271,22 @@ Result<std::optional<std::string>> Text(const InferResponse& response, std::stri
   return std::optional<std::string>(std::move(text));
 }
 
+// The field a model's refusal names: backend llm writes "parameter NAME:"
+// and "messages[i]...". Empty when it names none.
+std::string ParamNamed(std::string_view message) {
+  if (const size_t at = message.find("parameter "); at != std::string_view::npos) {
+    const size_t start = at + 10;
+    size_t end = start;
+    while (end < message.size() &&
+           (std::isalnum(static_cast<unsigned char>(message[end])) != 0 || message[end] == '_'))
+      ++end;
+    if (end > start && end < message.size() && message[end] == ':')
+      return std::string(message.substr(start, end - start));
+  }
+  if (message.find("messages[") != std::string_view::npos) return "messages";
+  return "";
+}
+
 }  // namespace
 
 std::string OpenAiErrorJson(const OpenAiError& error) {
@@ -209,7 +304,7 @@ OpenAiError OpenAiErrorFor(const Status& status, std::string_view param) {
     case StatusCode::kInvalidArgument:
     case StatusCode::kFailedPrecondition:
       error.status = 400;
-      error.param = std::string(param);
+      error.param = param.empty() ? ParamNamed(status.message()) : std::string(param);
       break;
     case StatusCode::kNotFound:
       error.status = 404;

@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "common/bytes_tensor.h"
 #include "http/generate.h"
@@ -43,7 +45,7 @@ TEST(OpenAiCodec, NullFieldsCountAsNotGivenAndParametersKeepTheirValues) {
   std::string param;
   Result<OpenAiRequest> request = ParseOpenAiRequest(
       R"({"model":"m","prompt":"p","max_tokens":null,"n":null,"stream":null,"stop":"x",)"
-      R"("temperature":0,"seed":-3,"extra":{"deep":[1]}})",
+      R"("temperature":0,"seed":-3,"user":"u-1","stream_options":{"include_usage":true}})",
       OpenAiEndpoint::kCompletions, &param);
   ASSERT_TRUE(request.ok()) << request.status().ToString();
   EXPECT_FALSE(request->stream);
@@ -55,6 +57,65 @@ TEST(OpenAiCodec, NullFieldsCountAsNotGivenAndParametersKeepTheirValues) {
                          OpenAiEndpoint::kCompletions, &param);
   EXPECT_FALSE(huge.ok());
   EXPECT_EQ(param, "max_tokens");
+}
+
+TEST(OpenAiCodec, ControlsTheModelMayNotHaveArePassedOnUnlessNeutralAndUnknownFieldsRefused) {
+  std::string param;
+  // Neutral values (what clients send when the user set nothing) are dropped.
+  Result<OpenAiRequest> neutral = ParseOpenAiRequest(
+      R"({"model":"m","messages":[{"role":"user","content":"hi"}],"logprobs":false,)"
+      R"("presence_penalty":0,"frequency_penalty":0.0,"logit_bias":{},"best_of":1,"echo":false,)"
+      R"("response_format":{"type":"text"},"tools":[],"tool_choice":"none","n":1})",
+      OpenAiEndpoint::kChatCompletions, &param);
+  ASSERT_TRUE(neutral.ok()) << neutral.status().ToString();
+  EXPECT_EQ(neutral->parameters_json, "");
+  // Others reach the model as sent, for it to use or refuse by name.
+  Result<OpenAiRequest> set = ParseOpenAiRequest(
+      R"({"model":"m","prompt":"p","top_k":5,"logprobs":2,"presence_penalty":0.5,)"
+      R"("logit_bias":{"50256":-100},"echo":true,"min_p":0.1,"seed":18446744073709551615})",
+      OpenAiEndpoint::kCompletions, &param);
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ(json::parse(set->parameters_json),
+            json::parse(R"({"seed":18446744073709551615,"top_k":5,"logprobs":2,)"
+                        R"("presence_penalty":0.5,"logit_bias":{"50256":-100},"echo":true,)"
+                        R"("min_p":0.1})"));
+  // max_completion_tokens is chat's name for max_tokens.
+  Result<OpenAiRequest> chat = ParseOpenAiRequest(
+      R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":3})",
+      OpenAiEndpoint::kChatCompletions, &param);
+  ASSERT_TRUE(chat.ok()) << chat.status().ToString();
+  EXPECT_EQ(chat->max_tokens, std::optional<int64_t>(3));
+  EXPECT_EQ(json::parse(chat->parameters_json), json::parse(R"({"max_tokens":3})"));
+  const std::vector<std::tuple<std::string, OpenAiEndpoint, std::string, std::string>> bad = {
+      {R"({"model":"m","prompt":"p","temprature":1})", OpenAiEndpoint::kCompletions, "temprature",
+       "unrecognized request argument supplied: \"temprature\""},
+      {R"({"model":"m","prompt":"p","messages":[]})", OpenAiEndpoint::kCompletions, "messages",
+       "unrecognized"},
+      {R"({"model":"m","messages":[{"role":"user"}],"prompt":"p"})",
+       OpenAiEndpoint::kChatCompletions, "prompt", "unrecognized"},
+      {R"({"model":"m","messages":[{"role":"user"}],"max_tokens":2,"max_completion_tokens":3})",
+       OpenAiEndpoint::kChatCompletions, "max_completion_tokens", "differ"},
+      {R"({"model":"m","messages":[{"role":"user"}],"max_completion_tokens":0})",
+       OpenAiEndpoint::kChatCompletions, "max_completion_tokens", "positive integer"},
+      {R"({"model":"m","prompt":"p","seed":1.5})", OpenAiEndpoint::kCompletions, "seed", "integer"},
+  };
+  for (const auto& [body, endpoint, field, message] : bad) {
+    Result<OpenAiRequest> refused = ParseOpenAiRequest(body, endpoint, &param);
+    ASSERT_FALSE(refused.ok()) << body;
+    EXPECT_EQ(param, field) << body;
+    EXPECT_NE(refused.status().message().find(message), std::string::npos)
+        << body << ": " << refused.status().message();
+  }
+}
+
+TEST(OpenAiCodec, AModelsRefusalNamesTheParameterItNames) {
+  EXPECT_EQ(OpenAiErrorFor(InvalidArgument("parameter max_tokens: must be an integer"), "").param,
+            "max_tokens");
+  EXPECT_EQ(OpenAiErrorFor(InvalidArgument("messages[2].content holds \"<|eot_id|>\""), "").param,
+            "messages");
+  EXPECT_EQ(OpenAiErrorFor(InvalidArgument("the prompt has no token"), "").param, "");
+  EXPECT_EQ(OpenAiErrorFor(InvalidArgument("parameter top_p: x"), "model").param, "model");
+  EXPECT_EQ(OpenAiErrorFor(Internal("parameter top_p: x"), "").status, 500);
 }
 
 TEST(OpenAiCodec, AModelWithTheWrongKindOfTextInputOrOutputIsNamed) {
