@@ -137,6 +137,9 @@ Status ServeStreams(WorkerSession& session, Engine& engine) {
       case WorkerSession::StreamEvent::kCancelled:
         engine.Cancel(event.id);
         sink.Forget(event.id);
+        // A cancel can leave the engine idle, and the loop then waits for
+        // the next event: what it holds now is told before that wait.
+        if (!engine.busy()) RETURN_IF_ERROR(MaybeSendCounters(session, engine, sent, steps));
         continue;
       case WorkerSession::StreamEvent::kNone:
         break;

@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <map>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -169,6 +170,75 @@ TEST(EngineLoop, ServesFourStreamsACancelAndAResume) {
   EXPECT_EQ(s.Number(one), 0);
 
   s.control.Reset();  // the server goes away: the loop ends, OK
+  worker.join();
+  EXPECT_TRUE(served.ok()) << served.ToString();
+}
+
+// Holds every stream it is given until it is cancelled, answering none;
+// its counters say how many it holds.
+class HoldingEngine final : public Engine {
+ public:
+  const std::vector<IoSpec>& inputs() const override { return inputs_; }
+  const std::vector<IoSpec>& outputs() const override { return outputs_; }
+  uint32_t capacity() const override { return 4; }
+  uint64_t device_memory_bytes() const override { return 0; }
+  bool busy() const override { return !held_.empty(); }
+  void Cancel(uint64_t id) override { held_.erase(id); }
+  Status Add(uint64_t id, const EngineRequest&) override {
+    held_.insert(id);
+    return Status::Ok();
+  }
+  Status Step(ResponseSink&) override { return Status::Ok(); }
+  EngineCounters counters() const override { return {held_.size(), 4, 0}; }
+
+ private:
+  std::vector<IoSpec> inputs_{{"n", DType::kI64, {1}}};
+  std::vector<IoSpec> outputs_{{"token_ids", DType::kI64, {-1}}};
+  std::set<uint64_t> held_;
+};
+
+TEST(EngineLoop, AnEngineLeftIdleByACancelTellsItsCountersAtOnce) {
+  Server s;
+  control::Setup setup;
+  setup.decoupled = true;
+  setup.parameters["max_streams"] = "4";
+  ASSERT_TRUE(control::SendSetup(s.control.get(), setup).ok());
+  s.ring.slot_bytes = s.size;
+  ASSERT_TRUE(control::SendRing(s.control.get(), s.ring).ok());
+  Status served = Internal("not run");
+  std::thread worker([&] {
+    auto session = WorkerSession::Open(s.worker_control, s.worker_slot, 5000);
+    ASSERT_TRUE(session.ok()) << session.status().ToString();
+    HoldingEngine engine;
+    ASSERT_TRUE((*session)->Ready(engine.inputs(), engine.outputs(), 0, "test").ok());
+    served = ServeStreams(**session, engine);
+  });
+  ASSERT_TRUE(control::ReceiveKind(s.control.get(), 10000, {control::Kind::kReady}).ok());
+  // The stats the worker sends next, past the final responses of the
+  // streams cancelled (credited).
+  const auto next_stats = [&]() -> control::EngineStats {
+    for (;;) {
+      auto m = control::ReceiveKind(s.control.get(), 10000,
+                                    {control::Kind::kEngineStats, control::Kind::kResponse});
+      EXPECT_TRUE(m.ok()) << m.status().ToString();
+      if (!m.ok()) return control::EngineStats{};
+      if (m->kind == control::Kind::kEngineStats) return m->engine_stats;
+      EXPECT_TRUE(m->response.final);
+      EXPECT_TRUE(control::SendCredit(s.control.get(), control::Credit{1}).ok());
+    }
+  };
+  EXPECT_EQ(next_stats().kv_blocks_used, 0u);  // at the start
+  ASSERT_TRUE(s.Open(1, 5).ok());
+  ASSERT_TRUE(s.Open(2, 5).ok());
+  // While busy, at most once every few dozen steps: two streams held.
+  control::EngineStats busy = next_stats();
+  while (busy.kv_blocks_used < 2) busy = next_stats();
+  EXPECT_EQ(busy.kv_blocks_used, 2u);
+  const std::vector<uint64_t> cancel = {1, 2};
+  ASSERT_TRUE(control::SendCancel(s.control.get(), cancel).ok());
+  // Idle now, with no step to come: the stats say so without one.
+  EXPECT_EQ(next_stats().kv_blocks_used, 0u);
+  s.control.Reset();
   worker.join();
   EXPECT_TRUE(served.ok()) << served.ToString();
 }
