@@ -248,7 +248,7 @@ bool StreamRunner::HandleResponse(control::Response& r) {
   }
   Job& job = *s.job;
   if (r.status_code != 0) {
-    stats_.failure += 1;
+    // Counted failed by the job's done (Server::Impl::Counted), as every request.
     job.done(Status(static_cast<StatusCode>(r.status_code), r.text));
     Finish(it);
     return true;
