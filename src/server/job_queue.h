@@ -4,6 +4,8 @@
 // agree. Time comes from a QueueClock, so that tests can drive it.
 #pragma once
 
+#include <unistd.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -14,8 +16,6 @@
 #include <mutex>
 #include <string>
 #include <vector>
-
-#include <unistd.h>
 
 #include "common/checked_size.h"
 #include "hearth/status.h"
@@ -75,20 +75,41 @@ class JobQueue {
  public:
   explicit JobQueue(size_t capacity, const QueueClock* clock = nullptr)
       : capacity_(capacity), clock_(clock != nullptr ? clock : &QueueClock::Real()) {}
+  // Full, the queue first lets go of the requests whose clients went away
+  // (answered as cancelled): they would never run, and must not keep a live
+  // client's request out.
   Status Push(std::shared_ptr<Job> job) {
-    std::lock_guard lock(mu_);
-    if (closed_) return Unavailable("the server is shutting down");
-    if (jobs_.size() >= capacity_)
-      return ResourceExhausted("queue full: " + std::to_string(capacity_) + " requests waiting");
-    // After every job of its level or a higher one (at once when all share
-    // one level, the usual case).
-    auto at = jobs_.end();
-    while (at != jobs_.begin() && (*std::prev(at))->priority > job->priority) --at;
-    jobs_.insert(at, std::move(job));
-    WakeIdle();
-    PokeWakers();
-    forming_.notify_all();
-    return Status::Ok();
+    std::vector<std::shared_ptr<Job>> abandoned;
+    Status pushed = Status::Ok();
+    {
+      std::lock_guard lock(mu_);
+      if (closed_) return Unavailable("the server is shutting down");
+      if (jobs_.size() >= capacity_) {
+        std::erase_if(jobs_, [&abandoned](std::shared_ptr<Job>& queued) {
+          if (!queued->request.cancelled || !queued->request.cancelled->load()) return false;
+          abandoned.push_back(std::move(queued));
+          return true;
+        });
+      }
+      if (jobs_.size() >= capacity_) {
+        pushed =
+            ResourceExhausted("queue full: " + std::to_string(capacity_) + " requests waiting");
+      } else {
+        // After every job of its level or a higher one (at once when all
+        // share one level, the usual case).
+        auto at = jobs_.end();
+        while (at != jobs_.begin() && (*std::prev(at))->priority > job->priority) --at;
+        jobs_.insert(at, std::move(job));
+        WakeIdle();
+        PokeWakers();
+        forming_.notify_all();
+      }
+    }
+    for (auto& gone : abandoned) {
+      gone->done(Unavailable("request '" + gone->request.id +
+                             "' was cancelled before it ran: its client went away"));
+    }
+    return pushed;
   }
   void PushFront(std::shared_ptr<Job> job) {
     std::lock_guard lock(mu_);

@@ -198,14 +198,50 @@ TEST(JobQueue, AFullQueueRefusesAndAClosedOneDrains) {
 namespace hearth {
 namespace {
 
+TEST(JobQueue, AFullQueueLetsGoOfRequestsWhoseClientsWentAwayToTakeALiveOne) {
+  Harness h;
+  std::vector<std::shared_ptr<std::atomic<bool>>> flags;
+  for (int i = 0; i < 16; ++i) {
+    auto job = h.Make(std::to_string(i), 1);
+    flags.push_back(std::make_shared<std::atomic<bool>>(false));
+    job->request.cancelled = flags.back();
+    ASSERT_TRUE(h.queue.Push(job).ok());
+  }
+  EXPECT_EQ(h.queue.Push(h.Make("live-1", 1)).code(), StatusCode::kResourceExhausted);
+  // Two clients go away: their requests give up their places.
+  flags[3]->store(true);
+  flags[9]->store(true);
+  EXPECT_TRUE(h.queue.Push(h.Make("live-2", 1)).ok());
+  EXPECT_EQ(h.queue.size(), 15u);  // both let go; one place taken
+  {
+    std::lock_guard lock(h.mu);
+    ASSERT_EQ(h.answered.size(), 2u);
+    EXPECT_NE(h.answered[0].find("3:request '3' was cancelled"), std::string::npos)
+        << h.answered[0];
+    EXPECT_NE(h.answered[1].find("9:request '9' was cancelled"), std::string::npos)
+        << h.answered[1];
+  }
+  EXPECT_TRUE(h.queue.Push(h.Make("live-3", 1)).ok());
+  EXPECT_EQ(h.queue.Push(h.Make("live-4", 1)).code(), StatusCode::kResourceExhausted);
+  // The live requests keep their order behind the others.
+  std::vector<std::string> order;
+  h.queue.Close();
+  for (auto b = h.queue.PopBatch(Policy(16, 0), std::chrono::hours(1)); !b.empty();
+       b = h.queue.PopBatch(Policy(16, 0), std::chrono::hours(1))) {
+    for (const std::string& id : Harness::Ids(b)) order.push_back(id);
+  }
+  ASSERT_EQ(order.size(), 16u);
+  EXPECT_EQ(order[14], "live-2");
+  EXPECT_EQ(order[15], "live-3");
+}
+
 TEST(JobQueue, ANudgeEndsAnIdleWaitAtOnce) {
   JobQueue q(4);
   BatchPolicy policy;
   // An hour of idle wait, ended by a nudge (repeated until the waiter is
   // waiting: one that came before it started would be none of its business).
-  auto waiter = std::async(std::launch::async, [&] {
-    return q.PopBatch(policy, std::chrono::hours(1)).size();
-  });
+  auto waiter = std::async(std::launch::async,
+                           [&] { return q.PopBatch(policy, std::chrono::hours(1)).size(); });
   while (waiter.wait_for(std::chrono::milliseconds(1)) != std::future_status::ready) q.Nudge();
   EXPECT_EQ(waiter.get(), 0u);
 }
