@@ -16,10 +16,10 @@
 #   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart coldstart multigpu gemm tokenizer-fixtures llm-step startup suite
 # (GEN_BACKEND=llm runs the generate section on backend: llm instead of the Python example.)
 # (multigpu runs only where nvidia-smi lists 2 GPUs or more.)
-# (SERVE_PART=1 or 2 runs the first or second half of tests/serve's files in
-# the serve-tests section, each half within one 10-minute device call;
-# SERVE_TIMEOUT, default 500 s, bounds it. Each test's result is logged as it
-# ends, so a run cut short still names its failures.)
+# (The serve-tests section runs tests/serve's files SERVE_JOBS at a time, 4
+# by default, each bounded by SERVE_TIMEOUT, default 500 s; SERVE_PART=1 or 2
+# runs only the first or second half of the files. Each test's result is
+# logged as it ends, so a file cut short still names its failures.)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SECTIONS=${SECTIONS:-"host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart coldstart multigpu gemm llm-step startup suite"}
@@ -77,12 +77,24 @@ if want serve-tests; then
     2) serve_files=("${serve_files[@]:$half}") ;;
   esac
   [ ${#serve_files[@]} -gt 0 ] || { echo "SERVE_PART=${SERVE_PART:-}: no files" >&2; exit 2; }
-  HEARTH_TEST_DEVICE=cuda HEARTH_TEST_LOG_DIR=$OUT HEARTH_CLI=$PWD/$BUILD/bin/hearth timeout "${SERVE_TIMEOUT:-500}" \
-    python3 -m pytest -v -rfEs --tb=short --durations=15 "${serve_files[@]}" \
-    -p no:cacheprovider > "$OUT/pytest-serve-cuda.log" 2>&1
-  serve_rc=$?
-  grep -E "(FAILED|ERROR)( |$)" "$OUT/pytest-serve-cuda.log" | head -20
-  tail -4 "$OUT/pytest-serve-cuda.log"
+  # One pytest per file, SERVE_JOBS at once (as `make test` runs them under
+  # ctest -j: every file starts its own servers on ports of its own), each
+  # bounded by SERVE_TIMEOUT; their logs are joined in file order.
+  serve_logs=$(mktemp -d)
+  printf '%s\n' "${serve_files[@]}" | HEARTH_TEST_DEVICE=cuda HEARTH_TEST_LOG_DIR=$OUT \
+    HEARTH_CLI=$PWD/$BUILD/bin/hearth LOGS=$serve_logs T=${SERVE_TIMEOUT:-500} \
+    xargs -P "${SERVE_JOBS:-4}" -I{} sh -c 'f={}; n=$(basename "$f" .py); s=$(date +%s);
+      timeout "$T" python3 -m pytest -v -rfEs --tb=short --durations=5 "$f" -p no:cacheprovider \
+        > "$LOGS/$n.log" 2>&1; rc=$?; echo "== $f: exit $rc after $(( $(date +%s) - s )) s" >> "$LOGS/$n.log"'
+  serve_rc=0
+  for f in "${serve_files[@]}"; do
+    cat "$serve_logs/$(basename "$f" .py).log"
+    tail -1 "$serve_logs/$(basename "$f" .py).log" | grep -q ": exit 0 after" || serve_rc=1
+  done > "$OUT/pytest-serve-cuda.log" 2>&1
+  rm -rf "$serve_logs"
+  grep -E "(FAILED|ERROR)( |$)|^== .*: exit" "$OUT/pytest-serve-cuda.log" | grep -v ": exit 0 after" | head -30
+  grep -c ": exit 0 after" "$OUT/pytest-serve-cuda.log" | sed 's/$/ files passed/'
+  grep -E "^== .*: exit" "$OUT/pytest-serve-cuda.log" | sort -t' ' -k6 -n -r | head -5
 fi
 if want serve; then
   echo "== hearth serve on the GPU beside the torch.multiprocessing baseline"
