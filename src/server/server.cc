@@ -321,7 +321,18 @@ Result<std::unique_ptr<ModelRuntime>> Server::Impl::TryBuild(ModelEntry& entry, 
   auto m = std::make_unique<ModelRuntime>();
   m->name = entry.dir.name;
   m->config_ = std::move(config);
-  RETURN_IF_ERROR(Prepare(entry, *m, keep_loaded));
+  RETURN_IF_ERROR(PlaceModel(*m));
+  // The zygote (backend: python) imports torch and the model's code while
+  // the stores read the weights: neither needs the other.
+  m->zygote = MakeZygote(*m, options_);
+  if (m->zygote != nullptr) {
+    if (Status started = m->zygote->Start(); !started.ok()) {
+      spdlog::warn("{}: its workers are exec'd, not forked from a zygote: {}", m->name,
+                   started.message());
+      m->zygote.reset();
+    }
+  }
+  RETURN_IF_ERROR(LoadWeights(entry, *m, keep_loaded));
   int index = 0;
   for (const auto& p : m->placements) {
     if (m->config().standby_hot) {
@@ -341,14 +352,6 @@ Result<std::unique_ptr<ModelRuntime>> Server::Impl::TryBuild(ModelEntry& entry, 
     if (runtime->published) NotifySettled(entry);
   };
   m->on_worker_finished = [this] { WakeReaper(); };
-  m->zygote = MakeZygote(*m, options_);
-  if (m->zygote != nullptr) {
-    if (Status started = m->zygote->Start(); !started.ok()) {
-      spdlog::warn("{}: its workers are exec'd, not forked from a zygote: {}", m->name,
-                   started.message());
-      m->zygote.reset();
-    }
-  }
   {
     // From here Shutdown() can stop it (the workers list is complete).
     std::lock_guard lock(entry.mu);

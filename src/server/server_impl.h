@@ -242,7 +242,8 @@ class Server::Impl {
   Result<std::vector<Placement>> Place(const ModelConfig& c);
   StoreDevice DeviceOf(const Placement& p) const;
   Result<int> VisibleGpus();
-  Status Prepare(ModelEntry& entry, ModelRuntime& m, bool keep_loaded);
+  Status PlaceModel(ModelRuntime& m);
+  Status LoadWeights(ModelEntry& entry, ModelRuntime& m, bool keep_loaded);
   void DropChanged(const std::string& name, const std::map<std::string, ModelEntry::Loaded>& from,
                    const std::map<std::string, ModelEntry::Loaded>& keep);
   void DropFromStore(const std::string& name, const ModelEntry::Loaded& loaded);

@@ -98,16 +98,9 @@ Result<int> Server::Impl::VisibleGpus() {
   return visible_gpus_;
 }
 
-// Prepares what each worker is told (the setup message), places the
-// instances, and has each placement's store hold the weights: the loads of
-// all devices at once, each store reading the checkpoint into its own
-// staging. A store that holds a version for this entry is asked to reuse it;
-// the store decides, comparing the files it finds at the path with those it
-// read that version from (the server never opens the checkpoint). The
-// signature comes from the workers, checked against the config's.
-// `keep_loaded`: what the stores held for the entry is still served (a
-// repository load): the caller drops it once the new runtime replaced it.
-Status Server::Impl::Prepare(ModelEntry& entry, ModelRuntime& m, bool keep_loaded) {
+// Prepares what each worker is told (the setup message) and places the
+// instances, each placement with its device's store.
+Status Server::Impl::PlaceModel(ModelRuntime& m) {
   const ModelConfig& c = m.config();
   auto specs = [](const std::vector<IoConfig>& ios) {
     std::vector<TensorSpec> out;
@@ -122,13 +115,6 @@ Status Server::Impl::Prepare(ModelEntry& entry, ModelRuntime& m, bool keep_loade
   m.setup.version_dir = c.version_dir;
   m.setup.decoupled = c.decoupled;
   ASSIGN_OR_RETURN(std::vector<Placement> placed, Place(c));
-  // A version without weights (backend: python, model.py alone): the stores
-  // hold nothing for it, and its workers attach nothing.
-  const bool weightless = c.checkpoint_path.empty();
-  std::error_code ec;
-  const std::string absolute =
-      weightless ? std::string() : std::filesystem::absolute(c.checkpoint_path, ec).string();
-  if (ec) return InvalidArgument(c.checkpoint_path + ": " + ec.message());
   m.worker_count = 0;
   for (const Placement& where : placed) {
     auto p = std::make_unique<ModelPlacement>(where.workers);
@@ -140,6 +126,26 @@ Status Server::Impl::Prepare(ModelEntry& entry, ModelRuntime& m, bool keep_loade
     m.worker_count += where.workers;
     m.placements.push_back(std::move(p));
   }
+  return Status::Ok();
+}
+
+// Has each placement's store hold the weights: the loads of all devices at
+// once, each store reading the checkpoint into its own staging. A store
+// that holds a version for this entry is asked to reuse it; the store
+// decides, comparing the files it finds at the path with those it read that
+// version from (the server never opens the checkpoint). The signature comes
+// from the workers, checked against the config's. `keep_loaded`: what the
+// stores held for the entry is still served (a repository load): the caller
+// drops it once the new runtime replaced it. Then the model's queue.
+Status Server::Impl::LoadWeights(ModelEntry& entry, ModelRuntime& m, bool keep_loaded) {
+  const ModelConfig& c = m.config();
+  // A version without weights (backend: python, model.py alone): the stores
+  // hold nothing for it, and its workers attach nothing.
+  const bool weightless = c.checkpoint_path.empty();
+  std::error_code ec;
+  const std::string absolute =
+      weightless ? std::string() : std::filesystem::absolute(c.checkpoint_path, ec).string();
+  if (ec) return InvalidArgument(c.checkpoint_path + ": " + ec.message());
   // What the stores hold of an earlier attempt on a device no longer placed
   // (or placed on another store) goes, unless it is still served.
   for (auto it = entry.loaded.begin(); it != entry.loaded.end();) {

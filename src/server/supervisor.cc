@@ -135,10 +135,12 @@ Status StartWorkerProcess(const ModelRuntime& model, const ModelPlacement& place
 std::unique_ptr<WorkerZygote> MakeZygote(const ModelRuntime& model, const ServerOptions& options) {
   const ModelConfig& c = model.config();
   if (!c.zygote || c.backend != "python" || model.placements.empty()) return nullptr;
-  const ModelPlacement& first = *model.placements.front();
-  auto start = [&model, &first, &options](WorkerProcess& process, UniqueFd* control) {
-    std::vector<std::string> args = WorkerArguments(model, first, options, false);
-    args.push_back("--zygote");
+  // Its arguments are taken now: it starts while the stores load the
+  // weights (and attaches none, so the version they get to does not matter
+  // to it).
+  std::vector<std::string> args = WorkerArguments(model, *model.placements.front(), options, false);
+  args.push_back("--zygote");
+  auto start = [&model, args = std::move(args)](WorkerProcess& process, UniqueFd* control) {
     RequestSlot slot;
     UniqueFd mine, theirs;
     RETURN_IF_ERROR(OpenChannel(model, slot, &mine, &theirs));
