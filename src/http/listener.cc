@@ -118,6 +118,9 @@ void Listener::Stop() {
   for (std::thread& thread : threads_) thread.join();
   threads_.clear();
   runtime_.reset();
+  // What a client that saw its connection reset can hold against: every
+  // connection accepted was answered or closed cleanly by the drain.
+  spdlog::info("http: stopped after accepting {} connections", accepted_);
 }
 
 uint16_t Listener::port() const { return port_; }
@@ -213,6 +216,7 @@ void Listener::AcceptReady() {
       return AcceptFailed(error);
     }
     backoff_ = kAcceptBackoffFirst;
+    ++accepted_;
     OpenSession(fd);
   }
   paused_for_limit_ = false;

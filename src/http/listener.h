@@ -92,6 +92,9 @@ class Listener {
   uint64_t evictions_since_log_ = 0;
   Clock::time_point last_evict_log_{};
   uint64_t drain_connection_limit_ = 0;
+  // Connections taken from the backlog since Start (on the acceptor's
+  // strand; read by Stop once the threads are joined).
+  uint64_t accepted_ = 0;
   std::chrono::milliseconds backoff_;
   Clock::time_point last_accept_log_{};
   uint64_t suppressed_accept_errors_ = 0;
