@@ -85,7 +85,10 @@ bool IsEmpty(const Json& v) {
 bool IsTextFormat(const Json& v) {
   return v.is_object() && v.size() == 1 && v.contains("type") && v["type"] == "text";
 }
+bool IsTrue(const Json& v) { return v.is_boolean() && v.get<bool>(); }
 bool IsNone(const Json& v) { return v == "none"; }
+bool IsTextOnly(const Json& v) { return v == Json::array({"text"}); }
+bool IsMedium(const Json& v) { return v == "medium"; }
 bool Never(const Json&) { return false; }
 
 constexpr PassedOn kPassedOn[] = {
@@ -103,15 +106,40 @@ constexpr PassedOn kPassedOn[] = {
     {"tool_choice", IsNone},
     {"functions", IsEmpty},
     {"function_call", IsNone},
+    {"reasoning_effort", Never},
+    {"modalities", IsTextOnly},
+    {"prediction", Never},
+    {"verbosity", IsMedium},
+    {"web_search_options", Never},
     {"min_p", IsZero},
     {"repetition_penalty", IsOne},
     {"min_tokens", IsZero},
+    {"ignore_eos", IsFalse},
+    {"stop_token_ids", IsEmpty},
+    {"include_stop_str_in_output", IsFalse},
+    {"skip_special_tokens", IsTrue},
+    {"spaces_between_special_tokens", IsTrue},
+    {"add_generation_prompt", IsTrue},
+    {"continue_final_message", IsFalse},
+    {"chat_template_kwargs", IsEmpty},
+    {"prompt_logprobs", IsZero},
+    {"guided_json", Never},
+    {"guided_regex", Never},
+    {"guided_choice", Never},
+    {"guided_grammar", Never},
 };
 
 // Fields that change nothing a model computes: read (stream_options) or
 // taken and not used, as OpenAI's own service does not use them to answer.
-constexpr const char* kNoEffect[] = {
-    "user", "metadata", "store", "service_tier", "parallel_tool_calls", "stream_options"};
+// (Identifiers for its caching and abuse monitoring among them.)
+constexpr const char* kNoEffect[] = {"user",
+                                     "metadata",
+                                     "store",
+                                     "service_tier",
+                                     "parallel_tool_calls",
+                                     "stream_options",
+                                     "prompt_cache_key",
+                                     "safety_identifier"};
 
 Result<OpenAiRequest> Parse(std::string_view body, OpenAiEndpoint endpoint, std::string* param) {
   ASSIGN_OR_RETURN(const Json doc, ParseJsonBody(body));
@@ -174,6 +202,7 @@ Result<OpenAiRequest> Parse(std::string_view body, OpenAiEndpoint endpoint, std:
   Ordered parameters = Ordered::object();
   // max_completion_tokens: the chat API's newer name for max_tokens.
   for (const char* name : {"max_tokens", "max_completion_tokens"}) {
+    if (endpoint == OpenAiEndpoint::kCompletions && name != std::string_view("max_tokens")) break;
     const Json* max_tokens = Field(doc, name);
     if (max_tokens == nullptr) continue;
     const std::optional<int64_t> value = IntegerOf(*max_tokens);
@@ -216,14 +245,23 @@ Result<OpenAiRequest> Parse(std::string_view body, OpenAiEndpoint endpoint, std:
   }
   // A field of no name above is refused, as OpenAI's service does: a typo
   // or a control this server does not have must not pass unnoticed.
-  const char* const input = endpoint == OpenAiEndpoint::kCompletions ? "prompt" : "messages";
-  static constexpr const char* kRead[] = {
-      "model",       "stream", "n",    "max_tokens", "max_completion_tokens",
-      "temperature", "top_p",  "stop", "seed"};
+  const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
+  // What the code above reads, for this endpoint.
+  const char* const read[] = {chat ? "messages" : "prompt",
+                              chat ? "max_completion_tokens" : "max_tokens",
+                              "model",
+                              "stream",
+                              "n",
+                              "max_tokens",
+                              "temperature",
+                              "top_p",
+                              "stop",
+                              "seed"};
   for (const auto& item : doc.items()) {
     const std::string& key = item.key();
+    if (item.value().is_null()) continue;  // not given
     const auto named = [&key](const char* name) { return key == name; };
-    if (key == input || std::any_of(std::begin(kRead), std::end(kRead), named) ||
+    if (std::any_of(std::begin(read), std::end(read), named) ||
         std::any_of(std::begin(kNoEffect), std::end(kNoEffect), named) ||
         std::any_of(std::begin(kPassedOn), std::end(kPassedOn),
                     [&key](const PassedOn& p) { return key == p.name; })) {
@@ -271,19 +309,19 @@ Result<std::optional<std::string>> Text(const InferResponse& response, std::stri
   return std::optional<std::string>(std::move(text));
 }
 
-// The field a model's refusal names: backend llm writes "parameter NAME:"
-// and "messages[i]...". Empty when it names none.
+// The field a model's refusal names: backend llm's messages begin
+// "parameter NAME:" or "messages[i]". Empty when it names none (the rest of
+// a message may quote the request, so only its start is read).
 std::string ParamNamed(std::string_view message) {
-  if (const size_t at = message.find("parameter "); at != std::string_view::npos) {
-    const size_t start = at + 10;
-    size_t end = start;
-    while (end < message.size() &&
-           (std::isalnum(static_cast<unsigned char>(message[end])) != 0 || message[end] == '_'))
-      ++end;
-    if (end > start && end < message.size() && message[end] == ':')
-      return std::string(message.substr(start, end - start));
-  }
-  if (message.find("messages[") != std::string_view::npos) return "messages";
+  if (message.starts_with("messages[")) return "messages";
+  if (!message.starts_with("parameter ")) return "";
+  const size_t start = 10;
+  size_t end = start;
+  while (end < message.size() &&
+         (std::isalnum(static_cast<unsigned char>(message[end])) != 0 || message[end] == '_'))
+    ++end;
+  if (end > start && end < message.size() && message[end] == ':')
+    return std::string(message.substr(start, end - start));
   return "";
 }
 

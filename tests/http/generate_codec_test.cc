@@ -65,7 +65,9 @@ TEST(OpenAiCodec, ControlsTheModelMayNotHaveArePassedOnUnlessNeutralAndUnknownFi
   Result<OpenAiRequest> neutral = ParseOpenAiRequest(
       R"({"model":"m","messages":[{"role":"user","content":"hi"}],"logprobs":false,)"
       R"("presence_penalty":0,"frequency_penalty":0.0,"logit_bias":{},"best_of":1,"echo":false,)"
-      R"("response_format":{"type":"text"},"tools":[],"tool_choice":"none","n":1})",
+      R"("response_format":{"type":"text"},"tools":[],"tool_choice":"none","n":1,)"
+      R"("ignore_eos":false,"skip_special_tokens":true,"modalities":["text"],"some_new_field":null,)"
+      R"("prompt_cache_key":"k"})",
       OpenAiEndpoint::kChatCompletions, &param);
   ASSERT_TRUE(neutral.ok()) << neutral.status().ToString();
   EXPECT_EQ(neutral->parameters_json, "");
@@ -98,6 +100,9 @@ TEST(OpenAiCodec, ControlsTheModelMayNotHaveArePassedOnUnlessNeutralAndUnknownFi
       {R"({"model":"m","messages":[{"role":"user"}],"max_completion_tokens":0})",
        OpenAiEndpoint::kChatCompletions, "max_completion_tokens", "positive integer"},
       {R"({"model":"m","prompt":"p","seed":1.5})", OpenAiEndpoint::kCompletions, "seed", "integer"},
+      // Chat's name for max_tokens is not the completions endpoint's.
+      {R"({"model":"m","prompt":"p","max_completion_tokens":3})", OpenAiEndpoint::kCompletions,
+       "max_completion_tokens", "unrecognized"},
   };
   for (const auto& [body, endpoint, field, message] : bad) {
     Result<OpenAiRequest> refused = ParseOpenAiRequest(body, endpoint, &param);
@@ -115,6 +120,13 @@ TEST(OpenAiCodec, AModelsRefusalNamesTheParameterItNames) {
             "messages");
   EXPECT_EQ(OpenAiErrorFor(InvalidArgument("the prompt has no token"), "").param, "");
   EXPECT_EQ(OpenAiErrorFor(InvalidArgument("parameter top_p: x"), "model").param, "model");
+  // Only the message's start is read: the rest may quote the request.
+  EXPECT_EQ(OpenAiErrorFor(InvalidArgument("messages[0].content[0] is a part of type "
+                                           "'parameter top_k: x'"),
+                           "")
+                .param,
+            "messages");
+  EXPECT_EQ(OpenAiErrorFor(InvalidArgument("the prompt quotes parameter top_k: x"), "").param, "");
   EXPECT_EQ(OpenAiErrorFor(Internal("parameter top_p: x"), "").status, 500);
 }
 

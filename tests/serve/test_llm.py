@@ -260,17 +260,26 @@ def test_sampling_controls_at_float32s_edges_leave_other_streams_alone(served):
     """A top_p that float32 rounds to 0, and a temperature whose division
     overflows it, once failed the whole step: every stream on the worker."""
     cases = prompts(3)
-    alone = [generate(served, "llama", t, max_tokens=300) for t, _ in cases]
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        victims = [pool.submit(lambda c=c: read(stream(served, "llama", c[0], max_tokens=300)))
-                   for c in cases]
-        wait_for(lambda: streams_held(served, "llama") >= 1, "a stream open", timeout=60)
-        greedy, _ = generate(served, "llama", "hello world", max_tokens=6)
-        for odd in ({"temperature": 1, "top_p": 1e-300, "seed": 1}, {"temperature": 1e-45, "seed": 1},
-                    {"temperature": 1, "top_p": 0, "seed": 2}):
-            text, _ = generate(served, "llama", "hello world", max_tokens=6, **odd)
-            assert text == greedy, odd  # each keeps the most likely token alone
-        assert [v.result(timeout=300) for v in victims] == alone
+    alone = [generate(served, "llama", t, max_tokens=200) for t, _ in cases]
+    greedy = generate(served, "llama", "hello world", max_tokens=6)
+    odd = [{"temperature": 1, "top_p": 1e-300, "seed": 1}, {"temperature": 1e-45, "seed": 1},
+           {"temperature": 1, "top_p": 0, "seed": 2}]
+    [pid] = model_workers(served["proc"].pid, "llama")
+    # All six open on the stopped worker, so that they share its steps from
+    # the first.
+    os.kill(pid, signal.SIGSTOP)
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        try:
+            victims = [pool.submit(lambda c=c: read(stream(served, "llama", c[0], max_tokens=200)))
+                       for c in cases]
+            odds = [pool.submit(lambda p=p: generate(served, "llama", "hello world", max_tokens=6, **p))
+                    for p in odd]
+            wait_for(lambda: streams_held(served, "llama") == 6, "6 streams open", timeout=60)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        # Each keeps the most likely token alone; the others go on as alone.
+        assert [f.result(timeout=300) for f in odds] == [greedy] * 3
+        assert [f.result(timeout=300) for f in victims] == alone
 
 
 def test_openai_passes_on_what_the_model_takes_and_refuses_the_rest(served):

@@ -108,6 +108,67 @@ Result<std::optional<std::string>> ChoiceParameter(const EngineOptions& options,
                          "' is none of " + listed);
 }
 
+// ---- chat messages ------------------------------------------------------------
+
+std::string AsciiCase(std::string s, bool upper) {
+  for (char& c : s) {
+    if (upper && c >= 'a' && c <= 'z') c = static_cast<char>(c - 32);
+    if (!upper && c >= 'A' && c <= 'Z') c = static_cast<char>(c + 32);
+  }
+  return s;
+}
+
+std::string ReplaceAll(const std::string& s, const std::string& from, const std::string& to) {
+  if (from.empty()) return s;
+  std::string out;
+  size_t at = 0;
+  for (size_t found; (found = s.find(from, at)) != std::string::npos; at = found + from.size())
+    out.append(s, at, found - at).append(to);
+  return out.append(s, at, std::string::npos);
+}
+
+// A Jinja string literal at text[*i] ('...' or "...", with \\, \', \", \n, \r
+// and \t escapes); *i moves past it. nullopt when there is none.
+std::optional<std::string> StringLiteral(std::string_view text, size_t* i) {
+  if (*i >= text.size() || (text[*i] != '\'' && text[*i] != '"')) return std::nullopt;
+  const char quote = text[(*i)++];
+  std::string out;
+  while (*i < text.size() && text[*i] != quote) {
+    char c = text[(*i)++];
+    if (c == '\\' && *i < text.size()) {
+      const char e = text[(*i)++];
+      c = e == 'n' ? '\n' : e == 'r' ? '\r' : e == 't' ? '\t' : e;
+    }
+    out += c;
+  }
+  if (*i >= text.size()) return std::nullopt;
+  ++*i;
+  return out;
+}
+
+// The (from, to) of every replace('from', 'to') in a template's source
+// whose arguments are both string literals (the filter and the method).
+std::vector<std::pair<std::string, std::string>> LiteralReplaces(std::string_view source) {
+  std::vector<std::pair<std::string, std::string>> out;
+  const auto skip_space = [&](size_t* i) {
+    while (*i < source.size() && (source[*i] == ' ' || source[*i] == '\n' || source[*i] == '\t'))
+      ++*i;
+  };
+  for (size_t at = source.find("replace("); at != std::string_view::npos;
+       at = source.find("replace(", at + 1)) {
+    size_t i = at + 8;
+    skip_space(&i);
+    std::optional<std::string> from = StringLiteral(source, &i);
+    skip_space(&i);
+    if (!from.has_value() || i >= source.size() || source[i] != ',') continue;
+    ++i;
+    skip_space(&i);
+    std::optional<std::string> to = StringLiteral(source, &i);
+    if (to.has_value() && out.size() < 64) out.emplace_back(std::move(*from), std::move(*to));
+  }
+  return out;
+}
+
 // ---- a request's parameters -------------------------------------------------
 
 struct RequestParameters {
@@ -145,10 +206,40 @@ Result<RequestParameters> ParseRequestParameters(std::string_view text,
   if (!doc.is_object()) return InvalidArgument("the request's parameters are not a JSON object");
   // Controls this engine does not implement (the OpenAI endpoints pass
   // them on when a request sets them): refused, never ignored.
-  for (const char* unsupported :
-       {"repetition_penalty", "frequency_penalty", "presence_penalty", "min_p", "logprobs",
-        "top_logprobs", "best_of", "logit_bias", "min_tokens", "echo", "suffix", "response_format",
-        "tools", "tool_choice", "functions", "function_call"}) {
+  for (const char* unsupported : {"repetition_penalty",
+                                  "frequency_penalty",
+                                  "presence_penalty",
+                                  "min_p",
+                                  "logprobs",
+                                  "top_logprobs",
+                                  "best_of",
+                                  "logit_bias",
+                                  "min_tokens",
+                                  "echo",
+                                  "suffix",
+                                  "response_format",
+                                  "tools",
+                                  "tool_choice",
+                                  "functions",
+                                  "function_call",
+                                  "reasoning_effort",
+                                  "modalities",
+                                  "prediction",
+                                  "verbosity",
+                                  "web_search_options",
+                                  "ignore_eos",
+                                  "stop_token_ids",
+                                  "include_stop_str_in_output",
+                                  "skip_special_tokens",
+                                  "spaces_between_special_tokens",
+                                  "add_generation_prompt",
+                                  "continue_final_message",
+                                  "chat_template_kwargs",
+                                  "prompt_logprobs",
+                                  "guided_json",
+                                  "guided_regex",
+                                  "guided_choice",
+                                  "guided_grammar"}) {
     auto it = doc.find(unsupported);
     if (it != doc.end() && !it->is_null())
       return BadParameter(unsupported, "is not supported by backend llm");
@@ -242,6 +333,9 @@ struct Setup {
   // Whether the text of a special token in a message is read as that
   // token (parameters.special_text_in_messages: parse) or refused.
   bool parse_special_in_messages = false;
+  // The replace('a', 'b') calls of the chat templates, with literal
+  // arguments: a message's text is checked with them applied too.
+  std::vector<std::pair<std::string, std::string>> template_replaces;
   RequestParameters defaults;
   bool batching = false;
 };
@@ -481,15 +575,31 @@ class LlmEngine final : public Engine {
   }
 
   // InvalidArgument when a string in `value` (keys included) holds the text
-  // of a special token, or when it nests deeper than a message needs.
+  // of a special token, or when it nests deeper than a message needs. The
+  // text is checked as sent and as the template's filters could make it:
+  // in ASCII lower and upper case (lower, upper), and with the template's
+  // literal replace()s applied, each alone and all in turn.
   Status RefuseSpecialText(const nlohmann::ordered_json& value, const std::string& where,
                            int depth) const {
     if (depth > kMaxMessageDepth)
       return InvalidArgument(where + " nests deeper than " + std::to_string(kMaxMessageDepth) +
                              " levels");
     const auto check = [&](const std::string& text, const std::string& at) -> Status {
-      ASSIGN_OR_RETURN(const std::optional<std::string> special,
-                       s_.tokenizer->FirstSpecialToken(text));
+      std::optional<std::string> special;
+      for (const std::string& cased : {text, AsciiCase(text, false), AsciiCase(text, true)}) {
+        std::vector<std::string> variants = {cased};
+        std::string all = cased;
+        for (const auto& [from, to] : s_.template_replaces) {
+          variants.push_back(ReplaceAll(cased, from, to));
+          all = ReplaceAll(all, from, to);
+        }
+        variants.push_back(std::move(all));
+        for (const std::string& variant : variants) {
+          ASSIGN_OR_RETURN(special, s_.tokenizer->FirstSpecialToken(variant));
+          if (special.has_value()) break;
+        }
+        if (special.has_value()) break;
+      }
       if (!special.has_value()) return Status::Ok();
       return InvalidArgument(at + " holds \"" + special->substr(0, 64) +
                              "\", the text of a special token, which the chat template's output "
@@ -768,6 +878,11 @@ Result<std::unique_ptr<Engine>> CreateLlmEngine(const std::vector<TensorView>& w
   if (!text.ok()) return text.status();
   s.tokenizer = std::move(text->tokenizer);
   s.prompting = std::move(text->prompting);
+  if (s.prompting.chat_template.has_value())
+    s.template_replaces = LiteralReplaces(s.prompting.chat_template->source());
+  for (const auto& [name, named] : s.prompting.named_templates)
+    for (auto& pair : LiteralReplaces(named.source()))
+      s.template_replaces.push_back(std::move(pair));
   if (s.messages_input >= 0 && s.prompting.Select(false) == nullptr && !options.inputs.empty() &&
       s.text_input < 0)
     return FailedPrecondition("input messages needs a chat template, and " +
