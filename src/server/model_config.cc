@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "common/datatype.h"
+#include "common/model_parameters.h"
 #include "common/regular_file.h"
 #include "protocol/worker_protocol.h"
 #include "server/ensemble_config.h"
@@ -752,6 +753,13 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
                            std::to_string(kMaxModelParameterBytes) + " bytes");
       m.parameters[key] = kv.second.Scalar();
     }
+    // Each name read below is one of the list backends let pass (a name
+    // added here must be added there).
+    static_assert(IsServerModelParameter("allow_tf32") &&
+                  IsServerModelParameter("standby_workers") && IsServerModelParameter("zygote") &&
+                  IsServerModelParameter("standby_mode") &&
+                  IsServerModelParameter("max_sequences") &&
+                  IsServerModelParameter("max_streams") && IsServerModelParameter("resumable"));
     if (m.parameters.count("allow_tf32")) m.allow_tf32 = m.parameters["allow_tf32"] == "true";
     if (m.parameters.count("standby_workers")) {
       ASSIGN_OR_RETURN(m.standby_workers,

@@ -20,6 +20,7 @@
 #include "backends/llm/llm_scheduler.h"
 #include "backends/llm/stop_strings.h"
 #include "backends/llm/tokenizer.h"
+#include "common/model_parameters.h"
 #include "nlohmann/json.hpp"
 
 namespace hearth::llm {
@@ -810,14 +811,11 @@ Result<std::unique_ptr<Engine>> CreateLlmEngine(const std::vector<TensorView>& w
   static constexpr std::string_view kParameters[] = {
       "block_size",        "max_tokens_per_step", "max_positions", "kv_cache_bytes",
       "kv_cache_fraction", "default_max_tokens",  "gemm_engine",   "special_text_in_messages"};
-  static constexpr std::string_view kServerParameters[] = {
-      "max_streams", "resumable",     "standby_workers", "standby_mode",
-      "zygote",      "max_sequences", "allow_tf32"};
   for (const auto& [name, value] : options.parameters) {
     const auto known = [&name](const auto& names) {
       return std::find(std::begin(names), std::end(names), name) != std::end(names);
     };
-    if (known(kParameters) || known(kServerParameters)) continue;
+    if (known(kParameters) || IsServerModelParameter(name)) continue;
     std::string listed;
     for (std::string_view n : kParameters) listed += (listed.empty() ? "" : ", ") + std::string(n);
     return InvalidArgument("parameters." + name.substr(0, 64) +
