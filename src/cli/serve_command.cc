@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -43,8 +44,19 @@ constexpr std::chrono::seconds kShutdownGrace{5};
 constexpr std::chrono::milliseconds kBuilderGrace{1000};
 
 // Leaves the process at once, `why` logged: nothing else is waited for.
+// The run directory the server made, once it has: an exit without
+// Shutdown removes it (its stores, which die with this process, leave their
+// sockets in it).
+std::mutex g_run_dir_mu;
+std::string g_run_dir;
+
 [[noreturn]] void ExitNow(const std::string& why, int code) {
   spdlog::error("hearth serve: {}", why);
+  {
+    std::lock_guard lock(g_run_dir_mu);
+    std::error_code ec;
+    if (!g_run_dir.empty()) std::filesystem::remove_all(g_run_dir, ec);
+  }
   spdlog::default_logger()->flush();
   std::fflush(stdout);
   std::fflush(stderr);
@@ -219,6 +231,10 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
     (*server)->Shutdown();
     return Fail(s);
   }
+  {
+    std::lock_guard lock(g_run_dir_mu);
+    g_run_dir = (*server)->RunDirectory();
+  }
   RaiseDescriptorLimitFor(http_options);
   if (Status s = (*http)->Start(); !s.ok()) {
     end_waiter();
@@ -274,6 +290,31 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
   // connection closed without a reset) before the server stops its workers.
   // gRPC drains at the same time (no new calls; open streams answer what
   // they have read, then end).
+  // A request still running past the drain deadline (a worker that hangs,
+  // a model with no worker to run it) holds the drain until it is answered:
+  // then the server is stopped under it, which answers it (its worker
+  // stopped, or the queue closed), and the drain ends.
+  std::once_flag shutdown_once;
+  bool shut_down = true;
+  const auto shutdown = [&] {
+    std::call_once(shutdown_once, [&] { shut_down = (*server)->Shutdown(kBuilderGrace); });
+    return shut_down;
+  };
+  std::mutex drained_mu;
+  std::condition_variable drained_cv;
+  bool drained = false;
+  std::thread drain_watch([&] {
+    std::unique_lock lock(drained_mu);
+    if (drained_cv.wait_for(lock, http_options.drain_timeout + kShutdownGrace,
+                            [&] { return drained; }))
+      return;
+    lock.unlock();
+    spdlog::warn(
+        "requests are still running {} ms after the signal: killing the workers under them",
+        (http_options.drain_timeout + kShutdownGrace).count());
+    (*server)->KillWorkers();
+    if (!shutdown()) ExitNow("stopped, without the model loaders named above", 0);
+  });
 #ifdef HEARTH_HAVE_GRPC
   std::thread grpc_stopper([&] {
     if (grpc_server != nullptr) grpc_server->Stop();
@@ -283,6 +324,12 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
 #else
   (*http)->Stop();
 #endif
+  {
+    std::lock_guard lock(drained_mu);
+    drained = true;
+  }
+  drained_cv.notify_all();
+  drain_watch.join();
   // Nothing is served now. What remains (stopping workers and builders,
   // the stores) takes milliseconds. A builder blocked in the kernel reading
   // a model's files (a hung network filesystem) is waited for
@@ -301,9 +348,7 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
               1);
     }
   });
-  if (!(*server)->Shutdown(kBuilderGrace)) {
-    ExitNow("stopped, without the model loaders named above", 0);
-  }
+  if (!shutdown()) ExitNow("stopped, without the model loaders named above", 0);
   {
     std::lock_guard lock(done_mu);
     done = true;

@@ -106,6 +106,20 @@ Status Server::Impl::WaitForModels() {
   return Status::Ok();
 }
 
+void Server::Impl::KillWorkers() {
+  std::shared_lock entries_lock(entries_mu_);
+  for (auto& [name, entry] : entries_) {
+    std::lock_guard lock(entry->mu);
+    std::vector<std::shared_ptr<ModelRuntime>> runtimes(entry->retired.begin(),
+                                                        entry->retired.end());
+    if (std::shared_ptr<ModelRuntime> m = entry->served.load()) runtimes.push_back(std::move(m));
+    for (const std::shared_ptr<ModelRuntime>& m : runtimes) {
+      m->RequestStop(true);
+      for (auto& w : m->workers) w->Kill();
+    }
+  }
+}
+
 bool Server::Impl::Shutdown(std::optional<std::chrono::milliseconds> builder_grace) {
   if (shut_down_.exchange(true)) return true;
   {
@@ -508,6 +522,8 @@ Result<std::unique_ptr<Server>> Server::Create(ServerOptions options) {
 
 Status Server::Start() { return impl_->Start(); }
 Status Server::WaitForModels() { return impl_->WaitForModels(); }
+std::string Server::RunDirectory() const { return impl_->RunDirectory(); }
+void Server::KillWorkers() { impl_->KillWorkers(); }
 bool Server::Shutdown(std::optional<std::chrono::milliseconds> builder_grace) {
   return impl_->Shutdown(builder_grace);
 }

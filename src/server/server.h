@@ -56,6 +56,15 @@ class Server : public InferenceService {
   // fit only for the process to exit at once (std::_Exit): its stores and
   // that builder are left as they are, and its destructor must not run.
   bool Shutdown(std::optional<std::chrono::milliseconds> builder_grace = std::nullopt);
+  // Stops every model and kills its workers at once (SIGKILL): the
+  // requests they run fail, and what is queued is answered by Shutdown,
+  // which no running request holds up then. For a stop whose drain's
+  // deadline has passed.
+  void KillWorkers();
+  // After Start(): the run directory it made (its stores' sockets); empty
+  // when ServerOptions::run_dir named one. For a process that must exit
+  // without Shutdown (std::_Exit) and removes it first.
+  std::string RunDirectory() const;
 
   bool Live() const override;
   bool Ready() const override;

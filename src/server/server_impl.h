@@ -142,6 +142,8 @@ class Server::Impl {
   Status Start();
   Status WaitForModels();
   bool Shutdown(std::optional<std::chrono::milliseconds> builder_grace = std::nullopt);
+  std::string RunDirectory() const { return made_run_dir_ ? run_dir_ : std::string(); }
+  void KillWorkers();
   bool Ready() const;
   bool Live() const { return !shut_down_; }
 

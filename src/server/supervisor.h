@@ -73,6 +73,9 @@ class WorkerSupervisor {
   void KillIfStarting() {
     if (starting_) process_.Kill();
   }
+  // SIGKILL for the worker process whatever it is doing: a stop that must
+  // not wait for the request it runs (the drain's deadline has passed).
+  void Kill() { process_.Kill(); }
   pid_t pid() const { return process_.pid(); }
   int index() const { return index_; }
   const ModelPlacement& placement() const { return placement_; }

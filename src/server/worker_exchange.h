@@ -100,6 +100,7 @@ class WorkerExchange {
   // of it is read: one tensor per output, each where the run placed it or
   // inside the slot, of its shape and size.
   Status CheckAnswer(const control::Run& run, const control::Done& done, int64_t rows) const;
+
  private:
   // The next answer to `run` of one of `kinds`, serving requests for room
   // (in a kDone): waits up to timeout_ms each, or until `deadline` in all

@@ -1014,6 +1014,44 @@ def test_a_second_sigterm_exits_at_once_while_the_first_drains(tmp_path):
         state["log_file"].close()
 
 
+def test_a_request_held_past_the_drain_deadline_does_not_hold_sigterm(tmp_path):
+    """A request held by a worker that does not answer (SIGSTOPped) outlasts
+    the drain (--drain-timeout-ms 500): the workers are then stopped under
+    it, which answers it, and the server exits 0, its run directory removed."""
+    scale_demo_repository(tmp_path / "repo", count=1)
+    state = start_serve(tmp_path, tmp_path / "repo", ["--drain-timeout-ms", "500"], name="held")
+    proc = state["proc"]
+    text = state["log"].read_text()
+    worker = int(re.findall(r"scale worker 0 ready: pid (\d+)", text)[-1])
+    run_dir = re.search(r"run directory (\S+)", text)
+    os.kill(worker, signal.SIGSTOP)
+    x = np.ones((1, SCALE_N), np.float32)
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        held = pool.submit(infer_json, state["url"], "scale",
+                           [{"name": "x", "datatype": "FP32", "shape": [1, SCALE_N], "data": x.ravel().tolist()}])
+        wait_for(lambda: metric(state["url"], "hearth_inference_pending_request_count", "scale") == 1,
+                 "the request to arrive")
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        text = state["log"].read_text()
+        assert code == 0, text[-3000:]
+        assert "requests are still running" in text, text[-3000:]
+        try:
+            held.result(timeout=30)  # answered with an error, or its connection closed
+        except requests.exceptions.ConnectionError:
+            pass
+        wait_for(lambda: gone(worker), "the worker to be gone")
+        if run_dir:
+            assert not os.path.exists(run_dir.group(1)), f"{run_dir.group(1)} was left behind"
+    finally:
+        pool.shutdown(wait=False)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        state["log_file"].close()
+
+
 def test_a_standby_worker_takes_over_from_a_worker_that_dies(tmp_path):
     """parameters.standby_workers: 1 keeps one started worker process that
     holds no weights; a SIGKILLed worker's replacement is that process, and
