@@ -117,6 +117,18 @@ Result<std::vector<uid_t>> ParseUsers(const std::string& text) {
 
 #endif
 
+CLI::Validator AtLeast(long long min) {
+  return CLI::Validator(
+      [min](std::string& text) -> std::string {
+        long long value = 0;
+        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (error != std::errc() || end != text.data() + text.size() || value < min)
+          return "must be a whole number, at least " + std::to_string(min) + ", not " + text;
+        return "";
+      },
+      "INT>=" + std::to_string(min));
+}
+
 void AddSocketOption(CLI::App* cmd, std::string* socket) {
 #ifdef _WIN32
   cmd->add_option("--socket", *socket, "the store's pipe name ($HEARTH_SOCKET)")

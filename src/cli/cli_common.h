@@ -56,6 +56,10 @@ void SetStopTarget(size_t slot, Store* store);
 // Sleeps until the handler has run.
 void WaitForStopSignal();
 
+// A check for an integer option: at least `min` (named in the message,
+// with the value given), and a whole number.
+CLI::Validator AtLeast(long long min);
+
 // ---- a store's clients -----------------------------------------------------
 
 // Adds --socket, the store's Unix socket (default: $HEARTH_SOCKET, else the

@@ -83,13 +83,26 @@ Subcommand AddMakeModelCommand(CLI::App& app) {
       ->check(CLI::IsMember({"mlp", "scale"}));
   make->add_option("--dims", f.dims, "mlp: IN,HIDDEN,OUT; scale: N")->required();
   make->add_option("--dtype", f.dtype, "f32, f16 or bf16 (mlp only)")->capture_default_str();
-  make->add_option("--seed", f.seed, "random seed")->capture_default_str();
+  make->add_option("--seed", f.seed, "random seed")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            uint64_t value = 0;
+            const auto [end, error] =
+                std::from_chars(text.data(), text.data() + text.size(), value);
+            if (error != std::errc() || end != text.data() + text.size())
+              return "must be an integer from 0 to 18446744073709551615, not " + text;
+            return "";
+          },
+          "UINT64"));
   make->add_option("--out", f.out, "output file (with --shard-bytes: directory)")->required();
   make->add_option("--shard-bytes", f.shard_bytes,
                    "write a checkpoint directory as save_pretrained does: shards of at most "
                    "this many bytes and model.safetensors.index.json (model.safetensors alone "
-                   "if one shard holds it all)");
-  make->add_option("--threads", f.threads, "generator threads (0 = all cores)");
+                   "if one shard holds it all)")
+      ->check(AtLeast(1));
+  make->add_option("--threads", f.threads, "generator threads (0 = all cores)")
+      ->check(CLI::Range(0, 4096));
   return {make, [flags] { return RunMakeModelCommand(*flags); }};
 }
 

@@ -478,9 +478,11 @@ Subcommand AddServeCommand(CLI::App& app) {
   serve->add_option("--device", f.device,
                     "cpu, or cuda[:N]: the default GPU of KIND_GPU instance groups that list no "
                     "gpus (default: cuda if a GPU is usable, else cpu)");
-  serve->add_option("--workers", f.workers,
-                    "workers per model on each of its devices (per GPU it is placed on), "
-                    "overriding instance_group.count");
+  serve
+      ->add_option("--workers", f.workers,
+                   "workers per model on each of its devices (per GPU it is placed on), "
+                   "overriding instance_group.count")
+      ->check(CLI::Range(1, 1024));
   serve
       ->add_option("--load-threads", f.load_threads,
                    "reader threads of each load into a device's store (0 = automatic); a model's "
@@ -496,7 +498,8 @@ Subcommand AddServeCommand(CLI::App& app) {
   serve
       ->add_option("--exec-timeout-ms", f.exec_timeout_ms,
                    "a batch running longer kills its worker")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(1, 24 * 3600 * 1000));
   // 2 I/O threads by default: on an H200 machine (16 cores) 8 threads tripled
   // the time a one-at-a-time request spends in the server (43 -> 148 us for
   // the scale model) and did not raise throughput (bench/results/2026-11-30-h200-*).
@@ -504,13 +507,14 @@ Subcommand AddServeCommand(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   serve->add_option("--max-body-bytes", f.http.max_body_bytes, "larger request bodies get 413")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(AtLeast(1));
   serve
       ->add_option("--max-inflight-bytes", f.http.max_inflight_bytes,
                    "request body bytes held across all connections; a body that would pass it "
                    "waits (one larger than it gets 413)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(AtLeast(1));
   serve
       ->add_option("--max-connections", f.http.max_connections,
                    "open HTTP connections; more wait in the kernel's backlog (lowered to fit the "
@@ -526,23 +530,23 @@ Subcommand AddServeCommand(CLI::App& app) {
       ->add_option("--head-timeout-ms", f.head_timeout_ms,
                    "a request head must arrive within this, from its first byte")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(AtLeast(1));
   serve
       ->add_option("--body-timeout-ms", f.body_timeout_ms,
                    "each MiB of a request body must arrive within this")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(AtLeast(1));
   serve
       ->add_option("--idle-timeout-ms", f.idle_timeout_ms,
                    "a kept-alive connection idle this long is closed; also the limit on writing "
                    "one response")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(AtLeast(1));
   serve
       ->add_option("--drain-timeout-ms", f.drain_timeout_ms,
                    "on SIGTERM, how long requests in progress get before connections are closed")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(AtLeast(0));
   return {serve, [flags] { return RunServeCommand(*flags); }};
 }
 

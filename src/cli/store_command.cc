@@ -176,7 +176,8 @@ Subcommand AddStoreCommand(CLI::App& app) {
 #endif
   store
       ->add_option("--load-threads", flags->load_threads, "reader threads per load (0 = automatic)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(0, 256));
   store
       ->add_option("--max-leases-per-connection", store_limits.max_leases_per_connection,
                    "attaches one connection may hold; more are refused")

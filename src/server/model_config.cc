@@ -664,6 +664,18 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
   }
   if (const YAML::Node d = root["dynamic_batching"]) {
     if (!d.IsMap()) return c.Error(d, "dynamic_batching", "must be a map");
+    for (const auto& kv : d) {
+      ASSIGN_OR_RETURN(std::string key, Key(c, kv.first, "dynamic_batching"));
+      static constexpr std::string_view kFields[] = {
+          "max_queue_delay_microseconds", "max_queue_size",
+          "default_queue_policy",         "priority_levels",
+          "default_priority_level",       "preferred_batch_size"};
+      if (std::find(std::begin(kFields), std::end(kFields), key) == std::end(kFields))
+        return c.Error(kv.first, "dynamic_batching." + key,
+                       "unknown field (max_queue_delay_microseconds, max_queue_size, "
+                       "default_queue_policy, priority_levels, default_priority_level, "
+                       "preferred_batch_size)");
+    }
     if (d["max_queue_delay_microseconds"]) {
       ASSIGN_OR_RETURN(m.max_queue_delay_us,
                        Number<uint64_t>(c, d["max_queue_delay_microseconds"],
@@ -678,7 +690,7 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
                        Number<uint64_t>(c, d["max_queue_size"], "dynamic_batching.max_queue_size"));
     }
     if (const YAML::Node q = d["default_queue_policy"]) {
-      if (!q.IsMap() || !q["default_timeout_microseconds"])
+      if (!q.IsMap() || !q["default_timeout_microseconds"] || q.size() != 1)
         return c.Error(q, "dynamic_batching.default_queue_policy",
                        "must be {default_timeout_microseconds: N}");
       ASSIGN_OR_RETURN(
@@ -760,7 +772,13 @@ Result<ModelConfig> ParseConfigText(const std::string& model_dir, const std::str
                   IsServerModelParameter("standby_mode") &&
                   IsServerModelParameter("max_sequences") &&
                   IsServerModelParameter("max_streams") && IsServerModelParameter("resumable"));
-    if (m.parameters.count("allow_tf32")) m.allow_tf32 = m.parameters["allow_tf32"] == "true";
+    if (m.parameters.count("allow_tf32")) {
+      const std::string& v = m.parameters["allow_tf32"];
+      if (v != "true" && v != "false")
+        return c.Error(p["allow_tf32"], "parameters.allow_tf32",
+                       Quote(v) + " is not true or false");
+      m.allow_tf32 = v == "true";
+    }
     if (m.parameters.count("standby_workers")) {
       ASSIGN_OR_RETURN(m.standby_workers,
                        Number<int>(c, p["standby_workers"], "parameters.standby_workers"));

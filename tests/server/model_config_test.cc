@@ -97,6 +97,13 @@ TEST_F(ModelConfigTest, ErrorsNameTheFileTheLineAndTheField) {
        "config.yaml:4: dynamic_batching.max_queue_delay_microseconds: is given twice"},
       {"backend: python\nparameters: {zygote: maybe}\n",
        "config.yaml:2: parameters.zygote: 'maybe' is not true or false"},
+      {"backend: mlp\nparameters: {allow_tf32: yes}\n",
+       "config.yaml:2: parameters.allow_tf32: 'yes' is not true or false"},
+      {"backend: mlp\nmax_batch_size: 4\ndynamic_batching: {max_queue_delay_microsecond: 100}\n",
+       "config.yaml:3: dynamic_batching.max_queue_delay_microsecond: unknown field"},
+      {"backend: mlp\nmax_batch_size: 4\ndynamic_batching:\n  default_queue_policy: "
+       "{default_timeout_microseconds: 5, timeout_action: DELAY}\n",
+       "dynamic_batching.default_queue_policy: must be {default_timeout_microseconds: N}"},
       {"backend: mlp\nparameters: {zygote: true}\n",
        "config.yaml:2: parameters.zygote: only backend: python forks its workers from a zygote; "
        "this model's backend is 'mlp'"},
