@@ -166,6 +166,12 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
   } else {
     Result<Device> device = Device::Parse(device_text);
     if (!device.ok()) return Fail(device.status());
+    // Asked for by name, a GPU that cannot be had is an error, not the
+    // host in its place (which a repository's KIND_GPU groups get on a
+    // machine without GPUs when --device is left out).
+    std::string why;
+    if (device->is_cuda() && !CudaAvailable(&why))
+      return Fail(InvalidArgument("--device " + device_text + ": no usable GPU (" + why + ")"));
     options.device = *device;
   }
   auto server = Server::Create(options);
