@@ -34,8 +34,12 @@ int main(int argc, char** argv) {
   using namespace hearth::cli;
   CLI::App app{"hearth: one copy of a model's weights, shared read-only by many worker processes"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("hearth ") + HEARTH_VERSION);
+  // --log-level may come after the subcommand too (hearth serve --log-level debug).
+  app.fallthrough();
   std::string log_level = "info";
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+  app.add_option("--log-level", log_level,
+                 "trace, debug, info, warn, error (before or after the command)")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
 
   // In this order in --help.

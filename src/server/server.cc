@@ -529,7 +529,7 @@ bool Server::Shutdown(std::optional<std::chrono::milliseconds> builder_grace) {
 }
 bool Server::Live() const { return impl_->Live(); }
 bool Server::Ready() const { return impl_->Ready(); }
-std::string Server::ServerVersion() const { return "0.1.0"; }
+std::string Server::ServerVersion() const { return HEARTH_VERSION; }
 std::vector<std::string> Server::Extensions() const {
   // Triton's names for what this server does.
   std::vector<std::string> out = {"binary_tensor_data", "classification", "model_configuration",
