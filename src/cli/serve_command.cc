@@ -43,13 +43,14 @@ constexpr std::chrono::seconds kShutdownGrace{5};
 // How long it waits, of that, for a model loader blocked in the kernel.
 constexpr std::chrono::milliseconds kBuilderGrace{1000};
 
-// Leaves the process at once, `why` logged: nothing else is waited for.
 // The run directory the server made, once it has: an exit without
 // Shutdown removes it (its stores, which die with this process, leave their
 // sockets in it).
 std::mutex g_run_dir_mu;
 std::string g_run_dir;
 
+// Leaves the process at once, `why` logged, the run directory removed:
+// nothing else is waited for.
 [[noreturn]] void ExitNow(const std::string& why, int code) {
   spdlog::error("hearth serve: {}", why);
   {

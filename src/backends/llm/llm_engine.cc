@@ -29,10 +29,10 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr size_t kMaxStops = 16;
+constexpr size_t kMaxStopBytes = 256;
 // Levels of objects and lists within one chat message (tool calls and
 // their arguments are a few).
 constexpr int kMaxMessageDepth = 32;
-constexpr size_t kMaxStopBytes = 256;
 
 constexpr std::string_view kTextInput = "text_input";
 constexpr std::string_view kMessagesInput = "messages";
