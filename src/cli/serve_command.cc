@@ -167,12 +167,14 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
   } else {
     Result<Device> device = Device::Parse(device_text);
     if (!device.ok()) return Fail(device.status());
-    // Asked for by name, a GPU that cannot be had is an error, not the
-    // host in its place (which a repository's KIND_GPU groups get on a
-    // machine without GPUs when --device is left out).
+    // Asked for by name, a GPU that cannot be had is said so: the models'
+    // KIND_GPU groups run on the host in its place, as they do on a machine
+    // without GPUs when --device is left out (and CUDA shared memory is
+    // still refused by a GPU server's own rules).
     std::string why;
     if (device->is_cuda() && !CudaAvailable(&why))
-      return Fail(InvalidArgument("--device " + device_text + ": no usable GPU (" + why + ")"));
+      spdlog::warn("--device {}: no usable GPU ({}); KIND_GPU instance groups run on the host",
+                   device_text, why);
     options.device = *device;
   }
   auto server = Server::Create(options);
