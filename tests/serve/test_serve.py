@@ -978,6 +978,19 @@ def test_sigterm_does_not_wait_for_a_loader_blocked_in_the_kernel(tmp_path):
     wait_for(lambda: gone(worker), "the other model's worker to be gone")
 
 
+def hold_a_request(state, pool):
+    """Stops the scale model's worker (SIGSTOP) and sends it a request, which
+    it then holds; returns the worker's pid and the request's future."""
+    worker = int(re.findall(r"scale worker 0 ready: pid (\d+)", state["log"].read_text())[-1])
+    os.kill(worker, signal.SIGSTOP)
+    x = np.ones((1, SCALE_N), np.float32)
+    held = pool.submit(infer_json, state["url"], "scale",
+                       [{"name": "x", "datatype": "FP32", "shape": [1, SCALE_N], "data": x.ravel().tolist()}])
+    wait_for(lambda: metric(state["url"], "hearth_inference_pending_request_count", "scale") == 1,
+             "the request to arrive")
+    return worker, held
+
+
 def test_a_second_sigterm_exits_at_once_while_the_first_drains(tmp_path):
     """A request held by a worker that does not answer (SIGSTOPped) keeps the
     first SIGTERM's drain waiting (--drain-timeout-ms 600000); a second
@@ -986,15 +999,9 @@ def test_a_second_sigterm_exits_at_once_while_the_first_drains(tmp_path):
     scale_demo_repository(tmp_path / "repo", count=1)
     state = start_serve(tmp_path, tmp_path / "repo", ["--drain-timeout-ms", "600000"], name="again")
     proc = state["proc"]
-    worker = int(re.findall(r"scale worker 0 ready: pid (\d+)", state["log"].read_text())[-1])
-    os.kill(worker, signal.SIGSTOP)
-    x = np.ones((1, SCALE_N), np.float32)
     pool = concurrent.futures.ThreadPoolExecutor(1)
     try:
-        held = pool.submit(infer_json, state["url"], "scale",
-                           [{"name": "x", "datatype": "FP32", "shape": [1, SCALE_N], "data": x.ravel().tolist()}])
-        wait_for(lambda: metric(state["url"], "hearth_inference_pending_request_count", "scale") == 1,
-                 "the request to arrive")
+        worker, held = hold_a_request(state, pool)
         proc.send_signal(signal.SIGTERM)
         wait_for(lambda: "shutting down" in state["log"].read_text(), "the drain to begin")
         assert proc.poll() is None, "the first SIGTERM did not wait for the held request"
@@ -1021,17 +1028,10 @@ def test_a_request_held_past_the_drain_deadline_does_not_hold_sigterm(tmp_path):
     scale_demo_repository(tmp_path / "repo", count=1)
     state = start_serve(tmp_path, tmp_path / "repo", ["--drain-timeout-ms", "500"], name="held")
     proc = state["proc"]
-    text = state["log"].read_text()
-    worker = int(re.findall(r"scale worker 0 ready: pid (\d+)", text)[-1])
-    run_dir = re.search(r"run directory (\S+)", text)
-    os.kill(worker, signal.SIGSTOP)
-    x = np.ones((1, SCALE_N), np.float32)
+    run_dir = re.search(r"run directory (\S+)", state["log"].read_text())
     pool = concurrent.futures.ThreadPoolExecutor(1)
     try:
-        held = pool.submit(infer_json, state["url"], "scale",
-                           [{"name": "x", "datatype": "FP32", "shape": [1, SCALE_N], "data": x.ravel().tolist()}])
-        wait_for(lambda: metric(state["url"], "hearth_inference_pending_request_count", "scale") == 1,
-                 "the request to arrive")
+        worker, held = hold_a_request(state, pool)
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
         text = state["log"].read_text()
