@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <map>
+#include <memory>
 #include <set>
 #include <thread>
 #include <vector>
@@ -85,33 +86,43 @@ struct Server {
     std::memcpy(&v, data + r.outputs[0].offset, sizeof v);
     return v;
   }
+  // The setup of a decoupled model of 4 streams, and the response ring.
+  Status SendSetupAndRing() {
+    control::Setup setup;
+    setup.decoupled = true;
+    setup.parameters["max_streams"] = "4";
+    RETURN_IF_ERROR(control::SendSetup(control.get(), setup));
+    ring.slot_bytes = size;
+    return control::SendRing(control.get(), ring);
+  }
   control::Ring ring{16384, 4096, 0};
 };
 
-// The worker's side, in a thread: the session, the count engine, the loop.
-void RunWorker(Server& s, Status* served) {
+// The worker's side, in a thread: the session, the engine (the count
+// engine unless given), the loop.
+void RunWorker(Server& s, Status* served, Engine* given = nullptr) {
   auto session = WorkerSession::Open(s.worker_control, s.worker_slot, 5000);
   ASSERT_TRUE(session.ok()) << session.status().ToString();
-  EngineOptions options;
-  options.batching = false;
-  options.max_streams = (*session)->stream_capacity();
-  auto engine = CreateEngine("count", {}, Device::Host(), options);
-  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-  ASSERT_TRUE((*session)->Ready((*engine)->inputs(), (*engine)->outputs(), 0, "test").ok());
-  *served = ServeStreams(**session, **engine);
+  std::unique_ptr<Engine> made;
+  if (given == nullptr) {
+    EngineOptions options;
+    options.batching = false;
+    options.max_streams = (*session)->stream_capacity();
+    auto engine = CreateEngine("count", {}, Device::Host(), options);
+    ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+    made = std::move(*engine);
+  }
+  Engine& engine = given != nullptr ? *given : *made;
+  ASSERT_TRUE((*session)->Ready(engine.inputs(), engine.outputs(), 0, "test").ok());
+  *served = ServeStreams(**session, engine);
 }
 
 TEST(EngineLoop, ServesFourStreamsACancelAndAResume) {
   Server s;
-  control::Setup setup;
-  setup.decoupled = true;
-  setup.parameters["max_streams"] = "4";
-  ASSERT_TRUE(control::SendSetup(s.control.get(), setup).ok());
   // The ring and four requests, the last resumed after the three tokens its
   // client has, are queued before the worker starts: its first step finds
   // all four.
-  s.ring.slot_bytes = s.size;
-  ASSERT_TRUE(control::SendRing(s.control.get(), s.ring).ok());
+  ASSERT_TRUE(s.SendSetupAndRing().ok());
   ASSERT_TRUE(s.Open(1, 6).ok());
   ASSERT_TRUE(s.Open(2, 6, R"({"start": 100})").ok());
   ASSERT_TRUE(s.Open(3, 50).ok());
@@ -199,20 +210,10 @@ class HoldingEngine final : public Engine {
 
 TEST(EngineLoop, AnEngineLeftIdleByACancelTellsItsCountersAtOnce) {
   Server s;
-  control::Setup setup;
-  setup.decoupled = true;
-  setup.parameters["max_streams"] = "4";
-  ASSERT_TRUE(control::SendSetup(s.control.get(), setup).ok());
-  s.ring.slot_bytes = s.size;
-  ASSERT_TRUE(control::SendRing(s.control.get(), s.ring).ok());
+  ASSERT_TRUE(s.SendSetupAndRing().ok());
   Status served = Internal("not run");
-  std::thread worker([&] {
-    auto session = WorkerSession::Open(s.worker_control, s.worker_slot, 5000);
-    ASSERT_TRUE(session.ok()) << session.status().ToString();
-    HoldingEngine engine;
-    ASSERT_TRUE((*session)->Ready(engine.inputs(), engine.outputs(), 0, "test").ok());
-    served = ServeStreams(**session, engine);
-  });
+  HoldingEngine engine;
+  std::thread worker([&] { RunWorker(s, &served, &engine); });
   ASSERT_TRUE(control::ReceiveKind(s.control.get(), 10000, {control::Kind::kReady}).ok());
   // The stats the worker sends next, past the final responses of the
   // streams cancelled (credited).
