@@ -140,6 +140,22 @@ def streams_held(served, model):
                for p in m["placements"] for w in p["workers"])
 
 
+def together_on_a_stopped_worker(served, model, requests_):
+    """Runs each of `requests_` (callables, each opening one stream) with the
+    model's worker stopped until all are open, so that they share its steps
+    from the first; returns their results in order."""
+    [pid] = model_workers(served["proc"].pid, model)
+    os.kill(pid, signal.SIGSTOP)
+    with concurrent.futures.ThreadPoolExecutor(len(requests_)) as pool:
+        try:
+            futures = [pool.submit(r) for r in requests_]
+            wait_for(lambda: streams_held(served, model) == len(requests_),
+                     f"{len(requests_)} streams open", timeout=60)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        return [f.result(timeout=300) for f in futures]
+
+
 def reference_greedy(model, ids, n):
     ids = list(ids)
     out = []
@@ -176,18 +192,10 @@ def test_a_small_kv_pool_preempts_and_every_stream_still_equals_alone(served):
     cases = prompts(8)
     alone = [generate(served, "small", t, max_tokens=48) for t, _ in cases]
     before = metric(served["url"], "hearth_preemptions_total", "small")
-    [pid] = model_workers(served["proc"].pid, "small")
-    # All 8 open on the stopped worker, so that they start together and
-    # outgrow the pool (8 x 4 blocks, of 12).
-    os.kill(pid, signal.SIGSTOP)
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        try:
-            futures = [pool.submit(lambda c=c: read(stream(served, "small", c[0], max_tokens=48)))
-                       for c in cases]
-            wait_for(lambda: streams_held(served, "small") == 8, "8 streams open", timeout=60)
-        finally:
-            os.kill(pid, signal.SIGCONT)
-        together = [f.result(timeout=300) for f in futures]
+    # All 8 start together and outgrow the pool (8 x 4 blocks, of 12).
+    together = together_on_a_stopped_worker(
+        served, "small", [lambda c=c: read(stream(served, "small", c[0], max_tokens=48))
+                          for c in cases])
     assert together == alone
     # The engine reports its counters when it falls idle.
     wait_for(lambda: metric(served["url"], "hearth_preemptions_total", "small") > before,
@@ -264,22 +272,13 @@ def test_sampling_controls_at_float32s_edges_leave_other_streams_alone(served):
     greedy = generate(served, "llama", "hello world", max_tokens=6)
     odd = [{"temperature": 1, "top_p": 1e-300, "seed": 1}, {"temperature": 1e-45, "seed": 1},
            {"temperature": 1, "top_p": 0, "seed": 2}]
-    [pid] = model_workers(served["proc"].pid, "llama")
-    # All six open on the stopped worker, so that they share its steps from
-    # the first.
-    os.kill(pid, signal.SIGSTOP)
-    with concurrent.futures.ThreadPoolExecutor(6) as pool:
-        try:
-            victims = [pool.submit(lambda c=c: read(stream(served, "llama", c[0], max_tokens=200)))
-                       for c in cases]
-            odds = [pool.submit(lambda p=p: generate(served, "llama", "hello world", max_tokens=6, **p))
-                    for p in odd]
-            wait_for(lambda: streams_held(served, "llama") == 6, "6 streams open", timeout=60)
-        finally:
-            os.kill(pid, signal.SIGCONT)
-        # Each keeps the most likely token alone; the others go on as alone.
-        assert [f.result(timeout=300) for f in odds] == [greedy] * 3
-        assert [f.result(timeout=300) for f in victims] == alone
+    results = together_on_a_stopped_worker(
+        served, "llama",
+        [lambda c=c: read(stream(served, "llama", c[0], max_tokens=200)) for c in cases] +
+        [lambda p=p: generate(served, "llama", "hello world", max_tokens=6, **p) for p in odd])
+    # Each odd one keeps the most likely token alone; the others go on as alone.
+    assert results[len(cases):] == [greedy] * 3
+    assert results[:len(cases)] == alone
 
 
 def test_openai_passes_on_what_the_model_takes_and_refuses_the_rest(served):
