@@ -45,8 +45,8 @@ __device__ __forceinline__ bool Better(float a, int ia, float b, int ib) {
   return a > b;
 }
 
-// The block's argmax, broadcast to every thread.
-__device__ void BlockArgmax(float& v, int& index, float* scratch_v, int* scratch_i) {
+// The warp's argmax, in every lane.
+__device__ __forceinline__ void WarpArgmax(float& v, int& index) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
     const float ov = __shfl_xor_sync(kFullMask, v, offset);
@@ -56,6 +56,11 @@ __device__ void BlockArgmax(float& v, int& index, float* scratch_v, int* scratch
       index = oi;
     }
   }
+}
+
+// The block's argmax, broadcast to every thread.
+__device__ void BlockArgmax(float& v, int& index, float* scratch_v, int* scratch_i) {
+  WarpArgmax(v, index);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) {
     scratch_v[warp] = v;
@@ -66,15 +71,7 @@ __device__ void BlockArgmax(float& v, int& index, float* scratch_v, int* scratch
     const bool has = lane < static_cast<int>(blockDim.x >> 5);
     v = has ? scratch_v[lane] : 0.0f;
     index = has ? scratch_i[lane] : -1;
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const float ov = __shfl_xor_sync(kFullMask, v, offset);
-      const int oi = __shfl_xor_sync(kFullMask, index, offset);
-      if (Better(ov, oi, v, index)) {
-        v = ov;
-        index = oi;
-      }
-    }
+    WarpArgmax(v, index);
     if (lane == 0) {
       scratch_v[0] = v;
       scratch_i[0] = index;
