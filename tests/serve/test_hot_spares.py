@@ -138,13 +138,23 @@ def check_driver_memory(url, model, spare):
     r = requests.get(f"{url}/metrics", timeout=10)
     help_line = next(line for line in r.text.splitlines()
                      if line.startswith("# HELP hearth_hot_spare_device_memory_bytes "))
-    m = workers_of(url, model)
-    for p in m["placements"]:
-        for w in p["workers"] + p["hot_spares"]:
-            assert "driver_device_memory_bytes" in w, w
-    [entry] = [s for p in m["placements"] for s in p["hot_spares"] if s["pid"] == spare]
-    driver = entry["driver_device_memory_bytes"]
+    def spare_entry():
+        m = workers_of(url, model)
+        for p in m["placements"]:
+            for w in p["workers"] + p["hot_spares"]:
+                assert "driver_device_memory_bytes" in w, w
+        [entry] = [s for p in m["placements"] for s in p["hot_spares"] if s["pid"] == spare]
+        return entry
+
+    # nvidia-smi first: the server keeps the driver's list for up to a second,
+    # so a list it read before the spare made its context may still be served
+    # at once; one read after nvidia-smi's, a second on, lists the spare.
     smi = nvidia_smi_memory() if ON_GPU else None
+    entry = spare_entry()
+    if smi is not None and spare in smi:
+        entry = wait_for(lambda: (e := spare_entry())["driver_device_memory_bytes"] is not None and e,
+                         f"hearth to list the spare's driver memory (nvidia-smi: pid {spare}, {smi[spare]} MiB)")
+    driver = entry["driver_device_memory_bytes"]
     if not ON_GPU:
         assert driver is None, entry
         assert "reported it when ready" in help_line and "contexts not included" in help_line, help_line
