@@ -46,7 +46,6 @@ struct AttnArgs {
   void* out;
   float* partial_acc;
   float* partial_ml;
-  uint32_t* combine_counters;  // null: AttnCombine folds the partials
   const AttnStep* step;
   int32_t num_heads, num_kv_heads, block_size;
   float scale_log2;  // log2(e) / sqrt(head_dim)
@@ -126,32 +125,6 @@ __device__ __forceinline__ float FoldValue(float running, float value, FoldScale
 }
 __device__ __forceinline__ float Normalize(float acc, float sum) {
   return sum > 0.0f ? __fdiv_rn(acc, sum) : 0.0f;
-}
-
-// One combine row by one warp: its splits' partials folded in split order,
-// normalized, written to out. The partials are read through L2: other blocks
-// of the same launch may have written them (the fused combine).
-template <typename T, int D>
-__device__ __forceinline__ void CombineRow(const float* partial_acc, const float* partial_ml,
-                                           const AttnCombineRow& c, int lane, T* out) {
-  constexpr int kPerLane = D / 32;
-  float big_m = -INFINITY, big_l = 0.0f, acc[kPerLane];
-#pragma unroll
-  for (int e = 0; e < kPerLane; ++e) acc[e] = 0.0f;
-  for (int j = 0; j < c.num_splits; ++j) {
-    const int64_t entry = c.entry0 + static_cast<int64_t>(j) * c.split_stride;
-    const float m = __ldcg(partial_ml + 2 * entry), l = __ldcg(partial_ml + 2 * entry + 1);
-    const FoldScales sc = FoldScale(big_m, m);
-    big_l = FoldValue(big_l, l, sc);
-    big_m = fmaxf(big_m, m);
-#pragma unroll
-    for (int e = 0; e < kPerLane; ++e) {
-      acc[e] = FoldValue(acc[e], __ldcg(partial_acc + entry * D + lane * kPerLane + e), sc);
-    }
-  }
-  T* const o = out + static_cast<int64_t>(c.out_row) * D + lane * kPerLane;
-#pragma unroll
-  for (int e = 0; e < kPerLane; ++e) o[e] = Elem<T>::FromFloat(Normalize(acc[e], big_l));
 }
 
 template <typename T, int D>
@@ -402,29 +375,6 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttention(AttnArgs a) {
         }
       }
     }
-    if (it.partial_base >= 0 && a.combine_counters != nullptr) {
-      // The fused combine: the last of the (sequence, KV head)'s items (one
-      // per split) to end folds every split into out. Each thread's partials
-      // are fenced before the block counts itself in.
-      __shared__ bool last;
-      __threadfence();
-      __syncthreads();
-      if (tid == 0) {
-        const int splits = (sq.start + sq.q_len + kAttnSplitKeys - 1) / kAttnSplitKeys;
-        last = atomicAdd(a.combine_counters + it.counter, 1u) == static_cast<uint32_t>(splits - 1);
-      }
-      __syncthreads();
-      if (last) {
-        __threadfence();
-        for (int r = warp; r < sq.q_len * group; r += kAttnThreads / 32) {
-          const int head = it.kv_head * group + r % group;
-          CombineRow<T, D>(a.partial_acc, a.partial_ml,
-                           st->combine[it.combine_first + (r / group) * a.num_heads + head], lane,
-                           static_cast<T*>(a.out));
-        }
-        if (tid == 0) a.combine_counters[it.counter] = 0;
-      }
-    }
     __syncthreads();  // shared memory is the next item's
   }
 }
@@ -436,10 +386,28 @@ __global__ void AttnCombine(const float* partial_acc, const float* partial_ml, c
                             T* out) {
   DependentWait();  // dependent_launch.h
   DependentRelease();
+  constexpr int kPerLane = D / 32;
   const int row = static_cast<int>(blockIdx.x) * 4 + static_cast<int>(threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
   if (row >= st->num_combine) return;
-  CombineRow<T, D>(partial_acc, partial_ml, st->combine[row], static_cast<int>(threadIdx.x & 31),
-                   out);
+  const AttnCombineRow c = st->combine[row];
+  float big_m = -INFINITY, big_l = 0.0f, acc[kPerLane];
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) acc[e] = 0.0f;
+  for (int j = 0; j < c.num_splits; ++j) {
+    const int64_t entry = c.entry0 + static_cast<int64_t>(j) * c.split_stride;
+    const float m = partial_ml[2 * entry], l = partial_ml[2 * entry + 1];
+    const FoldScales sc = FoldScale(big_m, m);
+    big_l = FoldValue(big_l, l, sc);
+    big_m = fmaxf(big_m, m);
+#pragma unroll
+    for (int e = 0; e < kPerLane; ++e) {
+      acc[e] = FoldValue(acc[e], partial_acc[entry * D + lane * kPerLane + e], sc);
+    }
+  }
+  T* const o = out + static_cast<int64_t>(c.out_row) * D + lane * kPerLane;
+#pragma unroll
+  for (int e = 0; e < kPerLane; ++e) o[e] = Elem<T>::FromFloat(Normalize(acc[e], big_l));
 }
 
 template <typename T, int D>
@@ -497,7 +465,6 @@ bool PlanPagedAttention(const AttnShape& shape, std::span<const AttnSeq> seqs, i
   plan->items.clear();
   plan->combine.clear();
   plan->partial_entries = 0;
-  plan->counters = 0;
   const int32_t heads = shape.num_heads, kv_heads = shape.num_kv_heads;
   const int32_t per_tile = kAttnTileRows / (heads / kv_heads);
   int64_t fold_items = 0;
@@ -517,11 +484,8 @@ bool PlanPagedAttention(const AttnShape& shape, std::span<const AttnSeq> seqs, i
       const auto base = static_cast<int32_t>(plan->partial_entries);
       plan->partial_entries += entries;
       spare_items -= extra_items;
-      const auto combine_first = static_cast<int32_t>(plan->combine.size());
       for (int32_t h = 0; h < kv_heads; ++h) {
-        const auto counter = static_cast<int32_t>(plan->counters++);
-        for (int32_t j = 0; j < splits; ++j)
-          plan->items.push_back({seq, 0, h, j, j + 1, base, counter, combine_first});
+        for (int32_t j = 0; j < splits; ++j) plan->items.push_back({seq, 0, h, j, j + 1, base});
       }
       for (int32_t qi = 0; qi < s.q_len; ++qi) {
         for (int32_t h = 0; h < heads; ++h) {
@@ -557,7 +521,7 @@ cudaError_t PrepareAttention(const AttnShape& shape, int* grid) {
 cudaError_t LaunchPagedAttention(const AttnShape& shape, const void* q, const void* k_cache,
                                  const void* v_cache, void* out, float* partial_acc,
                                  float* partial_ml, const AttnStep* step, int grid,
-                                 cudaStream_t stream, uint32_t* combine_counters) {
+                                 cudaStream_t stream) {
   if (!AttentionSupported(shape) || grid < 1) return cudaErrorInvalidValue;
   AttnArgs args{
       q,
@@ -566,7 +530,6 @@ cudaError_t LaunchPagedAttention(const AttnShape& shape, const void* q, const vo
       out,
       partial_acc,
       partial_ml,
-      combine_counters,
       step,
       shape.num_heads,
       shape.num_kv_heads,

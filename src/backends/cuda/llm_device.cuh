@@ -72,27 +72,6 @@ __device__ __forceinline__ void Store8(T* p, const float (&f)[8]) {
   *reinterpret_cast<uint4*>(p) = u;
 }
 
-// SwiGLU of one element, silu(g) * u: the one definition the SwiGlu kernel
-// and hearth's GEMM reading down_proj's input from gate and up both use, so
-// that the two paths give the same bits.
-__device__ __forceinline__ float SwiGluOf(float g, float u) { return g / (1.0f + expf(-g)) * u; }
-
-// SwiGluOf of 8 elements (16 bytes) of gate and of up, rounded to T.
-template <typename T>
-__device__ __forceinline__ uint4 SwiGlu8(uint4 gate, uint4 up) {
-  typename Elem<T>::Pair g[4], u[4], out[4];
-  memcpy(g, &gate, 16);
-  memcpy(u, &up, 16);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 a = Elem<T>::ToFloat2(g[i]), b = Elem<T>::ToFloat2(u[i]);
-    out[i] = Elem<T>::FromFloat2(SwiGluOf(a.x, b.x), SwiGluOf(a.y, b.y));
-  }
-  uint4 r;
-  memcpy(&r, out, 16);
-  return r;
-}
-
 inline unsigned GridFor(int64_t work, int threads) {
   const int64_t blocks = (work + threads - 1) / threads;
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, 65535 * 16)));

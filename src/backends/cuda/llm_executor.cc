@@ -239,7 +239,7 @@ class CudaLlmExecutor final : public CudaExecutor {
   cuda::CudaStream stream_;
   std::unique_ptr<GemmSet> gemms_;
   cuda::DeviceBuffer resid_, xn_, q_, kv_, attn_, delta_, gu_, xf_, logits_, sampled_, inv_freq_,
-      partial_acc_, partial_ml_, attn_counters_, meta_dev_, pool_;
+      partial_acc_, partial_ml_, meta_dev_, pool_;
   // Keys and values, gate and up activations: each pair in one buffer, the
   // second at a fixed offset, so that a pair of GEMMs can run as one strided
   // batch (pair_kv_, pair_gate_up_: the weights are packed for it).
@@ -568,14 +568,6 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
                                         "attention partials", &device_bytes_));
   ASSIGN_OR_RETURN(partial_ml_, cuda::AllocateDevice(static_cast<uint64_t>(max_partials_) * 2 * 4,
                                                      "attention partial maxima", &device_bytes_));
-  if (cuda_options_.fuse_attention_combine) {
-    // A slot per split-path (sequence, KV head): fewer than the items.
-    const uint64_t bytes = static_cast<uint64_t>(max_items_) * sizeof(uint32_t);
-    ASSIGN_OR_RETURN(attn_counters_,
-                     cuda::AllocateDevice(bytes, "attention combine counters", &device_bytes_));
-    RETURN_IF_ERROR(CudaCheck(cudaMemsetAsync(attn_counters_.get(), 0, bytes, stream_.get()),
-                              "zeroing the attention combine counters"));
-  }
 
   // ---- The step's input buffer, pinned on the host and on the device.
   int64_t at = 0;
@@ -827,12 +819,12 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
       return cuda::LaunchRopeKvWrite(a, s);
     }));
     RETURN_IF_ERROR(Timed("attention", [&] {
-      return cuda::LaunchPagedAttention(
-          attn_shape_, q_.get(), KCache(layer), VCache(layer), attn_.get(),
-          static_cast<float*>(partial_acc_.get()), static_cast<float*>(partial_ml_.get()), step,
-          attention_grid, s, static_cast<uint32_t*>(attn_counters_.get()));
+      return cuda::LaunchPagedAttention(attn_shape_, q_.get(), KCache(layer), VCache(layer),
+                                        attn_.get(), static_cast<float*>(partial_acc_.get()),
+                                        static_cast<float*>(partial_ml_.get()), step,
+                                        attention_grid, s);
     }));
-    if (combine_rows > 0 && !attn_counters_) {
+    if (combine_rows > 0) {
       RETURN_IF_ERROR(Timed("attention combine", [&] {
         return cuda::LaunchAttnCombine(attn_shape_, static_cast<const float*>(partial_acc_.get()),
                                        static_cast<const float*>(partial_ml_.get()), step,
@@ -852,17 +844,10 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
           Gemm(gate_up_gemm_, "gemm gate_proj", w.gate, nullptr, xn_.get(), gate_, rows));
       RETURN_IF_ERROR(Gemm(gate_up_gemm_, "gemm up_proj", w.up, nullptr, xn_.get(), up_, rows));
     }
-    if (cuda_options_.fuse_swiglu && gemms_->TakesSwiGluIn(down_gemm_, rows)) {
-      RETURN_IF_ERROR(Timed("gemm down_proj (SwiGLU in)", [&] {
-        return gemms_->RunSwiGluIn(down_gemm_, w.down, gate_, up_, delta_.get(), rows);
-      }));
-    } else {
-      RETURN_IF_ERROR(Timed("swiglu", [&] {
-        return cuda::LaunchSwiGlu(gate_, up_, gate_, int64_t{rows} * intermediate_, bf, s);
-      }));
-      RETURN_IF_ERROR(
-          Gemm(down_gemm_, "gemm down_proj", w.down, nullptr, gate_, delta_.get(), rows));
-    }
+    RETURN_IF_ERROR(Timed("swiglu", [&] {
+      return cuda::LaunchSwiGlu(gate_, up_, gate_, int64_t{rows} * intermediate_, bf, s);
+    }));
+    RETURN_IF_ERROR(Gemm(down_gemm_, "gemm down_proj", w.down, nullptr, gate_, delta_.get(), rows));
   }
   if (logit_rows == 0) return Status::Ok();
   RETURN_IF_ERROR(Timed("final rmsnorm", [&] {

@@ -52,14 +52,6 @@ struct CudaExecutorOptions {
   // Which GEMM engine each weight shape may run on (llm_gemm.h): the faster
   // of cuBLASLt and hearth's own kernel, or one of them.
   GemmEngine gemm_engine = GemmEngine::kAny;
-  // Where down_proj runs on hearth's kernel at a few rows, it reads its
-  // input as SwiGLU(gate, up) itself (GemmSet::RunSwiGluIn): one launch
-  // fewer per layer, the same bits.
-  bool fuse_swiglu = true;
-  // The last attention block of each (sequence, KV head) on the split path
-  // folds the splits itself (LaunchPagedAttention's combine_counters), with
-  // no combine launch: one launch fewer per layer, the same bits.
-  bool fuse_attention_combine = true;
   // Every step eager, with an event pair around each kernel
   // (LastStepKernelTimes).
   bool profile = false;

@@ -494,26 +494,9 @@ Status GemmSet::Run(int shape, const void* weight, const void* bias, const void*
   return Status::Ok();
 }
 
-bool GemmSet::TakesSwiGluIn(int shape, int64_t m) const {
-  if (shape < 0 || static_cast<size_t>(shape) >= shapes_.size()) return false;
-  const Shape& s = *shapes_[static_cast<size_t>(shape)];
-  return s.own && !s.spec.f32_out && !s.spec.bias && m >= 1 && m <= cuda::kTcSplitRows;
-}
-
-Status GemmSet::RunSwiGluIn(int shape, const void* weight, const void* gate, const void* up,
-                            void* y, int64_t m) {
-  if (!TakesSwiGluIn(shape, m)) {
-    return Internal("GEMM #" + std::to_string(shape) + " cannot take SwiGLU in at " +
-                    std::to_string(m) + " rows");
-  }
-  const Shape& s = *shapes_[static_cast<size_t>(shape)];
-  return RunOwn(s, weight, nullptr, gate, y, m, up).WithContext("GEMM " + s.spec.name);
-}
-
 Status GemmSet::RunOwn(const Shape& s, const void* weight, const void* bias, const void* x, void* y,
-                       int64_t m, const void* x_up) {
+                       int64_t m) {
   cuda::TcGemmArgs a;
-  a.x_up = x_up;
   a.shape = {s.spec.n, s.spec.k, s.spec.batch};
   a.bf16 = bf16_;
   a.f32_out = s.spec.f32_out;

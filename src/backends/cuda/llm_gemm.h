@@ -113,14 +113,6 @@ class GemmSet {
   // given exactly when the shape has one.
   Status Run(int shape, const void* weight, const void* bias, const void* x, void* y, int64_t m);
 
-  // Whether the shape runs on hearth's kernel in its split mode at m rows,
-  // where it can read its x as SwiGLU(gate, up) (tc_gemm.h's x_up): a shape
-  // with no bias and y in the input type.
-  bool TakesSwiGluIn(int shape, int64_t m) const;
-  // Queues y = SwiGLU(gate, up) w^T for m rows: the SwiGlu kernel and Run
-  // in one launch, the same bits. An error where TakesSwiGluIn is false.
-  Status RunSwiGluIn(int shape, const void* weight, const void* gate, const void* up, void* y,
-                     int64_t m);
   // "q_proj: algo 21 tile 15 stages 8 splitK 1 ..." per shape, for logs.
   std::string Describe() const;
   // Shapes that run on hearth's own kernel.
@@ -151,7 +143,7 @@ class GemmSet {
                 const void* x, void* y, int64_t m);
   Status Choose(Shape& s, const GemmTuning& tuning);
   Status RunOwn(const Shape& s, const void* weight, const void* bias, const void* x, void* y,
-                int64_t m, const void* x_up = nullptr);
+                int64_t m);
 
   const bool bf16_;
   const cudaStream_t stream_;

@@ -107,10 +107,6 @@ struct AttnWorkItem {
   int32_t split_lo;  // splits [split_lo, split_hi)
   int32_t split_hi;
   int32_t partial_base;  // -1: writes the output; else the sequence's first partial entry
-  // The split path's: the (sequence, KV head)'s counter among the plan's
-  // AttnPlan::counters, and the sequence's first combine row; -1 elsewhere.
-  int32_t counter = -1;
-  int32_t combine_first = -1;
 };
 // Split path: partial entry of (split j, token qi of the sequence, head h) is
 // partial_base + (j * q_len + qi) * num_heads + h; the combine row of (qi, h)
@@ -135,10 +131,6 @@ struct AttnPlan {
   std::vector<AttnWorkItem> items;
   std::vector<AttnCombineRow> combine;
   int64_t partial_entries = 0;
-  // (sequence, KV head) pairs on the split path: the counter slots a fused
-  // combine uses (LaunchPagedAttention's combine_counters); at most
-  // items.size() / 2.
-  int64_t counters = 0;
 };
 // Plans a step over `seqs` (their q_offset/q_len/start). A sequence whose
 // tokens fit one tile and whose keys span several splits takes the split path
@@ -158,17 +150,13 @@ bool AttentionSupported(const AttnShape& shape);
 cudaError_t PrepareAttention(const AttnShape& shape, int* grid);
 // out [tokens, num_heads, head_dim] for every row of step->items; rows of the
 // split path get their partials (partial_acc [entries, head_dim], partial_ml
-// [entries, 2]). With combine_counters null, LaunchAttnCombine finishes them.
-// Else (at least AttnPlan::counters slots, zeroed once before the first
-// launch) the last of each (sequence, KV head)'s split items to end folds
-// their partials into out itself, as LaunchAttnCombine does (the same bits),
-// and zeroes its slot for the next launch or graph replay: one launch fewer.
-// `grid` blocks loop over the step's items (step->num_items is read on the
-// device, so one launch serves any step: CUDA graphs).
+// [entries, 2]) and are finished by LaunchAttnCombine. `grid` blocks loop over
+// the step's items (step->num_items is read on the device, so one launch
+// serves any step: CUDA graphs).
 cudaError_t LaunchPagedAttention(const AttnShape& shape, const void* q, const void* k_cache,
                                  const void* v_cache, void* out, float* partial_acc,
                                  float* partial_ml, const AttnStep* step, int grid,
-                                 cudaStream_t stream, uint32_t* combine_counters = nullptr);
+                                 cudaStream_t stream);
 // Folds the split path's partials into out, for the first step->num_combine
 // of max_rows combine rows.
 cudaError_t LaunchAttnCombine(const AttnShape& shape, const float* partial_acc,

@@ -3,10 +3,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <type_traits>
 
 #include "backends/cuda/dependent_launch.h"
-#include "backends/cuda/llm_device.cuh"
 #include "backends/cuda/tc_gemm.h"
 
 namespace hearth::cuda {
@@ -24,7 +22,6 @@ constexpr int64_t kTileTargetCtas = 264;
 
 struct Params {
   const uint16_t* x;
-  const uint16_t* x_up;  // x is SwiGLU(x, x_up) (TcGemmArgs::x_up), or null
   const uint16_t* w;
   const void* bias;
   void* y;
@@ -75,24 +72,20 @@ __device__ __forceinline__ uint4 LoadWeight(const uint16_t* p) {
 // One part's sums for the 16 rows from 0 and the 8 columns from w (which
 // points at the first column's row): acc is the mma fragment {row r, col 2q},
 // {r, 2q + 1}, {r + 8, 2q}, {r + 8, 2q + 1}.
-template <bool kBf16, bool kSwiGlu>
+template <bool kBf16>
 __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* w, int64_t k0,
                                          float (&acc)[4]) {
-  using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
 #pragma unroll
   for (int e = 0; e < 4; ++e) acc[e] = 0.0f;
   const uint16_t* wl = w + r * p.k + k0 + q * 16;
   const uint16_t* xl[2];
-  const uint16_t* ul[2];  // x_up's, where kSwiGlu
   bool ok[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = int64_t{h} * 8 + r;
     ok[h] = row < p.m;
-    const int64_t at = (ok[h] ? row : 0) * p.k + k0 + q * 16;
-    xl[h] = p.x + at;
-    ul[h] = kSwiGlu ? p.x_up + at : nullptr;
+    xl[h] = p.x + (ok[h] ? row : 0) * p.k + k0 + q * 16;
   }
   for (int64_t kb = 0; kb < p.part; kb += 64 * kUnroll) {
     uint4 wv[kUnroll][2];
@@ -122,11 +115,6 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* w, int
           // one was already resident (dependent_launch.h).
           xv[h][0] = __ldcg(at);
           xv[h][1] = __ldcg(at + 1);
-          if constexpr (kSwiGlu) {
-            const auto* up = reinterpret_cast<const uint4*>(ul[h] + kb + u * 64);
-            xv[h][0] = llm_device::SwiGlu8<T>(xv[h][0], __ldcg(up));
-            xv[h][1] = llm_device::SwiGlu8<T>(xv[h][1], __ldcg(up + 1));
-          }
         } else {
           xv[h][0] = xv[h][1] = make_uint4(0, 0, 0, 0);
         }
@@ -182,7 +170,7 @@ __device__ __forceinline__ void Store(const Params& p, int b, int64_t row, int64
 }
 
 // Few rows: a warp per (8 columns, part); blockIdx.z is the part.
-template <bool kBf16, bool kF32Out, bool kSwiGlu>
+template <bool kBf16, bool kF32Out>
 __global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p) {
   const int64_t g = int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5);
   if (g >= p.groups * p.batch) {
@@ -193,7 +181,7 @@ __global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p) {
   const int64_t col0 = (g % p.groups) * 8;
   const int part = static_cast<int>(blockIdx.z);
   float acc[4];
-  PartSums<kBf16, kSwiGlu>(p, p.w + b * p.w_stride + col0 * p.k, part * p.part, acc);
+  PartSums<kBf16>(p, p.w + b * p.w_stride + col0 * p.k, part * p.part, acc);
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
   const int64_t col = col0 + 2 * q;
   if (p.splits == 1) {
@@ -489,11 +477,7 @@ cudaError_t Launch(const Params& base, const TcGemmArgs& args, cudaStream_t stre
     const dim3 grid(static_cast<unsigned>((p.groups * p.batch + kWarps - 1) / kWarps), 1,
                     static_cast<unsigned>(p.splits));
     static_assert(kTcSplitRows == 16, "the split mode holds one 16-row tile");
-    if constexpr (!kF32Out) {
-      if (p.x_up != nullptr)
-        return LaunchDependent(SplitKernel<kBf16, false, true>, grid, kWarps * 32, 0, stream, p);
-    }
-    return LaunchDependent(SplitKernel<kBf16, kF32Out, false>, grid, kWarps * 32, 0, stream, p);
+    return LaunchDependent(SplitKernel<kBf16, kF32Out>, grid, kWarps * 32, 0, stream, p);
   }
   TileParams t{};
   t.col_tiles = (p.n + kTileCols - 1) / kTileCols;
@@ -560,7 +544,6 @@ cudaError_t LaunchTcGemm(const TcGemmArgs& a, cudaStream_t stream) {
       (a.shape.batch > 1 &&
        (a.w_stride % 8 != 0 || a.y_stride % 2 != 0 || a.bias_stride % 2 != 0)) ||
       (a.workspace_bytes > 0 && a.workspace == nullptr) ||
-      (a.x_up != nullptr && (a.f32_out || a.m > kTcSplitRows || !Aligned(a.x_up, 16))) ||
       (a.counter_slots > 0 && a.counters == nullptr) ||
       (a.m <= kTcSplitRows && (TcGemmWorkspaceBytes(a.shape) > a.workspace_bytes ||
                                TcGemmCounters(a.shape) > a.counter_slots))) {
@@ -569,7 +552,6 @@ cudaError_t LaunchTcGemm(const TcGemmArgs& a, cudaStream_t stream) {
   if (a.m == 0) return cudaSuccess;
   Params p{};
   p.x = static_cast<const uint16_t*>(a.x);
-  p.x_up = static_cast<const uint16_t*>(a.x_up);
   p.w = static_cast<const uint16_t*>(a.w);
   p.bias = a.bias;
   p.y = a.y;

@@ -75,15 +75,9 @@ inline constexpr uint64_t kTcMaxCounters = 2048;
 
 struct TcGemmArgs {
   TcGemmShape shape;
-  bool bf16 = true;         // else F16
-  bool f32_out = false;     // y (and the bias) in F32
-  const void* x = nullptr;  // [m, k], 16-byte aligned
-  // Where set ([m, k] as x, 16-byte aligned), the product's x is
-  // SwiGLU(x, x_up) elementwise, silu(x) * x_up rounded to the input type
-  // as LaunchSwiGlu (llm_kernels.h) computes it: down_proj's input read
-  // straight from gate_proj's and up_proj's outputs, the same bits as the
-  // two launches. The split mode only (m <= kTcSplitRows), y not F32.
-  const void* x_up = nullptr;
+  bool bf16 = true;            // else F16
+  bool f32_out = false;        // y (and the bias) in F32
+  const void* x = nullptr;     // [m, k], 16-byte aligned
   const void* w = nullptr;     // [n, k], 16-byte aligned
   const void* bias = nullptr;  // [n], or null
   void* y = nullptr;           // [m, n]

@@ -434,66 +434,6 @@ TEST_F(LlmCudaTest, OwnGemmGroupsOfPartsGiveTheSameBits) {
   EXPECT_EQ(cuda::LaunchTcGemm(bad, nullptr), cudaErrorInvalidValue);
 }
 
-// down_proj reading SwiGLU(gate, up) itself (x_up) gives the bits of the
-// SwiGlu kernel followed by the plain product, at every row count of the
-// split mode, in bf16 and f16; where it cannot run it is refused.
-TEST_F(LlmCudaTest, OwnGemmTakesSwiGluInWithTheBitsOfTwoLaunches) {
-  for (const bool bf16 : {true, false}) {
-    SCOPED_TRACE(bf16 ? "bf16" : "f16");
-    const int64_t n = 256, k = 2048, max_m = cuda::kTcSplitRows;
-    const cuda::TcGemmShape shape{n, k, 1};
-    ASSERT_GT(cuda::TcGemmSplits(shape), 1);
-    std::mt19937_64 rng(11);
-    const auto w = Random16(rng, static_cast<size_t>(n * k), 1.0f / 32, bf16);
-    // Gate values well past silu's bend on both sides, and small ones.
-    const auto gate = Random16(rng, static_cast<size_t>(max_m * k), 6.0f, bf16);
-    const auto up = Random16(rng, static_cast<size_t>(max_m * k), 1.0f, bf16);
-    DeviceMemory dw(w), dg(gate), du(up), dx(static_cast<size_t>(max_m * k) * 2),
-        dy(static_cast<size_t>(max_m * n) * 2), ws(cuda::kTcMaxWorkspaceBytes),
-        counters(cuda::kTcMaxCounters * sizeof(uint32_t));
-    ASSERT_CUDA(cudaMemset(counters.get(), 0, cuda::kTcMaxCounters * sizeof(uint32_t)));
-    ASSERT_CUDA(cuda::LaunchSwiGlu(dg.get(), du.get(), dx.get(), max_m * k, bf16, nullptr));
-    const auto args = [&](int64_t m, const void* x, const void* x_up) {
-      cuda::TcGemmArgs a;
-      a.shape = shape;
-      a.bf16 = bf16;
-      a.x = x;
-      a.x_up = x_up;
-      a.w = dw.get();
-      a.y = dy.get();
-      a.m = m;
-      a.workspace = static_cast<float*>(ws.get());
-      a.counters = static_cast<uint32_t*>(counters.get());
-      a.workspace_bytes = cuda::kTcMaxWorkspaceBytes;
-      a.counter_slots = cuda::kTcMaxCounters;
-      return a;
-    };
-    const auto run = [&](const cuda::TcGemmArgs& a) {
-      EXPECT_EQ(cudaMemset(dy.get(), 0xFF, static_cast<size_t>(max_m * n) * 2), cudaSuccess);
-      EXPECT_EQ(cuda::LaunchTcGemm(a, nullptr), cudaSuccess);
-      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      return dy.Read<uint16_t>(static_cast<size_t>(a.m * n));
-    };
-    for (const int64_t m : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{9}, max_m}) {
-      SCOPED_TRACE("rows " + std::to_string(m));
-      const auto two_launches = run(args(m, dx.get(), nullptr));
-      const auto fused = run(args(m, dg.get(), du.get()));
-      EXPECT_EQ(fused, two_launches);
-      // Not a product that ignored x_up.
-      EXPECT_NE(run(args(m, dg.get(), nullptr)), two_launches);
-    }
-    // Above the split mode, with an F32 y, or a misaligned x_up: refused.
-    EXPECT_EQ(cuda::LaunchTcGemm(args(max_m + 1, dg.get(), du.get()), nullptr),
-              cudaErrorInvalidValue);
-    cuda::TcGemmArgs f32 = args(1, dg.get(), du.get());
-    f32.f32_out = true;
-    EXPECT_EQ(cuda::LaunchTcGemm(f32, nullptr), cudaErrorInvalidValue);
-    EXPECT_EQ(
-        cuda::LaunchTcGemm(args(1, dg.get(), static_cast<const char*>(du.get()) + 2), nullptr),
-        cudaErrorInvalidValue);
-  }
-}
-
 // A pair of weights as one strided batch (k_proj and v_proj, gate_proj and
 // up_proj, packed in one arena): each output is its own weight's product,
 // with its own bias, and a row's bits do not depend on the row count.
@@ -746,8 +686,7 @@ PagedCache MakeCache(const AttnShape& shape, const std::vector<int32_t>& context
 std::vector<uint16_t> RunAttention(const PagedCache& cache, const DeviceMemory& kc,
                                    const DeviceMemory& vc, const DeviceMemory& q, int32_t tokens,
                                    std::vector<AttnSeq> seqs, const std::vector<int>& cache_seq,
-                                   int64_t max_partials, AttnPlan* plan_out = nullptr,
-                                   bool fused_combine = false) {
+                                   int64_t max_partials, AttnPlan* plan_out = nullptr) {
   const AttnShape& shape = cache.shape;
   for (size_t i = 0; i < seqs.size(); ++i) {
     seqs[i].table_offset = cache.table_offsets[static_cast<size_t>(cache_seq[i])];
@@ -774,25 +713,15 @@ std::vector<uint16_t> RunAttention(const PagedCache& cache, const DeviceMemory& 
   int grid = 0;
   EXPECT_EQ(cuda::PrepareAttention(shape, &grid), cudaSuccess);
   EXPECT_GT(grid, 0);
-  // The fused combine's counters, zeroed; each is zeroed again after use.
-  const size_t slots = static_cast<size_t>(std::max<int64_t>(plan.counters, 1));
-  DeviceMemory counters(std::vector<uint32_t>(slots, 0));
   EXPECT_EQ(
       cuda::LaunchPagedAttention(shape, q.get(), kc.get(), vc.get(), out.get(), pacc.get<float>(),
-                                 pml.get<float>(), dstep.get<AttnStep>(), grid, nullptr,
-                                 fused_combine ? counters.get<uint32_t>() : nullptr),
+                                 pml.get<float>(), dstep.get<AttnStep>(), grid, nullptr),
       cudaSuccess);
-  if (!fused_combine) {
-    EXPECT_EQ(
-        cuda::LaunchAttnCombine(shape, pacc.get<float>(), pml.get<float>(), dstep.get<AttnStep>(),
-                                static_cast<int32_t>(plan.combine.size()), out.get(), nullptr),
-        cudaSuccess);
-  }
+  EXPECT_EQ(
+      cuda::LaunchAttnCombine(shape, pacc.get<float>(), pml.get<float>(), dstep.get<AttnStep>(),
+                              static_cast<int32_t>(plan.combine.size()), out.get(), nullptr),
+      cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  if (fused_combine) {
-    EXPECT_EQ(counters.Read<uint32_t>(slots), std::vector<uint32_t>(slots, 0))
-        << "a counter was left set for the next launch";
-  }
   if (plan_out != nullptr) *plan_out = plan;
   return out.Read<uint16_t>(out_elems);
 }
@@ -826,8 +755,6 @@ TEST(LlmCudaAttentionPlan, CoversEveryRowOnce) {
         ASSERT_LE(plan.partial_entries, partials);
         std::vector<int> writers(static_cast<size_t>(tokens) * heads, 0);
         std::vector<int> partial_writes(static_cast<size_t>(plan.partial_entries), 0);
-        std::map<int32_t, std::pair<int32_t, int32_t>> counter_of;  // (seq, kv head)
-        std::map<int32_t, int32_t> counter_items;
         for (const AttnWorkItem& it : plan.items) {
           const AttnSeq& q = seqs[static_cast<size_t>(it.seq)];
           const int32_t positions = std::min(per_tile, q.q_len - it.q_first);
@@ -847,16 +774,6 @@ TEST(LlmCudaAttentionPlan, CoversEveryRowOnce) {
               ++writers[static_cast<size_t>(q.q_offset + qi) * heads + static_cast<size_t>(head)];
             } else {
               ASSERT_EQ(it.split_hi, it.split_lo + 1);
-              // The fused combine's: the (sequence, KV head)'s counter, and
-              // the sequence's first combine row, (token 0, head 0).
-              ASSERT_GE(it.counter, 0);
-              ASSERT_LT(it.counter, plan.counters);
-              ASSERT_GE(it.combine_first, 0);
-              ASSERT_LT(it.combine_first, static_cast<int32_t>(plan.combine.size()));
-              ASSERT_EQ(plan.combine[static_cast<size_t>(it.combine_first)].out_row,
-                        q.q_offset * heads);
-              const auto [at, fresh] = counter_of.try_emplace(it.counter, it.seq, it.kv_head);
-              ASSERT_EQ(at->second, std::make_pair(it.seq, it.kv_head)) << "counter " << it.counter;
               const int64_t entry =
                   it.partial_base + (int64_t{it.split_lo} * q.q_len + qi) * heads + head;
               ASSERT_LT(entry, plan.partial_entries);
@@ -877,16 +794,6 @@ TEST(LlmCudaAttentionPlan, CoversEveryRowOnce) {
         }
         if (partials == 0) {
           EXPECT_TRUE(plan.combine.empty());
-        }
-        // Every counter is used, and counts the splits of its sequence.
-        ASSERT_EQ(static_cast<int64_t>(counter_of.size()), plan.counters);
-        for (const AttnWorkItem& it : plan.items) {
-          if (it.partial_base >= 0) ++counter_items[it.counter];
-        }
-        for (const auto& [counter, owner] : counter_of) {
-          const AttnSeq& q = seqs[static_cast<size_t>(owner.first)];
-          EXPECT_EQ(counter_items[counter],
-                    (q.start + q.q_len + cuda::kAttnSplitKeys - 1) / cuda::kAttnSplitKeys);
         }
       }
     }
@@ -979,10 +886,6 @@ TEST_P(LlmCudaAttentionTest, MatchesFloatLoopAndIsBatchInvariant) {
     }
   }
   RecordProperty("worst_abs_error", std::to_string(worst));
-
-  // The combine fused into the attention launch: the same bits.
-  const auto fused = RunAttention(cache, kc, vc, dq, tokens, seqs, ids, 1 << 20, nullptr, true);
-  EXPECT_EQ(fused, out) << "the fused combine differs from the combine kernel";
 
   // Every row on the fold path only (no partials): the same bits.
   AttnPlan fold;
@@ -1446,66 +1349,6 @@ TEST_P(LlmCudaExecutorTest, PairedGemmsAgreeWithSeparateOnes) {
     const std::vector<int32_t> t = {Tokens(1, 50 + s)[0]};
     a = StepLogits(*paired, {{t, 40 + s, Blocks(0, 4)}}, c.vocab_size);
     b = StepLogits(*separate, {{t, 40 + s, Blocks(0, 4)}}, c.vocab_size);
-  }
-}
-
-// The fused launches give the bits of the launches they replace:
-//   - down_proj reading SwiGLU(gate, up) itself, where hearth's kernel runs
-//     it at a few rows (a prompt of a few tokens, and decode steps);
-//   - the attention's last block per (sequence, KV head) folding the splits
-//     (decode steps of a sequence past one split of keys).
-// Eager (with the per-kernel profile, which names the launches taken) and
-// through graphs.
-TEST_P(LlmCudaExecutorTest, FusedLaunchesEqualSeparateOnes) {
-  const ModelConfig c = ExecutorConfig(GetParam().family, GetParam().dtype);
-  TwoCopies m(c, 25);
-  for (const bool profile : {true, false}) {
-    SCOPED_TRACE(profile ? "eager, profiled" : "graphs");
-    CudaExecutorOptions fused, apart;
-    fused.time_gemms = apart.time_gemms = false;
-    fused.profile = apart.profile = profile;
-    apart.fuse_swiglu = false;
-    apart.fuse_attention_combine = false;
-    auto a = Gpu(m, fused);
-    auto b = Gpu(m, apart);
-    ASSERT_NE(a, nullptr);
-    ASSERT_NE(b, nullptr);
-    const auto names = [](CudaExecutor& e) {
-      std::set<std::string> out;
-      for (const KernelTime& k : e.LastStepKernelTimes()) out.insert(k.name);
-      return out;
-    };
-    // down_proj on hearth's kernel: always with the engine forced to it.
-    const bool own = a->DescribeGemms().find("down_proj: hearth's") != std::string::npos;
-    if (GetParam().engine == GemmEngine::kOwn) {
-      EXPECT_TRUE(own) << a->DescribeGemms();
-    }
-    const std::vector<int32_t> long_prompt = Tokens(200, 7), short_prompt = Tokens(5, 8);
-    std::vector<Feed> x_step = {{long_prompt, 0, Blocks(0, 16)}, {short_prompt, 0, Blocks(16, 2)}};
-    // A prompt of a few tokens alone: SwiGLU in down_proj on hearth's kernel.
-    auto x = StepLogits(*a, {{short_prompt, 0, Blocks(20, 2)}}, c.vocab_size);
-    auto y = StepLogits(*b, {{short_prompt, 0, Blocks(20, 2)}}, c.vocab_size);
-    EXPECT_EQ(x, y) << "a short prompt alone";
-    if (profile) {
-      EXPECT_EQ(names(*a).count("gemm down_proj (SwiGLU in)"), own ? 1u : 0u);
-      EXPECT_EQ(names(*a).count("swiglu"), own ? 0u : 1u);
-      EXPECT_EQ(names(*b).count("swiglu"), 1u);
-    }
-    x = StepLogits(*a, x_step, c.vocab_size);
-    y = StepLogits(*b, x_step, c.vocab_size);
-    for (int s = 0; s < 3; ++s) {
-      EXPECT_EQ(x, y) << "step " << s;
-      x_step = {{{Tokens(1, 60 + s)[0]}, 200 + s, Blocks(0, 16)},
-                {{Tokens(1, 70 + s)[0]}, 5 + s, Blocks(16, 2)}};
-      x = StepLogits(*a, x_step, c.vocab_size);
-      y = StepLogits(*b, x_step, c.vocab_size);
-      if (profile) {
-        // The long sequence's keys span two splits: the combine is fused.
-        EXPECT_EQ(names(*a).count("attention combine"), 0u);
-        EXPECT_EQ(names(*b).count("attention combine"), 1u);
-      }
-    }
-    EXPECT_EQ(x, y) << "last step";
   }
 }
 
