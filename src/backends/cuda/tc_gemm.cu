@@ -217,28 +217,25 @@ __global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p) {
   if (lane == 0) p.counters[g] = 0;
 }
 
-// Many rows: a CTA per (kTileRows x kTileCols tile, group of parts), the
+// Many rows: a CTA per (kRows x kTileCols tile, group of parts), the
 // tiles of x and w staged in shared memory by cp.async, kStages deep. Each
-// warp holds a 32 x 32 piece of the tile. Within the CTA the parts of its
+// warp holds a kRows / 2 x 32 piece of the tile. Within the CTA the parts of its
 // group run in order, each summed from 0 and added to the running total as it
 // ends; so the group of parts 0 .. P-1 has their ordered sum, and every other
 // group writes each of its parts alone; ReduceKernel then adds the group-0
 // total and the later parts in order: ((p0 + p1) + p2) + ..., the same bits
 // as the split mode.
-constexpr int kTileRows = 64;
 constexpr int kTileCols = 128;
-constexpr int kTileWarps = 8;  // 2 (rows) x 4 (columns) warps of 32 x 32
+constexpr int kTileWarps = 8;  // 2 (rows) x 4 (columns) warps of kRows / 2 x 32
 constexpr int kTileThreads = kTileWarps * 32;
 // 16-byte chunks of one stage: a 64-wide k block of the tile's rows of x and
 // of its columns (rows of w).
-constexpr int kStageChunks = (kTileRows + kTileCols) * 8;
-// Stages in flight: 4 (96 KiB, two CTAs an SM) where the tiles fill the
-// GPU; 6 (144 KiB, one CTA an SM, more weight bytes in flight) for up to
-// kDeepRows rows, where a launch has about one CTA an SM and is bound by
-// the weights' stream.
+__host__ __device__ constexpr int StageChunks(int rows) { return (rows + kTileCols) * 8; }
+// Tiles and stages: up to kDeepRows rows, where a launch has about one CTA
+// an SM and is bound by the weights' stream, 64 rows through 6 stages (144
+// KiB); above, 128 rows through 4 (128 KiB), one CTA an SM either way.
 constexpr int kDeepRows = 128;
-template <int kStages>
-constexpr int kTileSmemBytes = kStages* kStageChunks * 16;
+constexpr int TileSmemBytes(int stages, int rows) { return stages * StageChunks(rows) * 16; }
 
 struct TileParams {
   int64_t col_tiles;  // per batch entry
@@ -270,15 +267,17 @@ __device__ __forceinline__ float* TileSlot(const Params& p, int slot, int b, int
   return p.ws + ((int64_t{slot} * p.batch + b) * p.m + row) * p.n + col;
 }
 
-template <bool kBf16, bool kF32Out, int kStages>
-__global__ void __launch_bounds__(kTileThreads, kStages <= 4 ? 2 : 1)
+template <bool kBf16, bool kF32Out, int kStages, int kRows>
+__global__ void __launch_bounds__(kTileThreads, kStages <= 4 && kRows <= 64 ? 2 : 1)
     TileKernel(Params p, TileParams t) {
+  constexpr int kMT = kRows / 32;  // m16 tiles of a warp
+  constexpr int kStageChunks = StageChunks(kRows);
   extern __shared__ uint4 smem[];
   const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
   const int r = lane >> 2, q = lane & 3;
-  const int wm = warp >> 2, wn = warp & 3;  // the warp's 32 x 32 piece
+  const int wm = warp >> 2, wn = warp & 3;  // the warp's piece
   const int b = static_cast<int>(blockIdx.y / t.col_tiles);
-  const int64_t row0 = int64_t{blockIdx.x} * kTileRows;
+  const int64_t row0 = int64_t{blockIdx.x} * kRows;
   const int64_t col0 = (blockIdx.y % t.col_tiles) * kTileCols;
   const int group = static_cast<int>(blockIdx.z);
   const uint16_t* w = p.w + b * p.w_stride;
@@ -286,12 +285,12 @@ __global__ void __launch_bounds__(kTileThreads, kStages <= 4 ? 2 : 1)
   const int blocks_per_part = static_cast<int>(p.part / 64);
   const int blocks = blocks_per_part * t.parts;
 
-  // Stage s's chunks: x rows at [0, kTileRows * 8), w rows after them.
+  // Stage s's chunks: x rows at [0, kRows * 8), w rows after them.
   const auto load_x = [&](int stage, int block) {
     uint4* st = smem + stage * kStageChunks;
     const int64_t k0 = k_begin + int64_t{block} * 64;
 #pragma unroll
-    for (int i = 0; i < kTileRows * 8 / kTileThreads; ++i) {
+    for (int i = 0; i < kRows * 8 / kTileThreads; ++i) {
       const int c = tid + i * kTileThreads, row = c >> 3, ch = c & 7;
       const int64_t g = row0 + row;
       const bool ok = g < p.m;
@@ -299,7 +298,7 @@ __global__ void __launch_bounds__(kTileThreads, kStages <= 4 ? 2 : 1)
     }
   };
   const auto load_w = [&](int stage, int block) {
-    uint4* st = smem + stage * kStageChunks + kTileRows * 8;
+    uint4* st = smem + stage * kStageChunks + kRows * 8;
     const int64_t k0 = k_begin + int64_t{block} * 64;
 #pragma unroll
     for (int i = 0; i < kTileCols * 8 / kTileThreads; ++i) {
@@ -310,9 +309,9 @@ __global__ void __launch_bounds__(kTileThreads, kStages <= 4 ? 2 : 1)
     }
   };
 
-  float acc[2][4][4], total[2][4][4];
+  float acc[kMT][4][4], total[kMT][4][4];
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < kMT; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -346,18 +345,18 @@ __global__ void __launch_bounds__(kTileThreads, kStages <= 4 ? 2 : 1)
     for (int half = 0; half < 2; ++half) {
       // Chunk 2q + half of the lane's rows and columns: k elements
       // q * 16 + half * 8 + 0 .. 7 of the block, steps 2 * half and 2 * half + 1.
-      uint4 a[2][2], bw[4];
+      uint4 a[kMT][2], bw[4];
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
+      for (int i = 0; i < kMT; ++i)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) a[i][h] = st[Swz(wm * 32 + i * 16 + h * 8 + r, 2 * q + half)];
+        for (int h = 0; h < 2; ++h)
+          a[i][h] = st[Swz(wm * (kRows / 2) + i * 16 + h * 8 + r, 2 * q + half)];
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        bw[j] = st[kTileRows * 8 + Swz(wn * 32 + j * 8 + r, 2 * q + half)];
+      for (int j = 0; j < 4; ++j) bw[j] = st[kRows * 8 + Swz(wn * 32 + j * 8 + r, 2 * q + half)];
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
+        for (int i = 0; i < kMT; ++i) {
           const uint32_t af[4] = {e == 0 ? a[i][0].x : a[i][0].z, e == 0 ? a[i][1].x : a[i][1].z,
                                   e == 0 ? a[i][0].y : a[i][0].w, e == 0 ? a[i][1].y : a[i][1].w};
 #pragma unroll
@@ -371,14 +370,14 @@ __global__ void __launch_bounds__(kTileThreads, kStages <= 4 ? 2 : 1)
     // writes it alone (slot part_in_group, 1-based after group 0's total).
     const bool write = group > 0;
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < kMT; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if (write) {
           const int64_t col = col0 + wn * 32 + j * 8 + 2 * q;
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int64_t row = row0 + wm * 32 + i * 16 + h * 8 + r;
+            const int64_t row = row0 + wm * (kRows / 2) + i * 16 + h * 8 + r;
             if (row < p.m && col < p.n) {
               const int slot = (group - 1) * t.parts + part_in_group + 1;
               __stcg(reinterpret_cast<float2*>(TileSlot(p, slot, b, row, col)),
@@ -399,13 +398,13 @@ __global__ void __launch_bounds__(kTileThreads, kStages <= 4 ? 2 : 1)
 
   if (t.groups == 1) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < kMT; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int64_t col = col0 + wn * 32 + j * 8 + 2 * q;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int64_t row = row0 + wm * 32 + i * 16 + h * 8 + r;
+          const int64_t row = row0 + wm * (kRows / 2) + i * 16 + h * 8 + r;
           if (row < p.m && col < p.n)
             Store<kBf16, kF32Out>(p, b, row, col, {total[i][j][2 * h], total[i][j][2 * h + 1]});
         }
@@ -414,13 +413,13 @@ __global__ void __launch_bounds__(kTileThreads, kStages <= 4 ? 2 : 1)
   }
   // Group 0's total goes to slot 0; ReduceKernel adds the slots in order.
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < kMT; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int64_t col = col0 + wn * 32 + j * 8 + 2 * q;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int64_t row = row0 + wm * 32 + i * 16 + h * 8 + r;
+        const int64_t row = row0 + wm * (kRows / 2) + i * 16 + h * 8 + r;
         if (group == 0 && row < p.m && col < p.n)
           __stcg(reinterpret_cast<float2*>(TileSlot(p, 0, b, row, col)),
                  {total[i][j][2 * h], total[i][j][2 * h + 1]});
@@ -479,9 +478,14 @@ cudaError_t Launch(const Params& base, const TcGemmArgs& args, cudaStream_t stre
     static_assert(kTcSplitRows == 16, "the split mode holds one 16-row tile");
     return LaunchDependent(SplitKernel<kBf16, kF32Out>, grid, kWarps * 32, 0, stream, p);
   }
+  // Up to kDeepRows rows, 64-row tiles through 6 stages; above, 128-row
+  // tiles (a warp's 64 x 32 piece reads each staged fragment for twice the
+  // products) through 4.
+  const bool deep = p.m <= kDeepRows;
+  const int rows = deep ? 64 : 128;
   TileParams t{};
   t.col_tiles = (p.n + kTileCols - 1) / kTileCols;
-  const int64_t tiles = t.col_tiles * p.batch * ((p.m + kTileRows - 1) / kTileRows);
+  const int64_t tiles = t.col_tiles * p.batch * ((p.m + rows - 1) / rows);
   // Groups of parts in flight at once: enough CTAs for two waves of a
   // 132-SM GPU where the part sums fit the workspace. The bits do not
   // depend on it.
@@ -494,14 +498,14 @@ cudaError_t Launch(const Params& base, const TcGemmArgs& args, cudaStream_t stre
     t.groups = next;
   }
   t.parts = p.splits / t.groups;
-  const dim3 grid(static_cast<unsigned>((p.m + kTileRows - 1) / kTileRows),
+  const dim3 grid(static_cast<unsigned>((p.m + rows - 1) / rows),
                   static_cast<unsigned>(t.col_tiles * p.batch), static_cast<unsigned>(t.groups));
+  constexpr int kDeepSmem = TileSmemBytes(6, 64), kWideSmem = TileSmemBytes(4, 128);
   static std::atomic<uint64_t> deep_devices{0}, wide_devices{0};
-  const cudaError_t e = p.m <= kDeepRows
-                            ? LaunchTile(TileKernel<kBf16, kF32Out, 6>, kTileSmemBytes<6>,
-                                         deep_devices, grid, p, t, stream)
-                            : LaunchTile(TileKernel<kBf16, kF32Out, 4>, kTileSmemBytes<4>,
-                                         wide_devices, grid, p, t, stream);
+  const cudaError_t e = deep ? LaunchTile(TileKernel<kBf16, kF32Out, 6, 64>, kDeepSmem,
+                                          deep_devices, grid, p, t, stream)
+                             : LaunchTile(TileKernel<kBf16, kF32Out, 4, 128>, kWideSmem,
+                                          wide_devices, grid, p, t, stream);
   if (e != cudaSuccess || t.groups == 1) return e;
   const int64_t pairs = p.batch * p.m * p.n / 2;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((pairs + 255) / 256, 132 * 8));
