@@ -125,7 +125,8 @@ GpuProcessMemory& GpuProcessMemory::Driver() {
   return *driver;
 }
 
-Result<ProcessMemory> GpuProcessMemory::OnDevice(const std::string& pci_bus_id) {
+Result<ProcessMemory> GpuProcessMemory::OnDevice(const std::string& pci_bus_id,
+                                                 std::span<const int64_t> expected) {
   std::lock_guard lock(mu_);
   if (!api_.has_value()) {
     Result<NvmlApi> api = load_();
@@ -144,7 +145,12 @@ Result<ProcessMemory> GpuProcessMemory::OnDevice(const std::string& pci_bus_id) 
 
   const auto now = options_.now();
   auto it = cache_.find(pci_bus_id);
-  if (it != cache_.end() && now - it->second.at < options_.max_age) return it->second.memory;
+  if (it != cache_.end() && now - it->second.at < options_.max_age) {
+    const Result<ProcessMemory>& kept = it->second.memory;
+    const bool lacks = kept.ok() && std::any_of(expected.begin(), expected.end(),
+                                                [&](int64_t pid) { return !kept->contains(pid); });
+    if (!lacks || now - it->second.at < options_.missing_max_age) return kept;
+  }
   Result<ProcessMemory> memory = Read(**api_, pci_bus_id);
   // Said once when a GPU's list turns unreadable, or fails another way.
   if (!memory.ok() && (it == cache_.end() || it->second.memory.ok() ||

@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "hearth/status.h"
@@ -89,6 +90,11 @@ struct GpuProcessMemoryOptions {
   // A GPU's list is read again once it is this old; older answers (errors
   // too) are kept until then, so that a scrape a second asks NVML once.
   std::chrono::milliseconds max_age{1000};
+  // A younger list that lacks a process the caller expects there (one it
+  // just started) is read again once it is this old: a new process is
+  // listed within this, and a pid NVML never lists (another PID namespace)
+  // costs at most one read per this interval.
+  std::chrono::milliseconds missing_max_age{100};
   // The most processes one GPU's list may hold; more is an error.
   unsigned int max_processes = 4096;
   std::function<std::chrono::steady_clock::time_point()> now = std::chrono::steady_clock::now;
@@ -110,11 +116,14 @@ class GpuProcessMemory {
   static GpuProcessMemory& Driver();
 
   // The processes on the GPU at `pci_bus_id` and the device memory of each,
-  // read at most options.max_age ago. A process whose figure NVML does not
-  // have is left out. Unavailable saying why where NVML cannot tell: no
-  // library, nvmlInit failed, no GPU at that bus id, an NVML error, more
-  // than options.max_processes processes.
-  Result<ProcessMemory> OnDevice(const std::string& pci_bus_id);
+  // read at most options.max_age ago, or options.missing_max_age where the
+  // list read lacks one of `expected` (pids the caller has running there).
+  // A process whose figure NVML does not have is left out. Unavailable
+  // saying why where NVML cannot tell: no library, nvmlInit failed, no GPU
+  // at that bus id, an NVML error, more than options.max_processes
+  // processes.
+  Result<ProcessMemory> OnDevice(const std::string& pci_bus_id,
+                                 std::span<const int64_t> expected = {});
 
  private:
   struct Cached {

@@ -297,6 +297,43 @@ TEST(GpuProcessMemory, AGpuIsReadAtMostOncePerMaxAgeErrorsIncluded) {
   EXPECT_EQ(fake.capacities.size(), 4u);
 }
 
+TEST(GpuProcessMemory, AListLackingAnExpectedProcessIsReadAgainSooner) {
+  FakeNvml fake;
+  fake.gpus[kBus0].processes = {{100, 1 << 20, ~0u, ~0u}};
+  Clock::time_point now{};
+  auto reader = fake.Reader(&now);
+  const std::vector<int64_t> both = {100, 200};
+  ASSERT_TRUE(reader->OnDevice(kBus0).ok());
+  EXPECT_EQ(fake.capacities.size(), 1u);
+  // Pid 200 starts and makes its context: a list 50 ms old is still served...
+  fake.gpus[kBus0].processes.push_back({200, 3 << 20, ~0u, ~0u});
+  now += 50ms;
+  Result<ProcessMemory> m = reader->OnDevice(kBus0, both);
+  ASSERT_TRUE(m.ok());
+  EXPECT_FALSE(m->contains(200));
+  EXPECT_EQ(fake.capacities.size(), 1u);
+  // ...and read again at 100 ms, not at a second.
+  now += 50ms;
+  m = reader->OnDevice(kBus0, both);
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->at(200), 3u << 20);
+  EXPECT_EQ(fake.capacities.size(), 2u);
+  // A list that has every expected pid is kept its whole second.
+  now += 900ms;
+  ASSERT_TRUE(reader->OnDevice(kBus0, both).ok());
+  EXPECT_EQ(fake.capacities.size(), 2u);
+  // A pid NVML never lists (another PID namespace) costs one read per 100 ms.
+  const std::vector<int64_t> stranger = {300};
+  now += 100ms;  // the list is a second old: read
+  ASSERT_TRUE(reader->OnDevice(kBus0, stranger).ok());
+  EXPECT_EQ(fake.capacities.size(), 3u);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(reader->OnDevice(kBus0, stranger).ok());
+  EXPECT_EQ(fake.capacities.size(), 3u);
+  now += 100ms;
+  ASSERT_TRUE(reader->OnDevice(kBus0, stranger).ok());
+  EXPECT_EQ(fake.capacities.size(), 4u);
+}
+
 // The fake libraries (fake_nvml.c) list 40 processes, pids 1000..1039, pid
 // 1000+i with i+1 MiB, on one GPU, bus id 00000000:19:00.0.
 void ExpectTheFakeLibrarysList(const char* library, const char* call) {
