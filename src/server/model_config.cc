@@ -189,7 +189,8 @@ Result<bool> Exists(const fs::path& path) {
 // own), every numeric directory. Symbolic links are followed once per entry (no
 // recursion), so a loop is an error naming it.
 Result<std::vector<Version>> FindVersions(const std::string& model_dir, bool code_only,
-                                          bool any = false) {
+                                          bool any = false,
+                                          std::vector<Version>* without_files = nullptr) {
   std::vector<Version> versions;
   std::error_code ec;
   fs::directory_iterator it(model_dir, ec);
@@ -224,9 +225,13 @@ Result<std::vector<Version>> FindVersions(const std::string& model_dir, bool cod
     if (!any && !v.sharded) {
       ASSIGN_OR_RETURN(bool single, Exists(path / "model.safetensors"));
       if (!single) {
-        if (!code_only) continue;
-        ASSIGN_OR_RETURN(v.weightless, Exists(path / "model.py"));
-        if (!v.weightless) continue;
+        if (code_only) {
+          ASSIGN_OR_RETURN(v.weightless, Exists(path / "model.py"));
+        }
+        if (!v.weightless) {
+          if (without_files != nullptr) without_files->push_back(v);
+          continue;
+        }
       }
     }
     for (const Version& other : versions)
@@ -416,7 +421,9 @@ Status PickVersion(const Ctx& c, const YAML::Node& root, const std::string& mode
                    ModelConfig& m) {
   const bool code_only = m.backend == "python";
   const bool ensemble = m.ensemble.has_value();
-  ASSIGN_OR_RETURN(std::vector<Version> versions, FindVersions(model_dir, code_only, ensemble));
+  std::vector<Version> without_files;
+  ASSIGN_OR_RETURN(std::vector<Version> versions,
+                   FindVersions(model_dir, code_only, ensemble, &without_files));
   if (versions.empty() && ensemble)
     return NotFound(model_dir + ": no version directory (an ensemble has no files, but a version " +
                     "directory all the same, as in Triton: make " + model_dir + "/1, empty)");
@@ -446,6 +453,12 @@ Status PickVersion(const Ctx& c, const YAML::Node& root, const std::string& mode
     chosen = &*it;
   }
   m.version = chosen->number;
+  if (!root["version_policy"]) {
+    std::sort(without_files.begin(), without_files.end(),
+              [](const Version& a, const Version& b) { return a.number > b.number; });
+    for (const Version& v : without_files)
+      if (v.number > chosen->number) m.passed_over_versions.push_back(v.dir);
+  }
   // A sharded checkpoint is its directory; one file is named as before, so
   // that what the store reports for it does not change.
   const fs::path version_dir = fs::path(model_dir) / chosen->dir;

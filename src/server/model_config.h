@@ -216,6 +216,11 @@ struct ModelConfig {
   // the version directory DIR/<model>/<version> (Checkpoint::Open takes both).
   std::string version_dir;  // DIR/<model>/<version>: model.py and the like live here
   std::string checkpoint_path;
+  // Version directories above the one served that hold no checkpoint (nor,
+  // for backend: python, a model.py) and so were passed over, highest first
+  // (a copy not yet done, say): the server says so when it loads the model.
+  // Empty under a version_policy, which names the version.
+  std::vector<std::string> passed_over_versions;
 };
 
 // What the workers take and give: the config's inputs, then a sequence

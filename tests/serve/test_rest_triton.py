@@ -166,7 +166,14 @@ def test_repository_control_under_load(server):
     assert requests.get(f"{url}/v2/models/swap/ready", timeout=30).status_code == 200
     np.testing.assert_allclose(y_of(), v1, rtol=1e-4, atol=1e-3)
 
+    # A version directory still empty (a copy not begun) is passed over, and
+    # the log says so: version 1 is loaded again.
     (repo / "swap" / "2").mkdir()
+    r = requests.post(f"{url}/v2/repository/models/swap/load", timeout=120)
+    assert r.status_code == 200 and r.content == b"", r.text
+    np.testing.assert_allclose(y_of(), v1, rtol=1e-4, atol=1e-3)
+    assert ("model swap: version directory 2 holds no model.safetensors or model.safetensors.index.json: "
+            "version 1 is loaded") in server["log"].read_text()
     subprocess.run([CLI, "make-model", "scale", "--dims", str(SCALE_N), "--seed", "7",
                     "--out", str(repo / "swap" / "2" / "model.safetensors")], check=True, capture_output=True)
     w2 = read_safetensors(repo / "swap" / "2" / "model.safetensors")["weight"]

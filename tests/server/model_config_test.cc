@@ -601,6 +601,25 @@ TEST_F(ModelConfigTest, AVersionDirectoryWithAnIndexIsAShardedCheckpoint) {
       << c.status().message();
 }
 
+// Version directories above the one served that hold no checkpoint are
+// passed over and named (highest first), for the server to say so; those
+// below it are not, nor any under a version_policy.
+TEST_F(ModelConfigTest, EmptyHigherVersionDirectoriesAreNamedAsPassedOver) {
+  namespace fs = std::filesystem;
+  const std::string dir = Write("copying", kGood);  // 3/model.safetensors
+  for (const char* v : {"1", "4", "10"}) fs::create_directories(dir + "/" + v);
+  std::ofstream(dir + "/4/notes.txt") << "not a checkpoint";
+  auto c = LoadModelConfig(dir);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->version, 3u);
+  EXPECT_EQ(c->passed_over_versions, (std::vector<std::string>{"10", "4"}));
+  std::ofstream(dir + "/config.yaml")
+      << std::string(kGood) + "version_policy: {specific: {versions: [3]}}\n";
+  c = LoadModelConfig(dir);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->passed_over_versions.empty());
+}
+
 TEST_F(ModelConfigTest, WithoutACheckpointTheErrorSaysWhatWasLookedFor) {
   const std::string dir = Write("empty", kGood, false);
   auto c = LoadModelConfig(dir);
