@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -201,6 +202,15 @@ class JobQueue {
   size_t size() {
     std::lock_guard lock(mu_);
     return jobs_.size();
+  }
+  // The queued jobs whose clients are still there: one whose client went
+  // away stays queued (counted by size()) until a pop, or a full queue's
+  // Push, answers it cancelled.
+  size_t waiting() {
+    std::lock_guard lock(mu_);
+    return static_cast<size_t>(std::count_if(jobs_.begin(), jobs_.end(), [](const auto& job) {
+      return !job->request.cancelled || !job->request.cancelled->load();
+    }));
   }
   void Close() {
     std::lock_guard lock(mu_);

@@ -53,8 +53,8 @@ std::string PrometheusText(const std::vector<std::pair<std::string, const ModelR
             "Requests accepted and not yet answered.",
             [](const ModelRuntime& m) { return m.stats.pending.load(); });
   per_model("hearth_inference_queued_request_count", "gauge",
-            "Requests waiting in the queue for a worker.",
-            [](const ModelRuntime& m) { return m.queue->size(); });
+            "Requests waiting in the queue for a worker (not those whose clients went away).",
+            [](const ModelRuntime& m) { return m.queue->waiting(); });
   per_model("hearth_live_sequences", "gauge",
             "Sequences of a model with sequence_batching that are live (started, not ended, not "
             "freed when idle), their state held by the server.",

@@ -208,10 +208,15 @@ TEST(JobQueue, AFullQueueLetsGoOfRequestsWhoseClientsWentAwayToTakeALiveOne) {
     ASSERT_TRUE(h.queue.Push(job).ok());
   }
   EXPECT_EQ(h.queue.Push(h.Make("live-1", 1)).code(), StatusCode::kResourceExhausted);
-  // Two clients go away: their requests give up their places.
+  EXPECT_EQ(h.queue.waiting(), 16u);
+  // Two clients go away: their requests no longer count as waiting, and
+  // give up their places.
   flags[3]->store(true);
   flags[9]->store(true);
+  EXPECT_EQ(h.queue.size(), 16u);
+  EXPECT_EQ(h.queue.waiting(), 14u);
   EXPECT_TRUE(h.queue.Push(h.Make("live-2", 1)).ok());
+  EXPECT_EQ(h.queue.waiting(), 15u);
   EXPECT_EQ(h.queue.size(), 15u);  // both let go; one place taken
   {
     std::lock_guard lock(h.mu);
