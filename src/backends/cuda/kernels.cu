@@ -1,6 +1,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "backends/cuda/argmax_order.cuh"
 #include "backends/cuda/kernels.h"
 
 namespace hearth::cuda {
@@ -33,21 +34,11 @@ __global__ void WidenToF32(const void* src, float* dst, int64_t n, bool bf16) {
   }
 }
 
-// Whether (a, ia) comes before (b, ib) in argmax order; index -1 is "none".
-__device__ __forceinline__ bool Better(float a, long long ia, float b, long long ib) {
-  if (ia < 0) return false;
-  if (ib < 0) return true;
-  const bool na = isnan(a), nb = isnan(b);
-  if (na != nb) return na;
-  if (na || a == b) return ia < ib;
-  return a > b;
-}
-
 __device__ __forceinline__ void WarpArgmax(float& v, long long& i) {
   for (int offset = 16; offset > 0; offset >>= 1) {
     const float ov = __shfl_down_sync(kFullMask, v, offset);
     const long long oi = __shfl_down_sync(kFullMask, i, offset);
-    if (Better(ov, oi, v, i)) {
+    if (ArgmaxBefore<long long>(ov, oi, v, i)) {
       v = ov;
       i = oi;
     }
@@ -61,7 +52,7 @@ __global__ void ArgmaxRows(const float* x, int64_t cols, int64_t* out) {
   long long index = -1;
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
     const float v = row[j];
-    if (Better(v, j, best, index)) {
+    if (ArgmaxBefore<long long>(v, j, best, index)) {
       best = v;
       index = j;
     }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "backends/cuda/argmax_order.cuh"
 #include "backends/cuda/dependent_launch.h"
 #include "backends/cuda/llm_device.cuh"
 #include "backends/cuda/llm_kernels.h"
@@ -35,23 +36,13 @@ __device__ __forceinline__ uint32_t OrderedKey(float x) {
   return (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
 }
 
-// Whether (a, ia) comes before (b, ib) in argmax order; index -1 is "none".
-__device__ __forceinline__ bool Better(float a, int ia, float b, int ib) {
-  if (ia < 0) return false;
-  if (ib < 0) return true;
-  const bool na = isnan(a), nb = isnan(b);
-  if (na != nb) return na;
-  if (na || a == b) return ia < ib;
-  return a > b;
-}
-
 // The warp's argmax, in every lane.
 __device__ __forceinline__ void WarpArgmax(float& v, int& index) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
     const float ov = __shfl_xor_sync(kFullMask, v, offset);
     const int oi = __shfl_xor_sync(kFullMask, index, offset);
-    if (Better(ov, oi, v, index)) {
+    if (ArgmaxBefore<int>(ov, oi, v, index)) {
       v = ov;
       index = oi;
     }
@@ -139,7 +130,7 @@ __device__ float BlockMax(float v, SampleShared& sh) {
 }
 
 // Calls f(v, j) for the block's share of a row's logits, in no fixed order
-// (every use is order-free: integer sums, fmaxf, Better's total order).
+// (every use is order-free: integer sums, fmaxf, ArgmaxBefore's total order).
 // Several 16-byte loads in flight per thread: a loop of one dependent load
 // at a time left a 128k-vocabulary row ~60 us on an H200.
 template <typename F>
@@ -269,7 +260,7 @@ __global__ void __launch_bounds__(kSampleThreads)
   int best_i = -1;
   unsigned long long numbers = 0;
   ForEachLogit(x, vocab, [&](float v, int j) {
-    if (Better(v, j, best, best_i)) {
+    if (ArgmaxBefore<int>(v, j, best, best_i)) {
       best = v;
       best_i = j;
     }
@@ -312,7 +303,7 @@ __global__ void __launch_bounds__(kSampleThreads)
     if (isnan(v) || OrderedKey(v) < floor) return;
     const float u = llm::GumbelUniform(p.seed, p.position, j);
     const float s = __fadd_rn(__fdiv_rn(v, temperature), -logf(-logf(u)));
-    if (Better(s, j, score, index)) {
+    if (ArgmaxBefore<int>(s, j, score, index)) {
       score = s;
       index = j;
     }
