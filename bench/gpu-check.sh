@@ -153,7 +153,8 @@ if want generate; then
   # config's max_streams (0: unset); GEN_CB: prompt counts for transformers' generate_batch (empty:
   # skipped); GEN_BASELINE_WORKERS: the uvicorn baseline (0: skipped); GEN_CHAOS_SECONDS: 64 streams
   # while worker 0 is SIGKILLed every 5 s (0: skipped); GEN_DTYPE: the checkpoint's dtype (bfloat16);
-  # GEN_GEMM: backend: llm's gemm_engine (timed, cublaslt or hearth; unset: left out).
+  # GEN_GEMM: backend: llm's gemm_engine (timed, cublaslt or hearth; unset: left out);
+  # GEN_CHAOS_HOT_SPARES: hot spares of the chaos run's model (0: none).
   GEN_WORKERS=${GEN_WORKERS:-1,2}; GEN_STREAMS=${GEN_STREAMS:-1,16,64,256}
   echo "== text generation: a 1 B Llama, hearth ($GEN_WORKERS workers on one copy, $GEN_STREAMS streams) beside generate_batch, uvicorn workers with a copy each, and a chaos run"
   WEBROOT=$PWD/.gpu/webroot/usr/lib/python3/dist-packages
@@ -162,6 +163,7 @@ if want generate; then
     --max-streams ${GEN_MAX_STREAMS:-256} --continuous-batching "${GEN_CB-16,64,256}" \
     --baseline-workers ${GEN_BASELINE_WORKERS:-4} --chaos-seconds ${GEN_CHAOS_SECONDS:-60} \
     --dtype ${GEN_DTYPE:-bfloat16} ${GEN_GEMM:+--gemm-engine "$GEN_GEMM"} --json "$OUT/generate.json" \
+    --chaos-hot-spares ${GEN_CHAOS_HOT_SPARES:-0} \
     > "$OUT/generate-bench.log" 2>&1
   gen_rc=$?
   grep -E "^(checkpoint|###|\||  )" "$OUT/generate-bench.log" | cut -c1-400

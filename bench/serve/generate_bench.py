@@ -291,7 +291,7 @@ class Models:
         subprocess.run([sys.executable, str(ROOT / f"examples/generate/{example}/make_repository.py"),
                         str(repo), *args], check=True, env=self._env, stdout=subprocess.DEVNULL)
 
-    def repository(self, workers, max_streams, resumable):
+    def repository(self, workers, max_streams, resumable, hot_spares=0):
         self._count += 1
         repo = self._tmp / f"repo-{self._count}"
         if self._a.backend == "llm":
@@ -302,10 +302,11 @@ class Models:
                 if f.name != "model.py":
                     (version / f.name).symlink_to(f)
             engine = f", gemm_engine: \"{self._a.gemm_engine}\"" if self._a.gemm_engine else ""
+            spares = (f", standby_workers: \"{hot_spares}\", standby_mode: \"hot\"" if hot_spares else "")
             (repo / self.name / "config.yaml").write_text(
                 f"backend: llm\ninstance_group: [{{count: {workers}, kind: KIND_GPU}}]\n"
                 f"parameters: {{max_streams: \"{max_streams or 256}\", "
-                f"resumable: \"{'true' if resumable else 'false'}\"{engine}}}\n")
+                f"resumable: \"{'true' if resumable else 'false'}\"{engine}{spares}}}\n")
             return repo
         if self.checkpoint is not None:
             self._run("llama", repo, "--workers", str(workers), "--checkpoint", str(self.checkpoint))
@@ -316,6 +317,8 @@ class Models:
             parameters["max_tokens_limit"] = self._a.max_tokens
         if max_streams:
             parameters["max_streams"] = max_streams
+        if hot_spares:
+            parameters["standby_workers"], parameters["standby_mode"] = hot_spares, "hot"
         set_parameters(repo / self.name / "config.yaml", parameters)
         return repo
 
@@ -333,9 +336,12 @@ class Serve:
         self.port = int(wait_port(log, r"ready on http://127\.0\.0\.1:(\d+)", self.proc).group(1))
 
     def ready_lines(self, worker=0):
-        """(pid, start in ms) for each ready line of `worker`, in order."""
-        pattern = rf"{re.escape(self.model)} worker {worker} ready: pid (\d+) on .*? in ([0-9.]+) ms"
-        return [(int(p), float(ms)) for p, ms in re.findall(pattern, self.log.read_text())]
+        """(pid, start in ms) for each ready line of `worker` and each hot
+        spare's takeover of it (start 0: the spare was ready), in order."""
+        m = re.escape(self.model)
+        pattern = (rf"{m} worker {worker} ready: pid (\d+) on .*? in ([0-9.]+) ms"
+                   rf"|{m} worker {worker}: the hot spare \(pid (\d+)\) takes over")
+        return [(int(ready or spare), float(ms or 0)) for ready, ms, spare in re.findall(pattern, self.log.read_text())]
 
     def stop(self):
         stop(self.proc)
@@ -533,12 +539,13 @@ def baseline_part(a, models, env, results):
 
 
 def chaos_part(a, models, env, tmp, results):
-    repo = models.repository(a.chaos_workers, a.max_streams, resumable=True)
+    repo = models.repository(a.chaos_workers, a.max_streams, resumable=True, hot_spares=a.chaos_hot_spares)
     log = tmp / "serve-chaos.log"
     serve = Serve(a, repo, models.name, env, log)
     entry = results["chaos"] = {"workers": a.chaos_workers, "streams": a.chaos_streams,
                                 "seconds": a.chaos_seconds, "kill_every_s": a.chaos_every,
-                                "max_streams": a.max_streams, "resumable": True}
+                                "max_streams": a.max_streams, "resumable": True,
+                                "hot_spares": a.chaos_hot_spares}
     try:
         warm(serve.port, models.name, 2 * a.chaos_workers)
         # Each prompt's text with no kills, all at once as in the chaos run.
@@ -598,8 +605,9 @@ def chaos_part(a, models, env, tmp, results):
         serve.stop()
         subprocess.run(["cp", str(log), a.out])
     write_json(a, results)
-    table(f"chaos: {a.chaos_streams} streams on {a.chaos_workers} workers (resumable), worker 0 SIGKILLed "
-          f"every {a.chaos_every:g} s for {a.chaos_seconds:g} s", ["", "value"],
+    spares = f", {a.chaos_hot_spares} hot spare(s)" if a.chaos_hot_spares else ""
+    table(f"chaos: {a.chaos_streams} streams on {a.chaos_workers} workers (resumable{spares}), worker 0 "
+          f"SIGKILLed every {a.chaos_every:g} s for {a.chaos_seconds:g} s", ["", "value"],
           [("SIGKILLs (ticks skipped: worker 0 not back yet)", f"{entry['kills']} ({skipped})"),
            ("streams ended", entry["streams_done"]),
            ("failed", entry["failed"]),
@@ -609,8 +617,8 @@ def chaos_part(a, models, env, tmp, results):
             f"{entry['longest_gap_s']:.2f}" + (" (a failed stream)" if entry["longest_gap_failed"] else "")),
            ("longest time to first token (s)",
             None if entry["ttft_max_s"] is None else f"{entry['ttft_max_s']:.2f}"),
-           ("SIGKILL to the replacement's ready line, median (s)",
-            f"{statistics.median(ready):.1f}" if ready else None),
+           ("SIGKILL to the replacement's ready line (or a hot spare's takeover), median (s)",
+            f"{statistics.median(ready):.3f}" if ready else None),
            ("replacement start as logged, median (ms)",
             f"{statistics.median(entry['logged_start_ms']):.0f}" if entry["logged_start_ms"] else None)])
     for error, n in entry["errors"].items():
@@ -670,6 +678,9 @@ def main():
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
                     help="the dtype of the Llama checkpoint made for the run (GPU)")
     ap.add_argument("--chaos-every", type=float, default=5, help="seconds between SIGKILLs of worker 0")
+    ap.add_argument("--chaos-hot-spares", type=int, default=0,
+                    help="hot spares of the chaos run's model (standby_mode: hot), each taking a killed "
+                         "worker's place at once")
     a = ap.parse_args()
     if a.continuous_batching_child:
         continuous_batching_child(a)
