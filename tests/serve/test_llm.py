@@ -15,7 +15,8 @@ what a user writes: three lines.
 - a KV pool too small for all: streams preempted, each still equal to its
   run alone, and hearth_preemptions_total counts them;
 - SIGKILL of the worker while streams are in flight: each completes equal
-  to its uninterrupted run, from the token ids its client had;
+  to its uninterrupted run, from the token ids its client had; with a hot
+  spare, the spare takes the streams over;
 - the OpenAI endpoints: completions, and chat through the chat template;
 - bad input: a prompt past the positions, unknown sampling controls, a
   config.json that changes the math (the model fails alone, naming the file
@@ -82,7 +83,9 @@ def served(tmp_path_factory):
               # 12 blocks of 16 tokens: 3 streams of 64 tokens fill it.
               "small": write_llm(root, "small", streams=8,
                                  extra=', kv_cache_bytes: "%d", block_size: "16"' % (
-                                     12 * 16 * 2 * 2 * 2 * 16 * 4))}
+                                     12 * 16 * 2 * 2 * 2 * 16 * 4)),
+              # llama's weights, with a hot spare.
+              "spare": write_llm(root, "spare", extra=', standby_workers: "1", standby_mode: "hot"')}
     bad = write_llm(root, "bad_config")
     config = json.loads((pathlib.Path(bad.directory) / "config.json").read_text())
     config["hidden_act"] = "gelu"
@@ -202,18 +205,30 @@ def test_a_small_kv_pool_preempts_and_every_stream_still_equals_alone(served):
              "preemptions in /metrics", timeout=30)
 
 
-def test_streams_go_on_after_their_worker_is_killed(served):
+def serving_pid(served, model):
+    """The pid of the model's one serving worker (not its hot spares)."""
+    r = requests.get(f"{served['url']}/v2/hearth/workers", timeout=10)
+    r.raise_for_status()
+    [pid] = [w["pid"] for m in r.json()["models"] if m["name"] == model
+             for p in m["placements"] for w in p["workers"]]
+    return pid
+
+
+def kill_under_streams(served, model):
+    """SIGKILLs the model's worker while 8 long streams are in flight (up to
+    three times, until one found a stream to resume); each stream must end
+    equal to its uninterrupted run."""
     cases = prompts(8)
     # Greedy and seeded; long (a thousand steps and more, where the kill
     # below comes within a few steps of every stream's first token).
     parameters = [dict(max_tokens=1500) if i % 2 else dict(max_tokens=1500, temperature=0.9,
                                                             seed=7 + i) for i in range(8)]
-    expected = [generate(served, "llama", t, **p) for (t, _), p in zip(cases, parameters)]
+    expected = [generate(served, model, t, **p) for (t, _), p in zip(cases, parameters)]
     assert sum(len(ids) > 500 for _, ids in expected) >= 4, "the streams end too soon to be cut"
 
     def run(i, first):
         text, ids = "", []
-        for e in (json.loads(x) for x in sse_events(stream(served, "llama", cases[i][0],
+        for e in (json.loads(x) for x in sse_events(stream(served, model, cases[i][0],
                                                             **parameters[i]))):
             assert "error" not in e, e
             text += e.get("text_output", "")
@@ -227,8 +242,8 @@ def test_streams_go_on_after_their_worker_is_killed(served):
     # the kill lands: then nothing resumed, and the run is tried again (the
     # texts must be equal either way).
     for attempt in range(3):
-        resumed = metric(served["url"], "hearth_streams_resumed_total", "llama")
-        [pid] = model_workers(served["proc"].pid, "llama")
+        resumed = metric(served["url"], "hearth_streams_resumed_total", model)
+        pid = serving_pid(served, model)
         firsts = [concurrent.futures.Future() for _ in cases]
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(run, i, firsts[i]) for i in range(8)]
@@ -238,12 +253,30 @@ def test_streams_go_on_after_their_worker_is_killed(served):
             got = [f.result(timeout=600) for f in futures]
         for i, (g, e) in enumerate(zip(got, expected)):
             assert g == e, f"stream {i}: {len(g[1])} tokens, uninterrupted {len(e[1])}"
-        if metric(served["url"], "hearth_streams_resumed_total", "llama") > resumed:
-            break
-        wait_for(lambda: requests.get(f"{served['url']}/v2/models/llama/ready").status_code == 200,
-                 "llama ready again", timeout=120)
-    else:
-        pytest.fail("three SIGKILLs found no stream in flight")
+        if metric(served["url"], "hearth_streams_resumed_total", model) > resumed:
+            return pid
+        wait_for(lambda: requests.get(f"{served['url']}/v2/models/{model}/ready").status_code == 200,
+                 f"{model} ready again", timeout=120)
+    pytest.fail("three SIGKILLs found no stream in flight")
+
+
+def test_streams_go_on_after_their_worker_is_killed(served):
+    kill_under_streams(served, "llama")
+
+
+def test_a_hot_spare_takes_over_a_killed_workers_streams(served):
+    # The spare is ready (warmed up with a stream it cancelled) before the kill.
+    wait_for(lambda: metric(served["url"], "hearth_hot_spares", "spare") == 1, "a hot spare",
+             timeout=120)
+    spares = [s["pid"] for m in requests.get(f"{served['url']}/v2/hearth/workers", timeout=10)
+              .json()["models"] if m["name"] == "spare" for p in m["placements"] for s in p["hot_spares"]]
+    before = metric(served["url"], "hearth_hot_spare_takeovers_total", "spare")
+    kill_under_streams(served, "spare")
+    assert metric(served["url"], "hearth_hot_spare_takeovers_total", "spare") > before
+    # The streams resumed on the spare, which now serves.
+    log = served["log"].read_text()
+    assert any(f"spare worker 0: the hot spare (pid {pid}) takes over" in log for pid in spares), \
+        log[-3000:]
 
 
 def test_openai_completions_and_chat(served):
