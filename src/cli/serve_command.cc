@@ -232,6 +232,12 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
     signal_waiter.join();
   };
 
+  // The HTTP address is taken first: one in use fails the start before any
+  // model begins to load. Clients that connect meanwhile wait in the backlog.
+  if (Status s = (*http)->Bind(); !s.ok()) {
+    end_waiter();
+    return Fail(s);
+  }
   // The models load in the background: the server listens at once, and a
   // model that is slow to load, or whose config takes long to refuse, holds
   // up no other.

@@ -52,6 +52,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Create(InferenceService* service
       new HttpServer(std::make_unique<Impl>(service, std::move(options))));
 }
 
+Status HttpServer::Bind() { return impl_->Bind(); }
 Status HttpServer::Start() { return impl_->Start(); }
 
 void HttpServer::Stop() { impl_->Stop(); }

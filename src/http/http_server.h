@@ -175,8 +175,14 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  // Binds, listens and starts the I/O threads. Unavailable when the address
-  // cannot be bound; FailedPrecondition when called twice.
+  // Binds and listens, accepting nothing yet: clients that connect wait in
+  // the backlog until Start. Unavailable when the address cannot be bound;
+  // FailedPrecondition when called twice. Optional: Start binds if this was
+  // not called.
+  Status Bind();
+  // Binds (unless Bind did), listens and starts the I/O threads.
+  // Unavailable when the address cannot be bound; FailedPrecondition when
+  // called twice.
   Status Start();
   // Drains, then stops: stops accepting (connections already in the backlog
   // are taken and answered), lets every request whose head has arrived run
@@ -190,7 +196,8 @@ class HttpServer {
   // no deadline: the service bounds its infers) and the I/O threads have
   // stopped. Idempotent.
   void Stop();
-  // The bound port once Start() succeeded (the chosen one for port 0), else 0.
+  // The bound port once Bind() or Start() succeeded (the chosen one for port
+  // 0), else 0.
   uint16_t port() const;
   HttpStats stats() const;
 

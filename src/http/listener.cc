@@ -63,9 +63,9 @@ Listener::Listener(InferenceService* service, HttpOptions options)
 
 Listener::~Listener() { Stop(); }
 
-Status Listener::Start() {
-  if (started_) return FailedPrecondition("HttpServer::Start called twice");
-  started_ = true;
+Status Listener::Bind() {
+  if (bound_) return FailedPrecondition("HttpServer::Bind called twice");
+  bound_ = true;
   const HttpOptions& options = core_.options;
   beast::error_code ec;
   tcp::resolver resolver(runtime_->io);
@@ -95,6 +95,14 @@ Status Listener::Start() {
   runtime_->acceptor.listen(net::socket_base::max_listen_connections, ec);
   if (ec) return Unavailable("cannot listen on " + options.host + ": " + ec.message());
   port_ = runtime_->acceptor.local_endpoint(ec).port();
+  return Status::Ok();
+}
+
+Status Listener::Start() {
+  if (started_) return FailedPrecondition("HttpServer::Start called twice");
+  started_ = true;
+  if (!bound_) RETURN_IF_ERROR(Bind());
+  const HttpOptions& options = core_.options;
   Result<uint64_t> limit = ConnectionLimit();
   if (!limit.ok()) return limit.status();
   core_.connection_limit.store(*limit);

@@ -27,7 +27,9 @@ class Listener {
   Listener(InferenceService* service, HttpOptions options);
   ~Listener();  // Stop()s
 
-  // HttpServer's Start, Stop, port and stats (http_server.h says what they do).
+  // HttpServer's Bind, Start, Stop, port and stats (http_server.h says what
+  // they do).
+  Status Bind();
   Status Start();
   void Stop();
   uint16_t port() const;
@@ -80,6 +82,7 @@ class Listener {
   std::vector<std::thread> threads_;
   tcp protocol_ = tcp::v4();
   uint16_t port_ = 0;
+  bool bound_ = false;
   bool started_ = false;
   bool stopped_ = false;
   // The acceptor's state, touched on its strand only (and by Start before

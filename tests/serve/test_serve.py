@@ -14,6 +14,7 @@ import pathlib
 import re
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import tempfile
@@ -1186,3 +1187,20 @@ def test_an_alias_bomb_fails_its_model_alone(tmp_path):
         # A generous deadline, no timing asserted: the server must exit of itself.
         code, text = stop_serve(state, timeout=120)
     assert code == 0, text[-3000:]
+
+
+def test_an_http_port_in_use_fails_the_start_before_any_model_loads(tmp_path):
+    """With the HTTP port taken, `hearth serve` exits non-zero naming the
+    address, and no model began to load (the port is bound first)."""
+    import socket
+    repo = tmp_path / "repo"
+    scale_demo_repository(repo, count=1)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run([CLI, "serve", "--model-repository", str(repo), "--http-port", str(port),
+                              "--grpc-port", "-1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0, out.stdout[-2000:]
+    assert f"cannot bind 127.0.0.1:{port}" in out.stderr, out.stderr[-2000:]
+    assert "loading scale" not in out.stdout + out.stderr, out.stdout[-2000:]
