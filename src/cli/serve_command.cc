@@ -232,12 +232,21 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
     signal_waiter.join();
   };
 
-  // The HTTP address is taken first: one in use fails the start before any
-  // model begins to load. Clients that connect meanwhile wait in the backlog.
+  // The HTTP and gRPC addresses are taken first: one in use fails the start
+  // before any model begins to load. Clients that connect meanwhile wait in
+  // the backlog.
   if (Status s = (*http)->Bind(); !s.ok()) {
     end_waiter();
     return Fail(s);
   }
+#ifdef HEARTH_HAVE_GRPC
+  if (grpc_server != nullptr) {
+    if (Status s = grpc_server->Bind(); !s.ok()) {
+      end_waiter();
+      return Fail(s);
+    }
+  }
+#endif
   // The models load in the background: the server listens at once, and a
   // model that is slow to load, or whose config takes long to refuse, holds
   // up no other.

@@ -94,6 +94,7 @@ class GrpcServer::Impl final : public Service {
       : service_(service), options_(std::move(options)) {}
   ~Impl() override { Stop(); }
 
+  Status Bind();
   Status Start();
   void Stop();
   uint16_t port() const {
@@ -422,6 +423,8 @@ class GrpcServer::Impl final : public Service {
   }
 
  private:
+  // Opens the gate on the configured address into listening_ (mu_ held).
+  Status ListenLocked();
   // Triton's overrides of a load: "config" (string_param: the config as
   // Triton's JSON) and "file:PATH" (bytes_param). Their limits are the
   // service's to check.
@@ -482,6 +485,7 @@ class GrpcServer::Impl final : public Service {
   std::condition_variable idle_;  // inflight_calls_ fell
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Http2Gate> gate_;       // the port's listener; outlives server_
+  std::unique_ptr<Http2Gate> listening_;  // bound by Bind, accepting nothing until Start
   std::unique_ptr<HeapTrimmer> trimmer_;  // while serving, when heap_trim_bytes > 0
   uint16_t bound_port_ = 0;
   bool started_ = false;

@@ -28,10 +28,14 @@ grpc::ServerUnaryReactor* GrpcServer::Impl::RunControl(
 
 // ---- start and stop ------------------------------------------------------------
 
-Status GrpcServer::Impl::Start() {
+Status GrpcServer::Impl::Bind() {
   std::lock_guard lock(mu_);
-  if (started_) return FailedPrecondition("the gRPC server was started already");
-  started_ = true;
+  if (listening_ != nullptr || started_)
+    return FailedPrecondition("the gRPC server is bound already");
+  return ListenLocked();
+}
+
+Status GrpcServer::Impl::ListenLocked() {
   // The gate owns the port: grpc++ gets each connection as a socketpair.
   Http2GateLimits limits;
   limits.max_connections = options_.max_connections;
@@ -48,6 +52,15 @@ Status GrpcServer::Impl::Start() {
       Http2Gate::Listen(options_.host, options_.port, limits,
                         [this](int fd) { grpc::AddInsecureChannelFromFd(server_.get(), fd); });
   if (!gate.ok()) return gate.status();
+  listening_ = std::move(*gate);
+  return Status::Ok();
+}
+
+Status GrpcServer::Impl::Start() {
+  std::lock_guard lock(mu_);
+  if (started_) return FailedPrecondition("the gRPC server was started already");
+  started_ = true;
+  if (listening_ == nullptr) RETURN_IF_ERROR(ListenLocked());
   grpc::ServerBuilder builder;
   builder.RegisterService(this);
   builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
@@ -79,7 +92,7 @@ Status GrpcServer::Impl::Start() {
                              static_cast<int>(options_.handshake_timeout.count()));
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) return Unavailable("gRPC: the server could not be started");
-  gate_ = std::move(*gate);
+  gate_ = std::move(listening_);
   bound_port_ = gate_->port();
   gate_->Start();
   if (options_.heap_trim_bytes > 0) {
@@ -160,6 +173,7 @@ Result<std::unique_ptr<GrpcServer>> GrpcServer::Create(InferenceService* service
 
 GrpcServer::GrpcServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 GrpcServer::~GrpcServer() { Stop(); }
+Status GrpcServer::Bind() { return impl_->Bind(); }
 Status GrpcServer::Start() { return impl_->Start(); }
 void GrpcServer::Stop() { impl_->Stop(); }
 uint16_t GrpcServer::port() const { return impl_->port(); }

@@ -132,9 +132,14 @@ class GrpcServer {
   GrpcServer(const GrpcServer&) = delete;
   GrpcServer& operator=(const GrpcServer&) = delete;
 
-  // Binds, listens and serves. Unavailable when the address cannot be
-  // bound (SO_REUSEPORT is off: a port in use is an error, as for REST);
-  // FailedPrecondition when called twice.
+  // Binds and listens, accepting nothing yet: clients that connect wait in
+  // the backlog until Start. Unavailable when the address cannot be bound
+  // (SO_REUSEPORT is off: a port in use is an error, as for REST);
+  // FailedPrecondition when called twice or after Start. Optional: Start
+  // binds if this was not called.
+  Status Bind();
+  // Binds (unless Bind did), listens and serves. Unavailable when the
+  // address cannot be bound; FailedPrecondition when called twice.
   Status Start();
   // Drains, then stops: refuses new calls, lets calls in progress finish
   // (an open stream answers the requests it has read, then ends with

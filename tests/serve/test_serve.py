@@ -1189,18 +1189,24 @@ def test_an_alias_bomb_fails_its_model_alone(tmp_path):
     assert code == 0, text[-3000:]
 
 
-def test_an_http_port_in_use_fails_the_start_before_any_model_loads(tmp_path):
-    """With the HTTP port taken, `hearth serve` exits non-zero naming the
-    address, and no model began to load (the port is bound first)."""
-    import socket
+@pytest.mark.parametrize("which", ["http", "grpc"])
+def test_a_port_in_use_fails_the_start_before_any_model_loads(tmp_path, which):
+    """With the HTTP or the gRPC port taken, `hearth serve` exits non-zero
+    naming the address, and no model began to load (both ports are bound
+    first)."""
     repo = tmp_path / "repo"
     scale_demo_repository(repo, count=1)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        out = subprocess.run([CLI, "serve", "--model-repository", str(repo), "--http-port", str(port),
-                              "--grpc-port", "-1"], capture_output=True, text=True, timeout=120)
+        ports = ["--http-port", str(port), "--grpc-port", "-1"] if which == "http" else \
+            ["--http-port", "0", "--grpc-port", str(port)]
+        out = subprocess.run([CLI, "serve", "--model-repository", str(repo), *ports],
+                             capture_output=True, text=True, timeout=120)
+    if which == "grpc" and "built without gRPC" in out.stderr:
+        pytest.skip("this hearth was built without gRPC")
     assert out.returncode != 0, out.stdout[-2000:]
-    assert f"cannot bind 127.0.0.1:{port}" in out.stderr, out.stderr[-2000:]
+    said = f"cannot bind 127.0.0.1:{port}" if which == "http" else f"cannot listen for gRPC on 127.0.0.1:{port}"
+    assert said in out.stderr, out.stderr[-2000:]
     assert "loading scale" not in out.stdout + out.stderr, out.stdout[-2000:]
