@@ -65,7 +65,11 @@ Listener::~Listener() { Stop(); }
 
 Status Listener::Bind() {
   if (bound_) return FailedPrecondition("HttpServer::Bind called twice");
-  bound_ = true;
+  bound_ = BindAddress();
+  return *bound_;
+}
+
+Status Listener::BindAddress() {
   const HttpOptions& options = core_.options;
   beast::error_code ec;
   tcp::resolver resolver(runtime_->io);
@@ -101,7 +105,8 @@ Status Listener::Bind() {
 Status Listener::Start() {
   if (started_) return FailedPrecondition("HttpServer::Start called twice");
   started_ = true;
-  if (!bound_) RETURN_IF_ERROR(Bind());
+  if (!bound_) bound_ = BindAddress();
+  RETURN_IF_ERROR(*bound_);  // a failed Bind fails Start the same way
   const HttpOptions& options = core_.options;
   Result<uint64_t> limit = ConnectionLimit();
   if (!limit.ok()) return limit.status();

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -37,6 +38,8 @@ class Listener {
 
  private:
   Result<uint64_t> ConnectionLimit() const;
+  // Resolves, binds and listens on the configured address (Bind's work).
+  Status BindAddress();
   void RunIo();
 
   // ---- accepting: all on the acceptor's strand -----------------------------
@@ -82,7 +85,7 @@ class Listener {
   std::vector<std::thread> threads_;
   tcp protocol_ = tcp::v4();
   uint16_t port_ = 0;
-  bool bound_ = false;
+  std::optional<Status> bound_;  // BindAddress's result, once tried
   bool started_ = false;
   bool stopped_ = false;
   // The acceptor's state, touched on its strand only (and by Start before

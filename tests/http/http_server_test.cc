@@ -1366,6 +1366,22 @@ TEST(HttpServerCreate, RejectsBadOptionsAndTakenPorts) {
   ASSERT_TRUE(second.ok());
   const Status bound = (*second)->Start();
   EXPECT_EQ(bound.code(), StatusCode::kUnavailable) << bound.ToString();
+
+  // Bound first: a taken port fails Bind, and Start after it the same way
+  // (it serves nothing); a second Bind is refused.
+  auto third = HttpServer::Create(&service, same_port);
+  ASSERT_TRUE(third.ok());
+  const Status early = (*third)->Bind();
+  EXPECT_EQ(early.code(), StatusCode::kUnavailable) << early.ToString();
+  EXPECT_EQ((*third)->Start().ToString(), early.ToString());
+  EXPECT_EQ((*third)->port(), 0);
+  EXPECT_EQ((*third)->Bind().code(), StatusCode::kFailedPrecondition);
+  // Bind, then Start, on a free port serves.
+  auto fourth = HttpServer::Create(&service, options);
+  ASSERT_TRUE(fourth.ok());
+  ASSERT_TRUE((*fourth)->Bind().ok());
+  EXPECT_NE((*fourth)->port(), 0);
+  ASSERT_TRUE((*fourth)->Start().ok());
 }
 
 // ---- Triton's extensions: config, statistics, repository, shared memory ----
