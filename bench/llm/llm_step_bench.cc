@@ -282,6 +282,9 @@ double FloorBytes(const std::string& name, const ModelConfig& c, double seqs, do
   if (name == "gemm o_proj") return gemm(h, q);
   if (name == "gemm gate_proj" || name == "gemm up_proj") return gemm(im, h);
   if (name == "gemm gate_proj+up_proj") return 2 * gemm(im, h) - layers * seqs * h * 2;
+  if (name == "gemm q_proj + k/v") return gemm(q, h) + 2 * gemm(kv, h) - 2 * layers * seqs * h * 2;
+  if (name == "gemm gate_proj+up_proj + swiglu")
+    return 2 * gemm(im, h) - layers * seqs * (h + im) * 2;
   if (name == "swiglu") return layers * seqs * im * 6;
   if (name == "gemm down_proj") return gemm(h, im);
   if (name == "final rmsnorm") return seqs * h * 8 + h * 2;
@@ -318,7 +321,22 @@ int Main(int argc, char** argv) {
                  "kernels as programmatic dependent launches (each may start before the one "
                  "before it ends): on, off, or both (each timed in turn)")
       ->check(CLI::IsMember({"on", "off", "both"}));
+  std::string fuse = "on";
+  app.add_option("--fuse", fuse,
+                 "where hearth's kernel runs them at up to 16 rows, SwiGLU in the gate/up launch "
+                 "and q_proj with k/v in one launch: on, off, both (each timed in turn), swiglu "
+                 "or qkv (that one alone)")
+      ->check(CLI::IsMember({"on", "off", "both", "swiglu", "qkv"}));
   CLI11_PARSE(app, argc, argv);
+  struct FuseMode {
+    const char* name;
+    bool swiglu, qkv;
+  };
+  std::vector<FuseMode> fuse_modes;
+  if (fuse == "on" || fuse == "both") fuse_modes.push_back({"on", true, true});
+  if (fuse == "off" || fuse == "both") fuse_modes.push_back({"off", false, false});
+  if (fuse == "swiglu") fuse_modes.push_back({"swiglu", true, false});
+  if (fuse == "qkv") fuse_modes.push_back({"qkv", false, true});
   std::vector<bool> dependent_modes;
   if (dependent != "off") dependent_modes.push_back(true);
   if (dependent != "on") dependent_modes.push_back(false);
@@ -359,67 +377,70 @@ int Main(int argc, char** argv) {
   if (pairing != "on") pair_modes.push_back(false);
   for (const bool dependent_on : dependent_modes)
     for (const auto& [engine_name, engine] : engines)
-      for (const bool pair : pair_modes) {
-        cuda::SetDependentLaunch(dependent_on);
-        // Sequence 0 takes every batch size's steps.
-        auto [s, o] =
-            Room(max_seqs, context + (warmup + iterations) * static_cast<int>(seqs_list.size()),
-                 context, kv_bytes_per_token);
-        const auto created = std::chrono::steady_clock::now();
-        CudaExecutorOptions options;
-        options.pair_gemms = pair;
-        options.gemm_engine = engine;
-        auto executor = CreateCudaExecutor(config, weights, 0, o, options);
-        if (!executor.ok()) Fail(executor.status().ToString());
-        CudaExecutor& e = **executor;
-        std::printf(
-            "pairing=%s gemm=%s dependent=%s: executor created in %.2f s, device memory %.2f GiB "
-            "(KV pool %d blocks of %d)\n",
-            pair ? "on" : "off", engine_name.c_str(), dependent_on ? "on" : "off",
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count(),
-            static_cast<double>(e.device_memory_bytes()) / (1 << 30), e.num_blocks(),
-            e.block_size());
-        std::printf("%s", e.DescribeGemms().c_str());
-        const char* mode = pair ? "on" : "off";
-        const double prefill_s = Prefill(e, s, max_seqs, context, rng, config.vocab_size);
-        std::printf("prefill gemm=%s dependent=%s seqs=%d context=%d s=%.3f tokens_per_s=%.0f\n",
-                    engine_name.c_str(), dependent_on ? "on" : "off", max_seqs, context, prefill_s,
-                    max_seqs * static_cast<double>(context) / prefill_s);
-        cudaEvent_t start = nullptr, stop = nullptr;
-        Check(cudaEventCreate(&start), "cudaEventCreate");
-        Check(cudaEventCreate(&stop), "cudaEventCreate");
-        for (int64_t n : seqs_list) {
-          const int seqs = static_cast<int>(n);
-          for (int i = 0; i < warmup; ++i) Decode(e, s, seqs, params);
-          std::vector<double> ms;
-          for (int i = 0; i < iterations; ++i) {
-            Check(cudaEventRecord(start, e.stream()), "cudaEventRecord");
-            Decode(e, s, seqs, params);
-            Check(cudaEventRecord(stop, e.stream()), "cudaEventRecord");
-            Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-            float elapsed = 0;
-            Check(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime");
-            ms.push_back(elapsed);
-          }
-          std::sort(ms.begin(), ms.end());
-          const double median = ms[ms.size() / 2];
-          double keys = 0;
-          for (int i = 0; i < seqs; ++i) keys += s.length[static_cast<size_t>(i)];
-          const double weight_floor = weight_bytes / kBandwidth * 1e3;
-          const double full_floor = (weight_bytes + keys * kv_bytes_per_token) / kBandwidth * 1e3;
+      for (const bool pair : pair_modes)
+        for (const FuseMode& fused : fuse_modes) {
+          cuda::SetDependentLaunch(dependent_on);
+          // Sequence 0 takes every batch size's steps.
+          auto [s, o] =
+              Room(max_seqs, context + (warmup + iterations) * static_cast<int>(seqs_list.size()),
+                   context, kv_bytes_per_token);
+          const auto created = std::chrono::steady_clock::now();
+          CudaExecutorOptions options;
+          options.pair_gemms = pair;
+          options.gemm_engine = engine;
+          options.fuse_swiglu = fused.swiglu;
+          options.group_qkv = fused.qkv;
+          auto executor = CreateCudaExecutor(config, weights, 0, o, options);
+          if (!executor.ok()) Fail(executor.status().ToString());
+          CudaExecutor& e = **executor;
           std::printf(
-              "decode pairing=%s gemm=%s dependent=%s seqs=%d context=%d ms=%.4f "
-              "weight_floor_ms=%.4f of_weight_floor=%.2f weight_kv_floor_ms=%.4f "
-              "of_weight_kv_floor=%.2f tokens_per_s=%.0f\n",
-              mode, engine_name.c_str(), dependent_on ? "on" : "off", seqs, context, median,
-              weight_floor, weight_floor / median, full_floor, full_floor / median,
-              seqs / (median * 1e-3));
-          std::fflush(stdout);
+              "pairing=%s gemm=%s dependent=%s fuse=%s: executor created in %.2f s, device memory "
+              "%.2f GiB (KV pool %d blocks of %d)\n",
+              pair ? "on" : "off", engine_name.c_str(), dependent_on ? "on" : "off", fused.name,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count(),
+              static_cast<double>(e.device_memory_bytes()) / (1 << 30), e.num_blocks(),
+              e.block_size());
+          std::printf("%s", e.DescribeGemms().c_str());
+          const char* mode = pair ? "on" : "off";
+          const double prefill_s = Prefill(e, s, max_seqs, context, rng, config.vocab_size);
+          std::printf("prefill gemm=%s dependent=%s seqs=%d context=%d s=%.3f tokens_per_s=%.0f\n",
+                      engine_name.c_str(), dependent_on ? "on" : "off", max_seqs, context,
+                      prefill_s, max_seqs * static_cast<double>(context) / prefill_s);
+          cudaEvent_t start = nullptr, stop = nullptr;
+          Check(cudaEventCreate(&start), "cudaEventCreate");
+          Check(cudaEventCreate(&stop), "cudaEventCreate");
+          for (int64_t n : seqs_list) {
+            const int seqs = static_cast<int>(n);
+            for (int i = 0; i < warmup; ++i) Decode(e, s, seqs, params);
+            std::vector<double> ms;
+            for (int i = 0; i < iterations; ++i) {
+              Check(cudaEventRecord(start, e.stream()), "cudaEventRecord");
+              Decode(e, s, seqs, params);
+              Check(cudaEventRecord(stop, e.stream()), "cudaEventRecord");
+              Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+              float elapsed = 0;
+              Check(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime");
+              ms.push_back(elapsed);
+            }
+            std::sort(ms.begin(), ms.end());
+            const double median = ms[ms.size() / 2];
+            double keys = 0;
+            for (int i = 0; i < seqs; ++i) keys += s.length[static_cast<size_t>(i)];
+            const double weight_floor = weight_bytes / kBandwidth * 1e3;
+            const double full_floor = (weight_bytes + keys * kv_bytes_per_token) / kBandwidth * 1e3;
+            std::printf(
+                "decode pairing=%s gemm=%s dependent=%s fuse=%s seqs=%d context=%d ms=%.4f "
+                "weight_floor_ms=%.4f of_weight_floor=%.2f weight_kv_floor_ms=%.4f "
+                "of_weight_kv_floor=%.2f tokens_per_s=%.0f\n",
+                mode, engine_name.c_str(), dependent_on ? "on" : "off", fused.name, seqs, context,
+                median, weight_floor, weight_floor / median, full_floor, full_floor / median,
+                seqs / (median * 1e-3));
+            std::fflush(stdout);
+          }
+          std::printf("decode graphs captured: %d\n", e.captured_graphs());
+          cudaEventDestroy(start);
+          cudaEventDestroy(stop);
         }
-        std::printf("decode graphs captured: %d\n", e.captured_graphs());
-        cudaEventDestroy(start);
-        cudaEventDestroy(stop);
-      }
 
   if (profile_seqs > 0) {
     // A second executor, every step eager with events around each kernel.

@@ -72,6 +72,11 @@ __device__ __forceinline__ void Store8(T* p, const float (&f)[8]) {
   *reinterpret_cast<uint4*>(p) = u;
 }
 
+// SwiGLU of one element: silu(g) * u, from g and u as their 16-bit values.
+// Every kernel that computes it (the SwiGLU launch, the GEMM's epilogue) calls
+// this, so that they give the same bits.
+__device__ __forceinline__ float SiluTimes(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 inline unsigned GridFor(int64_t work, int threads) {
   const int64_t blocks = (work + threads - 1) / threads;
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, 65535 * 16)));

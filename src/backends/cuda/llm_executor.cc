@@ -793,10 +793,20 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
       return cuda::LaunchAddRmsNorm(resid, l == 0 ? nullptr : delta_.get(), w.input_norm, nullptr,
                                     rows, hidden_, eps_, bf, xn_.get(), s);
     }));
-    RETURN_IF_ERROR(Gemm(q_gemm_, "gemm q_proj", w.q, w.q_bias, xn_.get(), q_.get(), rows));
-    if (pair_kv_) {
+    const int qkv_shapes[] = {q_gemm_, kv_gemm_, kv_gemm_};
+    const size_t qkv_count = pair_kv_ ? 2 : 3;
+    if (cuda_options_.group_qkv && gemms_->Groups({qkv_shapes, qkv_count}, rows)) {
+      const GemmSet::Call calls[] = {{q_gemm_, w.q, w.q_bias, xn_.get(), q_.get()},
+                                     {kv_gemm_, w.k, w.k_bias, xn_.get(), k_},
+                                     {kv_gemm_, w.v, w.v_bias, xn_.get(), v_}};
+      RETURN_IF_ERROR(Timed("gemm q_proj + k/v", [&] {
+        return gemms_->RunGroup({calls, qkv_count}, rows);
+      }));
+    } else if (pair_kv_) {
+      RETURN_IF_ERROR(Gemm(q_gemm_, "gemm q_proj", w.q, w.q_bias, xn_.get(), q_.get(), rows));
       RETURN_IF_ERROR(Gemm(kv_gemm_, "gemm k_proj+v_proj", w.k, w.k_bias, xn_.get(), k_, rows));
     } else {
+      RETURN_IF_ERROR(Gemm(q_gemm_, "gemm q_proj", w.q, w.q_bias, xn_.get(), q_.get(), rows));
       RETURN_IF_ERROR(Gemm(kv_gemm_, "gemm k_proj", w.k, w.k_bias, xn_.get(), k_, rows));
       RETURN_IF_ERROR(Gemm(kv_gemm_, "gemm v_proj", w.v, w.v_bias, xn_.get(), v_, rows));
     }
@@ -836,17 +846,25 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
       return cuda::LaunchAddRmsNorm(resid, delta_.get(), w.post_norm, nullptr, rows, hidden_, eps_,
                                     bf, xn_.get(), s);
     }));
-    if (pair_gate_up_) {
+    if (pair_gate_up_ && cuda_options_.fuse_swiglu && gemms_->FusesSwiGlu(gate_up_gemm_, rows)) {
+      // SwiGLU in the pair's launch, into gate_ as the SwiGLU launch writes it.
+      RETURN_IF_ERROR(Timed("gemm gate_proj+up_proj + swiglu", [&] {
+        return gemms_->RunSwiGlu(gate_up_gemm_, w.gate, xn_.get(), gate_, rows);
+      }));
+    } else if (pair_gate_up_) {
       RETURN_IF_ERROR(
           Gemm(gate_up_gemm_, "gemm gate_proj+up_proj", w.gate, nullptr, xn_.get(), gate_, rows));
+      RETURN_IF_ERROR(Timed("swiglu", [&] {
+        return cuda::LaunchSwiGlu(gate_, up_, gate_, int64_t{rows} * intermediate_, bf, s);
+      }));
     } else {
       RETURN_IF_ERROR(
           Gemm(gate_up_gemm_, "gemm gate_proj", w.gate, nullptr, xn_.get(), gate_, rows));
       RETURN_IF_ERROR(Gemm(gate_up_gemm_, "gemm up_proj", w.up, nullptr, xn_.get(), up_, rows));
+      RETURN_IF_ERROR(Timed("swiglu", [&] {
+        return cuda::LaunchSwiGlu(gate_, up_, gate_, int64_t{rows} * intermediate_, bf, s);
+      }));
     }
-    RETURN_IF_ERROR(Timed("swiglu", [&] {
-      return cuda::LaunchSwiGlu(gate_, up_, gate_, int64_t{rows} * intermediate_, bf, s);
-    }));
     RETURN_IF_ERROR(Gemm(down_gemm_, "gemm down_proj", w.down, nullptr, gate_, delta_.get(), rows));
   }
   if (logit_rows == 0) return Status::Ok();

@@ -49,6 +49,13 @@ struct CudaExecutorOptions {
   // distance from the first (as the store's arena packs them); else as two
   // GEMMs each.
   bool pair_gemms = true;
+  // Where gate_proj and up_proj run as a pair on hearth's kernel at up to
+  // cuda::kTcSplitRows rows, apply SwiGLU in that launch (the same bits as a
+  // SwiGLU launch after it).
+  bool fuse_swiglu = true;
+  // Where q_proj and k/v all run on hearth's kernel, run them in one launch
+  // at up to cuda::kTcSplitRows rows (the same bits as apart).
+  bool group_qkv = true;
   // Which GEMM engine each weight shape may run on (llm_gemm.h): the faster
   // of cuBLASLt and hearth's own kernel, or one of them.
   GemmEngine gemm_engine = GemmEngine::kAny;

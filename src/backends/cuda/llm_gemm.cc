@@ -494,8 +494,24 @@ Status GemmSet::Run(int shape, const void* weight, const void* bias, const void*
   return Status::Ok();
 }
 
-Status GemmSet::RunOwn(const Shape& s, const void* weight, const void* bias, const void* x, void* y,
-                       int64_t m) {
+bool GemmSet::FusesSwiGlu(int shape, int64_t m) const {
+  if (shape < 0 || static_cast<size_t>(shape) >= shapes_.size()) return false;
+  const Shape& s = *shapes_[static_cast<size_t>(shape)];
+  return s.own && s.spec.batch == 2 && !s.spec.bias && !s.spec.f32_out && m >= 1 &&
+         m <= std::min<int64_t>(s.spec.max_m, cuda::kTcSplitRows);
+}
+
+Status GemmSet::RunSwiGlu(int shape, const void* weight, const void* x, void* y, int64_t m) {
+  if (!FusesSwiGlu(shape, m)) {
+    return Internal("GEMM #" + std::to_string(shape) + " cannot run SwiGLU at " +
+                    std::to_string(m) + " rows");
+  }
+  const Shape& s = *shapes_[static_cast<size_t>(shape)];
+  return RunOwn(s, weight, nullptr, x, y, m, true).WithContext("GEMM " + s.spec.name + " + SwiGLU");
+}
+
+cuda::TcGemmArgs GemmSet::OwnArgs(const Shape& s, const void* weight, const void* bias,
+                                  const void* x, void* y, int64_t m) const {
   cuda::TcGemmArgs a;
   a.shape = {s.spec.n, s.spec.k, s.spec.batch};
   a.bf16 = bf16_;
@@ -512,7 +528,74 @@ Status GemmSet::RunOwn(const Shape& s, const void* weight, const void* bias, con
   a.counters = static_cast<uint32_t*>(own_counters_.get());
   a.workspace_bytes = cuda::kTcMaxWorkspaceBytes;
   a.counter_slots = cuda::kTcMaxCounters;
+  return a;
+}
+
+Status GemmSet::RunOwn(const Shape& s, const void* weight, const void* bias, const void* x, void* y,
+                       int64_t m, bool swiglu) {
+  cuda::TcGemmArgs a = OwnArgs(s, weight, bias, x, y, m);
+  a.swiglu = swiglu;
   return CudaCheck(cuda::LaunchTcGemm(a, stream_), "hearth's GEMM kernel");
+}
+
+namespace {
+
+// A group entry's workspace bytes, rounded up so that the next starts aligned.
+uint64_t GroupWorkspaceBytes(const cuda::TcGemmShape& shape) {
+  return (cuda::TcGemmWorkspaceBytes(shape) + 255) / 256 * 256;
+}
+
+}  // namespace
+
+bool GemmSet::Groups(std::span<const int> shapes, int64_t m) const {
+  if (shapes.empty() || shapes.size() > static_cast<size_t>(cuda::kTcMaxGroup) || m < 1 ||
+      m > cuda::kTcSplitRows) {
+    return false;
+  }
+  uint64_t workspace = 0, counters = 0;
+  for (const int i : shapes) {
+    if (i < 0 || static_cast<size_t>(i) >= shapes_.size()) return false;
+    const Shape& s = *shapes_[static_cast<size_t>(i)];
+    if (!s.own || s.spec.f32_out || m > s.spec.max_m) return false;
+    const cuda::TcGemmShape shape{s.spec.n, s.spec.k, s.spec.batch};
+    workspace += GroupWorkspaceBytes(shape);
+    counters += cuda::TcGemmCounters(shape);
+  }
+  return workspace <= cuda::kTcMaxWorkspaceBytes && counters <= cuda::kTcMaxCounters;
+}
+
+Status GemmSet::RunGroup(std::span<const Call> calls, int64_t m) {
+  std::array<int, cuda::kTcMaxGroup> ids{};
+  if (calls.size() > ids.size()) return Internal("more GEMMs in one group than it takes");
+  for (size_t i = 0; i < calls.size(); ++i) ids[i] = calls[i].shape;
+  if (!Groups({ids.data(), calls.size()}, m)) {
+    return Internal("these GEMMs cannot run as one launch at " + std::to_string(m) + " rows");
+  }
+  std::array<cuda::TcGemmArgs, cuda::kTcMaxGroup> args{};
+  uint64_t workspace = 0, counters = 0;
+  std::string names;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const Call& c = calls[i];
+    const Shape& s = *shapes_[static_cast<size_t>(c.shape)];
+    if ((c.bias != nullptr) != s.spec.bias) {
+      return Internal("GEMM " + ShapeName(s.spec) + " run with" + (c.bias ? "" : "out") +
+                      " a bias");
+    }
+    names += (names.empty() ? "" : ", ") + s.spec.name;
+    cuda::TcGemmArgs& a = args[i];
+    a = OwnArgs(s, c.weight, c.bias, c.x, c.y, m);
+    const cuda::TcGemmShape shape = a.shape;
+    // Each entry its own slice of the workspace and counters.
+    a.workspace = static_cast<float*>(own_workspace_.get()) + workspace / sizeof(float);
+    a.workspace_bytes = cuda::TcGemmWorkspaceBytes(shape);
+    a.counters = static_cast<uint32_t*>(own_counters_.get()) + counters;
+    a.counter_slots = cuda::TcGemmCounters(shape);
+    workspace += GroupWorkspaceBytes(shape);
+    counters += a.counter_slots;
+  }
+  return CudaCheck(cuda::LaunchTcGemmGroup({args.data(), calls.size()}, stream_),
+                   "hearth's GEMM kernel")
+      .WithContext("GEMMs " + names);
 }
 
 int GemmSet::own_shapes() const {

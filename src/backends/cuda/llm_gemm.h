@@ -42,11 +42,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "backends/cuda/cuda_util.h"
+#include "backends/cuda/tc_gemm.h"
 #include "backends/llm/plan_cache.h"
 #include "hearth/status.h"
 
@@ -113,6 +115,30 @@ class GemmSet {
   // given exactly when the shape has one.
   Status Run(int shape, const void* weight, const void* bias, const void* x, void* y, int64_t m);
 
+  // Whether RunSwiGlu can run `shape` at m rows: a pair without a bias on
+  // hearth's kernel, in its split mode (m <= cuda::kTcSplitRows).
+  bool FusesSwiGlu(int shape, int64_t m) const;
+  // Queues y[m, n] = silu(x w^T) * (x w2^T), w2 the pair's second weight, in
+  // one launch (FusesSwiGlu must hold): the same bits as Run followed by a
+  // SwiGLU launch over the pair's two outputs.
+  Status RunSwiGlu(int shape, const void* weight, const void* x, void* y, int64_t m);
+
+  // One product of RunGroup.
+  struct Call {
+    int shape = -1;
+    const void* weight = nullptr;
+    const void* bias = nullptr;
+    const void* x = nullptr;
+    void* y = nullptr;
+  };
+  // Whether RunGroup can run these shapes at m rows in one launch: each on
+  // hearth's kernel, without f32 outputs, m <= cuda::kTcSplitRows, at most
+  // cuda::kTcMaxGroup of them, their workspaces fitting side by side.
+  bool Groups(std::span<const int> shapes, int64_t m) const;
+  // Queues the calls in one launch (Groups must hold), each with the bits
+  // Run gives it.
+  Status RunGroup(std::span<const Call> calls, int64_t m);
+
   // "q_proj: algo 21 tile 15 stages 8 splitK 1 ..." per shape, for logs.
   std::string Describe() const;
   // Shapes that run on hearth's own kernel.
@@ -142,8 +168,10 @@ class GemmSet {
   Status Matmul(Shape& s, const cublasLtMatmulAlgo_t& algo, const void* weight, const void* bias,
                 const void* x, void* y, int64_t m);
   Status Choose(Shape& s, const GemmTuning& tuning);
+  cuda::TcGemmArgs OwnArgs(const Shape& s, const void* weight, const void* bias, const void* x,
+                           void* y, int64_t m) const;
   Status RunOwn(const Shape& s, const void* weight, const void* bias, const void* x, void* y,
-                int64_t m);
+                int64_t m, bool swiglu = false);
 
   const bool bf16_;
   const cudaStream_t stream_;

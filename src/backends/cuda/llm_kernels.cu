@@ -179,7 +179,7 @@ __global__ void SwiGlu(const T* gate, const T* up, T* out, int64_t n8) {
     Load8(gate + 8 * c, g);
     Load8(up + 8 * c, u);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) g[j] = g[j] / (1.0f + expf(-g[j])) * u[j];
+    for (int j = 0; j < 8; ++j) g[j] = SiluTimes(g[j], u[j]);
     Store8(out + 8 * c, g);
   }
 }

@@ -5,6 +5,7 @@
 #include <atomic>
 
 #include "backends/cuda/dependent_launch.h"
+#include "backends/cuda/llm_device.cuh"
 #include "backends/cuda/tc_gemm.h"
 
 namespace hearth::cuda {
@@ -69,16 +70,21 @@ __device__ __forceinline__ uint4 LoadWeight(const uint16_t* p) {
   return __ldcs(reinterpret_cast<const uint4*>(p));
 }
 
-// One part's sums for the 16 rows from 0 and the 8 columns from w (which
-// points at the first column's row): acc is the mma fragment {row r, col 2q},
-// {r, 2q + 1}, {r + 8, 2q}, {r + 8, 2q + 1}.
-template <bool kBf16>
-__device__ __forceinline__ void PartSums(const Params& p, const uint16_t* w, int64_t k0,
-                                         float (&acc)[4]) {
+// One part's sums for the 16 rows from 0 and the 8 columns from w[i] (which
+// points at the first column's row) of each of kN weights, their loads
+// interleaved: acc[i] is the mma fragment {row r, col 2q}, {r, 2q + 1},
+// {r + 8, 2q}, {r + 8, 2q + 1} of weight i.
+template <bool kBf16, int kN>
+__device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const (&w)[kN],
+                                         int64_t k0, float (&acc)[kN][4]) {
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
 #pragma unroll
-  for (int e = 0; e < 4; ++e) acc[e] = 0.0f;
-  const uint16_t* wl = w + r * p.k + k0 + q * 16;
+  for (int i = 0; i < kN; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
+  const uint16_t* wl[kN];
+#pragma unroll
+  for (int i = 0; i < kN; ++i) wl[i] = w[i] + r * p.k + k0 + q * 16;
   const uint16_t* xl[2];
   bool ok[2];
 #pragma unroll
@@ -88,13 +94,16 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* w, int
     xl[h] = p.x + (ok[h] ? row : 0) * p.k + k0 + q * 16;
   }
   for (int64_t kb = 0; kb < p.part; kb += 64 * kUnroll) {
-    uint4 wv[kUnroll][2];
+    uint4 wv[kUnroll][kN][2];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (kb + u * 64 < p.part) {
-        const uint16_t* at = wl + kb + u * 64;
-        wv[u][0] = LoadWeight(at);
-        wv[u][1] = LoadWeight(at + 8);
+#pragma unroll
+        for (int i = 0; i < kN; ++i) {
+          const uint16_t* at = wl[i] + kb + u * 64;
+          wv[u][i][0] = LoadWeight(at);
+          wv[u][i][1] = LoadWeight(at + 8);
+        }
       }
     }
     // x (an earlier kernel's output) only after it is done; the first
@@ -123,7 +132,9 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* w, int
       for (int s = 0; s < 4; ++s) {
         const uint32_t a[4] = {Word(xv[0], 2 * s), Word(xv[1], 2 * s), Word(xv[0], 2 * s + 1),
                                Word(xv[1], 2 * s + 1)};
-        Mma<kBf16>(acc, a, Word(wv[u], 2 * s), Word(wv[u], 2 * s + 1));
+#pragma unroll
+        for (int i = 0; i < kN; ++i)
+          Mma<kBf16>(acc[i], a, Word(wv[u][i], 2 * s), Word(wv[u][i], 2 * s + 1));
       }
     }
   }
@@ -169,33 +180,72 @@ __device__ __forceinline__ void Store(const Params& p, int b, int64_t row, int64
   }
 }
 
-// Few rows: a warp per (8 columns, part); blockIdx.z is the part.
-template <bool kBf16, bool kF32Out>
-__global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p) {
-  const int64_t g = int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5);
-  if (g >= p.groups * p.batch) {
+// A value rounded to the input type and back, as a later kernel reads it.
+template <bool kBf16>
+__device__ __forceinline__ float Rounded(float v) {
+  if constexpr (kBf16) {
+    return __bfloat162float(__float2bfloat16_rn(v));
+  } else {
+    return __half2float(__float2half_rn(v));
+  }
+}
+
+// The SwiGLU epilogue: two adjacent columns of gate (g) and up (u) as the
+// products rounded to the input type, silu(g) * u stored at batch entry 0.
+template <bool kBf16>
+__device__ __forceinline__ void StoreSwiGlu(const Params& p, int64_t row, int64_t col, float2 g,
+                                            float2 u) {
+  const float2 v{llm_device::SiluTimes(Rounded<kBf16>(g.x), Rounded<kBf16>(u.x)),
+                 llm_device::SiluTimes(Rounded<kBf16>(g.y), Rounded<kBf16>(u.y))};
+  Store<kBf16, false>(p, 0, row, col, v);
+}
+
+// Few rows: a warp per (8 columns, part); blockIdx.z is the part. With
+// kSwiGlu a warp computes the same 8 columns of both weights of the batch of
+// two (gate, up) and stores silu(gate) * up.
+// Block (block, part) of a split-mode launch, as SplitKernel's
+// (blockIdx.x, blockIdx.z).
+template <bool kBf16, bool kF32Out, bool kSwiGlu>
+__device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int part) {
+  constexpr int kN = kSwiGlu ? 2 : 1;
+  const int64_t g = block * kWarps + (threadIdx.x >> 5);
+  if (g >= p.groups * (kSwiGlu ? 1 : p.batch)) {
     DependentWait();
     return;
   }
-  const int b = static_cast<int>(g / p.groups);
+  const int b = kSwiGlu ? 0 : static_cast<int>(g / p.groups);
   const int64_t col0 = (g % p.groups) * 8;
-  const int part = static_cast<int>(blockIdx.z);
-  float acc[4];
-  PartSums<kBf16>(p, p.w + b * p.w_stride + col0 * p.k, part * p.part, acc);
+  float acc[kN][4];
+  const uint16_t* w[kN];
+#pragma unroll
+  for (int i = 0; i < kN; ++i) w[i] = p.w + (b + i) * p.w_stride + col0 * p.k;
+  PartSums<kBf16, kN>(p, w, part * p.part, acc);
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
   const int64_t col = col0 + 2 * q;
+  const auto store = [&](int64_t row, const float2(&v)[kN]) {
+    if constexpr (kSwiGlu) {
+      StoreSwiGlu<kBf16>(p, row, col, v[0], v[kN - 1]);
+    } else {
+      Store<kBf16, kF32Out>(p, b, row, col, v[0]);
+    }
+  };
   if (p.splits == 1) {
     ForLaneRows(r, p.m, [&](int h, int64_t row) {
-      Store<kBf16, kF32Out>(p, b, row, col, {acc[2 * h], acc[2 * h + 1]});
+      float2 v[kN];
+#pragma unroll
+      for (int i = 0; i < kN; ++i) v[i] = {acc[i][2 * h], acc[i][2 * h + 1]};
+      store(row, v);
     });
     return;
   }
   // Part sums of (part, b) at ws[((part * batch + b) * kTcSplitRows + row) * n + col].
-  const auto at = [&](int s, int64_t row) {
-    return p.ws + ((int64_t{s} * p.batch + b) * kTcSplitRows + row) * p.n + col;
+  const auto at = [&](int s, int bi, int64_t row) {
+    return p.ws + ((int64_t{s} * p.batch + bi) * kTcSplitRows + row) * p.n + col;
   };
   ForLaneRows(r, p.m, [&](int h, int64_t row) {
-    __stcg(reinterpret_cast<float2*>(at(part, row)), {acc[2 * h], acc[2 * h + 1]});
+#pragma unroll
+    for (int i = 0; i < kN; ++i)
+      __stcg(reinterpret_cast<float2*>(at(part, b + i, row)), {acc[i][2 * h], acc[i][2 * h + 1]});
   });
   __threadfence();
   __syncwarp();
@@ -206,15 +256,43 @@ __global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p) {
   // The last of the column group's warps: every part is written.
   __threadfence();
   ForLaneRows(r, p.m, [&](int, int64_t row) {
-    float2 t = __ldcg(reinterpret_cast<const float2*>(at(0, row)));
-    for (int s = 1; s < p.splits; ++s) {
-      const float2 v = __ldcg(reinterpret_cast<const float2*>(at(s, row)));
-      t.x += v.x;
-      t.y += v.y;
+    float2 t[kN];
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+      t[i] = __ldcg(reinterpret_cast<const float2*>(at(0, b + i, row)));
+      for (int s = 1; s < p.splits; ++s) {
+        const float2 v = __ldcg(reinterpret_cast<const float2*>(at(s, b + i, row)));
+        t[i].x += v.x;
+        t[i].y += v.y;
+      }
     }
-    Store<kBf16, kF32Out>(p, b, row, col, t);
+    store(row, t);
   });
   if (lane == 0) p.counters[g] = 0;
+}
+
+template <bool kBf16, bool kF32Out, bool kSwiGlu>
+__global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p) {
+  SplitBlock<kBf16, kF32Out, kSwiGlu>(p, blockIdx.x, static_cast<int>(blockIdx.z));
+}
+
+// Several split-mode products in one launch: entry e owns the blocks from
+// first[e], x_blocks[e] of them per part.
+struct GroupParams {
+  Params p[kTcMaxGroup];
+  int64_t first[kTcMaxGroup + 1];
+  int64_t x_blocks[kTcMaxGroup];
+  int count;
+};
+
+template <bool kBf16>
+__global__ void __launch_bounds__(kWarps * 32) GroupKernel(GroupParams gp) {
+  const int64_t block = blockIdx.x;
+  int e = 0;
+  while (e + 1 < gp.count && block >= gp.first[e + 1]) ++e;
+  const int64_t local = block - gp.first[e];
+  SplitBlock<kBf16, false, false>(gp.p[e], local % gp.x_blocks[e],
+                                  static_cast<int>(local / gp.x_blocks[e]));
 }
 
 // Many rows: a CTA per (kRows x kTileCols tile, group of parts), the
@@ -473,10 +551,15 @@ cudaError_t Launch(const Params& base, const TcGemmArgs& args, cudaStream_t stre
   Params p = base;
   if (p.m <= kTcSplitRows) {
     p.groups = p.n / 8;
-    const dim3 grid(static_cast<unsigned>((p.groups * p.batch + kWarps - 1) / kWarps), 1,
+    const int64_t warps = p.groups * (args.swiglu ? 1 : p.batch);
+    const dim3 grid(static_cast<unsigned>((warps + kWarps - 1) / kWarps), 1,
                     static_cast<unsigned>(p.splits));
     static_assert(kTcSplitRows == 16, "the split mode holds one 16-row tile");
-    return LaunchDependent(SplitKernel<kBf16, kF32Out>, grid, kWarps * 32, 0, stream, p);
+    if constexpr (!kF32Out) {
+      if (args.swiglu)
+        return LaunchDependent(SplitKernel<kBf16, false, true>, grid, kWarps * 32, 0, stream, p);
+    }
+    return LaunchDependent(SplitKernel<kBf16, kF32Out, false>, grid, kWarps * 32, 0, stream, p);
   }
   // Up to kDeepRows rows, 64-row tiles through 6 stages; above, 128-row
   // tiles (a warp's 64 x 32 piece reads each staged fragment for twice the
@@ -539,10 +622,13 @@ uint64_t TcGemmCounters(const TcGemmShape& shape) {
              : static_cast<uint64_t>(shape.batch) * static_cast<uint64_t>(shape.n / 8);
 }
 
-cudaError_t LaunchTcGemm(const TcGemmArgs& a, cudaStream_t stream) {
+namespace {
+
+bool Valid(const TcGemmArgs& a) {
   const int32_t splits = TcGemmSplits(a.shape);
   const int64_t elem = a.f32_out ? 4 : 2;
-  if (splits == 0 || a.m < 0 || a.x == nullptr || a.w == nullptr || a.y == nullptr ||
+  return !(
+      splits == 0 || a.m < 0 || a.x == nullptr || a.w == nullptr || a.y == nullptr ||
       !Aligned(a.x, 16) || !Aligned(a.w, 16) || !Aligned(a.y, static_cast<uintptr_t>(2 * elem)) ||
       (a.bias != nullptr && !Aligned(a.bias, static_cast<uintptr_t>(2 * elem))) ||
       (a.shape.batch > 1 &&
@@ -550,10 +636,12 @@ cudaError_t LaunchTcGemm(const TcGemmArgs& a, cudaStream_t stream) {
       (a.workspace_bytes > 0 && a.workspace == nullptr) ||
       (a.counter_slots > 0 && a.counters == nullptr) ||
       (a.m <= kTcSplitRows && (TcGemmWorkspaceBytes(a.shape) > a.workspace_bytes ||
-                               TcGemmCounters(a.shape) > a.counter_slots))) {
-    return cudaErrorInvalidValue;
-  }
-  if (a.m == 0) return cudaSuccess;
+                               TcGemmCounters(a.shape) > a.counter_slots)) ||
+      (a.swiglu && (a.shape.batch != 2 || a.m > kTcSplitRows || a.f32_out || a.bias != nullptr)));
+}
+
+Params MakeParams(const TcGemmArgs& a) {
+  const int32_t splits = TcGemmSplits(a.shape);
   Params p{};
   p.x = static_cast<const uint16_t*>(a.x);
   p.w = static_cast<const uint16_t*>(a.w);
@@ -570,6 +658,21 @@ cudaError_t LaunchTcGemm(const TcGemmArgs& a, cudaStream_t stream) {
   p.w_stride = a.w_stride;
   p.bias_stride = a.bias_stride;
   p.y_stride = a.y_stride;
+  return p;
+}
+
+// Whether two byte ranges overlap (an empty one overlaps nothing).
+bool Overlap(const void* a, uint64_t a_bytes, const void* b, uint64_t b_bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
+}
+
+}  // namespace
+
+cudaError_t LaunchTcGemm(const TcGemmArgs& a, cudaStream_t stream) {
+  if (!Valid(a)) return cudaErrorInvalidValue;
+  if (a.m == 0) return cudaSuccess;
+  const Params p = MakeParams(a);
   cudaError_t set = cudaSuccess;
   if (a.bf16) {
     set = a.f32_out ? Launch<true, true>(p, a, stream) : Launch<true, false>(p, a, stream);
@@ -578,6 +681,48 @@ cudaError_t LaunchTcGemm(const TcGemmArgs& a, cudaStream_t stream) {
   }
   if (set != cudaSuccess) {
     (void)cudaGetLastError();  // not left for the next call to find
+    return set;
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchTcGemmGroup(std::span<const TcGemmArgs> group, cudaStream_t stream) {
+  if (group.empty() || group.size() > static_cast<size_t>(kTcMaxGroup))
+    return cudaErrorInvalidValue;
+  GroupParams gp{};
+  gp.count = static_cast<int>(group.size());
+  int64_t blocks = 0;
+  for (size_t e = 0; e < group.size(); ++e) {
+    const TcGemmArgs& a = group[e];
+    if (!Valid(a) || a.m != group[0].m || a.m > kTcSplitRows || a.bf16 != group[0].bf16 ||
+        a.f32_out || a.swiglu) {
+      return cudaErrorInvalidValue;
+    }
+    const uint64_t ws = TcGemmWorkspaceBytes(a.shape),
+                   counters = TcGemmCounters(a.shape) * sizeof(uint32_t);
+    for (size_t o = 0; o < e; ++o) {
+      const TcGemmArgs& b = group[o];
+      if (Overlap(a.workspace, ws, b.workspace, TcGemmWorkspaceBytes(b.shape)) ||
+          Overlap(a.counters, counters, b.counters, TcGemmCounters(b.shape) * sizeof(uint32_t))) {
+        return cudaErrorInvalidValue;
+      }
+    }
+    Params& p = gp.p[e];
+    p = MakeParams(a);
+    p.groups = p.n / 8;
+    gp.first[e] = blocks;
+    gp.x_blocks[e] = (p.groups * p.batch + kWarps - 1) / kWarps;
+    blocks += gp.x_blocks[e] * p.splits;
+  }
+  gp.first[group.size()] = blocks;
+  if (group[0].m == 0) return cudaSuccess;
+  const cudaError_t set = group[0].bf16
+                              ? LaunchDependent(GroupKernel<true>, static_cast<unsigned>(blocks),
+                                                kWarps * 32, 0, stream, gp)
+                              : LaunchDependent(GroupKernel<false>, static_cast<unsigned>(blocks),
+                                                kWarps * 32, 0, stream, gp);
+  if (set != cudaSuccess) {
+    (void)cudaGetLastError();
     return set;
   }
   return cudaGetLastError();

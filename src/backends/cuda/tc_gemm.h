@@ -26,7 +26,7 @@
 // Each element depends on its own row of x and column of w only, so a row's
 // bits do not depend on the row count, the tile it fell in or the mode.
 //
-// Two modes, the same bits:
+// Two modes, the same bits (and in the split mode, a SwiGLU epilogue):
 //   - few rows (m <= kTcSplitRows): one warp per (8 columns, part); each
 //     writes its part's sums to a workspace, and the last warp of a column
 //     group to finish (an atomic counter, reset by it for the next launch
@@ -46,6 +46,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <span>
 
 namespace hearth::cuda {
 
@@ -84,6 +85,11 @@ struct TcGemmArgs {
   int64_t m = 0;
   // The second weight, bias and output of a batch of two, in elements.
   int64_t w_stride = 0, bias_stride = 0, y_stride = 0;
+  // A batch of two (gate_proj, up_proj) whose y is silu(gate) * up, [m, n]
+  // (y_stride unused): each product rounded to the input type first, so the
+  // bits equal the two products followed by a SwiGLU launch. Split mode only
+  // (m <= kTcSplitRows), no bias, not f32_out.
+  bool swiglu = false;
   float* workspace = nullptr;
   uint32_t* counters = nullptr;
   // Their sizes (bytes; uint32 slots); the many-rows mode keeps its part
@@ -96,5 +102,14 @@ struct TcGemmArgs {
 // refuses, misaligned pointers or strides, or no workspace where the shape
 // needs one; else the launch's cudaGetLastError().
 cudaError_t LaunchTcGemm(const TcGemmArgs& args, cudaStream_t stream);
+
+// Queues up to kTcMaxGroup split-mode products in one launch (q_proj and the
+// k/v pair, which read one x): each entry's bits are LaunchTcGemm's. Every
+// entry has the same m (at most kTcSplitRows) and input type, no swiglu, no
+// f32_out, and workspace and counters of its own, apart from the others'
+// (TcGemmWorkspaceBytes and TcGemmCounters of its shape); else
+// cudaErrorInvalidValue.
+inline constexpr int kTcMaxGroup = 3;
+cudaError_t LaunchTcGemmGroup(std::span<const TcGemmArgs> group, cudaStream_t stream);
 
 }  // namespace hearth::cuda

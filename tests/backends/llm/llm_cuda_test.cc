@@ -503,6 +503,167 @@ TEST_F(LlmCudaTest, PairedGemmsAreTwoProductsInOneLaunch) {
     }
 }
 
+// The SwiGLU epilogue of hearth's kernel (gate_proj and up_proj as a pair at
+// up to kTcSplitRows rows) gives the bits of the pair's two products followed
+// by a SwiGLU launch, with k in one part and in several, in bf16 and f16.
+TEST_F(LlmCudaTest, OwnGemmSwiGluEpilogueEqualsPairThenSwiGlu) {
+  for (const bool bf16 : {true, false})
+    for (const int64_t n : {int64_t{8192}, int64_t{256}}) {
+      const int64_t k = 1024;
+      const cuda::TcGemmShape shape{n, k, 2};
+      SCOPED_TRACE(std::string(bf16 ? "bf16 " : "f16 ") + "n " + std::to_string(n) + ", " +
+                   std::to_string(cuda::TcGemmSplits(shape)) + " parts");
+      const int64_t max_m = cuda::kTcSplitRows, w_stride = 2 * n * k, y_stride = max_m * n;
+      std::mt19937_64 rng(61 + n);
+      const auto w = Random16(rng, static_cast<size_t>(w_stride + n * k), 0.05f, bf16);
+      const auto x = Random16(rng, static_cast<size_t>(max_m * k), 1.0f, bf16);
+      DeviceMemory dw(w), dx(x), pair(static_cast<size_t>(2 * y_stride) * 2),
+          fused(static_cast<size_t>(y_stride) * 2), ws(cuda::kTcMaxWorkspaceBytes),
+          counters(cuda::kTcMaxCounters * sizeof(uint32_t));
+      ASSERT_CUDA(cudaMemset(counters.get(), 0, cuda::kTcMaxCounters * sizeof(uint32_t)));
+      const auto args = [&](int64_t m, void* y) {
+        cuda::TcGemmArgs a;
+        a.shape = shape;
+        a.bf16 = bf16;
+        a.x = dx.get();
+        a.w = dw.get();
+        a.y = y;
+        a.m = m;
+        a.w_stride = w_stride;
+        a.y_stride = y_stride;
+        a.workspace = static_cast<float*>(ws.get());
+        a.counters = static_cast<uint32_t*>(counters.get());
+        a.workspace_bytes = cuda::kTcMaxWorkspaceBytes;
+        a.counter_slots = cuda::kTcMaxCounters;
+        return a;
+      };
+      for (const int64_t m : {1, 3, 8, 9, 16}) {
+        SCOPED_TRACE("rows " + std::to_string(m));
+        ASSERT_CUDA(cudaMemset(fused.get(), 0xFF, static_cast<size_t>(y_stride) * 2));
+        ASSERT_EQ(cuda::LaunchTcGemm(args(m, pair.get()), nullptr), cudaSuccess);
+        ASSERT_EQ(cuda::LaunchSwiGlu(pair.get(), static_cast<uint16_t*>(pair.get()) + y_stride,
+                                     pair.get(), m * n, bf16, nullptr),
+                  cudaSuccess);
+        cuda::TcGemmArgs a = args(m, fused.get());
+        a.swiglu = true;
+        ASSERT_EQ(cuda::LaunchTcGemm(a, nullptr), cudaSuccess);
+        ASSERT_CUDA(cudaDeviceSynchronize());
+        const auto want = pair.Read<uint16_t>(static_cast<size_t>(m * n));
+        const auto got = fused.Read<uint16_t>(static_cast<size_t>(m * n));
+        ASSERT_EQ(got, want);
+        // Not all zeros or copies of one value: the products were computed.
+        EXPECT_GT(std::set<uint16_t>(got.begin(), got.end()).size(), static_cast<size_t>(n / 4));
+      }
+      // Refused: more rows than the split mode's, a batch of one, a bias.
+      cuda::TcGemmArgs bad = args(cuda::kTcSplitRows + 1, fused.get());
+      bad.swiglu = true;
+      EXPECT_EQ(cuda::LaunchTcGemm(bad, nullptr), cudaErrorInvalidValue);
+      bad = args(1, fused.get());
+      bad.swiglu = true;
+      bad.shape.batch = 1;
+      EXPECT_EQ(cuda::LaunchTcGemm(bad, nullptr), cudaErrorInvalidValue);
+      bad = args(1, fused.get());
+      bad.swiglu = true;
+      bad.bias = dx.get();
+      EXPECT_EQ(cuda::LaunchTcGemm(bad, nullptr), cudaErrorInvalidValue);
+    }
+}
+
+// q_proj (with a bias) and a k/v pair in one launch give each product's bits
+// of its own launch; a group is refused where the entries' rows or types
+// differ, where it has too many rows, or where two entries share workspace.
+TEST_F(LlmCudaTest, OwnGemmGroupEqualsSeparateLaunches) {
+  for (const bool bf16 : {true, false}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "f16");
+    const int64_t k = 2048, nq = 2048, nkv = 512, max_m = cuda::kTcSplitRows;
+    const cuda::TcGemmShape q_shape{nq, k, 1}, kv_shape{nkv, k, 2};
+    ASSERT_GT(cuda::TcGemmSplits(q_shape), 1);
+    ASSERT_GT(cuda::TcGemmSplits(kv_shape), 1);
+    std::mt19937_64 rng(83);
+    const auto wq = Random16(rng, static_cast<size_t>(nq * k), 0.03f, bf16);
+    const auto bq = Random16(rng, static_cast<size_t>(nq), 0.5f, bf16);
+    const int64_t kv_stride = 3 * nkv * k;
+    const auto wkv = Random16(rng, static_cast<size_t>(kv_stride + nkv * k), 0.03f, bf16);
+    const auto x = Random16(rng, static_cast<size_t>(max_m * k), 1.0f, bf16);
+    DeviceMemory dwq(wq), dbq(bq), dwkv(wkv), dx(x), yq(static_cast<size_t>(max_m * nq) * 2),
+        ykv(static_cast<size_t>(2 * max_m * nkv) * 2), ws(cuda::kTcMaxWorkspaceBytes),
+        counters(cuda::kTcMaxCounters * sizeof(uint32_t));
+    ASSERT_CUDA(cudaMemset(counters.get(), 0, cuda::kTcMaxCounters * sizeof(uint32_t)));
+    auto* ws0 = static_cast<float*>(ws.get());
+    auto* c0 = static_cast<uint32_t*>(counters.get());
+    const uint64_t q_ws = cuda::TcGemmWorkspaceBytes(q_shape);
+    const auto q_args = [&](int64_t m) {
+      cuda::TcGemmArgs a;
+      a.shape = q_shape;
+      a.bf16 = bf16;
+      a.x = dx.get();
+      a.w = dwq.get();
+      a.bias = dbq.get();
+      a.y = yq.get();
+      a.m = m;
+      a.workspace = ws0;
+      a.counters = c0;
+      a.workspace_bytes = q_ws;
+      a.counter_slots = cuda::TcGemmCounters(q_shape);
+      return a;
+    };
+    const auto kv_args = [&](int64_t m) {
+      cuda::TcGemmArgs a;
+      a.shape = kv_shape;
+      a.bf16 = bf16;
+      a.x = dx.get();
+      a.w = dwkv.get();
+      a.y = ykv.get();
+      a.m = m;
+      a.w_stride = kv_stride;
+      a.y_stride = max_m * nkv;
+      a.workspace = ws0 + q_ws / sizeof(float);
+      a.counters = c0 + cuda::TcGemmCounters(q_shape);
+      a.workspace_bytes = cuda::TcGemmWorkspaceBytes(kv_shape);
+      a.counter_slots = cuda::TcGemmCounters(kv_shape);
+      return a;
+    };
+    const auto read = [&] {
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      auto q = yq.Read<uint16_t>(static_cast<size_t>(max_m * nq));
+      const auto kv = ykv.Read<uint16_t>(static_cast<size_t>(2 * max_m * nkv));
+      q.insert(q.end(), kv.begin(), kv.end());
+      return q;
+    };
+    const auto clear = [&] {
+      EXPECT_EQ(cudaMemset(yq.get(), 0xFF, static_cast<size_t>(max_m * nq) * 2), cudaSuccess);
+      EXPECT_EQ(cudaMemset(ykv.get(), 0xFF, static_cast<size_t>(2 * max_m * nkv) * 2), cudaSuccess);
+    };
+    for (const int64_t m : {1, 5, 16}) {
+      SCOPED_TRACE("rows " + std::to_string(m));
+      clear();
+      ASSERT_EQ(cuda::LaunchTcGemm(q_args(m), nullptr), cudaSuccess);
+      ASSERT_EQ(cuda::LaunchTcGemm(kv_args(m), nullptr), cudaSuccess);
+      const auto apart = read();
+      clear();
+      const cuda::TcGemmArgs group[] = {q_args(m), kv_args(m)};
+      ASSERT_EQ(cuda::LaunchTcGemmGroup(group, nullptr), cudaSuccess);
+      const auto together = read();
+      ASSERT_EQ(together, apart);
+      // The rows up to m written, the rows past it left alone.
+      EXPECT_NE(together[0], 0xFFFF);
+      if (m < max_m) {
+        EXPECT_EQ(together[static_cast<size_t>(m * nq)], 0xFFFF);
+      }
+    }
+    const cuda::TcGemmArgs too_many_rows[] = {q_args(max_m + 1), kv_args(max_m + 1)};
+    EXPECT_EQ(cuda::LaunchTcGemmGroup(too_many_rows, nullptr), cudaErrorInvalidValue);
+    const cuda::TcGemmArgs mixed_rows[] = {q_args(2), kv_args(3)};
+    EXPECT_EQ(cuda::LaunchTcGemmGroup(mixed_rows, nullptr), cudaErrorInvalidValue);
+    cuda::TcGemmArgs shared = kv_args(2);
+    shared.workspace = ws0;
+    shared.workspace_bytes = cuda::kTcMaxWorkspaceBytes;
+    const cuda::TcGemmArgs overlapping[] = {q_args(2), shared};
+    EXPECT_EQ(cuda::LaunchTcGemmGroup(overlapping, nullptr), cudaErrorInvalidValue);
+    EXPECT_EQ(cuda::LaunchTcGemmGroup({}, nullptr), cudaErrorInvalidValue);
+  }
+}
+
 // ---- RoPE fused with the KV cache write.
 
 TEST_F(LlmCudaTest, RopeKvWriteMatchesCpu) {
@@ -1349,6 +1510,60 @@ TEST_P(LlmCudaExecutorTest, PairedGemmsAgreeWithSeparateOnes) {
     const std::vector<int32_t> t = {Tokens(1, 50 + s)[0]};
     a = StepLogits(*paired, {{t, 40 + s, Blocks(0, 4)}}, c.vocab_size);
     b = StepLogits(*separate, {{t, 40 + s, Blocks(0, 4)}}, c.vocab_size);
+  }
+}
+
+// SwiGLU in the gate/up launch and q_proj with k/v in one launch (hearth's
+// kernel, up to kTcSplitRows rows) give the logits of separate launches, bit
+// for bit, in prefill chunks and decode steps, eager and graphed, with k/v
+// as a pair and apart.
+TEST_P(LlmCudaExecutorTest, FusedLaunchesEqualSeparateOnes) {
+  const ModelConfig c = ExecutorConfig(GetParam().family, GetParam().dtype);
+  TwoCopies m(c, 26);
+  for (const bool pair : {true, false}) {
+    SCOPED_TRACE(pair ? "k/v paired" : "k/v apart");
+    CudaExecutorOptions profiled;
+    profiled.pair_gemms = pair;
+    profiled.profile = true;  // eager, with each kernel's name
+    auto fused = Gpu(m, profiled);
+    CudaExecutorOptions graphs;
+    graphs.pair_gemms = pair;
+    auto graphed = Gpu(m, graphs);
+    CudaExecutorOptions off;
+    off.pair_gemms = pair;
+    off.fuse_swiglu = false;
+    off.group_qkv = false;
+    auto separate = Gpu(m, off);
+    ASSERT_NE(fused, nullptr);
+    ASSERT_NE(graphed, nullptr);
+    ASSERT_NE(separate, nullptr);
+    const std::vector<int32_t> prompt = Tokens(40, 7);
+    const auto step = [&](CudaExecutor& e, const std::vector<Feed>& feed) {
+      return StepLogits(e, feed, c.vocab_size);
+    };
+    // The prompt in chunks of 16, 16 and 8 rows, then one row at a time.
+    for (int begin = 0; begin < 40; begin += 16) {
+      const int end = std::min(begin + 16, 40);
+      const std::vector<Feed> feed = {{Slice(prompt, begin, end), begin, Blocks(0, 4)}};
+      const auto want = step(*separate, feed);
+      ASSERT_EQ(step(*fused, feed), want) << "prefill from " << begin;
+      ASSERT_EQ(step(*graphed, feed), want) << "prefill from " << begin << ", graphed";
+    }
+    std::set<std::string> names;
+    for (const KernelTime& t : fused->LastStepKernelTimes()) names.insert(t.name);
+    // On hearth's kernel both fusions run (SwiGLU where gate/up are a pair);
+    // the timed choice may keep cuBLASLt, which has neither.
+    if (GetParam().engine == GemmEngine::kOwn) {
+      EXPECT_EQ(names.count("gemm q_proj + k/v"), 1u) << fused->DescribeGemms();
+      EXPECT_EQ(names.count("gemm gate_proj+up_proj + swiglu"), pair ? 1u : 0u);
+      EXPECT_EQ(names.count("swiglu"), pair ? 0u : 1u);
+    }
+    for (int s = 0; s < 3; ++s) {
+      const std::vector<Feed> feed = {{{Tokens(1, 70 + s)[0]}, 40 + s, Blocks(0, 4)}};
+      const auto want = step(*separate, feed);
+      EXPECT_EQ(step(*fused, feed), want) << "decode " << s;
+      EXPECT_EQ(step(*graphed, feed), want) << "decode " << s << ", graphed";
+    }
   }
 }
 
