@@ -213,37 +213,12 @@ __device__ __forceinline__ int64_t GroupColumn(const Params& p, int64_t col0, in
   return head0 + (c < 4 ? t4 + c : d / 2 + t4 + c - 4);
 }
 
-// What the RoPE epilogue needs of the lane's two rows (8h + r) besides the
-// sums: each column's angle and the row's cache slot. Read and computed
-// before the weights stream in (no kernel of a step writes positions,
-// slots or the frequencies: dependent_launch.h), off the launch's tail.
-struct RopeRows {
-  float sn[2][2], cs[2][2];  // [h][column]
-  int32_t slot[2];
-};
-
-__device__ __forceinline__ void PrepareRope(const Params& p, int b, int r, int64_t col,
-                                            RopeRows& rr) {
-  const TcRope::Role role = p.rope.role[b];
-  const int64_t d = p.rope.head_dim, within = col % d, half = d / 2;
-  const int64_t j = within < half ? within : within - half;
-  ForLaneRows(r, p.m, [&](int h, int64_t row) {
-    if (role != TcRope::kV) {
-      const int32_t position = p.rope.positions[row];
-#pragma unroll
-      for (int c = 0; c < 2; ++c)
-        llm_device::RopeAngle(position, p.rope.inv_freq[j + c], &rr.sn[h][c], &rr.cs[h][c]);
-    }
-    rr.slot[h] = role == TcRope::kQ ? 0 : p.rope.slots[row];
-  });
-}
-
 // The RoPE epilogue of batch entry b for the lane's two adjacent columns
 // (col, col + 1) and both its rows (v[h]: row 8h + r; rows past m are
 // computed and dropped, as every lane takes part in the exchange).
 template <bool kBf16>
 __device__ __forceinline__ void StoreRope(const Params& p, int b, int r, int64_t col,
-                                          const RopeRows& rr, float2 (&v)[2]) {
+                                          float2 (&v)[2]) {
   using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
   using E = llm_device::Elem<T>;
   const TcRope::Role role = p.rope.role[b];
@@ -264,20 +239,25 @@ __device__ __forceinline__ void StoreRope(const Params& p, int b, int r, int64_t
     other[h].x = __shfl_xor_sync(0xffffffffu, v[h].x, 2);
     other[h].y = __shfl_xor_sync(0xffffffffu, v[h].y, 2);
   }
+  const int64_t j = first ? within : within - half;
   ForLaneRows(r, p.m, [&](int h, int64_t row) {
     float2 out = v[h];
     if (role != TcRope::kV) {
       // x1 in the head's first half, x2 the element it rotates with.
       const float2 x1 = first ? v[h] : other[h], x2 = first ? other[h] : v[h];
-      const float2 a = llm_device::RopeRotate(x1.x, x2.x, rr.cs[h][0], rr.sn[h][0]);
-      const float2 c = llm_device::RopeRotate(x1.y, x2.y, rr.cs[h][1], rr.sn[h][1]);
+      const int32_t position = p.rope.positions[row];
+      float sn, cs;
+      llm_device::RopeAngle(position, p.rope.inv_freq[j], &sn, &cs);
+      const float2 a = llm_device::RopeRotate(x1.x, x2.x, cs, sn);
+      llm_device::RopeAngle(position, p.rope.inv_freq[j + 1], &sn, &cs);
+      const float2 c = llm_device::RopeRotate(x1.y, x2.y, cs, sn);
       out = first ? float2{a.x, c.x} : float2{a.y, c.y};
     }
     T* dst = nullptr;
     if (role == TcRope::kQ) {
       dst = static_cast<T*>(p.y) + b * p.y_stride + row * p.n + col;
     } else {
-      const int32_t slot = rr.slot[h];
+      const int32_t slot = p.rope.slots[row];
       if (slot < 0) return;
       const int64_t block = slot / p.rope.block_size, offset = slot % p.rope.block_size;
       const int64_t heads = p.n / d, head = col / d;
@@ -307,12 +287,8 @@ __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int p
   const uint16_t* w[kN];
 #pragma unroll
   for (int i = 0; i < kN; ++i) w[i] = p.w + (b + i) * p.w_stride + GroupColumn(p, col0, r) * p.k;
-  const int64_t col = GroupColumn(p, col0, 2 * q);
-  RopeRows rope{};
-  if constexpr (!kSwiGlu && !kF32Out) {
-    if (p.rope.role[b] != TcRope::kNone) PrepareRope(p, b, r, col, rope);
-  }
   PartSums<kBf16, kN>(p, w, part * p.part, acc);
+  const int64_t col = GroupColumn(p, col0, 2 * q);
   // v[h][i]: the sums of weight i at row 8h + r, (col, col + 1).
   const auto finish = [&](float2(&v)[2][kN]) {
     if constexpr (kSwiGlu) {
@@ -322,7 +298,7 @@ __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int p
     } else if constexpr (!kF32Out) {
       if (p.rope.role[b] != TcRope::kNone) {
         float2 u[2] = {v[0][0], v[1][0]};
-        StoreRope<kBf16>(p, b, r, col, rope, u);
+        StoreRope<kBf16>(p, b, r, col, u);
         return;
       }
       ForLaneRows(r, p.m,
