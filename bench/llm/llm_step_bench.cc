@@ -282,9 +282,7 @@ double FloorBytes(const std::string& name, const ModelConfig& c, double seqs, do
   if (name == "gemm o_proj") return gemm(h, q);
   if (name == "gemm gate_proj" || name == "gemm up_proj") return gemm(im, h);
   if (name == "gemm gate_proj+up_proj") return 2 * gemm(im, h) - layers * seqs * h * 2;
-  // (the RoPE epilogue reads positions and slots besides)
-  if (name == "gemm q_proj + k/v" || name == "gemm q_proj + k/v + rope + kv write")
-    return gemm(q, h) + 2 * gemm(kv, h) - 2 * layers * seqs * h * 2;
+  if (name == "gemm q_proj + k/v") return gemm(q, h) + 2 * gemm(kv, h) - 2 * layers * seqs * h * 2;
   if (name == "gemm gate_proj+up_proj + swiglu")
     return 2 * gemm(im, h) - layers * seqs * (h + im) * 2;
   if (name == "swiglu") return layers * seqs * im * 6;
@@ -325,22 +323,20 @@ int Main(int argc, char** argv) {
       ->check(CLI::IsMember({"on", "off", "both"}));
   std::string fuse = "on";
   app.add_option("--fuse", fuse,
-                 "where hearth's kernel runs them at up to 16 rows, SwiGLU in the gate/up launch, "
-                 "q_proj with k/v in one launch, and RoPE with the KV write in that launch: on, "
-                 "off, both (each timed in turn), swiglu or qkv (that one alone), norope (the "
-                 "first two)")
-      ->check(CLI::IsMember({"on", "off", "both", "swiglu", "qkv", "norope"}));
+                 "where hearth's kernel runs them at up to 16 rows, SwiGLU in the gate/up launch "
+                 "and q_proj with k/v in one launch: on, off, both (each timed in turn), swiglu "
+                 "or qkv (that one alone)")
+      ->check(CLI::IsMember({"on", "off", "both", "swiglu", "qkv"}));
   CLI11_PARSE(app, argc, argv);
   struct FuseMode {
     const char* name;
-    bool swiglu, qkv, rope;
+    bool swiglu, qkv;
   };
   std::vector<FuseMode> fuse_modes;
-  if (fuse == "on" || fuse == "both") fuse_modes.push_back({"on", true, true, true});
-  if (fuse == "off" || fuse == "both") fuse_modes.push_back({"off", false, false, false});
-  if (fuse == "swiglu") fuse_modes.push_back({"swiglu", true, false, false});
-  if (fuse == "qkv") fuse_modes.push_back({"qkv", false, true, false});
-  if (fuse == "norope") fuse_modes.push_back({"norope", true, true, false});
+  if (fuse == "on" || fuse == "both") fuse_modes.push_back({"on", true, true});
+  if (fuse == "off" || fuse == "both") fuse_modes.push_back({"off", false, false});
+  if (fuse == "swiglu") fuse_modes.push_back({"swiglu", true, false});
+  if (fuse == "qkv") fuse_modes.push_back({"qkv", false, true});
   std::vector<bool> dependent_modes;
   if (dependent != "off") dependent_modes.push_back(true);
   if (dependent != "on") dependent_modes.push_back(false);
@@ -394,7 +390,6 @@ int Main(int argc, char** argv) {
           options.gemm_engine = engine;
           options.fuse_swiglu = fused.swiglu;
           options.group_qkv = fused.qkv;
-          options.fuse_rope = fused.rope;
           auto executor = CreateCudaExecutor(config, weights, 0, o, options);
           if (!executor.ok()) Fail(executor.status().ToString());
           CudaExecutor& e = **executor;

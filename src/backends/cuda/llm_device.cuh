@@ -77,17 +77,6 @@ __device__ __forceinline__ void Store8(T* p, const float (&f)[8]) {
 // this, so that they give the same bits.
 __device__ __forceinline__ float SiluTimes(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
-// RoPE as transformers' rotate_half: the angle a float32 product, its sine
-// and cosine in float32, then the pair (x1 at j, x2 at j + head_dim / 2)
-// rotated with each product's rounding fixed here, so that every kernel
-// that rotates (the RoPE launch, the GEMM's epilogue) gives the same bits.
-__device__ __forceinline__ void RopeAngle(int32_t position, float inv_freq, float* s, float* c) {
-  sincosf(__fmul_rn(static_cast<float>(position), inv_freq), s, c);
-}
-__device__ __forceinline__ float2 RopeRotate(float x1, float x2, float c, float s) {
-  return {__fmaf_rn(x1, c, -__fmul_rn(x2, s)), __fmaf_rn(x2, c, __fmul_rn(x1, s))};
-}
-
 inline unsigned GridFor(int64_t work, int threads) {
   const int64_t blocks = (work + threads - 1) / threads;
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, 65535 * 16)));

@@ -795,35 +795,13 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
     }));
     const int qkv_shapes[] = {q_gemm_, kv_gemm_, kv_gemm_};
     const size_t qkv_count = pair_kv_ ? 2 : 3;
-    const bool grouped = cuda_options_.group_qkv && gemms_->Groups({qkv_shapes, qkv_count}, rows);
-    const bool rope_fused = grouped && cuda_options_.fuse_rope;
-    if (grouped) {
-      GemmSet::Call calls[] = {{q_gemm_, w.q, w.q_bias, xn_.get(), q_.get(), {}},
-                               {kv_gemm_, w.k, w.k_bias, xn_.get(), k_, {}},
-                               {kv_gemm_, w.v, w.v_bias, xn_.get(), v_, {}}};
-      if (rope_fused) {
-        cuda::TcRope rope;
-        rope.positions = DeviceArray<const int32_t>(meta_.positions);
-        rope.slots = DeviceArray<const int32_t>(meta_.slots);
-        rope.inv_freq = static_cast<const float*>(inv_freq_.get());
-        rope.k_cache = KCache(layer);
-        rope.v_cache = VCache(layer);
-        rope.head_dim = head_dim_;
-        rope.block_size = block_size_;
-        for (GemmSet::Call& c : calls) c.rope = rope;
-        calls[0].rope.role[0] = cuda::TcRope::kQ;
-        if (pair_kv_) {
-          calls[1].rope.role[0] = cuda::TcRope::kK;
-          calls[1].rope.role[1] = cuda::TcRope::kV;
-        } else {
-          calls[1].rope.role[0] = cuda::TcRope::kK;
-          calls[2].rope.role[0] = cuda::TcRope::kV;
-        }
-      }
-      RETURN_IF_ERROR(
-          Timed(rope_fused ? "gemm q_proj + k/v + rope + kv write" : "gemm q_proj + k/v", [&] {
-            return gemms_->RunGroup({calls, qkv_count}, rows);
-          }));
+    if (cuda_options_.group_qkv && gemms_->Groups({qkv_shapes, qkv_count}, rows)) {
+      const GemmSet::Call calls[] = {{q_gemm_, w.q, w.q_bias, xn_.get(), q_.get()},
+                                     {kv_gemm_, w.k, w.k_bias, xn_.get(), k_},
+                                     {kv_gemm_, w.v, w.v_bias, xn_.get(), v_}};
+      RETURN_IF_ERROR(Timed("gemm q_proj + k/v", [&] {
+        return gemms_->RunGroup({calls, qkv_count}, rows);
+      }));
     } else if (pair_kv_) {
       RETURN_IF_ERROR(Gemm(q_gemm_, "gemm q_proj", w.q, w.q_bias, xn_.get(), q_.get(), rows));
       RETURN_IF_ERROR(Gemm(kv_gemm_, "gemm k_proj+v_proj", w.k, w.k_bias, xn_.get(), k_, rows));
@@ -832,26 +810,24 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
       RETURN_IF_ERROR(Gemm(kv_gemm_, "gemm k_proj", w.k, w.k_bias, xn_.get(), k_, rows));
       RETURN_IF_ERROR(Gemm(kv_gemm_, "gemm v_proj", w.v, w.v_bias, xn_.get(), v_, rows));
     }
-    if (!rope_fused) {
-      RETURN_IF_ERROR(Timed("rope + kv write", [&] {
-        cuda::RopeKvArgs a;
-        a.q = q_.get();
-        a.k = k_;
-        a.v = v_;
-        a.positions = DeviceArray<const int32_t>(meta_.positions);
-        a.slots = DeviceArray<const int32_t>(meta_.slots);
-        a.inv_freq = static_cast<const float*>(inv_freq_.get());
-        a.k_cache = KCache(layer);
-        a.v_cache = VCache(layer);
-        a.tokens = rows;
-        a.num_heads = heads_;
-        a.num_kv_heads = kv_heads_;
-        a.head_dim = head_dim_;
-        a.block_size = block_size_;
-        a.bf16 = bf;
-        return cuda::LaunchRopeKvWrite(a, s);
-      }));
-    }
+    RETURN_IF_ERROR(Timed("rope + kv write", [&] {
+      cuda::RopeKvArgs a;
+      a.q = q_.get();
+      a.k = k_;
+      a.v = v_;
+      a.positions = DeviceArray<const int32_t>(meta_.positions);
+      a.slots = DeviceArray<const int32_t>(meta_.slots);
+      a.inv_freq = static_cast<const float*>(inv_freq_.get());
+      a.k_cache = KCache(layer);
+      a.v_cache = VCache(layer);
+      a.tokens = rows;
+      a.num_heads = heads_;
+      a.num_kv_heads = kv_heads_;
+      a.head_dim = head_dim_;
+      a.block_size = block_size_;
+      a.bf16 = bf;
+      return cuda::LaunchRopeKvWrite(a, s);
+    }));
     RETURN_IF_ERROR(Timed("attention", [&] {
       return cuda::LaunchPagedAttention(attn_shape_, q_.get(), KCache(layer), VCache(layer),
                                         attn_.get(), static_cast<float*>(partial_acc_.get()),

@@ -56,9 +56,6 @@ struct CudaExecutorOptions {
   // Where q_proj and k/v all run on hearth's kernel, run them in one launch
   // at up to cuda::kTcSplitRows rows (the same bits as apart).
   bool group_qkv = true;
-  // In that launch, RoPE and the KV cache write too (else a launch of its
-  // own after it).
-  bool fuse_rope = true;
   // Which GEMM engine each weight shape may run on (llm_gemm.h): the faster
   // of cuBLASLt and hearth's own kernel, or one of them.
   GemmEngine gemm_engine = GemmEngine::kAny;

@@ -584,7 +584,6 @@ Status GemmSet::RunGroup(std::span<const Call> calls, int64_t m) {
     names += (names.empty() ? "" : ", ") + s.spec.name;
     cuda::TcGemmArgs& a = args[i];
     a = OwnArgs(s, c.weight, c.bias, c.x, c.y, m);
-    a.rope = c.rope;
     const cuda::TcGemmShape shape = a.shape;
     // Each entry its own slice of the workspace and counters.
     a.workspace = static_cast<float*>(own_workspace_.get()) + workspace / sizeof(float);

@@ -130,8 +130,6 @@ class GemmSet {
     const void* bias = nullptr;
     const void* x = nullptr;
     void* y = nullptr;
-    // The RoPE epilogue (tc_gemm.h), or none.
-    cuda::TcRope rope;
   };
   // Whether RunGroup can run these shapes at m rows in one launch: each on
   // hearth's kernel, without f32 outputs, m <= cuda::kTcSplitRows, at most

@@ -141,12 +141,12 @@ __global__ void RopeKvWrite(RopeKvArgs a) {
   if (h >= nq && slot < 0) return;
   // As transformers: the angle is a float32 product, cos and sin of it in float32.
   float s, c;
-  RopeAngle(pos, a.inv_freq[j], &s, &c);
+  sincosf(static_cast<float>(pos) * a.inv_freq[j], &s, &c);
   if (h < nq) {
     T* x = static_cast<T*>(a.q) + (static_cast<int64_t>(t) * nq + h) * d;
-    const float2 r = RopeRotate(Elem<T>::ToFloat(x[j]), Elem<T>::ToFloat(x[j + half]), c, s);
-    x[j] = Elem<T>::FromFloat(r.x);
-    x[j + half] = Elem<T>::FromFloat(r.y);
+    const float x1 = Elem<T>::ToFloat(x[j]), x2 = Elem<T>::ToFloat(x[j + half]);
+    x[j] = Elem<T>::FromFloat(x1 * c - x2 * s);
+    x[j + half] = Elem<T>::FromFloat(x2 * c + x1 * s);
     return;
   }
   const int hk = h - nq;
@@ -154,10 +154,10 @@ __global__ void RopeKvWrite(RopeKvArgs a) {
   const int64_t src = (static_cast<int64_t>(t) * nk + hk) * d;
   const int64_t dst = ((block * nk + hk) * a.block_size + offset) * d;
   const T* k = static_cast<const T*>(a.k) + src;
-  const float2 r = RopeRotate(Elem<T>::ToFloat(k[j]), Elem<T>::ToFloat(k[j + half]), c, s);
+  const float x1 = Elem<T>::ToFloat(k[j]), x2 = Elem<T>::ToFloat(k[j + half]);
   T* kc = static_cast<T*>(a.k_cache) + dst;
-  kc[j] = Elem<T>::FromFloat(r.x);
-  kc[j + half] = Elem<T>::FromFloat(r.y);
+  kc[j] = Elem<T>::FromFloat(x1 * c - x2 * s);
+  kc[j + half] = Elem<T>::FromFloat(x2 * c + x1 * s);
   const T* v = static_cast<const T*>(a.v) + src;
   T* vc = static_cast<T*>(a.v_cache) + dst;
   vc[j] = v[j];

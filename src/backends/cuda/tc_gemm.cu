@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <type_traits>
 
 #include "backends/cuda/dependent_launch.h"
 #include "backends/cuda/llm_device.cuh"
@@ -33,7 +32,6 @@ struct Params {
   int32_t splits, batch;
   int64_t w_stride, bias_stride, y_stride;
   int64_t groups;  // column groups per batch entry
-  TcRope rope;     // role kNone: no RoPE epilogue
 };
 
 template <bool kBf16>
@@ -72,11 +70,10 @@ __device__ __forceinline__ uint4 LoadWeight(const uint16_t* p) {
   return __ldcs(reinterpret_cast<const uint4*>(p));
 }
 
-// One part's sums for the 16 rows from 0 and 8 columns of each of kN
-// weights, their loads interleaved: w[i] points at the weight row of the
-// lane's column r (lane = 4r + q); acc[i] is the mma fragment {row r, col
-// 2q}, {r, 2q + 1}, {r + 8, 2q}, {r + 8, 2q + 1} of weight i, in the
-// columns' fragment order.
+// One part's sums for the 16 rows from 0 and the 8 columns from w[i] (which
+// points at the first column's row) of each of kN weights, their loads
+// interleaved: acc[i] is the mma fragment {row r, col 2q}, {r, 2q + 1},
+// {r + 8, 2q}, {r + 8, 2q + 1} of weight i.
 template <bool kBf16, int kN>
 __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const (&w)[kN],
                                          int64_t k0, float (&acc)[kN][4]) {
@@ -87,7 +84,7 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const 
     for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
   const uint16_t* wl[kN];
 #pragma unroll
-  for (int i = 0; i < kN; ++i) wl[i] = w[i] + k0 + q * 16;
+  for (int i = 0; i < kN; ++i) wl[i] = w[i] + r * p.k + k0 + q * 16;
   const uint16_t* xl[2];
   bool ok[2];
 #pragma unroll
@@ -203,75 +200,11 @@ __device__ __forceinline__ void StoreSwiGlu(const Params& p, int64_t row, int64_
   Store<kBf16, false>(p, 0, row, col, v);
 }
 
-// The column of y that fragment column c (0..7) of the column group from
-// col0 holds. With the RoPE epilogue a group takes 4 columns of a head's
-// first half and the 4 they rotate with, so that lanes q and q ^ 2 hold a
-// rotated pair; else 8 consecutive columns.
-__device__ __forceinline__ int64_t GroupColumn(const Params& p, int64_t col0, int c) {
-  if (p.rope.role[0] == TcRope::kNone) return col0 + c;
-  const int64_t d = p.rope.head_dim, head0 = col0 / d * d, t4 = (col0 - head0) / 2;
-  return head0 + (c < 4 ? t4 + c : d / 2 + t4 + c - 4);
-}
-
-// The RoPE epilogue of batch entry b for the lane's two adjacent columns
-// (col, col + 1) and both its rows (v[h]: row 8h + r; rows past m are
-// computed and dropped, as every lane takes part in the exchange).
-template <bool kBf16>
-__device__ __forceinline__ void StoreRope(const Params& p, int b, int r, int64_t col,
-                                          float2 (&v)[2]) {
-  using T = std::conditional_t<kBf16, __nv_bfloat16, __half>;
-  using E = llm_device::Elem<T>;
-  const TcRope::Role role = p.rope.role[b];
-  const int64_t d = p.rope.head_dim, within = col % d, half = d / 2;
-  const bool first = within < half;  // lanes q < 2
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (p.bias != nullptr) {
-      const T* bias = static_cast<const T*>(p.bias) + b * p.bias_stride + col;
-      v[h].x += E::ToFloat(bias[0]);
-      v[h].y += E::ToFloat(bias[1]);
-    }
-    v[h] = {Rounded<kBf16>(v[h].x), Rounded<kBf16>(v[h].y)};
-  }
-  float2 other[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    other[h].x = __shfl_xor_sync(0xffffffffu, v[h].x, 2);
-    other[h].y = __shfl_xor_sync(0xffffffffu, v[h].y, 2);
-  }
-  const int64_t j = first ? within : within - half;
-  ForLaneRows(r, p.m, [&](int h, int64_t row) {
-    float2 out = v[h];
-    if (role != TcRope::kV) {
-      // x1 in the head's first half, x2 the element it rotates with.
-      const float2 x1 = first ? v[h] : other[h], x2 = first ? other[h] : v[h];
-      const int32_t position = p.rope.positions[row];
-      float sn, cs;
-      llm_device::RopeAngle(position, p.rope.inv_freq[j], &sn, &cs);
-      const float2 a = llm_device::RopeRotate(x1.x, x2.x, cs, sn);
-      llm_device::RopeAngle(position, p.rope.inv_freq[j + 1], &sn, &cs);
-      const float2 c = llm_device::RopeRotate(x1.y, x2.y, cs, sn);
-      out = first ? float2{a.x, c.x} : float2{a.y, c.y};
-    }
-    T* dst = nullptr;
-    if (role == TcRope::kQ) {
-      dst = static_cast<T*>(p.y) + b * p.y_stride + row * p.n + col;
-    } else {
-      const int32_t slot = p.rope.slots[row];
-      if (slot < 0) return;
-      const int64_t block = slot / p.rope.block_size, offset = slot % p.rope.block_size;
-      const int64_t heads = p.n / d, head = col / d;
-      dst = static_cast<T*>(role == TcRope::kK ? p.rope.k_cache : p.rope.v_cache) +
-            ((block * heads + head) * p.rope.block_size + offset) * d + within;
-    }
-    *reinterpret_cast<typename E::Pair*>(dst) = E::FromFloat2(out.x, out.y);
-  });
-}
-
-// Block (block, part) of a split mode launch (SplitKernel's blockIdx.x and
-// blockIdx.z): a warp per (8 columns, part). With kSwiGlu a warp computes
-// the same 8 columns of both weights of the batch of two (gate, up) and
-// stores silu(gate) * up.
+// Few rows: a warp per (8 columns, part); blockIdx.z is the part. With
+// kSwiGlu a warp computes the same 8 columns of both weights of the batch of
+// two (gate, up) and stores silu(gate) * up.
+// Block (block, part) of a split-mode launch, as SplitKernel's
+// (blockIdx.x, blockIdx.z).
 template <bool kBf16, bool kF32Out, bool kSwiGlu>
 __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int part) {
   constexpr int kN = kSwiGlu ? 2 : 1;
@@ -282,38 +215,27 @@ __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int p
   }
   const int b = kSwiGlu ? 0 : static_cast<int>(g / p.groups);
   const int64_t col0 = (g % p.groups) * 8;
-  const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
   float acc[kN][4];
   const uint16_t* w[kN];
 #pragma unroll
-  for (int i = 0; i < kN; ++i) w[i] = p.w + (b + i) * p.w_stride + GroupColumn(p, col0, r) * p.k;
+  for (int i = 0; i < kN; ++i) w[i] = p.w + (b + i) * p.w_stride + col0 * p.k;
   PartSums<kBf16, kN>(p, w, part * p.part, acc);
-  const int64_t col = GroupColumn(p, col0, 2 * q);
-  // v[h][i]: the sums of weight i at row 8h + r, (col, col + 1).
-  const auto finish = [&](float2(&v)[2][kN]) {
+  const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
+  const int64_t col = col0 + 2 * q;
+  const auto store = [&](int64_t row, const float2(&v)[kN]) {
     if constexpr (kSwiGlu) {
-      ForLaneRows(r, p.m, [&](int h, int64_t row) {
-        StoreSwiGlu<kBf16>(p, row, col, v[h][0], v[h][kN - 1]);
-      });
-    } else if constexpr (!kF32Out) {
-      if (p.rope.role[b] != TcRope::kNone) {
-        float2 u[2] = {v[0][0], v[1][0]};
-        StoreRope<kBf16>(p, b, r, col, u);
-        return;
-      }
-      ForLaneRows(r, p.m,
-                  [&](int h, int64_t row) { Store<kBf16, false>(p, b, row, col, v[h][0]); });
+      StoreSwiGlu<kBf16>(p, row, col, v[0], v[kN - 1]);
     } else {
-      ForLaneRows(r, p.m, [&](int h, int64_t row) { Store<kBf16, true>(p, b, row, col, v[h][0]); });
+      Store<kBf16, kF32Out>(p, b, row, col, v[0]);
     }
   };
   if (p.splits == 1) {
-    float2 v[2][kN];
+    ForLaneRows(r, p.m, [&](int h, int64_t row) {
+      float2 v[kN];
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int i = 0; i < kN; ++i) v[h][i] = {acc[i][2 * h], acc[i][2 * h + 1]};
-    finish(v);
+      for (int i = 0; i < kN; ++i) v[i] = {acc[i][2 * h], acc[i][2 * h + 1]};
+      store(row, v);
+    });
     return;
   }
   // Part sums of (part, b) at ws[((part * batch + b) * kTcSplitRows + row) * n + col].
@@ -333,20 +255,19 @@ __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int p
   if (before != static_cast<uint32_t>(p.splits - 1)) return;
   // The last of the column group's warps: every part is written.
   __threadfence();
-  float2 v[2][kN] = {};
-  ForLaneRows(r, p.m, [&](int h, int64_t row) {
+  ForLaneRows(r, p.m, [&](int, int64_t row) {
+    float2 t[kN];
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
-      float2 t = __ldcg(reinterpret_cast<const float2*>(at(0, b + i, row)));
+      t[i] = __ldcg(reinterpret_cast<const float2*>(at(0, b + i, row)));
       for (int s = 1; s < p.splits; ++s) {
-        const float2 u = __ldcg(reinterpret_cast<const float2*>(at(s, b + i, row)));
-        t.x += u.x;
-        t.y += u.y;
+        const float2 v = __ldcg(reinterpret_cast<const float2*>(at(s, b + i, row)));
+        t[i].x += v.x;
+        t[i].y += v.y;
       }
-      v[h][i] = t;
     }
+    store(row, t);
   });
-  finish(v);
   if (lane == 0) p.counters[g] = 0;
 }
 
@@ -703,28 +624,7 @@ uint64_t TcGemmCounters(const TcGemmShape& shape) {
 
 namespace {
 
-bool ValidRope(const TcGemmArgs& a) {
-  const TcRope& r = a.rope;
-  if (r.role[0] == TcRope::kNone && r.role[1] == TcRope::kNone) return true;
-  if (r.role[0] == TcRope::kNone || (a.shape.batch == 2) != (r.role[1] != TcRope::kNone) ||
-      a.shape.batch > 2 || a.m > kTcSplitRows || a.swiglu || a.f32_out || r.head_dim < 8 ||
-      r.head_dim % 8 != 0 || a.shape.n % r.head_dim != 0 || r.positions == nullptr ||
-      r.inv_freq == nullptr) {
-    return false;
-  }
-  for (int b = 0; b < a.shape.batch; ++b) {
-    const TcRope::Role role = r.role[b];
-    if (role != TcRope::kQ && role != TcRope::kK && role != TcRope::kV) return false;
-    if (role != TcRope::kQ && (r.slots == nullptr || r.block_size < 1 ||
-                               (role == TcRope::kK ? r.k_cache : r.v_cache) == nullptr)) {
-      return false;
-    }
-  }
-  return true;
-}
-
 bool Valid(const TcGemmArgs& a) {
-  if (!ValidRope(a)) return false;
   const int32_t splits = TcGemmSplits(a.shape);
   const int64_t elem = a.f32_out ? 4 : 2;
   return !(
@@ -758,7 +658,6 @@ Params MakeParams(const TcGemmArgs& a) {
   p.w_stride = a.w_stride;
   p.bias_stride = a.bias_stride;
   p.y_stride = a.y_stride;
-  p.rope = a.rope;
   return p;
 }
 

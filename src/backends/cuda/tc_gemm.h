@@ -74,24 +74,6 @@ uint64_t TcGemmCounters(const TcGemmShape& shape);
 inline constexpr uint64_t kTcMaxWorkspaceBytes = uint64_t{32} << 20;
 inline constexpr uint64_t kTcMaxCounters = 2048;
 
-// RoPE and the paged KV cache write as the epilogue of a split-mode launch
-// (q_proj and k/v, whose outputs the next kernel would otherwise rotate and
-// copy): what each batch entry's output is. kQ: y rotated; kK: rotated into
-// k_cache at the row's slot; kV: into v_cache at the slot, as it is. A row
-// whose slot is negative writes no cache. Each element is the product (with
-// its bias) rounded to the input type, then rotated as LaunchRopeKvWrite
-// rotates it: the same bits.
-struct TcRope {
-  enum Role : int8_t { kNone, kQ, kK, kV };
-  Role role[2] = {kNone, kNone};       // per batch entry
-  const int32_t* positions = nullptr;  // [m]
-  const int32_t* slots = nullptr;      // [m] (kK, kV)
-  const float* inv_freq = nullptr;     // [head_dim / 2]
-  void* k_cache = nullptr;             // [blocks, n / head_dim, block_size, head_dim]
-  void* v_cache = nullptr;
-  int32_t head_dim = 0, block_size = 0;
-};
-
 struct TcGemmArgs {
   TcGemmShape shape;
   bool bf16 = true;            // else F16
@@ -108,9 +90,6 @@ struct TcGemmArgs {
   // bits equal the two products followed by a SwiGLU launch. Split mode only
   // (m <= kTcSplitRows), no bias, not f32_out.
   bool swiglu = false;
-  // The RoPE epilogue: split mode only, not with swiglu or f32_out; n a
-  // multiple of head_dim, itself a multiple of 8.
-  TcRope rope;
   float* workspace = nullptr;
   uint32_t* counters = nullptr;
   // Their sizes (bytes; uint32 slots); the many-rows mode keeps its part

@@ -664,140 +664,6 @@ TEST_F(LlmCudaTest, OwnGemmGroupEqualsSeparateLaunches) {
   }
 }
 
-// RoPE and the KV cache write as the epilogue of the q and k/v launch give
-// the bits of the products followed by LaunchRopeKvWrite: q rotated, k
-// rotated into its cache and v copied into its own, at each row's slot; a
-// row with slot -1 writes no cache. Head sizes 64 and 128, bf16 and f16,
-// q with a bias.
-TEST_F(LlmCudaTest, OwnGemmRopeEpilogueEqualsRopeKvWrite) {
-  for (const bool bf16 : {true, false})
-    for (const int32_t d : {64, 128}) {
-      SCOPED_TRACE(std::string(bf16 ? "bf16" : "f16") + ", head_dim " + std::to_string(d));
-      const int32_t heads = 8, kv_heads = 2, block_size = 16, blocks = 4;
-      const int64_t k = 1024, nq = int64_t{heads} * d, nkv = int64_t{kv_heads} * d;
-      const int64_t max_m = cuda::kTcSplitRows, kv_stride = 2 * nkv * k, y_stride = max_m * nkv;
-      const cuda::TcGemmShape q_shape{nq, k, 1}, kv_shape{nkv, k, 2};
-      std::mt19937_64 rng(97 + d);
-      const auto wq = Random16(rng, static_cast<size_t>(nq * k), 0.03f, bf16);
-      const auto bq = Random16(rng, static_cast<size_t>(nq), 0.5f, bf16);
-      const auto wkv = Random16(rng, static_cast<size_t>(kv_stride + nkv * k), 0.03f, bf16);
-      const auto x = Random16(rng, static_cast<size_t>(max_m * k), 1.0f, bf16);
-      std::vector<int32_t> positions(static_cast<size_t>(max_m)), slots(positions.size());
-      std::vector<int32_t> order(static_cast<size_t>(blocks * block_size));
-      std::iota(order.begin(), order.end(), 0);
-      std::shuffle(order.begin(), order.end(), rng);
-      for (size_t i = 0; i < positions.size(); ++i) {
-        positions[i] = static_cast<int32_t>(rng() % 4000);
-        slots[i] = i == 2 ? -1 : order[i];
-      }
-      std::vector<float> inv_freq(static_cast<size_t>(d / 2));
-      for (size_t i = 0; i < inv_freq.size(); ++i)
-        inv_freq[i] = static_cast<float>(std::pow(500000.0, -2.0 * static_cast<double>(i) / d));
-      const size_t cache_elems = static_cast<size_t>(blocks) * kv_heads * block_size * d;
-      DeviceMemory dwq(wq), dbq(bq), dwkv(wkv), dx(x), dpos(positions), dslots(slots),
-          dfreq(inv_freq), q(static_cast<size_t>(max_m * nq) * 2),
-          kv(static_cast<size_t>(2 * y_stride) * 2), kc(cache_elems * 2), vc(cache_elems * 2),
-          ws(cuda::kTcMaxWorkspaceBytes), counters(cuda::kTcMaxCounters * sizeof(uint32_t));
-      ASSERT_CUDA(cudaMemset(counters.get(), 0, cuda::kTcMaxCounters * sizeof(uint32_t)));
-      auto* ws0 = static_cast<float*>(ws.get());
-      auto* c0 = static_cast<uint32_t*>(counters.get());
-      const auto args = [&](int64_t m, bool rope) {
-        cuda::TcGemmArgs a[2];
-        a[0].shape = q_shape;
-        a[0].w = dwq.get();
-        a[0].bias = dbq.get();
-        a[0].y = q.get();
-        a[1].shape = kv_shape;
-        a[1].w = dwkv.get();
-        a[1].y = kv.get();
-        a[1].w_stride = kv_stride;
-        a[1].y_stride = y_stride;
-        uint64_t at = 0, counter_at = 0;
-        for (cuda::TcGemmArgs& e : a) {
-          e.bf16 = bf16;
-          e.x = dx.get();
-          e.m = m;
-          e.workspace = ws0 + at / sizeof(float);
-          e.workspace_bytes = cuda::TcGemmWorkspaceBytes(e.shape);
-          e.counters = c0 + counter_at;
-          e.counter_slots = cuda::TcGemmCounters(e.shape);
-          at += (e.workspace_bytes + 255) / 256 * 256;
-          counter_at += e.counter_slots;
-          if (!rope) continue;
-          e.rope.positions = dpos.get<int32_t>();
-          e.rope.slots = dslots.get<int32_t>();
-          e.rope.inv_freq = dfreq.get<float>();
-          e.rope.k_cache = kc.get();
-          e.rope.v_cache = vc.get();
-          e.rope.head_dim = d;
-          e.rope.block_size = block_size;
-        }
-        if (rope) {
-          a[0].rope.role[0] = cuda::TcRope::kQ;
-          a[1].rope.role[0] = cuda::TcRope::kK;
-          a[1].rope.role[1] = cuda::TcRope::kV;
-        }
-        return std::vector<cuda::TcGemmArgs>(a, a + 2);
-      };
-      const auto clear = [&] {
-        EXPECT_EQ(cudaMemset(q.get(), 0xFF, static_cast<size_t>(max_m * nq) * 2), cudaSuccess);
-        EXPECT_EQ(cudaMemset(kc.get(), 0x7F, cache_elems * 2), cudaSuccess);
-        EXPECT_EQ(cudaMemset(vc.get(), 0x7F, cache_elems * 2), cudaSuccess);
-      };
-      const auto read = [&](int64_t m) {
-        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        std::vector<std::vector<uint16_t>> out = {q.Read<uint16_t>(static_cast<size_t>(m * nq)),
-                                                  kc.Read<uint16_t>(cache_elems),
-                                                  vc.Read<uint16_t>(cache_elems)};
-        return out;
-      };
-      for (const int64_t m : {1, 5, 16}) {
-        SCOPED_TRACE("rows " + std::to_string(m));
-        clear();
-        for (const cuda::TcGemmArgs& a : args(m, false))
-          ASSERT_EQ(cuda::LaunchTcGemm(a, nullptr), cudaSuccess);
-        cuda::RopeKvArgs r;
-        r.q = q.get();
-        r.k = kv.get();
-        r.v = static_cast<uint16_t*>(kv.get()) + y_stride;
-        r.positions = dpos.get<int32_t>();
-        r.slots = dslots.get<int32_t>();
-        r.inv_freq = dfreq.get<float>();
-        r.k_cache = kc.get();
-        r.v_cache = vc.get();
-        r.tokens = static_cast<int32_t>(m);
-        r.num_heads = heads;
-        r.num_kv_heads = kv_heads;
-        r.head_dim = d;
-        r.block_size = block_size;
-        r.bf16 = bf16;
-        ASSERT_EQ(cuda::LaunchRopeKvWrite(r, nullptr), cudaSuccess);
-        const auto want = read(m);
-        clear();
-        const auto group = args(m, true);
-        ASSERT_EQ(cuda::LaunchTcGemmGroup(group, nullptr), cudaSuccess);
-        const auto got = read(m);
-        EXPECT_EQ(got[0], want[0]) << "q";
-        EXPECT_EQ(got[1], want[1]) << "k cache";
-        EXPECT_EQ(got[2], want[2]) << "v cache";
-        // The caches were written (m rows but the one with slot -1).
-        const auto untouched =
-            static_cast<size_t>(std::count(got[1].begin(), got[1].end(), 0x7F7F));
-        EXPECT_EQ(untouched, cache_elems - static_cast<size_t>((m - (m > 2 ? 1 : 0)) * nkv));
-      }
-      // Refused: RoPE at more rows than the split mode's, a head size that
-      // does not divide n, a k role without slots.
-      auto bad = args(max_m + 1, true);
-      EXPECT_EQ(cuda::LaunchTcGemmGroup(bad, nullptr), cudaErrorInvalidValue);
-      bad = args(1, true);
-      bad[0].rope.head_dim = 24;
-      EXPECT_EQ(cuda::LaunchTcGemmGroup(bad, nullptr), cudaErrorInvalidValue);
-      bad = args(1, true);
-      bad[1].rope.slots = nullptr;
-      EXPECT_EQ(cuda::LaunchTcGemmGroup(bad, nullptr), cudaErrorInvalidValue);
-    }
-}
-
 // ---- RoPE fused with the KV cache write.
 
 TEST_F(LlmCudaTest, RopeKvWriteMatchesCpu) {
@@ -1647,9 +1513,8 @@ TEST_P(LlmCudaExecutorTest, PairedGemmsAgreeWithSeparateOnes) {
   }
 }
 
-// SwiGLU in the gate/up launch, and q_proj with k/v in one launch with RoPE
-// and the KV write in it (hearth's kernel, up to kTcSplitRows rows) give the
-// logits of separate launches, bit
+// SwiGLU in the gate/up launch and q_proj with k/v in one launch (hearth's
+// kernel, up to kTcSplitRows rows) give the logits of separate launches, bit
 // for bit, in prefill chunks and decode steps, eager and graphed, with k/v
 // as a pair and apart.
 TEST_P(LlmCudaExecutorTest, FusedLaunchesEqualSeparateOnes) {
@@ -1668,7 +1533,6 @@ TEST_P(LlmCudaExecutorTest, FusedLaunchesEqualSeparateOnes) {
     off.pair_gemms = pair;
     off.fuse_swiglu = false;
     off.group_qkv = false;
-    off.fuse_rope = false;
     auto separate = Gpu(m, off);
     ASSERT_NE(fused, nullptr);
     ASSERT_NE(graphed, nullptr);
@@ -1690,8 +1554,7 @@ TEST_P(LlmCudaExecutorTest, FusedLaunchesEqualSeparateOnes) {
     // On hearth's kernel both fusions run (SwiGLU where gate/up are a pair);
     // the timed choice may keep cuBLASLt, which has neither.
     if (GetParam().engine == GemmEngine::kOwn) {
-      EXPECT_EQ(names.count("gemm q_proj + k/v + rope + kv write"), 1u) << fused->DescribeGemms();
-      EXPECT_EQ(names.count("rope + kv write"), 0u);
+      EXPECT_EQ(names.count("gemm q_proj + k/v"), 1u) << fused->DescribeGemms();
       EXPECT_EQ(names.count("gemm gate_proj+up_proj + swiglu"), pair ? 1u : 0u);
       EXPECT_EQ(names.count("swiglu"), pair ? 0u : 1u);
     }
