@@ -67,7 +67,7 @@ struct TensorInfo {
 };
 
 struct SafetensorsHeader {
-  std::vector<TensorInfo> tensors;  // sorted by name
+  std::vector<TensorInfo> tensors;                            // sorted by name
   std::vector<std::pair<std::string, std::string>> metadata;  // sorted by key
 };
 
@@ -197,8 +197,11 @@ class Checkpoint {
 };
 
 // Writes a safetensors file. Tensors are laid out in the order they were
-// added; the header's keys are sorted. The file is written to "PATH.tmp" and
-// renamed into place, so a failed write never leaves a half-written PATH.
+// added; the header's keys are sorted. The file is written apart and renamed
+// into place, so a failed write never leaves a half-written PATH: as a file
+// with no name (O_TMPFILE) where the file system has them, named "PATH.tmp"
+// once complete, so that even a killed writer leaves nothing; else as
+// "PATH.tmp" from the start, unlinked when the write fails.
 class CheckpointWriter {
  public:
   // Called to produce bytes [offset, offset + out.size()) of one tensor. It may
@@ -224,9 +227,8 @@ class CheckpointWriter {
   // own). One shard is written as model.safetensors alone; more as
   // model-00001-of-0000N.safetensors ... and then, last,
   // model.safetensors.index.json (metadata.total_size and the weight_map).
-  // Every shard gets this writer's metadata. Each file is written to
-  // "NAME.tmp" and renamed into place; a failure leaves the files already
-  // renamed.
+  // Every shard gets this writer's metadata. Each file is written as Write
+  // writes one; a failure leaves the files already renamed.
   Status WriteDirectory(const std::string& dir, uint64_t max_shard_bytes, int threads = 1) const;
 
  private:

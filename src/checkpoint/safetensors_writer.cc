@@ -64,10 +64,64 @@ class TempFileCleanup {
   }
   TempFileCleanup(const TempFileCleanup&) = delete;
   TempFileCleanup& operator=(const TempFileCleanup&) = delete;
+  TempFileCleanup& operator=(TempFileCleanup&& other) noexcept {
+    std::swap(path_, other.path_);
+    return *this;
+  }
   void Disarm() { path_.clear(); }
 
  private:
   std::string path_;
+};
+
+// The file a write goes to before it is renamed to PATH. Where the file
+// system has them, a file with no name in PATH's directory, named PATH.tmp
+// only once complete: a process killed while writing (SIGKILL, SIGINT) leaves
+// nothing behind. Elsewhere PATH.tmp from the start, unlinked on failure.
+class PendingFile {
+ public:
+  explicit PendingFile(const std::string& path)
+      : path_(path), tmp_path_(path + ".tmp"), cleanup_(std::string()) {}
+
+  Status Open() {
+    const size_t slash = path_.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash + 1);
+    fd_.Reset(platform::OpenUnnamed(dir.c_str()));
+    if (fd_) return Status::Ok();
+    if (!platform::NoUnnamedFiles(errno)) return ErrnoError("create " + tmp_path_, errno);
+    fd_.Reset(::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (!fd_) return ErrnoError("create " + tmp_path_, errno);
+    named_ = true;
+    cleanup_ = TempFileCleanup(tmp_path_);
+    return Status::Ok();
+  }
+
+  int fd() const { return fd_.get(); }
+  const std::string& tmp_path() const { return tmp_path_; }
+
+  // Closes the file and puts it in place of PATH.
+  Status Commit() {
+    if (!named_) {
+      ::unlink(tmp_path_.c_str());  // a leftover of an older write
+      if (platform::NameUnnamed(fd_.get(), tmp_path_.c_str()) != 0) {
+        return ErrnoError("name " + tmp_path_, errno);
+      }
+      named_ = true;
+      cleanup_ = TempFileCleanup(tmp_path_);
+    }
+    if (::close(fd_.Release()) != 0) return ErrnoError("close " + tmp_path_, errno);
+    if (platform::RenameReplacing(tmp_path_.c_str(), path_.c_str()) != 0) {
+      return ErrnoError("rename " + tmp_path_ + " to " + path_, errno);
+    }
+    cleanup_.Disarm();
+    return Status::Ok();
+  }
+
+ private:
+  std::string path_, tmp_path_;
+  UniqueFd fd_;
+  bool named_ = false;
+  TempFileCleanup cleanup_;
 };
 
 Status PwriteFull(int fd, const void* data, size_t size, uint64_t offset, const std::string& path) {
@@ -248,24 +302,18 @@ Status CheckpointWriter::Write(const std::string& path, int threads) const {
     }
   }
 
-  const std::string tmp_path = path + ".tmp";
-  UniqueFd fd(::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!fd) return ErrnoError("create " + tmp_path, errno);
-  TempFileCleanup cleanup(tmp_path);
-  if (::ftruncate(fd.get(), static_cast<off_t>(data_start + data_size)) != 0) {
+  PendingFile file(path);
+  RETURN_IF_ERROR(file.Open());
+  const std::string& tmp_path = file.tmp_path();
+  if (::ftruncate(file.fd(), static_cast<off_t>(data_start + data_size)) != 0) {
     return ErrnoError("resize " + tmp_path, errno);
   }
   unsigned char length[8];
   StoreLittleEndian64(header.size(), length);
-  RETURN_IF_ERROR(PwriteFull(fd.get(), length, sizeof length, 0, tmp_path));
-  RETURN_IF_ERROR(PwriteFull(fd.get(), header.data(), header.size(), 8, tmp_path));
-  RETURN_IF_ERROR(WriteChunks(fd.get(), chunks, threads, path, tmp_path));
-  if (::close(fd.Release()) != 0) return ErrnoError("close " + tmp_path, errno);
-  if (platform::RenameReplacing(tmp_path.c_str(), path.c_str()) != 0) {
-    return ErrnoError("rename " + tmp_path + " to " + path, errno);
-  }
-  cleanup.Disarm();
-  return Status::Ok();
+  RETURN_IF_ERROR(PwriteFull(file.fd(), length, sizeof length, 0, tmp_path));
+  RETURN_IF_ERROR(PwriteFull(file.fd(), header.data(), header.size(), 8, tmp_path));
+  RETURN_IF_ERROR(WriteChunks(file.fd(), chunks, threads, path, tmp_path));
+  return file.Commit();
 }
 
 Status CheckpointWriter::WriteDirectory(const std::string& dir, uint64_t max_shard_bytes,
@@ -312,17 +360,10 @@ Status CheckpointWriter::WriteDirectory(const std::string& dir, uint64_t max_sha
     return InvalidArgument(dir + ": a tensor name is not valid UTF-8 (" + e.what() + ")");
   }
   const std::string path = dir + "/" + std::string(kSafetensorsIndexFileName);
-  const std::string tmp_path = path + ".tmp";
-  UniqueFd fd(::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!fd) return ErrnoError("create " + tmp_path, errno);
-  TempFileCleanup cleanup(tmp_path);
-  RETURN_IF_ERROR(PwriteFull(fd.get(), text.data(), text.size(), 0, tmp_path));
-  if (::close(fd.Release()) != 0) return ErrnoError("close " + tmp_path, errno);
-  if (platform::RenameReplacing(tmp_path.c_str(), path.c_str()) != 0) {
-    return ErrnoError("rename " + tmp_path + " to " + path, errno);
-  }
-  cleanup.Disarm();
-  return Status::Ok();
+  PendingFile file(path);
+  RETURN_IF_ERROR(file.Open());
+  RETURN_IF_ERROR(PwriteFull(file.fd(), text.data(), text.size(), 0, file.tmp_path()));
+  return file.Commit();
 }
 
 }  // namespace hearth

@@ -66,4 +66,14 @@ int RenameReplacing(const char* from, const char* to) {
 
 int MakeDirectory(const char* path) { return ::_mkdir(path); }
 
+int OpenUnnamed(const char*) {
+  errno = ENOTSUP;
+  return -1;
+}
+
+int NameUnnamed(int, const char*) {
+  errno = ENOTSUP;
+  return -1;
+}
+
 }  // namespace hearth::platform

@@ -4,9 +4,12 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +17,7 @@
 
 #include "checkpoint/safetensors_format.h"
 #include "hearth/checkpoint.h"
+#include "platform/file_io.h"
 #include "temp_dir.h"
 
 namespace hearth {
@@ -408,6 +412,63 @@ TEST(CheckpointWriter, FailedFillLeavesTheOldFileAndNoTemporary) {
     EXPECT_EQ(ReadFile(path), "old contents");
     EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
   }
+}
+
+// The names in a directory.
+std::vector<std::string> Names(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// A writer killed part way (SIGKILL, which nothing can clean up after) leaves
+// nothing in the directory: the file being written has no name until it is
+// complete. Skipped where the file system has no such files.
+TEST(CheckpointWriter, AWriterKilledPartWayLeavesNothing) {
+  TempDir dir;
+  const int probe = platform::OpenUnnamed(dir.path().c_str());
+  if (probe < 0 && platform::NoUnnamedFiles(errno)) {
+    GTEST_SKIP() << "the file system of " << dir.path()
+                 << " has no unnamed files (O_TMPFILE); writes go to PATH.tmp";
+  }
+  ASSERT_GE(probe, 0) << std::strerror(errno);
+  ::close(probe);
+  const std::string path = dir.File("m.safetensors");
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    CheckpointWriter writer;
+    // 40 MiB: the first 16 MiB chunk is written, the second kills the writer.
+    const Status added = writer.AddTensor("t", DType::kU8, {int64_t{40} << 20},
+                                          [](uint64_t offset, std::span<std::byte> out) {
+                                            if (offset > 0) ::raise(SIGKILL);
+                                            std::memset(out.data(), 7, out.size());
+                                            return Status::Ok();
+                                          });
+    if (added.ok()) (void)writer.Write(path, 1);
+    ::_exit(3);  // not reached: the fill kills the process
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+  EXPECT_THAT(Names(dir.path()), ::testing::IsEmpty());
+}
+
+// A PATH.tmp left by an older write (a writer killed between naming and
+// renaming, or one of a file system without unnamed files) is replaced.
+TEST(CheckpointWriter, ALeftoverTemporaryIsReplaced) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  WriteFile(path + ".tmp", "an older write's leftover");
+  const std::vector<std::byte> bytes = Pattern(64, 3);
+  CheckpointWriter writer;
+  ASSERT_TRUE(writer.AddTensor("t", DType::kU8, {64}, bytes).ok());
+  ASSERT_TRUE(writer.Write(path).ok());
+  EXPECT_EQ(Names(dir.path()), std::vector<std::string>{"m.safetensors"});
+  Result<Checkpoint> checkpoint = Checkpoint::Open(path);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
 }
 
 TEST(CheckpointWriter, MissingDirectoryIsReported) {
