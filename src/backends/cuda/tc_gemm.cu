@@ -200,11 +200,10 @@ __device__ __forceinline__ void StoreSwiGlu(const Params& p, int64_t row, int64_
   Store<kBf16, false>(p, 0, row, col, v);
 }
 
-// Few rows: a warp per (8 columns, part); blockIdx.z is the part. With
-// kSwiGlu a warp computes the same 8 columns of both weights of the batch of
-// two (gate, up) and stores silu(gate) * up.
-// Block (block, part) of a split-mode launch, as SplitKernel's
-// (blockIdx.x, blockIdx.z).
+// Few rows: block (block, part) of a split-mode launch (SplitKernel's
+// blockIdx.x and blockIdx.z), a warp per (8 columns, part). With kSwiGlu a
+// warp computes the same 8 columns of both weights of the batch of two
+// (gate, up) and stores silu(gate) * up.
 template <bool kBf16, bool kF32Out, bool kSwiGlu>
 __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int part) {
   constexpr int kN = kSwiGlu ? 2 : 1;
