@@ -55,33 +55,18 @@ Result<uint64_t> CheckNewTensor(std::string_view name, DType dtype,
   return *nbytes;
 }
 
-// Unlinks the temporary file unless the write got as far as renaming it.
-class TempFileCleanup {
- public:
-  explicit TempFileCleanup(std::string path) : path_(std::move(path)) {}
-  ~TempFileCleanup() {
-    if (!path_.empty()) ::unlink(path_.c_str());
-  }
-  TempFileCleanup(const TempFileCleanup&) = delete;
-  TempFileCleanup& operator=(const TempFileCleanup&) = delete;
-  TempFileCleanup& operator=(TempFileCleanup&& other) noexcept {
-    std::swap(path_, other.path_);
-    return *this;
-  }
-  void Disarm() { path_.clear(); }
-
- private:
-  std::string path_;
-};
-
 // The file a write goes to before it is renamed to PATH. Where the file
 // system has them, a file with no name in PATH's directory, named PATH.tmp
 // only once complete: a process killed while writing (SIGKILL, SIGINT) leaves
 // nothing behind. Elsewhere PATH.tmp from the start, unlinked on failure.
 class PendingFile {
  public:
-  explicit PendingFile(const std::string& path)
-      : path_(path), tmp_path_(path + ".tmp"), cleanup_(std::string()) {}
+  explicit PendingFile(const std::string& path) : path_(path), tmp_path_(path + ".tmp") {}
+  ~PendingFile() {
+    if (named_) ::unlink(tmp_path_.c_str());  // the write did not get as far as the rename
+  }
+  PendingFile(const PendingFile&) = delete;
+  PendingFile& operator=(const PendingFile&) = delete;
 
   Status Open() {
     const size_t slash = path_.find_last_of('/');
@@ -92,7 +77,6 @@ class PendingFile {
     fd_.Reset(::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (!fd_) return ErrnoError("create " + tmp_path_, errno);
     named_ = true;
-    cleanup_ = TempFileCleanup(tmp_path_);
     return Status::Ok();
   }
 
@@ -107,21 +91,19 @@ class PendingFile {
         return ErrnoError("name " + tmp_path_, errno);
       }
       named_ = true;
-      cleanup_ = TempFileCleanup(tmp_path_);
     }
     if (::close(fd_.Release()) != 0) return ErrnoError("close " + tmp_path_, errno);
     if (platform::RenameReplacing(tmp_path_.c_str(), path_.c_str()) != 0) {
       return ErrnoError("rename " + tmp_path_ + " to " + path_, errno);
     }
-    cleanup_.Disarm();
+    named_ = false;  // PATH.tmp is PATH now
     return Status::Ok();
   }
 
  private:
   std::string path_, tmp_path_;
   UniqueFd fd_;
-  bool named_ = false;
-  TempFileCleanup cleanup_;
+  bool named_ = false;  // PATH.tmp is this write's file
 };
 
 Status PwriteFull(int fd, const void* data, size_t size, uint64_t offset, const std::string& path) {
