@@ -104,6 +104,31 @@ class DeviceMemory {
   void* p_ = nullptr;
 };
 
+// The workspace and counters of hearth's GEMM kernel (counters zeroed), and
+// launch arguments that use them whole.
+struct TcScratch {
+  DeviceMemory workspace{cuda::kTcMaxWorkspaceBytes};
+  DeviceMemory counters{cuda::kTcMaxCounters * sizeof(uint32_t)};
+  TcScratch() {
+    EXPECT_EQ(cudaMemset(counters.get(), 0, cuda::kTcMaxCounters * sizeof(uint32_t)), cudaSuccess);
+  }
+  cuda::TcGemmArgs Args(const cuda::TcGemmShape& shape, bool bf16, const DeviceMemory& x,
+                        const DeviceMemory& w, void* y, int64_t m) const {
+    cuda::TcGemmArgs a;
+    a.shape = shape;
+    a.bf16 = bf16;
+    a.x = x.get();
+    a.w = w.get();
+    a.y = y;
+    a.m = m;
+    a.workspace = workspace.get<float>();
+    a.counters = counters.get<uint32_t>();
+    a.workspace_bytes = cuda::kTcMaxWorkspaceBytes;
+    a.counter_slots = cuda::kTcMaxCounters;
+    return a;
+  }
+};
+
 // A GEMM shape over buffers of the test (w its weight, x and y its scratch).
 GemmShapeSpec TestShape(const char* name, int64_t n, int64_t k, int64_t max_m,
                         const DeviceMemory& w, const DeviceMemory& x, const DeviceMemory& y) {
@@ -391,20 +416,11 @@ TEST_F(LlmCudaTest, OwnGemmGroupsOfPartsGiveTheSameBits) {
   std::mt19937_64 rng(5);
   const auto w = Random16(rng, static_cast<size_t>(n * k), 1.0f / 64, true);
   const auto x = Random16(rng, static_cast<size_t>(max_m * k), 1.0f, true);
-  DeviceMemory dw(w), dx(x), dy(static_cast<size_t>(max_m * n) * 2), ws(cuda::kTcMaxWorkspaceBytes),
-      counters(cuda::kTcMaxCounters * sizeof(uint32_t));
-  ASSERT_CUDA(cudaMemset(counters.get(), 0, cuda::kTcMaxCounters * sizeof(uint32_t)));
+  DeviceMemory dw(w), dx(x), dy(static_cast<size_t>(max_m * n) * 2);
+  const TcScratch scratch;
   const auto run = [&](int64_t m, uint64_t workspace_bytes) {
-    cuda::TcGemmArgs a;
-    a.shape = shape;
-    a.x = dx.get();
-    a.w = dw.get();
-    a.y = dy.get();
-    a.m = m;
-    a.workspace = static_cast<float*>(ws.get());
-    a.counters = static_cast<uint32_t*>(counters.get());
+    cuda::TcGemmArgs a = scratch.Args(shape, true, dx, dw, dy.get(), m);
     a.workspace_bytes = workspace_bytes;
-    a.counter_slots = cuda::kTcMaxCounters;
     EXPECT_EQ(cudaMemset(dy.get(), 0xFF, static_cast<size_t>(max_m * n) * 2), cudaSuccess);
     EXPECT_EQ(cuda::LaunchTcGemm(a, nullptr), cudaSuccess);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -421,16 +437,8 @@ TEST_F(LlmCudaTest, OwnGemmGroupsOfPartsGiveTheSameBits) {
   const auto deep = run(100, cuda::kTcMaxWorkspaceBytes);
   EXPECT_TRUE(std::equal(deep.begin(), deep.end(), groups.begin()));
   // A launch that lacks the few-rows mode's workspace is refused.
-  cuda::TcGemmArgs bad;
-  bad.shape = shape;
-  bad.x = dx.get();
-  bad.w = dw.get();
-  bad.y = dy.get();
-  bad.m = 1;
-  bad.workspace = static_cast<float*>(ws.get());
-  bad.counters = static_cast<uint32_t*>(counters.get());
+  cuda::TcGemmArgs bad = scratch.Args(shape, true, dx, dw, dy.get(), 1);
   bad.workspace_bytes = 1024;
-  bad.counter_slots = cuda::kTcMaxCounters;
   EXPECT_EQ(cuda::LaunchTcGemm(bad, nullptr), cudaErrorInvalidValue);
 }
 
@@ -518,23 +526,12 @@ TEST_F(LlmCudaTest, OwnGemmSwiGluEpilogueEqualsPairThenSwiGlu) {
       const auto w = Random16(rng, static_cast<size_t>(w_stride + n * k), 0.05f, bf16);
       const auto x = Random16(rng, static_cast<size_t>(max_m * k), 1.0f, bf16);
       DeviceMemory dw(w), dx(x), pair(static_cast<size_t>(2 * y_stride) * 2),
-          fused(static_cast<size_t>(y_stride) * 2), ws(cuda::kTcMaxWorkspaceBytes),
-          counters(cuda::kTcMaxCounters * sizeof(uint32_t));
-      ASSERT_CUDA(cudaMemset(counters.get(), 0, cuda::kTcMaxCounters * sizeof(uint32_t)));
+          fused(static_cast<size_t>(y_stride) * 2);
+      const TcScratch scratch;
       const auto args = [&](int64_t m, void* y) {
-        cuda::TcGemmArgs a;
-        a.shape = shape;
-        a.bf16 = bf16;
-        a.x = dx.get();
-        a.w = dw.get();
-        a.y = y;
-        a.m = m;
+        cuda::TcGemmArgs a = scratch.Args(shape, bf16, dx, dw, y, m);
         a.w_stride = w_stride;
         a.y_stride = y_stride;
-        a.workspace = static_cast<float*>(ws.get());
-        a.counters = static_cast<uint32_t*>(counters.get());
-        a.workspace_bytes = cuda::kTcMaxWorkspaceBytes;
-        a.counter_slots = cuda::kTcMaxCounters;
         return a;
       };
       for (const int64_t m : {1, 3, 8, 9, 16}) {
@@ -586,39 +583,24 @@ TEST_F(LlmCudaTest, OwnGemmGroupEqualsSeparateLaunches) {
     const auto wkv = Random16(rng, static_cast<size_t>(kv_stride + nkv * k), 0.03f, bf16);
     const auto x = Random16(rng, static_cast<size_t>(max_m * k), 1.0f, bf16);
     DeviceMemory dwq(wq), dbq(bq), dwkv(wkv), dx(x), yq(static_cast<size_t>(max_m * nq) * 2),
-        ykv(static_cast<size_t>(2 * max_m * nkv) * 2), ws(cuda::kTcMaxWorkspaceBytes),
-        counters(cuda::kTcMaxCounters * sizeof(uint32_t));
-    ASSERT_CUDA(cudaMemset(counters.get(), 0, cuda::kTcMaxCounters * sizeof(uint32_t)));
-    auto* ws0 = static_cast<float*>(ws.get());
-    auto* c0 = static_cast<uint32_t*>(counters.get());
+        ykv(static_cast<size_t>(2 * max_m * nkv) * 2);
+    const TcScratch scratch;
+    float* const ws0 = scratch.workspace.get<float>();
     const uint64_t q_ws = cuda::TcGemmWorkspaceBytes(q_shape);
+    // Each its own slice of the workspace and counters: q's first, then k/v's.
     const auto q_args = [&](int64_t m) {
-      cuda::TcGemmArgs a;
-      a.shape = q_shape;
-      a.bf16 = bf16;
-      a.x = dx.get();
-      a.w = dwq.get();
+      cuda::TcGemmArgs a = scratch.Args(q_shape, bf16, dx, dwq, yq.get(), m);
       a.bias = dbq.get();
-      a.y = yq.get();
-      a.m = m;
-      a.workspace = ws0;
-      a.counters = c0;
       a.workspace_bytes = q_ws;
       a.counter_slots = cuda::TcGemmCounters(q_shape);
       return a;
     };
     const auto kv_args = [&](int64_t m) {
-      cuda::TcGemmArgs a;
-      a.shape = kv_shape;
-      a.bf16 = bf16;
-      a.x = dx.get();
-      a.w = dwkv.get();
-      a.y = ykv.get();
-      a.m = m;
+      cuda::TcGemmArgs a = scratch.Args(kv_shape, bf16, dx, dwkv, ykv.get(), m);
       a.w_stride = kv_stride;
       a.y_stride = max_m * nkv;
       a.workspace = ws0 + q_ws / sizeof(float);
-      a.counters = c0 + cuda::TcGemmCounters(q_shape);
+      a.counters += cuda::TcGemmCounters(q_shape);
       a.workspace_bytes = cuda::TcGemmWorkspaceBytes(kv_shape);
       a.counter_slots = cuda::TcGemmCounters(kv_shape);
       return a;
