@@ -278,6 +278,8 @@ double FloorBytes(const std::string& name, const ModelConfig& c, double seqs, do
   if (name == "gemm k_proj+v_proj") return 2 * gemm(kv, h) - layers * seqs * h * 2;
   if (name == "rope + kv write") return layers * seqs * (2 * q + 3 * kv) * 2;
   if (name == "attention") return layers * seqs * (context * kv * 2 * 2 + 2 * q * 2);
+  if (name == "attention + rope + kv write")
+    return FloorBytes("attention", c, seqs, context) + layers * seqs * 3 * kv * 2;
   if (name == "attention combine") return layers * seqs * q * (context / 256.0 * 4 + 2);
   if (name == "gemm o_proj") return gemm(h, q);
   if (name == "gemm gate_proj" || name == "gemm up_proj") return gemm(im, h);
@@ -324,19 +326,30 @@ int Main(int argc, char** argv) {
   std::string fuse = "on";
   app.add_option("--fuse", fuse,
                  "where hearth's kernel runs them at up to 16 rows, SwiGLU in the gate/up launch "
-                 "and q_proj with k/v in one launch: on, off, both (each timed in turn), swiglu "
-                 "or qkv (that one alone)")
-      ->check(CLI::IsMember({"on", "off", "both", "swiglu", "qkv"}));
+                 "and q_proj with k/v in one launch, and in decode steps RoPE with the KV write "
+                 "in the attention: on, off, both (each timed in turn), swiglu, qkv or rope "
+                 "(that one alone)")
+      ->check(CLI::IsMember({"on", "off", "both", "swiglu", "qkv", "rope"}));
+  std::string fold_text = "2";
+  app.add_option("--fold-splits", fold_text,
+                 "attention: a sequence of at most this many splits of 128 keys has them run by "
+                 "one work item (no combine launch); a list times each in turn");
   CLI11_PARSE(app, argc, argv);
   struct FuseMode {
     const char* name;
-    bool swiglu, qkv;
+    bool swiglu, qkv, rope;
   };
   std::vector<FuseMode> fuse_modes;
-  if (fuse == "on" || fuse == "both") fuse_modes.push_back({"on", true, true});
-  if (fuse == "off" || fuse == "both") fuse_modes.push_back({"off", false, false});
-  if (fuse == "swiglu") fuse_modes.push_back({"swiglu", true, false});
-  if (fuse == "qkv") fuse_modes.push_back({"qkv", false, true});
+  if (fuse == "on" || fuse == "both") fuse_modes.push_back({"on", true, true, true});
+  if (fuse == "off" || fuse == "both") fuse_modes.push_back({"off", false, false, false});
+  if (fuse == "swiglu") fuse_modes.push_back({"swiglu", true, false, false});
+  if (fuse == "qkv") fuse_modes.push_back({"qkv", false, true, false});
+  if (fuse == "rope") fuse_modes.push_back({"rope", false, false, true});
+  std::vector<int64_t> fold_list;
+  for (const int64_t f : ParseList(fold_text)) {
+    if (f < 1) Fail("--fold-splits: " + std::to_string(f) + " is not a positive number");
+    fold_list.push_back(f);
+  }
   std::vector<bool> dependent_modes;
   if (dependent != "off") dependent_modes.push_back(true);
   if (dependent != "on") dependent_modes.push_back(false);
@@ -378,69 +391,76 @@ int Main(int argc, char** argv) {
   for (const bool dependent_on : dependent_modes)
     for (const auto& [engine_name, engine] : engines)
       for (const bool pair : pair_modes)
-        for (const FuseMode& fused : fuse_modes) {
-          cuda::SetDependentLaunch(dependent_on);
-          // Sequence 0 takes every batch size's steps.
-          auto [s, o] =
-              Room(max_seqs, context + (warmup + iterations) * static_cast<int>(seqs_list.size()),
-                   context, kv_bytes_per_token);
-          const auto created = std::chrono::steady_clock::now();
-          CudaExecutorOptions options;
-          options.pair_gemms = pair;
-          options.gemm_engine = engine;
-          options.fuse_swiglu = fused.swiglu;
-          options.group_qkv = fused.qkv;
-          auto executor = CreateCudaExecutor(config, weights, 0, o, options);
-          if (!executor.ok()) Fail(executor.status().ToString());
-          CudaExecutor& e = **executor;
-          std::printf(
-              "pairing=%s gemm=%s dependent=%s fuse=%s: executor created in %.2f s, device memory "
-              "%.2f GiB (KV pool %d blocks of %d)\n",
-              pair ? "on" : "off", engine_name.c_str(), dependent_on ? "on" : "off", fused.name,
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count(),
-              static_cast<double>(e.device_memory_bytes()) / (1 << 30), e.num_blocks(),
-              e.block_size());
-          std::printf("%s", e.DescribeGemms().c_str());
-          const char* mode = pair ? "on" : "off";
-          const double prefill_s = Prefill(e, s, max_seqs, context, rng, config.vocab_size);
-          std::printf("prefill gemm=%s dependent=%s seqs=%d context=%d s=%.3f tokens_per_s=%.0f\n",
-                      engine_name.c_str(), dependent_on ? "on" : "off", max_seqs, context,
-                      prefill_s, max_seqs * static_cast<double>(context) / prefill_s);
-          cudaEvent_t start = nullptr, stop = nullptr;
-          Check(cudaEventCreate(&start), "cudaEventCreate");
-          Check(cudaEventCreate(&stop), "cudaEventCreate");
-          for (int64_t n : seqs_list) {
-            const int seqs = static_cast<int>(n);
-            for (int i = 0; i < warmup; ++i) Decode(e, s, seqs, params);
-            std::vector<double> ms;
-            for (int i = 0; i < iterations; ++i) {
-              Check(cudaEventRecord(start, e.stream()), "cudaEventRecord");
-              Decode(e, s, seqs, params);
-              Check(cudaEventRecord(stop, e.stream()), "cudaEventRecord");
-              Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-              float elapsed = 0;
-              Check(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime");
-              ms.push_back(elapsed);
-            }
-            std::sort(ms.begin(), ms.end());
-            const double median = ms[ms.size() / 2];
-            double keys = 0;
-            for (int i = 0; i < seqs; ++i) keys += s.length[static_cast<size_t>(i)];
-            const double weight_floor = weight_bytes / kBandwidth * 1e3;
-            const double full_floor = (weight_bytes + keys * kv_bytes_per_token) / kBandwidth * 1e3;
+        for (const FuseMode& fused : fuse_modes)
+          for (const int64_t fold : fold_list) {
+            cuda::SetDependentLaunch(dependent_on);
+            // Sequence 0 takes every batch size's steps.
+            auto [s, o] =
+                Room(max_seqs, context + (warmup + iterations) * static_cast<int>(seqs_list.size()),
+                     context, kv_bytes_per_token);
+            const auto created = std::chrono::steady_clock::now();
+            CudaExecutorOptions options;
+            options.pair_gemms = pair;
+            options.gemm_engine = engine;
+            options.fuse_swiglu = fused.swiglu;
+            options.group_qkv = fused.qkv;
+            options.fuse_rope_attention = fused.rope;
+            options.attention_fold_splits = static_cast<int32_t>(fold);
+            auto executor = CreateCudaExecutor(config, weights, 0, o, options);
+            if (!executor.ok()) Fail(executor.status().ToString());
+            CudaExecutor& e = **executor;
             std::printf(
-                "decode pairing=%s gemm=%s dependent=%s fuse=%s seqs=%d context=%d ms=%.4f "
-                "weight_floor_ms=%.4f of_weight_floor=%.2f weight_kv_floor_ms=%.4f "
-                "of_weight_kv_floor=%.2f tokens_per_s=%.0f\n",
-                mode, engine_name.c_str(), dependent_on ? "on" : "off", fused.name, seqs, context,
-                median, weight_floor, weight_floor / median, full_floor, full_floor / median,
-                seqs / (median * 1e-3));
-            std::fflush(stdout);
+                "pairing=%s gemm=%s dependent=%s fuse=%s fold=%d: executor created in %.2f s, "
+                "device "
+                "memory %.2f GiB (KV pool %d blocks of %d)\n",
+                pair ? "on" : "off", engine_name.c_str(), dependent_on ? "on" : "off", fused.name,
+                static_cast<int>(fold),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count(),
+                static_cast<double>(e.device_memory_bytes()) / (1 << 30), e.num_blocks(),
+                e.block_size());
+            std::printf("%s", e.DescribeGemms().c_str());
+            const char* mode = pair ? "on" : "off";
+            const double prefill_s = Prefill(e, s, max_seqs, context, rng, config.vocab_size);
+            std::printf(
+                "prefill gemm=%s dependent=%s seqs=%d context=%d s=%.3f tokens_per_s=%.0f\n",
+                engine_name.c_str(), dependent_on ? "on" : "off", max_seqs, context, prefill_s,
+                max_seqs * static_cast<double>(context) / prefill_s);
+            cudaEvent_t start = nullptr, stop = nullptr;
+            Check(cudaEventCreate(&start), "cudaEventCreate");
+            Check(cudaEventCreate(&stop), "cudaEventCreate");
+            for (int64_t n : seqs_list) {
+              const int seqs = static_cast<int>(n);
+              for (int i = 0; i < warmup; ++i) Decode(e, s, seqs, params);
+              std::vector<double> ms;
+              for (int i = 0; i < iterations; ++i) {
+                Check(cudaEventRecord(start, e.stream()), "cudaEventRecord");
+                Decode(e, s, seqs, params);
+                Check(cudaEventRecord(stop, e.stream()), "cudaEventRecord");
+                Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+                float elapsed = 0;
+                Check(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime");
+                ms.push_back(elapsed);
+              }
+              std::sort(ms.begin(), ms.end());
+              const double median = ms[ms.size() / 2];
+              double keys = 0;
+              for (int i = 0; i < seqs; ++i) keys += s.length[static_cast<size_t>(i)];
+              const double weight_floor = weight_bytes / kBandwidth * 1e3;
+              const double full_floor =
+                  (weight_bytes + keys * kv_bytes_per_token) / kBandwidth * 1e3;
+              std::printf(
+                  "decode pairing=%s gemm=%s dependent=%s fuse=%s fold=%d seqs=%d context=%d "
+                  "ms=%.4f weight_floor_ms=%.4f of_weight_floor=%.2f weight_kv_floor_ms=%.4f "
+                  "of_weight_kv_floor=%.2f tokens_per_s=%.0f\n",
+                  mode, engine_name.c_str(), dependent_on ? "on" : "off", fused.name,
+                  static_cast<int>(fold), seqs, context, median, weight_floor,
+                  weight_floor / median, full_floor, full_floor / median, seqs / (median * 1e-3));
+              std::fflush(stdout);
+            }
+            std::printf("decode graphs captured: %d\n", e.captured_graphs());
+            cudaEventDestroy(start);
+            cudaEventDestroy(stop);
           }
-          std::printf("decode graphs captured: %d\n", e.captured_graphs());
-          cudaEventDestroy(start);
-          cudaEventDestroy(stop);
-        }
 
   if (profile_seqs > 0) {
     // A second executor, every step eager with events around each kernel.
@@ -448,6 +468,10 @@ int Main(int argc, char** argv) {
     CudaExecutorOptions co;
     co.profile = true;
     co.gemm_engine = engines.back().second;
+    co.fuse_swiglu = fuse_modes.front().swiglu;
+    co.group_qkv = fuse_modes.front().qkv;
+    co.fuse_rope_attention = fuse_modes.front().rope;
+    co.attention_fold_splits = static_cast<int32_t>(fold_list.front());
     auto executor = CreateCudaExecutor(config, weights, 0, o, co);
     if (!executor.ok()) Fail(executor.status().ToString());
     CudaExecutor& e = **executor;

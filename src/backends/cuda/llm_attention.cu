@@ -41,14 +41,15 @@ constexpr int kAttnThreads = 128;
 
 struct AttnArgs {
   const void* q;
-  const void* k_cache;
-  const void* v_cache;
+  void* k_cache;  // written only with rope
+  void* v_cache;
   void* out;
   float* partial_acc;
   float* partial_ml;
   const AttnStep* step;
   int32_t num_heads, num_kv_heads, block_size;
   float scale_log2;  // log2(e) / sqrt(head_dim)
+  AttnRope rope;     // rope.inv_freq == nullptr: q rotated and the cache written already
 };
 
 __device__ __forceinline__ uint32_t SmemAddress(const void* p) {
@@ -132,6 +133,7 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttention(AttnArgs a) {
   DependentWait();  // dependent_launch.h
   DependentRelease();
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  constexpr int kHalfChunks = kChunks / 2;
   constexpr int kDTiles = D / 8;  // n-tiles of the output
   constexpr int kTile = kAttnTileRows * D;
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -148,6 +150,7 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttention(AttnArgs a) {
   const T* const q = static_cast<const T*>(a.q);
   const T* const k_cache = static_cast<const T*>(a.k_cache);
   const T* const v_cache = static_cast<const T*>(a.v_cache);
+  const bool rope = a.rope.inv_freq != nullptr;
 
   for (int w = static_cast<int>(blockIdx.x); w < num_items; w += static_cast<int>(gridDim.x)) {
     const AttnWorkItem it = st->items[w];
@@ -161,16 +164,56 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttention(AttnArgs a) {
     const int n_tiles = key_hi > key_lo ? (key_hi - key_lo + kAttnTileKeys - 1) / kAttnTileKeys : 0;
 
     // Q rows: row r is position it.q_first + r / group, head kv_head * group + r % group.
-    for (int i = tid; i < kAttnTileRows * kChunks; i += kAttnThreads) {
-      const int r = i / kChunks, c = i % kChunks;
-      const bool valid = r < rows_valid;
-      const T* src = q;
-      if (valid) {
-        const int token = sq.q_offset + it.q_first + r / group;
-        const int head = it.kv_head * group + r % group;
-        src = q + (static_cast<int64_t>(token) * a.num_heads + head) * D + c * 8;
+    if (rope) {
+      // Rotated on the way in: a thread takes chunk c and its partner c + half.
+      for (int i = tid; i < kAttnTileRows * kHalfChunks; i += kAttnThreads) {
+        const int r = i / kHalfChunks, c = i % kHalfChunks;
+        T* const lo = q_s + Swizzle<D>(r, c);
+        T* const hi = q_s + Swizzle<D>(r, c + kHalfChunks);
+        if (r < rows_valid) {
+          const int token = sq.q_offset + it.q_first + r / group;
+          const int head = it.kv_head * group + r % group;
+          const T* src = q + (static_cast<int64_t>(token) * a.num_heads + head) * D + c * 8;
+          RopeChunk<T>(src, src + D / 2, __ldg(a.rope.positions + token), a.rope.inv_freq + c * 8,
+                       lo, hi);
+        } else {
+          *reinterpret_cast<uint4*>(lo) = make_uint4(0, 0, 0, 0);
+          *reinterpret_cast<uint4*>(hi) = make_uint4(0, 0, 0, 0);
+        }
       }
-      CpAsync16(SmemAddress(q_s + Swizzle<D>(r, c)), src, valid);
+      // This KV head's keys and values of the tokens fed at positions in
+      // [key_lo, key_hi), into the cache before any thread loads them.
+      const int new_lo = max(key_lo, sq.start);
+      for (int i = tid; i < max(key_hi - new_lo, 0) * kHalfChunks; i += kAttnThreads) {
+        const int pos = new_lo + i / kHalfChunks, c = i % kHalfChunks;
+        const int token = sq.q_offset + (pos - sq.start);
+        const int64_t slot = __ldg(a.rope.slots + token);
+        const int64_t src = (static_cast<int64_t>(token) * a.num_kv_heads + it.kv_head) * D + c * 8;
+        const int64_t dst = ((slot / a.block_size * a.num_kv_heads + it.kv_head) * a.block_size +
+                             slot % a.block_size) *
+                                D +
+                            c * 8;
+        const T* const k_new = static_cast<const T*>(a.rope.k) + src;
+        const T* const v_new = static_cast<const T*>(a.rope.v) + src;
+        T* const k_dst = static_cast<T*>(a.k_cache) + dst;
+        T* const v_dst = static_cast<T*>(a.v_cache) + dst;
+        RopeChunk<T>(k_new, k_new + D / 2, pos, a.rope.inv_freq + c * 8, k_dst, k_dst + D / 2);
+        *reinterpret_cast<uint4*>(v_dst) = *reinterpret_cast<const uint4*>(v_new);
+        *reinterpret_cast<uint4*>(v_dst + D / 2) = *reinterpret_cast<const uint4*>(v_new + D / 2);
+      }
+      __syncthreads();
+    } else {
+      for (int i = tid; i < kAttnTileRows * kChunks; i += kAttnThreads) {
+        const int r = i / kChunks, c = i % kChunks;
+        const bool valid = r < rows_valid;
+        const T* src = q;
+        if (valid) {
+          const int token = sq.q_offset + it.q_first + r / group;
+          const int head = it.kv_head * group + r % group;
+          src = q + (static_cast<int64_t>(token) * a.num_heads + head) * D + c * 8;
+        }
+        CpAsync16(SmemAddress(q_s + Swizzle<D>(r, c)), src, valid);
+      }
     }
     // Keys and values of step j (keys key_lo + 64 j ...) into buffer j & 1;
     // keys past key_hi are zero-filled, so that their P * V terms are 0 * 0.
@@ -461,7 +504,7 @@ int64_t MaxFoldItems(const AttnShape& shape, int64_t total_tokens, int64_t num_s
 }
 
 bool PlanPagedAttention(const AttnShape& shape, std::span<const AttnSeq> seqs, int64_t max_items,
-                        int64_t max_partial_entries, AttnPlan* plan) {
+                        int64_t max_partial_entries, int32_t fold_splits, AttnPlan* plan) {
   plan->items.clear();
   plan->combine.clear();
   plan->partial_entries = 0;
@@ -479,7 +522,7 @@ bool PlanPagedAttention(const AttnShape& shape, std::span<const AttnSeq> seqs, i
     const auto splits = static_cast<int32_t>((context + kAttnSplitKeys - 1) / kAttnSplitKeys);
     const int64_t extra_items = int64_t{kv_heads} * (splits - 1);
     const int64_t entries = int64_t{s.q_len} * heads * splits;
-    if (s.q_len <= per_tile && splits > 1 && extra_items <= spare_items &&
+    if (s.q_len <= per_tile && splits > std::max(fold_splits, 1) && extra_items <= spare_items &&
         plan->partial_entries + entries <= max_partial_entries) {
       const auto base = static_cast<int32_t>(plan->partial_entries);
       plan->partial_entries += entries;
@@ -518,11 +561,14 @@ cudaError_t PrepareAttention(const AttnShape& shape, int* grid) {
                               : PrepareAttentionT<__half, 128>(grid);
 }
 
-cudaError_t LaunchPagedAttention(const AttnShape& shape, const void* q, const void* k_cache,
-                                 const void* v_cache, void* out, float* partial_acc,
-                                 float* partial_ml, const AttnStep* step, int grid,
-                                 cudaStream_t stream) {
+cudaError_t LaunchPagedAttention(const AttnShape& shape, const void* q, void* k_cache,
+                                 void* v_cache, void* out, float* partial_acc, float* partial_ml,
+                                 const AttnStep* step, int grid, cudaStream_t stream,
+                                 const AttnRope* rope) {
   if (!AttentionSupported(shape) || grid < 1) return cudaErrorInvalidValue;
+  if (rope != nullptr && (rope->k == nullptr || rope->v == nullptr || rope->positions == nullptr ||
+                          rope->slots == nullptr || rope->inv_freq == nullptr))
+    return cudaErrorInvalidValue;
   AttnArgs args{
       q,
       k_cache,
@@ -534,7 +580,8 @@ cudaError_t LaunchPagedAttention(const AttnShape& shape, const void* q, const vo
       shape.num_heads,
       shape.num_kv_heads,
       shape.block_size,
-      static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(shape.head_dim)))};
+      static_cast<float>(1.4426950408889634 / std::sqrt(static_cast<double>(shape.head_dim))),
+      rope != nullptr ? *rope : AttnRope{}};
   if (shape.bf16) {
     return shape.head_dim == 64 ? LaunchAttentionT<__nv_bfloat16, 64>(args, grid, stream)
                                 : LaunchAttentionT<__nv_bfloat16, 128>(args, grid, stream);

@@ -77,6 +77,36 @@ __device__ __forceinline__ void Store8(T* p, const float (&f)[8]) {
 // this, so that they give the same bits.
 __device__ __forceinline__ float SiluTimes(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
+// RoPE of one rotated pair: x1 at element j of a head, x2 at j + head_dim / 2,
+// at position `pos` with inv_freq[j]. As transformers, the angle is a float32
+// product and its cos and sin are float32; the products are rounded apart (no
+// FMA), so that every kernel that rotates (the RoPE launch, the attention
+// that rotates its own queries and keys) gives the same bits.
+__device__ __forceinline__ float2 RopePair(float x1, float x2, int pos, float inv_freq) {
+  float s, c;
+  sincosf(static_cast<float>(pos) * inv_freq, &s, &c);
+  return make_float2(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)),
+                     __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
+}
+
+// RopePair over 8 pairs: elements j .. j + 7 of a head (x_lo) with j + half ..
+// (x_hi), inv_freq pointing at inv_freq[j]; each half is one 16-byte access.
+template <typename T>
+__device__ __forceinline__ void RopeChunk(const T* x_lo, const T* x_hi, int pos,
+                                          const float* inv_freq, T* y_lo, T* y_hi) {
+  float a[8], b[8];
+  Load8(x_lo, a);
+  Load8(x_hi, b);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float2 r = RopePair(a[e], b[e], pos, inv_freq[e]);
+    a[e] = r.x;
+    b[e] = r.y;
+  }
+  Store8(y_lo, a);
+  Store8(y_hi, b);
+}
+
 inline unsigned GridFor(int64_t work, int threads) {
   const int64_t blocks = (work + threads - 1) / threads;
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, 65535 * 16)));

@@ -113,9 +113,14 @@ struct StepPlan {
   int32_t logit_rows = 0;
   int32_t items = 0;
   int32_t combine = 0;
-  int32_t bucket = 0;  // > 0: the decode graph of this many sequences
+  int32_t bucket = 0;   // > 0: the decode graph of this many sequences
+  bool decode = false;  // every sequence feeds one token
   int64_t upload_bytes = 0;
 };
+
+// A decode graph: its bucket, and whether it runs the attention's combine
+// (a step whose every sequence took the fold path replays one without).
+using GraphKey = std::pair<int32_t, bool>;
 
 class CudaLlmExecutor final : public CudaExecutor {
  public:
@@ -178,9 +183,14 @@ class CudaLlmExecutor final : public CudaExecutor {
              bool want_logits);
   // Queues the forward for `rows` token rows (a graph bucket pads them),
   // logits and sampling for `logit_rows`, the combine kernel for up to
-  // `combine_rows`, the attention on `attention_grid` blocks.
-  Status Enqueue(int32_t rows, int32_t logit_rows, int32_t combine_rows, int attention_grid);
-  Result<cudaGraphExec_t> DecodeGraph(int32_t bucket);
+  // `combine_rows`, the attention on `attention_grid` blocks; `decode`: every
+  // sequence feeds one token (RoPE may then run in the attention).
+  Status Enqueue(int32_t rows, int32_t logit_rows, int32_t combine_rows, int attention_grid,
+                 bool decode);
+  // The forward of a decode step of `bucket` sequences, with or without the
+  // combine, as Queue runs it.
+  Status EnqueueDecode(const GraphKey& key);
+  Result<cudaGraphExec_t> DecodeGraph(const GraphKey& key);
   // Uploads the step's inputs, runs it (graph or eager), copies its tokens
   // or logits back and waits for all of it.
   Status Queue(const StepPlan& p, std::span<float> logits, bool want_logits);
@@ -251,7 +261,7 @@ class CudaLlmExecutor final : public CudaExecutor {
   PinnedBuffer meta_host_, sampled_host_;
   MetaLayout meta_;
   cuda::AttnPlan plan_;
-  std::map<int32_t, GraphExec> graphs_;
+  std::map<GraphKey, GraphExec> graphs_;
 
   // Profiling: eager steps are timed kernel by kernel.
   KernelTimer timer_;
@@ -690,8 +700,8 @@ Result<StepPlan> CudaLlmExecutor::Build(const StepBatch& batch) {
   StepPlan p;
   p.seqs = static_cast<int32_t>(batch.num_seqs());
   p.tokens = static_cast<int32_t>(batch.tokens.size());
-  const bool decode = p.tokens == p.seqs;  // every sequence feeds one token (each feeds >= 1)
-  p.bucket = cuda_options_.cuda_graphs && !cuda_options_.profile && decode ? Bucket(p.seqs) : 0;
+  p.decode = p.tokens == p.seqs;  // every sequence feeds one token (each feeds >= 1)
+  p.bucket = cuda_options_.cuda_graphs && !cuda_options_.profile && p.decode ? Bucket(p.seqs) : 0;
   const int32_t rows = p.bucket > 0 ? p.bucket : p.tokens;
 
   auto* tokens = HostArray<int32_t>(meta_.tokens);
@@ -743,7 +753,7 @@ Result<StepPlan> CudaLlmExecutor::Build(const StepBatch& batch) {
   }
 
   if (!cuda::PlanPagedAttention(attn_shape_, {seqs, static_cast<size_t>(p.seqs)}, max_items_,
-                                max_partials_, &plan_)) {
+                                max_partials_, cuda_options_.attention_fold_splits, &plan_)) {
     return Internal("the step's attention needs more than " + std::to_string(max_items_) +
                     " work items");
   }
@@ -778,7 +788,7 @@ Status CudaLlmExecutor::Gemm(int shape, const char* name, const void* w, const v
 }
 
 Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combine_rows,
-                                int attention_grid) {
+                                int attention_grid, bool decode) {
   const cudaStream_t s = stream_.get();
   const bool bf = bf16_;
   auto* tokens = DeviceArray<const int32_t>(meta_.tokens);
@@ -810,29 +820,39 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
       RETURN_IF_ERROR(Gemm(kv_gemm_, "gemm k_proj", w.k, w.k_bias, xn_.get(), k_, rows));
       RETURN_IF_ERROR(Gemm(kv_gemm_, "gemm v_proj", w.v, w.v_bias, xn_.get(), v_, rows));
     }
-    RETURN_IF_ERROR(Timed("rope + kv write", [&] {
-      cuda::RopeKvArgs a;
-      a.q = q_.get();
-      a.k = k_;
-      a.v = v_;
-      a.positions = DeviceArray<const int32_t>(meta_.positions);
-      a.slots = DeviceArray<const int32_t>(meta_.slots);
-      a.inv_freq = static_cast<const float*>(inv_freq_.get());
-      a.k_cache = KCache(layer);
-      a.v_cache = VCache(layer);
-      a.tokens = rows;
-      a.num_heads = heads_;
-      a.num_kv_heads = kv_heads_;
-      a.head_dim = head_dim_;
-      a.block_size = block_size_;
-      a.bf16 = bf;
-      return cuda::LaunchRopeKvWrite(a, s);
-    }));
-    RETURN_IF_ERROR(Timed("attention", [&] {
+    const bool rope_in_attention = decode && cuda_options_.fuse_rope_attention;
+    cuda::AttnRope rope;
+    if (rope_in_attention) {
+      rope.k = k_;
+      rope.v = v_;
+      rope.positions = DeviceArray<const int32_t>(meta_.positions);
+      rope.slots = DeviceArray<const int32_t>(meta_.slots);
+      rope.inv_freq = static_cast<const float*>(inv_freq_.get());
+    } else {
+      RETURN_IF_ERROR(Timed("rope + kv write", [&] {
+        cuda::RopeKvArgs a;
+        a.q = q_.get();
+        a.k = k_;
+        a.v = v_;
+        a.positions = DeviceArray<const int32_t>(meta_.positions);
+        a.slots = DeviceArray<const int32_t>(meta_.slots);
+        a.inv_freq = static_cast<const float*>(inv_freq_.get());
+        a.k_cache = KCache(layer);
+        a.v_cache = VCache(layer);
+        a.tokens = rows;
+        a.num_heads = heads_;
+        a.num_kv_heads = kv_heads_;
+        a.head_dim = head_dim_;
+        a.block_size = block_size_;
+        a.bf16 = bf;
+        return cuda::LaunchRopeKvWrite(a, s);
+      }));
+    }
+    RETURN_IF_ERROR(Timed(rope_in_attention ? "attention + rope + kv write" : "attention", [&] {
       return cuda::LaunchPagedAttention(attn_shape_, q_.get(), KCache(layer), VCache(layer),
                                         attn_.get(), static_cast<float*>(partial_acc_.get()),
                                         static_cast<float*>(partial_ml_.get()), step,
-                                        attention_grid, s);
+                                        attention_grid, s, rope_in_attention ? &rope : nullptr);
     }));
     if (combine_rows > 0) {
       RETURN_IF_ERROR(Timed("attention combine", [&] {
@@ -882,22 +902,28 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
   });
 }
 
-Result<cudaGraphExec_t> CudaLlmExecutor::DecodeGraph(int32_t bucket) {
+Status CudaLlmExecutor::EnqueueDecode(const GraphKey& key) {
+  const auto [bucket, combine] = key;
+  return Enqueue(bucket, bucket, combine ? bucket * heads_ : 0, attention_grid_, true);
+}
+
+Result<cudaGraphExec_t> CudaLlmExecutor::DecodeGraph(const GraphKey& key) {
   const cudaStream_t s = stream_.get();
   // Thread-local capture: other threads' CUDA calls (other executors, the
   // worker) stay legal meanwhile.
   RETURN_IF_ERROR(CudaCheck(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal),
                             "cudaStreamBeginCapture"));
-  const Status enqueued = Enqueue(bucket, bucket, bucket * heads_, attention_grid_);
+  const Status enqueued = EnqueueDecode(key);
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(s, &graph);
   CudaGraph owned(graph);
-  const std::string what = "capturing the decode graph of " + std::to_string(bucket) + " sequences";
+  const std::string what = "capturing the decode graph of " + std::to_string(key.first) +
+                           " sequences" + (key.second ? "" : " without the combine");
   RETURN_IF_ERROR(enqueued.WithContext(what));
   RETURN_IF_ERROR(CudaCheck(ended, what));
   cudaGraphExec_t exec = nullptr;
   RETURN_IF_ERROR(CudaCheck(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate"));
-  graphs_[bucket].reset(exec);
+  graphs_[key].reset(exec);
   return exec;
 }
 
@@ -908,30 +934,32 @@ Status CudaLlmExecutor::Queue(const StepPlan& p, std::span<float> logits, bool w
                                 static_cast<size_t>(p.upload_bytes), cudaMemcpyHostToDevice, s),
                 "copy the step's inputs to the device"));
   if (p.bucket > 0) {
-    const auto captured = graphs_.find(p.bucket);
+    const GraphKey key{p.bucket, p.combine > 0};
+    const auto captured = graphs_.find(key);
     if (captured != graphs_.end() && captured->second) {
       RETURN_IF_ERROR(CudaCheck(cudaGraphLaunch(captured->second.get(), s), "cudaGraphLaunch"));
     } else {
-      // A bucket's first step runs eagerly with the graph's shapes (the same
+      // A graph's first step runs eagerly with the graph's shapes (the same
       // kernels, so the same results), which loads every kernel and lets the
       // libraries set themselves up outside a capture; then the capture,
-      // which runs nothing, serves the bucket's later steps.
-      RETURN_IF_ERROR(Enqueue(p.bucket, p.bucket, p.bucket * heads_, attention_grid_));
+      // which runs nothing, serves the later steps of its kind.
+      RETURN_IF_ERROR(EnqueueDecode(key));
       if (captured == graphs_.end()) {
-        const Result<cudaGraphExec_t> graph = DecodeGraph(p.bucket);
+        const Result<cudaGraphExec_t> graph = DecodeGraph(key);
         if (!graph.ok()) {
           if (graph.status().code() == StatusCode::kDeviceLost) return graph.status();
-          // This step is done; the bucket's later ones run eagerly too.
-          spdlog::warn("llm executor on cuda:{}: {}; steps of {} sequences run without a graph",
-                       device_, graph.status().ToString(), p.bucket);
-          graphs_[p.bucket];
+          // This step is done; the later ones of its kind run eagerly too.
+          spdlog::warn("llm executor on cuda:{}: {}; steps of {} sequences{} run without a graph",
+                       device_, graph.status().ToString(), p.bucket,
+                       key.second ? "" : " without the combine");
+          graphs_[key];
         }
       }
     }
   } else {
     timer_.Begin(cuda_options_.profile);
-    const Status enqueued =
-        Enqueue(p.tokens, p.logit_rows, p.combine, std::min(attention_grid_, std::max(p.items, 1)));
+    const Status enqueued = Enqueue(p.tokens, p.logit_rows, p.combine,
+                                    std::min(attention_grid_, std::max(p.items, 1)), p.decode);
     timer_.End();
     RETURN_IF_ERROR(enqueued);
   }

@@ -56,6 +56,16 @@ struct CudaExecutorOptions {
   // Where q_proj and k/v all run on hearth's kernel, run them in one launch
   // at up to cuda::kTcSplitRows rows (the same bits as apart).
   bool group_qkv = true;
+  // In decode steps (one token per sequence), RoPE and the KV cache write
+  // done by the attention kernel (cuda::AttnRope) instead of their own launch
+  // (the same bits).
+  bool fuse_rope_attention = true;
+  // A sequence whose keys span at most this many attention splits
+  // (cuda::kAttnSplitKeys keys each) has them run in turn by one work item,
+  // and a step in which every sequence does needs no combine launch; longer
+  // ones take a work item per split and the combine (the same bits either
+  // way: cuda::PlanPagedAttention). At least 1.
+  int32_t attention_fold_splits = 2;
   // Which GEMM engine each weight shape may run on (llm_gemm.h): the faster
   // of cuBLASLt and hearth's own kernel, or one of them.
   GemmEngine gemm_engine = GemmEngine::kAny;

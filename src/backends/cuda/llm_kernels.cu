@@ -139,14 +139,12 @@ __global__ void RopeKvWrite(RopeKvArgs a) {
   const int pos = a.positions[t];
   const int slot = a.slots[t];
   if (h >= nq && slot < 0) return;
-  // As transformers: the angle is a float32 product, cos and sin of it in float32.
-  float s, c;
-  sincosf(static_cast<float>(pos) * a.inv_freq[j], &s, &c);
   if (h < nq) {
     T* x = static_cast<T*>(a.q) + (static_cast<int64_t>(t) * nq + h) * d;
-    const float x1 = Elem<T>::ToFloat(x[j]), x2 = Elem<T>::ToFloat(x[j + half]);
-    x[j] = Elem<T>::FromFloat(x1 * c - x2 * s);
-    x[j + half] = Elem<T>::FromFloat(x2 * c + x1 * s);
+    const float2 r =
+        RopePair(Elem<T>::ToFloat(x[j]), Elem<T>::ToFloat(x[j + half]), pos, a.inv_freq[j]);
+    x[j] = Elem<T>::FromFloat(r.x);
+    x[j + half] = Elem<T>::FromFloat(r.y);
     return;
   }
   const int hk = h - nq;
@@ -154,10 +152,11 @@ __global__ void RopeKvWrite(RopeKvArgs a) {
   const int64_t src = (static_cast<int64_t>(t) * nk + hk) * d;
   const int64_t dst = ((block * nk + hk) * a.block_size + offset) * d;
   const T* k = static_cast<const T*>(a.k) + src;
-  const float x1 = Elem<T>::ToFloat(k[j]), x2 = Elem<T>::ToFloat(k[j + half]);
+  const float2 r =
+      RopePair(Elem<T>::ToFloat(k[j]), Elem<T>::ToFloat(k[j + half]), pos, a.inv_freq[j]);
   T* kc = static_cast<T*>(a.k_cache) + dst;
-  kc[j] = Elem<T>::FromFloat(x1 * c - x2 * s);
-  kc[j + half] = Elem<T>::FromFloat(x2 * c + x1 * s);
+  kc[j] = Elem<T>::FromFloat(r.x);
+  kc[j + half] = Elem<T>::FromFloat(r.y);
   const T* v = static_cast<const T*>(a.v) + src;
   T* vc = static_cast<T*>(a.v_cache) + dst;
   vc[j] = v[j];

@@ -133,11 +133,14 @@ struct AttnPlan {
   int64_t partial_entries = 0;
 };
 // Plans a step over `seqs` (their q_offset/q_len/start). A sequence whose
-// tokens fit one tile and whose keys span several splits takes the split path
-// while max_items and max_partial_entries allow, every other the fold path.
+// tokens fit one tile and whose keys span more than `fold_splits` splits
+// takes the split path while max_items and max_partial_entries allow, every
+// other the fold path (one item runs its splits in turn, and no combine row
+// is needed: a step of short sequences then skips the combine launch). Both
+// paths give the same bits, so fold_splits (>= 1) is a matter of speed only.
 // False when even the fold path would need more than max_items items.
 bool PlanPagedAttention(const AttnShape& shape, std::span<const AttnSeq> seqs, int64_t max_items,
-                        int64_t max_partial_entries, AttnPlan* plan);
+                        int64_t max_partial_entries, int32_t fold_splits, AttnPlan* plan);
 // Work items of the fold path for `total_tokens` tokens in `num_seqs`
 // sequences at most: the least max_items that always plans.
 int64_t MaxFoldItems(const AttnShape& shape, int64_t total_tokens, int64_t num_seqs);
@@ -148,15 +151,32 @@ bool AttentionSupported(const AttnShape& shape);
 // Raises the kernels' shared-memory limit on the current device and returns
 // the grid of the persistent attention kernel (blocks resident at once).
 cudaError_t PrepareAttention(const AttnShape& shape, int* grid);
+// RoPE and the KV cache write done by the attention itself, for a step in
+// which every sequence feeds at most kAttnTileRows / group tokens (one tile of
+// query rows: a decode step). q is then read unrotated and rotated on its way
+// into the tile; each work item first writes, rotated, the keys (and the
+// values) of the tokens fed whose positions fall in its key range into the
+// cache, then reads them back with the older keys. Every key an item reads is
+// then either in the cache before the launch or its own to write. The same
+// bits as LaunchRopeKvWrite followed by the attention (one RopePair,
+// llm_device.cuh), one launch fewer.
+struct AttnRope {
+  const void* k = nullptr;             // [tokens, num_kv_heads, head_dim], not rotated
+  const void* v = nullptr;             // [tokens, num_kv_heads, head_dim]
+  const int32_t* positions = nullptr;  // [tokens]
+  const int32_t* slots = nullptr;      // [tokens]: cache slot of each token fed
+  const float* inv_freq = nullptr;     // [head_dim / 2]
+};
 // out [tokens, num_heads, head_dim] for every row of step->items; rows of the
 // split path get their partials (partial_acc [entries, head_dim], partial_ml
 // [entries, 2]) and are finished by LaunchAttnCombine. `grid` blocks loop over
 // the step's items (step->num_items is read on the device, so one launch
-// serves any step: CUDA graphs).
-cudaError_t LaunchPagedAttention(const AttnShape& shape, const void* q, const void* k_cache,
-                                 const void* v_cache, void* out, float* partial_acc,
-                                 float* partial_ml, const AttnStep* step, int grid,
-                                 cudaStream_t stream);
+// serves any step: CUDA graphs). rope: see AttnRope (nullptr: q is rotated
+// and the cache written already; the caches are then only read).
+cudaError_t LaunchPagedAttention(const AttnShape& shape, const void* q, void* k_cache,
+                                 void* v_cache, void* out, float* partial_acc, float* partial_ml,
+                                 const AttnStep* step, int grid, cudaStream_t stream,
+                                 const AttnRope* rope = nullptr);
 // Folds the split path's partials into out, for the first step->num_combine
 // of max_rows combine rows.
 cudaError_t LaunchAttnCombine(const AttnShape& shape, const float* partial_acc,

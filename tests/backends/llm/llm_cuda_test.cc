@@ -829,7 +829,8 @@ PagedCache MakeCache(const AttnShape& shape, const std::vector<int32_t>& context
 std::vector<uint16_t> RunAttention(const PagedCache& cache, const DeviceMemory& kc,
                                    const DeviceMemory& vc, const DeviceMemory& q, int32_t tokens,
                                    std::vector<AttnSeq> seqs, const std::vector<int>& cache_seq,
-                                   int64_t max_partials, AttnPlan* plan_out = nullptr) {
+                                   int64_t max_partials, AttnPlan* plan_out = nullptr,
+                                   int32_t fold_splits = 1, const cuda::AttnRope* rope = nullptr) {
   const AttnShape& shape = cache.shape;
   for (size_t i = 0; i < seqs.size(); ++i) {
     seqs[i].table_offset = cache.table_offsets[static_cast<size_t>(cache_seq[i])];
@@ -839,7 +840,7 @@ std::vector<uint16_t> RunAttention(const PagedCache& cache, const DeviceMemory& 
   for (const AttnSeq& s : seqs) total += s.q_len;
   const int64_t max_items = cuda::MaxFoldItems(shape, total, static_cast<int64_t>(seqs.size())) +
                             int64_t{shape.num_kv_heads} * 4096;
-  EXPECT_TRUE(cuda::PlanPagedAttention(shape, seqs, max_items, max_partials, &plan));
+  EXPECT_TRUE(cuda::PlanPagedAttention(shape, seqs, max_items, max_partials, fold_splits, &plan));
   DeviceMemory dseqs(seqs), dtables(cache.tables), ditems(plan.items), dcombine(plan.combine);
   const AttnStep step{dseqs.get<AttnSeq>(),
                       dtables.get<int32_t>(),
@@ -858,7 +859,7 @@ std::vector<uint16_t> RunAttention(const PagedCache& cache, const DeviceMemory& 
   EXPECT_GT(grid, 0);
   EXPECT_EQ(
       cuda::LaunchPagedAttention(shape, q.get(), kc.get(), vc.get(), out.get(), pacc.get<float>(),
-                                 pml.get<float>(), dstep.get<AttnStep>(), grid, nullptr),
+                                 pml.get<float>(), dstep.get<AttnStep>(), grid, nullptr, rope),
       cudaSuccess);
   EXPECT_EQ(
       cuda::LaunchAttnCombine(shape, pacc.get<float>(), pml.get<float>(), dstep.get<AttnStep>(),
@@ -890,10 +891,11 @@ TEST(LlmCudaAttentionPlan, CoversEveryRowOnce) {
         tokens += q_len;
       }
       const int64_t min_items = cuda::MaxFoldItems(shape, tokens, n);
-      for (const int64_t partials : {int64_t{0}, int64_t{1} << 30, int64_t{3000}}) {
+      for (const auto& [partials, fold] : std::vector<std::pair<int64_t, int32_t>>{
+               {0, 1}, {int64_t{1} << 30, 1}, {3000, 1}, {int64_t{1} << 30, 3}}) {
         AttnPlan plan;
         const int64_t max_items = min_items + (partials > 0 ? 200 : 0);
-        ASSERT_TRUE(cuda::PlanPagedAttention(shape, seqs, max_items, partials, &plan));
+        ASSERT_TRUE(cuda::PlanPagedAttention(shape, seqs, max_items, partials, fold, &plan));
         ASSERT_LE(static_cast<int64_t>(plan.items.size()), max_items);
         ASSERT_LE(plan.partial_entries, partials);
         std::vector<int> writers(static_cast<size_t>(tokens) * heads, 0);
@@ -917,6 +919,8 @@ TEST(LlmCudaAttentionPlan, CoversEveryRowOnce) {
               ++writers[static_cast<size_t>(q.q_offset + qi) * heads + static_cast<size_t>(head)];
             } else {
               ASSERT_EQ(it.split_hi, it.split_lo + 1);
+              // Split only past `fold` splits.
+              ASSERT_GT(int64_t{q.start} + q.q_len, int64_t{fold} * cuda::kAttnSplitKeys);
               const int64_t entry =
                   it.partial_base + (int64_t{it.split_lo} * q.q_len + qi) * heads + head;
               ASSERT_LT(entry, plan.partial_entries);
@@ -1058,6 +1062,89 @@ TEST_P(LlmCudaAttentionTest, MatchesFloatLoopAndIsBatchInvariant) {
                          out.begin() + static_cast<ptrdiff_t>(last + row),
                          alone.begin() + static_cast<ptrdiff_t>(last)))
       << "the decode of position 569 differs from its row in the prefill";
+}
+
+// RoPE and the KV write inside the attention (AttnRope) against the RoPE
+// launch followed by the attention: the same outputs and the same cache,
+// bit for bit, on the split path and on the fold path.
+TEST_P(LlmCudaAttentionTest, RopeInsideEqualsTheRopeLaunchBeforeIt) {
+  const AttnCase& p = GetParam();
+  const AttnShape shape{p.heads, p.kv_heads, p.head_dim, p.block_size, p.bf16};
+  const int32_t group = p.heads / p.kv_heads, per_tile = cuda::kAttnTileRows / group;
+  std::mt19937_64 rng(static_cast<uint64_t>(p.heads * 1000 + p.head_dim + p.block_size + 1));
+  // (start, q_len), each within one tile of query rows: decodes in the first
+  // split, at a split's last key and first key, far in; a few tokens across
+  // a split boundary.
+  std::vector<std::pair<int32_t, int32_t>> shapes = {{0, 1}, {127, 1}, {128, 1}, {1000, 1}};
+  if (per_tile >= 3) shapes.push_back({126, 3});
+  std::vector<int32_t> contexts;
+  std::vector<AttnSeq> seqs;
+  int32_t tokens = 0;
+  for (const auto& [start, q_len] : shapes) {
+    contexts.push_back(start + q_len);
+    seqs.push_back({tokens, q_len, start, 0});
+    tokens += q_len;
+  }
+  const PagedCache cache = MakeCache(shape, contexts, rng);
+  std::vector<int32_t> positions, slots;
+  for (size_t s = 0; s < seqs.size(); ++s) {
+    for (int32_t i = 0; i < seqs[s].q_len; ++i) {
+      const int32_t pos = seqs[s].start + i;
+      positions.push_back(pos);
+      const int32_t block =
+          cache.tables[static_cast<size_t>(cache.table_offsets[s] + pos / shape.block_size)];
+      slots.push_back(block * shape.block_size + pos % shape.block_size);
+    }
+  }
+  ModelConfig config;
+  config.head_dim = p.head_dim;
+  config.rope_theta = 500000.0;
+  const std::vector<double> inv64 = config.InverseFrequencies();
+  const std::vector<float> inv(inv64.begin(), inv64.end());
+  const size_t kv_elems = static_cast<size_t>(tokens) * p.kv_heads * p.head_dim;
+  const auto q = Random16(rng, static_cast<size_t>(tokens) * p.heads * p.head_dim, 1.5f, p.bf16);
+  const auto k = Random16(rng, kv_elems, 1.0f, p.bf16);
+  const auto v = Random16(rng, kv_elems, 1.0f, p.bf16);
+  DeviceMemory dk(k), dv(v), dpos(positions), dslots(slots), dinv(inv);
+  std::vector<int> ids(seqs.size());
+  std::iota(ids.begin(), ids.end(), 0);
+
+  for (const int32_t fold : {1, 64}) {
+    SCOPED_TRACE(fold == 1 ? "split path" : "fold path");
+    // The RoPE launch, then the attention.
+    DeviceMemory kc_a(cache.k), vc_a(cache.v), q_a(q);
+    cuda::RopeKvArgs r;
+    r.q = q_a.get();
+    r.k = dk.get();
+    r.v = dv.get();
+    r.positions = dpos.get<int32_t>();
+    r.slots = dslots.get<int32_t>();
+    r.inv_freq = dinv.get<float>();
+    r.k_cache = kc_a.get();
+    r.v_cache = vc_a.get();
+    r.tokens = tokens;
+    r.num_heads = p.heads;
+    r.num_kv_heads = p.kv_heads;
+    r.head_dim = p.head_dim;
+    r.block_size = p.block_size;
+    r.bf16 = p.bf16;
+    ASSERT_CUDA(cuda::LaunchRopeKvWrite(r, nullptr));
+    AttnPlan plan;
+    const auto want = RunAttention(cache, kc_a, vc_a, q_a, tokens, seqs, ids, 1 << 20, &plan, fold);
+    EXPECT_EQ(plan.combine.empty(), fold > 1);
+    // The attention alone, from q as the GEMM wrote it.
+    DeviceMemory kc_b(cache.k), vc_b(cache.v), q_b(q);
+    const cuda::AttnRope rope{dk.get(), dv.get(), dpos.get<int32_t>(), dslots.get<int32_t>(),
+                              dinv.get<float>()};
+    const auto got =
+        RunAttention(cache, kc_b, vc_b, q_b, tokens, seqs, ids, 1 << 20, nullptr, fold, &rope);
+    EXPECT_EQ(got, want) << "the outputs differ";
+    EXPECT_EQ(kc_b.Read<uint16_t>(cache.k.size()), kc_a.Read<uint16_t>(cache.k.size()))
+        << "the key caches differ";
+    EXPECT_EQ(vc_b.Read<uint16_t>(cache.v.size()), vc_a.Read<uint16_t>(cache.v.size()))
+        << "the value caches differ";
+    EXPECT_EQ(q_b.Read<uint16_t>(q.size()), q) << "the attention wrote q";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -1504,8 +1591,8 @@ TEST_P(LlmCudaExecutorTest, FusedLaunchesEqualSeparateOnes) {
   TwoCopies m(c, 26);
   for (const bool pair : {true, false}) {
     SCOPED_TRACE(pair ? "k/v paired" : "k/v apart");
-    // Untimed: the three executors take the same engine and algorithm per
-    // shape (timed, cuBLASLt and hearth's kernel could each win somewhere).
+    // Untimed: the executors take the same engine and algorithm per shape
+    // (timed, cuBLASLt and hearth's kernel could each win somewhere).
     CudaExecutorOptions profiled;
     profiled.time_gemms = false;
     profiled.pair_gemms = pair;
@@ -1515,42 +1602,65 @@ TEST_P(LlmCudaExecutorTest, FusedLaunchesEqualSeparateOnes) {
     graphs.time_gemms = false;
     graphs.pair_gemms = pair;
     auto graphed = Gpu(m, graphs);
+    // Every sequence on the attention's fold path (no combine), graphed.
+    CudaExecutorOptions folding = graphs;
+    folding.attention_fold_splits = 64;
+    auto folded = Gpu(m, folding);
+    // Nothing fused, and every sequence of several splits on the split path.
     CudaExecutorOptions off;
     off.time_gemms = false;
     off.pair_gemms = pair;
     off.fuse_swiglu = false;
     off.group_qkv = false;
+    off.fuse_rope_attention = false;
+    off.attention_fold_splits = 1;
     auto separate = Gpu(m, off);
     ASSERT_NE(fused, nullptr);
     ASSERT_NE(graphed, nullptr);
+    ASSERT_NE(folded, nullptr);
     ASSERT_NE(separate, nullptr);
-    const std::vector<int32_t> prompt = Tokens(40, 7);
     const auto step = [&](CudaExecutor& e, const std::vector<Feed>& feed) {
       return StepLogits(e, feed, c.vocab_size);
     };
-    // The prompt in chunks of 16, 16 and 8 rows, then one row at a time.
+    const auto same = [&](const std::vector<Feed>& feed, const std::string& what) {
+      const auto want = step(*separate, feed);
+      EXPECT_EQ(step(*fused, feed), want) << what;
+      EXPECT_EQ(step(*graphed, feed), want) << what << ", graphed";
+      EXPECT_EQ(step(*folded, feed), want) << what << ", folded";
+    };
+    // The prompt in chunks of 16, 16 and 8 rows, then one row at a time (one
+    // attention split), then 260 rows more and one row at a time again
+    // (three splits: the split path where it is taken, the fold path on
+    // `folded`).
+    const std::vector<int32_t> prompt = Tokens(303, 7);
     for (int begin = 0; begin < 40; begin += 16) {
       const int end = std::min(begin + 16, 40);
-      const std::vector<Feed> feed = {{Slice(prompt, begin, end), begin, Blocks(0, 4)}};
-      const auto want = step(*separate, feed);
-      ASSERT_EQ(step(*fused, feed), want) << "prefill from " << begin;
-      ASSERT_EQ(step(*graphed, feed), want) << "prefill from " << begin << ", graphed";
+      same({{Slice(prompt, begin, end), begin, Blocks(0, 20)}},
+           "prefill from " + std::to_string(begin));
     }
     std::set<std::string> names;
     for (const KernelTime& t : fused->LastStepKernelTimes()) names.insert(t.name);
-    // On hearth's kernel both fusions run (SwiGLU where gate/up are a pair);
-    // the timed choice may keep cuBLASLt, which has neither.
+    // On hearth's kernel both GEMM fusions run (SwiGLU where gate/up are a
+    // pair); the timed choice may keep cuBLASLt, which has neither. A
+    // prefill chunk runs RoPE apart.
     if (GetParam().engine == GemmEngine::kOwn) {
       EXPECT_EQ(names.count("gemm q_proj + k/v"), 1u) << fused->DescribeGemms();
       EXPECT_EQ(names.count("gemm gate_proj+up_proj + swiglu"), pair ? 1u : 0u);
       EXPECT_EQ(names.count("swiglu"), pair ? 0u : 1u);
     }
-    for (int s = 0; s < 3; ++s) {
-      const std::vector<Feed> feed = {{{Tokens(1, 70 + s)[0]}, 40 + s, Blocks(0, 4)}};
-      const auto want = step(*separate, feed);
-      EXPECT_EQ(step(*fused, feed), want) << "decode " << s;
-      EXPECT_EQ(step(*graphed, feed), want) << "decode " << s << ", graphed";
-    }
+    EXPECT_EQ(names.count("rope + kv write"), 1u);
+    for (int s = 0; s < 3; ++s)
+      same({{{Tokens(1, 70 + s)[0]}, 40 + s, Blocks(0, 20)}}, "decode " + std::to_string(s));
+    names.clear();
+    for (const KernelTime& t : fused->LastStepKernelTimes()) names.insert(t.name);
+    EXPECT_EQ(names.count("rope + kv write"), 0u);
+    EXPECT_EQ(names.count("attention + rope + kv write"), 1u);
+    same({{Slice(prompt, 43, 303), 43, Blocks(0, 20)}}, "prefill from 43");
+    for (int s = 0; s < 3; ++s)
+      same({{{Tokens(1, 80 + s)[0]}, 303 + s, Blocks(0, 20)}}, "decode " + std::to_string(303 + s));
+    // Graphs with the combine (three splits) and without (one split).
+    EXPECT_EQ(graphed->captured_graphs(), 2);
+    EXPECT_EQ(folded->captured_graphs(), 1);
   }
 }
 
