@@ -87,6 +87,7 @@ struct MetaLayout {
   int64_t seqs = 0;        // AttnSeq [max_seqs]
   int64_t logit_rows = 0;  // int32 [max_seqs]: the token row of each sampled sequence
   int64_t sample = 0;      // SampleRow [max_seqs]
+  int64_t feed = 0;  // int32 [token rows]: -1, or the drawn token (of the step before) it feeds
   int64_t dynamic = 0;
   int64_t capacity = 0;
 };
@@ -150,6 +151,12 @@ class CudaLlmExecutor final : public CudaExecutor {
     attn_shape_ = {heads_, kv_heads_, head_dim_, block_size_, bf16_};
   }
 
+  // A step launched and not collected still runs: it ends before the
+  // buffers it uses are freed.
+  ~CudaLlmExecutor() override {
+    if (stream_ != nullptr) cuda::LogIfError(cudaStreamSynchronize(stream_.get()), "llm executor");
+  }
+
   Status Init(const ModelConfig& config, const ModelWeights& weights,
               const ExecutorOptions& options);
 
@@ -165,22 +172,27 @@ class CudaLlmExecutor final : public CudaExecutor {
   }
 
   Status Step(const StepBatch& batch, std::span<int32_t> next) override {
+    if (in_flight_ > 0) return FailedPrecondition("Step: a launched step is not collected");
     if (next.size() != batch.num_seqs()) {
       return InvalidArgument("Step: next holds " + std::to_string(next.size()) + " tokens for " +
                              std::to_string(batch.num_seqs()) + " sequences");
     }
-    return Run(batch, next, {}, false);
+    RETURN_IF_ERROR(Launch(batch));
+    return Collect(next);
   }
 
-  Status StepLogits(const StepBatch& batch, std::span<float> logits) override {
-    return Run(batch, {}, logits, true);
-  }
+  Status StepLogits(const StepBatch& batch, std::span<float> logits) override;
+  Status Launch(const StepBatch& batch) override;
+  Status Collect(std::span<int32_t> next) override;
 
  private:
   Status Validate(const StepBatch& batch) const;
+  // Writes the step's inputs into the host buffer of slot_.
   Result<StepPlan> Build(const StepBatch& batch);
-  Status Run(const StepBatch& batch, std::span<int32_t> next, std::span<float> logits,
-             bool want_logits);
+  // After an error: waits for what was queued (it may still read the
+  // step's inputs and write the cache) and forgets every launched step. A
+  // lost context is DeviceLost whichever call saw it first.
+  Status Abandon(const Status& why);
   // Queues the forward for `rows` token rows (a graph bucket pads them),
   // logits and sampling for `logit_rows`, the combine kernel for up to
   // `combine_rows`, the attention on `attention_grid` blocks; `decode`: every
@@ -191,14 +203,15 @@ class CudaLlmExecutor final : public CudaExecutor {
   // combine, as Queue runs it.
   Status EnqueueDecode(const GraphKey& key);
   Result<cudaGraphExec_t> DecodeGraph(const GraphKey& key);
-  // Uploads the step's inputs, runs it (graph or eager), copies its tokens
-  // or logits back and waits for all of it.
+  // Queues the upload of the step's inputs (slot_'s host buffer), the step
+  // (graph or eager), the copy of its tokens (to slot_'s) or logits back,
+  // and slot_'s event after them.
   Status Queue(const StepPlan& p, std::span<float> logits, bool want_logits);
   int32_t Bucket(int32_t seqs) const;
 
   template <typename T>
   T* HostArray(int64_t offset) {
-    return reinterpret_cast<T*>(static_cast<char*>(meta_host_.get()) + offset);
+    return reinterpret_cast<T*>(static_cast<char*>(meta_host_[slot_].get()) + offset);
   }
   template <typename T>
   T* DeviceArray(int64_t offset) const {
@@ -258,7 +271,19 @@ class CudaLlmExecutor final : public CudaExecutor {
   void* gate_ = nullptr;
   void* up_ = nullptr;
   bool pair_kv_ = false, pair_gate_up_ = false;
-  PinnedBuffer meta_host_, sampled_host_;
+  // Two steps may be launched and not collected (Launch, Collect): each has
+  // a slot, its own pinned inputs and tokens (the host writes a step's
+  // inputs while the one before may still be uploading them) and the event
+  // after its tokens' copy.
+  PinnedBuffer meta_host_[2], sampled_host_[2];
+  cuda::CudaEvent done_[2];
+  std::vector<uint8_t> launched_sample_[2];  // each slot's sample flags
+  int slot_ = 0;                             // the slot Build and Queue use
+  int oldest_ = 0, in_flight_ = 0;           // the slot Collect takes; steps launched
+  // The last step launched (for the next one's feed_previous): its sample
+  // flags, and each sequence's index among its drawn tokens (-1: none).
+  std::vector<uint8_t> last_sample_;
+  std::vector<int32_t> last_drawn_index_;
   MetaLayout meta_;
   cuda::AttnPlan plan_;
   std::map<GraphKey, GraphExec> graphs_;
@@ -593,6 +618,7 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
   meta_.seqs = place(int64_t{max_seqs_} * static_cast<int64_t>(sizeof(cuda::AttnSeq)));
   meta_.logit_rows = place(int64_t{max_seqs_} * 4);
   meta_.sample = place(int64_t{max_seqs_} * static_cast<int64_t>(sizeof(cuda::SampleRow)));
+  meta_.feed = place(int64_t{token_rows_} * 4);
   meta_.dynamic = at;
   meta_.capacity =
       meta_.dynamic + AlignUp(int64_t{max_seqs_} * max_blocks_per_seq_ * 4, kMetaAlignment) +
@@ -600,12 +626,18 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
       AlignUp(max_combine_ * static_cast<int64_t>(sizeof(cuda::AttnCombineRow)), kMetaAlignment);
   ASSIGN_OR_RETURN(meta_dev_, cuda::AllocateDevice(static_cast<uint64_t>(meta_.capacity),
                                                    "step inputs", &device_bytes_));
-  ASSIGN_OR_RETURN(meta_host_,
-                   AllocatePinned(static_cast<uint64_t>(meta_.capacity), "step inputs"));
-  ASSIGN_OR_RETURN(sampled_host_, AllocatePinned(seqs * 4, "sampled tokens"));
-  std::memset(meta_host_.get(), 0, static_cast<size_t>(meta_.capacity));
+  for (int i = 0; i < 2; ++i) {
+    ASSIGN_OR_RETURN(meta_host_[i],
+                     AllocatePinned(static_cast<uint64_t>(meta_.capacity), "step inputs"));
+    ASSIGN_OR_RETURN(sampled_host_[i], AllocatePinned(seqs * 4, "sampled tokens"));
+    std::memset(meta_host_[i].get(), 0, static_cast<size_t>(meta_.capacity));
+    cudaEvent_t event = nullptr;
+    RETURN_IF_ERROR(CudaCheck(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+                              "cudaEventCreateWithFlags"));
+    done_[i].reset(event);
+  }
   RETURN_IF_ERROR(
-      CudaCheck(cudaMemcpyAsync(meta_dev_.get(), meta_host_.get(),
+      CudaCheck(cudaMemcpyAsync(meta_dev_.get(), meta_host_[0].get(),
                                 static_cast<size_t>(meta_.capacity), cudaMemcpyHostToDevice, s),
                 "clear the step inputs"));
   return CudaCheck(cudaStreamSynchronize(s), "executor set-up");
@@ -710,6 +742,7 @@ Result<StepPlan> CudaLlmExecutor::Build(const StepBatch& batch) {
   auto* seqs = HostArray<cuda::AttnSeq>(meta_.seqs);
   auto* logit_rows = HostArray<int32_t>(meta_.logit_rows);
   auto* sample = HostArray<cuda::SampleRow>(meta_.sample);
+  auto* feed = HostArray<int32_t>(meta_.feed);
 
   int32_t stride = 1;
   for (int32_t i = 0; i < p.seqs; ++i) {
@@ -729,8 +762,13 @@ Result<StepPlan> CudaLlmExecutor::Build(const StepBatch& batch) {
     for (int32_t j = 0; j < q_len; ++j) {
       const int32_t pos = start + j;
       tokens[first + j] = batch.tokens[static_cast<size_t>(first + j)];
+      feed[first + j] = -1;
       positions[first + j] = pos;
       slots[first + j] = table[pos / block_size_] * block_size_ + pos % block_size_;
+    }
+    if (!batch.feed_previous.empty() && batch.feed_previous[i] >= 0) {
+      // Checked (CheckFeedPrevious): one token, drawn by the step before.
+      feed[first] = last_drawn_index_[static_cast<size_t>(batch.feed_previous[i])];
     }
     if (batch.sample[i] != 0) {
       const SamplingParams& sp = batch.params[i];
@@ -744,6 +782,7 @@ Result<StepPlan> CudaLlmExecutor::Build(const StepBatch& batch) {
   // cache, never sampled.
   for (int32_t t = p.tokens; t < rows; ++t) {
     tokens[t] = 0;
+    feed[t] = -1;
     positions[t] = 0;
     slots[t] = -1;
   }
@@ -794,8 +833,11 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
   auto* tokens = DeviceArray<const int32_t>(meta_.tokens);
   auto* step = DeviceArray<const cuda::AttnStep>(meta_.step);
   auto* resid = static_cast<float*>(resid_.get());
-  RETURN_IF_ERROR(Timed(
-      "embed", [&] { return cuda::LaunchEmbed(tokens, rows, embed_, hidden_, bf, resid, s); }));
+  RETURN_IF_ERROR(Timed("embed", [&] {
+    return cuda::LaunchEmbed(tokens, rows, embed_, hidden_, bf, resid, s,
+                             DeviceArray<const int32_t>(meta_.feed),
+                             static_cast<const int32_t*>(sampled_.get()));
+  }));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerPointers& w = layers_[l];
     const auto layer = static_cast<int64_t>(l);
@@ -930,7 +972,7 @@ Result<cudaGraphExec_t> CudaLlmExecutor::DecodeGraph(const GraphKey& key) {
 Status CudaLlmExecutor::Queue(const StepPlan& p, std::span<float> logits, bool want_logits) {
   const cudaStream_t s = stream_.get();
   RETURN_IF_ERROR(
-      CudaCheck(cudaMemcpyAsync(meta_dev_.get(), meta_host_.get(),
+      CudaCheck(cudaMemcpyAsync(meta_dev_.get(), meta_host_[slot_].get(),
                                 static_cast<size_t>(p.upload_bytes), cudaMemcpyHostToDevice, s),
                 "copy the step's inputs to the device"));
   if (p.bucket > 0) {
@@ -970,44 +1012,96 @@ Status CudaLlmExecutor::Queue(const StepPlan& p, std::span<float> logits, bool w
                                 "copy the logits to the host"));
     } else {
       RETURN_IF_ERROR(CudaCheck(
-          cudaMemcpyAsync(sampled_host_.get(), sampled_.get(),
+          cudaMemcpyAsync(sampled_host_[slot_].get(), sampled_.get(),
                           static_cast<size_t>(p.logit_rows) * 4, cudaMemcpyDeviceToHost, s),
           "copy the sampled tokens to the host"));
     }
   }
-  return CudaCheck(cudaStreamSynchronize(s), "llm step");
+  return CudaCheck(cudaEventRecord(done_[slot_].get(), s), "cudaEventRecord");
 }
 
-Status CudaLlmExecutor::Run(const StepBatch& batch, std::span<int32_t> next,
-                            std::span<float> logits, bool want_logits) {
+Status CudaLlmExecutor::Abandon(const Status& why) {
+  in_flight_ = 0;
+  last_sample_.clear();
+  last_drawn_index_.clear();
+  const cudaError_t drained = cudaStreamSynchronize(stream_.get());
+  if (cuda::IsSticky(drained)) return CudaCheck(drained, why.message());
+  cuda::LogIfError(drained, "finishing a failed llm step");
+  return why;
+}
+
+Status CudaLlmExecutor::Launch(const StepBatch& batch) {
+  if (in_flight_ >= kMaxLaunched)
+    return FailedPrecondition(std::to_string(kMaxLaunched) +
+                              " steps are launched already, none collected");
+  if (Status valid = Validate(batch); !valid.ok()) return Abandon(valid);
+  if (Status fed = CheckFeedPrevious(batch, last_sample_); !fed.ok()) return Abandon(fed);
+  RETURN_IF_ERROR(MakeContextCurrent(device_));
+  // The slot's last step was collected: its upload and copy back are done.
+  slot_ = (oldest_ + in_flight_) % 2;
+  Result<StepPlan> p = Build(batch);
+  if (!p.ok()) return Abandon(p.status());
+  if (Status queued = Queue(*p, {}, false); !queued.ok()) return Abandon(queued);
+  if (cuda_options_.profile) {
+    // Eager, one event pair per kernel: read before another step's launch.
+    if (Status done = CudaCheck(cudaStreamSynchronize(stream_.get()), "llm step"); !done.ok())
+      return Abandon(done);
+    Result<std::vector<KernelTime>> times = timer_.Collect();
+    if (!times.ok()) return Abandon(times.status());
+    kernel_times_ = std::move(*times);
+  }
+  launched_sample_[slot_].assign(batch.sample.begin(), batch.sample.end());
+  last_sample_ = launched_sample_[slot_];
+  last_drawn_index_.assign(batch.num_seqs(), -1);
+  int32_t drawn = 0;
+  for (size_t i = 0; i < batch.num_seqs(); ++i)
+    if (batch.sample[i] != 0) last_drawn_index_[i] = drawn++;
+  ++in_flight_;
+  return Status::Ok();
+}
+
+Status CudaLlmExecutor::Collect(std::span<int32_t> next) {
+  if (in_flight_ == 0) return FailedPrecondition("no step is launched");
+  const std::vector<uint8_t>& sample = launched_sample_[oldest_];
+  if (next.size() != sample.size()) {
+    return Abandon(InvalidArgument("Collect: next holds " + std::to_string(next.size()) +
+                                   " tokens for the step's " + std::to_string(sample.size()) +
+                                   " sequences"));
+  }
+  RETURN_IF_ERROR(MakeContextCurrent(device_));
+  if (Status done = CudaCheck(cudaEventSynchronize(done_[oldest_].get()), "llm step"); !done.ok())
+    return Abandon(done);
+  const auto* drawn = static_cast<const int32_t*>(sampled_host_[oldest_].get());
+  size_t j = 0;
+  for (size_t i = 0; i < sample.size(); ++i) next[i] = sample[i] != 0 ? drawn[j++] : -1;
+  oldest_ = (oldest_ + 1) % 2;
+  --in_flight_;
+  return Status::Ok();
+}
+
+Status CudaLlmExecutor::StepLogits(const StepBatch& batch, std::span<float> logits) {
+  if (in_flight_ > 0) return FailedPrecondition("StepLogits: a launched step is not collected");
   RETURN_IF_ERROR(Validate(batch));
+  if (!batch.feed_previous.empty())
+    return InvalidArgument("StepLogits feeds no token of another step");
   size_t sampled = 0;
   for (uint8_t s : batch.sample) sampled += s != 0 ? 1 : 0;
-  if (want_logits && logits.size() != sampled * static_cast<size_t>(vocab_)) {
+  if (logits.size() != sampled * static_cast<size_t>(vocab_)) {
     return InvalidArgument("StepLogits: logits hold " + std::to_string(logits.size()) +
                            " floats for " + std::to_string(sampled) + " sampled sequences of " +
                            std::to_string(vocab_));
   }
   RETURN_IF_ERROR(MakeContextCurrent(device_));
+  slot_ = oldest_;
+  // Its sampling overwrites the tokens a next step could have fed.
+  last_sample_.clear();
+  last_drawn_index_.clear();
   ASSIGN_OR_RETURN(const StepPlan p, Build(batch));
-  const Status queued = Queue(p, logits, want_logits);
-  if (!queued.ok()) {
-    // What was queued before the failure may still read the step's inputs
-    // and write the cache: it ends before the buffers serve another step.
-    // A lost context shows as DeviceLost whichever call saw it first (a
-    // cuBLASLt call reports its own status).
-    const cudaError_t drained = cudaStreamSynchronize(stream_.get());
-    if (cuda::IsSticky(drained)) return CudaCheck(drained, queued.message());
-    cuda::LogIfError(drained, "finishing a failed llm step");
-    return queued;
-  }
+  if (Status queued = Queue(p, logits, true); !queued.ok()) return Abandon(queued);
+  if (Status done = CudaCheck(cudaStreamSynchronize(stream_.get()), "llm step"); !done.ok())
+    return Abandon(done);
   if (cuda_options_.profile) {
     ASSIGN_OR_RETURN(kernel_times_, timer_.Collect());
-  }
-  if (!want_logits) {
-    const auto* drawn = static_cast<const int32_t*>(sampled_host_.get());
-    size_t j = 0;
-    for (size_t i = 0; i < batch.num_seqs(); ++i) next[i] = batch.sample[i] != 0 ? drawn[j++] : -1;
   }
   return Status::Ok();
 }

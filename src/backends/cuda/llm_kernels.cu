@@ -46,11 +46,14 @@ __global__ void FillRandom(void* p, int64_t n, ElemType type, float scale, uint6
 // per row (1B Llama, 64 rows: 0.8 MB, 0.2 us).
 
 template <typename T>
-__global__ void Embed(const int32_t* tokens, const T* table, int64_t hidden, float* resid) {
+__global__ void Embed(const int32_t* tokens, const int32_t* feed, const int32_t* drawn,
+                      const T* table, int64_t hidden, float* resid) {
   DependentWait();  // dependent_launch.h
   DependentRelease();
   const int64_t row = blockIdx.x;
-  const T* src = table + static_cast<int64_t>(tokens[row]) * hidden;
+  const int32_t from = feed != nullptr ? feed[row] : -1;
+  const int32_t token = from >= 0 ? drawn[from] : tokens[row];
+  const T* src = table + static_cast<int64_t>(token) * hidden;
   float* dst = resid + row * hidden;
   for (int64_t c = threadIdx.x; c < hidden / 8; c += blockDim.x) {
     float f[8];
@@ -193,15 +196,16 @@ cudaError_t LaunchFillRandom(void* p, int64_t n, ElemType type, float scale, uin
 }
 
 cudaError_t LaunchEmbed(const int32_t* tokens, int32_t rows, const void* table, int64_t hidden,
-                        bool bf16, float* resid, cudaStream_t stream) {
+                        bool bf16, float* resid, cudaStream_t stream, const int32_t* feed,
+                        const int32_t* drawn) {
   if (rows <= 0) return cudaSuccess;
-  if (hidden % 8 != 0) return cudaErrorInvalidValue;
+  if (hidden % 8 != 0 || (feed != nullptr && drawn == nullptr)) return cudaErrorInvalidValue;
   const unsigned threads = static_cast<unsigned>(std::clamp<int64_t>(hidden / 8, 32, 256));
   if (bf16) {
-    return LaunchDependent(Embed<__nv_bfloat16>, rows, threads, 0, stream, tokens,
+    return LaunchDependent(Embed<__nv_bfloat16>, rows, threads, 0, stream, tokens, feed, drawn,
                            static_cast<const __nv_bfloat16*>(table), hidden, resid);
   }
-  return LaunchDependent(Embed<__half>, rows, threads, 0, stream, tokens,
+  return LaunchDependent(Embed<__half>, rows, threads, 0, stream, tokens, feed, drawn,
                          static_cast<const __half*>(table), hidden, resid);
 }
 

@@ -354,7 +354,7 @@ class LlmEngine final : public Engine {
   const std::vector<IoSpec>& outputs() const override { return s_.outputs; }
   uint32_t capacity() const override { return capacity_; }
   uint64_t device_memory_bytes() const override { return executor_->device_memory_bytes(); }
-  bool busy() const override { return scheduler_->busy() || !ending_.empty(); }
+  bool busy() const override { return scheduler_->busy() || !ending_.empty() || launched_ >= 0; }
   EngineCounters counters() const override {
     return {static_cast<uint64_t>(scheduler_->blocks_used()),
             static_cast<uint64_t>(scheduler_->limits().num_blocks), scheduler_->preemptions()};
@@ -439,14 +439,31 @@ class LlmEngine final : public Engine {
       RETURN_IF_ERROR(Send(sink, id, it->second, true));
       streams_.erase(id);
     }
-    if (!scheduler_->Plan(step_)) return Status::Ok();
-    next_.assign(step_.sequences.size(), -1);
-    RETURN_IF_ERROR(executor_->Step(step_.batch(), next_));
-    scheduler_->Commit(step_, next_);
-    for (size_t i = 0; i < step_.sequences.size(); ++i) {
-      if (step_.sample[i] == 0) continue;
-      Sequence* seq = step_.sequences[i];
-      const uint64_t id = seq->id;
+    // One step launched and not collected at most between calls: it is
+    // collected here, after the step that feeds on its tokens is launched
+    // where the scheduler can plan it (PlanAfter), so that the device
+    // computes that one while the host answers this one's streams.
+    if (launched_ < 0) {
+      if (!scheduler_->Plan(steps_[0])) return Status::Ok();
+      RETURN_IF_ERROR(Launch(0));
+    }
+    const int current = launched_;
+    PlannedStep& step = steps_[current];
+    PlannedStep& after = steps_[1 - current];
+    launched_ = -1;
+    if (scheduler_->PlanAfter(step, after)) {
+      if (Status launched = executor_->Launch(after.batch()); !launched.ok()) return launched;
+      launched_ = 1 - current;
+    }
+    next_.assign(step.ids.size(), -1);
+    if (Status collected = executor_->Collect(next_); !collected.ok()) {
+      launched_ = -1;  // the executor dropped what it had launched
+      return collected;
+    }
+    scheduler_->Commit(step, next_);
+    for (size_t i = 0; i < step.ids.size(); ++i) {
+      if (step.sample[i] == 0 || scheduler_->Live(step, i) == nullptr) continue;
+      const uint64_t id = step.ids[i];
       auto it = streams_.find(id);
       if (it == streams_.end()) continue;
       Stream& stream = it->second;
@@ -714,7 +731,17 @@ class LlmEngine final : public Engine {
   uint32_t capacity_;
   std::map<uint64_t, Stream> streams_;
   std::vector<uint64_t> ending_;
-  PlannedStep step_;
+  // Launches steps_[i] on the executor.
+  Status Launch(int i) {
+    const Status launched = executor_->Launch(steps_[i].batch());
+    if (launched.ok()) launched_ = i;
+    return launched;
+  }
+
+  // Two steps' storage: the one launched and not collected (launched_, -1:
+  // none) and the one planned after it.
+  PlannedStep steps_[2];
+  int launched_ = -1;
   std::vector<int32_t> next_;
   std::mt19937_64 random_{std::random_device{}()};
 };

@@ -184,6 +184,13 @@ int32_t SampleToken(std::span<const float> logits, const SamplingParams& params,
 // block_size, ... up to the last position fed) and, where sample[i], draws
 // the next token after the last one fed, with params[i], as token number
 // draw_positions[i] of that stream.
+//
+// feed_previous (empty, or one per sequence): where feed_previous[i] = j >=
+// 0, sequence i feeds one token, the one drawn for sequence j of the step
+// launched just before this one (Executor::Launch), which need not have been
+// collected yet; its entry in `tokens` is then a placeholder. A step's other
+// inputs are all known on the host, so the engine can queue a stream's next
+// step while the device still computes the token it feeds.
 struct StepBatch {
   std::span<const int32_t> tokens;
   std::span<const int32_t> offsets;       // num_seqs + 1, offsets[0] = 0
@@ -193,8 +200,14 @@ struct StepBatch {
   std::span<const uint8_t> sample;          // num_seqs
   std::span<const SamplingParams> params;   // num_seqs
   std::span<const int64_t> draw_positions;  // num_seqs
+  std::span<const int32_t> feed_previous;   // empty or num_seqs: -1, or a sequence of the last step
   size_t num_seqs() const { return starts.size(); }
 };
+
+// Checks feed_previous against the step launched before (its sample flags;
+// empty: none): each entry -1 or a sampled sequence of it, and a sequence
+// fed that way feeds one token. InvalidArgument naming the entry.
+Status CheckFeedPrevious(const StepBatch& batch, std::span<const uint8_t> previous_sample);
 
 struct ExecutorOptions {
   // Sequences and tokens one Step may hold (the engine never gives more).
@@ -224,13 +237,36 @@ class Executor {
   virtual uint64_t device_memory_bytes() const = 0;
   // Runs the step; next[i] = the token drawn for sequence i where
   // batch.sample[i], else -1. An error is the whole step's (DeviceLost: the
-  // CUDA context is gone).
+  // CUDA context is gone). No step may be launched and not collected.
   virtual Status Step(const StepBatch& batch, std::span<int32_t> next) = 0;
+
+  // Steps in a pipeline: Launch queues a step and returns, Collect waits for
+  // the oldest step launched and not collected and gives its tokens as Step
+  // does (next holds its num_seqs). At most kMaxLaunched steps are launched
+  // and not collected; a step may feed the tokens of the one launched before
+  // it (StepBatch::feed_previous). The batch's arrays must stay unchanged
+  // until its Collect returns. After an error from either, no step is
+  // launched any more (the device has finished what was queued).
+  //
+  // Here: Launch keeps the batch and Collect runs it through Step, so a
+  // step's tokens take no longer than with Step (the CPU executor, test
+  // executors). A device executor overrides both to queue the step on the
+  // device and return at once.
+  static constexpr int kMaxLaunched = 2;
+  virtual Status Launch(const StepBatch& batch);
+  virtual Status Collect(std::span<int32_t> next);
   // The same step, but for each sequence with sample[i] it writes the
   // float32 logits of its last token fed, in the order of those sequences
   // ([sampled x vocab]) instead of drawing (tests compare executors with
   // this).
   virtual Status StepLogits(const StepBatch& batch, std::span<float> logits) = 0;
+
+ private:
+  // What the default Launch and Collect keep: the steps launched, the
+  // sample flags of the last one launched, the tokens of the last one run.
+  std::vector<StepBatch> launched_;
+  std::vector<uint8_t> last_sample_;
+  std::vector<int32_t> last_drawn_, fed_;
 };
 
 // The CPU executor: float32 math (OpenBLAS) over the checkpoint's F32, F16

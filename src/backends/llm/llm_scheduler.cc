@@ -15,6 +15,7 @@ StepBatch PlannedStep::batch() const {
   b.sample = sample;
   b.params = params;
   b.draw_positions = draw_positions;
+  b.feed_previous = feed_previous;
   return b;
 }
 
@@ -27,7 +28,9 @@ void PlannedStep::Clear() {
   sample.clear();
   params.clear();
   draw_positions.clear();
-  sequences.clear();
+  feed_previous.clear();
+  ids.clear();
+  serials.clear();
   fed.clear();
 }
 
@@ -82,6 +85,7 @@ Status Scheduler::Add(std::unique_ptr<Sequence> s) {
   s->cached = 0;
   s->blocks.clear();
   s->running = false;
+  s->serial = next_serial_++;
   waiting_.push_back(s.get());
   sequences_.emplace(s->id, std::move(s));
   return Status::Ok();
@@ -198,7 +202,8 @@ bool Scheduler::Plan(PlannedStep& step) {
     for (const auto& [s, n] : chosen)
       step.max_blocks = std::max(step.max_blocks, static_cast<int32_t>(s->blocks.size()));
     for (const auto& [s, n] : chosen) {
-      step.sequences.push_back(s);
+      step.ids.push_back(s->id);
+      step.serials.push_back(s->serial);
       step.fed.push_back(n);
       step.tokens.insert(step.tokens.end(), s->tokens.begin() + static_cast<ptrdiff_t>(s->cached),
                          s->tokens.begin() + static_cast<ptrdiff_t>(s->cached) + n);
@@ -215,9 +220,52 @@ bool Scheduler::Plan(PlannedStep& step) {
   }
 }
 
+Sequence* Scheduler::Live(const PlannedStep& step, size_t i) {
+  Sequence* s = Find(step.ids[i]);
+  return s != nullptr && s->serial == step.serials[i] ? s : nullptr;
+}
+
+bool Scheduler::PlanAfter(const PlannedStep& launched, PlannedStep& step) {
+  step.Clear();
+  if (!waiting_.empty() && static_cast<int32_t>(running_.size()) < limits_.max_seqs) return false;
+  std::vector<std::pair<Sequence*, int32_t>> chosen;  // sequence, its row in `launched`
+  size_t held = 0;
+  for (size_t i = 0; i < launched.ids.size(); ++i) {
+    Sequence* s = Live(launched, i);
+    if (s == nullptr) continue;  // removed while its step runs
+    if (launched.sample[i] == 0 || !s->running) return false;
+    ++held;
+    // The token drawn there is its last: nothing to feed.
+    if (s->generated() + 1 >= s->max_tokens) continue;
+    chosen.emplace_back(s, static_cast<int32_t>(i));
+  }
+  if (held != running_.size() || chosen.empty()) return false;
+  // Positions 0 .. tokens.size(): the one drawn in `launched` is fed here.
+  for (const auto& [s, row] : chosen)
+    if (!Reserve(*s, static_cast<int64_t>(s->tokens.size()) + 1)) return false;
+  for (const auto& [s, row] : chosen)
+    step.max_blocks = std::max(step.max_blocks, static_cast<int32_t>(s->blocks.size()));
+  for (const auto& [s, row] : chosen) {
+    step.ids.push_back(s->id);
+    step.serials.push_back(s->serial);
+    step.fed.push_back(1);
+    step.tokens.push_back(0);  // placeholder: the device has the token
+    step.feed_previous.push_back(row);
+    step.offsets.push_back(static_cast<int32_t>(step.tokens.size()));
+    step.starts.push_back(static_cast<int32_t>(s->tokens.size()));
+    step.block_tables.insert(step.block_tables.end(), s->blocks.begin(), s->blocks.end());
+    step.block_tables.resize(step.block_tables.size() + step.max_blocks - s->blocks.size(), -1);
+    step.sample.push_back(1);
+    step.params.push_back(s->sampling);
+    step.draw_positions.push_back(s->generated() + 1);
+  }
+  return true;
+}
+
 void Scheduler::Commit(const PlannedStep& step, std::span<const int32_t> next) {
-  for (size_t i = 0; i < step.sequences.size(); ++i) {
-    Sequence* s = step.sequences[i];
+  for (size_t i = 0; i < step.ids.size(); ++i) {
+    Sequence* s = Live(step, i);
+    if (s == nullptr) continue;
     s->cached += static_cast<size_t>(step.fed[i]);
     if (step.sample[i] != 0) s->tokens.push_back(next[i]);
   }

@@ -38,6 +38,7 @@ struct Sequence {
   SamplingParams sampling;
   int64_t max_tokens = 1;  // tokens it may generate in all
   uint64_t order = 0;      // when it was last admitted (preemption takes the latest)
+  uint64_t serial = 0;     // given by Add: one number per sequence the scheduler ever held
   bool running = false;    // admitted: it may hold blocks and is in steps
 
   int64_t generated() const { return static_cast<int64_t>(tokens.size() - prompt_length); }
@@ -51,14 +52,17 @@ struct SchedulerLimits {
   int32_t max_positions = 0;          // the longest sequence
 };
 
-// What one step runs: the StepBatch's storage, and the sequences in its order.
+// What one step runs: the StepBatch's storage, and the sequences in its order
+// (by id and serial: a sequence may be removed while its step runs, and
+// Scheduler::Live says whether it is still held).
 struct PlannedStep {
   std::vector<int32_t> tokens, offsets, starts, block_tables;
   int32_t max_blocks = 0;
   std::vector<uint8_t> sample;
   std::vector<SamplingParams> params;
   std::vector<int64_t> draw_positions;
-  std::vector<Sequence*> sequences;
+  std::vector<int32_t> feed_previous;  // empty, or per sequence (StepBatch)
+  std::vector<uint64_t> ids, serials;
   std::vector<int32_t> fed;  // tokens fed per sequence
 
   StepBatch batch() const;
@@ -86,8 +90,22 @@ class Scheduler {
 
   // Plans the next step into `step`; false when nothing can run.
   bool Plan(PlannedStep& step);
+  // Plans into `step` the step after `launched`, before the tokens
+  // `launched` draws are known: each of its sequences (still held) feeds the
+  // token it draws there (feed_previous), at the position after it. Only
+  // where that is all the next step would do: false (and nothing planned)
+  // unless every running sequence is in `launched` and draws there, no
+  // waiting sequence could be admitted, and the pool has a block for every
+  // next position without preempting. A sequence whose token there is its
+  // last (max_tokens) is left out; one that ends there on EOS or a stop
+  // string is in it, and its row is dropped when it is collected.
+  bool PlanAfter(const PlannedStep& launched, PlannedStep& step);
+  // The sequence of `step`'s row i, or nullptr when it was removed since.
+  Sequence* Live(const PlannedStep& step, size_t i);
   // After the executor ran `step`: the tokens fed are cached, and each
-  // sampled sequence gets its token (next[i], in the step's order).
+  // sampled sequence gets its token (next[i], in the step's order). Rows of
+  // sequences removed since are skipped. Steps are committed in the order
+  // they were planned.
   void Commit(const PlannedStep& step, std::span<const int32_t> next);
 
   bool busy() const { return !sequences_.empty(); }
@@ -109,6 +127,7 @@ class Scheduler {
   std::vector<Sequence*> running_;  // in admission order
   std::deque<Sequence*> waiting_;
   uint64_t next_order_ = 0;
+  uint64_t next_serial_ = 0;
   uint64_t preemptions_ = 0;
 };
 

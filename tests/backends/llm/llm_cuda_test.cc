@@ -219,13 +219,25 @@ TEST_F(LlmCudaTest, EmbedGathersRowsExactly) {
   ASSERT_CUDA(
       cuda::LaunchEmbed(tk.get<int32_t>(), 4, t.get(), hidden, true, out.get<float>(), nullptr));
   ASSERT_CUDA(cudaDeviceSynchronize());
-  const auto x = out.Read<float>(tokens.size() * hidden);
-  for (size_t r = 0; r < tokens.size(); ++r) {
-    for (int64_t j = 0; j < hidden; ++j) {
-      ASSERT_EQ(x[r * hidden + static_cast<size_t>(j)],
-                BFloat16ToFloat(table[static_cast<size_t>(tokens[r] * hidden + j)]));
+  const auto check = [&](const std::vector<int32_t>& want) {
+    const auto x = out.Read<float>(want.size() * hidden);
+    for (size_t r = 0; r < want.size(); ++r) {
+      for (int64_t j = 0; j < hidden; ++j) {
+        ASSERT_EQ(x[r * hidden + static_cast<size_t>(j)],
+                  BFloat16ToFloat(table[static_cast<size_t>(want[r] * hidden + j)]))
+            << "row " << r;
+      }
     }
-  }
+  };
+  check(tokens);
+  // Rows 1 and 3 feed tokens drawn on the device (a step after the one that
+  // drew them); the placeholders in `tokens` are not read for them.
+  const std::vector<int32_t> drawn = {3, 11, 42}, feed = {-1, 2, -1, 0};
+  DeviceMemory dd(drawn), df(feed);
+  ASSERT_CUDA(cuda::LaunchEmbed(tk.get<int32_t>(), 4, t.get(), hidden, true, out.get<float>(),
+                                nullptr, df.get<int32_t>(), dd.get<int32_t>()));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  check({7, 42, 49, 3});
 }
 
 // ---- GEMMs: y = x w^T with one cuBLASLt algorithm per shape, a row's bits

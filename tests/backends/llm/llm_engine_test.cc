@@ -39,6 +39,9 @@ const std::vector<int32_t> kHelloWorld = {58, 55, 163, 65, 510};
 // sequence; checks that the fed tokens fit the pool it reports.
 std::vector<int32_t> g_script = kHelloWorld;
 int g_steps = 0;
+// Steps launched that feed the tokens of the step before (the engine plans
+// them before that one's tokens are known).
+int g_fed_from_previous = 0;
 // The sampling controls of the sampled sequences of every step.
 std::vector<SamplingParams> g_params;
 
@@ -65,6 +68,10 @@ class ScriptedExecutor final : public Executor {
   }
   Status StepLogits(const StepBatch&, std::span<float>) override {
     return Unimplemented("scripted");
+  }
+  Status Launch(const StepBatch& b) override {
+    if (!b.feed_previous.empty()) ++g_fed_from_previous;
+    return Executor::Launch(b);
   }
 
  private:
@@ -178,6 +185,7 @@ class LlmEngineTest : public ::testing::Test {
     weights_.clear();
     g_script = kHelloWorld;
     g_steps = 0;
+    g_fed_from_previous = 0;
     g_params.clear();
     dir_ = fs::temp_directory_path() /
            ("hearth-llm-engine-" + std::to_string(::getpid()) + "-" +
@@ -285,6 +293,26 @@ TEST_F(LlmEngineTest, APromptGeneratesItsTokensTheirTextAndTheCounts) {
   EXPECT_EQ(sink.responses[1].size(), 5u);  // one a step
   EXPECT_EQ(e.counters().kv_blocks_used, 0u);
   EXPECT_GT(e.counters().kv_blocks_total, 0u);
+}
+
+// Each decode step is launched before the step whose token it feeds is
+// collected; the stream is what it would be one step at a time.
+TEST_F(LlmEngineTest, EachDecodeIsLaunchedBeforeTheTokenItFeedsIsKnown) {
+  auto engine = Make();
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  Engine& e = **engine;
+  RecordingSink sink(e.outputs());
+  g_script = {58, 55, 163, 65, 510, 58, 55};
+  Request r("hello world", std::nullopt, R"({"max_tokens": 12})");
+  ASSERT_TRUE(e.Add(1, r.view()).ok());
+  Drain(e, sink);
+  std::vector<int64_t> want;
+  for (size_t i = 0; i < 12; ++i) want.push_back(g_script[i % g_script.size()]);
+  EXPECT_EQ(sink.Tokens(1), want);
+  EXPECT_EQ(sink.Last(1).finish_reason, "length");
+  EXPECT_EQ(g_steps, 12);  // the prefill, 11 decodes, none past the last token
+  EXPECT_EQ(g_fed_from_previous, 11);
+  EXPECT_EQ(sink.responses.at(1).size(), 12u);
 }
 
 TEST_F(LlmEngineTest, AStopStringEndsTheTextBeforeIt) {
@@ -643,8 +671,14 @@ TEST_F(LlmEngineTest, CancelFreesTheStreamAndItsBlocks) {
   sink.Close(1);
   e.Cancel(2);
   sink.Close(2);
-  EXPECT_FALSE(e.busy());
   EXPECT_EQ(e.counters().kv_blocks_used, 0u);
+  // The step launched for them before the cancel is collected (and answers
+  // nobody); then the engine holds nothing.
+  EXPECT_TRUE(e.busy());
+  ASSERT_TRUE(e.Step(sink).ok());
+  EXPECT_FALSE(e.busy());
+  EXPECT_EQ(sink.responses.at(1).size(), 2u);
+  EXPECT_EQ(sink.responses.at(2).size(), 2u);
   ASSERT_TRUE(e.Add(3, c.view()).ok());
   Drain(e, sink);
   EXPECT_EQ(sink.Tokens(3).size(), 5u);

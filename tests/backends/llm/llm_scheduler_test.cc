@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <set>
 
@@ -28,10 +29,21 @@ class TokenCacheExecutor {
   TokenCacheExecutor(int32_t block_size, int32_t num_blocks)
       : block_size_(block_size), cache_(static_cast<size_t>(block_size * num_blocks), -1) {}
 
-  // Checks the batch's shape and runs it; next[i] per sampled sequence.
+  // Checks the batch's shape and runs it; next[i] per sampled sequence. A
+  // sequence with feed_previous feeds what the step run before drew.
   void Step(const StepBatch& b, std::vector<int32_t>& next) {
     const size_t n = b.num_seqs();
     ASSERT_EQ(b.offsets.size(), n + 1);
+    ASSERT_TRUE(b.feed_previous.empty() || b.feed_previous.size() == n);
+    std::vector<int32_t> tokens(b.tokens.begin(), b.tokens.end());
+    for (size_t i = 0; i < b.feed_previous.size(); ++i) {
+      const int32_t j = b.feed_previous[i];
+      if (j < 0) continue;
+      ASSERT_EQ(b.offsets[i + 1] - b.offsets[i], 1);
+      ASSERT_LT(static_cast<size_t>(j), last_.size());
+      ASSERT_GE(last_[static_cast<size_t>(j)], 0) << "fed from a sequence that drew nothing";
+      tokens[static_cast<size_t>(b.offsets[i])] = last_[static_cast<size_t>(j)];
+    }
     ASSERT_EQ(b.block_tables.size(), n * static_cast<size_t>(b.max_blocks));
     next.assign(n, -1);
     std::set<int32_t> blocks_in_step;
@@ -47,7 +59,7 @@ class TokenCacheExecutor {
       for (int32_t j = 0; j < fed; ++j) {
         const int32_t pos = b.starts[i] + j;
         cache_[static_cast<size_t>(table[pos / block_size_] * block_size_ + pos % block_size_)] =
-            b.tokens[static_cast<size_t>(b.offsets[i] + j)];
+            tokens[static_cast<size_t>(b.offsets[i] + j)];
       }
       if (b.sample[i] == 0) continue;
       std::vector<int32_t> history;
@@ -56,11 +68,13 @@ class TokenCacheExecutor {
                                                      pos % block_size_)]);
       next[i] = static_cast<int32_t>(Next(history));
     }
+    last_ = next;
   }
 
  private:
   int32_t block_size_;
   std::vector<int32_t> cache_;
+  std::vector<int32_t> last_;  // what the last step drew
 };
 
 std::vector<int32_t> Alone(std::vector<int32_t> tokens, int64_t max_tokens) {
@@ -89,25 +103,41 @@ std::vector<int32_t> Prompt(uint64_t id, int length) {
 struct Outcome {
   std::map<uint64_t, std::vector<int32_t>> generated;
   int steps = 0;
+  int planned_after = 0;  // steps planned by PlanAfter (pipelined)
   size_t most_in_a_step = 0;
 };
 
-// Runs every sequence to its max_tokens; each ends (and is removed) when it has them.
-Outcome RunAll(Scheduler& scheduler, TokenCacheExecutor& executor) {
+// Runs every sequence to its max_tokens; each ends (and is removed) when it
+// has them. Pipelined: as the engine runs them, each step's successor is
+// planned (PlanAfter) before the step runs, from its tokens still unknown.
+// `before_run` is called with each step before it runs.
+Outcome RunAll(Scheduler& scheduler, TokenCacheExecutor& executor, bool pipelined = false,
+               const std::function<void(const PlannedStep&, int)>& before_run = nullptr) {
   Outcome run;
-  PlannedStep step;
+  PlannedStep steps[2];
+  int current = -1;
   std::vector<int32_t> next;
-  while (scheduler.Plan(step)) {
+  for (;;) {
+    if (current < 0) {
+      if (!scheduler.Plan(steps[0])) break;
+      current = 0;
+    }
+    PlannedStep& step = steps[current];
+    PlannedStep& after = steps[1 - current];
+    const bool chained = pipelined && scheduler.PlanAfter(step, after);
+    if (chained) ++run.planned_after;
     ++run.steps;
-    run.most_in_a_step = std::max(run.most_in_a_step, step.sequences.size());
+    run.most_in_a_step = std::max(run.most_in_a_step, step.ids.size());
     EXPECT_LE(static_cast<int32_t>(step.tokens.size()), scheduler.limits().max_tokens_per_step);
-    EXPECT_LE(static_cast<int32_t>(step.sequences.size()), scheduler.limits().max_seqs);
+    EXPECT_LE(static_cast<int32_t>(step.ids.size()), scheduler.limits().max_seqs);
+    if (before_run) before_run(step, run.steps);
     executor.Step(step.batch(), next);
     scheduler.Commit(step, next);
+    current = chained ? 1 - current : -1;
     std::vector<uint64_t> done;
-    for (size_t i = 0; i < step.sequences.size(); ++i) {
-      if (step.sample[i] == 0) continue;
-      Sequence* s = step.sequences[i];
+    for (size_t i = 0; i < step.ids.size(); ++i) {
+      Sequence* s = scheduler.Live(step, i);
+      if (step.sample[i] == 0 || s == nullptr) continue;
       if (s->generated() >= s->max_tokens) done.push_back(s->id);
     }
     for (uint64_t id : done) {
@@ -126,7 +156,9 @@ Outcome RunAll(Scheduler& scheduler, TokenCacheExecutor& executor) {
   return run;
 }
 
-TEST(LlmScheduler, ManySequencesEachEqualAlone) {
+class LlmSchedulerRun : public ::testing::TestWithParam<bool> {};  // pipelined or not
+
+TEST_P(LlmSchedulerRun, ManySequencesEachEqualAlone) {
   SchedulerLimits limits{.block_size = 4,
                          .num_blocks = 512,
                          .max_seqs = 8,
@@ -141,13 +173,18 @@ TEST(LlmScheduler, ManySequencesEachEqualAlone) {
     expected[id] = Alone(Prompt(id, length), max_tokens);
     ASSERT_TRUE(scheduler->Add(MakeSequence(id, Prompt(id, length), max_tokens)).ok());
   }
-  const Outcome run = RunAll(*scheduler, executor);
+  const Outcome run = RunAll(*scheduler, executor, GetParam());
   EXPECT_EQ(run.generated, expected);
   EXPECT_EQ(run.most_in_a_step, 8u);  // the step is filled up to max_seqs
   EXPECT_EQ(scheduler->preemptions(), 0u);
+  // With 20 sequences for 8 places, a step is planned after another only
+  // once no sequence waits: the last ones' decodes.
+  if (GetParam()) {
+    EXPECT_GT(run.planned_after, 0);
+  }
 }
 
-TEST(LlmScheduler, ATinyPoolPreemptsAndEverySequenceStillEqualsItsRunAlone) {
+TEST_P(LlmSchedulerRun, ATinyPoolPreemptsAndEverySequenceStillEqualsItsRunAlone) {
   // 12 blocks of 4 tokens: two sequences of 20 tokens cannot both grow.
   SchedulerLimits limits{.block_size = 4,
                          .num_blocks = 12,
@@ -161,12 +198,12 @@ TEST(LlmScheduler, ATinyPoolPreemptsAndEverySequenceStillEqualsItsRunAlone) {
     expected[id] = Alone(Prompt(id, 9), 24);
     ASSERT_TRUE(scheduler->Add(MakeSequence(id, Prompt(id, 9), 24)).ok());
   }
-  const Outcome run = RunAll(*scheduler, executor);
+  const Outcome run = RunAll(*scheduler, executor, GetParam());
   EXPECT_EQ(run.generated, expected);
   EXPECT_GT(scheduler->preemptions(), 0u);
 }
 
-TEST(LlmScheduler, AResumedSequenceGoesOnFromItsTokens) {
+TEST_P(LlmSchedulerRun, AResumedSequenceGoesOnFromItsTokens) {
   SchedulerLimits limits{.block_size = 8,
                          .num_blocks = 64,
                          .max_seqs = 2,
@@ -179,8 +216,110 @@ TEST(LlmScheduler, AResumedSequenceGoesOnFromItsTokens) {
   auto s = MakeSequence(3, Prompt(3, 10), 30);
   s->tokens.insert(s->tokens.end(), whole.begin(), whole.begin() + 12);
   ASSERT_TRUE(scheduler->Add(std::move(s)).ok());
-  const Outcome run = RunAll(*scheduler, executor);
+  const Outcome run = RunAll(*scheduler, executor, GetParam());
   EXPECT_EQ(run.generated.at(3), whole);
+  // One sequence: each of its 18 steps but the first (the prefill) is
+  // planned by PlanAfter.
+  if (GetParam()) {
+    EXPECT_EQ(run.planned_after, 30 - 12 - 1);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, LlmSchedulerRun, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "Pipelined" : "OneAtATime";
+                         });
+
+// A sequence removed (cancelled) while the step after its step is planned:
+// that step's row for it is dropped at its commit, its blocks go back at
+// once, and the others still equal their runs alone though the freed blocks
+// serve them while the dropped row's write is still to run.
+TEST(LlmScheduler, ASequenceRemovedWhileItsNextStepIsPlannedChangesNoOther) {
+  SchedulerLimits limits{.block_size = 4,
+                         .num_blocks = 24,
+                         .max_seqs = 3,
+                         .max_tokens_per_step = 64,
+                         .max_positions = 64};
+  auto scheduler = Scheduler::Create(limits).value();
+  TokenCacheExecutor executor(limits.block_size, limits.num_blocks);
+  for (uint64_t id = 1; id <= 3; ++id)
+    ASSERT_TRUE(scheduler->Add(MakeSequence(id, Prompt(id, 6), 20)).ok());
+  bool removed = false;
+  const Outcome run = RunAll(*scheduler, executor, true, [&](const PlannedStep& step, int n) {
+    if (n < 5 || removed) return;
+    ASSERT_EQ(step.ids.size(), 3u);
+    scheduler->Remove(2);  // its step and the one after it both hold a row for it
+    removed = true;
+  });
+  EXPECT_TRUE(removed);
+  EXPECT_EQ(run.generated.count(2), 0u);
+  EXPECT_EQ(run.generated.at(1), Alone(Prompt(1, 6), 20));
+  EXPECT_EQ(run.generated.at(3), Alone(Prompt(3, 6), 20));
+  EXPECT_GT(run.planned_after, 10);
+}
+
+// What PlanAfter will not plan: a waiting sequence with room to admit it, a
+// running one part way through its prompt, a pool with no block to grow; and
+// what it plans: each sequence's drawn token fed at the next position, but
+// for a sequence whose token there is its last.
+TEST(LlmScheduler, PlanAfterLeavesToPlanWhatItCannotPlanAlone) {
+  SchedulerLimits limits{.block_size = 4,
+                         .num_blocks = 5,
+                         .max_seqs = 2,
+                         .max_tokens_per_step = 8,
+                         .max_positions = 64};
+  auto scheduler = Scheduler::Create(limits).value();
+  TokenCacheExecutor executor(limits.block_size, limits.num_blocks);
+  PlannedStep step, after;
+  std::vector<int32_t> next;
+  const auto run = [&](const PlannedStep& s) {
+    executor.Step(s.batch(), next);
+    scheduler->Commit(s, next);
+  };
+  ASSERT_TRUE(scheduler->Add(MakeSequence(1, Prompt(1, 3), 10)).ok());
+  ASSERT_TRUE(scheduler->Plan(step));
+  ASSERT_TRUE(scheduler->Add(MakeSequence(2, Prompt(2, 9), 1)).ok());
+  EXPECT_FALSE(scheduler->PlanAfter(step, after)) << "sequence 2 waits, with room for it";
+  run(step);
+  // Sequence 1 decodes; 7 of sequence 2's 9 tokens take the rest of the budget.
+  ASSERT_TRUE(scheduler->Plan(step));
+  ASSERT_EQ(step.ids, (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(step.sample, (std::vector<uint8_t>{1, 0}));
+  EXPECT_FALSE(scheduler->PlanAfter(step, after)) << "sequence 2 has prompt left to feed";
+  run(step);
+  // Both draw now: sequence 1 its third token, sequence 2 its first and last.
+  ASSERT_TRUE(scheduler->Plan(step));
+  EXPECT_EQ(step.sample, (std::vector<uint8_t>{1, 1}));
+  ASSERT_TRUE(scheduler->PlanAfter(step, after));
+  EXPECT_EQ(after.ids, (std::vector<uint64_t>{1}));
+  EXPECT_EQ(after.feed_previous, (std::vector<int32_t>{0}));
+  EXPECT_EQ(after.fed, (std::vector<int32_t>{1}));
+  EXPECT_EQ(after.starts, (std::vector<int32_t>{5}));  // after its 3 + 2 tokens
+  EXPECT_EQ(after.draw_positions, (std::vector<int64_t>{3}));
+  EXPECT_EQ(after.sample, (std::vector<uint8_t>{1}));
+  run(step);
+  run(after);
+  const Sequence* one = scheduler->Find(1);
+  ASSERT_NE(one, nullptr);
+  EXPECT_EQ(one->tokens.size(), 7u);
+  EXPECT_EQ(std::vector<int32_t>(one->tokens.begin() + 3, one->tokens.end()),
+            std::vector<int32_t>(Alone(Prompt(1, 3), 4)));
+
+  // Two sequences that fill the pool: the next positions need blocks that
+  // only a preemption (Plan's to make) would free.
+  auto full = Scheduler::Create({.block_size = 4,
+                                 .num_blocks = 4,
+                                 .max_seqs = 2,
+                                 .max_tokens_per_step = 16,
+                                 .max_positions = 64})
+                  .value();
+  ASSERT_TRUE(full->Add(MakeSequence(1, Prompt(1, 8), 9)).ok());
+  ASSERT_TRUE(full->Add(MakeSequence(2, Prompt(2, 8), 9)).ok());
+  ASSERT_TRUE(full->Plan(step));
+  EXPECT_EQ(full->blocks_used(), 4);
+  EXPECT_FALSE(full->PlanAfter(step, after));
+  EXPECT_EQ(full->blocks_used(), 4);
+  EXPECT_EQ(full->preemptions(), 0u);
 }
 
 TEST(LlmScheduler, RefusesWhatCouldNeverFitAndKeepsServing) {
