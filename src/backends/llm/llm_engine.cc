@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <future>
@@ -13,6 +14,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <utility>
 
@@ -451,7 +453,7 @@ class LlmEngine final : public Engine {
     PlannedStep& step = steps_[current];
     PlannedStep& after = steps_[1 - current];
     launched_ = -1;
-    if (scheduler_->PlanAfter(step, after)) {
+    if (overlap_ && scheduler_->PlanAfter(step, after)) {
       if (Status launched = executor_->Launch(after.batch()); !launched.ok()) return launched;
       launched_ = 1 - current;
     }
@@ -742,6 +744,12 @@ class LlmEngine final : public Engine {
   // none) and the one planned after it.
   PlannedStep steps_[2];
   int launched_ = -1;
+  // HEARTH_LLM_OVERLAP=0: each step collected before the next is planned
+  // (to measure what the overlap gives).
+  const bool overlap_ = [] {
+    const char* v = std::getenv("HEARTH_LLM_OVERLAP");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
   std::vector<int32_t> next_;
   std::mt19937_64 random_{std::random_device{}()};
 };
