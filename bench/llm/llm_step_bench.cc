@@ -330,7 +330,7 @@ int Main(int argc, char** argv) {
                  "in the attention: on, off, both (each timed in turn), swiglu, qkv or rope "
                  "(that one alone)")
       ->check(CLI::IsMember({"on", "off", "both", "swiglu", "qkv", "rope"}));
-  std::string fold_text = "2";
+  std::string fold_text = "1";
   app.add_option("--fold-splits", fold_text,
                  "attention: a sequence of at most this many splits of 128 keys has them run by "
                  "one work item (no combine launch); a list times each in turn");

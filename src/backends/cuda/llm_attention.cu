@@ -128,7 +128,9 @@ __device__ __forceinline__ float Normalize(float acc, float sum) {
   return sum > 0.0f ? __fdiv_rn(acc, sum) : 0.0f;
 }
 
-template <typename T, int D>
+// kRope: RoPE and the KV write inside (AttnRope); a template parameter, so
+// that the kernel without them keeps its registers.
+template <typename T, int D, bool kRope>
 __global__ void __launch_bounds__(kAttnThreads) PagedAttention(AttnArgs a) {
   DependentWait();  // dependent_launch.h
   DependentRelease();
@@ -150,7 +152,6 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttention(AttnArgs a) {
   const T* const q = static_cast<const T*>(a.q);
   const T* const k_cache = static_cast<const T*>(a.k_cache);
   const T* const v_cache = static_cast<const T*>(a.v_cache);
-  const bool rope = a.rope.inv_freq != nullptr;
 
   for (int w = static_cast<int>(blockIdx.x); w < num_items; w += static_cast<int>(gridDim.x)) {
     const AttnWorkItem it = st->items[w];
@@ -164,7 +165,7 @@ __global__ void __launch_bounds__(kAttnThreads) PagedAttention(AttnArgs a) {
     const int n_tiles = key_hi > key_lo ? (key_hi - key_lo + kAttnTileKeys - 1) / kAttnTileKeys : 0;
 
     // Q rows: row r is position it.q_first + r / group, head kv_head * group + r % group.
-    if (rope) {
+    if constexpr (kRope) {
       // Rotated on the way in: a thread takes chunk c and its partner c + half.
       for (int i = tid; i < kAttnTileRows * kHalfChunks; i += kAttnThreads) {
         const int r = i / kHalfChunks, c = i % kHalfChunks;
@@ -461,15 +462,19 @@ size_t AttentionSmem() {
 template <typename T, int D>
 cudaError_t PrepareAttentionT(int* grid) {
   const size_t smem = AttentionSmem<T, D>();
-  cudaError_t e = cudaFuncSetAttribute(
-      PagedAttention<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  cudaError_t e =
+      cudaFuncSetAttribute(PagedAttention<T, D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem));
+  if (e != cudaSuccess) return e;
+  e = cudaFuncSetAttribute(PagedAttention<T, D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem));
   if (e != cudaSuccess) return e;
   int device = 0, sms = 0, per_sm = 0;
   if ((e = cudaGetDevice(&device)) != cudaSuccess) return e;
   if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) {
     return e;
   }
-  if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, PagedAttention<T, D>,
+  if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, PagedAttention<T, D, false>,
                                                          kAttnThreads, smem)) != cudaSuccess) {
     return e;
   }
@@ -479,7 +484,11 @@ cudaError_t PrepareAttentionT(int* grid) {
 
 template <typename T, int D>
 cudaError_t LaunchAttentionT(const AttnArgs& args, int grid, cudaStream_t stream) {
-  return LaunchDependent(PagedAttention<T, D>, static_cast<unsigned>(grid), kAttnThreads,
+  if (args.rope.inv_freq != nullptr) {
+    return LaunchDependent(PagedAttention<T, D, true>, static_cast<unsigned>(grid), kAttnThreads,
+                           AttentionSmem<T, D>(), stream, args);
+  }
+  return LaunchDependent(PagedAttention<T, D, false>, static_cast<unsigned>(grid), kAttnThreads,
                          AttentionSmem<T, D>(), stream, args);
 }
 

@@ -862,7 +862,8 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
       RETURN_IF_ERROR(Gemm(kv_gemm_, "gemm k_proj", w.k, w.k_bias, xn_.get(), k_, rows));
       RETURN_IF_ERROR(Gemm(kv_gemm_, "gemm v_proj", w.v, w.v_bias, xn_.get(), v_, rows));
     }
-    const bool rope_in_attention = decode && cuda_options_.fuse_rope_attention;
+    const bool rope_in_attention =
+        decode && cuda_options_.fuse_rope_attention && rows <= kRopeInAttentionSeqs;
     cuda::AttnRope rope;
     if (rope_in_attention) {
       rope.k = k_;
