@@ -72,14 +72,55 @@ __global__ void Embed(const int32_t* tokens, const int32_t* feed, const int32_t*
 template <typename T>
 __global__ void AddRmsNorm(float* resid, const T* delta, const T* weight, const int32_t* gather,
                            int64_t hidden, float eps, T* out) {
+  __shared__ float scratch[32];
+  const int64_t n8 = hidden / 8;
+  if (n8 <= static_cast<int64_t>(blockDim.x)) {
+    // One 8-element chunk per thread (hidden up to 8 * 1024): the weight's
+    // chunk loaded before the wait (no kernel writes a weight), the row's
+    // kept in registers through the sum. The same arithmetic as below.
+    const int64_t c = threadIdx.x;
+    float w[8];
+    if (c < n8) Load8(weight + 8 * c, w);
+    DependentWait();  // dependent_launch.h
+    DependentRelease();
+    const int64_t i = blockIdx.x;
+    const int64_t r = gather != nullptr ? gather[i] : i;
+    float* x = resid + r * hidden;
+    float v[8] = {};
+    float ss = 0.0f;
+    if (c < n8) {
+      const float4 a = reinterpret_cast<const float4*>(x)[2 * c];
+      const float4 b = reinterpret_cast<const float4*>(x)[2 * c + 1];
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
+      v[7] = b.w;
+      if (delta != nullptr) {
+        float dv[8];
+        Load8(delta + r * hidden + 8 * c, dv);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = __fadd_rn(v[j], dv[j]);
+        if (gather == nullptr) {
+          reinterpret_cast<float4*>(x)[2 * c] = make_float4(v[0], v[1], v[2], v[3]);
+          reinterpret_cast<float4*>(x)[2 * c + 1] = make_float4(v[4], v[5], v[6], v[7]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) ss = fmaf(v[j], v[j], ss);
+    }
+    ss = BlockSum(ss, scratch);
+    const float inv = rsqrtf(__fdiv_rn(ss, static_cast<float>(hidden)) + eps);
+    if (c < n8) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = w[j] * (v[j] * inv);
+      Store8(out + i * hidden + 8 * c, v);
+    }
+    return;
+  }
   DependentWait();  // dependent_launch.h
   DependentRelease();
-  __shared__ float scratch[32];
   const int64_t i = blockIdx.x;
   const int64_t r = gather != nullptr ? gather[i] : i;
   float* x = resid + r * hidden;
   const T* d = delta != nullptr ? delta + r * hidden : nullptr;
-  const int64_t n8 = hidden / 8;
   float ss = 0.0f;
   for (int64_t c = threadIdx.x; c < n8; c += blockDim.x) {
     const float4 a = reinterpret_cast<const float4*>(x)[2 * c];
