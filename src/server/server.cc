@@ -331,16 +331,19 @@ Result<std::unique_ptr<ModelRuntime>> Server::Impl::TryBuild(ModelEntry& entry, 
   ASSIGN_OR_RETURN(ModelConfig config, entry.config_override
                                            ? ParseModelConfigOverride(dir, *entry.config_override)
                                            : LoadModelConfig(dir));
+  std::string passed_over;
   if (!config.passed_over_versions.empty()) {
     std::string dirs;
     for (const std::string& v : config.passed_over_versions) dirs += (dirs.empty() ? "" : ", ") + v;
     const bool several = config.passed_over_versions.size() > 1;
-    spdlog::warn(
+    passed_over = fmt::format(
         "model {}: version director{} {} hold{} no model.safetensors or "
         "model.safetensors.index.json{}: version {} is loaded",
         entry.dir.name, several ? "ies" : "y", dirs, several ? "" : "s",
         config.backend == "python" ? ", nor model.py" : "", config.version);
+    if (passed_over != entry.passed_over_said) spdlog::warn("{}", passed_over);
   }
+  entry.passed_over_said = std::move(passed_over);
   if (config.ensemble) return BuildEnsemble(entry, std::move(config), load_chain);
   auto m = std::make_unique<ModelRuntime>();
   m->name = entry.dir.name;

@@ -77,6 +77,10 @@ struct ModelEntry {
   // far, and the last failure logged (each distinct one is logged once).
   int failed_attempts = 0;
   std::string logged;
+  // The version directories passed over, as last said on the log (under
+  // build_mu, which every attempt holds): said again only when they or the
+  // version loaded change, not on every retry of a failing model.
+  std::string passed_over_said;
   // The served model, once published; every request that finds it shares
   // it until it is answered. A repository load replaces it (a new version,
   // or the same files with a new config) and an unload clears it; the

@@ -825,6 +825,10 @@ def test_workers_that_cannot_start_fail_their_model_until_fixed(tmp_path, serve)
     broken.chmod(0o755)
     os.replace(broken, bin_dir / "hearth-worker")
     scale_demo_repository(tmp_path / "repo")
+    # A version directory still empty (a copy not begun): passed over, said once.
+    (tmp_path / "repo" / "scale" / "2").mkdir()
+    passed_over = ("model scale: version directory 2 holds no model.safetensors or "
+                   "model.safetensors.index.json: version 1 is loaded")
     state = serve(tmp_path / "repo", cli=str(bin_dir / "hearth"), name="noworker")
     url = state["url"]
     r = requests.get(f"{url}/v2/models/scale/ready", timeout=10)
@@ -833,6 +837,7 @@ def test_workers_that_cannot_start_fail_their_model_until_fixed(tmp_path, serve)
     # Two attempts of both workers, at least: it is being retried.
     wait_for(lambda: starts.exists() and starts.read_text().count("start") >= 4, "a second attempt")
     assert state["log"].read_text().count("model scale is not served") == 1
+    assert state["log"].read_text().count(passed_over) == 1
     real = pathlib.Path(CLI).resolve().parent / "hearth-worker"
     link = bin_dir / "hearth-worker.new"
     link.symlink_to(real)
@@ -840,6 +845,7 @@ def test_workers_that_cannot_start_fail_their_model_until_fixed(tmp_path, serve)
     wait_for(lambda: requests.get(f"{url}/v2/models/scale/ready").status_code == 200,
              "scale to be served by working workers")
     assert_demo_answer(url)
+    assert state["log"].read_text().count(passed_over) == 1
 
 
 def cli_with_worker(tmp_path, script):
