@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <unordered_map>
 
 namespace hearth::llm {
 
@@ -227,37 +228,108 @@ Sequence* Scheduler::Live(const PlannedStep& step, size_t i) {
 
 bool Scheduler::PlanAfter(const PlannedStep& launched, PlannedStep& step) {
   step.Clear();
-  if (!waiting_.empty() && static_cast<int32_t>(running_.size()) < limits_.max_seqs) return false;
-  std::vector<std::pair<Sequence*, int32_t>> chosen;  // sequence, its row in `launched`
-  size_t held = 0;
-  for (size_t i = 0; i < launched.ids.size(); ++i) {
-    Sequence* s = Live(launched, i);
-    if (s == nullptr) continue;  // removed while its step runs
-    if (launched.sample[i] == 0 || !s->running) return false;
-    ++held;
-    // The token drawn there is its last: nothing to feed.
-    if (s->generated() + 1 >= s->max_tokens) continue;
-    chosen.emplace_back(s, static_cast<int32_t>(i));
+  // What `launched` does to each of its sequences still held: the tokens it
+  // feeds, and its row where it draws one (the token to come, which this
+  // step feeds from the device).
+  struct InFlight {
+    int32_t fed = 0;
+    int32_t row = -1;
+  };
+  std::unordered_map<const Sequence*, InFlight> flight;
+  flight.reserve(launched.ids.size());
+  for (size_t i = 0; i < launched.ids.size(); ++i)
+    if (const Sequence* s = Live(launched, i))
+      flight[s] = {launched.fed[i], launched.sample[i] != 0 ? static_cast<int32_t>(i) : -1};
+  const auto in_flight = [&](const Sequence& s) {
+    const auto it = flight.find(&s);
+    return it == flight.end() ? InFlight{} : it->second;
+  };
+  // Tokens cached, and tokens known (the one to come included), once
+  // `launched` is done.
+  const auto cached_of = [&](const Sequence& s) {
+    return s.cached + static_cast<size_t>(in_flight(s).fed);
+  };
+  const auto length_of = [&](const Sequence& s) {
+    return s.tokens.size() + (in_flight(s).row >= 0 ? 1 : 0);
+  };
+
+  struct Row {
+    Sequence* s;
+    int32_t fed;
+    int32_t feed;  // the row of `launched` whose token it feeds, or -1
+    size_t start;
+  };
+  std::vector<Row> chosen;
+  int32_t budget = limits_.max_tokens_per_step;
+  // Decodes. None is preempted here: where the pool has no block for one,
+  // the step is Plan's to make, once `launched` is collected.
+  for (Sequence* s : running_) {
+    const InFlight f = in_flight(*s);
+    const size_t cached = cached_of(*s), length = length_of(*s);
+    if (length - cached != 1) continue;
+    // The token drawn in `launched` is its last: it ends there.
+    if (f.row >= 0 && s->generated() + 1 >= s->max_tokens) continue;
+    if (!Reserve(*s, static_cast<int64_t>(length))) return false;
+    chosen.push_back({s, 1, f.row, cached});
+    --budget;
   }
-  if (held != running_.size() || chosen.empty()) return false;
-  // Positions 0 .. tokens.size(): the one drawn in `launched` is fed here.
-  for (const auto& [s, row] : chosen)
-    if (!Reserve(*s, static_cast<int64_t>(s->tokens.size()) + 1)) return false;
-  for (const auto& [s, row] : chosen)
-    step.max_blocks = std::max(step.max_blocks, static_cast<int32_t>(s->blocks.size()));
-  for (const auto& [s, row] : chosen) {
+  // Prefill chunks, as Plan takes them: those part way through first, then
+  // the queue in order.
+  const auto chunk_for = [&](const Sequence& s, size_t cached) -> int32_t {
+    const int64_t left = static_cast<int64_t>(length_of(s) - cached);
+    const int64_t room =
+        (static_cast<int64_t>(s.blocks.size()) + static_cast<int64_t>(free_.size())) *
+            limits_.block_size -
+        static_cast<int64_t>(cached);
+    return static_cast<int32_t>(std::max<int64_t>(0, std::min({left, room, int64_t{budget}})));
+  };
+  for (Sequence* s : running_) {
+    if (budget <= 0) break;
+    const size_t cached = cached_of(*s);
+    if (length_of(*s) - cached <= 1) continue;
+    const int32_t chunk = chunk_for(*s, cached);
+    if (chunk == 0) continue;
+    Reserve(*s, static_cast<int64_t>(cached) + chunk);
+    chosen.push_back({s, chunk, -1, cached});
+    budget -= chunk;
+  }
+  while (budget > 0 && !waiting_.empty() &&
+         static_cast<int32_t>(running_.size()) < limits_.max_seqs) {
+    Sequence* s = waiting_.front();
+    const int32_t chunk = chunk_for(*s, s->cached);
+    if (chunk == 0) break;
+    waiting_.pop_front();
+    s->running = true;
+    s->order = next_order_++;
+    running_.push_back(s);
+    Reserve(*s, static_cast<int64_t>(s->cached) + chunk);
+    chosen.push_back({s, chunk, -1, s->cached});
+    budget -= chunk;
+  }
+  if (chosen.empty()) return false;
+
+  for (const Row& c : chosen)
+    step.max_blocks = std::max(step.max_blocks, static_cast<int32_t>(c.s->blocks.size()));
+  for (const Row& c : chosen) {
+    Sequence* s = c.s;
+    const size_t length = length_of(*s);
     step.ids.push_back(s->id);
     step.serials.push_back(s->serial);
-    step.fed.push_back(1);
-    step.tokens.push_back(0);  // placeholder: the device has the token
-    step.feed_previous.push_back(row);
+    step.fed.push_back(c.fed);
+    if (c.feed >= 0) {
+      step.tokens.push_back(0);  // a placeholder: the device has the token
+    } else {
+      step.tokens.insert(step.tokens.end(), s->tokens.begin() + static_cast<ptrdiff_t>(c.start),
+                         s->tokens.begin() + static_cast<ptrdiff_t>(c.start) + c.fed);
+    }
+    step.feed_previous.push_back(c.feed);
     step.offsets.push_back(static_cast<int32_t>(step.tokens.size()));
-    step.starts.push_back(static_cast<int32_t>(s->tokens.size()));
+    step.starts.push_back(static_cast<int32_t>(c.start));
     step.block_tables.insert(step.block_tables.end(), s->blocks.begin(), s->blocks.end());
     step.block_tables.resize(step.block_tables.size() + step.max_blocks - s->blocks.size(), -1);
-    step.sample.push_back(1);
+    step.sample.push_back(c.start + static_cast<size_t>(c.fed) == length ? 1 : 0);
     step.params.push_back(s->sampling);
-    step.draw_positions.push_back(s->generated() + 1);
+    step.draw_positions.push_back(static_cast<int64_t>(length - s->prompt_length));
   }
   return true;
 }

@@ -91,14 +91,14 @@ class Scheduler {
   // Plans the next step into `step`; false when nothing can run.
   bool Plan(PlannedStep& step);
   // Plans into `step` the step after `launched`, before the tokens
-  // `launched` draws are known: each of its sequences (still held) feeds the
-  // token it draws there (feed_previous), at the position after it. Only
-  // where that is all the next step would do: false (and nothing planned)
-  // unless every running sequence is in `launched` and draws there, no
-  // waiting sequence could be admitted, and the pool has a block for every
-  // next position without preempting. A sequence whose token there is its
-  // last (max_tokens) is left out; one that ends there on EOS or a stop
-  // string is in it, and its row is dropped when it is collected.
+  // `launched` draws are known: what Plan would plan once `launched` is
+  // committed, each sequence that draws there feeding that token from the
+  // device (feed_previous) at the position after it, beside prefill chunks
+  // and admissions, whose tokens are known. Without preempting: false (and
+  // no step) where a decode finds no block, or where there is nothing to
+  // run. A sequence whose token there is its last (max_tokens) is left out;
+  // one that ends there on EOS or a stop string is in it, and its row is
+  // dropped when it is collected.
   bool PlanAfter(const PlannedStep& launched, PlannedStep& step);
   // The sequence of `step`'s row i, or nullptr when it was removed since.
   Sequence* Live(const PlannedStep& step, size_t i);

@@ -1676,6 +1676,61 @@ TEST_P(LlmCudaExecutorTest, FusedLaunchesEqualSeparateOnes) {
   }
 }
 
+// Launch and Collect (the engine's overlap): a step launched before the one
+// whose tokens it feeds (feed_previous), decodes beside a prefill chunk, two
+// launched at once; the tokens are those of the same steps run one at a time
+// with the tokens known.
+TEST_P(LlmCudaExecutorTest, LaunchedStepsFeedTheTokensDrawnBeforeThem) {
+  const ModelConfig c = ExecutorConfig(GetParam().family, GetParam().dtype);
+  TwoCopies m(c, 27);
+  CudaExecutorOptions untimed;  // the same algorithms on both
+  untimed.time_gemms = false;
+  auto piped = Gpu(m, untimed), alone = Gpu(m, untimed);
+  ASSERT_NE(piped, nullptr);
+  ASSERT_NE(alone, nullptr);
+  const SamplingParams hot{1.1f, 0.9f, 0, 11};
+  const std::vector<int32_t> p0 = Tokens(20, 1), p1 = Tokens(30, 2);
+  const auto feed = [&](std::vector<int32_t> tokens, int32_t start, int blocks_from, int64_t draw) {
+    return Feed{std::move(tokens), start, Blocks(blocks_from, 4), true, hot, draw};
+  };
+  // One at a time: sequence 0's prompt; its first decode beside sequence 1's
+  // prompt; both decode.
+  const auto t0 = StepTokens(*alone, {feed(p0, 0, 0, 0)});
+  const auto t1 = StepTokens(*alone, {feed({t0[0]}, 20, 0, 1), feed(p1, 0, 10, 0)});
+  const auto t2 = StepTokens(*alone, {feed({t1[0]}, 21, 0, 2), feed({t1[1]}, 30, 10, 1)});
+  // Pipelined: each step launched before the one before it is collected,
+  // the fed tokens' places holding 0.
+  const Batch b0({feed(p0, 0, 0, 0)});
+  const Batch b1({feed({0}, 20, 0, 1), feed(p1, 0, 10, 0)});
+  const Batch b2({feed({0}, 21, 0, 2), feed({0}, 30, 10, 1)});
+  const std::vector<int32_t> f1 = {0, -1}, f2 = {0, 1};
+  StepBatch v1 = b1.View(), v2 = b2.View();
+  v1.feed_previous = f1;
+  v2.feed_previous = f2;
+  std::vector<int32_t> n0(1), n1(2), n2(2);
+  ASSERT_TRUE(piped->Launch(b0.View()).ok());
+  ASSERT_TRUE(piped->Launch(v1).ok());
+  EXPECT_EQ(piped->Launch(v2).code(), StatusCode::kFailedPrecondition) << "two are launched";
+  ASSERT_TRUE(piped->Collect(n0).ok());
+  ASSERT_TRUE(piped->Launch(v2).ok());
+  ASSERT_TRUE(piped->Collect(n1).ok());
+  ASSERT_TRUE(piped->Collect(n2).ok());
+  EXPECT_EQ(piped->Collect(n2).code(), StatusCode::kFailedPrecondition) << "none is launched";
+  EXPECT_EQ(n0, t0);
+  EXPECT_EQ(n1, t1);
+  EXPECT_EQ(n2, t2);
+  // A feed from a sequence of the step before that drew nothing is refused.
+  StepBatch v3 = b1.View();
+  Feed quiet = feed(p0, 0, 0, 0);
+  quiet.sample = false;
+  const Batch b4({quiet, feed(p1, 0, 10, 0)});
+  ASSERT_TRUE(piped->Launch(b4.View()).ok());
+  ASSERT_TRUE(piped->Collect(n1).ok());
+  const std::vector<int32_t> from_quiet = {0, -1};
+  v3.feed_previous = from_quiet;
+  EXPECT_EQ(piped->Launch(v3).code(), StatusCode::kInvalidArgument);
+}
+
 TEST_P(LlmCudaExecutorTest, BatchEqualsEachAlone) {
   const ModelConfig c = ExecutorConfig(GetParam().family, GetParam().dtype);
   TwoCopies m(c, 23);

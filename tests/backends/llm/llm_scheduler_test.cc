@@ -177,10 +177,10 @@ TEST_P(LlmSchedulerRun, ManySequencesEachEqualAlone) {
   EXPECT_EQ(run.generated, expected);
   EXPECT_EQ(run.most_in_a_step, 8u);  // the step is filled up to max_seqs
   EXPECT_EQ(scheduler->preemptions(), 0u);
-  // With 20 sequences for 8 places, a step is planned after another only
-  // once no sequence waits: the last ones' decodes.
+  // Pipelined, every step after the first is planned before the one before
+  // it has run: the pool never runs dry, so no decode waits for Plan.
   if (GetParam()) {
-    EXPECT_GT(run.planned_after, 0);
+    EXPECT_EQ(run.planned_after, run.steps - 1);
   }
 }
 
@@ -258,11 +258,11 @@ TEST(LlmScheduler, ASequenceRemovedWhileItsNextStepIsPlannedChangesNoOther) {
   EXPECT_GT(run.planned_after, 10);
 }
 
-// What PlanAfter will not plan: a waiting sequence with room to admit it, a
-// running one part way through its prompt, a pool with no block to grow; and
-// what it plans: each sequence's drawn token fed at the next position, but
-// for a sequence whose token there is its last.
-TEST(LlmScheduler, PlanAfterLeavesToPlanWhatItCannotPlanAlone) {
+// PlanAfter plans, before the launched step's tokens are known, what Plan
+// would plan once it is committed: the decodes fed from the device, a
+// prompt's next chunk, an admission; a sequence whose token there is its
+// last is left out. It never preempts: a decode with no block is Plan's.
+TEST(LlmScheduler, PlanAfterPlansWhatPlanWouldOnceTheStepIsCommitted) {
   SchedulerLimits limits{.block_size = 4,
                          .num_blocks = 5,
                          .max_seqs = 2,
@@ -270,40 +270,54 @@ TEST(LlmScheduler, PlanAfterLeavesToPlanWhatItCannotPlanAlone) {
                          .max_positions = 64};
   auto scheduler = Scheduler::Create(limits).value();
   TokenCacheExecutor executor(limits.block_size, limits.num_blocks);
-  PlannedStep step, after;
+  PlannedStep a, b, c, d;
   std::vector<int32_t> next;
   const auto run = [&](const PlannedStep& s) {
     executor.Step(s.batch(), next);
     scheduler->Commit(s, next);
   };
   ASSERT_TRUE(scheduler->Add(MakeSequence(1, Prompt(1, 3), 10)).ok());
-  ASSERT_TRUE(scheduler->Plan(step));
+  ASSERT_TRUE(scheduler->Plan(a));
   ASSERT_TRUE(scheduler->Add(MakeSequence(2, Prompt(2, 9), 1)).ok());
-  EXPECT_FALSE(scheduler->PlanAfter(step, after)) << "sequence 2 waits, with room for it";
-  run(step);
-  // Sequence 1 decodes; 7 of sequence 2's 9 tokens take the rest of the budget.
-  ASSERT_TRUE(scheduler->Plan(step));
-  ASSERT_EQ(step.ids, (std::vector<uint64_t>{1, 2}));
-  EXPECT_EQ(step.sample, (std::vector<uint8_t>{1, 0}));
-  EXPECT_FALSE(scheduler->PlanAfter(step, after)) << "sequence 2 has prompt left to feed";
-  run(step);
-  // Both draw now: sequence 1 its third token, sequence 2 its first and last.
-  ASSERT_TRUE(scheduler->Plan(step));
-  EXPECT_EQ(step.sample, (std::vector<uint8_t>{1, 1}));
-  ASSERT_TRUE(scheduler->PlanAfter(step, after));
-  EXPECT_EQ(after.ids, (std::vector<uint64_t>{1}));
-  EXPECT_EQ(after.feed_previous, (std::vector<int32_t>{0}));
-  EXPECT_EQ(after.fed, (std::vector<int32_t>{1}));
-  EXPECT_EQ(after.starts, (std::vector<int32_t>{5}));  // after its 3 + 2 tokens
-  EXPECT_EQ(after.draw_positions, (std::vector<int64_t>{3}));
-  EXPECT_EQ(after.sample, (std::vector<uint8_t>{1}));
-  run(step);
-  run(after);
+  // Sequence 1's token from a, and 7 of sequence 2's 9 (the rest of the budget).
+  ASSERT_TRUE(scheduler->PlanAfter(a, b));
+  EXPECT_EQ(b.ids, (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(b.feed_previous, (std::vector<int32_t>{0, -1}));
+  EXPECT_EQ(b.fed, (std::vector<int32_t>{1, 7}));
+  EXPECT_EQ(b.starts, (std::vector<int32_t>{3, 0}));
+  EXPECT_EQ(b.sample, (std::vector<uint8_t>{1, 0}));
+  EXPECT_EQ(b.draw_positions, (std::vector<int64_t>{1, 0}));
+  const std::vector<int32_t> prompt2 = Prompt(2, 9);
+  EXPECT_EQ(std::vector<int32_t>(b.tokens.begin() + 1, b.tokens.end()),
+            std::vector<int32_t>(prompt2.begin(), prompt2.begin() + 7));
+  run(a);
+  // Sequence 1's token from b, and the last 2 of sequence 2's prompt.
+  ASSERT_TRUE(scheduler->PlanAfter(b, c));
+  EXPECT_EQ(c.ids, (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(c.feed_previous, (std::vector<int32_t>{0, -1}));
+  EXPECT_EQ(c.starts, (std::vector<int32_t>{4, 7}));
+  EXPECT_EQ(c.fed, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(c.sample, (std::vector<uint8_t>{1, 1}));
+  EXPECT_EQ(c.draw_positions, (std::vector<int64_t>{2, 0}));
+  run(b);
+  // Sequence 2's token from c is its last (max_tokens 1): sequence 1 alone.
+  ASSERT_TRUE(scheduler->PlanAfter(c, d));
+  EXPECT_EQ(d.ids, (std::vector<uint64_t>{1}));
+  EXPECT_EQ(d.feed_previous, (std::vector<int32_t>{0}));
+  EXPECT_EQ(d.starts, (std::vector<int32_t>{5}));
+  EXPECT_EQ(d.draw_positions, (std::vector<int64_t>{3}));
+  run(c);
+  const Sequence* two = scheduler->Find(2);
+  ASSERT_NE(two, nullptr);
+  EXPECT_EQ(std::vector<int32_t>(two->tokens.begin() + 9, two->tokens.end()),
+            Alone(Prompt(2, 9), 1));
+  scheduler->Remove(2);
+  run(d);
   const Sequence* one = scheduler->Find(1);
   ASSERT_NE(one, nullptr);
-  EXPECT_EQ(one->tokens.size(), 7u);
   EXPECT_EQ(std::vector<int32_t>(one->tokens.begin() + 3, one->tokens.end()),
-            std::vector<int32_t>(Alone(Prompt(1, 3), 4)));
+            Alone(Prompt(1, 3), 4));
+  PlannedStep step, after;
 
   // Two sequences that fill the pool: the next positions need blocks that
   // only a preemption (Plan's to make) would free.
