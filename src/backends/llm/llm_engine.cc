@@ -442,9 +442,11 @@ class LlmEngine final : public Engine {
       streams_.erase(id);
     }
     // One step launched and not collected at most between calls: it is
-    // collected here, after the step that feeds on its tokens is launched
-    // where the scheduler can plan it (PlanAfter), so that the device
-    // computes that one while the host answers this one's streams.
+    // collected here, after the step after it is launched (PlanAfter: it
+    // feeds the tokens this one draws from the device), so that the device
+    // computes that one while the host answers this one's streams. Where
+    // PlanAfter cannot plan it (a decode with no block), Plan does once
+    // this one is collected.
     if (launched_ < 0) {
       if (!scheduler_->Plan(steps_[0])) return Status::Ok();
       RETURN_IF_ERROR(Launch(0));
