@@ -12,12 +12,16 @@
 // inputs' upload, the graph, the tokens' download and the host's planning
 // between them) against two floors at 4.0e12 B/s: the weights read once
 // (the step's bytes at batch 1) and the weights plus every sequence's KV
-// cache. Then one step at --profile-seqs sequences kernel by kernel (an
+// cache; and, per batch size, the wall time a step of --iterations steps
+// run back to back, one at a time and overlapped (each launched before the
+// one before it is collected, as the engine runs them). Then one step at
+// --profile-seqs sequences kernel by kernel (an
 // eager step with events around each launch), each against the bytes it
 // must move.
 //
 // Lines:
 //   decode seqs=64 context=512 ms=1.234 weight_floor_ms=0.618 of_weight_floor=0.50 ...
+//   decode-loop gemm=own fuse=on fold=1 seqs=64 steps=50 one_at_a_time_ms=1.3 overlapped_ms=1.2
 //   kernel seqs=64 name="gemm gate_proj" launches=16 ms=0.321 floor_ms=0.134 of_floor=0.42
 #include <cuda_runtime_api.h>
 
@@ -26,6 +30,7 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <numeric>
 #include <random>
 #include <sstream>
 #include <string>
@@ -262,6 +267,45 @@ void Decode(Executor& e, Sequences& s, int n, const SamplingParams& p) {
   }
 }
 
+// `steps` decode steps of sequences [0, n) back to back, as the engine runs
+// them: one at a time (each collected before the next is built), or
+// overlapped (each launched before the one before it is collected, feeding
+// its tokens from the device). Returns the wall seconds.
+double DecodeLoop(Executor& e, Sequences& s, int n, const SamplingParams& p, int steps,
+                  bool overlapped) {
+  const auto start = std::chrono::steady_clock::now();
+  if (!overlapped) {
+    for (int k = 0; k < steps; ++k) Decode(e, s, n, p);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  std::vector<int32_t> feed(static_cast<size_t>(n)), next(static_cast<size_t>(n));
+  std::iota(feed.begin(), feed.end(), 0);
+  Step batches[2];
+  const auto build = [&](Step& step, bool fed) {
+    step = Step();
+    for (int i = 0; i < n; ++i) {
+      const auto at = static_cast<size_t>(i);
+      step.Add({fed ? 0 : s.last_token[at]}, s.length[at], s.Table(i), true, p);
+    }
+  };
+  for (int k = 0; k < steps; ++k) {
+    Step& step = batches[k % 2];
+    build(step, k > 0);
+    StepBatch view = step.View();
+    if (k > 0) view.feed_previous = feed;
+    Check(e.Launch(view));
+    if (k > 0) {
+      Check(e.Collect(next));
+      for (int i = 0; i < n; ++i)
+        s.last_token[static_cast<size_t>(i)] = next[static_cast<size_t>(i)];
+    }
+    for (int i = 0; i < n; ++i) ++s.length[static_cast<size_t>(i)];
+  }
+  Check(e.Collect(next));
+  for (int i = 0; i < n; ++i) s.last_token[static_cast<size_t>(i)] = next[static_cast<size_t>(i)];
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 // Bytes each kernel kind must move in one decode step of `seqs` sequences
 // at `context` keys (every launch of the step together).
 double FloorBytes(const std::string& name, const ModelConfig& c, double seqs, double context) {
@@ -395,9 +439,9 @@ int Main(int argc, char** argv) {
           for (const int64_t fold : fold_list) {
             cuda::SetDependentLaunch(dependent_on);
             // Sequence 0 takes every batch size's steps.
-            auto [s, o] =
-                Room(max_seqs, context + (warmup + iterations) * static_cast<int>(seqs_list.size()),
-                     context, kv_bytes_per_token);
+            auto [s, o] = Room(
+                max_seqs, context + (warmup + 3 * iterations) * static_cast<int>(seqs_list.size()),
+                context, kv_bytes_per_token);
             const auto created = std::chrono::steady_clock::now();
             CudaExecutorOptions options;
             options.pair_gemms = pair;
@@ -455,6 +499,14 @@ int Main(int argc, char** argv) {
                   mode, engine_name.c_str(), dependent_on ? "on" : "off", fused.name,
                   static_cast<int>(fold), seqs, context, median, weight_floor,
                   weight_floor / median, full_floor, full_floor / median, seqs / (median * 1e-3));
+              // The steps back to back, as the engine's loop runs them.
+              const double apart = DecodeLoop(e, s, seqs, params, iterations, false);
+              const double overlapped = DecodeLoop(e, s, seqs, params, iterations, true);
+              std::printf(
+                  "decode-loop gemm=%s fuse=%s fold=%d seqs=%d steps=%d one_at_a_time_ms=%.4f "
+                  "overlapped_ms=%.4f\n",
+                  engine_name.c_str(), fused.name, static_cast<int>(fold), seqs, iterations,
+                  apart * 1e3 / iterations, overlapped * 1e3 / iterations);
               std::fflush(stdout);
             }
             std::printf("decode graphs captured: %d\n", e.captured_graphs());
