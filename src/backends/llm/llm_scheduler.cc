@@ -132,11 +132,77 @@ bool Scheduler::Reserve(Sequence& s, int64_t tokens) {
   return true;
 }
 
+template <typename CachedOf, typename LengthOf>
+void Scheduler::TakeChunks(int32_t& budget, const CachedOf& cached_of, const LengthOf& length_of,
+                           std::vector<Row>& rows) {
+  const auto chunk_for = [&](const Sequence& s, size_t cached) -> int32_t {
+    const int64_t left = static_cast<int64_t>(length_of(s) - cached);
+    const int64_t room =
+        (static_cast<int64_t>(s.blocks.size()) + static_cast<int64_t>(free_.size())) *
+            limits_.block_size -
+        static_cast<int64_t>(cached);
+    return static_cast<int32_t>(std::max<int64_t>(0, std::min({left, room, int64_t{budget}})));
+  };
+  for (Sequence* s : running_) {
+    if (budget <= 0) break;
+    const size_t cached = cached_of(*s);
+    if (length_of(*s) - cached <= 1) continue;
+    const int32_t chunk = chunk_for(*s, cached);
+    if (chunk == 0) continue;
+    Reserve(*s, static_cast<int64_t>(cached) + chunk);
+    rows.push_back({s, chunk, -1, cached, length_of(*s)});
+    budget -= chunk;
+  }
+  while (budget > 0 && !waiting_.empty() &&
+         static_cast<int32_t>(running_.size()) < limits_.max_seqs) {
+    Sequence* s = waiting_.front();
+    const size_t cached = cached_of(*s);
+    const int32_t chunk = chunk_for(*s, cached);
+    if (chunk == 0) break;  // first come, first served: the head waits for blocks
+    waiting_.pop_front();
+    s->running = true;
+    s->order = next_order_++;
+    running_.push_back(s);
+    Reserve(*s, static_cast<int64_t>(cached) + chunk);
+    rows.push_back({s, chunk, -1, cached, length_of(*s)});
+    budget -= chunk;
+  }
+}
+
+void Scheduler::WriteRows(const std::vector<Row>& rows, PlannedStep& step) {
+  for (const Row& r : rows)
+    step.max_blocks = std::max(step.max_blocks, static_cast<int32_t>(r.s->blocks.size()));
+  const bool feeds =
+      std::any_of(rows.begin(), rows.end(), [](const Row& r) { return r.feed >= 0; });
+  for (const Row& r : rows) {
+    const Sequence* s = r.s;
+    step.ids.push_back(s->id);
+    step.serials.push_back(s->serial);
+    step.fed.push_back(r.fed);
+    if (r.feed >= 0) {
+      step.tokens.push_back(0);  // a placeholder: the device has the token
+    } else {
+      step.tokens.insert(step.tokens.end(), s->tokens.begin() + static_cast<ptrdiff_t>(r.start),
+                         s->tokens.begin() + static_cast<ptrdiff_t>(r.start) + r.fed);
+    }
+    if (feeds) step.feed_previous.push_back(r.feed);
+    step.offsets.push_back(static_cast<int32_t>(step.tokens.size()));
+    step.starts.push_back(static_cast<int32_t>(r.start));
+    step.block_tables.insert(step.block_tables.end(), s->blocks.begin(), s->blocks.end());
+    step.block_tables.resize(step.block_tables.size() + step.max_blocks - s->blocks.size(), -1);
+    step.sample.push_back(r.start + static_cast<size_t>(r.fed) == r.length ? 1 : 0);
+    step.params.push_back(s->sampling);
+    step.draw_positions.push_back(static_cast<int64_t>(r.length - s->prompt_length));
+  }
+}
+
 bool Scheduler::Plan(PlannedStep& step) {
+  const auto cached_of = [](const Sequence& s) { return s.cached; };
+  const auto length_of = [](const Sequence& s) { return s.tokens.size(); };
   for (;;) {
     step.Clear();
     int32_t budget = limits_.max_tokens_per_step;
-    std::vector<std::pair<Sequence*, int32_t>> chosen;  // sequence, tokens fed
+    std::vector<Row> chosen;
 
     // Decodes: every running sequence with one token left to feed. When
     // the pool runs dry, the latest admitted gives its blocks back.
@@ -154,42 +220,11 @@ bool Scheduler::Plan(PlannedStep& step) {
         fits = Reserve(*s, static_cast<int64_t>(s->tokens.size()));
       }
       if (!fits) continue;  // s itself waits now; running_[i] is the next one
-      chosen.emplace_back(s, 1);
+      chosen.push_back({s, 1, -1, s->cached, s->tokens.size()});
       --budget;
       ++i;
     }
-
-    // Prefill chunks: those part way through first, then the queue in order.
-    const auto chunk_for = [&](Sequence& s) -> int32_t {
-      const int64_t left = static_cast<int64_t>(s.tokens.size() - s.cached);
-      const int64_t room =
-          (static_cast<int64_t>(s.blocks.size()) + static_cast<int64_t>(free_.size())) *
-              limits_.block_size -
-          static_cast<int64_t>(s.cached);
-      return static_cast<int32_t>(std::max<int64_t>(0, std::min({left, room, int64_t{budget}})));
-    };
-    for (Sequence* s : running_) {
-      if (budget <= 0) break;
-      if (s->tokens.size() - s->cached <= 1) continue;
-      const int32_t chunk = chunk_for(*s);
-      if (chunk == 0) continue;
-      Reserve(*s, static_cast<int64_t>(s->cached) + chunk);
-      chosen.emplace_back(s, chunk);
-      budget -= chunk;
-    }
-    while (budget > 0 && !waiting_.empty() &&
-           static_cast<int32_t>(running_.size()) < limits_.max_seqs) {
-      Sequence* s = waiting_.front();
-      const int32_t chunk = chunk_for(*s);
-      if (chunk == 0) break;  // first come, first served: the head waits for blocks
-      waiting_.pop_front();
-      s->running = true;
-      s->order = next_order_++;
-      running_.push_back(s);
-      Reserve(*s, static_cast<int64_t>(s->cached) + chunk);
-      chosen.emplace_back(s, chunk);
-      budget -= chunk;
-    }
+    TakeChunks(budget, cached_of, length_of, chosen);
 
     if (chosen.empty()) {
       // Blocks held by sequences part way through their prefill, none able
@@ -199,24 +234,7 @@ bool Scheduler::Plan(PlannedStep& step) {
       Preempt(*running_.back());
       continue;
     }
-
-    for (const auto& [s, n] : chosen)
-      step.max_blocks = std::max(step.max_blocks, static_cast<int32_t>(s->blocks.size()));
-    for (const auto& [s, n] : chosen) {
-      step.ids.push_back(s->id);
-      step.serials.push_back(s->serial);
-      step.fed.push_back(n);
-      step.tokens.insert(step.tokens.end(), s->tokens.begin() + static_cast<ptrdiff_t>(s->cached),
-                         s->tokens.begin() + static_cast<ptrdiff_t>(s->cached) + n);
-      step.offsets.push_back(static_cast<int32_t>(step.tokens.size()));
-      step.starts.push_back(static_cast<int32_t>(s->cached));
-      step.block_tables.insert(step.block_tables.end(), s->blocks.begin(), s->blocks.end());
-      step.block_tables.resize(step.block_tables.size() + step.max_blocks - s->blocks.size(), -1);
-      const bool sample = s->cached + static_cast<size_t>(n) == s->tokens.size();
-      step.sample.push_back(sample ? 1 : 0);
-      step.params.push_back(s->sampling);
-      step.draw_positions.push_back(s->generated());
-    }
+    WriteRows(chosen, step);
     return true;
   }
 }
@@ -253,12 +271,6 @@ bool Scheduler::PlanAfter(const PlannedStep& launched, PlannedStep& step) {
     return s.tokens.size() + (in_flight(s).row >= 0 ? 1 : 0);
   };
 
-  struct Row {
-    Sequence* s;
-    int32_t fed;
-    int32_t feed;  // the row of `launched` whose token it feeds, or -1
-    size_t start;
-  };
   std::vector<Row> chosen;
   int32_t budget = limits_.max_tokens_per_step;
   // Decodes. None is preempted here: where the pool has no block for one,
@@ -270,67 +282,12 @@ bool Scheduler::PlanAfter(const PlannedStep& launched, PlannedStep& step) {
     // The token drawn in `launched` is its last: it ends there.
     if (f.row >= 0 && s->generated() + 1 >= s->max_tokens) continue;
     if (!Reserve(*s, static_cast<int64_t>(length))) return false;
-    chosen.push_back({s, 1, f.row, cached});
+    chosen.push_back({s, 1, f.row, cached, length});
     --budget;
   }
-  // Prefill chunks, as Plan takes them: those part way through first, then
-  // the queue in order.
-  const auto chunk_for = [&](const Sequence& s, size_t cached) -> int32_t {
-    const int64_t left = static_cast<int64_t>(length_of(s) - cached);
-    const int64_t room =
-        (static_cast<int64_t>(s.blocks.size()) + static_cast<int64_t>(free_.size())) *
-            limits_.block_size -
-        static_cast<int64_t>(cached);
-    return static_cast<int32_t>(std::max<int64_t>(0, std::min({left, room, int64_t{budget}})));
-  };
-  for (Sequence* s : running_) {
-    if (budget <= 0) break;
-    const size_t cached = cached_of(*s);
-    if (length_of(*s) - cached <= 1) continue;
-    const int32_t chunk = chunk_for(*s, cached);
-    if (chunk == 0) continue;
-    Reserve(*s, static_cast<int64_t>(cached) + chunk);
-    chosen.push_back({s, chunk, -1, cached});
-    budget -= chunk;
-  }
-  while (budget > 0 && !waiting_.empty() &&
-         static_cast<int32_t>(running_.size()) < limits_.max_seqs) {
-    Sequence* s = waiting_.front();
-    const int32_t chunk = chunk_for(*s, s->cached);
-    if (chunk == 0) break;
-    waiting_.pop_front();
-    s->running = true;
-    s->order = next_order_++;
-    running_.push_back(s);
-    Reserve(*s, static_cast<int64_t>(s->cached) + chunk);
-    chosen.push_back({s, chunk, -1, s->cached});
-    budget -= chunk;
-  }
+  TakeChunks(budget, cached_of, length_of, chosen);
   if (chosen.empty()) return false;
-
-  for (const Row& c : chosen)
-    step.max_blocks = std::max(step.max_blocks, static_cast<int32_t>(c.s->blocks.size()));
-  for (const Row& c : chosen) {
-    Sequence* s = c.s;
-    const size_t length = length_of(*s);
-    step.ids.push_back(s->id);
-    step.serials.push_back(s->serial);
-    step.fed.push_back(c.fed);
-    if (c.feed >= 0) {
-      step.tokens.push_back(0);  // a placeholder: the device has the token
-    } else {
-      step.tokens.insert(step.tokens.end(), s->tokens.begin() + static_cast<ptrdiff_t>(c.start),
-                         s->tokens.begin() + static_cast<ptrdiff_t>(c.start) + c.fed);
-    }
-    step.feed_previous.push_back(c.feed);
-    step.offsets.push_back(static_cast<int32_t>(step.tokens.size()));
-    step.starts.push_back(static_cast<int32_t>(c.start));
-    step.block_tables.insert(step.block_tables.end(), s->blocks.begin(), s->blocks.end());
-    step.block_tables.resize(step.block_tables.size() + step.max_blocks - s->blocks.size(), -1);
-    step.sample.push_back(c.start + static_cast<size_t>(c.fed) == length ? 1 : 0);
-    step.params.push_back(s->sampling);
-    step.draw_positions.push_back(static_cast<int64_t>(length - s->prompt_length));
-  }
+  WriteRows(chosen, step);
   return true;
 }
 

@@ -121,6 +121,25 @@ class Scheduler {
   bool Reserve(Sequence& s, int64_t tokens);
   void Release(Sequence& s);
 
+  // A row of a step being planned: `fed` tokens of s from position `start`
+  // (of `length` known, the one to come included), and the row of the
+  // launched step whose token it feeds (-1: its tokens are on the host).
+  struct Row {
+    Sequence* s;
+    int32_t fed;
+    int32_t feed;
+    size_t start, length;
+  };
+  // Prefill chunks within `budget`: running sequences part way through their
+  // tokens first, then the queue in order (admitting each), as far as the
+  // pool's free blocks go. cached_of and length_of give a sequence's tokens
+  // cached and known once the steps before this one are done.
+  template <typename CachedOf, typename LengthOf>
+  void TakeChunks(int32_t& budget, const CachedOf& cached_of, const LengthOf& length_of,
+                  std::vector<Row>& rows);
+  // Writes the rows into `step` (feed_previous only where one feeds).
+  static void WriteRows(const std::vector<Row>& rows, PlannedStep& step);
+
   SchedulerLimits limits_;
   std::vector<int32_t> free_;  // free block ids (a stack)
   std::map<uint64_t, std::unique_ptr<Sequence>> sequences_;
