@@ -30,15 +30,17 @@ Status CheckFeedPrevious(const StepBatch& batch, std::span<const uint8_t> previo
   return Status::Ok();
 }
 
+Status Executor::DropLaunched(Status why) {
+  launched_.clear();
+  last_sample_.clear();
+  return why;
+}
+
 Status Executor::Launch(const StepBatch& batch) {
   if (launched_.size() >= static_cast<size_t>(kMaxLaunched))
     return FailedPrecondition(std::to_string(kMaxLaunched) +
                               " steps are launched already, none collected");
-  if (Status fed = CheckFeedPrevious(batch, last_sample_); !fed.ok()) {
-    launched_.clear();
-    last_sample_.clear();
-    return fed;
-  }
+  if (Status fed = CheckFeedPrevious(batch, last_sample_); !fed.ok()) return DropLaunched(fed);
   launched_.push_back(batch);
   last_sample_.assign(batch.sample.begin(), batch.sample.end());
   return Status::Ok();
@@ -60,18 +62,11 @@ Status Executor::Collect(std::span<int32_t> next) {
     batch.feed_previous = {};
   }
   if (next.size() != batch.num_seqs()) {
-    launched_.clear();
-    last_sample_.clear();
-    return InvalidArgument("Collect: next holds " + std::to_string(next.size()) +
-                           " tokens for the step's " + std::to_string(batch.num_seqs()) +
-                           " sequences");
+    return DropLaunched(InvalidArgument("Collect: next holds " + std::to_string(next.size()) +
+                                        " tokens for the step's " +
+                                        std::to_string(batch.num_seqs()) + " sequences"));
   }
-  const Status ran = Step(batch, next);
-  if (!ran.ok()) {
-    launched_.clear();
-    last_sample_.clear();
-    return ran;
-  }
+  if (Status ran = Step(batch, next); !ran.ok()) return DropLaunched(ran);
   last_drawn_.assign(next.begin(), next.end());
   return Status::Ok();
 }

@@ -262,6 +262,8 @@ class Executor {
   virtual Status StepLogits(const StepBatch& batch, std::span<float> logits) = 0;
 
  private:
+  // After an error: no step is launched any more; returns `why`.
+  Status DropLaunched(Status why);
   // What the default Launch and Collect keep: the steps launched, the
   // sample flags of the last one launched, the tokens of the last one run.
   std::vector<StepBatch> launched_;
