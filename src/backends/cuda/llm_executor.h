@@ -7,7 +7,10 @@
 // calls: the weights are the store's read-only mapping, so no fused QKV
 // copy), RoPE fused with the KV cache write, paged attention, the o GEMM,
 // RMSNorm, the gate and up GEMMs, SwiGLU, the down GEMM; then the final
-// RMSNorm and the lm_head GEMM of the sampled rows only, and sampling.
+// RMSNorm and the lm_head GEMM of the sampled rows only, and sampling. At a
+// few rows on hearth's GEMM kernel, launches are fused (CudaExecutorOptions:
+// SwiGLU and RMSNorm into the GEMMs, q/k/v in one launch, RoPE into the
+// attention), each with the bits of the launches it replaces.
 // llm_kernels.h and llm_gemm.h say how each stays batch invariant: a
 // sequence's tokens and logits do not depend on the other sequences of its
 // step or on how its prompt was chunked.
@@ -60,6 +63,15 @@ struct CudaExecutorOptions {
   // KV cache write done by the attention kernel (cuda::AttnRope) instead of
   // their own launch (the same bits).
   bool fuse_rope_attention = true;
+  // Steps of up to this many rows (tokens) fold the RMSNorms of the decoder
+  // layers, all but the first layer's attention norm, into the GEMMs on each
+  // side of them where those run on hearth's kernel (q_proj with k/v in one
+  // launch, gate/up with SwiGLU; tc_gemm.h): one launch less per norm, the
+  // same bits. Each of the GEMMs
+  // after a norm adds up the row's sums of squares in every warp, a cost
+  // that grows with the rows; 0: never (the default until timed on a GPU:
+  // bench/gpu-check.sh's llm-norm section).
+  int32_t norm_in_gemm_rows = 0;
   // A sequence whose keys span at most this many attention splits
   // (cuda::kAttnSplitKeys keys each) has them run in turn by one work item,
   // and a step in which every sequence does needs no combine launch; longer

@@ -103,14 +103,13 @@ __global__ void AddRmsNorm(float* resid, const T* delta, const T* weight, const 
           reinterpret_cast<float4*>(x)[2 * c + 1] = make_float4(v[4], v[5], v[6], v[7]);
         }
       }
-#pragma unroll
-      for (int j = 0; j < 8; ++j) ss = fmaf(v[j], v[j], ss);
+      ss = ChunkSquares(v);
     }
     ss = BlockSum(ss, scratch);
-    const float inv = rsqrtf(__fdiv_rn(ss, static_cast<float>(hidden)) + eps);
+    const float inv = InvRms(ss, hidden, eps);
     if (c < n8) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = w[j] * (v[j] * inv);
+      for (int j = 0; j < 8; ++j) v[j] = NormScale(w[j], v[j], inv);
       Store8(out + i * hidden + 8 * c, v);
     }
     return;
@@ -140,7 +139,7 @@ __global__ void AddRmsNorm(float* resid, const T* delta, const T* weight, const 
     for (int j = 0; j < 8; ++j) ss = fmaf(v[j], v[j], ss);
   }
   ss = BlockSum(ss, scratch);
-  const float inv = rsqrtf(__fdiv_rn(ss, static_cast<float>(hidden)) + eps);
+  const float inv = InvRms(ss, hidden, eps);
   T* o = out + i * hidden;
   // Second pass: the same thread re-reads the elements it wrote (or, with a
   // gather, adds delta again: the same float additions).
@@ -157,7 +156,7 @@ __global__ void AddRmsNorm(float* resid, const T* delta, const T* weight, const 
     float w[8];
     Load8(weight + 8 * c, w);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = w[j] * (v[j] * inv);
+    for (int j = 0; j < 8; ++j) v[j] = NormScale(w[j], v[j], inv);
     Store8(o + 8 * c, v);
   }
 }
@@ -255,9 +254,7 @@ cudaError_t LaunchAddRmsNorm(float* resid, const void* delta, const void* weight
                              bool bf16, void* out, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   if (hidden % 8 != 0) return cudaErrorInvalidValue;
-  // A multiple of 32 (BlockSum), one 8-element chunk per thread up to 1024 threads.
-  const unsigned threads =
-      static_cast<unsigned>(std::clamp<int64_t>((hidden / 8 + 31) / 32 * 32, 32, 1024));
+  const auto threads = static_cast<unsigned>(NormThreads(hidden));
   if (bf16) {
     return LaunchDependent(AddRmsNorm<__nv_bfloat16>, rows, threads, 0, stream, resid,
                            static_cast<const __nv_bfloat16*>(delta),

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
 
 #include "backends/cuda/dependent_launch.h"
 #include "backends/cuda/llm_device.cuh"
@@ -32,7 +33,20 @@ struct Params {
   int32_t splits, batch;
   int64_t w_stride, bias_stride, y_stride;
   int64_t groups;  // column groups per batch entry
+  // A folded RMSNorm (TcNorm): norm_w is its weight.
+  float* resid;
+  float* squares;
+  const uint16_t* norm_w;
+  float eps;
 };
+
+static_assert(kTcNormMaxHidden == llm_device::kNormMaxChunks * 8);
+
+// Which side of a folded RMSNorm a split-mode launch is on (tc_gemm.h).
+enum class Fold { kNone, kIn, kOut };
+
+template <bool kBf16>
+using ElemT = std::conditional_t<kBf16, __nv_bfloat16, __half>;
 
 template <bool kBf16>
 __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
@@ -70,11 +84,44 @@ __device__ __forceinline__ uint4 LoadWeight(const uint16_t* p) {
   return __ldcs(reinterpret_cast<const uint4*>(p));
 }
 
+// The inverse RMS of the lane's two rows, r and r + 8 (norm_in), from the
+// rows' chunk sums; the whole warp calls it.
+__device__ __forceinline__ void NormInverses(const Params& p, int r, float (&inv)[2]) {
+  for (int64_t row = 0; row < p.m; ++row) {
+    const float v =
+        llm_device::InvRms(llm_device::SumOfChunks(p.squares + row * (p.k / 8), p.k), p.k, p.eps);
+    if (row == r) inv[0] = v;
+    if (row == r + 8) inv[1] = v;
+  }
+}
+
+// 16 elements of a normed row (norm_in), as the 32 bytes of x they replace:
+// the residual's from `at` (the row's element `col`), times the norm's weight
+// at `col`.
+template <bool kBf16>
+__device__ __forceinline__ void NormedX(const Params& p, int64_t at, int64_t col, float inv,
+                                        uint4 (&xv)[2]) {
+  using T = ElemT<kBf16>;
+  // Through L2: an earlier kernel wrote the residual (dependent_launch.h).
+  const auto* v4 = reinterpret_cast<const float4*>(p.resid + at);
+  const T* weight = reinterpret_cast<const T*>(p.norm_w) + col;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float4 a = __ldcg(v4 + 2 * half), b = __ldcg(v4 + 2 * half + 1);
+    float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w}, w[8];
+    llm_device::Load8(weight + 8 * half, w);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = llm_device::NormScale(w[j], v[j], inv);
+    xv[half] = llm_device::Pack8<T>(v);
+  }
+}
+
 // One part's sums for the 16 rows from 0 and the 8 columns from w[i] (which
 // points at the first column's row) of each of kN weights, their loads
 // interleaved: acc[i] is the mma fragment {row r, col 2q}, {r, 2q + 1},
-// {r + 8, 2q}, {r + 8, 2q + 1} of weight i.
-template <bool kBf16, int kN>
+// {r + 8, 2q}, {r + 8, 2q + 1} of weight i. With kNormIn, x's rows are
+// computed from the residual (NormedX).
+template <bool kBf16, int kN, bool kNormIn>
 __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const (&w)[kN],
                                          int64_t k0, float (&acc)[kN][4]) {
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
@@ -85,14 +132,16 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const 
   const uint16_t* wl[kN];
 #pragma unroll
   for (int i = 0; i < kN; ++i) wl[i] = w[i] + r * p.k + k0 + q * 16;
-  const uint16_t* xl[2];
+  // Where the lane's 16 elements of x's row h (or the residual's) begin.
+  int64_t xo[2];
   bool ok[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = int64_t{h} * 8 + r;
     ok[h] = row < p.m;
-    xl[h] = p.x + (ok[h] ? row : 0) * p.k + k0 + q * 16;
+    xo[h] = (ok[h] ? row : 0) * p.k + k0 + q * 16;
   }
+  float inv[2] = {0.0f, 0.0f};
   for (int64_t kb = 0; kb < p.part; kb += 64 * kUnroll) {
     uint4 wv[kUnroll][kN][2];
 #pragma unroll
@@ -111,6 +160,7 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const 
     if (kb == 0) {
       DependentWait();
       DependentRelease();
+      if constexpr (kNormIn) NormInverses(p, r, inv);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -118,8 +168,10 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const 
       uint4 xv[2][2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if (ok[h]) {
-          const auto* at = reinterpret_cast<const uint4*>(xl[h] + kb + u * 64);
+        if (ok[h] && kNormIn) {
+          NormedX<kBf16>(p, xo[h] + kb + u * 64, k0 + q * 16 + kb + u * 64, inv[h], xv[h]);
+        } else if (ok[h]) {
+          const auto* at = reinterpret_cast<const uint4*>(p.x + xo[h] + kb + u * 64);
           // Through L2 (coherent): an earlier kernel wrote x while this
           // one was already resident (dependent_launch.h).
           xv[h][0] = __ldcg(at);
@@ -200,11 +252,42 @@ __device__ __forceinline__ void StoreSwiGlu(const Params& p, int64_t row, int64_
   Store<kBf16, false>(p, 0, row, col, v);
 }
 
+// The residual_out epilogue of one lane: v[h] holds columns col and col + 1
+// of row h * 8 + r (rows from m on are ignored). The new residual is
+// AddRmsNorm's (its delta is y rounded to the input type); the sum of squares
+// of each 8-column chunk is taken by the chunk's first lane (q == 0) in
+// column order. The whole warp calls it.
+template <bool kBf16>
+__device__ __forceinline__ void AddResidual(const Params& p, int r, int q, int64_t col,
+                                            const float2 (&v)[2]) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = int64_t{h} * 8 + r;
+    const bool valid = row < p.m;
+    float2 now{0.0f, 0.0f};
+    if (valid) {
+      auto* at = reinterpret_cast<float2*>(p.resid + row * p.n + col);
+      const float2 was = __ldcg(at);
+      now = {__fadd_rn(was.x, Rounded<kBf16>(v[h].x)), __fadd_rn(was.y, Rounded<kBf16>(v[h].y))};
+      __stcg(at, now);
+    }
+    float chunk[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      chunk[2 * i] = __shfl_sync(0xffffffffu, now.x, (lane & ~3) | i);
+      chunk[2 * i + 1] = __shfl_sync(0xffffffffu, now.y, (lane & ~3) | i);
+    }
+    if (valid && q == 0) p.squares[row * (p.n / 8) + col / 8] = llm_device::ChunkSquares(chunk);
+  }
+}
+
 // Few rows: block (block, part) of a split-mode launch (SplitKernel's
 // blockIdx.x and blockIdx.z), a warp per (8 columns, part). With kSwiGlu a
 // warp computes the same 8 columns of both weights of the batch of two
-// (gate, up) and stores silu(gate) * up.
-template <bool kBf16, bool kF32Out, bool kSwiGlu>
+// (gate, up) and stores silu(gate) * up. kFold: the side of a folded RMSNorm
+// it is on, if any.
+template <bool kBf16, bool kF32Out, bool kSwiGlu, Fold kFold>
 __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int part) {
   constexpr int kN = kSwiGlu ? 2 : 1;
   const int64_t g = block * kWarps + (threadIdx.x >> 5);
@@ -218,7 +301,7 @@ __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int p
   const uint16_t* w[kN];
 #pragma unroll
   for (int i = 0; i < kN; ++i) w[i] = p.w + (b + i) * p.w_stride + col0 * p.k;
-  PartSums<kBf16, kN>(p, w, part * p.part, acc);
+  PartSums<kBf16, kN, kFold == Fold::kIn>(p, w, part * p.part, acc);
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
   const int64_t col = col0 + 2 * q;
   const auto store = [&](int64_t row, const float2(&v)[kN]) {
@@ -229,6 +312,11 @@ __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int p
     }
   };
   if (p.splits == 1) {
+    if constexpr (kFold == Fold::kOut) {
+      AddResidual<kBf16>(p, r, q, col,
+                         {float2{acc[0][0], acc[0][1]}, float2{acc[0][2], acc[0][3]}});
+      return;
+    }
     ForLaneRows(r, p.m, [&](int h, int64_t row) {
       float2 v[kN];
 #pragma unroll
@@ -254,25 +342,34 @@ __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int p
   if (before != static_cast<uint32_t>(p.splits - 1)) return;
   // The last of the column group's warps: every part is written.
   __threadfence();
-  ForLaneRows(r, p.m, [&](int, int64_t row) {
-    float2 t[kN];
-#pragma unroll
-    for (int i = 0; i < kN; ++i) {
-      t[i] = __ldcg(reinterpret_cast<const float2*>(at(0, b + i, row)));
-      for (int s = 1; s < p.splits; ++s) {
-        const float2 v = __ldcg(reinterpret_cast<const float2*>(at(s, b + i, row)));
-        t[i].x += v.x;
-        t[i].y += v.y;
-      }
+  // The parts of batch entry bi at a row, added in order.
+  const auto parts = [&](int bi, int64_t row) {
+    float2 t = __ldcg(reinterpret_cast<const float2*>(at(0, bi, row)));
+    for (int s = 1; s < p.splits; ++s) {
+      const float2 v = __ldcg(reinterpret_cast<const float2*>(at(s, bi, row)));
+      t.x += v.x;
+      t.y += v.y;
     }
-    store(row, t);
-  });
+    return t;
+  };
+  if constexpr (kFold == Fold::kOut) {
+    float2 t[2] = {};
+    ForLaneRows(r, p.m, [&](int h, int64_t row) { t[h] = parts(b, row); });
+    AddResidual<kBf16>(p, r, q, col, t);
+  } else {
+    ForLaneRows(r, p.m, [&](int, int64_t row) {
+      float2 t[kN];
+#pragma unroll
+      for (int i = 0; i < kN; ++i) t[i] = parts(b + i, row);
+      store(row, t);
+    });
+  }
   if (lane == 0) p.counters[g] = 0;
 }
 
-template <bool kBf16, bool kF32Out, bool kSwiGlu>
+template <bool kBf16, bool kF32Out, bool kSwiGlu, Fold kFold = Fold::kNone>
 __global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p) {
-  SplitBlock<kBf16, kF32Out, kSwiGlu>(p, blockIdx.x, static_cast<int>(blockIdx.z));
+  SplitBlock<kBf16, kF32Out, kSwiGlu, kFold>(p, blockIdx.x, static_cast<int>(blockIdx.z));
 }
 
 // Several split-mode products in one launch: entry e owns the blocks from
@@ -284,14 +381,14 @@ struct GroupParams {
   int count;
 };
 
-template <bool kBf16>
+template <bool kBf16, Fold kFold>
 __global__ void __launch_bounds__(kWarps * 32) GroupKernel(GroupParams gp) {
   const int64_t block = blockIdx.x;
   int e = 0;
   while (e + 1 < gp.count && block >= gp.first[e + 1]) ++e;
   const int64_t local = block - gp.first[e];
-  SplitBlock<kBf16, false, false>(gp.p[e], local % gp.x_blocks[e],
-                                  static_cast<int>(local / gp.x_blocks[e]));
+  SplitBlock<kBf16, false, false, kFold>(gp.p[e], local % gp.x_blocks[e],
+                                         static_cast<int>(local / gp.x_blocks[e]));
 }
 
 // Many rows: a CTA per (kRows x kTileCols tile, group of parts), the
@@ -555,8 +652,20 @@ cudaError_t Launch(const Params& base, const TcGemmArgs& args, cudaStream_t stre
                     static_cast<unsigned>(p.splits));
     static_assert(kTcSplitRows == 16, "the split mode holds one 16-row tile");
     if constexpr (!kF32Out) {
+      if (args.swiglu && args.norm_in) {
+        return LaunchDependent(SplitKernel<kBf16, false, true, Fold::kIn>, grid, kWarps * 32, 0,
+                               stream, p);
+      }
       if (args.swiglu)
         return LaunchDependent(SplitKernel<kBf16, false, true>, grid, kWarps * 32, 0, stream, p);
+      if (args.norm_in) {
+        return LaunchDependent(SplitKernel<kBf16, false, false, Fold::kIn>, grid, kWarps * 32, 0,
+                               stream, p);
+      }
+      if (args.residual_out) {
+        return LaunchDependent(SplitKernel<kBf16, false, false, Fold::kOut>, grid, kWarps * 32, 0,
+                               stream, p);
+      }
     }
     return LaunchDependent(SplitKernel<kBf16, kF32Out, false>, grid, kWarps * 32, 0, stream, p);
   }
@@ -623,20 +732,36 @@ uint64_t TcGemmCounters(const TcGemmShape& shape) {
 
 namespace {
 
+// A folded RMSNorm's arguments (tc_gemm.h), where the launch has one.
+bool ValidFold(const TcGemmArgs& a) {
+  if (!a.norm_in && !a.residual_out) return true;
+  const TcNorm& n = a.norm;
+  const int64_t hidden = a.norm_in ? a.shape.k : a.shape.n;
+  if (a.norm_in && a.residual_out) return false;
+  if (a.m > kTcSplitRows || n.resid == nullptr || n.squares == nullptr || !Aligned(n.resid, 16) ||
+      hidden % 8 != 0 || hidden > kTcNormMaxHidden) {
+    return false;
+  }
+  if (a.norm_in) return n.weight != nullptr && Aligned(n.weight, 16);
+  return a.shape.batch == 1 && a.bias == nullptr && !a.f32_out && !a.swiglu;
+}
+
 bool Valid(const TcGemmArgs& a) {
   const int32_t splits = TcGemmSplits(a.shape);
   const int64_t elem = a.f32_out ? 4 : 2;
-  return !(
-      splits == 0 || a.m < 0 || a.x == nullptr || a.w == nullptr || a.y == nullptr ||
-      !Aligned(a.x, 16) || !Aligned(a.w, 16) || !Aligned(a.y, static_cast<uintptr_t>(2 * elem)) ||
-      (a.bias != nullptr && !Aligned(a.bias, static_cast<uintptr_t>(2 * elem))) ||
-      (a.shape.batch > 1 &&
-       (a.w_stride % 8 != 0 || a.y_stride % 2 != 0 || a.bias_stride % 2 != 0)) ||
-      (a.workspace_bytes > 0 && a.workspace == nullptr) ||
-      (a.counter_slots > 0 && a.counters == nullptr) ||
-      (a.m <= kTcSplitRows && (TcGemmWorkspaceBytes(a.shape) > a.workspace_bytes ||
-                               TcGemmCounters(a.shape) > a.counter_slots)) ||
-      (a.swiglu && (a.shape.batch != 2 || a.m > kTcSplitRows || a.f32_out || a.bias != nullptr)));
+  return ValidFold(a) &&
+         !(splits == 0 || a.m < 0 || (a.x == nullptr && !a.norm_in) || a.w == nullptr ||
+           (a.y == nullptr && !a.residual_out) || !Aligned(a.x, 16) || !Aligned(a.w, 16) ||
+           !Aligned(a.y, static_cast<uintptr_t>(2 * elem)) ||
+           (a.bias != nullptr && !Aligned(a.bias, static_cast<uintptr_t>(2 * elem))) ||
+           (a.shape.batch > 1 &&
+            (a.w_stride % 8 != 0 || a.y_stride % 2 != 0 || a.bias_stride % 2 != 0)) ||
+           (a.workspace_bytes > 0 && a.workspace == nullptr) ||
+           (a.counter_slots > 0 && a.counters == nullptr) ||
+           (a.m <= kTcSplitRows && (TcGemmWorkspaceBytes(a.shape) > a.workspace_bytes ||
+                                    TcGemmCounters(a.shape) > a.counter_slots)) ||
+           (a.swiglu &&
+            (a.shape.batch != 2 || a.m > kTcSplitRows || a.f32_out || a.bias != nullptr)));
 }
 
 Params MakeParams(const TcGemmArgs& a) {
@@ -657,6 +782,10 @@ Params MakeParams(const TcGemmArgs& a) {
   p.w_stride = a.w_stride;
   p.bias_stride = a.bias_stride;
   p.y_stride = a.y_stride;
+  p.resid = a.norm.resid;
+  p.squares = a.norm.squares;
+  p.norm_w = static_cast<const uint16_t*>(a.norm.weight);
+  p.eps = a.norm.eps;
   return p;
 }
 
@@ -694,7 +823,7 @@ cudaError_t LaunchTcGemmGroup(std::span<const TcGemmArgs> group, cudaStream_t st
   for (size_t e = 0; e < group.size(); ++e) {
     const TcGemmArgs& a = group[e];
     if (!Valid(a) || a.m != group[0].m || a.m > kTcSplitRows || a.bf16 != group[0].bf16 ||
-        a.f32_out || a.swiglu) {
+        a.f32_out || a.swiglu || a.residual_out || a.norm_in != group[0].norm_in) {
       return cudaErrorInvalidValue;
     }
     const uint64_t ws = TcGemmWorkspaceBytes(a.shape),
@@ -715,11 +844,17 @@ cudaError_t LaunchTcGemmGroup(std::span<const TcGemmArgs> group, cudaStream_t st
   }
   gp.first[group.size()] = blocks;
   if (group[0].m == 0) return cudaSuccess;
-  const cudaError_t set = group[0].bf16
-                              ? LaunchDependent(GroupKernel<true>, static_cast<unsigned>(blocks),
-                                                kWarps * 32, 0, stream, gp)
-                              : LaunchDependent(GroupKernel<false>, static_cast<unsigned>(blocks),
-                                                kWarps * 32, 0, stream, gp);
+  const auto grid = static_cast<unsigned>(blocks);
+  cudaError_t set = cudaSuccess;
+  if (group[0].norm_in) {
+    set = group[0].bf16
+              ? LaunchDependent(GroupKernel<true, Fold::kIn>, grid, kWarps * 32, 0, stream, gp)
+              : LaunchDependent(GroupKernel<false, Fold::kIn>, grid, kWarps * 32, 0, stream, gp);
+  } else {
+    set = group[0].bf16
+              ? LaunchDependent(GroupKernel<true, Fold::kNone>, grid, kWarps * 32, 0, stream, gp)
+              : LaunchDependent(GroupKernel<false, Fold::kNone>, grid, kWarps * 32, 0, stream, gp);
+  }
   if (set != cudaSuccess) {
     (void)cudaGetLastError();
     return set;

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -656,6 +657,173 @@ TEST_F(LlmCudaTest, OwnGemmGroupEqualsSeparateLaunches) {
     EXPECT_EQ(cuda::LaunchTcGemmGroup(overlapping, nullptr), cudaErrorInvalidValue);
     EXPECT_EQ(cuda::LaunchTcGemmGroup({}, nullptr), cudaErrorInvalidValue);
   }
+}
+
+// A decoder layer's RMSNorm folded into hearth's GEMMs around it (tc_gemm.h):
+// the GEMM before it (residual_out) leaves the residual AddRmsNorm leaves
+// after the GEMM's output as its delta, and each 8-column chunk's sum of
+// squares of it; the GEMMs after it (norm_in: one product, the SwiGLU pair,
+// a group) give the bits they give from AddRmsNorm's output. Hidden sizes:
+// a block of 256 threads, one of 288 whose last warp is part padding, and
+// the widest (1024 threads).
+TEST_F(LlmCudaTest, OwnGemmFoldsTheRmsNormAroundIt) {
+  for (const bool bf16 : {true, false})
+    for (const int64_t hidden : {int64_t{2048}, int64_t{2112}, cuda::kTcNormMaxHidden}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16" : "f16") + " hidden " + std::to_string(hidden));
+      const int64_t max_m = cuda::kTcSplitRows, k_in = 1024, n_out = 512, chunks = hidden / 8;
+      const float eps = 1e-5f;
+      std::mt19937_64 rng(97 + hidden);
+      std::uniform_real_distribution<float> d(-2.0f, 2.0f);
+      std::vector<float> resid0(static_cast<size_t>(max_m * hidden));
+      for (float& v : resid0) v = d(rng);
+      std::vector<uint16_t> norm_w(static_cast<size_t>(hidden));
+      for (auto& v : norm_w) v = To16(1.0f + 0.2f * d(rng), bf16);
+      const auto x = Random16(rng, static_cast<size_t>(max_m * k_in), 1.0f, bf16);
+      // The GEMM before the norm: [hidden, k_in]; after it, a pair of [n_out, hidden].
+      const auto w_before = Random16(rng, static_cast<size_t>(hidden * k_in), 0.05f, bf16);
+      const auto w_after = Random16(rng, static_cast<size_t>(2 * n_out * hidden), 0.03f, bf16);
+      DeviceMemory dx(x), dw_before(w_before), dw_after(w_after), dnorm(norm_w),
+          delta(static_cast<size_t>(max_m * hidden) * 2),
+          xn(static_cast<size_t>(max_m * hidden) * 2), want_resid(resid0), got_resid(resid0),
+          squares(static_cast<size_t>(max_m * chunks) * sizeof(float)),
+          want_y(static_cast<size_t>(2 * max_m * n_out) * 2),
+          got_y(static_cast<size_t>(2 * max_m * n_out) * 2);
+      const TcScratch scratch;
+      cuda::TcNorm norm;
+      norm.resid = got_resid.get<float>();
+      norm.squares = squares.get<float>();
+      norm.weight = dnorm.get();
+      norm.eps = eps;
+      const cuda::TcGemmShape before{hidden, k_in, 1}, one{n_out, hidden, 1},
+          pair{n_out, hidden, 2};
+      const auto residual_args = [&](int64_t m) {
+        cuda::TcGemmArgs a = scratch.Args(before, bf16, dx, dw_before, nullptr, m);
+        a.residual_out = true;
+        a.norm = norm;
+        return a;
+      };
+      const auto after_args = [&](const cuda::TcGemmShape& shape, const void* in, void* y,
+                                  int64_t m) {
+        cuda::TcGemmArgs a = scratch.Args(shape, bf16, dx, dw_after, y, m);
+        a.x = in;
+        a.w_stride = n_out * hidden;
+        a.y_stride = max_m * n_out;
+        if (in == nullptr) {
+          a.norm_in = true;
+          a.norm = norm;
+        }
+        return a;
+      };
+      for (const int64_t m : {1, 3, 9, 16}) {
+        SCOPED_TRACE("rows " + std::to_string(m));
+        const size_t elems = static_cast<size_t>(m * hidden);
+        ASSERT_CUDA(cudaMemcpy(want_resid.get(), resid0.data(), elems * 4, cudaMemcpyHostToDevice));
+        ASSERT_CUDA(cudaMemcpy(got_resid.get(), resid0.data(), elems * 4, cudaMemcpyHostToDevice));
+        // Unfolded: the product, then the add and norm.
+        cuda::TcGemmArgs plain = scratch.Args(before, bf16, dx, dw_before, delta.get(), m);
+        ASSERT_EQ(cuda::LaunchTcGemm(plain, nullptr), cudaSuccess);
+        ASSERT_CUDA(cuda::LaunchAddRmsNorm(want_resid.get<float>(), delta.get(), dnorm.get(),
+                                           nullptr, static_cast<int32_t>(m), hidden, eps, bf16,
+                                           xn.get(), nullptr));
+        // Folded: the product adds to the residual.
+        ASSERT_EQ(cuda::LaunchTcGemm(residual_args(m), nullptr), cudaSuccess);
+        ASSERT_CUDA(cudaDeviceSynchronize());
+        const auto want_r = want_resid.Read<float>(elems), got_r = got_resid.Read<float>(elems);
+        ASSERT_EQ(got_r, want_r);
+        EXPECT_NE(got_r, std::vector<float>(resid0.begin(), resid0.begin() + elems));
+        const auto sq = squares.Read<float>(static_cast<size_t>(m * chunks));
+        for (int64_t i = 0; i < m * chunks; ++i) {
+          float ss = 0.0f;  // ChunkSquares: one fused multiply-add per element, in order
+          for (int j = 0; j < 8; ++j) {
+            const float v = want_r[static_cast<size_t>(i * 8 + j)];
+            ss = std::fmaf(v, v, ss);
+          }
+          ASSERT_EQ(sq[static_cast<size_t>(i)], ss) << "chunk " << i;
+        }
+        // After the norm: one product, the SwiGLU pair, a group of the two.
+        const auto compare = [&](const char* what, const std::function<cudaError_t(bool)>& run,
+                                 size_t outputs) {
+          SCOPED_TRACE(what);
+          ASSERT_CUDA(cudaMemset(want_y.get(), 0xFF, outputs * 2));
+          ASSERT_CUDA(cudaMemset(got_y.get(), 0xFF, outputs * 2));
+          ASSERT_EQ(run(false), cudaSuccess);
+          ASSERT_EQ(run(true), cudaSuccess);
+          ASSERT_CUDA(cudaDeviceSynchronize());
+          const auto want = want_y.Read<uint16_t>(outputs), got = got_y.Read<uint16_t>(outputs);
+          ASSERT_EQ(got, want);
+          EXPECT_GT(std::set<uint16_t>(got.begin(), got.end()).size(), outputs / 8);
+        };
+        compare(
+            "one product",
+            [&](bool folded) {
+              return cuda::LaunchTcGemm(after_args(one, folded ? nullptr : xn.get(),
+                                                   folded ? got_y.get() : want_y.get(), m),
+                                        nullptr);
+            },
+            static_cast<size_t>(m * n_out));
+        compare(
+            "swiglu pair",
+            [&](bool folded) {
+              cuda::TcGemmArgs a = after_args(pair, folded ? nullptr : xn.get(),
+                                              folded ? got_y.get() : want_y.get(), m);
+              a.swiglu = true;
+              return cuda::LaunchTcGemm(a, nullptr);
+            },
+            static_cast<size_t>(m * n_out));
+        compare(
+            "group",
+            [&](bool folded) {
+              void* y = folded ? got_y.get() : want_y.get();
+              cuda::TcGemmArgs a = after_args(one, folded ? nullptr : xn.get(), y, m);
+              cuda::TcGemmArgs b = after_args(one, folded ? nullptr : xn.get(),
+                                              static_cast<uint16_t*>(y) + m * n_out, m);
+              a.workspace_bytes = cuda::TcGemmWorkspaceBytes(one);
+              a.counter_slots = cuda::TcGemmCounters(one);
+              b.w = static_cast<const uint16_t*>(dw_after.get()) + n_out * hidden;
+              b.workspace = a.workspace + (a.workspace_bytes + 255) / 256 * 256 / sizeof(float);
+              b.workspace_bytes = a.workspace_bytes;
+              b.counters = a.counters + a.counter_slots;
+              b.counter_slots = a.counter_slots;
+              const cuda::TcGemmArgs group[] = {a, b};
+              return cuda::LaunchTcGemmGroup(group, nullptr);
+            },
+            static_cast<size_t>(2 * m * n_out));
+      }
+      // Refused: both sides at once, more rows than the split mode's, a
+      // residual_out with a batch of two, a bias or F32 output, a norm_in
+      // without the norm's weight, a row wider than the widest, and a group
+      // whose entries are not all on the same side.
+      cuda::TcGemmArgs bad = residual_args(1);
+      bad.norm_in = true;
+      EXPECT_EQ(cuda::LaunchTcGemm(bad, nullptr), cudaErrorInvalidValue);
+      EXPECT_EQ(cuda::LaunchTcGemm(residual_args(max_m + 1), nullptr), cudaErrorInvalidValue);
+      bad = residual_args(1);
+      bad.shape.batch = 2;
+      EXPECT_EQ(cuda::LaunchTcGemm(bad, nullptr), cudaErrorInvalidValue);
+      bad = residual_args(1);
+      bad.bias = dx.get();
+      EXPECT_EQ(cuda::LaunchTcGemm(bad, nullptr), cudaErrorInvalidValue);
+      bad = residual_args(1);
+      bad.f32_out = true;
+      EXPECT_EQ(cuda::LaunchTcGemm(bad, nullptr), cudaErrorInvalidValue);
+      bad = after_args(one, nullptr, got_y.get(), 1);
+      bad.norm.weight = nullptr;
+      EXPECT_EQ(cuda::LaunchTcGemm(bad, nullptr), cudaErrorInvalidValue);
+      bad = after_args(one, nullptr, got_y.get(), 1);
+      bad.shape.k = cuda::kTcNormMaxHidden + 64;
+      EXPECT_EQ(cuda::LaunchTcGemm(bad, nullptr), cudaErrorInvalidValue);
+      cuda::TcGemmArgs mixed = after_args(one, xn.get(), got_y.get(), 1);
+      mixed.workspace_bytes = cuda::TcGemmWorkspaceBytes(one);
+      mixed.counter_slots = cuda::TcGemmCounters(one);
+      cuda::TcGemmArgs normed = after_args(one, nullptr, want_y.get(), 1);
+      normed.workspace =
+          mixed.workspace + (mixed.workspace_bytes + 255) / 256 * 256 / sizeof(float);
+      normed.workspace_bytes = mixed.workspace_bytes;
+      normed.counters = mixed.counters + mixed.counter_slots;
+      normed.counter_slots = mixed.counter_slots;
+      const cuda::TcGemmArgs group[] = {mixed, normed};
+      EXPECT_EQ(cuda::LaunchTcGemmGroup(group, nullptr), cudaErrorInvalidValue);
+    }
 }
 
 // ---- RoPE fused with the KV cache write.
@@ -1594,10 +1762,11 @@ TEST_P(LlmCudaExecutorTest, PairedGemmsAgreeWithSeparateOnes) {
   }
 }
 
-// SwiGLU in the gate/up launch and q_proj with k/v in one launch (hearth's
-// kernel, up to kTcSplitRows rows) give the logits of separate launches, bit
-// for bit, in prefill chunks and decode steps, eager and graphed, with k/v
-// as a pair and apart.
+// SwiGLU in the gate/up launch, q_proj with k/v in one launch and the
+// RMSNorms folded into the GEMMs around them (hearth's kernel, up to
+// kTcSplitRows rows) give the logits of separate launches, bit for bit, in
+// prefill chunks and decode steps, eager and graphed, with k/v as a pair and
+// apart.
 TEST_P(LlmCudaExecutorTest, FusedLaunchesEqualSeparateOnes) {
   const ModelConfig c = ExecutorConfig(GetParam().family, GetParam().dtype);
   TwoCopies m(c, 26);
@@ -1608,11 +1777,13 @@ TEST_P(LlmCudaExecutorTest, FusedLaunchesEqualSeparateOnes) {
     CudaExecutorOptions profiled;
     profiled.time_gemms = false;
     profiled.pair_gemms = pair;
+    profiled.norm_in_gemm_rows = cuda::kTcSplitRows;
     profiled.profile = true;  // eager, with each kernel's name
     auto fused = Gpu(m, profiled);
     CudaExecutorOptions graphs;
     graphs.time_gemms = false;
     graphs.pair_gemms = pair;
+    graphs.norm_in_gemm_rows = cuda::kTcSplitRows;
     auto graphed = Gpu(m, graphs);
     // Every sequence on the attention's fold path (no combine), graphed.
     CudaExecutorOptions folding = graphs;
@@ -1625,6 +1796,7 @@ TEST_P(LlmCudaExecutorTest, FusedLaunchesEqualSeparateOnes) {
     off.fuse_swiglu = false;
     off.group_qkv = false;
     off.fuse_rope_attention = false;
+    off.norm_in_gemm_rows = 0;
     off.attention_fold_splits = 1;
     auto separate = Gpu(m, off);
     ASSERT_NE(fused, nullptr);
@@ -1652,12 +1824,17 @@ TEST_P(LlmCudaExecutorTest, FusedLaunchesEqualSeparateOnes) {
     }
     std::set<std::string> names;
     for (const KernelTime& t : fused->LastStepKernelTimes()) names.insert(t.name);
-    // On hearth's kernel both GEMM fusions run (SwiGLU where gate/up are a
-    // pair); the timed choice may keep cuBLASLt, which has neither. A
-    // prefill chunk runs RoPE apart.
+    // On hearth's kernel the GEMM fusions run (SwiGLU where gate/up are a
+    // pair, and with it the norm before the MLP folded); the timed choice may
+    // keep cuBLASLt, which has none. The first layer's attention norm runs
+    // alone, the second's is folded. A prefill chunk runs RoPE apart.
     if (GetParam().engine == GemmEngine::kOwn) {
       EXPECT_EQ(names.count("gemm q_proj + k/v"), 1u) << fused->DescribeGemms();
-      EXPECT_EQ(names.count("gemm gate_proj+up_proj + swiglu"), pair ? 1u : 0u);
+      EXPECT_EQ(names.count("rmsnorm + gemm q_proj + k/v"), 1u);
+      EXPECT_EQ(names.count("gemm down_proj + residual"), 1u);
+      EXPECT_EQ(names.count("rmsnorm + gemm gate_proj+up_proj + swiglu"), pair ? 1u : 0u);
+      EXPECT_EQ(names.count("gemm o_proj + residual"), pair ? 1u : 0u);
+      EXPECT_EQ(names.count("gemm o_proj"), pair ? 0u : 1u);
       EXPECT_EQ(names.count("swiglu"), pair ? 0u : 1u);
     }
     EXPECT_EQ(names.count("rope + kv write"), 1u);
