@@ -3,13 +3,17 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -1170,6 +1174,20 @@ Result<std::unique_ptr<Executor>> CreateCudaExecutor(const ModelConfig& config,
                                                      const ExecutorOptions& options) {
   CudaExecutorOptions cuda_options;
   cuda_options.plan_cache_path = DefaultPlanCachePath("gemm-plans").value_or("");
+  // HEARTH_LLM_NORM_ROWS=N: fold the RMSNorms into the GEMMs in steps of up
+  // to N rows (CudaExecutorOptions::norm_in_gemm_rows), to time it served.
+  if (const char* rows = std::getenv("HEARTH_LLM_NORM_ROWS"); rows != nullptr) {
+    const std::string_view text(rows);
+    int32_t n = -1;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), n);
+    if (error != std::errc() || end != text.data() + text.size() || n < 0 ||
+        n > cuda::kTcSplitRows) {
+      spdlog::warn("HEARTH_LLM_NORM_ROWS=\"{}\" is not a row count from 0 to {}; ignored", text,
+                   cuda::kTcSplitRows);
+    } else {
+      cuda_options.norm_in_gemm_rows = n;
+    }
+  }
   cuda_options.gemm_engine =
       options.gemms == ExecutorOptions::Gemms::kCublasLt ? GemmEngine::kCublasLt
       : options.gemms == ExecutorOptions::Gemms::kHearth ? GemmEngine::kOwnFirst
