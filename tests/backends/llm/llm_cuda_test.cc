@@ -851,21 +851,20 @@ TEST_F(LlmCudaTest, RopeKvWriteMatchesCpu) {
       DeviceMemory dq(q), dk(k), dv(v), dpos(positions), dslots(slots), dinv(inv);
       DeviceMemory kc(std::vector<uint16_t>(cache_elems, Nan16(bf16)));
       DeviceMemory vc(std::vector<uint16_t>(cache_elems, Nan16(bf16)));
-      cuda::RopeKvArgs a;
-      a.q = dq.get();
-      a.k = dk.get();
-      a.v = dv.get();
-      a.positions = dpos.get<int32_t>();
-      a.slots = dslots.get<int32_t>();
-      a.inv_freq = dinv.get<float>();
-      a.k_cache = kc.get();
-      a.v_cache = vc.get();
-      a.tokens = tokens;
-      a.num_heads = nq;
-      a.num_kv_heads = nk;
-      a.head_dim = d;
-      a.block_size = block_size;
-      a.bf16 = bf16;
+      const cuda::RopeKvArgs a{dq.get(),
+                               dk.get(),
+                               dv.get(),
+                               dpos.get<int32_t>(),
+                               dslots.get<int32_t>(),
+                               dinv.get<float>(),
+                               kc.get(),
+                               vc.get(),
+                               tokens,
+                               nq,
+                               nk,
+                               d,
+                               block_size,
+                               bf16};
       ASSERT_CUDA(cuda::LaunchRopeKvWrite(a, nullptr));
       ASSERT_CUDA(cudaDeviceSynchronize());
       const auto q_out = dq.Read<uint16_t>(q.size());
@@ -1293,21 +1292,20 @@ TEST_P(LlmCudaAttentionTest, RopeInsideEqualsTheRopeLaunchBeforeIt) {
     SCOPED_TRACE(fold == 1 ? "split path" : "fold path");
     // The RoPE launch, then the attention.
     DeviceMemory kc_a(cache.k), vc_a(cache.v), q_a(q);
-    cuda::RopeKvArgs r;
-    r.q = q_a.get();
-    r.k = dk.get();
-    r.v = dv.get();
-    r.positions = dpos.get<int32_t>();
-    r.slots = dslots.get<int32_t>();
-    r.inv_freq = dinv.get<float>();
-    r.k_cache = kc_a.get();
-    r.v_cache = vc_a.get();
-    r.tokens = tokens;
-    r.num_heads = p.heads;
-    r.num_kv_heads = p.kv_heads;
-    r.head_dim = p.head_dim;
-    r.block_size = p.block_size;
-    r.bf16 = p.bf16;
+    const cuda::RopeKvArgs r{q_a.get(),
+                             dk.get(),
+                             dv.get(),
+                             dpos.get<int32_t>(),
+                             dslots.get<int32_t>(),
+                             dinv.get<float>(),
+                             kc_a.get(),
+                             vc_a.get(),
+                             tokens,
+                             p.heads,
+                             p.kv_heads,
+                             p.head_dim,
+                             p.block_size,
+                             p.bf16};
     ASSERT_CUDA(cuda::LaunchRopeKvWrite(r, nullptr));
     AttnPlan plan;
     const auto want = RunAttention(cache, kc_a, vc_a, q_a, tokens, seqs, ids, 1 << 20, &plan, fold);
