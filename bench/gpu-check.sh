@@ -156,19 +156,20 @@ if want generate; then
   # skipped); GEN_BASELINE_WORKERS: the uvicorn baseline (0: skipped); GEN_CHAOS_SECONDS: 64 streams
   # while worker 0 is SIGKILLed every 5 s (0: skipped); GEN_DTYPE: the checkpoint's dtype (bfloat16);
   # GEN_GEMM: backend: llm's gemm_engine (timed, cublaslt or hearth; unset: left out);
-  # GEN_CHAOS_HOT_SPARES: hot spares of the chaos run's model (0: none).
+  # GEN_CHAOS_HOT_SPARES: hot spares of the chaos run's model (0: none); GEN_SHAPE: 1b or 8b
+  # (Llama 3 8B's shape); GEN_PROMPT_TOKENS: each prompt padded to that many tokens (0: short).
   GEN_WORKERS=${GEN_WORKERS:-1,2}; GEN_STREAMS=${GEN_STREAMS:-1,16,64,256}
-  echo "== text generation: a 1 B Llama, hearth ($GEN_WORKERS workers on one copy, $GEN_STREAMS streams) beside generate_batch, uvicorn workers with a copy each, and a chaos run"
+  echo "== text generation: a ${GEN_SHAPE:-1b} Llama, hearth ($GEN_WORKERS workers on one copy, $GEN_STREAMS streams) beside generate_batch, uvicorn workers with a copy each, and a chaos run"
   WEBROOT=$PWD/.gpu/webroot/usr/lib/python3/dist-packages
   PYTHONUNBUFFERED=1 timeout ${GEN_TIMEOUT:-590} python3 bench/serve/generate_bench.py --build "$BUILD" --out "$OUT" \
     --backend ${GEN_BACKEND:-python} --webroot "$WEBROOT" --seconds ${GEN_SECONDS:-10} --workers "$GEN_WORKERS" --streams "$GEN_STREAMS" \
     --max-streams ${GEN_MAX_STREAMS:-256} --continuous-batching "${GEN_CB-16,64,256}" \
     --baseline-workers ${GEN_BASELINE_WORKERS:-4} --chaos-seconds ${GEN_CHAOS_SECONDS:-60} \
     --dtype ${GEN_DTYPE:-bfloat16} ${GEN_GEMM:+--gemm-engine "$GEN_GEMM"} --json "$OUT/generate.json" \
-    --chaos-hot-spares ${GEN_CHAOS_HOT_SPARES:-0} \
+    --chaos-hot-spares ${GEN_CHAOS_HOT_SPARES:-0} --shape ${GEN_SHAPE:-1b} --prompt-tokens ${GEN_PROMPT_TOKENS:-0} \
     > "$OUT/generate-bench.log" 2>&1
   gen_rc=$?
-  grep -E "^(checkpoint|###|\||  )" "$OUT/generate-bench.log" | cut -c1-400
+  grep -E "^(checkpoint|prompts|###|\||  )" "$OUT/generate-bench.log" | cut -c1-400
 fi
 if want protocol; then
   echo "== the protocol: hearth bench over REST (and gRPC where built), with and without system shared memory"

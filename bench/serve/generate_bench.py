@@ -5,19 +5,27 @@ seed 003's own pattern and transformers' continuous batching, in one run.
         --workers 1,2 --streams 1,16,64,256 --max-streams 256 --continuous-batching 16,64,256 \\
         --chaos-seconds 60 --json gpu-out/generate.json
 
-A Llama-architecture checkpoint of about 1 B parameters in bf16 (--dtype; random
-weights, made offline: hidden 2048, 16 layers, 32 heads, 8 KV heads,
-intermediate 8192). Every stream is POST /v1/completions, stream: true,
-greedy, max_tokens 128 (--max-tokens); the prompt is numbered ("Request 7:
-..."), so that concurrent streams differ, and stream k of a run always
-sends prompt k. Parts, each printed as a markdown table as it ends:
+A Llama-architecture checkpoint in bf16 (--dtype; random weights, made
+offline): --shape 1b, about 1 B parameters (hidden 2048, 16 layers, 32 heads,
+8 KV heads, intermediate 8192, a small vocabulary, tied embeddings), or 8b,
+Llama 3 8B's shape (hidden 4096, 32 layers, 32 heads, 8 KV heads,
+intermediate 14336, vocabulary 128256, untied; made on the GPU). Every
+stream is POST /v1/completions, stream: true, greedy, max_tokens 128
+(--max-tokens); the prompt is numbered ("Request 7: ..."), so that
+concurrent streams differ, and stream k of a run always sends prompt k;
+--prompt-tokens N pads each prompt with words until the checkpoint's
+tokenizer counts N tokens (the tables give the prompt tokens the server
+counted). Parts, each printed as a markdown table as it ends:
 
 - hearth: examples/generate/llama (backend: python, decoupled) under
   `hearth serve`, one copy of the weights in the store, once per count in
   --workers, with `max_streams` (--max-streams; 0 leaves it out) and
   `max_tokens_limit` set in its config: device memory, output tokens per
   second, time to first token p50 and p99, for each concurrency in
-  --streams (each client sends one stream after another for --seconds).
+  --streams (each client sends one stream after another for --seconds),
+  and the output tokens/s as a fraction of the weight-read floor: every
+  step reads the weights once (the untied embedding table excepted), so at
+  S streams no more than S tokens per weights / 4.0e12 B/s.
   After the last count (unless --no-kill-check), the time from a worker's
   SIGKILL to its replacement's ready line and to a short stream served.
 - continuous batching (--continuous-batching SIZES; empty: skipped):
@@ -67,12 +75,68 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 PROMPT = "one copy of the weights, many worker processes, and"
-LLAMA_SHAPE = ["--hidden", "2048", "--intermediate", "8192", "--layers", "16", "--heads", "32",
-               "--kv-heads", "8"]
+# make_checkpoint.py's arguments for each --shape.
+SHAPES = {
+    "1b": ["--hidden", "2048", "--intermediate", "8192", "--layers", "16", "--heads", "32",
+           "--kv-heads", "8"],
+    "8b": ["--hidden", "4096", "--intermediate", "14336", "--layers", "32", "--heads", "32",
+           "--kv-heads", "8", "--vocab", "128256", "--untied", "--fill-vocab", "--device", "cuda"],
+}
+# The memory bandwidth the weight-read floor assumes (an H200's, as bench/llm's).
+BANDWIDTH = 4.0e12
+
+# Prompts padded to --prompt-tokens (make_prompts), by number.
+_PROMPTS = {}
 
 
 def prompt(number):
-    return f"Request {number}: {PROMPT}"
+    return _PROMPTS.get(number) or f"Request {number}: {PROMPT}"
+
+
+def make_prompts(checkpoint, tokens, count):
+    """Prompts 0 .. count - 1, each "Request k: " and then PROMPT's words over
+    and over, as many as keep the checkpoint's tokenizer at `tokens` tokens
+    or under. Returns how they were counted. Without transformers (or a
+    checkpoint) a word stands for a token."""
+    words = PROMPT.split()
+    count_tokens = None
+    how = "a word for a token (no tokenizer here)"
+    if checkpoint is not None:
+        try:
+            import transformers
+            tokenizer = transformers.AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
+            count_tokens = lambda text: len(tokenizer(text)["input_ids"])  # noqa: E731
+            how = "the checkpoint's tokenizer"
+        except ImportError:
+            pass
+    if count_tokens is None:
+        count_tokens = lambda text: len(text.split())  # noqa: E731
+
+    def padded(number, n):
+        head = f"Request {number}:"
+        return " ".join([head] + [words[i % len(words)] for i in range(n)])
+
+    for number in range(count):
+        low, high = 0, 4 * tokens  # the most filler words with at most `tokens` tokens
+        while low < high:
+            mid = (low + high + 1) // 2
+            if count_tokens(padded(number, mid)) <= tokens:
+                low = mid
+            else:
+                high = mid - 1
+        _PROMPTS[number] = padded(number, low)
+    return how
+
+
+def weight_read_bytes(checkpoint):
+    """The bytes a decode step reads of the checkpoint's weights: every
+    tensor, but an untied embedding table only in the rows it gathers."""
+    config = json.loads((pathlib.Path(checkpoint) / "config.json").read_text())
+    total = sum(f.stat().st_size for f in pathlib.Path(checkpoint).glob("*.safetensors"))
+    if not config.get("tie_word_embeddings", True):
+        element = 4 if config.get("torch_dtype", config.get("dtype")) == "float32" else 2
+        total -= config["vocab_size"] * config["hidden_size"] * element
+    return total
 
 
 # ---- the client -----------------------------------------------------------------
@@ -86,8 +150,8 @@ def stream(port, model, number, max_tokens, timeout=600):
                        "temperature": 0, "stream": True}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"})
-    r = {"prompt": number, "ttft": None, "total": None, "tokens": None, "text": "", "max_gap": 0.0,
-         "finish": None, "error": None}
+    r = {"prompt": number, "ttft": None, "total": None, "tokens": None, "prompt_tokens": None,
+         "text": "", "max_gap": 0.0, "finish": None, "error": None}
     pieces, last, done = [], None, False
     t0 = time.time()
     try:
@@ -117,6 +181,7 @@ def stream(port, model, number, max_tokens, timeout=600):
                     r["finish"] = choice["finish_reason"]
                 if chunk.get("usage"):
                     r["tokens"] = chunk["usage"]["completion_tokens"]
+                    r["prompt_tokens"] = chunk["usage"].get("prompt_tokens")
         if not done or r["finish"] is None:
             raise RuntimeError("the stream ended without its finish chunk and [DONE]")
     except Exception as e:  # noqa: BLE001: every failure is counted, whatever its kind
@@ -197,9 +262,11 @@ def load(port, model, concurrency, seconds, max_tokens, processes=0):
     results, wall = Clients(port, model, concurrency, seconds, max_tokens, processes).result()
     ok = [r for r in results if r["error"] is None]
     ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
+    prompt_tokens = [r["prompt_tokens"] for r in ok if r["prompt_tokens"] is not None]
     errors = collections.Counter(r["error"] for r in results if r["error"] is not None)
     return {"concurrency": concurrency, "streams": len(results), "failed": len(results) - len(ok),
             "wall_s": wall, "tokens_per_s": sum(r["tokens"] or 0 for r in ok) / wall,
+            "prompt_tokens_p50": statistics.median(prompt_tokens) if prompt_tokens else None,
             "ttft_p50_ms": 1000 * statistics.median(ttft) if ttft else None,
             "ttft_p99_ms": 1000 * percentile(ttft, 0.99) if ttft else None,
             "errors": dict(errors.most_common(5))}
@@ -282,10 +349,11 @@ class Models:
             base = tmp / "checkpoint"
             t0 = time.time()
             dtype = [] if a.dtype == "bfloat16" else ["--dtype", a.dtype]
-            self._run("llama", base, "--workers", "1", *dtype, "--", *LLAMA_SHAPE)
+            self._run("llama", base, "--workers", "1", *dtype, "--", *SHAPES[a.shape])
             self.checkpoint = base / "llama" / "1"
             size = sum(f.stat().st_size for f in self.checkpoint.glob("*.safetensors")) / 2**20
-            self.made = {"checkpoint_mib": size, "made_s": time.time() - t0}
+            self.made = {"shape": a.shape, "checkpoint_mib": size, "made_s": time.time() - t0,
+                         "weight_read_bytes": weight_read_bytes(self.checkpoint)}
 
     def _run(self, example, repo, *args):
         subprocess.run([sys.executable, str(ROOT / f"examples/generate/{example}/make_repository.py"),
@@ -360,12 +428,17 @@ def table(title, header, rows):
     print(flush=True)
 
 
-def load_table(title, runs):
-    """runs: [(workers, row from load())]."""
-    table(title, ["workers", "streams", "streams done", "failed", "output tokens/s", "TTFT p50 (ms)",
-                  "TTFT p99 (ms)"],
-          [(w, r["concurrency"], r["streams"], r["failed"], r["tokens_per_s"], r["ttft_p50_ms"],
-            r["ttft_p99_ms"]) for w, r in runs])
+def load_table(title, runs, weight_bytes=None):
+    """runs: [(workers, row from load())]; weight_bytes: what a step reads of
+    the weights (None: no floor column)."""
+    def of_floor(r):
+        if not weight_bytes:
+            return None
+        return f"{r['tokens_per_s'] / (r['concurrency'] * BANDWIDTH / weight_bytes):.3f}"
+    table(title, ["workers", "streams", "prompt tokens", "streams done", "failed", "output tokens/s",
+                  "of the weight-read floor", "TTFT p50 (ms)", "TTFT p99 (ms)"],
+          [(w, r["concurrency"], r.get("prompt_tokens_p50"), r["streams"], r["failed"],
+            r["tokens_per_s"], of_floor(r), r["ttft_p50_ms"], r["ttft_p99_ms"]) for w, r in runs])
     for w, r in runs:
         for error, n in r["errors"].items():
             print(f"  {w} workers, {r['concurrency']} streams: {n} x {error}")
@@ -397,8 +470,9 @@ def hearth_part(a, models, env, tmp, results):
             serve.stop()
             subprocess.run(["cp", str(log), a.out])
         write_json(a, results)
-    load_table(f"hearth, {models.name}, max_streams {a.max_streams or 'unset'}, max_tokens {a.max_tokens}",
-               runs)
+    shape = f" {a.shape}" if models.checkpoint is not None else ""
+    load_table(f"hearth, {models.name}{shape}, max_streams {a.max_streams or 'unset'}, "
+               f"max_tokens {a.max_tokens}", runs, models.made.get("weight_read_bytes"))
     for entry in results["hearth"]:
         extra = f", device memory {entry['device_mib']} MiB" if "device_mib" in entry else ""
         print(f"  {entry['workers']} workers: start {entry.get('worker_start_ms')} ms{extra}")
@@ -427,7 +501,8 @@ def continuous_batching_part(a, models, env, results):
     checkpoint = models.checkpoint or "(none: the tiny decoder is no transformers checkpoint)"
     command = [sys.executable, __file__, "--continuous-batching-child", str(checkpoint),
                "--continuous-batching", ",".join(map(str, a.continuous_batching)),
-               "--max-tokens", str(a.max_tokens), "--device", a.device, "--dtype", a.dtype]
+               "--max-tokens", str(a.max_tokens), "--device", a.device, "--dtype", a.dtype,
+               "--prompt-tokens", str(a.prompt_tokens)]
     if a.cb_num_blocks:
         command += ["--cb-num-blocks", str(a.cb_num_blocks)]
     if a.cb_max_batch_tokens:
@@ -457,6 +532,8 @@ def continuous_batching_child(a):
     import transformers
     checkpoint = a.continuous_batching_child
     tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    if a.prompt_tokens:
+        make_prompts(checkpoint, a.prompt_tokens, max(a.continuous_batching))
     model = transformers.AutoModelForCausalLM.from_pretrained(
         checkpoint, torch_dtype=getattr(torch, a.dtype), local_files_only=True).to(a.device).eval()
     inputs = [tokenizer(prompt(i))["input_ids"] for i in range(max(a.continuous_batching))]
@@ -653,6 +730,10 @@ def main():
                     help="backend: llm's parameters.gemm_engine (default: left out, which is timed)")
     ap.add_argument("--seconds", type=float, default=10, help="each load's length")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--shape", default="1b", choices=sorted(SHAPES),
+                    help="the checkpoint's shape: 1b, or 8b (Llama 3 8B's, made on the GPU)")
+    ap.add_argument("--prompt-tokens", type=int, default=0,
+                    help="pad each prompt to this many tokens (0: the short numbered prompt)")
     ap.add_argument("--workers", type=numbers, default=[4], help="hearth's worker counts, e.g. 1,2")
     ap.add_argument("--streams", type=numbers, default=[1, 4, 16], help="concurrent streams, e.g. 1,16,64,256")
     ap.add_argument("--max-streams", type=int, default=256,
@@ -682,6 +763,10 @@ def main():
                     help="hot spares of the chaos run's model (standby_mode: hot), each taking a killed "
                          "worker's place at once")
     a = ap.parse_args()
+    if a.prompt_tokens < 0:
+        ap.error(f"--prompt-tokens {a.prompt_tokens}: 0 or more")
+    if a.shape != "1b" and a.device != "cuda":
+        ap.error(f"--shape {a.shape} is made and served on the GPU (--device cuda)")
     if a.continuous_batching_child:
         continuous_batching_child(a)
         return
@@ -696,6 +781,13 @@ def main():
         results.update(models.made)
         results["model"] = models.name
         print("checkpoint", models.made or models.name, flush=True)
+        if a.prompt_tokens:
+            count = max([*a.streams, *a.continuous_batching, *a.baseline_streams, a.chaos_streams,
+                         2 * max(a.workers or [1])]) + 1
+            how = make_prompts(models.checkpoint, a.prompt_tokens, count)
+            results["prompt_tokens"] = {"asked": a.prompt_tokens, "counted_by": how}
+            results["prompt"] = prompt(0)
+            print(f"prompts: up to {a.prompt_tokens} tokens each, counted by {how}", flush=True)
         write_json(a, results)
         if a.workers:
             hearth_part(a, models, env, tmp, results)

@@ -8,8 +8,10 @@ model: config.json, generation_config.json, model.safetensors (or shards of
 at most --max-shard-size with model.safetensors.index.json), and a byte-level
 BPE tokenizer (tokenizer.json, tokenizer_config.json) trained on a few
 sentences. Like Llama 3.2 1B: bf16, tied input and output embeddings (the
-checkpoint holds model.embed_tokens.weight only), grouped-query attention
-(--kv-heads < --heads). The weights are random: the text it generates is
+checkpoint holds model.embed_tokens.weight only; --untied adds an lm_head.weight
+of its own, like Llama 3 8B), grouped-query attention (--kv-heads < --heads).
+--device cuda makes the random weights on the GPU (minutes faster at billions
+of parameters). The weights are random: the text it generates is
 gibberish, but the same gibberish from every loader of the same checkpoint.
 
 Needs torch >= 2 and transformers (which brings `tokenizers`).
@@ -48,6 +50,23 @@ def make_tokenizer(vocab_size):
                                                 bos_token="<s>", eos_token="</s>")
 
 
+def fill_vocab(path, vocab_size):
+    """Adds BPE vocabulary entries "x<id>" (no merge makes them) for the ids
+    from the tokenizer's last up to vocab_size - 1."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    vocab = data["model"]["vocab"]
+    taken = set(vocab.values()) | {t["id"] for t in data.get("added_tokens", [])}
+    for i in range(vocab_size):
+        if i not in taken:
+            name = f"x{i}"
+            while name in vocab:
+                name += "_"
+            vocab[name] = i
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, ensure_ascii=False)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="the checkpoint directory to write")
@@ -64,6 +83,15 @@ def main(argv=None):
     parser.add_argument("--max-shard-size", default="10GB",
                         help="save_pretrained's max_shard_size: small values give several shards")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--untied", action="store_true",
+                        help="an lm_head.weight of its own instead of the embedding table's")
+    parser.add_argument("--fill-vocab", action="store_true",
+                        help="give the tokenizer a token for every id of --vocab (\"x1234\", "
+                             "never produced by encoding), so that every id the model draws has "
+                             "text, as in a real checkpoint")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                        help="where the random weights are made (the same seed gives other "
+                             "weights on each)")
     args = parser.parse_args(argv)
     if args.vocab < 300:
         parser.error("--vocab must be at least 300: the tokenizer alone has 259 tokens")
@@ -76,13 +104,19 @@ def main(argv=None):
         vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
         num_hidden_layers=args.layers, num_attention_heads=args.heads,
         num_key_value_heads=args.kv_heads, max_position_embeddings=args.max_positions,
-        initializer_range=args.initializer_range, tie_word_embeddings=True,
+        initializer_range=args.initializer_range, tie_word_embeddings=not args.untied,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
     torch.manual_seed(args.seed)
-    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    with torch.device(args.device):
+        model = transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval()
     os.makedirs(args.out, exist_ok=True)
     model.save_pretrained(args.out, max_shard_size=args.max_shard_size)
     tokenizer.save_pretrained(args.out)
+    if args.fill_vocab:
+        fill_vocab(os.path.join(args.out, "tokenizer.json"), args.vocab)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(args.out, local_files_only=True)
 
     files = sorted(f for f in os.listdir(args.out) if f.endswith(".safetensors"))
     params = sum(p.numel() for p in model.parameters())
