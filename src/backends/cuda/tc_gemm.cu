@@ -742,7 +742,7 @@ bool ValidFold(const TcGemmArgs& a) {
       hidden % 8 != 0 || hidden > kTcNormMaxHidden) {
     return false;
   }
-  if (a.norm_in) return n.weight != nullptr && Aligned(n.weight, 16);
+  if (a.norm_in) return n.weight != nullptr && Aligned(n.weight, 16) && !a.f32_out;
   return a.shape.batch == 1 && a.bias == nullptr && !a.f32_out && !a.swiglu;
 }
 

@@ -121,7 +121,8 @@ struct TcGemmArgs {
   // Split mode only (m <= kTcSplitRows), at most one of the two, each with
   // `norm` set:
   //   - norm_in: x is unused; its rows are those the AddRmsNorm launch would
-  //     write from norm.resid (no delta) with norm.weight and norm.eps;
+  //     write from norm.resid (no delta) with norm.weight and norm.eps (not
+  //     f32_out);
   //   - residual_out: y is unused; y's rows, rounded to the input type, are
   //     added to norm.resid and norm.squares written, as AddRmsNorm adds a
   //     delta (batch 1, no bias, not f32_out, not swiglu).
