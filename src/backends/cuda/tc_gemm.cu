@@ -33,10 +33,14 @@ struct Params {
   int32_t splits, batch;
   int64_t w_stride, bias_stride, y_stride;
   int64_t groups;  // column groups per batch entry
-  // A folded RMSNorm (TcNorm): norm_w is its weight.
+};
+
+// A folded RMSNorm's residual stream (TcNorm), as the kernels take it: one
+// for every entry of a group.
+struct NormParams {
   float* resid;
   float* squares;
-  const uint16_t* norm_w;
+  const uint16_t* weight;
   float eps;
 };
 
@@ -84,27 +88,29 @@ __device__ __forceinline__ uint4 LoadWeight(const uint16_t* p) {
   return __ldcs(reinterpret_cast<const uint4*>(p));
 }
 
-// The inverse RMS of the lane's two rows, r and r + 8 (norm_in), from the
-// rows' chunk sums; the whole warp calls it.
-__device__ __forceinline__ void NormInverses(const Params& p, int r, float (&inv)[2]) {
-  for (int64_t row = 0; row < p.m; ++row) {
+// The inverse RMS of every row (norm_in) from its chunk sums, into the CTA's
+// inv_rows: warp w takes rows w, w + kWarps, ...; then the CTA's barrier.
+// Every warp of the CTA calls it once (those with no columns too).
+__device__ __forceinline__ void NormInverses(const Params& p, const NormParams& n,
+                                             float* inv_rows) {
+  for (int64_t row = threadIdx.x >> 5; row < p.m; row += kWarps) {
     const float v =
-        llm_device::InvRms(llm_device::SumOfChunks(p.squares + row * (p.k / 8), p.k), p.k, p.eps);
-    if (row == r) inv[0] = v;
-    if (row == r + 8) inv[1] = v;
+        llm_device::InvRms(llm_device::SumOfChunks(n.squares + row * (p.k / 8), p.k), p.k, n.eps);
+    if ((threadIdx.x & 31) == 0) inv_rows[row] = v;
   }
+  __syncthreads();
 }
 
 // 16 elements of a normed row (norm_in), as the 32 bytes of x they replace:
 // the residual's from `at` (the row's element `col`), times the norm's weight
 // at `col`.
 template <bool kBf16>
-__device__ __forceinline__ void NormedX(const Params& p, int64_t at, int64_t col, float inv,
+__device__ __forceinline__ void NormedX(const NormParams& n, int64_t at, int64_t col, float inv,
                                         uint4 (&xv)[2]) {
   using T = ElemT<kBf16>;
   // Through L2: an earlier kernel wrote the residual (dependent_launch.h).
-  const auto* v4 = reinterpret_cast<const float4*>(p.resid + at);
-  const T* weight = reinterpret_cast<const T*>(p.norm_w) + col;
+  const auto* v4 = reinterpret_cast<const float4*>(n.resid + at);
+  const T* weight = reinterpret_cast<const T*>(n.weight) + col;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const float4 a = __ldcg(v4 + 2 * half), b = __ldcg(v4 + 2 * half + 1);
@@ -120,10 +126,12 @@ __device__ __forceinline__ void NormedX(const Params& p, int64_t at, int64_t col
 // points at the first column's row) of each of kN weights, their loads
 // interleaved: acc[i] is the mma fragment {row r, col 2q}, {r, 2q + 1},
 // {r + 8, 2q}, {r + 8, 2q + 1} of weight i. With kNormIn, x's rows are
-// computed from the residual (NormedX).
+// computed from the residual (NormedX), their inverse RMS through inv_rows
+// (NormInverses).
 template <bool kBf16, int kN, bool kNormIn>
 __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const (&w)[kN],
-                                         int64_t k0, float (&acc)[kN][4]) {
+                                         int64_t k0, float (&acc)[kN][4], const NormParams& n,
+                                         float* inv_rows) {
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
 #pragma unroll
   for (int i = 0; i < kN; ++i)
@@ -132,14 +140,17 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const 
   const uint16_t* wl[kN];
 #pragma unroll
   for (int i = 0; i < kN; ++i) wl[i] = w[i] + r * p.k + k0 + q * 16;
-  // Where the lane's 16 elements of x's row h (or the residual's) begin.
+  // Where the lane's 16 elements of x's row h begin (xl), or the residual's
+  // (xo, norm_in).
   int64_t xo[2];
+  const uint16_t* xl[2];
   bool ok[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = int64_t{h} * 8 + r;
     ok[h] = row < p.m;
     xo[h] = (ok[h] ? row : 0) * p.k + k0 + q * 16;
+    xl[h] = kNormIn ? nullptr : p.x + xo[h];
   }
   float inv[2] = {0.0f, 0.0f};
   for (int64_t kb = 0; kb < p.part; kb += 64 * kUnroll) {
@@ -160,7 +171,11 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const 
     if (kb == 0) {
       DependentWait();
       DependentRelease();
-      if constexpr (kNormIn) NormInverses(p, r, inv);
+      if constexpr (kNormIn) {
+        NormInverses(p, n, inv_rows);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) inv[h] = ok[h] ? inv_rows[h * 8 + r] : 0.0f;
+      }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -169,9 +184,9 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const 
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (ok[h] && kNormIn) {
-          NormedX<kBf16>(p, xo[h] + kb + u * 64, k0 + q * 16 + kb + u * 64, inv[h], xv[h]);
+          NormedX<kBf16>(n, xo[h] + kb + u * 64, k0 + q * 16 + kb + u * 64, inv[h], xv[h]);
         } else if (ok[h]) {
-          const auto* at = reinterpret_cast<const uint4*>(p.x + xo[h] + kb + u * 64);
+          const auto* at = reinterpret_cast<const uint4*>(xl[h] + kb + u * 64);
           // Through L2 (coherent): an earlier kernel wrote x while this
           // one was already resident (dependent_launch.h).
           xv[h][0] = __ldcg(at);
@@ -258,8 +273,8 @@ __device__ __forceinline__ void StoreSwiGlu(const Params& p, int64_t row, int64_
 // of each 8-column chunk is taken by the chunk's first lane (q == 0) in
 // column order. The whole warp calls it.
 template <bool kBf16>
-__device__ __forceinline__ void AddResidual(const Params& p, int r, int q, int64_t col,
-                                            const float2 (&v)[2]) {
+__device__ __forceinline__ void AddResidual(const Params& p, const NormParams& n, int r, int q,
+                                            int64_t col, const float2 (&v)[2]) {
   const int lane = static_cast<int>(threadIdx.x & 31);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -267,7 +282,7 @@ __device__ __forceinline__ void AddResidual(const Params& p, int r, int q, int64
     const bool valid = row < p.m;
     float2 now{0.0f, 0.0f};
     if (valid) {
-      auto* at = reinterpret_cast<float2*>(p.resid + row * p.n + col);
+      auto* at = reinterpret_cast<float2*>(n.resid + row * p.n + col);
       const float2 was = __ldcg(at);
       now = {__fadd_rn(was.x, Rounded<kBf16>(v[h].x)), __fadd_rn(was.y, Rounded<kBf16>(v[h].y))};
       __stcg(at, now);
@@ -278,7 +293,7 @@ __device__ __forceinline__ void AddResidual(const Params& p, int r, int q, int64
       chunk[2 * i] = __shfl_sync(0xffffffffu, now.x, (lane & ~3) | i);
       chunk[2 * i + 1] = __shfl_sync(0xffffffffu, now.y, (lane & ~3) | i);
     }
-    if (valid && q == 0) p.squares[row * (p.n / 8) + col / 8] = llm_device::ChunkSquares(chunk);
+    if (valid && q == 0) n.squares[row * (p.n / 8) + col / 8] = llm_device::ChunkSquares(chunk);
   }
 }
 
@@ -288,11 +303,14 @@ __device__ __forceinline__ void AddResidual(const Params& p, int r, int q, int64
 // (gate, up) and stores silu(gate) * up. kFold: the side of a folded RMSNorm
 // it is on, if any.
 template <bool kBf16, bool kF32Out, bool kSwiGlu, Fold kFold>
-__device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int part) {
+__device__ __forceinline__ void SplitBlock(const Params& p, const NormParams& n, int64_t block,
+                                           int part) {
   constexpr int kN = kSwiGlu ? 2 : 1;
+  __shared__ float inv_rows[kTcSplitRows];  // norm_in
   const int64_t g = block * kWarps + (threadIdx.x >> 5);
   if (g >= p.groups * (kSwiGlu ? 1 : p.batch)) {
     DependentWait();
+    if constexpr (kFold == Fold::kIn) NormInverses(p, n, inv_rows);
     return;
   }
   const int b = kSwiGlu ? 0 : static_cast<int>(g / p.groups);
@@ -301,7 +319,7 @@ __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int p
   const uint16_t* w[kN];
 #pragma unroll
   for (int i = 0; i < kN; ++i) w[i] = p.w + (b + i) * p.w_stride + col0 * p.k;
-  PartSums<kBf16, kN, kFold == Fold::kIn>(p, w, part * p.part, acc);
+  PartSums<kBf16, kN, kFold == Fold::kIn>(p, w, part * p.part, acc, n, inv_rows);
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
   const int64_t col = col0 + 2 * q;
   const auto store = [&](int64_t row, const float2(&v)[kN]) {
@@ -313,7 +331,7 @@ __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int p
   };
   if (p.splits == 1) {
     if constexpr (kFold == Fold::kOut) {
-      AddResidual<kBf16>(p, r, q, col,
+      AddResidual<kBf16>(p, n, r, q, col,
                          {float2{acc[0][0], acc[0][1]}, float2{acc[0][2], acc[0][3]}});
       return;
     }
@@ -355,7 +373,7 @@ __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int p
   if constexpr (kFold == Fold::kOut) {
     float2 t[2] = {};
     ForLaneRows(r, p.m, [&](int h, int64_t row) { t[h] = parts(b, row); });
-    AddResidual<kBf16>(p, r, q, col, t);
+    AddResidual<kBf16>(p, n, r, q, col, t);
   } else {
     ForLaneRows(r, p.m, [&](int, int64_t row) {
       float2 t[kN];
@@ -368,14 +386,23 @@ __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int p
 }
 
 template <bool kBf16, bool kF32Out, bool kSwiGlu, Fold kFold = Fold::kNone>
-__global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p) {
-  SplitBlock<kBf16, kF32Out, kSwiGlu, kFold>(p, blockIdx.x, static_cast<int>(blockIdx.z));
+__global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p, NormParams n) {
+  SplitBlock<kBf16, kF32Out, kSwiGlu, kFold>(p, n, blockIdx.x, static_cast<int>(blockIdx.z));
+}
+
+// The SwiGLU launch with the norm folded in, held to 4 CTAs an SM (128
+// registers): at ~150 it would hold 3, and its 512 CTAs at one row (1B
+// gate/up) would run in two waves on 132 SMs instead of one.
+template <bool kBf16>
+__global__ void __launch_bounds__(kWarps * 32, 4) SwiGluNormKernel(Params p, NormParams n) {
+  SplitBlock<kBf16, false, true, Fold::kIn>(p, n, blockIdx.x, static_cast<int>(blockIdx.z));
 }
 
 // Several split-mode products in one launch: entry e owns the blocks from
 // first[e], x_blocks[e] of them per part.
 struct GroupParams {
   Params p[kTcMaxGroup];
+  NormParams norm;
   int64_t first[kTcMaxGroup + 1];
   int64_t x_blocks[kTcMaxGroup];
   int count;
@@ -387,7 +414,7 @@ __global__ void __launch_bounds__(kWarps * 32) GroupKernel(GroupParams gp) {
   int e = 0;
   while (e + 1 < gp.count && block >= gp.first[e + 1]) ++e;
   const int64_t local = block - gp.first[e];
-  SplitBlock<kBf16, false, false, kFold>(gp.p[e], local % gp.x_blocks[e],
+  SplitBlock<kBf16, false, false, kFold>(gp.p[e], gp.norm, local % gp.x_blocks[e],
                                          static_cast<int>(local / gp.x_blocks[e]));
 }
 
@@ -643,7 +670,8 @@ cudaError_t LaunchTile(Kernel kernel, int smem, std::atomic<uint64_t>& devices, 
 }
 
 template <bool kBf16, bool kF32Out>
-cudaError_t Launch(const Params& base, const TcGemmArgs& args, cudaStream_t stream) {
+cudaError_t Launch(const Params& base, const NormParams& n, const TcGemmArgs& args,
+                   cudaStream_t stream) {
   Params p = base;
   if (p.m <= kTcSplitRows) {
     p.groups = p.n / 8;
@@ -653,21 +681,20 @@ cudaError_t Launch(const Params& base, const TcGemmArgs& args, cudaStream_t stre
     static_assert(kTcSplitRows == 16, "the split mode holds one 16-row tile");
     if constexpr (!kF32Out) {
       if (args.swiglu && args.norm_in) {
-        return LaunchDependent(SplitKernel<kBf16, false, true, Fold::kIn>, grid, kWarps * 32, 0,
-                               stream, p);
+        return LaunchDependent(SwiGluNormKernel<kBf16>, grid, kWarps * 32, 0, stream, p, n);
       }
       if (args.swiglu)
-        return LaunchDependent(SplitKernel<kBf16, false, true>, grid, kWarps * 32, 0, stream, p);
+        return LaunchDependent(SplitKernel<kBf16, false, true>, grid, kWarps * 32, 0, stream, p, n);
       if (args.norm_in) {
         return LaunchDependent(SplitKernel<kBf16, false, false, Fold::kIn>, grid, kWarps * 32, 0,
-                               stream, p);
+                               stream, p, n);
       }
       if (args.residual_out) {
         return LaunchDependent(SplitKernel<kBf16, false, false, Fold::kOut>, grid, kWarps * 32, 0,
-                               stream, p);
+                               stream, p, n);
       }
     }
-    return LaunchDependent(SplitKernel<kBf16, kF32Out, false>, grid, kWarps * 32, 0, stream, p);
+    return LaunchDependent(SplitKernel<kBf16, kF32Out, false>, grid, kWarps * 32, 0, stream, p, n);
   }
   // Up to kDeepRows rows, 64-row tiles through 6 stages; above, 128-row
   // tiles (a warp's 64 x 32 piece reads each staged fragment for twice the
@@ -782,11 +809,11 @@ Params MakeParams(const TcGemmArgs& a) {
   p.w_stride = a.w_stride;
   p.bias_stride = a.bias_stride;
   p.y_stride = a.y_stride;
-  p.resid = a.norm.resid;
-  p.squares = a.norm.squares;
-  p.norm_w = static_cast<const uint16_t*>(a.norm.weight);
-  p.eps = a.norm.eps;
   return p;
+}
+
+NormParams MakeNorm(const TcGemmArgs& a) {
+  return {a.norm.resid, a.norm.squares, static_cast<const uint16_t*>(a.norm.weight), a.norm.eps};
 }
 
 // Whether two byte ranges overlap (an empty one overlaps nothing).
@@ -801,11 +828,12 @@ cudaError_t LaunchTcGemm(const TcGemmArgs& a, cudaStream_t stream) {
   if (!Valid(a)) return cudaErrorInvalidValue;
   if (a.m == 0) return cudaSuccess;
   const Params p = MakeParams(a);
+  const NormParams n = MakeNorm(a);
   cudaError_t set = cudaSuccess;
   if (a.bf16) {
-    set = a.f32_out ? Launch<true, true>(p, a, stream) : Launch<true, false>(p, a, stream);
+    set = a.f32_out ? Launch<true, true>(p, n, a, stream) : Launch<true, false>(p, n, a, stream);
   } else {
-    set = a.f32_out ? Launch<false, true>(p, a, stream) : Launch<false, false>(p, a, stream);
+    set = a.f32_out ? Launch<false, true>(p, n, a, stream) : Launch<false, false>(p, n, a, stream);
   }
   if (set != cudaSuccess) {
     (void)cudaGetLastError();  // not left for the next call to find
@@ -823,7 +851,10 @@ cudaError_t LaunchTcGemmGroup(std::span<const TcGemmArgs> group, cudaStream_t st
   for (size_t e = 0; e < group.size(); ++e) {
     const TcGemmArgs& a = group[e];
     if (!Valid(a) || a.m != group[0].m || a.m > kTcSplitRows || a.bf16 != group[0].bf16 ||
-        a.f32_out || a.swiglu || a.residual_out || a.norm_in != group[0].norm_in) {
+        a.f32_out || a.swiglu || a.residual_out || a.norm_in != group[0].norm_in ||
+        (a.norm_in &&
+         (a.norm.resid != group[0].norm.resid || a.norm.squares != group[0].norm.squares ||
+          a.norm.weight != group[0].norm.weight || a.norm.eps != group[0].norm.eps))) {
       return cudaErrorInvalidValue;
     }
     const uint64_t ws = TcGemmWorkspaceBytes(a.shape),
@@ -843,6 +874,7 @@ cudaError_t LaunchTcGemmGroup(std::span<const TcGemmArgs> group, cudaStream_t st
     blocks += gp.x_blocks[e] * p.splits;
   }
   gp.first[group.size()] = blocks;
+  gp.norm = MakeNorm(group[0]);
   if (group[0].m == 0) return cudaSuccess;
   const auto grid = static_cast<unsigned>(blocks);
   cudaError_t set = cudaSuccess;

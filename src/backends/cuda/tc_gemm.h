@@ -143,8 +143,9 @@ cudaError_t LaunchTcGemm(const TcGemmArgs& args, cudaStream_t stream);
 
 // Queues up to kTcMaxGroup split-mode products in one launch (q_proj and the
 // k/v pair, which read one x): each entry's bits are LaunchTcGemm's. Every
-// entry has the same m (at most kTcSplitRows), input type and norm_in, no
-// swiglu, no f32_out, no residual_out, and workspace and counters of its own,
+// entry has the same m (at most kTcSplitRows), input type and norm_in (with
+// one norm for all), no swiglu, no f32_out, no residual_out, and workspace
+// and counters of its own,
 // apart from the others' (TcGemmWorkspaceBytes and TcGemmCounters of its
 // shape); else cudaErrorInvalidValue.
 inline constexpr int kTcMaxGroup = 3;
