@@ -858,9 +858,11 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
   // hearth's kernel in one launch each; the same bits as unfolded.
   const bool fold_rows =
       rows <= cuda_options_.norm_in_gemm_rows && hidden_ <= cuda::kTcNormMaxHidden;
-  const bool fold_mlp_norm = fold_rows && swiglu_fused && gemms_->AddsResidual(o_gemm_, rows);
+  const bool fold_mlp_norm = fold_rows && swiglu_fused && gemms_->AddsResidual(o_gemm_, rows) &&
+                             gemms_->NormInFits(gate_up_gemm_, rows);
   const bool fold_attention_norm =
-      fold_rows && qkv_grouped && gemms_->AddsResidual(down_gemm_, rows);
+      fold_rows && qkv_grouped && gemms_->AddsResidual(down_gemm_, rows) &&
+      gemms_->NormInFits(q_gemm_, rows) && gemms_->NormInFits(kv_gemm_, rows);
   cuda::TcNorm attention_norm, mlp_norm;
   attention_norm.resid = mlp_norm.resid = resid;
   attention_norm.squares = mlp_norm.squares = static_cast<float*>(squares_.get());

@@ -512,6 +512,13 @@ Status GemmSet::RunSwiGlu(int shape, const void* weight, const void* x, void* y,
       .WithContext("GEMM " + s.spec.name + " + SwiGLU");
 }
 
+bool GemmSet::NormInFits(int shape, int64_t m) const {
+  if (shape < 0 || static_cast<size_t>(shape) >= shapes_.size()) return false;
+  const Shape& s = *shapes_[static_cast<size_t>(shape)];
+  return s.own && m >= 1 && m <= s.spec.max_m &&
+         cuda::TcGemmNormInFits({s.spec.n, s.spec.k, s.spec.batch}, m);
+}
+
 bool GemmSet::AddsResidual(int shape, int64_t m) const {
   if (shape < 0 || static_cast<size_t>(shape) >= shapes_.size()) return false;
   const Shape& s = *shapes_[static_cast<size_t>(shape)];

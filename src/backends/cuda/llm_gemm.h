@@ -125,6 +125,10 @@ class GemmSet {
   Status RunSwiGlu(int shape, const void* weight, const void* x, void* y, int64_t m,
                    const cuda::TcNorm* norm_in = nullptr);
 
+  // Whether `shape` runs on hearth's kernel and takes norm_in at m rows
+  // (cuda::TcGemmNormInFits): RunSwiGlu's and RunGroup's norm_in.
+  bool NormInFits(int shape, int64_t m) const;
+
   // Whether RunResidual can run `shape` at m rows: one weight without a bias
   // on hearth's kernel, in its split mode, y in the input type, n <=
   // cuda::kTcNormMaxHidden.

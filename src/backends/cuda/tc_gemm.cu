@@ -88,50 +88,52 @@ __device__ __forceinline__ uint4 LoadWeight(const uint16_t* p) {
   return __ldcs(reinterpret_cast<const uint4*>(p));
 }
 
-// The inverse RMS of every row (norm_in) from its chunk sums, into the CTA's
-// inv_rows: warp w takes rows w, w + kWarps, ...; then the CTA's barrier.
-// Every warp of the CTA calls it once (those with no columns too).
-__device__ __forceinline__ void NormInverses(const Params& p, const NormParams& n,
-                                             float* inv_rows) {
+// norm_in: the CTA's rows of x over its part of k, made once and shared by
+// its four warps (each of which would otherwise make its lanes' elements for
+// itself, in the chain ahead of its products). Every warp of the CTA calls
+// it once, those with no columns too, after DependentWait:
+//   - the inverse RMS of each row from its chunk sums: warp w takes rows w,
+//     w + kWarps, ... into inv_rows; a barrier;
+//   - x's rows over k0 .. k0 + part, [m][part / 8] chunks of 8 in x_tile, as
+//     the AddRmsNorm launch rounds them; a barrier.
+template <bool kBf16>
+__device__ __forceinline__ void NormedTile(const Params& p, const NormParams& n, int64_t k0,
+                                           float* inv_rows, uint4* x_tile) {
+  using T = ElemT<kBf16>;
   for (int64_t row = threadIdx.x >> 5; row < p.m; row += kWarps) {
     const float v =
         llm_device::InvRms(llm_device::SumOfChunks(n.squares + row * (p.k / 8), p.k), p.k, n.eps);
     if ((threadIdx.x & 31) == 0) inv_rows[row] = v;
   }
   __syncthreads();
-}
-
-// 16 elements of a normed row (norm_in), as the 32 bytes of x they replace:
-// the residual's from `at` (the row's element `col`), times the norm's weight
-// at `col`.
-template <bool kBf16>
-__device__ __forceinline__ void NormedX(const NormParams& n, int64_t at, int64_t col, float inv,
-                                        uint4 (&xv)[2]) {
-  using T = ElemT<kBf16>;
-  // Through L2: an earlier kernel wrote the residual (dependent_launch.h).
-  const auto* v4 = reinterpret_cast<const float4*>(n.resid + at);
-  const T* weight = reinterpret_cast<const T*>(n.weight) + col;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const float4 a = __ldcg(v4 + 2 * half), b = __ldcg(v4 + 2 * half + 1);
+  const int64_t chunks = p.part / 8;
+  for (int64_t i = threadIdx.x; i < p.m * chunks; i += kWarps * 32) {
+    const int64_t row = i / chunks, k = k0 + 8 * (i % chunks);
+    // Through L2: an earlier kernel wrote the residual (dependent_launch.h).
+    const auto* v4 = reinterpret_cast<const float4*>(n.resid + row * p.k + k);
+    const float4 a = __ldcg(v4), b = __ldcg(v4 + 1);
     float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w}, w[8];
-    llm_device::Load8(weight + 8 * half, w);
+    llm_device::Load8(reinterpret_cast<const T*>(n.weight) + k, w);
+    const float inv = inv_rows[row];
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[j] = llm_device::NormScale(w[j], v[j], inv);
-    xv[half] = llm_device::Pack8<T>(v);
+    x_tile[i] = llm_device::Pack8<T>(v);
   }
+  __syncthreads();
 }
+
+// Bytes of a norm_in launch's x tile (shared memory): m rows of a part.
+inline int64_t NormTileBytes(int64_t m, int64_t part) { return m * part * 2; }
 
 // One part's sums for the 16 rows from 0 and the 8 columns from w[i] (which
 // points at the first column's row) of each of kN weights, their loads
 // interleaved: acc[i] is the mma fragment {row r, col 2q}, {r, 2q + 1},
 // {r + 8, 2q}, {r + 8, 2q + 1} of weight i. With kNormIn, x's rows are
-// computed from the residual (NormedX), their inverse RMS through inv_rows
-// (NormInverses).
+// made from the residual into x_tile (NormedTile) and read from there.
 template <bool kBf16, int kN, bool kNormIn>
 __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const (&w)[kN],
                                          int64_t k0, float (&acc)[kN][4], const NormParams& n,
-                                         float* inv_rows) {
+                                         float* inv_rows, uint4* x_tile) {
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
 #pragma unroll
   for (int i = 0; i < kN; ++i)
@@ -140,19 +142,19 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const 
   const uint16_t* wl[kN];
 #pragma unroll
   for (int i = 0; i < kN; ++i) wl[i] = w[i] + r * p.k + k0 + q * 16;
-  // Where the lane's 16 elements of x's row h begin (xl), or the residual's
-  // (xo, norm_in).
-  int64_t xo[2];
+  // Where the lane's 16 elements of x's row h begin: in x (xl), or in
+  // x_tile (xt, norm_in), in chunks of 8.
   const uint16_t* xl[2];
+  const uint4* xt[2];
   bool ok[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = int64_t{h} * 8 + r;
     ok[h] = row < p.m;
-    xo[h] = (ok[h] ? row : 0) * p.k + k0 + q * 16;
-    xl[h] = kNormIn ? nullptr : p.x + xo[h];
+    const int64_t at = ok[h] ? row : 0;
+    xl[h] = kNormIn ? nullptr : p.x + at * p.k + k0 + q * 16;
+    xt[h] = kNormIn ? x_tile + at * (p.part / 8) + q * 2 : nullptr;
   }
-  float inv[2] = {0.0f, 0.0f};
   for (int64_t kb = 0; kb < p.part; kb += 64 * kUnroll) {
     uint4 wv[kUnroll][kN][2];
 #pragma unroll
@@ -171,11 +173,7 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const 
     if (kb == 0) {
       DependentWait();
       DependentRelease();
-      if constexpr (kNormIn) {
-        NormInverses(p, n, inv_rows);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) inv[h] = ok[h] ? inv_rows[h * 8 + r] : 0.0f;
-      }
+      if constexpr (kNormIn) NormedTile<kBf16>(p, n, k0, inv_rows, x_tile);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -184,7 +182,9 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const 
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         if (ok[h] && kNormIn) {
-          NormedX<kBf16>(n, xo[h] + kb + u * 64, k0 + q * 16 + kb + u * 64, inv[h], xv[h]);
+          const uint4* at = xt[h] + (kb + u * 64) / 8;
+          xv[h][0] = at[0];
+          xv[h][1] = at[1];
         } else if (ok[h]) {
           const auto* at = reinterpret_cast<const uint4*>(xl[h] + kb + u * 64);
           // Through L2 (coherent): an earlier kernel wrote x while this
@@ -306,11 +306,13 @@ template <bool kBf16, bool kF32Out, bool kSwiGlu, Fold kFold>
 __device__ __forceinline__ void SplitBlock(const Params& p, const NormParams& n, int64_t block,
                                            int part) {
   constexpr int kN = kSwiGlu ? 2 : 1;
-  __shared__ float inv_rows[kTcSplitRows];  // norm_in
+  // norm_in: each row's inverse RMS and the CTA's tile of x (NormedTile).
+  __shared__ float inv_rows[kTcSplitRows];
+  extern __shared__ uint4 x_tile[];
   const int64_t g = block * kWarps + (threadIdx.x >> 5);
   if (g >= p.groups * (kSwiGlu ? 1 : p.batch)) {
     DependentWait();
-    if constexpr (kFold == Fold::kIn) NormInverses(p, n, inv_rows);
+    if constexpr (kFold == Fold::kIn) NormedTile<kBf16>(p, n, part * p.part, inv_rows, x_tile);
     return;
   }
   const int b = kSwiGlu ? 0 : static_cast<int>(g / p.groups);
@@ -319,7 +321,7 @@ __device__ __forceinline__ void SplitBlock(const Params& p, const NormParams& n,
   const uint16_t* w[kN];
 #pragma unroll
   for (int i = 0; i < kN; ++i) w[i] = p.w + (b + i) * p.w_stride + col0 * p.k;
-  PartSums<kBf16, kN, kFold == Fold::kIn>(p, w, part * p.part, acc, n, inv_rows);
+  PartSums<kBf16, kN, kFold == Fold::kIn>(p, w, part * p.part, acc, n, inv_rows, x_tile);
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
   const int64_t col = col0 + 2 * q;
   const auto store = [&](int64_t row, const float2(&v)[kN]) {
@@ -681,13 +683,14 @@ cudaError_t Launch(const Params& base, const NormParams& n, const TcGemmArgs& ar
     static_assert(kTcSplitRows == 16, "the split mode holds one 16-row tile");
     if constexpr (!kF32Out) {
       if (args.swiglu && args.norm_in) {
-        return LaunchDependent(SwiGluNormKernel<kBf16>, grid, kWarps * 32, 0, stream, p, n);
+        return LaunchDependent(SwiGluNormKernel<kBf16>, grid, kWarps * 32,
+                               NormTileBytes(p.m, p.part), stream, p, n);
       }
       if (args.swiglu)
         return LaunchDependent(SplitKernel<kBf16, false, true>, grid, kWarps * 32, 0, stream, p, n);
       if (args.norm_in) {
-        return LaunchDependent(SplitKernel<kBf16, false, false, Fold::kIn>, grid, kWarps * 32, 0,
-                               stream, p, n);
+        return LaunchDependent(SplitKernel<kBf16, false, false, Fold::kIn>, grid, kWarps * 32,
+                               NormTileBytes(p.m, p.part), stream, p, n);
       }
       if (args.residual_out) {
         return LaunchDependent(SplitKernel<kBf16, false, false, Fold::kOut>, grid, kWarps * 32, 0,
@@ -735,6 +738,12 @@ bool Aligned(const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p
 
 }  // namespace
 
+bool TcGemmNormInFits(const TcGemmShape& shape, int64_t m) {
+  const int32_t splits = TcGemmSplits(shape);
+  return splits > 0 && m >= 0 && m <= kTcSplitRows && shape.k <= kTcNormMaxHidden &&
+         NormTileBytes(m, shape.k / splits) <= kTcMaxNormTileBytes;
+}
+
 int32_t TcGemmSplits(const TcGemmShape& shape) {
   if (shape.n < 8 || shape.k < 64 || shape.n % 8 != 0 || shape.k % 64 != 0 || shape.batch < 1)
     return 0;
@@ -769,7 +778,10 @@ bool ValidFold(const TcGemmArgs& a) {
       hidden % 8 != 0 || hidden > kTcNormMaxHidden) {
     return false;
   }
-  if (a.norm_in) return n.weight != nullptr && Aligned(n.weight, 16) && !a.f32_out;
+  if (a.norm_in) {
+    return n.weight != nullptr && Aligned(n.weight, 16) && !a.f32_out &&
+           TcGemmNormInFits(a.shape, a.m);
+  }
   return a.shape.batch == 1 && a.bias == nullptr && !a.f32_out && !a.swiglu;
 }
 
@@ -875,13 +887,17 @@ cudaError_t LaunchTcGemmGroup(std::span<const TcGemmArgs> group, cudaStream_t st
   }
   gp.first[group.size()] = blocks;
   gp.norm = MakeNorm(group[0]);
+  // norm_in: the x tile of the entry with the longest part.
+  int64_t tile = 0;
+  for (size_t e = 0; e < group.size(); ++e)
+    tile = std::max(tile, NormTileBytes(gp.p[e].m, gp.p[e].part));
   if (group[0].m == 0) return cudaSuccess;
   const auto grid = static_cast<unsigned>(blocks);
   cudaError_t set = cudaSuccess;
   if (group[0].norm_in) {
     set = group[0].bf16
-              ? LaunchDependent(GroupKernel<true, Fold::kIn>, grid, kWarps * 32, 0, stream, gp)
-              : LaunchDependent(GroupKernel<false, Fold::kIn>, grid, kWarps * 32, 0, stream, gp);
+              ? LaunchDependent(GroupKernel<true, Fold::kIn>, grid, kWarps * 32, tile, stream, gp)
+              : LaunchDependent(GroupKernel<false, Fold::kIn>, grid, kWarps * 32, tile, stream, gp);
   } else {
     set = group[0].bf16
               ? LaunchDependent(GroupKernel<true, Fold::kNone>, grid, kWarps * 32, 0, stream, gp)

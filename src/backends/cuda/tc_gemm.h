@@ -46,11 +46,12 @@
 //     writes no y: it adds y, rounded to the input type, to the F32 residual
 //     stream and writes each 8-column chunk's sum of squares of the new
 //     residual (llm_device.cuh, ChunkSquares);
-//   - the GEMMs after it (q_proj with k/v, gate/up) read no x: each warp adds
-//     a row's chunk sums as the norm launch's block would, and computes its
-//     own elements of x = weight * (residual * inv) as that launch rounds
-//     them.
-// A launch is saved per norm, and the normed rows are never written.
+//   - the GEMMs after it (q_proj with k/v, gate/up) read no x: a CTA's warps
+//     add the rows' chunk sums as the norm launch's block would, then make
+//     the CTA's rows of x = weight * (residual * inv) over its part of k, in
+//     shared memory, rounded as that launch rounds them.
+// A launch is saved per norm, and the normed rows are never written to
+// global memory.
 //
 // Thread-safety: a launch uses the workspace and counters; launches sharing
 // them must be ordered (one stream).
@@ -102,6 +103,12 @@ struct TcNorm {
   float eps = 0.0f;
 };
 
+// The most shared memory a norm_in launch's CTA takes for its rows of x
+// (m x k / TcGemmSplits, 16-bit), and whether a shape takes norm_in at m rows
+// (within it, and k within kTcNormMaxHidden).
+inline constexpr int64_t kTcMaxNormTileBytes = 48 << 10;
+bool TcGemmNormInFits(const TcGemmShape& shape, int64_t m);
+
 struct TcGemmArgs {
   TcGemmShape shape;
   bool bf16 = true;            // else F16
@@ -122,7 +129,7 @@ struct TcGemmArgs {
   // `norm` set:
   //   - norm_in: x is unused; its rows are those the AddRmsNorm launch would
   //     write from norm.resid (no delta) with norm.weight and norm.eps (not
-  //     f32_out);
+  //     f32_out; TcGemmNormInFits);
   //   - residual_out: y is unused; y's rows, rounded to the input type, are
   //     added to norm.resid and norm.squares written, as AddRmsNorm adds a
   //     delta (batch 1, no bias, not f32_out, not swiglu).

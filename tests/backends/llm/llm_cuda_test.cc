@@ -789,9 +789,16 @@ TEST_F(LlmCudaTest, OwnGemmFoldsTheRmsNormAroundIt) {
             ASSERT_EQ(sq[static_cast<size_t>(i)], ss) << "chunk " << i;
           }
           // After the norm: one product, the SwiGLU pair, a group of the two.
-          const auto compare = [&](const char* what, const std::function<cudaError_t(bool)>& run,
-                                   size_t outputs) {
+          // Where a CTA's rows of x over its part of k would not fit its
+          // shared memory (hidden 2112 is one part), norm_in is refused.
+          const auto compare = [&](const char* what, const cuda::TcGemmShape& shape,
+                                   const std::function<cudaError_t(bool)>& run, size_t outputs) {
             SCOPED_TRACE(what);
+            if (!cuda::TcGemmNormInFits(shape, m)) {
+              EXPECT_GT(m * shape.k * 2, cuda::TcGemmSplits(shape) * cuda::kTcMaxNormTileBytes);
+              EXPECT_EQ(run(true), cudaErrorInvalidValue);
+              return;
+            }
             ASSERT_CUDA(cudaMemset(want_y.get(), 0xFF, outputs * 2));
             ASSERT_CUDA(cudaMemset(got_y.get(), 0xFF, outputs * 2));
             ASSERT_EQ(run(false), cudaSuccess);
@@ -802,7 +809,7 @@ TEST_F(LlmCudaTest, OwnGemmFoldsTheRmsNormAroundIt) {
             EXPECT_GT(std::set<uint16_t>(got.begin(), got.end()).size(), outputs / 8);
           };
           compare(
-              "one product",
+              "one product", one,
               [&](bool folded) {
                 return cuda::LaunchTcGemm(after_args(one, folded ? nullptr : xn.get(),
                                                      folded ? got_y.get() : want_y.get(), m),
@@ -810,7 +817,7 @@ TEST_F(LlmCudaTest, OwnGemmFoldsTheRmsNormAroundIt) {
               },
               static_cast<size_t>(m * n_out));
           compare(
-              "swiglu pair",
+              "swiglu pair", pair,
               [&](bool folded) {
                 cuda::TcGemmArgs a = after_args(pair, folded ? nullptr : xn.get(),
                                                 folded ? got_y.get() : want_y.get(), m);
@@ -819,7 +826,7 @@ TEST_F(LlmCudaTest, OwnGemmFoldsTheRmsNormAroundIt) {
               },
               static_cast<size_t>(m * n_out));
           compare(
-              "group",
+              "group", one,
               [&](bool folded) {
                 void* y = folded ? got_y.get() : want_y.get();
                 cuda::TcGemmArgs a = after_args(one, folded ? nullptr : xn.get(), y, m);
