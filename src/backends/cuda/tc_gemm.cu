@@ -88,14 +88,21 @@ __device__ __forceinline__ uint4 LoadWeight(const uint16_t* p) {
   return __ldcs(reinterpret_cast<const uint4*>(p));
 }
 
+// A norm_in launch's x tile: a row every TileRow(part) 16-byte chunks (one
+// past the part's, so that the 16-byte reads of lanes on different rows start
+// in different banks), m rows.
+__host__ __device__ constexpr int64_t TileRow(int64_t part) { return part / 8 + 1; }
+inline int64_t NormTileBytes(int64_t m, int64_t part) { return m * TileRow(part) * 16; }
+
 // norm_in: the CTA's rows of x over its part of k, made once and shared by
 // its four warps (each of which would otherwise make its lanes' elements for
 // itself, in the chain ahead of its products). Every warp of the CTA calls
 // it once, those with no columns too, after DependentWait:
 //   - the inverse RMS of each row from its chunk sums: warp w takes rows w,
 //     w + kWarps, ... into inv_rows; a barrier;
-//   - x's rows over k0 .. k0 + part, [m][part / 8] chunks of 8 in x_tile, as
-//     the AddRmsNorm launch rounds them; a barrier.
+//   - x's rows over k0 .. k0 + part in x_tile, chunks of 8 elements, a row
+//     every TileRow(part) chunks, as the AddRmsNorm launch rounds them; a
+//     barrier.
 template <bool kBf16>
 __device__ __forceinline__ void NormedTile(const Params& p, const NormParams& n, int64_t k0,
                                            float* inv_rows, uint4* x_tile) {
@@ -106,9 +113,11 @@ __device__ __forceinline__ void NormedTile(const Params& p, const NormParams& n,
     if ((threadIdx.x & 31) == 0) inv_rows[row] = v;
   }
   __syncthreads();
-  const int64_t chunks = p.part / 8;
-  for (int64_t i = threadIdx.x; i < p.m * chunks; i += kWarps * 32) {
-    const int64_t row = i / chunks, k = k0 + 8 * (i % chunks);
+  // At most kTcSplitRows x kTcNormMaxHidden / 8 chunks: 32-bit indices.
+  const int chunks = static_cast<int>(p.part / 8), all = static_cast<int>(p.m) * chunks;
+  for (int i = static_cast<int>(threadIdx.x); i < all; i += kWarps * 32) {
+    const int row = i / chunks, c = i % chunks;
+    const int64_t k = k0 + 8 * c;
     // Through L2: an earlier kernel wrote the residual (dependent_launch.h).
     const auto* v4 = reinterpret_cast<const float4*>(n.resid + row * p.k + k);
     const float4 a = __ldcg(v4), b = __ldcg(v4 + 1);
@@ -117,13 +126,10 @@ __device__ __forceinline__ void NormedTile(const Params& p, const NormParams& n,
     const float inv = inv_rows[row];
 #pragma unroll
     for (int j = 0; j < 8; ++j) v[j] = llm_device::NormScale(w[j], v[j], inv);
-    x_tile[i] = llm_device::Pack8<T>(v);
+    x_tile[row * TileRow(p.part) + c] = llm_device::Pack8<T>(v);
   }
   __syncthreads();
 }
-
-// Bytes of a norm_in launch's x tile (shared memory): m rows of a part.
-inline int64_t NormTileBytes(int64_t m, int64_t part) { return m * part * 2; }
 
 // One part's sums for the 16 rows from 0 and the 8 columns from w[i] (which
 // points at the first column's row) of each of kN weights, their loads
@@ -153,7 +159,7 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const 
     ok[h] = row < p.m;
     const int64_t at = ok[h] ? row : 0;
     xl[h] = kNormIn ? nullptr : p.x + at * p.k + k0 + q * 16;
-    xt[h] = kNormIn ? x_tile + at * (p.part / 8) + q * 2 : nullptr;
+    xt[h] = kNormIn ? x_tile + at * TileRow(p.part) + q * 2 : nullptr;
   }
   for (int64_t kb = 0; kb < p.part; kb += 64 * kUnroll) {
     uint4 wv[kUnroll][kN][2];
@@ -393,8 +399,9 @@ __global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p, NormParams 
 }
 
 // The SwiGLU launch with the norm folded in, held to 4 CTAs an SM (128
-// registers): at ~150 it would hold 3, and its 512 CTAs at one row (1B
-// gate/up) would run in two waves on 132 SMs instead of one.
+// registers): at ~150 it would hold 3, and the 448 CTAs of the 8B's gate/up
+// at one row would run in two waves on 132 SMs instead of one (the 1B's 256
+// fit either way).
 template <bool kBf16>
 __global__ void __launch_bounds__(kWarps * 32, 4) SwiGluNormKernel(Params p, NormParams n) {
   SplitBlock<kBf16, false, true, Fold::kIn>(p, n, blockIdx.x, static_cast<int>(blockIdx.z));
@@ -864,9 +871,9 @@ cudaError_t LaunchTcGemmGroup(std::span<const TcGemmArgs> group, cudaStream_t st
     const TcGemmArgs& a = group[e];
     if (!Valid(a) || a.m != group[0].m || a.m > kTcSplitRows || a.bf16 != group[0].bf16 ||
         a.f32_out || a.swiglu || a.residual_out || a.norm_in != group[0].norm_in ||
-        (a.norm_in &&
-         (a.norm.resid != group[0].norm.resid || a.norm.squares != group[0].norm.squares ||
-          a.norm.weight != group[0].norm.weight || a.norm.eps != group[0].norm.eps))) {
+        (a.norm_in && (a.shape.k != group[0].shape.k || a.norm.resid != group[0].norm.resid ||
+                       a.norm.squares != group[0].norm.squares ||
+                       a.norm.weight != group[0].norm.weight || a.norm.eps != group[0].norm.eps))) {
       return cudaErrorInvalidValue;
     }
     const uint64_t ws = TcGemmWorkspaceBytes(a.shape),

@@ -104,9 +104,11 @@ struct TcNorm {
 };
 
 // The most shared memory a norm_in launch's CTA takes for its rows of x
-// (m x k / TcGemmSplits, 16-bit), and whether a shape takes norm_in at m rows
-// (within it, and k within kTcNormMaxHidden).
-inline constexpr int64_t kTcMaxNormTileBytes = 48 << 10;
+// (m rows of k / TcGemmSplits 16-bit elements, each padded by 16 bytes),
+// below the 48 KiB a launch has without asking, with room for the kernel's
+// own; and whether a shape takes norm_in at m rows (within it, and k within
+// kTcNormMaxHidden).
+inline constexpr int64_t kTcMaxNormTileBytes = 46 << 10;
 bool TcGemmNormInFits(const TcGemmShape& shape, int64_t m);
 
 struct TcGemmArgs {
