@@ -842,20 +842,16 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
   auto* tokens = DeviceArray<const int32_t>(meta_.tokens);
   auto* step = DeviceArray<const cuda::AttnStep>(meta_.step);
   auto* resid = static_cast<float*>(resid_.get());
-  RETURN_IF_ERROR(Timed("embed", [&] {
-    return cuda::LaunchEmbed(tokens, rows, embed_, hidden_, bf, resid, s,
-                             DeviceArray<const int32_t>(meta_.feed),
-                             static_cast<const int32_t*>(sampled_.get()));
-  }));
   const int qkv_shapes[] = {q_gemm_, kv_gemm_, kv_gemm_};
   const size_t qkv_count = pair_kv_ ? 2 : 3;
   const bool qkv_grouped = cuda_options_.group_qkv && gemms_->Groups({qkv_shapes, qkv_count}, rows);
   const bool swiglu_fused =
       pair_gate_up_ && cuda_options_.fuse_swiglu && gemms_->FusesSwiGlu(gate_up_gemm_, rows);
   // The RMSNorms folded into the GEMMs on each side of them (tc_gemm.h): the
-  // one before the MLP between o_proj and gate/up, the one before each later
-  // layer's attention between down_proj and q/k/v, where those run on
-  // hearth's kernel in one launch each; the same bits as unfolded.
+  // one before the MLP between o_proj and gate/up, the one before each
+  // layer's attention between down_proj (the embedding, in the first layer)
+  // and q/k/v, where those run on hearth's kernel in one launch each; the
+  // same bits as unfolded.
   const bool fold_rows =
       rows <= cuda_options_.norm_in_gemm_rows && hidden_ <= cuda::kTcNormMaxHidden;
   const bool fold_mlp_norm = fold_rows && swiglu_fused && gemms_->AddsResidual(o_gemm_, rows) &&
@@ -867,11 +863,17 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
   attention_norm.resid = mlp_norm.resid = resid;
   attention_norm.squares = mlp_norm.squares = static_cast<float*>(squares_.get());
   attention_norm.eps = mlp_norm.eps = eps_;
+  RETURN_IF_ERROR(Timed("embed", [&] {
+    return cuda::LaunchEmbed(tokens, rows, embed_, hidden_, bf, resid, s,
+                             DeviceArray<const int32_t>(meta_.feed),
+                             static_cast<const int32_t*>(sampled_.get()),
+                             fold_attention_norm ? attention_norm.squares : nullptr);
+  }));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerPointers& w = layers_[l];
     const auto layer = static_cast<int64_t>(l);
+    const bool norm_in_qkv = fold_attention_norm;
     // The last layer's down_proj writes its delta for the final norm.
-    const bool norm_in_qkv = fold_attention_norm && l > 0;
     const bool down_adds = fold_attention_norm && l + 1 < layers_.size();
     attention_norm.weight = w.input_norm;
     mlp_norm.weight = w.post_norm;

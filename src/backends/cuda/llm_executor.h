@@ -64,8 +64,8 @@ struct CudaExecutorOptions {
   // their own launch (the same bits).
   bool fuse_rope_attention = true;
   // Steps of up to this many rows (tokens) fold the RMSNorms of the decoder
-  // layers, all but the first layer's attention norm, into the GEMMs on each
-  // side of them where those run on hearth's kernel (q_proj with k/v in one
+  // layers into the GEMMs on each side of them (the embedding before the
+  // first) where those run on hearth's kernel (q_proj with k/v in one
   // launch, gate/up with SwiGLU; tc_gemm.h): one launch less per norm, the
   // same bits. Each of the GEMMs
   // after a norm adds up the row's sums of squares in every warp, a cost

@@ -47,7 +47,7 @@ __global__ void FillRandom(void* p, int64_t n, ElemType type, float scale, uint6
 
 template <typename T>
 __global__ void Embed(const int32_t* tokens, const int32_t* feed, const int32_t* drawn,
-                      const T* table, int64_t hidden, float* resid) {
+                      const T* table, int64_t hidden, float* resid, float* squares) {
   DependentWait();  // dependent_launch.h
   DependentRelease();
   const int64_t row = blockIdx.x;
@@ -61,6 +61,7 @@ __global__ void Embed(const int32_t* tokens, const int32_t* feed, const int32_t*
     auto* d = reinterpret_cast<float4*>(dst + 8 * c);
     d[0] = make_float4(f[0], f[1], f[2], f[3]);
     d[1] = make_float4(f[4], f[5], f[6], f[7]);
+    if (squares != nullptr) squares[row * (hidden / 8) + c] = ChunkSquares(f);
   }
 }
 
@@ -225,16 +226,16 @@ cudaError_t LaunchFillRandom(void* p, int64_t n, ElemType type, float scale, uin
 
 cudaError_t LaunchEmbed(const int32_t* tokens, int32_t rows, const void* table, int64_t hidden,
                         bool bf16, float* resid, cudaStream_t stream, const int32_t* feed,
-                        const int32_t* drawn) {
+                        const int32_t* drawn, float* squares) {
   if (rows <= 0) return cudaSuccess;
   if (hidden % 8 != 0 || (feed != nullptr && drawn == nullptr)) return cudaErrorInvalidValue;
   const unsigned threads = static_cast<unsigned>(std::clamp<int64_t>(hidden / 8, 32, 256));
   if (bf16) {
     return LaunchDependent(Embed<__nv_bfloat16>, rows, threads, 0, stream, tokens, feed, drawn,
-                           static_cast<const __nv_bfloat16*>(table), hidden, resid);
+                           static_cast<const __nv_bfloat16*>(table), hidden, resid, squares);
   }
   return LaunchDependent(Embed<__half>, rows, threads, 0, stream, tokens, feed, drawn,
-                         static_cast<const __half*>(table), hidden, resid);
+                         static_cast<const __half*>(table), hidden, resid, squares);
 }
 
 cudaError_t LaunchAddRmsNorm(float* resid, const void* delta, const void* weight,

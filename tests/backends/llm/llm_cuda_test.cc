@@ -240,6 +240,20 @@ TEST_F(LlmCudaTest, EmbedGathersRowsExactly) {
                                 nullptr, df.get<int32_t>(), dd.get<int32_t>()));
   ASSERT_CUDA(cudaDeviceSynchronize());
   check({7, 42, 49, 3});
+  // With squares: each 8-element chunk's sum of squares of the row too, as
+  // ChunkSquares takes it (a fused multiply-add per element, in order).
+  DeviceMemory squares(std::vector<float>(4 * hidden / 8, NAN));
+  ASSERT_CUDA(cuda::LaunchEmbed(tk.get<int32_t>(), 4, t.get(), hidden, true, out.get<float>(),
+                                nullptr, nullptr, nullptr, squares.get<float>()));
+  ASSERT_CUDA(cudaDeviceSynchronize());
+  check(tokens);
+  const auto x = out.Read<float>(4 * hidden);
+  const auto sq = squares.Read<float>(4 * hidden / 8);
+  for (size_t c = 0; c < sq.size(); ++c) {
+    float ss = 0.0f;
+    for (size_t j = 0; j < 8; ++j) ss = std::fmaf(x[8 * c + j], x[8 * c + j], ss);
+    ASSERT_EQ(sq[c], ss) << "chunk " << c;
+  }
 }
 
 // ---- GEMMs: y = x w^T with one cuBLASLt algorithm per shape, a row's bits
@@ -1885,11 +1899,13 @@ TEST_P(LlmCudaExecutorTest, FusedLaunchesEqualSeparateOnes) {
     for (const KernelTime& t : fused->LastStepKernelTimes()) names.insert(t.name);
     // On hearth's kernel the GEMM fusions run (SwiGLU where gate/up are a
     // pair, and with it the norm before the MLP folded); the timed choice may
-    // keep cuBLASLt, which has none. The first layer's attention norm runs
-    // alone, the second's is folded. A prefill chunk runs RoPE apart.
+    // keep cuBLASLt, which has none. Every attention norm is folded (the
+    // embedding gives the first its sums), and only the final norm runs
+    // alone. A prefill chunk runs RoPE apart.
     if (GetParam().engine == GemmEngine::kOwn) {
-      EXPECT_EQ(names.count("gemm q_proj + k/v"), 1u) << fused->DescribeGemms();
+      EXPECT_EQ(names.count("gemm q_proj + k/v"), 0u) << fused->DescribeGemms();
       EXPECT_EQ(names.count("rmsnorm + gemm q_proj + k/v"), 1u);
+      EXPECT_EQ(names.count("rmsnorm"), pair ? 0u : 1u);
       EXPECT_EQ(names.count("gemm down_proj + residual"), 1u);
       EXPECT_EQ(names.count("rmsnorm + gemm gate_proj+up_proj + swiglu"), pair ? 1u : 0u);
       EXPECT_EQ(names.count("gemm o_proj + residual"), pair ? 1u : 0u);
