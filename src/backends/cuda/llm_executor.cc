@@ -872,12 +872,11 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerPointers& w = layers_[l];
     const auto layer = static_cast<int64_t>(l);
-    const bool norm_in_qkv = fold_attention_norm;
     // The last layer's down_proj writes its delta for the final norm.
     const bool down_adds = fold_attention_norm && l + 1 < layers_.size();
     attention_norm.weight = w.input_norm;
     mlp_norm.weight = w.post_norm;
-    if (!norm_in_qkv) {
+    if (!fold_attention_norm) {
       RETURN_IF_ERROR(Timed("rmsnorm", [&] {
         return cuda::LaunchAddRmsNorm(resid, l == 0 ? nullptr : delta_.get(), w.input_norm, nullptr,
                                       rows, hidden_, eps_, bf, xn_.get(), s);
@@ -887,9 +886,11 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
       const GemmSet::Call calls[] = {{q_gemm_, w.q, w.q_bias, xn_.get(), q_.get()},
                                      {kv_gemm_, w.k, w.k_bias, xn_.get(), k_},
                                      {kv_gemm_, w.v, w.v_bias, xn_.get(), v_}};
-      RETURN_IF_ERROR(Timed(norm_in_qkv ? "rmsnorm + gemm q_proj + k/v" : "gemm q_proj + k/v", [&] {
-        return gemms_->RunGroup({calls, qkv_count}, rows, norm_in_qkv ? &attention_norm : nullptr);
-      }));
+      RETURN_IF_ERROR(
+          Timed(fold_attention_norm ? "rmsnorm + gemm q_proj + k/v" : "gemm q_proj + k/v", [&] {
+            return gemms_->RunGroup({calls, qkv_count}, rows,
+                                    fold_attention_norm ? &attention_norm : nullptr);
+          }));
     } else if (pair_kv_) {
       RETURN_IF_ERROR(Gemm(q_gemm_, "gemm q_proj", w.q, w.q_bias, xn_.get(), q_.get(), rows));
       RETURN_IF_ERROR(Gemm(kv_gemm_, "gemm k_proj+v_proj", w.k, w.k_bias, xn_.get(), k_, rows));
