@@ -10,6 +10,7 @@ model.safetensors.index.json; the store is given the directory.
   every weight the store's (no copy), greedy generation token for token.
 - load_into a LlamaForCausalLM built entirely on the meta device (the issue's
   failing case): the rotary buffers are filled by the model's _init_weights.
+- make_checkpoint.py's --untied and --fill-vocab (the benches' 8B shape).
 - 4 processes each building the model from the store cost one copy: on host
   memory every tensor lies in the one memfd all of them map, and their
   proportional set sizes add up to one copy; on a GPU every tensor is the
@@ -163,6 +164,30 @@ def test_the_checkpoint_is_tied_gqa_bf16(llama):
     assert sorted(weights) == sorted(names)
     assert {t.dtype for t in weights.values()} == {"BF16"}
     assert weights.device == DEVICE
+
+
+@needs_transformers
+def test_make_checkpoint_untied_with_a_token_for_every_id(tmp_path):
+    """--untied writes an lm_head of its own; --fill-vocab gives the tokenizer
+    a token, with text, for every id of the model's vocabulary (the 8B shape
+    of bench/serve/generate_bench.py draws ids past the trained tokenizer's),
+    without changing how text encodes."""
+    import transformers
+
+    plain = make_checkpoint(tmp_path / "plain", "--vocab", "700")
+    full = make_checkpoint(tmp_path / "full", "--vocab", "700", "--untied", "--fill-vocab")
+    assert plain["tokenizer_vocab"] < 700, plain
+    assert full["tokenizer_vocab"] == 700, full
+    config = transformers.AutoConfig.from_pretrained(tmp_path / "full", local_files_only=True)
+    assert not config.tie_word_embeddings
+    assert "lm_head.weight" in safetensors_names(tmp_path / "full")
+    assert "lm_head.weight" not in safetensors_names(tmp_path / "plain")
+    before = transformers.AutoTokenizer.from_pretrained(tmp_path / "plain", local_files_only=True)
+    after = transformers.AutoTokenizer.from_pretrained(tmp_path / "full", local_files_only=True)
+    text = "one copy of the weights, many worker processes"
+    assert after(text)["input_ids"] == before(text)["input_ids"]
+    for token in range(plain["tokenizer_vocab"], 700):
+        assert after.decode([token]) == f"x{token}", token
 
 
 @needs_transformers
