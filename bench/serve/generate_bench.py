@@ -130,12 +130,19 @@ def make_prompts(checkpoint, tokens, count):
 
 def weight_read_bytes(checkpoint):
     """The bytes a decode step reads of the checkpoint's weights: every
-    tensor, but an untied embedding table only in the rows it gathers."""
-    config = json.loads((pathlib.Path(checkpoint) / "config.json").read_text())
-    total = sum(f.stat().st_size for f in pathlib.Path(checkpoint).glob("*.safetensors"))
-    if not config.get("tie_word_embeddings", True):
-        element = 4 if config.get("torch_dtype", config.get("dtype")) == "float32" else 2
-        total -= config["vocab_size"] * config["hidden_size"] * element
+    tensor, but the embedding table only in the rows it gathers where the
+    checkpoint has an lm_head.weight of its own (untied)."""
+    sizes = {}
+    for path in pathlib.Path(checkpoint).glob("*.safetensors"):
+        with open(path, "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                begin, end = entry["data_offsets"]
+                sizes[name] = end - begin
+    total = sum(sizes.values())
+    if "lm_head.weight" in sizes:
+        total -= sizes.get("model.embed_tokens.weight", 0)
     return total
 
 
