@@ -25,7 +25,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
@@ -33,17 +32,13 @@
 
 #include "backends/llm/llm_engine.h"
 #include "backends/llm/tokenizer.h"
-#include "nlohmann/json.hpp"
+#include "tiny_version.h"
 
 namespace hearth::llm {
 namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
-constexpr int64_t kVocab = 1500;  // the fixture tokenizer's 1492 and rows past it
-constexpr int32_t kEot = 1490;    // <|eot_id|>
-constexpr int32_t kBos = 1481;    // <|begin_of_text|>
 
 [[noreturn]] void Fail(const std::string& why) {
   std::fprintf(stderr, "engine_host_bench: %s\n", why.c_str());
@@ -144,72 +139,24 @@ std::vector<int64_t> ParseList(const std::string& text) {
   return out;
 }
 
-// A version directory the engine reads: config.json of a model too small to
-// matter (the executor reads no weight), the fixture tokenizer, Llama 3's
-// chat template; and zero weights of the config's names and shapes.
+// The tiny version directory (tests/backends/llm/tiny_version.h) in a
+// temporary folder, and its zero weights.
 struct Version {
   fs::path dir;
   std::vector<std::vector<float>> storage;
   std::vector<TensorView> weights;
 
   explicit Version(const fs::path& data) {
-    const fs::path tokenizer = data / "tokenizers" / "npm_llama3_style" / "tokenizer.json",
-                   chat_template = data / "templates" / "llama3.jinja";
-    for (const fs::path& f : {tokenizer, chat_template}) {
+    for (const fs::path& f : {data / "tokenizers" / "npm_llama3_style" / "tokenizer.json",
+                              data / "templates" / "llama3.jinja"}) {
       std::error_code ec;
       if (!fs::is_regular_file(f, ec)) Fail("no " + f.string() + " (--data)");
     }
     dir = fs::temp_directory_path() / ("hearth-engine-host-bench-" + std::to_string(::getpid()));
     fs::remove_all(dir);
     fs::create_directories(dir);
-    const nlohmann::json config = {{"architectures", {"LlamaForCausalLM"}},
-                                   {"model_type", "llama"},
-                                   {"hidden_size", 8},
-                                   {"intermediate_size", 16},
-                                   {"num_hidden_layers", 1},
-                                   {"num_attention_heads", 2},
-                                   {"num_key_value_heads", 1},
-                                   {"vocab_size", kVocab},
-                                   {"max_position_embeddings", 4096},
-                                   {"rms_norm_eps", 1e-5},
-                                   {"rope_theta", 10000.0},
-                                   {"hidden_act", "silu"},
-                                   {"tie_word_embeddings", true},
-                                   {"torch_dtype", "float32"},
-                                   {"bos_token_id", kBos},
-                                   {"eos_token_id", kEot}};
-    std::ofstream(dir / "config.json") << config.dump();
-    fs::copy_file(tokenizer, dir / "tokenizer.json");
-    std::ifstream t(chat_template);
-    const std::string tmpl((std::istreambuf_iterator<char>(t)), std::istreambuf_iterator<char>());
-    std::ofstream(dir / "tokenizer_config.json")
-        << nlohmann::json({{"bos_token", "<|begin_of_text|>"},
-                           {"eos_token", "<|eot_id|>"},
-                           {"chat_template", tmpl}})
-               .dump();
-    const auto add = [&](const std::string& name, std::vector<int64_t> shape) {
-      int64_t n = 1;
-      for (int64_t d : shape) n *= d;
-      storage.emplace_back(static_cast<size_t>(n), 0.0f);
-      TensorView v;
-      v.name = name;
-      v.dtype = DType::kF32;
-      v.shape = std::move(shape);
-      v.data = storage.back().data();
-      v.nbytes = static_cast<uint64_t>(n) * 4;
-      weights.push_back(std::move(v));
-    };
-    add("model.embed_tokens.weight", {kVocab, 8});
-    add("model.norm.weight", {8});
-    add("model.layers.0.input_layernorm.weight", {8});
-    add("model.layers.0.post_attention_layernorm.weight", {8});
-    add("model.layers.0.self_attn.q_proj.weight", {8, 8});
-    add("model.layers.0.self_attn.k_proj.weight", {4, 8});
-    add("model.layers.0.self_attn.v_proj.weight", {4, 8});
-    add("model.layers.0.self_attn.o_proj.weight", {8, 8});
-    add("model.layers.0.mlp.gate_proj.weight", {16, 8});
-    add("model.layers.0.mlp.up_proj.weight", {16, 8});
-    add("model.layers.0.mlp.down_proj.weight", {8, 16});
+    testing::WriteTinyVersion(dir, data, 4096);
+    weights = testing::TinyWeights(storage);
   }
   ~Version() { fs::remove_all(dir); }
 };

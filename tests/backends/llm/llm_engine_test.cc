@@ -22,6 +22,7 @@
 
 #include "backends/llm/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "tiny_version.h"
 
 namespace hearth::llm {
 namespace {
@@ -30,8 +31,8 @@ namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
 const fs::path kData = HEARTH_LLM_TEST_DATA_DIR;
-constexpr int32_t kEot = 1490;  // <|eot_id|>
-constexpr int32_t kBos = 1481;  // <|begin_of_text|>
+constexpr int32_t kEot = testing::kTinyEot;
+constexpr int32_t kBos = testing::kTinyBos;
 
 // "hello world" as the fixture's tokenizer encodes it.
 const std::vector<int32_t> kHelloWorld = {58, 55, 163, 65, 510};
@@ -193,55 +194,8 @@ class LlmEngineTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    Json config = {{"architectures", {"LlamaForCausalLM"}},
-                   {"model_type", "llama"},
-                   {"hidden_size", 8},
-                   {"intermediate_size", 16},
-                   {"num_hidden_layers", 1},
-                   {"num_attention_heads", 2},
-                   {"num_key_value_heads", 1},
-                   {"vocab_size", kVocab},
-                   {"max_position_embeddings", 128},
-                   {"rms_norm_eps", 1e-5},
-                   {"rope_theta", 10000.0},
-                   {"hidden_act", "silu"},
-                   {"tie_word_embeddings", true},
-                   {"torch_dtype", "float32"},
-                   {"bos_token_id", kBos},
-                   {"eos_token_id", kEot}};
-    Write("config.json", config.dump());
-    fs::copy_file(kData / "tokenizers" / "npm_llama3_style" / "tokenizer.json",
-                  dir_ / "tokenizer.json");
-    std::ifstream t(kData / "templates" / "llama3.jinja");
-    const std::string tmpl((std::istreambuf_iterator<char>(t)), std::istreambuf_iterator<char>());
-    Write("tokenizer_config.json", Json({{"bos_token", "<|begin_of_text|>"},
-                                         {"eos_token", "<|eot_id|>"},
-                                         {"chat_template", tmpl}})
-                                       .dump());
-    // Weights of the right names and shapes (the scripted executor reads none).
-    const auto add = [&](const std::string& name, std::vector<int64_t> shape) {
-      int64_t n = 1;
-      for (int64_t d : shape) n *= d;
-      storage_.emplace_back(static_cast<size_t>(n), 0.0f);
-      TensorView v;
-      v.name = name;
-      v.dtype = DType::kF32;
-      v.shape = std::move(shape);
-      v.data = storage_.back().data();
-      v.nbytes = static_cast<uint64_t>(n) * 4;
-      weights_.push_back(std::move(v));
-    };
-    add("model.embed_tokens.weight", {kVocab, 8});
-    add("model.norm.weight", {8});
-    add("model.layers.0.input_layernorm.weight", {8});
-    add("model.layers.0.post_attention_layernorm.weight", {8});
-    add("model.layers.0.self_attn.q_proj.weight", {8, 8});
-    add("model.layers.0.self_attn.k_proj.weight", {4, 8});
-    add("model.layers.0.self_attn.v_proj.weight", {4, 8});
-    add("model.layers.0.self_attn.o_proj.weight", {8, 8});
-    add("model.layers.0.mlp.gate_proj.weight", {16, 8});
-    add("model.layers.0.mlp.up_proj.weight", {16, 8});
-    add("model.layers.0.mlp.down_proj.weight", {8, 16});
+    testing::WriteTinyVersion(dir_, kData, 128);
+    weights_ = testing::TinyWeights(storage_);
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -270,7 +224,7 @@ class LlmEngineTest : public ::testing::Test {
     ASSERT_FALSE(e.busy());
   }
 
-  static constexpr int64_t kVocab = 1500;  // the tokenizer's 1492, and rows past it
+  static constexpr int64_t kVocab = testing::kTinyVocab;
   fs::path dir_;
   std::vector<std::vector<float>> storage_;
   std::vector<TensorView> weights_;
