@@ -389,7 +389,8 @@ int Main(int argc, char** argv) {
   std::string norm_rows_text = std::to_string(CudaExecutorOptions{}.norm_in_gemm_rows);
   app.add_option("--norm-rows", norm_rows_text,
                  "with --fuse on: steps of at most this many rows fold each RMSNorm into the "
-                 "GEMMs around it (0: never); a list times each in turn");
+                 "GEMMs around it (0: never); a list times each in turn, and the per-kernel "
+                 "step (--profile-seqs) takes the first");
   CLI11_PARSE(app, argc, argv);
   struct FuseMode {
     const char* name;
