@@ -24,8 +24,8 @@ counted). Parts, each printed as a markdown table as it ends:
   second, time to first token p50 and p99, for each concurrency in
   --streams (each client sends one stream after another for --seconds),
   and the output tokens/s as a fraction of the weight-read floor: every
-  step reads the weights once (the untied embedding table excepted), so at
-  S streams no more than S tokens per weights / 4.0e12 B/s.
+  step reads the weights once (an untied embedding table excepted), so S
+  streams draw at most S x 4.0e12 / (the weights' bytes) tokens a second.
   After the last count (unless --no-kill-check), the time from a worker's
   SIGKILL to its replacement's ready line and to a short stream served.
 - continuous batching (--continuous-batching SIZES; empty: skipped):
