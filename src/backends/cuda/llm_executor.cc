@@ -228,6 +228,11 @@ class CudaLlmExecutor final : public CudaExecutor {
   Status Timed(const char* name, Launch&& launch) {
     return timer_.Time(name, stream_.get(), std::forward<Launch>(launch));
   }
+  // The last launched step's sample flags (empty: none to feed from).
+  std::span<const uint8_t> LastSample() const {
+    if (last_slot_ < 0) return {};
+    return launched_sample_[last_slot_];
+  }
   Status Gemm(int shape, const char* name, const void* w, const void* bias, const void* x, void* y,
               int32_t m);
 
@@ -287,10 +292,10 @@ class CudaLlmExecutor final : public CudaExecutor {
   std::vector<uint8_t> launched_sample_[2];  // each slot's sample flags
   int slot_ = 0;                             // the slot Build and Queue use
   int oldest_ = 0, in_flight_ = 0;           // the slot Collect takes; steps launched
-  // The last step launched (for the next one's feed_previous): its sample
-  // flags, and each sequence's index among its drawn tokens (-1: none).
-  std::vector<uint8_t> last_sample_;
-  std::vector<int32_t> last_drawn_index_;
+  // The slot of the last step launched, whose draws the next one's
+  // feed_previous refers to (its slot is not reused before the next launch);
+  // -1: none, or its draws are overwritten (Abandon, StepLogits).
+  int last_slot_ = -1;
   MetaLayout meta_;
   cuda::AttnPlan plan_;
   std::map<GraphKey, GraphExec> graphs_;
@@ -760,6 +765,19 @@ Result<StepPlan> CudaLlmExecutor::Build(const StepBatch& batch) {
   }
   auto* tables = HostArray<int32_t>(meta_.dynamic);
   const int64_t tables_end = meta_.dynamic + int64_t{p.seqs} * stride * 4;
+  // Where a sequence feeds the step before's token: that step's draws hold
+  // one token per sampled sequence, in order; drawn_before[j] is sequence
+  // j's place among them.
+  std::vector<int32_t> drawn_before;
+  if (!batch.feed_previous.empty()) {
+    const std::span<const uint8_t> before = LastSample();
+    drawn_before.resize(before.size());
+    int32_t drawn = 0;
+    for (size_t j = 0; j < before.size(); ++j) {
+      drawn_before[j] = drawn;
+      drawn += before[j] != 0 ? 1 : 0;
+    }
+  }
   for (int32_t i = 0; i < p.seqs; ++i) {
     const int32_t first = batch.offsets[i], q_len = batch.offsets[i + 1] - first;
     const int32_t start = batch.starts[i];
@@ -777,7 +795,7 @@ Result<StepPlan> CudaLlmExecutor::Build(const StepBatch& batch) {
     }
     if (!batch.feed_previous.empty() && batch.feed_previous[i] >= 0) {
       // Checked (CheckFeedPrevious): one token, drawn by the step before.
-      feed[first] = last_drawn_index_[static_cast<size_t>(batch.feed_previous[i])];
+      feed[first] = drawn_before[static_cast<size_t>(batch.feed_previous[i])];
     }
     if (batch.sample[i] != 0) {
       const SamplingParams& sp = batch.params[i];
@@ -1076,8 +1094,7 @@ Status CudaLlmExecutor::Queue(const StepPlan& p, std::span<float> logits, bool w
 
 Status CudaLlmExecutor::Abandon(const Status& why) {
   in_flight_ = 0;
-  last_sample_.clear();
-  last_drawn_index_.clear();
+  last_slot_ = -1;
   const cudaError_t drained = cudaStreamSynchronize(stream_.get());
   if (cuda::IsSticky(drained)) return CudaCheck(drained, why.message());
   cuda::LogIfError(drained, "finishing a failed llm step");
@@ -1089,7 +1106,7 @@ Status CudaLlmExecutor::Launch(const StepBatch& batch) {
     return FailedPrecondition(std::to_string(kMaxLaunched) +
                               " steps are launched already, none collected");
   if (Status valid = Validate(batch); !valid.ok()) return Abandon(valid);
-  if (Status fed = CheckFeedPrevious(batch, last_sample_); !fed.ok()) return Abandon(fed);
+  if (Status fed = CheckFeedPrevious(batch, LastSample()); !fed.ok()) return Abandon(fed);
   RETURN_IF_ERROR(MakeContextCurrent(device_));
   // The slot's last step was collected: its upload and copy back are done.
   slot_ = (oldest_ + in_flight_) % 2;
@@ -1105,11 +1122,7 @@ Status CudaLlmExecutor::Launch(const StepBatch& batch) {
     kernel_times_ = std::move(*times);
   }
   launched_sample_[slot_].assign(batch.sample.begin(), batch.sample.end());
-  last_sample_ = launched_sample_[slot_];
-  last_drawn_index_.assign(batch.num_seqs(), -1);
-  int32_t drawn = 0;
-  for (size_t i = 0; i < batch.num_seqs(); ++i)
-    if (batch.sample[i] != 0) last_drawn_index_[i] = drawn++;
+  last_slot_ = slot_;
   ++in_flight_;
   return Status::Ok();
 }
@@ -1148,8 +1161,7 @@ Status CudaLlmExecutor::StepLogits(const StepBatch& batch, std::span<float> logi
   RETURN_IF_ERROR(MakeContextCurrent(device_));
   slot_ = oldest_;
   // Its sampling overwrites the tokens a next step could have fed.
-  last_sample_.clear();
-  last_drawn_index_.clear();
+  last_slot_ = -1;
   ASSIGN_OR_RETURN(const StepPlan p, Build(batch));
   if (Status queued = Queue(p, logits, true); !queued.ok()) return Abandon(queued);
   if (Status done = CudaCheck(cudaStreamSynchronize(stream_.get()), "llm step"); !done.ok())
