@@ -455,10 +455,7 @@ class LlmEngine final : public Engine {
     PlannedStep& step = steps_[current];
     PlannedStep& after = steps_[1 - current];
     launched_ = -1;
-    if (overlap_ && scheduler_->PlanAfter(step, after)) {
-      if (Status launched = executor_->Launch(after.batch()); !launched.ok()) return launched;
-      launched_ = 1 - current;
-    }
+    if (overlap_ && scheduler_->PlanAfter(step, after)) RETURN_IF_ERROR(Launch(1 - current));
     next_.assign(step.ids.size(), -1);
     if (Status collected = executor_->Collect(next_); !collected.ok()) {
       launched_ = -1;  // the executor dropped what it had launched
