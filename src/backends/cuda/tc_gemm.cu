@@ -776,6 +776,21 @@ uint64_t TcGemmCounters(const TcGemmShape& shape) {
 namespace {
 
 // A folded RMSNorm's arguments (tc_gemm.h), where the launch has one.
+// Whether two byte ranges overlap (an empty one overlaps nothing).
+bool Overlap(const void* a, uint64_t a_bytes, const void* b, uint64_t b_bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
+}
+
+// The bytes y spans: m rows of n, the second of a batch of two y_stride
+// elements on (a SwiGLU pair writes one product).
+uint64_t OutputBytes(const TcGemmArgs& a) {
+  const uint64_t elem = a.f32_out ? 4 : 2, rows = static_cast<uint64_t>(a.m * a.shape.n);
+  if (a.swiglu || a.shape.batch <= 1) return rows * elem;
+  return (static_cast<uint64_t>(a.y_stride) * static_cast<uint64_t>(a.shape.batch - 1) + rows) *
+         elem;
+}
+
 bool ValidFold(const TcGemmArgs& a) {
   if (!a.norm_in && !a.residual_out) return true;
   const TcNorm& n = a.norm;
@@ -783,6 +798,18 @@ bool ValidFold(const TcGemmArgs& a) {
   if (a.norm_in && a.residual_out) return false;
   if (a.m > kTcSplitRows || n.resid == nullptr || n.squares == nullptr || !Aligned(n.resid, 16) ||
       hidden % 8 != 0 || hidden > kTcNormMaxHidden) {
+    return false;
+  }
+  // The residual and its sums are read (and, before a norm, written) while
+  // y and the workspace are written: none may share a byte with another.
+  const uint64_t resid_bytes = static_cast<uint64_t>(a.m * hidden) * sizeof(float),
+                 squares_bytes = static_cast<uint64_t>(a.m * (hidden / 8)) * sizeof(float);
+  const uint64_t y_bytes = a.residual_out ? 0 : OutputBytes(a);
+  if (Overlap(n.resid, resid_bytes, n.squares, squares_bytes) ||
+      Overlap(n.resid, resid_bytes, a.y, y_bytes) ||
+      Overlap(n.squares, squares_bytes, a.y, y_bytes) ||
+      Overlap(n.resid, resid_bytes, a.workspace, a.workspace_bytes) ||
+      Overlap(n.squares, squares_bytes, a.workspace, a.workspace_bytes)) {
     return false;
   }
   if (a.norm_in) {
@@ -833,12 +860,6 @@ Params MakeParams(const TcGemmArgs& a) {
 
 NormParams MakeNorm(const TcGemmArgs& a) {
   return {a.norm.resid, a.norm.squares, static_cast<const uint16_t*>(a.norm.weight), a.norm.eps};
-}
-
-// Whether two byte ranges overlap (an empty one overlaps nothing).
-bool Overlap(const void* a, uint64_t a_bytes, const void* b, uint64_t b_bytes) {
-  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
-  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
 }
 
 }  // namespace

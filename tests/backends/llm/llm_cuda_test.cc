@@ -866,7 +866,8 @@ TEST_F(LlmCudaTest, OwnGemmFoldsTheRmsNormAroundIt) {
         // Refused: both sides at once, more rows than the split mode's, a
         // residual_out with a batch of two, a bias or F32 output, a norm_in
         // without the norm's weight, a row wider than the widest, and a group
-        // whose entries are not all on the same side.
+        // whose entries are not all on the same side; y, the workspace or
+        // the sums over the residual.
         cuda::TcGemmArgs bad = residual_args(1);
         bad.norm_in = true;
         EXPECT_EQ(cuda::LaunchTcGemm(bad, nullptr), cudaErrorInvalidValue);
@@ -888,6 +889,14 @@ TEST_F(LlmCudaTest, OwnGemmFoldsTheRmsNormAroundIt) {
         EXPECT_EQ(cuda::LaunchTcGemm(bad, nullptr), cudaErrorInvalidValue);
         bad = after_args(one, nullptr, got_y.get(), 1);
         bad.shape.k = cuda::kTcNormMaxHidden + 64;
+        EXPECT_EQ(cuda::LaunchTcGemm(bad, nullptr), cudaErrorInvalidValue);
+        bad = after_args(one, nullptr, got_resid.get(), 1);
+        EXPECT_EQ(cuda::LaunchTcGemm(bad, nullptr), cudaErrorInvalidValue);
+        bad = after_args(one, nullptr, got_y.get(), 1);
+        bad.norm.squares = got_resid.get<float>() + hidden / 2;
+        EXPECT_EQ(cuda::LaunchTcGemm(bad, nullptr), cudaErrorInvalidValue);
+        bad = residual_args(1);
+        bad.workspace = bad.norm.squares;
         EXPECT_EQ(cuda::LaunchTcGemm(bad, nullptr), cudaErrorInvalidValue);
         cuda::TcGemmArgs mixed = after_args(one, xn.get(), got_y.get(), 1);
         mixed.workspace_bytes = cuda::TcGemmWorkspaceBytes(one);
