@@ -825,7 +825,12 @@ TEST_F(LlmCudaTest, OwnGemmFoldsTheRmsNormAroundIt) {
             ASSERT_CUDA(cudaDeviceSynchronize());
             const auto want = want_y.Read<uint16_t>(outputs), got = got_y.Read<uint16_t>(outputs);
             ASSERT_EQ(got, want);
-            EXPECT_GT(std::set<uint16_t>(got.begin(), got.end()).size(), outputs / 8);
+            // Every output written (the 0xFFFF fill gone) and varied: bf16's
+            // 8 significant bits hold some 2,000 distinct values over 16K
+            // outputs of this spread, so the bar stops at 1,024.
+            const std::set<uint16_t> distinct(got.begin(), got.end());
+            EXPECT_EQ(distinct.count(0xFFFF), 0u);
+            EXPECT_GT(distinct.size(), std::min<size_t>(outputs / 8, 1024));
           };
           compare(
               "one product", one,
