@@ -69,8 +69,8 @@ struct CudaExecutorOptions {
   // launch, gate/up with SwiGLU; tc_gemm.h): one launch less per norm, the
   // same bits. Each of the GEMMs
   // after a norm adds up the row's sums of squares in every warp, a cost
-  // that grows with the rows; 0: never (the default until timed on a GPU:
-  // bench/gpu-check.sh's llm-norm section).
+  // that grows with the rows; 0: never, the default: on the H200 it was
+  // within the noise at 1 to 4 rows and slower at 16 (docs/llm.md).
   int32_t norm_in_gemm_rows = 0;
   // A sequence whose keys span at most this many attention splits
   // (cuda::kAttnSplitKeys keys each) has them run in turn by one work item,

@@ -775,7 +775,6 @@ uint64_t TcGemmCounters(const TcGemmShape& shape) {
 
 namespace {
 
-// A folded RMSNorm's arguments (tc_gemm.h), where the launch has one.
 // Whether two byte ranges overlap (an empty one overlaps nothing).
 bool Overlap(const void* a, uint64_t a_bytes, const void* b, uint64_t b_bytes) {
   const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
@@ -858,6 +857,7 @@ Params MakeParams(const TcGemmArgs& a) {
   return p;
 }
 
+// A folded RMSNorm's arguments (tc_gemm.h), where the launch has one.
 NormParams MakeNorm(const TcGemmArgs& a) {
   return {a.norm.resid, a.norm.squares, static_cast<const uint16_t*>(a.norm.weight), a.norm.eps};
 }
