@@ -13,9 +13,7 @@
 # grpc_cpp_plugin: -DHEARTH_GRPC_ROOT). bench/gpu-deps.sh makes them all.
 #
 # SECTIONS picks what runs after the build (default: all of them):
-#   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart coldstart multigpu gemm tokenizer-fixtures llm-step llm-norm startup suite
-# (llm-norm, not in the default list, times the folded RMSNorm at each of
-# NORM_ROWS, default 0,1,2,4,8,16.)
+#   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart coldstart multigpu gemm tokenizer-fixtures llm-step startup suite
 # (GEN_BACKEND=llm runs the generate section on backend: llm instead of the Python example.)
 # (multigpu runs only where nvidia-smi lists 2 GPUs or more.)
 # (The serve-tests section runs tests/serve's files SERVE_JOBS at a time, 4
@@ -222,12 +220,6 @@ if want llm-step; then
   timeout 300 "$BUILD/bench/llm/llm_step_bench" --shape 8b --iterations 20 --seqs 1,16,64 --profile-seqs 1 \
     >> "$OUT/llm-step.log" 2>&1
   grep -E "^(pairing|prefill|decode|kernel)" "$OUT/llm-step.log"
-fi
-if want llm-norm; then
-  echo "== the CUDA llm executor: RMSNorm folded into hearth's GEMMs, by the most rows a fold takes (0: never), context 192"
-  timeout 400 "$BUILD/bench/llm/llm_step_bench" --iterations 30 --context 192 --seqs 1,2,4,8,16 --profile-seqs 1 \
-    --pairing on --gemm own --norm-rows "${NORM_ROWS:-0,1,2,4,8,16}" > "$OUT/llm-norm.log" 2>&1
-  grep -E "^(decode|kernel)" "$OUT/llm-norm.log"
 fi
 if want suite; then
   echo "== throughput and resilience suite beside the torch.multiprocessing baseline"

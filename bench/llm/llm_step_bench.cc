@@ -21,7 +21,7 @@
 //
 // Lines:
 //   decode seqs=64 context=512 ms=1.234 weight_floor_ms=0.618 of_weight_floor=0.50 ...
-//   decode-loop gemm=own fuse=on fold=1 norm=1 seqs=64 steps=50 ...
+//   decode-loop gemm=own fuse=on fold=1 seqs=64 steps=50 one_at_a_time_ms=1.3 overlapped_ms=1.2
 //   kernel seqs=64 name="gemm gate_proj" launches=16 ms=0.321 floor_ms=0.134 of_floor=0.42
 #include <cuda_runtime_api.h>
 
@@ -306,41 +306,33 @@ double DecodeLoop(Executor& e, Sequences& s, int n, const SamplingParams& p, int
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Bytes one launch of a kernel kind must move in a decode step of `seqs`
-// sequences at `context` keys (a layer's, for the kinds that run per layer).
+// Bytes each kernel kind must move in one decode step of `seqs` sequences
+// at `context` keys (every launch of the step together).
 double FloorBytes(const std::string& name, const ModelConfig& c, double seqs, double context) {
   const double h = static_cast<double>(c.hidden_size),
-               im = static_cast<double>(c.intermediate_size), v = static_cast<double>(c.vocab_size),
+               im = static_cast<double>(c.intermediate_size),
+               layers = static_cast<double>(c.num_layers), v = static_cast<double>(c.vocab_size),
                q = static_cast<double>(c.num_heads * c.head_dim),
                kv = static_cast<double>(c.num_kv_heads * c.head_dim);
-  auto gemm = [&](double n, double k) { return n * k * 2 + seqs * (n + k) * 2; };
-  // A folded RMSNorm (tc_gemm.h): the GEMM after it reads the F32 residual
-  // and the norm's weight instead of x; the one before it reads and writes
-  // the residual instead of writing y.
-  const double norm_in = seqs * h * 2 + h * 2, residual_out = seqs * h * 6;
+  auto gemm = [&](double n, double k) { return layers * (n * k * 2 + seqs * (n + k) * 2); };
   if (name == "embed") return seqs * h * 6;
-  if (name == "rmsnorm") return seqs * h * 12 + h * 2;
+  if (name == "rmsnorm") return 2 * layers * (seqs * h * 12 + h * 2);
   if (name == "gemm q_proj") return gemm(q, h);
   if (name == "gemm k_proj" || name == "gemm v_proj") return gemm(kv, h);
-  if (name == "gemm k_proj+v_proj") return 2 * gemm(kv, h) - seqs * h * 2;
-  if (name == "rope + kv write") return seqs * (2 * q + 3 * kv) * 2;
-  if (name == "attention") return seqs * (context * kv * 2 * 2 + 2 * q * 2);
+  if (name == "gemm k_proj+v_proj") return 2 * gemm(kv, h) - layers * seqs * h * 2;
+  if (name == "rope + kv write") return layers * seqs * (2 * q + 3 * kv) * 2;
+  if (name == "attention") return layers * seqs * (context * kv * 2 * 2 + 2 * q * 2);
   if (name == "attention + rope + kv write")
-    return FloorBytes("attention", c, seqs, context) + seqs * 3 * kv * 2;
-  if (name == "attention combine") return seqs * q * (context / 256.0 * 4 + 2);
+    return FloorBytes("attention", c, seqs, context) + layers * seqs * 3 * kv * 2;
+  if (name == "attention combine") return layers * seqs * q * (context / 256.0 * 4 + 2);
   if (name == "gemm o_proj") return gemm(h, q);
-  if (name == "gemm o_proj + residual") return gemm(h, q) + residual_out;
   if (name == "gemm gate_proj" || name == "gemm up_proj") return gemm(im, h);
-  if (name == "gemm gate_proj+up_proj") return 2 * gemm(im, h) - seqs * h * 2;
-  if (name == "gemm q_proj + k/v") return gemm(q, h) + 2 * gemm(kv, h) - 2 * seqs * h * 2;
-  if (name == "rmsnorm + gemm q_proj + k/v")
-    return FloorBytes("gemm q_proj + k/v", c, seqs, context) + norm_in;
-  if (name == "gemm gate_proj+up_proj + swiglu") return 2 * gemm(im, h) - seqs * (h + im) * 2;
-  if (name == "rmsnorm + gemm gate_proj+up_proj + swiglu")
-    return FloorBytes("gemm gate_proj+up_proj + swiglu", c, seqs, context) + norm_in;
-  if (name == "swiglu") return seqs * im * 6;
+  if (name == "gemm gate_proj+up_proj") return 2 * gemm(im, h) - layers * seqs * h * 2;
+  if (name == "gemm q_proj + k/v") return gemm(q, h) + 2 * gemm(kv, h) - 2 * layers * seqs * h * 2;
+  if (name == "gemm gate_proj+up_proj + swiglu")
+    return 2 * gemm(im, h) - layers * seqs * (h + im) * 2;
+  if (name == "swiglu") return layers * seqs * im * 6;
   if (name == "gemm down_proj") return gemm(h, im);
-  if (name == "gemm down_proj + residual") return gemm(h, im) + residual_out;
   if (name == "final rmsnorm") return seqs * h * 8 + h * 2;
   if (name == "gemm lm_head") return v * h * 2 + seqs * (h * 2 + v * 4);
   if (name == "sampling") return seqs * v * 4;
@@ -386,11 +378,6 @@ int Main(int argc, char** argv) {
   app.add_option("--fold-splits", fold_text,
                  "attention: a sequence of at most this many splits of 128 keys has them run by "
                  "one work item (no combine launch); a list times each in turn");
-  std::string norm_rows_text = std::to_string(CudaExecutorOptions{}.norm_in_gemm_rows);
-  app.add_option("--norm-rows", norm_rows_text,
-                 "with --fuse on: steps of at most this many rows fold each RMSNorm into the "
-                 "GEMMs around it (0: never); a list times each in turn, and the per-kernel "
-                 "step (--profile-seqs) takes the first");
   CLI11_PARSE(app, argc, argv);
   struct FuseMode {
     const char* name;
@@ -407,12 +394,6 @@ int Main(int argc, char** argv) {
     if (f < 1) Fail("--fold-splits: " + std::to_string(f) + " is not a positive number");
     fold_list.push_back(f);
   }
-  std::vector<int64_t> norm_rows_list;
-  for (const int64_t r : ParseList(norm_rows_text)) {
-    if (r < 0) Fail("--norm-rows: " + std::to_string(r) + " is negative");
-    norm_rows_list.push_back(r);
-  }
-  if (norm_rows_list.empty()) Fail("--norm-rows needs a row count");
   std::vector<bool> dependent_modes;
   if (dependent != "off") dependent_modes.push_back(true);
   if (dependent != "on") dependent_modes.push_back(false);
@@ -455,89 +436,83 @@ int Main(int argc, char** argv) {
     for (const auto& [engine_name, engine] : engines)
       for (const bool pair : pair_modes)
         for (const FuseMode& fused : fuse_modes)
-          for (const int64_t fold : fold_list)
-            for (const int64_t norm_rows : norm_rows_list) {
-              // The norms fold into the SwiGLU and q/k/v launches.
-              const bool can_fold = fused.swiglu && fused.qkv;
-              if (!can_fold && norm_rows != norm_rows_list.front()) continue;
-              const int norm = can_fold ? static_cast<int>(norm_rows) : 0;
-              cuda::SetDependentLaunch(dependent_on);
-              // Sequence 0 takes every batch size's steps.
-              auto [s, o] =
-                  Room(max_seqs,
-                       context + (warmup + 3 * iterations) * static_cast<int>(seqs_list.size()),
-                       context, kv_bytes_per_token);
-              const auto created = std::chrono::steady_clock::now();
-              CudaExecutorOptions options;
-              options.pair_gemms = pair;
-              options.gemm_engine = engine;
-              options.fuse_swiglu = fused.swiglu;
-              options.group_qkv = fused.qkv;
-              options.fuse_rope_attention = fused.rope;
-              options.attention_fold_splits = static_cast<int32_t>(fold);
-              options.norm_in_gemm_rows = norm;
-              auto executor = CreateCudaExecutor(config, weights, 0, o, options);
-              if (!executor.ok()) Fail(executor.status().ToString());
-              CudaExecutor& e = **executor;
-              std::printf(
-                  "pairing=%s gemm=%s dependent=%s fuse=%s fold=%d norm=%d: executor created in "
-                  "%.2f s, device memory %.2f GiB (KV pool %d blocks of %d)\n",
-                  pair ? "on" : "off", engine_name.c_str(), dependent_on ? "on" : "off", fused.name,
-                  static_cast<int>(fold), norm,
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count(),
-                  static_cast<double>(e.device_memory_bytes()) / (1 << 30), e.num_blocks(),
-                  e.block_size());
-              std::printf("%s", e.DescribeGemms().c_str());
-              const char* mode = pair ? "on" : "off";
-              const double prefill_s = Prefill(e, s, max_seqs, context, rng, config.vocab_size);
-              std::printf(
-                  "prefill gemm=%s dependent=%s seqs=%d context=%d s=%.3f tokens_per_s=%.0f\n",
-                  engine_name.c_str(), dependent_on ? "on" : "off", max_seqs, context, prefill_s,
-                  max_seqs * static_cast<double>(context) / prefill_s);
-              cudaEvent_t start = nullptr, stop = nullptr;
-              Check(cudaEventCreate(&start), "cudaEventCreate");
-              Check(cudaEventCreate(&stop), "cudaEventCreate");
-              for (int64_t n : seqs_list) {
-                const int seqs = static_cast<int>(n);
-                for (int i = 0; i < warmup; ++i) Decode(e, s, seqs, params);
-                std::vector<double> ms;
-                for (int i = 0; i < iterations; ++i) {
-                  Check(cudaEventRecord(start, e.stream()), "cudaEventRecord");
-                  Decode(e, s, seqs, params);
-                  Check(cudaEventRecord(stop, e.stream()), "cudaEventRecord");
-                  Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-                  float elapsed = 0;
-                  Check(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime");
-                  ms.push_back(elapsed);
-                }
-                std::sort(ms.begin(), ms.end());
-                const double median = ms[ms.size() / 2];
-                double keys = 0;
-                for (int i = 0; i < seqs; ++i) keys += s.length[static_cast<size_t>(i)];
-                const double weight_floor = weight_bytes / kBandwidth * 1e3;
-                const double full_floor =
-                    (weight_bytes + keys * kv_bytes_per_token) / kBandwidth * 1e3;
-                std::printf(
-                    "decode pairing=%s gemm=%s dependent=%s fuse=%s fold=%d norm=%d seqs=%d "
-                    "context=%d ms=%.4f weight_floor_ms=%.4f of_weight_floor=%.2f "
-                    "weight_kv_floor_ms=%.4f of_weight_kv_floor=%.2f tokens_per_s=%.0f\n",
-                    mode, engine_name.c_str(), dependent_on ? "on" : "off", fused.name,
-                    static_cast<int>(fold), norm, seqs, context, median, weight_floor,
-                    weight_floor / median, full_floor, full_floor / median, seqs / (median * 1e-3));
-                // The steps back to back, as the engine's loop runs them.
-                const double apart = DecodeLoop(e, s, seqs, params, iterations, false);
-                const double overlapped = DecodeLoop(e, s, seqs, params, iterations, true);
-                std::printf(
-                    "decode-loop gemm=%s fuse=%s fold=%d norm=%d seqs=%d steps=%d "
-                    "one_at_a_time_ms=%.4f overlapped_ms=%.4f\n",
-                    engine_name.c_str(), fused.name, static_cast<int>(fold), norm, seqs, iterations,
-                    apart * 1e3 / iterations, overlapped * 1e3 / iterations);
-                std::fflush(stdout);
+          for (const int64_t fold : fold_list) {
+            cuda::SetDependentLaunch(dependent_on);
+            // Sequence 0 takes every batch size's steps.
+            auto [s, o] = Room(
+                max_seqs, context + (warmup + 3 * iterations) * static_cast<int>(seqs_list.size()),
+                context, kv_bytes_per_token);
+            const auto created = std::chrono::steady_clock::now();
+            CudaExecutorOptions options;
+            options.pair_gemms = pair;
+            options.gemm_engine = engine;
+            options.fuse_swiglu = fused.swiglu;
+            options.group_qkv = fused.qkv;
+            options.fuse_rope_attention = fused.rope;
+            options.attention_fold_splits = static_cast<int32_t>(fold);
+            auto executor = CreateCudaExecutor(config, weights, 0, o, options);
+            if (!executor.ok()) Fail(executor.status().ToString());
+            CudaExecutor& e = **executor;
+            std::printf(
+                "pairing=%s gemm=%s dependent=%s fuse=%s fold=%d: executor created in %.2f s, "
+                "device "
+                "memory %.2f GiB (KV pool %d blocks of %d)\n",
+                pair ? "on" : "off", engine_name.c_str(), dependent_on ? "on" : "off", fused.name,
+                static_cast<int>(fold),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count(),
+                static_cast<double>(e.device_memory_bytes()) / (1 << 30), e.num_blocks(),
+                e.block_size());
+            std::printf("%s", e.DescribeGemms().c_str());
+            const char* mode = pair ? "on" : "off";
+            const double prefill_s = Prefill(e, s, max_seqs, context, rng, config.vocab_size);
+            std::printf(
+                "prefill gemm=%s dependent=%s seqs=%d context=%d s=%.3f tokens_per_s=%.0f\n",
+                engine_name.c_str(), dependent_on ? "on" : "off", max_seqs, context, prefill_s,
+                max_seqs * static_cast<double>(context) / prefill_s);
+            cudaEvent_t start = nullptr, stop = nullptr;
+            Check(cudaEventCreate(&start), "cudaEventCreate");
+            Check(cudaEventCreate(&stop), "cudaEventCreate");
+            for (int64_t n : seqs_list) {
+              const int seqs = static_cast<int>(n);
+              for (int i = 0; i < warmup; ++i) Decode(e, s, seqs, params);
+              std::vector<double> ms;
+              for (int i = 0; i < iterations; ++i) {
+                Check(cudaEventRecord(start, e.stream()), "cudaEventRecord");
+                Decode(e, s, seqs, params);
+                Check(cudaEventRecord(stop, e.stream()), "cudaEventRecord");
+                Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+                float elapsed = 0;
+                Check(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime");
+                ms.push_back(elapsed);
               }
-              std::printf("decode graphs captured: %d\n", e.captured_graphs());
-              cudaEventDestroy(start);
-              cudaEventDestroy(stop);
+              std::sort(ms.begin(), ms.end());
+              const double median = ms[ms.size() / 2];
+              double keys = 0;
+              for (int i = 0; i < seqs; ++i) keys += s.length[static_cast<size_t>(i)];
+              const double weight_floor = weight_bytes / kBandwidth * 1e3;
+              const double full_floor =
+                  (weight_bytes + keys * kv_bytes_per_token) / kBandwidth * 1e3;
+              std::printf(
+                  "decode pairing=%s gemm=%s dependent=%s fuse=%s fold=%d seqs=%d context=%d "
+                  "ms=%.4f weight_floor_ms=%.4f of_weight_floor=%.2f weight_kv_floor_ms=%.4f "
+                  "of_weight_kv_floor=%.2f tokens_per_s=%.0f\n",
+                  mode, engine_name.c_str(), dependent_on ? "on" : "off", fused.name,
+                  static_cast<int>(fold), seqs, context, median, weight_floor,
+                  weight_floor / median, full_floor, full_floor / median, seqs / (median * 1e-3));
+              // The steps back to back, as the engine's loop runs them.
+              const double apart = DecodeLoop(e, s, seqs, params, iterations, false);
+              const double overlapped = DecodeLoop(e, s, seqs, params, iterations, true);
+              std::printf(
+                  "decode-loop gemm=%s fuse=%s fold=%d seqs=%d steps=%d one_at_a_time_ms=%.4f "
+                  "overlapped_ms=%.4f\n",
+                  engine_name.c_str(), fused.name, static_cast<int>(fold), seqs, iterations,
+                  apart * 1e3 / iterations, overlapped * 1e3 / iterations);
+              std::fflush(stdout);
             }
+            std::printf("decode graphs captured: %d\n", e.captured_graphs());
+            cudaEventDestroy(start);
+            cudaEventDestroy(stop);
+          }
 
   if (profile_seqs > 0) {
     // A second executor, every step eager with events around each kernel.
@@ -549,9 +524,6 @@ int Main(int argc, char** argv) {
     co.group_qkv = fuse_modes.front().qkv;
     co.fuse_rope_attention = fuse_modes.front().rope;
     co.attention_fold_splits = static_cast<int32_t>(fold_list.front());
-    const FuseMode& first = fuse_modes.front();
-    co.norm_in_gemm_rows =
-        first.swiglu && first.qkv ? static_cast<int32_t>(norm_rows_list.front()) : 0;
     auto executor = CreateCudaExecutor(config, weights, 0, o, co);
     if (!executor.ok()) Fail(executor.status().ToString());
     CudaExecutor& e = **executor;
@@ -560,8 +532,8 @@ int Main(int argc, char** argv) {
     for (int i = 0; i < warmup; ++i) Decode(e, s, profile_seqs, params);
     double total = 0, total_floor = 0;
     for (const KernelTime& k : e.LastStepKernelTimes()) {
-      const double floor = k.launches * FloorBytes(k.name, config, profile_seqs, context + warmup) /
-                           kBandwidth * 1e3;
+      const double floor =
+          FloorBytes(k.name, config, profile_seqs, context + warmup) / kBandwidth * 1e3;
       total += k.ms;
       total_floor += floor;
       std::printf("kernel seqs=%d name=\"%s\" launches=%d ms=%.4f floor_ms=%.4f of_floor=%.2f\n",

@@ -3,17 +3,13 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <optional>
 #include <string>
-#include <string_view>
-#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -272,9 +268,6 @@ class CudaLlmExecutor final : public CudaExecutor {
   std::unique_ptr<GemmSet> gemms_;
   cuda::DeviceBuffer resid_, xn_, q_, kv_, attn_, delta_, gu_, xf_, logits_, sampled_, inv_freq_,
       partial_acc_, partial_ml_, meta_dev_, pool_;
-  // The residual's chunk sums of squares of the RMSNorms folded into the
-  // GEMMs around them (cuda::TcNorm): [kTcSplitRows, hidden / 8].
-  cuda::DeviceBuffer squares_;
   // Keys and values, gate and up activations: each pair in one buffer, the
   // second at a fixed offset, so that a pair of GEMMs can run as one strided
   // batch (pair_kv_, pair_gate_up_: the weights are packed for it).
@@ -415,8 +408,6 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
       {&logits_, seqs * static_cast<uint64_t>(vocab_) * 4, "logits"},
       {&sampled_, seqs * 4, "sampled tokens"},
       {&inv_freq_, static_cast<uint64_t>(head_dim_ / 2) * 4, "RoPE frequencies"},
-      {&squares_, static_cast<uint64_t>(cuda::kTcSplitRows) * (h / 8) * 4,
-       "residual sums of squares"},
   };
   for (const Workspace& w : workspaces) {
     ASSIGN_OR_RETURN(*w.buffer, cuda::AllocateDevice(w.bytes, w.what, &device_bytes_));
@@ -860,55 +851,27 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
   auto* tokens = DeviceArray<const int32_t>(meta_.tokens);
   auto* step = DeviceArray<const cuda::AttnStep>(meta_.step);
   auto* resid = static_cast<float*>(resid_.get());
-  const int qkv_shapes[] = {q_gemm_, kv_gemm_, kv_gemm_};
-  const size_t qkv_count = pair_kv_ ? 2 : 3;
-  const bool qkv_grouped = cuda_options_.group_qkv && gemms_->Groups({qkv_shapes, qkv_count}, rows);
-  const bool swiglu_fused =
-      pair_gate_up_ && cuda_options_.fuse_swiglu && gemms_->FusesSwiGlu(gate_up_gemm_, rows);
-  // The RMSNorms folded into the GEMMs on each side of them (tc_gemm.h): the
-  // one before the MLP between o_proj and gate/up, the one before each
-  // layer's attention between down_proj (the embedding, in the first layer)
-  // and q/k/v, where those run on hearth's kernel in one launch each; the
-  // same bits as unfolded.
-  const bool fold_rows =
-      rows <= cuda_options_.norm_in_gemm_rows && hidden_ <= cuda::kTcNormMaxHidden;
-  const bool fold_mlp_norm = fold_rows && swiglu_fused && gemms_->AddsResidual(o_gemm_, rows) &&
-                             gemms_->NormInFits(gate_up_gemm_, rows);
-  const bool fold_attention_norm =
-      fold_rows && qkv_grouped && gemms_->AddsResidual(down_gemm_, rows) &&
-      gemms_->NormInFits(q_gemm_, rows) && gemms_->NormInFits(kv_gemm_, rows);
-  cuda::TcNorm attention_norm, mlp_norm;
-  attention_norm.resid = mlp_norm.resid = resid;
-  attention_norm.squares = mlp_norm.squares = static_cast<float*>(squares_.get());
-  attention_norm.eps = mlp_norm.eps = eps_;
   RETURN_IF_ERROR(Timed("embed", [&] {
     return cuda::LaunchEmbed(tokens, rows, embed_, hidden_, bf, resid, s,
                              DeviceArray<const int32_t>(meta_.feed),
-                             static_cast<const int32_t*>(sampled_.get()),
-                             fold_attention_norm ? attention_norm.squares : nullptr);
+                             static_cast<const int32_t*>(sampled_.get()));
   }));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerPointers& w = layers_[l];
     const auto layer = static_cast<int64_t>(l);
-    // The last layer's down_proj writes its delta for the final norm.
-    const bool down_adds = fold_attention_norm && l + 1 < layers_.size();
-    attention_norm.weight = w.input_norm;
-    mlp_norm.weight = w.post_norm;
-    if (!fold_attention_norm) {
-      RETURN_IF_ERROR(Timed("rmsnorm", [&] {
-        return cuda::LaunchAddRmsNorm(resid, l == 0 ? nullptr : delta_.get(), w.input_norm, nullptr,
-                                      rows, hidden_, eps_, bf, xn_.get(), s);
-      }));
-    }
-    if (qkv_grouped) {
+    RETURN_IF_ERROR(Timed("rmsnorm", [&] {
+      return cuda::LaunchAddRmsNorm(resid, l == 0 ? nullptr : delta_.get(), w.input_norm, nullptr,
+                                    rows, hidden_, eps_, bf, xn_.get(), s);
+    }));
+    const int qkv_shapes[] = {q_gemm_, kv_gemm_, kv_gemm_};
+    const size_t qkv_count = pair_kv_ ? 2 : 3;
+    if (cuda_options_.group_qkv && gemms_->Groups({qkv_shapes, qkv_count}, rows)) {
       const GemmSet::Call calls[] = {{q_gemm_, w.q, w.q_bias, xn_.get(), q_.get()},
                                      {kv_gemm_, w.k, w.k_bias, xn_.get(), k_},
                                      {kv_gemm_, w.v, w.v_bias, xn_.get(), v_}};
-      RETURN_IF_ERROR(
-          Timed(fold_attention_norm ? "rmsnorm + gemm q_proj + k/v" : "gemm q_proj + k/v", [&] {
-            return gemms_->RunGroup({calls, qkv_count}, rows,
-                                    fold_attention_norm ? &attention_norm : nullptr);
-          }));
+      RETURN_IF_ERROR(Timed("gemm q_proj + k/v", [&] {
+        return gemms_->RunGroup({calls, qkv_count}, rows);
+      }));
     } else if (pair_kv_) {
       RETURN_IF_ERROR(Gemm(q_gemm_, "gemm q_proj", w.q, w.q_bias, xn_.get(), q_.get(), rows));
       RETURN_IF_ERROR(Gemm(kv_gemm_, "gemm k_proj+v_proj", w.k, w.k_bias, xn_.get(), k_, rows));
@@ -959,25 +922,16 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
                                        combine_rows, attn_.get(), s);
       }));
     }
-    if (fold_mlp_norm) {
-      RETURN_IF_ERROR(Timed("gemm o_proj + residual", [&] {
-        return gemms_->RunResidual(o_gemm_, w.o, attn_.get(), mlp_norm, rows);
-      }));
-    } else {
-      RETURN_IF_ERROR(Gemm(o_gemm_, "gemm o_proj", w.o, nullptr, attn_.get(), delta_.get(), rows));
-      RETURN_IF_ERROR(Timed("rmsnorm", [&] {
-        return cuda::LaunchAddRmsNorm(resid, delta_.get(), w.post_norm, nullptr, rows, hidden_,
-                                      eps_, bf, xn_.get(), s);
-      }));
-    }
-    if (swiglu_fused) {
+    RETURN_IF_ERROR(Gemm(o_gemm_, "gemm o_proj", w.o, nullptr, attn_.get(), delta_.get(), rows));
+    RETURN_IF_ERROR(Timed("rmsnorm", [&] {
+      return cuda::LaunchAddRmsNorm(resid, delta_.get(), w.post_norm, nullptr, rows, hidden_, eps_,
+                                    bf, xn_.get(), s);
+    }));
+    if (pair_gate_up_ && cuda_options_.fuse_swiglu && gemms_->FusesSwiGlu(gate_up_gemm_, rows)) {
       // SwiGLU in the pair's launch, into gate_ as the SwiGLU launch writes it.
-      RETURN_IF_ERROR(Timed(fold_mlp_norm ? "rmsnorm + gemm gate_proj+up_proj + swiglu"
-                                          : "gemm gate_proj+up_proj + swiglu",
-                            [&] {
-                              return gemms_->RunSwiGlu(gate_up_gemm_, w.gate, xn_.get(), gate_,
-                                                       rows, fold_mlp_norm ? &mlp_norm : nullptr);
-                            }));
+      RETURN_IF_ERROR(Timed("gemm gate_proj+up_proj + swiglu", [&] {
+        return gemms_->RunSwiGlu(gate_up_gemm_, w.gate, xn_.get(), gate_, rows);
+      }));
     } else if (pair_gate_up_) {
       RETURN_IF_ERROR(
           Gemm(gate_up_gemm_, "gemm gate_proj+up_proj", w.gate, nullptr, xn_.get(), gate_, rows));
@@ -992,14 +946,7 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
         return cuda::LaunchSwiGlu(gate_, up_, gate_, int64_t{rows} * intermediate_, bf, s);
       }));
     }
-    if (down_adds) {
-      RETURN_IF_ERROR(Timed("gemm down_proj + residual", [&] {
-        return gemms_->RunResidual(down_gemm_, w.down, gate_, attention_norm, rows);
-      }));
-    } else {
-      RETURN_IF_ERROR(
-          Gemm(down_gemm_, "gemm down_proj", w.down, nullptr, gate_, delta_.get(), rows));
-    }
+    RETURN_IF_ERROR(Gemm(down_gemm_, "gemm down_proj", w.down, nullptr, gate_, delta_.get(), rows));
   }
   if (logit_rows == 0) return Status::Ok();
   RETURN_IF_ERROR(Timed("final rmsnorm", [&] {
@@ -1191,20 +1138,6 @@ Result<std::unique_ptr<Executor>> CreateCudaExecutor(const ModelConfig& config,
                                                      const ExecutorOptions& options) {
   CudaExecutorOptions cuda_options;
   cuda_options.plan_cache_path = DefaultPlanCachePath("gemm-plans").value_or("");
-  // HEARTH_LLM_NORM_ROWS=N: fold the RMSNorms into the GEMMs in steps of up
-  // to N rows (CudaExecutorOptions::norm_in_gemm_rows), to time it served.
-  if (const char* rows = std::getenv("HEARTH_LLM_NORM_ROWS"); rows != nullptr) {
-    const std::string_view text(rows);
-    int32_t n = -1;
-    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), n);
-    if (error != std::errc() || end != text.data() + text.size() || n < 0 ||
-        n > cuda::kTcSplitRows) {
-      spdlog::warn("HEARTH_LLM_NORM_ROWS=\"{}\" is not a row count from 0 to {}; ignored", text,
-                   cuda::kTcSplitRows);
-    } else {
-      cuda_options.norm_in_gemm_rows = n;
-    }
-  }
   cuda_options.gemm_engine =
       options.gemms == ExecutorOptions::Gemms::kCublasLt ? GemmEngine::kCublasLt
       : options.gemms == ExecutorOptions::Gemms::kHearth ? GemmEngine::kOwnFirst

@@ -9,7 +9,7 @@
 // RMSNorm, the gate and up GEMMs, SwiGLU, the down GEMM; then the final
 // RMSNorm and the lm_head GEMM of the sampled rows only, and sampling. At a
 // few rows on hearth's GEMM kernel, launches are fused (CudaExecutorOptions:
-// SwiGLU and RMSNorm into the GEMMs, q/k/v in one launch, RoPE into the
+// SwiGLU into the gate/up GEMM, q/k/v in one launch, RoPE into the
 // attention), each with the bits of the launches it replaces.
 // llm_kernels.h and llm_gemm.h say how each stays batch invariant: a
 // sequence's tokens and logits do not depend on the other sequences of its
@@ -63,15 +63,6 @@ struct CudaExecutorOptions {
   // KV cache write done by the attention kernel (cuda::AttnRope) instead of
   // their own launch (the same bits).
   bool fuse_rope_attention = true;
-  // Steps of up to this many rows (tokens) fold the RMSNorms of the decoder
-  // layers into the GEMMs on each side of them (the embedding before the
-  // first) where those run on hearth's kernel (q_proj with k/v in one
-  // launch, gate/up with SwiGLU; tc_gemm.h): one launch less per norm, the
-  // same bits. Each of the GEMMs
-  // after a norm adds up the row's sums of squares in every warp, a cost
-  // that grows with the rows; 0: never, the default: on the H200 it was
-  // within the noise at 1 to 4 rows and slower at 16 (docs/llm.md).
-  int32_t norm_in_gemm_rows = 0;
   // A sequence whose keys span at most this many attention splits
   // (cuda::kAttnSplitKeys keys each) has them run in turn by one work item,
   // and a step in which every sequence does needs no combine launch; longer

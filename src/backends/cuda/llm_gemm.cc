@@ -411,7 +411,7 @@ Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
   const void* weight = spec.weights.front();
   const void* bias = spec.bias ? spec.biases.front() : nullptr;
   const auto run = [&](size_t c, int64_t m) {
-    if (c == valid.size()) return RunOwn(s, weight, bias, spec.x_scratch, spec.y_scratch, m, {});
+    if (c == valid.size()) return RunOwn(s, weight, bias, spec.x_scratch, spec.y_scratch, m);
     return Matmul(s, valid[c], weight, bias, spec.x_scratch, spec.y_scratch, m);
   };
   constexpr double kFailed = std::numeric_limits<double>::infinity();
@@ -484,7 +484,7 @@ Status GemmSet::Run(int shape, const void* weight, const void* bias, const void*
     return Internal("GEMM " + ShapeName(s.spec) + " run with " + std::to_string(m) + " rows" +
                     (bias != nullptr ? " and a bias" : ""));
   }
-  if (s.own) return RunOwn(s, weight, bias, x, y, m, {}).WithContext("GEMM " + s.spec.name);
+  if (s.own) return RunOwn(s, weight, bias, x, y, m).WithContext("GEMM " + s.spec.name);
   const int64_t x_row = s.spec.k * 2, y_row = s.spec.n * (s.spec.f32_out ? 4 : 2);
   for (int64_t at = 0; at < m; at += kChunkRows) {
     RETURN_IF_ERROR(Matmul(s, s.algo, weight, bias, static_cast<const std::byte*>(x) + at * x_row,
@@ -501,41 +501,13 @@ bool GemmSet::FusesSwiGlu(int shape, int64_t m) const {
          m <= std::min<int64_t>(s.spec.max_m, cuda::kTcSplitRows);
 }
 
-Status GemmSet::RunSwiGlu(int shape, const void* weight, const void* x, void* y, int64_t m,
-                          const cuda::TcNorm* norm_in) {
+Status GemmSet::RunSwiGlu(int shape, const void* weight, const void* x, void* y, int64_t m) {
   if (!FusesSwiGlu(shape, m)) {
     return Internal("GEMM #" + std::to_string(shape) + " cannot run SwiGLU at " +
                     std::to_string(m) + " rows");
   }
   const Shape& s = *shapes_[static_cast<size_t>(shape)];
-  return RunOwn(s, weight, nullptr, x, y, m, {true, norm_in != nullptr, false, norm_in})
-      .WithContext("GEMM " + s.spec.name + " + SwiGLU");
-}
-
-bool GemmSet::NormInFits(int shape, int64_t m) const {
-  if (shape < 0 || static_cast<size_t>(shape) >= shapes_.size()) return false;
-  const Shape& s = *shapes_[static_cast<size_t>(shape)];
-  return s.own && m >= 1 && m <= s.spec.max_m &&
-         cuda::TcGemmNormInFits({s.spec.n, s.spec.k, s.spec.batch}, m);
-}
-
-bool GemmSet::AddsResidual(int shape, int64_t m) const {
-  if (shape < 0 || static_cast<size_t>(shape) >= shapes_.size()) return false;
-  const Shape& s = *shapes_[static_cast<size_t>(shape)];
-  return s.own && s.spec.batch == 1 && !s.spec.bias && !s.spec.f32_out && m >= 1 &&
-         m <= std::min<int64_t>(s.spec.max_m, cuda::kTcSplitRows) &&
-         s.spec.n <= cuda::kTcNormMaxHidden;
-}
-
-Status GemmSet::RunResidual(int shape, const void* weight, const void* x, const cuda::TcNorm& norm,
-                            int64_t m) {
-  if (!AddsResidual(shape, m)) {
-    return Internal("GEMM #" + std::to_string(shape) + " cannot add to the residual at " +
-                    std::to_string(m) + " rows");
-  }
-  const Shape& s = *shapes_[static_cast<size_t>(shape)];
-  return RunOwn(s, weight, nullptr, x, nullptr, m, {false, false, true, &norm})
-      .WithContext("GEMM " + s.spec.name + " + residual");
+  return RunOwn(s, weight, nullptr, x, y, m, true).WithContext("GEMM " + s.spec.name + " + SwiGLU");
 }
 
 cuda::TcGemmArgs GemmSet::OwnArgs(const Shape& s, const void* weight, const void* bias,
@@ -560,12 +532,9 @@ cuda::TcGemmArgs GemmSet::OwnArgs(const Shape& s, const void* weight, const void
 }
 
 Status GemmSet::RunOwn(const Shape& s, const void* weight, const void* bias, const void* x, void* y,
-                       int64_t m, const OwnFusion& fusion) {
+                       int64_t m, bool swiglu) {
   cuda::TcGemmArgs a = OwnArgs(s, weight, bias, x, y, m);
-  a.swiglu = fusion.swiglu;
-  a.norm_in = fusion.norm_in;
-  a.residual_out = fusion.residual_out;
-  if (fusion.norm != nullptr) a.norm = *fusion.norm;
+  a.swiglu = swiglu;
   return CudaCheck(cuda::LaunchTcGemm(a, stream_), "hearth's GEMM kernel");
 }
 
@@ -595,7 +564,7 @@ bool GemmSet::Groups(std::span<const int> shapes, int64_t m) const {
   return workspace <= cuda::kTcMaxWorkspaceBytes && counters <= cuda::kTcMaxCounters;
 }
 
-Status GemmSet::RunGroup(std::span<const Call> calls, int64_t m, const cuda::TcNorm* norm_in) {
+Status GemmSet::RunGroup(std::span<const Call> calls, int64_t m) {
   std::array<int, cuda::kTcMaxGroup> ids{};
   if (calls.size() > ids.size()) return Internal("more GEMMs in one group than it takes");
   for (size_t i = 0; i < calls.size(); ++i) ids[i] = calls[i].shape;
@@ -615,10 +584,6 @@ Status GemmSet::RunGroup(std::span<const Call> calls, int64_t m, const cuda::TcN
     names += (names.empty() ? "" : ", ") + s.spec.name;
     cuda::TcGemmArgs& a = args[i];
     a = OwnArgs(s, c.weight, c.bias, c.x, c.y, m);
-    if (norm_in != nullptr) {
-      a.norm_in = true;
-      a.norm = *norm_in;
-    }
     const cuda::TcGemmShape shape = a.shape;
     // Each entry its own slice of the workspace and counters.
     a.workspace = static_cast<float*>(own_workspace_.get()) + workspace / sizeof(float);

@@ -120,24 +120,8 @@ class GemmSet {
   bool FusesSwiGlu(int shape, int64_t m) const;
   // Queues y[m, n] = silu(x w^T) * (x w2^T), w2 the pair's second weight, in
   // one launch (FusesSwiGlu must hold): the same bits as Run followed by a
-  // SwiGLU launch over the pair's two outputs. With norm_in, x is unused and
-  // its rows are the RMSNorm of norm_in's residual (cuda::TcGemmArgs).
-  Status RunSwiGlu(int shape, const void* weight, const void* x, void* y, int64_t m,
-                   const cuda::TcNorm* norm_in = nullptr);
-
-  // Whether `shape` runs on hearth's kernel and takes norm_in at m rows
-  // (cuda::TcGemmNormInFits): RunSwiGlu's and RunGroup's norm_in.
-  bool NormInFits(int shape, int64_t m) const;
-
-  // Whether RunResidual can run `shape` at m rows: one weight without a bias
-  // on hearth's kernel, in its split mode, y in the input type, n <=
-  // cuda::kTcNormMaxHidden.
-  bool AddsResidual(int shape, int64_t m) const;
-  // Queues the product's rows, rounded to the input type, added to
-  // norm.resid, with norm.squares written (cuda::TcGemmArgs::residual_out):
-  // the residual AddRmsNorm would leave from y = x w^T as its delta.
-  Status RunResidual(int shape, const void* weight, const void* x, const cuda::TcNorm& norm,
-                     int64_t m);
+  // SwiGLU launch over the pair's two outputs.
+  Status RunSwiGlu(int shape, const void* weight, const void* x, void* y, int64_t m);
 
   // One product of RunGroup.
   struct Call {
@@ -152,9 +136,8 @@ class GemmSet {
   // cuda::kTcMaxGroup of them, their workspaces fitting side by side.
   bool Groups(std::span<const int> shapes, int64_t m) const;
   // Queues the calls in one launch (Groups must hold), each with the bits
-  // Run gives it; with norm_in, their x is unused and its rows are the
-  // RMSNorm of norm_in's residual (cuda::TcGemmArgs).
-  Status RunGroup(std::span<const Call> calls, int64_t m, const cuda::TcNorm* norm_in = nullptr);
+  // Run gives it.
+  Status RunGroup(std::span<const Call> calls, int64_t m);
 
   // "q_proj: algo 21 tile 15 stages 8 splitK 1 ..." per shape, for logs.
   std::string Describe() const;
@@ -187,15 +170,8 @@ class GemmSet {
   Status Choose(Shape& s, const GemmTuning& tuning);
   cuda::TcGemmArgs OwnArgs(const Shape& s, const void* weight, const void* bias, const void* x,
                            void* y, int64_t m) const;
-  // swiglu, norm_in, residual_out: as cuda::TcGemmArgs has them (norm: the
-  // fold's TcNorm, or null).
-  struct OwnFusion {
-    bool swiglu = false;
-    bool norm_in = false, residual_out = false;
-    const cuda::TcNorm* norm = nullptr;
-  };
   Status RunOwn(const Shape& s, const void* weight, const void* bias, const void* x, void* y,
-                int64_t m, const OwnFusion& fusion);
+                int64_t m, bool swiglu = false);
 
   const bool bf16_;
   const cudaStream_t stream_;

@@ -47,7 +47,7 @@ __global__ void FillRandom(void* p, int64_t n, ElemType type, float scale, uint6
 
 template <typename T>
 __global__ void Embed(const int32_t* tokens, const int32_t* feed, const int32_t* drawn,
-                      const T* table, int64_t hidden, float* resid, float* squares) {
+                      const T* table, int64_t hidden, float* resid) {
   DependentWait();  // dependent_launch.h
   DependentRelease();
   const int64_t row = blockIdx.x;
@@ -61,7 +61,6 @@ __global__ void Embed(const int32_t* tokens, const int32_t* feed, const int32_t*
     auto* d = reinterpret_cast<float4*>(dst + 8 * c);
     d[0] = make_float4(f[0], f[1], f[2], f[3]);
     d[1] = make_float4(f[4], f[5], f[6], f[7]);
-    if (squares != nullptr) squares[row * (hidden / 8) + c] = ChunkSquares(f);
   }
 }
 
@@ -110,13 +109,14 @@ __global__ void AddRmsNorm(float* resid, const T* delta, const T* weight, const 
     if (c < n8) {
       ResidualChunk(resid + r * hidden, delta != nullptr ? delta + r * hidden : nullptr, c,
                     gather == nullptr, v);
-      ss = ChunkSquares(v);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) ss = fmaf(v[j], v[j], ss);
     }
     ss = BlockSum(ss, scratch);
-    const float inv = InvRms(ss, hidden, eps);
+    const float inv = rsqrtf(__fdiv_rn(ss, static_cast<float>(hidden)) + eps);
     if (c < n8) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = NormScale(w[j], v[j], inv);
+      for (int j = 0; j < 8; ++j) v[j] = w[j] * (v[j] * inv);
       Store8(out + i * hidden + 8 * c, v);
     }
     return;
@@ -135,7 +135,7 @@ __global__ void AddRmsNorm(float* resid, const T* delta, const T* weight, const 
     for (int j = 0; j < 8; ++j) ss = fmaf(v[j], v[j], ss);
   }
   ss = BlockSum(ss, scratch);
-  const float inv = InvRms(ss, hidden, eps);
+  const float inv = rsqrtf(__fdiv_rn(ss, static_cast<float>(hidden)) + eps);
   T* o = out + i * hidden;
   // Second pass: the same thread re-reads the elements it wrote (or, with a
   // gather, adds delta again: the same float additions).
@@ -145,7 +145,7 @@ __global__ void AddRmsNorm(float* resid, const T* delta, const T* weight, const 
     float w[8];
     Load8(weight + 8 * c, w);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = NormScale(w[j], v[j], inv);
+    for (int j = 0; j < 8; ++j) v[j] = w[j] * (v[j] * inv);
     Store8(o + 8 * c, v);
   }
 }
@@ -226,16 +226,16 @@ cudaError_t LaunchFillRandom(void* p, int64_t n, ElemType type, float scale, uin
 
 cudaError_t LaunchEmbed(const int32_t* tokens, int32_t rows, const void* table, int64_t hidden,
                         bool bf16, float* resid, cudaStream_t stream, const int32_t* feed,
-                        const int32_t* drawn, float* squares) {
+                        const int32_t* drawn) {
   if (rows <= 0) return cudaSuccess;
   if (hidden % 8 != 0 || (feed != nullptr && drawn == nullptr)) return cudaErrorInvalidValue;
   const unsigned threads = static_cast<unsigned>(std::clamp<int64_t>(hidden / 8, 32, 256));
   if (bf16) {
     return LaunchDependent(Embed<__nv_bfloat16>, rows, threads, 0, stream, tokens, feed, drawn,
-                           static_cast<const __nv_bfloat16*>(table), hidden, resid, squares);
+                           static_cast<const __nv_bfloat16*>(table), hidden, resid);
   }
   return LaunchDependent(Embed<__half>, rows, threads, 0, stream, tokens, feed, drawn,
-                         static_cast<const __half*>(table), hidden, resid, squares);
+                         static_cast<const __half*>(table), hidden, resid);
 }
 
 cudaError_t LaunchAddRmsNorm(float* resid, const void* delta, const void* weight,
@@ -243,7 +243,9 @@ cudaError_t LaunchAddRmsNorm(float* resid, const void* delta, const void* weight
                              bool bf16, void* out, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   if (hidden % 8 != 0) return cudaErrorInvalidValue;
-  const auto threads = static_cast<unsigned>(NormThreads(hidden));
+  // A multiple of 32 (BlockSum), one 8-element chunk per thread up to 1024 threads.
+  const unsigned threads =
+      static_cast<unsigned>(std::clamp<int64_t>((hidden / 8 + 31) / 32 * 32, 32, 1024));
   if (bf16) {
     return LaunchDependent(AddRmsNorm<__nv_bfloat16>, rows, threads, 0, stream, resid,
                            static_cast<const __nv_bfloat16*>(delta),

@@ -33,13 +33,10 @@ cudaError_t LaunchFillRandom(void* p, int64_t n, ElemType type, float scale, uin
 // resid[r, :] = float(table[tokens[r], :]) for r < rows. hidden % 8 == 0,
 // table 16-byte aligned; tokens must be in range (checked by the caller).
 // With feed: a row r with feed[r] >= 0 takes its token from drawn[feed[r]]
-// instead (a token drawn on the device by the step before, in range). With
-// squares [rows, hidden / 8]: each 8-element chunk's sum of squares of the
-// row written too, for the first layer's RMSNorm folded into the GEMMs after
-// it (tc_gemm.h, TcNorm).
+// instead (a token drawn on the device by the step before, in range).
 cudaError_t LaunchEmbed(const int32_t* tokens, int32_t rows, const void* table, int64_t hidden,
                         bool bf16, float* resid, cudaStream_t stream, const int32_t* feed = nullptr,
-                        const int32_t* drawn = nullptr, float* squares = nullptr);
+                        const int32_t* drawn = nullptr);
 
 // RMSNorm fused with the residual add, one row per block. For i < rows, with
 // r = gather ? gather[i] : i:

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <type_traits>
 
 #include "backends/cuda/dependent_launch.h"
 #include "backends/cuda/llm_device.cuh"
@@ -34,23 +33,6 @@ struct Params {
   int64_t w_stride, bias_stride, y_stride;
   int64_t groups;  // column groups per batch entry
 };
-
-// A folded RMSNorm's residual stream (TcNorm), as the kernels take it: one
-// for every entry of a group.
-struct NormParams {
-  float* resid;
-  float* squares;
-  const uint16_t* weight;
-  float eps;
-};
-
-static_assert(kTcNormMaxHidden == llm_device::kNormMaxChunks * 8);
-
-// Which side of a folded RMSNorm a split-mode launch is on (tc_gemm.h).
-enum class Fold { kNone, kIn, kOut };
-
-template <bool kBf16>
-using ElemT = std::conditional_t<kBf16, __nv_bfloat16, __half>;
 
 template <bool kBf16>
 __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
@@ -88,58 +70,13 @@ __device__ __forceinline__ uint4 LoadWeight(const uint16_t* p) {
   return __ldcs(reinterpret_cast<const uint4*>(p));
 }
 
-// A norm_in launch's x tile: a row every TileRow(part) 16-byte chunks (one
-// past the part's, so that the 16-byte reads of lanes on different rows start
-// in different banks), m rows.
-__host__ __device__ constexpr int64_t TileRow(int64_t part) { return part / 8 + 1; }
-inline int64_t NormTileBytes(int64_t m, int64_t part) { return m * TileRow(part) * 16; }
-
-// norm_in: the CTA's rows of x over its part of k, made once and shared by
-// its four warps (each of which would otherwise make its lanes' elements for
-// itself, in the chain ahead of its products). Every warp of the CTA calls
-// it once, those with no columns too, after DependentWait:
-//   - the inverse RMS of each row from its chunk sums: warp w takes rows w,
-//     w + kWarps, ... into inv_rows; a barrier;
-//   - x's rows over k0 .. k0 + part in x_tile, chunks of 8 elements, a row
-//     every TileRow(part) chunks, as the AddRmsNorm launch rounds them; a
-//     barrier.
-template <bool kBf16>
-__device__ __forceinline__ void NormedTile(const Params& p, const NormParams& n, int64_t k0,
-                                           float* inv_rows, uint4* x_tile) {
-  using T = ElemT<kBf16>;
-  for (int64_t row = threadIdx.x >> 5; row < p.m; row += kWarps) {
-    const float v =
-        llm_device::InvRms(llm_device::SumOfChunks(n.squares + row * (p.k / 8), p.k), p.k, n.eps);
-    if ((threadIdx.x & 31) == 0) inv_rows[row] = v;
-  }
-  __syncthreads();
-  // At most kTcSplitRows x kTcNormMaxHidden / 8 chunks: 32-bit indices.
-  const int chunks = static_cast<int>(p.part / 8), all = static_cast<int>(p.m) * chunks;
-  for (int i = static_cast<int>(threadIdx.x); i < all; i += kWarps * 32) {
-    const int row = i / chunks, c = i % chunks;
-    const int64_t k = k0 + 8 * c;
-    // Through L2: an earlier kernel wrote the residual (dependent_launch.h).
-    const auto* v4 = reinterpret_cast<const float4*>(n.resid + row * p.k + k);
-    const float4 a = __ldcg(v4), b = __ldcg(v4 + 1);
-    float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w}, w[8];
-    llm_device::Load8(reinterpret_cast<const T*>(n.weight) + k, w);
-    const float inv = inv_rows[row];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[j] = llm_device::NormScale(w[j], v[j], inv);
-    x_tile[row * TileRow(p.part) + c] = llm_device::Pack8<T>(v);
-  }
-  __syncthreads();
-}
-
 // One part's sums for the 16 rows from 0 and the 8 columns from w[i] (which
 // points at the first column's row) of each of kN weights, their loads
 // interleaved: acc[i] is the mma fragment {row r, col 2q}, {r, 2q + 1},
-// {r + 8, 2q}, {r + 8, 2q + 1} of weight i. With kNormIn, x's rows are
-// made from the residual into x_tile (NormedTile) and read from there.
-template <bool kBf16, int kN, bool kNormIn>
+// {r + 8, 2q}, {r + 8, 2q + 1} of weight i.
+template <bool kBf16, int kN>
 __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const (&w)[kN],
-                                         int64_t k0, float (&acc)[kN][4], const NormParams& n,
-                                         float* inv_rows, uint4* x_tile) {
+                                         int64_t k0, float (&acc)[kN][4]) {
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
 #pragma unroll
   for (int i = 0; i < kN; ++i)
@@ -148,18 +85,13 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const 
   const uint16_t* wl[kN];
 #pragma unroll
   for (int i = 0; i < kN; ++i) wl[i] = w[i] + r * p.k + k0 + q * 16;
-  // Where the lane's 16 elements of x's row h begin: in x (xl), or in
-  // x_tile (xt, norm_in), in chunks of 8.
   const uint16_t* xl[2];
-  const uint4* xt[2];
   bool ok[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = int64_t{h} * 8 + r;
     ok[h] = row < p.m;
-    const int64_t at = ok[h] ? row : 0;
-    xl[h] = kNormIn ? nullptr : p.x + at * p.k + k0 + q * 16;
-    xt[h] = kNormIn ? x_tile + at * TileRow(p.part) + q * 2 : nullptr;
+    xl[h] = p.x + (ok[h] ? row : 0) * p.k + k0 + q * 16;
   }
   for (int64_t kb = 0; kb < p.part; kb += 64 * kUnroll) {
     uint4 wv[kUnroll][kN][2];
@@ -179,7 +111,6 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const 
     if (kb == 0) {
       DependentWait();
       DependentRelease();
-      if constexpr (kNormIn) NormedTile<kBf16>(p, n, k0, inv_rows, x_tile);
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -187,11 +118,7 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const 
       uint4 xv[2][2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        if (ok[h] && kNormIn) {
-          const uint4* at = xt[h] + (kb + u * 64) / 8;
-          xv[h][0] = at[0];
-          xv[h][1] = at[1];
-        } else if (ok[h]) {
+        if (ok[h]) {
           const auto* at = reinterpret_cast<const uint4*>(xl[h] + kb + u * 64);
           // Through L2 (coherent): an earlier kernel wrote x while this
           // one was already resident (dependent_launch.h).
@@ -273,52 +200,16 @@ __device__ __forceinline__ void StoreSwiGlu(const Params& p, int64_t row, int64_
   Store<kBf16, false>(p, 0, row, col, v);
 }
 
-// The residual_out epilogue of one lane: v[h] holds columns col and col + 1
-// of row h * 8 + r (rows from m on are ignored). The new residual is
-// AddRmsNorm's (its delta is y rounded to the input type); the sum of squares
-// of each 8-column chunk is taken by the chunk's first lane (q == 0) in
-// column order. The whole warp calls it.
-template <bool kBf16>
-__device__ __forceinline__ void AddResidual(const Params& p, const NormParams& n, int r, int q,
-                                            int64_t col, const float2 (&v)[2]) {
-  const int lane = static_cast<int>(threadIdx.x & 31);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t row = int64_t{h} * 8 + r;
-    const bool valid = row < p.m;
-    float2 now{0.0f, 0.0f};
-    if (valid) {
-      auto* at = reinterpret_cast<float2*>(n.resid + row * p.n + col);
-      const float2 was = __ldcg(at);
-      now = {__fadd_rn(was.x, Rounded<kBf16>(v[h].x)), __fadd_rn(was.y, Rounded<kBf16>(v[h].y))};
-      __stcg(at, now);
-    }
-    float chunk[8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      chunk[2 * i] = __shfl_sync(0xffffffffu, now.x, (lane & ~3) | i);
-      chunk[2 * i + 1] = __shfl_sync(0xffffffffu, now.y, (lane & ~3) | i);
-    }
-    if (valid && q == 0) n.squares[row * (p.n / 8) + col / 8] = llm_device::ChunkSquares(chunk);
-  }
-}
-
 // Few rows: block (block, part) of a split-mode launch (SplitKernel's
 // blockIdx.x and blockIdx.z), a warp per (8 columns, part). With kSwiGlu a
 // warp computes the same 8 columns of both weights of the batch of two
-// (gate, up) and stores silu(gate) * up. kFold: the side of a folded RMSNorm
-// it is on, if any.
-template <bool kBf16, bool kF32Out, bool kSwiGlu, Fold kFold>
-__device__ __forceinline__ void SplitBlock(const Params& p, const NormParams& n, int64_t block,
-                                           int part) {
+// (gate, up) and stores silu(gate) * up.
+template <bool kBf16, bool kF32Out, bool kSwiGlu>
+__device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int part) {
   constexpr int kN = kSwiGlu ? 2 : 1;
-  // norm_in: each row's inverse RMS and the CTA's tile of x (NormedTile).
-  __shared__ float inv_rows[kTcSplitRows];
-  extern __shared__ uint4 x_tile[];
   const int64_t g = block * kWarps + (threadIdx.x >> 5);
   if (g >= p.groups * (kSwiGlu ? 1 : p.batch)) {
     DependentWait();
-    if constexpr (kFold == Fold::kIn) NormedTile<kBf16>(p, n, part * p.part, inv_rows, x_tile);
     return;
   }
   const int b = kSwiGlu ? 0 : static_cast<int>(g / p.groups);
@@ -327,7 +218,7 @@ __device__ __forceinline__ void SplitBlock(const Params& p, const NormParams& n,
   const uint16_t* w[kN];
 #pragma unroll
   for (int i = 0; i < kN; ++i) w[i] = p.w + (b + i) * p.w_stride + col0 * p.k;
-  PartSums<kBf16, kN, kFold == Fold::kIn>(p, w, part * p.part, acc, n, inv_rows, x_tile);
+  PartSums<kBf16, kN>(p, w, part * p.part, acc);
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
   const int64_t col = col0 + 2 * q;
   const auto store = [&](int64_t row, const float2(&v)[kN]) {
@@ -338,11 +229,6 @@ __device__ __forceinline__ void SplitBlock(const Params& p, const NormParams& n,
     }
   };
   if (p.splits == 1) {
-    if constexpr (kFold == Fold::kOut) {
-      AddResidual<kBf16>(p, n, r, q, col,
-                         {float2{acc[0][0], acc[0][1]}, float2{acc[0][2], acc[0][3]}});
-      return;
-    }
     ForLaneRows(r, p.m, [&](int h, int64_t row) {
       float2 v[kN];
 #pragma unroll
@@ -368,63 +254,44 @@ __device__ __forceinline__ void SplitBlock(const Params& p, const NormParams& n,
   if (before != static_cast<uint32_t>(p.splits - 1)) return;
   // The last of the column group's warps: every part is written.
   __threadfence();
-  // The parts of batch entry bi at a row, added in order.
-  const auto parts = [&](int bi, int64_t row) {
-    float2 t = __ldcg(reinterpret_cast<const float2*>(at(0, bi, row)));
-    for (int s = 1; s < p.splits; ++s) {
-      const float2 v = __ldcg(reinterpret_cast<const float2*>(at(s, bi, row)));
-      t.x += v.x;
-      t.y += v.y;
-    }
-    return t;
-  };
-  if constexpr (kFold == Fold::kOut) {
-    float2 t[2] = {};
-    ForLaneRows(r, p.m, [&](int h, int64_t row) { t[h] = parts(b, row); });
-    AddResidual<kBf16>(p, n, r, q, col, t);
-  } else {
-    ForLaneRows(r, p.m, [&](int, int64_t row) {
-      float2 t[kN];
+  ForLaneRows(r, p.m, [&](int, int64_t row) {
+    float2 t[kN];
 #pragma unroll
-      for (int i = 0; i < kN; ++i) t[i] = parts(b + i, row);
-      store(row, t);
-    });
-  }
+    for (int i = 0; i < kN; ++i) {
+      t[i] = __ldcg(reinterpret_cast<const float2*>(at(0, b + i, row)));
+      for (int s = 1; s < p.splits; ++s) {
+        const float2 v = __ldcg(reinterpret_cast<const float2*>(at(s, b + i, row)));
+        t[i].x += v.x;
+        t[i].y += v.y;
+      }
+    }
+    store(row, t);
+  });
   if (lane == 0) p.counters[g] = 0;
 }
 
-template <bool kBf16, bool kF32Out, bool kSwiGlu, Fold kFold = Fold::kNone>
-__global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p, NormParams n) {
-  SplitBlock<kBf16, kF32Out, kSwiGlu, kFold>(p, n, blockIdx.x, static_cast<int>(blockIdx.z));
-}
-
-// The SwiGLU launch with the norm folded in, held to 4 CTAs an SM (128
-// registers): at ~150 it would hold 3, and the 448 CTAs of the 8B's gate/up
-// at one row would run in two waves on 132 SMs instead of one (the 1B's 256
-// fit either way).
-template <bool kBf16>
-__global__ void __launch_bounds__(kWarps * 32, 4) SwiGluNormKernel(Params p, NormParams n) {
-  SplitBlock<kBf16, false, true, Fold::kIn>(p, n, blockIdx.x, static_cast<int>(blockIdx.z));
+template <bool kBf16, bool kF32Out, bool kSwiGlu>
+__global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p) {
+  SplitBlock<kBf16, kF32Out, kSwiGlu>(p, blockIdx.x, static_cast<int>(blockIdx.z));
 }
 
 // Several split-mode products in one launch: entry e owns the blocks from
 // first[e], x_blocks[e] of them per part.
 struct GroupParams {
   Params p[kTcMaxGroup];
-  NormParams norm;
   int64_t first[kTcMaxGroup + 1];
   int64_t x_blocks[kTcMaxGroup];
   int count;
 };
 
-template <bool kBf16, Fold kFold>
+template <bool kBf16>
 __global__ void __launch_bounds__(kWarps * 32) GroupKernel(GroupParams gp) {
   const int64_t block = blockIdx.x;
   int e = 0;
   while (e + 1 < gp.count && block >= gp.first[e + 1]) ++e;
   const int64_t local = block - gp.first[e];
-  SplitBlock<kBf16, false, false, kFold>(gp.p[e], gp.norm, local % gp.x_blocks[e],
-                                         static_cast<int>(local / gp.x_blocks[e]));
+  SplitBlock<kBf16, false, false>(gp.p[e], local % gp.x_blocks[e],
+                                  static_cast<int>(local / gp.x_blocks[e]));
 }
 
 // Many rows: a CTA per (kRows x kTileCols tile, group of parts), the
@@ -679,8 +546,7 @@ cudaError_t LaunchTile(Kernel kernel, int smem, std::atomic<uint64_t>& devices, 
 }
 
 template <bool kBf16, bool kF32Out>
-cudaError_t Launch(const Params& base, const NormParams& n, const TcGemmArgs& args,
-                   cudaStream_t stream) {
+cudaError_t Launch(const Params& base, const TcGemmArgs& args, cudaStream_t stream) {
   Params p = base;
   if (p.m <= kTcSplitRows) {
     p.groups = p.n / 8;
@@ -689,22 +555,10 @@ cudaError_t Launch(const Params& base, const NormParams& n, const TcGemmArgs& ar
                     static_cast<unsigned>(p.splits));
     static_assert(kTcSplitRows == 16, "the split mode holds one 16-row tile");
     if constexpr (!kF32Out) {
-      if (args.swiglu && args.norm_in) {
-        return LaunchDependent(SwiGluNormKernel<kBf16>, grid, kWarps * 32,
-                               NormTileBytes(p.m, p.part), stream, p, n);
-      }
       if (args.swiglu)
-        return LaunchDependent(SplitKernel<kBf16, false, true>, grid, kWarps * 32, 0, stream, p, n);
-      if (args.norm_in) {
-        return LaunchDependent(SplitKernel<kBf16, false, false, Fold::kIn>, grid, kWarps * 32,
-                               NormTileBytes(p.m, p.part), stream, p, n);
-      }
-      if (args.residual_out) {
-        return LaunchDependent(SplitKernel<kBf16, false, false, Fold::kOut>, grid, kWarps * 32, 0,
-                               stream, p, n);
-      }
+        return LaunchDependent(SplitKernel<kBf16, false, true>, grid, kWarps * 32, 0, stream, p);
     }
-    return LaunchDependent(SplitKernel<kBf16, kF32Out, false>, grid, kWarps * 32, 0, stream, p, n);
+    return LaunchDependent(SplitKernel<kBf16, kF32Out, false>, grid, kWarps * 32, 0, stream, p);
   }
   // Up to kDeepRows rows, 64-row tiles through 6 stages; above, 128-row
   // tiles (a warp's 64 x 32 piece reads each staged fragment for twice the
@@ -745,12 +599,6 @@ bool Aligned(const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p
 
 }  // namespace
 
-bool TcGemmNormInFits(const TcGemmShape& shape, int64_t m) {
-  const int32_t splits = TcGemmSplits(shape);
-  return splits > 0 && m >= 0 && m <= kTcSplitRows && shape.k <= kTcNormMaxHidden &&
-         NormTileBytes(m, shape.k / splits) <= kTcMaxNormTileBytes;
-}
-
 int32_t TcGemmSplits(const TcGemmShape& shape) {
   if (shape.n < 8 || shape.k < 64 || shape.n % 8 != 0 || shape.k % 64 != 0 || shape.batch < 1)
     return 0;
@@ -775,65 +623,20 @@ uint64_t TcGemmCounters(const TcGemmShape& shape) {
 
 namespace {
 
-// Whether two byte ranges overlap (an empty one overlaps nothing).
-bool Overlap(const void* a, uint64_t a_bytes, const void* b, uint64_t b_bytes) {
-  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
-  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
-}
-
-// The bytes y spans: m rows of n, the second of a batch of two y_stride
-// elements on (a SwiGLU pair writes one product).
-uint64_t OutputBytes(const TcGemmArgs& a) {
-  const uint64_t elem = a.f32_out ? 4 : 2, rows = static_cast<uint64_t>(a.m * a.shape.n);
-  if (a.swiglu || a.shape.batch <= 1) return rows * elem;
-  return (static_cast<uint64_t>(a.y_stride) * static_cast<uint64_t>(a.shape.batch - 1) + rows) *
-         elem;
-}
-
-bool ValidFold(const TcGemmArgs& a) {
-  if (!a.norm_in && !a.residual_out) return true;
-  const TcNorm& n = a.norm;
-  const int64_t hidden = a.norm_in ? a.shape.k : a.shape.n;
-  if (a.norm_in && a.residual_out) return false;
-  if (a.m > kTcSplitRows || n.resid == nullptr || n.squares == nullptr || !Aligned(n.resid, 16) ||
-      hidden % 8 != 0 || hidden > kTcNormMaxHidden) {
-    return false;
-  }
-  // The residual and its sums are read (and, before a norm, written) while
-  // y and the workspace are written: none may share a byte with another.
-  const uint64_t resid_bytes = static_cast<uint64_t>(a.m * hidden) * sizeof(float),
-                 squares_bytes = static_cast<uint64_t>(a.m * (hidden / 8)) * sizeof(float);
-  const uint64_t y_bytes = a.residual_out ? 0 : OutputBytes(a);
-  if (Overlap(n.resid, resid_bytes, n.squares, squares_bytes) ||
-      Overlap(n.resid, resid_bytes, a.y, y_bytes) ||
-      Overlap(n.squares, squares_bytes, a.y, y_bytes) ||
-      Overlap(n.resid, resid_bytes, a.workspace, a.workspace_bytes) ||
-      Overlap(n.squares, squares_bytes, a.workspace, a.workspace_bytes)) {
-    return false;
-  }
-  if (a.norm_in) {
-    return n.weight != nullptr && Aligned(n.weight, 16) && !a.f32_out &&
-           TcGemmNormInFits(a.shape, a.m);
-  }
-  return a.shape.batch == 1 && a.bias == nullptr && !a.f32_out && !a.swiglu;
-}
-
 bool Valid(const TcGemmArgs& a) {
   const int32_t splits = TcGemmSplits(a.shape);
   const int64_t elem = a.f32_out ? 4 : 2;
-  return ValidFold(a) &&
-         !(splits == 0 || a.m < 0 || (a.x == nullptr && !a.norm_in) || a.w == nullptr ||
-           (a.y == nullptr && !a.residual_out) || !Aligned(a.x, 16) || !Aligned(a.w, 16) ||
-           !Aligned(a.y, static_cast<uintptr_t>(2 * elem)) ||
-           (a.bias != nullptr && !Aligned(a.bias, static_cast<uintptr_t>(2 * elem))) ||
-           (a.shape.batch > 1 &&
-            (a.w_stride % 8 != 0 || a.y_stride % 2 != 0 || a.bias_stride % 2 != 0)) ||
-           (a.workspace_bytes > 0 && a.workspace == nullptr) ||
-           (a.counter_slots > 0 && a.counters == nullptr) ||
-           (a.m <= kTcSplitRows && (TcGemmWorkspaceBytes(a.shape) > a.workspace_bytes ||
-                                    TcGemmCounters(a.shape) > a.counter_slots)) ||
-           (a.swiglu &&
-            (a.shape.batch != 2 || a.m > kTcSplitRows || a.f32_out || a.bias != nullptr)));
+  return !(
+      splits == 0 || a.m < 0 || a.x == nullptr || a.w == nullptr || a.y == nullptr ||
+      !Aligned(a.x, 16) || !Aligned(a.w, 16) || !Aligned(a.y, static_cast<uintptr_t>(2 * elem)) ||
+      (a.bias != nullptr && !Aligned(a.bias, static_cast<uintptr_t>(2 * elem))) ||
+      (a.shape.batch > 1 &&
+       (a.w_stride % 8 != 0 || a.y_stride % 2 != 0 || a.bias_stride % 2 != 0)) ||
+      (a.workspace_bytes > 0 && a.workspace == nullptr) ||
+      (a.counter_slots > 0 && a.counters == nullptr) ||
+      (a.m <= kTcSplitRows && (TcGemmWorkspaceBytes(a.shape) > a.workspace_bytes ||
+                               TcGemmCounters(a.shape) > a.counter_slots)) ||
+      (a.swiglu && (a.shape.batch != 2 || a.m > kTcSplitRows || a.f32_out || a.bias != nullptr)));
 }
 
 Params MakeParams(const TcGemmArgs& a) {
@@ -857,9 +660,10 @@ Params MakeParams(const TcGemmArgs& a) {
   return p;
 }
 
-// A folded RMSNorm's arguments (tc_gemm.h), where the launch has one.
-NormParams MakeNorm(const TcGemmArgs& a) {
-  return {a.norm.resid, a.norm.squares, static_cast<const uint16_t*>(a.norm.weight), a.norm.eps};
+// Whether two byte ranges overlap (an empty one overlaps nothing).
+bool Overlap(const void* a, uint64_t a_bytes, const void* b, uint64_t b_bytes) {
+  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
 }
 
 }  // namespace
@@ -868,12 +672,11 @@ cudaError_t LaunchTcGemm(const TcGemmArgs& a, cudaStream_t stream) {
   if (!Valid(a)) return cudaErrorInvalidValue;
   if (a.m == 0) return cudaSuccess;
   const Params p = MakeParams(a);
-  const NormParams n = MakeNorm(a);
   cudaError_t set = cudaSuccess;
   if (a.bf16) {
-    set = a.f32_out ? Launch<true, true>(p, n, a, stream) : Launch<true, false>(p, n, a, stream);
+    set = a.f32_out ? Launch<true, true>(p, a, stream) : Launch<true, false>(p, a, stream);
   } else {
-    set = a.f32_out ? Launch<false, true>(p, n, a, stream) : Launch<false, false>(p, n, a, stream);
+    set = a.f32_out ? Launch<false, true>(p, a, stream) : Launch<false, false>(p, a, stream);
   }
   if (set != cudaSuccess) {
     (void)cudaGetLastError();  // not left for the next call to find
@@ -891,10 +694,7 @@ cudaError_t LaunchTcGemmGroup(std::span<const TcGemmArgs> group, cudaStream_t st
   for (size_t e = 0; e < group.size(); ++e) {
     const TcGemmArgs& a = group[e];
     if (!Valid(a) || a.m != group[0].m || a.m > kTcSplitRows || a.bf16 != group[0].bf16 ||
-        a.f32_out || a.swiglu || a.residual_out || a.norm_in != group[0].norm_in ||
-        (a.norm_in && (a.shape.k != group[0].shape.k || a.norm.resid != group[0].norm.resid ||
-                       a.norm.squares != group[0].norm.squares ||
-                       a.norm.weight != group[0].norm.weight || a.norm.eps != group[0].norm.eps))) {
+        a.f32_out || a.swiglu) {
       return cudaErrorInvalidValue;
     }
     const uint64_t ws = TcGemmWorkspaceBytes(a.shape),
@@ -914,23 +714,12 @@ cudaError_t LaunchTcGemmGroup(std::span<const TcGemmArgs> group, cudaStream_t st
     blocks += gp.x_blocks[e] * p.splits;
   }
   gp.first[group.size()] = blocks;
-  gp.norm = MakeNorm(group[0]);
-  // norm_in: the x tile of the entry with the longest part.
-  int64_t tile = 0;
-  for (size_t e = 0; e < group.size(); ++e)
-    tile = std::max(tile, NormTileBytes(gp.p[e].m, gp.p[e].part));
   if (group[0].m == 0) return cudaSuccess;
-  const auto grid = static_cast<unsigned>(blocks);
-  cudaError_t set = cudaSuccess;
-  if (group[0].norm_in) {
-    set = group[0].bf16
-              ? LaunchDependent(GroupKernel<true, Fold::kIn>, grid, kWarps * 32, tile, stream, gp)
-              : LaunchDependent(GroupKernel<false, Fold::kIn>, grid, kWarps * 32, tile, stream, gp);
-  } else {
-    set = group[0].bf16
-              ? LaunchDependent(GroupKernel<true, Fold::kNone>, grid, kWarps * 32, 0, stream, gp)
-              : LaunchDependent(GroupKernel<false, Fold::kNone>, grid, kWarps * 32, 0, stream, gp);
-  }
+  const cudaError_t set = group[0].bf16
+                              ? LaunchDependent(GroupKernel<true>, static_cast<unsigned>(blocks),
+                                                kWarps * 32, 0, stream, gp)
+                              : LaunchDependent(GroupKernel<false>, static_cast<unsigned>(blocks),
+                                                kWarps * 32, 0, stream, gp);
   if (set != cudaSuccess) {
     (void)cudaGetLastError();
     return set;

@@ -39,20 +39,6 @@
 //     fill the GPU, the other groups write each part alone to the workspace
 //     and a second kernel adds them in order.
 //
-// A decoder layer's RMSNorm folds into the split-mode launches on each side
-// of it (TcNorm), with the bits of the AddRmsNorm launch (llm_kernels.h)
-// between unfolded ones:
-//   - the GEMM before it (o_proj, down_proj: y = the residual's delta)
-//     writes no y: it adds y, rounded to the input type, to the F32 residual
-//     stream and writes each 8-column chunk's sum of squares of the new
-//     residual (llm_device.cuh, ChunkSquares);
-//   - the GEMMs after it (q_proj with k/v, gate/up) read no x: a CTA's warps
-//     add the rows' chunk sums as the norm launch's block would, then make
-//     the CTA's rows of x = weight * (residual * inv) over its part of k, in
-//     shared memory, rounded as that launch rounds them.
-// A launch is saved per norm, and the normed rows are never written to
-// global memory.
-//
 // Thread-safety: a launch uses the workspace and counters; launches sharing
 // them must be ordered (one stream).
 #pragma once
@@ -88,29 +74,6 @@ uint64_t TcGemmCounters(const TcGemmShape& shape);
 inline constexpr uint64_t kTcMaxWorkspaceBytes = uint64_t{32} << 20;
 inline constexpr uint64_t kTcMaxCounters = 2048;
 
-// The widest row a folded RMSNorm takes: one 8-element chunk per thread of
-// the AddRmsNorm launch's block.
-inline constexpr int64_t kTcNormMaxHidden = 8192;
-
-// The residual stream of a folded RMSNorm: `hidden` = n of the GEMM before
-// it, k of the GEMMs after; hidden % 8 == 0, hidden <= kTcNormMaxHidden.
-struct TcNorm {
-  float* resid = nullptr;    // [m, hidden], 16-byte aligned
-  float* squares = nullptr;  // [m, hidden / 8]: each chunk's sum of squares
-  // The norm's weight [hidden] (input type, 16-byte aligned) and epsilon:
-  // the GEMMs after it only.
-  const void* weight = nullptr;
-  float eps = 0.0f;
-};
-
-// The most shared memory a norm_in launch's CTA takes for its rows of x
-// (m rows of k / TcGemmSplits 16-bit elements, each padded by 16 bytes),
-// below the 48 KiB a launch has without asking, with room for the kernel's
-// own; and whether a shape takes norm_in at m rows (within it, and k within
-// kTcNormMaxHidden).
-inline constexpr int64_t kTcMaxNormTileBytes = 46 << 10;
-bool TcGemmNormInFits(const TcGemmShape& shape, int64_t m);
-
 struct TcGemmArgs {
   TcGemmShape shape;
   bool bf16 = true;            // else F16
@@ -127,16 +90,6 @@ struct TcGemmArgs {
   // bits equal the two products followed by a SwiGLU launch. Split mode only
   // (m <= kTcSplitRows), no bias, not f32_out.
   bool swiglu = false;
-  // Split mode only (m <= kTcSplitRows), at most one of the two, each with
-  // `norm` set:
-  //   - norm_in: x is unused; its rows are those the AddRmsNorm launch would
-  //     write from norm.resid (no delta) with norm.weight and norm.eps (not
-  //     f32_out; TcGemmNormInFits);
-  //   - residual_out: y is unused; y's rows, rounded to the input type, are
-  //     added to norm.resid and norm.squares written, as AddRmsNorm adds a
-  //     delta (batch 1, no bias, not f32_out, not swiglu).
-  bool norm_in = false, residual_out = false;
-  TcNorm norm;
   float* workspace = nullptr;
   uint32_t* counters = nullptr;
   // Their sizes (bytes; uint32 slots); the many-rows mode keeps its part
@@ -152,11 +105,10 @@ cudaError_t LaunchTcGemm(const TcGemmArgs& args, cudaStream_t stream);
 
 // Queues up to kTcMaxGroup split-mode products in one launch (q_proj and the
 // k/v pair, which read one x): each entry's bits are LaunchTcGemm's. Every
-// entry has the same m (at most kTcSplitRows), input type and norm_in (with
-// one norm for all), no swiglu, no f32_out, no residual_out, and workspace
-// and counters of its own,
-// apart from the others' (TcGemmWorkspaceBytes and TcGemmCounters of its
-// shape); else cudaErrorInvalidValue.
+// entry has the same m (at most kTcSplitRows) and input type, no swiglu, no
+// f32_out, and workspace and counters of its own, apart from the others'
+// (TcGemmWorkspaceBytes and TcGemmCounters of its shape); else
+// cudaErrorInvalidValue.
 inline constexpr int kTcMaxGroup = 3;
 cudaError_t LaunchTcGemmGroup(std::span<const TcGemmArgs> group, cudaStream_t stream);
 
