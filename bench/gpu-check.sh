@@ -13,7 +13,7 @@
 # grpc_cpp_plugin: -DHEARTH_GRPC_ROOT). bench/gpu-deps.sh makes them all.
 #
 # SECTIONS picks what runs after the build (default: all of them):
-#   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart coldstart multigpu gemm tokenizer-fixtures llm-step startup suite
+#   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart coldstart multigpu gemm tokenizer-fixtures llm-step llm-prefetch startup suite
 # (GEN_BACKEND=llm runs the generate section on backend: llm instead of the Python example.)
 # (multigpu runs only where nvidia-smi lists 2 GPUs or more.)
 # (The serve-tests section runs tests/serve's files SERVE_JOBS at a time, 4
@@ -220,6 +220,14 @@ if want llm-step; then
   timeout 300 "$BUILD/bench/llm/llm_step_bench" --shape 8b --iterations 20 --seqs 1,16,64 --profile-seqs 1 \
     >> "$OUT/llm-step.log" 2>&1
   grep -E "^(pairing|prefill|decode|kernel)" "$OUT/llm-step.log"
+fi
+if want llm-prefetch; then
+  echo "== the attention's L2 prefetch of the weights after it: decode steps off and on, in turn, 1B and 8B"
+  timeout 300 "$BUILD/bench/llm/llm_step_bench" --iterations 30 --context 192 --seqs 1,16 --profile-seqs 0 \
+    --pairing on --gemm own --l2-prefetch 0,16:9,16:24,0,16:9,16:24 > "$OUT/llm-prefetch.log" 2>&1
+  timeout 200 "$BUILD/bench/llm/llm_step_bench" --shape 8b --iterations 20 --context 192 --seqs 1,16 \
+    --profile-seqs 0 --pairing on --gemm own --l2-prefetch 0,16:24,0,16:24 >> "$OUT/llm-prefetch.log" 2>&1
+  grep -E "^decode " "$OUT/llm-prefetch.log" | sed -E 's/ weight_kv_floor_ms.*//'
 fi
 if want suite; then
   echo "== throughput and resilience suite beside the torch.multiprocessing baseline"

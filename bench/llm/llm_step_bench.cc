@@ -3,7 +3,7 @@
 // 128256, tied embeddings, bf16), random weights in device memory.
 //
 //   llm_step_bench [--seqs 1,16,64,256] [--context 512] [--iterations 50]
-//                  [--profile-seqs 64] [--temperature 0]
+//                  [--profile-seqs 64] [--temperature 0] [--l2-prefetch 0,16,16:9]
 //
 // Every sequence is prefilled with --context tokens (steps of up to 2048
 // tokens, timed: the prefill rate), then each batch size runs decode steps
@@ -378,7 +378,35 @@ int Main(int argc, char** argv) {
   app.add_option("--fold-splits", fold_text,
                  "attention: a sequence of at most this many splits of 128 keys has them run by "
                  "one work item (no combine launch); a list times each in turn");
+  std::string prefetch_text = "0";
+  app.add_option("--l2-prefetch", prefetch_text,
+                 "decode steps of up to ROWS sequences have their attention prefetch o_proj and "
+                 "the first rows of gate/up into L2, MIB MiB in all (24 unless given): a list of "
+                 "ROWS or ROWS:MIB, each timed in turn; 0: off");
   CLI11_PARSE(app, argc, argv);
+  struct Prefetch {
+    std::string name;
+    int32_t rows;
+    uint64_t bytes;
+  };
+  std::vector<Prefetch> prefetch_list;
+  {
+    std::stringstream in(prefetch_text);
+    for (std::string item; std::getline(in, item, ',');) {
+      const size_t colon = item.find(':');
+      try {
+        const int rows = std::stoi(item.substr(0, colon));
+        const int mib = colon == std::string::npos ? 24 : std::stoi(item.substr(colon + 1));
+        if (rows < 0 || mib < 0 || mib > 1024) throw std::out_of_range(item);
+        prefetch_list.push_back(
+            {rows == 0 ? "off" : std::to_string(rows) + ":" + std::to_string(mib), rows,
+             uint64_t(mib) << 20});
+      } catch (const std::exception&) {
+        Fail("--l2-prefetch: " + item + " is not ROWS or ROWS:MIB (MIB at most 1024)");
+      }
+    }
+    if (prefetch_list.empty()) Fail("--l2-prefetch needs at least one entry");
+  }
   struct FuseMode {
     const char* name;
     bool swiglu, qkv, rope;
@@ -436,83 +464,87 @@ int Main(int argc, char** argv) {
     for (const auto& [engine_name, engine] : engines)
       for (const bool pair : pair_modes)
         for (const FuseMode& fused : fuse_modes)
-          for (const int64_t fold : fold_list) {
-            cuda::SetDependentLaunch(dependent_on);
-            // Sequence 0 takes every batch size's steps.
-            auto [s, o] = Room(
-                max_seqs, context + (warmup + 3 * iterations) * static_cast<int>(seqs_list.size()),
-                context, kv_bytes_per_token);
-            const auto created = std::chrono::steady_clock::now();
-            CudaExecutorOptions options;
-            options.pair_gemms = pair;
-            options.gemm_engine = engine;
-            options.fuse_swiglu = fused.swiglu;
-            options.group_qkv = fused.qkv;
-            options.fuse_rope_attention = fused.rope;
-            options.attention_fold_splits = static_cast<int32_t>(fold);
-            auto executor = CreateCudaExecutor(config, weights, 0, o, options);
-            if (!executor.ok()) Fail(executor.status().ToString());
-            CudaExecutor& e = **executor;
-            std::printf(
-                "pairing=%s gemm=%s dependent=%s fuse=%s fold=%d: executor created in %.2f s, "
-                "device "
-                "memory %.2f GiB (KV pool %d blocks of %d)\n",
-                pair ? "on" : "off", engine_name.c_str(), dependent_on ? "on" : "off", fused.name,
-                static_cast<int>(fold),
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count(),
-                static_cast<double>(e.device_memory_bytes()) / (1 << 30), e.num_blocks(),
-                e.block_size());
-            std::printf("%s", e.DescribeGemms().c_str());
-            const char* mode = pair ? "on" : "off";
-            const double prefill_s = Prefill(e, s, max_seqs, context, rng, config.vocab_size);
-            std::printf(
-                "prefill gemm=%s dependent=%s seqs=%d context=%d s=%.3f tokens_per_s=%.0f\n",
-                engine_name.c_str(), dependent_on ? "on" : "off", max_seqs, context, prefill_s,
-                max_seqs * static_cast<double>(context) / prefill_s);
-            cudaEvent_t start = nullptr, stop = nullptr;
-            Check(cudaEventCreate(&start), "cudaEventCreate");
-            Check(cudaEventCreate(&stop), "cudaEventCreate");
-            for (int64_t n : seqs_list) {
-              const int seqs = static_cast<int>(n);
-              for (int i = 0; i < warmup; ++i) Decode(e, s, seqs, params);
-              std::vector<double> ms;
-              for (int i = 0; i < iterations; ++i) {
-                Check(cudaEventRecord(start, e.stream()), "cudaEventRecord");
-                Decode(e, s, seqs, params);
-                Check(cudaEventRecord(stop, e.stream()), "cudaEventRecord");
-                Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-                float elapsed = 0;
-                Check(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime");
-                ms.push_back(elapsed);
+          for (const int64_t fold : fold_list)
+            for (const Prefetch& prefetch : prefetch_list) {
+              cuda::SetDependentLaunch(dependent_on);
+              // Sequence 0 takes every batch size's steps.
+              auto [s, o] =
+                  Room(max_seqs,
+                       context + (warmup + 3 * iterations) * static_cast<int>(seqs_list.size()),
+                       context, kv_bytes_per_token);
+              const auto created = std::chrono::steady_clock::now();
+              CudaExecutorOptions options;
+              options.pair_gemms = pair;
+              options.gemm_engine = engine;
+              options.fuse_swiglu = fused.swiglu;
+              options.group_qkv = fused.qkv;
+              options.fuse_rope_attention = fused.rope;
+              options.attention_fold_splits = static_cast<int32_t>(fold);
+              options.l2_prefetch_rows = prefetch.rows;
+              options.l2_prefetch_bytes = prefetch.bytes;
+              auto executor = CreateCudaExecutor(config, weights, 0, o, options);
+              if (!executor.ok()) Fail(executor.status().ToString());
+              CudaExecutor& e = **executor;
+              std::printf(
+                  "pairing=%s gemm=%s dependent=%s fuse=%s fold=%d prefetch=%s: executor created "
+                  "in %.2f s, device memory %.2f GiB (KV pool %d blocks of %d)\n",
+                  pair ? "on" : "off", engine_name.c_str(), dependent_on ? "on" : "off", fused.name,
+                  static_cast<int>(fold), prefetch.name.c_str(),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count(),
+                  static_cast<double>(e.device_memory_bytes()) / (1 << 30), e.num_blocks(),
+                  e.block_size());
+              std::printf("%s", e.DescribeGemms().c_str());
+              const char* mode = pair ? "on" : "off";
+              const double prefill_s = Prefill(e, s, max_seqs, context, rng, config.vocab_size);
+              std::printf(
+                  "prefill gemm=%s dependent=%s seqs=%d context=%d s=%.3f tokens_per_s=%.0f\n",
+                  engine_name.c_str(), dependent_on ? "on" : "off", max_seqs, context, prefill_s,
+                  max_seqs * static_cast<double>(context) / prefill_s);
+              cudaEvent_t start = nullptr, stop = nullptr;
+              Check(cudaEventCreate(&start), "cudaEventCreate");
+              Check(cudaEventCreate(&stop), "cudaEventCreate");
+              for (int64_t n : seqs_list) {
+                const int seqs = static_cast<int>(n);
+                for (int i = 0; i < warmup; ++i) Decode(e, s, seqs, params);
+                std::vector<double> ms;
+                for (int i = 0; i < iterations; ++i) {
+                  Check(cudaEventRecord(start, e.stream()), "cudaEventRecord");
+                  Decode(e, s, seqs, params);
+                  Check(cudaEventRecord(stop, e.stream()), "cudaEventRecord");
+                  Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+                  float elapsed = 0;
+                  Check(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime");
+                  ms.push_back(elapsed);
+                }
+                std::sort(ms.begin(), ms.end());
+                const double median = ms[ms.size() / 2];
+                double keys = 0;
+                for (int i = 0; i < seqs; ++i) keys += s.length[static_cast<size_t>(i)];
+                const double weight_floor = weight_bytes / kBandwidth * 1e3;
+                const double full_floor =
+                    (weight_bytes + keys * kv_bytes_per_token) / kBandwidth * 1e3;
+                std::printf(
+                    "decode pairing=%s gemm=%s dependent=%s fuse=%s fold=%d prefetch=%s seqs=%d "
+                    "context=%d ms=%.4f weight_floor_ms=%.4f of_weight_floor=%.2f "
+                    "weight_kv_floor_ms=%.4f of_weight_kv_floor=%.2f tokens_per_s=%.0f\n",
+                    mode, engine_name.c_str(), dependent_on ? "on" : "off", fused.name,
+                    static_cast<int>(fold), prefetch.name.c_str(), seqs, context, median,
+                    weight_floor, weight_floor / median, full_floor, full_floor / median,
+                    seqs / (median * 1e-3));
+                // The steps back to back, as the engine's loop runs them.
+                const double apart = DecodeLoop(e, s, seqs, params, iterations, false);
+                const double overlapped = DecodeLoop(e, s, seqs, params, iterations, true);
+                std::printf(
+                    "decode-loop gemm=%s fuse=%s fold=%d prefetch=%s seqs=%d steps=%d "
+                    "one_at_a_time_ms=%.4f overlapped_ms=%.4f\n",
+                    engine_name.c_str(), fused.name, static_cast<int>(fold), prefetch.name.c_str(),
+                    seqs, iterations, apart * 1e3 / iterations, overlapped * 1e3 / iterations);
+                std::fflush(stdout);
               }
-              std::sort(ms.begin(), ms.end());
-              const double median = ms[ms.size() / 2];
-              double keys = 0;
-              for (int i = 0; i < seqs; ++i) keys += s.length[static_cast<size_t>(i)];
-              const double weight_floor = weight_bytes / kBandwidth * 1e3;
-              const double full_floor =
-                  (weight_bytes + keys * kv_bytes_per_token) / kBandwidth * 1e3;
-              std::printf(
-                  "decode pairing=%s gemm=%s dependent=%s fuse=%s fold=%d seqs=%d context=%d "
-                  "ms=%.4f weight_floor_ms=%.4f of_weight_floor=%.2f weight_kv_floor_ms=%.4f "
-                  "of_weight_kv_floor=%.2f tokens_per_s=%.0f\n",
-                  mode, engine_name.c_str(), dependent_on ? "on" : "off", fused.name,
-                  static_cast<int>(fold), seqs, context, median, weight_floor,
-                  weight_floor / median, full_floor, full_floor / median, seqs / (median * 1e-3));
-              // The steps back to back, as the engine's loop runs them.
-              const double apart = DecodeLoop(e, s, seqs, params, iterations, false);
-              const double overlapped = DecodeLoop(e, s, seqs, params, iterations, true);
-              std::printf(
-                  "decode-loop gemm=%s fuse=%s fold=%d seqs=%d steps=%d one_at_a_time_ms=%.4f "
-                  "overlapped_ms=%.4f\n",
-                  engine_name.c_str(), fused.name, static_cast<int>(fold), seqs, iterations,
-                  apart * 1e3 / iterations, overlapped * 1e3 / iterations);
-              std::fflush(stdout);
+              std::printf("decode graphs captured: %d\n", e.captured_graphs());
+              cudaEventDestroy(start);
+              cudaEventDestroy(stop);
             }
-            std::printf("decode graphs captured: %d\n", e.captured_graphs());
-            cudaEventDestroy(start);
-            cudaEventDestroy(stop);
-          }
 
   if (profile_seqs > 0) {
     // A second executor, every step eager with events around each kernel.
@@ -524,6 +556,8 @@ int Main(int argc, char** argv) {
     co.group_qkv = fuse_modes.front().qkv;
     co.fuse_rope_attention = fuse_modes.front().rope;
     co.attention_fold_splits = static_cast<int32_t>(fold_list.front());
+    co.l2_prefetch_rows = prefetch_list.back().rows;
+    co.l2_prefetch_bytes = prefetch_list.back().bytes;
     auto executor = CreateCudaExecutor(config, weights, 0, o, co);
     if (!executor.ok()) Fail(executor.status().ToString());
     CudaExecutor& e = **executor;

@@ -3,13 +3,16 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -106,6 +109,30 @@ struct LayerPointers {
   const void* up;
   const void* down;
 };
+
+// The L2 prefetch of a layer's attention launch: the weights of the GEMMs
+// after it in the order they run, o_proj's, then as many leading rows of
+// gate_proj as of up_proj (of `rows` each), within `budget` bytes. A weight
+// that is not 16-byte aligned is left out (the launch would refuse it).
+cuda::L2Prefetch PrefetchAfterAttention(const LayerPointers& w, uint64_t budget, int64_t o_bytes,
+                                        int64_t row_bytes, int64_t gate_rows) {
+  cuda::L2Prefetch p;
+  const auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  budget -= budget % 16;
+  if (!aligned(w.o)) return p;
+  p.ptr[0] = w.o;
+  p.bytes[0] = std::min(budget, static_cast<uint64_t>(o_bytes) / 16 * 16);
+  budget -= p.bytes[0];
+  const uint64_t rows =
+      std::min(budget / 2 / static_cast<uint64_t>(row_bytes), static_cast<uint64_t>(gate_rows));
+  if (rows == 0 || !aligned(w.gate) || !aligned(w.up)) return p;
+  // row_bytes (hidden x 2) is a multiple of 16: hidden % 8 == 0.
+  p.ptr[1] = w.gate;
+  p.bytes[1] = rows * static_cast<uint64_t>(row_bytes);
+  p.ptr[2] = w.up;
+  p.bytes[2] = p.bytes[1];
+  return p;
+}
 
 // What one step runs: its rows, and the graph bucket when it replays one.
 struct StepPlan {
@@ -259,6 +286,9 @@ class CudaLlmExecutor final : public CudaExecutor {
   const void* final_norm_ = nullptr;
   const void* lm_head_ = nullptr;
   std::vector<LayerPointers> layers_;
+  // What each layer's attention asks the L2 cache to fetch
+  // (CudaExecutorOptions::l2_prefetch_rows).
+  std::vector<cuda::L2Prefetch> prefetch_;
   int q_gemm_ = -1, kv_gemm_ = -1, o_gemm_ = -1, gate_up_gemm_ = -1, down_gemm_ = -1,
       lm_head_gemm_ = -1;
 
@@ -375,6 +405,8 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
                        config.qkv_bias ? w.k_bias->data : nullptr,
                        config.qkv_bias ? w.v_bias->data : nullptr, w.o->data, w.post_norm->data,
                        w.gate->data, w.up->data, w.down->data});
+    prefetch_.push_back(PrefetchAfterAttention(layers_.back(), cuda_options_.l2_prefetch_bytes,
+                                               hidden_ * q_out * 2, hidden_ * 2, intermediate_));
   }
   const std::vector<double> inv_freq = config.InverseFrequencies();
   if (static_cast<int64_t>(inv_freq.size()) != head_dim_ / 2) {
@@ -909,11 +941,13 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
         return cuda::LaunchRopeKvWrite(a, s);
       }));
     }
+    const bool prefetch = decode && rows <= cuda_options_.l2_prefetch_rows;
     RETURN_IF_ERROR(Timed(rope_in_attention ? "attention + rope + kv write" : "attention", [&] {
       return cuda::LaunchPagedAttention(attn_shape_, q_.get(), KCache(layer), VCache(layer),
                                         attn_.get(), static_cast<float*>(partial_acc_.get()),
                                         static_cast<float*>(partial_ml_.get()), step,
-                                        attention_grid, s, rope_in_attention ? &rope : nullptr);
+                                        attention_grid, s, rope_in_attention ? &rope : nullptr,
+                                        prefetch ? &prefetch_[l] : nullptr);
     }));
     if (combine_rows > 0) {
       RETURN_IF_ERROR(Timed("attention combine", [&] {
@@ -1121,6 +1155,33 @@ Status CudaLlmExecutor::StepLogits(const StepBatch& batch, std::span<float> logi
 
 }  // namespace
 
+Status ParseL2Prefetch(std::string_view text, CudaExecutorOptions* options) {
+  const auto bad = [&] {
+    return InvalidArgument("HEARTH_LLM_L2_PREFETCH=" + std::string(text.substr(0, 64)) +
+                           ": want ROWS or ROWS,MIB (sequences up to which the attention "
+                           "prefetches, 0 to 4096; MiB fetched, 0 to 1024)");
+  };
+  const size_t comma = text.find(',');
+  const std::string_view rows = text.substr(0, comma);
+  int32_t r = 0;
+  const auto [rows_end, rows_error] = std::from_chars(rows.data(), rows.data() + rows.size(), r);
+  if (rows.empty() || rows_error != std::errc() || rows_end != rows.data() + rows.size() || r < 0 ||
+      r > 4096)
+    return bad();
+  uint64_t bytes = options->l2_prefetch_bytes;
+  if (comma != std::string_view::npos) {
+    const std::string_view mib = text.substr(comma + 1);
+    uint32_t m = 0;
+    const auto [mib_end, mib_error] = std::from_chars(mib.data(), mib.data() + mib.size(), m);
+    if (mib.empty() || mib_error != std::errc() || mib_end != mib.data() + mib.size() || m > 1024)
+      return bad();
+    bytes = uint64_t{m} << 20;
+  }
+  options->l2_prefetch_rows = r;
+  options->l2_prefetch_bytes = bytes;
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<CudaExecutor>> CreateCudaExecutor(const ModelConfig& config,
                                                          const ModelWeights& weights,
                                                          int device_index,
@@ -1138,6 +1199,9 @@ Result<std::unique_ptr<Executor>> CreateCudaExecutor(const ModelConfig& config,
                                                      const ExecutorOptions& options) {
   CudaExecutorOptions cuda_options;
   cuda_options.plan_cache_path = DefaultPlanCachePath("gemm-plans").value_or("");
+  if (const char* v = std::getenv("HEARTH_LLM_L2_PREFETCH"); v != nullptr) {
+    RETURN_IF_ERROR(ParseL2Prefetch(v, &cuda_options));
+  }
   cuda_options.gemm_engine =
       options.gemms == ExecutorOptions::Gemms::kCublasLt ? GemmEngine::kCublasLt
       : options.gemms == ExecutorOptions::Gemms::kHearth ? GemmEngine::kOwnFirst

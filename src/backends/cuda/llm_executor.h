@@ -30,6 +30,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backends/cuda/llm_gemm.h"
@@ -70,6 +71,15 @@ struct CudaExecutorOptions {
   // way: cuda::PlanPagedAttention). At least 1; a step whose every sequence
   // has one split skips the combine whatever it is.
   int32_t attention_fold_splits = 1;
+  // In decode steps of up to this many sequences, the attention launch asks
+  // the L2 cache to fetch the layer's o_proj weight and then the first rows
+  // of gate_proj and up_proj, l2_prefetch_bytes in all (cuda::L2Prefetch):
+  // at a few sequences the attention reads little, and the memory would idle
+  // until o_proj starts. The same bits either way. 0: never.
+  // HEARTH_LLM_L2_PREFETCH=ROWS[,MIB] in the environment sets both for the
+  // executors the engine makes (CreateCudaExecutor without these options).
+  int32_t l2_prefetch_rows = 0;
+  uint64_t l2_prefetch_bytes = uint64_t{24} << 20;
   // Which GEMM engine each weight shape may run on (llm_gemm.h): the faster
   // of cuBLASLt and hearth's own kernel, or one of them.
   GemmEngine gemm_engine = GemmEngine::kAny;
@@ -83,6 +93,11 @@ struct CudaExecutorOptions {
   // is said on stderr and the executor times on its own.
   std::string plan_cache_path;
 };
+
+// Reads HEARTH_LLM_L2_PREFETCH's value, ROWS or ROWS,MIB (rows 0 to 4096,
+// MiB 0 to 1024), into l2_prefetch_rows and l2_prefetch_bytes; anything
+// else is an InvalidArgument naming the variable, and options is unchanged.
+Status ParseL2Prefetch(std::string_view text, CudaExecutorOptions* options);
 
 // The most sequences of a decode step whose RoPE runs in the attention
 // (CudaExecutorOptions::fuse_rope_attention): where a step is bound by its

@@ -841,7 +841,8 @@ std::vector<uint16_t> RunAttention(const PagedCache& cache, const DeviceMemory& 
                                    const DeviceMemory& vc, const DeviceMemory& q, int32_t tokens,
                                    std::vector<AttnSeq> seqs, const std::vector<int>& cache_seq,
                                    int64_t max_partials, AttnPlan* plan_out = nullptr,
-                                   int32_t fold_splits = 1, const cuda::AttnRope* rope = nullptr) {
+                                   int32_t fold_splits = 1, const cuda::AttnRope* rope = nullptr,
+                                   const cuda::L2Prefetch* prefetch = nullptr) {
   const AttnShape& shape = cache.shape;
   for (size_t i = 0; i < seqs.size(); ++i) {
     seqs[i].table_offset = cache.table_offsets[static_cast<size_t>(cache_seq[i])];
@@ -868,10 +869,10 @@ std::vector<uint16_t> RunAttention(const PagedCache& cache, const DeviceMemory& 
   int grid = 0;
   EXPECT_EQ(cuda::PrepareAttention(shape, &grid), cudaSuccess);
   EXPECT_GT(grid, 0);
-  EXPECT_EQ(
-      cuda::LaunchPagedAttention(shape, q.get(), kc.get(), vc.get(), out.get(), pacc.get<float>(),
-                                 pml.get<float>(), dstep.get<AttnStep>(), grid, nullptr, rope),
-      cudaSuccess);
+  EXPECT_EQ(cuda::LaunchPagedAttention(shape, q.get(), kc.get(), vc.get(), out.get(),
+                                       pacc.get<float>(), pml.get<float>(), dstep.get<AttnStep>(),
+                                       grid, nullptr, rope, prefetch),
+            cudaSuccess);
   EXPECT_EQ(
       cuda::LaunchAttnCombine(shape, pacc.get<float>(), pml.get<float>(), dstep.get<AttnStep>(),
                               static_cast<int32_t>(plan.combine.size()), out.get(), nullptr),
@@ -955,6 +956,30 @@ TEST(LlmCudaAttentionPlan, CoversEveryRowOnce) {
         }
       }
     }
+  }
+}
+
+// The environment's L2 prefetch setting (no GPU).
+TEST(LlmCudaOptions, L2PrefetchSettingIsReadOrRefused) {
+  CudaExecutorOptions o;
+  const uint64_t default_bytes = o.l2_prefetch_bytes;
+  ASSERT_TRUE(ParseL2Prefetch("16", &o).ok());
+  EXPECT_EQ(o.l2_prefetch_rows, 16);
+  EXPECT_EQ(o.l2_prefetch_bytes, default_bytes);
+  ASSERT_TRUE(ParseL2Prefetch("1,9", &o).ok());
+  EXPECT_EQ(o.l2_prefetch_rows, 1);
+  EXPECT_EQ(o.l2_prefetch_bytes, uint64_t{9} << 20);
+  ASSERT_TRUE(ParseL2Prefetch("0", &o).ok());
+  EXPECT_EQ(o.l2_prefetch_rows, 0);
+  for (const char* bad : {"", "x", "-1", "16,", ",9", "16,9,1", "16,2000", "4097", "1.5", " 16",
+                          "16,-1", "99999999999999999999"}) {
+    CudaExecutorOptions before;
+    before.l2_prefetch_rows = 7;
+    const Status s = ParseL2Prefetch(bad, &before);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << "'" << bad << "'";
+    EXPECT_NE(s.message().find("HEARTH_LLM_L2_PREFETCH"), std::string::npos) << s.ToString();
+    EXPECT_EQ(before.l2_prefetch_rows, 7) << "'" << bad << "' changed the options";
+    EXPECT_EQ(before.l2_prefetch_bytes, default_bytes) << "'" << bad << "' changed the options";
   }
 }
 
@@ -1050,6 +1075,32 @@ TEST_P(LlmCudaAttentionTest, MatchesFloatLoopAndIsBatchInvariant) {
   const auto folded = RunAttention(cache, kc, vc, dq, tokens, seqs, ids, 0, &fold);
   EXPECT_TRUE(fold.combine.empty());
   EXPECT_EQ(folded, out) << "the fold path and the split path differ";
+
+  // An L2 prefetch beside it (three ranges of a 40 MB buffer, more chunks
+  // than the grid has threads, the last range not a whole chunk): the same
+  // bits. A range not 16-byte aligned, or not a multiple of 16 bytes long,
+  // is refused before anything runs.
+  DeviceMemory far(size_t{40} << 20);
+  cuda::L2Prefetch prefetch;
+  prefetch.ptr[0] = far.get<char>() + 16;
+  prefetch.bytes[0] = (size_t{24} << 20) - 16;
+  prefetch.ptr[2] = far.get<char>() + (size_t{24} << 20);
+  prefetch.bytes[2] = (size_t{16} << 20) - 4096 - 48;
+  const auto fetched =
+      RunAttention(cache, kc, vc, dq, tokens, seqs, ids, 1 << 20, nullptr, 1, nullptr, &prefetch);
+  EXPECT_EQ(fetched, out) << "the attention with an L2 prefetch differs";
+  int grid = 0;
+  ASSERT_EQ(cuda::PrepareAttention(shape, &grid), cudaSuccess);
+  for (const auto& [at, bytes] : {std::pair<size_t, uint64_t>{8, 4096}, {0, 4104}}) {
+    cuda::L2Prefetch bad;
+    bad.ptr[1] = far.get<char>() + at;
+    bad.bytes[1] = bytes;
+    EXPECT_EQ(cuda::LaunchPagedAttention(shape, dq.get(), kc.get(), vc.get(), nullptr, nullptr,
+                                         nullptr, nullptr, grid, nullptr, nullptr, &bad),
+              cudaErrorInvalidValue)
+        << "offset " << at << ", " << bytes << " bytes";
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 
   // The chunk of sequence 3 (positions 500..569) cut in two, and its last
   // row alone as a decode, each in a step of its own and beside others: the
@@ -1616,6 +1667,14 @@ TEST_P(LlmCudaExecutorTest, FusedLaunchesEqualSeparateOnes) {
     CudaExecutorOptions folding = graphs;
     folding.attention_fold_splits = 64;
     auto folded = Gpu(m, folding);
+    // Each decode step's attention prefetching o_proj and the first rows of
+    // gate_proj and up_proj into L2, graphed and eager.
+    CudaExecutorOptions fetching = graphs;
+    fetching.l2_prefetch_rows = 64;
+    fetching.l2_prefetch_bytes = uint64_t{1} << 20;
+    auto prefetched = Gpu(m, fetching);
+    fetching.cuda_graphs = false;
+    auto prefetched_eager = Gpu(m, fetching);
     // Nothing fused, and every sequence of several splits on the split path.
     CudaExecutorOptions off;
     off.time_gemms = false;
@@ -1629,6 +1688,8 @@ TEST_P(LlmCudaExecutorTest, FusedLaunchesEqualSeparateOnes) {
     ASSERT_NE(graphed, nullptr);
     ASSERT_NE(folded, nullptr);
     ASSERT_NE(separate, nullptr);
+    ASSERT_NE(prefetched, nullptr);
+    ASSERT_NE(prefetched_eager, nullptr);
     const auto step = [&](CudaExecutor& e, const std::vector<Feed>& feed) {
       return StepLogits(e, feed, c.vocab_size);
     };
@@ -1637,6 +1698,8 @@ TEST_P(LlmCudaExecutorTest, FusedLaunchesEqualSeparateOnes) {
       EXPECT_EQ(step(*fused, feed), want) << what;
       EXPECT_EQ(step(*graphed, feed), want) << what << ", graphed";
       EXPECT_EQ(step(*folded, feed), want) << what << ", folded";
+      EXPECT_EQ(step(*prefetched, feed), want) << what << ", L2 prefetch";
+      EXPECT_EQ(step(*prefetched_eager, feed), want) << what << ", L2 prefetch eager";
     };
     // The prompt in chunks of 16, 16 and 8 rows, then one row at a time (one
     // attention split), then 260 rows more and one row at a time again
@@ -1671,6 +1734,7 @@ TEST_P(LlmCudaExecutorTest, FusedLaunchesEqualSeparateOnes) {
     // Graphs with the combine (three splits) and without (one split).
     EXPECT_EQ(graphed->captured_graphs(), 2);
     EXPECT_EQ(folded->captured_graphs(), 1);
+    EXPECT_EQ(prefetched->captured_graphs(), 2);
   }
 }
 
