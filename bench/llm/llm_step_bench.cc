@@ -3,7 +3,7 @@
 // 128256, tied embeddings, bf16), random weights in device memory.
 //
 //   llm_step_bench [--seqs 1,16,64,256] [--context 512] [--iterations 50]
-//                  [--profile-seqs 64] [--temperature 0] [--l2-prefetch 0,16,16:9]
+//                  [--profile-seqs 64] [--temperature 0] [--l2-prefetch 0,16,16:9:a]
 //
 // Every sequence is prefilled with --context tokens (steps of up to 2048
 // tokens, timed: the prefill rate), then each batch size runs decode steps
@@ -33,6 +33,7 @@
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -380,29 +381,43 @@ int Main(int argc, char** argv) {
                  "one work item (no combine launch); a list times each in turn");
   std::string prefetch_text = "0";
   app.add_option("--l2-prefetch", prefetch_text,
-                 "decode steps of up to ROWS sequences have their attention prefetch o_proj and "
-                 "the first rows of gate/up into L2, MIB MiB in all (24 unless given): a list of "
-                 "ROWS or ROWS:MIB, each timed in turn; 0: off");
+                 "decode steps of up to ROWS sequences ask L2 for the weights of the GEMMs "
+                 "ahead, MIB MiB at most a launch (24 unless given), where WHERE says: a (the "
+                 "attention, for o_proj and gate/up), d (down_proj, for the next q/k/v) or ad "
+                 "(both, the default): a list of ROWS[:MIB[:WHERE]], each timed in turn; 0: off");
   CLI11_PARSE(app, argc, argv);
   struct Prefetch {
     std::string name;
     int32_t rows;
     uint64_t bytes;
+    bool attention, down;
   };
   std::vector<Prefetch> prefetch_list;
   {
     std::stringstream in(prefetch_text);
     for (std::string item; std::getline(in, item, ',');) {
-      const size_t colon = item.find(':');
+      std::vector<std::string> fields;
+      std::stringstream parts(item);
+      for (std::string f; std::getline(parts, f, ':');) fields.push_back(f);
       try {
-        const int rows = std::stoi(item.substr(0, colon));
-        const int mib = colon == std::string::npos ? 24 : std::stoi(item.substr(colon + 1));
-        if (rows < 0 || mib < 0 || mib > 1024) throw std::out_of_range(item);
+        if (fields.empty() || fields.size() > 3) throw std::invalid_argument(item);
+        size_t used = 0;
+        const int rows = std::stoi(fields[0], &used);
+        if (used != fields[0].size()) throw std::invalid_argument(item);
+        int mib = 24;
+        if (fields.size() > 1) {
+          mib = std::stoi(fields[1], &used);
+          if (used != fields[1].size()) throw std::invalid_argument(item);
+        }
+        const std::string where = fields.size() > 2 ? fields[2] : "ad";
+        if (rows < 0 || mib < 0 || mib > 1024 || (where != "a" && where != "d" && where != "ad"))
+          throw std::out_of_range(item);
         prefetch_list.push_back(
-            {rows == 0 ? "off" : std::to_string(rows) + ":" + std::to_string(mib), rows,
-             uint64_t(mib) << 20});
+            {rows == 0 ? "off" : std::to_string(rows) + ":" + std::to_string(mib) + ":" + where,
+             rows, uint64_t(mib) << 20, where != "d", where != "a"});
       } catch (const std::exception&) {
-        Fail("--l2-prefetch: " + item + " is not ROWS or ROWS:MIB (MIB at most 1024)");
+        Fail("--l2-prefetch: " + item +
+             " is not ROWS[:MIB[:WHERE]] (MIB at most 1024; WHERE a, d or ad)");
       }
     }
     if (prefetch_list.empty()) Fail("--l2-prefetch needs at least one entry");
@@ -482,6 +497,8 @@ int Main(int argc, char** argv) {
               options.attention_fold_splits = static_cast<int32_t>(fold);
               options.l2_prefetch_rows = prefetch.rows;
               options.l2_prefetch_bytes = prefetch.bytes;
+              options.l2_prefetch_in_attention = prefetch.attention;
+              options.l2_prefetch_in_down = prefetch.down;
               auto executor = CreateCudaExecutor(config, weights, 0, o, options);
               if (!executor.ok()) Fail(executor.status().ToString());
               CudaExecutor& e = **executor;
@@ -558,6 +575,8 @@ int Main(int argc, char** argv) {
     co.attention_fold_splits = static_cast<int32_t>(fold_list.front());
     co.l2_prefetch_rows = prefetch_list.back().rows;
     co.l2_prefetch_bytes = prefetch_list.back().bytes;
+    co.l2_prefetch_in_attention = prefetch_list.back().attention;
+    co.l2_prefetch_in_down = prefetch_list.back().down;
     auto executor = CreateCudaExecutor(config, weights, 0, o, co);
     if (!executor.ok()) Fail(executor.status().ToString());
     CudaExecutor& e = **executor;

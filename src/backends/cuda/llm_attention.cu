@@ -53,31 +53,6 @@ struct AttnArgs {
   L2Prefetch prefetch;
 };
 
-// The chunks of L2Prefetch's ranges, one bulk prefetch each: chunk j of all
-// the ranges together goes to thread j / grid of block j % grid.
-constexpr uint64_t kPrefetchChunk = uint64_t{16} << 10;
-
-__device__ __forceinline__ void PrefetchL2(const L2Prefetch& p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const uint64_t threads = uint64_t{gridDim.x} * blockDim.x;
-  const uint64_t me = uint64_t{threadIdx.x} * gridDim.x + blockIdx.x;
-  uint64_t first = 0;  // chunks of the ranges before this one
-#pragma unroll
-  for (int r = 0; r < kMaxL2Prefetch; ++r) {
-    const uint64_t bytes = p.bytes[r];
-    const uint64_t chunks = (bytes + kPrefetchChunk - 1) / kPrefetchChunk;
-    for (uint64_t c = (me + threads - first % threads) % threads; c < chunks; c += threads) {
-      const char* at = static_cast<const char*>(p.ptr[r]) + c * kPrefetchChunk;
-      const auto size = static_cast<uint32_t>(bytes - c * kPrefetchChunk < kPrefetchChunk
-                                                  ? bytes - c * kPrefetchChunk
-                                                  : kPrefetchChunk);
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(at), "r"(size) : "memory");
-    }
-    first += chunks;
-  }
-#endif
-}
-
 __device__ __forceinline__ uint32_t SmemAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -158,8 +133,10 @@ __device__ __forceinline__ float Normalize(float acc, float sum) {
 // that the kernel without them keeps its registers.
 template <typename T, int D, bool kRope>
 __global__ void __launch_bounds__(kAttnThreads) PagedAttention(AttnArgs a) {
-  PrefetchL2(a.prefetch);  // weights only: before the wait
-  DependentWait();         // dependent_launch.h
+  // Chunks dealt over the blocks first: every SM's copy engine takes a share.
+  PrefetchL2(a.prefetch, uint64_t{threadIdx.x} * gridDim.x + blockIdx.x,
+             uint64_t{gridDim.x} * blockDim.x);
+  DependentWait();  // dependent_launch.h
   DependentRelease();
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   constexpr int kHalfChunks = kChunks / 2;
@@ -602,14 +579,7 @@ cudaError_t LaunchPagedAttention(const AttnShape& shape, const void* q, void* k_
                                  const AttnStep* step, int grid, cudaStream_t stream,
                                  const AttnRope* rope, const L2Prefetch* prefetch) {
   if (!AttentionSupported(shape) || grid < 1) return cudaErrorInvalidValue;
-  if (prefetch != nullptr) {
-    for (int r = 0; r < kMaxL2Prefetch; ++r) {
-      if (prefetch->bytes[r] == 0) continue;
-      if (prefetch->ptr[r] == nullptr || reinterpret_cast<uintptr_t>(prefetch->ptr[r]) % 16 != 0 ||
-          prefetch->bytes[r] % 16 != 0)
-        return cudaErrorInvalidValue;
-    }
-  }
+  if (prefetch != nullptr && !L2PrefetchValid(*prefetch)) return cudaErrorInvalidValue;
   if (rope != nullptr && (rope->k == nullptr || rope->v == nullptr || rope->positions == nullptr ||
                           rope->slots == nullptr || rope->inv_freq == nullptr))
     return cudaErrorInvalidValue;

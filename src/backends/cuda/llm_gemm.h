@@ -112,8 +112,12 @@ class GemmSet {
   Result<int> AddShape(const GemmShapeSpec& spec, const GemmTuning& tuning);
 
   // Queues y = x w^T (+ bias) for m rows on the set's stream. bias must be
-  // given exactly when the shape has one.
-  Status Run(int shape, const void* weight, const void* bias, const void* x, void* y, int64_t m);
+  // given exactly when the shape has one. next: weights of the kernels after
+  // it to ask L2 for as the launch ends (l2_prefetch.h), taken where the
+  // shape runs on hearth's kernel at up to cuda::kTcSplitRows rows, else
+  // not asked for.
+  Status Run(int shape, const void* weight, const void* bias, const void* x, void* y, int64_t m,
+             const cuda::L2Prefetch* next = nullptr);
 
   // Whether RunSwiGlu can run `shape` at m rows: a pair without a bias on
   // hearth's kernel, in its split mode (m <= cuda::kTcSplitRows).
@@ -171,7 +175,7 @@ class GemmSet {
   cuda::TcGemmArgs OwnArgs(const Shape& s, const void* weight, const void* bias, const void* x,
                            void* y, int64_t m) const;
   Status RunOwn(const Shape& s, const void* weight, const void* bias, const void* x, void* y,
-                int64_t m, bool swiglu = false);
+                int64_t m, bool swiglu = false, const cuda::L2Prefetch* next = nullptr);
 
   const bool bf16_;
   const cudaStream_t stream_;

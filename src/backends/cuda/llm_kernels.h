@@ -19,6 +19,8 @@
 #include <span>
 #include <vector>
 
+#include "backends/cuda/l2_prefetch.h"
+
 namespace hearth::cuda {
 
 // Element type of a buffer that the fill kernel writes.
@@ -170,27 +172,16 @@ struct AttnRope {
   const int32_t* slots = nullptr;      // [tokens]: cache slot of each token fed
   const float* inv_freq = nullptr;     // [head_dim / 2]
 };
-// Weights the attention launch asks the L2 cache to fetch while it runs. In
-// a decode step of a few sequences the attention reads a few KB of keys per
-// layer and the memory would idle until the next GEMM (o_proj) asks for its
-// weights; fetched meanwhile, that GEMM finds them in L2. A hint: no result
-// depends on it. Each range whose bytes are not 0 starts 16-byte aligned and
-// spans a multiple of 16 bytes (else the launch is refused). The ranges are
-// cut into chunks dealt over the grid's blocks first, so that every SM's
-// copy engine takes a share; the requests go out before the kernel waits
-// for the one before it (weights are never written: dependent_launch.h).
-inline constexpr int kMaxL2Prefetch = 3;
-struct L2Prefetch {
-  const void* ptr[kMaxL2Prefetch] = {};
-  uint64_t bytes[kMaxL2Prefetch] = {};
-};
 // out [tokens, num_heads, head_dim] for every row of step->items; rows of the
 // split path get their partials (partial_acc [entries, head_dim], partial_ml
 // [entries, 2]) and are finished by LaunchAttnCombine. `grid` blocks loop over
 // the step's items (step->num_items is read on the device, so one launch
 // serves any step: CUDA graphs). rope: see AttnRope (nullptr: q is rotated
 // and the cache written already; the caches are then only read). prefetch:
-// see L2Prefetch (nullptr: none).
+// weights the grid asks L2 to fetch (l2_prefetch.h; nullptr: none), in a
+// decode step those of o_proj and the MLP: the attention reads a few KB of
+// keys per layer at a few sequences, and most of its persistent grid has no
+// work item then.
 cudaError_t LaunchPagedAttention(const AttnShape& shape, const void* q, void* k_cache,
                                  void* v_cache, void* out, float* partial_acc, float* partial_ml,
                                  const AttnStep* step, int grid, cudaStream_t stream,
