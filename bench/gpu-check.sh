@@ -222,12 +222,12 @@ if want llm-step; then
   grep -E "^(pairing|prefill|decode|kernel)" "$OUT/llm-step.log"
 fi
 if want llm-prefetch; then
-  echo "== L2 prefetch of the next GEMMs' weights (a: in the attention, d: at down_proj's end): decode steps, each setting twice in turn, 1B and 8B"
+  echo "== L2 prefetch of the next GEMMs' weights (a: in the attention, g: at gate/up's end, d: at down_proj's end): decode steps, each setting twice in turn, 1B and 8B"
+  P1=0,16:24:a,16:24:d,16:12:g,16:24:agd,16:12:agd
   timeout 300 "$BUILD/bench/llm/llm_step_bench" --iterations 30 --context 192 --seqs 1,16 --profile-seqs 0 \
-    --pairing on --gemm own --l2-prefetch 0,16:24:a,16:24:d,16:24:ad,16:9:ad,0,16:24:a,16:24:d,16:24:ad,16:9:ad \
-    > "$OUT/llm-prefetch.log" 2>&1
+    --pairing on --gemm own --l2-prefetch $P1,$P1 > "$OUT/llm-prefetch.log" 2>&1
   timeout 200 "$BUILD/bench/llm/llm_step_bench" --shape 8b --iterations 20 --context 192 --seqs 1,16 \
-    --profile-seqs 0 --pairing on --gemm own --l2-prefetch 0,16:24:ad,0,16:24:ad >> "$OUT/llm-prefetch.log" 2>&1
+    --profile-seqs 0 --pairing on --gemm own --l2-prefetch 0,16:24:agd,0,16:24:agd >> "$OUT/llm-prefetch.log" 2>&1
   grep -E "^decode " "$OUT/llm-prefetch.log" | sed -E 's/ weight_kv_floor_ms.*//'
 fi
 if want suite; then

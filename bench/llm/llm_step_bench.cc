@@ -382,15 +382,16 @@ int Main(int argc, char** argv) {
   std::string prefetch_text = "0";
   app.add_option("--l2-prefetch", prefetch_text,
                  "decode steps of up to ROWS sequences ask L2 for the weights of the GEMMs "
-                 "ahead, MIB MiB at most a launch (24 unless given), where WHERE says: a (the "
-                 "attention, for o_proj and gate/up), d (down_proj, for the next q/k/v) or ad "
-                 "(both, the default): a list of ROWS[:MIB[:WHERE]], each timed in turn; 0: off");
+                 "ahead, MIB MiB at most a launch (24 unless given), where WHERE's letters say: "
+                 "a (the attention, for o_proj and gate/up), g (gate/up, for down_proj), d "
+                 "(down_proj, for the next q/k/v); agd unless given: a list of "
+                 "ROWS[:MIB[:WHERE]], each timed in turn; 0: off");
   CLI11_PARSE(app, argc, argv);
   struct Prefetch {
     std::string name;
     int32_t rows;
     uint64_t bytes;
-    bool attention, down;
+    bool attention, gate_up, down;
   };
   std::vector<Prefetch> prefetch_list;
   {
@@ -409,15 +410,17 @@ int Main(int argc, char** argv) {
           mib = std::stoi(fields[1], &used);
           if (used != fields[1].size()) throw std::invalid_argument(item);
         }
-        const std::string where = fields.size() > 2 ? fields[2] : "ad";
-        if (rows < 0 || mib < 0 || mib > 1024 || (where != "a" && where != "d" && where != "ad"))
+        const std::string where = fields.size() > 2 ? fields[2] : "agd";
+        if (rows < 0 || mib < 0 || mib > 1024 || where.empty() ||
+            where.find_first_not_of("agd") != std::string::npos)
           throw std::out_of_range(item);
         prefetch_list.push_back(
             {rows == 0 ? "off" : std::to_string(rows) + ":" + std::to_string(mib) + ":" + where,
-             rows, uint64_t(mib) << 20, where != "d", where != "a"});
+             rows, uint64_t(mib) << 20, where.find('a') != std::string::npos,
+             where.find('g') != std::string::npos, where.find('d') != std::string::npos});
       } catch (const std::exception&) {
         Fail("--l2-prefetch: " + item +
-             " is not ROWS[:MIB[:WHERE]] (MIB at most 1024; WHERE a, d or ad)");
+             " is not ROWS[:MIB[:WHERE]] (MIB at most 1024; WHERE of the letters a, g, d)");
       }
     }
     if (prefetch_list.empty()) Fail("--l2-prefetch needs at least one entry");
@@ -498,6 +501,7 @@ int Main(int argc, char** argv) {
               options.l2_prefetch_rows = prefetch.rows;
               options.l2_prefetch_bytes = prefetch.bytes;
               options.l2_prefetch_in_attention = prefetch.attention;
+              options.l2_prefetch_in_gate_up = prefetch.gate_up;
               options.l2_prefetch_in_down = prefetch.down;
               auto executor = CreateCudaExecutor(config, weights, 0, o, options);
               if (!executor.ok()) Fail(executor.status().ToString());
@@ -576,6 +580,7 @@ int Main(int argc, char** argv) {
     co.l2_prefetch_rows = prefetch_list.back().rows;
     co.l2_prefetch_bytes = prefetch_list.back().bytes;
     co.l2_prefetch_in_attention = prefetch_list.back().attention;
+    co.l2_prefetch_in_gate_up = prefetch_list.back().gate_up;
     co.l2_prefetch_in_down = prefetch_list.back().down;
     auto executor = CreateCudaExecutor(config, weights, 0, o, co);
     if (!executor.ok()) Fail(executor.status().ToString());

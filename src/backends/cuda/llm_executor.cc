@@ -151,6 +151,19 @@ cuda::L2Prefetch PrefetchNextQkv(const LayerPointers& next, uint64_t budget, int
   return p;
 }
 
+// The L2 prefetch at the end of a layer's gate/up launch: the leading rows
+// of its down_proj weight (`rows` of `row_bytes`), within `budget` bytes.
+cuda::L2Prefetch PrefetchDown(const LayerPointers& w, uint64_t budget, int64_t rows,
+                              int64_t row_bytes) {
+  cuda::L2Prefetch p;
+  if (reinterpret_cast<uintptr_t>(w.down) % 16 != 0) return p;
+  p.ptr[0] = w.down;
+  // row_bytes (intermediate x 2) is a multiple of 16: the GEMMs need k % 64 == 0.
+  p.bytes[0] = std::min(budget / static_cast<uint64_t>(row_bytes), static_cast<uint64_t>(rows)) *
+               static_cast<uint64_t>(row_bytes);
+  return p;
+}
+
 // What one step runs: its rows, and the graph bucket when it replays one.
 struct StepPlan {
   int32_t tokens = 0;
@@ -303,9 +316,10 @@ class CudaLlmExecutor final : public CudaExecutor {
   const void* final_norm_ = nullptr;
   const void* lm_head_ = nullptr;
   std::vector<LayerPointers> layers_;
-  // What each layer's attention and down_proj ask the L2 cache to fetch
-  // (CudaExecutorOptions::l2_prefetch_rows); the last down_proj, nothing.
-  std::vector<cuda::L2Prefetch> prefetch_, prefetch_down_;
+  // What each layer's attention, gate/up and down_proj launches ask the L2
+  // cache to fetch (CudaExecutorOptions::l2_prefetch_rows); the last
+  // down_proj, nothing.
+  std::vector<cuda::L2Prefetch> prefetch_, prefetch_gate_up_, prefetch_down_;
   int q_gemm_ = -1, kv_gemm_ = -1, o_gemm_ = -1, gate_up_gemm_ = -1, down_gemm_ = -1,
       lm_head_gemm_ = -1;
 
@@ -426,6 +440,8 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
                                                hidden_ * q_out * 2, hidden_ * 2, intermediate_));
   }
   for (size_t l = 0; l < layers_.size(); ++l) {
+    prefetch_gate_up_.push_back(
+        PrefetchDown(layers_[l], cuda_options_.l2_prefetch_bytes, hidden_, intermediate_ * 2));
     prefetch_down_.push_back(l + 1 < layers_.size()
                                  ? PrefetchNextQkv(layers_[l + 1], cuda_options_.l2_prefetch_bytes,
                                                    q_out * hidden_ * 2, kv_out * hidden_ * 2)
@@ -985,21 +1001,26 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
       return cuda::LaunchAddRmsNorm(resid, delta_.get(), w.post_norm, nullptr, rows, hidden_, eps_,
                                     bf, xn_.get(), s);
     }));
+    const cuda::L2Prefetch* const down_ahead =
+        decode && rows <= cuda_options_.l2_prefetch_rows && cuda_options_.l2_prefetch_in_gate_up
+            ? &prefetch_gate_up_[l]
+            : nullptr;
     if (pair_gate_up_ && cuda_options_.fuse_swiglu && gemms_->FusesSwiGlu(gate_up_gemm_, rows)) {
       // SwiGLU in the pair's launch, into gate_ as the SwiGLU launch writes it.
       RETURN_IF_ERROR(Timed("gemm gate_proj+up_proj + swiglu", [&] {
-        return gemms_->RunSwiGlu(gate_up_gemm_, w.gate, xn_.get(), gate_, rows);
+        return gemms_->RunSwiGlu(gate_up_gemm_, w.gate, xn_.get(), gate_, rows, down_ahead);
       }));
     } else if (pair_gate_up_) {
-      RETURN_IF_ERROR(
-          Gemm(gate_up_gemm_, "gemm gate_proj+up_proj", w.gate, nullptr, xn_.get(), gate_, rows));
+      RETURN_IF_ERROR(Gemm(gate_up_gemm_, "gemm gate_proj+up_proj", w.gate, nullptr, xn_.get(),
+                           gate_, rows, down_ahead));
       RETURN_IF_ERROR(Timed("swiglu", [&] {
         return cuda::LaunchSwiGlu(gate_, up_, gate_, int64_t{rows} * intermediate_, bf, s);
       }));
     } else {
       RETURN_IF_ERROR(
           Gemm(gate_up_gemm_, "gemm gate_proj", w.gate, nullptr, xn_.get(), gate_, rows));
-      RETURN_IF_ERROR(Gemm(gate_up_gemm_, "gemm up_proj", w.up, nullptr, xn_.get(), up_, rows));
+      RETURN_IF_ERROR(
+          Gemm(gate_up_gemm_, "gemm up_proj", w.up, nullptr, xn_.get(), up_, rows, down_ahead));
       RETURN_IF_ERROR(Timed("swiglu", [&] {
         return cuda::LaunchSwiGlu(gate_, up_, gate_, int64_t{rows} * intermediate_, bf, s);
       }));

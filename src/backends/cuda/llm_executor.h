@@ -73,17 +73,21 @@ struct CudaExecutorOptions {
   int32_t attention_fold_splits = 1;
   // In decode steps of up to this many sequences, kernels ask the L2 cache
   // for the weights of the GEMMs after them, l2_prefetch_bytes at most each
-  // (cuda/l2_prefetch.h): the attention for the layer's o_proj weight and
-  // then the first rows of gate_proj and up_proj (at a few sequences it
-  // reads little, and the memory would idle until o_proj starts), and
-  // down_proj, on hearth's kernel, for the next layer's q/k/v as its warps
-  // finish (the memory would idle through the norm). The same bits either
-  // way. 0: never. HEARTH_LLM_L2_PREFETCH=ROWS[,MIB] in the environment sets
-  // both for the executors the engine makes (CreateCudaExecutor without
-  // these options).
+  // (cuda/l2_prefetch.h), where the memory would otherwise idle:
+  //   - the attention (it reads a few KB at a few sequences), for the
+  //     layer's o_proj weight and then the first rows of gate_proj and
+  //     up_proj;
+  //   - gate/up on hearth's kernel, as its warps finish, for the first rows
+  //     of down_proj;
+  //   - down_proj on hearth's kernel, as its warps finish, for the next
+  //     layer's q/k/v (the memory would idle through the norm).
+  // The same bits either way. 0: never. HEARTH_LLM_L2_PREFETCH=ROWS[,MIB] in
+  // the environment sets the rows and bytes for the executors the engine
+  // makes (CreateCudaExecutor without these options), all three on.
   int32_t l2_prefetch_rows = 0;
   uint64_t l2_prefetch_bytes = uint64_t{24} << 20;
   bool l2_prefetch_in_attention = true;
+  bool l2_prefetch_in_gate_up = true;
   bool l2_prefetch_in_down = true;
   // Which GEMM engine each weight shape may run on (llm_gemm.h): the faster
   // of cuBLASLt and hearth's own kernel, or one of them.

@@ -503,13 +503,15 @@ bool GemmSet::FusesSwiGlu(int shape, int64_t m) const {
          m <= std::min<int64_t>(s.spec.max_m, cuda::kTcSplitRows);
 }
 
-Status GemmSet::RunSwiGlu(int shape, const void* weight, const void* x, void* y, int64_t m) {
+Status GemmSet::RunSwiGlu(int shape, const void* weight, const void* x, void* y, int64_t m,
+                          const cuda::L2Prefetch* next) {
   if (!FusesSwiGlu(shape, m)) {
     return Internal("GEMM #" + std::to_string(shape) + " cannot run SwiGLU at " +
                     std::to_string(m) + " rows");
   }
   const Shape& s = *shapes_[static_cast<size_t>(shape)];
-  return RunOwn(s, weight, nullptr, x, y, m, true).WithContext("GEMM " + s.spec.name + " + SwiGLU");
+  return RunOwn(s, weight, nullptr, x, y, m, true, next)
+      .WithContext("GEMM " + s.spec.name + " + SwiGLU");
 }
 
 cuda::TcGemmArgs GemmSet::OwnArgs(const Shape& s, const void* weight, const void* bias,

@@ -124,8 +124,9 @@ class GemmSet {
   bool FusesSwiGlu(int shape, int64_t m) const;
   // Queues y[m, n] = silu(x w^T) * (x w2^T), w2 the pair's second weight, in
   // one launch (FusesSwiGlu must hold): the same bits as Run followed by a
-  // SwiGLU launch over the pair's two outputs.
-  Status RunSwiGlu(int shape, const void* weight, const void* x, void* y, int64_t m);
+  // SwiGLU launch over the pair's two outputs. next: as Run's.
+  Status RunSwiGlu(int shape, const void* weight, const void* x, void* y, int64_t m,
+                   const cuda::L2Prefetch* next = nullptr);
 
   // One product of RunGroup.
   struct Call {
