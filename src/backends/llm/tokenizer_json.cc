@@ -524,7 +524,9 @@ Status ReadTemplate(const Reader& r, dom::object object, const std::string& path
                     TokenizerData* data) {
   ASSIGN_OR_RETURN(dom::element single_value, r.Required(object, path, "single"));
   ASSIGN_OR_RETURN(dom::array single, r.Array(single_value, path + ".single"));
-  dom::object specials;
+  // Absent: no piece may name a special token (a default dom::object has no
+  // document to look a key up in).
+  std::optional<dom::object> specials;
   if (std::optional<dom::element> value = Reader::Optional(object, "special_tokens")) {
     ASSIGN_OR_RETURN(specials, r.Object(*value, path + ".special_tokens"));
   }
@@ -550,7 +552,7 @@ Status ReadTemplate(const Reader& r, dom::object object, const std::string& path
                      r.StringField(special, piece_path + ".SpecialToken", "id"));
     const std::string entry_path = path + ".special_tokens[" + Quote(name) + "]";
     dom::element entry_value;
-    if (specials.at_key(name).get(entry_value) != simdjson::SUCCESS) {
+    if (!specials || specials->at_key(name).get(entry_value) != simdjson::SUCCESS) {
       return r.Error(piece_path, Quote(name) + " is not in " + path + ".special_tokens");
     }
     ASSIGN_OR_RETURN(dom::object entry, r.Object(entry_value, entry_path));

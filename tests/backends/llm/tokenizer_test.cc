@@ -658,6 +658,9 @@ TEST(TokenizerBadInput, RefusedWithFieldNames) {
          (*j)["post_processor"]["processors"][1]["single"][0]["SpecialToken"]["id"] = "<x>";
        },
        "\"<x>\" is not in post_processor.processors[1].special_tokens"},
+      {"template without special_tokens",
+       [](Json* j) { (*j)["post_processor"]["processors"][1].erase("special_tokens"); },
+       "\"<|begin_of_text|>\" is not in post_processor.processors[1].special_tokens"},
       {"template id unknown",
        [](Json* j) {
          (*j)["post_processor"]["processors"][1]["special_tokens"]["<|begin_of_text|>"]["ids"][0] =
