@@ -1,23 +1,22 @@
 // The CPU executor: one forward step of a Llama-family decoder over a batch
-// of sequences, float32 throughout, GEMMs by OpenBLAS (its own threads).
+// of sequences, float32 throughout, on one thread.
 //
-// Why float32 and not cblas_sbgemm on BF16 weights: sbgemm (OpenBLAS 0.3.21)
+// Why float32 and not a bf16 GEMM on BF16 weights (OpenBLAS's sbgemm): it
 // takes both operands in bf16, so every activation entering a projection
 // would be rounded to 8 bits of mantissa; this executor is the reference the
 // CUDA one and torch are compared with, so it keeps activations in float32
-// and pays with a widened copy of 16-bit weights instead (and F16 has no
-// OpenBLAS GEMM at all in that version).
+// and pays with a widened copy of 16-bit weights instead.
 //
 // Batch invariance. A row's (token's) logits are bitwise the same whatever
 // else is in its step: other sequences, the rest of its own prompt's chunk,
-// a prefill or a decode, and OpenBLAS's thread count. A stream resumed on
+// a prefill or a decode. A stream resumed on
 // another worker is prefilled again and then draws, bit for bit, what it
 // would have drawn. Every row goes through the same per-row code: RMSNorm,
 // RoPE, SwiGLU and the softmax row by row, in one order; a row's attention
 // reads its keys and values from the KV cache (written for the whole step
 // first) and reduces over them in position order, 0 to its own. The
-// projections are InvariantGemm (invariant_gemm.h), sgemm called so that a
-// row's bits do not depend on the other rows or the thread count.
+// projections are InvariantGemm (invariant_gemm.h): a row's bits do not
+// depend on the other rows.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

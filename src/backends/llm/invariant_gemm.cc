@@ -1,36 +1,106 @@
-// InvariantGemm: sgemm in slices of `in`, on enough rows to stay off
-// OpenBLAS's small-matrix kernel (invariant_gemm.h says why).
+// InvariantGemm: dot products over `in` in one fixed order per output, in
+// register tiles of rows x outputs (invariant_gemm.h says why).
 #include "backends/llm/invariant_gemm.h"
 
-#include <algorithm>
-
-#include "backends/cpu/blas.h"
+#include <cstring>
 
 namespace hearth::llm {
+namespace {
+
+// Eight floats; where the target lacks 256-bit vectors the compiler uses
+// two 128-bit ones, lane for lane the same arithmetic.
+using V8 = float __attribute__((vector_size(32)));
+constexpr int64_t kLanes = 8;
+
+// (By reference, not by value: no vector crosses a call, whatever the target.)
+__attribute__((always_inline)) inline void Load(V8& v, const float* p) {
+  std::memcpy(&v, p, sizeof v);
+}
+// The last n < 8 elements, the lanes past them zero.
+__attribute__((always_inline)) inline void LoadTail(V8& v, const float* p, int64_t n) {
+  v = V8{};
+  std::memcpy(&v, p, static_cast<size_t>(n) * sizeof(float));
+}
+// The lanes in one fixed tree.
+__attribute__((always_inline)) inline float Sum(const V8& v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+// y[r, o] (+)= x[r, :] . w[o, :] for R rows and O outputs. Lane j of an
+// accumulator sums the products at k = j, j + 8, ... in k's order (the
+// tail's missing lanes add products of zeros), then Sum: every (r, o) gets
+// the same operations whatever tile it is computed in.
+template <int R, int O>
+__attribute__((always_inline)) inline void Tile(const float* x, const float* w, int64_t in,
+                                                float* y, int64_t out, bool accumulate) {
+  V8 acc[R][O] = {};
+  const int64_t full = in / kLanes * kLanes;
+  for (int64_t k = 0; k < full; k += kLanes) {
+    V8 xv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) Load(xv[r], x + r * in + k);
+#pragma GCC unroll 8
+    for (int o = 0; o < O; ++o) {
+      V8 wv;
+      Load(wv, w + o * in + k);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][o] += xv[r] * wv;
+    }
+  }
+  if (full < in) {
+    V8 xv[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) LoadTail(xv[r], x + r * in + full, in - full);
+#pragma GCC unroll 8
+    for (int o = 0; o < O; ++o) {
+      V8 wv;
+      LoadTail(wv, w + o * in + full, in - full);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) acc[r][o] += xv[r] * wv;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int o = 0; o < O; ++o) {
+      float* at = y + r * out + o;
+      const float s = Sum(acc[r][o]);
+      *at = accumulate ? *at + s : s;
+    }
+  }
+}
+
+// Outputs in blocks of kO (their weights stay in L1 while every row goes
+// past them: the weights are read from memory once), rows in tiles of kR.
+constexpr int kR = 3;
+constexpr int kO = 4;
+
+template <int O>
+__attribute__((always_inline)) inline void Column(int64_t rows, int64_t in, const float* x,
+                                                  const float* w, float* y, int64_t out,
+                                                  bool accumulate) {
+  int64_t r = 0;
+  for (; r + kR <= rows; r += kR) Tile<kR, O>(x + r * in, w, in, y + r * out, out, accumulate);
+  for (; r < rows; ++r) Tile<1, O>(x + r * in, w, in, y + r * out, out, accumulate);
+}
+
+// Built twice on x86-64 Linux, for AVX2 and for the baseline, the loader
+// picking one for the machine (so every worker on a machine runs the same
+// one). Never FMA: the file is built with -ffp-contract=off, so that a
+// product and its sum round as the code says in every tile.
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+void Product(int64_t rows, int64_t out, int64_t in, const float* x, const float* w, float* y,
+             bool accumulate) {
+  int64_t o = 0;
+  for (; o + kO <= out; o += kO) Column<kO>(rows, in, x, w + o * in, y + o, out, accumulate);
+  for (; o < out; ++o) Column<1>(rows, in, x, w + o * in, y + o, out, accumulate);
+}
+
+}  // namespace
 
 void InvariantGemm::Run(int64_t rows, int64_t out, int64_t in, const float* x, const float* w,
-                        float* y, bool accumulate) {
-  // Zero rows below the real ones: at least kMinRows, and out * rows >
-  // kSmallProduct.
-  const int64_t padded = std::max({rows, kMinRows, kSmallProduct / out + 1});
-  const float* a = x;
-  float* c = y;
-  if (padded > rows) {
-    x_pad_.assign(static_cast<size_t>(padded * in), 0.0f);
-    y_pad_.assign(static_cast<size_t>(padded * out), 0.0f);
-    std::copy_n(x, rows * in, x_pad_.data());
-    if (accumulate) std::copy_n(y, rows * out, y_pad_.data());
-    a = x_pad_.data();
-    c = y_pad_.data();
-  }
-  for (int64_t k = 0; k < in; k += kMaxSlice) {
-    const int64_t slice = std::min(kMaxSlice, in - k);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(padded),
-                static_cast<int>(out), static_cast<int>(slice), 1.0f, a + k, static_cast<int>(in),
-                w + k, static_cast<int>(in), accumulate || k > 0 ? 1.0f : 0.0f, c,
-                static_cast<int>(out));
-  }
-  if (padded > rows) std::copy_n(y_pad_.data(), rows * out, y);
+                        float* y, bool accumulate) const {
+  Product(rows, out, in, x, w, y, accumulate);
 }
 
 }  // namespace hearth::llm

@@ -27,7 +27,7 @@ constexpr std::string_view kConfigFile = "config.json";
 constexpr std::string_view kGenerationFile = "generation_config.json";
 // Far beyond any real config (a few KiB); bounds what a hostile one can cost.
 constexpr uint64_t kMaxConfigBytes = 4ull << 20;
-// Dimensions reach BLAS as 32-bit ints (OpenBLAS LP64) and CUDA as grid sizes.
+// Dimensions reach the kernels as 32-bit ints and CUDA as grid sizes.
 constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
 
 // A value as messages quote it: its JSON, cut short.

@@ -3,7 +3,7 @@
 // and the Executor that runs one forward step over a batch of sequences on a
 // paged KV cache and draws each sequence's next token. The engine
 // (llm_engine.h) schedules; an Executor computes. There are two: the CPU one
-// (cpu_executor.cc, OpenBLAS, what CI runs) and the CUDA one
+// (cpu_executor.cc, what CI runs) and the CUDA one
 // (cuda/llm_executor.cc in libhearth_backends_cuda.so). Both take the same
 // StepBatch and must give the same tokens within their dtype's tolerance.
 //
@@ -271,7 +271,7 @@ class Executor {
   std::vector<int32_t> last_drawn_, fed_;
 };
 
-// The CPU executor: float32 math (OpenBLAS) over the checkpoint's F32, F16
+// The CPU executor: float32 math, on one thread, over the checkpoint's F32, F16
 // or BF16 weights, a float32 KV pool in host memory. F32 weights are used in
 // place; F16 and BF16 ones are widened once, here, into a private float32
 // copy (twice the checkpoint's bytes, per executor). The weights must be in
@@ -279,9 +279,9 @@ class Executor {
 // max_positions 0: config.max_positions. device_memory_bytes() is 0.
 // Batch-invariant, bit for bit: a token's logits do not depend on the other
 // sequences of its step, on how its sequence's tokens were split into steps
-// (one prefill, chunks, or one token a step) or on OpenBLAS's thread count;
-// so a stream prefilled again with the tokens it had drawn draws what it
-// would have drawn (tested with OpenBLAS 0.3.21: invariant_gemm.h).
+// (one prefill, chunks, or one token a step); so a stream prefilled again
+// with the tokens it had drawn draws what it would have drawn
+// (invariant_gemm.h).
 Result<std::unique_ptr<Executor>> CreateCpuExecutor(const ModelConfig& config,
                                                     const ModelWeights& weights,
                                                     const ExecutorOptions& options);
