@@ -222,13 +222,13 @@ if want llm-step; then
   grep -E "^(pairing|prefill|decode|kernel)" "$OUT/llm-step.log"
 fi
 if want llm-prefetch; then
-  echo "== L2 prefetch of the next GEMMs' weights (a: in the attention, g: at gate/up's end, d: at down_proj's end): decode steps, each setting twice in turn, 1B and 8B"
-  P1=0,16:24:a,16:24:d,16:12:g,16:24:agd,16:12:agd
-  timeout 300 "$BUILD/bench/llm/llm_step_bench" --iterations 30 --context 192 --seqs 1,16 --profile-seqs 0 \
-    --pairing on --gemm own --l2-prefetch $P1,$P1 > "$OUT/llm-prefetch.log" 2>&1
+  echo "== L2 prefetch of o_proj's and gate/up's weights from the attention: decode steps, off against the default and 16 sequences, each three times in turn, 1B and 8B"
+  P=0,default,16:24
+  timeout 300 "$BUILD/bench/llm/llm_step_bench" --iterations 50 --context 192 --seqs 1,2,4,16 --profile-seqs 0 \
+    --pairing on --gemm own --l2-prefetch $P,$P,$P > "$OUT/llm-prefetch.log" 2>&1
   timeout 200 "$BUILD/bench/llm/llm_step_bench" --shape 8b --iterations 20 --context 192 --seqs 1,16 \
-    --profile-seqs 0 --pairing on --gemm own --l2-prefetch 0,16:24:agd,0,16:24:agd >> "$OUT/llm-prefetch.log" 2>&1
-  grep -E "^decode " "$OUT/llm-prefetch.log" | sed -E 's/ weight_kv_floor_ms.*//'
+    --profile-seqs 0 --pairing on --gemm own --l2-prefetch 0,default,0,default >> "$OUT/llm-prefetch.log" 2>&1
+  grep -E "^decode " "$OUT/llm-prefetch.log" | sed -E 's/ weight_floor_ms.*//; s/pairing=on gemm=own dependent=on fuse=on fold=1 //'
 fi
 if want suite; then
   echo "== throughput and resilience suite beside the torch.multiprocessing baseline"

@@ -3,7 +3,7 @@
 // 128256, tied embeddings, bf16), random weights in device memory.
 //
 //   llm_step_bench [--seqs 1,16,64,256] [--context 512] [--iterations 50]
-//                  [--profile-seqs 64] [--temperature 0] [--l2-prefetch 0,16,16:9:a]
+//                  [--profile-seqs 64] [--temperature 0] [--l2-prefetch 0,default,16:9]
 //
 // Every sequence is prefilled with --context tokens (steps of up to 2048
 // tokens, timed: the prefill rate), then each batch size runs decode steps
@@ -379,29 +379,33 @@ int Main(int argc, char** argv) {
   app.add_option("--fold-splits", fold_text,
                  "attention: a sequence of at most this many splits of 128 keys has them run by "
                  "one work item (no combine launch); a list times each in turn");
-  std::string prefetch_text = "0";
+  std::string prefetch_text = "default";
   app.add_option("--l2-prefetch", prefetch_text,
-                 "decode steps of up to ROWS sequences ask L2 for the weights of the GEMMs "
-                 "ahead, MIB MiB at most a launch (24 unless given), where WHERE's letters say: "
-                 "a (the attention, for o_proj and gate/up), g (gate/up, for down_proj), d "
-                 "(down_proj, for the next q/k/v); agd unless given: a list of "
-                 "ROWS[:MIB[:WHERE]], each timed in turn; 0: off");
+                 "decode steps of up to ROWS sequences have the attention ask L2 for the "
+                 "weights of o_proj and gate/up, MIB MiB at most (24 unless given): a list of "
+                 "ROWS[:MIB], 0 (off) or default (the executor's), each timed in turn");
   CLI11_PARSE(app, argc, argv);
   struct Prefetch {
     std::string name;
     int32_t rows;
     uint64_t bytes;
-    bool attention, gate_up, down;
   };
   std::vector<Prefetch> prefetch_list;
   {
+    const CudaExecutorOptions defaults;
     std::stringstream in(prefetch_text);
     for (std::string item; std::getline(in, item, ',');) {
+      if (item == "default") {
+        prefetch_list.push_back({"default(" + std::to_string(defaults.l2_prefetch_rows) + ":" +
+                                     std::to_string(defaults.l2_prefetch_bytes >> 20) + ")",
+                                 defaults.l2_prefetch_rows, defaults.l2_prefetch_bytes});
+        continue;
+      }
       std::vector<std::string> fields;
       std::stringstream parts(item);
       for (std::string f; std::getline(parts, f, ':');) fields.push_back(f);
       try {
-        if (fields.empty() || fields.size() > 3) throw std::invalid_argument(item);
+        if (fields.empty() || fields.size() > 2) throw std::invalid_argument(item);
         size_t used = 0;
         const int rows = std::stoi(fields[0], &used);
         if (used != fields[0].size()) throw std::invalid_argument(item);
@@ -410,17 +414,12 @@ int Main(int argc, char** argv) {
           mib = std::stoi(fields[1], &used);
           if (used != fields[1].size()) throw std::invalid_argument(item);
         }
-        const std::string where = fields.size() > 2 ? fields[2] : "agd";
-        if (rows < 0 || mib < 0 || mib > 1024 || where.empty() ||
-            where.find_first_not_of("agd") != std::string::npos)
-          throw std::out_of_range(item);
+        if (rows < 0 || mib < 0 || mib > 1024) throw std::out_of_range(item);
         prefetch_list.push_back(
-            {rows == 0 ? "off" : std::to_string(rows) + ":" + std::to_string(mib) + ":" + where,
-             rows, uint64_t(mib) << 20, where.find('a') != std::string::npos,
-             where.find('g') != std::string::npos, where.find('d') != std::string::npos});
+            {rows == 0 ? "off" : std::to_string(rows) + ":" + std::to_string(mib), rows,
+             uint64_t(mib) << 20});
       } catch (const std::exception&) {
-        Fail("--l2-prefetch: " + item +
-             " is not ROWS[:MIB[:WHERE]] (MIB at most 1024; WHERE of the letters a, g, d)");
+        Fail("--l2-prefetch: " + item + " is not ROWS[:MIB] (MIB at most 1024), 0 or default");
       }
     }
     if (prefetch_list.empty()) Fail("--l2-prefetch needs at least one entry");
@@ -500,9 +499,6 @@ int Main(int argc, char** argv) {
               options.attention_fold_splits = static_cast<int32_t>(fold);
               options.l2_prefetch_rows = prefetch.rows;
               options.l2_prefetch_bytes = prefetch.bytes;
-              options.l2_prefetch_in_attention = prefetch.attention;
-              options.l2_prefetch_in_gate_up = prefetch.gate_up;
-              options.l2_prefetch_in_down = prefetch.down;
               auto executor = CreateCudaExecutor(config, weights, 0, o, options);
               if (!executor.ok()) Fail(executor.status().ToString());
               CudaExecutor& e = **executor;
@@ -579,9 +575,6 @@ int Main(int argc, char** argv) {
     co.attention_fold_splits = static_cast<int32_t>(fold_list.front());
     co.l2_prefetch_rows = prefetch_list.back().rows;
     co.l2_prefetch_bytes = prefetch_list.back().bytes;
-    co.l2_prefetch_in_attention = prefetch_list.back().attention;
-    co.l2_prefetch_in_gate_up = prefetch_list.back().gate_up;
-    co.l2_prefetch_in_down = prefetch_list.back().down;
     auto executor = CreateCudaExecutor(config, weights, 0, o, co);
     if (!executor.ok()) Fail(executor.status().ToString());
     CudaExecutor& e = **executor;

@@ -3,8 +3,7 @@
 // In a decode step of a few sequences each GEMM streams its weights and the
 // kernels between GEMMs (norms, attention) read a few KB: the memory idles
 // from one GEMM's last loads to the next one's first, and each GEMM ramps up
-// from cold. A kernel that runs in such a window (the attention) or ends
-// before one (down_proj, before the next layer's norm and q/k/v) issues
+// from cold. A kernel that runs in such a window (the attention) issues
 // bulk prefetches of the weights the next GEMMs read, so that those find
 // them in L2. A hint: no result depends on it, and weights are never
 // written, so the requests may go out before the kernel waits for the one

@@ -134,36 +134,6 @@ cuda::L2Prefetch PrefetchAfterAttention(const LayerPointers& w, uint64_t budget,
   return p;
 }
 
-// The L2 prefetch at the end of a layer's down_proj: the next layer's q_proj,
-// k_proj and v_proj weights (those of `next`), within `budget` bytes.
-cuda::L2Prefetch PrefetchNextQkv(const LayerPointers& next, uint64_t budget, int64_t q_bytes,
-                                 int64_t kv_bytes) {
-  cuda::L2Prefetch p;
-  budget -= budget % 16;
-  const void* const ptr[] = {next.q, next.k, next.v};
-  const int64_t bytes[] = {q_bytes, kv_bytes, kv_bytes};
-  for (int r = 0; r < 3 && budget > 0; ++r) {
-    if (reinterpret_cast<uintptr_t>(ptr[r]) % 16 != 0) break;
-    p.ptr[r] = ptr[r];
-    p.bytes[r] = std::min(budget, static_cast<uint64_t>(bytes[r]) / 16 * 16);
-    budget -= p.bytes[r];
-  }
-  return p;
-}
-
-// The L2 prefetch at the end of a layer's gate/up launch: the leading rows
-// of its down_proj weight (`rows` of `row_bytes`), within `budget` bytes.
-cuda::L2Prefetch PrefetchDown(const LayerPointers& w, uint64_t budget, int64_t rows,
-                              int64_t row_bytes) {
-  cuda::L2Prefetch p;
-  if (reinterpret_cast<uintptr_t>(w.down) % 16 != 0) return p;
-  p.ptr[0] = w.down;
-  // row_bytes (intermediate x 2) is a multiple of 16: the GEMMs need k % 64 == 0.
-  p.bytes[0] = std::min(budget / static_cast<uint64_t>(row_bytes), static_cast<uint64_t>(rows)) *
-               static_cast<uint64_t>(row_bytes);
-  return p;
-}
-
 // What one step runs: its rows, and the graph bucket when it replays one.
 struct StepPlan {
   int32_t tokens = 0;
@@ -287,7 +257,7 @@ class CudaLlmExecutor final : public CudaExecutor {
     return launched_sample_[last_slot_];
   }
   Status Gemm(int shape, const char* name, const void* w, const void* bias, const void* x, void* y,
-              int32_t m, const cuda::L2Prefetch* next = nullptr);
+              int32_t m);
 
   void* KCache(int64_t layer) const {
     return static_cast<char*>(pool_.get()) + (2 * layer) * layer_cache_bytes_;
@@ -316,10 +286,9 @@ class CudaLlmExecutor final : public CudaExecutor {
   const void* final_norm_ = nullptr;
   const void* lm_head_ = nullptr;
   std::vector<LayerPointers> layers_;
-  // What each layer's attention, gate/up and down_proj launches ask the L2
-  // cache to fetch (CudaExecutorOptions::l2_prefetch_rows); the last
-  // down_proj, nothing.
-  std::vector<cuda::L2Prefetch> prefetch_, prefetch_gate_up_, prefetch_down_;
+  // What each layer's attention asks the L2 cache to fetch
+  // (CudaExecutorOptions::l2_prefetch_rows).
+  std::vector<cuda::L2Prefetch> prefetch_;
   int q_gemm_ = -1, kv_gemm_ = -1, o_gemm_ = -1, gate_up_gemm_ = -1, down_gemm_ = -1,
       lm_head_gemm_ = -1;
 
@@ -438,14 +407,6 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
                        w.gate->data, w.up->data, w.down->data});
     prefetch_.push_back(PrefetchAfterAttention(layers_.back(), cuda_options_.l2_prefetch_bytes,
                                                hidden_ * q_out * 2, hidden_ * 2, intermediate_));
-  }
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    prefetch_gate_up_.push_back(
-        PrefetchDown(layers_[l], cuda_options_.l2_prefetch_bytes, hidden_, intermediate_ * 2));
-    prefetch_down_.push_back(l + 1 < layers_.size()
-                                 ? PrefetchNextQkv(layers_[l + 1], cuda_options_.l2_prefetch_bytes,
-                                                   q_out * hidden_ * 2, kv_out * hidden_ * 2)
-                                 : cuda::L2Prefetch{});
   }
   const std::vector<double> inv_freq = config.InverseFrequencies();
   if (static_cast<int64_t>(inv_freq.size()) != head_dim_ / 2) {
@@ -911,8 +872,8 @@ Result<StepPlan> CudaLlmExecutor::Build(const StepBatch& batch) {
 }
 
 Status CudaLlmExecutor::Gemm(int shape, const char* name, const void* w, const void* bias,
-                             const void* x, void* y, int32_t m, const cuda::L2Prefetch* next) {
-  return Timed(name, [&] { return gemms_->Run(shape, w, bias, x, y, m, next); });
+                             const void* x, void* y, int32_t m) {
+  return Timed(name, [&] { return gemms_->Run(shape, w, bias, x, y, m); });
 }
 
 Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combine_rows,
@@ -980,8 +941,7 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
         return cuda::LaunchRopeKvWrite(a, s);
       }));
     }
-    const bool prefetch =
-        decode && rows <= cuda_options_.l2_prefetch_rows && cuda_options_.l2_prefetch_in_attention;
+    const bool prefetch = decode && rows <= cuda_options_.l2_prefetch_rows;
     RETURN_IF_ERROR(Timed(rope_in_attention ? "attention + rope + kv write" : "attention", [&] {
       return cuda::LaunchPagedAttention(attn_shape_, q_.get(), KCache(layer), VCache(layer),
                                         attn_.get(), static_cast<float*>(partial_acc_.get()),
@@ -1001,34 +961,26 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
       return cuda::LaunchAddRmsNorm(resid, delta_.get(), w.post_norm, nullptr, rows, hidden_, eps_,
                                     bf, xn_.get(), s);
     }));
-    const cuda::L2Prefetch* const down_ahead =
-        decode && rows <= cuda_options_.l2_prefetch_rows && cuda_options_.l2_prefetch_in_gate_up
-            ? &prefetch_gate_up_[l]
-            : nullptr;
     if (pair_gate_up_ && cuda_options_.fuse_swiglu && gemms_->FusesSwiGlu(gate_up_gemm_, rows)) {
       // SwiGLU in the pair's launch, into gate_ as the SwiGLU launch writes it.
       RETURN_IF_ERROR(Timed("gemm gate_proj+up_proj + swiglu", [&] {
-        return gemms_->RunSwiGlu(gate_up_gemm_, w.gate, xn_.get(), gate_, rows, down_ahead);
+        return gemms_->RunSwiGlu(gate_up_gemm_, w.gate, xn_.get(), gate_, rows);
       }));
     } else if (pair_gate_up_) {
-      RETURN_IF_ERROR(Gemm(gate_up_gemm_, "gemm gate_proj+up_proj", w.gate, nullptr, xn_.get(),
-                           gate_, rows, down_ahead));
+      RETURN_IF_ERROR(
+          Gemm(gate_up_gemm_, "gemm gate_proj+up_proj", w.gate, nullptr, xn_.get(), gate_, rows));
       RETURN_IF_ERROR(Timed("swiglu", [&] {
         return cuda::LaunchSwiGlu(gate_, up_, gate_, int64_t{rows} * intermediate_, bf, s);
       }));
     } else {
       RETURN_IF_ERROR(
           Gemm(gate_up_gemm_, "gemm gate_proj", w.gate, nullptr, xn_.get(), gate_, rows));
-      RETURN_IF_ERROR(
-          Gemm(gate_up_gemm_, "gemm up_proj", w.up, nullptr, xn_.get(), up_, rows, down_ahead));
+      RETURN_IF_ERROR(Gemm(gate_up_gemm_, "gemm up_proj", w.up, nullptr, xn_.get(), up_, rows));
       RETURN_IF_ERROR(Timed("swiglu", [&] {
         return cuda::LaunchSwiGlu(gate_, up_, gate_, int64_t{rows} * intermediate_, bf, s);
       }));
     }
-    const bool prefetch_down =
-        decode && rows <= cuda_options_.l2_prefetch_rows && cuda_options_.l2_prefetch_in_down;
-    RETURN_IF_ERROR(Gemm(down_gemm_, "gemm down_proj", w.down, nullptr, gate_, delta_.get(), rows,
-                         prefetch_down ? &prefetch_down_[l] : nullptr));
+    RETURN_IF_ERROR(Gemm(down_gemm_, "gemm down_proj", w.down, nullptr, gate_, delta_.get(), rows));
   }
   if (logit_rows == 0) return Status::Ok();
   RETURN_IF_ERROR(Timed("final rmsnorm", [&] {

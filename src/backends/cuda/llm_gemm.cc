@@ -475,7 +475,7 @@ Status GemmSet::Matmul(Shape& s, const cublasLtMatmulAlgo_t& algo, const void* w
 }
 
 Status GemmSet::Run(int shape, const void* weight, const void* bias, const void* x, void* y,
-                    int64_t m, const cuda::L2Prefetch* next) {
+                    int64_t m) {
   if (shape < 0 || static_cast<size_t>(shape) >= shapes_.size()) {
     return Internal("no GEMM shape #" + std::to_string(shape));
   }
@@ -484,9 +484,7 @@ Status GemmSet::Run(int shape, const void* weight, const void* bias, const void*
     return Internal("GEMM " + ShapeName(s.spec) + " run with " + std::to_string(m) + " rows" +
                     (bias != nullptr ? " and a bias" : ""));
   }
-  if (s.own)
-    return RunOwn(s, weight, bias, x, y, m, false, m <= cuda::kTcSplitRows ? next : nullptr)
-        .WithContext("GEMM " + s.spec.name);
+  if (s.own) return RunOwn(s, weight, bias, x, y, m).WithContext("GEMM " + s.spec.name);
   const int64_t x_row = s.spec.k * 2, y_row = s.spec.n * (s.spec.f32_out ? 4 : 2);
   for (int64_t at = 0; at < m; at += kChunkRows) {
     RETURN_IF_ERROR(Matmul(s, s.algo, weight, bias, static_cast<const std::byte*>(x) + at * x_row,
@@ -503,15 +501,13 @@ bool GemmSet::FusesSwiGlu(int shape, int64_t m) const {
          m <= std::min<int64_t>(s.spec.max_m, cuda::kTcSplitRows);
 }
 
-Status GemmSet::RunSwiGlu(int shape, const void* weight, const void* x, void* y, int64_t m,
-                          const cuda::L2Prefetch* next) {
+Status GemmSet::RunSwiGlu(int shape, const void* weight, const void* x, void* y, int64_t m) {
   if (!FusesSwiGlu(shape, m)) {
     return Internal("GEMM #" + std::to_string(shape) + " cannot run SwiGLU at " +
                     std::to_string(m) + " rows");
   }
   const Shape& s = *shapes_[static_cast<size_t>(shape)];
-  return RunOwn(s, weight, nullptr, x, y, m, true, next)
-      .WithContext("GEMM " + s.spec.name + " + SwiGLU");
+  return RunOwn(s, weight, nullptr, x, y, m, true).WithContext("GEMM " + s.spec.name + " + SwiGLU");
 }
 
 cuda::TcGemmArgs GemmSet::OwnArgs(const Shape& s, const void* weight, const void* bias,
@@ -536,10 +532,9 @@ cuda::TcGemmArgs GemmSet::OwnArgs(const Shape& s, const void* weight, const void
 }
 
 Status GemmSet::RunOwn(const Shape& s, const void* weight, const void* bias, const void* x, void* y,
-                       int64_t m, bool swiglu, const cuda::L2Prefetch* next) {
+                       int64_t m, bool swiglu) {
   cuda::TcGemmArgs a = OwnArgs(s, weight, bias, x, y, m);
   a.swiglu = swiglu;
-  if (next != nullptr) a.next = *next;
   return CudaCheck(cuda::LaunchTcGemm(a, stream_), "hearth's GEMM kernel");
 }
 

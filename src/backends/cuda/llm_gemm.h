@@ -112,21 +112,16 @@ class GemmSet {
   Result<int> AddShape(const GemmShapeSpec& spec, const GemmTuning& tuning);
 
   // Queues y = x w^T (+ bias) for m rows on the set's stream. bias must be
-  // given exactly when the shape has one. next: weights of the kernels after
-  // it to ask L2 for as the launch ends (l2_prefetch.h), taken where the
-  // shape runs on hearth's kernel at up to cuda::kTcSplitRows rows, else
-  // not asked for.
-  Status Run(int shape, const void* weight, const void* bias, const void* x, void* y, int64_t m,
-             const cuda::L2Prefetch* next = nullptr);
+  // given exactly when the shape has one.
+  Status Run(int shape, const void* weight, const void* bias, const void* x, void* y, int64_t m);
 
   // Whether RunSwiGlu can run `shape` at m rows: a pair without a bias on
   // hearth's kernel, in its split mode (m <= cuda::kTcSplitRows).
   bool FusesSwiGlu(int shape, int64_t m) const;
   // Queues y[m, n] = silu(x w^T) * (x w2^T), w2 the pair's second weight, in
   // one launch (FusesSwiGlu must hold): the same bits as Run followed by a
-  // SwiGLU launch over the pair's two outputs. next: as Run's.
-  Status RunSwiGlu(int shape, const void* weight, const void* x, void* y, int64_t m,
-                   const cuda::L2Prefetch* next = nullptr);
+  // SwiGLU launch over the pair's two outputs.
+  Status RunSwiGlu(int shape, const void* weight, const void* x, void* y, int64_t m);
 
   // One product of RunGroup.
   struct Call {
@@ -176,7 +171,7 @@ class GemmSet {
   cuda::TcGemmArgs OwnArgs(const Shape& s, const void* weight, const void* bias, const void* x,
                            void* y, int64_t m) const;
   Status RunOwn(const Shape& s, const void* weight, const void* bias, const void* x, void* y,
-                int64_t m, bool swiglu = false, const cuda::L2Prefetch* next = nullptr);
+                int64_t m, bool swiglu = false);
 
   const bool bf16_;
   const cudaStream_t stream_;

@@ -31,8 +31,7 @@ struct Params {
   int64_t m, n, k, part;  // part = k / splits
   int32_t splits, batch;
   int64_t w_stride, bias_stride, y_stride;
-  int64_t groups;   // column groups per batch entry
-  L2Prefetch next;  // split mode: issued by each warp's lane 0 once its weights are read
+  int64_t groups;  // column groups per batch entry
 };
 
 template <bool kBf16>
@@ -205,17 +204,11 @@ __device__ __forceinline__ void StoreSwiGlu(const Params& p, int64_t row, int64_
 // blockIdx.x and blockIdx.z), a warp per (8 columns, part). With kSwiGlu a
 // warp computes the same 8 columns of both weights of the batch of two
 // (gate, up) and stores silu(gate) * up.
-// `issuer` of `issuers`: the warp's index in the launch, for its share of
-// next (l2_prefetch.h), which its lane 0 asks for once the warp has read its
-// weights (a warp without columns at once).
 template <bool kBf16, bool kF32Out, bool kSwiGlu>
-__device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int part,
-                                           const L2Prefetch& next, uint64_t issuer,
-                                           uint64_t issuers) {
+__device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int part) {
   constexpr int kN = kSwiGlu ? 2 : 1;
   const int64_t g = block * kWarps + (threadIdx.x >> 5);
   if (g >= p.groups * (kSwiGlu ? 1 : p.batch)) {
-    if ((threadIdx.x & 31) == 0) PrefetchL2(next, issuer, issuers);
     DependentWait();
     return;
   }
@@ -227,7 +220,6 @@ __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int p
   for (int i = 0; i < kN; ++i) w[i] = p.w + (b + i) * p.w_stride + col0 * p.k;
   PartSums<kBf16, kN>(p, w, part * p.part, acc);
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
-  if (lane == 0) PrefetchL2(next, issuer, issuers);
   const int64_t col = col0 + 2 * q;
   const auto store = [&](int64_t row, const float2(&v)[kN]) {
     if constexpr (kSwiGlu) {
@@ -280,10 +272,7 @@ __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int p
 
 template <bool kBf16, bool kF32Out, bool kSwiGlu>
 __global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p) {
-  const uint64_t block = uint64_t{blockIdx.z} * gridDim.x + blockIdx.x;
-  SplitBlock<kBf16, kF32Out, kSwiGlu>(p, blockIdx.x, static_cast<int>(blockIdx.z), p.next,
-                                      block * kWarps + (threadIdx.x >> 5),
-                                      uint64_t{gridDim.x} * gridDim.z * kWarps);
+  SplitBlock<kBf16, kF32Out, kSwiGlu>(p, blockIdx.x, static_cast<int>(blockIdx.z));
 }
 
 // Several split-mode products in one launch: entry e owns the blocks from
@@ -301,9 +290,8 @@ __global__ void __launch_bounds__(kWarps * 32) GroupKernel(GroupParams gp) {
   int e = 0;
   while (e + 1 < gp.count && block >= gp.first[e + 1]) ++e;
   const int64_t local = block - gp.first[e];
-  SplitBlock<kBf16, false, false>(
-      gp.p[e], local % gp.x_blocks[e], static_cast<int>(local / gp.x_blocks[e]), gp.p[0].next,
-      static_cast<uint64_t>(block) * kWarps + (threadIdx.x >> 5), uint64_t{gridDim.x} * kWarps);
+  SplitBlock<kBf16, false, false>(gp.p[e], local % gp.x_blocks[e],
+                                  static_cast<int>(local / gp.x_blocks[e]));
 }
 
 // Many rows: a CTA per (kRows x kTileCols tile, group of parts), the
@@ -648,8 +636,7 @@ bool Valid(const TcGemmArgs& a) {
       (a.counter_slots > 0 && a.counters == nullptr) ||
       (a.m <= kTcSplitRows && (TcGemmWorkspaceBytes(a.shape) > a.workspace_bytes ||
                                TcGemmCounters(a.shape) > a.counter_slots)) ||
-      (a.swiglu && (a.shape.batch != 2 || a.m > kTcSplitRows || a.f32_out || a.bias != nullptr)) ||
-      !L2PrefetchValid(a.next));
+      (a.swiglu && (a.shape.batch != 2 || a.m > kTcSplitRows || a.f32_out || a.bias != nullptr)));
 }
 
 Params MakeParams(const TcGemmArgs& a) {
@@ -670,7 +657,6 @@ Params MakeParams(const TcGemmArgs& a) {
   p.w_stride = a.w_stride;
   p.bias_stride = a.bias_stride;
   p.y_stride = a.y_stride;
-  p.next = a.next;
   return p;
 }
 

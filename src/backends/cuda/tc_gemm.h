@@ -48,8 +48,6 @@
 #include <cstdint>
 #include <span>
 
-#include "backends/cuda/l2_prefetch.h"
-
 namespace hearth::cuda {
 
 // Rows up to which a launch runs in the split mode.
@@ -98,10 +96,6 @@ struct TcGemmArgs {
   // sums within workspace_bytes.
   uint64_t workspace_bytes = 0;
   uint64_t counter_slots = 0;
-  // Weights of the kernels after this one that the split mode asks L2 to
-  // fetch, each warp its share once it has read its own (l2_prefetch.h); the
-  // many-rows mode ignores it. In a group, the first entry's is the launch's.
-  L2Prefetch next;
 };
 
 // Queues the product. cudaErrorInvalidValue for a shape TcGemmSplits

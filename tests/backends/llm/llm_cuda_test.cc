@@ -430,10 +430,9 @@ TEST_F(LlmCudaTest, OwnGemmGroupsOfPartsGiveTheSameBits) {
   const auto x = Random16(rng, static_cast<size_t>(max_m * k), 1.0f, true);
   DeviceMemory dw(w), dx(x), dy(static_cast<size_t>(max_m * n) * 2);
   const TcScratch scratch;
-  const auto run = [&](int64_t m, uint64_t workspace_bytes, const cuda::L2Prefetch& next = {}) {
+  const auto run = [&](int64_t m, uint64_t workspace_bytes) {
     cuda::TcGemmArgs a = scratch.Args(shape, true, dx, dw, dy.get(), m);
     a.workspace_bytes = workspace_bytes;
-    a.next = next;
     EXPECT_EQ(cudaMemset(dy.get(), 0xFF, static_cast<size_t>(max_m * n) * 2), cudaSuccess);
     EXPECT_EQ(cuda::LaunchTcGemm(a, nullptr), cudaSuccess);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -453,32 +452,6 @@ TEST_F(LlmCudaTest, OwnGemmGroupsOfPartsGiveTheSameBits) {
   cuda::TcGemmArgs bad = scratch.Args(shape, true, dx, dw, dy.get(), 1);
   bad.workspace_bytes = 1024;
   EXPECT_EQ(cuda::LaunchTcGemm(bad, nullptr), cudaErrorInvalidValue);
-
-  // Its warps asking L2 for the next weights as they finish (more chunks
-  // than the launch has warps, three ranges, one not a whole chunk): the
-  // same bits, in the few-rows mode that takes it and the many-rows mode
-  // that does not. A range not 16-byte aligned or long is refused.
-  DeviceMemory far(size_t{48} << 20);
-  cuda::L2Prefetch next;
-  next.ptr[0] = far.get<char>();
-  next.bytes[0] = size_t{40} << 20;
-  next.ptr[1] = far.get<char>() + (size_t{40} << 20) + 16;
-  next.bytes[1] = 4096 + 32;
-  next.ptr[2] = far.get<char>() + (size_t{44} << 20);
-  next.bytes[2] = size_t{4} << 20;
-  const auto few_fetching = run(cuda::kTcSplitRows, cuda::kTcMaxWorkspaceBytes, next);
-  EXPECT_EQ(few_fetching, few);
-  const auto one = run(1, cuda::kTcMaxWorkspaceBytes);
-  EXPECT_EQ(run(1, cuda::kTcMaxWorkspaceBytes, next), one);
-  EXPECT_TRUE(std::equal(one.begin(), one.end(), groups.begin()));
-  EXPECT_EQ(run(max_m, cuda::kTcMaxWorkspaceBytes, next), groups);
-  for (const auto& [at, bytes] : {std::pair<size_t, uint64_t>{8, 4096}, {0, 4100}}) {
-    cuda::TcGemmArgs unaligned = scratch.Args(shape, true, dx, dw, dy.get(), 1);
-    unaligned.next.ptr[0] = far.get<char>() + at;
-    unaligned.next.bytes[0] = bytes;
-    EXPECT_EQ(cuda::LaunchTcGemm(unaligned, nullptr), cudaErrorInvalidValue)
-        << "offset " << at << ", " << bytes << " bytes";
-  }
 }
 
 // A pair of weights as one strided batch (k_proj and v_proj, gate_proj and
@@ -1702,7 +1675,8 @@ TEST_P(LlmCudaExecutorTest, FusedLaunchesEqualSeparateOnes) {
     auto prefetched = Gpu(m, fetching);
     fetching.cuda_graphs = false;
     auto prefetched_eager = Gpu(m, fetching);
-    // Nothing fused, and every sequence of several splits on the split path.
+    // Nothing fused or prefetched, and every sequence of several splits on the
+    // split path.
     CudaExecutorOptions off;
     off.time_gemms = false;
     off.pair_gemms = pair;
@@ -1710,6 +1684,7 @@ TEST_P(LlmCudaExecutorTest, FusedLaunchesEqualSeparateOnes) {
     off.group_qkv = false;
     off.fuse_rope_attention = false;
     off.attention_fold_splits = 1;
+    off.l2_prefetch_rows = 0;
     auto separate = Gpu(m, off);
     ASSERT_NE(fused, nullptr);
     ASSERT_NE(graphed, nullptr);
