@@ -1,5 +1,5 @@
 // The CPU executor: one forward step of a Llama-family decoder over a batch
-// of sequences, float32 throughout, on one thread.
+// of sequences, float32 throughout; its products split by outputs over threads.
 //
 // Why float32 and not a bf16 GEMM on BF16 weights (OpenBLAS's sbgemm): it
 // takes both operands in bf16, so every activation entering a projection
@@ -119,7 +119,8 @@ class CpuExecutor final : public Executor {
         final_norm_(weights.final_norm),
         // Tied: one copy serves both.
         lm_head_(weights.lm_head == weights.embed ? F32Tensor() : F32Tensor(weights.lm_head)),
-        tied_(weights.lm_head == weights.embed) {
+        tied_(weights.lm_head == weights.embed),
+        gemm_(options.cpu_threads) {
     for (const LayerWeights& l : weights.layers) {
       layers_.push_back(Layer{F32Tensor(l.input_norm), F32Tensor(l.q), F32Tensor(l.k),
                               F32Tensor(l.v), F32Tensor(l.q_bias), F32Tensor(l.k_bias),

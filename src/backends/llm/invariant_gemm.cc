@@ -2,7 +2,10 @@
 // register tiles of rows x outputs (invariant_gemm.h says why).
 #include "backends/llm/invariant_gemm.h"
 
+#include <algorithm>
 #include <cstring>
+#include <thread>
+#include <vector>
 
 namespace hearth::llm {
 namespace {
@@ -72,6 +75,7 @@ __attribute__((always_inline)) inline void Tile(const float* x, const float* w, 
 // past them: the weights are read from memory once), rows in tiles of kR.
 constexpr int kR = 3;
 constexpr int kO = 4;
+constexpr int64_t kRowBlock = 48;
 
 template <int O>
 __attribute__((always_inline)) inline void Column(int64_t rows, int64_t in, const float* x,
@@ -89,18 +93,47 @@ __attribute__((always_inline)) inline void Column(int64_t rows, int64_t in, cons
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("avx2", "default")))
 #endif
-void Product(int64_t rows, int64_t out, int64_t in, const float* x, const float* w, float* y,
-             bool accumulate) {
-  int64_t o = 0;
-  for (; o + kO <= out; o += kO) Column<kO>(rows, in, x, w + o * in, y + o, out, accumulate);
-  for (; o < out; ++o) Column<1>(rows, in, x, w + o * in, y + o, out, accumulate);
+void ProductColumns(int64_t rows, int64_t out, int64_t in, int64_t first, int64_t last,
+                    const float* x, const float* w, float* y, bool accumulate) {
+  // Rows in blocks of kRowBlock, whose inputs stay in L2 while the weights
+  // stream past them once a block.
+  for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock) {
+    const int64_t n = std::min(kRowBlock, rows - r0);
+    const float* xb = x + r0 * in;
+    float* yb = y + r0 * out;
+    int64_t o = first;
+    for (; o + kO <= last; o += kO) Column<kO>(n, in, xb, w + o * in, yb + o, out, accumulate);
+    for (; o < last; ++o) Column<1>(n, in, xb, w + o * in, yb + o, out, accumulate);
+  }
 }
 
 }  // namespace
 
+InvariantGemm::InvariantGemm(int threads)
+    : threads_(threads > 0
+                   ? threads
+                   : static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u))) {}
+
 void InvariantGemm::Run(int64_t rows, int64_t out, int64_t in, const float* x, const float* w,
                         float* y, bool accumulate) const {
-  Product(rows, out, in, x, w, y, accumulate);
+  // Threads by outputs, in whole blocks of kO: each takes a column range.
+  const int64_t blocks = (out + kO - 1) / kO;
+  const int64_t parts = rows * out * in < kParallelMacs ? 1 : std::min<int64_t>(threads_, blocks);
+  if (parts <= 1) {
+    ProductColumns(rows, out, in, 0, out, x, w, y, accumulate);
+    return;
+  }
+  const auto part = [&](int64_t i) {
+    const int64_t first = blocks * i / parts * kO;
+    const int64_t last = std::min(out, blocks * (i + 1) / parts * kO);
+    // y's columns [first, last): the rows keep their stride `out`.
+    ProductColumns(rows, out, in, first, last, x, w, y, accumulate);
+  };
+  std::vector<std::thread> others;
+  others.reserve(static_cast<size_t>(parts - 1));
+  for (int64_t i = 1; i < parts; ++i) others.emplace_back(part, i);
+  part(0);
+  for (std::thread& t : others) t.join();
 }
 
 }  // namespace hearth::llm

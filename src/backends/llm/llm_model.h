@@ -226,6 +226,9 @@ struct ExecutorOptions {
   // every shape on one of them. The CPU executor has one kind.
   enum class Gemms { kTimed, kCublasLt, kHearth };
   Gemms gemms = Gemms::kTimed;
+  // The CPU executor's threads per product (InvariantGemm: the same bits at
+  // any count); 0: the machine's cores, at most 8.
+  int32_t cpu_threads = 0;
 };
 
 // Thread-safety: one thread uses an Executor.
@@ -271,12 +274,13 @@ class Executor {
   std::vector<int32_t> last_drawn_, fed_;
 };
 
-// The CPU executor: float32 math, on one thread, over the checkpoint's F32, F16
-// or BF16 weights, a float32 KV pool in host memory. F32 weights are used in
-// place; F16 and BF16 ones are widened once, here, into a private float32
-// copy (twice the checkpoint's bytes, per executor). The weights must be in
-// host memory and outlive the executor. options.kv_pool_bytes 0: 64 MiB;
-// max_positions 0: config.max_positions. device_memory_bytes() is 0.
+// The CPU executor: float32 math (products over options.cpu_threads) over
+// the checkpoint's F32, F16 or BF16 weights, a float32 KV pool in host
+// memory. F32 weights are used in place; F16 and BF16 ones are widened
+// once, here, into a private float32 copy (twice the checkpoint's bytes,
+// per executor). The weights must be in host memory and outlive the
+// executor. options.kv_pool_bytes 0: 64 MiB; max_positions 0:
+// config.max_positions. device_memory_bytes() is 0.
 // Batch-invariant, bit for bit: a token's logits do not depend on the other
 // sequences of its step, on how its sequence's tokens were split into steps
 // (one prefill, chunks, or one token a step); so a stream prefilled again

@@ -33,7 +33,7 @@ struct Loaded {
 };
 
 std::unique_ptr<Loaded> Load(const ModelConfig& c, uint64_t seed = 7, int32_t block_size = 4,
-                             int32_t max_seqs = 4) {
+                             int32_t max_seqs = 4, int32_t cpu_threads = 0) {
   auto l = std::make_unique<Loaded>();
   l->config = c;
   l->model = MakeModel(c, seed);
@@ -46,6 +46,7 @@ std::unique_ptr<Loaded> Load(const ModelConfig& c, uint64_t seed = 7, int32_t bl
   o.max_tokens_per_step = 64;
   o.block_size = block_size;
   o.kv_pool_bytes = 1 << 20;
+  o.cpu_threads = cpu_threads;
   auto e = CreateCpuExecutor(c, l->weights, o);
   EXPECT_TRUE(e.ok()) << e.status().ToString();
   if (!e.ok()) return nullptr;
@@ -365,6 +366,39 @@ TEST_P(CpuExecutorInvarianceTest, ResumedStreamDrawsWhatItWouldHaveDrawn) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CpuExecutorInvarianceTest,
+                         ::testing::Values(Shape::kTinyLlama, Shape::kTinyQwen2, Shape::kWideLlama),
+                         [](const auto& p) { return std::string(NameOf(p.param)); });
+
+class CpuExecutorThreadsTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(CpuExecutorThreadsTest, ThreadCountChangesNoBit) {
+  // The uninterrupted run of three streams with products on 1, 2 and 3
+  // threads (the wide Llama's first step splits its MLP products; the tiny
+  // models' stay below InvariantGemm::kParallelMacs).
+  const ModelConfig c = ConfigOf(GetParam());
+  const SamplingParams hot{0.9f, 0.95f, 20, 77};
+  std::vector<Uninterrupted> runs;
+  for (int32_t threads : {1, 2, 3}) {
+    auto e = Load(c, 7, 4, 4, threads);
+    ASSERT_NE(e, nullptr);
+    runs.push_back(RunUninterrupted(*e->executor, c.vocab_size, hot, 16));
+    ASSERT_FALSE(HasFatalFailure());
+  }
+  for (size_t i = 1; i < runs.size(); ++i) {
+    const std::string what = std::to_string(i + 1) + " threads against 1";
+    EXPECT_EQ(runs[i].a.drawn, runs[0].a.drawn) << what;
+    EXPECT_EQ(runs[i].b.drawn, runs[0].b.drawn) << what;
+    EXPECT_EQ(runs[i].c.drawn, runs[0].c.drawn) << what;
+    for (Stream Uninterrupted::*s : {&Uninterrupted::a, &Uninterrupted::b, &Uninterrupted::c}) {
+      for (const auto& [number, logits] : (runs[i].*s).logits) {
+        ExpectSameBits(logits, (runs[0].*s).logits.at(number),
+                       what + ", draw " + std::to_string(number));
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CpuExecutorThreadsTest,
                          ::testing::Values(Shape::kTinyLlama, Shape::kTinyQwen2, Shape::kWideLlama),
                          [](const auto& p) { return std::string(NameOf(p.param)); });
 

@@ -1,5 +1,5 @@
-// InvariantGemm: the product, and a row's bits whatever the rows around it
-// and their number, on shapes whose rows and outputs end in partial register
+// InvariantGemm: the product, and a row's bits whatever the rows around it,
+// their number and the thread count, on shapes whose rows and outputs end in partial register
 // tiles and whose sums end in partial lanes (in = 136, 600, 777, 1000).
 #include "backends/llm/invariant_gemm.h"
 
@@ -25,12 +25,15 @@ std::vector<float> Random(size_t n, uint32_t seed) {
 
 TEST(InvariantGemm, ComputesTheProduct) {
   // Against double sums: within float rounding of sums of `in` terms.
-  for (const auto& [rows, out, in] : {std::tuple{3, 40, 30}, {70, 777, 777}, {1, 2000, 600}}) {
+  // On one thread and on three (the two larger products are split).
+  for (const auto& [rows, out, in] :
+       {std::tuple{3, 40, 30}, {70, 777, 777}, {1, 2000, 600}, {5, 2001, 600}}) {
     const std::vector<float> x = Random(size_t(rows) * in, 1), w = Random(size_t(out) * in, 2);
     const std::vector<float> y0 = Random(size_t(rows) * out, 3);
-    for (bool accumulate : {false, true}) {
+    for (const auto& [accumulate, threads] :
+         {std::pair{false, 1}, {true, 1}, {false, 3}, {true, 3}}) {
       std::vector<float> y = y0;
-      InvariantGemm gemm;
+      const InvariantGemm gemm(threads);
       gemm.Run(rows, out, in, x.data(), w.data(), y.data(), accumulate);
       for (int r = 0; r < rows; ++r) {
         for (int o = 0; o < out; ++o) {
@@ -39,8 +42,8 @@ TEST(InvariantGemm, ComputesTheProduct) {
             want += double(x[size_t(r) * in + k]) * w[size_t(o) * in + k];
           }
           ASSERT_NEAR(y[size_t(r) * out + o], want, 1e-6 * in)
-              << rows << "x" << out << "x" << in << " accumulate " << accumulate << " at " << r
-              << ", " << o;
+              << rows << "x" << out << "x" << in << " accumulate " << accumulate << " on "
+              << threads << " threads at " << r << ", " << o;
         }
       }
     }
@@ -49,7 +52,8 @@ TEST(InvariantGemm, ComputesTheProduct) {
 
 TEST(InvariantGemm, ARowsBitsAreItsOwn) {
   // One row (x0, with y0 when accumulating) among `rows` others, at its
-  // first, middle and last place: the bits it gets alone.
+  // first, middle and last place, on 1 to 3 threads (products of at least
+  // kParallelMacs split by outputs): the bits it gets alone on one.
   struct Shape {
     int out, in;
   };
@@ -62,11 +66,11 @@ TEST(InvariantGemm, ARowsBitsAreItsOwn) {
     for (bool accumulate : {false, true}) {
       std::vector<float> alone(ys.begin(), ys.begin() + s.out);
       {
-        InvariantGemm gemm;
+        const InvariantGemm gemm(1);
         gemm.Run(1, s.out, s.in, xs.data(), w.data(), alone.data(), accumulate);
       }
-      {
-        InvariantGemm gemm;
+      for (int threads : {1, 2, 3}) {
+        const InvariantGemm gemm(threads);
         for (int rows : {1, 2, 5, 17, 19, 38, 64, 100}) {
           for (int place : {0, rows / 2, rows - 1}) {
             // Row `place` holds x0 (and y0); the others rows 1... of xs, rotated by place.
@@ -80,7 +84,7 @@ TEST(InvariantGemm, ARowsBitsAreItsOwn) {
             ASSERT_EQ(std::memcmp(&y[size_t(place) * s.out], alone.data(), s.out * sizeof(float)),
                       0)
                 << s.out << "x" << s.in << (accumulate ? " accumulating" : "") << ": row " << place
-                << " of " << rows;
+                << " of " << rows << " on " << threads << " threads";
           }
         }
       }
