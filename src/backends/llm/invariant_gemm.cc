@@ -118,7 +118,10 @@ void InvariantGemm::Run(int64_t rows, int64_t out, int64_t in, const float* x, c
                         float* y, bool accumulate) const {
   // Threads by outputs, in whole blocks of kO: each takes a column range.
   const int64_t blocks = (out + kO - 1) / kO;
-  const int64_t parts = rows * out * in < kParallelMacs ? 1 : std::min<int64_t>(threads_, blocks);
+  const double macs =
+      static_cast<double>(rows) * static_cast<double>(out) * static_cast<double>(in);
+  const int64_t parts =
+      macs < static_cast<double>(kParallelMacs) ? 1 : std::min<int64_t>(threads_, blocks);
   if (parts <= 1) {
     ProductColumns(rows, out, in, 0, out, x, w, y, accumulate);
     return;
@@ -129,9 +132,15 @@ void InvariantGemm::Run(int64_t rows, int64_t out, int64_t in, const float* x, c
     // y's columns [first, last): the rows keep their stride `out`.
     ProductColumns(rows, out, in, first, last, x, w, y, accumulate);
   };
+  // A thread that cannot be started leaves its part to this one.
   std::vector<std::thread> others;
-  others.reserve(static_cast<size_t>(parts - 1));
-  for (int64_t i = 1; i < parts; ++i) others.emplace_back(part, i);
+  int64_t started = 1;
+  try {
+    others.reserve(static_cast<size_t>(parts - 1));
+    for (; started < parts; ++started) others.emplace_back(part, started);
+  } catch (const std::exception&) {
+  }
+  for (int64_t i = started; i < parts; ++i) part(i);
   part(0);
   for (std::thread& t : others) t.join();
 }
