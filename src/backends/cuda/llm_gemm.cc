@@ -160,11 +160,6 @@ Result<std::unique_ptr<GemmSet>> GemmSet::Create(bool bf16, cudaStream_t stream,
                    cuda::AllocateDevice(kWorkspaceBytes, "cuBLASLt workspace", device_bytes));
   ASSIGN_OR_RETURN(set->own_workspace_, cuda::AllocateDevice(cuda::kTcMaxWorkspaceBytes,
                                                              "GEMM part sums", device_bytes));
-  ASSIGN_OR_RETURN(set->own_counters_, cuda::AllocateDevice(cuda::kTcMaxCounters * sizeof(uint32_t),
-                                                            "GEMM counters", device_bytes));
-  RETURN_IF_ERROR(CudaCheck(
-      cudaMemsetAsync(set->own_counters_.get(), 0, cuda::kTcMaxCounters * sizeof(uint32_t), stream),
-      "cudaMemsetAsync"));
   return set;
 }
 
@@ -308,9 +303,6 @@ Status GemmSet::Choose(Shape& s, const GemmTuning& tuning) {
   for (const void* b : spec.biases) bias_alignment = std::min(bias_alignment, Alignment(b));
   const bool own_runs = bias_alignment >= 8 && cuda::TcGemmSplits(own_shape) > 0 &&
                         weight_alignment >= 16 && buffer_alignment >= 16 &&
-                        // The set's part sums and counters, allocated once for every shape.
-                        cuda::TcGemmWorkspaceBytes(own_shape) <= cuda::kTcMaxWorkspaceBytes &&
-                        cuda::TcGemmCounters(own_shape) <= cuda::kTcMaxCounters &&
                         (spec.batch == 1 || (spec.weight_stride % 8 == 0 &&
                                              spec.y_stride % 2 == 0 && spec.bias_stride % 2 == 0));
   if (tuning.engine == GemmEngine::kOwn || (tuning.engine == GemmEngine::kOwnFirst && own_runs)) {
@@ -525,9 +517,7 @@ cuda::TcGemmArgs GemmSet::OwnArgs(const Shape& s, const void* weight, const void
   a.bias_stride = s.spec.bias_stride;
   a.y_stride = s.spec.y_stride;
   a.workspace = static_cast<float*>(own_workspace_.get());
-  a.counters = static_cast<uint32_t*>(own_counters_.get());
   a.workspace_bytes = cuda::kTcMaxWorkspaceBytes;
-  a.counter_slots = cuda::kTcMaxCounters;
   return a;
 }
 
@@ -538,30 +528,17 @@ Status GemmSet::RunOwn(const Shape& s, const void* weight, const void* bias, con
   return CudaCheck(cuda::LaunchTcGemm(a, stream_), "hearth's GEMM kernel");
 }
 
-namespace {
-
-// A group entry's workspace bytes, rounded up so that the next starts aligned.
-uint64_t GroupWorkspaceBytes(const cuda::TcGemmShape& shape) {
-  return (cuda::TcGemmWorkspaceBytes(shape) + 255) / 256 * 256;
-}
-
-}  // namespace
-
 bool GemmSet::Groups(std::span<const int> shapes, int64_t m) const {
   if (shapes.empty() || shapes.size() > static_cast<size_t>(cuda::kTcMaxGroup) || m < 1 ||
       m > cuda::kTcSplitRows) {
     return false;
   }
-  uint64_t workspace = 0, counters = 0;
   for (const int i : shapes) {
     if (i < 0 || static_cast<size_t>(i) >= shapes_.size()) return false;
     const Shape& s = *shapes_[static_cast<size_t>(i)];
     if (!s.own || s.spec.f32_out || m > s.spec.max_m) return false;
-    const cuda::TcGemmShape shape{s.spec.n, s.spec.k, s.spec.batch};
-    workspace += GroupWorkspaceBytes(shape);
-    counters += cuda::TcGemmCounters(shape);
   }
-  return workspace <= cuda::kTcMaxWorkspaceBytes && counters <= cuda::kTcMaxCounters;
+  return true;
 }
 
 Status GemmSet::RunGroup(std::span<const Call> calls, int64_t m) {
@@ -572,7 +549,6 @@ Status GemmSet::RunGroup(std::span<const Call> calls, int64_t m) {
     return Internal("these GEMMs cannot run as one launch at " + std::to_string(m) + " rows");
   }
   std::array<cuda::TcGemmArgs, cuda::kTcMaxGroup> args{};
-  uint64_t workspace = 0, counters = 0;
   std::string names;
   for (size_t i = 0; i < calls.size(); ++i) {
     const Call& c = calls[i];
@@ -582,16 +558,7 @@ Status GemmSet::RunGroup(std::span<const Call> calls, int64_t m) {
                       " a bias");
     }
     names += (names.empty() ? "" : ", ") + s.spec.name;
-    cuda::TcGemmArgs& a = args[i];
-    a = OwnArgs(s, c.weight, c.bias, c.x, c.y, m);
-    const cuda::TcGemmShape shape = a.shape;
-    // Each entry its own slice of the workspace and counters.
-    a.workspace = static_cast<float*>(own_workspace_.get()) + workspace / sizeof(float);
-    a.workspace_bytes = cuda::TcGemmWorkspaceBytes(shape);
-    a.counters = static_cast<uint32_t*>(own_counters_.get()) + counters;
-    a.counter_slots = cuda::TcGemmCounters(shape);
-    workspace += GroupWorkspaceBytes(shape);
-    counters += a.counter_slots;
+    args[i] = OwnArgs(s, c.weight, c.bias, c.x, c.y, m);
   }
   return CudaCheck(cuda::LaunchTcGemmGroup({args.data(), calls.size()}, stream_),
                    "hearth's GEMM kernel")

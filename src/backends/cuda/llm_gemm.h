@@ -177,9 +177,9 @@ class GemmSet {
   const cudaStream_t stream_;
   cuda::LtHandle lt_;
   cuda::DeviceBuffer workspace_;
-  // The own kernel's part sums and counters (zeroed once), shared by its
-  // launches, which the stream orders.
-  cuda::DeviceBuffer own_workspace_, own_counters_;
+  // The own kernel's part sums at many rows, shared by its launches, which
+  // the stream orders.
+  cuda::DeviceBuffer own_workspace_;
   std::vector<std::unique_ptr<Shape>> shapes_;
   std::string device_key_;  // "NVIDIA H200 sm90 cublasLt 130000 cudart 13000"
   int cached_shapes_ = 0;

@@ -11,7 +11,9 @@
 namespace hearth::cuda {
 namespace {
 
-constexpr int kWarps = 4;  // per CTA
+// Warps of a split-mode CTA, and the most parts a shape's k is cut into:
+// the parts of a column group are added within one CTA.
+constexpr int kSplitWarps = 8;
 // Warps a one-row launch should have: ~16 per SM of an H100/H200, enough
 // 16-byte loads in flight to cover the memory's latency. A constant, so that
 // the order of sums never depends on the GPU.
@@ -27,7 +29,6 @@ struct Params {
   const void* bias;
   void* y;
   float* ws;
-  uint32_t* counters;
   int64_t m, n, k, part;  // part = k / splits
   int32_t splits, batch;
   int64_t w_stride, bias_stride, y_stride;
@@ -200,25 +201,31 @@ __device__ __forceinline__ void StoreSwiGlu(const Params& p, int64_t row, int64_
   Store<kBf16, false>(p, 0, row, col, v);
 }
 
-// Few rows: block (block, part) of a split-mode launch (SplitKernel's
-// blockIdx.x and blockIdx.z), a warp per (8 columns, part). With kSwiGlu a
-// warp computes the same 8 columns of both weights of the batch of two
-// (gate, up) and stores silu(gate) * up.
+// Few rows: CTA `block` of a split-mode launch, kSplitWarps warps holding
+// kSplitWarps / splits column groups of 8 columns, a warp per (group, part).
+// The warps of a group add their parts in shared memory, in order, and the
+// first stores the sum. With kSwiGlu a warp computes the same 8 columns of
+// both weights of the batch of two (gate, up) and stores silu(gate) * up.
 template <bool kBf16, bool kF32Out, bool kSwiGlu>
-__device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int part) {
+__device__ __forceinline__ void SplitBlock(const Params& p, int64_t block) {
   constexpr int kN = kSwiGlu ? 2 : 1;
-  const int64_t g = block * kWarps + (threadIdx.x >> 5);
-  if (g >= p.groups * (kSwiGlu ? 1 : p.batch)) {
-    DependentWait();
-    return;
-  }
+  // A warp's part sums: row r's column pair q at [r * 4 + q].
+  __shared__ float2 sums[kN][kSplitWarps][kTcSplitRows * 4];
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  const int part = warp % p.splits;
+  const int64_t g = block * (kSplitWarps / p.splits) + warp / p.splits;
+  const bool active = g < p.groups * (kSwiGlu ? 1 : p.batch);
   const int b = kSwiGlu ? 0 : static_cast<int>(g / p.groups);
   const int64_t col0 = (g % p.groups) * 8;
   float acc[kN][4];
-  const uint16_t* w[kN];
+  if (active) {
+    const uint16_t* w[kN];
 #pragma unroll
-  for (int i = 0; i < kN; ++i) w[i] = p.w + (b + i) * p.w_stride + col0 * p.k;
-  PartSums<kBf16, kN>(p, w, part * p.part, acc);
+    for (int i = 0; i < kN; ++i) w[i] = p.w + (b + i) * p.w_stride + col0 * p.k;
+    PartSums<kBf16, kN>(p, w, part * p.part, acc);
+  } else {
+    DependentWait();
+  }
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
   const int64_t col = col0 + 2 * q;
   const auto store = [&](int64_t row, const float2(&v)[kN]) {
@@ -229,6 +236,7 @@ __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int p
     }
   };
   if (p.splits == 1) {
+    if (!active) return;
     ForLaneRows(r, p.m, [&](int h, int64_t row) {
       float2 v[kN];
 #pragma unroll
@@ -237,61 +245,48 @@ __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block, int p
     });
     return;
   }
-  // Part sums of (part, b) at ws[((part * batch + b) * kTcSplitRows + row) * n + col].
-  const auto at = [&](int s, int bi, int64_t row) {
-    return p.ws + ((int64_t{s} * p.batch + bi) * kTcSplitRows + row) * p.n + col;
-  };
-  ForLaneRows(r, p.m, [&](int h, int64_t row) {
+  if (active) {
+    ForLaneRows(r, p.m, [&](int h, int64_t row) {
 #pragma unroll
-    for (int i = 0; i < kN; ++i)
-      __stcg(reinterpret_cast<float2*>(at(part, b + i, row)), {acc[i][2 * h], acc[i][2 * h + 1]});
-  });
-  __threadfence();
-  __syncwarp();
-  uint32_t before = 0;
-  if (lane == 0) before = atomicAdd(&p.counters[g], 1u);
-  before = __shfl_sync(0xffffffffu, before, 0);
-  if (before != static_cast<uint32_t>(p.splits - 1)) return;
-  // The last of the column group's warps: every part is written.
-  __threadfence();
+      for (int i = 0; i < kN; ++i) sums[i][warp][row * 4 + q] = {acc[i][2 * h], acc[i][2 * h + 1]};
+    });
+  }
+  __syncthreads();
+  if (!active || part != 0) return;
   ForLaneRows(r, p.m, [&](int, int64_t row) {
     float2 t[kN];
 #pragma unroll
     for (int i = 0; i < kN; ++i) {
-      t[i] = __ldcg(reinterpret_cast<const float2*>(at(0, b + i, row)));
+      t[i] = sums[i][warp][row * 4 + q];
       for (int s = 1; s < p.splits; ++s) {
-        const float2 v = __ldcg(reinterpret_cast<const float2*>(at(s, b + i, row)));
+        const float2 v = sums[i][warp + s][row * 4 + q];
         t[i].x += v.x;
         t[i].y += v.y;
       }
     }
     store(row, t);
   });
-  if (lane == 0) p.counters[g] = 0;
 }
 
 template <bool kBf16, bool kF32Out, bool kSwiGlu>
-__global__ void __launch_bounds__(kWarps * 32) SplitKernel(Params p) {
-  SplitBlock<kBf16, kF32Out, kSwiGlu>(p, blockIdx.x, static_cast<int>(blockIdx.z));
+__global__ void __launch_bounds__(kSplitWarps * 32) SplitKernel(Params p) {
+  SplitBlock<kBf16, kF32Out, kSwiGlu>(p, blockIdx.x);
 }
 
-// Several split-mode products in one launch: entry e owns the blocks from
-// first[e], x_blocks[e] of them per part.
+// Several split-mode products in one launch: entry e owns the CTAs from
+// first[e].
 struct GroupParams {
   Params p[kTcMaxGroup];
   int64_t first[kTcMaxGroup + 1];
-  int64_t x_blocks[kTcMaxGroup];
   int count;
 };
 
 template <bool kBf16>
-__global__ void __launch_bounds__(kWarps * 32) GroupKernel(GroupParams gp) {
+__global__ void __launch_bounds__(kSplitWarps * 32) GroupKernel(GroupParams gp) {
   const int64_t block = blockIdx.x;
   int e = 0;
   while (e + 1 < gp.count && block >= gp.first[e + 1]) ++e;
-  const int64_t local = block - gp.first[e];
-  SplitBlock<kBf16, false, false>(gp.p[e], local % gp.x_blocks[e],
-                                  static_cast<int>(local / gp.x_blocks[e]));
+  SplitBlock<kBf16, false, false>(gp.p[e], block - gp.first[e]);
 }
 
 // Many rows: a CTA per (kRows x kTileCols tile, group of parts), the
@@ -545,20 +540,27 @@ cudaError_t LaunchTile(Kernel kernel, int smem, std::atomic<uint64_t>& devices, 
   return LaunchDependent(kernel, grid, kTileThreads, smem, stream, p, t);
 }
 
+// CTAs of a split-mode launch: every column group (of each batch entry, or
+// of the SwiGLU pair) times its parts, kSplitWarps warps a CTA.
+int64_t SplitCtas(const Params& p, bool swiglu) {
+  const int64_t groups = p.groups * (swiglu ? 1 : p.batch), per_cta = kSplitWarps / p.splits;
+  return (groups + per_cta - 1) / per_cta;
+}
+
 template <bool kBf16, bool kF32Out>
 cudaError_t Launch(const Params& base, const TcGemmArgs& args, cudaStream_t stream) {
   Params p = base;
   if (p.m <= kTcSplitRows) {
     p.groups = p.n / 8;
-    const int64_t warps = p.groups * (args.swiglu ? 1 : p.batch);
-    const dim3 grid(static_cast<unsigned>((warps + kWarps - 1) / kWarps), 1,
-                    static_cast<unsigned>(p.splits));
+    const dim3 grid(static_cast<unsigned>(SplitCtas(p, args.swiglu)));
     static_assert(kTcSplitRows == 16, "the split mode holds one 16-row tile");
     if constexpr (!kF32Out) {
       if (args.swiglu)
-        return LaunchDependent(SplitKernel<kBf16, false, true>, grid, kWarps * 32, 0, stream, p);
+        return LaunchDependent(SplitKernel<kBf16, false, true>, grid, kSplitWarps * 32, 0, stream,
+                               p);
     }
-    return LaunchDependent(SplitKernel<kBf16, kF32Out, false>, grid, kWarps * 32, 0, stream, p);
+    return LaunchDependent(SplitKernel<kBf16, kF32Out, false>, grid, kSplitWarps * 32, 0, stream,
+                           p);
   }
   // Up to kDeepRows rows, 64-row tiles through 6 stages; above, 128-row
   // tiles (a warp's 64 x 32 piece reads each staged fragment for twice the
@@ -604,21 +606,11 @@ int32_t TcGemmSplits(const TcGemmShape& shape) {
     return 0;
   const int64_t groups = shape.batch * shape.n / 8;
   int32_t splits = 1;
-  while (groups * splits < kTargetWarps && shape.k % (int64_t{64} * splits * 2) == 0) splits *= 2;
+  while (groups * splits < kTargetWarps && splits < kSplitWarps &&
+         shape.k % (int64_t{64} * splits * 2) == 0) {
+    splits *= 2;
+  }
   return splits;
-}
-
-uint64_t TcGemmWorkspaceBytes(const TcGemmShape& shape) {
-  const int32_t splits = TcGemmSplits(shape);
-  if (splits <= 1) return 0;
-  return static_cast<uint64_t>(splits) * static_cast<uint64_t>(shape.batch) *
-         static_cast<uint64_t>(kTcSplitRows) * static_cast<uint64_t>(shape.n) * sizeof(float);
-}
-
-uint64_t TcGemmCounters(const TcGemmShape& shape) {
-  return TcGemmSplits(shape) <= 1
-             ? 0
-             : static_cast<uint64_t>(shape.batch) * static_cast<uint64_t>(shape.n / 8);
 }
 
 namespace {
@@ -633,9 +625,6 @@ bool Valid(const TcGemmArgs& a) {
       (a.shape.batch > 1 &&
        (a.w_stride % 8 != 0 || a.y_stride % 2 != 0 || a.bias_stride % 2 != 0)) ||
       (a.workspace_bytes > 0 && a.workspace == nullptr) ||
-      (a.counter_slots > 0 && a.counters == nullptr) ||
-      (a.m <= kTcSplitRows && (TcGemmWorkspaceBytes(a.shape) > a.workspace_bytes ||
-                               TcGemmCounters(a.shape) > a.counter_slots)) ||
       (a.swiglu && (a.shape.batch != 2 || a.m > kTcSplitRows || a.f32_out || a.bias != nullptr)));
 }
 
@@ -647,7 +636,6 @@ Params MakeParams(const TcGemmArgs& a) {
   p.bias = a.bias;
   p.y = a.y;
   p.ws = a.workspace;
-  p.counters = a.counters;
   p.m = a.m;
   p.n = a.shape.n;
   p.k = a.shape.k;
@@ -658,12 +646,6 @@ Params MakeParams(const TcGemmArgs& a) {
   p.bias_stride = a.bias_stride;
   p.y_stride = a.y_stride;
   return p;
-}
-
-// Whether two byte ranges overlap (an empty one overlaps nothing).
-bool Overlap(const void* a, uint64_t a_bytes, const void* b, uint64_t b_bytes) {
-  const auto x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
-  return a_bytes > 0 && b_bytes > 0 && x < y + b_bytes && y < x + a_bytes;
 }
 
 }  // namespace
@@ -697,29 +679,19 @@ cudaError_t LaunchTcGemmGroup(std::span<const TcGemmArgs> group, cudaStream_t st
         a.f32_out || a.swiglu) {
       return cudaErrorInvalidValue;
     }
-    const uint64_t ws = TcGemmWorkspaceBytes(a.shape),
-                   counters = TcGemmCounters(a.shape) * sizeof(uint32_t);
-    for (size_t o = 0; o < e; ++o) {
-      const TcGemmArgs& b = group[o];
-      if (Overlap(a.workspace, ws, b.workspace, TcGemmWorkspaceBytes(b.shape)) ||
-          Overlap(a.counters, counters, b.counters, TcGemmCounters(b.shape) * sizeof(uint32_t))) {
-        return cudaErrorInvalidValue;
-      }
-    }
     Params& p = gp.p[e];
     p = MakeParams(a);
     p.groups = p.n / 8;
     gp.first[e] = blocks;
-    gp.x_blocks[e] = (p.groups * p.batch + kWarps - 1) / kWarps;
-    blocks += gp.x_blocks[e] * p.splits;
+    blocks += SplitCtas(p, false);
   }
   gp.first[group.size()] = blocks;
   if (group[0].m == 0) return cudaSuccess;
   const cudaError_t set = group[0].bf16
                               ? LaunchDependent(GroupKernel<true>, static_cast<unsigned>(blocks),
-                                                kWarps * 32, 0, stream, gp)
+                                                kSplitWarps * 32, 0, stream, gp)
                               : LaunchDependent(GroupKernel<false>, static_cast<unsigned>(blocks),
-                                                kWarps * 32, 0, stream, gp);
+                                                kSplitWarps * 32, 0, stream, gp);
   if (set != cudaSuccess) {
     (void)cudaGetLastError();
     return set;

@@ -27,20 +27,19 @@
 // bits do not depend on the row count, the tile it fell in or the mode.
 //
 // Two modes, the same bits (and in the split mode, a SwiGLU epilogue):
-//   - few rows (m <= kTcSplitRows): one warp per (8 columns, part); each
-//     writes its part's sums to a workspace, and the last warp of a column
-//     group to finish (an atomic counter, reset by it for the next launch
-//     and CUDA graph replay) adds the parts in order. Every warp streams its
-//     weights once with 16-byte loads, enough of them in flight to near the
-//     memory's bandwidth.
+//   - few rows (m <= kTcSplitRows): a warp per (8 columns, part), the parts
+//     of a column group in one CTA, which adds them in shared memory in
+//     order. Every warp streams its weights once with 16-byte loads, enough
+//     of them in flight to near the memory's bandwidth; nothing leaves the
+//     CTA but y.
 //   - more rows: a CTA per 64 x 128 tile of y and group of consecutive
 //     parts, x and w staged through shared memory by cp.async. The first
 //     group adds its parts in registers; where a shape has too few tiles to
-//     fill the GPU, the other groups write each part alone to the workspace
-//     and a second kernel adds them in order.
+//     fill the GPU and the launch has a workspace, the other groups write
+//     each part alone to it and a second kernel adds them in order.
 //
-// Thread-safety: a launch uses the workspace and counters; launches sharing
-// them must be ordered (one stream).
+// Thread-safety: a many-rows launch may use the workspace; launches sharing
+// it must be ordered (one stream).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -59,20 +58,14 @@ struct TcGemmShape {
 };
 
 // The number of parts k is cut into for this shape: enough warps at one row
-// to keep the memory busy, a function of the shape alone. 0 when the kernel
-// cannot run the shape (k not a multiple of 64, n not of 8).
+// to keep the memory busy, at most 8 (one CTA's warps), a function of the
+// shape alone. 0 when the kernel cannot run the shape (k not a multiple of
+// 64, n not of 8).
 int32_t TcGemmSplits(const TcGemmShape& shape);
 
-// Workspace bytes (F32 part sums) and counter slots (uint32, zeroed once
-// before the first launch) the split mode needs for a shape. A shape is cut
-// only while it has fewer than 2048 warps, so no shape needs more than 2 MiB
-// (parts x column groups < 4096, 512 bytes each) or 2048 counters. The
-// many-rows mode runs with any workspace (more of it, more CTAs at once for
-// shapes with few tiles) and no counters.
-uint64_t TcGemmWorkspaceBytes(const TcGemmShape& shape);
-uint64_t TcGemmCounters(const TcGemmShape& shape);
+// The most workspace a many-rows launch uses (more of it, more CTAs at once
+// for shapes with few tiles; none, one CTA per tile and no second kernel).
 inline constexpr uint64_t kTcMaxWorkspaceBytes = uint64_t{32} << 20;
-inline constexpr uint64_t kTcMaxCounters = 2048;
 
 struct TcGemmArgs {
   TcGemmShape shape;
@@ -90,25 +83,21 @@ struct TcGemmArgs {
   // bits equal the two products followed by a SwiGLU launch. Split mode only
   // (m <= kTcSplitRows), no bias, not f32_out.
   bool swiglu = false;
+  // Optional: where the many-rows mode may keep part sums, and its size in
+  // bytes (the split mode uses none).
   float* workspace = nullptr;
-  uint32_t* counters = nullptr;
-  // Their sizes (bytes; uint32 slots); the many-rows mode keeps its part
-  // sums within workspace_bytes.
   uint64_t workspace_bytes = 0;
-  uint64_t counter_slots = 0;
 };
 
 // Queues the product. cudaErrorInvalidValue for a shape TcGemmSplits
-// refuses, misaligned pointers or strides, or no workspace where the shape
-// needs one; else the launch's cudaGetLastError().
+// refuses, misaligned pointers or strides, or a workspace size without a
+// workspace; else the launch's cudaGetLastError().
 cudaError_t LaunchTcGemm(const TcGemmArgs& args, cudaStream_t stream);
 
 // Queues up to kTcMaxGroup split-mode products in one launch (q_proj and the
 // k/v pair, which read one x): each entry's bits are LaunchTcGemm's. Every
-// entry has the same m (at most kTcSplitRows) and input type, no swiglu, no
-// f32_out, and workspace and counters of its own, apart from the others'
-// (TcGemmWorkspaceBytes and TcGemmCounters of its shape); else
-// cudaErrorInvalidValue.
+// entry has the same m (at most kTcSplitRows) and input type, no swiglu and
+// no f32_out; else cudaErrorInvalidValue.
 inline constexpr int kTcMaxGroup = 3;
 cudaError_t LaunchTcGemmGroup(std::span<const TcGemmArgs> group, cudaStream_t stream);
 

@@ -104,14 +104,10 @@ class DeviceMemory {
   void* p_ = nullptr;
 };
 
-// The workspace and counters of hearth's GEMM kernel (counters zeroed), and
-// launch arguments that use them whole.
+// The workspace of hearth's GEMM kernel, and launch arguments that use it
+// whole.
 struct TcScratch {
   DeviceMemory workspace{cuda::kTcMaxWorkspaceBytes};
-  DeviceMemory counters{cuda::kTcMaxCounters * sizeof(uint32_t)};
-  TcScratch() {
-    EXPECT_EQ(cudaMemset(counters.get(), 0, cuda::kTcMaxCounters * sizeof(uint32_t)), cudaSuccess);
-  }
   cuda::TcGemmArgs Args(const cuda::TcGemmShape& shape, bool bf16, const DeviceMemory& x,
                         const DeviceMemory& w, void* y, int64_t m) const {
     cuda::TcGemmArgs a;
@@ -122,9 +118,7 @@ struct TcScratch {
     a.y = y;
     a.m = m;
     a.workspace = workspace.get<float>();
-    a.counters = counters.get<uint32_t>();
     a.workspace_bytes = cuda::kTcMaxWorkspaceBytes;
-    a.counter_slots = cuda::kTcMaxCounters;
     return a;
   }
 };
@@ -438,9 +432,8 @@ TEST_F(LlmCudaTest, OwnGemmGroupsOfPartsGiveTheSameBits) {
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return dy.Read<uint16_t>(static_cast<size_t>(m * n));
   };
-  // One group (no workspace beyond the few-rows mode's) against as many as
-  // the full workspace allows.
-  const auto one_group = run(max_m, cuda::TcGemmWorkspaceBytes(shape));
+  // One group (no workspace) against as many as the full workspace allows.
+  const auto one_group = run(max_m, 0);
   const auto groups = run(max_m, cuda::kTcMaxWorkspaceBytes);
   EXPECT_EQ(one_group, groups);
   const auto few = run(cuda::kTcSplitRows, cuda::kTcMaxWorkspaceBytes);
@@ -448,9 +441,9 @@ TEST_F(LlmCudaTest, OwnGemmGroupsOfPartsGiveTheSameBits) {
   // Up to 128 rows the tiles stream through more stages; the same bits.
   const auto deep = run(100, cuda::kTcMaxWorkspaceBytes);
   EXPECT_TRUE(std::equal(deep.begin(), deep.end(), groups.begin()));
-  // A launch that lacks the few-rows mode's workspace is refused.
-  cuda::TcGemmArgs bad = scratch.Args(shape, true, dx, dw, dy.get(), 1);
-  bad.workspace_bytes = 1024;
+  // A workspace size without a workspace is refused.
+  cuda::TcGemmArgs bad = scratch.Args(shape, true, dx, dw, dy.get(), max_m);
+  bad.workspace = nullptr;
   EXPECT_EQ(cuda::LaunchTcGemm(bad, nullptr), cudaErrorInvalidValue);
 }
 
@@ -597,24 +590,15 @@ TEST_F(LlmCudaTest, OwnGemmGroupEqualsSeparateLaunches) {
     DeviceMemory dwq(wq), dbq(bq), dwkv(wkv), dx(x), yq(static_cast<size_t>(max_m * nq) * 2),
         ykv(static_cast<size_t>(2 * max_m * nkv) * 2);
     const TcScratch scratch;
-    float* const ws0 = scratch.workspace.get<float>();
-    const uint64_t q_ws = cuda::TcGemmWorkspaceBytes(q_shape);
-    // Each its own slice of the workspace and counters: q's first, then k/v's.
     const auto q_args = [&](int64_t m) {
       cuda::TcGemmArgs a = scratch.Args(q_shape, bf16, dx, dwq, yq.get(), m);
       a.bias = dbq.get();
-      a.workspace_bytes = q_ws;
-      a.counter_slots = cuda::TcGemmCounters(q_shape);
       return a;
     };
     const auto kv_args = [&](int64_t m) {
       cuda::TcGemmArgs a = scratch.Args(kv_shape, bf16, dx, dwkv, ykv.get(), m);
       a.w_stride = kv_stride;
       a.y_stride = max_m * nkv;
-      a.workspace = ws0 + q_ws / sizeof(float);
-      a.counters += cuda::TcGemmCounters(q_shape);
-      a.workspace_bytes = cuda::TcGemmWorkspaceBytes(kv_shape);
-      a.counter_slots = cuda::TcGemmCounters(kv_shape);
       return a;
     };
     const auto read = [&] {
@@ -649,11 +633,10 @@ TEST_F(LlmCudaTest, OwnGemmGroupEqualsSeparateLaunches) {
     EXPECT_EQ(cuda::LaunchTcGemmGroup(too_many_rows, nullptr), cudaErrorInvalidValue);
     const cuda::TcGemmArgs mixed_rows[] = {q_args(2), kv_args(3)};
     EXPECT_EQ(cuda::LaunchTcGemmGroup(mixed_rows, nullptr), cudaErrorInvalidValue);
-    cuda::TcGemmArgs shared = kv_args(2);
-    shared.workspace = ws0;
-    shared.workspace_bytes = cuda::kTcMaxWorkspaceBytes;
-    const cuda::TcGemmArgs overlapping[] = {q_args(2), shared};
-    EXPECT_EQ(cuda::LaunchTcGemmGroup(overlapping, nullptr), cudaErrorInvalidValue);
+    cuda::TcGemmArgs f32 = kv_args(2);
+    f32.f32_out = true;
+    const cuda::TcGemmArgs with_f32[] = {q_args(2), f32};
+    EXPECT_EQ(cuda::LaunchTcGemmGroup(with_f32, nullptr), cudaErrorInvalidValue);
     EXPECT_EQ(cuda::LaunchTcGemmGroup({}, nullptr), cudaErrorInvalidValue);
   }
 }
