@@ -35,10 +35,12 @@ from generate_bench import stop, wait_port  # noqa: E402
 # alone; "import-first": import
 # torch, then its first tensor; "context-first": the primary context through
 # libcuda, then import torch, whose runtime takes that context, then its
-# first tensor. context-first against import-first says whether a worker
-# that makes its context while it imports (instead of after a zygote has
-# imported) can be ready sooner.
-ORDERS = ("driver", "import-first", "context-first")
+# first tensor; "overlap": the primary context through libcuda on a thread
+# while the main thread imports torch, then its first tensor. context-first
+# and overlap against import-first say whether a worker that makes its
+# context while it imports (instead of after a zygote has imported) can be
+# ready sooner.
+ORDERS = ("driver", "import-first", "context-first", "overlap")
 
 
 def contexts_in_order(n, device, order):
@@ -46,7 +48,7 @@ def contexts_in_order(n, device, order):
     ("imported" or one of ORDERS)."""
     index = int(device.split(":")[1]) if ":" in device else 0
     code = f"""
-import ctypes, os, sys, time
+import ctypes, os, sys, threading, time
 def context():
     cuda = ctypes.CDLL("libcuda.so.1")
     dev, ctx = ctypes.c_int(), ctypes.c_void_p()
@@ -70,6 +72,11 @@ for _ in range({n}):
     if pid == 0:
         if order in ("driver", "context-first"):
             context()
+        if order == "overlap":
+            made = threading.Thread(target=context)
+            made.start()
+            import torch
+            made.join()
         if order != "driver":
             tensor()
         os._exit(0)
@@ -141,12 +148,13 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--workers", type=int, default=24)
     ap.add_argument("--dims", default="16384,16384,12800", help="the MLP's in,hidden,out (default the seed's)")
-    ap.add_argument("--modes", default="zygote,exec")
+    ap.add_argument("--modes", default="zygote,exec", help="hearth serve runs: zygote, exec; empty: none")
     ap.add_argument("--orders", default=",".join(ORDERS),
                     help="on a GPU, N processes forked before `import torch`, each timed doing: driver (its "
                          "context through libcuda alone), import-first (import torch, then a tensor), "
-                         "context-first (the context through libcuda, then import torch and a tensor); "
-                         "empty: none")
+                         "context-first (the context through libcuda, then import torch and a tensor), "
+                         "overlap (the context through libcuda on a thread while importing torch, then a "
+                         "tensor); empty: none")
     a = ap.parse_args()
     unknown = [o for o in (a.orders.split(",") if a.orders else []) if o not in ORDERS]
     if unknown:
@@ -158,7 +166,7 @@ def main():
         for order in a.orders.split(",") if a.orders else []:
             print(json.dumps({"processes": a.workers, "order": order,
                               "seconds": round(contexts_in_order(a.workers, a.device, order), 3)}), flush=True)
-    for mode in a.modes.split(","):
+    for mode in a.modes.split(",") if a.modes else []:
         print(json.dumps(serve(a, mode == "zygote")), flush=True)
 
 
