@@ -82,6 +82,7 @@ import inspect
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 
@@ -597,6 +598,51 @@ class _Phases:
         return ", ".join(f"{name} {seconds:.3f} s" for name, seconds in self.times)
 
 
+class _EarlyContext:
+    """An exec'd worker on a GPU makes the device's primary context through
+    libcuda on a thread while its main thread imports torch and model.py: the
+    driver's part of the start (0.1-0.5 s alone, seconds when many workers
+    start at once, the driver making contexts one after another) overlaps the
+    imports. torch's runtime and libhearth then take the same primary
+    context. A failure here changes nothing: it is logged, and torch makes
+    the context as it would have."""
+
+    def __init__(self, device):
+        self.error = None
+        self.seconds = 0.0
+        _, _, index = device.partition(":")
+        self._thread = threading.Thread(target=self._make, args=(int(index or 0),),
+                                        name="hearth-context", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def wanted(device):
+        kind, _, index = device.partition(":")
+        return sys.platform.startswith("linux") and kind == "cuda" and (index == "" or index.isdigit())
+
+    def _make(self, index):
+        began = time.monotonic()
+        try:
+            cuda = ctypes.CDLL("libcuda.so.1")
+            dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+            for call, args in (("cuInit", (0,)), ("cuDeviceGet", (ctypes.byref(dev), index)),
+                               ("cuDevicePrimaryCtxRetain", (ctypes.byref(ctx), dev))):
+                rc = getattr(cuda, call)(*args)
+                if rc != 0:
+                    self.error = f"{call}: CUresult {rc}"
+                    return
+        except OSError as e:
+            self.error = str(e)
+        finally:
+            self.seconds = time.monotonic() - began
+
+    def join(self):
+        self._thread.join()
+        if self.error is not None:
+            print(f"hearth.backend_worker: the CUDA context made beside the imports: {self.error} "
+                  "(torch makes it instead)", file=sys.stderr)
+
+
 def _start_profile():
     """$HEARTH_WORKER_PROFILE (a directory): the start from attach to the end
     of initialize runs under cProfile, written there as
@@ -759,7 +805,13 @@ def _worker_main(a, phases, Model):
             started = time.monotonic()
             phases.done("setup")
             if Model is None:
+                early = None
+                if not a.standby and _EarlyContext.wanted(a.device):
+                    early = _EarlyContext(a.device)
                 Model = _import_model(w, decoupled, phases)
+                if early is not None:
+                    early.join()
+                    phases.done("context")
             # A Triton model completes a config that lists no input or output
             # (its auto_complete_config); the server takes what it reports.
             if hasattr(Model, "complete_config"):
