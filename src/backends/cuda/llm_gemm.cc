@@ -28,8 +28,12 @@ constexpr int kCandidatesPerRowCount = 8;
 constexpr int64_t kChunkRows = 512;
 // Timed runs per candidate and row count, after one warm-up run.
 constexpr int kTimedRuns = 3;
-// The plan cache's word for hearth's own kernel.
+// The plan cache's word for hearth's own kernel, and its revision, part of
+// every key: a kernel whose speed or bits changed has its shapes timed again
+// instead of reading a choice made against the one before (2: a column
+// group's parts added in the CTA, k in at most 8 parts).
 constexpr std::string_view kOwnPlan = "hearth-tc";
+constexpr int kOwnRevision = 2;
 
 template <typename T>
 Status SetAttr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
@@ -155,7 +159,7 @@ Result<std::unique_ptr<GemmSet>> GemmSet::Create(bool bf16, cudaStream_t stream,
     if (c < 0x20 || c > 0x7e || c == '\t') c = '_';
   set->device_key_ = name + " sm" + std::to_string(prop.major) + std::to_string(prop.minor) +
                      " cublasLt " + std::to_string(cublasLtGetVersion()) + " cudart " +
-                     std::to_string(runtime);
+                     std::to_string(runtime) + " hearth-tc " + std::to_string(kOwnRevision);
   ASSIGN_OR_RETURN(set->workspace_,
                    cuda::AllocateDevice(kWorkspaceBytes, "cuBLASLt workspace", device_bytes));
   ASSIGN_OR_RETURN(set->own_workspace_, cuda::AllocateDevice(cuda::kTcMaxWorkspaceBytes,

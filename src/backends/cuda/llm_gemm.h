@@ -181,7 +181,7 @@ class GemmSet {
   // the stream orders.
   cuda::DeviceBuffer own_workspace_;
   std::vector<std::unique_ptr<Shape>> shapes_;
-  std::string device_key_;  // "NVIDIA H200 sm90 cublasLt 130000 cudart 13000"
+  std::string device_key_;  // "NVIDIA H200 sm90 cublasLt 130000 cudart 13000 hearth-tc 2"
   int cached_shapes_ = 0;
   // Column-major layouts by (F32?, rows, cols, batch, stride); ld = rows.
   std::map<std::tuple<bool, uint64_t, uint64_t, int32_t, int64_t>, cuda::LtLayout> layouts_;
