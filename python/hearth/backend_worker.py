@@ -607,21 +607,22 @@ class _EarlyContext:
     context. A failure here changes nothing: it is logged, and torch makes
     the context as it would have."""
 
-    def __init__(self, device):
+    def __init__(self, ordinal):
         self.error = None
-        self.seconds = 0.0
-        _, _, index = device.partition(":")
-        self._thread = threading.Thread(target=self._make, args=(int(index or 0),),
-                                        name="hearth-context", daemon=True)
+        self._thread = threading.Thread(target=self._make, args=(ordinal,), name="hearth-context",
+                                        daemon=True)
         self._thread.start()
 
     @staticmethod
-    def wanted(device):
+    def ordinal(device):
+        """The CUDA ordinal of `device` ("cuda" or "cuda:N") where a context
+        can be made early (Linux), else None."""
         kind, _, index = device.partition(":")
-        return sys.platform.startswith("linux") and kind == "cuda" and (index == "" or index.isdigit())
+        if not sys.platform.startswith("linux") or kind != "cuda" or not (index == "" or index.isdigit()):
+            return None
+        return int(index or 0)
 
     def _make(self, index):
-        began = time.monotonic()
         try:
             cuda = ctypes.CDLL("libcuda.so.1")
             dev, ctx = ctypes.c_int(), ctypes.c_void_p()
@@ -633,8 +634,6 @@ class _EarlyContext:
                     return
         except OSError as e:
             self.error = str(e)
-        finally:
-            self.seconds = time.monotonic() - began
 
     def join(self):
         self._thread.join()
@@ -805,9 +804,8 @@ def _worker_main(a, phases, Model):
             started = time.monotonic()
             phases.done("setup")
             if Model is None:
-                early = None
-                if not a.standby and _EarlyContext.wanted(a.device):
-                    early = _EarlyContext(a.device)
+                ordinal = None if a.standby else _EarlyContext.ordinal(a.device)
+                early = None if ordinal is None else _EarlyContext(ordinal)
                 Model = _import_model(w, decoupled, phases)
                 if early is not None:
                     early.join()

@@ -51,30 +51,29 @@ def fake_cuda(monkeypatch):
     return made
 
 
-@pytest.mark.parametrize("device, wanted", [("cuda", True), ("cuda:0", True), ("cuda:3", True),
-                                            ("cpu", False), ("cuda:x", False), ("cuda:-1", False),
-                                            ("", False)])
-def test_only_a_cuda_device_gets_an_early_context(device, wanted, monkeypatch):
+@pytest.mark.parametrize("device, ordinal", [("cuda", 0), ("cuda:0", 0), ("cuda:3", 3), ("cpu", None),
+                                             ("cuda:x", None), ("cuda:-1", None), ("", None)])
+def test_only_a_cuda_device_gets_an_early_context(device, ordinal, monkeypatch):
     monkeypatch.setattr(sys, "platform", "linux")
-    assert backend_worker._EarlyContext.wanted(device) is wanted
+    assert backend_worker._EarlyContext.ordinal(device) == ordinal
     monkeypatch.setattr(sys, "platform", "win32")
-    assert backend_worker._EarlyContext.wanted(device) is False
+    assert backend_worker._EarlyContext.ordinal(device) is None
 
 
 def test_the_context_is_made_on_its_own_thread_for_the_devices_ordinal(fake_cuda, capsys):
-    early = backend_worker._EarlyContext("cuda:3")
+    early = backend_worker._EarlyContext(3)
     early.join()
     lib = fake_cuda["lib"]
     assert [name for name, _, _ in lib.calls] == ["cuInit", "cuDeviceGet", "cuDevicePrimaryCtxRetain"]
     assert {thread for _, thread, _ in lib.calls} == {"hearth-context"}
     assert lib.calls[1][2] == (3,)
-    assert early.error is None and early.seconds >= 0
+    assert early.error is None
     assert capsys.readouterr().err == ""
 
 
 def test_a_failed_call_is_logged_and_stops_there(fake_cuda, capsys):
     fake_cuda["fail"] = {"cuDeviceGet": 101}  # CUDA_ERROR_INVALID_DEVICE
-    early = backend_worker._EarlyContext("cuda:7")
+    early = backend_worker._EarlyContext(7)
     early.join()
     assert [name for name, _, _ in fake_cuda["lib"].calls] == ["cuInit", "cuDeviceGet"]
     assert early.error == "cuDeviceGet: CUresult 101"
@@ -88,7 +87,7 @@ def test_no_driver_is_logged(monkeypatch, capsys):
         raise OSError(f"{name}: cannot open shared object file: No such file or directory")
 
     monkeypatch.setattr(ctypes, "CDLL", missing)
-    early = backend_worker._EarlyContext("cuda")
+    early = backend_worker._EarlyContext(0)
     early.join()
     assert "libcuda.so.1: cannot open shared object file" in early.error
     assert "libcuda.so.1: cannot open shared object file" in capsys.readouterr().err
