@@ -39,14 +39,24 @@ from generate_bench import stop, wait_port  # noqa: E402
 # while the main thread imports torch, then its first tensor. context-first
 # and overlap against import-first say whether a worker that makes its
 # context while it imports (instead of after a zygote has imported) can be
-# ready sooner.
-ORDERS = ("driver", "import-first", "context-first", "overlap")
+# ready sooner. "mixed-K": K processes do "overlap" while one more imports
+# torch and then forks the other N - K, each making its context with its
+# first tensor (a cold start that execs K workers while the zygote imports).
+ORDERS = ("driver", "import-first", "context-first", "overlap", "mixed-K")
+
+
+def valid_order(order, n):
+    if order in ORDERS[:-1]:
+        return True
+    k = re.fullmatch(r"mixed-(\d+)", order)
+    return bool(k) and 0 < int(k.group(1)) < n
 
 
 def contexts_in_order(n, device, order):
     """Seconds for n processes forked at once to each be done with `order`
     ("imported" or one of ORDERS)."""
     index = int(device.split(":")[1]) if ":" in device else 0
+    exec_count = int(order.split("-")[1]) if order.startswith("mixed-") else 0
     code = f"""
 import ctypes, os, sys, threading, time
 def context():
@@ -67,12 +77,32 @@ if order == "imported":
     import torch
 began = time.monotonic()
 pids = []
-for _ in range({n}):
+def wait(pids):
+    for pid in pids:
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            sys.exit(f"a process failed: status {{status}}")
+mixed = {exec_count}
+if mixed:
+    pid = os.fork()
+    if pid == 0:
+        import torch
+        forked = []
+        for _ in range({n} - mixed):
+            child = os.fork()
+            if child == 0:
+                tensor()
+                os._exit(0)
+            forked.append(child)
+        wait(forked)
+        os._exit(0)
+    pids.append(pid)
+for _ in range(mixed or {n}):
     pid = os.fork()
     if pid == 0:
         if order in ("driver", "context-first"):
             context()
-        if order == "overlap":
+        if order == "overlap" or mixed:
             made = threading.Thread(target=context)
             made.start()
             import torch
@@ -81,10 +111,7 @@ for _ in range({n}):
             tensor()
         os._exit(0)
     pids.append(pid)
-for pid in pids:
-    _, status = os.waitpid(pid, 0)
-    if status != 0:
-        sys.exit(f"a process failed: status {{status}}")
+wait(pids)
 print(time.monotonic() - began)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -149,16 +176,17 @@ def main():
     ap.add_argument("--workers", type=int, default=24)
     ap.add_argument("--dims", default="16384,16384,12800", help="the MLP's in,hidden,out (default the seed's)")
     ap.add_argument("--modes", default="zygote,exec", help="hearth serve runs: zygote, exec; empty: none")
-    ap.add_argument("--orders", default=",".join(ORDERS),
+    ap.add_argument("--orders", default=",".join(ORDERS[:-1]),
                     help="on a GPU, N processes forked before `import torch`, each timed doing: driver (its "
                          "context through libcuda alone), import-first (import torch, then a tensor), "
                          "context-first (the context through libcuda, then import torch and a tensor), "
                          "overlap (the context through libcuda on a thread while importing torch, then a "
-                         "tensor); empty: none")
+                         "tensor), mixed-K (0 < K < N: K processes overlap while one imports torch and "
+                         "forks the other N - K, each then making a tensor); empty: none")
     a = ap.parse_args()
-    unknown = [o for o in (a.orders.split(",") if a.orders else []) if o not in ORDERS]
+    unknown = [o for o in (a.orders.split(",") if a.orders else []) if not valid_order(o, a.workers)]
     if unknown:
-        ap.error(f"--orders: {', '.join(unknown)} is none of {', '.join(ORDERS)}")
+        ap.error(f"--orders: {', '.join(unknown)} is none of {', '.join(ORDERS)} (mixed-K with 0 < K < --workers)")
     if a.device.startswith("cuda"):
         for n in (1, a.workers):
             print(json.dumps({"contexts": n, "seconds": round(contexts_in_order(n, a.device, "imported"), 3)}),
