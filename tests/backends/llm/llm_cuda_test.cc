@@ -447,6 +447,42 @@ TEST_F(LlmCudaTest, OwnGemmGroupsOfPartsGiveTheSameBits) {
   EXPECT_EQ(cuda::LaunchTcGemm(bad, nullptr), cudaErrorInvalidValue);
 }
 
+// A part of k longer than one round of loads, its last round short (9
+// blocks of 64): the few-rows mode gives the bits of the many-rows one, and
+// the products.
+TEST_F(LlmCudaTest, OwnGemmLongPartsInRoundsGiveTheTileBits) {
+  const int64_t n = 16384, k = 576, max_m = 100;
+  const cuda::TcGemmShape shape{n, k, 1};
+  ASSERT_EQ(cuda::TcGemmSplits(shape), 1);
+  std::mt19937_64 rng(9);
+  const auto w = Random16(rng, static_cast<size_t>(n * k), 1.0f / 32, true);
+  const auto x = Random16(rng, static_cast<size_t>(max_m * k), 1.0f, true);
+  DeviceMemory dw(w), dx(x), dy(static_cast<size_t>(max_m * n) * 2);
+  const TcScratch scratch;
+  const auto run = [&](int64_t m) {
+    cuda::TcGemmArgs a = scratch.Args(shape, true, dx, dw, dy.get(), m);
+    EXPECT_EQ(cudaMemset(dy.get(), 0xFF, static_cast<size_t>(max_m * n) * 2), cudaSuccess);
+    EXPECT_EQ(cuda::LaunchTcGemm(a, nullptr), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return dy.Read<uint16_t>(static_cast<size_t>(m * n));
+  };
+  const auto tiles = run(max_m);
+  for (const int64_t m : {int64_t{1}, int64_t{5}, cuda::kTcSplitRows}) {
+    const auto few = run(m);
+    ASSERT_TRUE(std::equal(few.begin(), few.end(), tiles.begin())) << m << " rows";
+  }
+  for (const int64_t r : {int64_t{0}, int64_t{4}})
+    for (int64_t j = 0; j < n; j += 1021) {
+      double want = 0.0;
+      for (int64_t i = 0; i < k; ++i)
+        want += static_cast<double>(From16(x[static_cast<size_t>(r * k + i)], true)) *
+                From16(w[static_cast<size_t>(j * k + i)], true);
+      ASSERT_NEAR(From16(tiles[static_cast<size_t>(r * n + j)], true), want,
+                  1e-2 * std::fabs(want) + 2e-3)
+          << "row " << r << " column " << j;
+    }
+}
+
 // A pair of weights as one strided batch (k_proj and v_proj, gate_proj and
 // up_proj, packed in one arena): each output is its own weight's product,
 // with its own bias, and a row's bits do not depend on the row count.
@@ -518,10 +554,12 @@ TEST_F(LlmCudaTest, PairedGemmsAreTwoProductsInOneLaunch) {
 
 // The SwiGLU epilogue of hearth's kernel (gate_proj and up_proj as a pair at
 // up to kTcSplitRows rows) gives the bits of the pair's two products followed
-// by a SwiGLU launch, with k in one part and in several, in bf16 and f16.
+// by a SwiGLU launch, in bf16 and f16: k in one part of 8 blocks a round and
+// a warp per weight (n 8192), in 4 parts and a warp per weight (2048), in 8
+// parts and a warp per pair (256).
 TEST_F(LlmCudaTest, OwnGemmSwiGluEpilogueEqualsPairThenSwiGlu) {
   for (const bool bf16 : {true, false})
-    for (const int64_t n : {int64_t{8192}, int64_t{256}}) {
+    for (const int64_t n : {int64_t{8192}, int64_t{2048}, int64_t{256}}) {
       const int64_t k = 1024;
       const cuda::TcGemmShape shape{n, k, 2};
       SCOPED_TRACE(std::string(bf16 ? "bf16 " : "f16 ") + "n " + std::to_string(n) + ", " +
