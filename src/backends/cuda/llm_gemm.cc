@@ -31,10 +31,9 @@ constexpr int kTimedRuns = 3;
 // The plan cache's word for hearth's own kernel, and its revision, part of
 // every key: a kernel whose speed or bits changed has its shapes timed again
 // instead of reading a choice made against the one before (2: a column
-// group's parts added in the CTA, k in at most 8 parts; 3: 8 blocks in
-// flight a warp for long parts, and a warp per weight of a SwiGLU pair).
+// group's parts added in the CTA, k in at most 8 parts).
 constexpr std::string_view kOwnPlan = "hearth-tc";
-constexpr int kOwnRevision = 3;
+constexpr int kOwnRevision = 2;
 
 template <typename T>
 Status SetAttr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {

@@ -18,13 +18,8 @@ constexpr int kSplitWarps = 8;
 // 16-byte loads in flight to cover the memory's latency. A constant, so that
 // the order of sums never depends on the GPU.
 constexpr int64_t kTargetWarps = 2048;
-// 64-wide k blocks whose weights a lane loads before it multiplies them:
-// kShortUnroll, or kLongUnroll (twice the bytes in flight a warp, at 32 more
-// registers) for one weight and parts of at least kLongPart. The blocks are
-// multiplied in the same order whatever the count: it never changes a bit.
-constexpr int kShortUnroll = 4;
-constexpr int kLongUnroll = 8;
-constexpr int64_t kLongPart = 64 * kLongUnroll;
+// 64-wide k blocks whose weights a lane loads before it multiplies them.
+constexpr int kUnroll = 4;
 // CTAs a many-rows launch aims for: two per SM of an H100/H200.
 constexpr int64_t kTileTargetCtas = 264;
 
@@ -80,7 +75,7 @@ __device__ __forceinline__ uint4 LoadWeight(const uint16_t* p) {
 // points at the first column's row) of each of kN weights, their loads
 // interleaved: acc[i] is the mma fragment {row r, col 2q}, {r, 2q + 1},
 // {r + 8, 2q}, {r + 8, 2q + 1} of weight i.
-template <bool kBf16, int kN, int kUnroll>
+template <bool kBf16, int kN>
 __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const (&w)[kN],
                                          int64_t k0, float (&acc)[kN][4]) {
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
@@ -206,68 +201,49 @@ __device__ __forceinline__ void StoreSwiGlu(const Params& p, int64_t row, int64_
   Store<kBf16, false>(p, 0, row, col, v);
 }
 
-// How a split-mode launch runs the SwiGLU pair (gate, up), if it does:
-// kPairWarp, a warp computes the same 8 columns of both weights; kWeightWarp,
-// a warp per weight (twice the warps, for parts of up to kSplitWarps / 2
-// warps), the up warps' sums passed through shared memory. Both add the same
-// products in the same order.
-enum SwiGluMode : int { kNoSwiGlu = 0, kPairWarp = 1, kWeightWarp = 2 };
-
-// Warps of a column group in a split-mode launch.
-__host__ __device__ constexpr int GroupWarps(int32_t splits, int swiglu) {
-  return splits * (swiglu == kWeightWarp ? 2 : 1);
-}
-
 // Few rows: CTA `block` of a split-mode launch, kSplitWarps warps holding
-// column groups of 8 columns, a warp per (group, part) (and weight, with
-// kWeightWarp). The warps of a group add their parts in shared memory, in
-// order, and the first stores the sum. With kSwiGlu the group's columns are
-// those of both weights of the batch of two (gate, up), and it stores
-// silu(gate) * up.
-template <bool kBf16, bool kF32Out, int kSwiGlu, int kUnroll>
+// kSplitWarps / splits column groups of 8 columns, a warp per (group, part).
+// The warps of a group add their parts in shared memory, in order, and the
+// first stores the sum. With kSwiGlu a warp computes the same 8 columns of
+// both weights of the batch of two (gate, up) and stores silu(gate) * up.
+template <bool kBf16, bool kF32Out, bool kSwiGlu>
 __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block) {
-  constexpr int kN = kSwiGlu == kPairWarp ? 2 : 1;    // weights a warp computes
-  constexpr int kOut = kSwiGlu == kNoSwiGlu ? 1 : 2;  // sums the store takes
+  constexpr int kN = kSwiGlu ? 2 : 1;
   // A warp's part sums: row r's column pair q at [r * 4 + q].
   __shared__ float2 sums[kN][kSplitWarps][kTcSplitRows * 4];
   const int warp = static_cast<int>(threadIdx.x >> 5);
-  const int per_group = GroupWarps(p.splits, kSwiGlu);
-  const int local = warp % per_group;
-  const int weight = local / p.splits;  // with kWeightWarp: 0 gate, 1 up
-  const int part = local % p.splits;
-  const int64_t g = block * (kSplitWarps / per_group) + warp / per_group;
-  const bool active = g < p.groups * (kSwiGlu != kNoSwiGlu ? 1 : p.batch);
-  const int b = kSwiGlu != kNoSwiGlu ? 0 : static_cast<int>(g / p.groups);
+  const int part = warp % p.splits;
+  const int64_t g = block * (kSplitWarps / p.splits) + warp / p.splits;
+  const bool active = g < p.groups * (kSwiGlu ? 1 : p.batch);
+  const int b = kSwiGlu ? 0 : static_cast<int>(g / p.groups);
   const int64_t col0 = (g % p.groups) * 8;
   float acc[kN][4];
   if (active) {
     const uint16_t* w[kN];
 #pragma unroll
-    for (int i = 0; i < kN; ++i) w[i] = p.w + (b + i + weight) * p.w_stride + col0 * p.k;
-    PartSums<kBf16, kN, kUnroll>(p, w, part * p.part, acc);
+    for (int i = 0; i < kN; ++i) w[i] = p.w + (b + i) * p.w_stride + col0 * p.k;
+    PartSums<kBf16, kN>(p, w, part * p.part, acc);
   } else {
     DependentWait();
   }
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
   const int64_t col = col0 + 2 * q;
-  const auto store = [&](int64_t row, const float2(&v)[kOut]) {
-    if constexpr (kSwiGlu != kNoSwiGlu) {
-      StoreSwiGlu<kBf16>(p, row, col, v[0], v[1]);
+  const auto store = [&](int64_t row, const float2(&v)[kN]) {
+    if constexpr (kSwiGlu) {
+      StoreSwiGlu<kBf16>(p, row, col, v[0], v[kN - 1]);
     } else {
       Store<kBf16, kF32Out>(p, b, row, col, v[0]);
     }
   };
-  if constexpr (kN == kOut) {
-    if (p.splits == 1) {
-      if (!active) return;
-      ForLaneRows(r, p.m, [&](int h, int64_t row) {
-        float2 v[kN];
+  if (p.splits == 1) {
+    if (!active) return;
+    ForLaneRows(r, p.m, [&](int h, int64_t row) {
+      float2 v[kN];
 #pragma unroll
-        for (int i = 0; i < kN; ++i) v[i] = {acc[i][2 * h], acc[i][2 * h + 1]};
-        store(row, v);
-      });
-      return;
-    }
+      for (int i = 0; i < kN; ++i) v[i] = {acc[i][2 * h], acc[i][2 * h + 1]};
+      store(row, v);
+    });
+    return;
   }
   if (active) {
     ForLaneRows(r, p.m, [&](int h, int64_t row) {
@@ -276,27 +252,25 @@ __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block) {
     });
   }
   __syncthreads();
-  if (!active || local != 0) return;
+  if (!active || part != 0) return;
   ForLaneRows(r, p.m, [&](int, int64_t row) {
-    float2 t[kOut];
+    float2 t[kN];
 #pragma unroll
-    for (int o = 0; o < kOut; ++o) {
-      // Sum o's parts: weight o's of this warp, or the warps of weight o.
-      const int i = kN == 1 ? 0 : o, first = warp + (kN == 1 ? o * p.splits : 0);
-      t[o] = sums[i][first][row * 4 + q];
+    for (int i = 0; i < kN; ++i) {
+      t[i] = sums[i][warp][row * 4 + q];
       for (int s = 1; s < p.splits; ++s) {
-        const float2 v = sums[i][first + s][row * 4 + q];
-        t[o].x += v.x;
-        t[o].y += v.y;
+        const float2 v = sums[i][warp + s][row * 4 + q];
+        t[i].x += v.x;
+        t[i].y += v.y;
       }
     }
     store(row, t);
   });
 }
 
-template <bool kBf16, bool kF32Out, int kSwiGlu, int kUnroll>
+template <bool kBf16, bool kF32Out, bool kSwiGlu>
 __global__ void __launch_bounds__(kSplitWarps * 32) SplitKernel(Params p) {
-  SplitBlock<kBf16, kF32Out, kSwiGlu, kUnroll>(p, blockIdx.x);
+  SplitBlock<kBf16, kF32Out, kSwiGlu>(p, blockIdx.x);
 }
 
 // Several split-mode products in one launch: entry e owns the CTAs from
@@ -312,7 +286,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32) GroupKernel(GroupParams gp) 
   const int64_t block = blockIdx.x;
   int e = 0;
   while (e + 1 < gp.count && block >= gp.first[e + 1]) ++e;
-  SplitBlock<kBf16, false, kNoSwiGlu, kShortUnroll>(gp.p[e], block - gp.first[e]);
+  SplitBlock<kBf16, false, false>(gp.p[e], block - gp.first[e]);
 }
 
 // Many rows: a CTA per (kRows x kTileCols tile, group of parts), the
@@ -566,21 +540,10 @@ cudaError_t LaunchTile(Kernel kernel, int smem, std::atomic<uint64_t>& devices, 
   return LaunchDependent(kernel, grid, kTileThreads, smem, stream, p, t);
 }
 
-// How a split-mode launch of `p` runs the SwiGLU pair: a warp per weight
-// where a warp per pair would leave the GPU short of warps (kTargetWarps)
-// and a group's warps fit a CTA.
-int SwiGluModeOf(const Params& p, bool swiglu) {
-  if (!swiglu) return kNoSwiGlu;
-  const bool short_of_warps = p.groups * p.splits < kTargetWarps;
-  return short_of_warps && GroupWarps(p.splits, kWeightWarp) <= kSplitWarps ? kWeightWarp
-                                                                            : kPairWarp;
-}
-
 // CTAs of a split-mode launch: every column group (of each batch entry, or
-// of the SwiGLU pair) times its warps, kSplitWarps warps a CTA.
-int64_t SplitCtas(const Params& p, int swiglu) {
-  const int64_t groups = p.groups * (swiglu != kNoSwiGlu ? 1 : p.batch);
-  const int64_t per_cta = kSplitWarps / GroupWarps(p.splits, swiglu);
+// of the SwiGLU pair) times its parts, kSplitWarps warps a CTA.
+int64_t SplitCtas(const Params& p, bool swiglu) {
+  const int64_t groups = p.groups * (swiglu ? 1 : p.batch), per_cta = kSplitWarps / p.splits;
   return (groups + per_cta - 1) / per_cta;
 }
 
@@ -589,26 +552,15 @@ cudaError_t Launch(const Params& base, const TcGemmArgs& args, cudaStream_t stre
   Params p = base;
   if (p.m <= kTcSplitRows) {
     p.groups = p.n / 8;
-    const int swiglu = SwiGluModeOf(p, args.swiglu);
-    const dim3 grid(static_cast<unsigned>(SplitCtas(p, swiglu)));
-    const unsigned threads = kSplitWarps * 32;
+    const dim3 grid(static_cast<unsigned>(SplitCtas(p, args.swiglu)));
     static_assert(kTcSplitRows == 16, "the split mode holds one 16-row tile");
     if constexpr (!kF32Out) {
-      if (swiglu == kWeightWarp)
-        return p.part >= kLongPart
-                   ? LaunchDependent(SplitKernel<kBf16, false, kWeightWarp, kLongUnroll>, grid,
-                                     threads, 0, stream, p)
-                   : LaunchDependent(SplitKernel<kBf16, false, kWeightWarp, kShortUnroll>, grid,
-                                     threads, 0, stream, p);
-      if (swiglu == kPairWarp)
-        return LaunchDependent(SplitKernel<kBf16, false, kPairWarp, kShortUnroll>, grid, threads, 0,
-                               stream, p);
+      if (args.swiglu)
+        return LaunchDependent(SplitKernel<kBf16, false, true>, grid, kSplitWarps * 32, 0, stream,
+                               p);
     }
-    return p.part >= kLongPart
-               ? LaunchDependent(SplitKernel<kBf16, kF32Out, kNoSwiGlu, kLongUnroll>, grid, threads,
-                                 0, stream, p)
-               : LaunchDependent(SplitKernel<kBf16, kF32Out, kNoSwiGlu, kShortUnroll>, grid,
-                                 threads, 0, stream, p);
+    return LaunchDependent(SplitKernel<kBf16, kF32Out, false>, grid, kSplitWarps * 32, 0, stream,
+                           p);
   }
   // Up to kDeepRows rows, 64-row tiles through 6 stages; above, 128-row
   // tiles (a warp's 64 x 32 piece reads each staged fragment for twice the
@@ -731,7 +683,7 @@ cudaError_t LaunchTcGemmGroup(std::span<const TcGemmArgs> group, cudaStream_t st
     p = MakeParams(a);
     p.groups = p.n / 8;
     gp.first[e] = blocks;
-    blocks += SplitCtas(p, kNoSwiGlu);
+    blocks += SplitCtas(p, false);
   }
   gp.first[group.size()] = blocks;
   if (group[0].m == 0) return cudaSuccess;

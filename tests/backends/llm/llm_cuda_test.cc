@@ -448,8 +448,8 @@ TEST_F(LlmCudaTest, OwnGemmGroupsOfPartsGiveTheSameBits) {
 }
 
 // A part of k longer than one round of loads, its last round short (9
-// blocks of 64): the few-rows mode gives the bits of the many-rows one, and
-// the products.
+// blocks of 64, 4 a round): the few-rows mode gives the bits of the
+// many-rows one, and the products.
 TEST_F(LlmCudaTest, OwnGemmLongPartsInRoundsGiveTheTileBits) {
   const int64_t n = 16384, k = 576, max_m = 100;
   const cuda::TcGemmShape shape{n, k, 1};
@@ -554,9 +554,8 @@ TEST_F(LlmCudaTest, PairedGemmsAreTwoProductsInOneLaunch) {
 
 // The SwiGLU epilogue of hearth's kernel (gate_proj and up_proj as a pair at
 // up to kTcSplitRows rows) gives the bits of the pair's two products followed
-// by a SwiGLU launch, in bf16 and f16: k in one part of 8 blocks a round and
-// a warp per weight (n 8192), in 4 parts and a warp per weight (2048), in 8
-// parts and a warp per pair (256).
+// by a SwiGLU launch, with k in one part (n 8192), 4 (2048) and 8 (256), in
+// bf16 and f16.
 TEST_F(LlmCudaTest, OwnGemmSwiGluEpilogueEqualsPairThenSwiGlu) {
   for (const bool bf16 : {true, false})
     for (const int64_t n : {int64_t{8192}, int64_t{2048}, int64_t{256}}) {
