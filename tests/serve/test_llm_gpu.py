@@ -108,7 +108,11 @@ def write_family(root, served_name):
     if bos is not None:
         tc["bos_token"] = bos
     (version / "tokenizer_config.json").write_text(json.dumps(tc))
-    parameters = ", ".join(f"{k}: {json.dumps(v)}" for k, v in {"max_streams": "16", **extra}.items())
+    # A pool of its own size (16 streams of these small models need a few MiB), not the default
+    # half of what is free: four models at the default would hold most of the GPU, and the GPU
+    # suite runs other files beside this one.
+    parameters = ", ".join(f"{k}: {json.dumps(v)}" for k, v in
+                           {"max_streams": "16", "kv_cache_bytes": str(256 << 20), **extra}.items())
     (root / served_name / "config.yaml").write_text(
         "backend: llm\ninstance_group: [{count: 1, kind: KIND_GPU}]\n"
         f"parameters: {{{parameters}}}\n")
