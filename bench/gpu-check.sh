@@ -54,6 +54,9 @@ if ! { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DHEARTH_CUDA=
   tail -60 "$OUT/build.log"
   exit 1
 fi
+# The slowest build steps of this run, for whoever wants a shorter build there.
+awk -F'\t' 'NR > 1 { print ($2 - $1) / 1000 " s " $4 }' "$BUILD/.ninja_log" | sort -rn | head -12 \
+  | sed 's/^/slowest step: /' >> "$OUT/build.log"
 
 host_rc=-; cuda_rc=-; serve_rc=-; py_rc=-; gunicorn_rc=-; suite_rc=-; pyb_rc=-; llm_rc=-; aoti_rc=-; gen_rc=-; multi_rc=-
 if want host-tests; then
