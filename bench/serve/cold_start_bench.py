@@ -16,6 +16,7 @@ it (or through the driver alone).
 """
 import argparse
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -52,7 +53,7 @@ def valid_order(order, n):
     return bool(k) and 0 < int(k.group(1)) < n
 
 
-def contexts_in_order(n, device, order):
+def contexts_in_order(n, device, order, env=None):
     """Seconds for n processes forked at once to each be done with `order`
     ("imported" or one of ORDERS)."""
     index = int(device.split(":")[1]) if ":" in device else 0
@@ -114,7 +115,7 @@ for _ in range(mixed or {n}):
 wait(pids)
 print(time.monotonic() - began)
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     if out.returncode != 0:
         sys.exit(f"{order}: {out.stderr.strip()[-2000:]}")
     return float(out.stdout.strip().splitlines()[-1])
@@ -144,7 +145,8 @@ parameters: {{python: {sys.executable}, zygote: '{str(zygote).lower()}'}}
     began = time.monotonic()
     proc = subprocess.Popen([f"{a.build}/bin/hearth", "serve", "--model-repository", str(repo), "--http-port", "0",
                              "--grpc-port", "-1", "--device", a.device],
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
+                            env=a.environment)
     try:
         done = wait_port(log, r"model mlp: (\d+) of (\d+) workers ready ([\d.]+) s after start-up began", proc,
                          timeout=600)
@@ -183,17 +185,27 @@ def main():
                          "overlap (the context through libcuda on a thread while importing torch, then a "
                          "tensor), mixed-K (0 < K < N: K processes overlap while one imports torch and "
                          "forks the other N - K, each then making a tensor); empty: none")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                    help="set for every process the bench starts, the server's workers included "
+                         "(e.g. CUDA_DEVICE_MAX_CONNECTIONS=1); repeatable")
     a = ap.parse_args()
+    a.environment = dict(os.environ)
+    for item in a.env:
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            ap.error(f"--env {item!r}: not NAME=VALUE")
+        a.environment[name] = value
     unknown = [o for o in (a.orders.split(",") if a.orders else []) if not valid_order(o, a.workers)]
     if unknown:
-        ap.error(f"--orders: {', '.join(unknown)} is none of {', '.join(ORDERS)} (mixed-K with 0 < K < --workers)")
+        ap.error(f"--orders: {', '.join(unknown)} is none of {', '.join(ORDERS)} "
+                 "(mixed-K with 0 < K < --workers)")
     if a.device.startswith("cuda"):
         for n in (1, a.workers):
-            print(json.dumps({"contexts": n, "seconds": round(contexts_in_order(n, a.device, "imported"), 3)}),
-                  flush=True)
+            seconds = contexts_in_order(n, a.device, "imported", a.environment)
+            print(json.dumps({"contexts": n, "seconds": round(seconds, 3)}), flush=True)
         for order in a.orders.split(",") if a.orders else []:
-            print(json.dumps({"processes": a.workers, "order": order,
-                              "seconds": round(contexts_in_order(a.workers, a.device, order), 3)}), flush=True)
+            seconds = contexts_in_order(a.workers, a.device, order, a.environment)
+            print(json.dumps({"processes": a.workers, "order": order, "seconds": round(seconds, 3)}), flush=True)
     for mode in a.modes.split(",") if a.modes else []:
         print(json.dumps(serve(a, mode == "zygote")), flush=True)
 
