@@ -4,6 +4,7 @@
 //
 //   llm_step_bench [--seqs 1,16,64,256] [--context 512] [--iterations 50]
 //                  [--profile-seqs 64] [--temperature 0] [--l2-prefetch 0,default,16:9]
+//                  [--twice "gemm down_proj;attention + rope + kv write"]
 //
 // Every sequence is prefilled with --context tokens (steps of up to 2048
 // tokens, timed: the prefill rate), then each batch size runs decode steps
@@ -17,7 +18,10 @@
 // one before it is collected, as the engine runs them). Then one step at
 // --profile-seqs sequences kernel by kernel (an
 // eager step with events around each launch), each against the bytes it
-// must move.
+// must move. An event pair times a kernel alone, started after the one
+// before it ended; in the graphs, with dependent launches, kernels overlap.
+// --twice times the steps again with each named kernel launched twice: the
+// difference is what the kernel costs in the graph.
 //
 // Lines:
 //   decode seqs=64 context=512 ms=1.234 weight_floor_ms=0.618 of_weight_floor=0.50 ...
@@ -384,7 +388,22 @@ int Main(int argc, char** argv) {
                  "decode steps of up to ROWS sequences have the attention ask L2 for the "
                  "weights of o_proj and gate/up, MIB MiB at most (24 unless given): a list of "
                  "ROWS[:MIB], 0 (off) or default (the executor's), each timed in turn");
+  std::string twice_text;
+  app.add_option("--twice", twice_text,
+                 "kernel names (those of the kernel lines), separated by ';': each in turn has its "
+                 "launches run twice, after the step as it is, so that the difference is what the "
+                 "kernel costs among the others in the graph (the step's values are then wrong)");
   CLI11_PARSE(app, argc, argv);
+  // The --twice variants: none (the step as it is), then each name.
+  std::vector<std::string> twice_list{""};
+  {
+    std::stringstream in(twice_text);
+    for (std::string name; std::getline(in, name, ';');) {
+      if (name.empty()) Fail("--twice: an empty name in '" + twice_text + "'");
+      twice_list.push_back(name);
+    }
+  }
+  const bool show_twice = twice_list.size() > 1;
   struct Prefetch {
     std::string name;
     int32_t rows;
@@ -482,86 +501,96 @@ int Main(int argc, char** argv) {
       for (const bool pair : pair_modes)
         for (const FuseMode& fused : fuse_modes)
           for (const int64_t fold : fold_list)
-            for (const Prefetch& prefetch : prefetch_list) {
-              cuda::SetDependentLaunch(dependent_on);
-              // Sequence 0 takes every batch size's steps.
-              auto [s, o] =
-                  Room(max_seqs,
-                       context + (warmup + 3 * iterations) * static_cast<int>(seqs_list.size()),
-                       context, kv_bytes_per_token);
-              const auto created = std::chrono::steady_clock::now();
-              CudaExecutorOptions options;
-              options.pair_gemms = pair;
-              options.gemm_engine = engine;
-              options.fuse_swiglu = fused.swiglu;
-              options.group_qkv = fused.qkv;
-              options.fuse_rope_attention = fused.rope;
-              options.attention_fold_splits = static_cast<int32_t>(fold);
-              options.l2_prefetch_rows = prefetch.rows;
-              options.l2_prefetch_bytes = prefetch.bytes;
-              auto executor = CreateCudaExecutor(config, weights, 0, o, options);
-              if (!executor.ok()) Fail(executor.status().ToString());
-              CudaExecutor& e = **executor;
-              std::printf(
-                  "pairing=%s gemm=%s dependent=%s fuse=%s fold=%d prefetch=%s: executor created "
-                  "in %.2f s, device memory %.2f GiB (KV pool %d blocks of %d)\n",
-                  pair ? "on" : "off", engine_name.c_str(), dependent_on ? "on" : "off", fused.name,
-                  static_cast<int>(fold), prefetch.name.c_str(),
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - created).count(),
-                  static_cast<double>(e.device_memory_bytes()) / (1 << 30), e.num_blocks(),
-                  e.block_size());
-              std::printf("%s", e.DescribeGemms().c_str());
-              const char* mode = pair ? "on" : "off";
-              const double prefill_s = Prefill(e, s, max_seqs, context, rng, config.vocab_size);
-              std::printf(
-                  "prefill gemm=%s dependent=%s seqs=%d context=%d s=%.3f tokens_per_s=%.0f\n",
-                  engine_name.c_str(), dependent_on ? "on" : "off", max_seqs, context, prefill_s,
-                  max_seqs * static_cast<double>(context) / prefill_s);
-              cudaEvent_t start = nullptr, stop = nullptr;
-              Check(cudaEventCreate(&start), "cudaEventCreate");
-              Check(cudaEventCreate(&stop), "cudaEventCreate");
-              for (int64_t n : seqs_list) {
-                const int seqs = static_cast<int>(n);
-                for (int i = 0; i < warmup; ++i) Decode(e, s, seqs, params);
-                std::vector<double> ms;
-                for (int i = 0; i < iterations; ++i) {
-                  Check(cudaEventRecord(start, e.stream()), "cudaEventRecord");
-                  Decode(e, s, seqs, params);
-                  Check(cudaEventRecord(stop, e.stream()), "cudaEventRecord");
-                  Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-                  float elapsed = 0;
-                  Check(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime");
-                  ms.push_back(elapsed);
+            for (const Prefetch& prefetch : prefetch_list)
+              for (const std::string& twice : twice_list) {
+                cuda::SetDependentLaunch(dependent_on);
+                const std::string twice_field = show_twice ? " twice=\"" + twice + "\"" : "";
+                // Sequence 0 takes every batch size's steps.
+                auto [s, o] =
+                    Room(max_seqs,
+                         context + (warmup + 3 * iterations) * static_cast<int>(seqs_list.size()),
+                         context, kv_bytes_per_token);
+                const auto created = std::chrono::steady_clock::now();
+                CudaExecutorOptions options;
+                options.pair_gemms = pair;
+                options.gemm_engine = engine;
+                options.fuse_swiglu = fused.swiglu;
+                options.group_qkv = fused.qkv;
+                options.fuse_rope_attention = fused.rope;
+                options.attention_fold_splits = static_cast<int32_t>(fold);
+                options.l2_prefetch_rows = prefetch.rows;
+                options.l2_prefetch_bytes = prefetch.bytes;
+                if (!twice.empty()) options.launch_twice = {twice};
+                auto executor = CreateCudaExecutor(config, weights, 0, o, options);
+                if (!executor.ok()) Fail(executor.status().ToString());
+                CudaExecutor& e = **executor;
+                std::printf(
+                    "pairing=%s gemm=%s dependent=%s fuse=%s fold=%d prefetch=%s: executor created "
+                    "in %.2f s, device memory %.2f GiB (KV pool %d blocks of %d)\n",
+                    pair ? "on" : "off", engine_name.c_str(), dependent_on ? "on" : "off",
+                    fused.name, static_cast<int>(fold), prefetch.name.c_str(),
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - created)
+                        .count(),
+                    static_cast<double>(e.device_memory_bytes()) / (1 << 30), e.num_blocks(),
+                    e.block_size());
+                std::printf("%s", e.DescribeGemms().c_str());
+                const char* mode = pair ? "on" : "off";
+                const double prefill_s = Prefill(e, s, max_seqs, context, rng, config.vocab_size);
+                std::printf(
+                    "prefill gemm=%s dependent=%s seqs=%d context=%d s=%.3f tokens_per_s=%.0f\n",
+                    engine_name.c_str(), dependent_on ? "on" : "off", max_seqs, context, prefill_s,
+                    max_seqs * static_cast<double>(context) / prefill_s);
+                cudaEvent_t start = nullptr, stop = nullptr;
+                Check(cudaEventCreate(&start), "cudaEventCreate");
+                Check(cudaEventCreate(&stop), "cudaEventCreate");
+                for (int64_t n : seqs_list) {
+                  const int seqs = static_cast<int>(n);
+                  for (int i = 0; i < warmup; ++i) Decode(e, s, seqs, params);
+                  std::vector<double> ms;
+                  for (int i = 0; i < iterations; ++i) {
+                    Check(cudaEventRecord(start, e.stream()), "cudaEventRecord");
+                    Decode(e, s, seqs, params);
+                    Check(cudaEventRecord(stop, e.stream()), "cudaEventRecord");
+                    Check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+                    float elapsed = 0;
+                    Check(cudaEventElapsedTime(&elapsed, start, stop), "cudaEventElapsedTime");
+                    ms.push_back(elapsed);
+                  }
+                  std::sort(ms.begin(), ms.end());
+                  const double median = ms[ms.size() / 2];
+                  double keys = 0;
+                  for (int i = 0; i < seqs; ++i) keys += s.length[static_cast<size_t>(i)];
+                  const double weight_floor = weight_bytes / kBandwidth * 1e3;
+                  const double full_floor =
+                      (weight_bytes + keys * kv_bytes_per_token) / kBandwidth * 1e3;
+                  std::printf(
+                      "decode pairing=%s gemm=%s dependent=%s fuse=%s fold=%d prefetch=%s%s "
+                      "seqs=%d "
+                      "context=%d ms=%.4f weight_floor_ms=%.4f of_weight_floor=%.2f "
+                      "weight_kv_floor_ms=%.4f of_weight_kv_floor=%.2f tokens_per_s=%.0f\n",
+                      mode, engine_name.c_str(), dependent_on ? "on" : "off", fused.name,
+                      static_cast<int>(fold), prefetch.name.c_str(), twice_field.c_str(), seqs,
+                      context, median, weight_floor, weight_floor / median, full_floor,
+                      full_floor / median, seqs / (median * 1e-3));
+                  // The steps back to back, as the engine's loop runs them.
+                  const double apart = DecodeLoop(e, s, seqs, params, iterations, false);
+                  const double overlapped = DecodeLoop(e, s, seqs, params, iterations, true);
+                  std::printf(
+                      "decode-loop gemm=%s fuse=%s fold=%d prefetch=%s%s seqs=%d steps=%d "
+                      "one_at_a_time_ms=%.4f overlapped_ms=%.4f\n",
+                      engine_name.c_str(), fused.name, static_cast<int>(fold),
+                      prefetch.name.c_str(), twice_field.c_str(), seqs, iterations,
+                      apart * 1e3 / iterations, overlapped * 1e3 / iterations);
+                  std::fflush(stdout);
                 }
-                std::sort(ms.begin(), ms.end());
-                const double median = ms[ms.size() / 2];
-                double keys = 0;
-                for (int i = 0; i < seqs; ++i) keys += s.length[static_cast<size_t>(i)];
-                const double weight_floor = weight_bytes / kBandwidth * 1e3;
-                const double full_floor =
-                    (weight_bytes + keys * kv_bytes_per_token) / kBandwidth * 1e3;
-                std::printf(
-                    "decode pairing=%s gemm=%s dependent=%s fuse=%s fold=%d prefetch=%s seqs=%d "
-                    "context=%d ms=%.4f weight_floor_ms=%.4f of_weight_floor=%.2f "
-                    "weight_kv_floor_ms=%.4f of_weight_kv_floor=%.2f tokens_per_s=%.0f\n",
-                    mode, engine_name.c_str(), dependent_on ? "on" : "off", fused.name,
-                    static_cast<int>(fold), prefetch.name.c_str(), seqs, context, median,
-                    weight_floor, weight_floor / median, full_floor, full_floor / median,
-                    seqs / (median * 1e-3));
-                // The steps back to back, as the engine's loop runs them.
-                const double apart = DecodeLoop(e, s, seqs, params, iterations, false);
-                const double overlapped = DecodeLoop(e, s, seqs, params, iterations, true);
-                std::printf(
-                    "decode-loop gemm=%s fuse=%s fold=%d prefetch=%s seqs=%d steps=%d "
-                    "one_at_a_time_ms=%.4f overlapped_ms=%.4f\n",
-                    engine_name.c_str(), fused.name, static_cast<int>(fold), prefetch.name.c_str(),
-                    seqs, iterations, apart * 1e3 / iterations, overlapped * 1e3 / iterations);
-                std::fflush(stdout);
+                std::printf("decode graphs captured: %d\n", e.captured_graphs());
+                if (!twice.empty() && e.launches_twice() == 0) {
+                  Fail("--twice: no launch is named '" + twice +
+                       "'; the names are those of the kernel lines (--profile-seqs)");
+                }
+                cudaEventDestroy(start);
+                cudaEventDestroy(stop);
               }
-              std::printf("decode graphs captured: %d\n", e.captured_graphs());
-              cudaEventDestroy(start);
-              cudaEventDestroy(stop);
-            }
 
   if (profile_seqs > 0) {
     // A second executor, every step eager with events around each kernel.

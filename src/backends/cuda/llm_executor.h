@@ -89,6 +89,13 @@ struct CudaExecutorOptions {
   // Every step eager, with an event pair around each kernel
   // (LastStepKernelTimes).
   bool profile = false;
+  // For timing only (llm_step_bench --twice): the launches of these kernel
+  // names (those of LastStepKernelTimes) run twice, eager and in the
+  // graphs, so that a step's time less the plain step's is what the kernel
+  // costs where it stands among the others. The step's values are then
+  // wrong wherever a kernel updates what it reads (the rmsnorm adds the
+  // residual again); a serving executor leaves this empty.
+  std::vector<std::string> launch_twice;
   // The plan cache (backends/llm/plan_cache.h) that keeps the timed GEMM
   // algorithms, so that every executor of this GPU model runs the same ones
   // (a stream resumed on another worker then draws the same tokens) and
@@ -125,6 +132,8 @@ class CudaExecutor : public Executor {
   virtual std::string DescribeGemms() const = 0;
   // Decode graphs captured so far (one per batch-size bucket used).
   virtual int captured_graphs() const = 0;
+  // Launches run a second time so far (CudaExecutorOptions::launch_twice).
+  virtual int64_t launches_twice() const = 0;
 };
 
 // The weights are device addresses on device_index in config.dtype (F16 or

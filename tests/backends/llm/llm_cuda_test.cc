@@ -1908,6 +1908,43 @@ TEST_P(LlmCudaExecutorTest, GraphDecodeEqualsEagerDecode) {
   EXPECT_EQ(e->captured_graphs(), 0);
 }
 
+// CudaExecutorOptions::launch_twice (llm_step_bench --twice) runs the named
+// kernels again, eager and in the graphs; two that change nothing they read
+// leave the logits and tokens as they were; a name no launch has runs
+// nothing twice.
+TEST_P(LlmCudaExecutorTest, LaunchTwiceRunsTheNamedKernelsAgain) {
+  const ModelConfig c = ExecutorConfig(GetParam().family, GetParam().dtype);
+  TwoCopies m(c, 26);
+  CudaExecutorOptions plain, twice, unknown;
+  plain.time_gemms = twice.time_gemms = unknown.time_gemms = false;
+  twice.launch_twice = {"gemm lm_head", "sampling"};
+  unknown.launch_twice = {"no such kernel"};
+  auto p = Gpu(m, plain), t = Gpu(m, twice), u = Gpu(m, unknown);
+  ASSERT_NE(p, nullptr);
+  ASSERT_NE(t, nullptr);
+  ASSERT_NE(u, nullptr);
+  const int64_t v = c.vocab_size;
+  const std::vector<Feed> prompts{{Tokens(20, 1), 0, Blocks(0, 4)},
+                                  {Tokens(7, 2), 0, Blocks(4, 4)}};
+  EXPECT_EQ(StepLogits(*t, prompts, v), StepLogits(*p, prompts, v));
+  const int64_t after_prefill = t->launches_twice();
+  EXPECT_GE(after_prefill, 2);  // at least the lm_head and the sampling
+  // Decode steps through a graph: logits, then drawn tokens.
+  const SamplingParams hot{0.9f, 0.95f, 20, 7};
+  for (int i = 0; i < 3; ++i) {
+    const std::vector<Feed> step{{{Tokens(1, 30 + i)[0]}, 20 + i, Blocks(0, 4)},
+                                 {{Tokens(1, 40 + i)[0]}, 7 + i, Blocks(4, 4)}};
+    EXPECT_EQ(StepLogits(*t, step, v), StepLogits(*p, step, v)) << "step " << i;
+  }
+  EXPECT_EQ(StepTokens(*t, {{{5}, 23, Blocks(0, 4), true, hot, 1}}),
+            StepTokens(*p, {{{5}, 23, Blocks(0, 4), true, hot, 1}}));
+  EXPECT_GT(t->captured_graphs(), 0);
+  EXPECT_GT(t->launches_twice(), after_prefill);
+  EXPECT_EQ(p->launches_twice(), 0);
+  EXPECT_EQ(StepLogits(*u, prompts, v).size(), prompts.size());
+  EXPECT_EQ(u->launches_twice(), 0);
+}
+
 TEST_P(LlmCudaExecutorTest, RefusesBadStepsAndReportsItsMemory) {
   const ModelConfig c = ExecutorConfig(GetParam().family, GetParam().dtype);
   TwoCopies m(c, 25);
