@@ -121,6 +121,20 @@ struct TcScratch {
     a.workspace_bytes = cuda::kTcMaxWorkspaceBytes;
     return a;
   }
+  // The bf16 product of one weight at m rows into y, with workspace_bytes of
+  // the workspace: y's m rows, filled with 0xFF first (a value left
+  // unwritten shows).
+  std::vector<uint16_t> Rows(const cuda::TcGemmShape& shape, const DeviceMemory& x,
+                             const DeviceMemory& w, const DeviceMemory& y, int64_t m,
+                             uint64_t workspace_bytes = cuda::kTcMaxWorkspaceBytes) const {
+    cuda::TcGemmArgs a = Args(shape, true, x, w, y.get(), m);
+    a.workspace_bytes = workspace_bytes;
+    const auto values = static_cast<size_t>(m * shape.n);
+    EXPECT_EQ(cudaMemset(y.get(), 0xFF, values * 2), cudaSuccess);
+    EXPECT_EQ(cuda::LaunchTcGemm(a, nullptr), cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return y.Read<uint16_t>(values);
+  }
 };
 
 // A GEMM shape over buffers of the test (w its weight, x and y its scratch).
@@ -425,12 +439,7 @@ TEST_F(LlmCudaTest, OwnGemmGroupsOfPartsGiveTheSameBits) {
   DeviceMemory dw(w), dx(x), dy(static_cast<size_t>(max_m * n) * 2);
   const TcScratch scratch;
   const auto run = [&](int64_t m, uint64_t workspace_bytes) {
-    cuda::TcGemmArgs a = scratch.Args(shape, true, dx, dw, dy.get(), m);
-    a.workspace_bytes = workspace_bytes;
-    EXPECT_EQ(cudaMemset(dy.get(), 0xFF, static_cast<size_t>(max_m * n) * 2), cudaSuccess);
-    EXPECT_EQ(cuda::LaunchTcGemm(a, nullptr), cudaSuccess);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    return dy.Read<uint16_t>(static_cast<size_t>(m * n));
+    return scratch.Rows(shape, dx, dw, dy, m, workspace_bytes);
   };
   // One group (no workspace) against as many as the full workspace allows.
   const auto one_group = run(max_m, 0);
@@ -459,16 +468,9 @@ TEST_F(LlmCudaTest, OwnGemmLongPartsInRoundsGiveTheTileBits) {
   const auto x = Random16(rng, static_cast<size_t>(max_m * k), 1.0f, true);
   DeviceMemory dw(w), dx(x), dy(static_cast<size_t>(max_m * n) * 2);
   const TcScratch scratch;
-  const auto run = [&](int64_t m) {
-    cuda::TcGemmArgs a = scratch.Args(shape, true, dx, dw, dy.get(), m);
-    EXPECT_EQ(cudaMemset(dy.get(), 0xFF, static_cast<size_t>(max_m * n) * 2), cudaSuccess);
-    EXPECT_EQ(cuda::LaunchTcGemm(a, nullptr), cudaSuccess);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    return dy.Read<uint16_t>(static_cast<size_t>(m * n));
-  };
-  const auto tiles = run(max_m);
+  const auto tiles = scratch.Rows(shape, dx, dw, dy, max_m);
   for (const int64_t m : {int64_t{1}, int64_t{5}, cuda::kTcSplitRows}) {
-    const auto few = run(m);
+    const auto few = scratch.Rows(shape, dx, dw, dy, m);
     ASSERT_TRUE(std::equal(few.begin(), few.end(), tiles.begin())) << m << " rows";
   }
   for (const int64_t r : {int64_t{0}, int64_t{4}})
