@@ -46,18 +46,21 @@ from generate_bench import stop, wait_port  # noqa: E402
 ORDERS = ("driver", "import-first", "context-first", "overlap", "mixed-K")
 
 
-def valid_order(order, n):
-    if order in ORDERS[:-1]:
-        return True
+def mixed_count(order):
+    """K of a "mixed-K" order, else 0."""
     k = re.fullmatch(r"mixed-(\d+)", order)
-    return bool(k) and 0 < int(k.group(1)) < n
+    return int(k.group(1)) if k else 0
+
+
+def valid_order(order, n):
+    return order in ORDERS[:-1] or 0 < mixed_count(order) < n
 
 
 def contexts_in_order(n, device, order, env=None):
     """Seconds for n processes forked at once to each be done with `order`
     ("imported" or one of ORDERS)."""
     index = int(device.split(":")[1]) if ":" in device else 0
-    exec_count = int(order.split("-")[1]) if order.startswith("mixed-") else 0
+    exec_count = mixed_count(order)
     code = f"""
 import ctypes, os, sys, threading, time
 def context():
