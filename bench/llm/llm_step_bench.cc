@@ -45,6 +45,7 @@
 #include "backends/cuda/dependent_launch.h"
 #include "backends/cuda/llm_executor.h"
 #include "backends/cuda/llm_kernels.h"
+#include "backends/cuda/tc_gemm.h"
 #include "backends/llm/llm_model.h"
 #include "hearth/arena.h"
 
@@ -393,7 +394,21 @@ int Main(int argc, char** argv) {
                  "kernel names (those of the kernel lines), separated by ';': each in turn has its "
                  "launches run twice, after the step as it is, so that the difference is what the "
                  "kernel costs among the others in the graph (the step's values are then wrong)");
+  int64_t target_warps = 0;
+  app.add_option("--target-warps", target_warps,
+                 "hearth's kernel at up to 16 rows: the warps a launch aims for, which sets each "
+                 "shape's parts (0: the kernel's own, 2048)")
+      ->check(CLI::NonNegativeNumber);
+  std::string load_ahead = "off";
+  app.add_option("--load-ahead", load_ahead,
+                 "hearth's kernel at up to 16 rows: a warp loads its next weights while it "
+                 "multiplies: off, plain (all launches but the SwiGLU pair's) or all")
+      ->check(CLI::IsMember({"off", "plain", "all"}));
   CLI11_PARSE(app, argc, argv);
+  cuda::SetTcGemmTargetWarps(target_warps);
+  cuda::SetTcGemmLoadAhead(load_ahead == "all"     ? cuda::TcLoadAhead::kAll
+                           : load_ahead == "plain" ? cuda::TcLoadAhead::kPlain
+                                                   : cuda::TcLoadAhead::kOff);
   // The --twice variants: none (the step as it is), then each name.
   std::vector<std::string> twice_list{""};
   {

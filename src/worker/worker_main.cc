@@ -155,6 +155,9 @@ int Serve(const WorkerArgs& a) {
   // A trimmed CUDA context: 326 instead of 524 MiB on an H200. The driver
   // still grows the stack for a kernel that needs more.
   ::setenv("HEARTH_CUDA_STACK_SIZE", "256", 0);
+  // One hardware work queue: the worker's kernels run on one stream (as
+  // `hearth serve` sets it for the workers it starts).
+  ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 0);
 
   using Clock = std::chrono::steady_clock;
   auto ms_since = [](Clock::time_point t) {

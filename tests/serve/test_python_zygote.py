@@ -92,6 +92,15 @@ def fd_targets(pid):
     return out
 
 
+def environ_value(pid, name):
+    """NAME's value in process pid's environment, None where it has none."""
+    for entry in pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+        key, _, value = entry.decode(errors="replace").partition("=")
+        if key == name:
+            return value
+    return None
+
+
 def stat(pid):
     """(state, parent pid) from /proc/PID/stat."""
     fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -157,6 +166,12 @@ def test_forked_workers_answer_as_execd_ones_and_hold_only_their_own_descriptors
                 assert fds[fd] != zygote_fds[3], f"worker {pid} fd {fd} is the zygote's socket"
         # The zygote holds no weights and no slot.
         assert sorted(zygote_fds) == [0, 1, 2, 3], zygote_fds
+        # One hardware work queue per CUDA context, the server's default
+        # where its environment sets none: the zygote's environment, and so
+        # every forked worker's, and every exec'd one's.
+        connections = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+        for pid in [zygote] + ready_pids(log, "forked") + ready_pids(log, "execd"):
+            assert environ_value(pid, "CUDA_DEVICE_MAX_CONNECTIONS") == connections, pid
         assert "hearth-arena" not in pathlib.Path(f"/proc/{zygote}/maps").read_text()
     finally:
         code, text = stop_serve(state)
@@ -166,11 +181,14 @@ def test_forked_workers_answer_as_execd_ones_and_hold_only_their_own_descriptors
 def test_a_killed_zygote_is_replaced_and_a_killed_worker_comes_back_forked(tmp_path):
     root = tmp_path / "repo"
     write_model(root, "pyz", config(count=1))
-    state = start_serve(tmp_path, root)
+    # A value the server's environment sets is the one its workers get.
+    state = start_serve(tmp_path, root, env={**os.environ, "CUDA_DEVICE_MAX_CONNECTIONS": "3"})
     try:
         log, url = state["log"], state["url"]
         wait_for(lambda: ready_pids(log, "pyz"), "the worker ready", timeout=60)
         zygotes = zygote_pids(log, "pyz")
+        for pid in zygotes[-1:] + ready_pids(log, "pyz")[-1:]:
+            assert environ_value(pid, "CUDA_DEVICE_MAX_CONNECTIONS") == "3", pid
         first = zygotes[-1]
         os.kill(first, signal.SIGKILL)
         wait_for(lambda: len(zygote_pids(log, "pyz")) > len(zygotes), "another zygote", timeout=60)
