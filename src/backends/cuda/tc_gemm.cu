@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "backends/cuda/dependent_launch.h"
 #include "backends/cuda/llm_device.cuh"
@@ -19,7 +22,17 @@ constexpr int kSplitWarps = 8;
 // the order of sums never depends on the GPU.
 constexpr int64_t kTargetWarps = 2048;
 std::atomic<int64_t> g_target_warps{kTargetWarps};
-std::atomic<TcLoadAhead> g_load_ahead{TcLoadAhead::kOff};
+// HEARTH_GEMM_LOAD_AHEAD (off, plain or all; read once) sets where the split
+// mode starts; any other value is named on stderr and leaves it off.
+TcLoadAhead LoadAheadFromEnvironment() {
+  const char* v = std::getenv("HEARTH_GEMM_LOAD_AHEAD");
+  if (v == nullptr || std::strcmp(v, "off") == 0) return TcLoadAhead::kOff;
+  if (std::strcmp(v, "plain") == 0) return TcLoadAhead::kPlain;
+  if (std::strcmp(v, "all") == 0) return TcLoadAhead::kAll;
+  std::fprintf(stderr, "HEARTH_GEMM_LOAD_AHEAD=%s is none of off, plain, all: off\n", v);
+  return TcLoadAhead::kOff;
+}
+std::atomic<TcLoadAhead> g_load_ahead{LoadAheadFromEnvironment()};
 // 64-wide k blocks whose weights a lane loads before it multiplies them.
 constexpr int kUnroll = 4;
 // CTAs a many-rows launch aims for: two per SM of an H100/H200.

@@ -70,7 +70,8 @@ int32_t TcGemmSplits(const TcGemmShape& shape);
 void SetTcGemmTargetWarps(int64_t warps);
 // Whether a split-mode warp loads a round of weights while it multiplies the
 // round before (twice the registers for them; the same sums): for no launch,
-// for all but the SwiGLU pair's, or for all.
+// for all but the SwiGLU pair's, or for all. HEARTH_GEMM_LOAD_AHEAD=off,
+// plain or all in the environment sets it for a process (read once).
 enum class TcLoadAhead { kOff, kPlain, kAll };
 void SetTcGemmLoadAhead(TcLoadAhead ahead);
 
