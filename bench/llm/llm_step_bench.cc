@@ -21,7 +21,9 @@
 // must move. An event pair times a kernel alone, started after the one
 // before it ended; in the graphs, with dependent launches, kernels overlap.
 // --twice times the steps again with each named kernel launched twice: the
-// difference is what the kernel costs in the graph.
+// difference is what the kernel costs in the graph. --target-warps sets
+// the warps hearth's kernel aims for at up to 16 rows (and so each shape's
+// parts, at every row count).
 //
 // Lines:
 //   decode seqs=64 context=512 ms=1.234 weight_floor_ms=0.618 of_weight_floor=0.50 ...
@@ -399,16 +401,8 @@ int Main(int argc, char** argv) {
                  "hearth's kernel at up to 16 rows: the warps a launch aims for, which sets each "
                  "shape's parts (0: the kernel's own, 2048)")
       ->check(CLI::NonNegativeNumber);
-  std::string load_ahead = "off";
-  app.add_option("--load-ahead", load_ahead,
-                 "hearth's kernel at up to 16 rows: a warp loads its next weights while it "
-                 "multiplies: off, plain (all launches but the SwiGLU pair's) or all")
-      ->check(CLI::IsMember({"off", "plain", "all"}));
   CLI11_PARSE(app, argc, argv);
   cuda::SetTcGemmTargetWarps(target_warps);
-  cuda::SetTcGemmLoadAhead(load_ahead == "all"     ? cuda::TcLoadAhead::kAll
-                           : load_ahead == "plain" ? cuda::TcLoadAhead::kPlain
-                                                   : cuda::TcLoadAhead::kOff);
   // The --twice variants: none (the step as it is), then each name.
   std::vector<std::string> twice_list{""};
   {

@@ -3,9 +3,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 
 #include "backends/cuda/dependent_launch.h"
 #include "backends/cuda/llm_device.cuh"
@@ -22,17 +19,6 @@ constexpr int kSplitWarps = 8;
 // the order of sums never depends on the GPU.
 constexpr int64_t kTargetWarps = 2048;
 std::atomic<int64_t> g_target_warps{kTargetWarps};
-// HEARTH_GEMM_LOAD_AHEAD (off, plain or all; read once) sets where the split
-// mode starts; any other value is named on stderr and leaves it off.
-TcLoadAhead LoadAheadFromEnvironment() {
-  const char* v = std::getenv("HEARTH_GEMM_LOAD_AHEAD");
-  if (v == nullptr || std::strcmp(v, "off") == 0) return TcLoadAhead::kOff;
-  if (std::strcmp(v, "plain") == 0) return TcLoadAhead::kPlain;
-  if (std::strcmp(v, "all") == 0) return TcLoadAhead::kAll;
-  std::fprintf(stderr, "HEARTH_GEMM_LOAD_AHEAD=%s is none of off, plain, all: off\n", v);
-  return TcLoadAhead::kOff;
-}
-std::atomic<TcLoadAhead> g_load_ahead{LoadAheadFromEnvironment()};
 // 64-wide k blocks whose weights a lane loads before it multiplies them.
 constexpr int kUnroll = 4;
 // CTAs a many-rows launch aims for: two per SM of an H100/H200.
@@ -89,13 +75,10 @@ __device__ __forceinline__ uint4 LoadWeight(const uint16_t* p) {
 // One part's sums for the 16 rows from 0 and the 8 columns from w[i] (which
 // points at the first column's row) of each of kN weights, their loads
 // interleaved: acc[i] is the mma fragment {row r, col 2q}, {r, 2q + 1},
-// {r + 8, 2q}, {r + 8, 2q + 1} of weight i. A round is kUnroll 64-wide k
-// blocks; with kAhead a round's weights are loaded while the round before is
-// multiplied (twice the registers), else after it. The same sums either way.
-template <bool kBf16, int kN, bool kAhead>
+// {r + 8, 2q}, {r + 8, 2q + 1} of weight i.
+template <bool kBf16, int kN>
 __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const (&w)[kN],
                                          int64_t k0, float (&acc)[kN][4]) {
-  constexpr int64_t kRound = 64 * kUnroll;
   const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
 #pragma unroll
   for (int i = 0; i < kN; ++i)
@@ -112,8 +95,8 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const 
     ok[h] = row < p.m;
     xl[h] = p.x + (ok[h] ? row : 0) * p.k + k0 + q * 16;
   }
-  using Round = uint4[kUnroll][kN][2];
-  const auto load = [&](Round& wv, int64_t kb) {
+  for (int64_t kb = 0; kb < p.part; kb += 64 * kUnroll) {
+    uint4 wv[kUnroll][kN][2];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (kb + u * 64 < p.part) {
@@ -125,8 +108,12 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const 
         }
       }
     }
-  };
-  const auto multiply = [&](const Round& wv, int64_t kb) {
+    // x (an earlier kernel's output) only after it is done; the first
+    // weights are in flight meanwhile.
+    if (kb == 0) {
+      DependentWait();
+      DependentRelease();
+    }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (kb + u * 64 >= p.part) continue;
@@ -151,31 +138,6 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const 
         for (int i = 0; i < kN; ++i)
           Mma<kBf16>(acc[i], a, Word(wv[u][i], 2 * s), Word(wv[u][i], 2 * s + 1));
       }
-    }
-  };
-  if constexpr (kAhead) {
-    Round a, b;
-    load(a, 0);
-    // x (an earlier kernel's output) only after it is done; the first
-    // weights are in flight meanwhile.
-    DependentWait();
-    DependentRelease();
-    for (int64_t kb = 0; kb < p.part; kb += 2 * kRound) {
-      if (kb + kRound < p.part) load(b, kb + kRound);
-      multiply(a, kb);
-      if (kb + kRound >= p.part) break;
-      if (kb + 2 * kRound < p.part) load(a, kb + 2 * kRound);
-      multiply(b, kb + kRound);
-    }
-  } else {
-    for (int64_t kb = 0; kb < p.part; kb += kRound) {
-      Round wv;
-      load(wv, kb);
-      if (kb == 0) {
-        DependentWait();
-        DependentRelease();
-      }
-      multiply(wv, kb);
     }
   }
 }
@@ -245,7 +207,7 @@ __device__ __forceinline__ void StoreSwiGlu(const Params& p, int64_t row, int64_
 // The warps of a group add their parts in shared memory, in order, and the
 // first stores the sum. With kSwiGlu a warp computes the same 8 columns of
 // both weights of the batch of two (gate, up) and stores silu(gate) * up.
-template <bool kBf16, bool kF32Out, bool kSwiGlu, bool kAhead>
+template <bool kBf16, bool kF32Out, bool kSwiGlu>
 __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block) {
   constexpr int kN = kSwiGlu ? 2 : 1;
   // A warp's part sums: row r's column pair q at [r * 4 + q].
@@ -261,7 +223,7 @@ __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block) {
     const uint16_t* w[kN];
 #pragma unroll
     for (int i = 0; i < kN; ++i) w[i] = p.w + (b + i) * p.w_stride + col0 * p.k;
-    PartSums<kBf16, kN, kAhead>(p, w, part * p.part, acc);
+    PartSums<kBf16, kN>(p, w, part * p.part, acc);
   } else {
     DependentWait();
   }
@@ -307,9 +269,9 @@ __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block) {
   });
 }
 
-template <bool kBf16, bool kF32Out, bool kSwiGlu, bool kAhead>
+template <bool kBf16, bool kF32Out, bool kSwiGlu>
 __global__ void __launch_bounds__(kSplitWarps * 32) SplitKernel(Params p) {
-  SplitBlock<kBf16, kF32Out, kSwiGlu, kAhead>(p, blockIdx.x);
+  SplitBlock<kBf16, kF32Out, kSwiGlu>(p, blockIdx.x);
 }
 
 // Several split-mode products in one launch: entry e owns the CTAs from
@@ -320,12 +282,12 @@ struct GroupParams {
   int count;
 };
 
-template <bool kBf16, bool kAhead>
+template <bool kBf16>
 __global__ void __launch_bounds__(kSplitWarps * 32) GroupKernel(GroupParams gp) {
   const int64_t block = blockIdx.x;
   int e = 0;
   while (e + 1 < gp.count && block >= gp.first[e + 1]) ++e;
-  SplitBlock<kBf16, false, false, kAhead>(gp.p[e], block - gp.first[e]);
+  SplitBlock<kBf16, false, false>(gp.p[e], block - gp.first[e]);
 }
 
 // Many rows: a CTA per (kRows x kTileCols tile, group of parts), the
@@ -593,16 +555,13 @@ cudaError_t Launch(const Params& base, const TcGemmArgs& args, cudaStream_t stre
     p.groups = p.n / 8;
     const dim3 grid(static_cast<unsigned>(SplitCtas(p, args.swiglu)));
     static_assert(kTcSplitRows == 16, "the split mode holds one 16-row tile");
-    const TcLoadAhead ahead = g_load_ahead.load(std::memory_order_relaxed);
     if constexpr (!kF32Out) {
       if (args.swiglu)
-        return LaunchDependent(ahead == TcLoadAhead::kAll ? SplitKernel<kBf16, false, true, true>
-                                                          : SplitKernel<kBf16, false, true, false>,
-                               grid, kSplitWarps * 32, 0, stream, p);
+        return LaunchDependent(SplitKernel<kBf16, false, true>, grid, kSplitWarps * 32, 0, stream,
+                               p);
     }
-    return LaunchDependent(ahead != TcLoadAhead::kOff ? SplitKernel<kBf16, kF32Out, false, true>
-                                                      : SplitKernel<kBf16, kF32Out, false, false>,
-                           grid, kSplitWarps * 32, 0, stream, p);
+    return LaunchDependent(SplitKernel<kBf16, kF32Out, false>, grid, kSplitWarps * 32, 0, stream,
+                           p);
   }
   // Up to kDeepRows rows, 64-row tiles through 6 stages; above, 128-row
   // tiles (a warp's 64 x 32 piece reads each staged fragment for twice the
@@ -646,8 +605,6 @@ bool Aligned(const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p
 void SetTcGemmTargetWarps(int64_t warps) {
   g_target_warps.store(warps > 0 ? warps : kTargetWarps, std::memory_order_relaxed);
 }
-
-void SetTcGemmLoadAhead(TcLoadAhead ahead) { g_load_ahead.store(ahead, std::memory_order_relaxed); }
 
 int32_t TcGemmSplits(const TcGemmShape& shape) {
   if (shape.n < 8 || shape.k < 64 || shape.n % 8 != 0 || shape.k % 64 != 0 || shape.batch < 1)
@@ -736,12 +693,11 @@ cudaError_t LaunchTcGemmGroup(std::span<const TcGemmArgs> group, cudaStream_t st
   }
   gp.first[group.size()] = blocks;
   if (group[0].m == 0) return cudaSuccess;
-  const bool ahead = g_load_ahead.load(std::memory_order_relaxed) != TcLoadAhead::kOff;
-  const auto kernel = group[0].bf16
-                          ? (ahead ? GroupKernel<true, true> : GroupKernel<true, false>)
-                          : (ahead ? GroupKernel<false, true> : GroupKernel<false, false>);
-  const cudaError_t set =
-      LaunchDependent(kernel, static_cast<unsigned>(blocks), kSplitWarps * 32, 0, stream, gp);
+  const cudaError_t set = group[0].bf16
+                              ? LaunchDependent(GroupKernel<true>, static_cast<unsigned>(blocks),
+                                                kSplitWarps * 32, 0, stream, gp)
+                              : LaunchDependent(GroupKernel<false>, static_cast<unsigned>(blocks),
+                                                kSplitWarps * 32, 0, stream, gp);
   if (set != cudaSuccess) {
     (void)cudaGetLastError();
     return set;

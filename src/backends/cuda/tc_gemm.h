@@ -63,17 +63,11 @@ struct TcGemmShape {
 // 64, n not of 8).
 int32_t TcGemmSplits(const TcGemmShape& shape);
 
-// For benches that compare the split mode's variants; each applies to the
-// launches (and TcGemmSplits calls) after it, in every thread.
-// The warps a one-row launch aims for, which sets each shape's parts (and so
-// the order of its sums): 2048 by default, and again for 0.
+// For benches that compare: the warps a one-row launch aims for, which sets
+// each shape's parts (and so the order of its sums), for the launches and
+// TcGemmSplits calls after it in every thread: 2048 by default, and again
+// for 0.
 void SetTcGemmTargetWarps(int64_t warps);
-// Whether a split-mode warp loads a round of weights while it multiplies the
-// round before (twice the registers for them; the same sums): for no launch,
-// for all but the SwiGLU pair's, or for all. HEARTH_GEMM_LOAD_AHEAD=off,
-// plain or all in the environment sets it for a process (read once).
-enum class TcLoadAhead { kOff, kPlain, kAll };
-void SetTcGemmLoadAhead(TcLoadAhead ahead);
 
 // The most workspace a many-rows launch uses (more of it, more CTAs at once
 // for shapes with few tiles; none, one CTA per tile and no second kernel).

@@ -485,92 +485,6 @@ TEST_F(LlmCudaTest, OwnGemmLongPartsInRoundsGiveTheTileBits) {
     }
 }
 
-// A warp of the few-rows mode that loads its next round of weights while it
-// multiplies the one before gives the bits of one that loads them after:
-// parts of one round, of an even and an odd number of them, a short last
-// one; the SwiGLU pair; a group of products in one launch.
-TEST_F(LlmCudaTest, OwnGemmLoadAheadGivesTheSameBits) {
-  struct Restore {
-    ~Restore() { cuda::SetTcGemmLoadAhead(cuda::TcLoadAhead::kOff); }
-  } restore;
-  const TcScratch scratch;
-  const auto both = [&](cuda::TcLoadAhead ahead, const auto& run) {
-    cuda::SetTcGemmLoadAhead(cuda::TcLoadAhead::kOff);
-    const auto off = run();
-    cuda::SetTcGemmLoadAhead(ahead);
-    const auto on = run();
-    cuda::SetTcGemmLoadAhead(cuda::TcLoadAhead::kOff);
-    return std::make_pair(off, on);
-  };
-  // n, k: parts of 256 (1 round of 4 blocks), 384 (1.5), 512 (2), 576
-  // (2.25, its last round one block) and 1024 (4) elements.
-  const int64_t shapes[][3] = {
-      {16384, 256, 256}, {8192, 768, 384}, {512, 4096, 512}, {16384, 576, 576}, {2048, 8192, 1024}};
-  for (const auto& [n, k, part] : shapes) {
-    const cuda::TcGemmShape shape{n, k, 1};
-    SCOPED_TRACE("n " + std::to_string(n) + " k " + std::to_string(k));
-    ASSERT_EQ(k / cuda::TcGemmSplits(shape), part);
-    std::mt19937_64 rng(static_cast<uint64_t>(n + k));
-    const auto w = Random16(rng, static_cast<size_t>(n * k), 1.0f / 32, true);
-    const auto x = Random16(rng, static_cast<size_t>(cuda::kTcSplitRows * k), 1.0f, true);
-    DeviceMemory dw(w), dx(x), dy(static_cast<size_t>(cuda::kTcSplitRows * n) * 2);
-    for (const int64_t m : {int64_t{1}, int64_t{7}, cuda::kTcSplitRows}) {
-      const auto [off, on] =
-          both(cuda::TcLoadAhead::kPlain, [&] { return scratch.Rows(shape, dx, dw, dy, m); });
-      ASSERT_EQ(off, on) << m << " rows";
-      // Every value written (the 0xFFFF fill is gone), and not one value.
-      EXPECT_EQ(std::count(on.begin(), on.end(), uint16_t{0xFFFF}), 0);
-      EXPECT_GT(std::set<uint16_t>(on.begin(), on.end()).size(), size_t{64});
-    }
-  }
-  {
-    // The SwiGLU pair, which only kAll loads ahead.
-    const int64_t n = 8192, k = 1024, m = 5, w_stride = n * k;
-    std::mt19937_64 rng(77);
-    const auto w = Random16(rng, static_cast<size_t>(2 * n * k), 0.05f, true);
-    const auto x = Random16(rng, static_cast<size_t>(m * k), 1.0f, true);
-    DeviceMemory dw(w), dx(x), dy(static_cast<size_t>(m * n) * 2);
-    for (const cuda::TcLoadAhead ahead : {cuda::TcLoadAhead::kPlain, cuda::TcLoadAhead::kAll}) {
-      const auto [off, on] = both(ahead, [&] {
-        cuda::TcGemmArgs a = scratch.Args({n, k, 2}, true, dx, dw, dy.get(), m);
-        a.w_stride = w_stride;
-        a.swiglu = true;
-        EXPECT_EQ(cudaMemset(dy.get(), 0xFF, static_cast<size_t>(m * n) * 2), cudaSuccess);
-        EXPECT_EQ(cuda::LaunchTcGemm(a, nullptr), cudaSuccess);
-        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        return dy.Read<uint16_t>(static_cast<size_t>(m * n));
-      });
-      ASSERT_EQ(off, on);
-    }
-  }
-  {
-    // q_proj and a k/v pair in one launch.
-    const int64_t k = 2048, nq = 2048, nkv = 512, m = 3;
-    std::mt19937_64 rng(78);
-    const auto wq = Random16(rng, static_cast<size_t>(nq * k), 0.03f, true);
-    const auto wkv = Random16(rng, static_cast<size_t>(2 * nkv * k), 0.03f, true);
-    const auto x = Random16(rng, static_cast<size_t>(m * k), 1.0f, true);
-    DeviceMemory dwq(wq), dwkv(wkv), dx(x), dq(static_cast<size_t>(m * nq) * 2),
-        dkv(static_cast<size_t>(2 * m * nkv) * 2);
-    const auto [off, on] = both(cuda::TcLoadAhead::kPlain, [&] {
-      cuda::TcGemmArgs q = scratch.Args({nq, k, 1}, true, dx, dwq, dq.get(), m);
-      cuda::TcGemmArgs kv = scratch.Args({nkv, k, 2}, true, dx, dwkv, dkv.get(), m);
-      kv.w_stride = nkv * k;
-      kv.y_stride = m * nkv;
-      const cuda::TcGemmArgs group[] = {q, kv};
-      EXPECT_EQ(cudaMemset(dq.get(), 0xFF, static_cast<size_t>(m * nq) * 2), cudaSuccess);
-      EXPECT_EQ(cudaMemset(dkv.get(), 0xFF, static_cast<size_t>(2 * m * nkv) * 2), cudaSuccess);
-      EXPECT_EQ(cuda::LaunchTcGemmGroup(group, nullptr), cudaSuccess);
-      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      auto out = dq.Read<uint16_t>(static_cast<size_t>(m * nq));
-      const auto kv_out = dkv.Read<uint16_t>(static_cast<size_t>(2 * m * nkv));
-      out.insert(out.end(), kv_out.begin(), kv_out.end());
-      return out;
-    });
-    ASSERT_EQ(off, on);
-  }
-}
-
 // A pair of weights as one strided batch (k_proj and v_proj, gate_proj and
 // up_proj, packed in one arena): each output is its own weight's product,
 // with its own bias, and a row's bits do not depend on the row count.
@@ -993,6 +907,28 @@ std::vector<uint16_t> RunAttention(const PagedCache& cache, const DeviceMemory& 
 // The host plan alone (no GPU): every (token, head) row of a step gets its
 // output from exactly one writer (a fold-path item, or a combine row whose
 // partials the split-path items all wrote), within the capacities given.
+// A shape's parts follow the warps a one-row launch aims for: the gate/up
+// pair of a 1B Llama (2048 column groups) has 1 at the default 2048 and 2 at
+// 4096; q_proj's 256 groups have the most, 8, at either; 0 restores the
+// default. (Host code: runs without a GPU.)
+TEST(LlmCudaGemmSplits, FollowTheTargetWarps) {
+  struct Restore {
+    ~Restore() { cuda::SetTcGemmTargetWarps(0); }
+  } restore;
+  const cuda::TcGemmShape gate_up{8192, 2048, 2}, q{2048, 2048, 1};
+  EXPECT_EQ(cuda::TcGemmSplits(gate_up), 1);
+  EXPECT_EQ(cuda::TcGemmSplits(q), 8);
+  cuda::SetTcGemmTargetWarps(4096);
+  EXPECT_EQ(cuda::TcGemmSplits(gate_up), 2);
+  EXPECT_EQ(cuda::TcGemmSplits(q), 8);
+  cuda::SetTcGemmTargetWarps(1024);
+  EXPECT_EQ(cuda::TcGemmSplits(gate_up), 1);
+  EXPECT_EQ(cuda::TcGemmSplits(q), 4);
+  cuda::SetTcGemmTargetWarps(0);
+  EXPECT_EQ(cuda::TcGemmSplits(gate_up), 1);
+  EXPECT_EQ(cuda::TcGemmSplits(q), 8);
+}
+
 TEST(LlmCudaAttentionPlan, CoversEveryRowOnce) {
   std::mt19937_64 rng(17);
   for (const AttnShape shape : {AttnShape{8, 2, 64, 16, true}, AttnShape{14, 2, 128, 16, true},
