@@ -23,7 +23,8 @@
 // --twice times the steps again with each named kernel launched twice: the
 // difference is what the kernel costs in the graph. --target-warps sets
 // the warps hearth's kernel aims for at up to 16 rows (and so each shape's
-// parts, at every row count).
+// parts, at every row count), --spread-below the tiles below which it
+// spreads a shape's parts over more CTAs at more rows.
 //
 // Lines:
 //   decode seqs=64 context=512 ms=1.234 weight_floor_ms=0.618 of_weight_floor=0.50 ...
@@ -399,10 +400,16 @@ int Main(int argc, char** argv) {
   int64_t target_warps = 0;
   app.add_option("--target-warps", target_warps,
                  "hearth's kernel at up to 16 rows: the warps a launch aims for, which sets each "
-                 "shape's parts (0: the kernel's own, 2048)")
+                 "shape's parts (0: the kernel's own, 4096)")
+      ->check(CLI::NonNegativeNumber);
+  int64_t spread_below = 0;
+  app.add_option("--spread-below", spread_below,
+                 "hearth's kernel at more than 16 rows: the tiles below which a launch spreads a "
+                 "shape's parts over more CTAs (0: the kernel's own, 99)")
       ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
   cuda::SetTcGemmTargetWarps(target_warps);
+  cuda::SetTcGemmSpreadBelowTiles(spread_below);
   // The --twice variants: none (the step as it is), then each name.
   std::vector<std::string> twice_list{""};
   {

@@ -14,15 +14,23 @@ namespace {
 // Warps of a split-mode CTA, and the most parts a shape's k is cut into:
 // the parts of a column group are added within one CTA.
 constexpr int kSplitWarps = 8;
-// Warps a one-row launch should have: ~16 per SM of an H100/H200, enough
-// 16-byte loads in flight to cover the memory's latency. A constant, so that
-// the order of sums never depends on the GPU.
-constexpr int64_t kTargetWarps = 2048;
+// Warps a one-row launch should have: ~31 per SM of an H100/H200, enough
+// 16-byte loads in flight to cover the memory's latency (2048 left the
+// gate/up pair of a 1B Llama one part, 1024 warps). A constant, so that the
+// order of sums never depends on the GPU.
+constexpr int64_t kTargetWarps = 4096;
 std::atomic<int64_t> g_target_warps{kTargetWarps};
 // 64-wide k blocks whose weights a lane loads before it multiplies them.
 constexpr int kUnroll = 4;
 // CTAs a many-rows launch aims for: two per SM of an H100/H200.
 constexpr int64_t kTileTargetCtas = 264;
+// Tiles from which a many-rows launch runs a shape's tiles as they are, one
+// CTA each with all its parts: three quarters of a 132-SM GPU's one wave.
+// Below, groups of parts fill it (and a second kernel adds them); above, they
+// would add that kernel and the part sums' traffic to a launch already about
+// one wave wide.
+constexpr int64_t kSpreadBelowTiles = 99;
+std::atomic<int64_t> g_spread_below{kSpreadBelowTiles};
 
 struct Params {
   const uint16_t* x;
@@ -571,11 +579,12 @@ cudaError_t Launch(const Params& base, const TcGemmArgs& args, cudaStream_t stre
   TileParams t{};
   t.col_tiles = (p.n + kTileCols - 1) / kTileCols;
   const int64_t tiles = t.col_tiles * p.batch * ((p.m + rows - 1) / rows);
-  // Groups of parts in flight at once: enough CTAs for two waves of a
-  // 132-SM GPU where the part sums fit the workspace. The bits do not
-  // depend on it.
+  // Groups of parts in flight at once: for a shape of fewer tiles than
+  // g_spread_below, enough CTAs for two waves of a 132-SM GPU where the part
+  // sums fit the workspace. The bits do not depend on it.
   t.groups = 1;
-  while (t.groups < p.splits && tiles * t.groups < kTileTargetCtas) {
+  const bool spread = tiles < g_spread_below.load(std::memory_order_relaxed);
+  while (spread && t.groups < p.splits && tiles * t.groups < kTileTargetCtas) {
     const int32_t next = t.groups * 2;
     const uint64_t slot_bytes = static_cast<uint64_t>(p.batch) * p.m * p.n * sizeof(float);
     const uint64_t slots = static_cast<uint64_t>(p.splits - p.splits / next + 1);
@@ -604,6 +613,10 @@ bool Aligned(const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p
 
 void SetTcGemmTargetWarps(int64_t warps) {
   g_target_warps.store(warps > 0 ? warps : kTargetWarps, std::memory_order_relaxed);
+}
+
+void SetTcGemmSpreadBelowTiles(int64_t tiles) {
+  g_spread_below.store(tiles > 0 ? tiles : kSpreadBelowTiles, std::memory_order_relaxed);
 }
 
 int32_t TcGemmSplits(const TcGemmShape& shape) {

@@ -58,16 +58,19 @@ struct TcGemmShape {
 };
 
 // The number of parts k is cut into for this shape: enough warps at one row
-// to keep the memory busy, at most 8 (one CTA's warps), a function of the
+// to keep the memory busy (the target warps below), at most 8 (one CTA's warps), a function of the
 // shape alone. 0 when the kernel cannot run the shape (k not a multiple of
 // 64, n not of 8).
 int32_t TcGemmSplits(const TcGemmShape& shape);
 
-// For benches that compare: the warps a one-row launch aims for, which sets
-// each shape's parts (and so the order of its sums), for the launches and
-// TcGemmSplits calls after it in every thread: 2048 by default, and again
-// for 0.
+// For benches that compare, each for the launches and TcGemmSplits calls
+// after it in every thread, the default again for 0:
+// the warps a one-row launch aims for, which sets each shape's parts (and so
+// the order of its sums), 4096 by default;
 void SetTcGemmTargetWarps(int64_t warps);
+// the tiles below which a many-rows launch spreads a shape's parts over
+// more CTAs (99 by default; the bits do not depend on it).
+void SetTcGemmSpreadBelowTiles(int64_t tiles);
 
 // The most workspace a many-rows launch uses (more of it, more CTAs at once
 // for shapes with few tiles; none, one CTA per tile and no second kernel).

@@ -908,24 +908,24 @@ std::vector<uint16_t> RunAttention(const PagedCache& cache, const DeviceMemory& 
 // output from exactly one writer (a fold-path item, or a combine row whose
 // partials the split-path items all wrote), within the capacities given.
 // A shape's parts follow the warps a one-row launch aims for: the gate/up
-// pair of a 1B Llama (2048 column groups) has 1 at the default 2048 and 2 at
-// 4096; q_proj's 256 groups have the most, 8, at either; 0 restores the
-// default. (Host code: runs without a GPU.)
+// pair of a 1B Llama (2048 column groups) has 2 at the default 4096 and 1 at
+// 2048; q_proj's 256 groups have the most, 8, at either and 4 at 1024; 0
+// restores the default. (Host code: runs without a GPU.)
 TEST(LlmCudaGemmSplits, FollowTheTargetWarps) {
   struct Restore {
     ~Restore() { cuda::SetTcGemmTargetWarps(0); }
   } restore;
   const cuda::TcGemmShape gate_up{8192, 2048, 2}, q{2048, 2048, 1};
-  EXPECT_EQ(cuda::TcGemmSplits(gate_up), 1);
-  EXPECT_EQ(cuda::TcGemmSplits(q), 8);
-  cuda::SetTcGemmTargetWarps(4096);
   EXPECT_EQ(cuda::TcGemmSplits(gate_up), 2);
+  EXPECT_EQ(cuda::TcGemmSplits(q), 8);
+  cuda::SetTcGemmTargetWarps(2048);
+  EXPECT_EQ(cuda::TcGemmSplits(gate_up), 1);
   EXPECT_EQ(cuda::TcGemmSplits(q), 8);
   cuda::SetTcGemmTargetWarps(1024);
   EXPECT_EQ(cuda::TcGemmSplits(gate_up), 1);
   EXPECT_EQ(cuda::TcGemmSplits(q), 4);
   cuda::SetTcGemmTargetWarps(0);
-  EXPECT_EQ(cuda::TcGemmSplits(gate_up), 1);
+  EXPECT_EQ(cuda::TcGemmSplits(gate_up), 2);
   EXPECT_EQ(cuda::TcGemmSplits(q), 8);
 }
 
