@@ -22,7 +22,7 @@
 // before it ended; in the graphs, with dependent launches, kernels overlap.
 // --twice times the steps again with each named kernel launched twice: the
 // difference is what the kernel costs in the graph. --target-warps sets
-// the warps hearth's kernel aims for at up to 16 rows (and so each shape's
+// the most warps hearth's kernel has at up to 16 rows (and so each shape's
 // parts, at every row count), --spread-below the tiles below which it
 // spreads a shape's parts over more CTAs at more rows.
 //
@@ -399,8 +399,8 @@ int Main(int argc, char** argv) {
                  "kernel costs among the others in the graph (the step's values are then wrong)");
   int64_t target_warps = 0;
   app.add_option("--target-warps", target_warps,
-                 "hearth's kernel at up to 16 rows: the warps a launch aims for, which sets each "
-                 "shape's parts (0: the kernel's own, 4096)")
+                 "hearth's kernel at up to 16 rows: the most warps a launch's parts may give it, "
+                 "which sets each shape's parts (0: the kernel's own, 2112)")
       ->check(CLI::NonNegativeNumber);
   int64_t spread_below = 0;
   app.add_option("--spread-below", spread_below,

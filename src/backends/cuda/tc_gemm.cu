@@ -14,11 +14,12 @@ namespace {
 // Warps of a split-mode CTA, and the most parts a shape's k is cut into:
 // the parts of a column group are added within one CTA.
 constexpr int kSplitWarps = 8;
-// Warps a one-row launch should have: ~31 per SM of an H100/H200, enough
-// 16-byte loads in flight to cover the memory's latency (2048 left the
-// gate/up pair of a 1B Llama one part, 1024 warps). A constant, so that the
-// order of sums never depends on the GPU.
-constexpr int64_t kTargetWarps = 4096;
+// The most warps a one-row launch's parts may give it: one wave of two
+// 8-warp CTAs an SM of a 132-SM H100/H200, 16 warps an SM, their 16-byte
+// loads enough to cover the memory's latency; past a wave, the last one runs
+// on few SMs. Counted per weight of a batch: the SwiGLU pair's warp computes
+// both. A constant, so that the order of sums never depends on the GPU.
+constexpr int64_t kTargetWarps = 2112;
 std::atomic<int64_t> g_target_warps{kTargetWarps};
 // 64-wide k blocks whose weights a lane loads before it multiplies them.
 constexpr int kUnroll = 4;
@@ -622,10 +623,10 @@ void SetTcGemmSpreadBelowTiles(int64_t tiles) {
 int32_t TcGemmSplits(const TcGemmShape& shape) {
   if (shape.n < 8 || shape.k < 64 || shape.n % 8 != 0 || shape.k % 64 != 0 || shape.batch < 1)
     return 0;
-  const int64_t groups = shape.batch * shape.n / 8;
+  const int64_t groups = shape.n / 8;
   int32_t splits = 1;
   const int64_t target = g_target_warps.load(std::memory_order_relaxed);
-  while (groups * splits < target && splits < kSplitWarps &&
+  while (groups * splits * 2 <= target && splits < kSplitWarps &&
          shape.k % (int64_t{64} * splits * 2) == 0) {
     splits *= 2;
   }

@@ -65,8 +65,9 @@ int32_t TcGemmSplits(const TcGemmShape& shape);
 
 // For benches that compare, each for the launches and TcGemmSplits calls
 // after it in every thread, the default again for 0:
-// the warps a one-row launch aims for, which sets each shape's parts (and so
-// the order of its sums), 4096 by default;
+// the most warps a one-row launch's parts may give it (per weight of a
+// batch), which sets each shape's parts (and so the order of its sums), 2112
+// by default;
 void SetTcGemmTargetWarps(int64_t warps);
 // the tiles below which a many-rows launch spreads a shape's parts over
 // more CTAs (99 by default; the bits do not depend on it).

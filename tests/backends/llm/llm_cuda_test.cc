@@ -907,26 +907,25 @@ std::vector<uint16_t> RunAttention(const PagedCache& cache, const DeviceMemory& 
 // The host plan alone (no GPU): every (token, head) row of a step gets its
 // output from exactly one writer (a fold-path item, or a combine row whose
 // partials the split-path items all wrote), within the capacities given.
-// A shape's parts follow the warps a one-row launch aims for: the gate/up
-// pair of a 1B Llama (2048 column groups) has 2 at the default 4096 and 1 at
-// 2048; q_proj's 256 groups have the most, 8, at either and 4 at 1024; 0
-// restores the default. (Host code: runs without a GPU.)
+// A shape's parts follow the most warps a one-row launch may have, counted
+// per weight: at the default 2112, the gate/up pair of a 1B Llama (1024
+// column groups a weight) has 2, an 8B's (1792) 1, q_proj of a 1B (256) the
+// most, 8; at 1024, 1 and 1 and 4. 0 restores the default. (Host code: runs
+// without a GPU.)
 TEST(LlmCudaGemmSplits, FollowTheTargetWarps) {
   struct Restore {
     ~Restore() { cuda::SetTcGemmTargetWarps(0); }
   } restore;
-  const cuda::TcGemmShape gate_up{8192, 2048, 2}, q{2048, 2048, 1};
-  EXPECT_EQ(cuda::TcGemmSplits(gate_up), 2);
-  EXPECT_EQ(cuda::TcGemmSplits(q), 8);
-  cuda::SetTcGemmTargetWarps(2048);
-  EXPECT_EQ(cuda::TcGemmSplits(gate_up), 1);
-  EXPECT_EQ(cuda::TcGemmSplits(q), 8);
+  const cuda::TcGemmShape gate_up{8192, 2048, 2}, gate_up_8b{14336, 4096, 2}, q{2048, 2048, 1};
+  const auto all = [&] {
+    return std::vector<int32_t>{cuda::TcGemmSplits(gate_up), cuda::TcGemmSplits(gate_up_8b),
+                                cuda::TcGemmSplits(q)};
+  };
+  EXPECT_EQ(all(), (std::vector<int32_t>{2, 1, 8}));
   cuda::SetTcGemmTargetWarps(1024);
-  EXPECT_EQ(cuda::TcGemmSplits(gate_up), 1);
-  EXPECT_EQ(cuda::TcGemmSplits(q), 4);
+  EXPECT_EQ(all(), (std::vector<int32_t>{1, 1, 4}));
   cuda::SetTcGemmTargetWarps(0);
-  EXPECT_EQ(cuda::TcGemmSplits(gate_up), 2);
-  EXPECT_EQ(cuda::TcGemmSplits(q), 8);
+  EXPECT_EQ(all(), (std::vector<int32_t>{2, 1, 8}));
 }
 
 TEST(LlmCudaAttentionPlan, CoversEveryRowOnce) {
