@@ -58,9 +58,9 @@ struct TcGemmShape {
 };
 
 // The number of parts k is cut into for this shape: enough warps at one row
-// to keep the memory busy (the target warps below), at most 8 (one CTA's warps), a function of the
-// shape alone. 0 when the kernel cannot run the shape (k not a multiple of
-// 64, n not of 8).
+// to keep the memory busy within one wave (the target warps below), at most
+// 8 (one CTA's warps), a function of the shape alone. 0 when the kernel
+// cannot run the shape (k not a multiple of 64, n not of 8).
 int32_t TcGemmSplits(const TcGemmShape& shape);
 
 // For benches that compare, each for the launches and TcGemmSplits calls

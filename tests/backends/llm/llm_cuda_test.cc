@@ -904,30 +904,37 @@ std::vector<uint16_t> RunAttention(const PagedCache& cache, const DeviceMemory& 
   return out.Read<uint16_t>(out_elems);
 }
 
-// The host plan alone (no GPU): every (token, head) row of a step gets its
-// output from exactly one writer (a fold-path item, or a combine row whose
-// partials the split-path items all wrote), within the capacities given.
 // A shape's parts follow the most warps a one-row launch may have, counted
-// per weight: at the default 2112, the gate/up pair of a 1B Llama (1024
-// column groups a weight) has 2, an 8B's (1792) 1, q_proj of a 1B (256) the
-// most, 8; at 1024, 1 and 1 and 4. 0 restores the default. (Host code: runs
-// without a GPU.)
+// per weight of a batch. At the default 2112 each shape of the 1B and 8B
+// Llama steps (q_proj, the k/v pair, o_proj, the gate/up pair, down_proj,
+// lm_head) has the parts it had at 2048 warps over a batch's weights, but
+// the 1B's gate/up pair, which has 2 instead of 1. At 1024 the 1B's q_proj has
+// 4. 0 restores the default. (Host code: runs without a GPU.)
 TEST(LlmCudaGemmSplits, FollowTheTargetWarps) {
   struct Restore {
     ~Restore() { cuda::SetTcGemmTargetWarps(0); }
   } restore;
-  const cuda::TcGemmShape gate_up{8192, 2048, 2}, gate_up_8b{14336, 4096, 2}, q{2048, 2048, 1};
-  const auto all = [&] {
-    return std::vector<int32_t>{cuda::TcGemmSplits(gate_up), cuda::TcGemmSplits(gate_up_8b),
-                                cuda::TcGemmSplits(q)};
+  const auto parts = [](int64_t h, int64_t kv, int64_t im, int64_t vocab) {
+    std::vector<int32_t> out;
+    for (const cuda::TcGemmShape& s :
+         {cuda::TcGemmShape{h, h, 1}, cuda::TcGemmShape{kv, h, 2}, cuda::TcGemmShape{h, h, 1},
+          cuda::TcGemmShape{im, h, 2}, cuda::TcGemmShape{h, im, 1}, cuda::TcGemmShape{vocab, h, 1}})
+      out.push_back(cuda::TcGemmSplits(s));
+    return out;
   };
-  EXPECT_EQ(all(), (std::vector<int32_t>{2, 1, 8}));
+  const auto one_b = [&] { return parts(2048, 512, 8192, 128256); };
+  const auto eight_b = [&] { return parts(4096, 1024, 14336, 128256); };
+  EXPECT_EQ(one_b(), (std::vector<int32_t>{8, 8, 8, 2, 8, 1}));
+  EXPECT_EQ(eight_b(), (std::vector<int32_t>{4, 8, 4, 1, 4, 1}));
   cuda::SetTcGemmTargetWarps(1024);
-  EXPECT_EQ(all(), (std::vector<int32_t>{1, 1, 4}));
+  EXPECT_EQ(one_b(), (std::vector<int32_t>{4, 8, 4, 1, 4, 1}));
   cuda::SetTcGemmTargetWarps(0);
-  EXPECT_EQ(all(), (std::vector<int32_t>{2, 1, 8}));
+  EXPECT_EQ(one_b(), (std::vector<int32_t>{8, 8, 8, 2, 8, 1}));
 }
 
+// The host plan alone (no GPU): every (token, head) row of a step gets its
+// output from exactly one writer (a fold-path item, or a combine row whose
+// partials the split-path items all wrote), within the capacities given.
 TEST(LlmCudaAttentionPlan, CoversEveryRowOnce) {
   std::mt19937_64 rng(17);
   for (const AttnShape shape : {AttnShape{8, 2, 64, 16, true}, AttnShape{14, 2, 128, 16, true},
