@@ -13,7 +13,7 @@
 # grpc_cpp_plugin: -DHEARTH_GRPC_ROOT). bench/gpu-deps.sh makes them all.
 #
 # SECTIONS picks what runs after the build (default: all of them):
-#   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart coldstart multigpu gemm tokenizer-fixtures llm-step llm-prefetch startup suite
+#   host-tests cuda-tests foundation serve-tests serve python llm pybackend aoti generate protocol restart coldstart multigpu gemm tokenizer-fixtures llm-step llm-prefetch llm-twice startup suite
 # (GEN_BACKEND=llm runs the generate section on backend: llm instead of the Python example.)
 # (multigpu runs only where nvidia-smi lists 2 GPUs or more.)
 # (The serve-tests section runs tests/serve's files SERVE_JOBS at a time, 4
@@ -232,6 +232,14 @@ if want llm-prefetch; then
   timeout 200 "$BUILD/bench/llm/llm_step_bench" --shape 8b --iterations 20 --context 192 --seqs 1,16 \
     --profile-seqs 0 --pairing on --gemm own --l2-prefetch 0,default,0,default >> "$OUT/llm-prefetch.log" 2>&1
   grep -E "^decode " "$OUT/llm-prefetch.log" | sed -E 's/ weight_floor_ms.*//; s/pairing=on gemm=own dependent=on fuse=on fold=1 //'
+fi
+if want llm-twice; then
+  echo "== each kernel's cost in the graphed 1B decode step (context 64, 1 and 16 sequences): its launches run twice, the step's time less the plain step's"
+  timeout 300 "$BUILD/bench/llm/llm_step_bench" --iterations 50 --context 64 --seqs 1,16 --profile-seqs 0 \
+    --pairing on --gemm own --twice "embed;rmsnorm;gemm q_proj + k/v;attention + rope + kv write;gemm o_proj;gemm gate_proj+up_proj + swiglu;gemm down_proj;final rmsnorm;gemm lm_head;sampling" \
+    > "$OUT/llm-twice.log" 2>&1
+  grep -E "^decode |llm_step_bench:" "$OUT/llm-twice.log" \
+    | sed -E 's/ weight_floor_ms.*//; s/pairing=on gemm=own dependent=on fuse=on fold=1 prefetch=[^ ]* //'
 fi
 if want suite; then
   echo "== throughput and resilience suite beside the torch.multiprocessing baseline"
