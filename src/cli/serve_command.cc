@@ -130,11 +130,6 @@ int RunServe(const std::string& repository, const std::string& device_text, int 
   // per-thread stack shrinks it, from 524 to 326 MiB on an H200. Set before
   // anything touches CUDA; a value in the environment wins.
   ::setenv("HEARTH_CUDA_STACK_SIZE", "256", 0);
-  // One hardware work queue for each CUDA context (this process's and every
-  // worker's, zygote-forked or exec'd) instead of the driver's 8: a worker runs
-  // its kernels on one stream, and the driver makes such a context in less
-  // time (docs/python-backend.md). A value in the environment wins.
-  ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 0);
   ServerOptions options;
   options.repository = repository;
   options.workers = workers;

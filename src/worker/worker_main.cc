@@ -145,6 +145,12 @@ int Serve(const WorkerArgs& a) {
   // the server may itself be PID 1, in a container.)
   if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) return 1;
   if (a.parent_pid > 0 && ::getppid() != a.parent_pid) return 1;
+  // One hardware work queue for the worker's CUDA context, whatever runs in
+  // it (this process's backend, or the program exec'd next, a zygote's
+  // forked workers too) instead of the driver's 8: a worker runs its kernels
+  // on one stream, and the driver makes such a context in less time
+  // (docs/python-backend.md). A value in the environment wins.
+  ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 0);
   const BackendKind* kind = FindBackendKind(a.backend);
   if (kind == nullptr) return Die(a.control_fd, UnknownBackendKind(a.backend));
   if (kind->program) return ExecProgram(a, *kind);
@@ -155,9 +161,6 @@ int Serve(const WorkerArgs& a) {
   // A trimmed CUDA context: 326 instead of 524 MiB on an H200. The driver
   // still grows the stack for a kernel that needs more.
   ::setenv("HEARTH_CUDA_STACK_SIZE", "256", 0);
-  // One hardware work queue: the worker's kernels run on one stream (as
-  // `hearth serve` sets it for the workers it starts).
-  ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 0);
 
   using Clock = std::chrono::steady_clock;
   auto ms_since = [](Clock::time_point t) {

@@ -167,9 +167,10 @@ def test_forked_workers_answer_as_execd_ones_and_hold_only_their_own_descriptors
         # The zygote holds no weights and no slot.
         assert sorted(zygote_fds) == [0, 1, 2, 3], zygote_fds
         assert "hearth-arena" not in pathlib.Path(f"/proc/{zygote}/maps").read_text()
-        # One hardware work queue per CUDA context, the server's default
-        # where its environment sets none: the zygote's environment, and so
-        # every forked worker's, and every exec'd one's.
+        # One hardware work queue per worker's CUDA context, hearth-worker's
+        # default where the server's environment sets none: in the
+        # environment of the zygote (exec'd by hearth-worker), and so of every
+        # worker forked from it, and of every exec'd worker.
         connections = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "1")
         for pid in [zygote] + ready_pids(log, "forked") + ready_pids(log, "execd"):
             assert environ_value(pid, "CUDA_DEVICE_MAX_CONNECTIONS") == connections, pid
