@@ -14,23 +14,27 @@ namespace {
 // Warps of a split-mode CTA, and the most parts a shape's k is cut into:
 // the parts of a column group are added within one CTA.
 constexpr int kSplitWarps = 8;
+// SMs of an H100/H200, which the launch sizes below are made for. A
+// constant, so that the order of sums never depends on the GPU.
+constexpr int64_t kSms = 132;
 // The most warps a one-row launch's parts may give it: one wave of two
-// 8-warp CTAs an SM of a 132-SM H100/H200, 16 warps an SM, their 16-byte
-// loads enough to cover the memory's latency; past a wave, the last one runs
-// on few SMs. Counted per weight of a batch: the SwiGLU pair's warp computes
-// both. A constant, so that the order of sums never depends on the GPU.
-constexpr int64_t kTargetWarps = 2112;
+// 8-warp CTAs an SM, 16 warps an SM, their 16-byte loads enough to cover the
+// memory's latency; past a wave, the last one runs on few SMs. Counted per
+// weight of a batch: the SwiGLU pair's warp computes both.
+constexpr int64_t kTargetWarps = 2 * kSms * kSplitWarps;
+static_assert(kTargetWarps == 2112);
 std::atomic<int64_t> g_target_warps{kTargetWarps};
 // 64-wide k blocks whose weights a lane loads before it multiplies them.
 constexpr int kUnroll = 4;
-// CTAs a many-rows launch aims for: two per SM of an H100/H200.
-constexpr int64_t kTileTargetCtas = 264;
+// CTAs a many-rows launch aims for: two per SM.
+constexpr int64_t kTileTargetCtas = 2 * kSms;
 // Tiles from which a many-rows launch runs a shape's tiles as they are, one
-// CTA each with all its parts: three quarters of a 132-SM GPU's one wave.
+// CTA each with all its parts: three quarters of one wave.
 // Below, groups of parts fill it (and a second kernel adds them); above, they
 // would add that kernel and the part sums' traffic to a launch already about
 // one wave wide.
-constexpr int64_t kSpreadBelowTiles = 99;
+constexpr int64_t kSpreadBelowTiles = kSms * 3 / 4;
+static_assert(kTileTargetCtas == 264 && kSpreadBelowTiles == 99);
 std::atomic<int64_t> g_spread_below{kSpreadBelowTiles};
 
 struct Params {
@@ -581,7 +585,7 @@ cudaError_t Launch(const Params& base, const TcGemmArgs& args, cudaStream_t stre
   t.col_tiles = (p.n + kTileCols - 1) / kTileCols;
   const int64_t tiles = t.col_tiles * p.batch * ((p.m + rows - 1) / rows);
   // Groups of parts in flight at once: for a shape of fewer tiles than
-  // g_spread_below, enough CTAs for two waves of a 132-SM GPU where the part
+  // g_spread_below, enough CTAs for two waves (kTileTargetCtas) where the part
   // sums fit the workspace. The bits do not depend on it.
   t.groups = 1;
   const bool spread = tiles < g_spread_below.load(std::memory_order_relaxed);
@@ -603,7 +607,7 @@ cudaError_t Launch(const Params& base, const TcGemmArgs& args, cudaStream_t stre
                                           wide_devices, grid, p, t, stream);
   if (e != cudaSuccess || t.groups == 1) return e;
   const int64_t pairs = p.batch * p.m * p.n / 2;
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>((pairs + 255) / 256, 132 * 8));
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((pairs + 255) / 256, kSms * 8));
   return LaunchDependent(ReduceKernel<kBf16, kF32Out>, blocks, 256, 0, stream, p,
                          (t.groups - 1) * t.parts + 1);
 }
