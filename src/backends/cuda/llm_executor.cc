@@ -304,8 +304,8 @@ class CudaLlmExecutor final : public CudaExecutor {
   // that no buffer is freed while queued work could still touch it.
   cuda::CudaStream stream_;
   std::unique_ptr<GemmSet> gemms_;
-  cuda::DeviceBuffer resid_, xn_, q_, kv_, attn_, delta_, gu_, xf_, logits_, sampled_, inv_freq_,
-      partial_acc_, partial_ml_, meta_dev_, pool_;
+  cuda::DeviceBuffer resid_, xn_, q_, kv_, attn_, delta_, gu_, xf_, logits_, sampled_,
+      sample_scratch_, inv_freq_, partial_acc_, partial_ml_, meta_dev_, pool_;
   // Keys and values, gate and up activations: each pair in one buffer, the
   // second at a fixed offset, so that a pair of GEMMs can run as one strided
   // batch (pair_kv_, pair_gate_up_: the weights are packed for it).
@@ -448,11 +448,16 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
       {&xf_, seqs * h * e, "final normalised rows"},
       {&logits_, seqs * static_cast<uint64_t>(vocab_) * 4, "logits"},
       {&sampled_, seqs * 4, "sampled tokens"},
+      {&sample_scratch_, static_cast<uint64_t>(cuda::SampleScratchBytes(max_seqs_, vocab_)),
+       "sampling scratch"},
       {&inv_freq_, static_cast<uint64_t>(head_dim_ / 2) * 4, "RoPE frequencies"},
   };
   for (const Workspace& w : workspaces) {
     ASSIGN_OR_RETURN(*w.buffer, cuda::AllocateDevice(w.bytes, w.what, &device_bytes_));
   }
+  RETURN_IF_ERROR(CudaCheck(
+      cudaMemsetAsync(sample_scratch_.get(), 0, cuda::SampleScratchBytes(max_seqs_, vocab_), s),
+      "clear the sampling scratch"));
   k_ = kv_.get();
   v_ = static_cast<char*>(kv_.get()) + rows * kvo * e;
   gate_ = gu_.get();
@@ -1002,7 +1007,7 @@ Status CudaLlmExecutor::Enqueue(int32_t rows, int32_t logit_rows, int32_t combin
   return Timed("sampling", [&] {
     return cuda::LaunchSample(static_cast<const float*>(logits_.get()), logit_rows, vocab_,
                               DeviceArray<const cuda::SampleRow>(meta_.sample),
-                              static_cast<int32_t*>(sampled_.get()), s);
+                              sample_scratch_.get(), static_cast<int32_t*>(sampled_.get()), s);
   });
 }
 

@@ -193,7 +193,7 @@ cudaError_t LaunchAttnCombine(const AttnShape& shape, const float* partial_acc,
                               const float* partial_ml, const AttnStep* step, int32_t max_rows,
                               void* out, cudaStream_t stream);
 
-// ---- Sampling, one block per row of float32 logits [rows, vocab]:
+// ---- Sampling, over rows of float32 logits [rows, vocab]:
 // temperature <= 0: the first index of the max (a NaN counts as the max);
 // else the Gumbel-max draw of llm_model.h over the tokens kept by top_k, then
 // top_p, with GumbelUniform(seed, position, token). The top_k and top_p
@@ -208,7 +208,13 @@ struct SampleRow {
   uint64_t seed;
   int64_t position;
 };
+// A row's first pass (the argmax, and the draw where neither top_k nor top_p
+// is set) is spread over up to 32 blocks, which meet in `scratch`: 16-byte
+// aligned, SampleScratchBytes(rows, vocab) bytes, zero before its first
+// launch; each launch leaves it ready for the next of up to `rows` rows of the
+// same vocabulary (one stream at a time).
+int64_t SampleScratchBytes(int32_t rows, int64_t vocab);
 cudaError_t LaunchSample(const float* logits, int32_t rows, int64_t vocab, const SampleRow* params,
-                         int32_t* tokens, cudaStream_t stream);
+                         void* scratch, int32_t* tokens, cudaStream_t stream);
 
 }  // namespace hearth::cuda

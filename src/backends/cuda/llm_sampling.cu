@@ -1,5 +1,6 @@
 // The sampling kernel of llm_kernels.h: greedy, temperature, top_k and top_p
-// on the GPU, one block per row.
+// on the GPU. A row's first pass is spread over several blocks; the last of
+// them to finish takes the row's draw.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -22,13 +23,55 @@ using namespace llm_device;  // NOLINT(google-build-using-namespace): this file'
 // ---- Sampling.
 //
 // Floor: one pass over the row's logits is 4 * vocab bytes (0.5 MB for a
-// 128256 vocabulary; 64 rows: 33 MB, 8 us from DRAM). Greedy rows take one
-// pass; sampled rows take the max, the draw, and for top_k and top_p three
-// radix passes each plus one for the top_p normaliser: up to 9, mostly from
-// L2 (the logits were just written).
+// 128256 vocabulary; 64 rows: 33 MB, 8 us from DRAM). Greedy rows and rows
+// drawn at a temperature alone take one pass, spread over the row's parts
+// (one block reading 0.5 MB with 32 KB in flight took 23 us a step on an
+// H100). Rows with top_k or top_p take, in the row's last block, three radix
+// passes for each plus one for the top_p normaliser and one for the draw: up
+// to 8 more, mostly from L2 (the logits were just written).
 
 constexpr int kSampleThreads = 512;
 constexpr int kRadixBins = 2048;  // 11-bit digits
+constexpr int kMaxSampleParts = 32;
+// One round of ForEachLogit's loads per thread of a part.
+constexpr int64_t kLogitsPerPart = int64_t{16} * kSampleThreads;
+
+// The most parts of a row: one round of loads per thread each.
+int SampleParts(int64_t vocab) {
+  return static_cast<int>(
+      std::clamp<int64_t>((vocab + kLogitsPerPart - 1) / kLogitsPerPart, 1, kMaxSampleParts));
+}
+
+// A launch's parts: no more than one wave of blocks in all (2 blocks of 512
+// threads an SM at 58 registers), where each block then streams its share.
+int LaunchParts(int32_t rows, int64_t vocab) {
+  static const int sms = [] {
+    int device = 0, count = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      return 132;
+    }
+    return std::max(count, 1);
+  }();
+  return std::clamp(2 * sms / std::max(rows, 1), 1, SampleParts(vocab));
+}
+
+// What a part found in its share of a row.
+struct SamplePart {
+  float best;  // the argmax (ArgmaxBefore's order) and its index, -1 for none
+  int32_t best_i;
+  float top;         // the largest number (NaN never counts), -inf for none
+  uint32_t numbers;  // how many numbers
+  float score;       // the Gumbel-max draw, for rows drawn in the first pass
+  int32_t score_i;
+};
+
+// A row's place in the scratch: its arrival count (zero between launches:
+// the row's last block resets it), then its parts. The places depend on the
+// vocabulary alone, so launches of any row count share one scratch.
+int64_t RowScratchBytes(int64_t vocab) {
+  return (16 + SampleParts(vocab) * static_cast<int64_t>(sizeof(SamplePart)) + 15) / 16 * 16;
+}
 
 // Larger float, larger key (a NaN sorts by its bits).
 __device__ __forceinline__ uint32_t OrderedKey(float x) {
@@ -129,17 +172,18 @@ __device__ float BlockMax(float v, SampleShared& sh) {
   return m;
 }
 
-// Calls f(v, j) for the block's share of a row's logits, in no fixed order
-// (every use is order-free: integer sums, fmaxf, ArgmaxBefore's total order).
-// Several 16-byte loads in flight per thread: a loop of one dependent load
-// at a time left a 128k-vocabulary row ~60 us on an H200.
+// Calls f(v, j) for the block's share of a row's logits [begin, end), in no
+// fixed order (every use is order-free: integer sums, fmaxf, ArgmaxBefore's
+// total order). Several 16-byte loads in flight per thread: a loop of one
+// dependent load at a time left a 128k-vocabulary row ~60 us on an H200.
 template <typename F>
-__device__ __forceinline__ void ForEachLogit(const float* x, int64_t vocab, F&& f) {
+__device__ __forceinline__ void ForEachLogit(const float* x, int64_t begin, int64_t end, F&& f) {
   constexpr int kInFlight = 4;
   const int64_t step = blockDim.x;
-  if (vocab % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
-    const auto* x4 = reinterpret_cast<const float4*>(x);
-    const int64_t n4 = vocab / 4;
+  const int64_t n = end - begin;
+  if (n % 4 == 0 && begin % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0) {
+    const auto* x4 = reinterpret_cast<const float4*>(x + begin);
+    const int64_t n4 = n / 4;
     int64_t i = threadIdx.x;
     for (; i + (kInFlight - 1) * step < n4; i += kInFlight * step) {
       float4 v[kInFlight];
@@ -147,7 +191,7 @@ __device__ __forceinline__ void ForEachLogit(const float* x, int64_t vocab, F&& 
       for (int u = 0; u < kInFlight; ++u) v[u] = x4[i + u * step];
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) {
-        const int j = static_cast<int>(4 * (i + u * step));
+        const int j = static_cast<int>(begin + 4 * (i + u * step));
         f(v[u].x, j);
         f(v[u].y, j + 1);
         f(v[u].z, j + 2);
@@ -156,7 +200,7 @@ __device__ __forceinline__ void ForEachLogit(const float* x, int64_t vocab, F&& 
     }
     for (; i < n4; i += step) {
       const float4 v = x4[i];
-      const int j = static_cast<int>(4 * i);
+      const int j = static_cast<int>(begin + 4 * i);
       f(v.x, j);
       f(v.y, j + 1);
       f(v.z, j + 2);
@@ -164,15 +208,26 @@ __device__ __forceinline__ void ForEachLogit(const float* x, int64_t vocab, F&& 
     }
     return;
   }
-  int64_t i = threadIdx.x;
-  for (; i + (kInFlight - 1) * step < vocab; i += kInFlight * step) {
+  int64_t i = begin + threadIdx.x;
+  for (; i + (kInFlight - 1) * step < end; i += kInFlight * step) {
     float v[kInFlight];
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) v[u] = x[i + u * step];
 #pragma unroll
     for (int u = 0; u < kInFlight; ++u) f(v[u], static_cast<int>(i + u * step));
   }
-  for (; i < vocab; i += step) f(x[i], static_cast<int>(i));
+  for (; i < end; i += step) f(x[i], static_cast<int>(i));
+}
+
+template <typename F>
+__device__ __forceinline__ void ForEachLogit(const float* x, int64_t vocab, F&& f) {
+  ForEachLogit(x, 0, vocab, f);
+}
+
+// The token of the Gumbel-max draw at logit v of token j.
+__device__ __forceinline__ float GumbelScore(float v, int j, const SampleRow& p) {
+  const float u = llm::GumbelUniform(p.seed, p.position, j);
+  return __fadd_rn(__fdiv_rn(v, p.temperature), -logf(-logf(u)));
 }
 
 // The largest key t >= floor such that the measure (count, or weight when
@@ -242,40 +297,101 @@ __device__ uint32_t RadixSelect(const float* x, int64_t vocab, bool weighted, fl
   return prefix;
 }
 
-// One block per row, as SampleToken (llm_model.h) draws on the host: NaN
-// logits are never kept nor drawn; where nothing can be kept, greedy.
+// Blocks (row, part), as SampleToken (llm_model.h) draws on the host: NaN
+// logits are never kept nor drawn; where nothing can be kept, greedy. Each
+// part reads its share of the row once (the argmax, the max, the count, and
+// for a row drawn at a temperature alone, the draw); the row's last part to
+// finish folds the parts and, for top_k and top_p, draws over the whole row.
 __global__ void __launch_bounds__(kSampleThreads)
-    SampleRows(const float* logits, int64_t vocab, const SampleRow* params, int32_t* tokens) {
+    SampleRows(const float* logits, int64_t vocab, const SampleRow* params, char* scratch,
+               int64_t row_scratch, int32_t* tokens) {
   DependentWait();  // dependent_launch.h
   DependentRelease();
   __shared__ SampleShared sh;
-  const int row = blockIdx.x;
+  __shared__ bool last;
+  const int row = blockIdx.x, part = blockIdx.y, parts = static_cast<int>(gridDim.y);
   const SampleRow p = params[row];
   if (p.active == 0) {
-    if (threadIdx.x == 0) tokens[row] = -1;
+    if (part == 0 && threadIdx.x == 0) tokens[row] = -1;
     return;
   }
   const float* const x = logits + static_cast<int64_t>(row) * vocab;
-  float best = 0.0f, top = -INFINITY;
-  int best_i = -1;
+  // No top_k or top_p: every number is kept, and the draw is order-free.
+  const bool draw_here = p.temperature > 0.0f && p.top_k <= 0 && !(p.top_p < 1.0f);
+  const int64_t chunk = ((vocab + parts - 1) / parts + 3) / 4 * 4;
+  const int64_t begin = min(vocab, part * chunk), end = min(vocab, begin + chunk);
+  float best = 0.0f, top = -INFINITY, score = 0.0f;
+  int best_i = -1, score_i = -1;
   unsigned long long numbers = 0;
-  ForEachLogit(x, vocab, [&](float v, int j) {
+  ForEachLogit(x, begin, end, [&](float v, int j) {
     if (ArgmaxBefore<int>(v, j, best, best_i)) {
       best = v;
       best_i = j;
     }
-    if (!isnan(v)) {
-      top = fmaxf(top, v);
-      ++numbers;
+    if (isnan(v)) return;
+    top = fmaxf(top, v);
+    ++numbers;
+    if (draw_here) {
+      const float s = GumbelScore(v, j, p);
+      if (ArgmaxBefore<int>(s, j, score, score_i)) {
+        score = s;
+        score_i = j;
+      }
     }
   });
   BlockArgmax(best, best_i, sh.v, sh.i);
-  if (!(p.temperature > 0.0f)) {
-    if (threadIdx.x == 0) tokens[row] = best_i;
-    return;
-  }
   top = BlockMax(top, sh);
   numbers = BlockSumU64(numbers, sh);
+  if (draw_here) BlockArgmax(score, score_i, sh.v, sh.i);
+  char* const place = scratch + static_cast<int64_t>(row) * row_scratch;
+  auto* const arrivals = reinterpret_cast<uint32_t*>(place);
+  auto* const row_parts = reinterpret_cast<SamplePart*>(place + 16);
+  if (threadIdx.x == 0) {
+    row_parts[part] = {best, best_i, top, static_cast<uint32_t>(numbers), score, score_i};
+    __threadfence();  // the part before the arrival
+    last = atomicAdd(arrivals, 1u) == static_cast<uint32_t>(parts - 1);
+    if (last) *arrivals = 0;  // every part has arrived: ready for the next launch
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x < 32) {
+    const int lane = static_cast<int>(threadIdx.x);
+    SamplePart f{0.0f, -1, -INFINITY, 0, 0.0f, -1};
+    if (lane < parts) {
+      const SamplePart* const at = row_parts + lane;
+      f = {__ldcg(&at->best),    __ldcg(&at->best_i), __ldcg(&at->top),
+           __ldcg(&at->numbers), __ldcg(&at->score),  __ldcg(&at->score_i)};
+    }
+    best = f.best;
+    best_i = f.best_i;
+    WarpArgmax(best, best_i);
+    score = f.score;
+    score_i = f.score_i;
+    WarpArgmax(score, score_i);
+    top = f.top;
+    numbers = f.numbers;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      top = fmaxf(top, __shfl_xor_sync(kFullMask, top, offset));
+      numbers += __shfl_xor_sync(kFullMask, numbers, offset);
+    }
+    if (lane == 0) {
+      const bool done = !(p.temperature > 0.0f) || draw_here;
+      if (done) tokens[row] = draw_here && score_i >= 0 ? score_i : best_i;
+      sh.v[0] = top;
+      sh.i[0] = best_i;
+      sh.u64[0] = done ? ~0ull : numbers;
+    }
+  }
+  __syncthreads();
+  top = sh.v[0];
+  best_i = sh.i[0];
+  numbers = sh.u64[0];
+  __syncthreads();
+  if (numbers == ~0ull) return;
+
+  // top_k, top_p: this block alone, over the whole row.
   const float temperature = p.temperature;
   const float scaled_top = __fdiv_rn(top, temperature);
   uint32_t floor = 0;
@@ -297,29 +413,35 @@ __global__ void __launch_bounds__(kSampleThreads)
       floor = RadixSelect(x, vocab, true, scaled_top, temperature, target, floor, sh);
     }
   }
-  float score = 0.0f;
-  int index = -1;
+  score = 0.0f;
+  score_i = -1;
   ForEachLogit(x, vocab, [&](float v, int j) {
     if (isnan(v) || OrderedKey(v) < floor) return;
-    const float u = llm::GumbelUniform(p.seed, p.position, j);
-    const float s = __fadd_rn(__fdiv_rn(v, temperature), -logf(-logf(u)));
-    if (ArgmaxBefore<int>(s, j, score, index)) {
+    const float s = GumbelScore(v, j, p);
+    if (ArgmaxBefore<int>(s, j, score, score_i)) {
       score = s;
-      index = j;
+      score_i = j;
     }
   });
-  BlockArgmax(score, index, sh.v, sh.i);
-  if (threadIdx.x == 0) tokens[row] = index >= 0 ? index : best_i;
+  BlockArgmax(score, score_i, sh.v, sh.i);
+  if (threadIdx.x == 0) tokens[row] = score_i >= 0 ? score_i : best_i;
 }
 
 }  // namespace
 
+int64_t SampleScratchBytes(int32_t rows, int64_t vocab) {
+  return int64_t{std::max(rows, 0)} * RowScratchBytes(vocab);
+}
+
 cudaError_t LaunchSample(const float* logits, int32_t rows, int64_t vocab, const SampleRow* params,
-                         int32_t* tokens, cudaStream_t stream) {
+                         void* scratch, int32_t* tokens, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
-  if (vocab < 1 || vocab > 0x7fffffff) return cudaErrorInvalidValue;
-  return LaunchDependent(SampleRows, rows, kSampleThreads, 0, stream, logits, vocab, params,
-                         tokens);
+  if (vocab < 1 || vocab > 0x7fffffff || reinterpret_cast<uintptr_t>(scratch) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  return LaunchDependent(SampleRows, dim3(static_cast<unsigned>(rows), LaunchParts(rows, vocab)),
+                         kSampleThreads, 0, stream, logits, vocab, params,
+                         static_cast<char*>(scratch), RowScratchBytes(vocab), tokens);
 }
 
 }  // namespace hearth::cuda

@@ -1268,10 +1268,11 @@ INSTANTIATE_TEST_SUITE_P(
 // ---- Sampling.
 
 // Runs the sampling kernel on rows of logits; a parameter's position is its
-// draw position.
+// draw position. The scratch is a new one, zeroed, unless one is given.
 std::vector<int32_t> Sample(const std::vector<std::vector<float>>& rows,
                             const std::vector<SamplingParams>& params,
-                            const std::vector<int64_t>& positions) {
+                            const std::vector<int64_t>& positions,
+                            DeviceMemory* scratch = nullptr) {
   const size_t vocab = rows[0].size();
   std::vector<float> flat;
   std::vector<cuda::SampleRow> p;
@@ -1282,11 +1283,18 @@ std::vector<int32_t> Sample(const std::vector<std::vector<float>>& rows,
   }
   p.push_back({1.0f, 1.0f, 0, 0, 0, 0});  // an inactive row: -1
   flat.insert(flat.end(), rows[0].begin(), rows[0].end());
+  const auto n = static_cast<int32_t>(p.size());
   DeviceMemory dl(flat), dp(p), out(std::vector<int32_t>(p.size(), -7));
-  EXPECT_EQ(cuda::LaunchSample(dl.get<float>(), static_cast<int32_t>(p.size()),
-                               static_cast<int64_t>(vocab), dp.get<cuda::SampleRow>(),
-                               out.get<int32_t>(), nullptr),
-            cudaSuccess);
+  DeviceMemory fresh;
+  if (scratch == nullptr) {
+    fresh = DeviceMemory(std::vector<uint8_t>(
+        static_cast<size_t>(cuda::SampleScratchBytes(n, static_cast<int64_t>(vocab)))));
+    scratch = &fresh;
+  }
+  EXPECT_EQ(
+      cuda::LaunchSample(dl.get<float>(), n, static_cast<int64_t>(vocab), dp.get<cuda::SampleRow>(),
+                         scratch->get(), out.get<int32_t>(), nullptr),
+      cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   auto tokens = out.Read<int32_t>(p.size());
   EXPECT_EQ(tokens.back(), -1) << "the inactive row";
@@ -1339,7 +1347,7 @@ TEST_F(LlmCudaTest, SampleDrawsWhatSampleTokenDraws) {
   std::normal_distribution<float> normal(0.0f, 3.0f);
   const std::vector<int32_t> top_ks = {0, 1, 2, 5, 50, 999, 1000, 5000};
   const std::vector<float> top_ps = {1.0f, 0.95f, 0.9f, 0.5f, 0.1f, 1e-6f};
-  for (const int vocab : {1000, 128256}) {
+  for (const int vocab : {1000, 50257, 128256}) {
     std::vector<std::vector<float>> rows;
     std::vector<SamplingParams> params;
     std::vector<int64_t> positions;
@@ -1360,6 +1368,44 @@ TEST_F(LlmCudaTest, SampleDrawsWhatSampleTokenDraws) {
       EXPECT_EQ(got[i], SampleToken(rows[i], params[i], positions[i]))
           << "vocab " << vocab << " row " << i << " temperature " << params[i].temperature
           << " top_p " << params[i].top_p << " top_k " << params[i].top_k;
+    }
+  }
+}
+
+TEST_F(LlmCudaTest, SampleSpreadsTheFirstPassAndLeavesItsScratchReady) {
+  // Rows at a temperature alone are drawn in the first pass, over the row's
+  // parts; greedy and top_k rows beside them. One scratch a vocabulary for
+  // launches of several row counts, more and fewer (vocabularies of 1 to 32
+  // parts, and some not a multiple of 4): every draw is the host's, and after
+  // each launch every row's arrival count (its place's first word) is zero.
+  std::mt19937_64 rng(17);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (const int vocab : {7, 8192, 128256, 300000, 50257}) {
+    const int64_t bytes = cuda::SampleScratchBytes(65, vocab);
+    DeviceMemory scratch(std::vector<uint8_t>(static_cast<size_t>(bytes)));
+    for (const int n : {1, 5, 64, 3}) {
+      std::vector<std::vector<float>> rows;
+      std::vector<SamplingParams> params;
+      std::vector<int64_t> positions;
+      for (int i = 0; i < n; ++i) {
+        std::vector<float> l(static_cast<size_t>(vocab));
+        for (float& x : l) x = normal(rng);
+        if (i % 4 == 1) l[static_cast<size_t>(vocab / 2)] = NAN;
+        rows.push_back(std::move(l));
+        params.push_back({i % 3 == 2 ? 0.0f : 0.6f + 0.1f * static_cast<float>(i % 5), 1.0f,
+                          i % 6 == 4 ? 20 : 0, static_cast<uint64_t>(i) * 31 + 7});
+        positions.push_back(i * 5 + vocab % 11);
+      }
+      const auto got = Sample(rows, params, positions, &scratch);
+      for (size_t i = 0; i < rows.size(); ++i) {
+        EXPECT_EQ(got[i], SampleToken(rows[i], params[i], positions[i]))
+            << "vocab " << vocab << " rows " << n << " row " << i;
+      }
+      const size_t per_row = static_cast<size_t>(cuda::SampleScratchBytes(1, vocab)) / 4;
+      const auto words = scratch.Read<uint32_t>(static_cast<size_t>(bytes) / 4);
+      for (size_t r = 0; r < 65; ++r) {
+        EXPECT_EQ(words[r * per_row], 0u) << "vocab " << vocab << " rows " << n << " row " << r;
+      }
     }
   }
 }
