@@ -33,6 +33,7 @@ using namespace llm_device;  // NOLINT(google-build-using-namespace): this file'
 constexpr int kSampleThreads = 512;
 constexpr int kRadixBins = 2048;  // 11-bit digits
 constexpr int kMaxSampleParts = 32;
+static_assert(kMaxSampleParts <= 32, "the row's last block folds the parts in one warp");
 // One round of ForEachLogit's loads per thread of a part.
 constexpr int64_t kLogitsPerPart = int64_t{16} * kSampleThreads;
 
@@ -350,11 +351,13 @@ __global__ void __launch_bounds__(kSampleThreads)
     row_parts[part] = {best, best_i, top, static_cast<uint32_t>(numbers), score, score_i};
     __threadfence();  // the part before the arrival
     last = atomicAdd(arrivals, 1u) == static_cast<uint32_t>(parts - 1);
-    if (last) *arrivals = 0;  // every part has arrived: ready for the next launch
+    if (last) {
+      __threadfence();  // the other parts' records after their arrivals, before the barrier
+      *arrivals = 0;    // every part has arrived: ready for the next launch
+    }
   }
   __syncthreads();
   if (!last) return;
-  __threadfence();
   if (threadIdx.x < 32) {
     const int lane = static_cast<int>(threadIdx.x);
     SamplePart f{0.0f, -1, -INFINITY, 0, 0.0f, -1};
@@ -436,7 +439,8 @@ int64_t SampleScratchBytes(int32_t rows, int64_t vocab) {
 cudaError_t LaunchSample(const float* logits, int32_t rows, int64_t vocab, const SampleRow* params,
                          void* scratch, int32_t* tokens, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
-  if (vocab < 1 || vocab > 0x7fffffff || reinterpret_cast<uintptr_t>(scratch) % 16 != 0) {
+  if (vocab < 1 || vocab > 0x7fffffff || scratch == nullptr ||
+      reinterpret_cast<uintptr_t>(scratch) % 16 != 0) {
     return cudaErrorInvalidValue;
   }
   return LaunchDependent(SampleRows, dim3(static_cast<unsigned>(rows), LaunchParts(rows, vocab)),

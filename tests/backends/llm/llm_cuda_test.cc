@@ -1410,6 +1410,27 @@ TEST_F(LlmCudaTest, SampleSpreadsTheFirstPassAndLeavesItsScratchReady) {
   }
 }
 
+TEST_F(LlmCudaTest, SampleFoldsTiesAndNansAcrossParts) {
+  // A 40000-token row is read in several parts: the first of maxima tied
+  // across parts, the first NaN across parts, and a NaN in a later part
+  // above a larger number in an earlier one, as on the host.
+  const int vocab = 40000;
+  std::vector<float> tied(vocab, -1.0f);
+  for (const int i : {39990, 25001, 12345, 30000}) tied[static_cast<size_t>(i)] = 5.0f;
+  std::vector<float> nans(vocab, 0.0f);
+  for (const int i : {33333, 17000, 38000}) nans[static_cast<size_t>(i)] = NAN;
+  nans[3] = 100.0f;
+  std::vector<float> late_nan(vocab, 0.0f);
+  late_nan[5] = 1e30f;
+  late_nan[39999] = NAN;
+  const std::vector<int32_t> got = Sample({tied, nans, late_nan}, {{}, {}, {}}, {0, 0, 0});
+  EXPECT_EQ(got, (std::vector<int32_t>{12345, 17000, 39999}));
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i], SampleToken(std::vector<std::vector<float>>{tied, nans, late_nan}[i], {}, 0))
+        << "row " << i;
+  }
+}
+
 TEST_F(LlmCudaTest, SampleTopPKeepsItsSet) {
   // Probabilities 0.4, 0.3, 0.2, 0.1 among 1000 tokens whose others are
   // never drawn (-inf): top_p 0.65 keeps two, 0.75 three.
