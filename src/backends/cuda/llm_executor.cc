@@ -432,6 +432,8 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
   const uint64_t e = 2;  // bytes per F16/BF16 element
   const auto h = static_cast<uint64_t>(hidden_), im = static_cast<uint64_t>(intermediate_);
   const auto qo = static_cast<uint64_t>(q_out), kvo = static_cast<uint64_t>(kv_out);
+  const auto sample_scratch_bytes =
+      static_cast<uint64_t>(cuda::SampleScratchBytes(max_seqs_, vocab_));
   struct Workspace {
     cuda::DeviceBuffer* buffer;
     uint64_t bytes;
@@ -448,16 +450,14 @@ Status CudaLlmExecutor::Init(const ModelConfig& config, const ModelWeights& weig
       {&xf_, seqs * h * e, "final normalised rows"},
       {&logits_, seqs * static_cast<uint64_t>(vocab_) * 4, "logits"},
       {&sampled_, seqs * 4, "sampled tokens"},
-      {&sample_scratch_, static_cast<uint64_t>(cuda::SampleScratchBytes(max_seqs_, vocab_)),
-       "sampling scratch"},
+      {&sample_scratch_, sample_scratch_bytes, "sampling scratch"},
       {&inv_freq_, static_cast<uint64_t>(head_dim_ / 2) * 4, "RoPE frequencies"},
   };
   for (const Workspace& w : workspaces) {
     ASSIGN_OR_RETURN(*w.buffer, cuda::AllocateDevice(w.bytes, w.what, &device_bytes_));
   }
-  RETURN_IF_ERROR(CudaCheck(
-      cudaMemsetAsync(sample_scratch_.get(), 0, cuda::SampleScratchBytes(max_seqs_, vocab_), s),
-      "clear the sampling scratch"));
+  RETURN_IF_ERROR(CudaCheck(cudaMemsetAsync(sample_scratch_.get(), 0, sample_scratch_bytes, s),
+                            "clear the sampling scratch"));
   k_ = kv_.get();
   v_ = static_cast<char*>(kv_.get()) + rows * kvo * e;
   gate_ = gu_.get();

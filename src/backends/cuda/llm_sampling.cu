@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <utility>
 
 #include "backends/cuda/argmax_order.cuh"
 #include "backends/cuda/dependent_launch.h"
@@ -43,18 +44,11 @@ int SampleParts(int64_t vocab) {
       std::clamp<int64_t>((vocab + kLogitsPerPart - 1) / kLogitsPerPart, 1, kMaxSampleParts));
 }
 
-// A launch's parts: no more than one wave of blocks in all (2 blocks of 512
-// threads an SM at 58 registers), where each block then streams its share.
-int LaunchParts(int32_t rows, int64_t vocab) {
-  static const int sms = [] {
-    int device = 0, count = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      return 132;
-    }
-    return std::max(count, 1);
-  }();
-  return std::clamp(2 * sms / std::max(rows, 1), 1, SampleParts(vocab));
+// A launch's parts: no more than one wave of blocks in all (`wave`: the
+// SMs times the sampler's resident blocks an SM), where each block then
+// streams its share.
+int LaunchParts(int32_t rows, int64_t vocab, int wave) {
+  return std::clamp(wave / std::max(rows, 1), 1, SampleParts(vocab));
 }
 
 // What a part found in its share of a row.
@@ -136,10 +130,24 @@ struct SampleShared {
   unsigned long long above;
 };
 
-// Sum of v over the block, broadcast (integers: exact in any order).
-__device__ unsigned long long BlockSumU64(unsigned long long v, SampleShared& sh) {
+// Sum of v over the warp, in every lane (integers: exact in any order).
+__device__ __forceinline__ unsigned long long WarpSumU64(unsigned long long v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+// Largest of v over the warp, in every lane.
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
+  return v;
+}
+
+// Sum of v over the block, broadcast (integers: exact in any order).
+__device__ unsigned long long BlockSumU64(unsigned long long v, SampleShared& sh) {
+  v = WarpSumU64(v);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) sh.u64[warp] = v;
   __syncthreads();
@@ -156,9 +164,7 @@ __device__ unsigned long long BlockSumU64(unsigned long long v, SampleShared& sh
 
 // Largest of v over the block, broadcast.
 __device__ float BlockMax(float v, SampleShared& sh) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1)
-    v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
+  v = WarpMax(v);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) sh.v[warp] = v;
   __syncthreads();
@@ -372,27 +378,27 @@ __global__ void __launch_bounds__(kSampleThreads)
     score = f.score;
     score_i = f.score_i;
     WarpArgmax(score, score_i);
-    top = f.top;
-    numbers = f.numbers;
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      top = fmaxf(top, __shfl_xor_sync(kFullMask, top, offset));
-      numbers += __shfl_xor_sync(kFullMask, numbers, offset);
-    }
+    top = WarpMax(f.top);
+    numbers = WarpSumU64(f.numbers);
     if (lane == 0) {
-      const bool done = !(p.temperature > 0.0f) || draw_here;
-      if (done) tokens[row] = draw_here && score_i >= 0 ? score_i : best_i;
-      sh.v[0] = top;
-      sh.i[0] = best_i;
-      sh.u64[0] = done ? ~0ull : numbers;
+      if (!(p.temperature > 0.0f) || draw_here) {
+        tokens[row] = draw_here && score_i >= 0 ? score_i : best_i;
+      } else {
+        sh.v[0] = top;
+        sh.i[0] = best_i;
+        sh.u64[0] = numbers;
+      }
     }
   }
+  // Greedy rows and rows drawn here are done once the parts are folded (the
+  // whole block: the row's parameters decide; computed where used, as one
+  // flag live across the fold took 64 registers and spilled).
+  if (!(p.temperature > 0.0f) || draw_here) return;
   __syncthreads();
   top = sh.v[0];
   best_i = sh.i[0];
   numbers = sh.u64[0];
   __syncthreads();
-  if (numbers == ~0ull) return;
 
   // top_k, top_p: this block alone, over the whole row.
   const float temperature = p.temperature;
@@ -443,7 +449,20 @@ cudaError_t LaunchSample(const float* logits, int32_t rows, int64_t vocab, const
       reinterpret_cast<uintptr_t>(scratch) % 16 != 0) {
     return cudaErrorInvalidValue;
   }
-  return LaunchDependent(SampleRows, dim3(static_cast<unsigned>(rows), LaunchParts(rows, vocab)),
+  // One wave of the sampler's blocks, as PrepareAttention finds the
+  // attention's: the device's SMs times the blocks resident on each.
+  static const std::pair<cudaError_t, int> wave = [] {
+    int device = 0, sms = 0, per_sm = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (e == cudaSuccess) {
+      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, SampleRows, kSampleThreads, 0);
+    }
+    return std::pair{e, std::max(1, sms * std::max(1, per_sm))};
+  }();
+  if (wave.first != cudaSuccess) return wave.first;
+  return LaunchDependent(SampleRows,
+                         dim3(static_cast<unsigned>(rows), LaunchParts(rows, vocab, wave.second)),
                          kSampleThreads, 0, stream, logits, vocab, params,
                          static_cast<char*>(scratch), RowScratchBytes(vocab), tokens);
 }
