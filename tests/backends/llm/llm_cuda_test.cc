@@ -680,6 +680,95 @@ TEST_F(LlmCudaTest, OwnGemmGroupEqualsSeparateLaunches) {
   }
 }
 
+// The staged loads (weights through shared memory) give the bits of the
+// loads into registers, for one weight (a bias, F32 out, parts of 1 to 16
+// blocks of 64), the SwiGLU pair and a group, at 1 to 16 rows; both write
+// every value of the rows asked for.
+TEST_F(LlmCudaTest, OwnGemmStagedLoadsGiveTheBitsOfRegisterLoads) {
+  struct Restore {
+    ~Restore() { cuda::SetTcGemmStagedLoads(false); }
+  } restore;
+  const int64_t max_m = cuda::kTcSplitRows;
+  const TcScratch scratch;
+  // Runs the launches `launch` makes with each form of load; y's `bytes`
+  // filled with 0xFF first, values of `elem` bytes.
+  const auto both = [&](const DeviceMemory& y, size_t bytes, const auto& launch, size_t elem = 2) {
+    std::vector<std::vector<uint8_t>> out;
+    for (const bool staged : {false, true}) {
+      cuda::SetTcGemmStagedLoads(staged);
+      EXPECT_EQ(cudaMemset(y.get(), 0xFF, bytes), cudaSuccess);
+      launch();
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      out.push_back(y.Read<uint8_t>(bytes));
+    }
+    EXPECT_EQ(out[0], out[1]);
+    // Every value written: none left all 0xFF (a NaN, which no product of
+    // these finite inputs is).
+    for (size_t i = 0; i + elem <= bytes; i += elem)
+      if (std::all_of(out[1].begin() + static_cast<std::ptrdiff_t>(i),
+                      out[1].begin() + static_cast<std::ptrdiff_t>(i + elem),
+                      [](uint8_t b) { return b == 0xFF; })) {
+        ADD_FAILURE() << "the value at byte " << i << " of " << bytes << " left unwritten";
+        break;
+      }
+  };
+  struct Case {
+    int64_t n, k;
+    bool bias, f32_out;
+  };
+  for (const bool bf16 : {true, false})
+    for (const Case c :
+         {Case{2048, 8192, false, false}, Case{1000, 576, true, false}, Case{512, 64, false, true},
+          Case{16384, 576, false, false}, Case{264, 1024, true, true}}) {
+      const cuda::TcGemmShape shape{c.n, c.k, 1};
+      SCOPED_TRACE(std::string(bf16 ? "bf16 " : "f16 ") + std::to_string(c.n) + "x" +
+                   std::to_string(c.k) + ", " + std::to_string(cuda::TcGemmSplits(shape)) +
+                   " parts" + (c.bias ? " bias" : "") + (c.f32_out ? " f32" : ""));
+      std::mt19937_64 rng(static_cast<uint64_t>(c.n + c.k) + bf16);
+      const auto w = Random16(rng, static_cast<size_t>(c.n * c.k), 0.05f, bf16);
+      const auto bias = Random16(rng, static_cast<size_t>(c.n), 0.5f, bf16);
+      const auto x = Random16(rng, static_cast<size_t>(max_m * c.k), 1.0f, bf16);
+      std::vector<float> bias32(bias.size());
+      for (size_t i = 0; i < bias.size(); ++i) bias32[i] = From16(bias[i], bf16);
+      DeviceMemory dw(w), dx(x), dy(static_cast<size_t>(max_m * c.n) * 4),
+          db = c.f32_out ? DeviceMemory(bias32) : DeviceMemory(bias);
+      for (const int64_t m : {1, 7, 16}) {
+        SCOPED_TRACE("rows " + std::to_string(m));
+        cuda::TcGemmArgs a = scratch.Args(shape, bf16, dx, dw, dy.get(), m);
+        a.f32_out = c.f32_out;
+        if (c.bias) a.bias = db.get();
+        const size_t elem = c.f32_out ? 4 : 2;
+        both(
+            dy, static_cast<size_t>(m * c.n) * elem,
+            [&] { EXPECT_EQ(cuda::LaunchTcGemm(a, nullptr), cudaSuccess); }, elem);
+      }
+    }
+  // The SwiGLU pair and a group of q_proj and a k/v pair.
+  const bool bf16 = true;
+  const int64_t n = 2048, k = 1024, nkv = 512;
+  std::mt19937_64 rng(97);
+  const auto w = Random16(rng, static_cast<size_t>(2 * n * k), 0.05f, bf16);
+  const auto wkv = Random16(rng, static_cast<size_t>(2 * nkv * k), 0.05f, bf16);
+  const auto x = Random16(rng, static_cast<size_t>(max_m * k), 1.0f, bf16);
+  DeviceMemory dw(w), dwkv(wkv), dx(x), dy(static_cast<size_t>(max_m * (n + 2 * nkv)) * 2);
+  for (const int64_t m : {1, 9, 16}) {
+    SCOPED_TRACE("rows " + std::to_string(m));
+    cuda::TcGemmArgs pair = scratch.Args({n, k, 2}, bf16, dx, dw, dy.get(), m);
+    pair.w_stride = n * k;
+    pair.swiglu = true;
+    both(dy, static_cast<size_t>(m * n) * 2,
+         [&] { EXPECT_EQ(cuda::LaunchTcGemm(pair, nullptr), cudaSuccess); });
+    cuda::TcGemmArgs q = scratch.Args({n, k, 1}, bf16, dx, dw, dy.get(), m);
+    cuda::TcGemmArgs kv =
+        scratch.Args({nkv, k, 2}, bf16, dx, dwkv, static_cast<uint16_t*>(dy.get()) + m * n, m);
+    kv.w_stride = nkv * k;
+    kv.y_stride = m * nkv;
+    const cuda::TcGemmArgs group[] = {q, kv};
+    both(dy, static_cast<size_t>(m * (n + 2 * nkv)) * 2,
+         [&] { EXPECT_EQ(cuda::LaunchTcGemmGroup(group, nullptr), cudaSuccess); });
+  }
+}
+
 // ---- RoPE fused with the KV cache write.
 
 TEST_F(LlmCudaTest, RopeKvWriteMatchesCpu) {
