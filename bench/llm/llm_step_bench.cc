@@ -24,8 +24,7 @@
 // difference is what the kernel costs in the graph. --target-warps sets
 // the most warps hearth's kernel has at up to 16 rows (and so each shape's
 // parts, at every row count), --spread-below the tiles below which it
-// spreads a shape's parts over more CTAs at more rows, --gemm-loads
-// whether it stages its weights through shared memory at up to 16 rows.
+// spreads a shape's parts over more CTAs at more rows.
 //
 // Lines:
 //   decode seqs=64 context=512 ms=1.234 weight_floor_ms=0.618 of_weight_floor=0.50 ...
@@ -408,14 +407,7 @@ int Main(int argc, char** argv) {
                  "hearth's kernel at more than 16 rows: the tiles below which a launch spreads a "
                  "shape's parts over more CTAs (0: the kernel's own, 99)")
       ->check(CLI::NonNegativeNumber);
-  std::string gemm_loads = "registers";
-  app.add_option("--gemm-loads", gemm_loads,
-                 "hearth's kernel at up to 16 rows: weights loaded in rounds into registers, or "
-                 "staged through shared memory with several blocks a warp in flight")
-      ->check(CLI::IsMember({"registers", "staged"}))
-      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  cuda::SetTcGemmStagedLoads(gemm_loads == "staged");
   cuda::SetTcGemmTargetWarps(target_warps);
   cuda::SetTcGemmSpreadBelowTiles(spread_below);
   // The --twice variants: none (the step as it is), then each name.

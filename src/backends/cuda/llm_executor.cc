@@ -1216,15 +1216,6 @@ Result<std::unique_ptr<Executor>> CreateCudaExecutor(const ModelConfig& config,
   if (const char* v = std::getenv("HEARTH_LLM_L2_PREFETCH"); v != nullptr) {
     RETURN_IF_ERROR(ParseL2Prefetch(v, &cuda_options));
   }
-  // How hearth's GEMM loads its weights at up to 16 rows (cuda/tc_gemm.h), for
-  // the whole process; the bits do not depend on it.
-  if (const char* v = std::getenv("HEARTH_LLM_GEMM_LOADS"); v != nullptr) {
-    const std::string_view loads(v);
-    if (loads != "registers" && loads != "staged")
-      return InvalidArgument("HEARTH_LLM_GEMM_LOADS=" + std::string(loads.substr(0, 64)) +
-                             ": want registers or staged");
-    cuda::SetTcGemmStagedLoads(loads == "staged");
-  }
   cuda_options.gemm_engine =
       options.gemms == ExecutorOptions::Gemms::kCublasLt ? GemmEngine::kCublasLt
       : options.gemms == ExecutorOptions::Gemms::kHearth ? GemmEngine::kOwnFirst

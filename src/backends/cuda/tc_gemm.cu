@@ -26,15 +26,6 @@ static_assert(kTargetWarps == 2112);
 std::atomic<int64_t> g_target_warps{kTargetWarps};
 // 64-wide k blocks whose weights a lane loads before it multiplies them.
 constexpr int kUnroll = 4;
-// The staged form: 64-wide k blocks of weights a warp keeps in flight,
-// through shared memory (1 KiB a block and weight), for one weight and for
-// the SwiGLU pair; 64 KiB a CTA either way.
-__host__ __device__ constexpr int StagedBlocks(int weights) { return weights == 1 ? 8 : 4; }
-constexpr int StagedSmemBytes(int weights) {
-  return kSplitWarps * StagedBlocks(weights) * weights * 1024;
-}
-static_assert(StagedSmemBytes(1) == 64 * 1024 && StagedSmemBytes(2) == 64 * 1024);
-std::atomic<bool> g_staged{false};
 // CTAs a many-rows launch aims for: two per SM.
 constexpr int64_t kTileTargetCtas = 2 * kSms;
 // Tiles from which a many-rows launch runs a shape's tiles as they are, one
@@ -164,118 +155,6 @@ __device__ __forceinline__ void PartSums(const Params& p, const uint16_t* const 
   }
 }
 
-// A policy that marks the weights' lines in L2 as the first to evict: each
-// is read once.
-__device__ __forceinline__ uint64_t EvictFirst() {
-  uint64_t policy = 0;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-
-__device__ __forceinline__ void CpAsyncWeight(uint4* smem, const uint16_t* global,
-                                              uint64_t policy) {
-  const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst),
-               "l"(global), "l"(policy)
-               : "memory");
-}
-
-// The lane's x for 64-wide block kb of its part: rows r and r + 8 (zero
-// where absent), 32 bytes each.
-__device__ __forceinline__ void LoadX(const uint16_t* const (&xl)[2], const bool (&ok)[2],
-                                      int64_t kb, uint4 (&xv)[2][2]) {
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (ok[h]) {
-      // Through L2 (coherent): an earlier kernel wrote x while this one was
-      // already resident (dependent_launch.h).
-      const auto* at = reinterpret_cast<const uint4*>(xl[h] + kb * 64);
-      xv[h][0] = __ldcg(at);
-      xv[h][1] = __ldcg(at + 1);
-    } else {
-      xv[h][0] = xv[h][1] = make_uint4(0, 0, 0, 0);
-    }
-  }
-}
-
-// PartSums' sums, the same products in the same order, with the weights
-// staged: each lane copies its 32 bytes of a block (of each weight) into
-// the warp's ring of StagedBlocks(kN) blocks in shared memory by cp.async
-// and reads back only what it copied itself, so a block's copies are in
-// flight from StagedBlocks - 1 blocks before its products, in registers
-// only while they are multiplied; x, a few bytes a block from L2, is loaded
-// one block ahead.
-template <bool kBf16, int kN>
-__device__ __forceinline__ void PartSumsStaged(const Params& p, const uint16_t* const (&w)[kN],
-                                               int64_t k0, float (&acc)[kN][4], uint4* ring) {
-  constexpr int kBlocks = StagedBlocks(kN);
-  const int lane = static_cast<int>(threadIdx.x & 31), r = lane >> 2, q = lane & 3;
-#pragma unroll
-  for (int i = 0; i < kN; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
-  const uint16_t* wl[kN];
-#pragma unroll
-  for (int i = 0; i < kN; ++i) wl[i] = w[i] + r * p.k + k0 + q * 16;
-  const uint16_t* xl[2];
-  bool ok[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t row = int64_t{h} * 8 + r;
-    ok[h] = row < p.m;
-    xl[h] = p.x + (ok[h] ? row : 0) * p.k + k0 + q * 16;
-  }
-  const int64_t blocks = p.part / 64;
-  const uint64_t policy = EvictFirst();
-  // Block kb's 16-byte halves j of weight i at ring[((slot * kN + i) * 2 + j) * 32 + lane]:
-  // a warp's 16-byte reads of one half are contiguous.
-  const auto issue = [&](int64_t kb) {
-    if (kb < blocks) {
-      uint4* slot = ring + (kb % kBlocks) * kN * 64;
-#pragma unroll
-      for (int i = 0; i < kN; ++i) {
-        CpAsyncWeight(slot + (i * 2) * 32 + lane, wl[i] + kb * 64, policy);
-        CpAsyncWeight(slot + (i * 2 + 1) * 32 + lane, wl[i] + kb * 64 + 8, policy);
-      }
-    }
-    asm volatile("cp.async.commit_group;\n" ::);  // one group a block, empty past the end
-  };
-#pragma unroll
-  for (int b = 0; b < kBlocks - 1; ++b) issue(b);
-  // x (an earlier kernel's output) only after it is done; the first
-  // weights are in flight meanwhile.
-  DependentWait();
-  DependentRelease();
-  uint4 xv[2][2], next[2][2];
-  LoadX(xl, ok, 0, xv);
-  for (int64_t kb = 0; kb < blocks; ++kb) {
-    // Into the slot read one block ago: this lane's reads of it are done.
-    issue(kb + kBlocks - 1);
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kBlocks - 1) : "memory");
-    if (kb + 1 < blocks) LoadX(xl, ok, kb + 1, next);
-    const uint4* slot = ring + (kb % kBlocks) * kN * 64;
-    uint4 wv[kN][2];
-#pragma unroll
-    for (int i = 0; i < kN; ++i) {
-      wv[i][0] = slot[(i * 2) * 32 + lane];
-      wv[i][1] = slot[(i * 2 + 1) * 32 + lane];
-    }
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const uint32_t a[4] = {Word(xv[0], 2 * s), Word(xv[1], 2 * s), Word(xv[0], 2 * s + 1),
-                             Word(xv[1], 2 * s + 1)};
-#pragma unroll
-      for (int i = 0; i < kN; ++i)
-        Mma<kBf16>(acc[i], a, Word(wv[i], 2 * s), Word(wv[i], 2 * s + 1));
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      xv[h][0] = next[h][0];
-      xv[h][1] = next[h][1];
-    }
-  }
-}
-
 // Calls f(h, row) for each of the lane's two rows (half h) that exists.
 template <typename F>
 __device__ __forceinline__ void ForLaneRows(int r, int64_t m, F&& f) {
@@ -341,7 +220,7 @@ __device__ __forceinline__ void StoreSwiGlu(const Params& p, int64_t row, int64_
 // The warps of a group add their parts in shared memory, in order, and the
 // first stores the sum. With kSwiGlu a warp computes the same 8 columns of
 // both weights of the batch of two (gate, up) and stores silu(gate) * up.
-template <bool kBf16, bool kF32Out, bool kSwiGlu, bool kStaged>
+template <bool kBf16, bool kF32Out, bool kSwiGlu>
 __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block) {
   constexpr int kN = kSwiGlu ? 2 : 1;
   // A warp's part sums: row r's column pair q at [r * 4 + q].
@@ -357,12 +236,7 @@ __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block) {
     const uint16_t* w[kN];
 #pragma unroll
     for (int i = 0; i < kN; ++i) w[i] = p.w + (b + i) * p.w_stride + col0 * p.k;
-    if constexpr (kStaged) {
-      extern __shared__ uint4 smem[];
-      PartSumsStaged<kBf16, kN>(p, w, part * p.part, acc, smem + warp * StagedBlocks(kN) * kN * 64);
-    } else {
-      PartSums<kBf16, kN>(p, w, part * p.part, acc);
-    }
+    PartSums<kBf16, kN>(p, w, part * p.part, acc);
   } else {
     DependentWait();
   }
@@ -408,9 +282,9 @@ __device__ __forceinline__ void SplitBlock(const Params& p, int64_t block) {
   });
 }
 
-template <bool kBf16, bool kF32Out, bool kSwiGlu, bool kStaged>
+template <bool kBf16, bool kF32Out, bool kSwiGlu>
 __global__ void __launch_bounds__(kSplitWarps * 32) SplitKernel(Params p) {
-  SplitBlock<kBf16, kF32Out, kSwiGlu, kStaged>(p, blockIdx.x);
+  SplitBlock<kBf16, kF32Out, kSwiGlu>(p, blockIdx.x);
 }
 
 // Several split-mode products in one launch: entry e owns the CTAs from
@@ -421,12 +295,12 @@ struct GroupParams {
   int count;
 };
 
-template <bool kBf16, bool kStaged>
+template <bool kBf16>
 __global__ void __launch_bounds__(kSplitWarps * 32) GroupKernel(GroupParams gp) {
   const int64_t block = blockIdx.x;
   int e = 0;
   while (e + 1 < gp.count && block >= gp.first[e + 1]) ++e;
-  SplitBlock<kBf16, false, false, kStaged>(gp.p[e], block - gp.first[e]);
+  SplitBlock<kBf16, false, false>(gp.p[e], block - gp.first[e]);
 }
 
 // Many rows: a CTA per (kRows x kTileCols tile, group of parts), the
@@ -666,7 +540,8 @@ __global__ void __launch_bounds__(256) ReduceKernel(Params p, int32_t slots) {
 // current device (an attribute of the function in each device's context;
 // `devices` has a bit per device where it is set).
 template <typename Kernel>
-cudaError_t AllowSmem(Kernel kernel, int smem, std::atomic<uint64_t>& devices) {
+cudaError_t LaunchTile(Kernel kernel, int smem, std::atomic<uint64_t>& devices, dim3 grid,
+                       const Params& p, const TileParams& t, cudaStream_t stream) {
   int device = 0;
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
@@ -676,26 +551,7 @@ cudaError_t AllowSmem(Kernel kernel, int smem, std::atomic<uint64_t>& devices) {
     if (e != cudaSuccess) return e;
     devices.fetch_or(bit, std::memory_order_relaxed);
   }
-  return cudaSuccess;
-}
-
-template <typename Kernel>
-cudaError_t LaunchTile(Kernel kernel, int smem, std::atomic<uint64_t>& devices, dim3 grid,
-                       const Params& p, const TileParams& t, cudaStream_t stream) {
-  if (const cudaError_t e = AllowSmem(kernel, smem, devices); e != cudaSuccess) return e;
   return LaunchDependent(kernel, grid, kTileThreads, smem, stream, p, t);
-}
-
-// A split-mode kernel of kN weights a warp: its staged form where
-// SetTcGemmStagedLoads chose it, else the form that loads into registers.
-template <auto kRegisters, auto kStaged, int kN, typename Arg>
-cudaError_t LaunchSplit(dim3 grid, const Arg& arg, cudaStream_t stream) {
-  if (!g_staged.load(std::memory_order_relaxed))
-    return LaunchDependent(kRegisters, grid, kSplitWarps * 32, 0, stream, arg);
-  static std::atomic<uint64_t> devices{0};  // where kStaged may have its shared memory
-  constexpr int kSmem = StagedSmemBytes(kN);
-  if (const cudaError_t e = AllowSmem(kStaged, kSmem, devices); e != cudaSuccess) return e;
-  return LaunchDependent(kStaged, grid, kSplitWarps * 32, kSmem, stream, arg);
 }
 
 // CTAs of a split-mode launch: every column group (of each batch entry, or
@@ -714,11 +570,11 @@ cudaError_t Launch(const Params& base, const TcGemmArgs& args, cudaStream_t stre
     static_assert(kTcSplitRows == 16, "the split mode holds one 16-row tile");
     if constexpr (!kF32Out) {
       if (args.swiglu)
-        return LaunchSplit<SplitKernel<kBf16, false, true, false>,
-                           SplitKernel<kBf16, false, true, true>, 2>(grid, p, stream);
+        return LaunchDependent(SplitKernel<kBf16, false, true>, grid, kSplitWarps * 32, 0, stream,
+                               p);
     }
-    return LaunchSplit<SplitKernel<kBf16, kF32Out, false, false>,
-                       SplitKernel<kBf16, kF32Out, false, true>, 1>(grid, p, stream);
+    return LaunchDependent(SplitKernel<kBf16, kF32Out, false>, grid, kSplitWarps * 32, 0, stream,
+                           p);
   }
   // Up to kDeepRows rows, 64-row tiles through 6 stages; above, 128-row
   // tiles (a warp's 64 x 32 piece reads each staged fragment for twice the
@@ -763,8 +619,6 @@ bool Aligned(const void* p, uintptr_t to) { return reinterpret_cast<uintptr_t>(p
 void SetTcGemmTargetWarps(int64_t warps) {
   g_target_warps.store(warps > 0 ? warps : kTargetWarps, std::memory_order_relaxed);
 }
-
-void SetTcGemmStagedLoads(bool staged) { g_staged.store(staged, std::memory_order_relaxed); }
 
 void SetTcGemmSpreadBelowTiles(int64_t tiles) {
   g_spread_below.store(tiles > 0 ? tiles : kSpreadBelowTiles, std::memory_order_relaxed);
@@ -857,11 +711,11 @@ cudaError_t LaunchTcGemmGroup(std::span<const TcGemmArgs> group, cudaStream_t st
   }
   gp.first[group.size()] = blocks;
   if (group[0].m == 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>(blocks));
-  const cudaError_t set =
-      group[0].bf16
-          ? LaunchSplit<GroupKernel<true, false>, GroupKernel<true, true>, 1>(grid, gp, stream)
-          : LaunchSplit<GroupKernel<false, false>, GroupKernel<false, true>, 1>(grid, gp, stream);
+  const cudaError_t set = group[0].bf16
+                              ? LaunchDependent(GroupKernel<true>, static_cast<unsigned>(blocks),
+                                                kSplitWarps * 32, 0, stream, gp)
+                              : LaunchDependent(GroupKernel<false>, static_cast<unsigned>(blocks),
+                                                kSplitWarps * 32, 0, stream, gp);
   if (set != cudaSuccess) {
     (void)cudaGetLastError();
     return set;

@@ -70,12 +70,8 @@ int32_t TcGemmSplits(const TcGemmShape& shape);
 // by default;
 void SetTcGemmTargetWarps(int64_t warps);
 // the tiles below which a many-rows launch spreads a shape's parts over
-// more CTAs (99 by default; the bits do not depend on it);
+// more CTAs (99 by default; the bits do not depend on it).
 void SetTcGemmSpreadBelowTiles(int64_t tiles);
-// whether a few-rows launch stages its weights through shared memory,
-// several blocks a warp in flight, or loads rounds of them into registers
-// (the default; the bits do not depend on it).
-void SetTcGemmStagedLoads(bool staged);
 
 // The most workspace a many-rows launch uses (more of it, more CTAs at once
 // for shapes with few tiles; none, one CTA per tile and no second kernel).
