@@ -265,8 +265,41 @@ def percentile(values, q):
     return values[min(len(values) - 1, int(q * len(values)))] if values else None
 
 
+def first_responses(port, model):
+    """hearth's histogram of time to first response for `model` from its
+    /metrics (from the request's arrival at the server to the worker's first
+    response reaching it): {bucket bound: count}; None where the server has
+    none (another server, or no stream yet)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    pattern = r'hearth_stream_first_response_seconds_bucket\{model="%s",le="([^"]+)"\} (\d+)'
+    found = re.findall(pattern % re.escape(model), text)
+    return {bound: int(n) for bound, n in found} or None
+
+
+def bucket_bound_ms(before, after, q):
+    """The bound, in ms, of the first bucket that holds q of the first
+    responses counted between two scrapes ("+Inf" past the last bound);
+    None without both scrapes or with none counted."""
+    if before is None or after is None:
+        return None
+    rows = sorted((float("inf") if b == "+Inf" else float(b), n - before.get(b, 0)) for b, n in after.items())
+    total = rows[-1][1] if rows else 0
+    if total <= 0:
+        return None
+    for bound, n in rows:
+        if n >= q * total:
+            return "+Inf" if bound == float("inf") else round(bound * 1000, 3)
+    return None
+
+
 def load(port, model, concurrency, seconds, max_tokens, processes=0):
+    before = first_responses(port, model)
     results, wall = Clients(port, model, concurrency, seconds, max_tokens, processes).result()
+    after = first_responses(port, model)
     ok = [r for r in results if r["error"] is None]
     ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
     prompt_tokens = [r["prompt_tokens"] for r in ok if r["prompt_tokens"] is not None]
@@ -276,6 +309,9 @@ def load(port, model, concurrency, seconds, max_tokens, processes=0):
             "prompt_tokens_p50": statistics.median(prompt_tokens) if prompt_tokens else None,
             "ttft_p50_ms": 1000 * statistics.median(ttft) if ttft else None,
             "ttft_p99_ms": 1000 * percentile(ttft, 0.99) if ttft else None,
+            # The server's own, from its histogram: at most these bounds.
+            "server_ttft_p50_le_ms": bucket_bound_ms(before, after, 0.5),
+            "server_ttft_p99_le_ms": bucket_bound_ms(before, after, 0.99),
             "errors": dict(errors.most_common(5))}
 
 
@@ -435,6 +471,12 @@ def table(title, header, rows):
     print(flush=True)
 
 
+def server_ttft(r):
+    """The server's TTFT bounds of a load() row, or None where it has none."""
+    p50, p99 = r.get("server_ttft_p50_le_ms"), r.get("server_ttft_p99_le_ms")
+    return None if p50 is None else f"{p50} / {p99}"
+
+
 def load_table(title, runs, weight_bytes=None):
     """runs: [(workers, row from load())]; weight_bytes: what a step reads of
     the weights (None: no floor column)."""
@@ -443,9 +485,11 @@ def load_table(title, runs, weight_bytes=None):
             return None
         return f"{r['tokens_per_s'] / (r['concurrency'] * BANDWIDTH / weight_bytes):.3f}"
     table(title, ["workers", "streams", "prompt tokens", "streams done", "failed", "output tokens/s",
-                  "of the weight-read floor", "TTFT p50 (ms)", "TTFT p99 (ms)"],
+                  "of the weight-read floor", "TTFT p50 (ms)", "TTFT p99 (ms)",
+                  "server's TTFT p50 / p99 (ms, at most)"],
           [(w, r["concurrency"], r.get("prompt_tokens_p50"), r["streams"], r["failed"],
-            r["tokens_per_s"], of_floor(r), r["ttft_p50_ms"], r["ttft_p99_ms"]) for w, r in runs])
+            r["tokens_per_s"], of_floor(r), r["ttft_p50_ms"], r["ttft_p99_ms"], server_ttft(r))
+           for w, r in runs])
     for w, r in runs:
         for error, n in r["errors"].items():
             print(f"  {w} workers, {r['concurrency']} streams: {n} x {error}")
