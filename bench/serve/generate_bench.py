@@ -21,7 +21,9 @@ counted). Parts, each printed as a markdown table as it ends:
   `hearth serve`, one copy of the weights in the store, once per count in
   --workers, with `max_streams` (--max-streams; 0 leaves it out) and
   `max_tokens_limit` set in its config: device memory, output tokens per
-  second, time to first token p50 and p99, for each concurrency in
+  second, time to first token p50 and p99 as the clients see it and as
+  the server's histogram bounds it (from a request's arrival to its first
+  response from the worker), for each concurrency in
   --streams (each client sends one stream after another for --seconds),
   and the output tokens/s as a fraction of the weight-read floor: every
   step reads the weights once (an untied embedding table excepted), so S
